@@ -1,0 +1,97 @@
+"""The attention contract shared by the PyTorch reference and the Triton kernels.
+
+KV lives in pages: per layer, K and V are `[num_pages, page_size, kv_heads, head_dim]` (views of the page
+pool). One attention launch serves a batch of B *entries*. An entry is a run of query rows at contiguous
+logical positions, attending to its own list of pages:
+
+- query row i of entry b sits at logical position `q_start[b] + i` and has already been rotated there;
+- page i of entry b is physical page `pages[b, i]`; its first `valid[b, i]` slots hold keys;
+- slot t of that page holds the key of logical position `starts[b, i] + t`, cached rotated at position
+  `starts[b, i] + t - deltas[b, i]`. The kernel puts it back at its logical position on the fly (delta);
+- `starts` is the exclusive running sum of `valid`: logical positions are contiguous and page padding
+  never shows up in positions;
+- a query at position m sees exactly the keys whose logical position is <= m (causal).
+
+Every masking pattern of DESIGN.md §1 comes from which pages an entry lists: a segment being encoded lists
+only its own pages (delta 0, local positions), the final segment lists every segment's pages (delta = the
+segment's start) followed by its own (delta 0). Chunked prefill is an entry whose q_start is mid-segment.
+
+Invariant the kernels rely on: the keys of the queries themselves are written to the cache before the
+attention call, so every query row sees at least one key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EntryPages:
+    """One entry's pages, as the engine describes them (host-side lists)."""
+
+    pages: Sequence[int]
+    deltas: Sequence[int]
+    valid: Sequence[int]
+
+
+@dataclass
+class PagedBatch:
+    """Device-side metadata of one attention launch (all int32)."""
+
+    cu_seqlens_q: torch.Tensor  # [B + 1] packed query row offsets
+    q_start: torch.Tensor  # [B] logical position of each entry's first query row
+    pages: torch.Tensor  # [B, P] physical page ids (0 where past num_pages)
+    deltas: torch.Tensor  # [B, P] logical position minus cached rotation position
+    valid: torch.Tensor  # [B, P] keys held by each page (0 where past num_pages)
+    starts: torch.Tensor  # [B, P] logical position of slot 0 of each page
+    num_pages: torch.Tensor  # [B]
+    max_q: int  # longest query run
+    max_kv: int  # most keys of any entry
+
+    @property
+    def batch_size(self) -> int:
+        return self.q_start.shape[0]
+
+    @property
+    def max_pages(self) -> int:
+        return self.pages.shape[1]
+
+    @staticmethod
+    def build(
+        entries: Sequence[EntryPages],
+        q_lens: Sequence[int],
+        q_starts: Sequence[int],
+        device: torch.device | str = "cpu",
+    ) -> PagedBatch:
+        if not (len(entries) == len(q_lens) == len(q_starts)):
+            raise ValueError("entries, q_lens and q_starts must have one element per entry")
+        b = len(entries)
+        width = max((len(e.pages) for e in entries), default=0) or 1
+        pages = torch.zeros(b, width, dtype=torch.int32)
+        deltas = torch.zeros(b, width, dtype=torch.int32)
+        valid = torch.zeros(b, width, dtype=torch.int32)
+        for i, e in enumerate(entries):
+            if not (len(e.pages) == len(e.deltas) == len(e.valid)):
+                raise ValueError(f"entry {i}: pages, deltas and valid differ in length")
+            n = len(e.pages)
+            pages[i, :n] = torch.tensor(list(e.pages), dtype=torch.int32)
+            deltas[i, :n] = torch.tensor(list(e.deltas), dtype=torch.int32)
+            valid[i, :n] = torch.tensor(list(e.valid), dtype=torch.int32)
+        starts = torch.cumsum(valid, dim=1, dtype=torch.int32) - valid
+        cu = torch.zeros(b + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(torch.tensor(list(q_lens), dtype=torch.int32), 0)
+        dev = torch.device(device)
+        return PagedBatch(
+            cu_seqlens_q=cu.to(dev),
+            q_start=torch.tensor(list(q_starts), dtype=torch.int32).to(dev),
+            pages=pages.to(dev),
+            deltas=deltas.to(dev),
+            valid=valid.to(dev),
+            starts=starts.to(dev),
+            num_pages=torch.tensor([len(e.pages) for e in entries], dtype=torch.int32).to(dev),
+            max_q=max(q_lens, default=0),
+            max_kv=int(valid.sum(1).max()) if b else 0,
+        )

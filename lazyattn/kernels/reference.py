@@ -1,0 +1,125 @@
+"""Plain PyTorch implementation of the attention contract (kernels/paged.py).
+
+It is the ground truth of every kernel test and the engine's CPU backend. It takes the materialising
+route on purpose: it rotates each gathered key by its page's delta and attends with ordinary positions,
+so it shares no shortcut with the kernels, which de-rotate queries instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.rope import RopeTables, rotate
+
+
+def gather_keys(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    entry: int,
+    tables: RopeTables | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Entry's keys moved to their logical positions (fp32), values (fp32), positions [N] (int64)."""
+    n = int(batch.num_pages[entry])
+    pages = batch.pages[entry, :n].long()
+    valid = batch.valid[entry, :n].long()
+    page_size = k_cache.shape[1]
+    slot = torch.arange(page_size, device=k_cache.device)
+    keep = (slot[None, :] < valid[:, None]).reshape(-1)
+    k = k_cache[pages].float().reshape(n * page_size, *k_cache.shape[2:])[keep]
+    v = v_cache[pages].float().reshape(n * page_size, *v_cache.shape[2:])[keep]
+    pos = (batch.starts[entry, :n].long()[:, None] + slot[None, :]).reshape(-1)[keep]
+    delta = batch.deltas[entry, :n].long()[:, None].expand(n, page_size).reshape(-1)[keep]
+    if tables is not None and bool((delta != 0).any()):
+        d = delta.clamp(min=0)
+        if bool((delta < 0).any()):
+            raise ValueError("negative page deltas are not part of the contract")
+        k = rotate(k, tables.cos[d][:, None, :], tables.sin[d][:, None, :], tables.interleaved)
+    return k, v, pos
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax attention in fp32 with GQA. q [M, Hq, D], k/v [N, Hkv, D], mask [M, N] (True = visible)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("mhd,nhd->hmn", q.float(), k) * scale
+    scores = scores.masked_fill(~mask[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hmn,nhd->mhd", probs, v)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    scale: float,
+) -> torch.Tensor:
+    """q [total_q, Hq, D] (packed by batch.cu_seqlens_q) -> out [total_q, Hq, D] in q's dtype.
+
+    Serves prefill (any query runs, incl. chunks) and decode (one row per entry) alike. `tables` may be
+    None when every delta is 0.
+    """
+    out = torch.empty_like(q)
+    cu = batch.cu_seqlens_q.tolist()
+    for b in range(batch.batch_size):
+        lo, hi = cu[b], cu[b + 1]
+        if hi == lo:
+            continue
+        k, v, kpos = gather_keys(k_cache, v_cache, batch, b, tables)
+        qpos = int(batch.q_start[b]) + torch.arange(hi - lo, device=q.device)
+        mask = kpos[None, :] <= qpos[:, None]
+        out[lo:hi] = attend(q[lo:hi], k, v, mask, scale).to(q.dtype)
+    return out
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> None:
+    """Store already-rotated k and v [T, Hkv, D] at slots [T] (page * page_size + offset); -1 skips."""
+    page_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache[slots // page_size, slots % page_size] = k[keep].to(k_cache.dtype)
+    v_cache[slots // page_size, slots % page_size] = v[keep].to(v_cache.dtype)
+
+
+def copy_rotate(
+    kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, deltas: torch.Tensor, tables: RopeTables
+) -> None:
+    """Block-Attention's private copy: for every layer, K[dst] = R_delta K[src] and V[dst] = V[src].
+
+    kv is the whole pool `[layers, 2, num_pages, page_size, Hkv, D]`; src, dst, deltas are [n] per page.
+    """
+    d = deltas.long()
+    cos = tables.cos[d][:, None, None, :]
+    sin = tables.sin[d][:, None, None, :]
+    for layer in range(kv.shape[0]):
+        k = kv[layer, 0, src.long()]
+        kv[layer, 0, dst.long()] = rotate(k, cos, sin, tables.interleaved).to(kv.dtype)
+        kv[layer, 1, dst.long()] = kv[layer, 1, src.long()]
+
+
+def block_mask(segment_lens: list[int], final_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """DESIGN.md §1's mask over the concatenation: block-diagonal causal over segments, causal final."""
+    total = sum(segment_lens) + final_len
+    seg_id = torch.empty(total, dtype=torch.long)
+    start = 0
+    for i, n in enumerate(segment_lens):
+        seg_id[start : start + n] = i
+        start += n
+    seg_id[start:] = len(segment_lens)
+    idx = torch.arange(total)
+    causal = idx[None, :] <= idx[:, None]
+    same = seg_id[None, :] == seg_id[:, None]
+    is_final = (seg_id == len(segment_lens))[:, None]
+    return (causal & (same | is_final)).to(device)

@@ -1,0 +1,183 @@
+"""Random RAG requests laid out in a page pool, with their dense ground truth: for tests and benchmarks.
+
+A scenario holds documents (segments) encoded once at local positions in their own pages, and requests
+that place some of them, in any order, before a final segment. Physical pages are shuffled so that any
+indexing mistake shows. Documents may be shared by several requests at different deltas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.reference import attend, block_mask
+from lazyattn.kernels.rope import RopeTables, apply_rope
+
+
+@dataclass
+class Tokens:
+    """Raw (unrotated) per-token q/k/v of one segment, and where its keys live."""
+
+    q: torch.Tensor  # [L, Hq, D]
+    k: torch.Tensor  # [L, Hkv, D]
+    v: torch.Tensor  # [L, Hkv, D]
+    pages: list[int]
+
+    @property
+    def length(self) -> int:
+        return self.q.shape[0]
+
+
+@dataclass
+class Request:
+    docs: list[int]  # indices into Scenario.docs, in placement order
+    final: Tokens  # final segment; its keys are cached at logical positions
+
+
+@dataclass
+class Scenario:
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    tables: RopeTables
+    docs: list[Tokens]
+    requests: list[Request]
+    page_size: int
+    scale: float
+
+    def doc_starts(self, r: Request) -> list[int]:
+        starts, s = [], 0
+        for d in r.docs:
+            starts.append(s)
+            s += self.docs[d].length
+        return starts
+
+    def context_len(self, r: Request) -> int:
+        return sum(self.docs[d].length for d in r.docs)
+
+    # --- batches -------------------------------------------------------------------------------------
+
+    def final_entry(self, r: Request, upto: int) -> EntryPages:
+        """Pages of every document at its delta, then the final segment's pages holding its first `upto` keys."""
+        pages, deltas, valid = [], [], []
+        for d, start in zip(r.docs, self.doc_starts(r)):
+            doc = self.docs[d]
+            pages += doc.pages
+            deltas += [start] * len(doc.pages)
+            valid += _page_fill(doc.length, self.page_size)
+        n_final = -(-upto // self.page_size)
+        pages += r.final.pages[:n_final]
+        deltas += [0] * n_final
+        valid += _page_fill(upto, self.page_size)
+        return EntryPages(pages, deltas, valid)
+
+    def final_prefill(self, chunks: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, PagedBatch]:
+        """Queries of each request's final segment rows [lo, hi) (default: all), rotated, and their batch."""
+        chunks = chunks or [(0, r.final.length) for r in self.requests]
+        qs, entries, lens, starts = [], [], [], []
+        for r, (lo, hi) in zip(self.requests, chunks):
+            ctx = self.context_len(r)
+            pos = torch.arange(ctx + lo, ctx + hi, device=self.k_cache.device)
+            qs.append(apply_rope(r.final.q[lo:hi], pos, self.tables))
+            entries.append(self.final_entry(r, hi))
+            lens.append(hi - lo)
+            starts.append(ctx + lo)
+        batch = PagedBatch.build(entries, lens, starts, self.k_cache.device)
+        return torch.cat(qs), batch
+
+    def decode(self) -> tuple[torch.Tensor, PagedBatch]:
+        """The last row of each final segment as a decode query."""
+        return self.final_prefill([(r.final.length - 1, r.final.length) for r in self.requests])
+
+    def doc_prefill(self, chunks: list[tuple[int, int, int]]) -> tuple[torch.Tensor, PagedBatch]:
+        """Encoding documents alone: (doc, lo, hi) rows at local positions against the doc's own pages."""
+        qs, entries, lens, starts = [], [], [], []
+        for d, lo, hi in chunks:
+            doc = self.docs[d]
+            pos = torch.arange(lo, hi, device=self.k_cache.device)
+            qs.append(apply_rope(doc.q[lo:hi], pos, self.tables))
+            n = -(-hi // self.page_size)
+            entries.append(EntryPages(doc.pages[:n], [0] * n, _page_fill(hi, self.page_size)))
+            lens.append(hi - lo)
+            starts.append(lo)
+        return torch.cat(qs), PagedBatch.build(entries, lens, starts, self.k_cache.device)
+
+    # --- ground truth ------------------------------------------------------------------------------
+
+    def dense_final(self, r: Request, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """DESIGN §1 reference: attention over the concatenation at logical positions, block mask."""
+        hi = r.final.length if hi is None else hi
+        parts = [self.docs[d] for d in r.docs] + [r.final]
+        q = torch.cat([p.q for p in parts])
+        k = torch.cat([p.k for p in parts])
+        v = torch.cat([p.v for p in parts])
+        pos = torch.arange(q.shape[0], device=q.device)
+        q, k = apply_rope(q.double(), pos, self.tables), apply_rope(k.double(), pos, self.tables)
+        mask = block_mask([p.length for p in parts[:-1]], r.final.length, q.device)
+        ctx = self.context_len(r)
+        rows = slice(ctx + lo, ctx + hi)
+        return attend(q[rows].double(), k.double(), v.double(), mask[rows], self.scale)
+
+    def dense_doc(self, d: int, lo: int, hi: int) -> torch.Tensor:
+        doc = self.docs[d]
+        pos = torch.arange(doc.length, device=doc.q.device)
+        q, k = apply_rope(doc.q.double(), pos, self.tables), apply_rope(doc.k.double(), pos, self.tables)
+        mask = block_mask([], doc.length, q.device)
+        return attend(q[lo:hi], k, doc.v.double(), mask[lo:hi], self.scale)
+
+
+def _page_fill(n: int, page_size: int) -> list[int]:
+    full, rest = divmod(n, page_size)
+    return [page_size] * full + ([rest] if rest else [])
+
+
+def make_scenario(
+    doc_lens: list[int],
+    requests: list[tuple[list[int], int]],
+    *,
+    q_heads: int = 4,
+    kv_heads: int = 1,
+    head_dim: int = 64,
+    page_size: int = 16,
+    tables: RopeTables,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    spare_pages: int = 3,
+) -> Scenario:
+    """Documents of the given lengths, and requests of (doc order, final-segment length).
+
+    Documents' keys are cached rotated at their local positions, final segments' at their logical ones.
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens(n: int) -> Tokens:
+        def randn(h: int) -> torch.Tensor:
+            return torch.randn(n, h, head_dim, generator=gen).to(dtype).to(device)
+
+        return Tokens(randn(q_heads), randn(kv_heads), randn(kv_heads), [])
+
+    docs = [tokens(n) for n in doc_lens]
+    reqs = [Request(list(order), tokens(f)) for order, f in requests]
+    need = sum(-(-t.length // page_size) for t in docs + [r.final for r in reqs]) + spare_pages
+    perm = torch.randperm(need, generator=gen).tolist()
+    k_cache = torch.randn(need, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
+    v_cache = torch.randn(need, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
+    scenario = Scenario(k_cache, v_cache, tables, docs, reqs, page_size, head_dim**-0.5)
+
+    def place(t: Tokens, first_pos: int) -> None:
+        n_pages = -(-t.length // page_size)
+        t.pages = [perm.pop() for _ in range(n_pages)]
+        pos = torch.arange(first_pos, first_pos + t.length, device=t.k.device)
+        k_rot = apply_rope(t.k, pos, tables)
+        for i, p in enumerate(t.pages):
+            lo, hi = i * page_size, min((i + 1) * page_size, t.length)
+            k_cache[p, : hi - lo] = k_rot[lo:hi]
+            v_cache[p, : hi - lo] = t.v[lo:hi]
+
+    for d in docs:
+        place(d, 0)
+    for r in reqs:
+        place(r.final, scenario.context_len(r))
+    return scenario
