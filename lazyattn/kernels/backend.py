@@ -1,0 +1,78 @@
+"""Attention backends: the one seam between the model and the kernels.
+
+The model computes q, k, v for a packed batch of tokens (after any q/k norm, before RoPE). The backend
+rotates q and k at `ForwardBatch.positions` (local positions for a document being encoded, logical ones
+for a final segment), stores k and v into the page pool at `slot_mapping`, and attends by the paged
+contract (kernels/paged.py), applying each page's delta on the fly. The
+modes of DESIGN.md §4 never show up here: they only differ in the page tables the engine builds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from lazyattn.kernels import reference
+from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.rope import RopeTables, apply_rope
+
+
+@dataclass
+class ForwardBatch:
+    """Everything one model forward needs besides the token ids (packed in entry order)."""
+
+    positions: torch.Tensor  # [T] RoPE position of each token
+    slot_mapping: torch.Tensor  # [T] cache slot (page * page_size + offset) for each token's K/V
+    attn: PagedBatch  # one entry per run of tokens, same packing as the token ids
+    is_decode: bool  # every entry has exactly one query row
+    logits_indices: torch.Tensor  # [n] token rows whose logits the caller wants
+
+
+class AttentionBackend(ABC):
+    """Owns the page pool `kv` [layers, 2, num_pages, page_size, kv_heads, head_dim] and the RoPE tables.
+
+    Invariant: `attend` writes the batch's k/v before attending, so each query sees its own key.
+    Slots of -1 are not stored (tokens whose K/V is already cached).
+    """
+
+    def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float) -> None:
+        self.kv = kv
+        self.tables = tables
+        self.scale = scale
+
+    @property
+    def page_size(self) -> int:
+        return self.kv.shape[3]
+
+    @abstractmethod
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D], unrotated -> attention output [T, Hq, D] in q's dtype."""
+
+    @abstractmethod
+    def copy_rotate(self, src: torch.Tensor, dst: torch.Tensor, deltas: torch.Tensor) -> None:
+        """Block mode's private copies: every layer's K[dst] = R_delta K[src], V[dst] = V[src]."""
+
+
+class ReferenceBackend(AttentionBackend):
+    """Plain PyTorch: the CPU backend, and the ground truth."""
+
+    def attend(self, layer, q, k, v, fb):
+        k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+        q = apply_rope(q, fb.positions, self.tables)
+        k = apply_rope(k, fb.positions, self.tables)
+        reference.write_kv(k, v, fb.slot_mapping, k_cache, v_cache)
+        return reference.paged_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)
+
+    def copy_rotate(self, src, dst, deltas):
+        reference.copy_rotate(self.kv, src, dst, deltas, self.tables)
+
+
+def make_backend(kv: torch.Tensor, tables: RopeTables, scale: float) -> AttentionBackend:
+    """Triton kernels on CUDA, the PyTorch reference elsewhere."""
+    if kv.is_cuda:
+        from lazyattn.kernels.triton_backend import TritonBackend
+
+        return TritonBackend(kv, tables, scale)
+    return ReferenceBackend(kv, tables, scale)
