@@ -1,0 +1,57 @@
+"""Exceptions a user can act on. The server maps each to an HTTP status and an OpenAI-style error body."""
+
+from __future__ import annotations
+
+
+class LazyAttnError(Exception):
+    """Base of every error lazyattn raises on purpose."""
+
+    status_code = 500
+    error_type = "internal_error"
+
+
+class InvalidRequestError(LazyAttnError, ValueError):
+    """The request itself is wrong (empty prompt, parameter out of range, token id outside the vocabulary)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextTooLongError(InvalidRequestError):
+    """Documents + prompt + max_tokens exceed the model's context window or the KV pool."""
+
+
+class UnknownDocumentError(LazyAttnError, KeyError):
+    status_code = 404
+    error_type = "not_found_error"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "unknown document"
+
+
+class CheckpointError(LazyAttnError):
+    """A model directory that cannot be loaded (missing or inconsistent files, unsupported architecture)."""
+
+    status_code = 500
+    error_type = "checkpoint_error"
+
+
+class OutOfPagesError(LazyAttnError):
+    """The KV page pool cannot satisfy an allocation even after evicting unreferenced segments."""
+
+    status_code = 503
+    error_type = "server_overloaded"
+
+
+class QueueFullError(LazyAttnError):
+    status_code = 503
+    error_type = "server_overloaded"
+
+
+class AuthenticationError(LazyAttnError):
+    status_code = 401
+    error_type = "authentication_error"
