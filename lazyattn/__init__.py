@@ -1,0 +1,25 @@
+"""lazyattn: a RAG inference engine that caches each document's KV once and places it anywhere."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+if TYPE_CHECKING:
+    from lazyattn.engine.llm import LLM
+    from lazyattn.engine.sampling import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that `import lazyattn.kernels...` does not pull in the engine (and its dependencies).
+    if name == "LLM":
+        from lazyattn.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from lazyattn.engine.sampling import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(name)

@@ -1,0 +1,50 @@
+"""The engine's one configuration object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lazyattn.errors import InvalidRequestError
+
+MODES = ("lazy", "block", "prefix", "full")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny"
+    mode: str = "lazy"
+    device: str = "cpu"
+    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
+    page_size: int = 64
+    kv_cache_gb: float | None = None  # explicit KV budget; otherwise sized from free GPU memory
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 8192  # tokens per forward step (chunked prefill budget)
+    max_num_seqs: int = 256  # sequences running at once
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_waiting: int | None = None  # waiting-queue limit (the server answers 503 past it)
+    seed: int = 0
+    cuda_graphs: bool = True  # capture decode steps on CUDA
+    progress: bool = True  # progress bars (loading, generate)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}", "mode")
+        if self.page_size < 16 or self.page_size & (self.page_size - 1):
+            raise InvalidRequestError(f"page_size must be a power of two >= 16, got {self.page_size}", "page_size")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InvalidRequestError("gpu_memory_utilization must be in (0, 1]", "gpu_memory_utilization")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise InvalidRequestError("kv_cache_gb must be positive", "kv_cache_gb")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is None:
+            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        try:
+            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+        except KeyError:
+            raise InvalidRequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}") from None

@@ -1,0 +1,152 @@
+"""The offline API of DESIGN.md §5: `LLM(...).generate(...)`."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm import tqdm
+
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.llm_engine import EngineStats, LLMEngine
+from lazyattn.engine.outputs import RequestOutput
+from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, from_token_ids, render_chat, render_completion
+from lazyattn.engine.sampling import SamplingParams
+from lazyattn.errors import InvalidRequestError
+
+Document = str | dict[str, str]
+
+
+class LLM:
+    """An engine for offline batches.
+
+    >>> llm = LLM(model="tiny", mode="lazy", device="cpu")
+    >>> outs = llm.generate(["Who wrote it?"], SamplingParams(max_tokens=8, temperature=0.0),
+    ...                     documents=[["doc text A", "doc text B"]])
+    """
+
+    def __init__(self, model: str = "tiny", mode: str = "lazy", device: str = "cpu", **options: Any) -> None:
+        self.layout = options.pop("layout", None) or PromptLayout()
+        self.config = EngineConfig(model=model, mode=mode, device=device, **options)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    # -- prompts ----------------------------------------------------------------------------------
+
+    def render(self, prompt: str, documents: Seq[Document] = ()) -> RenderedPrompt:
+        return render_completion(self.tokenizer, prompt, list(documents), self.layout)
+
+    def render_chat(self, messages: list[dict[str, str]], documents: Seq[Document] = ()) -> RenderedPrompt:
+        return render_chat(self.tokenizer, messages, list(documents), self.layout)
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: str | Seq[str] | None = None,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        documents: Seq[Seq[Document]] | None = None,
+        prompt_token_ids: Seq[Seq[int]] | None = None,
+        document_token_ids: Seq[Seq[Seq[int]]] | None = None,
+        cache_salt: str | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
+        one segment per document, the prompt as the final segment); token-level inputs bypass rendering."""
+        rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | Seq[list[dict[str, str]]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        documents: Seq[Seq[Document]] | None = None,
+        cache_salt: str | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """Chat conversations rendered with the model's chat template, documents as segments."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        docs = list(documents) if documents is not None else [[] for _ in convs]
+        if len(docs) != len(convs):
+            raise InvalidRequestError("documents must have one list per conversation", "documents")
+        rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _render_all(self, prompts, documents, prompt_token_ids, document_token_ids) -> list[RenderedPrompt]:
+        if prompt_token_ids is not None:
+            if prompts is not None:
+                raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
+            docs_ids = document_token_ids if document_token_ids is not None else [[] for _ in prompt_token_ids]
+            if len(docs_ids) != len(prompt_token_ids):
+                raise InvalidRequestError("document_token_ids must have one list per prompt", "document_token_ids")
+            bos = self.tokenizer.bos_token_id
+            return [from_token_ids(list(p), [list(d) for d in ds], bos) for p, ds in zip(prompt_token_ids, docs_ids)]
+        if prompts is None:
+            raise InvalidRequestError("no prompts given", "prompts")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        docs = list(documents) if documents is not None else [[] for _ in prompts]
+        if len(docs) != len(prompts):
+            raise InvalidRequestError("documents must have one list per prompt", "documents")
+        return [self.render(p, d) for p, d in zip(prompts, docs)]
+
+    def _run(self, rendered: list[RenderedPrompt], sampling_params, cache_salt, use_tqdm) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(rendered) if isinstance(sampling_params, SamplingParams) \
+            else list(sampling_params)
+        if len(params) != len(rendered):
+            raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
+        for p in params:  # fail before anything is queued: a bad request loses nothing
+            p.validate(self.engine.model_config.vocab_size)
+        ids = [f"gen-{next(self._ids)}" for _ in rendered]
+        added: list[str] = []
+        try:
+            for rid, r, p in zip(ids, rendered, params):
+                self.engine.add_request(rid, r, p, cache_salt=cache_salt)
+                added.append(rid)
+        except Exception:
+            for rid in added:
+                self.engine.abort(rid)
+            raise
+        return self._drain(ids, use_tqdm)
+
+    def _drain(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
+        show = self.config.progress if use_tqdm is None else use_tqdm
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generate", disable=not show, dynamic_ncols=True)
+        prefill_tok = decode_tok = 0
+        start = time.monotonic()
+        try:
+            while len(done) < len(ids):
+                before = self.engine.scheduler.prefilled_tokens
+                outs = self.engine.step()
+                new = self.engine.scheduler.prefilled_tokens - before
+                decodes = sum(1 for o in outs for c in o.outputs if len(c.token_ids) > 1)
+                decode_tok += decodes
+                prefill_tok += new - decodes
+                for o in outs:
+                    if o.finished and o.request_id in ids and o.request_id not in done:
+                        done[o.request_id] = o
+                        bar.update(1)
+                elapsed = max(time.monotonic() - start, 1e-9)
+                bar.set_postfix_str(f"prefill {prefill_tok / elapsed:.0f} tok/s, decode {decode_tok / elapsed:.0f} tok/s")
+                if not outs and not self.engine.has_unfinished():
+                    break
+        except BaseException:
+            for rid in ids:
+                if rid not in done:
+                    self.engine.abort(rid)
+            raise
+        finally:
+            bar.close()
+        return [done[rid] for rid in ids]

@@ -1,0 +1,55 @@
+"""What `generate` returns and the server streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival: float
+    queue_time: float | None  # arrival -> first scheduled
+    ttft: float | None  # arrival -> first token
+    decode_time: float | None  # first token -> finished
+    e2e: float | None  # arrival -> finished
+    cached_tokens: int  # context tokens found in the document cache
+    prefilled_tokens: int  # tokens the request computed itself
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length", "abort"; None while running
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    logprobs: list[dict[int, float]] | None = None  # per token: {token id: logprob}, chosen one first
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]  # the final segment's tokens (documents are in `num_document_tokens`)
+    num_document_tokens: int
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finished for o in self.outputs)
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason

@@ -1,0 +1,365 @@
+"""Continuous batching over the shared document cache, for every mode.
+
+Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py entries). Order within a
+step: running sequences that decode (one token each), then, in admission order, the segment encodes a
+sequence waits on, followed by that sequence's own prefill chunk, all under a per-step token budget.
+
+How the modes differ (DESIGN.md §4) is confined to `_admit` and `_context`:
+- lazy:   each segment is a cached document encoded alone (a shared *job*); the final segment attends
+          to the one cached copy of each at delta = its logical start.
+- block:  the same cached documents, but before its first chunk a sequence gets private copies of them
+          re-rotated into place (fused copy-and-rotate), attended at delta 0 and freed when it ends.
+- prefix: ordinary causal attention; the prompt's full pages are cached under chained keys (vLLM-style)
+          and reused only for an exact token prefix; the sequence computes the pages it misses itself.
+- full:   nothing is cached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lazyattn.cache.document_cache import DocumentCache, Segment
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.sequence import Part, Run, Sequence, Status
+from lazyattn.errors import OutOfPagesError
+from lazyattn.kernels.paged import EntryPages
+
+Keyer = Callable[[list[int], "str | None", "str | None"], str]  # (tokens, salt, parent) -> key
+
+
+def page_fill(n_tokens: int, page_size: int) -> list[int]:
+    full, rest = divmod(n_tokens, page_size)
+    return [page_size] * full + ([rest] if rest else [])
+
+
+@dataclass
+class SegmentJob:
+    """Encoding one cached document alone, at local positions, shared by every sequence that needs it."""
+
+    segment: Segment
+    run: Run
+
+
+@dataclass
+class Work:
+    """Rows [lo, hi) of a run, attending to `context` and then the run's own pages."""
+
+    run: Run
+    lo: int
+    hi: int
+    context: EntryPages
+    seq: Sequence | None = None  # the sequence whose run this is (None: a segment job)
+    job: SegmentJob | None = None
+
+    @property
+    def samples(self) -> bool:
+        """The chunk ends the run: the sequence samples its next token from the last row."""
+        return self.seq is not None and self.hi == len(self.run.tokens)
+
+
+@dataclass
+class Copy:
+    seq_id: int
+    src: list[int]
+    dst: list[int]
+    deltas: list[int]
+
+
+@dataclass
+class ScheduledBatch:
+    works: list[Work] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(w.hi - w.lo == 1 and w.samples for w in self.works)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(w.hi - w.lo for w in self.works)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, cache: DocumentCache, keyer: Keyer) -> None:
+        self.config = config
+        self.cache = cache
+        self.page_size = cache.page_size
+        self.keyer = keyer
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.jobs: dict[str, SegmentJob] = {}
+        self.num_preemptions = 0
+        self.prefilled_tokens = 0  # rows computed by forward passes (documents, prompts, decodes)
+        self._batch: ScheduledBatch | None = None  # the batch being built, see _preempt
+
+    # -- queue ------------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Release everything a sequence holds (finished or aborted)."""
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        self._drop_dead_jobs()
+        batch = self._batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        self._admit_waiting(budget)
+        scheduled: set[int] = set()
+        job_done: set[str] = set()  # jobs whose last chunk is in this batch
+        for seq in sorted(self.running, key=lambda s: s.run.pending != 1):
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+                continue
+            if any(p.segment.failed for p in seq.parts if not p.owned):
+                self._preempt(seq)  # its encoder gave up: start over, now as the encoder
+                continue
+            budget = self._schedule_jobs(seq, batch, budget, job_done)
+            if budget <= 0 or not self._parts_ready(seq, job_done):
+                continue
+            if self.config.mode == "block" and not seq.copied:
+                if not self._make_copies(seq, batch):
+                    continue
+                scheduled.add(seq.seq_id)  # its copies are in this batch: never a preemption victim
+            chunk = min(seq.run.pending, budget)
+            if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
+                continue
+            hi = seq.run.num_computed + chunk
+            batch.works.append(Work(seq.run, seq.run.num_computed, hi, self._context(seq), seq))
+            scheduled.add(seq.seq_id)
+            budget -= chunk
+            if seq.metrics.scheduled is None:
+                seq.metrics.scheduled = time.monotonic()
+        if not batch.works and self.running and not self.jobs:
+            # Nothing could run (pages exhausted by sequences that each wait for more): free the newest.
+            batch.copies.clear()
+            self._preempt(self.running[-1])
+        self._batch = None
+        return batch
+
+    def complete(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Advance runs after the forward pass; returns the sequences that sample now, in batch order."""
+        to_sample = []
+        for w in batch.works:
+            w.run.num_computed = w.hi
+            self.prefilled_tokens += w.hi - w.lo
+            if w.job is not None:
+                if w.run.pending == 0:
+                    self.cache.mark_ready(w.job.segment)
+                    self.jobs.pop(w.job.segment.key, None)
+                continue
+            w.seq.metrics.prefilled_tokens += w.hi - w.lo
+            self._mark_owned_ready(w.seq)
+            if w.samples:
+                to_sample.append(w.seq)
+        return to_sample
+
+    # -- admission --------------------------------------------------------------------------------
+
+    def _admit_waiting(self, budget: int) -> None:
+        backlog = sum(s.run.pending for s in self.running if s.run.pending > 1)
+        backlog += sum(j.run.pending for j in self.jobs.values())
+        while self.waiting and len(self.running) < self.config.max_num_seqs and backlog < budget:
+            seq = self.waiting[0]
+            try:
+                self._admit(seq)
+            except OutOfPagesError:
+                if not self.running and not self.jobs:
+                    raise  # cannot happen for a validated request; never spin silently
+                return
+            self.waiting.popleft()
+            self.running.append(seq)
+            seq.status = Status.RUNNING
+            backlog += seq.run.pending
+
+    def _admit(self, seq: Sequence) -> None:
+        """Acquire the sequence's cached parts (creating jobs for missing documents) and its run."""
+        acquired: list[Part] = []
+        try:
+            if self.config.mode in ("lazy", "block"):
+                self._admit_segments(seq, acquired)
+                run = Run(seq.prompt + seq.output, start_pos=seq.context_len)
+            elif self.config.mode == "prefix":
+                run = self._admit_prefix(seq, acquired)
+            else:
+                run = Run(self._all_tokens(seq), start_pos=0)
+        except OutOfPagesError:
+            for part in reversed(acquired):
+                self._drop_part(part)
+            raise
+        seq.parts, seq.run = acquired, run
+        seq.metrics.cached_tokens = sum(p.length for p in acquired if not p.owned)
+
+    def _admit_segments(self, seq: Sequence, acquired: list[Part]) -> None:
+        start = 0
+        for tokens in seq.segments:
+            key = self.keyer(tokens, seq.salt, None)
+            segment, is_new = self.cache.acquire(key, len(tokens))
+            acquired.append(Part(segment, start, len(tokens)))
+            if is_new:
+                self.jobs[key] = SegmentJob(segment, Run(list(tokens), 0, list(segment.pages)))
+            start += len(tokens)
+
+    def _admit_prefix(self, seq: Sequence, acquired: list[Part]) -> Run:
+        tokens = self._all_tokens(seq)
+        ps = self.page_size
+        parent = None
+        first_owned = None
+        # The last token is never cached: its logits are needed, so the sequence computes it.
+        for b in range((len(tokens) - 1) // ps):
+            block = tokens[b * ps : (b + 1) * ps]
+            key = self.keyer(block, seq.salt, parent)
+            if first_owned is not None and self.cache.lookup(key) is not None:
+                break  # an orphan left after its parent was evicted: keep the rest private
+            segment, is_new = self.cache.acquire(key, ps)
+            acquired.append(Part(segment, b * ps, ps, owned=is_new))
+            if is_new and first_owned is None:
+                first_owned = b
+            parent = key
+        start = (first_owned if first_owned is not None else len(acquired)) * ps
+        owned = [p for p in acquired if p.owned]
+        pages = [page for p in owned for page in p.segment.pages]
+        return Run(tokens[start:], start_pos=start, pages=pages, owned=len(pages))
+
+    def _all_tokens(self, seq: Sequence) -> list[int]:
+        return [t for s in seq.segments for t in s] + seq.prompt + seq.output
+
+    # -- per-step helpers -------------------------------------------------------------------------
+
+    def _schedule_jobs(self, seq: Sequence, batch: ScheduledBatch, budget: int, job_done: set[str]) -> int:
+        """Schedule the encodes of the documents this sequence waits on, before its own chunk."""
+        for part in seq.parts:
+            job = self.jobs.get(part.segment.key)
+            if job is None or job.segment is not part.segment or part.segment.key in job_done:
+                continue
+            if any(w.run is job.run for w in batch.works) or budget <= 0:
+                continue
+            chunk = min(job.run.pending, budget)
+            hi = job.run.num_computed + chunk
+            batch.works.append(Work(job.run, job.run.num_computed, hi, EntryPages([], [], []), job=job))
+            budget -= chunk
+            if hi == len(job.run.tokens):
+                job_done.add(part.segment.key)
+        return budget
+
+    def _parts_ready(self, seq: Sequence, job_done: set[str]) -> bool:
+        """A sequence's own chunk may run once every part it did not compute is (or becomes, within this
+        batch, for lazy: K/V of all rows is written before any row attends) ready."""
+        for p in seq.parts:
+            if p.owned or p.segment.ready:
+                continue
+            if self.config.mode == "lazy" and p.segment.key in job_done:
+                continue
+            return False
+        return True
+
+    def _make_copies(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+        """Block mode: private re-rotated copies of the documents placed after position 0."""
+        moved = [p for p in seq.parts if p.start > 0]
+        n = sum(len(p.segment.pages) for p in moved)
+        try:
+            dst = self.cache.allocate(n)
+        except OutOfPagesError:
+            return False
+        src = [page for p in moved for page in p.segment.pages]
+        deltas = [p.start for p in moved for _ in p.segment.pages]
+        batch.copies.append(Copy(seq.seq_id, src, dst, deltas))
+        seq.copies, seq.copied = dst, True
+        return True
+
+    def _reserve(self, seq: Sequence, upto: int, scheduled: set[int]) -> bool:
+        """Make sure the run has pages for its first `upto` tokens, evicting and preempting as needed."""
+        run = seq.run
+        need = -(-upto // self.page_size) - len(run.pages)
+        while need > 0:
+            try:
+                run.pages += self.cache.allocate(need)
+                return True
+            except OutOfPagesError:
+                victims = [s for s in self.running if s.seq_id not in scheduled and s is not seq]
+                if not victims:
+                    return False
+                self._preempt(victims[-1])
+        return True
+
+    def _context(self, seq: Sequence) -> EntryPages:
+        """The pages a sequence's run attends to before its own (mode-specific, DESIGN.md §4)."""
+        ps = self.page_size
+        pages: list[int] = []
+        deltas: list[int] = []
+        valid: list[int] = []
+        copies = iter(seq.copies)
+        for p in seq.parts:
+            if p.owned:
+                continue
+            fill = page_fill(p.length, ps)
+            if self.config.mode == "block" and p.start > 0:
+                pages += [next(copies) for _ in fill]
+                deltas += [0] * len(fill)
+            else:
+                pages += list(p.segment.pages)
+                deltas += [p.start if self.config.mode == "lazy" else 0] * len(fill)
+            valid += fill
+        return EntryPages(pages, deltas, valid)
+
+    def _mark_owned_ready(self, seq: Sequence) -> None:
+        done_pages = seq.run.num_computed // self.page_size
+        i = 0
+        for p in seq.parts:
+            if not p.owned:
+                continue
+            if i < done_pages and not p.segment.ready:
+                self.cache.mark_ready(p.segment)
+            i += 1
+
+    # -- releasing ---------------------------------------------------------------------------------
+
+    def _drop_part(self, part: Part) -> None:
+        if part.owned and not part.segment.ready and not part.segment.failed:
+            self.cache.abort(part.segment)
+        self.cache.release(part.segment)
+
+    def _release(self, seq: Sequence) -> None:
+        # Last-to-first, so that LRU evicts the tail of a prefix chain before what it hangs from.
+        for part in reversed(seq.parts):
+            self._drop_part(part)
+        run = seq.run
+        if run is not None:
+            self.cache.pool.free(run.pages[run.owned :])
+        if seq.copies:
+            self.cache.pool.free(seq.copies)
+        seq.parts, seq.run, seq.copies, seq.copied = [], None, [], False
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""
+        self._release(seq)
+        self.running.remove(seq)
+        if self._batch is not None:
+            # Pages just freed may be handed out again in this very step: nothing in the batch may still
+            # write to them (encodes of documents nobody holds any more, this sequence's copies).
+            self._batch.works = [w for w in self._batch.works if w.job is None or w.job.segment.refcount]
+            self._batch.copies = [c for c in self._batch.copies if c.seq_id != seq.seq_id]
+            self._drop_dead_jobs()
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _drop_dead_jobs(self) -> None:
+        """A document nobody waits for any more was dropped by the cache: stop encoding it."""
+        for key in [k for k, j in self.jobs.items() if j.segment.refcount == 0 or j.segment.failed]:
+            del self.jobs[key]

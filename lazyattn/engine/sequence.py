@@ -1,0 +1,111 @@
+"""Per-request state: what a sequence holds while it waits, runs and finishes."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from lazyattn.cache.document_cache import Segment
+from lazyattn.engine.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued, holds nothing
+    RUNNING = "running"  # admitted: holds its cached parts and private pages
+    FINISHED = "finished"
+
+
+@dataclass
+class Run:
+    """Tokens whose K/V one party computes into `pages`, at positions `start_pos + i`.
+
+    A sequence's run is its final segment (lazy, block), or everything past the cached prefix blocks it
+    did not compute (prefix, full); a segment job's run is one document. `pages[:owned]` belong to cache
+    segments this run fills (prefix mode); the rest are private to the sequence.
+    """
+
+    tokens: list[int]
+    start_pos: int
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V is in the cache
+    owned: int = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+
+@dataclass
+class Part:
+    """A cached segment a sequence attends to, placed at logical position `start`."""
+
+    segment: Segment
+    start: int
+    length: int
+    owned: bool = False  # computed by this sequence's own run (prefix mode)
+
+
+@dataclass
+class Metrics:
+    arrival: float = field(default_factory=time.monotonic)
+    scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    cached_tokens: int = 0  # context tokens found in the cache at admission
+    prefilled_tokens: int = 0  # tokens this sequence computed itself (its run, incl. recomputation)
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def decode_time(self) -> float | None:
+        if self.first_token is None or self.finished is None:
+            return None
+        return self.finished - self.first_token
+
+
+@dataclass
+class Sequence:
+    """One sample of one request. Requests with n > 1 hold n sequences sharing their documents."""
+
+    seq_id: int
+    request_id: str
+    index: int
+    segments: list[list[int]]  # documents (incl. the system segment), lazy/block semantics
+    prompt: list[int]  # final segment's prompt (prefix/full: the whole prompt after the segments)
+    params: SamplingParams
+    salt: str | None = None
+    output: list[int] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    text: str = ""  # released output text (complete characters, stop strings cut off)
+    metrics: Metrics = field(default_factory=Metrics)
+    generator: torch.Generator | None = None
+    # while running
+    parts: list[Part] = field(default_factory=list)
+    run: Run | None = None
+    copies: list[int] = field(default_factory=list)  # block mode's private re-rotated pages
+    copied: bool = False
+    detokenizer: object | None = None  # model.tokenizer.IncrementalDecoder
+
+    @property
+    def context_len(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    @property
+    def total_len(self) -> int:
+        return self.context_len + len(self.prompt) + len(self.output)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
