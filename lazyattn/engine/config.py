@@ -25,6 +25,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_waiting: int | None = None  # waiting-queue limit (the server answers 503 past it)
     seed: int = 0
+    random_weights: bool = False  # read only config.json and draw weights from `seed` (benchmarks)
     cuda_graphs: bool = True  # capture decode steps on CUDA
     progress: bool = True  # progress bars (loading, generate)
 

@@ -23,11 +23,11 @@ from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence, Status
-from lazyattn.errors import ContextTooLongError, InvalidRequestError, QueueFullError
+from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
 from lazyattn.kernels.backend import make_backend
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.model.loader import load_model
-from lazyattn.model.tokenizer import IncrementalDecoder, load_tokenizer
+from lazyattn.model.tokenizer import ByteTokenizer, IncrementalDecoder, TokenizerBase, load_tokenizer
 
 CPU_DEFAULT_KV_GB = 0.5
 
@@ -64,9 +64,9 @@ class LLMEngine:
             raise InvalidRequestError("device 'cuda' was asked for but no CUDA GPU is available", "device")
         dtype = config.torch_dtype
         self.model, self.model_config = load_model(
-            config.model, dtype=dtype, device=self.device, seed=config.seed, progress=config.progress
+            config.model, dtype=dtype, device=self.device, seed=config.seed, random_init=config.random_weights
         )
-        self.tokenizer = load_tokenizer(config.model)
+        self.tokenizer = self._tokenizer(config)
         mc = self.model_config
         self.max_model_len = config.max_model_len or mc.max_position
         if self.max_model_len > mc.max_position:
@@ -99,6 +99,16 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._lock = threading.RLock()
+
+    @staticmethod
+    def _tokenizer(config: EngineConfig) -> TokenizerBase:
+        try:
+            return load_tokenizer(config.model)
+        except CheckpointError:
+            if not config.random_weights:
+                raise
+            # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
+            return ByteTokenizer()
 
     # -- requests ---------------------------------------------------------------------------------
 
