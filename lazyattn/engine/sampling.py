@@ -1,0 +1,199 @@
+"""Sampling parameters and the batched sampler.
+
+Field names follow vLLM's SamplingParams. Logprobs are those of the model's own distribution (log_softmax of
+the raw logits, before temperature or truncation), which is vLLM's default.
+
+Reproducibility: a row with its own `torch.Generator` (seeded request) draws exactly `vocab_size` exponentials
+from it per step and nothing else, so the same seed and the same logits give the same token whatever else is
+in the batch. Rows without a generator share one batched draw from the global generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lazyattn.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+# Temperatures below this are greedy: dividing logits by ~0 overflows, and the result would be argmax anyway.
+_GREEDY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings; `validate` checks them against a vocabulary."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0  # 0: off; else drop tokens with prob < min_p * (top token's prob)
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    n: int = 1
+    logprobs: int | None = None  # None: no logprobs; k: the chosen token's plus the top k
+    min_tokens: int = 0  # EOS and stop_token_ids are suppressed until this many tokens exist
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept a single stop string (OpenAI allows it) and any sequence; store tuples so params stay hashable.
+        # Anything else is left as given for validate() to reject with a message.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.stop_token_ids, list):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS or self.top_k == 1
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError, naming the field, for any value out of range."""
+        _int("n", self.n, low=1)
+        _int("max_tokens", self.max_tokens, low=1)
+        _int("min_tokens", self.min_tokens, low=0, high=self.max_tokens)
+        _float("temperature", self.temperature, low=0.0)
+        _float("top_p", self.top_p, low=0.0, high=1.0)
+        if self.top_p <= 0.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
+        _int("top_k", self.top_k, low=-1)
+        _float("min_p", self.min_p, low=0.0, high=1.0)
+        if self.seed is not None:
+            _int("seed", self.seed)
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be true or false", param=name)
+        if not isinstance(self.stop, tuple):
+            raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
+        if not isinstance(self.stop_token_ids, tuple):
+            raise InvalidRequestError("stop_token_ids must be a list of token ids", param="stop_token_ids")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidRequestError(f"stop must be non-empty strings, got {s!r}", param="stop")
+        for t in self.stop_token_ids:
+            _int("stop_token_ids", t, low=0, high=vocab_size - 1)
+
+
+def _int(name: str, value: object, low: int | None = None, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}", param=name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidRequestError(f"{name} must be {bounds}, got {value}", param=name)
+
+
+def _float(name: str, value: object, low: float, high: float | None = None) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a finite number, got {value!r}", param=name)
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidRequestError(f"{name} must be {bounds}, got {value}", param=name)
+
+
+@dataclass
+class SampleResult:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] fp32, log p(chosen token) under the raw logits
+    # Per row: (token id, logprob) best first, params.logprobs of them; None for rows that did not ask.
+    top_logprobs: list[list[tuple[int, float]] | None] | None = None
+
+
+class Sampler:
+    """Picks the next token of every row of a batch of logits, each row under its own SamplingParams."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        suppress_token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> SampleResult:
+        """`logits` [B, V]. `suppress_token_ids[i]` can never be chosen by row i (the engine passes EOS and
+        stop_token_ids while a sequence is shorter than min_tokens); it does not change the logprobs."""
+        batch, vocab = logits.shape
+        if len(params) != batch or len(generators) != batch:
+            raise ValueError(f"{batch} rows of logits but {len(params)} params and {len(generators)} generators")
+        logits = logits.float()
+        logprobs_all = torch.log_softmax(logits, dim=-1)
+
+        if suppress_token_ids is not None and any(suppress_token_ids):
+            logits = logits.clone()
+            for row, ids in enumerate(suppress_token_ids):
+                if ids:
+                    logits[row, list(ids)] = float("-inf")
+
+        token_ids = logits.argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows, device=logits.device)
+            probs = self._truncated_probs(logits[rows], [params[i] for i in random_rows])
+            token_ids[rows] = self._draw(probs, [generators[i] for i in random_rows])
+
+        chosen = logprobs_all.gather(1, token_ids[:, None]).squeeze(1)
+        return SampleResult(token_ids, chosen, self._top_logprobs(logprobs_all, params))
+
+    @staticmethod
+    def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Softmax(logits / T) with top-k, then top-p (on what top-k kept), then min-p applied; zero elsewhere."""
+        device, vocab = logits.device, logits.shape[-1]
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        logits = logits / temperature[:, None]
+        top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+        needs_sort = any(k < vocab for k in top_k) or any(p.top_p < 1.0 for p in params)
+        if needs_sort:
+            # One descending sort serves both truncations: top-k is a rank cut, top-p a cumulative-mass cut.
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            ranks = torch.arange(vocab, device=device)
+            k = torch.tensor(top_k, device=device)
+            sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
+            sorted_probs = sorted_logits.softmax(dim=-1)
+            top_p = torch.tensor([p.top_p for p in params], device=device)
+            # Keep a token while the mass strictly before it is < top_p: the smallest set reaching top_p,
+            # and always the top token. Rows with top_p = 1 keep all (guards cumsum rounding above 1).
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+        probs = logits.softmax(dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=device)
+            floor = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+            probs = probs.masked_fill(probs < floor, 0.0)
+        return probs
+
+    @staticmethod
+    def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+        """Categorical draw by exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
+        proportional to p_i. Unlike torch.multinomial it needs no normalisation and batches over rows."""
+        noise = torch.empty_like(probs)
+        shared = [i for i, g in enumerate(generators) if g is None]
+        if shared:
+            noise[shared] = torch.empty(len(shared), probs.shape[-1], device=probs.device).exponential_()
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i].exponential_(generator=g)
+        # Exp(1) can return exactly 0; keep the ratio finite (0/0 would be NaN and poison argmax).
+        return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+
+    @staticmethod
+    def _top_logprobs(logprobs_all: torch.Tensor, params: Sequence[SamplingParams]
+                      ) -> list[list[tuple[int, float]] | None] | None:
+        if all(p.logprobs is None for p in params):
+            return None
+        k = min(max(p.logprobs or 0 for p in params), logprobs_all.shape[-1])
+        values, ids = logprobs_all.topk(k, dim=-1)
+        values, ids = values.tolist(), ids.tolist()
+        return [
+            None if p.logprobs is None else list(zip(ids[row][: p.logprobs], values[row][: p.logprobs]))
+            for row, p in enumerate(params)
+        ]
