@@ -1,0 +1,575 @@
+"""Kernel benchmark: deferred-RoPE overhead, decode bandwidth, prefill TFLOP/s vs torch SDPA, block-mode copy.
+
+On the GPU (all sections, about 5 minutes on an H100; Llama-3.1-8B heads: 32 q, 8 kv, head_dim 128, bf16):
+
+    python benchmarks/kernels.py --out benchmarks/results/kernels_h100
+
+writes kernels_h100.json and kernels_h100.md and prints the tables. `--sections overhead,decode` picks
+sections; `--quick` runs tiny shapes (on a CPU: the Triton interpreter, SDPA and copy bandwidth skipped)
+to smoke-test the script. The targets these numbers are held against are DESIGN.md §7.
+
+Method. Times are triton.testing.do_bench medians (it flushes L2 before each call); inputs whose working
+set would fit in L2 are additionally rotated over several copies. Data is random (never zeros). Pages are
+taken from a shuffled free list, as in a long-running pool. Each section and each case runs under its own
+try/except: a failure is recorded in the results and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+
+from lazyattn.kernels.cache_ops import copy_rotate  # noqa: E402
+from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
+from lazyattn.kernels.reference import copy_rotate as torch_copy_rotate  # noqa: E402
+from lazyattn.kernels.rope import RopeConfig, RopeTables, rotate  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shapes:
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 64
+    layers: int = 32
+    doc_len: int = 2048  # a RAG document, and the segment length of long contexts (one delta each)
+    n_docs: int = 5
+    question: int = 32
+    causal_lens: tuple[int, ...] = (4096, 8192, 16384)
+    rag_batches: tuple[int, ...] = (1, 8, 32, 64)
+    decode_batches: tuple[int, ...] = (1, 8, 32, 64)
+    decode_contexts: tuple[int, ...] = (4096, 8192, 32768)
+    overhead_rag_batch: int = 8
+    overhead_causal: int = 8192
+    overhead_decode_batches: tuple[int, ...] = (8, 32)
+    overhead_context: int = 8192
+    overhead_rounds: int = 5  # on/off measured alternately, median of rounds: drift hits both alike
+
+
+QUICK = Shapes(
+    q_heads=4, kv_heads=2, head_dim=64, page_size=16, layers=2, doc_len=32, n_docs=3, question=8,
+    causal_lens=(64,), rag_batches=(1, 2), decode_batches=(1, 2), decode_contexts=(48, 96),
+    overhead_rag_batch=2, overhead_causal=64, overhead_decode_batches=(2,), overhead_context=64,
+    overhead_rounds=1,
+)
+DTYPE = torch.bfloat16
+SECTIONS = ("overhead", "decode", "prefill", "copy")
+
+
+# --- setup ----------------------------------------------------------------------------------------------
+
+
+def llama31_tables(head_dim: int, max_position: int, device: torch.device) -> RopeTables:
+    cfg = RopeConfig(head_dim=head_dim, base=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                     high_freq_factor=4.0, original_max_position=8192)
+    return RopeTables.build(cfg, max_position, device)
+
+
+def page_fill(n: int, page_size: int) -> list[int]:
+    full, rest = divmod(n, page_size)
+    return [page_size] * full + ([rest] if rest else [])
+
+
+class Pool:
+    """One layer's K and V pages, random, with pages handed out from a shuffled free list."""
+
+    def __init__(self, s: Shapes, num_pages: int, device: torch.device) -> None:
+        shape = (num_pages, s.page_size, s.kv_heads, s.head_dim)
+        self.k = torch.randn(shape, dtype=DTYPE, device=device)
+        self.v = torch.randn(shape, dtype=DTYPE, device=device)
+        self.page_size = s.page_size
+        self.free = torch.randperm(num_pages).tolist()
+
+    def segment(self, length: int, delta: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                tables: RopeTables | None = None) -> EntryPages:
+        """Pages for one segment of `length` keys at `delta`; stores k/v [length, Hkv, D] when given.
+
+        k is given at its logical positions; the cache holds it at local ones: R_{-delta} k.
+        """
+        fill = page_fill(length, self.page_size)
+        pages = [self.free.pop() for _ in fill]
+        if k is not None:
+            if delta:
+                cos, sin = tables.cos[delta], tables.sin[delta]
+                k = rotate(k, cos, -sin, tables.interleaved).to(DTYPE)
+            idx = torch.tensor(pages, device=self.k.device)
+            padded = -(-length // self.page_size) * self.page_size
+            for src, dst in ((k, self.k), (v, self.v)):
+                full = torch.zeros(padded, *src.shape[1:], dtype=DTYPE, device=src.device)
+                full[:length] = src
+                dst[idx] = full.view(len(pages), self.page_size, *src.shape[1:])
+        return EntryPages(pages, [delta] * len(pages), fill)
+
+
+def join(parts: list[EntryPages]) -> EntryPages:
+    return EntryPages([p for e in parts for p in e.pages], [d for e in parts for d in e.deltas],
+                      [n for e in parts for n in e.valid])
+
+
+def pages_for(tokens: int, s: Shapes) -> int:
+    return -(-tokens // s.page_size)
+
+
+def copies_for(working_set: int, l2_bytes: int) -> int:
+    """Input copies to rotate over so that consecutive calls never find their inputs in L2."""
+    return 1 if working_set >= 2 * l2_bytes else min(16, -(-3 * l2_bytes // max(1, working_set)))
+
+
+def cycle(fns: list[Callable[[], object]]) -> Callable[[], object]:
+    """One call of the next input copy per call."""
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
+
+
+# --- measurement ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    s: Shapes
+    device: torch.device
+    tables: RopeTables
+    copy_gbps: float | None = None
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def scale(self) -> float:
+        return self.s.head_dim**-0.5
+
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        fn()  # compile / autotune outside the timing
+        if self.gpu:
+            torch.cuda.synchronize()
+            return float(triton.testing.do_bench(fn, warmup=self.args.warmup, rep=self.args.rep,
+                                                 return_mode="median"))
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def l2_bytes(self) -> int:
+        if not self.gpu:
+            return 0
+        return getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 50 << 20)
+
+    def fits(self, nbytes: int) -> bool:
+        """Room for nbytes more (with 20 % headroom for scratch and the allocator)."""
+        if not self.gpu:
+            return True
+        torch.cuda.empty_cache()
+        return nbytes * 1.2 < torch.cuda.mem_get_info(self.device)[0]
+
+    def copy_bandwidth(self) -> float | None:
+        """Device-to-device copy bandwidth (bytes read + written), GB/s: the yardstick of DESIGN.md §7."""
+        if self.copy_gbps is None and self.gpu:
+            n = 1 << 30  # 1 GiB each way: far past L2
+            src = torch.randn(n // 2, dtype=DTYPE, device=self.device)
+            dst = torch.empty_like(src)
+            ms = self.time_ms(lambda: dst.copy_(src))
+            self.copy_gbps = 2 * n / ms / 1e6
+            del src, dst
+        return self.copy_gbps
+
+
+def run_case(rows: list[dict], label: dict, body: Callable[[], dict]) -> None:
+    """One table row: body's measurements, or the error, so that one failure does not end the section."""
+    try:
+        rows.append({**label, **body()})
+    except Exception as e:  # noqa: BLE001 - recorded and reported, the benchmark goes on
+        rows.append({**label, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+    finally:
+        free_memory()
+
+
+def free_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def attention(decode: bool):
+    if decode:
+        from lazyattn.kernels.decode import decode_attention
+
+        return decode_attention
+    from lazyattn.kernels.prefill import prefill_attention
+
+    return prefill_attention
+
+
+# --- layouts ------------------------------------------------------------------------------------------------
+
+
+def long_context(pool: Pool, ctx: int, s: Shapes, gen: torch.Generator, max_delta: int) -> EntryPages:
+    """ctx keys in segments of doc_len, each at a random nonzero delta (a RAG context of many documents)."""
+    parts = []
+    for start in range(0, ctx, s.doc_len):
+        delta = int(torch.randint(1, max_delta, (1,), generator=gen))
+        parts.append(pool.segment(min(s.doc_len, ctx - start), delta))
+    return join(parts)
+
+
+def decode_case(b: Bench, batch: int, ctx: int, gen: torch.Generator) -> tuple[list[tuple], int]:
+    """`copies` independent decode inputs (q, pool, batch) of `batch` entries x ctx keys; bytes per call."""
+    s = b.s
+    kv_bytes = batch * ctx * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
+    qo_bytes = 2 * batch * s.q_heads * s.head_dim * DTYPE.itemsize
+    copies = copies_for(kv_bytes, b.l2_bytes())
+    pool = Pool(s, copies * batch * pages_for(ctx, s) + 1, b.device)
+    max_delta = b.tables.max_position - ctx
+    inputs = []
+    for _ in range(copies):
+        entries = [long_context(pool, ctx, s, gen, max_delta) for _ in range(batch)]
+        pb = PagedBatch.build(entries, [1] * batch, [ctx - 1] * batch, b.device)
+        q = torch.randn(batch, s.q_heads, s.head_dim, dtype=DTYPE, device=b.device)
+        inputs.append((q, pool.k, pool.v, pb))
+    return inputs, kv_bytes + qo_bytes
+
+
+def rag_case(b: Bench, batch: int, materialise: bool, copies: int = 1):
+    """RAG prefill: per request n_docs documents at their starts, then the question (delta 0).
+
+    Returns [(q, pool.k, pool.v, paged batch)] x copies and, when materialise, the first copy's contiguous
+    q/k/v at logical positions (what SDPA attends over) [batch, heads, tokens, D].
+    """
+    s = b.s
+    ctx = s.n_docs * s.doc_len
+    total = ctx + s.question
+    per_request = s.n_docs * pages_for(s.doc_len, s) + pages_for(s.question, s)
+    pool = Pool(s, copies * batch * per_request + 1, b.device)
+    inputs, dense = [], None
+    for c in range(copies):
+        keep = materialise and c == 0
+        entries, ks, vs = [], [], []
+        for _ in range(batch):
+            k = torch.randn(total, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device) if keep else None
+            v = torch.randn_like(k) if keep else None
+            parts = [pool.segment(s.doc_len, i * s.doc_len, *_slice(k, v, i * s.doc_len, s.doc_len), b.tables)
+                     for i in range(s.n_docs)]
+            parts.append(pool.segment(s.question, 0, *_slice(k, v, ctx, s.question)))
+            entries.append(join(parts))
+            ks.append(k)
+            vs.append(v)
+        pb = PagedBatch.build(entries, [s.question] * batch, [ctx] * batch, b.device)
+        q = torch.randn(batch * s.question, s.q_heads, s.head_dim, dtype=DTYPE, device=b.device)
+        inputs.append((q, pool.k, pool.v, pb))
+        if keep:
+            dense = tuple(t.transpose(1, 2).contiguous()
+                          for t in (q.view(batch, s.question, s.q_heads, -1), torch.stack(ks), torch.stack(vs)))
+    return inputs, dense
+
+
+def _slice(k, v, start, n):
+    return (None, None) if k is None else (k[start : start + n], v[start : start + n])
+
+
+def causal_case(b: Bench, n: int, segment_deltas: bool, gen: torch.Generator | None = None):
+    """One sequence of n tokens prefilled causally: q, pool, batch, and contiguous q/k/v [1, heads, n, D].
+
+    With segment_deltas the pages carry random nonzero deltas per doc_len segment (the deferred-RoPE
+    overhead case); otherwise delta 0 (the plain causal prefill), and K/V equal the contiguous tensors.
+    """
+    s = b.s
+    pool = Pool(s, pages_for(n, s) + 1, b.device)
+    if segment_deltas:
+        entry = long_context(pool, n, s, gen, b.tables.max_position - n)
+    else:
+        k = torch.randn(n, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+        v = torch.randn_like(k)
+        entry = pool.segment(n, 0, k, v)
+    pb = PagedBatch.build([entry], [n], [0], b.device)
+    q = torch.randn(n, s.q_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    dense = None
+    if not segment_deltas:
+        dense = tuple(t.transpose(0, 1)[None].contiguous() for t in (q, k, v))
+    return (q, pool.k, pool.v, pb), dense
+
+
+# --- sections --------------------------------------------------------------------------------------------------
+
+
+def section_overhead(b: Bench) -> list[dict]:
+    """Deferred-RoPE overhead: the same kernel with apply_delta=True (nonzero deltas) vs False (rotation
+    compiled out), measured alternately, median of rounds. Goal (DESIGN.md §7): <= 1 %."""
+    s, rows = b.s, []
+    gen = torch.Generator().manual_seed(b.args.seed)
+
+    def measure(decode: bool, inputs: list[tuple]) -> dict:
+        fn = attention(decode)
+        calls = {flag: cycle([lambda i=i, f=flag: fn(*i, b.tables, b.scale, apply_delta=f) for i in inputs])
+                 for flag in (True, False)}
+        times = {True: [], False: []}
+        for _ in range(s.overhead_rounds):
+            for flag in (True, False):
+                times[flag].append(b.time_ms(calls[flag]))
+        on, off = statistics.median(times[True]), statistics.median(times[False])
+        return {"ms_delta": on, "ms_no_delta": off, "overhead_%": 100 * (on / off - 1)}
+
+    def rag() -> dict:
+        inputs, _ = rag_case(b, s.overhead_rag_batch, False)
+        return {**measure(False, inputs), "deltas": "document starts"}
+
+    label = f"RAG bs {s.overhead_rag_batch}: {s.n_docs}x{s.doc_len} cached + {s.question}"
+    run_case(rows, {"case": f"prefill {label}"}, rag)
+    run_case(rows, {"case": f"prefill {s.overhead_causal} causal"},
+             lambda: {**measure(False, [causal_case(b, s.overhead_causal, True, gen)[0]]),
+                      "deltas": f"random, one per {s.doc_len} tokens"})
+    for batch in s.overhead_decode_batches:
+        run_case(rows, {"case": f"decode bs {batch} x {s.overhead_context}"},
+                 lambda batch=batch: {**measure(True, decode_case(b, batch, s.overhead_context, gen)[0]),
+                                      "deltas": f"random, one per {s.doc_len} tokens"})
+    return rows
+
+
+def section_decode(b: Bench) -> list[dict]:
+    """Decode attention bandwidth: bytes of K+V actually read (+ q and out) per call over its time, and as a
+    share of a device-to-device copy (torch copy_, bytes read + written) measured in the same run. Contexts
+    are segments of doc_len tokens at nonzero deltas. Goal: >= 85 % (batch >= 8), >= 70 % (batch 1)."""
+    s, rows = b.s, []
+    gen = torch.Generator().manual_seed(b.args.seed + 1)
+    copy_gbps = b.copy_bandwidth()
+    decode = attention(True)
+    for ctx in s.decode_contexts:
+        for batch in s.decode_batches:
+            def body(batch=batch, ctx=ctx) -> dict:
+                need = batch * ctx * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
+                if not b.fits(need * copies_for(need, b.l2_bytes())):
+                    return {"skipped": "does not fit in free memory"}
+                inputs, nbytes = decode_case(b, batch, ctx, gen)
+                ms = b.time_ms(cycle([lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]))
+                gbps = nbytes / ms / 1e6
+                pct = None if copy_gbps is None else 100 * gbps / copy_gbps
+                return {"us": 1e3 * ms, "GB/s": gbps, "%_of_copy": pct, "copies": len(inputs)}
+
+            run_case(rows, {"batch": batch, "context": ctx}, body)
+    rows.append({"batch": "copy", "context": "torch copy_ 1 GiB", "GB/s": copy_gbps})
+    return rows
+
+
+def sdpa_variants(q, k, v, causal: str):
+    """Ways to ask torch SDPA for this attention, tried in order: native GQA first, expanded KV heads next.
+
+    causal: "square" (is_causal) or "lower_right": the question rows see every cached key, a bottom-right
+    aligned mask (is_causal is top-left aligned, wrong for Lq != Lk). Expanded K/V are built once, here,
+    outside the timed call.
+    """
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    lq, lk = q.shape[2], k.shape[2]
+    masks = [("is_causal", {"is_causal": True})] if causal == "square" else [
+        ("causal_lower_right", {"attn_mask": causal_lower_right(lq, lk)}),
+        ("bool mask", {"attn_mask": torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)}),
+    ]
+    group = q.shape[1] // k.shape[1]
+    expanded = None
+    for mask_name, mask in masks:
+        yield f"{mask_name}, enable_gqa", lambda m=mask: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **m)
+        if expanded is None:
+            expanded = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        yield f"{mask_name}, kv heads expanded x{group}", lambda m=mask, kv=expanded: F.scaled_dot_product_attention(
+            q, *kv, **m)
+
+
+def time_sdpa(b: Bench, backend, dense, causal: str, ours: torch.Tensor) -> dict:
+    """Median ms of the first SDPA variant the backend accepts, its name, and its max |diff| to ours."""
+    from torch.nn.attention import sdpa_kernel
+
+    errors = []
+    for name, fn in sdpa_variants(*dense, causal):
+        try:
+            with sdpa_kernel(backend):
+                out = fn()
+                ms = b.time_ms(fn)
+        except Exception as e:  # noqa: BLE001 - "no available kernel" and kin: try the next variant
+            errors.append(f"{name}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}")
+            continue
+        diff = (out.transpose(1, 2).reshape(ours.shape).float() - ours.float()).abs().max().item()
+        # Same inputs, same math: a mismatch means the two do not compute the same attention (a mask or
+        # layout error), which would make the comparison meaningless. bf16 outputs differ by ~1e-2.
+        return {"ms": ms, "variant": name, "max_abs_diff_vs_ours": diff, "same_output": diff < 0.1}
+    return {"error": "unavailable: " + " | ".join(errors)}
+
+
+def section_prefill(b: Bench) -> list[dict]:
+    """Prefill TFLOP/s: ours (paged, per-page deltas) vs torch SDPA (flash, cuDNN) over contiguous K/V already
+    rotated into place; SDPA's time leaves out materialising that K. FLOPs: causal N = 2 N^2 D Hq (half of
+    4 N^2 D Hq); RAG = 4 D Hq x the (query, key) pairs the question rows see, the same count for both.
+    `variant` says how SDPA was called (native GQA or KV heads expanded); `same_output` checks that both
+    computed the same attention. Goals: causal >= 1.2x SDPA flash; RAG >= SDPA over materialised K."""
+    s, rows = b.s, []
+    prefill = attention(False)
+    backends = {}
+    if b.gpu:
+        from torch.nn.attention import SDPBackend
+
+        backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+    def compare(label: dict, flops: float, inputs: list[tuple], dense, causal: str) -> None:
+        fn = cycle([lambda i=i: prefill(*i, b.tables, b.scale) for i in inputs])
+        ours = prefill(*inputs[0], b.tables, b.scale)
+        run_case(rows, {**label, "impl": "ours (paged)"}, lambda: _tflops(b.time_ms(fn), flops))
+        for name, backend in backends.items():
+            run_case(rows, {**label, "impl": name},
+                     lambda backend=backend: _with_tflops(time_sdpa(b, backend, dense, causal, ours), flops))
+
+    for n in s.causal_lens:
+        flops = 2.0 * n * n * s.head_dim * s.q_heads  # causal: half of 4 N^2 D H
+        try:
+            inputs, dense = causal_case(b, n, False)
+            compare({"case": f"causal {n}"}, flops, [inputs], dense, "square")
+        except Exception as e:  # noqa: BLE001
+            rows.append({"case": f"causal {n}", "error": f"{type(e).__name__}: {e}"})
+        free_memory()
+
+    ctx = s.n_docs * s.doc_len
+    visible = sum(ctx + i + 1 for i in range(s.question))  # keys seen by the question rows, causal
+    for batch in s.rag_batches:
+        label = {"case": f"RAG bs {batch}: {s.n_docs}x{s.doc_len} + {s.question}"}
+        try:
+            kv_bytes = batch * (ctx + s.question) * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
+            inputs, dense = rag_case(b, batch, True, copies=copies_for(kv_bytes, b.l2_bytes()))
+            compare(label, 4.0 * visible * s.head_dim * s.q_heads * batch, inputs, dense, "lower_right")
+        except Exception as e:  # noqa: BLE001
+            rows.append({**label, "error": f"{type(e).__name__}: {e}"})
+        free_memory()
+    return rows
+
+
+def _tflops(ms: float, flops: float) -> dict:
+    return {"ms": ms, "TFLOP/s": flops / ms / 1e9}
+
+
+def _with_tflops(r: dict, flops: float) -> dict:
+    return {**r, **_tflops(r["ms"], flops)} if "ms" in r else r
+
+
+def section_copy(b: Bench) -> list[dict]:
+    """Block mode's private copy (copy_rotate): n_docs x doc_len tokens of K re-rotated and V copied, for
+    every layer; MB_moved counts K and V read and written. The PyTorch reference is shown for scale."""
+    s, rows = b.s, []
+    n = s.n_docs * pages_for(s.doc_len, s)
+    page_bytes = s.page_size * s.kv_heads * s.head_dim * DTYPE.itemsize
+    moved = 2 * 2 * s.layers * n * page_bytes  # K and V, read and written
+    if not b.fits(s.layers * 2 * (2 * n + 1) * page_bytes):
+        return [{"impl": "ours", "skipped": "does not fit in free memory"}]
+    kv = torch.randn(s.layers, 2, 2 * n + 1, s.page_size, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    perm = torch.randperm(2 * n + 1, device=b.device)
+    src, dst = perm[:n].contiguous(), perm[n : 2 * n].contiguous()
+    deltas = torch.arange(n, device=b.device, dtype=torch.int32) // pages_for(s.doc_len, s) * s.doc_len + 1
+    copy_gbps = b.copy_bandwidth()
+    for name, fn in (("ours (1 launch)", copy_rotate), ("torch reference", torch_copy_rotate)):
+        def body(fn=fn) -> dict:
+            ms = b.time_ms(lambda: fn(kv, src, dst, deltas, b.tables))
+            gbps = moved / ms / 1e6
+            return {"ms": ms, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps}
+
+        run_case(rows, {"impl": name, "pages": n, "layers": s.layers, "MB_moved": moved / 1e6}, body)
+    return rows
+
+
+# --- report ------------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    out = [f"# Kernel benchmark ({results['env']['device']})", "", f"`{results['env']['command']}`", ""]
+    for name, rows in results["sections"].items():
+        out += [f"## {name}", "", inspect.cleandoc(globals()[f"section_{name}"].__doc__), ""]
+        if isinstance(rows, dict):  # the section itself failed
+            out += ["```", rows["error"], "```", ""]
+            continue
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+        out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+    return str(x).replace("|", "/")
+
+
+def environment(args: argparse.Namespace, device: torch.device) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, Triton interpreter"
+    return {"device": name, "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+            "command": "python benchmarks/kernels.py " + " ".join(args.argv), "dtype": str(DTYPE)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="path prefix: writes <out>.json and <out>.md")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    p.add_argument("--page-size", type=int, default=None, help="KV page size (default 64; 16 with --quick)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes: smoke test (CPU: Triton interpreter)")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    if unknown := set(sections) - set(SECTIONS):
+        p.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+
+    s = QUICK if args.quick else Shapes()
+    if args.page_size:
+        s = replace(s, page_size=args.page_size)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(args.seed)
+    max_position = 4 * max(s.decode_contexts + s.causal_lens + (s.n_docs * s.doc_len + s.question,))
+    b = Bench(args, s, device, llama31_tables(s.head_dim, max_position, device))
+    results = {"env": environment(args, device), "shapes": asdict(s), "sections": {}}
+    for name in sections:
+        t0 = time.perf_counter()
+        print(f"[{name}] ...", flush=True)
+        try:
+            results["sections"][name] = globals()[f"section_{name}"](b)
+        except Exception as e:  # noqa: BLE001 - recorded, the other sections still run
+            results["sections"][name] = {"error": "".join(traceback.format_exception(e))[-2000:]}
+        print(f"[{name}] {time.perf_counter() - t0:.1f} s", flush=True)
+    results["env"]["copy_GBps"] = b.copy_gbps
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = markdown(results)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2, default=_json_default))
+    out.with_suffix(".md").write_text(report + "\n")
+    print(report)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    return results
+
+
+def _json_default(x):
+    return None if isinstance(x, float) and math.isnan(x) else str(x)
+
+
+if __name__ == "__main__":
+    main()
