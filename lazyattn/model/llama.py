@@ -1,0 +1,103 @@
+"""CausalLM: one decoder for the Llama family, Mistral, Qwen2 and Qwen3 (they differ only by config flags)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lazyattn.errors import CheckpointError
+from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
+from lazyattn.model.config import ModelConfig
+from lazyattn.model.layers import DecoderLayer, RMSNorm
+
+# Hugging Face keeps q/k/v and gate/up as separate matrices; we stack them by rows into one matmul each.
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# Buffers some checkpoints carry that we recompute (RoPE lives in the attention backend).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Tied checkpoints reuse the embedding matrix as the output projection.
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False
+        )
+
+    def forward(self, input_ids: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
+        """input_ids [T] (packed entries, as fb describes them) -> final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, fb, backend)
+        assert residual is not None, "a model has at least one layer"
+        return self.norm(x + residual)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] (only the rows that need logits) -> fp32 logits [n, vocab].
+
+        The matmul runs in the model dtype, like Hugging Face; only the result is widened for sampling.
+        """
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    # --- weights -------------------------------------------------------------------------------------
+
+    def hf_weight_map(self) -> dict[str, tuple[str, int, int]]:
+        """Every Hugging Face tensor name this model needs -> (our parameter, first row, end row).
+
+        Rows cover the whole parameter unless the tensor is one part of a fused projection.
+        """
+        cfg = self.config
+        splits = {
+            "qkv_proj": (0, cfg.q_size, cfg.q_size + cfg.kv_size, cfg.q_size + 2 * cfg.kv_size),
+            "gate_up_proj": (0, cfg.intermediate_size, 2 * cfg.intermediate_size),
+        }
+        out: dict[str, tuple[str, int, int]] = {}
+        for name, param in self.named_parameters():
+            hf = name if name.startswith("lm_head.") else f"model.{name}"
+            fused = next((f for f in _FUSED if f".{f}." in name), None)
+            if fused is None:
+                out[hf] = (name, 0, param.shape[0])
+                continue
+            bounds = splits[fused]
+            for i, part in enumerate(_FUSED[fused]):
+                out[hf.replace(fused, part)] = (name, bounds[i], bounds[i + 1])
+        return out
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face (name, tensor) pairs into the model, casting to each parameter's dtype/device.
+
+        Raises CheckpointError on an unknown name, a shape mismatch, or a name missing at the end.
+        """
+        wanted = self.hf_weight_map()
+        params = dict(self.named_parameters())
+        seen: set[str] = set()
+        for hf_name, tensor in weights:
+            if hf_name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if hf_name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: some tied checkpoints still store a copy of the embedding
+            if hf_name not in wanted:
+                raise CheckpointError(f"unexpected tensor {hf_name!r} in a {self.config.architecture} "
+                                      f"checkpoint (does config.json match the weights?)")
+            name, lo, hi = wanted[hf_name]
+            dst = params[name].data.narrow(0, lo, hi - lo)
+            if tuple(tensor.shape) != tuple(dst.shape):
+                raise CheckpointError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                                      f"config.json implies {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            seen.add(hf_name)
+        missing = sorted(set(wanted) - seen)
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            names = ", ".join(map(repr, missing[:5]))
+            raise CheckpointError(f"checkpoint is missing tensor(s) {names}{more}")

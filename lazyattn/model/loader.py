@@ -1,0 +1,143 @@
+"""load_model: a CausalLM from a Hugging Face checkpoint directory, or random weights ("tiny", benchmarks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from lazyattn.errors import CheckpointError
+from lazyattn.model.config import ModelConfig
+from lazyattn.model.llama import CausalLM
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+EMBED_STD = 1.0
+BIAS_STD = 0.02
+# Random weights are drawn on the CPU (same values on every device) unless the model is big enough that
+# CPU sampling would dominate start-up (an 8B model takes minutes on a few cores); then on the device.
+_CPU_INIT_MAX_PARAMS = 256 * 2**20
+
+
+def load_model(
+    model: str | Path,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    random_init: bool = False,
+) -> tuple[CausalLM, ModelConfig]:
+    """The model and its config. `model`: "tiny" or a checkpoint directory; dtype None keeps the checkpoint's.
+
+    With random_init (implied by "tiny"), only config.json is read and weights are drawn from `seed`.
+    The returned config carries the runtime dtype and the weights' identity (see ModelConfig.fingerprint).
+    """
+    device = torch.device(device)
+    if str(model) == "tiny":
+        cfg, random_init = ModelConfig.tiny(), True
+    else:
+        cfg = ModelConfig.from_dir(model)
+    dtype = dtype or cfg.dtype
+    files: list[Path] = []
+    if random_init:
+        init_device = torch.device("cpu") if _num_params(cfg) <= _CPU_INIT_MAX_PARAMS else device
+        weights_id = f"random:{seed}" + ("" if init_device.type == "cpu" else f":{init_device.type}")
+    else:
+        files = weight_files(Path(model))
+        weights_id = str(Path(model).resolve()) + "|" + ";".join(
+            f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files
+        )
+    cfg = dataclasses.replace(cfg, dtype=dtype, weights_id=weights_id)
+
+    # Build on the meta device, then allocate uninitialised storage in the target dtype: no throw-away
+    # default init, and no fp32 copy of a bf16 model.
+    with torch.device("meta"):
+        lm = CausalLM(cfg)
+    lm = lm.to(dtype=dtype).to_empty(device=device)
+    if random_init:
+        random_weights(lm, seed, init_device)
+    else:
+        lm.load_weights(_read_tensors(files, device))
+    lm.eval().requires_grad_(False)
+    return lm, cfg
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: every shard its index lists, or the single model.safetensors."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"cannot read the weight map of {index}: {e!r}") from e
+        shards = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [s.name for s in shards if not s.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shard(s) that are missing: {', '.join(missing)}")
+        return shards
+    if (path / SINGLE_FILE).is_file():
+        return [path / SINGLE_FILE]
+    others = sorted(path.glob("*.safetensors"))
+    if others:
+        return others
+    legacy = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+    hint = f" (found {', '.join(legacy)}: only safetensors weights are supported)" if legacy else ""
+    raise CheckpointError(f"no weight files in {str(path)!r}: expected {SINGLE_FILE} or {INDEX_FILE}{hint}")
+
+
+def _read_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every file, one tensor in memory at a time."""
+    # Read straight onto a GPU when loading there; the copy into the parameter casts to its dtype.
+    where = str(device) if device.type == "cuda" else "cpu"
+    try:
+        total = 0
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as h:
+                total += len(h.keys())
+        with tqdm(total=total, desc="loading weights", unit="tensor", disable=None) as bar:
+            for f in files:
+                bar.set_postfix_str(f.name)
+                with safe_open(str(f), framework="pt", device=where) as h:
+                    for name in h.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                        yield name, h.get_tensor(name)
+                        bar.update()
+    except (OSError, RuntimeError, ValueError, SafetensorError) as e:
+        raise CheckpointError(f"cannot read weights from {files[0].parent}: {e}") from e
+
+
+@torch.no_grad()
+def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "cpu") -> None:
+    """Deterministic random weights: N(0, 0.02) matrices and biases, norm weights 1.
+
+    Each tensor draws from its own generator seeded by (seed, its name), so a tensor's values do not
+    depend on the rest of the config (a deeper model shares its first layers with a shallower one).
+    """
+    init_device = torch.device(init_device)
+    for name, param in lm.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        # 32-bit seeds: the CPU generator (mt19937) keeps only the low 32 bits anyway.
+        gen = torch.Generator(device=init_device).manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+        values = torch.empty(param.shape, dtype=torch.float32, device=init_device)
+        param.copy_(values.normal_(0.0, _init_std(name, param), generator=gen))
+
+
+def _init_std(name: str, param: torch.Tensor) -> float:
+    if name.endswith(".bias"):
+        return BIAS_STD
+    if name == "embed_tokens.weight":
+        return EMBED_STD
+    return param.shape[1] ** -0.5
+
+
+def _num_params(cfg: ModelConfig) -> int:
+    attn = cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
+    embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    return cfg.num_layers * (attn + mlp) + embed
