@@ -1,0 +1,430 @@
+"""Triton prefill attention over paged KV with deferred RoPE (the `lazy` mode's hot path).
+
+Contract: kernels/paged.py; ground truth: kernels/reference.py (`paged_attention`), which this kernel matches.
+
+Deferred RoPE (DESIGN.md §2)
+----------------------------
+`R_p` rotates each channel pair j by the angle `p * theta_j`; `R_a R_b = R_{a+b}`, `R_a^T = R_{-a}`. A query
+arrives rotated at its logical position m. A cached key of local position j was stored as `R_j k`; its
+logical position is `delta + j` (delta = its page's delta). Its score is
+
+    <R_m q, R_{delta + j} k> = <R_m q, R_delta R_j k> = <R_{-delta} (R_m q), R_j k>
+
+so rotating the *query* tile once by -delta replaces rotating every cached key. Per pair (a, b) with
+c = cos(delta theta_j), s = sin(delta theta_j): a' = a c + b s, b' = b c - a s. Causality and softmax only
+depend on logical positions, which come from `starts`, never from delta.
+
+Where delta is applied: pages are walked in order, grouped into *runs* of consecutive pages that share a
+delta (one run per segment: a document, the final segment). At the start of each run the Q tile is
+reloaded from global memory (L2-hot) and de-rotated in fp32 with the cos/sin rows `tables.cos/sin[delta]`;
+the run's K tiles are then consumed by a plain FlashAttention-2 inner loop. So the inner loop, the part
+that runs per K tile, is the same code with and without deltas (`APPLY_DELTA=False` compiles the runs and
+the rotation out), and the de-rotated Q is loop-invariant there (the compiler keeps it in shared memory
+or registers for the MMA). Reloading Q instead of keeping an unrotated copy live saves registers; it
+happens once per segment.
+
+Both channel pairings are handled by loading the Q tile twice, once with the column permutation that maps
+each channel to its pair partner (j <-> j + D/2 half-split, 2j <-> 2j+1 interleaved): the rotation is then
+elementwise on full-width tiles and K is always loaded as one contiguous [BLOCK_N, D] tile (one dot).
+
+Grid, tiling, GQA
+-----------------
+- One program per (query block, kv head, kv split). The G = Hq/Hkv query heads sharing a kv head are
+  packed into the M dimension (row r = query r // G, head r % G), so each K/V tile loaded serves the whole
+  head group and BLOCK_M rows cover BLOCK_M // G positions (less causal waste than one head per tile).
+- Query blocks of all entries share grid axis 0 without a host sync: entry b owns the slots
+  [cu[b] // QB + b, cu[b+1] // QB + b + 1), at least its cdiv(len_b, QB) blocks (an entry costs at most one
+  idle slot). A program finds its entry by counting slot starts <= its slot. Slots run in reverse so the
+  long causal blocks (end of a sequence) start first.
+- Causal: a block walks only the pages starting at or before its last position. Masks are applied only to
+  tiles holding padding slots (past `valid`) or crossing the diagonal; other tiles skip the select.
+  K tiles never straddle pages (page_size % BLOCK_N == 0).
+- Split-KV: when (blocks x kv heads) cannot fill the GPU (a 32-token question against 10K cached tokens
+  at batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial
+  output and its log2-sum-exp, and a small kernel merges them.
+- Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
+  use ieee precision. Block sizes: an autotuned short list per dtype/head_dim, pruned by page size
+  (`_CONFIGS`); a fixed config under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.rope import RopeTables
+
+_BLOCK_B = 128  # entries scanned per step when a program looks up its entry
+_BLOCK_P = 256  # pages scanned per step (causal page count, run ends)
+_MIN_KEYS_PER_SPLIT = 512  # below this a split's startup latency outweighs its work
+_MAX_SPLITS = 32
+
+
+@triton.jit
+def _find_block(cu_seqlens_q, batch_size, slot, QB: tl.constexpr, BLOCK_B: tl.constexpr):
+    """(entry, first query row) of grid slot `slot`; see the module docstring for the slot layout."""
+    count = 0
+    for lo in range(0, batch_size, BLOCK_B):
+        b = lo + tl.arange(0, BLOCK_B)
+        inside = b < batch_size
+        first_slot = tl.load(cu_seqlens_q + b, mask=inside, other=0) // QB + b
+        count += tl.sum(((first_slot <= slot) & inside).to(tl.int32), axis=0)
+    entry = count - 1
+    first_row = (slot - (tl.load(cu_seqlens_q + entry) // QB + entry)) * QB
+    return entry, first_row
+
+
+@triton.jit
+def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: tl.constexpr):
+    """Pages whose first position is <= last_pos: `starts` is non-decreasing, so they are a prefix."""
+    count = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        inside = i < n_pages
+        start = tl.load(starts_row + i, mask=inside, other=0)
+        count += tl.sum(((start <= last_pos) & inside).to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
+def _run_end(deltas_row, begin, stop, delta, BLOCK_P: tl.constexpr):
+    """First page in [begin, stop) whose delta differs from `delta`, else stop: the end of this run."""
+    end = stop
+    lo = begin
+    while lo < end:
+        i = lo + tl.arange(0, BLOCK_P)
+        d = tl.load(deltas_row + i, mask=i < end, other=delta)
+        end = tl.minimum(end, tl.min(tl.where(d != delta, i, end), axis=0))
+        lo += BLOCK_P
+    return end
+
+
+@triton.jit
+def _derotated_q(q_rows, row_ok, cos_ptr, sin_ptr, delta, max_position,
+                 HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The Q tile rotated by -delta (fp32 math, returned in Q's dtype). q_rows: [BLOCK_M] row pointers."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dims = tl.arange(0, HEAD_DIM)
+    if INTERLEAVED:
+        pair = dims // 2
+        partner = dims ^ 1
+        leading = (dims % 2) == 0
+    else:
+        pair = dims % HALF
+        partner = dims ^ HALF
+        leading = dims < HALF
+    mask = row_ok[:, None]
+    q = tl.load(q_rows[:, None] + dims[None, :], mask=mask, other=0.0)
+    q_partner = tl.load(q_rows[:, None] + partner[None, :], mask=mask, other=0.0)
+    # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+    row = tl.minimum(delta, max_position - 1).to(tl.int64) * HALF
+    cos = tl.load(cos_ptr + row + pair)
+    sin = tl.load(sin_ptr + row + pair)
+    # R_{-delta}: a' = a c + b s (leading member), b' = b c - a s (trailing member).
+    sin = tl.where(leading, sin, -sin)
+    rotated = q.to(tl.float32) * cos[None, :] + q_partner.to(tl.float32) * sin[None, :]
+    return rotated.to(q.dtype)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: the triton 3.9 interpreter multiplies bf16 as raw uint16 bits; exact products in fp32 instead.
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
+                  k_head, v_head, pages_row, valid_row, starts_row, page_lo, page_hi,
+                  stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                  HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2)."""
+    TILES: tl.constexpr = PAGE_SIZE // BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    for tile in range(page_lo * TILES, page_hi * TILES):
+        i = tile // TILES
+        first_slot = (tile % TILES) * BLOCK_N
+        page = tl.load(pages_row + i).to(tl.int64)  # int64: page * stride overflows int32 on big pools
+        n_valid = tl.load(valid_row + i)
+        start = tl.load(starts_row + i)
+        slot = first_slot + offs_n
+        in_page = slot < n_valid
+        # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot).
+        k = tl.load(k_head + page * stride_kp + slot[:, None] * stride_ks + dims[None, :],
+                    mask=in_page[:, None], other=0.0)
+        v = tl.load(v_head + page * stride_vp + slot[:, None] * stride_vs + dims[None, :],
+                    mask=in_page[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), None, DOT_PRECISION, UPCAST)
+        if (first_slot + BLOCK_N > n_valid) | (start + first_slot + BLOCK_N - 1 > q_first):
+            visible = in_page[None, :] & ((start + slot)[None, :] <= q_pos[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
+        # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk * qk_scale - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = _dot(p.to(v.dtype), v, acc, DOT_PRECISION, UPCAST)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K, V, Out, WsO, WsLse, Cos, Sin,
+    cu_seqlens_q, q_start, pages, deltas, valid, starts, num_pages,
+    batch_size, total_q, max_position,
+    stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_table, qk_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
+    slot = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    entry, first_row = _find_block(cu_seqlens_q, batch_size, slot, QB, BLOCK_B)
+    row0 = tl.load(cu_seqlens_q + entry)
+    q_len = tl.load(cu_seqlens_q + entry + 1) - row0
+    if first_row >= q_len:  # the spare slot of an entry
+        return
+
+    r = tl.arange(0, BLOCK_M)
+    qi = first_row + r // GROUP
+    row_ok = (r < QB * GROUP) & (qi < q_len)
+    head = kv_head * GROUP + r % GROUP
+    token = (row0 + qi).to(tl.int64)
+    q_rows = Q + token * stride_qt + head * stride_qh
+    pos0 = tl.load(q_start + entry)
+    q_pos = pos0 + qi
+    q_first = pos0 + first_row
+    q_last = pos0 + tl.minimum(first_row + QB, q_len) - 1
+
+    table = entry.to(tl.int64) * stride_table
+    n_vis = _count_pages(starts + table, tl.load(num_pages + entry), q_last, BLOCK_P)
+    per_split = tl.cdiv(n_vis, tl.num_programs(2))
+    page_lo = split * per_split
+    page_hi = tl.minimum(page_lo + per_split, n_vis)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    dims = tl.arange(0, HEAD_DIM)
+    k_head = K + kv_head * stride_kh
+    v_head = V + kv_head * stride_vh
+    if APPLY_DELTA:
+        page = page_lo
+        while page < page_hi:
+            delta = tl.load(deltas + table + page)
+            run_end = _run_end(deltas + table, page + 1, page_hi, delta, BLOCK_P)
+            q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+            acc, l_i, m_i = _attend_pages(
+                acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+                starts + table, page, run_end, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+            page = run_end
+    else:
+        q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+        acc, l_i, m_i = _attend_pages(
+            acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+            starts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+            HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+
+    if SPLIT_KV:
+        # Partial result of this split: normalised output and log2-sum-exp (-inf when it saw no key).
+        ws_row = (split * total_q + token) * (tl.num_programs(1) * GROUP) + head
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # m_i = -inf already marks an empty row
+        tl.store(WsO + ws_row[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
+        tl.store(WsLse + ws_row, m_i + tl.log2(l_safe), mask=row_ok)
+    else:
+        o = acc / l_i[:, None]
+        out_rows = Out + token * stride_ot + head * stride_oh
+        tl.store(out_rows[:, None] + dims[None, :], o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(WsO, WsLse, Out, total_q, num_splits, stride_ot, stride_oh,
+                    NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Merge the splits of one query row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m)."""
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS_P2)
+    dims = tl.arange(0, HEAD_DIM)
+    mask = heads < NUM_HEADS
+    m = tl.full([HEADS_P2], float("-inf"), tl.float32)
+    for s in range(num_splits):
+        m = tl.maximum(m, tl.load(WsLse + (s * total_q + token) * NUM_HEADS + heads, mask=mask,
+                                  other=float("-inf")))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    num = tl.zeros([HEADS_P2, HEAD_DIM], tl.float32)
+    den = tl.zeros([HEADS_P2], tl.float32)
+    for s in range(num_splits):
+        row = (s * total_q + token) * NUM_HEADS + heads
+        w = tl.exp2(tl.load(WsLse + row, mask=mask, other=float("-inf")) - m)
+        o = tl.load(WsO + row[:, None] * HEAD_DIM + dims[None, :], mask=mask[:, None], other=0.0)
+        num += w[:, None] * o
+        den += w
+    out = num / den[:, None]
+    ptrs = Out + token * stride_ot + heads[:, None] * stride_oh + dims[None, :]
+    tl.store(ptrs, out.to(Out.dtype.element_ty), mask=mask[:, None])
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). Pruned per call to the entries that fit the dtype, head_dim,
+# head group and page size (`_usable`), so each autotune run times at most a handful.
+_CONFIGS = [
+    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),  # 16-bit, head_dim <= 128
+    (128, 32, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2),  # small pages
+    (64, 64, 8, 2), (64, 32, 4, 2),  # head_dim 256
+    (32, 32, 4, 2), (32, 16, 4, 2),  # fp32 (ieee FMA dots)
+]
+
+
+def _usable(block_m: int, block_n: int, *, fp32: bool, head_dim: int, group: int, page_size: int) -> bool:
+    if page_size % block_n or block_m < _next_pow2(group):
+        return False
+    if fp32:
+        return block_m <= 32
+    if head_dim > 128:
+        return block_m <= 64 and block_n <= 64
+    return block_m >= 64 and (block_n >= 32 or page_size < 32)
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    args = {**named_args, **kwargs}
+    shape = dict(fp32=args["Q"].dtype == torch.float32, head_dim=args["HEAD_DIM"], group=args["GROUP"],
+                 page_size=args["PAGE_SIZE"])
+    keep = [c for c in configs if _usable(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], **shape)]
+    return keep or [_fallback_config(**shape)]
+
+
+def _fallback_config(*, fp32: bool, head_dim: int, group: int, page_size: int) -> triton.Config:
+    block_m = max(32 if fp32 or head_dim > 128 else 64, _next_pow2(group))
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": min(page_size, 32)}, num_warps=4, num_stages=2)
+
+
+_prefill_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _CONFIGS],
+    key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "APPLY_DELTA", "INTERLEAVED", "SPLIT_KV"],
+    prune_configs_by={"early_config_prune": _prune},
+)(_prefill_kernel)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int) -> int:
+    """Split the KV walk only when (query blocks x kv heads) leaves the GPU mostly idle."""
+    if not q.is_cuda or _interpreting():
+        return 1
+    block_positions = max(1, 128 // group)
+    programs = (triton.cdiv(q.shape[0], block_positions) + batch.batch_size - 1) * kv_heads
+    sms = _num_sms(q.device)
+    if programs >= sms:
+        return 1
+    by_length = max(1, batch.max_kv // _MIN_KEYS_PER_SPLIT)
+    return max(1, min(triton.cdiv(2 * sms, programs), by_length, _MAX_SPLITS))
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                      tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
+
+    q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
+    [num_pages, page_size, Hkv, D] (strided views of the pool are fine). Returns out [total_q, Hq, D] in
+    q's dtype (written into `out` when given). `tables=None` or `apply_delta=False` ignores the deltas
+    (exact when they are all 0; apply_delta=False is the no-deferred-RoPE baseline of the benchmarks).
+    """
+    return _launch(q, k_cache, v_cache, batch, tables, scale, apply_delta=apply_delta, out=out)
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+            tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
+            out: torch.Tensor | None = None, num_splits: int | None = None,
+            config: tuple[int, int] | None = None) -> torch.Tensor:
+    """prefill_attention with the split count and (BLOCK_M, BLOCK_N) forced: for tests and benchmarks."""
+    total_q, q_heads, head_dim = q.shape
+    _, page_size, kv_heads, _ = k_cache.shape
+    _check_shapes(q, k_cache, v_cache, tables if apply_delta else None, batch)
+    group = q_heads // kv_heads
+    out = torch.empty_like(q) if out is None else out
+    if total_q == 0 or batch.batch_size == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    apply = apply_delta and tables is not None
+    cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if apply else (q, q)
+    splits = num_splits or _default_splits(q, batch, group, kv_heads)
+    ws_o, ws_lse = out, out  # unused unless split
+    if splits > 1:
+        ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
+        ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
+    fp32 = q.dtype == torch.float32
+    args = (
+        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin,
+        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
+        batch.num_pages, batch.batch_size, total_q, cos.shape[0] if apply else 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        batch.pages.stride(0), scale * math.log2(math.e),
+    )
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, APPLY_DELTA=apply,
+                  INTERLEAVED=bool(tables is not None and tables.interleaved), SPLIT_KV=splits > 1,
+                  DOT_PRECISION="ieee" if fp32 else "tf32", UPCAST=_interpreting() and q.dtype == torch.bfloat16,
+                  BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P)
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return (total_q // (meta["BLOCK_M"] // group) + batch.batch_size, kv_heads, splits)
+
+    if config is None and not _interpreting():
+        _prefill_tuned[grid](*args, **consts)
+    else:
+        block_m, block_n = config or (max(64, _next_pow2(group)), min(page_size, 64))
+        _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=2)
+    if splits > 1:
+        _combine_kernel[(total_q,)](ws_o, ws_lse, out, total_q, splits, out.stride(0), out.stride(1),
+                                    NUM_HEADS=q_heads, HEADS_P2=_next_pow2(q_heads), HEAD_DIM=head_dim)
+    return out
+
+
+def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: RopeTables | None,
+                  batch: PagedBatch) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"expected q [T, Hq, D] and k/v caches [pages, page_size, Hkv, D], got "
+                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    head_dim, page_size, kv_heads = q.shape[2], k_cache.shape[1], k_cache.shape[2]
+    if k_cache.shape[3] != head_dim or q.shape[1] % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit the caches {tuple(k_cache.shape)} (GQA needs Hq % Hkv == 0)")
+    if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
+        raise ValueError(f"prefill kernel needs a power-of-two head_dim in [16, 256], got {head_dim}")
+    if page_size & (page_size - 1) or page_size < 16:
+        raise ValueError(f"prefill kernel needs a power-of-two page_size >= 16, got {page_size}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k/v caches must be contiguous along head_dim")
+    if tables is not None and (tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32):
+        raise ValueError(f"RoPE tables must be fp32 [max_position, {head_dim // 2}], got "
+                         f"{tables.cos.dtype} {tuple(tables.cos.shape)}")
+    if any(t.stride(1) != 1 or t.stride(0) != batch.pages.stride(0)
+           for t in (batch.pages, batch.deltas, batch.valid, batch.starts)):
+        raise ValueError("PagedBatch tables must be contiguous [B, P] int32 tensors of one shape")

@@ -1,0 +1,210 @@
+"""Triton prefill kernel against the PyTorch reference and the dense ground truth (DESIGN.md §1).
+
+CPU runs go through TRITON_INTERPRET (tests/conftest.py), so shapes stay small; `gpu` tests use real ones.
+"""
+
+import pytest
+import torch
+
+from lazyattn.kernels import reference
+from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.prefill import _launch, prefill_attention
+from lazyattn.kernels.rope import RopeConfig, RopeTables
+from lazyattn.kernels.scenario import make_scenario
+from tests.kernels.rope_cases import ROPE_CASES, tables
+
+DOCS = [37, 16, 5]  # partial last pages at page sizes 16 and 32
+REQUESTS = [([2, 0, 1], 9), ([1, 2], 20), ([0], 1)]  # docs 0-2 shared at different deltas
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def run(s, q, batch, tables=None, **kw):
+    """Kernel output, written into a NaN-poisoned `out` that must come back fully written."""
+    out = torch.full_like(q, float("nan"))
+    launch = _launch if {"num_splits", "config"} & kw.keys() else prefill_attention
+    got = launch(q, s.k_cache, s.v_cache, batch, s.tables if tables is None else tables, s.scale, out=out, **kw)
+    assert got.data_ptr() == out.data_ptr()
+    assert not out.isnan().any(), "some output element was not written"
+    return out
+
+
+def ref(s, q, batch):
+    return reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
+
+
+# (q heads, kv heads, head_dim, page size): GQA 4:1 and 1:1, both head dims and page sizes.
+LAYOUTS = [(4, 1, 64, 16), (2, 2, 128, 32)]
+
+
+@pytest.mark.parametrize("rope", list(ROPE_CASES))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["gqa4-d64-p16", "mha-d128-p32"])
+def test_final_prefill_matches_reference_and_dense(rope, layout):
+    hq, hkv, d, ps = layout
+    s = make_scenario(DOCS, REQUESTS, q_heads=hq, kv_heads=hkv, head_dim=d, page_size=ps,
+                      tables=tables(rope, d), seed=1)
+    q, batch = s.final_prefill()
+    out = run(s, q, batch)
+    assert rel_err(out, ref(s, q, batch)) < 1e-5
+    assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-5
+
+
+@pytest.mark.parametrize("rope", ["default", "interleaved"])
+def test_bf16_within_rounding(rope):
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables(rope, 64), dtype=torch.bfloat16, seed=2)
+    q, batch = s.final_prefill()
+    out = run(s, q, batch)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref(s, q, batch)) < 1e-2
+    assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-2
+
+
+def test_chunked_final_prefill_and_empty_entry():
+    """Chunks starting mid-final-segment, a whole one, and an entry with no query rows."""
+    s = make_scenario([40, 23], [([1, 0], 30), ([0], 12), ([1], 7)], head_dim=64, page_size=16,
+                      tables=tables("llama3", 64), seed=3)
+    chunks = [(11, 27), (0, 12), (5, 5)]
+    q, batch = s.final_prefill(chunks)
+    out = run(s, q, batch)
+    want = torch.cat([s.dense_final(r, lo, hi) for r, (lo, hi) in zip(s.requests, chunks)])
+    assert rel_err(out, want) < 1e-5
+    assert rel_err(out, ref(s, q, batch)) < 1e-5
+
+
+def test_doc_prefill_chunks_and_no_delta_path():
+    """Encoding documents alone (delta 0 everywhere), from their start and from mid-document."""
+    s = make_scenario([40, 23, 70], [([0], 4)], q_heads=4, kv_heads=2, head_dim=64, page_size=32,
+                      tables=tables("default", 64), seed=4)
+    chunks = [(0, 17, 40), (1, 0, 23), (2, 33, 70)]
+    q, batch = s.doc_prefill(chunks)
+    out = run(s, q, batch)
+    assert rel_err(out, torch.cat([s.dense_doc(d, lo, hi) for d, lo, hi in chunks])) < 1e-5
+    # With every delta 0, compiling the rotation out (or passing no tables) changes nothing.
+    assert torch.equal(run(s, q, batch, apply_delta=False), out)
+    no_tables = prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
+    assert torch.equal(no_tables, out)
+
+
+def test_dropping_deltas_changes_the_result():
+    s = make_scenario([40, 23], [([1, 0], 8)], head_dim=64, page_size=16, tables=tables("default", 64), seed=5)
+    q, batch = s.final_prefill()
+    assert rel_err(run(s, q, batch, apply_delta=False), s.dense_final(s.requests[0])) > 1e-2
+
+
+@pytest.mark.parametrize("splits", [2, 3, 9])
+def test_split_kv_matches_reference(splits):
+    """Split-KV (more splits than some entries have pages, so some splits are empty) and the merge."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables("ntk", 64), seed=6)
+    q, batch = s.final_prefill()
+    out = run(s, q, batch, num_splits=splits)
+    assert rel_err(out, ref(s, q, batch)) < 1e-5
+
+
+@pytest.mark.parametrize("config", [(16, 16), (32, 32), (64, 16)])
+def test_block_shapes_and_uneven_head_group(config):
+    """Tiles smaller than a page, a head group of 3 (rows of the M tile left over), several q blocks."""
+    s = make_scenario([45, 20], [([0, 1], 50), ([1], 33)], q_heads=6, kv_heads=2, head_dim=64, page_size=32,
+                      tables=tables("yarn", 64), seed=7)
+    q, batch = s.final_prefill()
+    out = run(s, q, batch, config=config)
+    assert rel_err(out, ref(s, q, batch)) < 1e-5
+
+
+def test_strided_pool_view():
+    """k/v caches as views of a [layers, 2, pages, page_size, Hkv, D] pool."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16,
+                      tables=tables("linear", 64), seed=8)
+    q, batch = s.final_prefill()
+    pool = torch.randn(3, 2, *s.k_cache.shape)
+    pool[1, 0], pool[1, 1] = s.k_cache, s.v_cache
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, pool[1, 0], pool[1, 1], batch, s.tables, s.scale, out=out)
+    assert rel_err(out, ref(s, q, batch)) < 1e-5
+
+
+def test_large_deltas():
+    """Deltas past 2^20 gather far rows of the cos/sin tables (the reference rotates by the same ones)."""
+    big = (1 << 20) + 3000
+    t = RopeTables.build(RopeConfig(head_dim=32, base=500000.0), big + 64)
+    s = make_scenario([40, 23], [([1, 0], 9)], head_dim=32, page_size=16, tables=t, seed=9)
+    q, batch = s.final_prefill()
+    batch.deltas[batch.deltas != 0] += big - 40
+    out = run(s, q, batch)
+    assert rel_err(out, ref(s, q, batch)) < 1e-5
+
+
+def test_rejects_unsupported_shapes():
+    s = make_scenario([20], [([0], 4)], head_dim=64, page_size=16, tables=tables("default", 64))
+    q, batch = s.final_prefill()
+    with pytest.raises(ValueError, match="page_size"):
+        prefill_attention(q, s.k_cache[:, :8], s.v_cache[:, :8], batch, s.tables, s.scale)
+    with pytest.raises(ValueError, match="head_dim"):
+        prefill_attention(q[..., :48], s.k_cache[..., :48], s.v_cache[..., :48], batch, None, s.scale)
+
+
+# --- GPU: real shapes (Llama-3.1-8B heads), run by the lead on the device ----------------------------
+
+def gpu_scenario(doc_lens, requests, dtype=torch.bfloat16, page_size=64, seed=0):
+    t = tables("llama3", 128, max_position=32768, device="cuda")
+    return make_scenario(doc_lens, requests, q_heads=32, kv_heads=8, head_dim=128, page_size=page_size,
+                         tables=t, dtype=dtype, device="cuda", seed=seed)
+
+
+@pytest.mark.gpu
+def test_gpu_long_causal_prefill():
+    s = gpu_scenario([], [([], 3000), ([], 1500)])
+    q, batch = s.final_prefill()
+    out = run(s, q, batch)
+    assert rel_err(out, ref(s, q, batch)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_gpu_rag_case(batch_size):
+    """5 cached documents x 2048 in different orders + a 32-token question (split-KV at batch 1)."""
+    orders = [[(i + j) % 5 for j in range(5)] for i in range(batch_size)]
+    s = gpu_scenario([2048] * 5, [(o, 32) for o in orders])
+    q, batch = s.final_prefill()
+    out = run(s, q, batch)
+    assert rel_err(out, ref(s, q, batch)) < 1e-2
+    assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-2
+    for splits in (1, 7):
+        assert rel_err(run(s, q, batch, num_splits=splits), out) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_chunked_and_doc_prefill():
+    s = gpu_scenario([2048, 1000], [([1, 0], 1200)], page_size=16)
+    q, batch = s.final_prefill([(517, 1200)])
+    assert rel_err(run(s, q, batch), ref(s, q, batch)) < 1e-2
+    q, batch = s.doc_prefill([(0, 700, 2048), (1, 0, 1000)])
+    out = run(s, q, batch)
+    assert rel_err(out, ref(s, q, batch)) < 1e-2
+    assert torch.equal(run(s, q, batch, apply_delta=False), out)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_is_tight():
+    s = gpu_scenario([700, 300], [([0, 1], 200), ([1], 90)], dtype=torch.float32, seed=1)
+    q, batch = s.final_prefill()
+    assert rel_err(run(s, q, batch), ref(s, q, batch)) < 2e-5
+
+
+@pytest.mark.gpu
+def test_gpu_pool_of_many_pages_uses_int64_offsets():
+    """A page id whose offset (page * page stride) passes 2^31 elements."""
+    page_stride = 64 * 8 * 128
+    n_pages = (1 << 31) // page_stride + 2
+    k_pool = torch.zeros(n_pages, 64, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v_pool = torch.zeros_like(k_pool)
+    k_pool[-1].normal_()
+    v_pool[-1].normal_()
+    batch = PagedBatch.build([EntryPages([n_pages - 1], [0], [40])], [40], [0], "cuda")
+    q = torch.randn(40, 32, 128, dtype=torch.bfloat16, device="cuda")
+    out = prefill_attention(q, k_pool, v_pool, batch, None, 128**-0.5)
+    want = reference.paged_attention(q, k_pool, v_pool, batch, None, 128**-0.5)
+    assert rel_err(out, want) < 1e-2
