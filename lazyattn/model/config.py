@@ -50,6 +50,12 @@ class ModelConfig:
     # "random:<seed>" for random init. Part of the fingerprint, so two models never share cached KV.
     weights_id: str = ""
 
+    def __post_init__(self) -> None:
+        if self.rope.head_dim != self.head_dim:
+            raise ValueError(f"rope.head_dim {self.rope.head_dim} != head_dim {self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
     @property
     def attn_scale(self) -> float:
         return self.head_dim**-0.5

@@ -93,7 +93,9 @@ def weight_files(path: Path) -> list[Path]:
 def _read_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of every file, one tensor in memory at a time."""
     # Read straight onto a GPU when loading there; the copy into the parameter casts to its dtype.
-    where = str(device) if device.type == "cuda" else "cpu"
+    where = "cpu"
+    if device.type == "cuda":
+        where = f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
     try:
         total = 0
         for f in files:
