@@ -18,7 +18,6 @@ from lazyattn.model.llama import CausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-EMBED_STD = 1.0
 BIAS_STD = 0.02
 # Random weights are drawn on the CPU (same values on every device) unless the model is big enough that
 # CPU sampling would dominate start-up (an 8B model takes minutes on a few cores); then on the device.
@@ -114,8 +113,12 @@ def _read_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str
 
 @torch.no_grad()
 def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "cpu") -> None:
-    """Deterministic random weights: N(0, 0.02) matrices and biases, norm weights 1.
+    """Deterministic random weights, scaled so activations stay O(1) at any size.
 
+    Matrices are N(0, 1/fan_in): each projection of a normalised input has unit-scale outputs, so logits
+    have a spread of about 1 and greedy decoding does not collapse onto one token (a flat N(0, 0.02)
+    does, at tiny sizes). Embeddings are N(0, 1) so the current token stays visible in the residual
+    stream (N(0, 1/hidden) when tied, as they then also are the output projection); norm weights 1.
     Each tensor draws from its own generator seeded by (seed, its name), so a tensor's values do not
     depend on the rest of the config (a deeper model shares its first layers with a shallower one).
     """
@@ -127,14 +130,14 @@ def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "c
         # 32-bit seeds: the CPU generator (mt19937) keeps only the low 32 bits anyway.
         gen = torch.Generator(device=init_device).manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
         values = torch.empty(param.shape, dtype=torch.float32, device=init_device)
-        param.copy_(values.normal_(0.0, _init_std(name, param), generator=gen))
+        param.copy_(values.normal_(0.0, _init_std(lm, name, param), generator=gen))
 
 
-def _init_std(name: str, param: torch.Tensor) -> float:
+def _init_std(lm: CausalLM, name: str, param: torch.Tensor) -> float:
     if name.endswith(".bias"):
         return BIAS_STD
     if name == "embed_tokens.weight":
-        return EMBED_STD
+        return lm.config.hidden_size**-0.5 if lm.lm_head is None else 1.0
     return param.shape[1] ** -0.5
 
 
