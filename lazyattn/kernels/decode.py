@@ -1,0 +1,365 @@
+"""Triton decode attention: split-KV (flash-decoding), GQA-aware, with deferred RoPE (per-page delta).
+
+Contract: kernels/paged.py, with one query row per entry. Ground truth: reference.paged_attention.
+
+Deferred RoPE (DESIGN.md §2). A key in a page with delta Δ was cached as R_j k, but sits at logical
+position Δ + j. With R_a^T = R_{-a}:
+
+    <R_m q, R_{Δ+j} k> = <R_{-Δ} (R_m q), R_j k>
+
+so instead of rotating every cached key we de-rotate the (already rotated) query by -Δ. Pages come in
+runs of equal Δ (one run per segment), so a program keeps the original query in registers and rebuilds
+the de-rotated copy only when Δ changes from one page to the next: one scalar compare per page, one
+[G, D] rotation per segment. The rotation is done elementwise without shuffling registers: we load the
+query twice, once as is and once with each channel swapped for its pair partner, so
+
+    R_{-Δ} q [d] = q[d] cos(Δθ_j) + sign(d) q[partner(d)] sin(Δθ_j),  sign = +1 first member, -1 second
+
+where j = pair(d). Pairing (half-split or interleaved) only changes the three index vectors.
+
+Work split. Grid = (split, kv head, entry). Each program takes one kv head and the whole group of
+G = Hq/Hkv query heads that share it, so every K/V tile is read from memory exactly once. Scores and the
+P·V product are tl.dot with the query group padded to >= 16 rows: decode does ~2G flops per KV element,
+so the padded tensor-core work is free, and tl.dot operands let Triton stage K/V tiles through shared
+memory with asynchronous copies (num_stages tiles in flight), which is what reaches copy bandwidth.
+(Broadcast-multiply + tl.sum would hold a [G, BLOCK_N, D] product in registers and spill for G >= 4.)
+Each entry's pages are cut into NUM_SPLITS contiguous page ranges; a program walks its range in tiles of
+BLOCK_N slots (BLOCK_N divides page_size, so a tile never straddles pages) with an online softmax in
+fp32 and exp2, and writes an unnormalised partial (acc, running max m, running sum l) to fp32 scratch.
+A small merge kernel combines the splits. With one split the program normalises and writes directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.rope import RopeTables
+
+LOG2E = 1.4426950408889634
+# Finite start for the running max: a tile with no valid key then gives exp2(-inf - NEG_BIG) = 0 and
+# alpha = exp2(0) = 1 instead of the NaN of exp2(-inf - -inf).
+NEG_BIG = tl.constexpr(-1.0e30)
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # key slots per tile; divides page_size
+    num_warps: int
+    num_stages: int
+    maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
+
+
+def decode_config(head_dim: int, dtype: torch.dtype, page_size: int) -> DecodeConfig:
+    """Launch config per (head_dim, dtype, page_size): a starting point, to be tuned on the GPU.
+
+    A K tile and a V tile of 16 KiB each (64 rows of 128 bf16 channels). num_stages=3 gives two K/V
+    buffers (68 KiB of shared memory), so three programs share an H100 SM and each keeps one 32 KiB tile
+    pair loading while it computes on the other: ~100 KiB in flight per SM, several times what Little's
+    law asks to saturate HBM. Three programs of 128 threads need <= 168 registers each: Triton 3.9 gets
+    there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped: no spills at d=128
+    half-split, 8 bytes interleaved).
+    """
+    row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
+    block_n = max(16, min(page_size, 16384 // row_bytes))
+    block_n = 1 << (block_n.bit_length() - 1)
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, maxnreg=168)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
+                    programs_per_sm: int = 3, min_pages_per_split: int = 4) -> int:
+    """Splits per entry: enough programs to keep HBM busy, few enough to run in one wave.
+
+    Decode is bandwidth bound, so programs running side by side share HBM bandwidth and finish together;
+    what costs is too few programs (too little in flight) or a second wave (a tail where few run). Two
+    resident programs per SM saturate HBM (decode_config), up to programs_per_sm fit. Each split walks
+    at least min_pages_per_split pages so the pipeline fills. Splits are page-granular, so the count is
+    rounded down to the number that really get pages.
+    H100 (132 SMs), 8 kv heads, pages of 64: batch 1 x 32K -> 32 splits, 8 x 4K -> 5, 32 x 4K -> 1.
+    """
+    base = max(1, batch_size * kv_heads)
+    want = -(-2 * sm_count // base)
+    fits = max(1, sm_count * programs_per_sm // base)
+    n = max(1, min(want, fits, max_pages // min_pages_per_split))
+    per_split = -(-max_pages // n)
+    return -(-max_pages // per_split)
+
+
+# ---------------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.jit
+def _pair_layout(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Per channel d: its pair partner, its pair index j (cos/sin column) and the sign of the sin term."""
+    d = tl.arange(0, BLOCK_D)
+    if INTERLEAVED:
+        partner = d ^ 1
+        pair = d // 2
+        first = (d % 2) == 0
+    else:
+        half: tl.constexpr = HEAD_DIM // 2
+        first = d < half
+        partner = tl.where(first, d + half, d - half)
+        pair = tl.where(first, d, d - half)
+    sign = tl.where(first, 1.0, -1.0)
+    return partner, pair, sign
+
+
+@triton.jit
+def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
+    """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
+    row = delta.to(tl.int64) * stride_tab
+    c = tl.load(cos_ptr + row + pair, mask=d_mask, other=1.0)
+    s = tl.load(sin_ptr + row + pair, mask=d_mask, other=0.0) * sign
+    return q * c[None, :] + q_partner * s[None, :]
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr,
+    pages_ptr, deltas_ptr, valid_ptr, starts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
+    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_tab,
+    qk_scale, num_splits,
+    HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
+    APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
+    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    entry = tl.program_id(2).to(tl.int64)
+
+    # This program's contiguous page range [page_lo, page_hi); empty when the entry has few pages.
+    n_pages = tl.load(num_pages_ptr + entry)
+    per_split = tl.cdiv(n_pages, num_splits)
+    page_lo = split * per_split
+    page_hi = tl.minimum(page_lo + per_split, n_pages)
+    # Causal bound of the contract: the query sees logical positions <= its own (all keys, in decode).
+    q_pos = tl.load(q_start_ptr + entry)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + g
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    q_rows = q_ptr + entry * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    kv_ty = k_ptr.dtype.element_ty
+    # q is rotated for delta 0 already: the first pages of other deltas trigger the de-rotation.
+    q_dot = q.to(kv_ty).to(DOT_TY)
+    cur_delta = tl.full([], 0, tl.int32)
+    if APPLY_DELTA:
+        partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
+        q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+
+    m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    # The next tile's page id is loaded one iteration ahead (a loop-carried scalar). Loaded in the same
+    # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
+    # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
+    # The other per-page metadata is scalar loads from small rows that stay in L1.
+    t_lo = page_lo * TILES_PER_PAGE
+    t_hi = page_hi * TILES_PER_PAGE
+    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
+    for t in range(t_lo, t_hi):
+        p = t // TILES_PER_PAGE
+        page = page_next.to(tl.int64)
+        p_next = (t + 1) // TILES_PER_PAGE
+        page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
+        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
+                            q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
+        if APPLY_DELTA:
+            delta = tl.load(deltas_ptr + entry * stride_deltas + p)
+            if delta != cur_delta:
+                q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
+                                  d_mask).to(kv_ty).to(DOT_TY)
+                cur_delta = delta
+        slot = (t % TILES_PER_PAGE) * BLOCK_N + n
+        key_mask = slot < n_keys
+        if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+            tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
+        else:
+            tile_mask = key_mask[:, None] & d_mask[None, :]
+        # Masked loads never read page padding, which may hold anything (NaN included).
+        k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
+                    other=0.0)
+        v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
+                    other=0.0)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(key_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        prob = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if DIRECT:
+        # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
+        # the contract excludes; writing 0 there beats writing NaN.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_rows = out_ptr + entry * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        tl.store(o_rows + d[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    else:
+        # Scratch [B, Hq, num_splits] (+ [D]) fp32, contiguous.
+        row = (entry * HQ + heads) * num_splits + split
+        tl.store(m_ptr + row, m_i, mask=g_mask)
+        tl.store(l_ptr + row, l_i, mask=g_mask)
+        tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    acc_ptr, m_ptr, l_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+    HQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits of one (entry, q head).
+
+    Walks the splits BLOCK_S at a time with a running max, so any split count fits in registers.
+    Empty splits carry m = NEG_BIG, l = 0, acc = 0 and add nothing.
+    """
+    head = tl.program_id(0)
+    entry = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    first = (entry * HQ + head) * num_splits
+    m_run = tl.full([], NEG_BIG, tl.float32)
+    total = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        s_mask = s < num_splits
+        m = tl.load(m_ptr + first + s, mask=s_mask, other=float("-inf"))
+        l = tl.load(l_ptr + first + s, mask=s_mask, other=0.0)
+        part = tl.load(acc_ptr + (first + s)[:, None] * HEAD_DIM + d[None, :],
+                       mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        old = tl.exp2(m_run - m_new)
+        w = tl.exp2(m - m_new)
+        total = total * old + tl.sum(l * w, 0)
+        acc = acc * old + tl.sum(part * w[:, None], 0)
+        m_run = m_new
+    out = acc / tl.where(total > 0, total, 1.0)
+    o_row = out_ptr + entry * stride_ob + head.to(tl.int64) * stride_oh
+    tl.store(o_row + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+# ---------------------------------------------------------------------------------------------------
+# launcher
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+           tables: RopeTables | None, out: torch.Tensor | None) -> None:
+    b, hq, d = q.shape
+    if batch.batch_size != b:
+        raise ValueError(f"decode takes one query row per entry: q has {b} rows, batch {batch.batch_size}")
+    if k_cache.shape != v_cache.shape or k_cache.shape[-1] != d or hq % k_cache.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)}: head_dim must match and Hq be a multiple of Hkv")
+    if k_cache.dtype not in _TL_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
+    if any(t.stride(-1) != 1 for t in (batch.pages, batch.deltas, batch.valid, batch.starts)):
+        raise ValueError("PagedBatch pages/deltas/valid/starts need contiguous rows")
+    if tables is not None and tables.cos.device != q.device:
+        raise ValueError(f"RoPE tables live on {tables.cos.device}, q on {q.device}: move them with .to()")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+
+
+def _resolve_num_splits(num_splits: int | None, q: torch.Tensor, batch: PagedBatch, page_size: int,
+                        kv_heads: int) -> int:
+    if num_splits is not None:
+        return max(1, int(num_splits))
+    max_pages = max(1, -(-batch.max_kv // page_size))
+    if not q.is_cuda or _interpreting():
+        return min(3, max_pages)  # the interpreter runs programs one by one: keep it small
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return pick_num_splits(q.shape[0], kv_heads, max_pages, _sm_count(device))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                     tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
+                     num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step: q [B, Hq, D] (rotated at each entry's position) -> out [B, Hq, D] in q's dtype.
+
+    k_cache/v_cache are [num_pages, page_size, Hkv, D], possibly strided views of the pool. Deltas must
+    lie in [0, tables.max_position). tables=None (or apply_delta=False) compiles the rotation out: then
+    every delta is taken as 0, like the reference does without tables. num_splits=None picks it from the
+    GPU's SM count (pick_num_splits); pass it explicitly to keep it fixed, e.g. under CUDA graphs.
+    """
+    _check(q, k_cache, v_cache, batch, tables, out)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    bsz, hq, head_dim = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    out = torch.empty_like(q) if out is None else out
+    if bsz == 0:
+        return out
+    cfg = decode_config(head_dim, k_cache.dtype, page_size)
+    if page_size % cfg.block_n:
+        raise ValueError(f"page_size {page_size} is not a multiple of the tile ({cfg.block_n} slots)")
+    num_splits = _resolve_num_splits(num_splits, q, batch, page_size, hkv)
+    apply_delta = apply_delta and tables is not None
+    cos = tables.cos if apply_delta else q  # placeholder pointers when the rotation is compiled out
+    sin = tables.sin if apply_delta else q
+    if apply_delta and (cos.stride(-1) != 1 or sin.stride() != cos.stride()):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    direct = num_splits == 1
+    if direct:
+        acc = m = l = out  # unused pointers
+    else:
+        m = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
+        l = torch.empty_like(m)
+        acc = torch.empty(bsz, hq, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    group = hq // hkv
+    block_d = triton.next_power_of_2(head_dim)
+    # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
+    # floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
+    dot_ty = tl.float32 if _interpreting() else _TL_DTYPES[k_cache.dtype]
+    regs = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
+    _decode_split_kernel[(num_splits, hkv, bsz)](
+        q, k_cache, v_cache, out, acc, m, l,
+        batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages, batch.q_start, cos, sin,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
+        batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
+        cos.stride(0), scale * LOG2E, num_splits,
+        HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d, BLOCK_N=cfg.block_n, TILES_PER_PAGE=page_size // cfg.block_n,
+        APPLY_DELTA=apply_delta, INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
+        DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **regs,
+    )
+    if not direct:
+        _decode_merge_kernel[(hq, bsz)](
+            acc, m, l, out, out.stride(0), out.stride(1), num_splits,
+            HQ=hq, HEAD_DIM=head_dim, BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out

@@ -1,0 +1,207 @@
+"""Triton decode kernel (split-KV, deferred RoPE) against the PyTorch reference and dense attention.
+
+On a CPU the kernels run under TRITON_INTERPRET (set in tests/conftest.py); the gpu-marked tests use the
+real shapes of DESIGN.md §7 and run on the device.
+"""
+
+import pytest
+import torch
+
+from lazyattn.kernels import decode, reference
+from lazyattn.kernels.decode import decode_attention
+from lazyattn.kernels.rope import RopeConfig, RopeTables
+from lazyattn.kernels.scenario import Scenario, make_scenario
+from tests.kernels.rope_cases import ROPE_CASES, tables
+
+# Documents 37 and 16 tokens leave partly filled last pages; document 2 is shared by requests 0 and 1 at
+# deltas 53 and 16; request 2 decodes its very first final token.
+DOCS = [37, 16, 5]
+REQUESTS = [([2, 0, 1], 9), ([1, 2], 20), ([0], 1)]
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def scenario(rope="default", heads=(4, 1), head_dim=64, page_size=16, dtype=torch.float32, seed=0,
+             docs=DOCS, requests=REQUESTS, device="cpu") -> Scenario:
+    return make_scenario(docs, requests, q_heads=heads[0], kv_heads=heads[1], head_dim=head_dim,
+                         page_size=page_size, tables=tables(rope, head_dim, device=device), dtype=dtype,
+                         seed=seed, device=device)
+
+
+def dense_decode(s: Scenario) -> torch.Tensor:
+    return torch.cat([s.dense_final(r, r.final.length - 1, r.final.length) for r in s.requests])
+
+
+def run(s: Scenario, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel output (written over a NaN-poisoned buffer) and the reference's."""
+    q, batch = s.decode()
+    out = torch.full_like(q, float("nan"))
+    got = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, out=out, **kw)
+    assert got is out and not out.isnan().any(), "every output element must be written"
+    return out, reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
+
+
+@pytest.mark.parametrize("rope", list(ROPE_CASES))
+def test_every_rope_variant(rope):
+    s = scenario(rope, seed=1)
+    out, ref = run(s, num_splits=3)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (8, 1), (2, 2), (6, 2)])
+def test_gqa_groups(heads):
+    """GQA 4:1, 8:1, 1:1, and a group of 3 (padded to the 16 rows of the dot)."""
+    s = scenario("llama3", heads=heads, seed=2)
+    out, ref = run(s, num_splits=3)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 12])
+def test_num_splits(num_splits):
+    """One split writes directly; 12 outnumber every entry's pages (4 to 7): empty splits are harmless."""
+    s = scenario("linear", heads=(4, 2), seed=2)
+    out, ref = run(s, num_splits=num_splits)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.parametrize("head_dim", [128, 80])
+def test_head_dims(head_dim):
+    """128, and 80 (not a power of two: channels padded and masked)."""
+    s = scenario("interleaved" if head_dim == 80 else "yarn", heads=(4, 2), head_dim=head_dim, seed=3)
+    out, ref = run(s, num_splits=2)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.parametrize("page_size,block_n", [(32, 32), (32, 16), (64, 16)])
+def test_page_sizes_and_tiles_per_page(monkeypatch, page_size, block_n):
+    """Pages of 32 as one tile and as two tiles; pages of 64 as four tiles of 16."""
+    cfg = decode.DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
+    monkeypatch.setattr(decode, "decode_config", lambda *a: cfg)
+    s = scenario("default", page_size=page_size, seed=4, docs=[70, 33, 5])
+    out, ref = run(s, num_splits=3)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_within_rounding(head_dim):
+    s = scenario("llama3", heads=(8, 2), head_dim=head_dim, dtype=torch.bfloat16, seed=5)
+    out, ref = run(s, num_splits=3)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < 1e-2
+    assert rel_err(out, dense_decode(s)) < 1e-2
+
+
+def test_apply_delta_false_equals_true_when_deltas_are_zero():
+    s = scenario("default", seed=6)
+    q, batch = s.decode()
+    batch.deltas.zero_()
+    on = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=2)
+    off = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=2, apply_delta=False)
+    no_tables = decode_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, num_splits=2)
+    assert torch.equal(on, off) and torch.equal(on, no_tables)
+    assert rel_err(on, reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)) < 1e-5
+
+
+def test_delta_is_applied():
+    """Without de-rotation the result must differ: the deltas are really used."""
+    s = scenario("default", seed=7)
+    q, batch = s.decode()
+    off = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, apply_delta=False)
+    assert rel_err(off, dense_decode(s)) > 1e-2
+
+
+def test_page_padding_is_never_read():
+    """NaN in every slot past a page's valid keys (and in unused pages) must not reach the output."""
+    s = scenario("llama3", heads=(4, 2), seed=8)
+    _, batch = s.decode()
+    listed = torch.zeros(s.k_cache.shape[:2], dtype=torch.bool)
+    for b in range(batch.batch_size):
+        for i in range(int(batch.num_pages[b])):
+            listed[int(batch.pages[b, i]), : int(batch.valid[b, i])] = True
+    s.k_cache[~listed] = float("nan")
+    s.v_cache[~listed] = float("nan")
+    out, _ = run(s, num_splits=2)
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+def test_strided_views_of_the_pool():
+    """k_cache/v_cache as views kv[layer, 0/1] of a [layers, 2, pages, page_size, Hkv, D] pool."""
+    s = scenario("ntk", heads=(4, 2), seed=9)
+    kv = torch.zeros(3, 2, *s.k_cache.shape)
+    kv[1, 0], kv[1, 1] = s.k_cache, s.v_cache
+    q, batch = s.decode()
+    out = decode_attention(q, kv[1, 0], kv[1, 1], batch, s.tables, s.scale, num_splits=2)
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+def test_deltas_beyond_2_pow_20():
+    """Same pages at a delta past 2^20 (and past the context): gathered from a long cos/sin table."""
+    big = 1 << 20
+    t = RopeTables.build(RopeConfig(head_dim=16, base=500000.0), big + 64)
+    s = make_scenario([20, 9], [([0, 1], 5)], q_heads=2, kv_heads=1, head_dim=16, tables=t, seed=10)
+    q, batch = s.decode()
+    batch.deltas[batch.deltas > 0] += big
+    out = decode_attention(q, s.k_cache, s.v_cache, batch, t, s.scale, num_splits=2)
+    ref = reference.paged_attention(q, s.k_cache, s.v_cache, batch, t, s.scale)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_split_heuristic():
+    # H100: 132 SMs, Llama-3.1-8B's 8 kv heads, pages of 64.
+    assert decode.pick_num_splits(1, 8, 512, 132) >= 32  # batch 1 x 32K fills every SM
+    assert decode.pick_num_splits(64, 8, 64, 132) == 1  # batch 64 x 4K is wide enough already
+    assert decode.pick_num_splits(8, 8, 64, 132) <= 8
+    assert decode.pick_num_splits(1, 8, 3, 132) == 1  # too few pages to split
+
+
+def test_rejects_mismatched_shapes():
+    s = scenario(seed=11)
+    q, batch = s.decode()
+    with pytest.raises(ValueError, match="one query row per entry"):
+        decode_attention(q[:2], s.k_cache, s.v_cache, batch, s.tables, s.scale)
+
+
+# --- GPU, real shapes (Llama-3.1-8B: 32/8 heads, d=128, bf16) ------------------------------------------
+
+
+def gpu_scenario(docs, requests, page_size=64, dtype=torch.bfloat16) -> Scenario:
+    return make_scenario(docs, requests, q_heads=32, kv_heads=8, head_dim=128, page_size=page_size,
+                         tables=tables("llama3", 128, max_position=40000, device="cuda"), dtype=dtype,
+                         device="cuda", seed=12)
+
+
+@pytest.mark.gpu
+def test_gpu_batch1_32k():
+    # Five documents and a final segment: 32K keys, ragged pages, five deltas.
+    s = gpu_scenario([6000, 7001, 5555, 8190, 5000], [([3, 0, 4, 1, 2], 1022)])
+    for n in (None, 1, 7):
+        out, ref = run(s, num_splits=n)
+        assert rel_err(out, ref) < 1e-2
+    assert rel_err(out, dense_decode(s)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gpu_batch8_4k(page_size):
+    docs = [1500, 1024, 777, 2048, 900, 1300]
+    requests = [([i % 6, (i + 2) % 6], 4096 - docs[i % 6] - docs[(i + 2) % 6]) for i in range(8)]
+    s = gpu_scenario(docs, requests, page_size=page_size)
+    for n in (None, 1, 3):
+        out, ref = run(s, num_splits=n)
+        assert rel_err(out, ref) < 1e-2
+    assert rel_err(out, dense_decode(s)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_tight():
+    s = gpu_scenario([700, 300], [([0, 1], 100), ([1], 60)], dtype=torch.float32)
+    out, ref = run(s)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
