@@ -73,6 +73,7 @@ QUICK = Shapes(
 )
 DTYPE = torch.bfloat16
 SECTIONS = ("overhead", "decode", "prefill", "copy")
+COPY_CONFIGS = ((32, 4), (64, 4), (64, 8), (128, 8))  # copy_rotate (block_rows, num_warps) swept
 
 
 # --- setup ----------------------------------------------------------------------------------------------
@@ -482,11 +483,24 @@ def section_copy(b: Bench) -> list[dict]:
     src, dst = perm[:n].contiguous(), perm[n : 2 * n].contiguous()
     deltas = torch.arange(n, device=b.device, dtype=torch.int32) // pages_for(s.doc_len, s) * s.doc_len + 1
     copy_gbps = b.copy_bandwidth()
-    for name, fn in (("ours (1 launch)", copy_rotate), ("torch reference", torch_copy_rotate)):
+    impls = {f"ours, {r} rows x {w} warps{' (default)' if (r, w) == (64, 4) else ''}":
+             lambda r=r, w=w: copy_rotate(kv, src, dst, deltas, b.tables, block_rows=r, num_warps=w)
+             for r, w in COPY_CONFIGS}
+    impls["torch reference (per layer)"] = lambda: torch_copy_rotate(kv, src, dst, deltas, b.tables)
+    check = [0, n - 1]  # pages checked against the rotation done here in PyTorch after each timing
+
+    def want(i: int) -> torch.Tensor:
+        c, sn = b.tables.cos[deltas[i]], b.tables.sin[deltas[i]]
+        return torch.stack([rotate(kv[:, 0, src[i]], c, sn, b.tables.interleaved).to(DTYPE), kv[:, 1, src[i]]], 1)
+
+    for name, fn in impls.items():
         def body(fn=fn) -> dict:
-            ms = b.time_ms(lambda: fn(kv, src, dst, deltas, b.tables))
+            kv[:, :, dst[check]] = 0
+            ms = b.time_ms(fn)  # every call rewrites dst from the unchanged src: idempotent
             gbps = moved / ms / 1e6
-            return {"ms": ms, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps}
+            diff = max((kv[:, :, dst[i]].float() - want(i).float()).abs().max().item() for i in check)
+            return {"ms": ms, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps,
+                    "same_output": diff < 0.05}
 
         run_case(rows, {"impl": name, "pages": n, "layers": s.layers, "MB_moved": moved / 1e6}, body)
     return rows

@@ -8,9 +8,8 @@
   is built to run at copy bandwidth: one program per (page, row block, layer), 16-byte loads along D.
 
 Both gather cos/sin rows from the fp32 RopeTables (never a bf16 table, see rope.py) and do the rotation in
-fp32, rounding once at the store. Pairing of channels (half-split or interleaved) is a compile-time choice:
-pair j is (x[j * PAIR_STEP], x[j * PAIR_STEP + PARTNER]). The two halves are loaded as two tiles; for
-interleaved pairs those are stride-2 loads that hit the same cache lines, which only costs L1 traffic.
+fp32, rounding once at the store. The pairing of channels (half-split or interleaved, rope.py) is a
+compile-time choice; either way the rows are read with contiguous vector loads (_load_pairs).
 
 All offsets are int64: pools of tens of GiB overflow int32 element offsets.
 """
@@ -25,16 +24,35 @@ from lazyattn.kernels.rope import RopeTables
 
 
 @triton.jit
-def _pair_offsets(BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Channel offsets of the two members of each rotation pair, and the mask of real pairs."""
-    j = tl.arange(0, BLOCK_HALF)
+def _load_pairs(rows, s_d, row_ok, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The two members (a, b) [R, BLOCK_HALF] of each rotation pair of rows [R, 1] (pointers to channel 0).
+
+    Half-split pairs are two contiguous half rows. Interleaved rows are loaded whole, contiguously, and
+    de-interleaved in registers (reshape + split), so both pairings get full-width vector loads.
+    """
     if INTERLEAVED:
-        first = 2 * j
-        second = 2 * j + 1
+        d = tl.arange(0, 2 * BLOCK_HALF)[None, :]
+        x = tl.load(rows + d * s_d, mask=row_ok & (d < 2 * HALF), other=0.0)
+        a, b = tl.split(tl.reshape(x, [x.shape[0], BLOCK_HALF, 2]))
     else:
-        first = j
-        second = j + HALF
-    return first, second, j < HALF
+        j = tl.arange(0, BLOCK_HALF)[None, :]
+        a = tl.load(rows + j * s_d, mask=row_ok & (j < HALF), other=0.0)
+        b = tl.load(rows + (j + HALF) * s_d, mask=row_ok & (j < HALF), other=0.0)
+    return a, b
+
+
+@triton.jit
+def _store_pairs(rows, s_d, row_ok, a, b, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    """Inverse of _load_pairs."""
+    if INTERLEAVED:
+        d = tl.arange(0, 2 * BLOCK_HALF)[None, :]
+        x = tl.reshape(tl.join(a, b), [a.shape[0], 2 * BLOCK_HALF])
+        tl.store(rows + d * s_d, x, mask=row_ok & (d < 2 * HALF))
+    else:
+        j = tl.arange(0, BLOCK_HALF)[None, :]
+        tl.store(rows + j * s_d, a, mask=row_ok & (j < HALF))
+        tl.store(rows + (j + HALF) * s_d, b, mask=row_ok & (j < HALF))
 
 
 @triton.jit
@@ -56,18 +74,12 @@ def _rope_heads(
     The double rounding matches apply_rope (to the input dtype) followed by the cache write (to the
     cache dtype), so the result is bit-identical to the reference when the dtypes differ.
     """
-    h = tl.arange(0, BLOCK_H)
-    first, second, pair_ok = _pair_offsets(BLOCK_HALF, HALF, INTERLEAVED)
-    mask = (h[:, None] < n_heads) & pair_ok[None, :]
-    src_rows = src + h[:, None].to(tl.int64) * s_h
-    dst_rows = dst + h[:, None].to(tl.int64) * d_h
-    a = tl.load(src_rows + first[None, :] * s_d, mask=mask, other=0.0)
-    b = tl.load(src_rows + second[None, :] * s_d, mask=mask, other=0.0)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    a, b = _load_pairs(src + h.to(tl.int64) * s_h, s_d, h < n_heads, BLOCK_HALF, HALF, INTERLEAVED)
     ra, rb = _rotate(a, b, cos[None, :], sin[None, :])
     ra = (ra * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
     rb = (rb * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
-    tl.store(dst_rows + first[None, :] * d_d, ra, mask=mask)
-    tl.store(dst_rows + second[None, :] * d_d, rb, mask=mask)
+    _store_pairs(dst + h.to(tl.int64) * d_h, d_d, h < n_heads, ra, rb, BLOCK_HALF, HALF, INTERLEAVED)
 
 
 @triton.jit
@@ -180,38 +192,42 @@ def _copy_rotate_kernel(
     k_src = kv_ptr + layer * s_layer + src * s_page + row_off
     k_dst = kv_ptr + layer * s_layer + dst * s_page + row_off
 
-    # K: pure rotation by delta (no magnitude factor: the cached keys already carry it).
-    first, second, pair_ok = _pair_offsets(BLOCK_HALF, HALF, INTERLEAVED)
-    j = tl.arange(0, BLOCK_HALF)
-    cos = tl.load(cos_ptr + delta * s_tab + j, mask=j < HALF, other=1.0)[None, :]
-    sin = tl.load(sin_ptr + delta * s_tab + j, mask=j < HALF, other=0.0)[None, :]
-    mask = row_ok[:, None] & pair_ok[None, :]
-    a = tl.load(k_src + first[None, :] * s_d, mask=mask, other=0.0)
-    b = tl.load(k_src + second[None, :] * s_d, mask=mask, other=0.0)
-    ra, rb = _rotate(a, b, cos, sin)
-    tl.store(k_dst + first[None, :] * s_d, ra.to(kv_ptr.dtype.element_ty), mask=mask)
-    tl.store(k_dst + second[None, :] * s_d, rb.to(kv_ptr.dtype.element_ty), mask=mask)
-
-    # V: a straight copy of the same rows.
+    # Both loads are issued before any store (the compiler cannot reorder them across a possibly aliasing
+    # store): K and V tiles in flight together.
+    a, b = _load_pairs(k_src, s_d, row_ok[:, None], BLOCK_HALF, HALF, INTERLEAVED)
     d = tl.arange(0, BLOCK_D)[None, :]
     v_mask = row_ok[:, None] & (d < HEAD_DIM)
     v = tl.load(k_src + s_kv + d * s_d, mask=v_mask)
+
+    # K: pure rotation by delta (no magnitude factor: the cached keys already carry it). V: a copy.
+    j = tl.arange(0, BLOCK_HALF)
+    cos = tl.load(cos_ptr + delta * s_tab + j, mask=j < HALF, other=1.0)[None, :]
+    sin = tl.load(sin_ptr + delta * s_tab + j, mask=j < HALF, other=0.0)[None, :]
+    ra, rb = _rotate(a, b, cos, sin)
+    ty = kv_ptr.dtype.element_ty
+    _store_pairs(k_dst, s_d, row_ok[:, None], ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
     tl.store(k_dst + s_kv + d * s_d, v, mask=v_mask)
 
 
-# Rows of one program: 64 rows x 128 channels x 2 bytes = 16 KiB of K and 16 KiB of V per program, enough
-# bytes in flight per SM with a few programs resident, and thousands of programs for a handful of pages.
-_COPY_BLOCK_ROWS = 64
-
-
 def copy_rotate(
-    kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, deltas: torch.Tensor, tables: RopeTables
+    kv: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    deltas: torch.Tensor,
+    tables: RopeTables,
+    *,
+    block_rows: int = 64,
+    num_warps: int = 4,
 ) -> None:
     """Block-Attention's private copy, every layer in one launch: K[dst] = R_delta K[src], V[dst] = V[src].
 
     kv is the whole pool [layers, 2, num_pages, page_size, Hkv, D]; src, dst, deltas are [n] (int) per
     page. Equals `reference.copy_rotate` provided no dst page is another entry's src (the kernel streams
     page by page; the reference gathers everything first). dst == src (rotating in place) is fine.
+
+    block_rows/num_warps are launch knobs, swept by benchmarks/kernels.py. Default: 64 rows x 128 channels
+    x 2 bytes = 16 KiB of K plus 16 KiB of V in flight per program (136 registers/thread, no spills on
+    sm_90: 3 programs, ~96 KiB in flight per SM), thousands of programs for a handful of pages.
     """
     if kv.dim() != 6 or kv.shape[1] != 2:
         raise ValueError(f"kv must be the pool [layers, 2, pages, page_size, Hkv, D], got {tuple(kv.shape)}")
@@ -224,7 +240,7 @@ def copy_rotate(
     if n == 0 or layers == 0:
         return
     rows = page_size * hkv
-    block_rows = min(_COPY_BLOCK_ROWS, triton.next_power_of_2(rows))
+    block_rows = min(triton.next_power_of_2(block_rows), triton.next_power_of_2(rows))
     blocks_per_page = triton.cdiv(rows, block_rows)
     s_layer, s_kv, s_page, s_slot, s_head, s_d = kv.stride()
     _copy_rotate_kernel[(n * blocks_per_page, layers)](
@@ -234,5 +250,5 @@ def copy_rotate(
         BLOCKS_PER_PAGE=blocks_per_page, BLOCK_ROWS=block_rows,
         BLOCK_HALF=triton.next_power_of_2(dim // 2), BLOCK_D=triton.next_power_of_2(dim),
         INTERLEAVED=tables.interleaved,
-        num_warps=4,
+        num_warps=num_warps,
     )
