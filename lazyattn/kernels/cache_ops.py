@@ -156,6 +156,7 @@ def rope_write_kv(
     q_out = torch.empty((t, hq, dim), dtype=q.dtype, device=q.device)
     if t == 0:
         return q_out
+    positions, slot_mapping = positions.contiguous(), slot_mapping.contiguous()  # indexed as flat arrays
     half = dim // 2
     _rope_write_kv_kernel[(t,)](
         q, k, v, q_out, positions, slot_mapping, k_cache, v_cache, tables.cos, tables.sin,
@@ -239,6 +240,7 @@ def copy_rotate(
         raise ValueError(f"RoPE tables are for head_dim {tables.cos.shape[1] * 2}, the pool has {dim}")
     if n == 0 or layers == 0:
         return
+    src, dst, deltas = src.contiguous(), dst.contiguous(), deltas.contiguous()  # indexed as flat arrays
     rows = page_size * hkv
     block_rows = min(triton.next_power_of_2(block_rows), triton.next_power_of_2(rows))
     blocks_per_page = triton.cdiv(rows, block_rows)

@@ -39,13 +39,16 @@ def qkv_inputs(t, hq, hkv, dim, dtype, device=DEVICE, seed=1):
     return q.view(t, hq, dim), k.view(t, hkv, dim), v.view(t, hkv, dim)
 
 
-def check_rope_write_kv(rope, dtype, hq, hkv, dim, t, page_size=8, pages=6, pad=0, seed=0):
+def check_rope_write_kv(rope, dtype, hq, hkv, dim, t, page_size=8, pages=6, pad=0, seed=0, index_views=False):
     tab = tables(rope, dim, max_position=2048, device=DEVICE)
     q, k, v = qkv_inputs(t, hq, hkv, dim, dtype, seed=seed)
     gen = torch.Generator(device="cpu").manual_seed(seed + 7)
     positions = torch.randint(0, 2048, (t,), generator=gen, dtype=torch.int32).to(DEVICE)
     slots = torch.randperm(pages * page_size, generator=gen)[:t].to(DEVICE)
     slots[::3] = -1
+    if index_views:  # int64 positions and int32 slots, both strided views
+        positions = torch.stack([positions.long(), positions.long()], 1)[:, 0]
+        slots = torch.stack([slots, slots], 1).int()[:, 1]
     pool = make_pool(2, pages, page_size, hkv, dim, dtype, pad=pad, seed=seed)
     want_pool = pool.clone()
     want_q = apply_rope(q, positions, tab)
@@ -73,13 +76,13 @@ def test_rope_write_kv_interleaved_bf16_odd_head_dim():
     check_rope_write_kv("interleaved", torch.bfloat16, hq=2, hkv=1, dim=96, t=5)
 
 
-def test_rope_write_kv_int64_slots_and_empty():
+def test_rope_write_kv_index_views_and_empty():
     tab = tables("default", 64, device=DEVICE)
     q, k, v = qkv_inputs(0, 2, 1, 64, torch.float32)
     pool = make_pool(1, 2, 4, 1, 64, torch.float32)
     empty = torch.zeros(0, dtype=torch.int64, device=DEVICE)
     assert rope_write_kv(q, k, v, empty, empty, pool[0, 0], pool[0, 1], tab).shape == (0, 2, 64)
-    check_rope_write_kv("default", torch.float32, hq=2, hkv=1, dim=64, t=4)
+    check_rope_write_kv("default", torch.float32, hq=2, hkv=1, dim=64, t=4, index_views=True)
 
 
 def test_rope_write_kv_rejects_mismatched_cache():
