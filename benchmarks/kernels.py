@@ -115,7 +115,7 @@ class Pool:
             idx = torch.tensor(pages, device=self.k.device)
             padded = -(-length // self.page_size) * self.page_size
             for src, dst in ((k, self.k), (v, self.v)):
-                full = torch.zeros(padded, *src.shape[1:], dtype=DTYPE, device=src.device)
+                full = torch.randn(padded, *src.shape[1:], dtype=DTYPE, device=src.device)  # tail: padding
                 full[:length] = src
                 dst[idx] = full.view(len(pages), self.page_size, *src.shape[1:])
         return EntryPages(pages, [delta] * len(pages), fill)

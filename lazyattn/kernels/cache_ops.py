@@ -71,8 +71,8 @@ def _rope_heads(
 ):
     """Rotate n_heads heads of one token (strided src rows) into dst rows, rounding to ROUND_TY then dst's.
 
-    The double rounding matches apply_rope (to the input dtype) followed by the cache write (to the
-    cache dtype), so the result is bit-identical to the reference when the dtypes differ.
+    The double rounding is apply_rope's (to the input dtype) followed by the cache write's (to the cache
+    dtype): the reference rounds twice when k's dtype differs from the cache's, and so must we.
     """
     h = tl.arange(0, BLOCK_H)[:, None]
     a, b = _load_pairs(src + h.to(tl.int64) * s_h, s_d, h < n_heads, BLOCK_HALF, HALF, INTERLEAVED)
