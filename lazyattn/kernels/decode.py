@@ -60,17 +60,21 @@ class DecodeConfig:
 def decode_config(head_dim: int, dtype: torch.dtype, page_size: int) -> DecodeConfig:
     """Launch config per (head_dim, dtype, page_size): a starting point, to be tuned on the GPU.
 
-    A K tile and a V tile of 16 KiB each (64 rows of 128 bf16 channels). num_stages=3 gives two K/V
-    buffers (68 KiB of shared memory), so three programs share an H100 SM and each keeps one 32 KiB tile
-    pair loading while it computes on the other: ~100 KiB in flight per SM, several times what Little's
-    law asks to saturate HBM. Three programs of 128 threads need <= 168 registers each: Triton 3.9 gets
-    there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped: no spills at d=128
-    half-split, 8 bytes interleaved).
+    Tiles of up to 16 KiB for K and as much for V (64 rows of 128 bf16 channels), and enough stages that
+    a program has ~64 KiB of K/V buffers (2 to 4 tile pairs; num_stages = buffers + 1): at d=128 bf16,
+    page 64 that is 68 KiB of shared memory, so three programs share an H100 SM, each loading one tile
+    pair while it computes on another, ~100 KiB in flight per SM: several times what Little's law asks
+    to saturate HBM. Smaller pages give smaller tiles and deeper pipelines. Three programs of 128
+    threads need <= 168 registers each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes
+    176-183 unless capped (capped, 16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more,
+    so it is left uncapped).
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
     block_n = 1 << (block_n.bit_length() - 1)
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, maxnreg=168)
+    buffers = min(4, max(2, 65536 // (2 * block_n * row_bytes)))
+    cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap)
 
 
 @functools.lru_cache(maxsize=16)
