@@ -23,7 +23,7 @@ P·V product are tl.dot with the query group padded to >= 16 rows: decode does ~
 so the padded tensor-core work is free, and tl.dot operands let Triton stage K/V tiles through shared
 memory with asynchronous copies (num_stages tiles in flight), which is what reaches copy bandwidth.
 (Broadcast-multiply + tl.sum would hold a [G, BLOCK_N, D] product in registers and spill for G >= 4.)
-Each entry's pages are cut into NUM_SPLITS contiguous page ranges; a program walks its range in tiles of
+Each entry's pages are cut into num_splits contiguous page ranges; a program walks its range in tiles of
 BLOCK_N slots (BLOCK_N divides page_size, so a tile never straddles pages) with an online softmax in
 fp32 and exp2, and writes an unnormalised partial (acc, running max m, running sum l) to fp32 scratch.
 A small merge kernel combines the splits. With one split the program normalises and writes directly.

@@ -205,3 +205,17 @@ def test_gpu_fp32_tight():
     out, ref = run(s)
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_page_offsets_beyond_int32():
+    """Pages past 2^31 elements of the pool (page id x page stride overflows int32)."""
+    s = gpu_scenario([300, 200], [([0, 1], 50), ([1, 0], 70)])
+    q, batch = s.decode()
+    shift = (1 << 31) // s.k_cache[0].numel() + 1
+    k_big = torch.empty(shift + s.k_cache.shape[0], *s.k_cache.shape[1:], dtype=s.k_cache.dtype, device="cuda")
+    v_big = torch.empty_like(k_big)
+    k_big[shift:], v_big[shift:] = s.k_cache, s.v_cache
+    batch.pages += shift
+    out = decode_attention(q, k_big, v_big, batch, s.tables, s.scale, num_splits=2)
+    assert rel_err(out, dense_decode(s)) < 1e-2
