@@ -44,7 +44,7 @@ Grid, tiling, GQA
   output and its log2-sum-exp, and a small kernel merges them.
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
   use ieee precision. Block sizes: an autotuned short list per dtype/head_dim, pruned by page size
-  (`_CONFIGS`); a fixed config under TRITON_INTERPRET.
+  (`_TILES`); a fixed config under TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ from lazyattn.kernels.paged import PagedBatch
 from lazyattn.kernels.rope import RopeTables
 
 _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
-_BLOCK_P = 256  # pages scanned per step (causal page count, run ends)
+_BLOCK_P = 256  # pages scanned per step (causal page count, run ends); deltas held in registers
+_BLOCK_S = 64  # pages looked at around a split boundary to snap it to a run start
 _MIN_KEYS_PER_SPLIT = 512  # below this a split's startup latency outweighs its work
 _MAX_SPLITS = 32
 
@@ -103,6 +104,43 @@ def _run_end(deltas_row, begin, stop, delta, BLOCK_P: tl.constexpr):
         end = tl.minimum(end, tl.min(tl.where(d != delta, i, end), axis=0))
         lo += BLOCK_P
     return end
+
+
+@triton.jit
+def _next_run(deltas_row, win, win_idx, win_end, page, page_hi, BLOCK_P: tl.constexpr):
+    """(delta, end page) of the run starting at `page`. The program's first BLOCK_P deltas are held in
+    registers (`win`), so finding a run costs no memory round trip unless the run leaves that window."""
+    if page < win_end:
+        delta = tl.sum(tl.where(win_idx == page, win, 0), axis=0)
+        change = (win_idx > page) & (win_idx < win_end) & (win != delta)
+        end = tl.min(tl.where(change, win_idx, win_end), axis=0)
+    else:
+        delta = tl.load(deltas_row + page)
+        end = page + 1
+    if end >= win_end:
+        end = _run_end(deltas_row, tl.maximum(end, win_end), page_hi, delta, BLOCK_P)
+    return delta, end
+
+
+@triton.jit
+def _snap_to_run(deltas_row, x, n_vis, reach, BLOCK_S: tl.constexpr):
+    """Split boundary x moved to the nearest run start within `reach` pages (x itself if none): a split
+    straddling a delta change costs one more Q rotation and pipeline refill."""
+    i = x - BLOCK_S // 2 + tl.arange(0, BLOCK_S)
+    near = (i > 0) & (i < n_vis) & (tl.abs(i - x) <= reach)
+    d = tl.load(deltas_row + i, mask=near, other=0)
+    d_prev = tl.load(deltas_row + i - 1, mask=near, other=0)
+    # Distinct rank per candidate: by distance, the lower page first on a tie.
+    rank = tl.where(near & (d != d_prev), 2 * tl.abs(i - x) - (i < x).to(tl.int32), 2 * BLOCK_S)
+    best = tl.min(rank, axis=0)
+    snapped = tl.sum(tl.where(rank == best, i, 0), axis=0)
+    # An if, not tl.where: a loop bound computed straight from a reduction made triton 3.9 give up on
+    # coalescing and pipelining the K/V loads of the loop (checked on the sm_90 TTGIR).
+    if (x > 0) & (x < n_vis) & (best < 2 * BLOCK_S):  # noqa: SIM108 - must stay an scf.if
+        bound = snapped
+    else:
+        bound = tl.minimum(x, n_vis)
+    return bound
 
 
 @triton.jit
@@ -188,7 +226,8 @@ def _prefill_kernel(
     stride_ot, stride_oh, stride_table, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
@@ -214,9 +253,13 @@ def _prefill_kernel(
 
     table = entry.to(tl.int64) * stride_table
     n_vis = _count_pages(starts + table, tl.load(num_pages + entry), q_last, BLOCK_P)
-    per_split = tl.cdiv(n_vis, tl.num_programs(2))
-    page_lo = split * per_split
-    page_hi = tl.minimum(page_lo + per_split, n_vis)
+    if SPLIT_KV:
+        per_split = tl.cdiv(n_vis, tl.num_programs(2))
+        page_lo = _snap_to_run(deltas + table, split * per_split, n_vis, per_split // 2, BLOCK_S)
+        page_hi = _snap_to_run(deltas + table, (split + 1) * per_split, n_vis, per_split // 2, BLOCK_S)
+    else:
+        page_lo = 0
+        page_hi = n_vis
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -225,10 +268,12 @@ def _prefill_kernel(
     k_head = K + kv_head * stride_kh
     v_head = V + kv_head * stride_vh
     if APPLY_DELTA:
+        win_idx = page_lo + tl.arange(0, BLOCK_P)
+        win_end = tl.minimum(page_lo + BLOCK_P, page_hi)
+        win = tl.load(deltas + table + win_idx, mask=win_idx < win_end, other=0)
         page = page_lo
         while page < page_hi:
-            delta = tl.load(deltas + table + page)
-            run_end = _run_end(deltas + table, page + 1, page_hi, delta, BLOCK_P)
+            delta, run_end = _next_run(deltas + table, win, win_idx, win_end, page, page_hi, BLOCK_P)
             q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
             acc, l_i, m_i = _attend_pages(
                 acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
@@ -280,48 +325,41 @@ def _combine_kernel(WsO, WsLse, Out, total_q, num_splits, stride_ot, stride_oh,
     tl.store(ptrs, out.to(Out.dtype.element_ty), mask=mask[:, None])
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages). Pruned per call to the entries that fit the dtype, head_dim,
-# head group and page size (`_usable`), so each autotune run times at most a handful.
-_CONFIGS = [
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),  # 16-bit, head_dim <= 128
-    (128, 32, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2),  # small pages
-    (64, 64, 8, 2), (64, 32, 4, 2),  # head_dim 256
-    (32, 32, 4, 2), (32, 16, 4, 2),  # fp32 (ieee FMA dots)
-]
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
-def _usable(block_m: int, block_n: int, *, fp32: bool, head_dim: int, group: int, page_size: int) -> bool:
-    if page_size % block_n or block_m < _next_pow2(group):
-        return False
-    if fp32:
-        return block_m <= 32
-    if head_dim > 128:
-        return block_m <= 64 and block_n <= 64
-    return block_m >= 64 and (block_n >= 32 or page_size < 32)
+# Autotune candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype / head_dim; BLOCK_N is capped at
+# the page size. num_stages: the page-id load takes one pipeline stage of its own, so K/V tiles are only
+# prefetched num_stages - 3 tiles ahead (measured on the sm_90 TTGIR: 3 -> 1 tile, 5 -> 2 tiles).
+_TILES = {
+    "16bit": [(128, 64, 8, 5), (128, 64, 8, 3), (64, 64, 4, 5), (128, 128, 8, 3)],
+    "16bit_d256": [(64, 64, 8, 3), (64, 32, 4, 3)],
+    "fp32": [(32, 32, 4, 2), (64, 32, 4, 2)],  # ieee dots run on FMA units: small tiles
+}
+
+
+def _candidates(fp32: bool, head_dim: int, group: int, page_size: int) -> list[triton.Config]:
+    family = "fp32" if fp32 else "16bit_d256" if head_dim > 128 else "16bit"
+    configs = {}
+    for block_m, block_n, warps, stages in _TILES[family]:
+        # The M tile must hold at least one position of the whole head group.
+        tile = (max(block_m, _next_pow2(group)), min(block_n, page_size), warps, stages)
+        configs[tile] = triton.Config({"BLOCK_M": tile[0], "BLOCK_N": tile[1]}, num_warps=warps, num_stages=stages)
+    return list(configs.values())
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The candidate list of this call's dtype, head_dim, head group and page size."""
     args = {**named_args, **kwargs}
-    shape = dict(fp32=args["Q"].dtype == torch.float32, head_dim=args["HEAD_DIM"], group=args["GROUP"],
-                 page_size=args["PAGE_SIZE"])
-    keep = [c for c in configs if _usable(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], **shape)]
-    return keep or [_fallback_config(**shape)]
-
-
-def _fallback_config(*, fp32: bool, head_dim: int, group: int, page_size: int) -> triton.Config:
-    block_m = max(32 if fp32 or head_dim > 128 else 64, _next_pow2(group))
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": min(page_size, 32)}, num_warps=4, num_stages=2)
+    return _candidates(args["Q"].dtype == torch.float32, args["HEAD_DIM"], args["GROUP"], args["PAGE_SIZE"])
 
 
 _prefill_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _CONFIGS],
+    configs=_candidates(False, 128, 1, 64),  # replaced per call by _prune
     key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "APPLY_DELTA", "INTERLEAVED", "SPLIT_KV"],
     prune_configs_by={"early_config_prune": _prune},
 )(_prefill_kernel)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _interpreting() -> bool:
@@ -392,7 +430,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     consts = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, APPLY_DELTA=apply,
                   INTERLEAVED=bool(tables is not None and tables.interleaved), SPLIT_KV=splits > 1,
                   DOT_PRECISION="ieee" if fp32 else "tf32", UPCAST=_interpreting() and q.dtype == torch.bfloat16,
-                  BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P)
+                  BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, BLOCK_S=_BLOCK_S)
 
     def grid(meta: dict) -> tuple[int, int, int]:
         return (total_q // (meta["BLOCK_M"] // group) + batch.batch_size, kv_heads, splits)

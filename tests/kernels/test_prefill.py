@@ -114,6 +114,19 @@ def test_block_shapes_and_uneven_head_group(config):
     assert rel_err(out, ref(s, q, batch)) < 1e-5
 
 
+def test_scans_longer_than_one_block(monkeypatch):
+    """Entry lookup, causal page count and run ends that need several vector steps (tiny scan blocks)."""
+    from lazyattn.kernels import prefill
+
+    monkeypatch.setattr(prefill, "_BLOCK_B", 2)
+    monkeypatch.setattr(prefill, "_BLOCK_P", 4)
+    monkeypatch.setattr(prefill, "_BLOCK_S", 4)
+    s = make_scenario([150, 70, 37], REQUESTS, head_dim=64, page_size=16, tables=tables("default", 64), seed=10)
+    q, batch = s.final_prefill()
+    assert rel_err(run(s, q, batch), ref(s, q, batch)) < 1e-5
+    assert rel_err(run(s, q, batch, num_splits=3), ref(s, q, batch)) < 1e-5
+
+
 def test_strided_pool_view():
     """k/v caches as views of a [layers, 2, pages, page_size, Hkv, D] pool."""
     s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16,
@@ -135,6 +148,18 @@ def test_large_deltas():
     batch.deltas[batch.deltas != 0] += big - 40
     out = run(s, q, batch)
     assert rel_err(out, ref(s, q, batch)) < 1e-5
+
+
+def test_autotune_candidates_fit_the_call():
+    from lazyattn.kernels.prefill import _candidates
+
+    for fp32, head_dim, group, page_size in [(False, 128, 4, 64), (False, 128, 4, 16), (False, 256, 8, 32),
+                                            (True, 64, 1, 16), (False, 64, 32, 128)]:
+        configs = _candidates(fp32, head_dim, group, page_size)
+        assert configs and len(configs) <= 4
+        for c in configs:
+            m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+            assert page_size % n == 0 and n >= 16 and m >= max(group, 16)
 
 
 def test_rejects_unsupported_shapes():
