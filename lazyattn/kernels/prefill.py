@@ -19,9 +19,11 @@ delta (one run per segment: a document, the final segment). At the start of each
 reloaded from global memory (L2-hot) and de-rotated in fp32 with the cos/sin rows `tables.cos/sin[delta]`;
 the run's K tiles are then consumed by a plain FlashAttention-2 inner loop. So the inner loop, the part
 that runs per K tile, is the same code with and without deltas (`APPLY_DELTA=False` compiles the runs and
-the rotation out), and the de-rotated Q is loop-invariant there (the compiler keeps it in shared memory
-or registers for the MMA). Reloading Q instead of keeping an unrotated copy live saves registers; it
-happens once per segment.
+the rotation out), and the de-rotated Q is loop-invariant there. Reloading Q instead of keeping an
+unrotated copy live saves registers; it happens once per segment. Run boundaries come from the
+program's first 256 deltas, loaded once into registers, so a run change costs no extra memory round trip.
+(A flat tile loop that re-rotates Q when delta changes was tried: triton then re-stores the MMA operand
+to shared memory on every tile and spills; the run loop keeps the inner loop clean.)
 
 Both channel pairings are handled by loading the Q tile twice, once with the column permutation that maps
 each channel to its pair partner (j <-> j + D/2 half-split, 2j <-> 2j+1 interleaved): the rotation is then
@@ -41,7 +43,8 @@ Grid, tiling, GQA
   K tiles never straddle pages (page_size % BLOCK_N == 0).
 - Split-KV: when (blocks x kv heads) cannot fill the GPU (a 32-token question against 10K cached tokens
   at batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial
-  output and its log2-sum-exp, and a small kernel merges them.
+  output and its log2-sum-exp, and a small kernel merges them. Split bounds snap to the nearest run start
+  within half a split, so splits rarely straddle a segment (each straddle costs a rotation and a refill).
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
   use ieee precision. Block sizes: an autotuned short list per dtype/head_dim, pruned by page size
   (`_TILES`); a fixed config under TRITON_INTERPRET.
@@ -402,35 +405,20 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
             out: torch.Tensor | None = None, num_splits: int | None = None,
             config: tuple[int, int] | None = None) -> torch.Tensor:
     """prefill_attention with the split count and (BLOCK_M, BLOCK_N) forced: for tests and benchmarks."""
-    total_q, q_heads, head_dim = q.shape
-    _, page_size, kv_heads, _ = k_cache.shape
-    _check_shapes(q, k_cache, v_cache, tables if apply_delta else None, batch)
-    group = q_heads // kv_heads
+    tables = tables if apply_delta else None
+    _check_inputs(q, k_cache, v_cache, tables, batch, out)
     out = torch.empty_like(q) if out is None else out
+    total_q, q_heads, head_dim = q.shape
+    kv_heads, group = k_cache.shape[2], q_heads // k_cache.shape[2]
     if total_q == 0 or batch.batch_size == 0:
         return out
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    apply = apply_delta and tables is not None
-    cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if apply else (q, q)
+    q = q if q.stride(-1) == 1 else q.contiguous()
     splits = num_splits or _default_splits(q, batch, group, kv_heads)
-    ws_o, ws_lse = out, out  # unused unless split
+    ws_o = ws_lse = out  # placeholders, unused unless split
     if splits > 1:
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
         ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
-    fp32 = q.dtype == torch.float32
-    args = (
-        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin,
-        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
-        batch.num_pages, batch.batch_size, total_q, cos.shape[0] if apply else 0,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        batch.pages.stride(0), scale * math.log2(math.e),
-    )
-    consts = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, APPLY_DELTA=apply,
-                  INTERLEAVED=bool(tables is not None and tables.interleaved), SPLIT_KV=splits > 1,
-                  DOT_PRECISION="ieee" if fp32 else "tf32", UPCAST=_interpreting() and q.dtype == torch.bfloat16,
-                  BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, BLOCK_S=_BLOCK_S)
+    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, splits)
 
     def grid(meta: dict) -> tuple[int, int, int]:
         return (total_q // (meta["BLOCK_M"] // group) + batch.batch_size, kv_heads, splits)
@@ -438,7 +426,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     if config is None and not _interpreting():
         _prefill_tuned[grid](*args, **consts)
     else:
-        block_m, block_n = config or (max(64, _next_pow2(group)), min(page_size, 64))
+        block_m, block_n = config or (max(64, _next_pow2(group)), min(k_cache.shape[1], 64))
         _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=2)
     if splits > 1:
         _combine_kernel[(total_q,)](ws_o, ws_lse, out, total_q, splits, out.stride(0), out.stride(1),
@@ -446,8 +434,33 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     return out
 
 
-def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: RopeTables | None,
-                  batch: PagedBatch) -> None:
+def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                 tables: RopeTables | None, scale: float, out: torch.Tensor, ws_o: torch.Tensor,
+                 ws_lse: torch.Tensor, splits: int) -> tuple[tuple, dict]:
+    """Positional arguments and constexprs of _prefill_kernel (block sizes aside)."""
+    cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if tables is not None else (q, q)
+    args = (
+        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin,
+        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
+        batch.num_pages, batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        batch.pages.stride(0), scale * math.log2(math.e),
+    )
+    consts = dict(
+        GROUP=q.shape[1] // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
+        APPLY_DELTA=tables is not None, INTERLEAVED=tables is not None and tables.interleaved,
+        SPLIT_KV=splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=_interpreting() and q.dtype == torch.bfloat16,
+        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, BLOCK_S=_BLOCK_S,
+    )
+    return args, consts
+
+
+def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: RopeTables | None,
+                  batch: PagedBatch, out: torch.Tensor | None) -> None:
+    if not q.is_cuda and not _interpreting():
+        raise RuntimeError("the Triton prefill kernel needs CUDA tensors (or TRITON_INTERPRET=1 on a CPU)")
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"expected q [T, Hq, D] and k/v caches [pages, page_size, Hkv, D], got "
                          f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -460,9 +473,13 @@ def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError(f"prefill kernel needs a power-of-two page_size >= 16, got {page_size}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k/v caches must be contiguous along head_dim")
-    if tables is not None and (tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32):
-        raise ValueError(f"RoPE tables must be fp32 [max_position, {head_dim // 2}], got "
-                         f"{tables.cos.dtype} {tuple(tables.cos.shape)}")
+    if tables is not None and (tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32
+                               or tables.cos.device != q.device):
+        raise ValueError(f"RoPE tables must be fp32 [max_position, {head_dim // 2}] on {q.device}, got "
+                         f"{tables.cos.dtype} {tuple(tables.cos.shape)} on {tables.cos.device}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} and contiguous along head_dim, got "
+                         f"{out.dtype} {tuple(out.shape)}")
     if any(t.stride(1) != 1 or t.stride(0) != batch.pages.stride(0)
            for t in (batch.pages, batch.deltas, batch.valid, batch.starts)):
         raise ValueError("PagedBatch tables must be contiguous [B, P] int32 tensors of one shape")

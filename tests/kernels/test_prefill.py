@@ -51,13 +51,14 @@ def test_final_prefill_matches_reference_and_dense(rope, layout):
     assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-5
 
 
-@pytest.mark.parametrize("rope", ["default", "interleaved"])
-def test_bf16_within_rounding(rope):
+@pytest.mark.parametrize("rope,dtype", [("default", torch.bfloat16), ("interleaved", torch.bfloat16),
+                                        ("llama3", torch.float16)])
+def test_16bit_within_rounding(rope, dtype):
     s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables(rope, 64), dtype=torch.bfloat16, seed=2)
+                      tables=tables(rope, 64), dtype=dtype, seed=2)
     q, batch = s.final_prefill()
     out = run(s, q, batch)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == dtype
     assert rel_err(out, ref(s, q, batch)) < 1e-2
     assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-2
 
