@@ -174,7 +174,8 @@ class LLMEngine:
             if not to_sample:
                 return []
             result = self.sampler.sample(
-                logits, [s.params for s in to_sample], [s.generator for s in to_sample]
+                logits, [s.params for s in to_sample], [s.generator for s in to_sample],
+                suppress_token_ids=[self._suppressed(s) for s in to_sample],
             )
             now = time.monotonic()
             touched: dict[str, _Request] = {}
@@ -238,6 +239,13 @@ class LLMEngine:
         seq.text += seq.detokenizer.feed(token)
         if self._stop_reason(seq, token) is not None:
             self._finish(seq)
+
+    def _suppressed(self, seq: Sequence) -> list[int] | None:
+        """Below min_tokens, the tokens that would end the sequence may not be drawn."""
+        if len(seq.output) >= seq.params.min_tokens:
+            return None
+        eos = [] if seq.params.ignore_eos else self.tokenizer.eos_token_ids
+        return list(eos) + list(seq.params.stop_token_ids)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params

@@ -203,14 +203,14 @@ class Scheduler:
                 self._drop_part(part)
             raise
         seq.parts, seq.run = acquired, run
-        seq.metrics.cached_tokens = sum(p.length for p in acquired if not p.owned)
+        seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
     def _admit_segments(self, seq: Sequence, acquired: list[Part]) -> None:
         start = 0
         for tokens in seq.segments:
             key = self.keyer(tokens, seq.salt, None)
             segment, is_new = self.cache.acquire(key, len(tokens))
-            acquired.append(Part(segment, start, len(tokens)))
+            acquired.append(Part(segment, start, len(tokens), hit=not is_new))
             if is_new:
                 self.jobs[key] = SegmentJob(segment, Run(list(tokens), 0, list(segment.pages)))
             start += len(tokens)
@@ -227,7 +227,7 @@ class Scheduler:
             if first_owned is not None and self.cache.lookup(key) is not None:
                 break  # an orphan left after its parent was evicted: keep the rest private
             segment, is_new = self.cache.acquire(key, ps)
-            acquired.append(Part(segment, b * ps, ps, owned=is_new))
+            acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
             if is_new and first_owned is None:
                 first_owned = b
             parent = key

@@ -46,6 +46,7 @@ class Part:
     start: int
     length: int
     owned: bool = False  # computed by this sequence's own run (prefix mode)
+    hit: bool = False  # found in the cache at admission (pending or ready)
 
 
 @dataclass
