@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +47,16 @@ class EngineStats:
     @property
     def kv_bytes_high_water(self) -> int:
         return self.pages_high_water * self.page_bytes
+
+
+@dataclass
+class EncodeHandle:
+    """Documents being encoded ahead of requests; `done` is set once they are all cached (or failed)."""
+
+    num_tokens: list[int]
+    parts: list = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
 
 @dataclass
@@ -97,6 +107,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.backend, self.device)
         self.sampler = Sampler()
         self.requests: dict[str, _Request] = {}
+        self.encodes: list[EncodeHandle] = []
         self._seq_ids = itertools.count()
         self._lock = threading.RLock()
 
@@ -157,9 +168,29 @@ class LLMEngine:
                     self._finish(seq)
             return self._output(req)
 
+    def encode_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> EncodeHandle:
+        """Encode documents into the cache now (unless cached already), without a request. Poll or wait on
+        the handle's `done`; the documents stay cached as any other (evictable once unreferenced)."""
+        with self._lock:
+            for i, seg in enumerate(segments):
+                if not seg:
+                    raise InvalidRequestError(f"document {i} is empty", "documents")
+                bad = [t for t in seg if not 0 <= t < self.model_config.vocab_size]
+                if bad:
+                    raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary", "documents")
+                if len(seg) > self.max_model_len:
+                    raise ContextTooLongError(
+                        f"document {i} has {len(seg)} tokens, over the context limit of {self.max_model_len}",
+                        "documents")
+            handle = EncodeHandle([len(s) for s in segments])
+            handle.parts = self.scheduler.pin(segments, cache_salt)
+            self.encodes.append(handle)
+            self._settle_encodes()
+            return handle
+
     def has_unfinished(self) -> bool:
         with self._lock:
-            return bool(self.requests)
+            return bool(self.requests or self.encodes)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -171,6 +202,7 @@ class LLMEngine:
                 return []
             logits = self.runner.run(batch)
             to_sample = self.scheduler.complete(batch)
+            self._settle_encodes()
             if not to_sample:
                 return []
             result = self.sampler.sample(
@@ -188,7 +220,19 @@ class LLMEngine:
                     self.requests.pop(out.request_id, None)
             return outputs
 
-    # -- internals --------------------------------------------------------------------------------
+    # -- internals ----
+
+    def _settle_encodes(self) -> None:
+        for handle in list(self.encodes):
+            if any(p.segment.failed for p in handle.parts):
+                handle.error = InvalidRequestError("encoding a document failed; register it again")
+            elif not all(p.segment.ready for p in handle.parts):
+                continue
+            self.scheduler.unpin(handle.parts)
+            self.encodes.remove(handle)
+            handle.done.set()
+
+    # -- helpers --------------------------------------------------------------------------------------
 
     def _validate(self, prompt: RenderedPrompt, params: SamplingParams) -> None:
         vocab = self.model_config.vocab_size

@@ -91,9 +91,13 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.jobs: dict[str, SegmentJob] = {}
+        self.pinned: list[list[Part]] = []  # documents encoded ahead of any request (see pin)
         self.num_preemptions = 0
         self.prefilled_tokens = 0  # rows computed by forward passes (documents, prompts, decodes)
         self._batch: ScheduledBatch | None = None  # the batch being built, see _preempt
+        # A running sequence lacked pages in the last step: admit nobody until it has moved on, or a
+        # preempted sequence re-admitted first would take the very pages the older one waits for.
+        self._starved = False
 
     # -- queue ------------------------------------------------------------------------------------
 
@@ -101,7 +105,25 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.pinned)
+
+    def pin(self, segments: list[list[int]], salt: str | None) -> list[Part]:
+        """Acquire documents without a request, queueing encodes for those missing (the server's document
+        registration). The caller releases them with `unpin` once `all(p.segment.ready ...)`."""
+        parts: list[Part] = []
+        try:
+            self._acquire_segments(segments, salt, parts)
+        except OutOfPagesError:
+            for part in reversed(parts):
+                self.cache.release(part.segment)
+            raise
+        self.pinned.append(parts)
+        return parts
+
+    def unpin(self, parts: list[Part]) -> None:
+        self.pinned.remove(parts)
+        for part in reversed(parts):
+            self.cache.release(part.segment)
 
     def finish(self, seq: Sequence) -> None:
         """Release everything a sequence holds (finished or aborted)."""
@@ -118,7 +140,9 @@ class Scheduler:
         self._drop_dead_jobs()
         batch = self._batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
-        self._admit_waiting(budget)
+        if not self._starved or not self.running:
+            self._admit_waiting(budget)
+        self._starved = False
         scheduled: set[int] = set()
         job_done: set[str] = set()  # jobs whose last chunk is in this batch
         for seq in sorted(self.running, key=lambda s: s.run.pending != 1):
@@ -129,15 +153,17 @@ class Scheduler:
             if any(p.segment.failed for p in seq.parts if not p.owned):
                 self._preempt(seq)  # its encoder gave up: start over, now as the encoder
                 continue
-            budget = self._schedule_jobs(seq, batch, budget, job_done)
+            budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
             if budget <= 0 or not self._parts_ready(seq, job_done):
                 continue
             if self.config.mode == "block" and not seq.copied:
                 if not self._make_copies(seq, batch):
+                    self._starved = True
                     continue
                 scheduled.add(seq.seq_id)  # its copies are in this batch: never a preemption victim
             chunk = min(seq.run.pending, budget)
             if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
+                self._starved = True
                 continue
             hi = seq.run.num_computed + chunk
             batch.works.append(Work(seq.run, seq.run.num_computed, hi, self._context(seq), seq))
@@ -145,10 +171,13 @@ class Scheduler:
             budget -= chunk
             if seq.metrics.scheduled is None:
                 seq.metrics.scheduled = time.monotonic()
+        for parts in self.pinned:  # registered documents: after requests, in the budget that is left
+            budget = self._schedule_jobs(parts, batch, budget, job_done)
         if not batch.works and self.running and not self.jobs:
             # Nothing could run (pages exhausted by sequences that each wait for more): free the newest.
             batch.copies.clear()
             self._preempt(self.running[-1])
+            self._starved = True
         self._batch = None
         return batch
 
@@ -198,6 +227,8 @@ class Scheduler:
                 run = self._admit_prefix(seq, acquired)
             else:
                 run = Run(self._all_tokens(seq), start_pos=0)
+            if self.cache.available_pages() < self._prefill_pages(acquired, run):
+                raise OutOfPagesError("not enough room for this sequence's prefill yet")
         except OutOfPagesError:
             for part in reversed(acquired):
                 self._drop_part(part)
@@ -206,9 +237,12 @@ class Scheduler:
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
     def _admit_segments(self, seq: Sequence, acquired: list[Part]) -> None:
+        self._acquire_segments(seq.segments, seq.salt, acquired)
+
+    def _acquire_segments(self, segments: list[list[int]], salt: str | None, acquired: list[Part]) -> None:
         start = 0
-        for tokens in seq.segments:
-            key = self.keyer(tokens, seq.salt, None)
+        for tokens in segments:
+            key = self.keyer(tokens, salt, None)
             segment, is_new = self.cache.acquire(key, len(tokens))
             acquired.append(Part(segment, start, len(tokens), hit=not is_new))
             if is_new:
@@ -236,14 +270,21 @@ class Scheduler:
         pages = [page for p in owned for page in p.segment.pages]
         return Run(tokens[start:], start_pos=start, pages=pages, owned=len(pages))
 
+    def _prefill_pages(self, parts: list[Part], run: Run) -> int:
+        """Pages a just-admitted sequence still has to allocate to reach its first token."""
+        need = -(-len(run.tokens) // self.page_size) - len(run.pages)
+        if self.config.mode == "block":
+            need += sum(len(p.segment.pages) for p in parts if p.start > 0)
+        return need
+
     def _all_tokens(self, seq: Sequence) -> list[int]:
         return [t for s in seq.segments for t in s] + seq.prompt + seq.output
 
     # -- per-step helpers -------------------------------------------------------------------------
 
-    def _schedule_jobs(self, seq: Sequence, batch: ScheduledBatch, budget: int, job_done: set[str]) -> int:
-        """Schedule the encodes of the documents this sequence waits on, before its own chunk."""
-        for part in seq.parts:
+    def _schedule_jobs(self, parts: list[Part], batch: ScheduledBatch, budget: int, job_done: set[str]) -> int:
+        """Schedule the encodes of the documents a sequence waits on, before its own chunk."""
+        for part in parts:
             job = self.jobs.get(part.segment.key)
             if job is None or job.segment is not part.segment or part.segment.key in job_done:
                 continue

@@ -19,6 +19,7 @@ DOCS = {  # lengths chosen to leave partial last pages (page size 16) and one ex
     "c": [(13 * i + 1) % 250 + 10 for i in range(16)],
     "d": [(17 * i + 2) % 250 + 10 for i in range(45)],
     "e": [(19 * i + 7) % 250 + 10 for i in range(30)],
+    **{name: [(k * i + k) % 250 + 10 for i in range(40)] for name, k in (("f", 23), ("g", 29), ("h", 31))},
 }
 REQUESTS = [  # (document order, final-segment prompt)
     (["a", "b"], [40, 41, 42, 43, 44, 45, 46, 47, 48]),
@@ -127,7 +128,8 @@ def test_tiny_kv_budget_evicts_and_preempts_but_stays_correct(checkpoint, mode):
 
 def test_lru_eviction_under_a_small_pool_keeps_outputs(checkpoint):
     """Requests one after another over more distinct documents than the pool holds."""
-    sequence = [(["a"], [40]), (["d"], [41]), (["e", "b"], [42]), (["a"], [43]), (["c", "d"], [44])]
+    sequence = [(["a"], [40]), (["d"], [41]), (["e", "b"], [42]), (["f"], [43]), (["g", "h"], [44]),
+                (["a", "f"], [45]), (["c", "d"], [46])]
     roomy = make_llm(checkpoint, "llama", "lazy")
     page_bytes = roomy.engine.page_bytes
     tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=16 * page_bytes / 2**30)
@@ -206,3 +208,17 @@ def test_min_tokens_holds_back_stop_tokens(checkpoint):
     first = free.token_ids[0]
     out = generate(llm, REQUESTS[:1], greedy(stop_token_ids=[first], min_tokens=2))[0]
     assert out.token_ids[0] != first and len(out.token_ids) >= 2
+
+
+def test_documents_encoded_ahead_are_hits_later(checkpoint):
+    llm = make_llm(checkpoint, "llama", "lazy")
+    bos = llm.tokenizer.bos_token_id
+    segments = from_token_ids([40], [DOCS["a"], DOCS["d"]], bos).segments
+    handle = llm.engine.encode_documents(segments)
+    while not handle.done.is_set():
+        llm.engine.step()
+    assert handle.error is None and llm.stats().cache.misses == len(segments)
+    assert llm.engine.pool.num_used == llm.stats().cache.pages_in_use
+    out = generate(llm, [(["d", "a"], [40, 41])])
+    assert llm.stats().cache.misses == len(segments)  # every document hit
+    assert out[0].token_ids == generate(make_llm(checkpoint, "llama", "lazy"), [(["d", "a"], [40, 41])])[0].token_ids
