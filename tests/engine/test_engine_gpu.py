@@ -131,3 +131,40 @@ def test_throughput_smoke_lazy_vs_block():
     same = sum(a == b for a, b in zip(tokens["lazy"], tokens["block"]))
     print(f"lazy and block produced identical tokens for {same}/{len(prompts)} requests")
     assert same >= len(prompts) - 2  # bf16: a rare near-tie may flip a greedy token
+
+
+def test_decode_step_cpu_issue_time_vs_gpu_time():
+    """Do CUDA graphs pay for decode? Only if the CPU takes longer to issue a step than the GPU to run it.
+    Prints both for batch 1 and 16 at 8B shapes (the answer is recorded in docs/benchmarks.md)."""
+    llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=8, progress=False)
+    runner = llm.engine.runner
+    timings: list[tuple[int, float, float]] = []
+    run = runner.run
+
+    def timed(batch):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        logits = run(batch)
+        t1 = time.perf_counter()  # everything issued, nothing waited for
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if batch.is_decode:
+            timings.append((len(batch.works), t1 - t0, t2 - t0))
+        return logits
+
+    runner.run = timed
+    docs = random_docs(4, 1024, seed=5)
+    for batch_size in (1, 16):
+        timings.clear()
+        for r in range(batch_size):
+            prompt = RenderedPrompt(segments=[[128000]] + docs, final=random_docs(1, 32, seed=200 + r)[0])
+            llm.engine.add_request(f"b{batch_size}-{r}", prompt,
+                                   SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        steady = [t for t in timings if t[0] == batch_size][4:]
+        issue = sum(t[1] for t in steady) / len(steady)
+        total = sum(t[2] for t in steady) / len(steady)
+        print(f"\ndecode batch {batch_size}: CPU issues a step in {1e3 * issue:.2f} ms, "
+              f"the step completes in {1e3 * total:.2f} ms ({len(steady)} steps)")
+        assert total >= issue
