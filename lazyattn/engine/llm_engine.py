@@ -188,6 +188,13 @@ class LLMEngine:
             self._settle_encodes()
             return handle
 
+    def drop_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> int:
+        """Remove documents from the cache now (the server's document deletion). A segment in use stays with
+        its holders and is freed on their last release; no new request hits it. Returns how many were cached.
+        Lazy/block keys only: prefix mode caches page chains, which age out by LRU."""
+        with self._lock:
+            return sum(self.cache.remove(self.scheduler.keyer(list(s), cache_salt, None)) for s in segments)
+
     def has_unfinished(self) -> bool:
         with self._lock:
             return bool(self.requests or self.encodes)

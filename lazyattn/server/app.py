@@ -1,0 +1,156 @@
+"""The FastAPI application: routes, authentication, and the engine thread's lifetime.
+
+    POST /v1/chat/completions, POST /v1/completions       OpenAI's, plus `documents` and `cache_salt`
+    POST /v1/documents, GET /v1/documents[/{id}], DELETE /v1/documents/{id}
+    GET  /v1/models, GET /health, GET /metrics
+
+/v1 routes need a key when keys are configured; /health and /metrics do not (probes and scrapers), and
+/metrics shows only totals over all tenants.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from lazyattn.engine.llm_engine import LLMEngine
+from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, encode_document
+from lazyattn.errors import ContextTooLongError
+from lazyattn.server.documents import DocumentRegistry, RegisteredDocument
+from lazyattn.server.engine_loop import EngineLoop, warm_up
+from lazyattn.server.errors import install_error_handlers
+from lazyattn.server.inputs import Renderer
+from lazyattn.server.metrics import ServerMetrics
+from lazyattn.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DocumentContent,
+    DocumentCreateRequest,
+    DocumentDeleted,
+    DocumentList,
+    DocumentObject,
+    ModelCard,
+    ModelList,
+)
+from lazyattn.server.serving import OpenAIServing
+from lazyattn.server.tenancy import Authenticator, cache_scope
+
+# Modes whose requests reuse whole-document segments; prefix and full mode would never hit a pre-encoded one.
+_SEGMENT_MODES = ("lazy", "block")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    api_keys: tuple[str, ...] = ()  # several: each key is a tenant with its own cache salt
+    layout: PromptLayout = DEFAULT_LAYOUT
+    max_documents: int | None = None  # registry capacity (all tenants); None: unbounded
+    warm_up: bool = True  # one short generation before serving
+
+
+def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
+    registry = DocumentRegistry(config.max_documents)
+    engine_loop = EngineLoop(engine)
+    metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: len(registry))
+    engine_loop.observer = metrics
+    renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size)
+    serving = OpenAIServing(engine_loop, renderer, registry, config.model_name)
+    auth = Authenticator(config.api_keys)
+    started = int(time.time())
+    mode = engine.config.mode
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if config.warm_up:
+            await run_in_threadpool(warm_up, engine)
+        engine_loop.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(engine_loop.stop)
+
+    app = FastAPI(title="lazyattn", version="0.1.0", lifespan=lifespan)
+    app.state.engine_loop = engine_loop
+    install_error_handlers(app)
+
+    async def tenant(authorization: str | None = Header(None)) -> str:
+        return auth.tenant(authorization)
+
+    # -- generation -------------------------------------------------------------------------------------------
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request, t: str = Depends(tenant)):
+        return await serving.chat(body, request, t)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request, t: str = Depends(tenant)):
+        return await serving.completions(body, request, t)
+
+    # -- documents --------------------------------------------------------------------------------------------
+
+    def document_object(doc: RegisteredDocument) -> DocumentObject:
+        return DocumentObject(id=doc.id, title=doc.title, num_tokens=len(doc.token_ids), created=doc.created)
+
+    @app.post("/v1/documents")
+    async def create_document(body: DocumentCreateRequest, t: str = Depends(tenant)) -> DocumentObject:
+        scope = cache_scope(t, body.cache_salt)
+        as_input = {"text": body.text} if body.title is None else {"title": body.title, "text": body.text}
+        token_ids = await run_in_threadpool(encode_document, engine.tokenizer, as_input, config.layout, "document")
+        if len(token_ids) > engine.max_model_len:
+            raise ContextTooLongError(f"the document has {len(token_ids)} tokens, over the context limit of "
+                                      f"{engine.max_model_len}", param="text")
+        existed = registry.contains(scope, registry.document_id(scope, body.title, body.text))
+        doc = registry.add(scope, body.title, body.text, token_ids)
+        if mode in _SEGMENT_MODES:
+            try:
+                await engine_loop.encode_documents([list(doc.token_ids)], scope)
+            except BaseException:
+                if not existed:  # registration means "ready to hit": undo it if the encode did not happen
+                    registry.remove(scope, doc.id)
+                raise
+        return document_object(doc)
+
+    @app.get("/v1/documents")
+    async def list_documents(cache_salt: str | None = Query(None), t: str = Depends(tenant)) -> DocumentList:
+        return DocumentList(data=[document_object(d) for d in registry.list(cache_scope(t, cache_salt))])
+
+    @app.get("/v1/documents/{doc_id}")
+    async def get_document(doc_id: str, cache_salt: str | None = Query(None),
+                           t: str = Depends(tenant)) -> DocumentContent:
+        doc = registry.get(cache_scope(t, cache_salt), doc_id)
+        return DocumentContent(**document_object(doc).model_dump(), text=doc.text)
+
+    @app.delete("/v1/documents/{doc_id}")
+    async def delete_document(doc_id: str, cache_salt: str | None = Query(None),
+                              t: str = Depends(tenant)) -> DocumentDeleted:
+        scope = cache_scope(t, cache_salt)
+        doc = registry.remove(scope, doc_id)
+        if mode in _SEGMENT_MODES:
+            # Free its KV now rather than wait for LRU: a deleted document should not stay readable by timing.
+            await engine_loop.drop_documents([list(doc.token_ids)], scope)
+        return DocumentDeleted(id=doc.id)
+
+    # -- service ----------------------------------------------------------------------------------------------
+
+    @app.get("/v1/models")
+    async def models(t: str = Depends(tenant)) -> ModelList:
+        return ModelList(data=[ModelCard(id=config.model_name, created=started, max_model_len=engine.max_model_len,
+                                         mode=mode)])
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine_loop.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=metrics.content_type)
+
+    return app

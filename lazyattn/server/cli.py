@@ -1,0 +1,57 @@
+"""`lazyattn serve`: the engine behind the OpenAI-compatible server, run by uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from lazyattn.engine.prompt import DEFAULT_LAYOUT, TULU3_BLOCK_FT_LAYOUT
+
+LAYOUTS = {"block-attention": DEFAULT_LAYOUT, "tulu3-block-ft": TULU3_BLOCK_FT_LAYOUT}
+# Keys given on the command line show up in `ps`; this variable (comma-separated) keeps them out of it.
+API_KEYS_ENV = "LAZYATTN_API_KEYS"
+
+
+def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[argparse.ArgumentParser], None],
+                     engine_options: Callable[[argparse.Namespace], dict]) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with documents as inputs")
+    engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", action="append", default=[],
+                   help=f"require this key (repeatable; several keys: one tenant each, with separate document "
+                        f"caches). Also read from ${API_KEYS_ENV}, comma-separated")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model "
+                   "directory's name, or 'tiny')")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="waiting-queue limit; requests past it get 503 (default: no limit)")
+    p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
+    p.add_argument("--prompt-layout", choices=sorted(LAYOUTS), default="block-attention",
+                   help="where documents go in the prompt; tulu3-block-ft for that checkpoint")
+    p.add_argument("--no-warm-up", action="store_true", help="skip the warm-up generation at start")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=lambda args: serve(args, engine_options))
+
+
+def served_model_name(model: str) -> str:
+    return model if model == "tiny" else Path(model).resolve().name
+
+
+def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    import uvicorn
+
+    from lazyattn.engine.config import EngineConfig
+    from lazyattn.engine.llm_engine import LLMEngine
+    from lazyattn.server.app import ServerConfig, create_app
+
+    keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+    options = engine_options(args)
+    options.update(max_waiting=args.max_waiting, progress=False)
+    engine = LLMEngine(EngineConfig(**options))
+    config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
+                          api_keys=tuple(keys), layout=LAYOUTS[args.prompt_layout],
+                          max_documents=args.max_documents, warm_up=not args.no_warm_up)
+    uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,299 @@
+"""The engine's own thread, and the bridge between it and the asyncio event loop.
+
+One thread owns the engine: it runs the commands the event loop hands it (add, abort, encode documents), then
+one `engine.step()`, and dispatches the outputs to the streams of the HTTP handlers that wait for them. When the
+engine has nothing to do, the thread sleeps on a condition until a command arrives.
+
+Why commands instead of calling the engine from the event loop: the engine's lock is held for a whole forward
+pass, so a call from the event loop would block every connection for that long; and a thread that releases
+the lock only to take it again at once can starve the other thread of it. Here the event loop never touches
+the engine: it enqueues a command (an O(1) append) and awaits a future, and reads engine counters from a
+snapshot taken after each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from lazyattn.engine.llm_engine import EncodeHandle, EngineStats, LLMEngine
+from lazyattn.engine.outputs import RequestOutput
+from lazyattn.engine.prompt import RenderedPrompt, from_token_ids
+from lazyattn.engine.sampling import SamplingParams
+from lazyattn.errors import LazyAttnError
+
+logger = logging.getLogger("lazyattn.server")
+
+# A step that returns nothing that fast did no work (e.g. admission waits for pages): yield the CPU a moment
+# rather than spin on the GIL that the event loop needs.
+_IDLE_STEP_S = 1e-3
+
+
+class EngineStoppedError(LazyAttnError):
+    status_code = 503
+    error_type = "server_shutting_down"
+
+
+class OutputStream:
+    """The outputs of the engine requests of one HTTP call (a completions call may hold several prompts).
+
+    Iterating yields lists of RequestOutputs: the newest output of each request that moved since the last
+    iteration. Outputs carry cumulative text and tokens, so a slow reader skipping intermediate ones loses
+    nothing. `abort()` stops whatever has not finished; it is safe to call any number of times.
+    """
+
+    def __init__(self, owner: EngineLoop, loop: asyncio.AbstractEventLoop, request_ids: list[str]) -> None:
+        self._owner = owner
+        self._loop = loop
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.request_ids = list(request_ids)
+        self.pending = set(request_ids)
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """From the engine thread."""
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def __aiter__(self) -> AsyncIterator[list[RequestOutput]]:
+        while self.pending:
+            items = [await self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            latest: dict[str, RequestOutput] = {}
+            for item in items:
+                if isinstance(item, BaseException):
+                    self.pending.clear()
+                    raise item
+                latest[item.request_id] = item
+            for rid, out in latest.items():
+                if out.finished:
+                    self.pending.discard(rid)
+            yield list(latest.values())
+
+    def abort(self) -> None:
+        if self.pending:
+            self._owner.abort(list(self.pending))
+            self.pending.clear()
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, observer: Any | None = None) -> None:
+        """`observer` (the server's metrics) gets `on_output(out, now)` for every output and
+        `on_abort(request_id)`, on the engine thread."""
+        self.engine = engine
+        self.observer = observer
+        self.stats: EngineStats = engine.stats()  # read by /metrics without touching the engine
+        self._cv = threading.Condition()
+        self._commands: deque[Callable[[], None]] = deque()
+        self._streams: dict[str, OutputStream] = {}
+        self._encodes: list[tuple[EncodeHandle, Callable[[BaseException | None], None]]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lazyattn-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- called from the event loop -------------------------------------------------------------------------------
+
+    async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams]], *,
+                     cache_salt: str | None, arrival: float) -> OutputStream:
+        """Add requests to the engine, all or none; raises the engine's validation errors."""
+        loop = asyncio.get_running_loop()
+        stream = OutputStream(self, loop, [rid for rid, _, _ in requests])
+        future: asyncio.Future[None] = loop.create_future()
+
+        def add() -> None:
+            added: list[str] = []
+            try:
+                for rid, prompt, params in requests:
+                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival)
+                    added.append(rid)
+                    self._streams[rid] = stream
+            except BaseException as e:
+                for rid in added:
+                    self.engine.abort(rid)
+                    self._streams.pop(rid, None)
+                self._resolve(loop, future, e)
+                return
+            # The handler may be gone by now (its task cancelled): then nobody reads the stream, stop it.
+            self._resolve(loop, future, None, on_cancelled=stream.abort)
+
+        self._call(add)
+        await future
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Stop requests and free their pages (at the next turn of the engine thread). Non-blocking."""
+
+        def abort() -> None:
+            for rid in request_ids:
+                self._streams.pop(rid, None)
+                if self.engine.abort(rid) is not None and self.observer is not None:
+                    self.observer.on_abort(rid)
+
+        self._call(abort, when_stopping="drop")  # stopping aborts everything anyway
+
+    async def encode_documents(self, segments: list[list[int]], cache_salt: str | None) -> None:
+        """Encode documents into the cache; returns once they are cached."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def encode() -> None:
+            try:
+                handle = self.engine.encode_documents(segments, cache_salt=cache_salt)
+            except BaseException as e:
+                self._resolve(loop, future, e)
+                return
+            self._encodes.append((handle, lambda error: self._resolve(loop, future, error)))
+
+        self._call(encode)
+        await future
+
+    async def drop_documents(self, segments: list[list[int]], cache_salt: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def drop() -> None:
+            self.engine.drop_documents(segments, cache_salt=cache_salt)
+            self._resolve(loop, future, None)
+
+        self._call(drop)
+        await future
+
+    def _call(self, command: Callable[[], None], when_stopping: str = "raise") -> None:
+        with self._cv:
+            if self._stopping:
+                if when_stopping == "drop":
+                    return
+                raise EngineStoppedError("the server is shutting down")
+            self._commands.append(command)
+            self._cv.notify()
+
+    @staticmethod
+    def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, error: BaseException | None,
+                 on_cancelled: Callable[[], None] | None = None) -> None:
+        """Settle an event-loop future from the engine thread."""
+
+        def settle() -> None:
+            if future.cancelled():
+                if on_cancelled is not None:
+                    on_cancelled()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle)
+
+    # -- the engine thread --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        busy = False
+        while True:
+            with self._cv:
+                while not (self._commands or self._stopping or busy):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                commands, self._commands = self._commands, deque()
+            for command in commands:
+                try:
+                    command()
+                except Exception:  # a command settles its own future; this is a bug, keep serving
+                    logger.exception("engine command failed")
+            if self.engine.has_unfinished():
+                self._step()
+            self._settle_encodes()
+            self.stats = self.engine.stats()
+            busy = self.engine.has_unfinished()
+        self._shut_down()
+
+    def _step(self) -> None:
+        start = time.monotonic()
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            # An engine bug: fail what is in flight rather than leave clients waiting on a loop that may
+            # raise again at every step.
+            logger.exception("engine step failed; aborting the requests in flight")
+            self._fail_all(e)
+            return
+        now = time.monotonic()
+        if not outputs and now - start < _IDLE_STEP_S:
+            time.sleep(_IDLE_STEP_S)
+        for out in outputs:
+            if self.observer is not None:
+                self.observer.on_output(out, now)
+            stream = self._streams.get(out.request_id)
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+            if stream is not None:
+                stream.put(out)
+
+    def _settle_encodes(self) -> None:
+        still = []
+        for handle, settle in self._encodes:
+            if handle.done.is_set():
+                settle(handle.error)
+            else:
+                still.append((handle, settle))
+        self._encodes = still
+
+    def _fail_all(self, error: BaseException) -> None:
+        streams = dict(self._streams)
+        self._streams.clear()
+        for rid in streams:
+            try:
+                self.engine.abort(rid)
+            except Exception:
+                logger.exception("abort of %s failed", rid)
+        for stream in set(streams.values()):
+            stream.put(error)
+
+    def _shut_down(self) -> None:
+        with self._cv:
+            commands, self._commands = self._commands, deque()
+        for command in commands:  # settle their futures; what they add is failed right below
+            try:
+                command()
+            except Exception:
+                logger.exception("engine command failed")
+        self._fail_all(EngineStoppedError("the server is shutting down"))
+        for _, settle in self._encodes:
+            settle(EngineStoppedError("the server is shutting down"))
+        self._encodes = []
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """One short request through the engine before serving, so the first client does not pay for lazy
+    initialisation (kernel selection, allocator growth, CUDA graph capture)."""
+    bos = engine.tokenizer.bos_token_id
+    prompt = from_token_ids([t for t in (bos, 1, 2, 3) if t is not None])
+    engine.add_request("lazyattn-warmup", prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    for _ in range(100):  # a 4-token prompt and 2 tokens take 2 steps; bounded in case something is off
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    engine.abort("lazyattn-warmup")

@@ -1,0 +1,128 @@
+"""OpenAI request bodies to engine inputs: documents resolved, prompts rendered into segments, sampling params.
+
+Rendering is the offline API's (`engine/prompt.py`), so a request through the server and the same request
+through `LLM.chat`/`LLM.generate` give the same segments, hence the same cache keys and the same outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document, render_chat, render_completion
+from lazyattn.engine.prompt import from_token_ids as _from_token_ids
+from lazyattn.engine.sampling import SamplingParams
+from lazyattn.errors import ContextTooLongError, InvalidRequestError
+from lazyattn.model.tokenizer import TokenizerBase
+from lazyattn.server.documents import DocumentRegistry
+from lazyattn.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DocumentInput,
+    DocumentRef,
+    DocumentText,
+)
+
+Document = str | dict[str, str]
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """What rendering needs from the server: the tokenizer, the layout and the context limit."""
+
+    tokenizer: TokenizerBase
+    layout: PromptLayout
+    max_model_len: int
+    vocab_size: int
+
+    def chat(self, body: ChatCompletionRequest, documents: list[Document]) -> RenderedPrompt:
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        return render_chat(self.tokenizer, messages, documents, self.layout, body.chat_template_kwargs)
+
+    def completions(self, body: CompletionRequest, documents: list[Document]) -> list[RenderedPrompt]:
+        """One rendered prompt per prompt of the batch."""
+        prompt = body.prompt
+        if isinstance(prompt, list) and not prompt:
+            raise InvalidRequestError("prompt is an empty list", param="prompt")
+        if isinstance(prompt, str):
+            return [render_completion(self.tokenizer, prompt, documents, self.layout)]
+        if isinstance(prompt[0], str):
+            return [render_completion(self.tokenizer, p, documents, self.layout) for p in prompt]
+        if isinstance(prompt[0], int):
+            return [self._from_token_ids(prompt, documents)]
+        return [self._from_token_ids(p, documents) for p in prompt]
+
+    def _from_token_ids(self, ids: list[int], documents: list[Document]) -> RenderedPrompt:
+        # Token prompts with text documents: the documents become segments exactly as a text prompt's would
+        # (same ids, same cache keys); BOS opens the first segment when the tokenizer adds one to text.
+        docs = [encode_document(self.tokenizer, d, self.layout, f"documents[{i}]") for i, d in enumerate(documents)]
+        want_bos = self.tokenizer.add_bos_token if self.layout.add_bos is None else self.layout.add_bos
+        bos = self.tokenizer.bos_token_id if want_bos else None
+        return _from_token_ids(ids, docs, bos, self.vocab_size)
+
+    def max_tokens(self, requested: int | None, prompt: RenderedPrompt) -> int:
+        """OpenAI's chat default is "as many as fit": what is left of the context after the prompt."""
+        if requested is not None:
+            return requested
+        left = self.max_model_len - prompt.num_tokens
+        if left < 1:
+            raise ContextTooLongError(
+                f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
+                f"generate within the context limit of {self.max_model_len}", param="messages")
+        return left
+
+
+def resolve_documents(items: list[DocumentInput] | None, registry: DocumentRegistry,
+                      scope: str | None) -> list[Document]:
+    """Inline documents as they are; registered ones (by id, in the caller's scope) as their stored text."""
+    out: list[Document] = []
+    for i, item in enumerate(items or []):
+        if isinstance(item, DocumentRef):
+            out.append(registry.get(scope, item.id, param=f"documents[{i}].id").as_input())
+        elif isinstance(item, DocumentText):
+            out.append(item.model_dump(exclude_none=True))
+        else:
+            out.append(item)
+    return out
+
+
+def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int,
+                    logprobs: int | None) -> SamplingParams:
+    """The engine's params; ranges are checked by SamplingParams.validate when the engine adds the request."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise InvalidRequestError(f"{name} is not supported; leave it at 0", param=name)
+    if body.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequestError("stream_options is only allowed with stream: true", param="stream_options")
+    stop = () if body.stop is None else body.stop
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        stop=stop,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        n=body.n,
+        logprobs=logprobs,
+        min_tokens=body.min_tokens,
+        skip_special_tokens=body.skip_special_tokens,
+    )
+
+
+def chat_logprobs(body: ChatCompletionRequest) -> int | None:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def check_completion_options(body: CompletionRequest) -> None:
+    if body.echo:
+        raise InvalidRequestError("echo is not supported", param="echo")
+    if body.suffix is not None:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise InvalidRequestError("best_of is not supported (only best_of == n)", param="best_of")

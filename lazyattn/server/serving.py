@@ -1,0 +1,228 @@
+"""The generation endpoints: request in, engine requests submitted, a full response or an SSE stream out.
+
+Everything that can be wrong with a request (schema, documents, rendering, ranges, context length, a full
+queue) is raised before the first byte is sent, so it gets its HTTP status. A stream can then only end early
+because the client left (its requests are aborted and their pages freed) or the engine failed (an error event,
+then `[DONE]`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from lazyattn.engine.outputs import RequestOutput
+from lazyattn.errors import LazyAttnError
+from lazyattn.server.documents import DocumentRegistry
+from lazyattn.server.engine_loop import EngineLoop, OutputStream
+from lazyattn.server.errors import ModelNotFoundError, error_body
+from lazyattn.server.inputs import (
+    Renderer,
+    chat_logprobs,
+    check_completion_options,
+    resolve_documents,
+    sampling_params,
+)
+from lazyattn.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+from lazyattn.server.responses import StreamState, TokenText, completion_logprobs, usage
+from lazyattn.server.responses import chat_logprobs as chat_logprobs_of
+from lazyattn.server.tenancy import cache_scope
+
+logger = logging.getLogger("lazyattn.server")
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Sent for a client that left before its response: nobody reads it (nginx's "client closed request").
+_CLIENT_GONE = 499
+
+
+class OpenAIServing:
+    def __init__(self, engine_loop: EngineLoop, renderer: Renderer, registry: DocumentRegistry,
+                 model_name: str) -> None:
+        self.engine_loop = engine_loop
+        self.renderer = renderer
+        self.registry = registry
+        self.model_name = model_name
+        self.token_text = TokenText(renderer.tokenizer)
+
+    # -- /v1/chat/completions -------------------------------------------------------------------------------------
+
+    async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
+        arrival = time.monotonic()
+        self._check_model(body.model)
+        logprobs = chat_logprobs(body)
+        scope = cache_scope(tenant, body.cache_salt)
+        documents = resolve_documents(body.documents, self.registry, scope)
+        prompt = await run_in_threadpool(self.renderer.chat, body, documents)
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = sampling_params(body, self.renderer.max_tokens(requested, prompt), logprobs)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await self.engine_loop.submit([(rid, prompt, params)], cache_salt=scope, arrival=arrival)
+        created = int(time.time())
+        top = logprobs or 0
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = self._chat_events(stream, rid, created, body.n, top, include_usage)
+            return _sse(events, stream)
+        finals = await _collect(stream, request)
+        if finals is None:
+            return Response(status_code=_CLIENT_GONE)
+        out = finals[rid]
+        choices = [
+            ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
+                       logprobs=chat_logprobs_of(c, 0, top, self.token_text))
+            for c in out.outputs
+        ]
+        return _json(ChatCompletionResponse(id=rid, created=created, model=self.model_name, choices=choices,
+                                            usage=usage([out])))
+
+    async def _chat_events(self, stream: OutputStream, rid: str, created: int, n: int, top: int,
+                           include_usage: bool) -> AsyncIterator[str]:
+        def chunk(choices: list[ChatChunkChoice], usage_: Usage | None = None) -> str:
+            c = ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=choices, usage=usage_)
+            return c.model_dump_json(exclude=None if include_usage else {"usage"})
+
+        # The role first, at once: the client sees the response start before the first token is computed.
+        for i in range(n):
+            yield chunk([ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""})])
+        state = StreamState(n, {rid: 0})
+        async for outs in stream:
+            for out in outs:
+                for index, c, text, first in state.deltas(out):
+                    delta = {"content": text} if text else {}
+                    logprobs = chat_logprobs_of(c, first, top, self.token_text)
+                    yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
+                                                 finish_reason=c.finish_reason)])
+        if include_usage:
+            yield chunk([], usage(list(state.finals.values())))
+
+    # -- /v1/completions ------------------------------------------------------------------------------------------
+
+    async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
+        arrival = time.monotonic()
+        self._check_model(body.model)
+        check_completion_options(body)
+        scope = cache_scope(tenant, body.cache_salt)
+        documents = resolve_documents(body.documents, self.registry, scope)
+        prompts = await run_in_threadpool(self.renderer.completions, body, documents)
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        requests = []
+        for i, prompt in enumerate(prompts):
+            params = sampling_params(body, self.renderer.max_tokens(body.max_tokens, prompt), body.logprobs)
+            requests.append((f"{cid}-{i}", prompt, params))
+        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival)
+        created = int(time.time())
+        prompt_index = {rid: i for i, (rid, _, _) in enumerate(requests)}
+        top = body.logprobs or 0
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = self._completion_events(stream, cid, created, body.n, top, prompt_index, include_usage)
+            return _sse(events, stream)
+        finals = await _collect(stream, request)
+        if finals is None:
+            return Response(status_code=_CLIENT_GONE)
+        choices = []
+        for rid, _, _ in requests:
+            for c in finals[rid].outputs:
+                choices.append(CompletionChoice(
+                    index=prompt_index[rid] * body.n + c.index, text=c.text, finish_reason=c.finish_reason,
+                    logprobs=completion_logprobs(c, 0, top, self.token_text, 0)))
+        ordered = [finals[rid] for rid, _, _ in requests]
+        return _json(CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices,
+                                        usage=usage(ordered)))
+
+    async def _completion_events(self, stream: OutputStream, cid: str, created: int, n: int, top: int,
+                                 prompt_index: dict[str, int], include_usage: bool) -> AsyncIterator[str]:
+        def chunk(choices: list[CompletionChoice], usage_: Usage | None = None) -> str:
+            c = CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices, usage=usage_)
+            return c.model_dump_json(exclude=None if include_usage else {"usage"})
+
+        state = StreamState(n, prompt_index)
+        async for outs in stream:
+            for out in outs:
+                for index, c, text, first in state.deltas(out):
+                    logprobs = completion_logprobs(c, first, top, self.token_text, len(c.text) - len(text))
+                    yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                                  finish_reason=c.finish_reason)])
+        if include_usage:
+            yield chunk([], usage(list(state.finals.values())))
+
+    # -- helpers --------------------------------------------------------------------------------------------------
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ModelNotFoundError(f"model {model!r} is not served here; this server serves {self.model_name!r}")
+
+
+def _json(model) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _sse(events: AsyncIterator[str], stream: OutputStream) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for data in events:
+                yield f"data: {data}\n\n"
+        except LazyAttnError as e:
+            yield f"data: {json.dumps(error_body(e))}\n\n"
+        except Exception as e:
+            logger.exception("stream failed")
+            yield f"data: {json.dumps(error_body(e))}\n\n"
+        finally:
+            # Runs when the client disconnects too: Starlette cancels this generator, and the requests must
+            # stop and give back their pages rather than generate for nobody.
+            stream.abort()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+async def _collect(stream: OutputStream, request: Request) -> dict[str, RequestOutput] | None:
+    """The final output of each request, or None if the client disconnected first (then they are aborted)."""
+    finals: dict[str, RequestOutput] = {}
+
+    async def consume() -> None:
+        async for outs in stream:
+            for out in outs:
+                if out.finished:
+                    finals[out.request_id] = out
+
+    consumer = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer in done:
+            consumer.result()  # the engine's error, if it failed
+            return finals
+        return None
+    finally:
+        consumer.cancel()
+        watcher.cancel()
+        stream.abort()  # no-op once everything finished
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away. The body is read by now, so the next ASGI message is the disconnect."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+        await asyncio.sleep(0.05)  # another ASGI server might answer with empty body messages: do not spin
