@@ -1,0 +1,9 @@
+"""`lazyattn bench`: the RAG serving benchmark of DESIGN.md §6.
+
+workload.py  the seeded trace (document pool, popularity, order, arrivals)
+replay.py    one engine per mode, identical warm-up, real-time replay of a trace
+metrics.py   TTFT / TPOT / ITL / E2EL, throughput, hit ratio, prefill and KV memory of one point
+hitratio.py  hit ratio vs KV budget, simulated through the engine's own cache and page pool
+report.py    vLLM-style result blocks, the comparison table, JSON;  plots.py  the PNGs
+cli.py       the `lazyattn bench` command
+"""

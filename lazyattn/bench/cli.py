@@ -1,0 +1,172 @@
+"""`lazyattn bench`: one seeded RAG trace per load point, replayed through every requested mode.
+
+    lazyattn bench                                   # tiny model on the CPU, a small trace, seconds
+    lazyattn bench --model benchmarks/models/llama-3.1-8b --random-weights --device cuda \\
+        --modes lazy,block,prefix,full --num-docs 100 --doc-len 2048 --docs-per-request 5 --zipf 2.1 \\
+        --question-len 32 --output-len 16 --rate 0.5,1,2,4,inf --num-requests 60 --seed 0 --out results/
+    lazyattn bench --kv-budgets 1,10,50 --alphas 1.1,1.5,2.1 ...   # + simulated hit ratio vs KV budget
+
+Prints vLLM's result block per mode and load, then one comparison table with ratios against lazy; with --out,
+writes bench.json, ttft_vs_rate.png (several loads) and hit_ratio_vs_budget.png (with --kv-budgets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from lazyattn.engine.config import MODES, EngineConfig
+
+SMALL = dict(num_docs=20, doc_len=128, num_requests=16)  # the tiny model's context is 4096 tokens
+
+
+def add_bench_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
+                     engine_options: Callable[[argparse.Namespace], dict]) -> None:
+    p = sub.add_parser("bench", help="RAG serving benchmark: one seeded trace replayed through every mode",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    engine_args(p)
+    p.set_defaults(mode=None)  # --modes picks the modes; a lone --mode X means just X
+    p.add_argument("--modes", default=None, help=f"comma-separated, default {','.join(MODES)}")
+    p.add_argument("--random-weights", action="store_true", help="read only config.json, draw the weights")
+    w = p.add_argument_group("workload (defaults: DESIGN.md §6; with --model tiny a smaller pool and documents)")
+    w.add_argument("--num-docs", type=int, default=None, help="document pool size (100; tiny: 20)")
+    w.add_argument("--doc-len", type=int, default=None, help="tokens per document (2048; tiny: 128)")
+    w.add_argument("--docs-per-request", type=int, default=5)
+    skew = w.add_mutually_exclusive_group()
+    skew.add_argument("--zipf", type=float, default=2.1, help="Zipf alpha of document popularity (2.1)")
+    skew.add_argument("--uniform", action="store_true", help="uniform document popularity")
+    w.add_argument("--no-shuffle", action="store_true", help="documents in pool order, not shuffled per request")
+    w.add_argument("--system-len", type=int, default=0, help="system prompt tokens after BOS")
+    w.add_argument("--question-len", type=int, default=32)
+    w.add_argument("--output-len", type=int, default=16, help="exact output length (EOS ignored)")
+    w.add_argument("--num-requests", type=int, default=None, help="requests per load point (60; tiny: 16)")
+    w.add_argument("--rate", default=None, help="Poisson req/s, comma-separated; inf = all at t=0 (saturation)")
+    w.add_argument("--concurrency", default=None, help="closed loop: requests kept in flight, comma-separated")
+    w.add_argument("--warmup-requests", type=int, default=3, help="on documents outside the pool, not counted")
+    h = p.add_argument_group("hit ratio vs KV budget (simulated through the engine's cache, no model run)")
+    h.add_argument("--kv-budgets", default=None, help="GB, comma-separated, e.g. 1,10,50")
+    h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
+    h.add_argument("--hit-requests", type=int, default=1000, help="requests per simulated trace")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=None, help="directory for bench.json and the plots")
+    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--max-seconds", type=float, default=math.inf, help="abort a load point after this long")
+    p.set_defaults(func=lambda args: cmd_bench(args, engine_options))
+
+
+def _floats(text: str) -> list[float]:
+    return [math.inf if t.strip().lower() in ("inf", "sat", "saturation") else float(t) for t in text.split(",")]
+
+
+def parse_alphas(text: str) -> list[float | None]:
+    return [None if t.strip().lower() == "uniform" else float(t) for t in text.split(",")]
+
+
+def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    from lazyattn.bench import plots, report
+    from lazyattn.bench.hitratio import HIT_COLUMNS, page_accounting, pivot, sweep
+    from lazyattn.bench.replay import free_device_memory, make_engine, replay, warm_up
+    from lazyattn.bench.workload import Load, WorkloadSpec, make_trace, token_space, warmup_trace
+    from lazyattn.model.config import ModelConfig
+
+    options = engine_options(args)
+    options.pop("mode")
+    options["random_weights"] = args.random_weights
+    modes = args.modes.split(",") if args.modes else [args.mode] if args.mode else list(MODES)
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        print(f"error: unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    tiny = args.model == "tiny"
+    spec = WorkloadSpec(
+        num_docs=args.num_docs or (SMALL["num_docs"] if tiny else 100),
+        doc_len=args.doc_len or (SMALL["doc_len"] if tiny else 2048),
+        docs_per_request=args.docs_per_request, zipf_alpha=None if args.uniform else args.zipf,
+        shuffle=not args.no_shuffle, question_len=args.question_len, output_len=args.output_len,
+        num_requests=args.num_requests or (SMALL["num_requests"] if tiny else 60),
+        system_len=args.system_len, seed=args.seed)
+    loads = [Load(rate=r) for r in _floats(args.rate)] if args.rate else []
+    loads += [Load(concurrency=int(c)) for c in args.concurrency.split(",")] if args.concurrency else []
+    loads = loads or [Load()]
+    model_cfg = ModelConfig.tiny() if tiny else ModelConfig.from_dir(args.model)
+    vocab_high, bos = token_space(model_cfg)
+    traces = [make_trace(spec, load, vocab_high, bos) for load in loads]
+    warm = warmup_trace(spec, args.warmup_requests, vocab_high, bos)
+    print(f"lazyattn bench: model {args.model} on {options['device']}, modes {','.join(modes)}\n"
+          f"workload: {spec.num_docs} docs x {spec.doc_len} tokens, {spec.docs_per_request} per request "
+          f"({'shuffled' if spec.shuffle else 'pool order'}), {spec.popularity}, question {spec.question_len}, "
+          f"output {spec.output_len}, {spec.num_requests} requests per load, seed {spec.seed}\n"
+          f"loads: {', '.join(load.label for load in loads)}\n", flush=True)
+
+    results: list[report.PointResult] = []
+    for mode in modes:
+        try:
+            engine = make_engine(options, mode)
+            if warm.requests:
+                warm_up(engine, warm)
+        except Exception as e:  # a mode that cannot start is reported, the others still run
+            traceback.print_exc()
+            results += [report.PointResult.failed(spec.popularity, mode, load.label, repr(e)) for load in loads]
+            continue
+        for trace in traces:
+            try:
+                run = replay(engine, trace, max_seconds=args.max_seconds, progress=not args.no_progress,
+                             desc=f"{mode} {trace.load.label}")
+            except Exception as e:
+                traceback.print_exc()
+                results.append(report.PointResult.failed(spec.popularity, mode, trace.load.label, repr(e)))
+                break  # the engine may be in any state: its remaining loads are not run
+            results.append(report.PointResult.of(spec.popularity, run))
+            print(report.result_block(mode, trace.load.label, run.summary,
+                                      "timed out: partial" if run.timed_out else ""), flush=True)
+        engine = None
+        free_device_memory()
+
+    rows = report.comparison_rows(results)
+    print("\nComparison (ratios: this mode / lazy at the same load)\n" + report.text_table(rows), flush=True)
+    data = {"meta": _meta(args, options), "workload": spec.to_dict(), "loads": [ld.to_dict() for ld in loads],
+            "points": [r.to_dict() for r in results], "comparison": rows}
+
+    if args.kv_budgets:
+        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+        hit_spec = replace(spec, num_requests=args.hit_requests)
+        budgets = _floats(args.kv_budgets)
+        hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos)
+        print(f"\nDocument hit ratio vs KV budget (simulated, {args.hit_requests} requests one at a time, "
+              f"{acct.token_bytes / 1024:g} KiB of KV per token)\n"
+              + report.text_table(pivot(hit_rows), HIT_COLUMNS), flush=True)
+        data["hit_ratio"] = {"simulated": True, "requests": args.hit_requests, "page_bytes": acct.page_bytes,
+                             "rows": hit_rows}
+    if args.out:
+        out = Path(args.out)
+        report.write_json(out / "bench.json", data)
+        written = [out / "bench.json"]
+        if plots.plot_rate_sweep(results, out / "ttft_vs_rate.png", title=f"{args.model}, {spec.popularity}"):
+            written.append(out / "ttft_vs_rate.png")
+        if args.kv_budgets:
+            plots.plot_hit_ratio(data["hit_ratio"]["rows"], out / "hit_ratio_vs_budget.png",
+                                 title=f"{args.model}: simulated document hit ratio")
+            written.append(out / "hit_ratio_vs_budget.png")
+        print("\nwrote " + ", ".join(str(p) for p in written))
+    return 1 if any(r.error for r in results) else 0
+
+
+def _meta(args: argparse.Namespace, options: dict) -> dict:
+    meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model,
+            "engine_options": options, "python": platform.python_version(), "host": platform.node()}
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+        if str(options.get("device", "")).startswith("cuda") and torch.cuda.is_available():
+            meta["gpu"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return meta

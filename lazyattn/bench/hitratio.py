@@ -1,0 +1,230 @@
+"""Document-cache hit ratio versus KV budget, simulated: the trace's requests go one after another (concurrency
+1) through the engine's own `DocumentCache` and `PagePool`, with the page accounting of the real model and no
+model at all. So a sweep over budgets, skews and modes costs seconds of CPU at any model size.
+
+The simulation takes the engine's steps for one request, in the engine's order (scheduler.py), so that it
+matches a real engine run at concurrency 1 exactly (tests/bench checks this):
+- lazy, block: acquire each segment (a miss allocates its pages, evicting LRU unreferenced segments);
+  block then allocates private copies of every segment placed after position 0; then the final segment's
+  pages; at the end release the segments last to first and free the private pages.
+- prefix: acquire the prompt's full pages under chained keys until the first miss (pages from there on are
+  computed by the request and cached too, unless an orphaned later page is found), then the rest privately.
+
+What "KV budget" means. At Llama-3.1-8B in bf16 a token's KV is 128 KiB, so one request of 5 x 2048-token
+documents holds 1.25 GiB while it runs (block: 2.5 GiB with its private copies): a 1 GB pool could not serve
+a single request. The budget is therefore counted on top of what a request itself needs, two ways:
+- "retained": pool = budget + the mode's own one-request working set. Every mode can keep `budget` worth of
+  documents no running request uses. Block's copies cost it pool, not hits: at concurrency 1 its hit ratio
+  equals lazy's, and its larger pool is reported.
+- "same_pool": every mode gets the same pool, budget + one *block* request's working set (the largest). What
+  block spends on copies, lazy and prefix keep as cached documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from lazyattn.bench.replay import document_hits
+from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace
+from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
+from lazyattn.cache.page_pool import PagePool, bytes_per_page
+
+POLICIES = ("retained", "same_pool")
+SIM_MODES = ("lazy", "block", "prefix")
+
+
+@dataclass(frozen=True)
+class PageAccounting:
+    page_size: int
+    page_bytes: int  # one page across all layers, K and V
+
+    @property
+    def token_bytes(self) -> int:
+        return self.page_bytes // self.page_size
+
+
+def page_accounting(model_config, page_size: int, dtype) -> PageAccounting:
+    """The engine's page size in bytes for a lazyattn ModelConfig at `dtype` (Llama-3.1-8B in bf16: 128 KiB
+    per token, 8 MiB per 64-token page)."""
+    mc = model_config
+    return PageAccounting(page_size, bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, page_size, dtype))
+
+
+def _pages(n_tokens: int, page_size: int) -> int:
+    return -(-n_tokens // page_size)
+
+
+def working_set_pages(mode: str, spec: WorkloadSpec, system_len: int, page_size: int) -> int:
+    """Pages one request of `spec` holds while it runs (the engine's `_pages_needed` for such a request)."""
+    run = spec.question_len + spec.output_len
+    docs = spec.docs_per_request * _pages(spec.doc_len, page_size)
+    system = _pages(system_len, page_size) if system_len else 0
+    if mode in ("prefix", "full"):
+        return _pages(system_len + spec.docs_per_request * spec.doc_len + run, page_size)
+    moved = docs if system_len else docs - _pages(spec.doc_len, page_size)  # segments after position 0
+    return system + docs + (moved if mode == "block" else 0) + _pages(run, page_size)
+
+
+def pool_pages(budget_bytes: int, mode: str, policy: str, spec: WorkloadSpec, system_len: int,
+               acct: PageAccounting) -> int:
+    """The KV pool (pages) a mode runs with at `budget_bytes` under `policy` (module docstring)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    base_mode = mode if policy == "retained" else "block"
+    return budget_bytes // acct.page_bytes + working_set_pages(base_mode, spec, system_len, acct.page_size)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    mode: str
+    num_pages: int
+    requests: int
+    docs: int
+    doc_hits: int
+    context_tokens: int
+    cached_tokens: int
+    evictions: int
+
+    @property
+    def doc_hit_ratio(self) -> float:
+        return self.doc_hits / self.docs if self.docs else 0.0
+
+    @property
+    def token_reuse_ratio(self) -> float:
+        return self.cached_tokens / self.context_tokens if self.context_tokens else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "doc_hit_ratio": self.doc_hit_ratio, "token_reuse_ratio": self.token_reuse_ratio}
+
+
+class TraceKeys:
+    """Cache keys of a trace's requests, computed once and shared by every budget and mode: per request, its
+    segments' keys (lazy, block) and its prompt's chained page keys (prefix). Content-addressed like the
+    engine's keys, so equal documents get equal keys and nothing else does."""
+
+    def __init__(self, trace: Trace, page_size: int) -> None:
+        self.page_size = page_size
+        by_tokens: dict[tuple[int, ...], str] = {}
+        self.segments: list[list[tuple[str, int]]] = []  # (key, tokens) per segment
+        self.pages: list[list[str]] = []  # chained key of each full prompt page but the one holding the last token
+        self.prompt_len: list[int] = []
+        for req in trace.requests:
+            prompt = trace.prompt(req)
+            keys = []
+            for seg in prompt.segments:
+                t = tuple(seg)
+                if t not in by_tokens:
+                    by_tokens[t] = segment_key("sim", "rope", None, t)
+                keys.append((by_tokens[t], len(seg)))
+            self.segments.append(keys)
+            tokens = prompt.token_ids
+            chain, parent = [], None
+            for b in range((len(tokens) - 1) // page_size):  # the last token is never cached: its logits are needed
+                parent = segment_key("sim", "rope", None, tokens[b * page_size : (b + 1) * page_size], parent)
+                chain.append(parent)
+            self.pages.append(chain)
+            self.prompt_len.append(len(tokens))
+
+
+def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: TraceKeys | None = None) -> SimResult:
+    """Replay `trace` one request at a time through a cache of `num_pages` pages."""
+    if mode not in SIM_MODES:
+        raise ValueError(f"mode must be one of {SIM_MODES}, got {mode!r}")
+    keys = keys if keys is not None and keys.page_size == page_size else TraceKeys(trace, page_size)
+    pool = PagePool(num_pages)
+    cache = DocumentCache(pool, page_size)
+    spec = trace.spec
+    fed_back = spec.output_len - 1  # output tokens fed back as decode rows (the last one is not)
+    docs = hits = context = cached_total = 0
+    for i, req in enumerate(trace.requests):
+        if mode == "prefix":
+            cached = _prefix_request(cache, pool, keys.pages[i], keys.prompt_len[i], fed_back)
+        else:
+            cached = _segment_request(cache, pool, keys.segments[i], spec.question_len + fed_back, mode == "block")
+        docs += len(req.doc_ids)
+        hits += document_hits(mode, cached, trace.system_len, spec.doc_len, len(req.doc_ids))
+        context += keys.prompt_len[i]
+        cached_total += cached
+    return SimResult(mode, num_pages, len(trace.requests), docs, hits, context, cached_total,
+                     cache.stats().evictions)
+
+
+def _segment_request(cache: DocumentCache, pool: PagePool, segments: list[tuple[str, int]], run_tokens: int,
+                     block: bool) -> int:
+    held: list[tuple[Segment, int]] = []
+    start = cached = 0
+    for key, n in segments:
+        seg, is_new = cache.acquire(key, n)
+        if is_new:
+            cache.mark_ready(seg)  # its encode finishes before the request does
+        else:
+            cached += n
+        held.append((seg, start))
+        start += n
+    copies = cache.allocate(sum(len(s.pages) for s, at in held if at > 0)) if block else []
+    own = cache.allocate(_pages(run_tokens, cache.page_size))
+    for seg, _ in reversed(held):
+        cache.release(seg)
+    pool.free(own)
+    pool.free(copies)
+    return cached
+
+
+def _prefix_request(cache: DocumentCache, pool: PagePool, chain: list[str], prompt_len: int, fed_back: int) -> int:
+    ps = cache.page_size
+    parts: list[tuple[Segment, bool]] = []
+    first_owned = None
+    for b, page_key in enumerate(chain):
+        if first_owned is not None and cache.lookup(page_key) is not None:
+            break  # an orphan left after its parent was evicted: the rest stays private
+        seg, is_new = cache.acquire(page_key, ps)
+        parts.append((seg, is_new))
+        if is_new and first_owned is None:
+            first_owned = b
+    start = (first_owned if first_owned is not None else len(parts)) * ps
+    owned = sum(1 for _, is_new in parts if is_new)
+    own = cache.allocate(_pages(prompt_len - start + fed_back, ps) - owned)
+    for seg, is_new in parts:
+        if is_new:
+            cache.mark_ready(seg)
+    for seg, _ in reversed(parts):
+        cache.release(seg)
+    pool.free(own)
+    return sum(ps for _, is_new in parts if not is_new)
+
+
+def sweep(spec: WorkloadSpec, alphas: Sequence[float | None], budgets_gb: Sequence[float], acct: PageAccounting,
+          vocab_high: int, bos: int | None, modes: Sequence[str] = SIM_MODES,
+          policies: Sequence[str] = POLICIES) -> list[dict]:
+    """Simulated hit ratio of every (policy, alpha, budget, mode); one trace per alpha (None: uniform).
+    GB are GiB (2**30 bytes), as the engine's kv_cache_gb."""
+    rows = []
+    for alpha in alphas:
+        trace = make_trace(replace(spec, zipf_alpha=alpha), Load(concurrency=1), vocab_high, bos)
+        keys = TraceKeys(trace, acct.page_size)
+        for policy in policies:
+            for budget in budgets_gb:
+                for mode in modes:
+                    pages = pool_pages(int(budget * 2**30), mode, policy, spec, trace.system_len, acct)
+                    res = simulate(trace, mode, pages, acct.page_size, keys)
+                    rows.append({"policy": policy, "alpha": alpha, "budget_gb": budget,
+                                 "pool_gb": pages * acct.page_bytes / 2**30, **res.to_dict()})
+    return rows
+
+
+def pivot(rows: Sequence[dict], modes: Sequence[str] = SIM_MODES) -> list[dict]:
+    """One row per (policy, alpha, budget) with each mode's hit ratio and pool, for the tables."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["policy"], r["alpha"], r["budget_gb"])
+        row = out.setdefault(key, {"policy": r["policy"], "skew": "uniform" if r["alpha"] is None
+                                   else f"zipf {r['alpha']:g}", "budget_gb": r["budget_gb"]})
+        row[f"{r['mode']}_hit"] = 100 * r["doc_hit_ratio"]
+        row[f"{r['mode']}_pool"] = r["pool_gb"]
+    return list(out.values())
+
+
+HIT_COLUMNS = [("policy", "policy", "{}"), ("skew", "skew", "{}"), ("budget GB", "budget_gb", "{:g}")] + [
+    col for mode in SIM_MODES
+    for col in ((f"{mode} hit %", f"{mode}_hit", "{:.2f}"), (f"{mode} pool GiB", f"{mode}_pool", "{:.2f}"))]

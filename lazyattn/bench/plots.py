@@ -1,0 +1,122 @@
+"""PNG plots of benchmark results (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from lazyattn.bench.report import PointResult
+
+MODE_STYLE = {"lazy": ("tab:blue", "o"), "block": ("tab:orange", "s"), "prefix": ("tab:green", "^"),
+              "full": ("tab:red", "v")}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str = "") -> bool:
+    """TTFT (mean, p99 dashed) and output-token throughput against request rate, one column per group;
+    saturation is the rightmost tick. False if there is nothing to plot (no Poisson or saturation point)."""
+    points = [r for r in results if r.summary is not None and r.concurrency is None]
+    groups = list(dict.fromkeys(r.group for r in points))
+    rates = sorted({r.rate for r in points if r.rate is not None})
+    if not points or len(rates) + any(r.rate is None for r in points) < 2:
+        return False
+    ticks = rates + [math.inf]
+    x_of = {rate: i for i, rate in enumerate(ticks)}
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, len(groups), figsize=(5.2 * len(groups), 7.5), squeeze=False)
+    for col, group in enumerate(groups):
+        for mode in dict.fromkeys(r.mode for r in points if r.group == group):
+            rows = sorted((r for r in points if r.group == group and r.mode == mode),
+                          key=lambda r: x_of[r.rate if r.rate is not None else math.inf])
+            xs = [x_of[r.rate if r.rate is not None else math.inf] for r in rows]
+            color, marker = MODE_STYLE.get(mode, ("black", "x"))
+            axes[0][col].plot(xs, [r.summary.ttft.mean for r in rows], color=color, marker=marker, label=mode)
+            axes[0][col].plot(xs, [r.summary.ttft.p99 for r in rows], color=color, ls="--", alpha=0.5)
+            axes[1][col].plot(xs, [r.summary.output_throughput for r in rows], color=color, marker=marker,
+                              label=mode)
+        for row, ylabel in ((0, "TTFT (ms): mean, p99 dashed"), (1, "output tokens / s")):
+            ax = axes[row][col]
+            ax.set_xticks(range(len(ticks)), [f"{t:g}" for t in rates] + ["sat."])
+            ax.set_xlabel("request rate (req/s)")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        axes[0][col].set_yscale("log")
+        axes[0][col].set_title(group)
+        axes[0][col].legend()
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_hit_ratio(sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequence[dict] = (),
+                   title: str = "") -> None:
+    """Document hit ratio against KV budget: one panel per budget policy, color by skew, line style by mode;
+    engine runs as large hollow markers. Rows: {policy, alpha, mode, budget_gb, doc_hit_ratio}."""
+    policies = list(dict.fromkeys(r["policy"] for r in sim_rows))
+    alphas = sorted({r["alpha"] for r in sim_rows}, key=lambda a: (a is None, a or 0.0))
+    colors = dict(zip(alphas, ["tab:purple", "tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]))
+    dashes = {"lazy": "-", "block": "--", "prefix": ":"}
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4.6), squeeze=False)
+    for ax, policy in zip(axes[0], policies):
+        for alpha in alphas:
+            for mode in dashes:
+                rows = sorted((r for r in sim_rows if r["policy"] == policy and r["alpha"] == alpha
+                               and r["mode"] == mode), key=lambda r: r["budget_gb"])
+                if rows:
+                    label = f"{mode}, " + ("uniform" if alpha is None else f"α {alpha:g}")
+                    ax.plot([r["budget_gb"] for r in rows], [100 * r["doc_hit_ratio"] for r in rows],
+                            color=colors[alpha], ls=dashes[mode], marker=MODE_STYLE[mode][1], ms=4, label=label)
+        for r in engine_rows:
+            if r["policy"] == policy:
+                ax.scatter([r["budget_gb"]], [100 * r["doc_hit_ratio"]], s=140, facecolors="none",
+                           edgecolors=MODE_STYLE[r["mode"]][0], linewidths=2, zorder=5,
+                           label=f"engine run: {r['mode']}")
+        ax.set_xscale("log")
+        ax.set_xlabel("KV budget (GB)")
+        ax.set_ylabel("document hit ratio (%)")
+        ax.set_title({"retained": "budget = documents kept beyond one request",
+                      "same_pool": "same KV pool for every mode"}.get(policy, policy), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_shared_document(results: Sequence[PointResult], path: str | Path, title: str = "") -> None:
+    """Peak KV memory and output-token throughput against concurrency, per mode."""
+    points = [r for r in results if r.summary is not None and r.concurrency is not None]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    for mode in dict.fromkeys(r.mode for r in points):
+        rows = sorted((r for r in points if r.mode == mode), key=lambda r: r.concurrency)
+        color, marker = MODE_STYLE.get(mode, ("black", "x"))
+        xs = [r.concurrency for r in rows]
+        axes[0].plot(xs, [r.summary.peak_kv_gb for r in rows], color=color, marker=marker, label=mode)
+        axes[1].plot(xs, [r.summary.output_throughput for r in rows], color=color, marker=marker, label=mode)
+    for ax, ylabel in zip(axes, ("peak KV memory (GiB)", "output tokens / s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests sharing the document")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
