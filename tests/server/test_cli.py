@@ -1,0 +1,57 @@
+"""`lazyattn serve` as a user runs it: a subprocess on a free local port, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_command():
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "lazyattn.cli", "serve", "--model", "tiny", "--device", "cpu", "--host", "127.0.0.1",
+           "--port", str(port), "--api-key", "k1", "--kv-cache-gb", "0.05", "--page-size", "16",
+           "--max-waiting", "4", "--no-warm-up", "--log-level", "warning"]
+    env = {**os.environ, "LAZYATTN_API_KEYS": "k2"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "lazyattn serve did not come up"
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        for key in ("k1", "k2"):  # from the flag and from the environment
+            r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
+        r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer k1"}, timeout=60,
+                       json={"prompt": "hi", "max_tokens": 2, "documents": ["a document"]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # uvicorn shuts down gracefully, then re-raises the signal it caught: exit by SIGTERM is the normal end.
+    output = proc.stdout.read()
+    assert proc.returncode in (0, -signal.SIGTERM), output
+    assert "Traceback" not in output, output
