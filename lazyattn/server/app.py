@@ -59,7 +59,8 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     engine_loop = EngineLoop(engine)
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: len(registry))
     engine_loop.observer = metrics
-    renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size)
+    renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size,
+                        kv_tokens=engine.pool.num_pages * engine.config.page_size, page_size=engine.config.page_size)
     serving = OpenAIServing(engine_loop, renderer, registry, config.model_name)
     auth = Authenticator(config.api_keys)
     started = int(time.time())

@@ -44,37 +44,45 @@ class OutputStream:
     """The outputs of the engine requests of one HTTP call (a completions call may hold several prompts).
 
     Iterating yields lists of RequestOutputs: the newest output of each request that moved since the last
-    iteration. Outputs carry cumulative text and tokens, so a slow reader skipping intermediate ones loses
-    nothing. `abort()` stops whatever has not finished; it is safe to call any number of times.
+    iteration. Outputs carry cumulative text and tokens, so only the newest one of each request is kept: a
+    slow reader skips intermediate ones and loses nothing, and memory stays one output per request however
+    far behind the reader falls. `abort()` stops whatever has not finished; safe to call any number of times.
     """
 
     def __init__(self, owner: EngineLoop, loop: asyncio.AbstractEventLoop, request_ids: list[str]) -> None:
         self._owner = owner
         self._loop = loop
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._latest: dict[str, RequestOutput] = {}
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
         self.request_ids = list(request_ids)
         self.pending = set(request_ids)
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """From the engine thread."""
         with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._store, item)
+
+    def _store(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException):
+            self._error = item
+        else:
+            self._latest[item.request_id] = item
+        self._ready.set()
 
     async def __aiter__(self) -> AsyncIterator[list[RequestOutput]]:
         while self.pending:
-            items = [await self._queue.get()]
-            while not self._queue.empty():
-                items.append(self._queue.get_nowait())
-            latest: dict[str, RequestOutput] = {}
-            for item in items:
-                if isinstance(item, BaseException):
-                    self.pending.clear()
-                    raise item
-                latest[item.request_id] = item
+            await self._ready.wait()
+            self._ready.clear()
+            if self._error is not None:
+                self.pending.clear()
+                raise self._error
+            latest, self._latest = self._latest, {}
             for rid, out in latest.items():
                 if out.finished:
                     self.pending.discard(rid)
-            yield list(latest.values())
+            if latest:
+                yield list(latest.values())
 
     def abort(self) -> None:
         if self.pending:

@@ -77,7 +77,16 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[str, str | No
             msg = "unknown field (not part of this endpoint's schema)"
         shown.append(f"{where}: {msg}" if where else msg)
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "; ".join(shown) + more, _param(errors[0].get("loc", ())) if errors else None
+    # The field all errors share: a union's alternatives add their type names to the path ("documents.0.str",
+    # "documents.0.DocumentText.text"), the value at fault is where they meet ("documents[0]").
+    locs = [tuple(e.get("loc", ())) for e in errors]
+    common = locs[0] if locs else ()
+    for loc in locs[1:]:
+        n = 0
+        while n < min(len(common), len(loc)) and common[n] == loc[n]:
+            n += 1
+        common = common[:n]
+    return "; ".join(shown) + more, _param(common)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -33,6 +33,8 @@ class Renderer:
     layout: PromptLayout
     max_model_len: int
     vocab_size: int
+    kv_tokens: int  # tokens the whole KV pool holds
+    page_size: int
 
     def chat(self, body: ChatCompletionRequest, documents: list[Document]) -> RenderedPrompt:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -59,16 +61,19 @@ class Renderer:
         bos = self.tokenizer.bos_token_id if want_bos else None
         return _from_token_ids(ids, docs, bos, self.vocab_size)
 
-    def max_tokens(self, requested: int | None, prompt: RenderedPrompt) -> int:
-        """OpenAI's chat default is "as many as fit": what is left of the context after the prompt."""
+    def max_tokens(self, requested: int | None, prompt: RenderedPrompt, n: int, param: str) -> int:
+        """OpenAI's default is "as many as fit": what is left of the context after the prompt, and what the KV
+        pool can hold (the engine rejects a request whose worst case needs more pages than exist). The pool
+        bound is conservative: every segment copied once (block mode), a partial page per segment and sample."""
         if requested is not None:
             return requested
         left = self.max_model_len - prompt.num_tokens
-        if left < 1:
+        room = (self.kv_tokens - 2 * prompt.num_tokens - self.page_size * (len(prompt.segments) + 2) * n) // n
+        if min(left, room) < 1:
             raise ContextTooLongError(
                 f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
-                f"generate within the context limit of {self.max_model_len}", param="messages")
-        return left
+                f"generate within the context limit of {self.max_model_len} tokens and the KV pool", param=param)
+        return min(left, room)
 
 
 def resolve_documents(items: list[DocumentInput] | None, registry: DocumentRegistry,

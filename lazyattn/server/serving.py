@@ -73,7 +73,7 @@ class OpenAIServing:
         documents = resolve_documents(body.documents, self.registry, scope)
         prompt = await run_in_threadpool(self.renderer.chat, body, documents)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = sampling_params(body, self.renderer.max_tokens(requested, prompt), logprobs)
+        params = sampling_params(body, self.renderer.max_tokens(requested, prompt, body.n, "messages"), logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self.engine_loop.submit([(rid, prompt, params)], cache_salt=scope, arrival=arrival)
         created = int(time.time())
@@ -81,7 +81,7 @@ class OpenAIServing:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             events = self._chat_events(stream, rid, created, body.n, top, include_usage)
-            return _sse(events, stream)
+            return _StreamResponse(events, stream)
         finals = await _collect(stream, request)
         if finals is None:
             return Response(status_code=_CLIENT_GONE)
@@ -126,7 +126,8 @@ class OpenAIServing:
         cid = f"cmpl-{uuid.uuid4().hex}"
         requests = []
         for i, prompt in enumerate(prompts):
-            params = sampling_params(body, self.renderer.max_tokens(body.max_tokens, prompt), body.logprobs)
+            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt")
+            params = sampling_params(body, max_tokens, body.logprobs)
             requests.append((f"{cid}-{i}", prompt, params))
         stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival)
         created = int(time.time())
@@ -135,7 +136,7 @@ class OpenAIServing:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             events = self._completion_events(stream, cid, created, body.n, top, prompt_index, include_usage)
-            return _sse(events, stream)
+            return _StreamResponse(events, stream)
         finals = await _collect(stream, request)
         if finals is None:
             return Response(status_code=_CLIENT_GONE)
@@ -176,23 +177,33 @@ def _json(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def _sse(events: AsyncIterator[str], stream: OutputStream) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for data in events:
-                yield f"data: {data}\n\n"
-        except LazyAttnError as e:
-            yield f"data: {json.dumps(error_body(e))}\n\n"
-        except Exception as e:
-            logger.exception("stream failed")
-            yield f"data: {json.dumps(error_body(e))}\n\n"
-        finally:
-            # Runs when the client disconnects too: Starlette cancels this generator, and the requests must
-            # stop and give back their pages rather than generate for nobody.
-            stream.abort()
-        yield "data: [DONE]\n\n"
+class _StreamResponse(StreamingResponse):
+    """Aborts what is left of its requests however the response ends. When the client disconnects, Starlette
+    cancels the response, possibly before the body generator ever started (then no `finally` inside it would
+    run): the requests must stop and give back their pages rather than generate for nobody."""
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    def __init__(self, events: AsyncIterator[str], stream: OutputStream) -> None:
+        super().__init__(_frames(events), media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.abort()  # no-op once everything finished
+
+
+async def _frames(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Server-sent events: one `data:` frame per chunk, an error frame if the engine failed, then [DONE]."""
+    try:
+        async for data in events:
+            yield f"data: {data}\n\n"
+    except LazyAttnError as e:
+        yield f"data: {json.dumps(error_body(e))}\n\n"
+    except Exception as e:
+        logger.exception("stream failed")
+        yield f"data: {json.dumps(error_body(e))}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 async def _collect(stream: OutputStream, request: Request) -> dict[str, RequestOutput] | None:

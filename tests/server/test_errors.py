@@ -44,7 +44,7 @@ def test_body_not_sent_as_json(server):
     ({"messages": []}, "messages"),
     ({}, "messages"),
     ({"messages": MESSAGES, "max_tokens": "many"}, "max_tokens"),
-    ({"messages": MESSAGES, "documents": [{"id": "x", "text": "both"}]}, None),
+    ({"messages": MESSAGES, "documents": [{"id": "x", "text": "both"}]}, "documents[0]"),
     ({"messages": MESSAGES, "documents": "not a list"}, "documents"),
 ])
 def test_schema_errors(server, body, param):

@@ -1,0 +1,66 @@
+"""The server's pieces without a server: keys, scopes, the registry, defaults, error formatting."""
+
+from __future__ import annotations
+
+import pytest
+
+from lazyattn.engine.prompt import DEFAULT_LAYOUT, RenderedPrompt
+from lazyattn.errors import AuthenticationError, ContextTooLongError, UnknownDocumentError
+from lazyattn.model.tokenizer import ByteTokenizer
+from lazyattn.server.documents import DocumentRegistry
+from lazyattn.server.errors import _param
+from lazyattn.server.inputs import Renderer
+from lazyattn.server.tenancy import Authenticator, cache_scope
+
+
+def test_authenticator():
+    assert Authenticator([]).tenant(None) == ""  # open server: one tenant
+    one = Authenticator(["k"])
+    assert one.tenant("Bearer k") == "" and one.tenant("bearer  k ") == ""
+    for bad in (None, "", "k", "Bearer", "Basic k", "Bearer kk"):
+        with pytest.raises(AuthenticationError):
+            one.tenant(bad)
+    two = Authenticator(["k1", "k2"])
+    t1, t2 = two.tenant("Bearer k1"), two.tenant("Bearer k2")
+    assert t1 and t2 and t1 != t2 and "k1" not in t1
+    with pytest.raises(ValueError):
+        Authenticator(["k", ""])
+
+
+def test_cache_scopes_never_collide():
+    assert cache_scope("", None) is None
+    scopes = {cache_scope(t, s) for t in ("", "t1", "t2") for s in (None, "", "x", '", "', "t1")}
+    assert len(scopes) == 15
+
+
+def test_registry_is_scoped_and_idempotent():
+    reg = DocumentRegistry(max_documents=2)
+    a = reg.add("s1", "T", "text", [1, 2])
+    assert reg.add("s1", "T", "text", [1, 2]) is a
+    b = reg.add("s2", "T", "text", [1, 2])
+    assert a.id != b.id and len(reg) == 2
+    with pytest.raises(UnknownDocumentError) as e:
+        reg.get("s2", a.id, param="documents[3].id")
+    assert e.value.param == "documents[3].id" and e.value.status_code == 404
+    assert [d.id for d in reg.list("s1")] == [a.id]
+    with pytest.raises(Exception, match="registry is full"):
+        reg.add("s1", None, "another", [3])
+    reg.remove("s1", a.id)
+    assert reg.list("s1") == [] and a.as_input() == {"title": "T", "text": "text"}
+
+
+def test_default_max_tokens_fits_context_and_pool():
+    r = Renderer(ByteTokenizer(), DEFAULT_LAYOUT, max_model_len=1000, vocab_size=320, kv_tokens=640, page_size=16)
+    prompt = RenderedPrompt([[1] * 50], [2] * 10)
+    assert r.max_tokens(7, prompt, 1, "prompt") == 7
+    assert r.max_tokens(None, prompt, 1, "prompt") == 640 - 120 - 48  # the pool, not the context, is the bound
+    big = Renderer(ByteTokenizer(), DEFAULT_LAYOUT, max_model_len=100, vocab_size=320, kv_tokens=10**6, page_size=16)
+    assert big.max_tokens(None, prompt, 1, "prompt") == 40
+    with pytest.raises(ContextTooLongError):
+        big.max_tokens(None, RenderedPrompt([], [1] * 100), 1, "prompt")
+
+
+def test_error_param_paths():
+    assert _param(("body", "messages", 0, "content")) == "messages[0].content"
+    assert _param(("body", "documents", 2, "str")) == "documents[2].str"
+    assert _param(("body",)) is None
