@@ -33,6 +33,7 @@ logger = logging.getLogger("lazyattn.server")
 # A step that returns nothing that fast did no work (e.g. admission waits for pages): yield the CPU a moment
 # rather than spin on the GIL that the event loop needs.
 _IDLE_STEP_S = 1e-3
+_FAILED_STEP_BACKOFF_S = 0.1
 
 
 class EngineStoppedError(LazyAttnError):
@@ -247,6 +248,7 @@ class EngineLoop:
             # raise again at every step.
             logger.exception("engine step failed; aborting the requests in flight")
             self._fail_all(e)
+            time.sleep(_FAILED_STEP_BACKOFF_S)  # a step that keeps failing must not flood the log in a hot loop
             return
         now = time.monotonic()
         if not outputs and now - start < _IDLE_STEP_S:
@@ -279,6 +281,9 @@ class EngineLoop:
                 logger.exception("abort of %s failed", rid)
         for stream in set(streams.values()):
             stream.put(error)
+        for _, settle in self._encodes:
+            settle(error)
+        self._encodes = []
 
     def _shut_down(self) -> None:
         with self._cv:
@@ -289,9 +294,6 @@ class EngineLoop:
             except Exception:
                 logger.exception("engine command failed")
         self._fail_all(EngineStoppedError("the server is shutting down"))
-        for _, settle in self._encodes:
-            settle(EngineStoppedError("the server is shutting down"))
-        self._encodes = []
 
 
 def warm_up(engine: LLMEngine) -> None:

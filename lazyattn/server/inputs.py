@@ -118,7 +118,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
     )
 
 
-def chat_logprobs(body: ChatCompletionRequest) -> int | None:
+def requested_chat_logprobs(body: ChatCompletionRequest) -> int | None:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     return (body.top_logprobs or 0) if body.logprobs else None

@@ -26,8 +26,8 @@ from lazyattn.server.engine_loop import EngineLoop, OutputStream
 from lazyattn.server.errors import ModelNotFoundError, error_body
 from lazyattn.server.inputs import (
     Renderer,
-    chat_logprobs,
     check_completion_options,
+    requested_chat_logprobs,
     resolve_documents,
     sampling_params,
 )
@@ -43,8 +43,7 @@ from lazyattn.server.protocol import (
     CompletionResponse,
     Usage,
 )
-from lazyattn.server.responses import StreamState, TokenText, completion_logprobs, usage
-from lazyattn.server.responses import chat_logprobs as chat_logprobs_of
+from lazyattn.server.responses import StreamState, TokenText, chat_logprobs, completion_logprobs, usage
 from lazyattn.server.tenancy import cache_scope
 
 logger = logging.getLogger("lazyattn.server")
@@ -68,7 +67,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        logprobs = chat_logprobs(body)
+        logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = resolve_documents(body.documents, self.registry, scope)
         prompt = await run_in_threadpool(self.renderer.chat, body, documents)
@@ -88,7 +87,7 @@ class OpenAIServing:
         out = finals[rid]
         choices = [
             ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
-                       logprobs=chat_logprobs_of(c, 0, top, self.token_text))
+                       logprobs=chat_logprobs(c, 0, top, self.token_text))
             for c in out.outputs
         ]
         return _json(ChatCompletionResponse(id=rid, created=created, model=self.model_name, choices=choices,
@@ -108,7 +107,7 @@ class OpenAIServing:
             for out in outs:
                 for index, c, text, first in state.deltas(out):
                     delta = {"content": text} if text else {}
-                    logprobs = chat_logprobs_of(c, first, top, self.token_text)
+                    logprobs = chat_logprobs(c, first, top, self.token_text)
                     yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
                                                  finish_reason=c.finish_reason)])
         if include_usage:
