@@ -7,9 +7,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from lazyattn.engine.prompt import DEFAULT_LAYOUT, TULU3_BLOCK_FT_LAYOUT
-
-LAYOUTS = {"block-attention": DEFAULT_LAYOUT, "tulu3-block-ft": TULU3_BLOCK_FT_LAYOUT}
+# --prompt-layout names -> lazyattn.engine.prompt layouts (resolved at start: importing them here would load
+# the engine for every CLI command).
+LAYOUTS = {"block-attention": "DEFAULT_LAYOUT", "tulu3-block-ft": "TULU3_BLOCK_FT_LAYOUT"}
 # Keys given on the command line show up in `ps`; this variable (comma-separated) keeps them out of it.
 API_KEYS_ENV = "LAZYATTN_API_KEYS"
 
@@ -42,6 +42,7 @@ def served_model_name(model: str) -> str:
 def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     import uvicorn
 
+    from lazyattn.engine import prompt
     from lazyattn.engine.config import EngineConfig
     from lazyattn.engine.llm_engine import LLMEngine
     from lazyattn.server.app import ServerConfig, create_app
@@ -51,7 +52,7 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     options.update(max_waiting=args.max_waiting, progress=False)
     engine = LLMEngine(EngineConfig(**options))
     config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
-                          api_keys=tuple(keys), layout=LAYOUTS[args.prompt_layout],
+                          api_keys=tuple(keys), layout=getattr(prompt, LAYOUTS[args.prompt_layout]),
                           max_documents=args.max_documents, warm_up=not args.no_warm_up)
     uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level)
     return 0

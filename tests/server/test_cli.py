@@ -23,7 +23,7 @@ def test_serve_command():
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "lazyattn.cli", "serve", "--model", "tiny", "--device", "cpu", "--host", "127.0.0.1",
            "--port", str(port), "--api-key", "k1", "--kv-cache-gb", "0.05", "--page-size", "16",
-           "--max-waiting", "4", "--no-warm-up", "--log-level", "warning"]
+           "--max-waiting", "4", "--prompt-layout", "tulu3-block-ft", "--no-warm-up", "--log-level", "warning"]
     env = {**os.environ, "LAZYATTN_API_KEYS": "k2"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -41,8 +41,9 @@ def test_serve_command():
         for key in ("k1", "k2"):  # from the flag and from the environment
             r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
-        r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer k1"}, timeout=60,
-                       json={"prompt": "hi", "max_tokens": 2, "documents": ["a document"]})
+        r = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": "Bearer k1"}, timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                             "documents": ["a document"]})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
     finally:
         proc.send_signal(signal.SIGTERM)
