@@ -77,7 +77,6 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             await run_in_threadpool(engine_loop.stop)
 
     app = FastAPI(title="lazyattn", version="0.1.0", lifespan=lifespan)
-    app.state.engine_loop = engine_loop
     install_error_handlers(app)
 
     async def tenant(authorization: str | None = Header(None)) -> str:
