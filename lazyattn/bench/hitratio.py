@@ -10,14 +10,12 @@ matches a real engine run at concurrency 1 exactly (tests/bench checks this):
 - prefix: acquire the prompt's full pages under chained keys until the first miss (pages from there on are
   computed by the request and cached too, unless an orphaned later page is found), then the rest privately.
 
-What "KV budget" means. At Llama-3.1-8B in bf16 a token's KV is 128 KiB, so one request of 5 x 2048-token
-documents holds 1.25 GiB while it runs (block: 2.5 GiB with its private copies): a 1 GB pool could not serve
-a single request. The budget is therefore counted on top of what a request itself needs, two ways:
-- "retained": pool = budget + the mode's own one-request working set. Every mode can keep `budget` worth of
-  documents no running request uses. Block's copies cost it pool, not hits: at concurrency 1 its hit ratio
-  equals lazy's, and its larger pool is reported.
-- "same_pool": every mode gets the same pool, budget + one *block* request's working set (the largest). What
-  block spends on copies, lazy and prefix keep as cached documents.
+What "KV budget" means. At Llama-3.1-8B in bf16 a token's KV is 128 KiB: one request of 5 x 2048-token
+documents holds 1.25 GiB while it runs, 2.5 GiB in block mode (its private copies), so a 1 GB pool cannot
+serve a single request. Two readings, both with the same pool for every mode (one GPU's memory):
+- "pool": the pool is the budget (the engine's kv_cache_gb). A mode whose one request does not fit is N/A.
+- "pool_plus_request": the pool is the budget plus one block request's working set (the most any mode needs
+  for one request). Lazy and prefix keep as cached documents what block spends on its copies.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
 from lazyattn.cache.page_pool import PagePool, bytes_per_page
 
-POLICIES = ("retained", "same_pool")
+POLICIES = ("pool", "pool_plus_request")
 SIM_MODES = ("lazy", "block", "prefix")
 
 
@@ -66,13 +64,14 @@ def working_set_pages(mode: str, spec: WorkloadSpec, system_len: int, page_size:
     return system + docs + (moved if mode == "block" else 0) + _pages(run, page_size)
 
 
-def pool_pages(budget_bytes: int, mode: str, policy: str, spec: WorkloadSpec, system_len: int,
-               acct: PageAccounting) -> int:
-    """The KV pool (pages) a mode runs with at `budget_bytes` under `policy` (module docstring)."""
+def pool_pages(budget_bytes: int, policy: str, spec: WorkloadSpec, system_len: int, acct: PageAccounting) -> int:
+    """The KV pool (pages) every mode runs with at `budget_bytes` under `policy` (module docstring)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    base_mode = mode if policy == "retained" else "block"
-    return budget_bytes // acct.page_bytes + working_set_pages(base_mode, spec, system_len, acct.page_size)
+    pages = budget_bytes // acct.page_bytes
+    if policy == "pool_plus_request":
+        pages += working_set_pages("block", spec, system_len, acct.page_size)
+    return pages
 
 
 @dataclass(frozen=True)
@@ -198,18 +197,20 @@ def sweep(spec: WorkloadSpec, alphas: Sequence[float | None], budgets_gb: Sequen
           vocab_high: int, bos: int | None, modes: Sequence[str] = SIM_MODES,
           policies: Sequence[str] = POLICIES) -> list[dict]:
     """Simulated hit ratio of every (policy, alpha, budget, mode); one trace per alpha (None: uniform).
-    GB are GiB (2**30 bytes), as the engine's kv_cache_gb."""
+    GB are GiB (2**30 bytes), as the engine's kv_cache_gb. A pool too small for one request: ratio None."""
     rows = []
     for alpha in alphas:
         trace = make_trace(replace(spec, zipf_alpha=alpha), Load(concurrency=1), vocab_high, bos)
         keys = TraceKeys(trace, acct.page_size)
         for policy in policies:
             for budget in budgets_gb:
+                pages = pool_pages(int(budget * 2**30), policy, spec, trace.system_len, acct)
                 for mode in modes:
-                    pages = pool_pages(int(budget * 2**30), mode, policy, spec, trace.system_len, acct)
-                    res = simulate(trace, mode, pages, acct.page_size, keys)
-                    rows.append({"policy": policy, "alpha": alpha, "budget_gb": budget,
-                                 "pool_gb": pages * acct.page_bytes / 2**30, **res.to_dict()})
+                    row = {"policy": policy, "alpha": alpha, "budget_gb": budget, "pool_gb": pages * acct.page_bytes
+                           / 2**30, "mode": mode, "doc_hit_ratio": None, "token_reuse_ratio": None}
+                    if pages >= working_set_pages(mode, spec, trace.system_len, acct.page_size):
+                        row.update(simulate(trace, mode, pages, acct.page_size, keys).to_dict())
+                    rows.append(row)
     return rows
 
 
@@ -220,11 +221,10 @@ def pivot(rows: Sequence[dict], modes: Sequence[str] = SIM_MODES) -> list[dict]:
         key = (r["policy"], r["alpha"], r["budget_gb"])
         row = out.setdefault(key, {"policy": r["policy"], "skew": "uniform" if r["alpha"] is None
                                    else f"zipf {r['alpha']:g}", "budget_gb": r["budget_gb"]})
-        row[f"{r['mode']}_hit"] = 100 * r["doc_hit_ratio"]
-        row[f"{r['mode']}_pool"] = r["pool_gb"]
+        row["pool_gb"] = r["pool_gb"]
+        row[f"{r['mode']}_hit"] = None if r["doc_hit_ratio"] is None else 100 * r["doc_hit_ratio"]
     return list(out.values())
 
 
-HIT_COLUMNS = [("policy", "policy", "{}"), ("skew", "skew", "{}"), ("budget GB", "budget_gb", "{:g}")] + [
-    col for mode in SIM_MODES
-    for col in ((f"{mode} hit %", f"{mode}_hit", "{:.2f}"), (f"{mode} pool GiB", f"{mode}_pool", "{:.2f}"))]
+HIT_COLUMNS = [("policy", "policy", "{}"), ("skew", "skew", "{}"), ("budget GB", "budget_gb", "{:g}"),
+               ("pool GiB", "pool_gb", "{:.3g}")] + [(f"{m} hit %", f"{m}_hit", "{:.2f}") for m in SIM_MODES]

@@ -103,6 +103,15 @@ class Summary:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @staticmethod
+    def from_dict(d: dict) -> Summary:
+        """Inverse of to_dict after a JSON round trip (which turns NaN into null)."""
+        nan = lambda v: math.nan if v is None else v  # noqa: E731
+        fields = {k: nan(v) for k, v in d.items()}
+        for k in ("ttft", "tpot", "itl", "e2el"):
+            fields[k] = Stat(**{f: nan(v) for f, v in d[k].items()})
+        return Summary(**fields)
+
 
 def summarize(records: list[RequestRecord], counters: EngineCounters) -> Summary:
     done = [r for r in records if r.finished]

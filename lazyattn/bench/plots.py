@@ -75,6 +75,7 @@ def plot_hit_ratio(sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequ
             for mode in dashes:
                 rows = sorted((r for r in sim_rows if r["policy"] == policy and r["alpha"] == alpha
                                and r["mode"] == mode), key=lambda r: r["budget_gb"])
+                rows = [r for r in rows if r["doc_hit_ratio"] is not None]
                 if rows:
                     label = f"{mode}, " + ("uniform" if alpha is None else f"α {alpha:g}")
                     ax.plot([r["budget_gb"] for r in rows], [100 * r["doc_hit_ratio"] for r in rows],
@@ -87,8 +88,8 @@ def plot_hit_ratio(sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequ
         ax.set_xscale("log")
         ax.set_xlabel("KV budget (GB)")
         ax.set_ylabel("document hit ratio (%)")
-        ax.set_title({"retained": "budget = documents kept beyond one request",
-                      "same_pool": "same KV pool for every mode"}.get(policy, policy), fontsize=10)
+        ax.set_title({"pool": "KV pool = budget",
+                      "pool_plus_request": "KV pool = budget + one block request"}.get(policy, policy), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:

@@ -41,6 +41,12 @@ class PointResult:
     def failed(group: str, mode: str, load: str, error: str) -> PointResult:
         return PointResult(group, mode, load, None, None, None, error=error)
 
+    @staticmethod
+    def from_dict(d: dict) -> PointResult:
+        summary = Summary.from_dict(d["summary"]) if d.get("summary") else None
+        return PointResult(d["group"], d["mode"], d["load"], d.get("rate"), d.get("concurrency"), summary,
+                           d.get("wall_s", 0.0), d.get("timed_out", False), d.get("error"))
+
     def to_dict(self) -> dict:
         return {"group": self.group, "mode": self.mode, "load": self.load, "rate": self.rate,
                 "concurrency": self.concurrency, "summary": None if self.summary is None else self.summary.to_dict(),
@@ -115,7 +121,7 @@ COLUMNS = [  # (header, key, format)
     ("TTFT mean ms", "ttft_mean", "{:.1f}"), ("TTFT p50", "ttft_p50", "{:.1f}"), ("TTFT p99", "ttft_p99", "{:.1f}"),
     ("TPOT ms", "tpot_mean", "{:.2f}"), ("ITL ms", "itl_mean", "{:.2f}"), ("E2EL ms", "e2el_mean", "{:.1f}"),
     ("req/s", "req_s", "{:.3f}"), ("out tok/s", "tok_s", "{:.1f}"), ("doc hit %", "hit_pct", "{:.1f}"),
-    ("prefilled", "prefill_tokens", "{}"), ("peak KV GiB", "peak_kv_gb", "{:.3f}"),
+    ("prefilled", "prefill_tokens", "{}"), ("peak KV GiB", "peak_kv_gb", "{:.3g}"),
     ("TTFT / lazy", "ttft_vs_lazy", "{:.2f}x"), ("req/s / lazy", "thr_vs_lazy", "{:.2f}x"),
 ]
 
