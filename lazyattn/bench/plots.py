@@ -21,6 +21,11 @@ def _pyplot():
     return plt
 
 
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str = "") -> bool:
     """TTFT (mean, p99 dashed) and output-token throughput against request rate, one column per group;
     saturation is the rightmost tick. False if there is nothing to plot (no Poisson or saturation point)."""
@@ -51,7 +56,7 @@ def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str
             ax.grid(alpha=0.3)
         axes[0][col].set_yscale("log")
         axes[0][col].set_title(group)
-        axes[0][col].legend()
+        _legend(axes[0][col])
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -91,7 +96,7 @@ def plot_hit_ratio(sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequ
         ax.set_title({"pool": "KV pool = budget",
                       "pool_plus_request": "KV pool = budget + one block request"}.get(policy, policy), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -115,7 +120,7 @@ def plot_shared_document(results: Sequence[PointResult], path: str | Path, title
         ax.set_xlabel("concurrent requests sharing the document")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
+        _legend(ax)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
