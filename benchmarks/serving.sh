@@ -6,7 +6,9 @@ set -uo pipefail
 out="${1:?usage: bash benchmarks/serving.sh OUT_DIR [--smoke] [--budget-s S] [--modes lazy,block,...]}"
 shift
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-python benchmarks/serving.py "$out" "$@" 2>&1 | tee "$out/serving.log"
+# The device image has torch, triton, numpy, matplotlib and tqdm but not lazyattn installed: run from the tree.
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 benchmarks/serving.py "$out" "$@" 2>&1 | tee "$out/serving.log"
 exit "${PIPESTATUS[0]}"

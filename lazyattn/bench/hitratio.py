@@ -80,7 +80,7 @@ class SimResult:
     num_pages: int
     requests: int
     docs: int
-    doc_hits: int
+    doc_hits: float
     context_tokens: int
     cached_tokens: int
     evictions: int
@@ -135,7 +135,8 @@ def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: Trac
     cache = DocumentCache(pool, page_size)
     spec = trace.spec
     fed_back = spec.output_len - 1  # output tokens fed back as decode rows (the last one is not)
-    docs = hits = context = cached_total = 0
+    docs = context = cached_total = 0
+    hits = 0.0
     for i, req in enumerate(trace.requests):
         if mode == "prefix":
             cached = _prefix_request(cache, pool, keys.pages[i], keys.prompt_len[i], fed_back)

@@ -25,7 +25,7 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     context_tokens: int = 0  # system + documents + question
     num_docs: int = 0
-    doc_hits: int = 0  # documents found in the cache at admission (see replay.document_hits)
+    doc_hits: float = 0  # documents found in the cache at admission (see replay.document_hits)
     cached_tokens: int = 0
     prefilled_tokens: int = 0  # rows this request computed itself (its final segment; prefix/full: more)
     finished: bool = False
@@ -91,7 +91,7 @@ class Summary:
     tpot: Stat
     itl: Stat
     e2el: Stat
-    doc_hit_ratio: float  # documents found cached at admission / documents requested
+    doc_hit_ratio: float  # documents found cached at admission / documents requested (replay.document_hits)
     token_reuse_ratio: float  # context tokens found cached / context tokens
     prefill_tokens: int  # rows computed for documents and prompts (rows_computed minus decode rows)
     doc_tokens_encoded: int  # rows of documents encoded as cache segments (lazy, block); 0 in prefix/full

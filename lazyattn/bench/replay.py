@@ -42,17 +42,18 @@ class PointRun:
         return summarize(self.records, self.counters)
 
 
-def document_hits(mode: str, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> int:
+def document_hits(mode: str, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
     """Documents of a request found in the cache, from the engine's count of cached context tokens.
 
     lazy/block cache whole segments: cached = (system_len if the system segment hit) + hits * doc_len, and
-    system_len < doc_len, so the floor division is exact. prefix caches a token prefix: a document counts
-    when all of it lies inside the reused prefix.
+    system_len < doc_len, so the floor division is exact. prefix reuses a token prefix in whole pages, which
+    may end inside a document (always, once BOS shifts documents off page boundaries): its hits are the
+    reused share of the document tokens, in documents.
     """
     if mode in ("lazy", "block"):
         return min(cached_tokens // doc_len, num_docs)
     if mode == "prefix":
-        return max(0, min(num_docs, (cached_tokens - system_len) // doc_len))
+        return max(0.0, min(float(num_docs), (cached_tokens - system_len) / doc_len))
     return 0
 
 
