@@ -24,7 +24,6 @@ PNGs are written at the end.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import math
 import multiprocessing
 import os
@@ -274,7 +273,7 @@ def collect_sim(run: Run, plan: Plan, futures: list | None) -> None:
         if futures is None:  # no side processes: simulate here, now
             rows = [row for job in hit_sim_jobs(plan) for row in sweep(*job)]
         else:
-            rows = [row for f in futures for row in f.result(timeout=max(1.0, run.clock.left()))]
+            rows = [row for f in futures for row in f.get(timeout=max(1.0, run.clock.left()))]
         run.data["hit_ratio"]["sim"] = {"rows": rows, "requests": plan.hit_sim_requests,
                                         "concurrency": 1, "simulated": True}
         run.save()
@@ -355,17 +354,20 @@ def run_plan(plan: Plan, out: Path, budget_s: float) -> dict:
     run.log(f"plan: model {plan.model} on {plan.device}, modes {','.join(plan.modes)}, KV pool "
             f"{plan.kv_cache_gb:g} GiB, deadline {clock.deadline - clock.start:.0f} s")
     run.save()
-    # Side processes are forked before CUDA is initialised (fork after CUDA init is unsafe).
+    # Side processes are forked before CUDA is initialised (fork after CUDA init is unsafe); terminated at the
+    # end whatever state they are in, so a stuck one cannot hold the run past its deadline.
     sim_pool, futures = None, None
     try:
-        sim_pool = concurrent.futures.ProcessPoolExecutor(
-            len(plan.hit_alphas), mp_context=multiprocessing.get_context("fork"), initializer=_low_priority)
-        futures = [sim_pool.submit(sweep, *job) for job in hit_sim_jobs(plan)]
+        sim_pool = multiprocessing.get_context("fork").Pool(len(plan.hit_alphas), initializer=_low_priority)
+        futures = [sim_pool.apply_async(sweep, job) for job in hit_sim_jobs(plan)]
     except Exception as e:
         run.log(f"hit-ratio simulation will run inline at the end: {e!r}")
     try:
         weights = list(plan.mode_weights)
         for i, mode in enumerate(plan.modes):
+            if clock.left() < 30.0:  # building and warming up an engine alone takes about that long at 8B
+                run.skip(f"{mode}: every point", f"{clock.left():.0f} s left in the run")
+                continue
             run.log(f"== {mode}")
             try:
                 run_mode(run, plan, mode, weights[i], sum(weights[i:]))
@@ -375,7 +377,7 @@ def run_plan(plan: Plan, out: Path, budget_s: float) -> dict:
         collect_sim(run, plan, futures)
     finally:
         if sim_pool is not None:
-            sim_pool.shutdown(wait=False, cancel_futures=True)
+            sim_pool.terminate()
         write_outputs(run, plan)
     run.log("done")
     return run.data

@@ -54,6 +54,7 @@ def add_bench_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None]
     h.add_argument("--kv-budgets", default=None, help="GB, comma-separated, e.g. 1,10,50")
     h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
     h.add_argument("--hit-requests", type=int, default=1000, help="requests per simulated trace")
+    h.add_argument("--hit-ratio-only", action="store_true", help="only the simulation: no model is loaded")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for bench.json and the plots")
     o.add_argument("--no-progress", action="store_true")
@@ -113,7 +114,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
           f"loads: {', '.join(load.label for load in loads)}\n", flush=True)
 
     results: list[report.PointResult] = []
-    for mode in modes:
+    for mode in [] if args.hit_ratio_only else modes:
         try:
             engine = make_engine(options, mode)
             if warm.requests:
@@ -137,7 +138,8 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         free_device_memory()
 
     rows = report.comparison_rows(results)
-    print("\nComparison (ratios: this mode / lazy at the same load)\n" + report.text_table(rows), flush=True)
+    if rows:
+        print("\nComparison (ratios: this mode / lazy at the same load)\n" + report.text_table(rows), flush=True)
     data = {"meta": _meta(args, options), "workload": spec.to_dict(), "loads": [ld.to_dict() for ld in loads],
             "points": [r.to_dict() for r in results], "comparison": rows}
 

@@ -83,3 +83,11 @@ def test_one_mode_and_bad_modes(capsys):
     modes = [line.split()[1] for line in out.splitlines() if line.startswith("Mode:")]
     assert modes == ["prefix"]
     assert main(ARGS + ["--modes", "lazy,nope"]) == 2
+
+
+def test_hit_ratio_only_loads_no_model(tmp_path, capsys):
+    assert main(["bench", "--model", "tiny", "--doc-len", "64", "--num-docs", "10", "--kv-budgets", "0.001",
+                 "--alphas", "2.1", "--hit-requests", "20", "--hit-ratio-only", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["points"] == [] and len(data["hit_ratio"]["rows"]) == 2 * 3
+    assert "Serving Benchmark Result" not in capsys.readouterr().out

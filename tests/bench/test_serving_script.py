@@ -62,5 +62,6 @@ def test_all_three_experiments(serving, micro, tmp_path):
 def test_out_of_time_skips_but_writes_everything(serving, micro, tmp_path):
     data = serving.run_plan(replace(micro, modes=("lazy", "prefix"), mode_weights=(1.0, 1.0)), tmp_path,
                             budget_s=3.0)
+    assert [s["what"] for s in data["skipped"]] == ["lazy: every point", "prefix: every point"]
     assert data["skipped"] and not data["errors"]
     assert (tmp_path / "serving.md").exists() and (tmp_path / "serving.json").exists()
