@@ -58,7 +58,8 @@ class Plan:
     device: str
     kv_cache_gb: float  # the pool every mode gets (experiments 1 and 3)
     spec: WorkloadSpec  # the protocol at Zipf 2.1; uniform is the same with zipf_alpha None
-    # (popularity, rate or INF for saturation, requests) in priority order: later points go first when short
+    # (popularity, rate or INF for saturation, requests), most important first: when a mode runs short of
+    # time, the last points are the ones skipped
     rate_points: tuple[tuple[str, float, int], ...]
     shared_doc_len: int
     shared_concurrency: tuple[int, ...]
