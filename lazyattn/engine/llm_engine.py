@@ -17,6 +17,7 @@ import torch
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
 from lazyattn.cache.page_pool import PagePool, bytes_per_page, pages_for_budget, pages_from_free_memory
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
@@ -104,7 +105,11 @@ class LLMEngine:
             return segment_key(fingerprint, rope_fp, salt, tokens, parent)
 
         self.scheduler = Scheduler(config, self.cache, keyer)
-        self.runner = ModelRunner(self.model, self.backend, self.device)
+        graphs = None
+        if self.device.type == "cuda" and config.cuda_graphs:
+            widest = min(-(-self.max_model_len // ps), num_pages)
+            graphs = DecodeGraphs(self.model, self.backend, min(config.max_num_seqs, 256), widest, self.device)
+        self.runner = ModelRunner(self.model, self.backend, self.device, graphs)
         self.sampler = Sampler()
         self.requests: dict[str, _Request] = {}
         self.encodes: list[EncodeHandle] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.scheduler import ScheduledBatch, page_fill
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
@@ -11,17 +12,21 @@ from lazyattn.model.llama import CausalLM
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device) -> None:
+    def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.backend = backend
         self.device = device
         self.page_size = backend.page_size
+        self.graphs = graphs  # decode steps replay CUDA graphs when set
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
         self._copy_rotate(batch)
         input_ids, fb = self.prepare(batch)
+        if self.graphs is not None and self.graphs.fits(fb):
+            return self.graphs.run(input_ids, fb)
         hidden = self.model(input_ids, fb, self.backend)
         return self.model.compute_logits(hidden[fb.logits_indices])
 

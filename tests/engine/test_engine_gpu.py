@@ -3,6 +3,7 @@ transformers with the same weights, and a throughput smoke run. Run on the devic
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -36,14 +37,24 @@ def capture_logits(llm: LLM) -> list[torch.Tensor]:
     return seen
 
 
-def hf_model_with_weights_of(llm: LLM):
+def config_dir(tmp_path_factory, layers: int) -> Path:
+    """The 8B config, optionally with fewer layers (same per-layer shapes)."""
+    if layers == 32:
+        return CONFIG_8B
+    d = tmp_path_factory.mktemp(f"llama8b-{layers}l")
+    cfg = json.loads((CONFIG_8B / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def hf_model_with_weights_of(llm: LLM, directory: Path, dtype: torch.dtype):
     """transformers' Llama at the same config, holding our engine's (random) weights."""
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(CONFIG_8B)
+    config = transformers.AutoConfig.from_pretrained(directory)
     with torch.device("cuda"):
-        hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                           dtype=torch.bfloat16)
+        hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
     ours = dict(llm.engine.model.named_parameters())
     hf_params = dict(hf.named_parameters())
     with torch.no_grad():
@@ -52,7 +63,27 @@ def hf_model_with_weights_of(llm: LLM):
     return hf.eval()
 
 
-def test_lazy_and_block_match_transformers_at_8b_shapes():
+def run_once(llm: LLM, prompts: list[RenderedPrompt], params: SamplingParams) -> dict[str, list[int]]:
+    for i, p in enumerate(prompts):
+        llm.engine.add_request(f"r{i}", p, params)
+    outs = {}
+    while llm.engine.has_unfinished():
+        for o in llm.engine.step():
+            if o.finished:
+                outs[o.request_id] = o.token_ids
+    return outs
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("dtype,layers,tol", [("float32", 8, 1e-4), ("bfloat16", 32, 3e-2)])
+def test_lazy_and_block_match_transformers_at_8b_shapes(tmp_path_factory, dtype, layers, tol):
+    """fp32 shows the equivalence itself (8 layers of the 8B shapes, so two fp32 copies fit an 80 GB card);
+    bf16 over the full depth shows the served dtype stays within rounding (random weights amplify it)."""
+    directory = config_dir(tmp_path_factory, layers)
+    torch_dtype = getattr(torch, dtype)
     docs = random_docs(3, 700, seed=1)
     docs[1] = docs[1][:513]
     final = random_docs(1, 40, seed=2)[0]
@@ -60,18 +91,16 @@ def test_lazy_and_block_match_transformers_at_8b_shapes():
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     logits = {}
     for mode in ("lazy", "block"):
-        llm = LLM(model=str(CONFIG_8B), mode=mode, device="cuda", random_weights=True, kv_cache_gb=4,
-                  progress=False)
+        llm = LLM(model=str(directory), mode=mode, device="cuda", dtype=dtype, random_weights=True,
+                  kv_cache_gb=4, progress=False)
         seen = capture_logits(llm)
-        llm.engine.add_request("r", prompt, params)
-        while llm.engine.has_unfinished():
-            llm.engine.step()
+        run_once(llm, [prompt], params)
         logits[mode] = seen[-1][0]
         if mode == "lazy":
-            hf = hf_model_with_weights_of(llm)
+            hf = hf_model_with_weights_of(llm, directory, torch_dtype)
             tokens = [t for s in prompt.segments for t in s] + final
             mask = block_mask([len(s) for s in prompt.segments], len(final), "cuda")
-            additive = torch.zeros(mask.shape, device="cuda", dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
+            additive = torch.zeros(mask.shape, device="cuda", dtype=torch_dtype).masked_fill(~mask, float("-inf"))
             with torch.inference_mode():
                 out = hf(input_ids=torch.tensor([tokens], device="cuda"),
                          position_ids=torch.arange(len(tokens), device="cuda")[None],
@@ -80,17 +109,14 @@ def test_lazy_and_block_match_transformers_at_8b_shapes():
             del hf, out
         del llm
         torch.cuda.empty_cache()
-
-    def rel(a, b):
-        return ((a - b).norm() / b.norm()).item()
-
-    print(f"\n8B shapes, bf16: |lazy-hf|/|hf| = {rel(logits['lazy'], logits['hf']):.2e}, "
+    print(f"\n8B shapes, {dtype}, {layers} layers: |lazy-hf|/|hf| = {rel(logits['lazy'], logits['hf']):.2e}, "
           f"|block-hf|/|hf| = {rel(logits['block'], logits['hf']):.2e}, "
           f"|lazy-block|/|block| = {rel(logits['lazy'], logits['block']):.2e}")
-    assert rel(logits["lazy"], logits["hf"]) < 3e-2
-    assert rel(logits["block"], logits["hf"]) < 3e-2
-    assert rel(logits["lazy"], logits["block"]) < 3e-2
-    assert logits["lazy"].argmax() == logits["hf"].argmax()
+    assert rel(logits["lazy"], logits["hf"]) < tol
+    assert rel(logits["block"], logits["hf"]) < tol
+    assert rel(logits["lazy"], logits["block"]) < tol
+    if dtype == "float32":
+        assert logits["lazy"].argmax() == logits["hf"].argmax()
 
 
 def test_throughput_smoke_lazy_vs_block():
@@ -107,8 +133,10 @@ def test_throughput_smoke_lazy_vs_block():
     for mode in ("lazy", "block"):
         llm = LLM(model=str(CONFIG_8B), mode=mode, device="cuda", random_weights=True, kv_cache_gb=20,
                   progress=False)
-        for r, p in enumerate(prompts[:2]):  # warm-up: kernels compiled and autotuned, documents cached
-            llm.engine.add_request(f"warm{r}", p, params)
+        # Warm-up at the timed batch's shape, so that no kernel compiles or autotunes inside the timed run
+        # (autotuning is per process: without this the first mode measured would pay for both).
+        for r, p in enumerate(prompts):
+            llm.engine.add_request(f"warm{r}", RenderedPrompt(p.segments, p.final[::-1]), params)
         while llm.engine.has_unfinished():
             llm.engine.step()
         torch.cuda.synchronize()
@@ -128,15 +156,17 @@ def test_throughput_smoke_lazy_vs_block():
               f"mean TTFT {1e3 * ttft:.1f} ms, KV pages high water {llm.stats().pages_high_water}")
         del llm
         torch.cuda.empty_cache()
-    same = sum(a == b for a, b in zip(tokens["lazy"], tokens["block"]))
-    print(f"lazy and block produced identical tokens for {same}/{len(prompts)} requests")
-    assert same >= len(prompts) - 2  # bf16: a rare near-tie may flip a greedy token
+    # Greedy tokens are not compared: with random bf16 weights, rounding flips near-ties (the fp32 test
+    # is where lazy == block is shown). Every request must have finished with its 16 tokens.
+    assert all(len(t) == 16 for mode in tokens for t in tokens[mode])
 
 
-def test_decode_step_cpu_issue_time_vs_gpu_time():
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
     """Do CUDA graphs pay for decode? Only if the CPU takes longer to issue a step than the GPU to run it.
-    Prints both for batch 1 and 16 at 8B shapes (the answer is recorded in docs/benchmarks.md)."""
-    llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=8, progress=False)
+    Prints both for batch 1 and 16 at 8B shapes, eager and with graphs (recorded in docs/benchmarks.md)."""
+    llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=8,
+              progress=False, cuda_graphs=cuda_graphs)
     runner = llm.engine.runner
     timings: list[tuple[int, float, float]] = []
     run = runner.run
@@ -156,15 +186,30 @@ def test_decode_step_cpu_issue_time_vs_gpu_time():
     docs = random_docs(4, 1024, seed=5)
     for batch_size in (1, 16):
         timings.clear()
-        for r in range(batch_size):
-            prompt = RenderedPrompt(segments=[[128000]] + docs, final=random_docs(1, 32, seed=200 + r)[0])
-            llm.engine.add_request(f"b{batch_size}-{r}", prompt,
-                                   SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
-        while llm.engine.has_unfinished():
-            llm.engine.step()
+        prompts = [RenderedPrompt(segments=[[128000]] + docs, final=random_docs(1, 32, seed=200 + r)[0])
+                   for r in range(batch_size)]
+        run_once(llm, prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
         steady = [t for t in timings if t[0] == batch_size][4:]
         issue = sum(t[1] for t in steady) / len(steady)
         total = sum(t[2] for t in steady) / len(steady)
-        print(f"\ndecode batch {batch_size}: CPU issues a step in {1e3 * issue:.2f} ms, "
-              f"the step completes in {1e3 * total:.2f} ms ({len(steady)} steps)")
+        print(f"\ndecode batch {batch_size}, cuda_graphs={cuda_graphs}: CPU issues a step in {1e3 * issue:.2f} ms,"
+              f" the step completes in {1e3 * total:.2f} ms ({len(steady)} steps)")
         assert total >= issue
+
+
+def test_cuda_graph_decode_equals_eager():
+    """fp32, 8B shapes: the same tokens and logits (within kernel rounding) with and without graphs."""
+    docs = random_docs(3, 300, seed=6)
+    prompts = [RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 8, seed=300 + i)[0])
+               for i in range(3)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    results = {}
+    for graphs in (False, True):
+        llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", dtype="float32", random_weights=True,
+                  kv_cache_gb=2, progress=False, cuda_graphs=graphs, max_model_len=4096)
+        seen = capture_logits(llm)
+        results[graphs] = (run_once(llm, prompts, params), torch.cat(seen))
+        del llm
+        torch.cuda.empty_cache()
+    assert results[False][0] == results[True][0]
+    assert rel(results[True][1], results[False][1]) < 1e-5
