@@ -82,21 +82,36 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
-                    programs_per_sm: int = 3, min_pages_per_split: int = 4) -> int:
-    """Splits per entry: enough programs to keep HBM busy, few enough to run in one wave.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
-    Decode is bandwidth bound, so programs running side by side share HBM bandwidth and finish together;
-    what costs is too few programs (too little in flight) or a second wave (a tail where few run). Two
-    resident programs per SM saturate HBM (decode_config), up to programs_per_sm fit. Each split walks
-    at least min_pages_per_split pages so the pipeline fills. Splits are page-granular, so the count is
-    rounded down to the number that really get pages.
-    H100 (132 SMs), 8 kv heads, pages of 64: batch 1 x 32K -> 32 splits, 8 x 4K -> 5, 32 x 4K -> 1.
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least n zeroed int32 counters for the fused split merges of the decode and prefill kernels.
+
+    One buffer per (device, stream), reused by every launch: a kernel that counts on a counter sets it
+    back to zero before it exits. Per stream, because kernels on two streams may run at the same time.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    buf = _COUNTERS.get((device, stream))
+    if buf is None or buf.numel() < n:
+        size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
+        buf = _COUNTERS[(device, stream)] = torch.zeros(size, dtype=torch.int32, device=device)
+    return buf
+
+
+def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
+                    programs_per_sm: int = 2, min_pages_per_split: int = 4) -> int:
+    """Splits per entry: about programs_per_sm programs per SM, in one wave.
+
+    Decode is bandwidth bound: what costs is too few programs (too little in flight) or a ragged wave
+    (some SMs run one program more than others). Two resident programs per SM keep enough loads in flight
+    (decode_config); measured on an H200, batch 8 x 4K-32K: 4 splits (256 programs) beat 5 and 6 by 3-8 %.
+    Each split walks at least min_pages_per_split pages so its pipeline fills. Splits are page-granular, so
+    the count is rounded down to the number that really get pages.
+    H100/H200 (132 SMs), 8 kv heads, pages of 64: batch 1 x 32K -> 32 splits, 8 x 4K -> 4, 32 x 4K -> 1.
     """
     base = max(1, batch_size * kv_heads)
-    want = -(-2 * sm_count // base)
-    fits = max(1, sm_count * programs_per_sm // base)
-    n = max(1, min(want, fits, max_pages // min_pages_per_split))
+    n = max(1, min(sm_count * programs_per_sm // base, max_pages // min_pages_per_split))
     per_split = -(-max_pages // n)
     return -(-max_pages // per_split)
 
@@ -133,14 +148,14 @@ def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_m
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
     pages_ptr, deltas_ptr, valid_ptr, starts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_tab,
     qk_scale, num_splits,
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-    APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
+    BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
     DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     split = tl.program_id(0)
@@ -231,33 +246,39 @@ def _decode_split_kernel(
         tl.store(m_ptr + row, m_i, mask=g_mask)
         tl.store(l_ptr + row, l_i, mask=g_mask)
         tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
+        # The last split of this (entry, kv head) to finish merges them all, so no second launch. The
+        # barrier puts every thread's stores before the counter's release; the merger resets the counter.
+        tl.debug_barrier()
+        counter = counters_ptr + entry * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            for g_i in tl.static_range(GROUP):
+                head = kv_head * GROUP + g_i
+                _merge_head(acc_ptr, m_ptr, l_ptr, (entry * HQ + head) * num_splits, num_splits,
+                            out_ptr + entry * stride_ob + head.to(tl.int64) * stride_oh,
+                            HEAD_DIM, BLOCK_S, BLOCK_D)
+            tl.store(counter, 0)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    acc_ptr, m_ptr, l_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-    HQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):
+def _merge_head(acc_ptr, m_ptr, l_ptr, first, num_splits, o_row,
+                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits of one (entry, q head).
 
-    Walks the splits BLOCK_S at a time with a running max, so any split count fits in registers.
-    Empty splits carry m = NEG_BIG, l = 0, acc = 0 and add nothing.
-    """
-    head = tl.program_id(0)
-    entry = tl.program_id(1).to(tl.int64)
+    Walks the splits BLOCK_S at a time with a running max, so any split count fits in registers. Empty
+    splits carry m = NEG_BIG, l = 0, acc = 0 and add nothing. Loads bypass L1 (.cg): other programs wrote
+    the partials."""
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    first = (entry * HQ + head) * num_splits
     m_run = tl.full([], NEG_BIG, tl.float32)
     total = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         s_mask = s < num_splits
-        m = tl.load(m_ptr + first + s, mask=s_mask, other=float("-inf"))
-        l = tl.load(l_ptr + first + s, mask=s_mask, other=0.0)
+        m = tl.load(m_ptr + first + s, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + first + s, mask=s_mask, other=0.0, cache_modifier=".cg")
         part = tl.load(acc_ptr + (first + s)[:, None] * HEAD_DIM + d[None, :],
-                       mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+                       mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
         m_new = tl.maximum(m_run, tl.max(m, 0))
         old = tl.exp2(m_run - m_new)
         w = tl.exp2(m - m_new)
@@ -265,8 +286,7 @@ def _decode_merge_kernel(
         acc = acc * old + tl.sum(part * w[:, None], 0)
         m_run = m_new
     out = acc / tl.where(total > 0, total, 1.0)
-    o_row = out_ptr + entry * stride_ob + head.to(tl.int64) * stride_oh
-    tl.store(o_row + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(o_row + d, out.to(o_row.dtype.element_ty), mask=d_mask)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -337,11 +357,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         cos, sin = cos.contiguous(), sin.contiguous()
     direct = num_splits == 1
     if direct:
-        acc = m = l = out  # unused pointers
+        acc = m = l = counters = out  # unused pointers
     else:
         m = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
         l = torch.empty_like(m)
         acc = torch.empty(bsz, hq, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        counters = arrival_counters(q.device, bsz * hkv)
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
     # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
@@ -349,21 +370,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dot_ty = tl.float32 if _interpreting() else _TL_DTYPES[k_cache.dtype]
     regs = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
-        q, k_cache, v_cache, out, acc, m, l,
+        q, k_cache, v_cache, out, acc, m, l, counters,
         batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages, batch.q_start, cos, sin,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
         cos.stride(0), scale * LOG2E, num_splits,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=cfg.block_n, TILES_PER_PAGE=page_size // cfg.block_n,
-        APPLY_DELTA=apply_delta, INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
+        BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta, INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **regs,
     )
-    if not direct:
-        _decode_merge_kernel[(hq, bsz)](
-            acc, m, l, out, out.stride(0), out.stride(1), num_splits,
-            HQ=hq, HEAD_DIM=head_dim, BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
-            num_warps=4,
-        )
     return out

@@ -65,7 +65,6 @@ from lazyattn.kernels.rope import RopeTables
 
 _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step (causal page count, run ends); deltas held in registers
-_BLOCK_S = 64  # pages looked at around a split boundary to snap it to a run start
 _MIN_KEYS_PER_SPLIT = 512  # below this a split's startup latency outweighs its work
 _MAX_SPLITS = 32
 
@@ -97,53 +96,47 @@ def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _run_end(deltas_row, begin, stop, delta, BLOCK_P: tl.constexpr):
-    """First page in [begin, stop) whose delta differs from `delta`, else stop: the end of this run."""
-    end = stop
-    lo = begin
-    while lo < end:
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _count_runs(deltas_row, n_pages, BLOCK_P: tl.constexpr):
+    """Runs (maximal stretches of pages of one delta) among the first n_pages pages."""
+    runs = 0
+    for lo in range(0, n_pages, BLOCK_P):
         i = lo + tl.arange(0, BLOCK_P)
-        d = tl.load(deltas_row + i, mask=i < end, other=delta)
-        end = tl.minimum(end, tl.min(tl.where(d != delta, i, end), axis=0))
-        lo += BLOCK_P
-    return end
+        inside = i < n_pages
+        d = tl.load(deltas_row + i, mask=inside, other=0)
+        d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > 0), other=0)
+        runs += tl.sum((inside & ((i == 0) | (d != d_prev))).to(tl.int32), axis=0)
+    return runs
 
 
 @triton.jit
-def _next_run(deltas_row, win, win_idx, win_end, page, page_hi, BLOCK_P: tl.constexpr):
-    """(delta, end page) of the run starting at `page`. The program's first BLOCK_P deltas are held in
-    registers (`win`), so finding a run costs no memory round trip unless the run leaves that window."""
-    if page < win_end:
-        delta = tl.sum(tl.where(win_idx == page, win, 0), axis=0)
-        change = (win_idx > page) & (win_idx < win_end) & (win != delta)
-        end = tl.min(tl.where(change, win_idx, win_end), axis=0)
-    else:
-        delta = tl.load(deltas_row + page)
-        end = page + 1
-    if end >= win_end:
-        end = _run_end(deltas_row, tl.maximum(end, win_end), page_hi, delta, BLOCK_P)
-    return delta, end
-
-
-@triton.jit
-def _snap_to_run(deltas_row, x, n_vis, reach, BLOCK_S: tl.constexpr):
-    """Split boundary x moved to the nearest run start within `reach` pages (x itself if none): a split
-    straddling a delta change costs one more Q rotation and pipeline refill."""
-    i = x - BLOCK_S // 2 + tl.arange(0, BLOCK_S)
-    near = (i > 0) & (i < n_vis) & (tl.abs(i - x) <= reach)
-    d = tl.load(deltas_row + i, mask=near, other=0)
-    d_prev = tl.load(deltas_row + i - 1, mask=near, other=0)
-    # Distinct rank per candidate: by distance, the lower page first on a tie.
-    rank = tl.where(near & (d != d_prev), 2 * tl.abs(i - x) - (i < x).to(tl.int32), 2 * BLOCK_S)
-    best = tl.min(rank, axis=0)
-    snapped = tl.sum(tl.where(rank == best, i, 0), axis=0)
-    # An if, not tl.where: a loop bound computed straight from a reduction made triton 3.9 give up on
-    # coalescing and pipelining the K/V loads of the loop (checked on the sm_90 TTGIR).
-    if (x > 0) & (x < n_vis) & (best < 2 * BLOCK_S):  # noqa: SIM108 - must stay an scf.if
-        bound = snapped
-    else:
-        bound = tl.minimum(x, n_vis)
-    return bound
+def _chunk(deltas_row, first, last, c, chunk_len, BLOCK_P: tl.constexpr):
+    """Pages [lo, hi) of chunk c of the pages [first, last), and the number of chunks there. Chunks cut the
+    range at every delta change and every chunk_len pages within a run, so one delta holds in a chunk.
+    lo = hi = last when there is no chunk c."""
+    seen = 0  # chunks starting before this window
+    run_start = first
+    lo = last
+    hi = last
+    for base in range(first, last, BLOCK_P):
+        i = base + tl.arange(0, BLOCK_P)
+        inside = i < last
+        d = tl.load(deltas_row + i, mask=inside, other=0)
+        d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > first), other=0)
+        new_run = inside & ((i == first) | (d != d_prev))
+        # Start of the run holding each page: a running max over the run starts so far.
+        in_run = tl.maximum(tl.associative_scan(tl.where(new_run, i, -1), 0, _max), run_start)
+        starts_chunk = inside & ((i - in_run) % chunk_len == 0)
+        index = seen + tl.cumsum(starts_chunk.to(tl.int32), 0) - 1
+        lo = tl.minimum(lo, tl.min(tl.where(starts_chunk & (index == c), i, last), axis=0))
+        hi = tl.minimum(hi, tl.min(tl.where(starts_chunk & (index == c + 1), i, last), axis=0))
+        seen += tl.sum(starts_chunk.to(tl.int32), axis=0)
+        run_start = tl.max(in_run, axis=0)
+    return lo, hi, seen
 
 
 @triton.jit
@@ -182,31 +175,85 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _tile_meta(pages_row, valid_row, starts_row, t, n_tiles, page_lo, page_hi, q_first,
+               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where tile t of the page range [page_lo, page_hi) lives: (page0, page1, slot_lo, n0, n1, pos0, masked).
+
+    A tile is the slots [slot_lo, slot_lo + BLOCK_N) of page0 (BLOCK_N <= PAGE_SIZE), or the whole pages
+    page0 and page1 (BLOCK_N = 2 * PAGE_SIZE; page1 holds keys only inside the range). n0 / n1: keys held
+    from slot_lo on / in page1; pos0: logical position of the tile's first slot; masked: the tile holds
+    padding or crosses the block's causal diagonal (first query position q_first), so scores need the mask.
+    Past the last tile every tile reads as empty."""
+    live = t < n_tiles
+    if BLOCK_N <= PAGE_SIZE:
+        TILES_PER_PAGE: tl.constexpr = PAGE_SIZE // BLOCK_N
+        p = page_lo + t // TILES_PER_PAGE
+        slot_lo = (t % TILES_PER_PAGE) * BLOCK_N
+        page0 = tl.load(pages_row + p, mask=live, other=0)
+        n0 = tl.load(valid_row + p, mask=live, other=0) - slot_lo
+        pos0 = tl.load(starts_row + p, mask=live, other=0) + slot_lo
+        page1 = page0
+        n1 = n0
+        full = n0 >= BLOCK_N
+    else:
+        p = page_lo + 2 * t
+        second = live & (p + 1 < page_hi)
+        slot_lo = 0 * t
+        page0 = tl.load(pages_row + p, mask=live, other=0)
+        n0 = tl.load(valid_row + p, mask=live, other=0)
+        pos0 = tl.load(starts_row + p, mask=live, other=0)
+        page1 = tl.load(pages_row + p + 1, mask=second, other=0)
+        n1 = tl.load(valid_row + p + 1, mask=second, other=0)
+        full = (n0 == PAGE_SIZE) & (n1 == PAGE_SIZE)
+    masked = (not full) | (pos0 + BLOCK_N - 1 > q_first)
+    return page0, page1, slot_lo, n0, n1, pos0, masked
+
+
+@triton.jit
 def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
                   k_head, v_head, pages_row, valid_row, starts_row, page_lo, page_hi,
                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2)."""
-    TILES: tl.constexpr = PAGE_SIZE // BLOCK_N
-    offs_n = tl.arange(0, BLOCK_N)
+    """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2).
+
+    The page metadata of tile t + 1 is loaded during tile t and carried in registers. Loaded in the same
+    iteration, the page id makes the K/V loads indirect and triton 3.6 pipelines the id as a 4-byte async
+    copy with a wait for all copies every tile (2 K/V buffers, under one tile of prefetch: seen in the
+    sm_90 TTGIR). Carried, the K/V loads get num_stages buffers, as in a walk over contiguous K/V."""
+    n = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    for tile in range(page_lo * TILES, page_hi * TILES):
-        i = tile // TILES
-        first_slot = (tile % TILES) * BLOCK_N
-        page = tl.load(pages_row + i).to(tl.int64)  # int64: page * stride overflows int32 on big pools
-        n_valid = tl.load(valid_row + i)
-        start = tl.load(starts_row + i)
-        slot = first_slot + offs_n
-        in_page = slot < n_valid
+    if BLOCK_N <= PAGE_SIZE:
+        n_tiles = (page_hi - page_lo) * (PAGE_SIZE // BLOCK_N)
+    else:
+        n_tiles = (page_hi - page_lo + 1) // 2
+    page0, page1, slot_lo, n0, n1, pos0, masked = _tile_meta(
+        pages_row, valid_row, starts_row, 0, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE, BLOCK_N)
+    for t in range(0, n_tiles):
+        t_page0, t_page1, t_slot_lo, t_n0, t_n1, t_pos0, t_masked = page0, page1, slot_lo, n0, n1, pos0, masked
+        page0, page1, slot_lo, n0, n1, pos0, masked = _tile_meta(
+            pages_row, valid_row, starts_row, t + 1, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE, BLOCK_N)
+        # int64 page offsets: page * stride overflows int32 on big pools.
+        if BLOCK_N <= PAGE_SIZE:
+            slot = t_slot_lo + n
+            k_rows = k_head + t_page0.to(tl.int64) * stride_kp + slot * stride_ks
+            v_rows = v_head + t_page0.to(tl.int64) * stride_vp + slot * stride_vs
+            in_page = n < t_n0
+            key_pos = t_pos0 + n
+        else:
+            first = n < PAGE_SIZE
+            slot = n % PAGE_SIZE
+            page = tl.where(first, t_page0, t_page1).to(tl.int64)
+            k_rows = k_head + page * stride_kp + slot * stride_ks
+            v_rows = v_head + page * stride_vp + slot * stride_vs
+            in_page = slot < tl.where(first, t_n0, t_n1)
+            key_pos = tl.where(first, t_pos0, t_pos0 + t_n0 - PAGE_SIZE) + n
         # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot).
-        k = tl.load(k_head + page * stride_kp + slot[:, None] * stride_ks + dims[None, :],
-                    mask=in_page[:, None], other=0.0)
-        v = tl.load(v_head + page * stride_vp + slot[:, None] * stride_vs + dims[None, :],
-                    mask=in_page[:, None], other=0.0)
+        k = tl.load(k_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0)
+        v = tl.load(v_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0)
         qk = _dot(q, tl.trans(k), None, DOT_PRECISION, UPCAST)
-        if (first_slot + BLOCK_N > n_valid) | (start + first_slot + BLOCK_N - 1 > q_first):
-            visible = in_page[None, :] & ((start + slot)[None, :] <= q_pos[:, None])
+        if t_masked:
+            visible = in_page[None, :] & (key_pos[None, :] <= q_pos[:, None])
             qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
         # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
@@ -230,8 +277,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -254,15 +300,21 @@ def _prefill_kernel(
     q_first = pos0 + first_row
     q_last = pos0 + tl.minimum(first_row + QB, q_len) - 1
 
+    out_rows = Out + token * stride_ot + head * stride_oh
+    num_heads = tl.num_programs(1) * GROUP
+    ws_rows = token * num_heads + head
+    ws_split_stride = total_q * num_heads
+    if SPLIT_KV:
+        # This split's workspace rows (fp32, HEAD_DIM each) hold the rotated Q until the partial overwrites
+        # them; without splits the program's own output rows do.
+        ELEMS_PER_FP32: tl.constexpr = 32 // Q.dtype.element_ty.primitive_bitwidth
+        scratch_rows = (WsO.to(tl.pointer_type(Q.dtype.element_ty), bitcast=True)
+                        + (split * ws_split_stride + ws_rows) * (HEAD_DIM * ELEMS_PER_FP32))
+    else:
+        scratch_rows = out_rows
+
     table = entry.to(tl.int64) * stride_table
     n_vis = _count_pages(starts + table, tl.load(num_pages + entry), q_last, BLOCK_P)
-    if SPLIT_KV:
-        per_split = tl.cdiv(n_vis, tl.num_programs(2))
-        page_lo = _snap_to_run(deltas + table, split * per_split, n_vis, per_split // 2, BLOCK_S)
-        page_hi = _snap_to_run(deltas + table, (split + 1) * per_split, n_vis, per_split // 2, BLOCK_S)
-    else:
-        page_lo = 0
-        page_hi = n_vis
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -270,73 +322,116 @@ def _prefill_kernel(
     dims = tl.arange(0, HEAD_DIM)
     k_head = K + kv_head * stride_kh
     v_head = V + kv_head * stride_vh
-    if APPLY_DELTA:
-        win_idx = page_lo + tl.arange(0, BLOCK_P)
-        win_end = tl.minimum(page_lo + BLOCK_P, page_hi)
-        win = tl.load(deltas + table + win_idx, mask=win_idx < win_end, other=0)
-        page = page_lo
-        while page < page_hi:
-            delta, run_end = _next_run(deltas + table, win, win_idx, win_end, page, page_hi, BLOCK_P)
-            q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+    if SPLIT_KV or APPLY_DELTA:
+        # A program walks chunks of its pages, one delta per chunk, so the rotation is a prologue of each
+        # chunk's tile loop. With more splits than runs, chunks are the runs cut to about n_vis / (S - runs)
+        # pages and split s takes chunk s alone (no second tile loop). With fewer, split s takes the s-th of
+        # S balanced page ranges and walks the runs in it. Without splits: every run, in order. The chunks do
+        # not depend on APPLY_DELTA: without rotation the kernel keeps the same structure.
+        if SPLIT_KV:
+            num_splits = tl.num_programs(2)
+            runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+            if num_splits > runs:
+                first = 0
+                last = n_vis
+                c = split
+                step = num_splits
+                chunk_len = tl.cdiv(n_vis, num_splits - runs)
+            else:
+                first = split * n_vis // num_splits
+                last = (split + 1) * n_vis // num_splits
+                c = 0
+                step = 1
+                chunk_len = last - first
+        else:
+            first = 0
+            last = n_vis
+            c = 0
+            step = 1
+            chunk_len = n_vis
+        chunk_len = tl.maximum(chunk_len, 1)
+        page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+        has_chunk = c < n_chunks
+        while c < n_chunks:
+            q_src = q_rows
+            if APPLY_DELTA:
+                delta = tl.load(deltas + table + page_lo)
+                if delta != 0:
+                    # The rotated tile goes through this program's scratch rows and is loaded back: a loaded Q
+                    # is what triton keeps in shared memory for the QK^T wgmma. Computed in registers, Q stays
+                    # a register operand, reloaded from shared memory on every tile at 255 registers: 38 %
+                    # slower tile loop (sm_90, measured). The barriers order the scratch for the whole CTA.
+                    q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+                    tl.debug_barrier()
+                    tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
+                    tl.debug_barrier()
+                    q_src = scratch_rows
+            q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
             acc, l_i, m_i = _attend_pages(
                 acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                starts + table, page, run_end, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                starts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                 HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
-            page = run_end
+            c += step
+            page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
             acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-            starts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+            starts + table, 0, n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
             HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
 
     if SPLIT_KV:
-        # Partial result of this split: normalised output and log2-sum-exp (-inf when it saw no key).
-        ws_row = (split * total_q + token) * (tl.num_programs(1) * GROUP) + head
+        # This split's partial: normalised output and log2-sum-exp (-inf when it saw no key).
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # m_i = -inf already marks an empty row
-        tl.store(WsO + ws_row[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
-        tl.store(WsLse + ws_row, m_i + tl.log2(l_safe), mask=row_ok)
+        mine = split * ws_split_stride + ws_rows
+        tl.store(WsLse + mine, m_i + tl.log2(l_safe), mask=row_ok)
+        if has_chunk:  # a split without a chunk leaves its output unwritten: the merge skips it
+            tl.store(WsO + mine[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
+                     mask=row_ok[:, None])
     else:
         o = acc / l_i[:, None]
-        out_rows = Out + token * stride_ot + head * stride_oh
         tl.store(out_rows[:, None] + dims[None, :], o.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def _combine_kernel(WsO, WsLse, Out, total_q, num_splits, stride_ot, stride_oh,
-                    NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Merge the splits of one query row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m)."""
-    token = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HEADS_P2)
+def _combine_kernel(WsO, WsLse, Out, num_rows, num_splits, stride_ot, stride_oh,
+                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge the splits of one (query row, head): out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
+
+    One program per (row, head), BLOCK_S splits per step: the partials are read in parallel across the
+    GPU. (Merging in the split kernel, by the last split of a block to finish, was measured: one SM then
+    reads every partial of the block, 64 KiB each, 10-50 us at 16-48 splits.)"""
+    row = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
-    mask = heads < NUM_HEADS
-    m = tl.full([HEADS_P2], float("-inf"), tl.float32)
-    for s in range(num_splits):
-        m = tl.maximum(m, tl.load(WsLse + (s * total_q + token) * NUM_HEADS + heads, mask=mask,
-                                  other=float("-inf")))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    num = tl.zeros([HEADS_P2, HEAD_DIM], tl.float32)
-    den = tl.zeros([HEADS_P2], tl.float32)
-    for s in range(num_splits):
-        row = (s * total_q + token) * NUM_HEADS + heads
-        w = tl.exp2(tl.load(WsLse + row, mask=mask, other=float("-inf")) - m)
-        o = tl.load(WsO + row[:, None] * HEAD_DIM + dims[None, :], mask=mask[:, None], other=0.0)
-        num += w[:, None] * o
-        den += w
-    out = num / den[:, None]
-    ptrs = Out + token * stride_ot + heads[:, None] * stride_oh + dims[None, :]
-    tl.store(ptrs, out.to(Out.dtype.element_ty), mask=mask[:, None])
+    m_run = tl.full([], float("-inf"), tl.float32)
+    den = tl.zeros([], tl.float32)
+    num = tl.zeros([HEAD_DIM], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ws = s * num_rows + row
+        lse = tl.load(WsLse + ws, mask=s < num_splits, other=float("-inf"))
+        seen = lse > float("-inf")  # a split that saw no key may have left its output unwritten
+        o = tl.load(WsO + ws[:, None] * HEAD_DIM + dims[None, :], mask=seen[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        old = tl.exp2(m_run - m_ref)
+        w = tl.exp2(lse - m_ref)
+        den = den * old + tl.sum(w, axis=0)
+        num = num * old + tl.sum(w[:, None] * o, axis=0)
+        m_run = m_new
+    out = num / tl.where(den == 0.0, 1.0, den)
+    ptrs = Out + (row // NUM_HEADS) * stride_ot + (row % NUM_HEADS) * stride_oh + dims
+    tl.store(ptrs, out.to(Out.dtype.element_ty))
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-# Autotune candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype / head_dim; BLOCK_N is capped at
-# the page size. num_stages: the page-id load takes one pipeline stage of its own, so K/V tiles are only
-# prefetched num_stages - 3 tiles ahead (measured on the sm_90 TTGIR: 3 -> 1 tile, 5 -> 2 tiles).
+# Autotune candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype / head_dim. BLOCK_N is capped at
+# two pages (a tile is part of a page, or two whole pages).
 _TILES = {
-    "16bit": [(128, 64, 8, 5), (128, 64, 8, 3), (64, 64, 4, 5), (128, 128, 8, 3)],
+    "16bit": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)],
     "16bit_d256": [(64, 64, 8, 3), (64, 32, 4, 3)],
     "fp32": [(32, 32, 4, 2), (64, 32, 4, 2)],  # ieee dots run on FMA units: small tiles
 }
@@ -347,7 +442,7 @@ def _candidates(fp32: bool, head_dim: int, group: int, page_size: int) -> list[t
     configs = {}
     for block_m, block_n, warps, stages in _TILES[family]:
         # The M tile must hold at least one position of the whole head group.
-        tile = (max(block_m, _next_pow2(group)), min(block_n, page_size), warps, stages)
+        tile = (max(block_m, _next_pow2(group)), min(block_n, 2 * page_size), warps, stages)
         configs[tile] = triton.Config({"BLOCK_M": tile[0], "BLOCK_N": tile[1]}, num_warps=warps, num_stages=stages)
     return list(configs.values())
 
@@ -403,8 +498,10 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
             tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
             out: torch.Tensor | None = None, num_splits: int | None = None,
-            config: tuple[int, int] | None = None) -> torch.Tensor:
-    """prefill_attention with the split count and (BLOCK_M, BLOCK_N) forced: for tests and benchmarks."""
+            config: tuple[int, ...] | None = None) -> torch.Tensor:
+    """prefill_attention with the split count and the tiles forced: for tests and benchmarks.
+
+    config: (BLOCK_M, BLOCK_N) or (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     tables = tables if apply_delta else None
     _check_inputs(q, k_cache, v_cache, tables, batch, out)
     out = torch.empty_like(q) if out is None else out
@@ -426,11 +523,14 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     if config is None and not _interpreting():
         _prefill_tuned[grid](*args, **consts)
     else:
-        block_m, block_n = config or (max(64, _next_pow2(group)), min(k_cache.shape[1], 64))
-        _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=2)
+        config = config or (max(64, _next_pow2(group)), min(k_cache.shape[1], 64))
+        block_m, block_n, warps, stages = (*config, 4, 2) if len(config) == 2 else config
+        _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+                              num_stages=stages)
     if splits > 1:
-        _combine_kernel[(total_q,)](ws_o, ws_lse, out, total_q, splits, out.stride(0), out.stride(1),
-                                    NUM_HEADS=q_heads, HEADS_P2=_next_pow2(q_heads), HEAD_DIM=head_dim)
+        _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
+                                              out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
+                                              BLOCK_S=min(16, _next_pow2(splits)))
     return out
 
 
@@ -452,7 +552,7 @@ def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         APPLY_DELTA=tables is not None, INTERLEAVED=tables is not None and tables.interleaved,
         SPLIT_KV=splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=_interpreting() and q.dtype == torch.bfloat16,
-        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, BLOCK_S=_BLOCK_S,
+        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
     )
     return args, consts
 
@@ -480,6 +580,8 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} and contiguous along head_dim, got "
                          f"{out.dtype} {tuple(out.shape)}")
+    if out is not None and out.data_ptr() == q.data_ptr():
+        raise ValueError("out must not be q itself: the kernel keeps rotated copies of q in out's rows")
     if any(t.stride(1) != 1 or t.stride(0) != batch.pages.stride(0)
            for t in (batch.pages, batch.deltas, batch.valid, batch.starts)):
         raise ValueError("PagedBatch tables must be contiguous [B, P] int32 tensors of one shape")

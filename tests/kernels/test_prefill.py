@@ -95,19 +95,23 @@ def test_dropping_deltas_changes_the_result():
     assert rel_err(run(s, q, batch, apply_delta=False), s.dense_final(s.requests[0])) > 1e-2
 
 
-@pytest.mark.parametrize("splits", [2, 3, 9])
-def test_split_kv_matches_reference(splits):
-    """Split-KV (more splits than some entries have pages, so some splits are empty) and the merge."""
+@pytest.mark.parametrize("splits,config", [(2, None), (3, None), (9, None), (3, (64, 32)), (5, (16, 32))])
+def test_split_kv_matches_reference(splits, config):
+    """Split-KV (more splits than some entries have pages, so some splits are empty) and the merge by the
+    last split to finish, also with tiles of two pages (splits and runs starting at odd pages)."""
     s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
                       tables=tables("ntk", 64), seed=6)
     q, batch = s.final_prefill()
-    out = run(s, q, batch, num_splits=splits)
+    out = run(s, q, batch, num_splits=splits, config=config)
     assert rel_err(out, ref(s, q, batch)) < 1e-5
+    # The arrival counters are left at zero for the next launch: a second run gives the same result.
+    assert torch.equal(run(s, q, batch, num_splits=splits, config=config), out)
 
 
-@pytest.mark.parametrize("config", [(16, 16), (32, 32), (64, 16)])
+@pytest.mark.parametrize("config", [(16, 16), (32, 32), (64, 16), (32, 64), (16, 64)])
 def test_block_shapes_and_uneven_head_group(config):
-    """Tiles smaller than a page, a head group of 3 (rows of the M tile left over), several q blocks."""
+    """Tiles smaller than a page or of two pages, a head group of 3 (rows of the M tile left over),
+    several q blocks."""
     s = make_scenario([45, 20], [([0, 1], 50), ([1], 33)], q_heads=6, kv_heads=2, head_dim=64, page_size=32,
                       tables=tables("yarn", 64), seed=7)
     q, batch = s.final_prefill()
@@ -116,16 +120,33 @@ def test_block_shapes_and_uneven_head_group(config):
 
 
 def test_scans_longer_than_one_block(monkeypatch):
-    """Entry lookup, causal page count and run ends that need several vector steps (tiny scan blocks)."""
+    """Entry lookup, causal page count, run count and chunk bounds that need several vector steps (tiny
+    scan blocks)."""
     from lazyattn.kernels import prefill
 
     monkeypatch.setattr(prefill, "_BLOCK_B", 2)
     monkeypatch.setattr(prefill, "_BLOCK_P", 4)
-    monkeypatch.setattr(prefill, "_BLOCK_S", 4)
     s = make_scenario([150, 70, 37], REQUESTS, head_dim=64, page_size=16, tables=tables("default", 64), seed=10)
     q, batch = s.final_prefill()
     assert rel_err(run(s, q, batch), ref(s, q, batch)) < 1e-5
     assert rel_err(run(s, q, batch, num_splits=3), ref(s, q, batch)) < 1e-5
+
+
+@pytest.mark.parametrize("config", [(64, 16), (64, 32)])
+def test_page_padding_is_never_read(config):
+    """NaN in every slot past a page's valid keys (and in unlisted pages) must not reach the output."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables("llama3", 64), seed=11)
+    q, batch = s.final_prefill()
+    want = ref(s, q, batch)
+    listed = torch.zeros(s.k_cache.shape[:2], dtype=torch.bool)
+    for b in range(batch.batch_size):
+        for i in range(int(batch.num_pages[b])):
+            listed[int(batch.pages[b, i]), : int(batch.valid[b, i])] = True
+    s.k_cache[~listed] = float("nan")
+    s.v_cache[~listed] = float("nan")
+    assert rel_err(run(s, q, batch, config=config), want) < 1e-5
+    assert rel_err(run(s, q, batch, config=config, num_splits=4), want) < 1e-5
 
 
 def test_strided_pool_view():
@@ -160,7 +181,8 @@ def test_autotune_candidates_fit_the_call():
         assert configs and len(configs) <= 4
         for c in configs:
             m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-            assert page_size % n == 0 and n >= 16 and m >= max(group, 16)
+            # A tile is part of one page or two whole pages.
+            assert (page_size % n == 0 or n == 2 * page_size) and n >= 16 and m >= max(group, 16)
 
 
 def test_rejects_unsupported_shapes():
