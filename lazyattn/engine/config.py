@@ -27,6 +27,7 @@ class EngineConfig:
     seed: int = 0
     random_weights: bool = False  # read only config.json and draw weights from `seed` (benchmarks)
     cuda_graphs: bool = True  # capture decode steps on CUDA
+    warm_up: bool = True  # on CUDA: compile/tune kernels and capture graphs before the first request
     progress: bool = True  # progress bars (loading, generate)
 
     def __post_init__(self) -> None:

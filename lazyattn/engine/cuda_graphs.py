@@ -68,6 +68,14 @@ class DecodeGraphs:
         graph.replay()
         return logits[:b]
 
+    def capture_all(self) -> None:
+        """Capture every batch size now (start-up), instead of on a request's first decode of that size."""
+        self.slots.fill_(-1)
+        self.num_pages.zero_()
+        for size in self.sizes:
+            if size not in self.graphs:
+                self.graphs[size] = self._capture(size)
+
     def _static_batch(self, size: int) -> ForwardBatch:
         attn = PagedBatch(self.cu[: size + 1], self.q_start[:size], self.pages[:size], self.deltas[:size],
                           self.valid[:size], self.starts[:size], self.num_pages[:size], max_q=1,

@@ -115,6 +115,31 @@ class LLMEngine:
         self.encodes: list[EncodeHandle] = []
         self._seq_ids = itertools.count()
         self._lock = threading.RLock()
+        if self.device.type == "cuda" and config.warm_up:
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Compile and autotune the kernels for both prefill launch shapes (split-KV for few programs, plain
+        for many) and capture every decode graph, so that no request pays for it; then forget it all."""
+        ps = self.config.page_size
+        vocab = self.model_config.vocab_size
+        # One request covers both prefill shapes: encoding a long document runs many query blocks (plain
+        # launch), its short final segment runs few (split-KV launch); then a few decode steps.
+        doc_len = max(ps, min(2048, self.max_model_len // 2, (self.pool.num_pages - 4) * ps // 2))
+        doc = [(7 * i + 1) % vocab for i in range(doc_len)]
+        final = [(11 * j + 3) % vocab for j in range(8)]
+        self.add_request("__warm_up__", RenderedPrompt([doc], final),
+                         SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        while self.has_unfinished():
+            self.step()
+        if self.runner.graphs is not None:
+            self.runner.graphs.capture_all()
+        # Start from a clean slate: no cached warm-up documents, no counters.
+        self.cache.clear()
+        self.cache = DocumentCache(self.pool, ps)
+        self.scheduler = Scheduler(self.config, self.cache, self.scheduler.keyer)
+        self.pool.reset_high_water()
+        torch.cuda.synchronize(self.device)
 
     @staticmethod
     def _tokenizer(config: EngineConfig) -> TokenizerBase:
