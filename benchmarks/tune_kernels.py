@@ -7,7 +7,12 @@ Phase 1 compiles every kernel variant once in parallel worker processes (they fi
 the GPU-marked kernel tests run beside them; phase 2 times every job one by one in this process
 (triton.testing.do_bench medians, L2 flushed before each call, inputs rotated over copies when they would fit
 in L2); the table comes last. Every job also records max |out - ref| against a reference output of the same
-inputs (the kernel of `--baseline`, or SDPA where that is the job). Overhead pairs (apply_delta on / off on
+inputs (the kernels of `--baseline`, or SDPA where that is the job). The baseline modules are files beside
+this script, e.g. the kernels before the tuning:
+
+    git show 8f145b4:lazyattn/kernels/prefill.py > benchmarks/_old_prefill.py
+    git show 8f145b4:lazyattn/kernels/decode.py > benchmarks/_old_decode.py
+ Overhead pairs (apply_delta on / off on
 the same inputs, splits and tiles) are timed alternately, median of rounds. Shapes: Llama-3.1-8B heads
 (32 q, 8 kv, head_dim 128), bf16, pages of 64 unless a job says otherwise; same layouts as
 benchmarks/kernels.py (whose helpers build the inputs).
@@ -38,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels as kb  # noqa: E402  (benchmarks/kernels.py: layouts and measurement helpers)
-import triton  # noqa: E402
 
 from lazyattn.kernels import decode as new_decode  # noqa: E402
 from lazyattn.kernels import prefill as new_prefill  # noqa: E402
@@ -398,6 +402,7 @@ def main() -> None:
     p.add_argument("--baseline", default="_old", help="module prefix of the reference kernels (<prefix>_prefill)")
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--tests", action="store_true", help="run the gpu-marked kernel tests beside phase 1")
+    p.add_argument("--compile-only", action="store_true", help="stop after phase 1 (warms triton's cache)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rep", type=int, default=100)
@@ -427,6 +432,8 @@ def main() -> None:
         log = tests.communicate()[0]
         (out.parent / "tests.log").write_text(log)
         print("[tests]", (log.strip().splitlines() or ["no output"])[-1], f"({time.time() - t0:.0f} s)", flush=True)
+    if args.compile_only:
+        return
 
     rows, case, ref, key = [], None, None, None
     order = {"rag": 0, "causal": 1, "decode": 2}
@@ -450,7 +457,9 @@ def main() -> None:
             traceback.print_exc()
         rows.append({"id": job["id"], "case": name, "impl": impl, **r})
         print(json.dumps(rows[-1]), flush=True)
-    env = kb.environment(SimpleNamespace(argv=sys.argv[1:]), torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = kb.environment(SimpleNamespace(argv=sys.argv[1:]), device)
+    env["command"] = "python3 benchmarks/tune_kernels.py " + " ".join(sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1, default=str))
     table = ["| case | impl | ms | ms_off | overhead % | TFLOP/s | GB/s | diff |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -26,7 +26,9 @@ memory with asynchronous copies (num_stages tiles in flight), which is what reac
 Each entry's pages are cut into num_splits contiguous page ranges; a program walks its range in tiles of
 BLOCK_N slots (BLOCK_N divides page_size, so a tile never straddles pages) with an online softmax in
 fp32 and exp2, and writes an unnormalised partial (acc, running max m, running sum l) to fp32 scratch.
-A small merge kernel combines the splits. With one split the program normalises and writes directly.
+The last split of an (entry, kv head) to finish merges them (an arrival counter per (entry, kv head),
+arrival_counters), so a step is one launch; its partials are G x D floats per split, read in one go.
+With one split the program normalises and writes directly.
 """
 
 from __future__ import annotations
@@ -57,22 +59,26 @@ class DecodeConfig:
     maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
 
 
-def decode_config(head_dim: int, dtype: torch.dtype, page_size: int) -> DecodeConfig:
-    """Launch config per (head_dim, dtype, page_size): a starting point, to be tuned on the GPU.
+def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
+                  programs_per_sm: float = 0.0) -> DecodeConfig:
+    """Launch config per (head_dim, dtype, page_size) and grid size (programs per SM).
 
     Tiles of up to 16 KiB for K and as much for V (64 rows of 128 bf16 channels), and enough stages that
     a program has ~64 KiB of K/V buffers (2 to 4 tile pairs; num_stages = buffers + 1): at d=128 bf16,
-    page 64 that is 68 KiB of shared memory, so three programs share an H100 SM, each loading one tile
-    pair while it computes on another, ~100 KiB in flight per SM: several times what Little's law asks
-    to saturate HBM. Smaller pages give smaller tiles and deeper pipelines. Three programs of 128
-    threads need <= 168 registers each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes
-    176-183 unless capped (capped, 16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more,
-    so it is left uncapped).
+    page 64 that is 68 KiB of shared memory, so three programs share an SM, each loading one tile pair
+    while it computes on another: several times what Little's law asks to saturate HBM. Smaller pages give
+    smaller tiles and deeper pipelines. From two programs per SM on, one more buffer (two programs fit per
+    SM): a grid of 512 programs then runs in two even waves instead of 1.3 (H200, batch 64 x 4K/8K:
+    +16 / +24 % bandwidth; equal at batch 8 and 32). Three programs of 128 threads need <= 168 registers
+    each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped,
+    16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
     block_n = 1 << (block_n.bit_length() - 1)
     buffers = min(4, max(2, 65536 // (2 * block_n * row_bytes)))
+    if programs_per_sm >= 2:
+        buffers = min(4, buffers + 1)
     cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap)
 
@@ -83,17 +89,21 @@ def _sm_count(device_index: int) -> int:
 
 
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown buffers: CUDA graphs captured with them still point at them
 
 
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least n zeroed int32 counters for the fused split merges of the decode and prefill kernels.
+    """At least n zeroed int32 counters for the fused split merge.
 
-    One buffer per (device, stream), reused by every launch: a kernel that counts on a counter sets it
-    back to zero before it exits. Per stream, because kernels on two streams may run at the same time.
+    One buffer per (device, stream), reused by every launch: a kernel that counts on a counter sets it back
+    to zero before it exits. Per stream, because kernels on two streams may run at the same time. A buffer
+    is never freed: a CUDA graph captured with it keeps using it.
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     buf = _COUNTERS.get((device, stream))
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
         size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
         buf = _COUNTERS[(device, stream)] = torch.zeros(size, dtype=torch.int32, device=device)
     return buf
@@ -324,8 +334,11 @@ def _resolve_num_splits(num_splits: int | None, q: torch.Tensor, batch: PagedBat
     max_pages = max(1, -(-batch.max_kv // page_size))
     if not q.is_cuda or _interpreting():
         return min(3, max_pages)  # the interpreter runs programs one by one: keep it small
-    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    return pick_num_splits(q.shape[0], kv_heads, max_pages, _sm_count(device))
+    return pick_num_splits(q.shape[0], kv_heads, max_pages, _sm_count(_device_index(q)))
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -346,10 +359,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
-    cfg = decode_config(head_dim, k_cache.dtype, page_size)
+    num_splits = _resolve_num_splits(num_splits, q, batch, page_size, hkv)
+    per_sm = bsz * hkv * num_splits / _sm_count(_device_index(q)) if q.is_cuda else 0.0
+    cfg = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
     if page_size % cfg.block_n:
         raise ValueError(f"page_size {page_size} is not a multiple of the tile ({cfg.block_n} slots)")
-    num_splits = _resolve_num_splits(num_splits, q, batch, page_size, hkv)
     apply_delta = apply_delta and tables is not None
     cos = tables.cos if apply_delta else q  # placeholder pointers when the rotation is compiled out
     sin = tables.sin if apply_delta else q
@@ -377,7 +391,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         cos.stride(0), scale * LOG2E, num_splits,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=cfg.block_n, TILES_PER_PAGE=page_size // cfg.block_n,
-        BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta, INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
+        BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta,
+        INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **regs,
     )

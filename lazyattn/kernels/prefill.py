@@ -14,16 +14,22 @@ so rotating the *query* tile once by -delta replaces rotating every cached key. 
 c = cos(delta theta_j), s = sin(delta theta_j): a' = a c + b s, b' = b c - a s. Causality and softmax only
 depend on logical positions, which come from `starts`, never from delta.
 
-Where delta is applied: pages are walked in order, grouped into *runs* of consecutive pages that share a
-delta (one run per segment: a document, the final segment). At the start of each run the Q tile is
-reloaded from global memory (L2-hot) and de-rotated in fp32 with the cos/sin rows `tables.cos/sin[delta]`;
-the run's K tiles are then consumed by a plain FlashAttention-2 inner loop. So the inner loop, the part
-that runs per K tile, is the same code with and without deltas (`APPLY_DELTA=False` compiles the runs and
-the rotation out), and the de-rotated Q is loop-invariant there. Reloading Q instead of keeping an
-unrotated copy live saves registers; it happens once per segment. Run boundaries come from the
-program's first 256 deltas, loaded once into registers, so a run change costs no extra memory round trip.
-(A flat tile loop that re-rotates Q when delta changes was tried: triton then re-stores the MMA operand
-to shared memory on every tile and spills; the run loop keeps the inner loop clean.)
+Where delta is applied: a program walks *chunks* of its pages, stretches of consecutive pages that share
+one delta (a segment, or part of one). At the start of a chunk the Q tile is de-rotated by -delta in fp32
+with the cos/sin rows `tables.cos/sin[delta]`, written to the program's scratch rows and loaded back; then
+a FlashAttention-2 tile loop consumes the chunk's K/V. The round trip is what makes the tile loop the same
+code as without deltas: triton keeps a *loaded* Q tile in shared memory as the QK^T wgmma operand, while a
+computed one stays a register operand, reloaded from shared memory on every tile at 255 registers, which
+measured 38 % slower per tile on an H200. Chunks of delta 0 load Q directly. Scratch rows: the program's
+own output rows, or its split's workspace rows, both overwritten by its result later.
+(A single tile loop that re-rotates Q when the delta changes lets triton 3.6 pipeline nothing at all.)
+
+Chunks. Without splits: the runs of equal delta, in order (with APPLY_DELTA=False: one loop over all
+pages). With S splits and more splits than runs: the runs cut into pieces of about (n - runs) / (S - runs)
+pages, split s takes piece s alone (a single tile loop per program). With fewer: split s takes the s-th of
+S balanced page ranges and walks the runs in it. This does not depend on APPLY_DELTA, so apply_delta=False
+is the same kernel and the same split structure with the rotation compiled out. Chunk bounds come from a
+scan of the visible pages' deltas.
 
 Both channel pairings are handled by loading the Q tile twice, once with the column permutation that maps
 each channel to its pair partner (j <-> j + D/2 half-split, 2j <-> 2j+1 interleaved): the rotation is then
@@ -38,16 +44,16 @@ Grid, tiling, GQA
   [cu[b] // QB + b, cu[b+1] // QB + b + 1), at least its cdiv(len_b, QB) blocks (an entry costs at most one
   idle slot). A program finds its entry by counting slot starts <= its slot. Slots run in reverse so the
   long causal blocks (end of a sequence) start first.
+- Tile loop: a K/V tile is part of one page or two whole pages (BLOCK_N = 2 * page_size). The page ids,
+  valid counts and first position of tile t + 1 are loaded during tile t (_attend_pages says why).
 - Causal: a block walks only the pages starting at or before its last position. Masks are applied only to
   tiles holding padding slots (past `valid`) or crossing the diagonal; other tiles skip the select.
-  K tiles never straddle pages (page_size % BLOCK_N == 0).
-- Split-KV: when (blocks x kv heads) cannot fill the GPU (a 32-token question against 10K cached tokens
-  at batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial
-  output and its log2-sum-exp, and a small kernel merges them. Split bounds snap to the nearest run start
-  within half a split, so splits rarely straddle a segment (each straddle costs a rotation and a refill).
+- Split-KV: when (blocks x kv heads) leaves SMs idle (a 32-token question against 10K cached tokens at
+  batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial output
+  and its log2-sum-exp, and a second kernel merges them, one program per (query row, head).
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
-  use ieee precision. Block sizes: an autotuned short list per dtype/head_dim, pruned by page size
-  (`_TILES`); a fixed config under TRITON_INTERPRET.
+  use ieee precision. Tiles and split counts: tile_config and _default_splits, measured on an H200 with
+  benchmarks/tune_kernels.py; small fixed tiles under TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -223,7 +229,7 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
     sm_90 TTGIR). Carried, the K/V loads get num_stages buffers, as in a walk over contiguous K/V."""
     n = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    if BLOCK_N <= PAGE_SIZE:
+    if BLOCK_N <= PAGE_SIZE:  # noqa: SIM108 - a compile-time branch reads clearer in a kernel
         n_tiles = (page_hi - page_lo) * (PAGE_SIZE // BLOCK_N)
     else:
         n_tiles = (page_hi - page_lo + 1) // 2
@@ -428,36 +434,22 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-# Autotune candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype / head_dim. BLOCK_N is capped at
-# two pages (a tile is part of a page, or two whole pages).
-_TILES = {
-    "16bit": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4)],
-    "16bit_d256": [(64, 64, 8, 3), (64, 32, 4, 3)],
-    "fp32": [(32, 32, 4, 2), (64, 32, 4, 2)],  # ieee dots run on FMA units: small tiles
-}
+def tile_config(fp32: bool, head_dim: int, group: int, page_size: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a call: measured on an H200 (benchmarks/tune_kernels.py).
 
-
-def _candidates(fp32: bool, head_dim: int, group: int, page_size: int) -> list[triton.Config]:
-    family = "fp32" if fp32 else "16bit_d256" if head_dim > 128 else "16bit"
-    configs = {}
-    for block_m, block_n, warps, stages in _TILES[family]:
-        # The M tile must hold at least one position of the whole head group.
-        tile = (max(block_m, _next_pow2(group)), min(block_n, 2 * page_size), warps, stages)
-        configs[tile] = triton.Config({"BLOCK_M": tile[0], "BLOCK_N": tile[1]}, num_warps=warps, num_stages=stages)
-    return list(configs.values())
-
-
-def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """The candidate list of this call's dtype, head_dim, head group and page size."""
-    args = {**named_args, **kwargs}
-    return _candidates(args["Q"].dtype == torch.float32, args["HEAD_DIM"], args["GROUP"], args["PAGE_SIZE"])
-
-
-_prefill_tuned = triton.autotune(
-    configs=_candidates(False, 128, 1, 64),  # replaced per call by _prune
-    key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "APPLY_DELTA", "INTERLEAVED", "SPLIT_KV"],
-    prune_configs_by={"early_config_prune": _prune},
-)(_prefill_kernel)
+    16-bit, head_dim <= 128: 128 x 64 tiles, 8 warps, 3 stages (K/V prefetched 2 tiles ahead); 4 stages
+    measured the same. Pages of >= 128: 128 x 128 tiles (455 TFLOP/s against 378 for 128 x 64 at 16K
+    causal); with pages of 64 the 2-page 128 x 128 tile is no faster and spills. A tile is part of a page
+    or two whole pages, so BLOCK_N is capped at 2 * page_size. fp32 dots run on FMA units: small tiles.
+    The M tile holds at least one position of the whole head group.
+    """
+    if fp32:
+        block_m, block_n, warps, stages = 32, 32, 4, 2
+    elif head_dim > 128:
+        block_m, block_n, warps, stages = 64, 64, 8, 3
+    else:
+        block_m, block_n, warps, stages = 128, 128 if page_size >= 128 else 64, 8, 3
+    return max(block_m, _next_pow2(group)), min(block_n, 2 * page_size), warps, stages
 
 
 def _interpreting() -> bool:
@@ -469,17 +461,19 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int) -> int:
-    """Split the KV walk only when (query blocks x kv heads) leaves the GPU mostly idle."""
+def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int, block_m: int) -> int:
+    """Split the KV walk when (query blocks x kv heads) leaves SMs idle: one program holds an SM (8 warps,
+    ~230 registers each), so the aim is one wave of about 1.25 programs per SM. Measured on an H200, RAG
+    5 x 2048 + 32: batch 1 -> 20 splits (16 busy: 0.052 ms against 0.075 at 32), batch 8 -> 2 splits
+    (0.176 ms against 0.237 at 3)."""
     if not q.is_cuda or _interpreting():
         return 1
-    block_positions = max(1, 128 // group)
-    programs = (triton.cdiv(q.shape[0], block_positions) + batch.batch_size - 1) * kv_heads
-    sms = _num_sms(q.device)
-    if programs >= sms:
-        return 1
+    positions = max(1, block_m // group)
+    blocks = min(triton.cdiv(q.shape[0], positions) + batch.batch_size - 1,
+                 batch.batch_size * triton.cdiv(max(1, batch.max_q), positions))
+    programs = blocks * kv_heads
     by_length = max(1, batch.max_kv // _MIN_KEYS_PER_SPLIT)
-    return max(1, min(triton.cdiv(2 * sms, programs), by_length, _MAX_SPLITS))
+    return max(1, min((_num_sms(q.device) * 5 // 4) // programs, by_length, _MAX_SPLITS))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -510,23 +504,19 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     if total_q == 0 or batch.batch_size == 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
-    splits = num_splits or _default_splits(q, batch, group, kv_heads)
+    if config is None:
+        config = tile_config(q.dtype == torch.float32, head_dim, group, k_cache.shape[1])
+        if _interpreting():  # the interpreter runs programs one by one: small tiles keep tests quick
+            config = (max(64, _next_pow2(group)), min(k_cache.shape[1], 64), 4, 2)
+    block_m, block_n, warps, stages = (*config, 4, 2) if len(config) == 2 else config
+    splits = num_splits or _default_splits(q, batch, group, kv_heads, block_m)
     ws_o = ws_lse = out  # placeholders, unused unless split
     if splits > 1:
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
         ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, splits)
-
-    def grid(meta: dict) -> tuple[int, int, int]:
-        return (total_q // (meta["BLOCK_M"] // group) + batch.batch_size, kv_heads, splits)
-
-    if config is None and not _interpreting():
-        _prefill_tuned[grid](*args, **consts)
-    else:
-        config = config or (max(64, _next_pow2(group)), min(k_cache.shape[1], 64))
-        block_m, block_n, warps, stages = (*config, 4, 2) if len(config) == 2 else config
-        _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-                              num_stages=stages)
+    grid = (total_q // (block_m // group) + batch.batch_size, kv_heads, splits)
+    _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
                                               out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,

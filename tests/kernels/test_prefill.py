@@ -97,15 +97,14 @@ def test_dropping_deltas_changes_the_result():
 
 @pytest.mark.parametrize("splits,config", [(2, None), (3, None), (9, None), (3, (64, 32)), (5, (16, 32))])
 def test_split_kv_matches_reference(splits, config):
-    """Split-KV (more splits than some entries have pages, so some splits are empty) and the merge by the
-    last split to finish, also with tiles of two pages (splits and runs starting at odd pages)."""
+    """Split-KV (fewer splits than runs: balanced page ranges; more: one chunk per split; more splits than
+    some entries have pages: empty splits) and the merge, also with tiles of two pages (splits and runs
+    starting at odd pages)."""
     s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
                       tables=tables("ntk", 64), seed=6)
     q, batch = s.final_prefill()
     out = run(s, q, batch, num_splits=splits, config=config)
     assert rel_err(out, ref(s, q, batch)) < 1e-5
-    # The arrival counters are left at zero for the next launch: a second run gives the same result.
-    assert torch.equal(run(s, q, batch, num_splits=splits, config=config), out)
 
 
 @pytest.mark.parametrize("config", [(16, 16), (32, 32), (64, 16), (32, 64), (16, 64)])
@@ -172,22 +171,22 @@ def test_large_deltas():
     assert rel_err(out, ref(s, q, batch)) < 1e-5
 
 
-def test_autotune_candidates_fit_the_call():
-    from lazyattn.kernels.prefill import _candidates
+def test_tile_config_fits_the_call():
+    from lazyattn.kernels.prefill import tile_config
 
     for fp32, head_dim, group, page_size in [(False, 128, 4, 64), (False, 128, 4, 16), (False, 256, 8, 32),
-                                            (True, 64, 1, 16), (False, 64, 32, 128)]:
-        configs = _candidates(fp32, head_dim, group, page_size)
-        assert configs and len(configs) <= 4
-        for c in configs:
-            m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-            # A tile is part of one page or two whole pages.
-            assert (page_size % n == 0 or n == 2 * page_size) and n >= 16 and m >= max(group, 16)
+                                            (True, 64, 1, 16), (False, 64, 32, 128), (False, 128, 4, 256)]:
+        m, n, warps, stages = tile_config(fp32, head_dim, group, page_size)
+        # A tile is part of one page or two whole pages.
+        assert (page_size % n == 0 or n == 2 * page_size) and n >= 16 and m >= max(group, 16)
+        assert warps in (4, 8) and stages >= 2
 
 
 def test_rejects_unsupported_shapes():
     s = make_scenario([20], [([0], 4)], head_dim=64, page_size=16, tables=tables("default", 64))
     q, batch = s.final_prefill()
+    with pytest.raises(ValueError, match="out must not be q"):
+        prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, out=q)
     with pytest.raises(ValueError, match="page_size"):
         prefill_attention(q, s.k_cache[:, :8], s.v_cache[:, :8], batch, s.tables, s.scale)
     with pytest.raises(ValueError, match="head_dim"):
