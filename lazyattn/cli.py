@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 
+from lazyattn.bench.cli import add_bench_parser
+from lazyattn.server.cli import add_serve_parser
+
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="'tiny' (built in) or a Hugging Face checkpoint directory")
@@ -82,18 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 
-    try:
-        from lazyattn.server.cli import add_serve_parser
-
-        add_serve_parser(sub, _engine_args, engine_options)
-    except ImportError:
-        pass
-    try:
-        from lazyattn.bench.cli import add_bench_parser
-
-        add_bench_parser(sub, _engine_args, engine_options)
-    except ImportError:
-        pass
+    add_serve_parser(sub, _engine_args, engine_options)
+    add_bench_parser(sub, _engine_args, engine_options)
 
     args = parser.parse_args(argv)
     from lazyattn.errors import LazyAttnError

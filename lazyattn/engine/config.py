@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from lazyattn.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("lazy", "block", "prefix", "full")
 
@@ -44,6 +46,8 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch  # here, so that the CLI starts without loading torch
+
         if self.dtype is None:
             return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         try:

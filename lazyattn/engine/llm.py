@@ -139,7 +139,8 @@ class LLM:
                         done[o.request_id] = o
                         bar.update(1)
                 elapsed = max(time.monotonic() - start, 1e-9)
-                bar.set_postfix_str(f"prefill {prefill_tok / elapsed:.0f} tok/s, decode {decode_tok / elapsed:.0f} tok/s")
+                bar.set_postfix_str(
+                    f"prefill {prefill_tok / elapsed:.0f} tok/s, decode {decode_tok / elapsed:.0f} tok/s")
                 if not outs and not self.engine.has_unfinished():
                     break
         except BaseException:
