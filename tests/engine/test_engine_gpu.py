@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lazyattn import LLM, SamplingParams
+from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.kernels.reference import block_mask
 
@@ -63,15 +64,20 @@ def hf_model_with_weights_of(llm: LLM, directory: Path, dtype: torch.dtype):
     return hf.eval()
 
 
-def run_once(llm: LLM, prompts: list[RenderedPrompt], params: SamplingParams) -> dict[str, list[int]]:
+def run_all(llm: LLM, prompts: list[RenderedPrompt], params: SamplingParams) -> dict[str, RequestOutput]:
+    """Submit every prompt at once (ids r0, r1, ...) and step the engine until all are finished."""
     for i, p in enumerate(prompts):
         llm.engine.add_request(f"r{i}", p, params)
     outs = {}
     while llm.engine.has_unfinished():
         for o in llm.engine.step():
             if o.finished:
-                outs[o.request_id] = o.token_ids
+                outs[o.request_id] = o
     return outs
+
+
+def run_once(llm: LLM, prompts: list[RenderedPrompt], params: SamplingParams) -> dict[str, list[int]]:
+    return {rid: o.token_ids for rid, o in run_all(llm, prompts, params).items()}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -135,19 +141,10 @@ def test_throughput_smoke_lazy_vs_block():
                   progress=False)
         # Warm-up at the timed batch's shape, so that no kernel compiles or autotunes inside the timed run
         # (autotuning is per process: without this the first mode measured would pay for both).
-        for r, p in enumerate(prompts):
-            llm.engine.add_request(f"warm{r}", RenderedPrompt(p.segments, p.final[::-1]), params)
-        while llm.engine.has_unfinished():
-            llm.engine.step()
+        run_all(llm, [RenderedPrompt(p.segments, p.final[::-1]) for p in prompts], params)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for r, p in enumerate(prompts):
-            llm.engine.add_request(f"r{r}", p, params)
-        outs = {}
-        while llm.engine.has_unfinished():
-            for o in llm.engine.step():
-                if o.finished:
-                    outs[o.request_id] = o
+        outs = run_all(llm, prompts, params)
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         tokens[mode] = [outs[f"r{r}"].token_ids for r in range(len(prompts))]
