@@ -24,7 +24,13 @@ from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence, Status
-from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
+from lazyattn.errors import (
+    CheckpointError,
+    ContextTooLongError,
+    InvalidRequestError,
+    LazyAttnError,
+    QueueFullError,
+)
 from lazyattn.kernels.backend import make_backend
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.model.loader import load_model
@@ -123,15 +129,24 @@ class LLMEngine:
         for many) and capture every decode graph, so that no request pays for it; then forget it all."""
         ps = self.config.page_size
         vocab = self.model_config.vocab_size
-        # One request covers both prefill shapes: encoding a long document runs many query blocks (plain
-        # launch), its short final segment runs few (split-KV launch); then a few decode steps.
+        # A long document's encode runs many query blocks (plain launch); short final segments in batches
+        # of 1, 2, 4, ... run few (split-KV launches, whose merge is compiled per split count).
         doc_len = max(ps, min(2048, self.max_model_len // 2, (self.pool.num_pages - 4) * ps // 2))
-        doc = [(7 * i + 1) % vocab for i in range(doc_len)]
-        final = [(11 * j + 3) % vocab for j in range(8)]
-        self.add_request("__warm_up__", RenderedPrompt([doc], final),
-                         SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-        while self.has_unfinished():
-            self.step()
+        docs = [[(7 * i + k) % vocab for i in range(doc_len if k == 1 else 2 * ps + 3)] for k in (1, 2)]
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        n = 1
+        while n <= min(64, self.config.max_num_seqs):
+            for i in range(n):
+                final = [(11 * i + j) % vocab for j in range(8)]
+                prompt = RenderedPrompt([list(d) for d in docs], final)
+                try:
+                    self._validate(prompt, params)
+                except LazyAttnError:  # a pool too small for the warm-up shapes: warm up what fits
+                    break
+                self._enqueue(f"__warm_up_{n}_{i}", prompt, params, None, None)
+            while self.has_unfinished():
+                self.step()
+            n *= 2
         if self.runner.graphs is not None:
             self.runner.graphs.capture_all()
         # Start from a clean slate: no cached warm-up documents, no counters.
@@ -139,7 +154,8 @@ class LLMEngine:
         self.cache = DocumentCache(self.pool, ps)
         self.scheduler = Scheduler(self.config, self.cache, self.scheduler.keyer)
         self.pool.reset_high_water()
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @staticmethod
     def _tokenizer(config: EngineConfig) -> TokenizerBase:
@@ -170,6 +186,11 @@ class LLMEngine:
             limit = self.config.max_waiting
             if limit is not None and len(self.scheduler.waiting) >= limit:
                 raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
+            self._enqueue(request_id, prompt, params, cache_salt, arrival)
+
+    def _enqueue(self, request_id: str, prompt: RenderedPrompt, params: SamplingParams,
+                 cache_salt: str | None, arrival: float | None) -> None:
+        with self._lock:
             seqs = []
             for i in range(params.n):
                 seq = Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments],

@@ -273,7 +273,9 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
     return acc, l_i, m_i
 
 
-@triton.jit
+# Counts that change with every batch are not specialised on (Triton would compile a variant for == 1 and
+# for multiples of 16): a serving engine must not compile inside a request.
+@triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _prefill_kernel(
     Q, K, V, Out, WsO, WsLse, Cos, Sin,
     cu_seqlens_q, q_start, pages, deltas, valid, starts, num_pages,
@@ -399,7 +401,7 @@ def _prefill_kernel(
         tl.store(out_rows[:, None] + dims[None, :], o.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "num_splits"])
 def _combine_kernel(WsO, WsLse, Out, num_rows, num_splits, stride_ot, stride_oh,
                     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
     """Merge the splits of one (query row, head): out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).

@@ -222,3 +222,13 @@ def test_documents_encoded_ahead_are_hits_later(checkpoint):
     out = generate(llm, [(["d", "a"], [40, 41])])
     assert llm.stats().cache.misses == len(segments)  # every document hit
     assert out[0].token_ids == generate(make_llm(checkpoint, "llama", "lazy"), [(["d", "a"], [40, 41])])[0].token_ids
+
+
+def test_warm_up_leaves_no_trace(checkpoint):
+    """The start-up warm-up (run on CUDA before serving) forgets its documents and counters."""
+    llm = make_llm(checkpoint, "llama", "lazy", max_num_seqs=8)
+    want = generate(make_llm(checkpoint, "llama", "lazy"), REQUESTS)
+    llm.engine.warm_up()
+    stats = llm.stats()
+    assert stats.cache.lookups == 0 and stats.pages_used == 0 and stats.prefilled_tokens == 0
+    assert [o.token_ids for o in generate(llm, REQUESTS)] == [o.token_ids for o in want]
