@@ -103,6 +103,16 @@ class Scenario:
             starts.append(lo)
         return torch.cat(qs), PagedBatch.build(entries, lens, starts, self.k_cache.device)
 
+    def poison_unlisted(self, batch: PagedBatch) -> None:
+        """NaN into every cache slot the batch does not list as a valid key (page tails, unused pages):
+        a kernel that reads one of them shows it in its output."""
+        listed = torch.zeros(self.k_cache.shape[:2], dtype=torch.bool, device=self.k_cache.device)
+        for b in range(batch.batch_size):
+            for i in range(int(batch.num_pages[b])):
+                listed[int(batch.pages[b, i]), : int(batch.valid[b, i])] = True
+        self.k_cache[~listed] = float("nan")
+        self.v_cache[~listed] = float("nan")
+
     # --- ground truth ------------------------------------------------------------------------------
 
     def dense_final(self, r: Request, lo: int = 0, hi: int | None = None) -> torch.Tensor:

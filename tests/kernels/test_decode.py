@@ -121,12 +121,7 @@ def test_page_padding_is_never_read():
     """NaN in every slot past a page's valid keys (and in unused pages) must not reach the output."""
     s = scenario("llama3", heads=(4, 2), seed=8)
     _, batch = s.decode()
-    listed = torch.zeros(s.k_cache.shape[:2], dtype=torch.bool)
-    for b in range(batch.batch_size):
-        for i in range(int(batch.num_pages[b])):
-            listed[int(batch.pages[b, i]), : int(batch.valid[b, i])] = True
-    s.k_cache[~listed] = float("nan")
-    s.v_cache[~listed] = float("nan")
+    s.poison_unlisted(batch)
     out, _ = run(s, num_splits=2)
     assert rel_err(out, dense_decode(s)) < 1e-5
 
