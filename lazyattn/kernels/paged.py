@@ -28,6 +28,17 @@ from dataclasses import dataclass
 import torch
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many pages of size `b` hold `a` tokens."""
+    return -(-a // b)
+
+
+def page_fill(n_tokens: int, page_size: int) -> list[int]:
+    """Valid tokens per page of a segment of `n_tokens` that owns whole pages (the last may be partial)."""
+    full, rest = divmod(n_tokens, page_size)
+    return [page_size] * full + ([rest] if rest else [])
+
+
 @dataclass
 class EntryPages:
     """One entry's pages, as the engine describes them (host-side lists)."""
