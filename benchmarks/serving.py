@@ -228,8 +228,8 @@ def run_mode(run: Run, plan: Plan, mode: str, weight: float, weights_left: float
     warm_up(engine, warmup_trace(shared, 1, high, bos))
     # The slice starts after the warm-up: the first mode's kernel compilation is shared by all modes.
     until = run.clock.mode_deadline(weight, weights_left)
-    run.log(f"{mode}: engine built and warmed up in {time.monotonic() - t:.1f} s ({engine.pool.num_pages} pages "
-            f"of {engine.page_bytes / 2**20:g} MiB); {until - time.monotonic():.0f} s for its points")
+    run.log(f"{mode}: engine built and warmed up in {time.monotonic() - t:.1f} s ({engine.num_pages} pages "
+            f"of {engine.runner.page_bytes / 2**20:g} MiB); {until - time.monotonic():.0f} s for its points")
 
     tasks = []  # (label, expected seconds or None, callable), in priority order
     if mode != "full":

@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from lazyattn.bench.replay import document_hits
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
 from lazyattn.cache.page_pool import PagePool, bytes_per_page
+from lazyattn.engine.modes import make_mode
+from lazyattn.kernels.paged import cdiv
 
 POLICIES = ("pool", "pool_plus_request")
 SIM_MODES = ("lazy", "block", "prefix")
@@ -49,19 +50,10 @@ def page_accounting(model_config, page_size: int, dtype) -> PageAccounting:
     return PageAccounting(page_size, bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, page_size, dtype))
 
 
-def _pages(n_tokens: int, page_size: int) -> int:
-    return -(-n_tokens // page_size)
-
-
 def working_set_pages(mode: str, spec: WorkloadSpec, system_len: int, page_size: int) -> int:
-    """Pages one request of `spec` holds while it runs (the engine's `_pages_needed` for such a request)."""
-    run = spec.question_len + spec.output_len
-    docs = spec.docs_per_request * _pages(spec.doc_len, page_size)
-    system = _pages(system_len, page_size) if system_len else 0
-    if mode in ("prefix", "full"):
-        return _pages(system_len + spec.docs_per_request * spec.doc_len + run, page_size)
-    moved = docs if system_len else docs - _pages(spec.doc_len, page_size)  # segments after position 0
-    return system + docs + (moved if mode == "block" else 0) + _pages(run, page_size)
+    """Pages one request of `spec` holds while it runs: its mode's page count (the engine's own formula)."""
+    segment_lens = ([system_len] if system_len else []) + [spec.doc_len] * spec.docs_per_request
+    return make_mode(mode).pages_needed(segment_lens, spec.question_len + spec.output_len, 1, page_size)
 
 
 def pool_pages(budget_bytes: int, policy: str, spec: WorkloadSpec, system_len: int, acct: PageAccounting) -> int:
@@ -130,6 +122,7 @@ def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: Trac
     """Replay `trace` one request at a time through a cache of `num_pages` pages."""
     if mode not in SIM_MODES:
         raise ValueError(f"mode must be one of {SIM_MODES}, got {mode!r}")
+    m = make_mode(mode)
     keys = keys if keys is not None and keys.page_size == page_size else TraceKeys(trace, page_size)
     pool = PagePool(num_pages)
     cache = DocumentCache(pool, page_size)
@@ -138,12 +131,12 @@ def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: Trac
     docs = context = cached_total = 0
     hits = 0.0
     for i, req in enumerate(trace.requests):
-        if mode == "prefix":
-            cached = _prefix_request(cache, pool, keys.pages[i], keys.prompt_len[i], fed_back)
+        if m.caches_documents:
+            cached = _segment_request(cache, pool, keys.segments[i], spec.question_len + fed_back, m.copies)
         else:
-            cached = _segment_request(cache, pool, keys.segments[i], spec.question_len + fed_back, mode == "block")
+            cached = _prefix_request(cache, pool, keys.pages[i], keys.prompt_len[i], fed_back)
         docs += len(req.doc_ids)
-        hits += document_hits(mode, cached, trace.system_len, spec.doc_len, len(req.doc_ids))
+        hits += m.reused_documents(cached, trace.system_len, spec.doc_len, len(req.doc_ids))
         context += keys.prompt_len[i]
         cached_total += cached
     return SimResult(mode, num_pages, len(trace.requests), docs, hits, context, cached_total,
@@ -163,7 +156,7 @@ def _segment_request(cache: DocumentCache, pool: PagePool, segments: list[tuple[
         held.append((seg, start))
         start += n
     copies = cache.allocate(sum(len(s.pages) for s, at in held if at > 0)) if block else []
-    own = cache.allocate(_pages(run_tokens, cache.page_size))
+    own = cache.allocate(cdiv(run_tokens, cache.page_size))
     for seg, _ in reversed(held):
         cache.release(seg)
     pool.free(own)
@@ -184,7 +177,7 @@ def _prefix_request(cache: DocumentCache, pool: PagePool, chain: list[str], prom
             first_owned = b
     start = (first_owned if first_owned is not None else len(parts)) * ps
     owned = sum(1 for _, is_new in parts if is_new)
-    own = cache.allocate(_pages(prompt_len - start + fed_back, ps) - owned)
+    own = cache.allocate(cdiv(prompt_len - start + fed_back, ps) - owned)
     for seg, is_new in parts:
         if is_new:
             cache.mark_ready(seg)

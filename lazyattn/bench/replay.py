@@ -23,6 +23,7 @@ from lazyattn.bench.metrics import EngineCounters, RequestRecord, Summary, summa
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.llm_engine import LLMEngine
+from lazyattn.engine.modes import Mode
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.sampling import SamplingParams
 
@@ -42,21 +43,6 @@ class PointRun:
         return summarize(self.records, self.counters)
 
 
-def document_hits(mode: str, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
-    """Documents of a request found in the cache, from the engine's count of cached context tokens.
-
-    lazy/block cache whole segments: cached = (system_len if the system segment hit) + hits * doc_len, and
-    system_len < doc_len, so the floor division is exact. prefix reuses a token prefix in whole pages, which
-    may end inside a document (always, once BOS shifts documents off page boundaries): its hits are the
-    reused share of the document tokens, in documents.
-    """
-    if mode in ("lazy", "block"):
-        return min(cached_tokens // doc_len, num_docs)
-    if mode == "prefix":
-        return max(0.0, min(float(num_docs), (cached_tokens - system_len) / doc_len))
-    return 0
-
-
 def make_engine(options: dict, mode: str) -> LLMEngine:
     return LLMEngine(EngineConfig(**{**options, "mode": mode, "progress": False}))
 
@@ -73,49 +59,35 @@ def free_device_memory() -> None:
         pass
 
 
-def reset(engine: LLMEngine) -> None:
-    """Empty the document cache and restart the peak-memory count (the engine must be idle)."""
-    if engine.has_unfinished():
-        raise RuntimeError("the engine still has requests; a point must start from an idle engine")
-    engine.cache.clear()
-    engine.pool.reset_high_water()
-
-
 @contextmanager
 def kv_budget(engine: LLMEngine, num_pages: int) -> Iterator[None]:
-    """Run with only `num_pages` pages of the engine's pool usable: the rest are taken out of the pool up
-    front, as if the pool were that small. The scheduler and the cache see exactly a smaller pool (they only
-    ever allocate free pages), without loading the model again for every budget."""
-    reset(engine)
-    if not 0 < num_pages <= engine.pool.num_pages:
-        raise ValueError(f"a budget of {num_pages} pages does not fit the pool of {engine.pool.num_pages}")
-    held = engine.pool.allocate(engine.pool.num_pages - num_pages)
+    """Run with only `num_pages` pages of the engine's pool usable (LLMEngine.set_kv_budget), then all again."""
+    engine.set_kv_budget(num_pages)
     try:
         yield
     finally:
         if not engine.has_unfinished():
-            reset(engine)
-        engine.pool.free(held)
+            engine.set_kv_budget(None)
 
 
 def warm_up(engine: LLMEngine, trace: Trace) -> None:
-    """The first request alone, then the rest together (kernels compiled and autotuned for single and batched
-    shapes, block mode's copies included), then an empty cache."""
+    """The benchmark protocol's discarded requests: the first alone, then the rest together, then an empty cache.
+    (The engine compiled its kernels and captured its graphs at start-up; these settle what depends on the
+    workload's own shapes, such as the allocator's pools, before anything is measured.)"""
     first = Trace(trace.spec, trace.load, trace.system, trace.documents, trace.requests[:1])
     rest = Trace(trace.spec, trace.load, trace.system, trace.documents, trace.requests[1:])
     for part in (first, rest):
         if part.requests:
             replay(engine, part)
-    reset(engine)
+    engine.reset_cache()
 
 
 def replay(engine: LLMEngine, trace: Trace, *, max_seconds: float = math.inf, progress: bool = False,
            desc: str = "") -> PointRun:
     """Serve `trace` on `engine` in real time. Requests still running after `max_seconds` are aborted and
     left unfinished (the run is marked timed out)."""
-    reset(engine)
-    spec, load, mode = trace.spec, trace.load, engine.config.mode
-    base_used = engine.pool.num_used  # pages held outside the cache (kv_budget)
+    engine.reset_cache()
+    spec, load, mode = trace.spec, trace.load, engine.mode
     before = engine.stats()
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
     records = {r.index: RequestRecord(r.index, r.arrival, num_docs=len(r.doc_ids),
@@ -125,7 +97,7 @@ def replay(engine: LLMEngine, trace: Trace, *, max_seconds: float = math.inf, pr
     pending = deque(sorted(trace.requests, key=lambda r: r.arrival))
     in_flight: dict[str, int] = {}
     timed_out = False
-    bar = tqdm(total=len(records), desc=desc or f"{mode} {load.label}", disable=not progress, dynamic_ncols=True,
+    bar = tqdm(total=len(records), desc=desc or f"{mode.name} {load.label}", disable=not progress, dynamic_ncols=True,
                leave=False)
     t0 = time.monotonic()
     try:
@@ -168,20 +140,20 @@ def replay(engine: LLMEngine, trace: Trace, *, max_seconds: float = math.inf, pr
     wall = time.monotonic() - t0
     after = engine.stats()
     counters = EngineCounters(
-        rows_computed=after.prefilled_tokens - before.prefilled_tokens,
+        rows_computed=after.prefilled_tokens + after.decoded_tokens - before.prefilled_tokens - before.decoded_tokens,
         preemptions=after.preemptions - before.preemptions,
         evictions=after.cache.evictions - before.cache.evictions,
-        peak_kv_bytes=(engine.pool.high_water - base_used) * engine.page_bytes,
-        pool_bytes=(engine.pool.num_pages - base_used) * engine.page_bytes,
+        peak_kv_bytes=after.pages_high_water * after.page_bytes,
+        pool_bytes=after.num_pages * after.page_bytes,
     )
-    return PointRun(mode, spec, load, list(records.values()), counters, wall, timed_out)
+    return PointRun(mode.name, spec, load, list(records.values()), counters, wall, timed_out)
 
 
-def _settle(rec: RequestRecord, out: RequestOutput | None, mode: str, trace: Trace) -> None:
+def _settle(rec: RequestRecord, out: RequestOutput | None, mode: Mode, trace: Trace) -> None:
     if out is None:
         return
     rec.finished = out.finished and out.finish_reason != "abort"
     if out.metrics is not None:
         rec.cached_tokens = out.metrics.cached_tokens
         rec.prefilled_tokens = out.metrics.prefilled_tokens
-        rec.doc_hits = document_hits(mode, rec.cached_tokens, trace.system_len, trace.spec.doc_len, rec.num_docs)
+        rec.doc_hits = mode.reused_documents(rec.cached_tokens, trace.system_len, trace.spec.doc_len, rec.num_docs)

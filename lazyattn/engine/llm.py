@@ -124,16 +124,14 @@ class LLM:
         show = self.config.progress if use_tqdm is None else use_tqdm
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generate", disable=not show, dynamic_ncols=True)
-        prefill_tok = decode_tok = 0
+        first = self.engine.stats()
         start = time.monotonic()
         try:
             while len(done) < len(ids):
-                before = self.engine.scheduler.prefilled_tokens
                 outs = self.engine.step()
-                new = self.engine.scheduler.prefilled_tokens - before
-                decodes = sum(1 for o in outs for c in o.outputs if len(c.token_ids) > 1)
-                decode_tok += decodes
-                prefill_tok += new - decodes
+                now = self.engine.stats()
+                prefill_tok = now.prefilled_tokens - first.prefilled_tokens
+                decode_tok = now.decoded_tokens - first.decoded_tokens
                 for o in outs:
                     if o.finished and o.request_id in ids and o.request_id not in done:
                         done[o.request_id] = o

@@ -1,42 +1,35 @@
 """The engine: requests in, one forward pass per `step`, outputs out.
 
-`generate → step → schedule → model_runner.run → sample → postprocess` is the whole call path. The engine
-is thread-safe at the method level (one lock), so the server's event loop can add and abort requests
-while a background thread steps it.
+`add_request → step → scheduler.schedule → model_runner.run → sampler → output_processor` is the whole call
+path. A request with documents and no final segment (`params=None`) is prefill-only: it encodes its documents
+into the cache and finishes once they are cached (the server's document registration).
+
+Threading: not thread-safe. One thread drives an engine — the caller of `LLM.generate`, or the server's engine
+thread (server/engine_loop.py), which is the only one that touches it.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
-from lazyattn.cache.page_pool import PagePool, bytes_per_page, pages_for_budget, pages_from_free_memory
+from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine.config import EngineConfig
-from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.model_runner import ModelRunner
-from lazyattn.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from lazyattn.engine.modes import make_mode
+from lazyattn.engine.output_processor import OutputProcessor
+from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
-from lazyattn.engine.sequence import Sequence, Status
-from lazyattn.errors import (
-    CheckpointError,
-    ContextTooLongError,
-    InvalidRequestError,
-    LazyAttnError,
-    QueueFullError,
-)
-from lazyattn.kernels.backend import make_backend
-from lazyattn.kernels.rope import RopeTables
+from lazyattn.engine.sequence import Sequence
+from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
 from lazyattn.model.loader import load_model
-from lazyattn.model.tokenizer import ByteTokenizer, IncrementalDecoder, TokenizerBase, load_tokenizer
-
-CPU_DEFAULT_KV_GB = 0.5
+from lazyattn.model.tokenizer import ByteTokenizer, TokenizerBase, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -46,24 +39,11 @@ class EngineStats:
     pages_used: int
     pages_high_water: int
     page_bytes: int
-    prefilled_tokens: int
+    prefilled_tokens: int  # prefill rows computed (documents, prompts, recomputation after preemption)
+    decoded_tokens: int  # decode rows computed (one per generated token fed back)
     preemptions: int
     running: int
     waiting: int
-
-    @property
-    def kv_bytes_high_water(self) -> int:
-        return self.pages_high_water * self.page_bytes
-
-
-@dataclass
-class EncodeHandle:
-    """Documents being encoded ahead of requests; `done` is set once they are all cached (or failed)."""
-
-    num_tokens: list[int]
-    parts: list = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
 
 @dataclass
@@ -76,13 +56,13 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.mode = make_mode(config.mode)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidRequestError("device 'cuda' was asked for but no CUDA GPU is available", "device")
-        dtype = config.torch_dtype
         self.model, self.model_config = load_model(
-            config.model, dtype=dtype, device=self.device, seed=config.seed, random_init=config.random_weights
-        )
+            config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
+            random_init=config.random_weights)
         self.tokenizer = self._tokenizer(config)
         mc = self.model_config
         self.max_model_len = config.max_model_len or mc.max_position
@@ -90,72 +70,23 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{mc.max_position}", "max_model_len")
-        ps = config.page_size
-        self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
-        if config.kv_cache_gb is not None:
-            num_pages = pages_for_budget(int(config.kv_cache_gb * 2**30), self.page_bytes)
-        elif self.device.type == "cuda":
-            num_pages = pages_from_free_memory(config.gpu_memory_utilization, self.device, self.page_bytes)
-        else:
-            num_pages = pages_for_budget(int(CPU_DEFAULT_KV_GB * 2**30), self.page_bytes)
-        # Zeroed, so that never-written page tails hold finite values (masked scores times V stay 0).
-        kv = torch.zeros(mc.num_layers, 2, num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype=dtype,
-                         device=self.device)
-        tables = RopeTables.build(mc.rope, self.max_model_len, self.device)
-        self.backend = make_backend(kv, tables, mc.attn_scale)
-        self.pool = PagePool(num_pages)
-        self.cache = DocumentCache(self.pool, ps)
+        self.runner = ModelRunner(self.model, mc, config, self.max_model_len, self.device)
+        self.pool = PagePool(self.runner.num_pages)
         fingerprint, rope_fp = mc.fingerprint(), repr(mc.rope)
 
         def keyer(tokens: list[int], salt: str | None, parent: str | None) -> str:
             return segment_key(fingerprint, rope_fp, salt, tokens, parent)
 
-        self.scheduler = Scheduler(config, self.cache, keyer)
-        graphs = None
-        if self.device.type == "cuda" and config.cuda_graphs:
-            widest = min(-(-self.max_model_len // ps), num_pages)
-            graphs = DecodeGraphs(self.model, self.backend, min(config.max_num_seqs, 256), widest, self.device)
-        self.runner = ModelRunner(self.model, self.backend, self.device, graphs)
+        self.keyer = keyer
+        self.cache = DocumentCache(self.pool, config.page_size)
+        self.scheduler = Scheduler(config, self.mode, self.cache, keyer)
         self.sampler = Sampler()
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.requests: dict[str, _Request] = {}
-        self.encodes: list[EncodeHandle] = []
         self._seq_ids = itertools.count()
-        self._lock = threading.RLock()
+        self._withheld: list[int] = []  # pages taken out of use by set_kv_budget
         if self.device.type == "cuda" and config.warm_up:
-            self.warm_up()
-
-    def warm_up(self) -> None:
-        """Compile and autotune the kernels for both prefill launch shapes (split-KV for few programs, plain
-        for many) and capture every decode graph, so that no request pays for it; then forget it all."""
-        ps = self.config.page_size
-        vocab = self.model_config.vocab_size
-        # A long document's encode runs many query blocks (plain launch); short final segments in batches
-        # of 1, 2, 4, ... run few (split-KV launches, whose merge is compiled per split count).
-        doc_len = max(ps, min(2048, self.max_model_len // 2, (self.pool.num_pages - 4) * ps // 2))
-        docs = [[(7 * i + k) % vocab for i in range(doc_len if k == 1 else 2 * ps + 3)] for k in (1, 2)]
-        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-        n = 1
-        while n <= min(64, self.config.max_num_seqs):
-            for i in range(n):
-                final = [(11 * i + j) % vocab for j in range(8)]
-                prompt = RenderedPrompt([list(d) for d in docs], final)
-                try:
-                    self._validate(prompt, params)
-                except LazyAttnError:  # a pool too small for the warm-up shapes: warm up what fits
-                    break
-                self._enqueue(f"__warm_up_{n}_{i}", prompt, params, None, None)
-            while self.has_unfinished():
-                self.step()
-            n *= 2
-        if self.runner.graphs is not None:
-            self.runner.graphs.capture_all()
-        # Start from a clean slate: no cached warm-up documents, no counters.
-        self.cache.clear()
-        self.cache = DocumentCache(self.pool, ps)
-        self.scheduler = Scheduler(self.config, self.cache, self.scheduler.keyer)
-        self.pool.reset_high_water()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            self.runner.warm_up()
 
     @staticmethod
     def _tokenizer(config: EngineConfig) -> TokenizerBase:
@@ -167,136 +98,148 @@ class LLMEngine:
             # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
             return ByteTokenizer()
 
-    # -- requests ---------------------------------------------------------------------------------
+    # -- requests ---------------------------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: RenderedPrompt,
-        params: SamplingParams,
-        *,
-        cache_salt: str | None = None,
-        arrival: float | None = None,
-    ) -> None:
-        """Validate and queue a request. Raises a specific error and changes nothing if it is bad."""
-        with self._lock:
-            if request_id in self.requests:
-                raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-            self._validate(prompt, params)
-            limit = self.config.max_waiting
-            if limit is not None and len(self.scheduler.waiting) >= limit:
-                raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
-            self._enqueue(request_id, prompt, params, cache_salt, arrival)
-
-    def _enqueue(self, request_id: str, prompt: RenderedPrompt, params: SamplingParams,
-                 cache_salt: str | None, arrival: float | None) -> None:
-        with self._lock:
-            seqs = []
-            for i in range(params.n):
-                seq = Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments],
-                               list(prompt.final), params, salt=cache_salt)
-                if arrival is not None:
-                    seq.metrics.arrival = arrival
-                if params.seed is not None:
-                    seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
-                seq.detokenizer = IncrementalDecoder(
-                    self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
-                    min_tokens=params.min_tokens, prompt_token_ids=prompt.final)
-                seqs.append(seq)
-            self.requests[request_id] = _Request(request_id, prompt, seqs)
-            for seq in seqs:
-                self.scheduler.add(seq)
+    def add_request(self, request_id: str, prompt: RenderedPrompt, params: SamplingParams | None, *,
+                    cache_salt: str | None = None, arrival: float | None = None) -> None:
+        """Validate and queue a request. Raises a specific error and changes nothing if it is bad.
+        `params=None`: prefill-only (the prompt has segments and no final segment)."""
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        self._validate(prompt, params)
+        limit = self.config.max_waiting
+        if limit is not None and len(self.scheduler.waiting) >= limit:
+            raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
+        seqs = [Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments], list(prompt.final),
+                         params, salt=cache_salt) for i in range(params.n if params is not None else 1)]
+        for seq in seqs:
+            if arrival is not None:
+                seq.metrics.arrival = arrival
+            if params is not None:
+                self.outputs.start(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = _Request(request_id, prompt, seqs)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its pages. Unknown or finished ids are ignored."""
-        with self._lock:
-            req = self.requests.pop(request_id, None)
-            if req is None:
-                return None
-            for seq in req.seqs:
-                if not seq.is_finished:
-                    seq.finish_reason = "abort"
-                    self._finish(seq)
-            return self._output(req)
-
-    def encode_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> EncodeHandle:
-        """Encode documents into the cache now (unless cached already), without a request. Poll or wait on
-        the handle's `done`; the documents stay cached as any other (evictable once unreferenced)."""
-        with self._lock:
-            for i, seg in enumerate(segments):
-                if not seg:
-                    raise InvalidRequestError(f"document {i} is empty", "documents")
-                bad = [t for t in seg if not 0 <= t < self.model_config.vocab_size]
-                if bad:
-                    raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary", "documents")
-                if len(seg) > self.max_model_len:
-                    raise ContextTooLongError(
-                        f"document {i} has {len(seg)} tokens, over the context limit of {self.max_model_len}",
-                        "documents")
-            handle = EncodeHandle([len(s) for s in segments])
-            handle.parts = self.scheduler.pin(segments, cache_salt)
-            self.encodes.append(handle)
-            self._settle_encodes()
-            return handle
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "abort")
+        return self.outputs.output(req.request_id, req.prompt, req.seqs)
 
     def drop_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> int:
         """Remove documents from the cache now (the server's document deletion). A segment in use stays with
         its holders and is freed on their last release; no new request hits it. Returns how many were cached.
-        Lazy/block keys only: prefix mode caches page chains, which age out by LRU."""
-        with self._lock:
-            return sum(self.cache.remove(self.scheduler.keyer(list(s), cache_salt, None)) for s in segments)
+        Modes that cache documents only: prefix mode caches page chains, which age out by LRU."""
+        return sum(self.cache.remove(self.keyer(list(s), cache_salt, None)) for s in segments)
 
     def has_unfinished(self) -> bool:
-        with self._lock:
-            return bool(self.requests or self.encodes)
+        return bool(self.requests)
 
-    # -- one step ---------------------------------------------------------------------------------
+    # -- one step ---------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; returns the requests that produced tokens or finished."""
-        with self._lock:
-            batch = self.scheduler.schedule()
-            if not batch.works:
-                return []
+        batch = self.scheduler.schedule()
+        touched: dict[str, _Request] = {}
+        if batch.works:
             logits = self.runner.run(batch)
             to_sample = self.scheduler.complete(batch)
-            self._settle_encodes()
-            if not to_sample:
-                return []
-            result = self.sampler.sample(
-                logits, [s.params for s in to_sample], [s.generator for s in to_sample],
-                suppress_token_ids=[self._suppressed(s) for s in to_sample],
-            )
-            now = time.monotonic()
-            touched: dict[str, _Request] = {}
-            for i, seq in enumerate(to_sample):
-                self._append(seq, result, i, now)
-                touched[seq.request_id] = self.requests[seq.request_id]
-            outputs = [self._output(r) for r in touched.values()]
-            for out in outputs:
-                if out.finished:
-                    self.requests.pop(out.request_id, None)
-            return outputs
+            if to_sample:
+                result = self.sampler.sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample],
+                                             suppress_token_ids=[self.outputs.suppressed(s) for s in to_sample])
+                now = time.monotonic()
+                for i, seq in enumerate(to_sample):
+                    if self.outputs.append(seq, result, i, now):
+                        self._finish(seq)
+                    touched[seq.request_id] = self.requests[seq.request_id]
+        for seq in batch.encoded:  # prefill-only: its documents are cached now
+            self._finish(seq, "stop")
+            touched[seq.request_id] = self.requests[seq.request_id]
+        outputs = [self.outputs.output(r.request_id, r.prompt, r.seqs) for r in touched.values()]
+        for out in outputs:
+            if out.finished:
+                self.requests.pop(out.request_id, None)
+        return outputs
 
-    # -- internals ----
+    def _finish(self, seq: Sequence, reason: str | None = None) -> None:
+        self.outputs.finish(seq, reason)
+        self.scheduler.finish(seq)
 
-    def _settle_encodes(self) -> None:
-        for handle in list(self.encodes):
-            if any(p.segment.failed for p in handle.parts):
-                handle.error = InvalidRequestError("encoding a document failed; register it again")
-            elif not all(p.segment.ready for p in handle.parts):
-                continue
-            self.scheduler.unpin(handle.parts)
-            self.encodes.remove(handle)
-            handle.done.set()
+    # -- state ------------------------------------------------------------------------------------------------
 
-    # -- helpers --------------------------------------------------------------------------------------
+    def reset_cache(self) -> None:
+        """Forget every cached document and restart the counters (the engine must be idle)."""
+        if self.requests:
+            raise InvalidRequestError("reset_cache needs an idle engine; requests are still in flight")
+        self.cache.clear()
+        self.cache = DocumentCache(self.pool, self.config.page_size)
+        self.scheduler = Scheduler(self.config, self.mode, self.cache, self.keyer)
+        self.pool.reset_high_water()
 
-    def _validate(self, prompt: RenderedPrompt, params: SamplingParams) -> None:
+    def set_kv_budget(self, num_pages: int | None) -> None:
+        """Use only `num_pages` pages of the pool (None: all of it), exactly as if the pool were that small, without
+        loading the model again (the serving benchmark's KV-budget sweep). Empties the cache; idle engine only."""
+        self.reset_cache()
+        self.pool.free(self._withheld)
+        self._withheld = []
+        if num_pages is not None:
+            if not 0 < num_pages <= self.pool.num_pages:
+                raise InvalidRequestError(f"a budget of {num_pages} pages does not fit the pool of "
+                                          f"{self.pool.num_pages}", "num_pages")
+            self._withheld = self.pool.allocate(self.pool.num_pages - num_pages)
+        self.pool.reset_high_water()
+
+    @property
+    def num_pages(self) -> int:
+        """Pages requests and the cache may use."""
+        return self.pool.num_pages - len(self._withheld)
+
+    def stats(self) -> EngineStats:
+        withheld = len(self._withheld)
+        return EngineStats(
+            cache=self.cache.stats(),
+            num_pages=self.num_pages,
+            pages_used=self.pool.num_used - withheld,
+            pages_high_water=self.pool.high_water - withheld,
+            page_bytes=self.runner.page_bytes,
+            prefilled_tokens=self.scheduler.prefilled_tokens,
+            decoded_tokens=self.scheduler.decoded_tokens,
+            preemptions=self.scheduler.num_preemptions,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+        )
+
+    # -- validation -------------------------------------------------------------------------------------------
+
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1) -> int:
+        """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with
+        the request's peak pages (its mode's count) within the pool. 0 when nothing fits."""
+        lens = [len(s) for s in prompt.segments]
+        lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
+        while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
+            mid = (lo + hi + 1) // 2
+            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.config.page_size) <= self.num_pages:
+                lo = mid
+            else:
+                hi = mid - 1
+        return max(lo, 0)
+
+    def _validate(self, prompt: RenderedPrompt, params: SamplingParams | None) -> None:
         vocab = self.model_config.vocab_size
-        params.validate(vocab)
-        if not prompt.final:
-            raise InvalidRequestError("the prompt is empty: the final segment needs at least one token", "prompt")
+        if params is None:
+            if prompt.final or not prompt.segments:
+                raise InvalidRequestError("a prefill-only request has documents and no final segment", "prompt")
+            if not self.mode.caches_documents:
+                raise InvalidRequestError(f"{self.mode.name} mode does not cache documents: nothing to encode ahead",
+                                          "documents")
+        else:
+            params.validate(vocab)
+            if not prompt.final:
+                raise InvalidRequestError("the prompt is empty: the final segment needs at least one token", "prompt")
         for i, seg in enumerate(prompt.segments):
             if not seg:
                 raise InvalidRequestError(f"segment {i} (a document or the system prompt) is empty", "documents")
@@ -305,106 +248,15 @@ class LLMEngine:
             if bad:
                 raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", name)
         context = sum(len(s) for s in prompt.segments) + len(prompt.final)
-        if context + params.max_tokens > self.max_model_len:
+        max_tokens = params.max_tokens if params is not None else 0
+        if context + max_tokens > self.max_model_len:
             raise ContextTooLongError(
-                f"this request needs {context} prompt tokens + {params.max_tokens} max_tokens = "
-                f"{context + params.max_tokens} tokens, over the context limit of {self.max_model_len}", "prompt")
-        need = self._pages_needed(prompt, params)
-        if need > self.pool.num_pages:
+                f"this request needs {context} prompt tokens + {max_tokens} max_tokens = "
+                f"{context + max_tokens} tokens, over the context limit of {self.max_model_len}", "prompt")
+        samples = params.n if params is not None else 0
+        need = self.mode.pages_needed([len(s) for s in prompt.segments], len(prompt.final) + max_tokens, samples,
+                                      self.config.page_size)
+        if need > self.num_pages:
             raise ContextTooLongError(
-                f"this request needs {need} KV pages but the pool has {self.pool.num_pages}; raise kv_cache_gb "
+                f"this request needs {need} KV pages but the pool has {self.num_pages}; raise kv_cache_gb "
                 f"or shorten the request", "prompt")
-
-    def _pages_needed(self, prompt: RenderedPrompt, params: SamplingParams) -> int:
-        ps = self.config.page_size
-        pages = lambda n: -(-n // ps)  # noqa: E731
-        run = len(prompt.final) + params.max_tokens
-        mode = self.config.mode
-        if mode in ("prefix", "full"):
-            return pages(sum(len(s) for s in prompt.segments) + run) * params.n
-        docs = sum(pages(len(s)) for s in prompt.segments)
-        moved = sum(pages(len(s)) for s in prompt.segments[1:]) if mode == "block" else 0
-        return docs + (moved + pages(run)) * params.n
-
-    def _append(self, seq: Sequence, result, i: int, now: float) -> None:
-        token = int(result.token_ids[i])
-        seq.output.append(token)
-        seq.run.tokens.append(token)
-        if result.logprobs is not None and seq.params.logprobs is not None:
-            entry = {token: float(result.logprobs[i])}
-            if result.top_logprobs is not None:
-                for t, lp in result.top_logprobs[i]:
-                    entry.setdefault(int(t), float(lp))
-            seq.logprobs.append(entry)
-        if seq.metrics.first_token is None:
-            seq.metrics.first_token = now
-        seq.text += seq.detokenizer.feed(token)
-        if self._stop_reason(seq, token) is not None:
-            self._finish(seq)
-
-    def _suppressed(self, seq: Sequence) -> list[int] | None:
-        """Below min_tokens, the tokens that would end the sequence may not be drawn."""
-        if len(seq.output) >= seq.params.min_tokens:
-            return None
-        eos = [] if seq.params.ignore_eos else self.tokenizer.eos_token_ids
-        return list(eos) + list(seq.params.stop_token_ids)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        n = len(seq.output)
-        if n >= p.min_tokens:
-            if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
-                seq.finish_reason = "stop"
-                return seq.finish_reason
-            if token in p.stop_token_ids:
-                seq.finish_reason, seq.stop_reason = "stop", token
-                return seq.finish_reason
-            if seq.detokenizer.stopped is not None:
-                seq.finish_reason, seq.stop_reason = "stop", seq.detokenizer.stopped
-                return seq.finish_reason
-        if n >= p.max_tokens or seq.total_len >= self.max_model_len:
-            seq.finish_reason = "length"
-            return seq.finish_reason
-        return None
-
-    def _finish(self, seq: Sequence) -> None:
-        seq.text += seq.detokenizer.finish()  # the held-back tail, now final
-        seq.metrics.finished = time.monotonic()
-        self.scheduler.finish(seq)
-        seq.status = Status.FINISHED
-
-    def _output(self, req: _Request) -> RequestOutput:
-        outs = []
-        for seq in req.seqs:
-            # seq.text only grows by what the detokenizer released: streamed text never retracts.
-            text = seq.text
-            logprobs = list(seq.logprobs) if seq.params.logprobs is not None else None
-            outs.append(CompletionOutput(seq.index, text, list(seq.output), seq.finish_reason,
-                                         seq.stop_reason, logprobs))
-        m = req.seqs[0].metrics
-        end = max((s.metrics.finished or 0.0) for s in req.seqs) or None
-        metrics = RequestMetrics(
-            arrival=m.arrival,
-            queue_time=m.queue_time,
-            ttft=min((s.metrics.ttft for s in req.seqs if s.metrics.ttft is not None), default=None),
-            decode_time=m.decode_time,
-            e2e=None if end is None or not all(s.is_finished for s in req.seqs) else end - m.arrival,
-            cached_tokens=sum(s.metrics.cached_tokens for s in req.seqs),
-            prefilled_tokens=sum(s.metrics.prefilled_tokens for s in req.seqs),
-        )
-        return RequestOutput(req.request_id, list(req.prompt.final),
-                             sum(len(s) for s in req.prompt.segments), outs, metrics)
-
-    def stats(self) -> EngineStats:
-        with self._lock:
-            return EngineStats(
-                cache=self.cache.stats(),
-                num_pages=self.pool.num_pages,
-                pages_used=self.pool.num_used,
-                pages_high_water=self.pool.high_water,
-                page_bytes=self.page_bytes,
-                prefilled_tokens=self.scheduler.prefilled_tokens,
-                preemptions=self.scheduler.num_preemptions,
-                running=len(self.scheduler.running),
-                waiting=len(self.scheduler.waiting),
-            )

@@ -1,24 +1,50 @@
-"""Turns a scheduled batch into one forward pass: packed tokens, positions, slots and page tables."""
+"""The model on its device: the KV page pool's memory, the RoPE tables, the attention backend, CUDA graphs, the
+warm-up, and the turning of a scheduled batch into one forward pass (packed tokens, positions, slots, page tables).
+"""
 
 from __future__ import annotations
 
 import torch
 
+from lazyattn.cache.page_pool import bytes_per_page, pages_for_budget, pages_from_free_memory
+from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
-from lazyattn.engine.scheduler import ScheduledBatch, page_fill
-from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
-from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.engine.scheduler import Copy, ScheduledBatch, Work
+from lazyattn.engine.sequence import Run
+from lazyattn.kernels.backend import ForwardBatch, make_backend
+from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
+from lazyattn.kernels.rope import RopeTables
+from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
+
+CPU_DEFAULT_KV_GB = 0.5
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device,
-                 graphs: DecodeGraphs | None = None) -> None:
+    def __init__(self, model: CausalLM, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
+                 device: torch.device) -> None:
         self.model = model
-        self.backend = backend
+        self.model_config = model_config
+        self.config = config
         self.device = device
-        self.page_size = backend.page_size
-        self.graphs = graphs  # decode steps replay CUDA graphs when set
+        self.max_model_len = max_model_len
+        mc, ps, dtype = model_config, config.page_size, config.torch_dtype
+        self.page_size = ps
+        self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
+        if config.kv_cache_gb is not None:
+            self.num_pages = pages_for_budget(int(config.kv_cache_gb * 2**30), self.page_bytes)
+        elif device.type == "cuda":  # after the weights are loaded: they count against the share
+            self.num_pages = pages_from_free_memory(config.gpu_memory_utilization, device, self.page_bytes)
+        else:
+            self.num_pages = pages_for_budget(int(CPU_DEFAULT_KV_GB * 2**30), self.page_bytes)
+        # Zeroed, so that never-written page tails hold finite values (masked scores times V stay 0).
+        kv = torch.zeros(mc.num_layers, 2, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype=dtype,
+                         device=device)
+        self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
+        self.graphs = None  # decode steps replay CUDA graphs when set
+        if device.type == "cuda" and config.cuda_graphs:
+            widest = min(cdiv(max_model_len, ps), self.num_pages)
+            self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
@@ -44,7 +70,7 @@ class ModelRunner:
             tokens += run.tokens[w.lo : w.hi]
             positions += range(run.start_pos + w.lo, run.start_pos + w.hi)
             slots += [run.pages[i // ps] * ps + i % ps for i in range(w.lo, w.hi)]
-            n_own = -(-w.hi // ps)
+            n_own = cdiv(w.hi, ps)
             ctx = w.context
             entries.append(
                 EntryPages(
@@ -68,15 +94,65 @@ class ModelRunner:
         return torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True), fb
 
     def _copy_rotate(self, batch: ScheduledBatch) -> None:
-        if not batch.copies:
-            return
         src = [p for c in batch.copies for p in c.src]
-        dst = [p for c in batch.copies for p in c.dst]
-        deltas = [d for c in batch.copies for d in c.deltas]
         if not src:
             return
+        dst = [p for c in batch.copies for p in c.dst]
+        deltas = [d for c in batch.copies for d in c.deltas]
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32).to(self.device)
 
         self.backend.copy_rotate(as_tensor(src), as_tensor(dst), as_tensor(deltas))
+
+    # -- warm-up ------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Compile and tune every kernel launch shape a request can reach, and capture every decode graph, so that
+        no request pays for it: one long document encode (the plain prefill launch, the largest activations),
+        then for batches of 1, 2, 4 … 64 short final segments over two placed documents (split-KV prefill, whose
+        merge is compiled per split count) and one decode step each, and one block-mode copy.
+
+        Writes into pages it does not allocate, then zeroes the pool: call it before serving, with no page in use.
+        """
+        ps = self.page_size
+        vocab = self.model_config.vocab_size
+        max_batch = min(64, self.config.max_num_seqs, max(1, (self.num_pages - 8) // 4))
+        spare = self.num_pages - max_batch - 4  # pages left for the long document
+        doc_len = max(ps, min(self.config.max_num_batched_tokens, self.max_model_len // 2, spare * ps // 2))
+        short_len, final_len = 2 * ps + 3, 8
+        if doc_len + short_len + final_len + 1 > self.max_model_len or spare < cdiv(doc_len, ps) + 3:
+            return  # a model or pool too small for the warm-up shapes: nothing worth compiling ahead
+        free = iter(range(self.num_pages))
+        documents = []
+        for length, salt in ((doc_len, 1), (short_len, 2)):
+            run = Run([(7 * i + salt) % vocab for i in range(length)], 0, [next(free) for _ in range(cdiv(length, ps))])
+            documents.append(run)
+        self.run(ScheduledBatch([Work(d, 0, len(d.tokens), EntryPages([], [], [])) for d in documents]))
+        context = EntryPages(
+            [p for d in documents for p in d.pages],
+            [0] * len(documents[0].pages) + [doc_len] * len(documents[1].pages),
+            page_fill(doc_len, ps) + page_fill(short_len, ps),
+        )
+        start = doc_len + short_len
+        finals = [Run([(11 * i + j) % vocab for j in range(final_len)], start, [next(free)]) for i in range(max_batch)]
+        n = 1
+        while n <= max_batch:
+            runs = finals[:n]
+            self.run(ScheduledBatch([Work(r, 0, final_len, context, samples=True) for r in runs]))
+            for r in runs:
+                r.tokens.append(0)
+            self.run(ScheduledBatch([Work(r, final_len, final_len + 1, context, samples=True) for r in runs]))
+            for r in runs:
+                del r.tokens[final_len:]
+            n *= 2
+        pages = documents[1].pages
+        copy_to = [next(free) for _ in pages]
+        self._copy_rotate(ScheduledBatch(copies=[Copy(-1, pages, copy_to, [doc_len] * len(pages))]))
+        if self.graphs is not None:
+            self.graphs.capture_all()
+        self.backend.kv.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+

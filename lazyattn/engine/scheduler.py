@@ -1,17 +1,13 @@
 """Continuous batching over the shared document cache, for every mode.
 
 Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py entries). Order within a
-step: running sequences that decode (one token each), then, in admission order, the segment encodes a
+step: running sequences that decode (one token each), then, in admission order, the document encodes a
 sequence waits on, followed by that sequence's own prefill chunk, all under a per-step token budget.
+What a sequence reuses and how it reads it is its mode's (engine/modes.py); the scheduler keeps the queues,
+the budget, the shared document encodes (*jobs*), block mode's copies and preemption.
 
-How the modes differ (DESIGN.md §4) is confined to `_admit` and `_context`:
-- lazy:   each segment is a cached document encoded alone (a shared *job*); the final segment attends
-          to the one cached copy of each at delta = its logical start.
-- block:  the same cached documents, but before its first chunk a sequence gets private copies of them
-          re-rotated into place (fused copy-and-rotate), attended at delta 0 and freed when it ends.
-- prefix: ordinary causal attention; the prompt's full pages are cached under chained keys (vLLM-style)
-          and reused only for an exact token prefix; the sequence computes the pages it misses itself.
-- full:   nothing is cached.
+A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
+for its documents like any other sequence and is done once they are cached.
 """
 
 from __future__ import annotations
@@ -23,16 +19,12 @@ from dataclasses import dataclass, field
 
 from lazyattn.cache.document_cache import DocumentCache, Segment
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.modes import BlockMode, Mode
 from lazyattn.engine.sequence import Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
-from lazyattn.kernels.paged import EntryPages
+from lazyattn.kernels.paged import EntryPages, cdiv
 
 Keyer = Callable[[list[int], "str | None", "str | None"], str]  # (tokens, salt, parent) -> key
-
-
-def page_fill(n_tokens: int, page_size: int) -> list[int]:
-    full, rest = divmod(n_tokens, page_size)
-    return [page_size] * full + ([rest] if rest else [])
 
 
 @dataclass
@@ -53,11 +45,7 @@ class Work:
     context: EntryPages
     seq: Sequence | None = None  # the sequence whose run this is (None: a segment job)
     job: SegmentJob | None = None
-
-    @property
-    def samples(self) -> bool:
-        """The chunk ends the run: the sequence samples its next token from the last row."""
-        return self.seq is not None and self.hi == len(self.run.tokens)
+    samples: bool = False  # the chunk ends a sequence's run: it samples its next token from the last row
 
 
 @dataclass
@@ -72,6 +60,7 @@ class Copy:
 class ScheduledBatch:
     works: list[Work] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
+    encoded: list[Sequence] = field(default_factory=list)  # prefill-only sequences whose documents are cached
 
     @property
     def is_decode(self) -> bool:
@@ -83,17 +72,18 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: DocumentCache, keyer: Keyer) -> None:
+    def __init__(self, config: EngineConfig, mode: Mode, cache: DocumentCache, keyer: Keyer) -> None:
         self.config = config
+        self.mode = mode
         self.cache = cache
         self.page_size = cache.page_size
         self.keyer = keyer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.jobs: dict[str, SegmentJob] = {}
-        self.pinned: list[list[Part]] = []  # documents encoded ahead of any request (see pin)
         self.num_preemptions = 0
-        self.prefilled_tokens = 0  # rows computed by forward passes (documents, prompts, decodes)
+        self.prefilled_tokens = 0  # prefill rows computed by forward passes (documents, prompts, recomputation)
+        self.decoded_tokens = 0  # decode rows (one per sampled token that was fed back)
         self._batch: ScheduledBatch | None = None  # the batch being built, see _preempt
         # A running sequence lacked pages in the last step: admit nobody until it has moved on, or a
         # preempted sequence re-admitted first would take the very pages the older one waits for.
@@ -103,27 +93,6 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.pinned)
-
-    def pin(self, segments: list[list[int]], salt: str | None) -> list[Part]:
-        """Acquire documents without a request, queueing encodes for those missing (the server's document
-        registration). The caller releases them with `unpin` once `all(p.segment.ready ...)`."""
-        parts: list[Part] = []
-        try:
-            self._acquire_segments(segments, salt, parts)
-        except OutOfPagesError:
-            for part in reversed(parts):
-                self.cache.release(part.segment)
-            raise
-        self.pinned.append(parts)
-        return parts
-
-    def unpin(self, parts: list[Part]) -> None:
-        self.pinned.remove(parts)
-        for part in reversed(parts):
-            self.cache.release(part.segment)
 
     def finish(self, seq: Sequence) -> None:
         """Release everything a sequence holds (finished or aborted)."""
@@ -154,9 +123,13 @@ class Scheduler:
                 self._preempt(seq)  # its encoder gave up: start over, now as the encoder
                 continue
             budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
+            if seq.prefill_only:
+                if all(p.segment.ready or p.segment.key in job_done for p in seq.parts):
+                    batch.encoded.append(seq)
+                continue
             if budget <= 0 or not self._parts_ready(seq, job_done):
                 continue
-            if self.config.mode == "block" and not seq.copied:
+            if self.mode.copies and not seq.copied:
                 if not self._make_copies(seq, batch):
                     self._starved = True
                     continue
@@ -166,14 +139,13 @@ class Scheduler:
                 self._starved = True
                 continue
             hi = seq.run.num_computed + chunk
-            batch.works.append(Work(seq.run, seq.run.num_computed, hi, self._context(seq), seq))
+            context = self.mode.context(seq, self.page_size)
+            batch.works.append(Work(seq.run, seq.run.num_computed, hi, context, seq, samples=hi == len(seq.run.tokens)))
             scheduled.add(seq.seq_id)
             budget -= chunk
             if seq.metrics.scheduled is None:
                 seq.metrics.scheduled = time.monotonic()
-        for parts in self.pinned:  # registered documents: after requests, in the budget that is left
-            budget = self._schedule_jobs(parts, batch, budget, job_done)
-        if not batch.works and self.running and not self.jobs:
+        if not batch.works and not batch.encoded and self.running and not self.jobs:
             # Nothing could run (pages exhausted by sequences that each wait for more): free the newest.
             batch.copies.clear()
             self._preempt(self.running[-1])
@@ -186,7 +158,9 @@ class Scheduler:
         to_sample = []
         for w in batch.works:
             w.run.num_computed = w.hi
-            self.prefilled_tokens += w.hi - w.lo
+            prefill = w.run.prefill_rows(w.lo, w.hi)
+            self.prefilled_tokens += prefill
+            self.decoded_tokens += w.hi - w.lo - prefill
             if w.job is not None:
                 if w.run.pending == 0:
                     self.cache.mark_ready(w.job.segment)
@@ -220,14 +194,12 @@ class Scheduler:
         """Acquire the sequence's cached parts (creating jobs for missing documents) and its run."""
         acquired: list[Part] = []
         try:
-            if self.config.mode in ("lazy", "block"):
-                self._admit_segments(seq, acquired)
-                run = Run(seq.prompt + seq.output, start_pos=seq.context_len)
-            elif self.config.mode == "prefix":
-                run = self._admit_prefix(seq, acquired)
-            else:
-                run = Run(self._all_tokens(seq), start_pos=0)
-            if self.cache.available_pages() < self._prefill_pages(acquired, run):
+            run = self.mode.admit(self, seq, acquired)
+            held = sum(len(p.segment.pages) for p in acquired) + len(run.pages) - run.owned
+            samples = 0 if seq.prefill_only else 1
+            need = self.mode.pages_needed([len(s) for s in seq.segments], len(seq.prompt) + len(seq.output),
+                                          samples, self.page_size) - held
+            if self.cache.available_pages() < need:
                 raise OutOfPagesError("not enough room for this sequence's prefill yet")
         except OutOfPagesError:
             for part in reversed(acquired):
@@ -236,10 +208,9 @@ class Scheduler:
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
-    def _admit_segments(self, seq: Sequence, acquired: list[Part]) -> None:
-        self._acquire_segments(seq.segments, seq.salt, acquired)
-
-    def _acquire_segments(self, segments: list[list[int]], salt: str | None, acquired: list[Part]) -> None:
+    def acquire_documents(self, segments: list[list[int]], salt: str | None, acquired: list[Part]) -> None:
+        """Acquire each segment as a cached document at its logical start, queueing an encode job for each one
+        the cache does not hold yet (one job however many sequences wait on it)."""
         start = 0
         for tokens in segments:
             key = self.keyer(tokens, salt, None)
@@ -248,37 +219,6 @@ class Scheduler:
             if is_new:
                 self.jobs[key] = SegmentJob(segment, Run(list(tokens), 0, list(segment.pages)))
             start += len(tokens)
-
-    def _admit_prefix(self, seq: Sequence, acquired: list[Part]) -> Run:
-        tokens = self._all_tokens(seq)
-        ps = self.page_size
-        parent = None
-        first_owned = None
-        # The last token is never cached: its logits are needed, so the sequence computes it.
-        for b in range((len(tokens) - 1) // ps):
-            block = tokens[b * ps : (b + 1) * ps]
-            key = self.keyer(block, seq.salt, parent)
-            if first_owned is not None and self.cache.lookup(key) is not None:
-                break  # an orphan left after its parent was evicted: keep the rest private
-            segment, is_new = self.cache.acquire(key, ps)
-            acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
-            if is_new and first_owned is None:
-                first_owned = b
-            parent = key
-        start = (first_owned if first_owned is not None else len(acquired)) * ps
-        owned = [p for p in acquired if p.owned]
-        pages = [page for p in owned for page in p.segment.pages]
-        return Run(tokens[start:], start_pos=start, pages=pages, owned=len(pages))
-
-    def _prefill_pages(self, parts: list[Part], run: Run) -> int:
-        """Pages a just-admitted sequence still has to allocate to reach its first token."""
-        need = -(-len(run.tokens) // self.page_size) - len(run.pages)
-        if self.config.mode == "block":
-            need += sum(len(p.segment.pages) for p in parts if p.start > 0)
-        return need
-
-    def _all_tokens(self, seq: Sequence) -> list[int]:
-        return [t for s in seq.segments for t in s] + seq.prompt + seq.output
 
     # -- per-step helpers -------------------------------------------------------------------------
 
@@ -304,14 +244,15 @@ class Scheduler:
         for p in seq.parts:
             if p.owned or p.segment.ready:
                 continue
-            if self.config.mode == "lazy" and p.segment.key in job_done:
+            if self.mode.reads_documents_in_same_step and p.segment.key in job_done:
                 continue
             return False
         return True
 
     def _make_copies(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """Block mode: private re-rotated copies of the documents placed after position 0."""
-        moved = [p for p in seq.parts if p.start > 0]
+        assert isinstance(self.mode, BlockMode)
+        moved = self.mode.moved_parts(seq)
         n = sum(len(p.segment.pages) for p in moved)
         try:
             dst = self.cache.allocate(n)
@@ -326,7 +267,7 @@ class Scheduler:
     def _reserve(self, seq: Sequence, upto: int, scheduled: set[int]) -> bool:
         """Make sure the run has pages for its first `upto` tokens, evicting and preempting as needed."""
         run = seq.run
-        need = -(-upto // self.page_size) - len(run.pages)
+        need = cdiv(upto, self.page_size) - len(run.pages)
         while need > 0:
             try:
                 run.pages += self.cache.allocate(need)
@@ -337,26 +278,6 @@ class Scheduler:
                     return False
                 self._preempt(victims[-1])
         return True
-
-    def _context(self, seq: Sequence) -> EntryPages:
-        """The pages a sequence's run attends to before its own (mode-specific, DESIGN.md §4)."""
-        ps = self.page_size
-        pages: list[int] = []
-        deltas: list[int] = []
-        valid: list[int] = []
-        copies = iter(seq.copies)
-        for p in seq.parts:
-            if p.owned:
-                continue
-            fill = page_fill(p.length, ps)
-            if self.config.mode == "block" and p.start > 0:
-                pages += [next(copies) for _ in fill]
-                deltas += [0] * len(fill)
-            else:
-                pages += list(p.segment.pages)
-                deltas += [p.start if self.config.mode == "lazy" else 0] * len(fill)
-            valid += fill
-        return EntryPages(pages, deltas, valid)
 
     def _mark_owned_ready(self, seq: Sequence) -> None:
         done_pages = seq.run.num_computed // self.page_size

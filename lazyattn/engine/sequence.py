@@ -32,6 +32,17 @@ class Run:
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V is in the cache
     owned: int = 0
+    # Tokens known at admission (prompt, documents, output recomputed after a preemption): rows past it are
+    # decode rows, one per sampled token.
+    prefill_len: int = -1
+
+    def __post_init__(self) -> None:
+        if self.prefill_len < 0:
+            self.prefill_len = len(self.tokens)
+
+    def prefill_rows(self, lo: int, hi: int) -> int:
+        """How many of rows [lo, hi) are prefill rows."""
+        return max(0, min(hi, self.prefill_len) - lo)
 
     @property
     def pending(self) -> int:
@@ -82,7 +93,7 @@ class Sequence:
     index: int
     segments: list[list[int]]  # documents (incl. the system segment), lazy/block semantics
     prompt: list[int]  # final segment's prompt (prefix/full: the whole prompt after the segments)
-    params: SamplingParams
+    params: SamplingParams | None  # None: a prefill-only request (documents encoded ahead, nothing sampled)
     salt: str | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
@@ -98,6 +109,16 @@ class Sequence:
     copies: list[int] = field(default_factory=list)  # block mode's private re-rotated pages
     copied: bool = False
     detokenizer: object | None = None  # model.tokenizer.IncrementalDecoder
+
+    @property
+    def prefill_only(self) -> bool:
+        """Encodes its segments and finishes once they are cached: no final segment, nothing sampled."""
+        return self.params is None
+
+    @property
+    def all_tokens(self) -> list[int]:
+        """The whole prompt and output as one causal sequence (prefix and full mode)."""
+        return [t for s in self.segments for t in s] + self.prompt + self.output
 
     @property
     def context_len(self) -> int:

@@ -20,10 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from lazyattn.engine.llm_engine import LLMEngine
-from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, encode_document
-from lazyattn.errors import ContextTooLongError
-from lazyattn.server.documents import DocumentRegistry, RegisteredDocument
-from lazyattn.server.engine_loop import EngineLoop, warm_up
+from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
+from lazyattn.server.documents import DocumentRegistry, DocumentService, RegisteredDocument
+from lazyattn.server.engine_loop import EngineLoop
 from lazyattn.server.errors import install_error_handlers
 from lazyattn.server.inputs import Renderer
 from lazyattn.server.metrics import ServerMetrics
@@ -41,9 +40,6 @@ from lazyattn.server.protocol import (
 from lazyattn.server.serving import OpenAIServing
 from lazyattn.server.tenancy import Authenticator, cache_scope
 
-# Modes whose requests reuse whole-document segments; prefix and full mode would never hit a pre-encoded one.
-_SEGMENT_MODES = ("lazy", "block")
-
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -51,7 +47,6 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # several: each key is a tenant with its own cache salt
     layout: PromptLayout = DEFAULT_LAYOUT
     max_documents: int | None = None  # registry capacity (all tenants); None: unbounded
-    warm_up: bool = True  # one short generation before serving
 
 
 def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
@@ -60,16 +55,14 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: len(registry))
     engine_loop.observer = metrics
     renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size,
-                        kv_tokens=engine.pool.num_pages * engine.config.page_size, page_size=engine.config.page_size)
+                        engine.max_new_tokens)
     serving = OpenAIServing(engine_loop, renderer, registry, config.model_name)
+    documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)
     started = int(time.time())
-    mode = engine.config.mode
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if config.warm_up:
-            await run_in_threadpool(warm_up, engine)
         engine_loop.start()
         try:
             yield
@@ -99,22 +92,7 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/documents")
     async def create_document(body: DocumentCreateRequest, t: str = Depends(tenant)) -> DocumentObject:
-        scope = cache_scope(t, body.cache_salt)
-        as_input = {"text": body.text} if body.title is None else {"title": body.title, "text": body.text}
-        token_ids = await run_in_threadpool(encode_document, engine.tokenizer, as_input, config.layout, "document")
-        if len(token_ids) > engine.max_model_len:
-            raise ContextTooLongError(f"the document has {len(token_ids)} tokens, over the context limit of "
-                                      f"{engine.max_model_len}", param="text")
-        existed = registry.contains(scope, registry.document_id(scope, body.title, body.text))
-        doc = registry.add(scope, body.title, body.text, token_ids)
-        if mode in _SEGMENT_MODES:
-            try:
-                await engine_loop.encode_documents([list(doc.token_ids)], scope)
-            except BaseException:
-                if not existed:  # registration means "ready to hit": undo it if the encode did not happen
-                    registry.remove(scope, doc.id)
-                raise
-        return document_object(doc)
+        return document_object(await documents.register(cache_scope(t, body.cache_salt), body.title, body.text))
 
     @app.get("/v1/documents")
     async def list_documents(cache_salt: str | None = Query(None), t: str = Depends(tenant)) -> DocumentList:
@@ -129,19 +107,14 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     @app.delete("/v1/documents/{doc_id}")
     async def delete_document(doc_id: str, cache_salt: str | None = Query(None),
                               t: str = Depends(tenant)) -> DocumentDeleted:
-        scope = cache_scope(t, cache_salt)
-        doc = registry.remove(scope, doc_id)
-        if mode in _SEGMENT_MODES:
-            # Free its KV now rather than wait for LRU: a deleted document should not stay readable by timing.
-            await engine_loop.drop_documents([list(doc.token_ids)], scope)
-        return DocumentDeleted(id=doc.id)
+        return DocumentDeleted(id=(await documents.delete(cache_scope(t, cache_salt), doc_id)).id)
 
     # -- service ----------------------------------------------------------------------------------------------
 
     @app.get("/v1/models")
     async def models(t: str = Depends(tenant)) -> ModelList:
         return ModelList(data=[ModelCard(id=config.model_name, created=started, max_model_len=engine.max_model_len,
-                                         mode=mode)])
+                                         mode=engine.mode.name)])
 
     @app.get("/health")
     async def health() -> Response:

@@ -30,7 +30,8 @@ def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[arg
     p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
     p.add_argument("--prompt-layout", choices=sorted(LAYOUTS), default="block-attention",
                    help="where documents go in the prompt; tulu3-block-ft for that checkpoint")
-    p.add_argument("--no-warm-up", action="store_true", help="skip the warm-up generation at start")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="skip the start-up warm-up (CUDA: kernel compilation and graph capture)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=lambda args: serve(args, engine_options))
 
@@ -49,10 +50,10 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
 
     keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
     options = engine_options(args)
-    options.update(max_waiting=args.max_waiting, progress=False)
+    options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
     engine = LLMEngine(EngineConfig(**options))
     config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
                           api_keys=tuple(keys), layout=getattr(prompt, LAYOUTS[args.prompt_layout]),
-                          max_documents=args.max_documents, warm_up=not args.no_warm_up)
+                          max_documents=args.max_documents)
     uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level)
     return 0

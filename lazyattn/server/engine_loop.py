@@ -1,14 +1,14 @@
 """The engine's own thread, and the bridge between it and the asyncio event loop.
 
-One thread owns the engine: it runs the commands the event loop hands it (add, abort, encode documents), then
+One thread owns the engine: it runs the commands the event loop hands it (add, abort, drop documents), then
 one `engine.step()`, and dispatches the outputs to the streams of the HTTP handlers that wait for them. When the
 engine has nothing to do, the thread sleeps on a condition until a command arrives.
 
-Why commands instead of calling the engine from the event loop: the engine's lock is held for a whole forward
-pass, so a call from the event loop would block every connection for that long; and a thread that releases
-the lock only to take it again at once can starve the other thread of it. Here the event loop never touches
-the engine: it enqueues a command (an O(1) append) and awaits a future, and reads engine counters from a
-snapshot taken after each step.
+Why commands instead of calling the engine from the event loop: the engine is not thread-safe, and a call
+would block every connection for a whole forward pass anyway. Here the event loop never touches the engine's
+mutable state: it enqueues a command (an O(1) append) and awaits a future, and reads engine counters from a
+snapshot taken after each step. (It may read what never changes after construction: the tokenizer, the
+context limit, the mode and the pool size, e.g. through `engine.max_new_tokens`.)
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from lazyattn.engine.llm_engine import EncodeHandle, EngineStats, LLMEngine
+from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
-from lazyattn.engine.prompt import RenderedPrompt, from_token_ids
+from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import LazyAttnError
 
@@ -101,7 +101,6 @@ class EngineLoop:
         self._cv = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
         self._streams: dict[str, OutputStream] = {}
-        self._encodes: list[tuple[EncodeHandle, Callable[[BaseException | None], None]]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -125,9 +124,10 @@ class EngineLoop:
 
     # -- called from the event loop -------------------------------------------------------------------------------
 
-    async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams]], *,
+    async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams | None]], *,
                      cache_salt: str | None, arrival: float) -> OutputStream:
-        """Add requests to the engine, all or none; raises the engine's validation errors."""
+        """Add requests to the engine, all or none; raises the engine's validation errors. Params None: a
+        prefill-only request (documents encoded ahead)."""
         loop = asyncio.get_running_loop()
         stream = OutputStream(self, loop, [rid for rid, _, _ in requests])
         future: asyncio.Future[None] = loop.create_future()
@@ -162,22 +162,6 @@ class EngineLoop:
                     self.observer.on_abort(rid)
 
         self._call(abort, when_stopping="drop")  # stopping aborts everything anyway
-
-    async def encode_documents(self, segments: list[list[int]], cache_salt: str | None) -> None:
-        """Encode documents into the cache; returns once they are cached."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def encode() -> None:
-            try:
-                handle = self.engine.encode_documents(segments, cache_salt=cache_salt)
-            except BaseException as e:
-                self._resolve(loop, future, e)
-                return
-            self._encodes.append((handle, lambda error: self._resolve(loop, future, error)))
-
-        self._call(encode)
-        await future
 
     async def drop_documents(self, segments: list[list[int]], cache_salt: str | None) -> None:
         loop = asyncio.get_running_loop()
@@ -234,7 +218,6 @@ class EngineLoop:
                     logger.exception("engine command failed")
             if self.engine.has_unfinished():
                 self._step()
-            self._settle_encodes()
             self.stats = self.engine.stats()
             busy = self.engine.has_unfinished()
         self._shut_down()
@@ -262,15 +245,6 @@ class EngineLoop:
             if stream is not None:
                 stream.put(out)
 
-    def _settle_encodes(self) -> None:
-        still = []
-        for handle, settle in self._encodes:
-            if handle.done.is_set():
-                settle(handle.error)
-            else:
-                still.append((handle, settle))
-        self._encodes = still
-
     def _fail_all(self, error: BaseException) -> None:
         streams = dict(self._streams)
         self._streams.clear()
@@ -281,9 +255,6 @@ class EngineLoop:
                 logger.exception("abort of %s failed", rid)
         for stream in set(streams.values()):
             stream.put(error)
-        for _, settle in self._encodes:
-            settle(error)
-        self._encodes = []
 
     def _shut_down(self) -> None:
         with self._cv:
@@ -295,15 +266,3 @@ class EngineLoop:
                 logger.exception("engine command failed")
         self._fail_all(EngineStoppedError("the server is shutting down"))
 
-
-def warm_up(engine: LLMEngine) -> None:
-    """One short request through the engine before serving, so the first client does not pay for lazy
-    initialisation (kernel selection, allocator growth, CUDA graph capture)."""
-    bos = engine.tokenizer.bos_token_id
-    prompt = from_token_ids([t for t in (bos, 1, 2, 3) if t is not None])
-    engine.add_request("lazyattn-warmup", prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    for _ in range(100):  # a 4-token prompt and 2 tokens take 2 steps; bounded in case something is off
-        if not engine.has_unfinished():
-            break
-        engine.step()
-    engine.abort("lazyattn-warmup")

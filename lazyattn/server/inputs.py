@@ -6,6 +6,7 @@ through `LLM.chat`/`LLM.generate` give the same segments, hence the same cache k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document, render_chat, render_completion
@@ -33,8 +34,9 @@ class Renderer:
     layout: PromptLayout
     max_model_len: int
     vocab_size: int
-    kv_tokens: int  # tokens the whole KV pool holds
-    page_size: int
+    # The engine's `max_new_tokens(prompt, n)`: it reads only what never changes after start-up (context limit,
+    # mode, pool size), so the event loop may call it.
+    max_new_tokens: Callable[[RenderedPrompt, int], int]
 
     def chat(self, body: ChatCompletionRequest, documents: list[Document]) -> RenderedPrompt:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -63,17 +65,15 @@ class Renderer:
 
     def max_tokens(self, requested: int | None, prompt: RenderedPrompt, n: int, param: str) -> int:
         """OpenAI's default is "as many as fit": what is left of the context after the prompt, and what the KV
-        pool can hold (the engine rejects a request whose worst case needs more pages than exist). The pool
-        bound is conservative: every segment copied once (block mode), a partial page per segment and sample."""
+        pool can hold for `n` samples (the engine's own page count)."""
         if requested is not None:
             return requested
-        left = self.max_model_len - prompt.num_tokens
-        room = (self.kv_tokens - 2 * prompt.num_tokens - self.page_size * (len(prompt.segments) + 2) * n) // n
-        if min(left, room) < 1:
+        room = self.max_new_tokens(prompt, n)
+        if room < 1:
             raise ContextTooLongError(
                 f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
                 f"generate within the context limit of {self.max_model_len} tokens and the KV pool", param=param)
-        return min(left, room)
+        return room
 
 
 def resolve_documents(items: list[DocumentInput] | None, registry: DocumentRegistry,

@@ -9,8 +9,7 @@ import pytest
 
 from lazyattn.bench.hitratio import PageAccounting, TraceKeys, pool_pages, simulate, sweep, working_set_pages
 from lazyattn.bench.replay import kv_budget, make_engine, replay
-from lazyattn.bench.workload import Load, WorkloadSpec, make_trace, token_space
-from lazyattn.engine.sampling import SamplingParams
+from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace, token_space
 
 PAGE = 16
 SPEC = WorkloadSpec(num_docs=16, doc_len=40, docs_per_request=3, zipf_alpha=1.1, question_len=8, output_len=3,
@@ -39,17 +38,24 @@ def test_simulation_matches_the_engine(engines, mode):
         assert [r.cached_tokens for r in run.records] and sum(r.doc_hits for r in run.records) == sim.doc_hits
         assert sum(r.cached_tokens for r in run.records) == sim.cached_tokens
         assert s.evictions == sim.evictions
-        assert s.peak_kv_gb * 2**30 <= pages * engine.page_bytes
-    assert engine.pool.num_used == 0  # kv_budget gave its pages back
+        assert s.peak_kv_gb * 2**30 <= pages * engine.stats().page_bytes
+    assert engine.stats().pages_used == 0 and engine.stats().num_pages == engine.pool.num_pages  # budget undone
 
 
 @pytest.mark.parametrize("mode", ["lazy", "block", "prefix", "full"])
 def test_working_set_is_what_the_engine_reserves(engines, mode):
+    """One request alone in a pool of exactly its working set runs without preemption, and its peak page count is
+    the working set of the tokens whose K/V it writes."""
     engine = engines.get(mode) or make_engine(dict(model="tiny", device="cpu", page_size=PAGE), mode)
-    trace = make_trace(SPEC, Load(), *token_space(engine.model_config))
-    params = SamplingParams(max_tokens=SPEC.output_len, ignore_eos=True)
-    assert working_set_pages(mode, SPEC, trace.system_len, PAGE) == \
-        engine._pages_needed(trace.prompt(trace.requests[0]), params)
+    trace = make_trace(SPEC, Load(concurrency=1), *token_space(engine.model_config))
+    one = Trace(trace.spec, trace.load, trace.system, trace.documents, trace.requests[:1])
+    pages = working_set_pages(mode, SPEC, trace.system_len, PAGE)
+    with kv_budget(engine, pages):
+        run = replay(engine, one)
+        peak = engine.stats().pages_high_water
+        assert run.summary.completed == 1 and engine.stats().preemptions == 0
+    # The last sampled token is never fed back: its K/V is never written.
+    assert peak == working_set_pages(mode, replace(SPEC, output_len=SPEC.output_len - 1), trace.system_len, PAGE)
 
 
 def test_pool_policies_and_infeasible_budgets():

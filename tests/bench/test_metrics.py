@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lazyattn.bench.metrics import EngineCounters, RequestRecord, Stat, Summary, summarize
-from lazyattn.bench.replay import document_hits
 from lazyattn.bench.report import PointResult, comparison_rows, result_block, text_table
+from lazyattn.engine.modes import make_mode
 
 # (arrival, token times) of four finished requests and one cut short; times in seconds
 REQUESTS = [
@@ -87,7 +87,7 @@ def test_summary_survives_a_json_round_trip():
     ("prefix", 1 + 5 * 64 + 30, 5), ("full", 0, 0),
 ])
 def test_document_hits_from_cached_tokens(mode, cached, hits):
-    assert document_hits(mode, cached, system_len=1, doc_len=64, num_docs=5) == pytest.approx(hits)
+    assert make_mode(mode).reused_documents(cached, system_len=1, doc_len=64, num_docs=5) == pytest.approx(hits)
 
 
 def test_result_block_has_vllm_layout():

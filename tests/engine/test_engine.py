@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lazyattn import LLM, SamplingParams
-from lazyattn.engine.prompt import from_token_ids
+from lazyattn.engine.prompt import RenderedPrompt, from_token_ids
 from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError
 from lazyattn.kernels.reference import block_mask
 from tests.model.checkpoints import hf_logits
@@ -117,7 +117,7 @@ def test_tiny_kv_budget_evicts_and_preempts_but_stays_correct(checkpoint, mode):
     and the same tokens as a roomy pool."""
     requests = (REQUESTS + [(["d", "e"], [80, 81, 82]), (["e", "b", "d"], [83])]) * 2
     roomy = generate(make_llm(checkpoint, "llama", mode), requests)
-    page_bytes = make_llm(checkpoint, "llama", mode).engine.page_bytes
+    page_bytes = make_llm(checkpoint, "llama", mode).stats().page_bytes
     tight = make_llm(checkpoint, "llama", mode, kv_cache_gb=16 * page_bytes / 2**30, max_num_batched_tokens=48)
     outs = generate(tight, requests)
     assert [o.token_ids for o in outs] == [o.token_ids for o in roomy]
@@ -131,7 +131,7 @@ def test_lru_eviction_under_a_small_pool_keeps_outputs(checkpoint):
     sequence = [(["a"], [40]), (["d"], [41]), (["e", "b"], [42]), (["f"], [43]), (["g", "h"], [44]),
                 (["a", "f"], [45]), (["c", "d"], [46])]
     roomy = make_llm(checkpoint, "llama", "lazy")
-    page_bytes = roomy.engine.page_bytes
+    page_bytes = roomy.stats().page_bytes
     tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=16 * page_bytes / 2**30)
     for request in sequence:
         assert generate(tight, [request])[0].token_ids == generate(roomy, [request])[0].token_ids
@@ -214,10 +214,12 @@ def test_documents_encoded_ahead_are_hits_later(checkpoint):
     llm = make_llm(checkpoint, "llama", "lazy")
     bos = llm.tokenizer.bos_token_id
     segments = from_token_ids([40], [DOCS["a"], DOCS["d"]], bos).segments
-    handle = llm.engine.encode_documents(segments)
-    while not handle.done.is_set():
-        llm.engine.step()
-    assert handle.error is None and llm.stats().cache.misses == len(segments)
+    llm.engine.add_request("encode", RenderedPrompt(segments, []), None)  # prefill-only: documents, nothing sampled
+    outs = []
+    while llm.engine.has_unfinished():
+        outs += llm.engine.step()
+    assert [(o.request_id, o.finished, o.token_ids) for o in outs] == [("encode", True, [])]
+    assert llm.stats().cache.misses == len(segments)
     assert llm.engine.pool.num_used == llm.stats().cache.pages_in_use
     out = generate(llm, [(["d", "a"], [40, 41])])
     assert llm.stats().cache.misses == len(segments)  # every document hit
@@ -225,10 +227,11 @@ def test_documents_encoded_ahead_are_hits_later(checkpoint):
 
 
 def test_warm_up_leaves_no_trace(checkpoint):
-    """The start-up warm-up (run on CUDA before serving) forgets its documents and counters."""
-    llm = make_llm(checkpoint, "llama", "lazy", max_num_seqs=8)
+    """The start-up warm-up (run on CUDA before serving) touches no cache, page or counter and zeroes the KV."""
+    llm = make_llm(checkpoint, "llama", "lazy", max_num_seqs=8, max_num_batched_tokens=256)
     want = generate(make_llm(checkpoint, "llama", "lazy"), REQUESTS)
-    llm.engine.warm_up()
+    llm.engine.runner.warm_up()
     stats = llm.stats()
     assert stats.cache.lookups == 0 and stats.pages_used == 0 and stats.prefilled_tokens == 0
+    assert not llm.engine.runner.backend.kv.any()
     assert [o.token_ids for o in generate(llm, REQUESTS)] == [o.token_ids for o in want]

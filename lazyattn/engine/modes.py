@@ -1,0 +1,182 @@
+"""The four modes of docs/design.md, one small class each, chosen once per engine.
+
+A mode decides what a sequence reuses and how it reads it; the scheduler, the cache, the model and the kernels
+are the same for all four. Everything mode-specific is here:
+
+- `admit`: which cached parts a sequence acquires and which run of tokens it computes itself;
+- `context`: the page table its run attends to before its own pages (physical page, delta, valid tokens);
+- `copies`: whether it reads private re-rotated copies of placed documents (block), made before its first chunk;
+- `pages_needed`: the one page-count formula (validation, admission, the server's default max_tokens, the
+  hit-ratio simulation all use it);
+- `caches_documents`: whether a request's segments are cached documents (so they can be encoded ahead of time
+  and hits count in whole documents).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lazyattn.engine.sequence import Part, Run, Sequence
+from lazyattn.errors import InvalidRequestError
+from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
+
+if TYPE_CHECKING:
+    from lazyattn.engine.scheduler import Scheduler
+
+
+class Mode:
+    name: str
+    caches_documents: bool = False
+    copies: bool = False
+    # A sequence's chunk may run in the same step as the last chunk of a document it reads: each layer writes
+    # the K/V of every row in the batch before any row attends. Not so for copies, made before the forward pass.
+    reads_documents_in_same_step: bool = True
+
+    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+        """Acquire the sequence's cached parts into `acquired` (in order) and return the run it computes.
+        Raises OutOfPagesError; the caller then releases what was acquired."""
+        raise NotImplementedError
+
+    def context(self, seq: Sequence, page_size: int) -> EntryPages:
+        """The pages the sequence's run attends to before its own."""
+        raise NotImplementedError
+
+    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int) -> int:
+        """Pages a request holds at its peak: segments of `segment_lens` tokens, then `n` samples whose runs reach
+        `run_tokens` tokens each (the final segment plus what they generate)."""
+        raise NotImplementedError
+
+    def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
+        """Documents of a request found in the cache, from the engine's count of cached context tokens
+        (requests of a system segment and `num_docs` documents of `doc_len` tokens)."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class _DocumentMode(Mode):
+    """lazy and block: each segment is a cached document, encoded alone; the run is the final segment."""
+
+    caches_documents = True
+
+    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+        scheduler.acquire_documents(seq.segments, seq.salt, acquired)
+        return Run(seq.prompt + seq.output, start_pos=seq.context_len)
+
+    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int) -> int:
+        documents = sum(cdiv(length, page_size) for length in segment_lens)  # shared by the n samples
+        return documents + n * (self._private_copies(segment_lens, page_size) + cdiv(run_tokens, page_size))
+
+    def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
+        return 0
+
+    def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
+        # cached = (system_len if the system segment hit) + hits * doc_len, and system_len < doc_len.
+        return min(cached_tokens // doc_len, num_docs)
+
+
+class LazyMode(_DocumentMode):
+    """One cached copy of each document, read in place at delta = its logical start (deferred RoPE)."""
+
+    name = "lazy"
+
+    def context(self, seq: Sequence, page_size: int) -> EntryPages:
+        pages: list[int] = []
+        deltas: list[int] = []
+        valid: list[int] = []
+        for p in seq.parts:
+            fill = page_fill(p.length, page_size)
+            pages += p.segment.pages
+            deltas += [p.start] * len(fill)
+            valid += fill
+        return EntryPages(pages, deltas, valid)
+
+
+class BlockMode(_DocumentMode):
+    """Published Block-Attention: private copies of the documents placed after position 0, re-rotated into place
+    by one fused kernel before the sequence's first chunk, read at delta 0 and freed when it ends."""
+
+    name = "block"
+    copies = True
+    reads_documents_in_same_step = False
+
+    def moved_parts(self, seq: Sequence) -> list[Part]:
+        """The parts that need a copy: a segment at position 0 is already where its keys were rotated."""
+        return [p for p in seq.parts if p.start > 0]
+
+    def context(self, seq: Sequence, page_size: int) -> EntryPages:
+        pages: list[int] = []
+        valid: list[int] = []
+        copies = iter(seq.copies)
+        for p in seq.parts:
+            fill = page_fill(p.length, page_size)
+            pages += [next(copies) for _ in fill] if p.start > 0 else p.segment.pages
+            valid += fill
+        return EntryPages(pages, [0] * len(pages), valid)
+
+    def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
+        return sum(cdiv(length, page_size) for length in segment_lens[1:])
+
+
+class _CausalMode(Mode):
+    """prefix and full: ordinary causal attention over the concatenated prompt."""
+
+    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int) -> int:
+        return n * cdiv(sum(segment_lens) + run_tokens, page_size)
+
+    def context(self, seq: Sequence, page_size: int) -> EntryPages:
+        # Cached prefix pages this sequence did not compute itself; delta 0: keys sit at absolute positions.
+        shared = [p for p in seq.parts if not p.owned]
+        pages = [page for p in shared for page in p.segment.pages]
+        return EntryPages(pages, [0] * len(pages), [page_size] * len(pages))
+
+
+class PrefixMode(_CausalMode):
+    """vLLM-style prefix caching: the prompt's full pages are cached under chained keys and reused only for an
+    exact token prefix; the sequence computes the pages it misses itself (and caches them)."""
+
+    name = "prefix"
+
+    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+        tokens = seq.all_tokens
+        ps = scheduler.page_size
+        parent = None
+        first_owned = None
+        # The last token is never cached: its logits are needed, so the sequence computes it.
+        for b in range((len(tokens) - 1) // ps):
+            key = scheduler.keyer(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
+            if first_owned is not None and scheduler.cache.lookup(key) is not None:
+                break  # an orphan left after its parent was evicted: keep the rest private
+            segment, is_new = scheduler.cache.acquire(key, ps)
+            acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
+            if is_new and first_owned is None:
+                first_owned = b
+            parent = key
+        start = (first_owned if first_owned is not None else len(acquired)) * ps
+        pages = [page for p in acquired if p.owned for page in p.segment.pages]
+        return Run(tokens[start:], start_pos=start, pages=pages, owned=len(pages))
+
+    def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
+        # A reused prefix is whole pages and may end inside a document (always, once BOS shifts documents off
+        # page boundaries): the reused share of the document tokens, in documents.
+        return max(0.0, min(float(num_docs), (cached_tokens - system_len) / doc_len))
+
+
+class FullMode(_CausalMode):
+    """No caching: every request computes its whole prompt."""
+
+    name = "full"
+
+    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+        return Run(seq.all_tokens, start_pos=0)
+
+
+MODES: dict[str, type[Mode]] = {m.name: m for m in (LazyMode, BlockMode, PrefixMode, FullMode)}
+
+
+def make_mode(name: str) -> Mode:
+    try:
+        return MODES[name]()
+    except KeyError:
+        raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {name!r}", "mode") from None
