@@ -235,3 +235,25 @@ def test_warm_up_leaves_no_trace(checkpoint):
     assert stats.cache.lookups == 0 and stats.pages_used == 0 and stats.prefilled_tokens == 0
     assert not llm.engine.runner.backend.kv.any()
     assert [o.token_ids for o in generate(llm, REQUESTS)] == [o.token_ids for o in want]
+
+
+@pytest.mark.parametrize("mode, segments, n, pages_for_tokens", [
+    # 16-token pages, a 20-page budget, a 10-token final segment; hand-counted pages besides the run's own:
+    ("lazy", [50], 1, lambda m: 4 + -(-(10 + m) // 16)),  # the document's 4 pages, shared
+    ("lazy", [50], 2, lambda m: 4 + 2 * -(-(10 + m) // 16)),  # each sample has its own run
+    ("block", [50, 30], 1, lambda m: 6 + 2 + -(-(10 + m) // 16)),  # + a private copy of the moved document
+    ("prefix", [50, 30], 1, lambda m: -(-(90 + m) // 16)),  # one causal sequence
+    ("full", [50], 2, lambda m: 2 * -(-(60 + m) // 16)),
+])
+def test_max_new_tokens_is_the_most_that_fits(checkpoint, mode, segments, n, pages_for_tokens):
+    llm = make_llm(checkpoint, "llama", mode)
+    llm.engine.set_kv_budget(20)
+    prompt = RenderedPrompt([[7] * k for k in segments], [8] * 10)
+    context_room = llm.engine.max_model_len - sum(segments) - 10
+    most = max(m for m in range(context_room + 1) if pages_for_tokens(m) <= 20)
+    assert most < context_room  # the pool is the bound here
+    assert llm.engine.max_new_tokens(prompt, n) == most
+    llm.engine.add_request("fits", prompt, SamplingParams(max_tokens=most, n=n))  # accepted, then dropped
+    llm.engine.abort("fits")
+    with pytest.raises(ContextTooLongError):
+        llm.engine.add_request("over", prompt, SamplingParams(max_tokens=most + 1, n=n))

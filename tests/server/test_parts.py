@@ -49,15 +49,15 @@ def test_registry_is_scoped_and_idempotent():
     assert reg.list("s1") == [] and a.as_input() == {"title": "T", "text": "text"}
 
 
-def test_default_max_tokens_fits_context_and_pool():
-    r = Renderer(ByteTokenizer(), DEFAULT_LAYOUT, max_model_len=1000, vocab_size=320, kv_tokens=640, page_size=16)
+def test_default_max_tokens_is_the_engines_room():
+    room = {10: 40, 20: 0}  # final-segment length -> what the engine says fits
+    r = Renderer(ByteTokenizer(), DEFAULT_LAYOUT, max_model_len=1000, vocab_size=320,
+                 max_new_tokens=lambda prompt, n: room[len(prompt.final)] // n)
     prompt = RenderedPrompt([[1] * 50], [2] * 10)
-    assert r.max_tokens(7, prompt, 1, "prompt") == 7
-    assert r.max_tokens(None, prompt, 1, "prompt") == 640 - 120 - 48  # the pool, not the context, is the bound
-    big = Renderer(ByteTokenizer(), DEFAULT_LAYOUT, max_model_len=100, vocab_size=320, kv_tokens=10**6, page_size=16)
-    assert big.max_tokens(None, prompt, 1, "prompt") == 40
+    assert r.max_tokens(7, prompt, 1, "prompt") == 7  # asked for: the engine validates it
+    assert r.max_tokens(None, prompt, 1, "prompt") == 40 and r.max_tokens(None, prompt, 4, "prompt") == 10
     with pytest.raises(ContextTooLongError):
-        big.max_tokens(None, RenderedPrompt([], [1] * 100), 1, "prompt")
+        r.max_tokens(None, RenderedPrompt([], [1] * 20), 1, "prompt")
 
 
 def test_error_param_paths():
