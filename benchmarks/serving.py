@@ -1,4 +1,5 @@
-"""RAG serving benchmark on one GPU: the three experiments of DESIGN.md §6, sized to fit ~8 minutes.
+"""RAG serving benchmark on one GPU: the three experiments of the benchmark protocol (docs/design.md), sized to
+fit ~8 minutes.
 
     bash benchmarks/serving.sh OUT_DIR           # H100 / H200, Llama-3.1-8B shapes, random bf16 weights
     bash benchmarks/serving.sh OUT_DIR --smoke   # the tiny model on the CPU: checks the script end to end

@@ -1,4 +1,4 @@
-"""`lazyattn bench`: the RAG serving benchmark of DESIGN.md §6.
+"""`lazyattn bench`: the RAG serving benchmark of docs/design.md, Benchmark protocol.
 
 workload.py  the seeded trace (document pool, popularity, order, arrivals)
 replay.py    one engine per mode, identical warm-up, real-time replay of a trace

@@ -33,7 +33,7 @@ def _fmt(x: float | None, spec: str = "{:.2f}") -> str:
 
 
 def goal_rows(rate: list[PointResult], hit: dict) -> list[str]:
-    """DESIGN.md §7's serving goals against what was measured."""
+    """The serving goals (docs/design.md, Goals) against what was measured."""
     by = {(r.group, r.load, r.mode): r.summary for r in rate if r.summary is not None}
     loads = list(dict.fromkeys(r.load for r in rate if r.group.startswith("zipf")))
     group = next((r.group for r in rate if r.group.startswith("zipf")), "zipf")
@@ -48,7 +48,7 @@ def goal_rows(rate: list[PointResult], hit: dict) -> list[str]:
 
     ttft = lambda lazy, o: o.ttft.mean / lazy.ttft.mean if lazy.ttft.mean else None  # noqa: E731
     thr = lambda lazy, o: lazy.request_throughput / o.request_throughput if o.request_throughput else None  # noqa: E731
-    rows = ["| goal (DESIGN.md §7) | measured | target |", "|---|---|---|",
+    rows = ["| goal (docs/design.md, Goals) | measured | target |", "|---|---|---|",
             f"| lazy vs block TTFT, {group} (block ÷ lazy) | {ratios('block', ttft)} | ≥ 1.5x (published 1.37x) |",
             f"| lazy vs block throughput, {group} (lazy ÷ block req/s; only saturation is not rate-bound) | "
             f"{ratios('block', thr)} | ≥ 1.5x (published 1.40x) |",

@@ -1,5 +1,5 @@
-"""The seeded RAG workload (DESIGN.md §6): a document pool, requests that each retrieve a few documents, and
-their arrival times.
+"""The seeded RAG workload (docs/design.md, Benchmark protocol): a document pool, requests that each retrieve a
+few documents, and their arrival times.
 
 Every random draw comes from its own stream of one seed (documents, requests, arrivals, warm-up), so changing
 the arrival process does not change which documents a request retrieves, and two modes replaying the same

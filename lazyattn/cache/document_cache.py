@@ -1,4 +1,4 @@
-"""The content-addressed segment cache, shared by every mode (DESIGN.md §3 "Document cache", §4).
+"""The content-addressed segment cache, shared by every mode (docs/design.md, The document cache).
 
 A segment's KV is cached under a key that hashes everything its KV depends on: the model's weights,
 the RoPE configuration, the tenant's salt and the token ids (plus, in prefix mode, the key of the page

@@ -1,4 +1,4 @@
-"""The offline API of DESIGN.md §5: `LLM(...).generate(...)`."""
+"""The offline API: `LLM(...).generate(...)`, `.chat(...)` (README, "Using it from Python")."""
 
 from __future__ import annotations
 

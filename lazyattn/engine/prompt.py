@@ -1,4 +1,5 @@
-"""Requests to segments (DESIGN.md §1): `[system][doc 1]…[doc n]` + final `[question + assistant header]`.
+"""Requests to segments (docs/design.md, Semantics): `[system][doc 1]…[doc n]` + final
+`[question + assistant header]`.
 
 The default layout is Block-Attention's published RAG format (as in its Llama-3 data; `TULU3_BLOCK_FT_LAYOUT`
 gives the variant its Tulu3-Block-FT checkpoint was trained on):

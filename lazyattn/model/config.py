@@ -190,8 +190,8 @@ def _check_sliding_window(cfg: dict[str, Any], arch: str, max_position: int, sou
     """Reject configs whose attention is windowed within the context.
 
     A window makes a token's KV depend on where the window cuts its context, and the block semantics of
-    DESIGN.md §1 (a segment attends to all of itself, the final segment to everything) would no longer
-    match the model. A window at least as long as the context is plain full attention.
+    docs/design.md (a segment attends to all of itself, the final segment to everything) would no longer match
+    the model. A window at least as long as the context is plain full attention.
     """
     window = cfg.get("sliding_window")
     # Qwen2/Qwen3 write a window into config.json but only use it when use_sliding_window is set.

@@ -223,7 +223,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "lazyattn"
     max_model_len: int
-    mode: str  # lazy, block, prefix or full (DESIGN.md §4)
+    mode: str  # lazy, block, prefix or full (docs/design.md, Modes)
 
 
 class ModelList(BaseModel):

@@ -2,7 +2,8 @@
 
 A tenant's documents must not be hit, nor timed, by another tenant: a cache hit is visibly faster than a miss,
 so a shared cache tells anyone who can send a document whether someone else sent it recently. The document
-cache's key hashes a salt (DESIGN.md §3), so each tenant gets its own salt and never shares an entry.
+cache's key hashes a salt (docs/design.md, The document cache), so each tenant gets its own salt and never
+shares an entry.
 
 The salt of a request is built from two parts:
 - the API key, when several are configured: each key is its own tenant. With one key (or none) every client
@@ -31,10 +32,6 @@ class Authenticator:
             raise ValueError("an API key must not be empty")
         self._keys = [k.encode() for k in dict.fromkeys(keys)]
         self._per_key_tenants = len(self._keys) > 1
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
 
     def tenant(self, authorization: str | None) -> str:
         """The tenant of a request: "" (the only tenant) or a digest of its key. Raises AuthenticationError."""

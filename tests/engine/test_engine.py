@@ -44,7 +44,7 @@ def generate(llm: LLM, requests=REQUESTS, params=None):
 
 
 def hf_rollout(model, segments: list[list[int]], prompt: list[int], block: bool) -> list[torch.Tensor]:
-    """transformers' greedy continuation: log-probs of each generated position (DESIGN.md §1 semantics)."""
+    """transformers' greedy continuation: log-probs of each generated position (docs/design.md, Semantics semantics)."""
     tokens = [t for s in segments for t in s] + list(prompt)
     out = []
     for step in range(GEN):

@@ -1,4 +1,4 @@
-"""The model against transformers' own forward: prefill, decode, and the lazy identity of DESIGN.md §1."""
+"""The model against transformers' own forward: prefill, decode, and the lazy identity of docs/design.md, Semantics."""
 
 import pytest
 import torch
