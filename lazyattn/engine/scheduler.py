@@ -204,6 +204,7 @@ class Scheduler:
         except OutOfPagesError:
             for part in reversed(acquired):
                 self._drop_part(part)
+            self._drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
             raise
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.modes import make_mode
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.engine.scheduler import ScheduledBatch, Scheduler, Work
 from lazyattn.engine.sequence import Sequence
@@ -57,6 +58,12 @@ class SchedulerBench:
         self.scheduler.add(seq)
         return seq
 
+    def add_encode(self, name: str, docs: list[list[int]], salt: str | None = None) -> Sequence:
+        """Queue a prefill-only sequence: documents encoded ahead, nothing sampled (a registration)."""
+        seq = Sequence(next(self._ids), name, 0, [list(d) for d in docs], [], None, salt=salt)
+        self.scheduler.add(seq)
+        return seq
+
     def step(self) -> ScheduledBatch:
         """One engine step with the forward pass left out."""
         batch = self.scheduler.schedule()
@@ -65,6 +72,8 @@ class SchedulerBench:
             seq.run.tokens.append(SAMPLED)
             if len(seq.output) >= seq.params.max_tokens:
                 self.scheduler.finish(seq)
+        for seq in batch.encoded:
+            self.scheduler.finish(seq)
         return batch
 
     def steps(self, n: int) -> list[ScheduledBatch]:
@@ -93,4 +102,4 @@ def make_bench(mode: str, *, num_pages: int = 64, max_num_batched_tokens: int = 
     def keyer(toks: list[int], salt: str | None, parent: str | None) -> str:
         return segment_key("scheduler-test-model", "rope:test", salt, toks, parent)
 
-    return SchedulerBench(Scheduler(config, cache, keyer), cache, pool)
+    return SchedulerBench(Scheduler(config, make_mode(mode), cache, keyer), cache, pool)

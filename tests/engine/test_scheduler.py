@@ -460,7 +460,7 @@ def test_abort_while_waiting_changes_nothing(mode):
     b = make_bench(mode)
     s1 = b.add("s1", [b.doc("A", 37, 1)], tokens(9, 50))
     b.abort(s1)
-    assert s1.is_finished and not b.scheduler.waiting and not b.scheduler.has_work()
+    assert s1.is_finished and not b.scheduler.waiting and not (b.scheduler.waiting or b.scheduler.running)
     assert b.pool.num_used == 0 and b.cache.stats().lookups == 0
     assert b.step().works == []
 
@@ -553,7 +553,7 @@ def test_finished_requests_leave_only_ready_unreferenced_documents(mode):
             b.add("s3", [c], tokens(12, 52), 2), b.add("s4", [a, bb], tokens(9, 50), 4)]
     for _ in range(40):
         b.step()
-    assert all(s.is_finished for s in seqs) and not b.scheduler.has_work() and not b.scheduler.jobs
+    assert all(s.is_finished for s in seqs) and not (b.scheduler.waiting or b.scheduler.running) and not b.scheduler.jobs
     assert all_pages_idle(b)
     b.cache.clear()
     assert b.pool.num_used == 0
@@ -562,36 +562,37 @@ def test_finished_requests_leave_only_ready_unreferenced_documents(mode):
 # -- documents registered ahead of requests --------------------------------------------------------------
 
 
-def test_registered_documents_encode_in_the_budget_requests_leave():
+def test_a_registration_is_a_prefill_only_sequence():
     b = make_bench("lazy", max_num_batched_tokens=32)
     b.add("s1", [], tokens(20, 50))
     assert b.plan(b.step()) == [("s1", 0, 20)]
     d = b.doc("D", 40, 1)
-    parts = b.scheduler.pin([d], None)
+    reg = b.add_encode("reg", [d])
+    batch = b.step()  # admitted like any request: its document's encode after s1's decode, in the budget left
+    assert b.plan(batch) == [("s1", 20, 21), ("D", 0, 31)] and batch.encoded == []
     assert b.pool.num_used == 2 + 3
-    assert b.plan(b.step()) == [("s1", 20, 21), ("D", 0, 31)]
-    assert b.plan(b.step()) == [("s1", 21, 22), ("D", 31, 40)]
-    assert parts[0].segment.ready
-    b.scheduler.unpin(parts)
-    assert parts[0].segment.refcount == 0 and b.cache.evictable_pages() == 3
+    batch = b.step()
+    assert b.plan(batch) == [("s1", 21, 22), ("D", 31, 40)] and batch.encoded == [reg]
+    assert reg.is_finished and b.segment(d).ready and b.segment(d).refcount == 0
+    assert b.cache.evictable_pages() == 3
+
+
+def test_a_registration_of_cached_documents_is_done_without_a_forward_pass():
+    b = make_bench("block")
+    d = b.doc("D", 40, 1)
+    b.add("s1", [d], tokens(5, 50), max_tokens=1)
+    b.steps(3)
+    reg = b.add_encode("reg", [d])
+    batch = b.step()
+    assert batch.works == [] and batch.copies == [] and batch.encoded == [reg] and reg.is_finished
+    assert all_pages_idle(b)
 
 
 # -- found while writing these tests ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="admission rollback leaves the new document's job in `jobs`, which "
-                   "the never-spin-silently guard of _admit_waiting reads as work in flight")
 def test_a_sequence_that_can_never_fit_raises_even_when_it_brought_new_documents():
     b = make_bench("lazy", num_pages=4)
     b.add("big", [b.doc("D", 32, 1)], tokens(48, 50))  # D takes 2 of 4 pages; the prompt needs 3 more
     with pytest.raises(OutOfPagesError):
         b.step()
-
-
-@pytest.mark.xfail(strict=True, reason="_admit_waiting counts pinned (registered) documents' encodes in the "
-                   "backlog, though schedule() runs them only in the budget requests leave")
-def test_a_registration_does_not_hold_back_a_new_request():
-    b = make_bench("lazy", max_num_batched_tokens=32)
-    b.scheduler.pin([b.doc("D", 40, 1)], None)
-    b.add("s1", [], tokens(20, 50))
-    assert b.plan(b.step()) == [("s1", 0, 20), ("D", 0, 12)]
