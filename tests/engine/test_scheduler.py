@@ -553,7 +553,8 @@ def test_finished_requests_leave_only_ready_unreferenced_documents(mode):
             b.add("s3", [c], tokens(12, 52), 2), b.add("s4", [a, bb], tokens(9, 50), 4)]
     for _ in range(40):
         b.step()
-    assert all(s.is_finished for s in seqs) and not (b.scheduler.waiting or b.scheduler.running) and not b.scheduler.jobs
+    assert all(s.is_finished for s in seqs)
+    assert not (b.scheduler.waiting or b.scheduler.running or b.scheduler.jobs)
     assert all_pages_idle(b)
     b.cache.clear()
     assert b.pool.num_used == 0
