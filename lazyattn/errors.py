@@ -48,8 +48,11 @@ class OutOfPagesError(LazyAttnError):
 
 
 class QueueFullError(LazyAttnError):
-    status_code = 503
+    """The server is at capacity (waiting queue, registry): retry later. HTTP 429 with Retry-After."""
+
+    status_code = 429
     error_type = "server_overloaded"
+    retry_after_s = 1
 
 
 class AuthenticationError(LazyAttnError):

@@ -11,6 +11,7 @@ thread (server/engine_loop.py), which is the only one that touches it.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -18,18 +19,21 @@ import torch
 
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
 from lazyattn.cache.page_pool import PagePool
+from lazyattn.engine import isolation
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
-from lazyattn.engine.sampling import Sampler, SamplingParams
-from lazyattn.engine.scheduler import Scheduler
+from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
+from lazyattn.engine.scheduler import ScheduledBatch, Scheduler
 from lazyattn.engine.sequence import Sequence
 from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
 from lazyattn.model.loader import load_model
 from lazyattn.model.tokenizer import ByteTokenizer, TokenizerBase, load_tokenizer
+
+logger = logging.getLogger("lazyattn.engine")
 
 
 @dataclass(frozen=True)
@@ -108,8 +112,10 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         self._validate(prompt, params)
         limit = self.config.max_waiting
-        if limit is not None and len(self.scheduler.waiting) >= limit:
-            raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
+        samples = params.n if params is not None else 1
+        if limit is not None and self.scheduler.num_waiting + samples > limit:
+            raise QueueFullError(f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); "
+                                 "retry later")
         seqs = [Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments], list(prompt.final),
                          params, salt=cache_salt) for i in range(params.n if params is not None else 1)]
         for seq in seqs:
@@ -142,28 +148,54 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one forward pass; returns the requests that produced tokens or finished."""
+        """Run one forward pass; returns the requests that produced tokens or finished.
+
+        A failure is pinned on the requests whose parts fail when the step is redone part by part
+        (engine/isolation.py): those requests end alone, with `error` on their output; the others go on.
+        """
         batch = self.scheduler.schedule()
         touched: dict[str, _Request] = {}
+        failed: dict[str, str] = {}
         if batch.works:
-            logits = self.runner.run(batch)
+            logits = self._forward(batch, failed)
             to_sample = self.scheduler.complete(batch)
-            if to_sample:
-                result = self.sampler.sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample],
-                                             suppress_token_ids=[self.outputs.suppressed(s) for s in to_sample])
-                now = time.monotonic()
-                for i, seq in enumerate(to_sample):
-                    if self.outputs.append(seq, result, i, now):
-                        self._finish(seq)
-                    touched[seq.request_id] = self.requests[seq.request_id]
+            now = time.monotonic()
+            for seq, sampled in self._sample(logits, to_sample, failed):
+                if sampled is not None and self.outputs.append(seq, *sampled, now):
+                    self._finish(seq)
+                touched[seq.request_id] = self.requests[seq.request_id]
         for seq in batch.encoded:  # prefill-only: its documents are cached now
             self._finish(seq, "stop")
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs = [self.outputs.output(r.request_id, r.prompt, r.seqs) for r in touched.values()]
+        for request_id in failed:
+            req = self.requests.get(request_id)
+            if req is not None:
+                for seq in req.seqs:
+                    if not seq.is_finished:
+                        self._finish(seq, "abort")
+                touched[request_id] = req
+        outputs = [self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id))
+                   for r in touched.values()]
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
         return outputs
+
+    def _forward(self, batch: ScheduledBatch, failed: dict[str, str]) -> torch.Tensor:
+        try:
+            return self.runner.run(batch)
+        except Exception as error:
+            logger.warning("a step failed (%s); redoing its parts one by one", error)
+            return isolation.forward_parts(self.runner, batch, self.scheduler.running, self.cache, failed)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[str, str]):
+        seqs = [s for s in seqs if s.request_id not in failed]
+
+        def sample(rows: torch.Tensor, part: list[Sequence]) -> SampleResult:
+            return self.sampler.sample(rows, [s.params for s in part], [s.generator for s in part],
+                                       suppress_token_ids=[self.outputs.suppressed(s) for s in part])
+
+        return isolation.sample_rows(sample, logits, seqs, failed)
 
     def _finish(self, seq: Sequence, reason: str | None = None) -> None:
         self.outputs.finish(seq, reason)
@@ -210,7 +242,7 @@ class LLMEngine:
             decoded_tokens=self.scheduler.decoded_tokens,
             preemptions=self.scheduler.num_preemptions,
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
+            waiting=self.scheduler.num_waiting,
         )
 
     # -- validation -------------------------------------------------------------------------------------------

@@ -78,7 +78,8 @@ class OutputProcessor:
         return None
 
     @staticmethod
-    def output(request_id: str, prompt: RenderedPrompt, seqs: list[Sequence]) -> RequestOutput:
+    def output(request_id: str, prompt: RenderedPrompt, seqs: list[Sequence], error: str | None = None
+               ) -> RequestOutput:
         outs = []
         for seq in seqs:
             # seq.text only grows by what the detokenizer released: streamed text never retracts.
@@ -96,4 +97,5 @@ class OutputProcessor:
             cached_tokens=sum(s.metrics.cached_tokens for s in seqs),
             prefilled_tokens=sum(s.metrics.prefilled_tokens for s in seqs),
         )
-        return RequestOutput(request_id, list(prompt.final), sum(len(s) for s in prompt.segments), outs, metrics)
+        return RequestOutput(request_id, list(prompt.final), sum(len(s) for s in prompt.segments), outs, metrics,
+                             error)

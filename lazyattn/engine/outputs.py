@@ -37,6 +37,7 @@ class RequestOutput:
     num_document_tokens: int
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
+    error: str | None = None  # set when the engine failed this request alone (finish_reason "abort")
 
     @property
     def finished(self) -> bool:

@@ -78,7 +78,10 @@ class Scheduler:
         self.cache = cache
         self.page_size = cache.page_size
         self.keyer = keyer
-        self.waiting: deque[Sequence] = deque()
+        # Waiting sequences in admission order. An aborted one is only marked finished and skipped when it reaches
+        # the front, so that aborting is O(1) however long the queue (a client that drops a huge batch).
+        self._waiting: deque[Sequence] = deque()
+        self.num_waiting = 0
         self.running: list[Sequence] = []
         self.jobs: dict[str, SegmentJob] = {}
         self.num_preemptions = 0
@@ -91,16 +94,21 @@ class Scheduler:
 
     # -- queue ------------------------------------------------------------------------------------
 
+    @property
+    def waiting(self) -> list[Sequence]:
+        return [s for s in self._waiting if s.status is Status.WAITING]
+
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._waiting.append(seq)
+        self.num_waiting += 1
 
     def finish(self, seq: Sequence) -> None:
-        """Release everything a sequence holds (finished or aborted)."""
+        """Release everything a sequence holds (finished or aborted). O(1) for a waiting sequence."""
         if seq.status is Status.RUNNING:
             self._release(seq)
             self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.num_waiting -= 1
         seq.status = Status.FINISHED
 
     # -- one step ---------------------------------------------------------------------------------
@@ -177,15 +185,19 @@ class Scheduler:
     def _admit_waiting(self, budget: int) -> None:
         backlog = sum(s.run.pending for s in self.running if s.run.pending > 1)
         backlog += sum(j.run.pending for j in self.jobs.values())
-        while self.waiting and len(self.running) < self.config.max_num_seqs and backlog < budget:
-            seq = self.waiting[0]
+        while self._waiting and len(self.running) < self.config.max_num_seqs and backlog < budget:
+            seq = self._waiting[0]
+            if seq.status is not Status.WAITING:  # aborted while it waited
+                self._waiting.popleft()
+                continue
             try:
                 self._admit(seq)
             except OutOfPagesError:
                 if not self.running and not self.jobs:
                     raise  # cannot happen for a validated request; never spin silently
                 return
-            self.waiting.popleft()
+            self._waiting.popleft()
+            self.num_waiting -= 1
             self.running.append(seq)
             seq.status = Status.RUNNING
             backlog += seq.run.pending
@@ -319,7 +331,8 @@ class Scheduler:
             self._batch.copies = [c for c in self._batch.copies if c.seq_id != seq.seq_id]
             self._drop_dead_jobs()
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        self._waiting.appendleft(seq)
+        self.num_waiting += 1
         self.num_preemptions += 1
 
     def _drop_dead_jobs(self) -> None:

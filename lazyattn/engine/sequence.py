@@ -84,7 +84,7 @@ class Metrics:
         return self.finished - self.first_token
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a sequence is found and removed by identity, never by comparing its fields
 class Sequence:
     """One sample of one request. Requests with n > 1 hold n sequences sharing their documents."""
 

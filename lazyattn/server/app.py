@@ -47,6 +47,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # several: each key is a tenant with its own cache salt
     layout: PromptLayout = DEFAULT_LAYOUT
     max_documents: int | None = None  # registry capacity (all tenants); None: unbounded
+    max_request_sequences: int = 256  # prompts x n of one request
 
 
 def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
@@ -56,7 +57,7 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     engine_loop.observer = metrics
     renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size,
                         engine.max_new_tokens)
-    serving = OpenAIServing(engine_loop, renderer, registry, config.model_name)
+    serving = OpenAIServing(engine_loop, renderer, registry, config.model_name, config.max_request_sequences)
     documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)
     started = int(time.time())

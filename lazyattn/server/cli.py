@@ -25,8 +25,12 @@ def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[arg
                         f"caches). Also read from ${API_KEYS_ENV}, comma-separated")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model "
                    "directory's name, or 'tiny')")
-    p.add_argument("--max-waiting", type=int, default=None,
-                   help="waiting-queue limit; requests past it get 503 (default: no limit)")
+    p.add_argument("--max-waiting", type=int, default=1024,
+                   help="waiting-queue limit in sequences (prompts x n); requests past it get 429 with Retry-After")
+    p.add_argument("--max-request-sequences", type=int, default=256,
+                   help="sequences one request may ask for (prompts x n); more is a 400")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="on SIGTERM, seconds to let running requests finish before the rest are aborted")
     p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
     p.add_argument("--prompt-layout", choices=sorted(LAYOUTS), default="block-attention",
                    help="where documents go in the prompt; tulu3-block-ft for that checkpoint")
@@ -54,6 +58,7 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     engine = LLMEngine(EngineConfig(**options))
     config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
                           api_keys=tuple(keys), layout=getattr(prompt, LAYOUTS[args.prompt_layout]),
-                          max_documents=args.max_documents)
-    uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level)
+                          max_documents=args.max_documents, max_request_sequences=args.max_request_sequences)
+    uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout)
     return 0

@@ -93,6 +93,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LazyAttnError)
     async def lazyattn_error(request: Request, e: LazyAttnError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(e, AuthenticationError) else None
+        if isinstance(e, QueueFullError):
+            headers = {"Retry-After": str(e.retry_after_s)}
         return JSONResponse(error_body(e), status_code=e.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from lazyattn.engine.outputs import RequestOutput
-from lazyattn.errors import LazyAttnError
+from lazyattn.errors import InvalidRequestError, LazyAttnError
 from lazyattn.server.documents import DocumentRegistry
 from lazyattn.server.engine_loop import EngineLoop, OutputStream
 from lazyattn.server.errors import ModelNotFoundError, error_body
@@ -55,8 +55,9 @@ _CLIENT_GONE = 499
 
 class OpenAIServing:
     def __init__(self, engine_loop: EngineLoop, renderer: Renderer, registry: DocumentRegistry,
-                 model_name: str) -> None:
+                 model_name: str, max_request_sequences: int = 256) -> None:
         self.engine_loop = engine_loop
+        self.max_request_sequences = max_request_sequences
         self.renderer = renderer
         self.registry = registry
         self.model_name = model_name
@@ -67,6 +68,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
+        self._check_sequences(1, body.n)
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = resolve_documents(body.documents, self.registry, scope)
@@ -118,6 +120,8 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
+        p = body.prompt
+        self._check_sequences(len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1, body.n)
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = resolve_documents(body.documents, self.registry, scope)
@@ -166,6 +170,13 @@ class OpenAIServing:
             yield chunk([], usage(list(state.finals.values())))
 
     # -- helpers --------------------------------------------------------------------------------------------------
+
+    def _check_sequences(self, prompts: int, n: int | None) -> None:
+        """Bound what one request can queue: a batch of prompts x n is that many sequences."""
+        total = prompts * (n or 1)
+        if total > self.max_request_sequences:
+            raise InvalidRequestError(f"this request asks for {prompts} prompt(s) x n = {n} = {total} sequences; "
+                                      f"the limit is {self.max_request_sequences}", param="n")
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
