@@ -34,6 +34,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Give the engine's device memory back now (also on leaving a `with LLM(...) as llm:` block)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     # -- prompts ----------------------------------------------------------------------------------
 
     def render(self, prompt: str, documents: Seq[Document] = ()) -> RenderedPrompt:

@@ -10,6 +10,7 @@ thread (server/engine_loop.py), which is the only one that touches it.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -202,6 +203,17 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     # -- state ------------------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Abort what is in flight and give the device memory back (weights, KV pool, CUDA graphs) now, rather
+        than when the garbage collector gets to it. The engine cannot be used afterwards."""
+        for request_id in list(self.requests):
+            self.abort(request_id)
+        self.runner = self.model = self.scheduler = self.cache = None  # type: ignore[assignment]
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def reset_cache(self) -> None:
         """Forget every cached document and restart the counters (the engine must be idle)."""

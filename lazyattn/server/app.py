@@ -40,6 +40,10 @@ from lazyattn.server.protocol import (
 from lazyattn.server.serving import OpenAIServing
 from lazyattn.server.tenancy import Authenticator, cache_scope
 
+# /health fails once the engine thread has had work but finished no turn for this long: one step of an 8B model
+# at a full 8192-token budget takes well under a second on an H100, so this is a hang, not a slow step.
+HEALTH_STALL_S = 30.0
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -121,6 +125,9 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     async def health() -> Response:
         if not engine_loop.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
+        stalled = engine_loop.stalled_for()
+        if stalled > HEALTH_STALL_S:
+            return JSONResponse({"status": f"engine has made no progress for {stalled:.0f} s"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,7 +57,14 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
     options = engine_options(args)
     options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
+    start = time.monotonic()
     engine = LLMEngine(EngineConfig(**options))
+    stats, mc = engine.stats(), engine.model_config
+    print(f"lazyattn serve: {args.model} ({mc.architecture}, {mc.num_layers} layers, {engine.config.torch_dtype}) on "
+          f"{engine.device}, {engine.mode.name} mode; KV pool {stats.num_pages} pages x {engine.config.page_size} "
+          f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
+          f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
+          f"{time.monotonic() - start:.1f} s; listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
                           api_keys=tuple(keys), layout=getattr(prompt, LAYOUTS[args.prompt_layout]),
                           max_documents=args.max_documents, max_request_sequences=args.max_request_sequences)

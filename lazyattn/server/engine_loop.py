@@ -41,6 +41,10 @@ class EngineStoppedError(LazyAttnError):
     error_type = "server_shutting_down"
 
 
+class RequestFailedError(LazyAttnError):
+    """The engine failed on this request (and only this one): see the server log."""
+
+
 class OutputStream:
     """The outputs of the engine requests of one HTTP call (a completions call may hold several prompts).
 
@@ -103,6 +107,8 @@ class EngineLoop:
         self._streams: dict[str, OutputStream] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._turn = time.monotonic()  # when the engine thread last finished a turn (commands, then one step)
+        self._busy = False
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -121,6 +127,11 @@ class EngineLoop:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def stalled_for(self) -> float:
+        """Seconds the engine thread has had work without finishing a turn (0 when idle or moving)."""
+        busy = self._busy or bool(self._commands)
+        return time.monotonic() - self._turn if busy else 0.0
 
     # -- called from the event loop -------------------------------------------------------------------------------
 
@@ -219,7 +230,8 @@ class EngineLoop:
             if self.engine.has_unfinished():
                 self._step()
             self.stats = self.engine.stats()
-            busy = self.engine.has_unfinished()
+            busy = self._busy = self.engine.has_unfinished()
+            self._turn = time.monotonic()
         self._shut_down()
 
     def _step(self) -> None:
@@ -243,7 +255,8 @@ class EngineLoop:
             if out.finished:
                 self._streams.pop(out.request_id, None)
             if stream is not None:
-                stream.put(out)
+                # A request the engine failed alone: its stream ends with the error, the others go on.
+                stream.put(RequestFailedError(out.error) if out.error is not None else out)
 
     def _fail_all(self, error: BaseException) -> None:
         streams = dict(self._streams)

@@ -1,4 +1,4 @@
-"""API keys: 401s, one tenant per key (documents and cache isolated), and the waiting-queue limit (503)."""
+"""API keys: 401s, one tenant per key (documents and cache isolated), and the waiting-queue limit (429)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_each_key_has_its_own_cache(keyed_server):
     assert cached_a - cached_b == len(doc) + 1  # the document segment: its bytes and a newline (tiny tokenizer)
 
 
-def test_full_waiting_queue_is_503(keyed_server):
+def test_full_waiting_queue_is_429_with_retry_after(keyed_server):
     """One running sequence and one waiting slot: a third request is refused until the first leaves."""
     url, key = keyed_server.url, KEYS[0]
     long = {"messages": QUESTION, "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -98,7 +98,7 @@ def test_full_waiting_queue_is_503(keyed_server):
         keyed_server.wait_for(lambda m: m[("lazyattn:num_requests_waiting", ())] == 1, what="one waiting")
 
         r = chat(url, key)
-        assert r.status_code == 503, r.text
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
         assert r.json()["error"]["type"] == "server_overloaded" and r.json()["error"]["code"] == "queue_full"
     # The streaming client left: its request is aborted, so the waiting one runs and completes.
     second.join(60)
