@@ -31,8 +31,8 @@ from lazyattn.errors import (
     LazyAttnError,
     QueueFullError,
 )
-from lazyattn.kernels.backend import make_backend
 from lazyattn.kernels.rope import RopeTables
+from lazyattn.kernels.selector import make_backend
 from lazyattn.model.loader import load_model
 from lazyattn.model.tokenizer import ByteTokenizer, IncrementalDecoder, TokenizerBase, load_tokenizer
 
