@@ -46,6 +46,7 @@ import kernels as kb  # noqa: E402  (benchmarks/kernels.py: layouts and measurem
 
 from lazyattn.kernels import decode as new_decode  # noqa: E402
 from lazyattn.kernels import prefill as new_prefill  # noqa: E402
+from lazyattn.kernels.paged import cdiv  # noqa: E402
 
 PREFILL_TILES = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)]
 DECODE_TILES = {"A": None, "B": (64, 4, 4), "E": (32, 4, 4), "F": (64, 8, 3)}  # (block_n, warps, stages)
@@ -195,18 +196,14 @@ def call_for(args: argparse.Namespace, job: dict, case: dict, delta: bool | None
             fn = baseline_module(args.baseline, True).decode_attention
             return [lambda i=i: fn(*i, b.tables, b.scale, apply_delta=delta) for i in case["inputs"]]
         tile = DECODE_TILES[job["dtile"]]
-
-        def run(i, splits=job["splits"]):
-            if tile is None:
-                return new_decode.decode_attention(*i, b.tables, b.scale, apply_delta=delta, num_splits=splits)
-            saved = new_decode.decode_config
-            new_decode.decode_config = lambda *a: new_decode.DecodeConfig(tile[0], tile[1], tile[2], saved(*a).maxnreg)
-            try:
-                return new_decode.decode_attention(*i, b.tables, b.scale, apply_delta=delta, num_splits=splits)
-            finally:
-                new_decode.decode_config = saved
-
-        return [lambda i=i: run(i) for i in case["inputs"]]
+        config = None
+        if tile is not None:  # the register cap depends only on head_dim and dtype: keep the default's
+            cap = new_decode.decode_config(b.s.head_dim, kb.DTYPE, b.s.page_size).maxnreg
+            config = new_decode.DecodeConfig(tile[0], tile[1], tile[2], cap)
+        counters = case.setdefault("counters", new_decode.ArrivalCounters())
+        return [lambda i=i: new_decode.decode_attention(*i, b.tables, b.scale, apply_delta=delta,
+                                                        num_splits=job["splits"], config=config, counters=counters)
+                for i in case["inputs"]]
     if job["impl"] == "baseline":
         fn = baseline_module(args.baseline, False).prefill_attention
         return [lambda i=i: fn(*i, b.tables, b.scale, apply_delta=delta) for i in case["inputs"]]
@@ -218,8 +215,10 @@ def call_for(args: argparse.Namespace, job: dict, case: dict, delta: bool | None
     tile = job["tile"]
     if args.quick:
         tile = (max(16, tile[0] // 4), max(16, tile[1] // 4), 4, 2)
-    return [lambda i=i: new_prefill._launch(*i, b.tables, b.scale, apply_delta=delta, num_splits=job["splits"],
-                                            config=tile) for i in case["inputs"]]
+    config = new_prefill.PrefillConfig(*tile)
+    return [lambda i=i: new_prefill.prefill_attention(*i, b.tables, b.scale, apply_delta=delta,
+                                                      num_splits=job["splits"], config=config)
+            for i in case["inputs"]]
 
 
 # --- phase 1: compile in parallel -------------------------------------------------------------------------------
@@ -264,7 +263,7 @@ def compile_all(args: argparse.Namespace, jobs: list[dict]) -> list[str]:
             seen.add(key)
             todo.append(job)
     todo.sort(key=case_key)  # contiguous slices: a worker builds few cases
-    size = -(-len(todo) // args.workers)
+    size = cdiv(len(todo), args.workers)
     parts = [todo[i : i + size] for i in range(0, len(todo), size)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(_compile_worker, [(args, p) for p in parts if p])

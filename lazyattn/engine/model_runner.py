@@ -11,9 +11,10 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.scheduler import Copy, ScheduledBatch, Work
 from lazyattn.engine.sequence import Run
-from lazyattn.kernels.backend import ForwardBatch, make_backend
+from lazyattn.kernels.backend import ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
 from lazyattn.kernels.rope import RopeTables
+from lazyattn.kernels.selector import make_backend
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
 

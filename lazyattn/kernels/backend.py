@@ -4,7 +4,10 @@ The model computes q, k, v for a packed batch of tokens (after any q/k norm, bef
 rotates q and k at `ForwardBatch.positions` (local positions for a document being encoded, logical ones
 for a final segment), stores k and v into the page pool at `slot_mapping`, and attends by the paged
 contract (kernels/paged.py), applying each page's delta on the fly. The
-modes of DESIGN.md §4 never show up here: they only differ in the page tables the engine builds.
+modes (docs/design.md) never show up here: they only differ in the page tables the engine builds.
+
+Implementations: ReferenceBackend here (CPU), TritonBackend in triton_backend.py (CUDA); selector.py picks
+one for the pool's device.
 """
 
 from __future__ import annotations
@@ -67,12 +70,3 @@ class ReferenceBackend(AttentionBackend):
 
     def copy_rotate(self, src, dst, deltas):
         reference.copy_rotate(self.kv, src, dst, deltas, self.tables)
-
-
-def make_backend(kv: torch.Tensor, tables: RopeTables, scale: float) -> AttentionBackend:
-    """Triton kernels on CUDA, the PyTorch reference elsewhere."""
-    if kv.is_cuda:
-        from lazyattn.kernels.triton_backend import TritonBackend
-
-        return TritonBackend(kv, tables, scale)
-    return ReferenceBackend(kv, tables, scale)

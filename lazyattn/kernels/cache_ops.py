@@ -1,9 +1,9 @@
 """Triton kernels that move KV into and around the page pool.
 
 - `rope_write_kv`: the per-layer step before attention. Rotates q and k at their own positions (R_p times
-  the magnitude factor, DESIGN.md §2), stores rotated k and raw v at their cache slots, returns rotated q.
+  the magnitude factor, rope.apply_rope), stores rotated k and raw v at their cache slots, returns rotated q.
   One launch instead of three (rope q, rope k, scatter): every byte is read once and written once.
-- `copy_rotate`: Block-Attention's private copy for `block` mode (DESIGN.md §4): K[dst] = R_delta K[src],
+- `copy_rotate`: Block-Attention's private copy for `block` mode (docs/design.md): K[dst] = R_delta K[src],
   V[dst] = V[src] for every layer in one launch. It is the baseline lazy mode is measured against, so it
   is built to run at copy bandwidth: one program per (page, row block, layer), 16-byte loads along D.
 
@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lazyattn.kernels.paged import cdiv
 from lazyattn.kernels.rope import RopeTables
 
 
@@ -243,7 +244,7 @@ def copy_rotate(
     src, dst, deltas = src.contiguous(), dst.contiguous(), deltas.contiguous()  # indexed as flat arrays
     rows = page_size * hkv
     block_rows = min(triton.next_power_of_2(block_rows), triton.next_power_of_2(rows))
-    blocks_per_page = triton.cdiv(rows, block_rows)
+    blocks_per_page = cdiv(rows, block_rows)
     s_layer, s_kv, s_page, s_slot, s_head, s_d = kv.stride()
     _copy_rotate_kernel[(n * blocks_per_page, layers)](
         kv, src, dst, deltas, tables.cos, tables.sin,

@@ -2,20 +2,11 @@
 
 Contract: kernels/paged.py, with one query row per entry. Ground truth: reference.paged_attention.
 
-Deferred RoPE (DESIGN.md §2). A key in a page with delta Δ was cached as R_j k, but sits at logical
-position Δ + j. With R_a^T = R_{-a}:
-
-    <R_m q, R_{Δ+j} k> = <R_{-Δ} (R_m q), R_j k>
-
-so instead of rotating every cached key we de-rotate the (already rotated) query by -Δ. Pages come in
-runs of equal Δ (one run per segment), so a program keeps the original query in registers and rebuilds
-the de-rotated copy only when Δ changes from one page to the next: one scalar compare per page, one
-[G, D] rotation per segment. The rotation is done elementwise without shuffling registers: we load the
-query twice, once as is and once with each channel swapped for its pair partner, so
-
-    R_{-Δ} q [d] = q[d] cos(Δθ_j) + sign(d) q[partner(d)] sin(Δθ_j),  sign = +1 first member, -1 second
-
-where j = pair(d). Pairing (half-split or interleaved) only changes the three index vectors.
+Deferred RoPE: a key in a page of delta Δ is scored against the query de-rotated by -Δ (the derivation,
+and the elementwise rotation with a partner-channel load, are in kernels/prefill.py, "Deferred RoPE").
+Pages come in runs of equal Δ (one run per segment), so a program keeps the original query in registers and
+rebuilds the de-rotated copy only when Δ changes from one page to the next: one scalar compare per page,
+one [G, D] rotation per segment.
 
 Work split. Grid = (split, kv head, entry). Each program takes one kv head and the whole group of
 G = Hq/Hkv query heads that share it, so every K/V tile is read from memory exactly once. Scores and the
@@ -27,24 +18,22 @@ Each entry's pages are cut into num_splits contiguous page ranges; a program wal
 BLOCK_N slots (BLOCK_N divides page_size, so a tile never straddles pages) with an online softmax in
 fp32 and exp2, and writes an unnormalised partial (acc, running max m, running sum l) to fp32 scratch.
 The last split of an (entry, kv head) to finish merges them (an arrival counter per (entry, kv head),
-arrival_counters), so a step is one launch; its partials are G x D floats per split, read in one go.
+ArrivalCounters), so a step is one launch; its partials are G x D floats per split, read in one go.
 With one split the program normalises and writes directly.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.launch import LOG2E, interpreting, sm_count
+from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
-LOG2E = 1.4426950408889634
 # Finite start for the running max: a tile with no valid key then gives exp2(-inf - NEG_BIG) = 0 and
 # alpha = exp2(0) = 1 instead of the NaN of exp2(-inf - -inf).
 NEG_BIG = tl.constexpr(-1.0e30)
@@ -83,30 +72,29 @@ def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap)
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []  # outgrown buffers: CUDA graphs captured with them still point at them
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least n zeroed int32 counters for the fused split merge.
+class ArrivalCounters:
+    """Zeroed int32 counters for the fused split merge, kept by whoever launches decode steps (TritonBackend).
 
     One buffer per (device, stream), reused by every launch: a kernel that counts on a counter sets it back
     to zero before it exits. Per stream, because kernels on two streams may run at the same time. A buffer
-    is never freed: a CUDA graph captured with it keeps using it.
+    that grows too small is replaced but kept as long as its owner: a CUDA graph captured with it keeps
+    using it.
     """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    buf = _COUNTERS.get((device, stream))
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _RETIRED.append(buf)
-        size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
-        buf = _COUNTERS[(device, stream)] = torch.zeros(size, dtype=torch.int32, device=device)
-    return buf
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self._outgrown: list[torch.Tensor] = []
+
+    def get(self, device: torch.device, n: int) -> torch.Tensor:
+        """At least n zeroed counters for launches on the current stream of `device`."""
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        buf = self._buffers.get((device, stream))
+        if buf is None or buf.numel() < n:
+            if buf is not None:
+                self._outgrown.append(buf)
+            size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
+            buf = self._buffers[(device, stream)] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buf
 
 
 def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
@@ -122,8 +110,7 @@ def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: in
     """
     base = max(1, batch_size * kv_heads)
     n = max(1, min(sm_count * programs_per_sm // base, max_pages // min_pages_per_split))
-    per_split = -(-max_pages // n)
-    return -(-max_pages // per_split)
+    return cdiv(max_pages, cdiv(max_pages, n))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,10 +290,6 @@ def _merge_head(acc_ptr, m_ptr, l_ptr, first, num_splits, o_row,
 # launcher
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
            tables: RopeTables | None, out: torch.Tensor | None) -> None:
     b, hq, d = q.shape
@@ -327,29 +310,27 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
-def _resolve_num_splits(num_splits: int | None, q: torch.Tensor, batch: PagedBatch, page_size: int,
-                        kv_heads: int) -> int:
-    if num_splits is not None:
-        return max(1, int(num_splits))
-    max_pages = max(1, -(-batch.max_kv // page_size))
-    if not q.is_cuda or _interpreting():
+def _default_num_splits(q: torch.Tensor, batch: PagedBatch, page_size: int, kv_heads: int) -> int:
+    max_pages = max(1, cdiv(batch.max_kv, page_size))
+    if not q.is_cuda or interpreting():
         return min(3, max_pages)  # the interpreter runs programs one by one: keep it small
-    return pick_num_splits(q.shape[0], kv_heads, max_pages, _sm_count(_device_index(q)))
-
-
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return pick_num_splits(q.shape[0], kv_heads, max_pages, sm_count(q.device))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                      tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
-                     num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     num_splits: int | None = None, config: DecodeConfig | None = None,
+                     counters: ArrivalCounters | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step: q [B, Hq, D] (rotated at each entry's position) -> out [B, Hq, D] in q's dtype.
 
     k_cache/v_cache are [num_pages, page_size, Hkv, D], possibly strided views of the pool. Deltas must
     lie in [0, tables.max_position). tables=None (or apply_delta=False) compiles the rotation out: then
-    every delta is taken as 0, like the reference does without tables. num_splits=None picks it from the
-    GPU's SM count (pick_num_splits); pass it explicitly to keep it fixed, e.g. under CUDA graphs.
+    every delta is taken as 0, like the reference does without tables.
+
+    Launch parameters: num_splits=None picks it from the GPU's SM count (pick_num_splits); pass it to keep
+    it fixed. config=None takes decode_config's tiles (block_n must divide page_size). counters: the
+    split merge's arrival counters; None allocates zeroed ones for this call (one more launch), so callers
+    that launch repeatedly, and CUDA graphs, pass one ArrivalCounters they keep.
     """
     _check(q, k_cache, v_cache, batch, tables, out)
     if q.stride(-1) != 1:
@@ -359,11 +340,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
-    num_splits = _resolve_num_splits(num_splits, q, batch, page_size, hkv)
-    per_sm = bsz * hkv * num_splits / _sm_count(_device_index(q)) if q.is_cuda else 0.0
-    cfg = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
-    if page_size % cfg.block_n:
-        raise ValueError(f"page_size {page_size} is not a multiple of the tile ({cfg.block_n} slots)")
+    num_splits = _default_num_splits(q, batch, page_size, hkv) if num_splits is None else max(1, int(num_splits))
+    if config is None:
+        per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
+        config = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
+    if page_size % config.block_n:
+        raise ValueError(f"page_size {page_size} is not a multiple of the tile ({config.block_n} slots)")
     apply_delta = apply_delta and tables is not None
     cos = tables.cos if apply_delta else q  # placeholder pointers when the rotation is compiled out
     sin = tables.sin if apply_delta else q
@@ -371,29 +353,32 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         cos, sin = cos.contiguous(), sin.contiguous()
     direct = num_splits == 1
     if direct:
-        acc = m = l = counters = out  # unused pointers
+        acc = m = l = arrivals = out  # unused pointers
     else:
         m = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
         l = torch.empty_like(m)
         acc = torch.empty(bsz, hq, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        counters = arrival_counters(q.device, bsz * hkv)
+        if counters is None:
+            arrivals = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
+        else:
+            arrivals = counters.get(q.device, bsz * hkv)
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
     # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
     # floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
-    dot_ty = tl.float32 if _interpreting() else _TL_DTYPES[k_cache.dtype]
-    regs = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
+    dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
+    regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
-        q, k_cache, v_cache, out, acc, m, l, counters,
+        q, k_cache, v_cache, out, acc, m, l, arrivals,
         batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages, batch.q_start, cos, sin,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
         cos.stride(0), scale * LOG2E, num_splits,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d, BLOCK_N=cfg.block_n, TILES_PER_PAGE=page_size // cfg.block_n,
+        BLOCK_D=block_d, BLOCK_N=config.block_n, TILES_PER_PAGE=page_size // config.block_n,
         BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **regs,
+        num_warps=config.num_warps, num_stages=config.num_stages, **regs,
     )
     return out

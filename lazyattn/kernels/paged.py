@@ -12,9 +12,10 @@ logical positions, attending to its own list of pages:
   never shows up in positions;
 - a query at position m sees exactly the keys whose logical position is <= m (causal).
 
-Every masking pattern of DESIGN.md §1 comes from which pages an entry lists: a segment being encoded lists
-only its own pages (delta 0, local positions), the final segment lists every segment's pages (delta = the
-segment's start) followed by its own (delta 0). Chunked prefill is an entry whose q_start is mid-segment.
+Every masking pattern of the block semantics (docs/design.md) comes from which pages an entry lists: a
+segment being encoded lists only its own pages (delta 0, local positions), the final segment lists every
+segment's pages (delta = the segment's start) followed by its own (delta 0). Chunked prefill is an entry
+whose q_start is mid-segment.
 
 Invariant the kernels rely on: the keys of the queries themselves are written to the cache before the
 attention call, so every query row sees at least one key.

@@ -2,17 +2,29 @@
 
 Contract: kernels/paged.py; ground truth: kernels/reference.py (`paged_attention`), which this kernel matches.
 
-Deferred RoPE (DESIGN.md §2)
-----------------------------
+Deferred RoPE
+-------------
+The one write-up of the math; kernels/decode.py, kernels/rope.py and docs/design.md point here.
+
 `R_p` rotates each channel pair j by the angle `p * theta_j`; `R_a R_b = R_{a+b}`, `R_a^T = R_{-a}`. A query
 arrives rotated at its logical position m. A cached key of local position j was stored as `R_j k`; its
 logical position is `delta + j` (delta = its page's delta). Its score is
 
     <R_m q, R_{delta + j} k> = <R_m q, R_delta R_j k> = <R_{-delta} (R_m q), R_j k>
 
-so rotating the *query* tile once by -delta replaces rotating every cached key. Per pair (a, b) with
+so rotating the *query* once by -delta replaces rotating every cached key. Per pair (a, b) with
 c = cos(delta theta_j), s = sin(delta theta_j): a' = a c + b s, b' = b c - a s. Causality and softmax only
-depend on logical positions, which come from `starts`, never from delta.
+depend on logical positions, which come from `starts`, never from delta. It holds for every RoPE whose angle
+is p * theta_j (kernels/rope.py); a magnitude factor (YaRN) is part of q and k, never of the correction.
+
+Both kernels rotate elementwise on full-width tiles, without moving channels between registers: they load
+the query twice, once with the column permutation that maps each channel d to its pair partner (j <-> j + D/2
+half-split, 2j <-> 2j+1 interleaved), so that with j = pair(d)
+
+    R_{-delta} q [d] = q[d] c_j + sign(d) q[partner(d)] s_j,    sign = +1 leading member, -1 trailing,
+
+and the pairing only changes the partner / pair / sign index vectors. K is always loaded as one contiguous
+[BLOCK_N, D] tile (one dot).
 
 Where delta is applied: a program walks *chunks* of its pages, stretches of consecutive pages that share
 one delta (a segment, or part of one). At the start of a chunk the Q tile is de-rotated by -delta in fp32
@@ -31,10 +43,6 @@ S balanced page ranges and walks the runs in it. This does not depend on APPLY_D
 is the same kernel and the same split structure with the rotation compiled out. Chunk bounds come from a
 scan of the visible pages' deltas.
 
-Both channel pairings are handled by loading the Q tile twice, once with the column permutation that maps
-each channel to its pair partner (j <-> j + D/2 half-split, 2j <-> 2j+1 interleaved): the rotation is then
-elementwise on full-width tiles and K is always loaded as one contiguous [BLOCK_N, D] tile (one dot).
-
 Grid, tiling, GQA
 -----------------
 - One program per (query block, kv head, kv split). The G = Hq/Hkv query heads sharing a kv head are
@@ -52,21 +60,21 @@ Grid, tiling, GQA
   batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial output
   and its log2-sum-exp, and a second kernel merges them, one program per (query row, head).
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
-  use ieee precision. Tiles and split counts: tile_config and _default_splits, measured on an H200 with
-  benchmarks/tune_kernels.py; small fixed tiles under TRITON_INTERPRET.
+  use ieee precision. Tiles and split counts: prefill_config and _default_splits, measured on an H200 with
+  benchmarks/tune_kernels.py; small fixed tiles under TRITON_INTERPRET. Both are launch parameters of
+  prefill_attention (num_splits, config) for tests and benchmarks.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.launch import LOG2E, interpreting, sm_count
+from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
 _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
@@ -432,12 +440,16 @@ def _combine_kernel(WsO, WsLse, Out, num_rows, num_splits, stride_ot, stride_oh,
     tl.store(ptrs, out.to(Out.dtype.element_ty))
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int  # query rows per tile: BLOCK_M // group positions of the whole head group
+    block_n: int  # key slots per tile: part of one page, or two whole pages (2 * page_size)
+    num_warps: int = 4
+    num_stages: int = 2
 
 
-def tile_config(fp32: bool, head_dim: int, group: int, page_size: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a call: measured on an H200 (benchmarks/tune_kernels.py).
+def prefill_config(fp32: bool, head_dim: int, group: int, page_size: int) -> PrefillConfig:
+    """Tiles of a call, measured on an H200 (benchmarks/tune_kernels.py).
 
     16-bit, head_dim <= 128: 128 x 64 tiles, 8 warps, 3 stages (K/V prefetched 2 tiles ahead); 4 stages
     measured the same. Pages of >= 128: 128 x 128 tiles (455 TFLOP/s against 378 for 128 x 64 at 16K
@@ -451,16 +463,13 @@ def tile_config(fp32: bool, head_dim: int, group: int, page_size: int) -> tuple[
         block_m, block_n, warps, stages = 64, 64, 8, 3
     else:
         block_m, block_n, warps, stages = 128, 128 if page_size >= 128 else 64, 8, 3
-    return max(block_m, _next_pow2(group)), min(block_n, 2 * page_size), warps, stages
+    return PrefillConfig(max(block_m, triton.next_power_of_2(group)), min(block_n, 2 * page_size), warps, stages)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def _default_config(q: torch.Tensor, group: int, page_size: int) -> PrefillConfig:
+    if interpreting():  # the interpreter runs programs one by one: small tiles keep tests quick
+        return PrefillConfig(max(64, triton.next_power_of_2(group)), min(page_size, 64), 4, 2)
+    return prefill_config(q.dtype == torch.float32, q.shape[2], group, page_size)
 
 
 def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int, block_m: int) -> int:
@@ -468,18 +477,19 @@ def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: in
     ~230 registers each), so the aim is one wave of about 1.25 programs per SM. Measured on an H200, RAG
     5 x 2048 + 32: batch 1 -> 20 splits (16 busy: 0.052 ms against 0.075 at 32), batch 8 -> 2 splits
     (0.176 ms against 0.237 at 3)."""
-    if not q.is_cuda or _interpreting():
+    if not q.is_cuda or interpreting():
         return 1
     positions = max(1, block_m // group)
-    blocks = min(triton.cdiv(q.shape[0], positions) + batch.batch_size - 1,
-                 batch.batch_size * triton.cdiv(max(1, batch.max_q), positions))
+    blocks = min(cdiv(q.shape[0], positions) + batch.batch_size - 1,
+                 batch.batch_size * cdiv(max(1, batch.max_q), positions))
     programs = blocks * kv_heads
     by_length = max(1, batch.max_kv // _MIN_KEYS_PER_SPLIT)
-    return max(1, min((_num_sms(q.device) * 5 // 4) // programs, by_length, _MAX_SPLITS))
+    return max(1, min((sm_count(q.device) * 5 // 4) // programs, by_length, _MAX_SPLITS))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                       tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
+                      num_splits: int | None = None, config: PrefillConfig | None = None,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
@@ -487,17 +497,11 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     [num_pages, page_size, Hkv, D] (strided views of the pool are fine). Returns out [total_q, Hq, D] in
     q's dtype (written into `out` when given). `tables=None` or `apply_delta=False` ignores the deltas
     (exact when they are all 0; apply_delta=False is the no-deferred-RoPE baseline of the benchmarks).
+
+    Launch parameters: num_splits=None splits the KV walk only when the grid leaves SMs idle
+    (_default_splits); config=None takes prefill_config's tiles. The split partials live in scratch
+    allocated per call (stream-ordered by PyTorch's allocator, in the graph's pool under CUDA graphs).
     """
-    return _launch(q, k_cache, v_cache, batch, tables, scale, apply_delta=apply_delta, out=out)
-
-
-def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-            tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
-            out: torch.Tensor | None = None, num_splits: int | None = None,
-            config: tuple[int, ...] | None = None) -> torch.Tensor:
-    """prefill_attention with the split count and the tiles forced: for tests and benchmarks.
-
-    config: (BLOCK_M, BLOCK_N) or (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     tables = tables if apply_delta else None
     _check_inputs(q, k_cache, v_cache, tables, batch, out)
     out = torch.empty_like(q) if out is None else out
@@ -506,23 +510,20 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     if total_q == 0 or batch.batch_size == 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
-    if config is None:
-        config = tile_config(q.dtype == torch.float32, head_dim, group, k_cache.shape[1])
-        if _interpreting():  # the interpreter runs programs one by one: small tiles keep tests quick
-            config = (max(64, _next_pow2(group)), min(k_cache.shape[1], 64), 4, 2)
-    block_m, block_n, warps, stages = (*config, 4, 2) if len(config) == 2 else config
-    splits = num_splits or _default_splits(q, batch, group, kv_heads, block_m)
+    config = _default_config(q, group, k_cache.shape[1]) if config is None else config
+    splits = num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
     ws_o = ws_lse = out  # placeholders, unused unless split
     if splits > 1:
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
         ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, splits)
-    grid = (total_q // (block_m // group) + batch.batch_size, kv_heads, splits)
-    _prefill_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
+    _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                          num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
                                               out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
-                                              BLOCK_S=min(16, _next_pow2(splits)))
+                                              BLOCK_S=min(16, triton.next_power_of_2(splits)))
     return out
 
 
@@ -537,13 +538,13 @@ def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         batch.num_pages, batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        batch.pages.stride(0), scale * math.log2(math.e),
+        batch.pages.stride(0), scale * LOG2E,
     )
     consts = dict(
         GROUP=q.shape[1] // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
         APPLY_DELTA=tables is not None, INTERLEAVED=tables is not None and tables.interleaved,
         SPLIT_KV=splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=_interpreting() and q.dtype == torch.bfloat16,
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
         BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
     )
     return args, consts
@@ -551,7 +552,7 @@ def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: RopeTables | None,
                   batch: PagedBatch, out: torch.Tensor | None) -> None:
-    if not q.is_cuda and not _interpreting():
+    if not q.is_cuda and not interpreting():
         raise RuntimeError("the Triton prefill kernel needs CUDA tensors (or TRITON_INTERPRET=1 on a CPU)")
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"expected q [T, Hq, D] and k/v caches [pages, page_size, Hkv, D], got "

@@ -110,7 +110,8 @@ def copy_rotate(
 
 
 def block_mask(segment_lens: list[int], final_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """DESIGN.md §1's mask over the concatenation: block-diagonal causal over segments, causal final."""
+    """The block semantics' mask over the concatenation (docs/design.md): block-diagonal causal over
+    segments, causal final."""
     total = sum(segment_lens) + final_len
     seg_id = torch.empty(total, dtype=torch.long)
     start = 0

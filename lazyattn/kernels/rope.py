@@ -3,7 +3,7 @@
 Every RoPE variant supported here is a rotation R_p whose angle for frequency pair j is p * inv_freq[j]
 (plain, linear-scaled, Llama-3.1-scaled, static NTK, YaRN). That is what makes deferred positional
 encoding exact: R_a R_b = R_{a+b}, so a key cached at local position j can be moved to logical position
-delta + j by one more rotation of delta (see kernels/prefill.py for where that happens).
+delta + j by one more rotation of delta (the derivation: kernels/prefill.py, "Deferred RoPE").
 
 Two pairings of head-dim channels into rotation pairs exist:
 - half-split (Llama/NeoX, what Hugging Face checkpoints use): pair j = (x[j], x[j + D/2]);

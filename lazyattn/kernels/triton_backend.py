@@ -3,6 +3,9 @@
 Per layer and forward: one `rope_write_kv` launch (rotate q and k, store k and v), then one attention
 launch over the layer's views of the pool, decode or prefill by the batch's shape. The per-page deltas
 travel in the PagedBatch; the attention kernels apply them on the fly.
+
+The backend owns the launch state that outlives a launch: decode's arrival counters (decode.ArrivalCounters),
+which CUDA graphs captured through this backend keep pointing at. Split-KV partials are per-launch scratch.
 """
 
 from __future__ import annotations
@@ -11,18 +14,24 @@ import torch
 
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv
-from lazyattn.kernels.decode import decode_attention
+from lazyattn.kernels.decode import ArrivalCounters, decode_attention
 from lazyattn.kernels.prefill import prefill_attention
+from lazyattn.kernels.rope import RopeTables
 
 
 class TritonBackend(AttentionBackend):
     """Triton kernels; runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (tests)."""
 
+    def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float) -> None:
+        super().__init__(kv, tables, scale)
+        self.counters = ArrivalCounters()
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
         q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
-        attention = decode_attention if fb.is_decode else prefill_attention
-        return attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)
+        if fb.is_decode:
+            return decode_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, counters=self.counters)
+        return prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)
 
     def copy_rotate(self, src: torch.Tensor, dst: torch.Tensor, deltas: torch.Tensor) -> None:
         copy_rotate(self.kv, src, dst, deltas, self.tables)

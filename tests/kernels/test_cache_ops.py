@@ -11,6 +11,7 @@ from lazyattn.kernels import reference
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv
 from lazyattn.kernels.rope import apply_rope
 from tests.kernels.rope_cases import ROPE_CASES, tables
+from tests.kernels.scenario import make_scenario
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -132,8 +133,6 @@ def test_copy_rotate_in_place_and_partial_row_block():
 
 def test_copy_rotate_then_attend_equals_lazy():
     """The copy attended with delta 0 equals attending the original pages with their deltas."""
-    from lazyattn.kernels.scenario import make_scenario
-
     tab = tables("default", 32)
     s = make_scenario([40, 23], [([1, 0], 8)], head_dim=32, tables=tab, seed=4, spare_pages=8)
     q, batch = s.final_prefill()

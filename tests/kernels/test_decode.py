@@ -1,17 +1,17 @@
 """Triton decode kernel (split-KV, deferred RoPE) against the PyTorch reference and dense attention.
 
-On a CPU the kernels run under TRITON_INTERPRET (set in tests/conftest.py); the gpu-marked tests use the
-real shapes of DESIGN.md §7 and run on the device.
+On a CPU the kernels run under TRITON_INTERPRET (set in tests/conftest.py); the gpu-marked tests use
+Llama-3.1-8B shapes and run on the device.
 """
 
 import pytest
 import torch
 
 from lazyattn.kernels import decode, reference
-from lazyattn.kernels.decode import decode_attention
+from lazyattn.kernels.decode import ArrivalCounters, DecodeConfig, decode_attention
 from lazyattn.kernels.rope import RopeConfig, RopeTables
-from lazyattn.kernels.scenario import Scenario, make_scenario
 from tests.kernels.rope_cases import ROPE_CASES, tables
+from tests.kernels.scenario import Scenario, make_scenario
 
 # Documents 37 and 16 tokens leave partly filled last pages; document 2 is shared by requests 0 and 1 at
 # deltas 53 and 16; request 2 decodes its very first final token.
@@ -79,12 +79,11 @@ def test_head_dims(head_dim):
 
 
 @pytest.mark.parametrize("page_size,block_n", [(32, 32), (32, 16), (64, 16)])
-def test_page_sizes_and_tiles_per_page(monkeypatch, page_size, block_n):
+def test_page_sizes_and_tiles_per_page(page_size, block_n):
     """Pages of 32 as one tile and as two tiles; pages of 64 as four tiles of 16."""
-    cfg = decode.DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
-    monkeypatch.setattr(decode, "decode_config", lambda *a: cfg)
+    cfg = DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
     s = scenario("default", page_size=page_size, seed=4, docs=[70, 33, 5])
-    out, ref = run(s, num_splits=3)
+    out, ref = run(s, num_splits=3, config=cfg)
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, dense_decode(s)) < 1e-5
 
@@ -161,6 +160,29 @@ def test_rejects_mismatched_shapes():
     q, batch = s.decode()
     with pytest.raises(ValueError, match="one query row per entry"):
         decode_attention(q[:2], s.k_cache, s.v_cache, batch, s.tables, s.scale)
+    with pytest.raises(ValueError, match="multiple of the tile"):
+        decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, config=DecodeConfig(32, 4, 2))
+
+
+def test_kept_arrival_counters_are_reused_and_left_zero():
+    """Split launches count on the caller's counters and hand them back zeroed, so the next launch (or a
+    CUDA graph replay) can count again."""
+    s = scenario("llama3", heads=(4, 2), seed=13)
+    counters = ArrivalCounters()
+    first, ref = run(s, num_splits=3, counters=counters)
+    buf = counters.get(s.k_cache.device, 1)
+    assert buf.dtype == torch.int32 and not buf.any()
+    again, _ = run(s, num_splits=3, counters=counters)
+    assert counters.get(s.k_cache.device, 1) is buf and not buf.any()
+    assert torch.equal(first, again) and rel_err(first, ref) < 1e-5
+
+
+def test_arrival_counters_grow_zeroed():
+    counters = ArrivalCounters()
+    small = counters.get(torch.device("cpu"), 6)
+    assert small.numel() >= 6 and counters.get(torch.device("cpu"), small.numel()) is small
+    big = counters.get(torch.device("cpu"), small.numel() + 1)
+    assert big is not small and big.numel() > small.numel() and not big.any()
 
 
 # --- GPU, real shapes (Llama-3.1-8B: 32/8 heads, d=128, bf16) ------------------------------------------

@@ -1,4 +1,4 @@
-"""Triton prefill kernel against the PyTorch reference and the dense ground truth (DESIGN.md §1).
+"""Triton prefill kernel against the PyTorch reference and the dense ground truth (the block semantics).
 
 CPU runs go through TRITON_INTERPRET (tests/conftest.py), so shapes stay small; `gpu` tests use real ones.
 """
@@ -8,10 +8,10 @@ import torch
 
 from lazyattn.kernels import reference
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.kernels.prefill import _launch, prefill_attention
+from lazyattn.kernels.prefill import PrefillConfig, prefill_attention, prefill_config
 from lazyattn.kernels.rope import RopeConfig, RopeTables
-from lazyattn.kernels.scenario import make_scenario
 from tests.kernels.rope_cases import ROPE_CASES, tables
+from tests.kernels.scenario import make_scenario
 
 DOCS = [37, 16, 5]  # partial last pages at page sizes 16 and 32
 REQUESTS = [([2, 0, 1], 9), ([1, 2], 20), ([0], 1)]  # docs 0-2 shared at different deltas
@@ -24,8 +24,10 @@ def rel_err(a, b):
 def run(s, q, batch, tables=None, **kw):
     """Kernel output, written into a NaN-poisoned `out` that must come back fully written."""
     out = torch.full_like(q, float("nan"))
-    launch = _launch if {"num_splits", "config"} & kw.keys() else prefill_attention
-    got = launch(q, s.k_cache, s.v_cache, batch, s.tables if tables is None else tables, s.scale, out=out, **kw)
+    if kw.get("config") is not None:
+        kw["config"] = PrefillConfig(*kw["config"])
+    got = prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables if tables is None else tables, s.scale,
+                            out=out, **kw)
     assert got.data_ptr() == out.data_ptr()
     assert not out.isnan().any(), "some output element was not written"
     return out
@@ -166,12 +168,11 @@ def test_large_deltas():
     assert rel_err(out, ref(s, q, batch)) < 1e-5
 
 
-def test_tile_config_fits_the_call():
-    from lazyattn.kernels.prefill import tile_config
-
+def test_prefill_config_fits_the_call():
     for fp32, head_dim, group, page_size in [(False, 128, 4, 64), (False, 128, 4, 16), (False, 256, 8, 32),
                                             (True, 64, 1, 16), (False, 64, 32, 128), (False, 128, 4, 256)]:
-        m, n, warps, stages = tile_config(fp32, head_dim, group, page_size)
+        cfg = prefill_config(fp32, head_dim, group, page_size)
+        m, n, warps, stages = cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages
         # A tile is part of one page or two whole pages.
         assert (page_size % n == 0 or n == 2 * page_size) and n >= 16 and m >= max(group, 16)
         assert warps in (4, 8) and stages >= 2

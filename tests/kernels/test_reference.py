@@ -1,12 +1,12 @@
-"""The PyTorch reference against dense attention over the concatenation (DESIGN.md §1)."""
+"""The PyTorch reference against dense attention over the concatenation (the block semantics, docs/design.md)."""
 
 import pytest
 import torch
 
 from lazyattn.kernels import reference
 from lazyattn.kernels.rope import RopeConfig, RopeTables, apply_rope
-from lazyattn.kernels.scenario import make_scenario
 from tests.kernels.rope_cases import ROPE_CASES, tables
+from tests.kernels.scenario import make_scenario
 
 
 def rel_err(a, b):

@@ -4,19 +4,14 @@ final segment that places them at deltas, a decode step, and block mode's copy_r
 On the CPU it runs the kernels under TRITON_INTERPRET=1 (tests/conftest.py).
 """
 
-import importlib.util
-
 import pytest
 import torch
 
 from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
 from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.selector import make_backend
+from lazyattn.kernels.triton_backend import TritonBackend
 from tests.kernels.rope_cases import tables
-
-_MISSING = [m for m in ("prefill", "decode") if importlib.util.find_spec(f"lazyattn.kernels.{m}") is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING), reason=" and ".join(f"lazyattn/kernels/{m}.py" for m in _MISSING) + " not written yet"
-)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PAGE = 16
@@ -59,8 +54,6 @@ def run_both(backends, fb: ForwardBatch, seed: int) -> None:
 
 @pytest.mark.parametrize("rope", ["llama3", "interleaved"])
 def test_triton_backend_matches_reference(rope):
-    from lazyattn.kernels.triton_backend import TritonBackend
-
     tab = tables(rope, DIM, max_position=256, device=DEVICE)
     gen = torch.Generator().manual_seed(0)
     kv = torch.randn(LAYERS, 2, 12, PAGE, HKV, DIM, generator=gen).to(DEVICE)
@@ -87,3 +80,10 @@ def test_triton_backend_matches_reference(rope):
     for b in backends:
         b.copy_rotate(src, dst, torch.tensor([11, 11], device=DEVICE))
     torch.testing.assert_close(backends[0].kv, backends[1].kv, rtol=1e-5, atol=1e-5)
+
+
+def test_make_backend_follows_the_pool_device():
+    kv = torch.zeros(LAYERS, 2, 3, PAGE, HKV, DIM, device=DEVICE)
+    backend = make_backend(kv, tables("default", DIM, max_position=64, device=DEVICE), DIM**-0.5)
+    assert type(backend) is (TritonBackend if kv.is_cuda else ReferenceBackend)
+    assert backend.kv is kv and backend.page_size == PAGE

@@ -1,4 +1,4 @@
-"""Random RAG requests laid out in a page pool, with their dense ground truth: for tests and benchmarks.
+"""Random RAG requests laid out in a page pool, with their dense ground truth: the kernel tests' fixture.
 
 A scenario holds documents (segments) encoded once at local positions in their own pages, and requests
 that place some of them, in any order, before a final segment. Physical pages are shuffled so that any
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
 from lazyattn.kernels.reference import attend, block_mask
 from lazyattn.kernels.rope import RopeTables, apply_rope
 
@@ -65,11 +65,11 @@ class Scenario:
             doc = self.docs[d]
             pages += doc.pages
             deltas += [start] * len(doc.pages)
-            valid += _page_fill(doc.length, self.page_size)
-        n_final = -(-upto // self.page_size)
+            valid += page_fill(doc.length, self.page_size)
+        n_final = cdiv(upto, self.page_size)
         pages += r.final.pages[:n_final]
         deltas += [0] * n_final
-        valid += _page_fill(upto, self.page_size)
+        valid += page_fill(upto, self.page_size)
         return EntryPages(pages, deltas, valid)
 
     def final_prefill(self, chunks: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, PagedBatch]:
@@ -97,8 +97,8 @@ class Scenario:
             doc = self.docs[d]
             pos = torch.arange(lo, hi, device=self.k_cache.device)
             qs.append(apply_rope(doc.q[lo:hi], pos, self.tables))
-            n = -(-hi // self.page_size)
-            entries.append(EntryPages(doc.pages[:n], [0] * n, _page_fill(hi, self.page_size)))
+            n = cdiv(hi, self.page_size)
+            entries.append(EntryPages(doc.pages[:n], [0] * n, page_fill(hi, self.page_size)))
             lens.append(hi - lo)
             starts.append(lo)
         return torch.cat(qs), PagedBatch.build(entries, lens, starts, self.k_cache.device)
@@ -116,7 +116,8 @@ class Scenario:
     # --- ground truth ------------------------------------------------------------------------------
 
     def dense_final(self, r: Request, lo: int = 0, hi: int | None = None) -> torch.Tensor:
-        """DESIGN §1 reference: attention over the concatenation at logical positions, block mask."""
+        """The semantics' reference (docs/design.md): attention over the concatenation at logical positions,
+        block mask."""
         hi = r.final.length if hi is None else hi
         parts = [self.docs[d] for d in r.docs] + [r.final]
         q = torch.cat([p.q for p in parts])
@@ -135,11 +136,6 @@ class Scenario:
         q, k = apply_rope(doc.q.double(), pos, self.tables), apply_rope(doc.k.double(), pos, self.tables)
         mask = block_mask([], doc.length, q.device)
         return attend(q[lo:hi], k, doc.v.double(), mask[lo:hi], self.scale)
-
-
-def _page_fill(n: int, page_size: int) -> list[int]:
-    full, rest = divmod(n, page_size)
-    return [page_size] * full + ([rest] if rest else [])
 
 
 def make_scenario(
@@ -170,14 +166,14 @@ def make_scenario(
 
     docs = [tokens(n) for n in doc_lens]
     reqs = [Request(list(order), tokens(f)) for order, f in requests]
-    need = sum(-(-t.length // page_size) for t in docs + [r.final for r in reqs]) + spare_pages
+    need = sum(cdiv(t.length, page_size) for t in docs + [r.final for r in reqs]) + spare_pages
     perm = torch.randperm(need, generator=gen).tolist()
     k_cache = torch.randn(need, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
     v_cache = torch.randn(need, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
     scenario = Scenario(k_cache, v_cache, tables, docs, reqs, page_size, head_dim**-0.5)
 
     def place(t: Tokens, first_pos: int) -> None:
-        n_pages = -(-t.length // page_size)
+        n_pages = cdiv(t.length, page_size)
         t.pages = [perm.pop() for _ in range(n_pages)]
         pos = torch.arange(first_pos, first_pos + t.length, device=t.k.device)
         k_rot = apply_rope(t.k, pos, tables)

@@ -1,0 +1,17 @@
+"""Which attention backend serves a page pool: the Triton kernels on CUDA, the PyTorch reference elsewhere."""
+
+from __future__ import annotations
+
+import torch
+
+from lazyattn.kernels.backend import AttentionBackend, ReferenceBackend
+from lazyattn.kernels.rope import RopeTables
+
+
+def make_backend(kv: torch.Tensor, tables: RopeTables, scale: float) -> AttentionBackend:
+    """Triton kernels on CUDA, the PyTorch reference elsewhere (Triton is only imported for a CUDA pool)."""
+    if kv.is_cuda:
+        from lazyattn.kernels.triton_backend import TritonBackend
+
+        return TritonBackend(kv, tables, scale)
+    return ReferenceBackend(kv, tables, scale)
