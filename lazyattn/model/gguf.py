@@ -232,33 +232,46 @@ def _rope_scaling(f: GGUFFile, base: float, head_dim: int) -> dict[str, Any] | N
 def llama3_scaling(divisors: np.ndarray, base: float, head_dim: int, source: str) -> dict[str, Any] | None:
     """Llama-3 RoPE scaling parameters that reproduce llama.cpp's per-frequency divisors.
 
-    llama.cpp rotates pair j by p * base^(-2j/D) / divisors[j]. Llama-3 scaling divides by `factor` below
-    the low-frequency cut, by nothing above the high one, and in between by 1 / ((1 - s) / factor + s) with
-    s = (L / wavelength - low) / (high - low), L the original context. s is linear in 1 / wavelength, so two
-    divisors strictly between 1 and `factor` fix it; only its slope and intercept matter, so low = 1 is no
-    loss. The result is checked to reproduce every divisor.
+    llama.cpp rotates pair j by p * base^(-2j/D) / divisors[j]. Llama-3 scaling divides by `factor` where the
+    wavelength exceeds L / low, by nothing below L / high (L the original context), and in between by
+    1 / ((1 - s) / factor + s) with s = (L / wavelength - low) / (high - low). Only the slope and intercept of
+    s in 1 / wavelength matter, so low = 1 loses nothing: two divisors strictly between 1 and `factor` fix
+    the rest. With fewer (small head_dim), Llama 3's own high = 4 is assumed and L placed to fit. Whatever
+    the route, the result is checked to reproduce every divisor.
     """
     from lazyattn.kernels.rope import RopeConfig, inv_freq
 
     divisors = divisors.astype(np.float64)
+    if len(divisors) != head_dim // 2:
+        raise CheckpointError(f"{source}: rope_freqs has {len(divisors)} entries, expected head_dim / 2 = "
+                              f"{head_dim // 2}")
     if np.allclose(divisors, 1.0):
         return None
     factor = float(divisors.max())
     freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     wavelen = 2 * math.pi / freq
     mid = (divisors > 1 + 1e-6) & (divisors < factor * (1 - 1e-6))
-    if len(divisors) != head_dim // 2 or mid.sum() < 2:
-        raise CheckpointError(f"{source}: rope_freqs does not describe Llama-3 RoPE scaling; not supported")
     s = (1 / divisors[mid] - 1 / factor) / (1 - 1 / factor)
-    slope, intercept = np.polyfit(1 / wavelen[mid], s, 1)  # s = slope / wavelength + intercept
-    high_minus_low = -1.0 / intercept
-    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
-               "high_freq_factor": 1.0 + high_minus_low,
-               "original_max_position_embeddings": int(round(slope * high_minus_low))}
-    rope = RopeConfig(head_dim=head_dim, base=base, rope_type="llama3", factor=factor, low_freq_factor=1.0,
-                      high_freq_factor=scaling["high_freq_factor"],
-                      original_max_position=scaling["original_max_position_embeddings"])
-    want = torch.from_numpy(freq / divisors).float()
-    if not torch.allclose(inv_freq(rope), want, rtol=1e-4, atol=0):
-        raise CheckpointError(f"{source}: rope_freqs does not match Llama-3 RoPE scaling; not supported")
+    if mid.sum() >= 2:
+        slope, intercept = np.polyfit(1 / wavelen[mid], s, 1)  # s = slope / wavelength + intercept
+        high = 1.0 - 1.0 / intercept
+        orig = slope * (high - 1.0)
+    elif mid.sum() == 1:
+        high = 4.0
+        orig = float(wavelen[mid][0] * (1 + s[0] * (high - 1)))
+    else:  # a step: any L with every unscaled wavelength below L / 4 and every scaled one above L
+        high = 4.0
+        below = wavelen[divisors < 1 + 1e-6].max(initial=0.0) * high
+        above = wavelen[divisors >= factor * (1 - 1e-6)].min()
+        orig = (below + above) / 2
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": float(high),
+               "original_max_position_embeddings": int(round(orig))}
+    try:
+        rope = RopeConfig(head_dim=head_dim, base=base, rope_type="llama3", factor=factor, low_freq_factor=1.0,
+                          high_freq_factor=float(high), original_max_position=int(round(orig)))
+        ok = torch.allclose(inv_freq(rope), torch.from_numpy(freq / divisors).float(), rtol=1e-4, atol=0)
+    except (ValueError, ZeroDivisionError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{source}: rope_freqs does not describe Llama-3 RoPE scaling; not supported")
     return scaling
