@@ -18,17 +18,25 @@ slot and any request (`encode_document`). BOS appears once, at the start of the 
 With no documents nothing is cut: the whole prompt is the final segment, tokenised in one piece exactly as a
 plain (non-RAG) engine would. That is no loss under §1: a first segment attending causally to itself and then
 seen by everything after it is the same computation as one causal sequence.
+
+Control tokens come from the chat template only. Text the client wrote (message fields, template kwargs,
+documents, a completion prompt) is tokenised as plain text even where it spells a special token, or a user
+could close their own turn and open a forged system one by typing `<|im_end|>`. In the conversation, each
+piece of special-token text the client wrote is swapped for a random placeholder before the template renders
+and encoded as plain text after (`TokenizerBase.encode_spans`); text without any is encoded exactly as before.
+`PromptLayout(parse_special_tokens=True)` turns this off for trusted input written in the model's own format.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lazyattn.errors import InvalidRequestError
-from lazyattn.model.tokenizer import TokenizerBase
+from lazyattn.model.tokenizer import TokenizerBase, check_text
 
 BLOCK_ATTENTION_SYSTEM_PROMPT = (
     "You are an intelligent AI assistant. Please answer questions based on the user's instructions. "
@@ -44,6 +52,13 @@ _ROLE_ALIASES = {"developer": "system"}
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 Document = str | Mapping[str, Any]  # "text" or {"title": ..., "text": ...}
+
+# The variables the renderer itself gives a chat template (`TokenizerBase.apply_chat_template`): a request's
+# chat_template_kwargs may not replace them.
+TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
+                                "unk_token", "raise_exception", "strftime_now"})
+# How deep client-given values (template kwargs, message fields) may nest; real ones are a few levels.
+_MAX_NESTING = 32
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,9 @@ class PromptLayout:
     # None: BOS iff the tokenizer adds it to plain text (tokenizer.add_bos_token). False: never, even when the
     # chat template writes it (Tulu3-Block-FT was trained without BOS). True: always.
     add_bos: bool | None = None
+    # True: special-token text in messages, documents and prompts becomes control tokens, as the chat template's
+    # own does. Only for input written by whoever runs the model (e.g. prompts already in its chat format).
+    parse_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         for name, needed in (("document_format", "{text}"), ("untitled_document_format", "{text}"),
@@ -132,10 +150,13 @@ def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, p
                                   "be resolved before rendering)", param=f"{param}.text")
     if not isinstance(text, str):
         raise InvalidRequestError(f"{param}.text must be a string, got {type(text).__name__}", param=f"{param}.text")
-    if not text.strip():
+    if not text:
         raise InvalidRequestError(f"{param}.text is empty", param=f"{param}.text")
+    check_text(text, f"{param}.text")
     if title is not None and not isinstance(title, str):
         raise InvalidRequestError(f"{param}.title must be a string", param=f"{param}.title")
+    if title:
+        check_text(title, f"{param}.title")
     if title:
         return layout.document_format.format(title=title, text=text)
     return layout.untitled_document_format.format(text=text)
@@ -144,7 +165,8 @@ def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, p
 def encode_document(tokenizer: TokenizerBase, document: Document, layout: PromptLayout = DEFAULT_LAYOUT,
                     param: str = "document") -> list[int]:
     """A document segment's token ids: the only place they are computed, so equal documents get equal ids."""
-    return tokenizer.encode(format_document(document, layout, param), add_special_tokens=False)
+    text = format_document(document, layout, param)
+    return tokenizer.encode(text) if layout.parse_special_tokens else tokenizer.encode_plain(text)
 
 
 def render_chat(
@@ -155,12 +177,13 @@ def render_chat(
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedPrompt:
     """A chat request (OpenAI-style messages) with optional documents, through the model's chat template."""
-    chat = _normalize_messages(messages)
+    user_text = _UserText(tokenizer, layout)
+    chat = user_text.hide(_normalize_messages(messages), "messages")
+    kwargs = user_text.hide(_template_kwargs(chat_template_kwargs), "chat_template_kwargs")
     doc_ids = _encode_documents(tokenizer, documents, layout)
-    kwargs = dict(chat_template_kwargs or {})
     if not doc_ids:
         text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, **kwargs)
-        return RenderedPrompt([], _bos_fixed(tokenizer.encode(text), tokenizer, layout))
+        return RenderedPrompt([], _bos_fixed(user_text.encode(text), tokenizer, layout))
 
     # A random placeholder cannot collide with user text; it is split out again right after rendering.
     slot = f"<<lazyattn-documents-{secrets.token_hex(8)}>>"
@@ -174,8 +197,8 @@ def render_chat(
             param="documents",
         )
     before, after = text.split(slot)
-    system = _bos_fixed(tokenizer.encode(before), tokenizer, layout)
-    final = tokenizer.encode(after)
+    system = _bos_fixed(user_text.encode(before), tokenizer, layout)
+    final = user_text.encode(after)
     if not final:
         raise InvalidRequestError("the chat template rendered nothing after the documents", param="messages")
     return RenderedPrompt(([system] if system else []) + doc_ids, final)
@@ -191,16 +214,18 @@ def render_completion(
     `[BOS + completion_system_prompt][doc]…` + final `[prompt]`."""
     if not isinstance(prompt, str):
         raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}", param="prompt")
+    check_text(prompt, "prompt")
     doc_ids = _encode_documents(tokenizer, documents, layout)
     if not prompt:
         # Generation continues from the prompt's last token; there must be one after the documents.
         detail = "with documents, give the text that follows them" if doc_ids else "and there are no documents"
         raise InvalidRequestError(f"prompt is empty ({detail})", param="prompt")
+    trusted = layout.parse_special_tokens
     if not doc_ids:
-        text = layout.completion_system_prompt + prompt
-        return RenderedPrompt([], _bos_fixed(tokenizer.encode(text), tokenizer, layout))
+        ids = tokenizer.encode_spans([(layout.completion_system_prompt, True), (prompt, trusted)])
+        return RenderedPrompt([], _bos_fixed(ids, tokenizer, layout))
     system = _bos_fixed(tokenizer.encode(layout.completion_system_prompt), tokenizer, layout)
-    return RenderedPrompt(([system] if system else []) + doc_ids, tokenizer.encode(prompt))
+    return RenderedPrompt(([system] if system else []) + doc_ids, tokenizer.encode_spans([(prompt, trusted)]))
 
 
 def from_token_ids(
@@ -218,8 +243,8 @@ def from_token_ids(
     for i, d in enumerate(docs):
         if not d:
             raise InvalidRequestError(f"document_token_ids[{i}] is empty", param=f"document_token_ids[{i}]")
-    if bos is not None and prompt and prompt[0] == bos and docs:
-        prompt = prompt[1:]  # BOS belongs to the first segment
+    if bos is not None and len(prompt) > 1 and prompt[0] == bos and docs:
+        prompt = prompt[1:]  # BOS belongs to the first segment (unless it is all there is to continue from)
     if not prompt:
         raise InvalidRequestError("prompt_token_ids is empty; generation continues from its last token",
                                   param="prompt_token_ids")
@@ -264,10 +289,10 @@ def _token_list(ids: Any, param: str, vocab_size: int | None) -> list[int]:
     return list(ids)
 
 
-def _text_content(content: Any, role: str, param: str) -> str:
+def _text_content(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
-    if content is None and role == "assistant":  # an assistant turn that only made tool calls
+    if content is None:  # OpenAI's assistant turn that only made tool calls; an empty turn for other roles
         return ""
     # OpenAI's content parts: only text parts can be rendered by a text-only model.
     if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text"
@@ -288,9 +313,66 @@ def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
         if role not in _ROLES:
             raise InvalidRequestError(f"messages[{i}].role must be one of {sorted(_ROLES | set(_ROLE_ALIASES))}, "
                                       f"got {message.get('role')!r}", param=f"messages[{i}].role")
-        content = _text_content(message.get("content"), role, f"messages[{i}].content")
+        content = _text_content(message.get("content"), f"messages[{i}].content")
         chat.append({**message, "role": role, "content": content})
     return chat
+
+
+def _template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidRequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    reserved = sorted(TEMPLATE_VARIABLES & set(kwargs))
+    if reserved:
+        raise InvalidRequestError(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets "
+                                  "those template variables itself", param=f"chat_template_kwargs.{reserved[0]}")
+    return dict(kwargs)
+
+
+class _UserText:
+    """Keeps the client's special-token text out of the control tokens of a rendered conversation.
+
+    `hide` copies the client's values with each special-token string swapped for a placeholder (a random
+    nonce, so client text cannot spell one), checking every string is encodable on the way; after rendering,
+    `encode` reads the placeholders back as untrusted spans. A template that only places the client's strings
+    (or trims them) renders them exactly as before; nothing is hidden when there is no special-token text,
+    and then `encode` is the tokenizer's plain call on the rendered text."""
+
+    def __init__(self, tokenizer: TokenizerBase, layout: PromptLayout) -> None:
+        self.tokenizer = tokenizer
+        self.pattern = None if layout.parse_special_tokens else tokenizer.special_token_pattern
+        self.nonce = secrets.token_hex(8)
+        self.placeholders: dict[str, str] = {}  # special-token text -> its placeholder
+        self.originals: dict[str, str] = {}  # placeholder -> special-token text
+
+    def hide(self, value: Any, param: str, depth: int = 0) -> Any:
+        if depth > _MAX_NESTING:
+            raise InvalidRequestError(f"{param} is nested more than {_MAX_NESTING} levels deep", param=param)
+        if isinstance(value, str):
+            check_text(value, param)
+            return value if self.pattern is None else self.pattern.sub(self._placeholder, value)
+        if isinstance(value, Mapping):
+            return {k: self.hide(v, f"{param}.{k}", depth + 1) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.hide(v, f"{param}[{i}]", depth + 1) for i, v in enumerate(value)]
+        return value
+
+    def _placeholder(self, match: re.Match[str]) -> str:
+        special = match.group()
+        if special not in self.placeholders:
+            placeholder = f"<<lazyattn-text-{self.nonce}-{len(self.placeholders)}>>"
+            self.placeholders[special] = placeholder
+            self.originals[placeholder] = special
+        return self.placeholders[special]
+
+    def encode(self, rendered: str) -> list[int]:
+        if not self.originals:
+            return self.tokenizer.encode(rendered)
+        split = re.compile("(" + "|".join(map(re.escape, self.originals)) + ")")
+        spans = [(self.originals.get(part, part), part not in self.originals)
+                 for part in split.split(rendered) if part]
+        return self.tokenizer.encode_spans(spans)
 
 
 def _place_slot(chat: list[dict[str, Any]], slot: str, layout: PromptLayout) -> None:

@@ -19,6 +19,14 @@ import torch
 from lazyattn.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+# Seeds are signed 64-bit, as in OpenAI's and vLLM's APIs; sample i of a request is seeded with seed + i, which
+# stays within what torch.Generator.manual_seed takes (-2**63 .. 2**64 - 1) for any n.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Stop strings are searched in the output after every token (and their prefixes held back while streaming), so
+# their number and length bound the work a request adds to every step of the batch it is in.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 128
+MAX_STOP_TOKEN_IDS = 256
 # Temperatures below this are greedy: dividing logits by ~0 overflows, and the result would be argmax anyway.
 _GREEDY_EPS = 1e-5
 
@@ -38,7 +46,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's plus the top k
-    min_tokens: int = 0  # EOS and stop_token_ids are suppressed until this many tokens exist
+    # EOS and stop_token_ids are suppressed until this many tokens exist (above max_tokens: through the end)
+    min_tokens: int = 0
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -56,18 +65,19 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS or self.top_k == 1
 
     def validate(self, vocab_size: int) -> None:
-        """Raise InvalidRequestError, naming the field, for any value out of range."""
+        """Raise InvalidRequestError, naming the field, for any value out of range. Every value that passes
+        is one the sampler computes with: a request can only fail itself, never the batch it joins."""
         _int("n", self.n, low=1)
         _int("max_tokens", self.max_tokens, low=1)
-        _int("min_tokens", self.min_tokens, low=0, high=self.max_tokens)
+        _int("min_tokens", self.min_tokens, low=0)
         _float("temperature", self.temperature, low=0.0)
         _float("top_p", self.top_p, low=0.0, high=1.0)
         if self.top_p <= 0.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
-        _int("top_k", self.top_k, low=-1)
+        _int("top_k", self.top_k, low=-1, high=vocab_size)
         _float("min_p", self.min_p, low=0.0, high=1.0)
         if self.seed is not None:
-            _int("seed", self.seed)
+            _int("seed", self.seed, low=SEED_MIN, high=SEED_MAX)
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
         for name in ("ignore_eos", "skip_special_tokens"):
@@ -77,9 +87,17 @@ class SamplingParams:
             raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
         if not isinstance(self.stop_token_ids, tuple):
             raise InvalidRequestError("stop_token_ids must be a list of token ids", param="stop_token_ids")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                                      param="stop")
         for s in self.stop:
-            if not isinstance(s, str) or not s:
-                raise InvalidRequestError(f"stop must be non-empty strings, got {s!r}", param="stop")
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
+                shown = f"{s[:20]!r}... ({len(s)} characters)" if isinstance(s, str) and len(s) > 20 else repr(s)
+                raise InvalidRequestError(f"stop must be strings of 1 to {MAX_STOP_CHARS} characters, got {shown}",
+                                          param="stop")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError(f"stop_token_ids has {len(self.stop_token_ids)} ids; at most "
+                                      f"{MAX_STOP_TOKEN_IDS} are allowed", param="stop_token_ids")
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, low=0, high=vocab_size - 1)
 
@@ -148,7 +166,9 @@ class Sampler:
         device, vocab = logits.device, logits.shape[-1]
         temperature = torch.tensor([p.temperature for p in params], device=device)
         logits = logits / temperature[:, None]
-        top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+        # Clamped as well as validated: an id tensor cannot hold an arbitrary Python int, and a k beyond the
+        # vocabulary keeps every token anyway.
+        top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
         needs_sort = any(k < vocab for k in top_k) or any(p.top_p < 1.0 for p in params)
         if needs_sort:
             # One descending sort serves both truncations: top-k is a rank cut, top-p a cumulative-mass cut.

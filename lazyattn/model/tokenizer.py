@@ -3,13 +3,17 @@ chat-template rendering, and incremental (streaming) detokenisation with stop st
 
 Both tokenizers share one interface (`TokenizerBase`), so the prompt renderer and the engine never ask which
 one they hold. `encode` parses special-token strings found in the text (`<|eot_id|>`, `<s>`), as Hugging Face
-does: that is how a rendered chat template turns back into the right special ids.
+does: that is how a rendered chat template turns back into the right special ids. Text a user wrote must not
+get that treatment (typing `<|eot_id|>` would forge a turn boundary), so `encode_spans` reads control tokens
+only in the spans the caller trusts, and `encode_plain` none at all.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import datetime
@@ -26,6 +30,25 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from lazyattn.errors import CheckpointError, InvalidRequestError
 
 TINY = "tiny"
+
+# A lone UTF-16 surrogate ("\ud800" in a JSON string decodes to one) has no UTF-8 encoding, so no tokenizer can
+# read text holding one: it is the request's error, found before a tokenizer fails on it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: str, param: str | None = None) -> None:
+    """Raise InvalidRequestError if `text` cannot be encoded as UTF-8 (a lone surrogate)."""
+    m = _SURROGATE.search(text)
+    if m is not None:
+        raise InvalidRequestError(f"{param or 'the text'} is not valid Unicode: a lone surrogate "
+                                  f"(U+{ord(m.group()):04X}) at character {m.start()}", param=param)
+
+
+def _special_pattern(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    # Longest first: a special never matches as a prefix of a longer one (the tokenizers library also takes
+    # the leftmost-longest match).
+    ordered = sorted({t for t in tokens if t}, key=len, reverse=True)
+    return re.compile("|".join(re.escape(t) for t in ordered)) if ordered else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -85,7 +108,38 @@ class TokenizerBase(ABC):
     add_bos_token: bool = False
 
     @abstractmethod
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Special-token text in `text` becomes control tokens: for text the model's own template wrote."""
+
+    @property
+    @abstractmethod
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        """Matches the special-token texts that `encode` reads as control tokens (None: there are none)."""
+
+    def encode_spans(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
+        """Encode the concatenation of `spans`, (text, trusted) pairs, reading special-token text as a control
+        token only inside trusted spans; in an untrusted span it is plain text. Whenever no untrusted span
+        holds special-token text the result is exactly `encode` of the concatenation (that very call)."""
+        untrusted, at = [], 0
+        for text, trusted in spans:
+            check_text(text)
+            if not trusted and text:
+                untrusted.append((at, at + len(text)))
+            at += len(text)
+        joined = "".join(text for text, _ in spans)
+        pattern = self.special_token_pattern
+        if pattern is None or not untrusted or not any(
+                start < m.end() and m.start() < end for m in pattern.finditer(joined) for start, end in untrusted):
+            return self.encode(joined)
+        return self._encode_with_plain_specials(spans)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Text a user wrote: special-token text in it is plain text, never a control token."""
+        return self.encode_spans([(text, False)])
+
+    @abstractmethod
+    def _encode_with_plain_specials(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
+        """`encode_spans` when some untrusted span holds special-token text."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
@@ -125,7 +179,9 @@ class TokenizerBase(ABC):
             return template.render(**context)
         except jinja2.TemplateError as e:  # raise_exception(...) in the template: the conversation is not allowed
             raise InvalidRequestError(f"the chat template rejected the conversation: {e}", param="messages") from e
-        except (TypeError, KeyError, AttributeError) as e:
+        except (TypeError, KeyError, AttributeError, ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
+            # What a template's own expressions raise on values it did not expect (a kwarg of the wrong type,
+            # sandbox limits such as range()'s): the request's values, not the server, are at fault.
             raise InvalidRequestError(f"the chat template could not render these messages: {e}",
                                       param="messages") from e
 
@@ -219,6 +275,7 @@ class Tokenizer(TokenizerBase):
         return _pick_chat_template(config.get("chat_template"))
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        check_text(text)
         # The post-processor is bypassed on purpose: BOS is the only special token a decoder-only prompt needs,
         # and `add_bos_token` already says whether it belongs.
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -226,6 +283,35 @@ class Tokenizer(TokenizerBase):
         if add_special_tokens and self.add_bos_token and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
+
+    @property
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        if not hasattr(self, "_special_re"):
+            specials = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
+            self._special_re = _special_pattern(specials)
+        return self._special_re
+
+    def _encode_with_plain_specials(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
+        # Encoding the spans one by one would not give `encode`'s tokens: merges and pre-tokenizers (a
+        # Metaspace that prepends "▁" only at offset 0) see across span boundaries. So the text is encoded in
+        # one call by a copy of the tokenizer that reads no special-token text at all, in which each control
+        # token of a trusted span is replaced by an alias: an added token with the same matching options, so
+        # it splits the text exactly where the special token would, then mapped back to the special's id.
+        variant = self._plain_specials_variant()
+        pieces = []
+        for text, trusted in spans:
+            if variant.key in text:  # a random per-process key: only reachable by guessing 64 bits
+                raise InvalidRequestError("the text contains a sequence reserved by the tokenizer")
+            pieces.append(self.special_token_pattern.sub(lambda m: variant.alias[m.group()], text) if trusted
+                          else text)
+        ids = variant.tokenizer.encode("".join(pieces), add_special_tokens=False).ids
+        return [variant.original_id.get(i, i) for i in ids]
+
+    def _plain_specials_variant(self) -> _PlainSpecials:
+        with _VARIANT_LOCK:
+            if getattr(self, "_variant", None) is None:
+                self._variant = _PlainSpecials(self._tok)
+            return self._variant
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -242,6 +328,27 @@ class Tokenizer(TokenizerBase):
         return list(self._eos_token_ids)
 
 
+_VARIANT_LOCK = threading.Lock()
+
+
+class _PlainSpecials:
+    """A copy of a tokenizer that reads no special-token text, plus one alias per special token (see
+    `Tokenizer._encode_with_plain_specials`). Built on first use: most requests never need it."""
+
+    def __init__(self, tok: tokenizers.Tokenizer) -> None:
+        self.key = secrets.token_hex(8)
+        self.tokenizer = tokenizers.Tokenizer.from_str(tok.to_str())
+        self.tokenizer.encode_special_tokens = True  # special-token text is split like any other text
+        specials = {i: t for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        # Private-use characters around the key: nothing a normalizer or pre-tokenizer rewrites.
+        self.alias = {t.content: f"\ue000{self.key}-{i}\ue001" for i, t in specials.items()}
+        self.tokenizer.add_tokens([
+            tokenizers.AddedToken(self.alias[t.content], single_word=t.single_word, lstrip=t.lstrip,
+                                  rstrip=t.rstrip, normalized=t.normalized, special=False)
+            for t in specials.values()])
+        self.original_id = {self.tokenizer.token_to_id(self.alias[t.content]): i for i, t in specials.items()}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The built-in byte tokenizer of the `tiny` model
 
@@ -251,7 +358,7 @@ _BYTE_SPECIALS = ("<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|e
 _BYTE_CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + message['role']) }}"
     "{% endif %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
@@ -270,14 +377,13 @@ class ByteTokenizer(TokenizerBase):
         reserved = [f"<|reserved_{i}|>" for i in range(self.VOCAB_SIZE - 256 - len(_BYTE_SPECIALS))]
         self._specials = list(_BYTE_SPECIALS) + reserved
         self._special_ids = {tok: 256 + i for i, tok in enumerate(self._specials)}
-        # Longest first, so a special never matches as a prefix of a longer one.
-        alternatives = sorted(self._specials, key=len, reverse=True)
-        self._special_re = re.compile("|".join(re.escape(t) for t in alternatives))
+        self._special_re = _special_pattern(self._specials)
         self.bos_token, self.eos_token, self.pad_token = "<s>", "</s>", "<pad>"
         self.chat_template = _BYTE_CHAT_TEMPLATE
         self.add_bos_token = True
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        check_text(text)
         ids: list[int] = [256] if add_special_tokens else []
         pos = 0
         for m in self._special_re.finditer(text):
@@ -287,6 +393,18 @@ class ByteTokenizer(TokenizerBase):
         ids.extend(text[pos:].encode("utf-8"))
         if add_special_tokens and len(ids) > 1 and ids[1] == 256:  # the text itself began with "<s>"
             del ids[0]
+        return ids
+
+    @property
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        return self._special_re
+
+    def _encode_with_plain_specials(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
+        # Bytes do not merge, so the spans can be encoded one by one; a special straddling two spans is not
+        # inside a trusted one and stays bytes.
+        ids: list[int] = []
+        for text, trusted in spans:
+            ids.extend(self.encode(text) if trusted else text.encode("utf-8"))
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -179,7 +179,9 @@ def test_from_token_ids():
     assert from_token_ids([BOS, 7], [[1]], bos=BOS) == RenderedPrompt([[BOS], [1]], [7])
     assert from_token_ids([7], bos=BOS) == RenderedPrompt([], [BOS, 7])
     assert from_token_ids([BOS, 7], bos=BOS) == RenderedPrompt([], [BOS, 7])
-    for args, param in [(([],), "prompt_token_ids"), (([BOS], [[1]]), "prompt_token_ids"),
+    # A lone BOS after documents stays the final segment: generation needs a token to continue from.
+    assert from_token_ids([BOS], [[1]], bos=BOS) == RenderedPrompt([[BOS], [1]], [BOS])
+    for args, param in [(([],), "prompt_token_ids"), (([], [[1]]), "prompt_token_ids"),
                         (([1], [[]]), "document_token_ids[0]"), (([1], [[1], [320]]), "document_token_ids[1]"),
                         (([-1],), "prompt_token_ids"), ((["a"],), "prompt_token_ids"),
                         (("abc",), "prompt_token_ids"), (([1], "ab"), "document_token_ids")]:
@@ -204,10 +206,10 @@ def test_content_parts_and_developer_role():
         ([{"role": "wizard", "content": "x"}], (), "messages[0].role"),
         ([{"content": "x"}], (), "messages[0].role"),
         ([{"role": "user", "content": 5}], (), "messages[0].content"),
-        ([{"role": "user", "content": None}], (), "messages[0].content"),
+        ([{"role": "user", "content": "a\ud800b"}], (), "messages[0].content"),  # a lone surrogate
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], (), "messages[0].content"),
         (QUESTION, ["ok", ""], "documents[1].text"),
-        (QUESTION, ["  \n "], "documents[0].text"),
+        (QUESTION, ["a\udfffb"], "documents[0].text"),
         (QUESTION, [{"title": "t"}], "documents[0].text"),
         (QUESTION, [{"text": 3}], "documents[0].text"),
         (QUESTION, [{"title": 3, "text": "x"}], "documents[0].title"),

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lazyattn.engine.sampling import Sampler, SamplingParams
+from lazyattn.engine.sampling import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    Sampler,
+    SamplingParams,
+)
 from lazyattn.errors import InvalidRequestError
 
 V = 64
@@ -162,6 +168,30 @@ def test_sampling_params_normalises_stop_and_is_hashable():
                    seed=0, stop_token_ids=[V - 1]).validate(V)
 
 
+def test_validation_accepts_the_edges_of_every_range():
+    SamplingParams(top_k=V, seed=2**63 - 1, stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS,
+                   stop_token_ids=[0] * MAX_STOP_TOKEN_IDS).validate(V)
+    SamplingParams(top_k=-1, seed=-(2**63)).validate(V)
+    # min_tokens past max_tokens only means EOS is held back until the length limit ends the sequence.
+    SamplingParams(max_tokens=4, min_tokens=100).validate(V)
+    # The largest seed of a request of n samples still seeds every sample's generator.
+    n = 128
+    for i in range(n):
+        torch.Generator().manual_seed(2**63 - 1 + i)
+        torch.Generator().manual_seed(-(2**63) + i)
+
+
+def test_a_huge_top_k_is_clamped_to_the_vocabulary_in_the_sampler():
+    # Validation rejects top_k > vocabulary; the sampler also clamps, so even unvalidated params cannot make
+    # the batched draw raise for every row.
+    x = logits(3)
+    params = [SamplingParams(top_k=2**63, top_p=0.5), SamplingParams(top_k=-1, top_p=0.5), SamplingParams()]
+    gens = [gen(7), gen(7), gen(8)]
+    out = SAMPLER.sample(x, params, gens)
+    expected = SAMPLER.sample(x, [SamplingParams(top_p=0.5)] * 2 + [SamplingParams()], [gen(7), gen(7), gen(8)])
+    assert torch.equal(out.token_ids, expected.token_ids)
+
+
 @pytest.mark.parametrize(
     "kwargs, param",
     [
@@ -179,9 +209,15 @@ def test_sampling_params_normalises_stop_and_is_hashable():
         ({"logprobs": -1}, "logprobs"),
         ({"logprobs": 21}, "logprobs"),
         ({"min_tokens": -1}, "min_tokens"),
-        ({"min_tokens": 17}, "min_tokens"),
         ({"seed": "x"}, "seed"),
+        ({"seed": 2**63}, "seed"),  # outside signed 64 bits: torch's manual_seed overflows at seed + n
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"top_k": V + 1}, "top_k"),
+        ({"top_k": 2**63, "top_p": 0.5}, "top_k"),  # would overflow the sampler's id tensor
         ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": ["x"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+        ({"stop": "x" * (MAX_STOP_CHARS + 1)}, "stop"),
+        ({"stop_token_ids": [1] * (MAX_STOP_TOKEN_IDS + 1)}, "stop_token_ids"),
         ({"stop": 5}, "stop"),
         ({"stop_token_ids": 5}, "stop_token_ids"),
         ({"stop_token_ids": [V]}, "stop_token_ids"),
