@@ -199,6 +199,10 @@ class _StreamResponse(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # The server is shutting down and its grace period (--shutdown-timeout) is over: this stream ends
+            # here, cut off like a dropped connection, rather than as an "exception in ASGI application".
+            return
         finally:
             self._stream.abort()  # no-op once everything finished
 

@@ -29,6 +29,7 @@ class RunningServer:
     url: str
     server: uvicorn.Server
     thread: threading.Thread
+    engine: LLMEngine
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """(sample name, labels other than model_name) -> value, from GET /metrics."""
@@ -77,7 +78,7 @@ def start_server(engine_options: dict, config: ServerConfig) -> RunningServer:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
-    return RunningServer(f"http://127.0.0.1:{port}", server, thread)
+    return RunningServer(f"http://127.0.0.1:{port}", server, thread, engine)
 
 
 def stop_server(s: RunningServer) -> None:
