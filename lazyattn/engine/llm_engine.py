@@ -31,8 +31,9 @@ from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
 from lazyattn.engine.scheduler import ScheduledBatch, Scheduler
 from lazyattn.engine.sequence import Sequence
 from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
+from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.model.loader import load_model
-from lazyattn.model.tokenizer import ByteTokenizer, TokenizerBase, load_tokenizer
+from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
 
 logger = logging.getLogger("lazyattn.engine")
 

@@ -11,7 +11,8 @@ from lazyattn.engine.outputs import CompletionOutput, RequestMetrics, RequestOut
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SampleResult
 from lazyattn.engine.sequence import Sequence
-from lazyattn.model.tokenizer import IncrementalDecoder, TokenizerBase
+from lazyattn.model.detokenizer import IncrementalDecoder
+from lazyattn.model.tokenizer import TokenizerBase
 
 
 class OutputProcessor:

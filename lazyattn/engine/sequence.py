@@ -108,7 +108,7 @@ class Sequence:
     run: Run | None = None
     copies: list[int] = field(default_factory=list)  # block mode's private re-rotated pages
     copied: bool = False
-    detokenizer: object | None = None  # model.tokenizer.IncrementalDecoder
+    detokenizer: object | None = None  # model.detokenizer.IncrementalDecoder
 
     @property
     def prefill_only(self) -> bool:

@@ -1,5 +1,6 @@
-"""Tokenizers: a Hugging Face checkpoint's `tokenizer.json`, the byte tokenizer of the built-in `tiny` model,
-chat-template rendering, and incremental (streaming) detokenisation with stop strings.
+"""Tokenizers: a Hugging Face checkpoint's `tokenizer.json`, a GGUF file's vocabulary, and the byte tokenizer of
+the built-in `tiny` model. Chat templates are compiled in `chat_template.py`; streaming detokenisation is
+`detokenizer.py`.
 
 Both tokenizers share one interface (`TokenizerBase`), so the prompt renderer and the engine never ask which
 one they hold. `encode` parses special-token strings found in the text (`<|eot_id|>`, `<s>`), as Hugging Face
@@ -16,18 +17,15 @@ import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import jinja2.ext
 import tokenizers
-from jinja2 import nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lazyattn.errors import CheckpointError, InvalidRequestError
+from lazyattn.model.chat_template import compile_chat_template
 
 TINY = "tiny"
 
@@ -44,7 +42,7 @@ def check_text(text: str, param: str | None = None) -> None:
                                   f"(U+{ord(m.group()):04X}) at character {m.start()}", param=param)
 
 
-def _special_pattern(tokens: Sequence[str]) -> re.Pattern[str] | None:
+def special_pattern(tokens: Sequence[str]) -> re.Pattern[str] | None:
     # Longest first: a special never matches as a prefix of a longer one (the tokenizers library also takes
     # the leftmost-longest match).
     ordered = sorted({t for t in tokens if t}, key=len, reverse=True)
@@ -54,46 +52,6 @@ def _special_pattern(tokens: Sequence[str]) -> re.Pattern[str] | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Chat templates: the same sandboxed Jinja environment Hugging Face gives templates, so Hub templates render as
 # they do there (trim_blocks/lstrip_blocks, loop controls, raise_exception, strftime_now, a non-escaping tojson).
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """HF templates may wrap assistant turns in `{% generation %}…{% endgeneration %}` to build training masks.
-    Rendering ignores the tag, but it must parse."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body).set_lineno(lineno)
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson HTML-escapes `<`, `>`, `&`, which would corrupt tool schemas in a prompt.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=32)
-def compile_chat_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise CheckpointError(f"the chat template does not parse (line {e.lineno}): {e.message}") from e
 
 
 class TokenizerBase(ABC):
@@ -288,7 +246,7 @@ class Tokenizer(TokenizerBase):
     def special_token_pattern(self) -> re.Pattern[str] | None:
         if not hasattr(self, "_special_re"):
             specials = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
-            self._special_re = _special_pattern(specials)
+            self._special_re = special_pattern(specials)
         return self._special_re
 
     def _encode_with_plain_specials(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
@@ -349,98 +307,14 @@ class _PlainSpecials:
         self.original_id = {self.tokenizer.token_to_id(self.alias[t.content]): i for i, t in specials.items()}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The built-in byte tokenizer of the `tiny` model
-
-
-_BYTE_SPECIALS = ("<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<pad>")
-
-_BYTE_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
-    "{{ raise_exception('unknown role: ' + message['role']) }}"
-    "{% endif %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-)
-
-
-class ByteTokenizer(TokenizerBase):
-    """Ids 0-255 are UTF-8 bytes, 256 `<s>` (BOS), 257 `</s>` (EOS), then chat specials, then reserved
-    specials up to VOCAB_SIZE. Any text round-trips; no files needed."""
-
-    VOCAB_SIZE = 320
-
-    def __init__(self) -> None:
-        reserved = [f"<|reserved_{i}|>" for i in range(self.VOCAB_SIZE - 256 - len(_BYTE_SPECIALS))]
-        self._specials = list(_BYTE_SPECIALS) + reserved
-        self._special_ids = {tok: 256 + i for i, tok in enumerate(self._specials)}
-        self._special_re = _special_pattern(self._specials)
-        self.bos_token, self.eos_token, self.pad_token = "<s>", "</s>", "<pad>"
-        self.chat_template = _BYTE_CHAT_TEMPLATE
-        self.add_bos_token = True
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        check_text(text)
-        ids: list[int] = [256] if add_special_tokens else []
-        pos = 0
-        for m in self._special_re.finditer(text):
-            ids.extend(text[pos:m.start()].encode("utf-8"))
-            ids.append(self._special_ids[m.group()])
-            pos = m.end()
-        ids.extend(text[pos:].encode("utf-8"))
-        if add_special_tokens and len(ids) > 1 and ids[1] == 256:  # the text itself began with "<s>"
-            del ids[0]
-        return ids
-
-    @property
-    def special_token_pattern(self) -> re.Pattern[str] | None:
-        return self._special_re
-
-    def _encode_with_plain_specials(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
-        # Bytes do not merge, so the spans can be encoded one by one; a special straddling two spans is not
-        # inside a trusted one and stays bytes.
-        ids: list[int] = []
-        for text, trusted in spans:
-            ids.extend(self.encode(text) if trusted else text.encode("utf-8"))
-        return ids
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        parts: list[str] = []
-        pending = bytearray()
-        for i in ids:
-            i = int(i)
-            if 0 <= i < 256:
-                pending.append(i)
-            elif 256 <= i < self.VOCAB_SIZE and not skip_special_tokens:
-                parts.append(pending.decode("utf-8", errors="replace"))
-                pending.clear()
-                parts.append(self._specials[i - 256])
-            # Other ids (skipped specials, out of range) decode to nothing, as in the tokenizers library.
-        parts.append(pending.decode("utf-8", errors="replace"))
-        return "".join(parts)
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._special_ids.get(token)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.VOCAB_SIZE
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        # `<|end|>` closes every chat turn, so it ends generation like `</s>` (cf. Llama 3.1's eot_id).
-        return [257, self._special_ids["<|end|>"]]
-
-
 def load_tokenizer(path: str | Path) -> TokenizerBase:
     """`"tiny"` gives the built-in ByteTokenizer; a .gguf file (or a named model) its own; else a checkpoint
     directory."""
+    from lazyattn.model import gguf_tokenizer, hub
+    from lazyattn.model.byte_tokenizer import ByteTokenizer
+
     if str(path) == TINY:
         return ByteTokenizer()
-    from lazyattn.model import gguf_tokenizer, hub
 
     path = hub.resolve_model(str(path))
     if path.lower().endswith(".gguf"):
@@ -449,110 +323,3 @@ def load_tokenizer(path: str | Path) -> TokenizerBase:
         raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint or 'tiny')")
     return Tokenizer(path)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Streaming detokenisation
-
-
-class IncrementalDecoder:
-    """Turns generated token ids, fed one at a time, into text deltas that are safe to emit.
-
-    Decoding tokens one by one is wrong twice over: a UTF-8 character can span tokens (byte-level BPE), and
-    some decoders change a token's text depending on its left neighbour (SentencePiece's leading space). So
-    each step decodes a window that starts at the ids decoded in the previous step, and emits what lies
-    beyond the text of that left context; text ending in U+FFFD (an incomplete character) is held until the
-    next token completes it.
-
-    Stop strings: text is searched as it grows; on a match `stopped` is set, `text` ends before the stop
-    string, and nothing after it is emitted. While the text's tail could still become a stop string, that
-    tail is held back, so a stream never shows the start of a stop string that then completes.
-    """
-
-    # How many of the prompt's last ids give the first output tokens their left context.
-    _CONTEXT = 5
-
-    def __init__(self, tokenizer: TokenizerBase, *, skip_special_tokens: bool = True,
-                 stop: Sequence[str] = (), min_tokens: int = 0, prompt_token_ids: Sequence[int] = ()) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
-        self._stop = tuple(s for s in stop if s)
-        self._min_tokens = min_tokens
-        # The prompt's last ids only provide left context; they are never emitted.
-        self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT:])
-        self._prefix_offset = 0  # window start
-        self._read_offset = len(self._ids)  # ids before this are already in `_raw`
-        self._raw = ""  # all decoded output text (may run past a stop string)
-        self._emitted = 0  # chars of `_raw` handed out by feed()/finish()
-        self._end: int | None = None  # where `text` ends once a stop string matched
-        self.num_tokens = 0
-        self.stopped: str | None = None  # the stop string that matched
-
-    @property
-    def text(self) -> str:
-        """Output text so far (held-back tail included; stop string and what follows excluded)."""
-        return self._raw if self._end is None else self._raw[: self._end]
-
-    def feed(self, token_id: int) -> str:
-        """Add one generated token; return the text that became final (often "")."""
-        if self.stopped is not None:
-            return ""
-        self._ids.append(int(token_id))
-        self.num_tokens += 1
-        window = self._ids[self._prefix_offset:]
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decode(window)
-        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            self._append(full_text[len(prefix_text):])
-            # The ids just decoded become the next window's left context.
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self._ids)
-        return self._release(final=False)
-
-    def finish(self) -> str:
-        """End of generation: decode whatever is pending (an incomplete character becomes U+FFFD) and release
-        the held-back tail."""
-        if self.stopped is None and self._read_offset < len(self._ids):
-            prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-            full_text = self._decode(self._ids[self._prefix_offset:])
-            self._append(full_text[len(prefix_text):])
-            self._prefix_offset = self._read_offset = len(self._ids)
-        return self._release(final=True)
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special) if ids else ""
-
-    def _append(self, new_text: str) -> None:
-        start = len(self._raw)
-        self._raw += new_text
-        if not self._stop or self.num_tokens < self._min_tokens:
-            return
-        # Only windows that overlap the new text can hold a new match; take the earliest.
-        longest = max(len(s) for s in self._stop)
-        search_from = max(0, start - longest + 1)
-        best: tuple[int, str] | None = None
-        for s in self._stop:
-            at = self._raw.find(s, search_from)
-            if at != -1 and (best is None or at < best[0]):
-                best = (at, s)
-        if best is not None:
-            self._end, self.stopped = best
-
-    def _release(self, final: bool) -> str:
-        end = len(self.text)
-        if not final and self.stopped is None:
-            end -= self._stop_prefix_len()
-        if end <= self._emitted:
-            return ""
-        out = self.text[self._emitted:end]
-        self._emitted = end
-        return out
-
-    def _stop_prefix_len(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of some stop string."""
-        best = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(self._raw)), best, -1):
-                if self._raw.endswith(s[:n]):
-                    best = n
-                    break
-        return best

@@ -19,7 +19,8 @@ from lazyattn.engine.prompt import (
     render_completion,
 )
 from lazyattn.errors import InvalidRequestError
-from lazyattn.model.tokenizer import ByteTokenizer, Tokenizer
+from lazyattn.model.byte_tokenizer import ByteTokenizer
+from lazyattn.model.tokenizer import Tokenizer
 from tests.model.test_tokenizer import CHATML_TEMPLATE, LLAMA3_SPECIALS, write_hf_tokenizer
 
 TOK = ByteTokenizer()

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from lazyattn.errors import CheckpointError, InvalidRequestError
-from lazyattn.model.tokenizer import ByteTokenizer, IncrementalDecoder, Tokenizer, load_tokenizer
+from lazyattn.model.byte_tokenizer import ByteTokenizer
+from lazyattn.model.detokenizer import IncrementalDecoder
+from lazyattn.model.tokenizer import Tokenizer, load_tokenizer
 
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                    "<|eot_id|>", "<|im_start|>", "<|im_end|>"]

@@ -6,7 +6,7 @@ import pytest
 
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, RenderedPrompt
 from lazyattn.errors import AuthenticationError, ContextTooLongError, UnknownDocumentError
-from lazyattn.model.tokenizer import ByteTokenizer
+from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.server.documents import DocumentRegistry
 from lazyattn.server.errors import _param
 from lazyattn.server.inputs import Renderer
