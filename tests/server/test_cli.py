@@ -18,25 +18,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_command():
+def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`lazyattn serve --model tiny` on a free local port with `args`; returns once /health answers 200."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "lazyattn.cli", "serve", "--model", "tiny", "--device", "cpu", "--host", "127.0.0.1",
-           "--port", str(port), "--api-key", "k1", "--kv-cache-gb", "0.05", "--page-size", "16",
-           "--max-waiting", "4", "--prompt-layout", "tulu3-block-ft", "--no-warm-up", "--log-level", "warning"]
-    env = {**os.environ, "LAZYATTN_API_KEYS": "k2"}
+           "--port", str(port), "--kv-cache-gb", "0.05", "--page-size", "16", "--no-warm-up", "--log-level",
+           "warning", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("lazyattn serve did not come up")
+        time.sleep(0.2)
+
+
+def test_serve_command():
+    proc, url = start_serve("--api-key", "k1", "--max-waiting", "4", "--prompt-layout", "tulu3-block-ft",
+                            env={**os.environ, "LAZYATTN_API_KEYS": "k2"})
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "lazyattn serve did not come up"
-            time.sleep(0.2)
         assert httpx.get(f"{url}/v1/models").status_code == 401
         for key in ("k1", "k2"):  # from the flag and from the environment
             r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +14,7 @@ import pytest
 
 from lazyattn.server import ServerConfig
 from tests.server.conftest import start_server, stop_server
-from tests.server.test_cli import _free_port
+from tests.server.test_cli import start_serve
 
 POISON_TOP_K = 7  # a valid request that the (patched) sampler fails on: an engine bug that only it triggers
 
@@ -81,23 +79,8 @@ def test_a_dropped_huge_batch_does_not_stall_the_next_request(poisoned):
 
 
 def test_sigterm_under_load_exits_within_10_s():
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "lazyattn.cli", "serve", "--model", "tiny", "--device", "cpu",
-                             "--port", str(port), "--kv-cache-gb", "0.05", "--page-size", "16", "--no-warm-up",
-                             "--log-level", "warning", "--shutdown-timeout", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = start_serve("--shutdown-timeout", "2")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "lazyattn serve did not come up"
-            time.sleep(0.2)
         body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "ignore_eos": True}
         load = [threading.Thread(target=lambda: _quietly(lambda: stream_chat(url, body)), daemon=True)
                 for _ in range(6)]
