@@ -7,55 +7,34 @@ Needs the download (or a cached file); skipped with the reason only when the pac
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.demo import DOCS, QUESTIONS
 from lazyattn.engine.prompt import render_chat
-from lazyattn.errors import CheckpointError
 from lazyattn.kernels.reference import block_mask
-from lazyattn.model import hub
 from lazyattn.model.tokenizer import load_tokenizer
-from lazyattn.server import ServerConfig
 from tests.engine.test_engine_gpu import capture_logits
 from tests.model.checkpoints import hf_logits
-from tests.server.conftest import start_server, stop_server
+from tests.model.smollm2 import GEN, HARP, REQUESTS, RIVER, VELTRIA
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-GEN = 6
-VELTRIA, HARP, RIVER = DOCS[0], DOCS[1], DOCS[2]
-# The second request places two of the first one's documents in new slots (lazy mode reuses them shifted).
-REQUESTS = [([{"role": "user", "content": QUESTIONS[0][0]}], [HARP, VELTRIA, RIVER]),
-            ([{"role": "user", "content": QUESTIONS[1][0]}], [RIVER, HARP])]
-
 
 @pytest.fixture(scope="module")
-def gguf_path() -> Path:
-    try:
-        return Path(hub.resolve_model("smollm2"))
-    except CheckpointError as e:
-        if "could not be downloaded" in str(e):
-            pytest.skip(f"SmolLM2 is neither cached nor downloadable here: {e}")
-        raise
-
-
-@pytest.fixture(scope="module")
-def reference(gguf_path):
+def reference(smollm2_gguf):
     """transformers' model (fp32, eager attention) and tokenizer, both read from the GGUF file itself."""
-    kw = dict(gguf_file=gguf_path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32,
+    kw = dict(gguf_file=smollm2_gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, dtype=torch.float32,
                                                               attn_implementation="eager", **kw)
-    return model.eval(), transformers.AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+    return model.eval(), transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, **kw)
 
 
-def test_tokenizer_and_chat_template_match_transformers(gguf_path, reference):
+def test_tokenizer_and_chat_template_match_transformers(smollm2_gguf, reference):
     _, theirs = reference
-    ours = load_tokenizer(gguf_path)
+    ours = load_tokenizer(smollm2_gguf)
     texts = [d["text"] for d in DOCS] + [q for q, _ in QUESTIONS] + [
         "<|im_start|>user\nDigits 1234567 and 3.14<|im_end|>", "  spaced\n\n\ttext — naïve café 😀"]
     for text in texts:
@@ -71,12 +50,12 @@ def test_tokenizer_and_chat_template_match_transformers(gguf_path, reference):
 
 
 @pytest.mark.parametrize("mode", ["lazy", "block", "prefix", "full"])
-def test_greedy_tokens_and_logits_match_transformers(mode, gguf_path, reference):
+def test_greedy_tokens_and_logits_match_transformers(mode, smollm2_gguf, reference):
     """lazy/block against transformers with the block mask at logical positions, prefix/full against plain
     causal attention: the same greedy tokens, logits within 1e-4."""
     model, _ = reference
     block = mode in ("lazy", "block")
-    llm = LLM(model=str(gguf_path), mode=mode, device="cpu", page_size=16, progress=False)
+    llm = LLM(model=str(smollm2_gguf), mode=mode, device="cpu", page_size=16, progress=False)
     seen = capture_logits(llm)
     for messages, docs in REQUESTS:
         first = len(seen)
@@ -94,13 +73,16 @@ def test_greedy_tokens_and_logits_match_transformers(mode, gguf_path, reference)
         assert llm.stats().cache.hits >= 2  # the second request reused both of its documents
 
 
-def test_chat_through_the_server_returns_the_models_answer(gguf_path, reference):
+def test_chat_through_the_server_returns_the_models_answer(smollm2_gguf, reference):
     """openai client -> server -> engine (full attention): the answer transformers' generate gives."""
     from openai import OpenAI
 
+    from lazyattn.server import ServerConfig
+    from tests.server.conftest import start_server, stop_server
+
     model, theirs = reference
     messages, docs = [{"role": "user", "content": QUESTIONS[0][0]}], [HARP, VELTRIA, RIVER]
-    server = start_server({"model": str(gguf_path), "mode": "full", "page_size": 16, "kv_cache_gb": 0.05},
+    server = start_server({"model": str(smollm2_gguf), "mode": "full", "page_size": 16, "kv_cache_gb": 0.05},
                           ServerConfig(model_name="smollm2", warm_up=False))
     try:
         with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
@@ -108,10 +90,11 @@ def test_chat_through_the_server_returns_the_models_answer(gguf_path, reference)
                                                extra_body={"documents": docs})
     finally:
         stop_server(server)
-    prompt = render_chat(load_tokenizer(gguf_path), messages, docs).token_ids
+    prompt = render_chat(load_tokenizer(smollm2_gguf), messages, docs).token_ids
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
     expected = theirs.decode(out[0, len(prompt):], skip_special_tokens=True)
     answer = r.choices[0].message.content
     assert answer == expected and r.choices[0].finish_reason == "stop"
     assert "Oskarn" in answer
+
