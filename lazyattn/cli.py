@@ -12,7 +12,8 @@ from lazyattn.server.cli import add_serve_parser
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="'tiny' (built in) or a Hugging Face checkpoint directory")
+    p.add_argument("--model", default="tiny", help="'tiny' (built in, random weights), 'smollm2' (fetched once), a "
+                   "Hugging Face checkpoint directory or a .gguf file")
     p.add_argument("--mode", default="lazy", choices=["lazy", "block", "prefix", "full"])
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="a small RAG workload through every mode, side by side")
-    p.add_argument("--model", default="tiny")
+    p.add_argument("--model", default="smollm2", help="smollm2 (fetched once, then cached), tiny (offline, random "
+                   "weights), a checkpoint directory or a .gguf file")
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_demo)
 

@@ -1,72 +1,104 @@
-"""The quickstart's main job: one RAG workload through every mode, side by side.
+"""The quickstart's main job: a real model answering questions over documents, in every mode, side by side.
 
-Requests draw documents from a small pool in shuffled orders. lazy and block must produce the same tokens
-(same semantics), and so must prefix and full; lazy reuses every document it has seen in any slot, prefix
-only exact prefixes.
+Each question comes with 3 of 5 short documents in a shuffled order (a retriever's output), so documents recur in
+new slots: lazy reuses every document it has seen, in any slot; prefix only exact prefixes; full nothing. Per
+mode: a warm-up request first (one-time costs are not a request's), then each question alone with one output
+token (its time to first token, no queueing), then all questions together for their answers. lazy and block
+must produce the same tokens (same semantics), and so must prefix and full.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import time
 
 from lazyattn.engine.llm import LLM
 from lazyattn.engine.sampling import SamplingParams
 
 DOCS = [
-    {"title": "Rotary embeddings", "text": "RoPE rotates each query and key pair by an angle proportional to "
-     "its position, so attention scores depend only on relative distance."},
-    {"title": "Paged KV cache", "text": "A paged cache stores keys and values in fixed-size pages and maps "
-     "each request's logical pages to physical ones through a page table."},
-    {"title": "Block attention", "text": "Block attention encodes each retrieved passage on its own, so its "
-     "key-value cache can be reused by any request that retrieves it."},
-    {"title": "Lazy attention", "text": "Deferred positional encoding keeps one copy of a passage's cache and "
-     "applies the position shift inside the attention kernel."},
-    {"title": "Prefix caching", "text": "Prefix caching reuses the key-value cache of an identical token prefix "
-     "and nothing else: a reordered passage list misses."},
+    {"title": "Veltria", "text": "Veltria is a small island nation in the Northern Sea. The capital of Veltria is "
+     "Oskarn, a port city of 80,000 people."},
+    {"title": "The glass harp", "text": "The glass harp was invented in 1761 by Maren Tolle, a clockmaker from "
+     "Brisk. She built it from 37 tuned glass bowls."},
+    {"title": "The Amsel river", "text": "The Amsel river is 412 kilometres long. It rises in the Hollow Mountains "
+     "and flows into Lake Dorn."},
+    {"title": "Comet Pell", "text": "Comet Pell returns every 58 years. It was last seen in 2019 and is named after "
+     "the astronomer Ida Pell."},
+    {"title": "Sorrel bread", "text": "Sorrel bread is baked with rye flour, green sorrel leaves and honey. It is "
+     "eaten on the first day of spring."},
 ]
-QUESTIONS = ["Which method keeps one copy?", "What do pages hold?", "Why does order matter for prefixes?",
-             "How does RoPE encode position?", "What is reused across requests?", "What does the kernel do?"]
+# (question, index of the document that answers it)
+QUESTIONS = [("What is the capital of Veltria?", 0), ("Who invented the glass harp?", 1),
+             ("How long is the Amsel river?", 2), ("Who is Comet Pell named after?", 3),
+             ("What is sorrel bread baked with?", 4)]
+WARM_UP_DOC = {"title": "Warm-up", "text": "This passage only warms the engine up; no question is about it."}
+MODES = ("lazy", "block", "prefix", "full")
+NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random weights)"}
 
 
-def workload(seed: int = 0, docs_per_request: int = 3) -> tuple[list[str], list[list[dict]]]:
+def workload(seed: int = 0, docs_per_request: int = 3) -> list[tuple[list[dict[str, str]], list[dict]]]:
+    """(messages, documents) per question: its own document plus others, in a shuffled order."""
     rng = random.Random(seed)
-    prompts, documents = [], []
-    for q in QUESTIONS:
-        prompts.append(q)
-        documents.append(rng.sample(DOCS, docs_per_request))
-    return prompts, documents
+    requests = []
+    for question, answer_doc in QUESTIONS:
+        others = rng.sample([d for i, d in enumerate(DOCS) if i != answer_doc], docs_per_request - 1)
+        docs = [DOCS[answer_doc], *others]
+        rng.shuffle(docs)
+        requests.append(([{"role": "user", "content": question}], docs))
+    return requests
 
 
-def run_demo(model: str = "tiny", device: str = "cpu", max_tokens: int = 12, **options) -> dict[str, dict]:
-    prompts, documents = workload()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    results: dict[str, dict] = {}
-    for mode in ("lazy", "block", "prefix", "full"):
-        llm = LLM(model=model, mode=mode, device=device, progress=False, **options)
-        outs = llm.generate(prompts, params, documents=documents, use_tqdm=False)
-        stats = llm.stats()
-        results[mode] = {
-            "tokens": [o.token_ids for o in outs],
-            "texts": [o.text for o in outs],
-            "hits": stats.cache.hits,
-            "lookups": stats.cache.lookups,
-            "prefilled": stats.prefilled_tokens,
-            "ttft_ms": 1e3 * statistics.mean(o.metrics.ttft for o in outs),
-        }
-    return results
+def run_mode(model: str, mode: str, device: str, max_tokens: int, **options) -> dict:
+    llm = LLM(model=model, mode=mode, device=device, progress=False, **options)
+    requests = workload()
+    first_token = SamplingParams(max_tokens=1, temperature=0.0)
+    llm.chat([{"role": "user", "content": "Hello?"}], first_token, documents=[[WARM_UP_DOC]], use_tqdm=False)
+    before = llm.stats()
+    ttfts = []
+    for messages, docs in requests:  # one at a time: time to first token without queueing
+        out = llm.chat(messages, first_token, documents=[docs], use_tqdm=False)[0]
+        ttfts.append(out.metrics.ttft)
+    after = llm.stats()
+    answers = llm.chat([m for m, _ in requests], SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                       documents=[d for _, d in requests], use_tqdm=False)
+    return {
+        "tokens": [o.token_ids for o in answers],
+        "texts": [o.text.strip() for o in answers],
+        "hits": after.cache.hits - before.cache.hits,
+        "lookups": after.cache.lookups - before.cache.lookups,
+        "prefilled": after.prefilled_tokens - before.prefilled_tokens,
+        "ttft_ms": 1e3 * statistics.median(ttfts),
+    }
 
 
-def main(model: str = "tiny", device: str = "cpu") -> int:
-    print(f"lazyattn demo: {len(QUESTIONS)} RAG requests, 3 of {len(DOCS)} documents each in shuffled order, "
-          f"model={model}, device={device}\n")
-    results = run_demo(model, device)
-    print(f"{'mode':<8}{'doc hits':>10}{'prefilled tokens':>18}{'mean TTFT (ms)':>16}")
+def run_demo(model: str = "smollm2", device: str = "cpu", max_tokens: int = 32, **options) -> dict[str, dict]:
+    return {mode: run_mode(model, mode, device, max_tokens, **options) for mode in MODES}
+
+
+def main(model: str = "smollm2", device: str = "cpu") -> int:
+    name = NAMES.get(model, model)
+    print(f"lazyattn demo: {name} on {device}; {len(QUESTIONS)} questions, each over 3 of {len(DOCS)} documents in "
+          f"shuffled order, in the four modes\n")
+    start = time.monotonic()
+    results = run_demo(model, device, max_tokens=8 if model == "tiny" else 32)
+    for i, (question, _) in enumerate(QUESTIONS):
+        print(f"Q: {question}")
+        print(f"   lazy/block  (documents encoded alone): {results['lazy']['texts'][i]}")
+        print(f"   prefix/full (ordinary causal):         {results['full']['texts'][i]}")
+    print(f"\n{'mode':<8}{'cache hits':>12}{'prefilled tokens':>18}{'median TTFT (ms)':>18}")
     for mode, r in results.items():
-        print(f"{mode:<8}{r['hits']:>5}/{r['lookups']:<4}{r['prefilled']:>18}{r['ttft_ms']:>16.1f}")
+        print(f"{mode:<8}{r['hits']:>7}/{r['lookups']:<4}{r['prefilled']:>18}{r['ttft_ms']:>18.1f}")
     same_block = results["lazy"]["tokens"] == results["block"]["tokens"]
     same_causal = results["prefix"]["tokens"] == results["full"]["tokens"]
-    print(f"\nlazy == block (same tokens, one cached copy vs private re-rotated copies): {same_block}")
+    print(f"\nafter a warm-up request, the {len(QUESTIONS)} questions sent one at a time; cache hits count segments "
+          "(system prompt, documents) in lazy/block, pages of exact prefixes in prefix")
+    print(f"lazy == block (same tokens, one cached copy vs private re-rotated copies): {same_block}")
     print(f"prefix == full (ordinary causal attention): {same_causal}")
-    print(f"\nfirst answer (lazy): {results['lazy']['texts'][0]!r}  (tiny has random weights)")
+    if model == "tiny":
+        print("tiny has random weights: its answers are noise (run `lazyattn demo` for SmolLM2)")
+    else:
+        print(f"{name} was not fine-tuned for block attention, so lazy/block answers may differ from full "
+              "attention's")
+    print(f"({time.monotonic() - start:.0f} s)")
     return 0 if same_block and same_causal else 1

@@ -223,8 +223,15 @@ def from_token_ids(
     bos: int | None = None,
     vocab_size: int | None = None,
 ) -> RenderedPrompt:
-    """Token-level input, no rendering: `[bos][doc]…` + final `[prompt]`. A leading `bos` in the prompt is not
-    doubled; pass bos=None to use the ids exactly as given. Ids are checked against `vocab_size` if given."""
+    """Token-level input, no rendering: `[bos][doc]…` + final `[prompt]`. Ids are checked against `vocab_size`
+    if given.
+
+    With `bos`, the sequence starts with exactly one BOS, never two: ids that already start with it (the first
+    document, or the prompt when there are no documents) are used as given; otherwise BOS is its own segment in
+    front of the documents (so each document's ids, its cache key, stay the same in every slot) or the prompt's
+    first token. A prompt starting with BOS after documents gives it up: BOS belongs at the very start. With
+    bos=None the ids are used exactly as given, as vLLM does.
+    """
     prompt = _token_list(prompt_token_ids, "prompt_token_ids", vocab_size)
     if not isinstance(document_token_ids, Sequence) or isinstance(document_token_ids, str):
         raise InvalidRequestError("document_token_ids must be a list of token id lists", param="document_token_ids")
@@ -239,7 +246,9 @@ def from_token_ids(
                                   param="prompt_token_ids")
     if not docs:
         return RenderedPrompt([], prompt if bos is None or prompt[0] == bos else [bos, *prompt])
-    return RenderedPrompt(([[bos]] if bos is not None else []) + docs, prompt)
+    if bos is None or docs[0][0] == bos:
+        return RenderedPrompt(docs, prompt)
+    return RenderedPrompt([[bos], *docs], prompt)
 
 
 # ---------------------------------------------------------------------------------------------------------------

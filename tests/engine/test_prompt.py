@@ -175,6 +175,14 @@ def test_tulu3_block_ft_layout(tmp_path):
     assert tok.bos_token_id not in r.token_ids
 
 
+def test_from_token_ids_never_doubles_bos():
+    """A first document that already starts with BOS carries it: no BOS segment of its own in front of it."""
+    assert from_token_ids([7], [[BOS, 1, 2], [3]], bos=BOS) == RenderedPrompt([[BOS, 1, 2], [3]], [7])
+    assert from_token_ids([BOS, 7], [[BOS, 1]], bos=BOS) == RenderedPrompt([[BOS, 1]], [7])
+    assert from_token_ids([7], [[1], [BOS, 3]], bos=BOS) == RenderedPrompt([[BOS], [1], [BOS, 3]], [7])
+    assert from_token_ids([BOS, 7], [[BOS, 1]]) == RenderedPrompt([[BOS, 1]], [BOS, 7])  # bos=None: as given
+
+
 def test_from_token_ids():
     assert from_token_ids([7, 8], [[1, 2], [3]], bos=BOS) == RenderedPrompt([[BOS], [1, 2], [3]], [7, 8])
     assert from_token_ids([BOS, 7], [[1]], bos=BOS) == RenderedPrompt([[BOS], [1]], [7])

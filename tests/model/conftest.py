@@ -3,6 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lazyattn.errors import CheckpointError
+from lazyattn.model import hub
 from tests.model.checkpoints import write_checkpoint
 
 
@@ -19,3 +21,15 @@ def checkpoint(tmp_path_factory):
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, fetched once into the cache; skipped (with the reason) only when it is
+    neither cached nor downloadable."""
+    try:
+        return Path(hub.resolve_model("smollm2"))
+    except CheckpointError as e:
+        if "could not be downloaded" in str(e):
+            pytest.skip(f"SmolLM2 is neither cached nor downloadable here: {e}")
+        raise

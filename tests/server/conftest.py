@@ -65,7 +65,7 @@ class RunningServer:
 
 
 def start_server(engine_options: dict, config: ServerConfig) -> RunningServer:
-    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", progress=False, **engine_options))
+    engine = LLMEngine(EngineConfig(**{"model": "tiny", "device": "cpu", "progress": False, **engine_options}))
     app = create_app(engine, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; uvicorn serves on this very socket (no race)
