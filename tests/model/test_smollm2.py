@@ -83,7 +83,7 @@ def test_chat_through_the_server_returns_the_models_answer(smollm2_gguf, referen
     model, theirs = reference
     messages, docs = [{"role": "user", "content": QUESTIONS[0][0]}], [HARP, VELTRIA, RIVER]
     server = start_server({"model": str(smollm2_gguf), "mode": "full", "page_size": 16, "kv_cache_gb": 0.05},
-                          ServerConfig(model_name="smollm2", warm_up=False))
+                          ServerConfig(model_name="smollm2"))
     try:
         with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
             r = client.chat.completions.create(model="smollm2", messages=messages, temperature=0.0, max_tokens=32,
