@@ -1,4 +1,5 @@
-"""load_model: a CausalLM from a Hugging Face checkpoint directory, or random weights ("tiny", benchmarks)."""
+"""load_model: a CausalLM from a Hugging Face checkpoint directory, a GGUF file, a named model ("smollm2"), or
+random weights ("tiny", benchmarks)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from lazyattn.errors import CheckpointError
+from lazyattn.model import gguf
 from lazyattn.model.config import ModelConfig
+from lazyattn.model.hub import resolve_model
 from lazyattn.model.llama import CausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,14 +34,19 @@ def load_model(
     seed: int = 0,
     random_init: bool = False,
 ) -> tuple[CausalLM, ModelConfig]:
-    """The model and its config. `model`: "tiny" or a checkpoint directory; dtype None keeps the checkpoint's.
+    """The model and its config. `model`: "tiny", a checkpoint directory, a .gguf file or a named model
+    (hub.NAMED_MODELS, fetched on first use); dtype None keeps the checkpoint's.
 
     With random_init (implied by "tiny"), only config.json is read and weights are drawn from `seed`.
     The returned config carries the runtime dtype and the weights' identity (see ModelConfig.fingerprint).
     """
     device = torch.device(device)
-    if str(model) == "tiny":
+    model = resolve_model(str(model))
+    is_gguf = gguf.is_gguf(model)
+    if model == "tiny":
         cfg, random_init = ModelConfig.tiny(), True
+    elif is_gguf:
+        cfg = gguf.read_config(model)
     else:
         cfg = ModelConfig.from_dir(model)
     dtype = dtype or cfg.dtype
@@ -47,7 +55,7 @@ def load_model(
         init_device = torch.device("cpu") if _num_params(cfg) <= _CPU_INIT_MAX_PARAMS else device
         weights_id = f"random:{seed}" + ("" if init_device.type == "cpu" else f":{init_device.type}")
     else:
-        files = weight_files(Path(model))
+        files = [Path(model)] if is_gguf else weight_files(Path(model))
         weights_id = str(Path(model).resolve()) + "|" + ";".join(
             f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files
         )
@@ -61,7 +69,7 @@ def load_model(
     if random_init:
         random_weights(lm, seed, init_device)
     else:
-        lm.load_weights(_read_tensors(files, device))
+        lm.load_weights(gguf.read_weights(model) if is_gguf else _read_tensors(files, device))
     lm.eval().requires_grad_(False)
     return lm, cfg
 
@@ -85,7 +93,8 @@ def weight_files(path: Path) -> list[Path]:
     if others:
         return others
     legacy = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
-    hint = f" (found {', '.join(legacy)}: only safetensors weights are supported)" if legacy else ""
+    hint = f" (found {', '.join(legacy)}: only safetensors weights are supported; pass a .gguf file itself as the " \
+        "model)" if legacy else ""
     raise CheckpointError(f"no weight files in {str(path)!r}: expected {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 

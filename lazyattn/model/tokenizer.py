@@ -318,9 +318,15 @@ class ByteTokenizer(TokenizerBase):
 
 
 def load_tokenizer(path: str | Path) -> TokenizerBase:
-    """`"tiny"` gives the built-in ByteTokenizer; anything else is a checkpoint directory."""
+    """`"tiny"` gives the built-in ByteTokenizer; a .gguf file (or a named model) its own; else a checkpoint
+    directory."""
     if str(path) == TINY:
         return ByteTokenizer()
+    from lazyattn.model import gguf_tokenizer, hub
+
+    path = hub.resolve_model(str(path))
+    if path.lower().endswith(".gguf"):
+        return gguf_tokenizer.gguf_tokenizer(path)
     if not Path(path).is_dir():
         raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint or 'tiny')")
     return Tokenizer(path)
