@@ -322,9 +322,11 @@ def load_tokenizer(path: str | Path) -> TokenizerBase:
     directory."""
     if str(path) == TINY:
         return ByteTokenizer()
-    from lazyattn.model import gguf_tokenizer, hub
+    from lazyattn.model import adapter, gguf_tokenizer, hub
 
     path = hub.resolve_model(str(path))
+    if adapter.is_adapter_dir(path):  # an adapter reads text as its base model does
+        return load_tokenizer(adapter.read_adapter(path).base)
     if path.lower().endswith(".gguf"):
         return gguf_tokenizer.gguf_tokenizer(path)
     if not Path(path).is_dir():
