@@ -1,4 +1,4 @@
-"""`lazyattn demo | generate | serve | bench | finetune`."""
+"""`lazyattn demo | generate | serve | bench | eval | finetune`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import sys
 
 from lazyattn.bench.cli import add_bench_parser
+from lazyattn.eval.cli import add_eval_parser
 from lazyattn.finetune.cli import add_finetune_parser
 from lazyattn.server.cli import add_serve_parser
 
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_serve_parser(sub, _engine_args, engine_options)
     add_bench_parser(sub, _engine_args, engine_options)
+    add_eval_parser(sub, _engine_args, engine_options)
     add_finetune_parser(sub)
 
     args = parser.parse_args(argv)

@@ -1,0 +1,202 @@
+"""`lazyattn eval`: RAG question-answering accuracy per attention mode (docs/quality.md).
+
+    lazyattn eval                                        # tiny model, built-in set: a smoke run
+    lazyattn eval --model /models/SmolLM2-135M-Instruct --modes full,prefix,block,lazy \\
+        --num-docs 2,5,10 --gold-position first,middle,last --limit 48 --out results/quality
+    lazyattn eval --model M --dataset my_hotpotqa.jsonl --num-docs 10 --gold-position original
+    lazyattn eval --modes lazy,lazy:relink_tokens=16 ...  # a mode plus engine options, compared side by side
+    lazyattn eval --dataset builtin:medium --num-docs 10 --write-dataset eval.jsonl   # just write the set
+
+Prints one row per run and cell (accuracy, exact match, token F1, TTFT) and an accuracy pivot; with --out,
+writes eval.json (every answer), eval.md (the tables) and accuracy.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
+# "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
+# (docs/quality.md); the others are the engine's published layouts.
+SHORT_ANSWER = dict(system_prompt="Answer the user's question using the documents below.",
+                    question_format="{question}")
+LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer")
+
+
+def add_eval_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
+                    engine_options: Callable[[argparse.Namespace], dict]) -> None:
+    p = sub.add_parser("eval", help="RAG question-answering accuracy per attention mode",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    engine_args(p)
+    p.set_defaults(mode=None)  # --modes picks the runs; a lone --mode X means just X
+    p.add_argument("--modes", default=None,
+                   help="comma-separated runs, each a mode with optional ':key=value' engine options "
+                        "(e.g. lazy:relink_tokens=16); default full,prefix,block,lazy")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra LLM(...) option for every run (repeatable)")
+    d = p.add_argument_group("questions")
+    d.add_argument("--dataset", default="builtin",
+                   help="'builtin' or 'builtin:SIZE' (small 60, medium 300, large 1500 questions), or a JSONL file "
+                        "of {question, answers, documents, gold}")
+    d.add_argument("--limit", type=int, default=None, help="use the first N questions")
+    d.add_argument("--num-docs", default=None,
+                   help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
+                        "document (default: 5 for builtin, all for a file)")
+    d.add_argument("--gold-position", default=None,
+                   help="first, middle, last or original, comma-separated (default: first,middle,last for "
+                        "builtin, original for a file)")
+    d.add_argument("--data-seed", type=int, default=0, help="seed of the built-in set")
+    d.add_argument("--hops", default="1,1,2", help="built-in question mix, cycled: 1 single-hop, 2 two-hop")
+    d.add_argument("--write-dataset", default=None, metavar="PATH",
+                   help="write the questions as JSONL (as the first cell shows them) and exit")
+    g = p.add_argument_group("prompt and decoding")
+    g.add_argument("--prompt-layout", choices=LAYOUTS, default="block-attention")
+    g.add_argument("--system-prompt", default=None, help="override the layout's system prompt")
+    g.add_argument("--question-format", default=None, help="override the layout's question wrapper ({question})")
+    g.add_argument("--documents-in-user-turn", action="store_true", help="documents open the user turn")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--batch-size", type=int, default=1,
+                   help="questions per generate call (1: each TTFT is the request's own, nothing queued)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=None, help="directory for eval.json, eval.md and accuracy.png")
+    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--cpu-threads", type=int, default=1, help="torch intra-op threads when the device is the CPU")
+    p.set_defaults(func=lambda args: cmd_eval(args, engine_options))
+
+
+def _layout(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from lazyattn.engine import prompt
+
+    base = {"block-attention": prompt.DEFAULT_LAYOUT, "tulu3-block-ft": prompt.TULU3_BLOCK_FT_LAYOUT,
+            "short-answer": prompt.PromptLayout(**SHORT_ANSWER)}[args.prompt_layout]
+    changes: dict[str, Any] = {}
+    if args.system_prompt is not None:
+        changes["system_prompt"] = args.system_prompt
+    if args.question_format is not None:
+        changes["question_format"] = args.question_format
+    if args.documents_in_user_turn:
+        changes["documents_in_user_turn"] = True
+    return replace(base, **changes) if changes else base
+
+
+def _ints_or_all(text: str, name: str) -> list[int | None]:
+    from lazyattn.eval.dataset import DatasetError
+
+    out: list[int | None] = []
+    for t in text.split(","):
+        t = t.strip()
+        if t == "all":
+            out.append(None)
+        elif t.isdigit() and int(t) > 0:
+            out.append(int(t))
+        else:
+            raise DatasetError(f"--{name}: expected positive integers or 'all', got {t!r}")
+    return out
+
+
+def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
+    """The items, a description of where they came from, the document counts and the gold positions."""
+    from lazyattn.eval import synthetic
+    from lazyattn.eval.dataset import POSITIONS, DatasetError, read_jsonl
+
+    builtin = args.dataset == "builtin" or args.dataset.startswith("builtin:")
+    num_docs = _ints_or_all(args.num_docs or ("5" if builtin else "all"), "num-docs")
+    positions = [s.strip() for s in (args.gold_position or ("first,middle,last" if builtin else "original"))
+                 .split(",")]
+    bad = [s for s in positions if s not in POSITIONS]
+    if bad:
+        raise DatasetError(f"--gold-position: unknown {', '.join(bad)}; choose from {', '.join(POSITIONS)}")
+    if args.limit is not None and args.limit < 1:
+        raise DatasetError(f"--limit must be >= 1, got {args.limit}")
+    if not builtin:
+        items = read_jsonl(args.dataset, args.limit)
+        return items, {"file": str(Path(args.dataset).resolve()), "questions": len(items)}, num_docs, positions
+    size = args.dataset.partition(":")[2] or "small"
+    if size not in synthetic.SIZES:
+        raise DatasetError(f"unknown built-in size {size!r}; choose from {', '.join(synthetic.SIZES)}")
+    if None in num_docs:
+        raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")
+    n = min(args.limit, synthetic.SIZES[size]) if args.limit else synthetic.SIZES[size]
+    try:
+        hops = tuple(int(h) for h in args.hops.split(","))
+    except ValueError:
+        raise DatasetError(f"--hops: expected 1s and 2s, comma-separated, got {args.hops!r}") from None
+    # Generated once with the most documents asked for: smaller counts show a prefix of its distractors.
+    items = synthetic.generate(n, max(num_docs), "first", seed=args.data_seed, split="eval", hops=hops)
+    meta = {"builtin": size, "questions": n, "seed": args.data_seed, "split": "eval", "hops": list(hops)}
+    return items, meta, num_docs, positions
+
+
+def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    from lazyattn.eval.harness import RunSpec, evaluate, parse_option, plan_cells
+
+    items, dataset_meta, num_docs, positions = load_questions(args)
+    cells, aliases = plan_cells(items, num_docs, positions)
+    if args.write_dataset:
+        from lazyattn.eval.dataset import write_jsonl
+
+        write_jsonl(args.write_dataset, cells[0][1])
+        print(f"wrote {len(cells[0][1])} questions ({cells[0][0].label}) to {args.write_dataset}")
+        return 0
+    runs = [RunSpec.parse(t) for t in (args.modes.split(",") if args.modes else
+                                       [args.mode] if args.mode else ["full", "prefix", "block", "lazy"])]
+    options = engine_options(args)
+    options.pop("mode")
+    options.update(parse_option(o) for o in args.engine_option)
+    if options["device"] == "cpu":
+        import torch
+
+        torch.set_num_threads(args.cpu_threads)  # see lazyattn bench: a shared CPU stalls intra-op threads
+    layout = _layout(args)
+
+    from lazyattn import LLM, SamplingParams
+
+    def make_llm(run: RunSpec) -> Any:
+        return LLM(**{**options, "mode": run.mode, "layout": layout, "progress": False, **run.options})
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    print(f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
+          f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {', '.join(c.label for c, _ in cells)}"
+          + (f" (same as another, not re-run: {', '.join(c.label for c in aliases)})" if aliases else "")
+          + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
+          flush=True)
+    start = time.monotonic()
+    results = evaluate(runs, cells, make_llm, params, args.batch_size, progress=not args.no_progress)
+    wall = time.monotonic() - start
+
+    from lazyattn.eval import report
+
+    table_rows = report.rows(results)
+    print(report.text_table(table_rows, report.table_columns(table_rows)))
+    pivot = report.pivot_markdown(results, aliases)
+    print(f"\nAccuracy (%)\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
+    if args.out:
+        out = Path(args.out)
+        meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model,
+                "engine_options": options, "layout": vars(layout), "max_tokens": args.max_tokens,
+                "batch_size": args.batch_size, "wall_s": wall, "python": platform.python_version(),
+                "host": platform.node()}
+        report.write_json(out / "eval.json", {
+            "meta": meta, "dataset": dataset_meta, "runs": [{"label": r.label, "mode": r.mode, "options": r.options}
+                                                            for r in runs],
+            "aliases": {c.label: a.label for c, a in aliases.items()},
+            "cells": [r.to_dict() for r in results]})
+        (out / "eval.md").write_text(
+            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\nAccuracy (%)\n\n{pivot}\n")
+        report.plot_accuracy(results, out / "accuracy.png", title=f"{args.model}: {_describe(dataset_meta)}")
+        print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'accuracy.png'}")
+    return 0
+
+
+def _describe(meta: dict[str, Any]) -> str:
+    if "builtin" in meta:
+        return f"built-in {meta['builtin']}, seed {meta['seed']}, {meta['questions']} questions"
+    return f"{meta['file']}, {meta['questions']} questions"

@@ -1,0 +1,174 @@
+"""Run question-answering items through the engine and score the answers.
+
+A *run* is one engine configuration (a mode, plus any engine options: `lazy:relink_tokens=16` will compare a
+variant of lazy later without new code here). A *cell* is one way of showing the items: how many documents,
+where the gold ones sit. Every run answers every cell's items with the same prompt layout and greedy
+decoding, so the runs differ only in attention semantics.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lazyattn.engine.config import MODES
+from lazyattn.errors import InvalidRequestError
+from lazyattn.eval.dataset import QAItem, arrange
+from lazyattn.eval.metrics import Scores
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """"key=value" -> (key, value); the value is read as JSON when it parses (16, 0.5, true), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise InvalidRequestError(f"engine option {text!r} is not key=value", param="engine_option")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip().replace("-", "_"), value
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One engine configuration: `mode` and extra `LLM(...)` options; `label` names it in tables and JSON."""
+
+    label: str
+    mode: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(text: str) -> RunSpec:
+        """"lazy" or "lazy:relink_tokens=16" (options separated by ':')."""
+        mode, *opts = text.strip().split(":")
+        if mode not in MODES:
+            raise InvalidRequestError(f"unknown mode {mode!r} in {text!r}; choose from {', '.join(MODES)}",
+                                      param="modes")
+        return RunSpec(text.strip(), mode, dict(parse_option(o) for o in opts))
+
+
+@dataclass(frozen=True)
+class Cell:
+    num_docs: int | None  # None: every document of each item
+    position: str  # gold position: first, middle, last, original
+
+    @property
+    def label(self) -> str:
+        return f"{'all' if self.num_docs is None else self.num_docs} docs, gold {self.position}"
+
+
+def plan_cells(items: Sequence[QAItem], num_docs: Sequence[int | None], positions: Sequence[str],
+               ) -> tuple[list[tuple[Cell, list[QAItem]]], dict[Cell, Cell]]:
+    """Each cell's arranged items, and the cells left out because they show exactly the items of an earlier
+    one (with two documents and one gold, "middle" is "first"): {left out: the cell it equals}."""
+    planned: list[tuple[Cell, list[QAItem]]] = []
+    aliases: dict[Cell, Cell] = {}
+    for n in num_docs:
+        for position in positions:
+            cell = Cell(n, position)
+            shown = [arrange(item, n, position) for item in items]
+            same = next((c for c, s in planned if c.num_docs == n and s == shown), None)
+            if same is not None:
+                aliases[cell] = same
+            else:
+                planned.append((cell, shown))
+    return planned, aliases
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    id: str
+    type: str
+    output: str
+    scores: Scores
+    ttft_s: float | None
+    prompt_tokens: int  # documents + system + question
+    cached_tokens: int
+    finish_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type, "output": self.output, "accuracy": self.scores.accuracy,
+                "exact_match": self.scores.exact_match, "f1": self.scores.f1, "ttft_s": self.ttft_s,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "finish_reason": self.finish_reason}
+
+
+@dataclass
+class CellResult:
+    run: RunSpec
+    cell: Cell
+    items: list[ItemResult]
+
+    def summary(self) -> dict[str, Any]:
+        """Means over items: scores in [0, 1], TTFT in ms; per question type when there are several."""
+        def mean(xs: list[float]) -> float | None:
+            return statistics.fmean(xs) if xs else None
+
+        ttfts = [r.ttft_s * 1e3 for r in self.items if r.ttft_s is not None]
+        out: dict[str, Any] = {
+            "run": self.run.label, "mode": self.run.mode, "num_docs": self.cell.num_docs,
+            "position": self.cell.position, "n": len(self.items),
+            "accuracy": mean([r.scores.accuracy for r in self.items]),
+            "exact_match": mean([r.scores.exact_match for r in self.items]),
+            "f1": mean([r.scores.f1 for r in self.items]),
+            "ttft_ms_mean": mean(ttfts), "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
+            "prompt_tokens_mean": mean([r.prompt_tokens for r in self.items]),
+            "cached_tokens_mean": mean([r.cached_tokens for r in self.items]),
+        }
+        types = sorted({r.type for r in self.items})
+        if len(types) > 1:
+            out["accuracy_by_type"] = {t: mean([r.scores.accuracy for r in self.items if r.type == t]) for t in types}
+            out["n_by_type"] = {t: sum(r.type == t for r in self.items) for t in types}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "options": self.run.options, "items": [r.to_dict() for r in self.items]}
+
+
+def messages_for(item: QAItem) -> list[dict[str, str]]:
+    return [{"role": "user", "content": item.question}]
+
+
+def answer_cell(llm: Any, run: RunSpec, cell: Cell, items: Sequence[QAItem], params: Any, batch_size: int = 1,
+                on_done: Callable[[int], None] = lambda n: None) -> CellResult:
+    """Each item through `llm.chat` with its documents. batch_size 1 keeps each TTFT the request's own (no
+    queueing behind the others); larger batches are faster on a GPU and leave the answers unchanged."""
+    results: list[ItemResult] = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start:start + batch_size]
+        outs = llm.chat([messages_for(it) for it in batch], params, documents=[list(it.documents) for it in batch],
+                        use_tqdm=False)
+        for item, out in zip(batch, outs):
+            text = out.text.strip()
+            results.append(ItemResult(
+                id=item.id, type=item.type, output=text, scores=Scores.of(text, item.answers),
+                ttft_s=out.metrics.ttft if out.metrics else None,
+                prompt_tokens=out.num_document_tokens + len(out.prompt_token_ids),
+                cached_tokens=out.metrics.cached_tokens if out.metrics else 0, finish_reason=out.finish_reason))
+        on_done(len(batch))
+    return CellResult(run, cell, results)
+
+
+def evaluate(runs: Sequence[RunSpec], cells: Sequence[tuple[Cell, list[QAItem]]], make_llm: Callable[[RunSpec], Any],
+             params: Any, batch_size: int = 1, progress: bool = True) -> list[CellResult]:
+    """Every run over every cell; one engine per run, built by `make_llm` and dropped before the next."""
+    from tqdm import tqdm
+
+    total = len(runs) * sum(len(items) for _, items in cells)
+    results: list[CellResult] = []
+    with tqdm(total=total, desc="eval", disable=not progress, dynamic_ncols=True) as bar:
+        for run in runs:
+            llm = make_llm(run)
+            for cell, items in cells:
+                bar.set_description(f"{run.label}, {cell.label}")
+                result = answer_cell(llm, run, cell, items, params, batch_size, bar.update)
+                results.append(result)
+                s = result.summary()
+                bar.set_postfix_str(f"acc {100 * s['accuracy']:.0f}%" if s["accuracy"] is not None else "")
+            del llm
+            gc.collect()
+    return results

@@ -1,0 +1,107 @@
+"""Tables, JSON and a plot of evaluation results (the benchmark's table helpers and colours)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lazyattn.bench.plots import MODE_STYLE
+from lazyattn.bench.report import markdown_table, text_table, write_json
+from lazyattn.eval.harness import Cell, CellResult
+
+__all__ = ["markdown_table", "pivot_markdown", "plot_accuracy", "rows", "table_columns", "text_table", "write_json"]
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
+    """One table row per (run, cell), scores in percent."""
+    out = []
+    for r in results:
+        s = r.summary()
+        row = {"run": s["run"], "docs": "all" if s["num_docs"] is None else s["num_docs"], "gold": s["position"],
+               "n": s["n"], "acc": _pct(s["accuracy"]), "em": _pct(s["exact_match"]), "f1": _pct(s["f1"]),
+               "ttft": s["ttft_ms_mean"], "prompt": s["prompt_tokens_mean"], "cached": s["cached_tokens_mean"]}
+        for t, acc in s.get("accuracy_by_type", {}).items():
+            row[f"acc:{t}"] = _pct(acc)
+        out.append(row)
+    return out
+
+
+def table_columns(table_rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    types = list(dict.fromkeys(k for r in table_rows for k in r if k.startswith("acc:")))
+    return ([("run", "run", "{}"), ("docs", "docs", "{}"), ("gold", "gold", "{}"), ("n", "n", "{}"),
+             ("accuracy %", "acc", "{:.1f}")]
+            + [(f"acc {t[4:]} %", t, "{:.1f}") for t in types]
+            + [("EM %", "em", "{:.1f}"), ("F1 %", "f1", "{:.1f}"), ("TTFT ms", "ttft", "{:.0f}"),
+               ("prompt tok", "prompt", "{:.0f}"), ("cached tok", "cached", "{:.0f}")])
+
+
+def pivot_markdown(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None,
+                   key: str = "accuracy") -> str:
+    """Runs down, cells across ("5 docs / middle"), `key` of the summary in percent. A cell left out as equal
+    to another shows that one's value, marked "=" (e.g. middle of two documents is first)."""
+    aliases = dict(aliases or {})
+    runs = list(dict.fromkeys(r.run.label for r in results))
+    value = {(r.run.label, r.cell): r.summary() for r in results}
+    cells = list(dict.fromkeys([r.cell for r in results] + list(aliases)))
+    cells.sort(key=lambda c: (c.num_docs is None, c.num_docs or 0, _POSITION_ORDER.get(c.position, 9)))
+
+    def cell_text(run: str, cell: Cell) -> str:
+        s = value.get((run, aliases.get(cell, cell)))
+        if s is None:
+            return "-"
+        v = s[key] if key in s else s.get("accuracy_by_type", {}).get(key)
+        text = "-" if v is None else f"{100 * v:.1f}"
+        return f"= {text}" if cell in aliases else text
+
+    head = [f"{'all' if c.num_docs is None else c.num_docs} docs / {c.position}" for c in cells]
+    lines = ["| run | " + " | ".join(head) + " |", "|---|" + "---|" * len(cells)]
+    lines += [f"| {run} | " + " | ".join(cell_text(run, c) for c in cells) + " |" for run in runs]
+    return "\n".join(lines)
+
+
+_POSITION_ORDER = {"first": 0, "middle": 1, "last": 2, "original": 3}
+
+
+def plot_accuracy(results: Sequence[CellResult], path: str | Path, title: str = "") -> None:
+    """Accuracy (top) and mean TTFT (bottom) against documents per question, one column per gold position,
+    one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positions = sorted({r.cell.position for r in results}, key=lambda p: _POSITION_ORDER.get(p, 9))
+    runs = list(dict.fromkeys(r.run.label for r in results))
+    fig, axes = plt.subplots(2, len(positions), figsize=(4.6 * len(positions), 7), squeeze=False)
+    for col, position in enumerate(positions):
+        for i, label in enumerate(runs):
+            cells = sorted((r for r in results if r.run.label == label and r.cell.position == position),
+                           key=lambda r: r.cell.num_docs or 0)
+            if not cells:
+                continue
+            color, marker = MODE_STYLE.get(cells[0].run.mode, ("black", "x"))
+            xs = [r.cell.num_docs or 0 for r in cells]
+            summaries = [r.summary() for r in cells]
+            # Runs of the same mode (variants) share a colour; dashes tell them apart.
+            style = dict(color=color, marker=marker, ls=["-", "--", ":", "-."][i % 4], label=label)
+            axes[0][col].plot(xs, [100 * (s["accuracy"] or 0) for s in summaries], **style)
+            axes[1][col].plot(xs, [s["ttft_ms_mean"] or 0 for s in summaries], **style)
+        axes[0][col].set_title(f"gold document {position}")
+        axes[0][col].set_ylim(-3, 103)
+        for row, ylabel in ((0, "accuracy (%)"), (1, "TTFT mean (ms)")):
+            ax = axes[row][col]
+            ax.set_xlabel("documents per question")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        if axes[0][col].get_legend_handles_labels()[0]:
+            axes[0][col].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
