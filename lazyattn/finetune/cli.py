@@ -35,6 +35,7 @@ def add_finetune_parser(sub) -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="drop longer examples")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long, then save")
     p.add_argument("--save-dtype", default=d.save_dtype, choices=["bfloat16", "float16", "float32"])
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_finetune)
@@ -49,7 +50,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
         lora_targets=tuple(t for t in args.lora_targets.split(",") if t), full_finetune=args.full,
         merge=args.merge, device=args.device, seed=args.seed, max_tokens=args.max_tokens,
-        save_dtype=args.save_dtype, progress=not args.no_progress)
+        save_dtype=args.save_dtype,
+        max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=not args.no_progress)
     result = finetune(cfg, command="lazyattn finetune " + shlex.join(sys.argv[2:]))
     first, last = result.losses[:10], result.losses[-10:]
     print(f"loss {sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} over {len(result.losses)} steps, "

@@ -53,6 +53,7 @@ class FinetuneConfig:
     device: str | None = None  # default: cuda if available
     seed: int = 0
     max_tokens: int = 4096  # longer examples are dropped
+    max_seconds: float | None = None  # stop after this much training time (then save as usual)
     save_dtype: str = "bfloat16"
     progress: bool = True
     layout: PromptLayout = field(default=DEFAULT_LAYOUT, repr=False)
@@ -136,12 +137,15 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
         tokens += sum(e.num_tokens for e in picked)
         elapsed = time.perf_counter() - start
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens / elapsed:,.0f}")
+        if cfg.max_seconds is not None and elapsed > cfg.max_seconds:
+            break
     seconds = time.perf_counter() - start
     out = Path(cfg.out)
     model.eval()
     recipe = {"command": command, "config": {k: v for k, v in asdict(cfg).items() if k != "layout"},
-              "examples": len(examples), "tokens": tokens, "seconds": round(seconds, 1), "device": str(device),
-              "loss_first_10": _mean(losses[:10]), "loss_last_10": _mean(losses[-10:])}
+              "examples": len(examples), "steps_done": len(losses), "tokens": tokens, "seconds": round(seconds, 1), "device": str(device),
+              "loss_first_10": _mean(losses[:10]), "loss_last_10": _mean(losses[-10:]),
+              "loss_per_50_steps": [_mean(losses[i:i + 50]) for i in range(0, len(losses), 50)]}
     if cfg.full_finetune:
         _save_model(model, base, out, cfg.save_dtype)
     else:
