@@ -143,7 +143,8 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     out = Path(cfg.out)
     model.eval()
     recipe = {"command": command, "config": {k: v for k, v in asdict(cfg).items() if k != "layout"},
-              "examples": len(examples), "steps_done": len(losses), "tokens": tokens, "seconds": round(seconds, 1), "device": str(device),
+              "examples": len(examples), "steps_done": len(losses), "tokens": tokens,
+              "seconds": round(seconds, 1), "device": str(device),
               "loss_first_10": _mean(losses[:10]), "loss_last_10": _mean(losses[-10:]),
               "loss_per_50_steps": [_mean(losses[i:i + 50]) for i in range(0, len(losses), 50)]}
     if cfg.full_finetune:
