@@ -1,4 +1,4 @@
-"""`lazyattn demo | generate | serve | bench | eval`."""
+"""`lazyattn demo | generate | serve | bench | eval | finetune`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from lazyattn.bench.cli import add_bench_parser
 from lazyattn.eval.cli import add_eval_parser
+from lazyattn.finetune.cli import add_finetune_parser
 from lazyattn.server.cli import add_serve_parser
 
 
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub, _engine_args, engine_options)
     add_bench_parser(sub, _engine_args, engine_options)
     add_eval_parser(sub, _engine_args, engine_options)
+    add_finetune_parser(sub)
 
     args = parser.parse_args(argv)
     from lazyattn.errors import LazyAttnError

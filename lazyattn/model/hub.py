@@ -69,6 +69,11 @@ NAMED_MODELS: dict[str, PackagedModel] = {
 }
 
 
+# Named fine-tunes shipped inside the package: LoRA adapter directories over a named base (docs/finetune.md).
+ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "finetune" / "adapters"
+NAMED_ADAPTERS: dict[str, str] = {"smollm2-block": "smollm2-block"}  # name -> folder under ADAPTERS_DIR
+
+
 def cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
@@ -82,6 +87,8 @@ def cached_path(spec: PackagedModel) -> Path:
 
 def resolve_model(model: str) -> str:
     """A named model's local file (fetched on first use); any other model string unchanged."""
+    if model in NAMED_ADAPTERS:
+        return str(ADAPTERS_DIR / NAMED_ADAPTERS[model])
     spec = NAMED_MODELS.get(model)
     return model if spec is None else str(fetch(spec))
 

@@ -1,5 +1,5 @@
-"""load_model: a CausalLM from a Hugging Face checkpoint directory, a GGUF file, a named model ("smollm2"), or
-random weights ("tiny", benchmarks)."""
+"""load_model: a CausalLM from a Hugging Face checkpoint directory, a GGUF file, a named model ("smollm2"), a LoRA
+adapter directory (model/adapter.py), or random weights ("tiny", benchmarks)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from lazyattn.errors import CheckpointError
+from lazyattn.model import adapter as lora
 from lazyattn.model import gguf
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
@@ -42,6 +43,10 @@ def load_model(
     """
     device = torch.device(device)
     model = resolve_model(str(model))
+    # An adapter directory: its base model's weights, with the adapter folded in below.
+    adapter = lora.read_adapter(model) if lora.is_adapter_dir(model) else None
+    if adapter is not None:
+        model = resolve_model(adapter.base)
     is_gguf = gguf.is_gguf(model)
     if model == "tiny":
         cfg, random_init = ModelConfig.tiny(), True
@@ -59,6 +64,8 @@ def load_model(
         weights_id = str(Path(model).resolve()) + "|" + ";".join(
             f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files
         )
+    if adapter is not None:
+        weights_id += "|" + adapter.weights_id
     cfg = dataclasses.replace(cfg, dtype=dtype, weights_id=weights_id)
 
     # Build on the meta device, then allocate uninitialised storage in the target dtype: no throw-away
@@ -70,6 +77,8 @@ def load_model(
         random_weights(lm, seed, init_device)
     else:
         lm.load_weights(gguf.read_weights(model) if is_gguf else _read_tensors(files, device))
+    if adapter is not None:
+        lora.apply_adapter(lm, adapter)
     lm.eval().requires_grad_(False)
     return lm, cfg
 

@@ -310,13 +310,15 @@ class _PlainSpecials:
 def load_tokenizer(path: str | Path) -> TokenizerBase:
     """`"tiny"` gives the built-in ByteTokenizer; a .gguf file (or a named model) its own; else a checkpoint
     directory."""
-    from lazyattn.model import gguf_tokenizer, hub
+    from lazyattn.model import adapter, gguf_tokenizer, hub
     from lazyattn.model.byte_tokenizer import ByteTokenizer
 
     if str(path) == TINY:
         return ByteTokenizer()
 
     path = hub.resolve_model(str(path))
+    if adapter.is_adapter_dir(path):  # an adapter reads text as its base model does
+        return load_tokenizer(adapter.read_adapter(path).base)
     if path.lower().endswith(".gguf"):
         return gguf_tokenizer.gguf_tokenizer(path)
     if not Path(path).is_dir():

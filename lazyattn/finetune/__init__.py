@@ -1,0 +1,1 @@
+"""`lazyattn finetune`: adapt an ordinary checkpoint to block attention (docs/finetune.md)."""

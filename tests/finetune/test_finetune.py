@@ -1,0 +1,126 @@
+"""`lazyattn finetune` on the built-in `tiny` model: the training rows compute what the engine serves, training
+lowers the loss, and the saved adapter / merged checkpoint give the same greedy tokens in lazyattn and
+transformers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lazyattn.engine.llm import LLM
+from lazyattn.engine.sampling import SamplingParams
+from lazyattn.finetune.base import load_base
+from lazyattn.finetune.data import Example, builtin_items, encode_item
+from lazyattn.finetune.train import FinetuneConfig, finetune, make_batch
+from lazyattn.model.adapter import is_adapter_dir, read_adapter
+from lazyattn.model.hub import resolve_model
+
+GEN = 4
+# Short documents: the byte tokenizer spends one token per character, and CPU time is scarce.
+ITEMS = [
+    {"question": f"Where does {name} live?", "answers": [town],
+     "documents": [{"title": name, "text": f"{name} lives in {town}."},
+                   {"title": other, "text": f"{other} lives in {far}."}], "gold": [0]}
+    for name, town, other, far in [("Ana", "Oslo", "Bo", "Rome"), ("Cy", "Lima", "Di", "Kyiv"),
+                                   ("Ed", "Baku", "Flo", "Doha"), ("Gus", "Riga", "Hal", "Nice")]
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_base("tiny")
+
+
+def row_logprobs(model, example: Example, block: bool) -> torch.Tensor:
+    """Log-probs after the last prompt token and after each answer token, from one training row."""
+    batch = make_batch([example], [block])
+    batch.pop("labels")
+    with torch.no_grad():
+        logits = model(**batch, use_cache=False).logits[0].double()
+    first = example.num_tokens - len(example.answer) - 1
+    return torch.log_softmax(logits[first:], -1)
+
+
+@pytest.mark.parametrize("mode", ["lazy", "full"])
+def test_training_rows_compute_what_the_engine_serves(tiny, mode):
+    """Same weights, same tokens: the engine's greedy tokens and log-probs equal the training row's (block mask +
+    logical positions for lazy, causal for full), and the two semantics really differ."""
+    llm = LLM(model="tiny", mode=mode, device="cpu", page_size=16)
+    item = ITEMS[0]
+    out = llm.chat([{"role": "user", "content": item["question"]}],
+                   SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=5),
+                   documents=[item["documents"]])[0]
+    rendered = llm.render_chat([{"role": "user", "content": item["question"]}], item["documents"])
+    generated = out.outputs[0].token_ids
+    example = Example(rendered.segments, rendered.final, list(generated))
+    want = row_logprobs(tiny.model, example, block=mode == "lazy")
+    assert generated == [int(lp.argmax()) for lp in want[:GEN]]
+    for got, lp in zip(out.outputs[0].logprobs, want):
+        ids = torch.tensor(list(got))
+        assert torch.allclose(torch.tensor(list(got.values()), dtype=torch.float64), lp[ids], atol=2e-4)
+    other = row_logprobs(tiny.model, example, block=mode != "lazy")
+    assert (other[0] - want[0]).abs().max() > 1e-2
+
+
+def test_padding_does_not_leak_into_rows(tiny):
+    short, long = (encode_item(tiny.tokenizer, item) for item in ITEMS[:2])
+    long = Example(long.segments + [[65] * 40], long.final, long.answer)  # make the rows differ in length
+    together = make_batch([short, long], [True, False])
+    alone = make_batch([short], [True])
+    with torch.no_grad():
+        both = tiny.model(**together, use_cache=False).logits[0, : short.num_tokens]
+        single = tiny.model(**alone, use_cache=False).logits[0]
+    assert torch.allclose(both, single, atol=1e-5)
+    labels = together["labels"][0]
+    assert labels[labels != -100].tolist() == short.answer
+
+
+def test_examples_are_the_engines_segments_plus_the_answer(tiny):
+    llm_render = LLM(model="tiny", device="cpu").render_chat
+    example = encode_item(tiny.tokenizer, ITEMS[1])
+    rendered = llm_render([{"role": "user", "content": ITEMS[1]["question"]}], ITEMS[1]["documents"])
+    assert (example.segments, example.final) == (rendered.segments, rendered.final)
+    assert example.answer == tiny.tokenizer.encode("Lima") + [tiny.tokenizer.eos_token_ids[0]]
+
+
+def test_builtin_training_items_come_from_the_training_split():
+    from lazyattn.eval.synthetic import generate
+
+    train = builtin_items(42, seed=3)
+    assert len(train) == 42 and all(item.id.startswith("train-") for item in train)
+    evaluated = {item.question for item in generate(60, num_docs=10, split="eval")}
+    assert not evaluated & {item.question for item in train}
+
+
+def test_finetune_tiny_lowers_the_loss_and_saves_loadable_checkpoints(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(item) + "\n" for item in ITEMS))
+    cfg = FinetuneConfig(model="tiny", out=str(tmp_path / "out"), data=str(data), examples=None, steps=16,
+                         batch_size=4, lr=3e-3, warmup_steps=2, full_share=0.0, lora_rank=4, merge=True,
+                         save_dtype="float32", progress=False, device="cpu")
+    result = finetune(cfg)
+    assert sum(result.losses[-3:]) / 3 < 0.7 * sum(result.losses[:3]) / 3
+
+    adapter_dir, merged_dir = tmp_path / "out" / "adapter", tmp_path / "out"
+    assert is_adapter_dir(adapter_dir) and read_adapter(adapter_dir).base == "tiny"
+    import transformers
+
+    merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir, attn_implementation="eager").eval()
+    params = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=5)
+    for mode in ("lazy", "full"):
+        llm = LLM(model=str(adapter_dir), mode=mode, device="cpu", page_size=16)
+        item = ITEMS[2]
+        out = llm.chat([{"role": "user", "content": item["question"]}], params, documents=[item["documents"]])[0]
+        rendered = llm.render_chat([{"role": "user", "content": item["question"]}], item["documents"])
+        example = Example(rendered.segments, rendered.final, list(out.outputs[0].token_ids))
+        want = row_logprobs(merged, example, block=mode == "lazy")
+        assert out.outputs[0].token_ids == [int(lp.argmax()) for lp in want[:GEN]]
+
+
+def test_smollm2_block_names_the_shipped_adapter():
+    path = resolve_model("smollm2-block")
+    adapter = read_adapter(path)
+    assert adapter.base == "smollm2"
+    assert (adapter.path / "finetune.json").is_file()
