@@ -99,7 +99,10 @@ class LLM:
             docs_ids = document_token_ids if document_token_ids is not None else [[] for _ in prompt_token_ids]
             if len(docs_ids) != len(prompt_token_ids):
                 raise InvalidRequestError("document_token_ids must have one list per prompt", "document_token_ids")
-            bos = self.tokenizer.bos_token_id
+            # BOS only for a model whose tokenizer adds one to text (SmolLM2's bos_token_id is <|im_start|>,
+            # which its prompts never start with), as the server's token-level input does.
+            want_bos = self.tokenizer.add_bos_token if self.layout.add_bos is None else self.layout.add_bos
+            bos = self.tokenizer.bos_token_id if want_bos else None
             return [from_token_ids(list(p), [list(d) for d in ds], bos) for p, ds in zip(prompt_token_ids, docs_ids)]
         if prompts is None:
             raise InvalidRequestError("no prompts given", "prompts")

@@ -37,6 +37,11 @@ def make_llm(checkpoint, name: str, mode: str, **kw) -> LLM:
     return LLM(model=str(directory), mode=mode, device="cpu", page_size=16, progress=False, **kw)
 
 
+def token_bos(llm: LLM) -> int | None:
+    """The BOS token-level input gets: the tokenizer's, when it adds one to text (README, token-level input)."""
+    return llm.tokenizer.bos_token_id if llm.tokenizer.add_bos_token else None
+
+
 def generate(llm: LLM, requests=REQUESTS, params=None):
     return llm.generate(prompt_token_ids=[p for _, p in requests],
                         document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
@@ -72,7 +77,7 @@ def test_modes_match_transformers(checkpoint, name, mode):
     """lazy/block == transformers with logical positions and the block mask; prefix/full == plain causal."""
     llm = make_llm(checkpoint, name, mode)
     outs = generate(llm)
-    assert_matches(outs, checkpoint(name)[1], REQUESTS, llm.tokenizer.bos_token_id, block=mode in ("lazy", "block"))
+    assert_matches(outs, checkpoint(name)[1], REQUESTS, token_bos(llm), block=mode in ("lazy", "block"))
 
 
 def test_reordered_documents_hit_and_changed_document_misses(checkpoint):
@@ -81,7 +86,7 @@ def test_reordered_documents_hit_and_changed_document_misses(checkpoint):
     before = llm.stats().cache
     generate(llm, [(["c", "a", "b"], [42, 43])])
     after = llm.stats().cache
-    n_segments = len(from_token_ids([42], [DOCS["a"], DOCS["b"], DOCS["c"]], llm.tokenizer.bos_token_id).segments)
+    n_segments = len(from_token_ids([42], [DOCS["a"], DOCS["b"], DOCS["c"]], token_bos(llm)).segments)
     assert after.hits - before.hits == n_segments and after.misses == before.misses
 
     DOCS["b2"] = DOCS["b"][:-1] + [DOCS["b"][-1] + 1]
@@ -142,7 +147,7 @@ def test_concurrent_requests_share_one_prefill_of_a_missing_document(checkpoint)
     llm = make_llm(checkpoint, "llama", "lazy")
     outs = generate(llm, [(["a"], [40]), (["a"], [41]), (["a"], [42])], greedy())
     stats = llm.stats()
-    bos_segments = len(from_token_ids([40], [DOCS["a"]], llm.tokenizer.bos_token_id).segments) - 1
+    bos_segments = len(from_token_ids([40], [DOCS["a"]], token_bos(llm)).segments) - 1
     assert stats.cache.misses == 1 + bos_segments
     # each document token once, plus per request its prompt token and GEN - 1 decode steps
     doc_tokens = len(DOCS["a"]) + bos_segments * 1
@@ -212,7 +217,7 @@ def test_min_tokens_holds_back_stop_tokens(checkpoint):
 
 def test_documents_encoded_ahead_are_hits_later(checkpoint):
     llm = make_llm(checkpoint, "llama", "lazy")
-    bos = llm.tokenizer.bos_token_id
+    bos = token_bos(llm)
     segments = from_token_ids([40], [DOCS["a"], DOCS["d"]], bos).segments
     llm.engine.add_request("encode", RenderedPrompt(segments, []), None)  # prefill-only: documents, nothing sampled
     outs = []
