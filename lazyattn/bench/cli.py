@@ -27,7 +27,7 @@ from lazyattn.engine.config import MODES, EngineConfig
 SMALL = dict(num_docs=20, doc_len=128, num_requests=16)  # the tiny model's context is 4096 tokens
 
 
-def add_bench_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
+def add_bench_parser(sub, engine_args: Callable[..., None],
                      engine_options: Callable[[argparse.Namespace], dict]) -> None:
     p = sub.add_parser("bench", help="RAG serving benchmark: one seeded trace replayed through every mode",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
