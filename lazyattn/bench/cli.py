@@ -27,25 +27,27 @@ from lazyattn.engine.config import MODES, EngineConfig
 SMALL = dict(num_docs=20, doc_len=128, num_requests=16)  # the tiny model's context is 4096 tokens
 
 
-def add_bench_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
+def add_bench_parser(sub, engine_args: Callable[..., None],
                      engine_options: Callable[[argparse.Namespace], dict]) -> None:
     p = sub.add_parser("bench", help="RAG serving benchmark: one seeded trace replayed through every mode",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    engine_args(p)
-    p.set_defaults(mode=None)  # --modes picks the modes; a lone --mode X means just X
-    p.add_argument("--modes", default=None, help=f"comma-separated, default {','.join(MODES)}")
+    engine_args(p, mode=False)
+    p.set_defaults(mode=None)  # the engine options' mode: each replay sets its own
+    p.add_argument("--modes", "--mode", dest="modes", default=None,
+                   help=f"modes to compare, comma-separated (default: {','.join(MODES)}); --mode is the same "
+                        "option")
     p.add_argument("--random-weights", action="store_true", help="read only config.json, draw the weights")
     w = p.add_argument_group("workload (defaults: the benchmark protocol of docs/design.md; with --model tiny a "
                              "smaller pool and documents)")
     w.add_argument("--num-docs", type=int, default=None, help="document pool size (100; tiny: 20)")
     w.add_argument("--doc-len", type=int, default=None, help="tokens per document (2048; tiny: 128)")
-    w.add_argument("--docs-per-request", type=int, default=5)
+    w.add_argument("--docs-per-request", type=int, default=5, help="documents each request retrieves (5)")
     skew = w.add_mutually_exclusive_group()
     skew.add_argument("--zipf", type=float, default=2.1, help="Zipf alpha of document popularity (2.1)")
     skew.add_argument("--uniform", action="store_true", help="uniform document popularity")
     w.add_argument("--no-shuffle", action="store_true", help="documents in pool order, not shuffled per request")
     w.add_argument("--system-len", type=int, default=0, help="system prompt tokens after BOS")
-    w.add_argument("--question-len", type=int, default=32)
+    w.add_argument("--question-len", type=int, default=32, help="question tokens after the documents (32)")
     w.add_argument("--output-len", type=int, default=16, help="exact output length (EOS ignored)")
     w.add_argument("--num-requests", type=int, default=None, help="requests per load point (60; tiny: 16)")
     w.add_argument("--rate", default=None, help="Poisson req/s, comma-separated; inf = all at t=0 (saturation)")
@@ -58,7 +60,7 @@ def add_bench_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None]
     h.add_argument("--hit-ratio-only", action="store_true", help="only the simulation: no model is loaded")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for bench.json and the plots")
-    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--no-progress", action="store_true", help="no progress bars")
     o.add_argument("--max-seconds", type=float, default=math.inf, help="abort a load point after this long")
     o.add_argument("--cpu-threads", type=int, default=1, help="torch intra-op threads when the device is the CPU")
     p.set_defaults(func=lambda args: cmd_bench(args, engine_options))
@@ -88,7 +90,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         # other (a tiny-model replay measured 80x slower with two threads than with one on a loaded box).
         torch.set_num_threads(args.cpu_threads)
     options["random_weights"] = args.random_weights
-    modes = args.modes.split(",") if args.modes else [args.mode] if args.mode else list(MODES)
+    modes = args.modes.split(",") if args.modes else list(MODES)
     bad = [m for m in modes if m not in MODES]
     if bad:
         print(f"error: unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}", file=sys.stderr)

@@ -146,7 +146,6 @@ def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, p
         raise InvalidRequestError(f"{param}.title must be a string", param=f"{param}.title")
     if title:
         check_text(title, f"{param}.title")
-    if title:
         return layout.document_format.format(title=title, text=text)
     return layout.untitled_document_format.format(text=text)
 

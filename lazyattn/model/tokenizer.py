@@ -76,8 +76,9 @@ class TokenizerBase(ABC):
 
     def encode_spans(self, spans: Sequence[tuple[str, bool]]) -> list[int]:
         """Encode the concatenation of `spans`, (text, trusted) pairs, reading special-token text as a control
-        token only inside trusted spans; in an untrusted span it is plain text. Whenever no untrusted span
-        holds special-token text the result is exactly `encode` of the concatenation (that very call)."""
+        token only inside trusted spans; in an untrusted span (or across a span boundary) it is plain text.
+        Whenever no special-token text touches an untrusted span, the result is `encode` of the concatenation:
+        that very call."""
         untrusted, at = [], 0
         for text, trusted in spans:
             check_text(text)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
@@ -26,16 +26,23 @@ from lazyattn.server.engine_loop import EngineLoop
 from lazyattn.server.errors import install_error_handlers
 from lazyattn.server.inputs import Renderer
 from lazyattn.server.metrics import ServerMetrics
+from lazyattn.server.openapi import install_openapi
 from lazyattn.server.protocol import (
+    ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DocumentContent,
     DocumentCreateRequest,
     DocumentDeleted,
     DocumentList,
     DocumentObject,
+    HealthStatus,
     ModelCard,
     ModelList,
+    error_responses,
+    generation_responses,
 )
 from lazyattn.server.serving import OpenAIServing
 from lazyattn.server.tenancy import Authenticator, cache_scope
@@ -76,17 +83,18 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="lazyattn", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    install_openapi(app, vocab_size=engine.model_config.vocab_size, keyed=auth.enabled)
 
     async def tenant(authorization: str | None = Header(None)) -> str:
         return auth.tenant(authorization)
 
     # -- generation -------------------------------------------------------------------------------------------
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk))
     async def chat_completions(body: ChatCompletionRequest, request: Request, t: str = Depends(tenant)):
         return await serving.chat(body, request, t)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=generation_responses(CompletionResponse, CompletionResponse))
     async def completions(body: CompletionRequest, request: Request, t: str = Depends(tenant)):
         return await serving.completions(body, request, t)
 
@@ -95,33 +103,33 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     def document_object(doc: RegisteredDocument) -> DocumentObject:
         return DocumentObject(id=doc.id, title=doc.title, num_tokens=len(doc.token_ids), created=doc.created)
 
-    @app.post("/v1/documents")
+    @app.post("/v1/documents", responses=error_responses(400, 401, 503))
     async def create_document(body: DocumentCreateRequest, t: str = Depends(tenant)) -> DocumentObject:
         return document_object(await documents.register(cache_scope(t, body.cache_salt), body.title, body.text))
 
-    @app.get("/v1/documents")
+    @app.get("/v1/documents", responses=error_responses(401))
     async def list_documents(cache_salt: str | None = Query(None), t: str = Depends(tenant)) -> DocumentList:
         return DocumentList(data=[document_object(d) for d in registry.list(cache_scope(t, cache_salt))])
 
-    @app.get("/v1/documents/{doc_id}")
+    @app.get("/v1/documents/{doc_id}", responses=error_responses(401, 404))
     async def get_document(doc_id: str, cache_salt: str | None = Query(None),
                            t: str = Depends(tenant)) -> DocumentContent:
         doc = registry.get(cache_scope(t, cache_salt), doc_id)
         return DocumentContent(**document_object(doc).model_dump(), text=doc.text)
 
-    @app.delete("/v1/documents/{doc_id}")
+    @app.delete("/v1/documents/{doc_id}", responses=error_responses(401, 404, 503))
     async def delete_document(doc_id: str, cache_salt: str | None = Query(None),
                               t: str = Depends(tenant)) -> DocumentDeleted:
         return DocumentDeleted(id=(await documents.delete(cache_scope(t, cache_salt), doc_id)).id)
 
     # -- service ----------------------------------------------------------------------------------------------
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=error_responses(401))
     async def models(t: str = Depends(tenant)) -> ModelList:
         return ModelList(data=[ModelCard(id=config.model_name, created=started, max_model_len=engine.max_model_len,
                                          mode=engine.mode.name)])
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": HealthStatus}, 503: {"model": HealthStatus}})
     async def health() -> Response:
         if not engine_loop.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
@@ -130,7 +138,7 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             return JSONResponse({"status": f"engine has made no progress for {stalled:.0f} s"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
         return Response(metrics.exposition(), media_type=metrics.content_type)
 

@@ -21,7 +21,7 @@ def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[arg
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with documents as inputs")
     engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--api-key", action="append", default=[],
                    help=f"require this key (repeatable; several keys: one tenant each, with separate document "
                         f"caches). Also read from ${API_KEYS_ENV}, comma-separated")
@@ -36,9 +36,13 @@ def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[arg
     p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
     p.add_argument("--prompt-layout", choices=sorted(LAYOUTS), default="block-attention",
                    help="where documents go in the prompt; tulu3-block-ft for that checkpoint")
+    p.add_argument("--parse-special-tokens", action="store_true",
+                   help="read special-token text in messages, documents and prompts as control tokens (only for "
+                        "trusted clients: a user could forge turns); by default it is plain text")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the start-up warm-up (CUDA: kernel compilation and graph capture)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default: info)")
     p.set_defaults(func=lambda args: serve(args, engine_options))
 
 
@@ -47,6 +51,8 @@ def served_model_name(model: str) -> str:
 
 
 def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    import dataclasses
+
     import uvicorn
 
     from lazyattn.engine import prompt
@@ -66,7 +72,9 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
           f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
           f"{time.monotonic() - start:.1f} s; listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
-                          api_keys=tuple(keys), layout=getattr(prompt, LAYOUTS[args.prompt_layout]),
+                          api_keys=tuple(keys),
+                          layout=dataclasses.replace(getattr(prompt, LAYOUTS[args.prompt_layout]),
+                                                     parse_special_tokens=args.parse_special_tokens),
                           max_documents=args.max_documents, max_request_sequences=args.max_request_sequences)
     uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 
 from lazyattn.errors import (
     AuthenticationError,
@@ -89,6 +90,17 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[str, str | No
     return "; ".join(shown) + more, _param(common)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path. Starlette's own 405 names only the first route whose path
+    matches, and one path can have several routes (GET and DELETE /v1/documents/{id})."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LazyAttnError)
     async def lazyattn_error(request: Request, e: LazyAttnError) -> JSONResponse:
@@ -110,7 +122,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         type_ = _STATUS_TYPES.get(e.status_code, "invalid_request_error" if e.status_code < 500 else "internal_error")
-        return JSONResponse(_body(str(e.detail), type_), status_code=e.status_code, headers=e.headers)
+        headers = e.headers
+        if e.status_code == 405:
+            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
+        return JSONResponse(_body(str(e.detail), type_), status_code=e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:

@@ -92,14 +92,8 @@ def resolve_documents(items: list[DocumentInput] | None, registry: DocumentRegis
 
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int,
                     logprobs: int | None) -> SamplingParams:
-    """The engine's params; ranges are checked by SamplingParams.validate when the engine adds the request."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise InvalidRequestError(f"{name} is not supported; leave it at 0", param=name)
-    if body.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
-    if body.stream_options is not None and not body.stream:
-        raise InvalidRequestError("stream_options is only allowed with stream: true", param="stream_options")
+    """The engine's params; ranges are checked by SamplingParams.validate when the engine adds the request.
+    The neutral-only fields (penalties, logit_bias) are held to their neutral values by the schema."""
     stop = () if body.stop is None else body.stop
     return SamplingParams(
         max_tokens=max_tokens,
@@ -119,12 +113,12 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
 
 
 def requested_chat_logprobs(body: ChatCompletionRequest) -> int | None:
-    if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    # top_logprobs without logprobs is ignored, as the schema says (a cross-field rule it could not state).
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def check_completion_options(body: CompletionRequest) -> None:
+    """The schema already allows only the neutral values; kept for bodies built in code."""
     if body.echo:
         raise InvalidRequestError("echo is not supported", param="echo")
     if body.suffix is not None:

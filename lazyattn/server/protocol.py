@@ -1,28 +1,64 @@
 """Request and response bodies: OpenAI's schemas, plus documents and a few vLLM-style sampling extensions.
 
 Requests forbid unknown fields (a typo or an unsupported OpenAI feature is a 400 naming the field, never
-silently ignored). Range checks live in one place, `SamplingParams.validate`, so the offline API and the
-server say the same thing about a bad value; the models here check types and shapes only.
+silently ignored) and are strict about types (`"max_tokens": "5"` is an error, as the schema says). The
+published OpenAPI schema is the promise clients test against, so every limit a single field has is declared
+here, with the same constants `SamplingParams.validate` checks (the offline API says the same thing about a
+bad value). Limits that depend on the model (the vocabulary) are marked with `LIMIT` and filled in by
+`server/openapi.py`. What no JSON schema can say is that a prompt and max_tokens must fit the context: that
+400 carries the code `context_length_exceeded`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from lazyattn.engine.prompt import TEMPLATE_VARIABLES
+from lazyattn.engine.sampling import (
+    MAX_LOGPROBS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SEED_MAX,
+    SEED_MIN,
+)
+
+# Schema key naming a model-dependent maximum: "vocab_size" (top_k) or "token_id" (vocab_size - 1).
+LIMIT = "x-lazyattn-maximum"
+
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 5.0 is an integer to JSON Schema (and to OpenAI), only 5.5 is not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def json_int(**constraints: Any) -> Any:
+    """A JSON integer: what strict mode takes (not true, not "5") plus integral floats. The constraints come
+    before the validator, or pydantic cannot write them as JSON Schema keywords."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+
+
+TokenId = json_int(ge=0, json_schema_extra={LIMIT: "token_id"})
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
+Logprobs = json_int(ge=0, le=MAX_LOGPROBS)
+PositiveInt = json_int(ge=1)
 
 # -- requests ---------------------------------------------------------------------------------------------------
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class DocumentText(_Strict):
     """A document given inline."""
 
     title: str | None = None
-    text: str
+    text: NonEmptyText
 
 
 class DocumentRef(_Strict):
@@ -32,7 +68,7 @@ class DocumentRef(_Strict):
 
 
 # A plain string is a document without a title.
-DocumentInput = str | DocumentText | DocumentRef
+DocumentInput = NonEmptyText | DocumentText | DocumentRef
 
 
 class StreamOptions(_Strict):
@@ -43,27 +79,30 @@ class _GenerationRequest(_Strict):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: str | None = None  # optional: a server serves one model
-    n: int = Field(1, ge=1, le=128)
-    temperature: float | None = None  # OpenAI's default is 1
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    n: json_int(ge=1, le=128) = 1
+    # OpenAI's documented range; null means OpenAI's default, 1.
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: json_int(ge=SEED_MIN, le=SEED_MAX) | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    # Accepted for compatibility; anything but the neutral value is rejected (the engine has no penalties).
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    stream_options: StreamOptions | None = Field(None, description="Used only with stream: true.")
+    # Accepted for compatibility at their neutral values only (the engine has no penalties).
+    presence_penalty: float = Field(0.0, ge=0, le=0, description="Not supported: only 0.")
+    frequency_penalty: float = Field(0.0, ge=0, le=0, description="Not supported: only 0.")
+    logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Not supported: only {} or null.")
     user: str | None = None
     # lazyattn: the RAG inputs, and the tenant salt of the document cache.
     documents: list[DocumentInput] | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     # Sampling extensions, named as in vLLM.
-    top_k: int = -1
-    min_p: float = 0.0
-    min_tokens: int = 0
+    top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(
+        -1, description="-1 or 0: off; at most the vocabulary size.")
+    min_p: float = Field(0.0, ge=0, le=1)
+    min_tokens: json_int(ge=0) = Field(0, description="EOS and stop_token_ids cannot end a choice before this many "
+                                                 "tokens (past max_tokens: never).")
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
 
 
@@ -81,25 +120,29 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens; both accepted
-    max_completion_tokens: int | None = None
+    max_tokens: PositiveInt | None = None  # deprecated by OpenAI in favour of max_completion_tokens; both accepted
+    max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false} for Qwen3
+    top_logprobs: Logprobs | None = Field(None, description="Used only with logprobs: true.")
+    # e.g. {"enable_thinking": false} for Qwen3; the renderer's own variables are not the client's to set.
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, json_schema_extra={"propertyNames": {"not": {"enum": sorted(TEMPLATE_VARIABLES)}}})
 
 
 class CompletionRequest(_GenerationRequest):
     # One prompt, a batch of prompts, or token ids (one list, or one per prompt).
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for completions
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)]
+             | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
+    max_tokens: PositiveInt | None = 16  # OpenAI's default for completions
+    logprobs: Logprobs | None = None
+    echo: bool = Field(False, description="Not supported: only false.", json_schema_extra={"enum": [False]})
+    suffix: None = Field(None, description="Not supported: only null.")
+    best_of: json_int(ge=1, le=1) | None = Field(None, description="Not supported: only 1 or null.")
 
 
 class DocumentCreateRequest(_Strict):
-    text: str
+    text: NonEmptyText
     title: str | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
@@ -240,3 +283,38 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+
+
+class HealthStatus(BaseModel):
+    status: str  # "ok", or why the engine is not serving
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: its schema or a value's range, or (code `context_length_exceeded`) a prompt and "
+         "max_tokens that do not fit the context or the KV pool.",
+    401: "Missing or invalid API key (when the server has keys).",
+    404: "Unknown model or document id.",
+    503: "At capacity (waiting queue or document registry full) or shutting down; retry later.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the errors a route can answer with, each with OpenAI's error body."""
+    return {s: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
+
+
+def generation_responses(model: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """/v1/chat/completions and /v1/completions: a JSON body, or with `stream: true` server-sent events whose
+    data is a `chunk`, an error body (the engine failed mid-stream), or the final `[DONE]`."""
+    # Refs point at components: server/openapi.py moves the `$defs` this schema carries there.
+    chunk_schema = chunk.model_json_schema(ref_template="#/components/schemas/{model}")
+    definitions = {chunk.__name__: chunk_schema, **chunk_schema.pop("$defs", {})}
+    event = {"type": "object", "required": ["data"], "$defs": definitions, "properties": {"data": {"anyOf": [
+        {"const": "[DONE]"},
+        {"contentMediaType": "application/json", "contentSchema": {"anyOf": [
+            {"$ref": f"#/components/schemas/{chunk.__name__}"}, {"$ref": "#/components/schemas/ErrorResponse"}]}},
+    ]}}}
+    ok = {"model": model, "description": "The response; with stream: true, server-sent events "
+                                          "(`data: {chunk}` per event, then `data: [DONE]`).",
+          "content": {"text/event-stream": {"schema": event}}}
+    return {200: ok, **error_responses(400, 401, 404, 503)}

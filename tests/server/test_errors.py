@@ -53,12 +53,15 @@ def test_schema_errors(server, body, param):
 
 @pytest.mark.parametrize("body, param", [
     ({"temperature": -1.0}, "temperature"),
+    ({"temperature": 2.5}, "temperature"),  # OpenAI's range is [0, 2]
     ({"top_p": 0.0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": "5"}, "max_tokens"),  # strict types, as the schema says
     ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"top_logprobs": 2}, "top_logprobs"),
-    ({"documents": [{"text": "   "}]}, "documents[0].text"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"documents": [{"text": ""}]}, "documents[0]"),
+    ({"stop": ["x"] * 17}, "stop"),
 ])
 def test_value_errors(server, body, param):
     r = post(server.url, "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **body})
@@ -69,6 +72,7 @@ def test_completion_value_errors(server):
     assert_error(post(server.url, "/v1/completions", json={"prompt": []}), 400, "invalid_request_error", "prompt")
     assert_error(post(server.url, "/v1/completions", json={"prompt": "x", "echo": True}), 400,
                  "invalid_request_error", "echo")
+    assert_error(post(server.url, "/v1/completions", json={"prompt": ""}), 400, "invalid_request_error", "prompt")
     assert_error(post(server.url, "/v1/completions", json={"prompt": [1, 2, 99999]}), 400,
                  "invalid_request_error", "prompt_token_ids")
 

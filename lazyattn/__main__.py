@@ -1,0 +1,7 @@
+"""`python -m lazyattn ...`: the `lazyattn` command."""
+
+import sys
+
+from lazyattn.cli import main
+
+sys.exit(main())
