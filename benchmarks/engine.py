@@ -247,20 +247,25 @@ _LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "c
 
 
 def count_launches(events) -> dict:
-    """Device kernels (memcpy/memset apart) and host-side launch API calls in one profiled region."""
+    """Device kernels (memcpy/memset apart) and host-side launch API calls in one profiled region, the time the
+    device spent in kernels (busy), and the kernels that took most of it."""
     kernels = copies = calls = graphs = aten = 0
+    busy_us: dict[str, float] = {}
     for e in events:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             if e.name.startswith(("Memcpy", "Memset")):
                 copies += 1
             else:
                 kernels += 1
+                busy_us[e.name] = busy_us.get(e.name, 0.0) + e.time_range.elapsed_us()
         elif e.name in _LAUNCH_CALLS:
             calls += 1
             graphs += e.name == "cudaGraphLaunch"
         elif e.name.startswith("aten::"):
             aten += 1
-    return {"kernels": kernels, "copies": copies, "launch_calls": calls, "graph_launches": graphs, "aten_ops": aten}
+    top = sorted(busy_us.items(), key=lambda kv: -kv[1])[:8]
+    return {"kernels": kernels, "copies": copies, "launch_calls": calls, "graph_launches": graphs, "aten_ops": aten,
+            "gpu_busy_ms": sum(busy_us.values()) / 1e3, "top_kernels_us": [[name[:80], us] for name, us in top]}
 
 
 def run(shapes: Shapes, device: torch.device) -> dict:
@@ -316,12 +321,16 @@ def markdown(results: dict) -> str:
                      f"{r['limit_ms']:.2f} ms | {vs} | ≤ 1.2× decode step |")
     launches = results.get("launches", {})
     if "prefill" in launches:
-        lines += ["", "| step | device kernels | memcpy/memset | host launch calls (graph replays) | aten ops |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| step | device kernels | memcpy/memset | host launch calls (graph replays) | aten ops | "
+                      "GPU busy |", "|---|---|---|---|---|---|"]
         for step in ("prefill", "decode"):
             c = launches[step]
             lines.append(f"| {step} | {c['kernels']} | {c['copies']} | {c['launch_calls']} ({c['graph_launches']}) |"
-                         f" {c['aten_ops']} |")
+                         f" {c['aten_ops']} | {c.get('gpu_busy_ms', 0):.2f} ms |")
+        for step in ("prefill", "decode"):
+            top = ", ".join(f"{name[:40]} {us:.0f} µs" for name, us in launches[step].get("top_kernels_us", []))
+            if top:
+                lines.append(f"\nTop kernels, {step} step: {top}")
     errors = [f"- {name}: {r['error']}" for name, r in results.items() if isinstance(r, dict) and "error" in r]
     return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
 
