@@ -5,11 +5,17 @@ every entry of a step into one run of rows, and the attention backend sorts out 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from lazyattn.kernels import fused
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
+
+
+def _fusable(x: torch.Tensor) -> bool:
+    """The fused Triton kernels (kernels/fused.py) take CUDA rows with a unit last stride; anything else (the CPU,
+    Qwen3's per-head q/k norm) runs their PyTorch definitions, which they match."""
+    return x.is_cuda and x.dim() == 2 and x.stride(1) == 1
 
 
 class RMSNorm(nn.Module):
@@ -21,14 +27,15 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in fp32, scale in the model dtype: what the Hugging Face models do, so bf16 runs
         # round the same way.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        if _fusable(x):
+            return fused.rms_norm(x, self.weight, self.eps)
+        return fused.rms_norm_reference(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual add fused into the norm."""
-        x = x + residual
-        return self(x), x
+        if _fusable(x) and _fusable(residual) and x.shape == residual.shape:
+            return fused.add_rms_norm(x, residual, self.weight, self.eps)
+        return fused.add_rms_norm_reference(x, residual, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -40,8 +47,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        act = fused.silu_mul(gate_up) if _fusable(gate_up) else fused.silu_mul_reference(gate_up)
+        return self.down_proj(act)
 
 
 class Attention(nn.Module):

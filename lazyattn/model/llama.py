@@ -38,7 +38,7 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             x, residual = layer(x, residual, fb, backend)
         assert residual is not None, "a model has at least one layer"
-        return self.norm(x + residual)
+        return self.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need logits) -> fp32 logits [n, vocab].
