@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from lazyattn.engine.prompt import TEMPLATE_VARIABLES
+from lazyattn.engine.messages import TEMPLATE_VARIABLES
 from lazyattn.engine.sampling import (
     MAX_LOGPROBS,
     MAX_STOP_CHARS,

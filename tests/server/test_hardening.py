@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from lazyattn.engine.prompt import BLOCK_ATTENTION_QUESTION, BLOCK_ATTENTION_SYSTEM_PROMPT
-from lazyattn.model.tokenizer import ByteTokenizer
+from lazyattn.model.byte_tokenizer import ByteTokenizer
 
 from .test_errors import assert_error
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from lazyattn.engine.prompt import PromptLayout
-from lazyattn.model.tokenizer import ByteTokenizer
+from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.server import ServerConfig
 
 from .conftest import start_server, stop_server
