@@ -33,7 +33,7 @@ def add_eval_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
                     engine_options: Callable[[argparse.Namespace], dict]) -> None:
     p = sub.add_parser("eval", help="RAG question-answering accuracy per attention mode",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    engine_args(p)
+    engine_args(p, mode=False)
     p.set_defaults(mode=None)  # --modes picks the runs; a lone --mode X means just X
     p.add_argument("--modes", default=None,
                    help="comma-separated runs, each a mode with optional ':key=value' engine options "
