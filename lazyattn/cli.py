@@ -43,7 +43,8 @@ def engine_options(args: argparse.Namespace) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return dict(model=args.model, mode=getattr(args, "mode", "lazy"), device=device, dtype=args.dtype,
                 page_size=args.page_size, kv_cache_gb=args.kv_cache_gb,
-                gpu_memory_utilization=args.gpu_memory_utilization, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len, seed=args.seed)
 
 
