@@ -33,6 +33,11 @@ class Authenticator:
         self._keys = [k.encode() for k in dict.fromkeys(keys)]
         self._per_key_tenants = len(self._keys) > 1
 
+    @property
+    def enabled(self) -> bool:
+        """Keys are configured: /v1 routes need one (and the OpenAPI schema says so)."""
+        return bool(self._keys)
+
     def tenant(self, authorization: str | None) -> str:
         """The tenant of a request: "" (the only tenant) or a digest of its key. Raises AuthenticationError."""
         if not self._keys:
