@@ -37,8 +37,8 @@ def add_bench_parser(sub, engine_args: Callable[..., None],
                    help=f"modes to compare, comma-separated (default: {','.join(MODES)}); --mode is the same "
                         "option")
     p.add_argument("--random-weights", action="store_true", help="read only config.json, draw the weights")
-    w = p.add_argument_group("workload (defaults: the benchmark protocol of docs/design.md; with --model tiny a "
-                             "smaller pool and documents)")
+    w = p.add_argument_group("workload (defaults: the benchmark protocol of docs/design.md, results in "
+                             "docs/benchmarks.md; with --model tiny a smaller pool and documents)")
     w.add_argument("--num-docs", type=int, default=None, help="document pool size (100; tiny: 20)")
     w.add_argument("--doc-len", type=int, default=None, help="tokens per document (2048; tiny: 128)")
     w.add_argument("--docs-per-request", type=int, default=5, help="documents each request retrieves (5)")

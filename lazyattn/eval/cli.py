@@ -56,16 +56,18 @@ def add_eval_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
     d.add_argument("--write-dataset", default=None, metavar="PATH",
                    help="write the questions as JSONL (as the first cell shows them) and exit")
     g = p.add_argument_group("prompt and decoding")
-    g.add_argument("--prompt-layout", choices=LAYOUTS, default="block-attention")
+    g.add_argument("--prompt-layout", choices=LAYOUTS, default="block-attention",
+                   help="how documents and the question are framed (default: block-attention; short-answer asks "
+                        "for a short answer, see docs/quality.md)")
     g.add_argument("--system-prompt", default=None, help="override the layout's system prompt")
     g.add_argument("--question-format", default=None, help="override the layout's question wrapper ({question})")
     g.add_argument("--documents-in-user-turn", action="store_true", help="documents open the user turn")
-    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--max-tokens", type=int, default=32, help="answer tokens to generate, at most (default: 32)")
     g.add_argument("--batch-size", type=int, default=1,
                    help="questions per generate call (1: each TTFT is the request's own, nothing queued)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for eval.json, eval.md and accuracy.png")
-    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--cpu-threads", type=int, default=1, help="torch intra-op threads when the device is the CPU")
     p.set_defaults(func=lambda args: cmd_eval(args, engine_options))
 

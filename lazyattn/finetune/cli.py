@@ -19,25 +19,29 @@ def add_finetune_parser(sub) -> None:
     p.add_argument("--data", default=d.data, help="'builtin' (generated, training split) or a JSONL file in the "
                                                    "`lazyattn eval` format")
     p.add_argument("--examples", type=int, default=d.examples, help="items to draw (builtin) or read (file)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=None, help="default: 5e-4 LoRA, 2e-5 full")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
+                   help="linear learning-rate warm-up steps (default: %(default)s)")
     p.add_argument("--full-share", type=float, default=d.full_share,
                    help="share of rows trained with ordinary causal attention")
-    p.add_argument("--lora-rank", type=int, default=d.lora_rank)
-    p.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
-    p.add_argument("--lora-dropout", type=float, default=d.lora_dropout)
+    p.add_argument("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--lora-alpha", type=float, default=d.lora_alpha, help="LoRA scaling alpha (default: %(default)s)")
+    p.add_argument("--lora-dropout", type=float, default=d.lora_dropout,
+                   help="dropout on the LoRA inputs (default: %(default)s)")
     p.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS), help="comma-separated module names")
     p.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
     p.add_argument("--merge", action="store_true", help="fold the adapter into the weights (adapter kept in "
                                                          "OUT/adapter)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of the data order and the adapter's init (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="drop longer examples")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long, then save")
-    p.add_argument("--save-dtype", default=d.save_dtype, choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--save-dtype", default=d.save_dtype, choices=["bfloat16", "float16", "float32"],
+                   help="dtype of the saved adapter or merged weights (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_finetune)
 
 

@@ -30,7 +30,7 @@ def small_server():
     128 samples does not fit: a 400 with code context_length_exceeded, which schemathesis is told to expect),
     and a short layout so that requests with documents fit."""
     s = start_server(dict(page_size=16, kv_cache_gb=0.004, max_model_len=64),
-                     ServerConfig(model_name="tiny", api_keys=(KEY,), warm_up=False,
+                     ServerConfig(model_name="tiny", api_keys=(KEY,),
                                   layout=PromptLayout(system_prompt="Documents:", question_format="{question}")))
     yield s
     stop_server(s)
