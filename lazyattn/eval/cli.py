@@ -24,8 +24,9 @@ from typing import Any
 # --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
 # "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
 # (docs/quality.md); the others are the engine's published layouts.
-SHORT_ANSWER = dict(system_prompt="Answer the user's question using the documents below.",
-                    question_format="{question}")
+SHORT_ANSWER = dict(system_prompt="You are a helpful assistant. Answer the user's question with a short answer, "
+                                  "using only the documents below.",
+                    question_format="{question}\nAnswer in a few words.")
 LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer")
 
 
@@ -164,8 +165,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     print(f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
-          f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {', '.join(c.label for c, _ in cells)}"
-          + (f" (same as another, not re-run: {', '.join(c.label for c in aliases)})" if aliases else "")
+          f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
+          + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
           + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
           flush=True)
     start = time.monotonic()
