@@ -24,8 +24,9 @@ from typing import Any
 # --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
 # "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
 # (docs/quality.md); the others are the engine's published layouts.
-SHORT_ANSWER = dict(system_prompt="Answer the user's question using the documents below.",
-                    question_format="{question}")
+SHORT_ANSWER = dict(system_prompt="You are a helpful assistant. Answer the user's question with a short answer, "
+                                  "using only the documents below.",
+                    question_format="{question}\nAnswer in a few words.")
 LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer")
 
 
@@ -166,8 +167,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     print(f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
-          f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {', '.join(c.label for c, _ in cells)}"
-          + (f" (same as another, not re-run: {', '.join(c.label for c in aliases)})" if aliases else "")
+          f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
+          + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
           + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
           flush=True)
     start = time.monotonic()
@@ -178,8 +179,10 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     table_rows = report.rows(results)
     print(report.text_table(table_rows, report.table_columns(table_rows)))
-    pivot = report.pivot_markdown(results, aliases)
-    print(f"\nAccuracy (%)\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
+    pivot = f"Accuracy (%)\n\n{report.pivot_markdown(results, aliases)}"
+    for t in dict.fromkeys(t for r in results for t in r.summary().get("accuracy_by_type", {})):
+        pivot += f"\n\nAccuracy, {t} questions (%)\n\n{report.pivot_markdown(results, aliases, key=t)}"
+    print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
     if args.out:
         out = Path(args.out)
         meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model,
@@ -192,7 +195,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             "aliases": {c.label: a.label for c, a in aliases.items()},
             "cells": [r.to_dict() for r in results]})
         (out / "eval.md").write_text(
-            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\nAccuracy (%)\n\n{pivot}\n")
+            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n")
         report.plot_accuracy(results, out / "accuracy.png", title=f"{args.model}: {_describe(dataset_meta)}")
         print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'accuracy.png'}")
     return 0

@@ -96,6 +96,11 @@ class ItemResult:
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "finish_reason": self.finish_reason}
 
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ItemResult:
+        return ItemResult(d["id"], d["type"], d["output"], Scores(d["accuracy"], d["exact_match"], d["f1"]),
+                          d["ttft_s"], d["prompt_tokens"], d["cached_tokens"], d["finish_reason"])
+
 
 @dataclass
 class CellResult:
@@ -127,6 +132,12 @@ class CellResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "options": self.run.options, "items": [r.to_dict() for r in self.items]}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> CellResult:
+        """From `to_dict` (an eval.json cell): tables and plots can be redrawn without re-running."""
+        return CellResult(RunSpec(d["run"], d["mode"], d.get("options", {})), Cell(d["num_docs"], d["position"]),
+                          [ItemResult.from_dict(i) for i in d["items"]])
 
 
 def messages_for(item: QAItem) -> list[dict[str, str]]:

@@ -9,7 +9,7 @@ import pytest
 
 from lazyattn.cli import main
 from lazyattn.eval.dataset import read_jsonl
-from lazyattn.eval.harness import RunSpec
+from lazyattn.eval.harness import CellResult, RunSpec
 from lazyattn.eval.metrics import Scores
 from lazyattn.eval.synthetic import generate
 
@@ -46,6 +46,13 @@ def test_scores_are_those_of_the_stored_answers(run):
         for r in c["items"]:
             assert Scores(r["accuracy"], r["exact_match"], r["f1"]) == Scores.of(r["output"], items[r["id"]].answers)
         assert c["accuracy"] == pytest.approx(sum(r["accuracy"] for r in c["items"]) / 2)
+
+
+def test_results_reload_from_the_json(run):
+    _, _, data = run
+    for c in data["cells"]:
+        again = CellResult.from_dict(c).to_dict()
+        assert json.loads(json.dumps(again)) == c
 
 
 def test_same_semantics_same_answers(run):
