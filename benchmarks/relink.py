@@ -88,7 +88,7 @@ def main() -> None:
         doc_len, question_len, output_len, n_idle = 64, 8, 4, 2
     else:
         cfg = EngineConfig(model=str(ROOT / "benchmarks/models/llama-3.1-8b"), device="cuda", random_weights=True,
-                           kv_cache_gb=24, progress=False, max_model_len=16384)
+                           kv_cache_gb=24, progress=False, max_model_len=32768)
         doc_len, question_len, output_len, n_idle = 2048, 32, 16, 5
     t0 = time.perf_counter()
     engine = LLMEngine(cfg)

@@ -159,7 +159,8 @@ def test_page_count_includes_the_private_rows(checkpoint):
     that fits without relink but not with it, and max_new_tokens shrinks by exactly those pages."""
     llm = make_llm(checkpoint, "llama", "lazy")
     engine = llm.engine
-    rendered = from_token_ids([40], [DOCS["a"], DOCS["d"]], llm.tokenizer.bos_token_id)
+    docs = [DOCS[d] for d in "adefg"]
+    rendered = from_token_ids([40], docs, llm.tokenizer.bos_token_id)
     lens = [len(s) for s in rendered.segments]
     plain = engine.mode.pages_needed(lens, 1 + 5, 2, 16)
     assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, relink_tokens=20) - plain == 2 * sum(
@@ -167,10 +168,10 @@ def test_page_count_includes_the_private_rows(checkpoint):
     page_bytes = llm.stats().page_bytes
     tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=plain * page_bytes / 2**30)
     params = SamplingParams(max_tokens=5, n=2, temperature=0.5, seed=0)
-    tight.generate(prompt_token_ids=[[40]], document_token_ids=[[DOCS["a"], DOCS["d"]]], sampling_params=params)
+    assert plain >= 16  # the smallest pool an engine takes
+    tight.generate(prompt_token_ids=[[40]], document_token_ids=[docs], sampling_params=params)
     with pytest.raises(ContextTooLongError):
-        tight.generate(prompt_token_ids=[[40]], document_token_ids=[[DOCS["a"], DOCS["d"]]], sampling_params=params,
-                       relink_tokens=20)
+        tight.generate(prompt_token_ids=[[40]], document_token_ids=[docs], sampling_params=params, relink_tokens=20)
     assert tight.engine.max_new_tokens(rendered, 1, relink_tokens=20) < tight.engine.max_new_tokens(rendered, 1)
 
 
