@@ -119,7 +119,7 @@ def main() -> None:
                    idle_ttft_ms=1e3 * sum(idle[1:]) / max(1, len(idle) - 1),
                    sat_requests_per_s=len(batch) / wall, sat_output_tok_per_s=len(batch) * output_len / wall,
                    sat_mean_ttft_ms=1e3 * sum(o.metrics.ttft for o in done) / len(done),
-                   prefill_rows_per_request=(prefilled - len(batch) * (output_len - 1)) / len(batch))
+                   prefill_rows_per_request=prefilled / len(batch))  # the counter excludes decode rows
         results.append(row)
         print(json.dumps(row), flush=True)
     full = next(r for r in results if r["mode"] == "full")
