@@ -35,6 +35,8 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context limit in tokens, documents included (default: the model's)")
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling (default: 0)")
+    p.add_argument("--relink-tokens", type=int, default=0,
+                   help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -45,7 +47,7 @@ def engine_options(args: argparse.Namespace) -> dict:
                 page_size=args.page_size, kv_cache_gb=args.kv_cache_gb,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                max_model_len=args.max_model_len, seed=args.seed)
+                max_model_len=args.max_model_len, seed=args.seed, relink_tokens=getattr(args, "relink_tokens", 0))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

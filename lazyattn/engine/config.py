@@ -13,6 +13,17 @@ if TYPE_CHECKING:
 MODES = ("lazy", "block", "prefix", "full")
 
 
+def check_relink(mode: str, relink_tokens: int) -> None:
+    """Relink is a lazy-mode option: prefix and full read every document in context already, and block mode's
+    private copies are not relinked (docs/design.md, "Relink")."""
+    if not isinstance(relink_tokens, int) or isinstance(relink_tokens, bool) or relink_tokens < 0:
+        raise InvalidRequestError(f"relink_tokens must be an integer >= 0, got {relink_tokens!r}", "relink_tokens")
+    if relink_tokens and mode != "lazy":
+        why = ("block mode reads private re-rotated copies; relink is implemented for lazy mode only"
+               if mode == "block" else f"{mode} mode attends to every document in context already")
+        raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "tiny"
@@ -31,6 +42,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode steps on CUDA
     warm_up: bool = True  # on CUDA: compile/tune kernels and capture graphs before the first request
     progress: bool = True  # progress bars (loading, generate)
+    relink_tokens: int = 0  # lazy mode: default recomputed rows per placed document (docs/design.md, "Relink")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -43,6 +55,8 @@ class EngineConfig:
             raise InvalidRequestError("kv_cache_gb must be positive", "kv_cache_gb")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        check_relink(self.mode, self.relink_tokens)
+
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -7,6 +7,8 @@ One graph per padded batch size, captured at warm-up (or on first use), over sta
 the largest batch and the widest page table.
 
 Padding rows are harmless: they store nothing (slot -1), list no pages, and their logits are dropped.
+The graphs read per-page first-slot offsets (all 0 unless a row is relinked, docs/design.md "Relink"), so one
+graph serves relinked and plain rows: one more scalar load per K/V tile.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class DecodeGraphs:
         self.deltas = torch.zeros(n, max_pages, **i32)
         self.valid = torch.zeros(n, max_pages, **i32)
         self.starts = torch.zeros(n, max_pages, **i32)
+        self.firsts = torch.zeros(n, max_pages, **i32)
         self.num_pages = torch.zeros(n, **i32)
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -63,6 +66,10 @@ class DecodeGraphs:
         for static, live in ((self.pages, fb.attn.pages), (self.deltas, fb.attn.deltas),
                              (self.valid, fb.attn.valid), (self.starts, fb.attn.starts)):
             static[:b, :w].copy_(live)
+        if fb.attn.firsts is None:
+            self.firsts[:b, :w].zero_()
+        else:
+            self.firsts[:b, :w].copy_(fb.attn.firsts)
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]
@@ -80,7 +87,7 @@ class DecodeGraphs:
     def _static_batch(self, size: int) -> ForwardBatch:
         attn = PagedBatch(self.cu[: size + 1], self.q_start[:size], self.pages[:size], self.deltas[:size],
                           self.valid[:size], self.starts[:size], self.num_pages[:size], max_q=1,
-                          max_kv=self.max_pages * self.backend.page_size)
+                          max_kv=self.max_pages * self.backend.page_size, firsts=self.firsts[:size])
         return ForwardBatch(self.positions[:size], self.slots[:size], attn, True, self.rows[:size])
 
     @torch.inference_mode()

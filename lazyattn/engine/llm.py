@@ -64,11 +64,13 @@ class LLM:
         document_token_ids: Seq[Seq[Seq[int]]] | None = None,
         cache_salt: str | None = None,
         use_tqdm: bool | None = None,
+        relink_tokens: int | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
-        one segment per document, the prompt as the final segment); token-level inputs bypass rendering."""
+        one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
+        relink_tokens: lazy mode's recomputed rows per placed document (docs/design.md); None: the engine's."""
         rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens)
 
     def chat(
         self,
@@ -78,6 +80,7 @@ class LLM:
         documents: Seq[Seq[Document]] | None = None,
         cache_salt: str | None = None,
         use_tqdm: bool | None = None,
+        relink_tokens: int | None = None,
     ) -> list[RequestOutput]:
         """Chat conversations rendered with the model's chat template, documents as segments."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -85,7 +88,7 @@ class LLM:
         if len(docs) != len(convs):
             raise InvalidRequestError("documents must have one list per conversation", "documents")
         rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -112,7 +115,8 @@ class LLM:
             raise InvalidRequestError("documents must have one list per prompt", "documents")
         return [self.render(p, d) for p, d in zip(prompts, docs)]
 
-    def _run(self, rendered: list[RenderedPrompt], sampling_params, cache_salt, use_tqdm) -> list[RequestOutput]:
+    def _run(self, rendered: list[RenderedPrompt], sampling_params, cache_salt, use_tqdm,
+             relink_tokens: int | None = None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = [sampling_params] * len(rendered) if isinstance(sampling_params, SamplingParams) \
@@ -121,11 +125,12 @@ class LLM:
             raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
+        self.engine.relink_tokens(relink_tokens)
         ids = [f"gen-{next(self._ids)}" for _ in rendered]
         added: list[str] = []
         try:
             for rid, r, p in zip(ids, rendered, params):
-                self.engine.add_request(rid, r, p, cache_salt=cache_salt)
+                self.engine.add_request(rid, r, p, cache_salt=cache_salt, relink_tokens=relink_tokens)
                 added.append(rid)
         except Exception:
             for rid in added:

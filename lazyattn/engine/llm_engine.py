@@ -21,7 +21,7 @@ import torch
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation
-from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.config import EngineConfig, check_relink
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
@@ -107,19 +107,23 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: RenderedPrompt, params: SamplingParams | None, *,
-                    cache_salt: str | None = None, arrival: float | None = None) -> None:
+                    cache_salt: str | None = None, arrival: float | None = None,
+                    relink_tokens: int | None = None) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad.
-        `params=None`: prefill-only (the prompt has segments and no final segment)."""
+        `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
+        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        self._validate(prompt, params)
+        relink_tokens = self.relink_tokens(relink_tokens) if params is not None else 0
+        self._validate(prompt, params, relink_tokens)
         limit = self.config.max_waiting
         samples = params.n if params is not None else 1
         if limit is not None and self.scheduler.num_waiting + samples > limit:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); "
                                  "retry later")
         seqs = [Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments], list(prompt.final),
-                         params, salt=cache_salt) for i in range(params.n if params is not None else 1)]
+                         params, salt=cache_salt, relink_tokens=relink_tokens)
+                for i in range(params.n if params is not None else 1)]
         for seq in seqs:
             if arrival is not None:
                 seq.metrics.arrival = arrival
@@ -260,20 +264,27 @@ class LLMEngine:
 
     # -- validation -------------------------------------------------------------------------------------------
 
-    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1) -> int:
+    def relink_tokens(self, requested: int | None) -> int:
+        """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
+        k = self.config.relink_tokens if requested is None else requested
+        check_relink(self.mode.name, k)
+        return k
+
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
         """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with
         the request's peak pages (its mode's count) within the pool. 0 when nothing fits."""
         lens = [len(s) for s in prompt.segments]
+        k = self.config.relink_tokens if relink_tokens is None else relink_tokens
         lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
         while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
             mid = (lo + hi + 1) // 2
-            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.config.page_size) <= self.num_pages:
+            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.config.page_size, k) <= self.num_pages:
                 lo = mid
             else:
                 hi = mid - 1
         return max(lo, 0)
 
-    def _validate(self, prompt: RenderedPrompt, params: SamplingParams | None) -> None:
+    def _validate(self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int = 0) -> None:
         vocab = self.model_config.vocab_size
         if params is None:
             if prompt.final or not prompt.segments:
@@ -300,7 +311,7 @@ class LLMEngine:
                 f"{context + max_tokens} tokens, over the context limit of {self.max_model_len}", "prompt")
         samples = params.n if params is not None else 0
         need = self.mode.pages_needed([len(s) for s in prompt.segments], len(prompt.final) + max_tokens, samples,
-                                      self.config.page_size)
+                                      self.config.page_size, relink_tokens)
         if need > self.num_pages:
             raise ContextTooLongError(
                 f"this request needs {need} KV pages but the pool has {self.num_pages}; raise kv_cache_gb "

@@ -72,14 +72,7 @@ class ModelRunner:
             positions += range(run.start_pos + w.lo, run.start_pos + w.hi)
             slots += [run.pages[i // ps] * ps + i % ps for i in range(w.lo, w.hi)]
             n_own = cdiv(w.hi, ps)
-            ctx = w.context
-            entries.append(
-                EntryPages(
-                    list(ctx.pages) + run.pages[:n_own],
-                    list(ctx.deltas) + [0] * n_own,
-                    list(ctx.valid) + page_fill(w.hi, ps),
-                )
-            )
+            entries.append(w.context.then(run.pages[:n_own], page_fill(w.hi, ps)))
             q_lens.append(w.hi - w.lo)
             q_starts.append(run.start_pos + w.lo)
             if w.samples:

@@ -9,7 +9,9 @@ are the same for all four. Everything mode-specific is here:
 - `pages_needed`: the one page-count formula (validation, admission, the server's default max_tokens, the
   hit-ratio simulation all use it);
 - `caches_documents`: whether a request's segments are cached documents (so they can be encoded ahead of time
-  and hits count in whole documents).
+  and hits count in whole documents);
+- relink (lazy only): the recomputed first rows of each placed document, private to the sequence
+  (docs/design.md, "Relink").
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ class Mode:
         """The pages the sequence's run attends to before its own."""
         raise NotImplementedError
 
-    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int) -> int:
+    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,
+                     relink_tokens: int = 0) -> int:
         """Pages a request holds at its peak: segments of `segment_lens` tokens, then `n` samples whose runs reach
-        `run_tokens` tokens each (the final segment plus what they generate)."""
+        `run_tokens` tokens each (the final segment plus what they generate), and, relinked, their private
+        recomputed rows."""
         raise NotImplementedError
 
     def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
@@ -64,9 +68,11 @@ class _DocumentMode(Mode):
         scheduler.acquire_documents(seq.segments, seq.salt, acquired)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
-    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int) -> int:
+    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,
+                     relink_tokens: int = 0) -> int:
         documents = sum(cdiv(length, page_size) for length in segment_lens)  # shared by the n samples
-        return documents + n * (self._private_copies(segment_lens, page_size) + cdiv(run_tokens, page_size))
+        relinks = sum(cdiv(rows, page_size) for rows in relink_rows(segment_lens, relink_tokens))
+        return documents + n * (self._private_copies(segment_lens, page_size) + relinks + cdiv(run_tokens, page_size))
 
     def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
         return 0
@@ -76,21 +82,57 @@ class _DocumentMode(Mode):
         return min(cached_tokens // doc_len, num_docs)
 
 
+def relink_rows(segment_lens: list[int], relink_tokens: int) -> list[int]:
+    """Rows a relinked request recomputes per segment: min(k, length) for each segment after the first (the first
+    sits at position 0 with nothing before it: recomputing it would give the same KV)."""
+    return [0] + [min(relink_tokens, n) for n in segment_lens[1:]] if relink_tokens else [0] * len(segment_lens)
+
+
 class LazyMode(_DocumentMode):
-    """One cached copy of each document, read in place at delta = its logical start (deferred RoPE)."""
+    """One cached copy of each document, read in place at delta = its logical start (deferred RoPE).
+
+    Relink (docs/design.md): a sequence with relink_tokens = k recomputes the first k rows of each segment after
+    the first at their logical positions, in context, into private pages (`seq.relinks`, one run per segment),
+    and reads the rest of each document from the shared copy, whose first k slots its page table skips."""
 
     name = "lazy"
 
-    def context(self, seq: Sequence, page_size: int) -> EntryPages:
-        pages: list[int] = []
-        deltas: list[int] = []
-        valid: list[int] = []
-        for p in seq.parts:
-            fill = page_fill(p.length, page_size)
-            pages += p.segment.pages
-            deltas += [p.start] * len(fill)
-            valid += fill
-        return EntryPages(pages, deltas, valid)
+    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+        run = super().admit(scheduler, seq, acquired)
+        if seq.relink_tokens and not seq.prefill_only:
+            rows = relink_rows([len(s) for s in seq.segments], seq.relink_tokens)
+            seq.relinks = [Run(list(segment[:n]), start_pos=part.start)
+                           for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])]
+        return run
+
+    def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
+        """The pages of the segments before `upto` (default: all): the run's context, or, for `upto` = i, the
+        context of segment i's recomputed rows."""
+        if not seq.relinks:
+            pages: list[int] = []
+            deltas: list[int] = []
+            valid: list[int] = []
+            for p in seq.parts[:upto]:
+                fill = page_fill(p.length, page_size)
+                pages += p.segment.pages
+                deltas += [p.start] * len(fill)
+                valid += fill
+            return EntryPages(pages, deltas, valid)
+        entry = EntryPages([], [], [], [])
+        for i, p in enumerate(seq.parts[:upto]):
+            skip = 0
+            if i:  # the recomputed rows first, at their logical positions (delta 0), then the shared rest
+                own = seq.relinks[i - 1]
+                skip = len(own.tokens)
+                entry = entry.then(own.pages, page_fill(skip, page_size))
+            for m, (page, fill) in enumerate(zip(p.segment.pages, page_fill(p.length, page_size))):
+                first = min(max(skip - m * page_size, 0), fill)  # pages wholly inside the first k rows drop out
+                if fill > first:
+                    entry.pages.append(page)
+                    entry.deltas.append(p.start)
+                    entry.valid.append(fill - first)
+                    entry.firsts.append(first)
+        return entry
 
 
 class BlockMode(_DocumentMode):
@@ -122,7 +164,8 @@ class BlockMode(_DocumentMode):
 class _CausalMode(Mode):
     """prefix and full: ordinary causal attention over the concatenated prompt."""
 
-    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int) -> int:
+    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,
+                     relink_tokens: int = 0) -> int:
         return n * cdiv(sum(segment_lens) + run_tokens, page_size)
 
     def context(self, seq: Sequence, page_size: int) -> EntryPages:

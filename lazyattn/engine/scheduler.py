@@ -8,6 +8,9 @@ the budget, the shared document encodes (*jobs*), block mode's copies and preemp
 
 A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
 for its documents like any other sequence and is done once they are cached.
+
+A relinked sequence (lazy mode, docs/design.md "Relink") computes its recomputed document rows, one entry per
+document in document order, before (or in the same step as) its first chunk.
 """
 
 from __future__ import annotations
@@ -142,6 +145,10 @@ class Scheduler:
                     self._starved = True
                     continue
                 scheduled.add(seq.seq_id)  # its copies are in this batch: never a preemption victim
+            if any(r.pending for r in seq.relinks):
+                budget = self._schedule_relinks(seq, batch, budget, scheduled)
+                if budget <= 0 or any(r.pending for r in seq.relinks):
+                    continue
             chunk = min(seq.run.pending, budget)
             if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
                 self._starved = True
@@ -210,13 +217,14 @@ class Scheduler:
             held = sum(len(p.segment.pages) for p in acquired) + len(run.pages) - run.owned
             samples = 0 if seq.prefill_only else 1
             need = self.mode.pages_needed([len(s) for s in seq.segments], len(seq.prompt) + len(seq.output),
-                                          samples, self.page_size) - held
+                                          samples, self.page_size, seq.relink_tokens) - held
             if self.cache.available_pages() < need:
                 raise OutOfPagesError("not enough room for this sequence's prefill yet")
         except OutOfPagesError:
             for part in reversed(acquired):
                 self._drop_part(part)
             self._drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
+            seq.relinks = []
             raise
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
@@ -277,20 +285,49 @@ class Scheduler:
         seq.copies, seq.copied = dst, True
         return True
 
+    def _schedule_relinks(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
+        """A relinked sequence's recomputed rows, in document order: document i's rows attend to the documents
+        before it as this sequence reads them, so its entry follows theirs (same step or later)."""
+        missing = [r for r in seq.relinks if not r.pages]
+        pages = self._allocate(seq, sum(cdiv(len(r.tokens), self.page_size) for r in missing), scheduled)
+        if pages is None:
+            self._starved = True
+            return budget
+        for r in missing:
+            n = cdiv(len(r.tokens), self.page_size)
+            r.pages, pages = pages[:n], pages[n:]
+        for i, r in enumerate(seq.relinks, start=1):
+            if not r.pending:
+                continue
+            if budget <= 0:
+                break
+            hi = r.num_computed + min(r.pending, budget)
+            batch.works.append(Work(r, r.num_computed, hi, self.mode.context(seq, self.page_size, upto=i), seq))
+            budget -= hi - r.num_computed
+            scheduled.add(seq.seq_id)
+        return budget
+
     def _reserve(self, seq: Sequence, upto: int, scheduled: set[int]) -> bool:
         """Make sure the run has pages for its first `upto` tokens, evicting and preempting as needed."""
         run = seq.run
-        need = cdiv(upto, self.page_size) - len(run.pages)
+        pages = self._allocate(seq, cdiv(upto, self.page_size) - len(run.pages), scheduled)
+        if pages is None:
+            return False
+        run.pages += pages
+        return True
+
+    def _allocate(self, seq: Sequence, need: int, scheduled: set[int]) -> list[int] | None:
+        """`need` free pages for `seq`, evicting and preempting sequences not in this batch as needed; None if
+        that is not enough."""
         while need > 0:
             try:
-                run.pages += self.cache.allocate(need)
-                return True
+                return self.cache.allocate(need)
             except OutOfPagesError:
                 victims = [s for s in self.running if s.seq_id not in scheduled and s is not seq]
                 if not victims:
-                    return False
+                    return None
                 self._preempt(victims[-1])
-        return True
+        return []
 
     def _mark_owned_ready(self, seq: Sequence) -> None:
         done_pages = seq.run.num_computed // self.page_size
@@ -316,9 +353,11 @@ class Scheduler:
         run = seq.run
         if run is not None:
             self.cache.pool.free(run.pages[run.owned :])
+        for relink in seq.relinks:
+            self.cache.pool.free(relink.pages)
         if seq.copies:
             self.cache.pool.free(seq.copies)
-        seq.parts, seq.run, seq.copies, seq.copied = [], None, [], False
+        seq.parts, seq.run, seq.relinks, seq.copies, seq.copied = [], None, [], [], False
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""

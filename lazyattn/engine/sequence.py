@@ -95,6 +95,7 @@ class Sequence:
     prompt: list[int]  # final segment's prompt (prefix/full: the whole prompt after the segments)
     params: SamplingParams | None  # None: a prefill-only request (documents encoded ahead, nothing sampled)
     salt: str | None = None
+    relink_tokens: int = 0  # lazy mode: recompute the first k rows of each placed document (docs/design.md)
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -106,6 +107,7 @@ class Sequence:
     # while running
     parts: list[Part] = field(default_factory=list)
     run: Run | None = None
+    relinks: list[Run] = field(default_factory=list)  # recomputed first rows of segments[1:], private pages
     copies: list[int] = field(default_factory=list)  # block mode's private re-rotated pages
     copied: bool = False
     detokenizer: object | None = None  # model.detokenizer.IncrementalDecoder

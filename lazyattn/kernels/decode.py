@@ -146,14 +146,14 @@ def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_m
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
-    pages_ptr, deltas_ptr, valid_ptr, starts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
+    pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_tab,
+    stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
     qk_scale, num_splits,
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -211,7 +211,12 @@ def _decode_split_kernel(
                                   d_mask).to(kv_ty).to(DOT_TY)
                 cur_delta = delta
         slot = (t % TILES_PER_PAGE) * BLOCK_N + n
-        key_mask = slot < n_keys
+        if HAS_FIRST:
+            # keys in slots [first, first + valid), at logical positions starts + slot - first
+            first = tl.load(firsts_ptr + entry * stride_firsts + p)
+            key_mask = (slot >= first) & (slot < first + n_keys)
+        else:
+            key_mask = slot < n_keys
         if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
             tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
         else:
@@ -302,8 +307,9 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
-    if any(t.stride(-1) != 1 for t in (batch.pages, batch.deltas, batch.valid, batch.starts)):
-        raise ValueError("PagedBatch pages/deltas/valid/starts need contiguous rows")
+    rows = (batch.pages, batch.deltas, batch.valid, batch.starts) + (() if batch.firsts is None else (batch.firsts,))
+    if any(t.stride(-1) != 1 for t in rows):
+        raise ValueError("PagedBatch pages/deltas/valid/starts/firsts need contiguous rows")
     if tables is not None and tables.cos.device != q.device:
         raise ValueError(f"RoPE tables live on {tables.cos.device}, q on {q.device}: move them with .to()")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
@@ -362,6 +368,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             arrivals = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
         else:
             arrivals = counters.get(q.device, bsz * hkv)
+    firsts = batch.starts if batch.firsts is None else batch.firsts  # a placeholder pointer without offsets
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
     # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
@@ -370,15 +377,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
         q, k_cache, v_cache, out, acc, m, l, arrivals,
-        batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages, batch.q_start, cos, sin,
+        batch.pages, batch.deltas, batch.valid, batch.starts, firsts, batch.num_pages, batch.q_start, cos, sin,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
-        cos.stride(0), scale * LOG2E, num_splits,
+        firsts.stride(0), cos.stride(0), scale * LOG2E, num_splits,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=config.block_n, TILES_PER_PAGE=page_size // config.block_n,
         BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages, **regs,
+        HAS_FIRST=batch.firsts is not None, num_warps=config.num_warps, num_stages=config.num_stages, **regs,
     )
     return out

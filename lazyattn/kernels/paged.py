@@ -5,17 +5,21 @@ pool). One attention launch serves a batch of B *entries*. An entry is a run of 
 logical positions, attending to its own list of pages:
 
 - query row i of entry b sits at logical position `q_start[b] + i` and has already been rotated there;
-- page i of entry b is physical page `pages[b, i]`; its first `valid[b, i]` slots hold keys;
-- slot t of that page holds the key of logical position `starts[b, i] + t`, cached rotated at position
-  `starts[b, i] + t - deltas[b, i]`. The kernel puts it back at its logical position on the fly (delta);
+- page i of entry b is physical page `pages[b, i]`; its slots `[f, f + valid[b, i])` hold keys, where
+  f = `firsts[b, i]` (0 unless the entry lists only the tail of a page, see below);
+- slot t of that page holds the key of logical position `starts[b, i] + t - f`, cached rotated at position
+  `starts[b, i] + t - f - deltas[b, i]`. The kernel puts it back at its logical position on the fly (delta);
 - `starts` is the exclusive running sum of `valid`: logical positions are contiguous and page padding
-  never shows up in positions;
+  (and slots before `first`) never shows up in positions;
 - a query at position m sees exactly the keys whose logical position is <= m (causal).
 
 Every masking pattern of the block semantics (docs/design.md) comes from which pages an entry lists: a
 segment being encoded lists only its own pages (delta 0, local positions), the final segment lists every
 segment's pages (delta = the segment's start) followed by its own (delta 0). Chunked prefill is an entry
-whose q_start is mid-segment.
+whose q_start is mid-segment. A relinked request (docs/design.md, "Relink") lists a shared document's
+pages from the first one holding a row it did not recompute, with `first` = that row's slot: the shared
+copy's first k rows are skipped for that entry only. `firsts=None` (every entry's firsts all 0) is the
+contract without offsets, and the kernels compile the offset out for it.
 
 Invariant the kernels rely on: the keys of the queries themselves are written to the cache before the
 attention call, so every query row sees at least one key.
@@ -47,6 +51,14 @@ class EntryPages:
     pages: Sequence[int]
     deltas: Sequence[int]
     valid: Sequence[int]
+    firsts: Sequence[int] | None = None  # first key slot per page; None: all 0
+
+    def then(self, pages: Sequence[int], valid: Sequence[int]) -> EntryPages:
+        """These pages followed by `pages` holding `valid` keys each from slot 0, at delta 0 (a run's own)."""
+        n = len(pages)
+        firsts = None if self.firsts is None else list(self.firsts) + [0] * n
+        return EntryPages(list(self.pages) + list(pages), list(self.deltas) + [0] * n,
+                          list(self.valid) + list(valid), firsts)
 
 
 @dataclass
@@ -62,6 +74,7 @@ class PagedBatch:
     num_pages: torch.Tensor  # [B]
     max_q: int  # longest query run
     max_kv: int  # most keys of any entry
+    firsts: torch.Tensor | None = None  # [B, P] first key slot of each page; None: all 0 (compiled out)
 
     @property
     def batch_size(self) -> int:
@@ -85,6 +98,7 @@ class PagedBatch:
         pages = torch.zeros(b, width, dtype=torch.int32)
         deltas = torch.zeros(b, width, dtype=torch.int32)
         valid = torch.zeros(b, width, dtype=torch.int32)
+        firsts = None
         for i, e in enumerate(entries):
             if not (len(e.pages) == len(e.deltas) == len(e.valid)):
                 raise ValueError(f"entry {i}: pages, deltas and valid differ in length")
@@ -92,6 +106,11 @@ class PagedBatch:
             pages[i, :n] = torch.tensor(list(e.pages), dtype=torch.int32)
             deltas[i, :n] = torch.tensor(list(e.deltas), dtype=torch.int32)
             valid[i, :n] = torch.tensor(list(e.valid), dtype=torch.int32)
+            if e.firsts is not None and any(e.firsts):
+                if len(e.firsts) != n or min(e.firsts) < 0:
+                    raise ValueError(f"entry {i}: firsts must be one slot >= 0 per page")
+                firsts = torch.zeros(b, width, dtype=torch.int32) if firsts is None else firsts
+                firsts[i, :n] = torch.tensor(list(e.firsts), dtype=torch.int32)
         starts = torch.cumsum(valid, dim=1, dtype=torch.int32) - valid
         cu = torch.zeros(b + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(list(q_lens), dtype=torch.int32), 0)
@@ -106,4 +125,5 @@ class PagedBatch:
             num_pages=torch.tensor([len(e.pages) for e in entries], dtype=torch.int32).to(dev),
             max_q=max(q_lens, default=0),
             max_kv=int(valid.sum(1).max()) if b else 0,
+            firsts=None if firsts is None else firsts.to(dev),
         )

@@ -189,46 +189,61 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _tile_meta(pages_row, valid_row, starts_row, t, n_tiles, page_lo, page_hi, q_first,
-               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Where tile t of the page range [page_lo, page_hi) lives: (page0, page1, slot_lo, n0, n1, pos0, masked).
+def _tile_meta(pages_row, valid_row, starts_row, firsts_row, t, n_tiles, page_lo, page_hi, q_first,
+               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_FIRST: tl.constexpr):
+    """Where tile t of the page range [page_lo, page_hi) lives: (page0, page1, slot_lo, lo0, n0, lo1, n1, pos0,
+    masked).
 
     A tile is the slots [slot_lo, slot_lo + BLOCK_N) of page0 (BLOCK_N <= PAGE_SIZE), or the whole pages
-    page0 and page1 (BLOCK_N = 2 * PAGE_SIZE; page1 holds keys only inside the range). n0 / n1: keys held
-    from slot_lo on / in page1; pos0: logical position of the tile's first slot; masked: the tile holds
-    padding or crosses the block's causal diagonal (first query position q_first), so scores need the mask.
-    Past the last tile every tile reads as empty."""
+    page0 and page1 (BLOCK_N = 2 * PAGE_SIZE; page1 holds keys only inside the range). Keys sit in the tile's
+    slots [lo0, n0) counted from slot_lo (page0), and in page1's slots [lo1, n1); lo0 and lo1 are the pages'
+    first-slot offsets (0 without HAS_FIRST). pos0: logical position of the tile's first slot (of slot 0 of
+    page0 for two-page tiles); masked: the tile holds padding or skipped slots or crosses the block's causal
+    diagonal (first query position q_first), so scores need the mask. Past the last tile every tile reads as
+    empty."""
     live = t < n_tiles
     if BLOCK_N <= PAGE_SIZE:
         TILES_PER_PAGE: tl.constexpr = PAGE_SIZE // BLOCK_N
         p = page_lo + t // TILES_PER_PAGE
         slot_lo = (t % TILES_PER_PAGE) * BLOCK_N
         page0 = tl.load(pages_row + p, mask=live, other=0)
-        n0 = tl.load(valid_row + p, mask=live, other=0) - slot_lo
-        pos0 = tl.load(starts_row + p, mask=live, other=0) + slot_lo
+        if HAS_FIRST:  # noqa: SIM108 - a compile-time branch
+            first0 = tl.load(firsts_row + p, mask=live, other=0)
+        else:
+            first0 = 0 * t
+        n0 = first0 + tl.load(valid_row + p, mask=live, other=0) - slot_lo
+        lo0 = first0 - slot_lo
+        pos0 = tl.load(starts_row + p, mask=live, other=0) - first0 + slot_lo
         page1 = page0
+        lo1 = lo0
         n1 = n0
-        full = n0 >= BLOCK_N
+        full = (n0 >= BLOCK_N) & (lo0 <= 0)
     else:
         p = page_lo + 2 * t
         second = live & (p + 1 < page_hi)
         slot_lo = 0 * t
         page0 = tl.load(pages_row + p, mask=live, other=0)
-        n0 = tl.load(valid_row + p, mask=live, other=0)
-        pos0 = tl.load(starts_row + p, mask=live, other=0)
+        if HAS_FIRST:
+            lo0 = tl.load(firsts_row + p, mask=live, other=0)
+            lo1 = tl.load(firsts_row + p + 1, mask=second, other=0)
+        else:
+            lo0 = 0 * t
+            lo1 = 0 * t
+        n0 = lo0 + tl.load(valid_row + p, mask=live, other=0)
+        pos0 = tl.load(starts_row + p, mask=live, other=0) - lo0
         page1 = tl.load(pages_row + p + 1, mask=second, other=0)
-        n1 = tl.load(valid_row + p + 1, mask=second, other=0)
-        full = (n0 == PAGE_SIZE) & (n1 == PAGE_SIZE)
+        n1 = lo1 + tl.load(valid_row + p + 1, mask=second, other=0)
+        full = (n0 == PAGE_SIZE) & (n1 == PAGE_SIZE) & (lo0 == 0) & (lo1 == 0)
     masked = (not full) | (pos0 + BLOCK_N - 1 > q_first)
-    return page0, page1, slot_lo, n0, n1, pos0, masked
+    return page0, page1, slot_lo, lo0, n0, lo1, n1, pos0, masked
 
 
 @triton.jit
 def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
-                  k_head, v_head, pages_row, valid_row, starts_row, page_lo, page_hi,
+                  k_head, v_head, pages_row, valid_row, starts_row, firsts_row, page_lo, page_hi,
                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr):
     """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2).
 
     The page metadata of tile t + 1 is loaded during tile t and carried in registers. Loaded in the same
@@ -241,18 +256,24 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
         n_tiles = (page_hi - page_lo) * (PAGE_SIZE // BLOCK_N)
     else:
         n_tiles = (page_hi - page_lo + 1) // 2
-    page0, page1, slot_lo, n0, n1, pos0, masked = _tile_meta(
-        pages_row, valid_row, starts_row, 0, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE, BLOCK_N)
+    page0, page1, slot_lo, lo0, n0, lo1, n1, pos0, masked = _tile_meta(
+        pages_row, valid_row, starts_row, firsts_row, 0, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE, BLOCK_N,
+        HAS_FIRST)
     for t in range(0, n_tiles):
         t_page0, t_page1, t_slot_lo, t_n0, t_n1, t_pos0, t_masked = page0, page1, slot_lo, n0, n1, pos0, masked
-        page0, page1, slot_lo, n0, n1, pos0, masked = _tile_meta(
-            pages_row, valid_row, starts_row, t + 1, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE, BLOCK_N)
+        t_lo0, t_lo1 = lo0, lo1
+        page0, page1, slot_lo, lo0, n0, lo1, n1, pos0, masked = _tile_meta(
+            pages_row, valid_row, starts_row, firsts_row, t + 1, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE,
+            BLOCK_N, HAS_FIRST)
         # int64 page offsets: page * stride overflows int32 on big pools.
         if BLOCK_N <= PAGE_SIZE:
             slot = t_slot_lo + n
             k_rows = k_head + t_page0.to(tl.int64) * stride_kp + slot * stride_ks
             v_rows = v_head + t_page0.to(tl.int64) * stride_vp + slot * stride_vs
-            in_page = n < t_n0
+            if HAS_FIRST:  # noqa: SIM108 - a compile-time branch
+                in_page = (n >= t_lo0) & (n < t_n0)
+            else:
+                in_page = n < t_n0
             key_pos = t_pos0 + n
         else:
             first = n < PAGE_SIZE
@@ -260,8 +281,12 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
             page = tl.where(first, t_page0, t_page1).to(tl.int64)
             k_rows = k_head + page * stride_kp + slot * stride_ks
             v_rows = v_head + page * stride_vp + slot * stride_vs
-            in_page = slot < tl.where(first, t_n0, t_n1)
-            key_pos = tl.where(first, t_pos0, t_pos0 + t_n0 - PAGE_SIZE) + n
+            if HAS_FIRST:  # noqa: SIM108 - a compile-time branch
+                in_page = (slot >= tl.where(first, t_lo0, t_lo1)) & (slot < tl.where(first, t_n0, t_n1))
+            else:
+                in_page = slot < tl.where(first, t_n0, t_n1)
+            # page1's slot 0 sits right after page0's last key, shifted back by page1's own offset
+            key_pos = tl.where(first, t_pos0, t_pos0 + t_n0 - t_lo1 - PAGE_SIZE) + n
         # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot).
         k = tl.load(k_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0)
         v = tl.load(v_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0)
@@ -286,13 +311,13 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _prefill_kernel(
     Q, K, V, Out, WsO, WsLse, Cos, Sin,
-    cu_seqlens_q, q_start, pages, deltas, valid, starts, num_pages,
+    cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
     batch_size, total_q, max_position,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_table, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
@@ -385,16 +410,16 @@ def _prefill_kernel(
             q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
             acc, l_i, m_i = _attend_pages(
                 acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                starts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+                starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs,
+                qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
             c += step
             page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
             acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-            starts + table, 0, n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+            starts + table, firsts + table, 0, n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+            HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
 
     if SPLIT_KV:
         # This split's partial: normalised output and log2-sum-exp (-inf when it saw no key).
@@ -535,6 +560,7 @@ def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     args = (
         q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
+        batch.starts if batch.firsts is None else batch.firsts,  # a placeholder pointer without offsets
         batch.num_pages, batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
@@ -544,7 +570,7 @@ def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=q.shape[1] // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
         APPLY_DELTA=tables is not None, INTERLEAVED=tables is not None and tables.interleaved,
         SPLIT_KV=splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        UPCAST=interpreting() and q.dtype == torch.bfloat16, HAS_FIRST=batch.firsts is not None,
         BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
     )
     return args, consts
@@ -575,6 +601,6 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          f"{out.dtype} {tuple(out.shape)}")
     if out is not None and out.data_ptr() == q.data_ptr():
         raise ValueError("out must not be q itself: the kernel keeps rotated copies of q in out's rows")
-    if any(t.stride(1) != 1 or t.stride(0) != batch.pages.stride(0)
-           for t in (batch.pages, batch.deltas, batch.valid, batch.starts)):
+    rows = (batch.pages, batch.deltas, batch.valid, batch.starts) + (() if batch.firsts is None else (batch.firsts,))
+    if any(t.stride(1) != 1 or t.stride(0) != batch.pages.stride(0) for t in rows):
         raise ValueError("PagedBatch tables must be contiguous [B, P] int32 tensors of one shape")

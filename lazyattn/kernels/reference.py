@@ -25,11 +25,12 @@ def gather_keys(
     pages = batch.pages[entry, :n].long()
     valid = batch.valid[entry, :n].long()
     page_size = k_cache.shape[1]
+    first = torch.zeros_like(valid) if batch.firsts is None else batch.firsts[entry, :n].long()
     slot = torch.arange(page_size, device=k_cache.device)
-    keep = (slot[None, :] < valid[:, None]).reshape(-1)
+    keep = ((slot[None, :] >= first[:, None]) & (slot[None, :] < (first + valid)[:, None])).reshape(-1)
     k = k_cache[pages].float().reshape(n * page_size, *k_cache.shape[2:])[keep]
     v = v_cache[pages].float().reshape(n * page_size, *v_cache.shape[2:])[keep]
-    pos = (batch.starts[entry, :n].long()[:, None] + slot[None, :]).reshape(-1)[keep]
+    pos = ((batch.starts[entry, :n].long() - first)[:, None] + slot[None, :]).reshape(-1)[keep]
     delta = batch.deltas[entry, :n].long()[:, None].expand(n, page_size).reshape(-1)[keep]
     if tables is not None and bool((delta != 0).any()):
         d = delta.clamp(min=0)

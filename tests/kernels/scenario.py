@@ -3,11 +3,15 @@
 A scenario holds documents (segments) encoded once at local positions in their own pages, and requests
 that place some of them, in any order, before a final segment. Physical pages are shuffled so that any
 indexing mistake shows. Documents may be shared by several requests at different deltas.
+
+Relinked requests (docs/design.md, "Relink") replace the first k rows of every placed document after the
+first with rows of their own (random q/k/v here, cached at their logical positions in private pages) and
+read the rest of the document from its shared pages, skipping the shared copy's first k slots.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +38,7 @@ class Tokens:
 class Request:
     docs: list[int]  # indices into Scenario.docs, in placement order
     final: Tokens  # final segment; its keys are cached at logical positions
+    relinks: list[Tokens] = field(default_factory=list)  # recomputed first rows of docs[1:], if relinked
 
 
 @dataclass
@@ -58,19 +63,36 @@ class Scenario:
 
     # --- batches -------------------------------------------------------------------------------------
 
+    def placed(self, r: Request) -> list[tuple[Tokens, int, int]]:
+        """(document, logical start, rows replaced by a relink) for each placed document."""
+        skips = [0] + [t.length for t in r.relinks] if r.relinks else [0] * len(r.docs)
+        return [(self.docs[d], start, skip) for d, start, skip in zip(r.docs, self.doc_starts(r), skips)]
+
+    def context_entry(self, r: Request, upto_doc: int | None = None) -> EntryPages:
+        """Pages of the documents before `upto_doc` (default: all) at their deltas; a relinked document lists
+        its private rows (delta 0), then its shared pages from the first row it did not replace."""
+        pages, deltas, valid, firsts = [], [], [], []
+        for j, (doc, start, skip) in enumerate(self.placed(r)[:upto_doc]):
+            if skip:
+                own = r.relinks[j - 1]
+                pages += own.pages
+                deltas += [0] * len(own.pages)
+                valid += page_fill(skip, self.page_size)
+                firsts += [0] * len(own.pages)
+            fill = page_fill(doc.length, self.page_size)
+            for m, page in enumerate(doc.pages):
+                first = min(max(skip - m * self.page_size, 0), fill[m])
+                if fill[m] - first:
+                    pages.append(page)
+                    deltas.append(start)
+                    valid.append(fill[m] - first)
+                    firsts.append(first)
+        return EntryPages(pages, deltas, valid, firsts)
+
     def final_entry(self, r: Request, upto: int) -> EntryPages:
         """Pages of every document at its delta, then the final segment's pages holding its first `upto` keys."""
-        pages, deltas, valid = [], [], []
-        for d, start in zip(r.docs, self.doc_starts(r)):
-            doc = self.docs[d]
-            pages += doc.pages
-            deltas += [start] * len(doc.pages)
-            valid += page_fill(doc.length, self.page_size)
         n_final = cdiv(upto, self.page_size)
-        pages += r.final.pages[:n_final]
-        deltas += [0] * n_final
-        valid += page_fill(upto, self.page_size)
-        return EntryPages(pages, deltas, valid)
+        return self.context_entry(r).then(r.final.pages[:n_final], page_fill(upto, self.page_size))
 
     def final_prefill(self, chunks: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, PagedBatch]:
         """Queries of each request's final segment rows [lo, hi) (default: all), rotated, and their batch."""
@@ -89,6 +111,19 @@ class Scenario:
     def decode(self) -> tuple[torch.Tensor, PagedBatch]:
         """The last row of each final segment as a decode query."""
         return self.final_prefill([(r.final.length - 1, r.final.length) for r in self.requests])
+
+    def relink_prefill(self) -> tuple[torch.Tensor, PagedBatch]:
+        """Every relinked document's recomputed rows as one entry each: at their logical positions, over the
+        documents before them (relinked) and their own private pages."""
+        qs, entries, lens, starts = [], [], [], []
+        for r in self.requests:
+            for j, ((_, start, skip), own) in enumerate(zip(self.placed(r)[1:], r.relinks), start=1):
+                pos = torch.arange(start, start + skip, device=self.k_cache.device)
+                qs.append(apply_rope(own.q, pos, self.tables))
+                entries.append(self.context_entry(r, j).then(own.pages, page_fill(skip, self.page_size)))
+                lens.append(skip)
+                starts.append(start)
+        return torch.cat(qs), PagedBatch.build(entries, lens, starts, self.k_cache.device)
 
     def doc_prefill(self, chunks: list[tuple[int, int, int]]) -> tuple[torch.Tensor, PagedBatch]:
         """Encoding documents alone: (doc, lo, hi) rows at local positions against the doc's own pages."""
@@ -109,26 +144,48 @@ class Scenario:
         listed = torch.zeros(self.k_cache.shape[:2], dtype=torch.bool, device=self.k_cache.device)
         for b in range(batch.batch_size):
             for i in range(int(batch.num_pages[b])):
-                listed[int(batch.pages[b, i]), : int(batch.valid[b, i])] = True
+                first = 0 if batch.firsts is None else int(batch.firsts[b, i])
+                listed[int(batch.pages[b, i]), first : first + int(batch.valid[b, i])] = True
         self.k_cache[~listed] = float("nan")
         self.v_cache[~listed] = float("nan")
 
     # --- ground truth ------------------------------------------------------------------------------
 
+    def _context_tokens(self, r: Request, upto_doc: int | None = None) -> list[Tokens]:
+        """The rows of the documents before `upto_doc` as the request sees them: a relinked document's own
+        first rows, then the rest of the shared document."""
+        parts = []
+        for j, (doc, _, skip) in enumerate(self.placed(r)[:upto_doc]):
+            if skip:
+                parts.append(r.relinks[j - 1])
+            parts.append(Tokens(doc.q[skip:], doc.k[skip:], doc.v[skip:], []))
+        return parts
+
     def dense_final(self, r: Request, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """The semantics' reference (docs/design.md): attention over the concatenation at logical positions,
-        block mask."""
+        block mask (the final segment sees every row before it)."""
         hi = r.final.length if hi is None else hi
-        parts = [self.docs[d] for d in r.docs] + [r.final]
-        q = torch.cat([p.q for p in parts])
+        parts = self._context_tokens(r) + [r.final]
+        ctx = self.context_len(r)
+        return self._dense(parts, ctx + lo, ctx + hi)
+
+    def dense_relinks(self) -> torch.Tensor:
+        """Ground truth of relink_prefill: each document's recomputed rows see every row before them."""
+        outs = []
+        for r in self.requests:
+            for j, ((_, start, skip), own) in enumerate(zip(self.placed(r)[1:], r.relinks), start=1):
+                outs.append(self._dense(self._context_tokens(r, j) + [own], start, start + skip))
+        return torch.cat(outs)
+
+    def _dense(self, parts: list[Tokens], lo: int, hi: int) -> torch.Tensor:
+        """Rows [lo, hi) of causal attention over the concatenated parts at positions 0, 1, ... (fp64)."""
+        q = torch.cat([p.q for p in parts])[lo:hi]
         k = torch.cat([p.k for p in parts])
         v = torch.cat([p.v for p in parts])
-        pos = torch.arange(q.shape[0], device=q.device)
-        q, k = apply_rope(q.double(), pos, self.tables), apply_rope(k.double(), pos, self.tables)
-        mask = block_mask([p.length for p in parts[:-1]], r.final.length, q.device)
-        ctx = self.context_len(r)
-        rows = slice(ctx + lo, ctx + hi)
-        return attend(q[rows].double(), k.double(), v.double(), mask[rows], self.scale)
+        q = apply_rope(q.double(), torch.arange(lo, hi, device=q.device), self.tables)
+        k = apply_rope(k.double(), torch.arange(k.shape[0], device=k.device), self.tables)
+        mask = torch.arange(k.shape[0], device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
+        return attend(q, k, v.double(), mask, self.scale)
 
     def dense_doc(self, d: int, lo: int, hi: int) -> torch.Tensor:
         doc = self.docs[d]
@@ -151,10 +208,12 @@ def make_scenario(
     device: torch.device | str = "cpu",
     seed: int = 0,
     spare_pages: int = 3,
+    relink: int = 0,
 ) -> Scenario:
     """Documents of the given lengths, and requests of (doc order, final-segment length).
 
     Documents' keys are cached rotated at their local positions, final segments' at their logical ones.
+    relink=k: every request replaces the first min(k, length) rows of each document after its first.
     """
     gen = torch.Generator().manual_seed(seed)
 
@@ -166,7 +225,10 @@ def make_scenario(
 
     docs = [tokens(n) for n in doc_lens]
     reqs = [Request(list(order), tokens(f)) for order, f in requests]
-    need = sum(cdiv(t.length, page_size) for t in docs + [r.final for r in reqs]) + spare_pages
+    for r in reqs:
+        r.relinks = [tokens(min(relink, doc_lens[d])) for d in r.docs[1:]] if relink else []
+    own = [t for r in reqs for t in [r.final] + r.relinks]
+    need = sum(cdiv(t.length, page_size) for t in docs + own) + spare_pages
     perm = torch.randperm(need, generator=gen).tolist()
     k_cache = torch.randn(need, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
     v_cache = torch.randn(need, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
@@ -186,4 +248,6 @@ def make_scenario(
         place(d, 0)
     for r in reqs:
         place(r.final, scenario.context_len(r))
+        for own, (_, start, _) in zip(r.relinks, scenario.placed(r)[1:]):
+            place(own, start)
     return scenario

@@ -1,0 +1,226 @@
+"""Relink (docs/design.md, "Relink"): lazy mode recomputing the first k rows of each placed document in context,
+against an independent transformers reference, plus page accounting and isolation from other requests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lazyattn import LLM, SamplingParams
+from lazyattn.engine.prompt import from_token_ids
+from lazyattn.errors import ContextTooLongError, InvalidRequestError
+from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm
+from tests.model.checkpoints import hf_logits
+
+ARCHS = ["llama", "llama31", "llama_bias", "qwen2", "qwen3", "mistral", "tied"]
+
+
+def relinked_layout(segments: list[list[int]], k: int, tail: list[int]):
+    """transformers' input for the relink semantics, in one forward pass: (tokens, positions, mask).
+
+    The rows are: every segment encoded alone at its logical positions (standalone KV: each attends only
+    within its own segment), then the recomputed first min(k, L_i) rows of each segment after the first, then
+    the final segment plus generated tokens. A recomputed row of segment i sees the first segment, for each
+    earlier segment j its recomputed rows and its standalone rows past k_j, and its own recomputed rows
+    causally; the final rows see the same context (all segments) and themselves causally. Standalone rows
+    0..k_i-1 of a relinked segment only serve the other standalone rows of that segment."""
+    starts = [sum(len(s) for s in segments[:i]) for i in range(len(segments))]
+    ks = [0] + [min(k, len(s)) for s in segments[1:]]
+    rows: list[tuple[int, int]] = []  # (token, position) in input order
+    standalone: list[list[int]] = []  # input rows of each segment's standalone encoding
+    for seg, s in zip(segments, starts):
+        standalone.append(list(range(len(rows), len(rows) + len(seg))))
+        rows += [(t, s + i) for i, t in enumerate(seg)]
+    recomputed: list[list[int]] = [[]]
+    for seg, s, n in zip(segments[1:], starts[1:], ks[1:]):
+        recomputed.append(list(range(len(rows), len(rows) + n)))
+        rows += [(t, s + i) for i, t in enumerate(seg[:n])]
+    final_lo = len(rows)
+    rows += [(t, starts[-1] + len(segments[-1]) + i) for i, t in enumerate(tail)]
+    mask = torch.zeros(len(rows), len(rows), dtype=torch.bool)
+    for seg_rows in standalone:
+        for a, r in enumerate(seg_rows):
+            mask[r, seg_rows[: a + 1]] = True
+
+    def context(upto: int) -> list[int]:  # what segment `upto`'s recomputed rows (or the final) read before them
+        seen = list(standalone[0])
+        for j in range(1, upto):
+            seen += recomputed[j] + standalone[j][ks[j]:]
+        return seen
+
+    for i in range(1, len(segments)):
+        for a, r in enumerate(recomputed[i]):
+            mask[r, context(i) + recomputed[i][: a + 1]] = True
+    for r in range(final_lo, len(rows)):
+        mask[r, context(len(segments)) + list(range(final_lo, r + 1))] = True
+    return [t for t, _ in rows], [p for _, p in rows], mask
+
+
+def hf_relinked_rollout(model, segments, prompt, k: int) -> list[torch.Tensor]:
+    """Greedy log-probs of each generated position under the relink semantics."""
+    tail = list(prompt)
+    out = []
+    for _ in range(GEN):
+        tokens, positions, mask = relinked_layout(segments, k, tail)
+        lp = torch.log_softmax(hf_logits(model, tokens, positions, mask)[-1].double(), -1)
+        out.append(lp)
+        tail.append(int(lp.argmax()))
+    return out
+
+
+def assert_relinked_matches(outs, model, requests, bos, k, atol=2e-4):
+    for out, (docs, prompt) in zip(outs, requests):
+        rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
+        want = hf_relinked_rollout(model, rendered.segments, rendered.final, k)
+        assert out.token_ids == [int(lp.argmax()) for lp in want]
+        for got, lp in zip(out.outputs[0].logprobs, want):
+            ids = torch.tensor(list(got))
+            assert torch.allclose(torch.tensor(list(got.values()), dtype=torch.float64), lp[ids], atol=atol)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+@pytest.mark.parametrize("k", [3, 20])
+def test_relink_matches_transformers(checkpoint, name, k):
+    """Page size 16: k = 3 cuts a document's first page, k = 20 drops it and cuts the second; document "c"
+    (16 tokens) shorter than 20 is recomputed whole. Engine default for one k, per request for the other."""
+    if k == 3:
+        llm = make_llm(checkpoint, name, "lazy", relink_tokens=k)
+        outs = generate(llm)
+    else:
+        llm = make_llm(checkpoint, name, "lazy")
+        outs = llm.generate(prompt_token_ids=[p for _, p in REQUESTS],
+                            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
+                            sampling_params=greedy(logprobs=20), relink_tokens=k)
+    assert_relinked_matches(outs, checkpoint(name)[1], REQUESTS, llm.tokenizer.bos_token_id, k)
+
+
+def test_the_reference_is_not_block_attention(checkpoint):
+    """Sanity of the reference itself: relinking changes transformers' answer and k = 0 is block attention."""
+    model = checkpoint("llama")[1]
+    segments = from_token_ids(REQUESTS[1][1], [DOCS[d] for d in REQUESTS[1][0]], 1).segments
+    prompt = REQUESTS[1][1]
+    plain = hf_logits(model, *relinked_layout(segments, 0, prompt))[-1]
+    relinked = hf_logits(model, *relinked_layout(segments, 8, prompt))[-1]
+    assert (plain - relinked).abs().max() > 1e-3
+    from lazyattn.kernels.reference import block_mask
+
+    tokens = [t for s in segments for t in s] + prompt
+    block = hf_logits(model, tokens, list(range(len(tokens))), block_mask([len(s) for s in segments], len(prompt)))
+    assert torch.allclose(plain, block[-1], atol=1e-4)
+
+
+def test_relink_zero_is_plain_lazy(checkpoint):
+    plain = generate(make_llm(checkpoint, "qwen2", "lazy"))
+    zero = generate(make_llm(checkpoint, "qwen2", "lazy", relink_tokens=0))
+    per_request = make_llm(checkpoint, "qwen2", "lazy", relink_tokens=4).generate(
+        prompt_token_ids=[p for _, p in REQUESTS], document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
+        sampling_params=greedy(logprobs=20), relink_tokens=0)
+    for a, b, c in zip(plain, zero, per_request):
+        assert a.token_ids == b.token_ids == c.token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs == c.outputs[0].logprobs
+
+
+def test_shared_copy_is_untouched_by_a_relinked_request(checkpoint):
+    """A relinked request writes only its private pages: another request without relink gets the same output
+    before and after it, and the cached documents' pages hold the same bytes."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    generate(llm, REQUESTS[1:2])  # documents cached: later runs have the same batch shapes (same rounding)
+    before = generate(llm, REQUESTS[1:2])
+    kv = llm.engine.runner.backend.kv
+    cached = kv.clone()
+    relinked = llm.generate(prompt_token_ids=[REQUESTS[1][1]], document_token_ids=[[DOCS[d] for d in REQUESTS[1][0]]],
+                            sampling_params=greedy(logprobs=20), relink_tokens=20)
+    segments = from_token_ids([40], [DOCS[d] for d in REQUESTS[1][0]], llm.tokenizer.bos_token_id).segments
+    shared = [p for s in segments for p in llm.engine.cache.lookup(llm.engine.keyer(s, None, None)).pages]
+    assert torch.equal(kv[:, :, shared], cached[:, :, shared])
+    after = generate(llm, REQUESTS[1:2])
+    assert before[0].token_ids == after[0].token_ids
+    assert before[0].outputs[0].logprobs == after[0].outputs[0].logprobs
+    assert relinked[0].outputs[0].logprobs != before[0].outputs[0].logprobs
+
+
+def test_private_pages_are_freed_after_finish_and_abort(checkpoint):
+    llm = make_llm(checkpoint, "llama", "lazy", relink_tokens=20)
+    generate(llm, params=SamplingParams(max_tokens=4, temperature=0.8, seed=1, n=2))
+    engine = llm.engine
+    assert engine.pool.num_used == engine.cache.stats().pages_in_use
+    rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"]], llm.tokenizer.bos_token_id)
+    engine.add_request("abort-me", rendered, greedy())
+    engine.step()  # documents encoded and relinked rows computed: private pages held
+    seq = engine.requests["abort-me"].seqs[0]
+    assert seq.relinks and all(r.pages for r in seq.relinks)
+    assert engine.pool.num_used > engine.cache.stats().pages_in_use
+    engine.abort("abort-me")
+    assert engine.pool.num_used == engine.cache.stats().pages_in_use
+
+
+def test_page_count_includes_the_private_rows(checkpoint):
+    """pages_needed counts one private page run per relinked document and sample: validation refuses a request
+    that fits without relink but not with it, and max_new_tokens shrinks by exactly those pages."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    engine = llm.engine
+    docs = [DOCS[d] for d in "adefg"]
+    rendered = from_token_ids([40], docs, llm.tokenizer.bos_token_id)
+    lens = [len(s) for s in rendered.segments]
+    plain = engine.mode.pages_needed(lens, 1 + 5, 2, 16)
+    assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, relink_tokens=20) - plain == 2 * sum(
+        -(-min(20, n) // 16) for n in lens[1:])
+    page_bytes = llm.stats().page_bytes
+    tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=plain * page_bytes / 2**30)
+    params = SamplingParams(max_tokens=5, n=2, temperature=0.5, seed=0)
+    assert plain >= 16  # the smallest pool an engine takes
+    tight.generate(prompt_token_ids=[[40]], document_token_ids=[docs], sampling_params=params)
+    with pytest.raises(ContextTooLongError):
+        tight.generate(prompt_token_ids=[[40]], document_token_ids=[docs], sampling_params=params, relink_tokens=20)
+    assert tight.engine.max_new_tokens(rendered, 1, relink_tokens=20) < tight.engine.max_new_tokens(rendered, 1)
+
+
+def test_tiny_pool_preempts_relinked_requests_and_stays_correct(checkpoint):
+    requests = (REQUESTS + [(["d", "e"], [80, 81, 82]), (["e", "b", "d"], [83])]) * 2
+
+    def run(llm):
+        return llm.generate(prompt_token_ids=[p for _, p in requests],
+                            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
+                            sampling_params=greedy(), relink_tokens=20)
+
+    roomy = run(make_llm(checkpoint, "llama", "lazy"))
+    page_bytes = make_llm(checkpoint, "llama", "lazy").stats().page_bytes
+    tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=20 * page_bytes / 2**30, max_num_batched_tokens=24)
+    assert [o.token_ids for o in run(tight)] == [o.token_ids for o in roomy]
+    stats = tight.stats()
+    assert stats.cache.evictions + stats.preemptions > 0
+    assert tight.engine.pool.num_used == stats.cache.pages_in_use
+
+
+@pytest.mark.parametrize("mode", ["block", "prefix", "full"])
+def test_relink_outside_lazy_mode_is_refused(checkpoint, mode):
+    with pytest.raises(InvalidRequestError, match="relink_tokens"):
+        make_llm(checkpoint, "llama", mode, relink_tokens=4)
+    llm = make_llm(checkpoint, "llama", mode)
+    with pytest.raises(InvalidRequestError, match="relink_tokens"):
+        generate_relinked = llm.generate(prompt_token_ids=[[40]], document_token_ids=[[DOCS["a"]]],
+                                         sampling_params=greedy(), relink_tokens=4)
+        del generate_relinked
+    assert not llm.engine.has_unfinished()
+    assert len(generate(llm, REQUESTS[:1])[0].token_ids) == GEN  # relink 0 is fine in any mode
+
+
+def test_bad_relink_values_are_refused(checkpoint):
+    llm = make_llm(checkpoint, "llama", "lazy")
+    for bad in (-1, 2.5, True):
+        with pytest.raises(InvalidRequestError, match="relink_tokens"):
+            llm.generate(prompt_token_ids=[[40]], sampling_params=greedy(), relink_tokens=bad)
+    assert not llm.engine.has_unfinished()
+
+
+# --- GPU: the Triton kernels end to end, fp32, against the same reference -----------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama31", "qwen3"])
+def test_gpu_relink_matches_transformers(checkpoint, name):
+    directory, model = checkpoint(name)
+    llm = LLM(model=str(directory), mode="lazy", device="cuda", dtype="float32", page_size=16, progress=False,
+              kv_cache_gb=0.05, relink_tokens=20)
+    outs = generate(llm)
+    assert_relinked_matches(outs, model, REQUESTS, llm.tokenizer.bos_token_id, 20, atol=1e-3)
+    llm.shutdown()
