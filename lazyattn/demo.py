@@ -34,7 +34,10 @@ QUESTIONS = [("What is the capital of Veltria?", 0), ("Who invented the glass ha
              ("What is sorrel bread baked with?", 4)]
 WARM_UP_DOC = {"title": "Warm-up", "text": "This passage only warms the engine up; no question is about it."}
 MODES = ("lazy", "block", "prefix", "full")
-NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random weights)"}
+NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random weights)",
+         "smollm2-block": "SmolLM2-135M-Instruct + its block-attention adapter (lazyattn finetune)"}
+# The checkpoint adapted to block attention that the demo shows beside a model (docs/finetune.md).
+ADAPTED = {"smollm2": "smollm2-block"}
 
 
 def workload(seed: int = 0, docs_per_request: int = 3) -> list[tuple[list[dict[str, str]], list[dict]]]:
@@ -100,5 +103,21 @@ def main(model: str = "smollm2", device: str = "cpu") -> int:
     else:
         print(f"{name} was not fine-tuned for block attention, so lazy/block answers may differ from full "
               "attention's")
+    if model in ADAPTED:
+        show_adapted(ADAPTED[model], device, max_tokens=32)
     print(f"({time.monotonic() - start:.0f} s)")
     return 0 if same_block and same_causal else 1
+
+
+def show_adapted(model: str, device: str, max_tokens: int) -> None:
+    """The same questions on the model fine-tuned for block attention: lazy mode beside full attention."""
+    results = {mode: run_mode(model, mode, device, max_tokens) for mode in ("lazy", "full")}
+    print(f"\n{NAMES.get(model, model)}, the same questions:")
+    for i, (question, _) in enumerate(QUESTIONS):
+        print(f"Q: {question}")
+        print(f"   lazy (one cached copy per document): {results['lazy']['texts'][i]}")
+        print(f"   full (ordinary causal):              {results['full']['texts'][i]}")
+    lazy, full = results["lazy"], results["full"]
+    print(f"median TTFT: lazy {lazy['ttft_ms']:.1f} ms, full {full['ttft_ms']:.1f} ms "
+          f"({full['ttft_ms'] / lazy['ttft_ms']:.1f}x); prefilled tokens: lazy {lazy['prefilled']}, "
+          f"full {full['prefilled']}")

@@ -98,3 +98,16 @@ def test_chat_through_the_server_returns_the_models_answer(smollm2_gguf, referen
     assert answer == expected and r.choices[0].finish_reason == "stop"
     assert "Oskarn" in answer
 
+
+
+def test_the_block_adapted_model_answers_in_lazy_mode(smollm2_gguf):
+    """The shipped adapter (docs/finetune.md) on the quickstart's questions: lazy mode, documents encoded alone,
+    gives the answer each question's document states (checked by hand), as full attention does."""
+    from lazyattn import demo
+
+    stated = ["Oskarn", "Maren Tolle", "412 kilometres", "Ida Pell", "sorrel leaves"]
+    for (_, doc), answer in zip(demo.QUESTIONS, stated):  # the hand-checked answers are what the documents say
+        assert answer in demo.DOCS[doc]["text"]
+    results = {mode: demo.run_mode("smollm2-block", mode, "cpu", max_tokens=16) for mode in ("lazy", "full")}
+    for mode, r in results.items():
+        assert [s in text for s, text in zip(stated, r["texts"])] == [True] * len(stated), (mode, r["texts"])
