@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from lazyattn.model.tokenizer import Tokenizer
 from tests.model.checkpoints import write_checkpoint
+from tests.model.test_tokenizer import CHATML_TEMPLATE, write_hf_tokenizer
 
 
 def write_tokenizer(directory, vocab_size: int = 300) -> None:
@@ -41,3 +43,13 @@ def checkpoint(tmp_path_factory):
         return built[name]
 
     return get
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory) -> Tokenizer:
+    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("llama3")))
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory) -> Tokenizer:
+    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML_TEMPLATE, bos=None,
+                                        eos="<|im_end|>"))

@@ -29,16 +29,6 @@ def text_of(ids: list[int], tok=TOK) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
-@pytest.fixture(scope="module")
-def llama3(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("llama3")))
-
-
-@pytest.fixture(scope="module")
-def chatml(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML_TEMPLATE, bos=None,
-                                        eos="<|im_end|>"))
-
 
 def test_default_layout_is_block_attention_format():
     r = render_chat(TOK, QUESTION, DOCS)

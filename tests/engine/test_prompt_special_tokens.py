@@ -20,8 +20,7 @@ from lazyattn.engine.prompt import (
 )
 from lazyattn.errors import InvalidRequestError
 from lazyattn.model.byte_tokenizer import ByteTokenizer
-from lazyattn.model.tokenizer import Tokenizer
-from tests.model.test_tokenizer import CHATML_TEMPLATE, LLAMA3_SPECIALS, write_hf_tokenizer
+from tests.model.test_tokenizer import LLAMA3_SPECIALS
 
 TOK = ByteTokenizer()
 BOS, SYSTEM, USER, ASSISTANT, END = (TOK.token_to_id(t) for t in ("<s>", "<|system|>", "<|user|>", "<|assistant|>",
@@ -37,16 +36,6 @@ for _ in range(40):
 def b(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
-
-@pytest.fixture(scope="module")
-def llama3(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("llama3")))
-
-
-@pytest.fixture(scope="module")
-def chatml(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML_TEMPLATE, bos=None,
-                                        eos="<|im_end|>"))
 
 
 def test_a_user_cannot_close_their_turn_by_typing_its_marker():
