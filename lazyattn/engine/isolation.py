@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 
 from lazyattn.cache.document_cache import DocumentCache
+from lazyattn.engine.batch import ScheduledBatch, Work
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.sampling import SampleResult
-from lazyattn.engine.scheduler import ScheduledBatch, Work
 from lazyattn.engine.sequence import Sequence
 
 logger = logging.getLogger("lazyattn.engine")

@@ -21,6 +21,7 @@ import torch
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation
+from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig, check_relink
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.modes import make_mode
@@ -28,7 +29,7 @@ from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
-from lazyattn.engine.scheduler import ScheduledBatch, Scheduler
+from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
 from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
 from lazyattn.model.byte_tokenizer import ByteTokenizer

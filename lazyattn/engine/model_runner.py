@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from lazyattn.cache.page_pool import bytes_per_page, pages_for_budget, pages_from_free_memory
+from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
-from lazyattn.engine.scheduler import Copy, ScheduledBatch, Work
 from lazyattn.engine.sequence import Run
 from lazyattn.kernels.backend import ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill

@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from lazyattn.cache.document_cache import DocumentCache, Segment
+from lazyattn.cache.document_cache import DocumentCache
+from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import BlockMode, Mode
 from lazyattn.engine.sequence import Part, Run, Sequence, Status
@@ -28,50 +28,6 @@ from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv
 
 Keyer = Callable[[list[int], "str | None", "str | None"], str]  # (tokens, salt, parent) -> key
-
-
-@dataclass
-class SegmentJob:
-    """Encoding one cached document alone, at local positions, shared by every sequence that needs it."""
-
-    segment: Segment
-    run: Run
-
-
-@dataclass
-class Work:
-    """Rows [lo, hi) of a run, attending to `context` and then the run's own pages."""
-
-    run: Run
-    lo: int
-    hi: int
-    context: EntryPages
-    seq: Sequence | None = None  # the sequence whose run this is (None: a segment job)
-    job: SegmentJob | None = None
-    samples: bool = False  # the chunk ends a sequence's run: it samples its next token from the last row
-
-
-@dataclass
-class Copy:
-    seq_id: int
-    src: list[int]
-    dst: list[int]
-    deltas: list[int]
-
-
-@dataclass
-class ScheduledBatch:
-    works: list[Work] = field(default_factory=list)
-    copies: list[Copy] = field(default_factory=list)
-    encoded: list[Sequence] = field(default_factory=list)  # prefill-only sequences whose documents are cached
-
-    @property
-    def is_decode(self) -> bool:
-        return all(w.hi - w.lo == 1 and w.samples for w in self.works)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(w.hi - w.lo for w in self.works)
 
 
 class Scheduler:

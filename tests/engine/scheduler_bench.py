@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
 from lazyattn.cache.page_pool import PagePool
+from lazyattn.engine.batch import ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.sampling import SamplingParams
-from lazyattn.engine.scheduler import ScheduledBatch, Scheduler, Work
+from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
 
 PAGE = 16  # the smallest page size EngineConfig accepts
