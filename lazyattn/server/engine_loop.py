@@ -136,7 +136,7 @@ class EngineLoop:
     # -- called from the event loop -------------------------------------------------------------------------------
 
     async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams | None]], *,
-                     cache_salt: str | None, arrival: float) -> OutputStream:
+                     cache_salt: str | None, arrival: float, relink_tokens: int | None = None) -> OutputStream:
         """Add requests to the engine, all or none; raises the engine's validation errors. Params None: a
         prefill-only request (documents encoded ahead)."""
         loop = asyncio.get_running_loop()
@@ -147,7 +147,8 @@ class EngineLoop:
             added: list[str] = []
             try:
                 for rid, prompt, params in requests:
-                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival)
+                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival,
+                                            relink_tokens=relink_tokens)
                     added.append(rid)
                     self._streams[rid] = stream
             except BaseException as e:

@@ -36,7 +36,7 @@ class Renderer:
     vocab_size: int
     # The engine's `max_new_tokens(prompt, n)`: it reads only what never changes after start-up (context limit,
     # mode, pool size), so the event loop may call it.
-    max_new_tokens: Callable[[RenderedPrompt, int], int]
+    max_new_tokens: Callable[[RenderedPrompt, int, int | None], int]
 
     def chat(self, body: ChatCompletionRequest, documents: list[Document]) -> RenderedPrompt:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -63,12 +63,13 @@ class Renderer:
         bos = self.tokenizer.bos_token_id if want_bos else None
         return _from_token_ids(ids, docs, bos, self.vocab_size)
 
-    def max_tokens(self, requested: int | None, prompt: RenderedPrompt, n: int, param: str) -> int:
+    def max_tokens(self, requested: int | None, prompt: RenderedPrompt, n: int, param: str,
+                   relink_tokens: int | None = None) -> int:
         """OpenAI's default is "as many as fit": what is left of the context after the prompt, and what the KV
         pool can hold for `n` samples (the engine's own page count)."""
         if requested is not None:
             return requested
-        room = self.max_new_tokens(prompt, n)
+        room = self.max_new_tokens(prompt, n, relink_tokens)
         if room < 1:
             raise ContextTooLongError(
                 f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
@@ -123,5 +124,5 @@ def check_completion_options(body: CompletionRequest) -> None:
         raise InvalidRequestError("echo is not supported", param="echo")
     if body.suffix is not None:
         raise InvalidRequestError("suffix is not supported", param="suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise InvalidRequestError("best_of is not supported (only best_of == n)", param="best_of")
+    if body.best_of not in (None, 1):  # 1: each choice is the one sample drawn for it, whatever n is
+        raise InvalidRequestError("best_of is not supported (only 1 or null)", param="best_of")

@@ -95,6 +95,9 @@ class _GenerationRequest(_Strict):
     # lazyattn: the RAG inputs, and the tenant salt of the document cache.
     documents: list[DocumentInput] | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    relink_tokens: json_int(ge=0, le=1024) | None = Field(
+        None, description="lazy mode: recompute the first k tokens of each placed document in this request's "
+                          "context (docs/design.md, Relink); default: the server's --relink-tokens")
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(
         -1, description="-1 or 0: off; at most the vocabulary size.")

@@ -74,9 +74,11 @@ class OpenAIServing:
         documents = resolve_documents(body.documents, self.registry, scope)
         prompt = await run_in_threadpool(self.renderer.chat, body, documents)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = sampling_params(body, self.renderer.max_tokens(requested, prompt, body.n, "messages"), logprobs)
+        max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", body.relink_tokens)
+        params = sampling_params(body, max_tokens, logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self.engine_loop.submit([(rid, prompt, params)], cache_salt=scope, arrival=arrival)
+        stream = await self.engine_loop.submit([(rid, prompt, params)], cache_salt=scope, arrival=arrival,
+                                               relink_tokens=body.relink_tokens)
         created = int(time.time())
         top = logprobs or 0
         if body.stream:
@@ -129,10 +131,11 @@ class OpenAIServing:
         cid = f"cmpl-{uuid.uuid4().hex}"
         requests = []
         for i, prompt in enumerate(prompts):
-            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt")
+            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt", body.relink_tokens)
             params = sampling_params(body, max_tokens, body.logprobs)
             requests.append((f"{cid}-{i}", prompt, params))
-        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival)
+        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival,
+                                               relink_tokens=body.relink_tokens)
         created = int(time.time())
         prompt_index = {rid: i for i, (rid, _, _) in enumerate(requests)}
         top = body.logprobs or 0
