@@ -9,7 +9,7 @@ import torch
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.prompt import from_token_ids
 from lazyattn.errors import ContextTooLongError, InvalidRequestError
-from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm
+from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm, token_bos
 from tests.model.checkpoints import hf_logits
 
 ARCHS = ["llama", "llama31", "llama_bias", "qwen2", "qwen3", "mistral", "tied"]
@@ -91,7 +91,7 @@ def test_relink_matches_transformers(checkpoint, name, k):
         outs = llm.generate(prompt_token_ids=[p for _, p in REQUESTS],
                             document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
                             sampling_params=greedy(logprobs=20), relink_tokens=k)
-    assert_relinked_matches(outs, checkpoint(name)[1], REQUESTS, llm.tokenizer.bos_token_id, k)
+    assert_relinked_matches(outs, checkpoint(name)[1], REQUESTS, token_bos(llm), k)
 
 
 def test_the_reference_is_not_block_attention(checkpoint):
@@ -130,7 +130,7 @@ def test_shared_copy_is_untouched_by_a_relinked_request(checkpoint):
     cached = kv.clone()
     relinked = llm.generate(prompt_token_ids=[REQUESTS[1][1]], document_token_ids=[[DOCS[d] for d in REQUESTS[1][0]]],
                             sampling_params=greedy(logprobs=20), relink_tokens=20)
-    segments = from_token_ids([40], [DOCS[d] for d in REQUESTS[1][0]], llm.tokenizer.bos_token_id).segments
+    segments = from_token_ids([40], [DOCS[d] for d in REQUESTS[1][0]], token_bos(llm)).segments
     shared = [p for s in segments for p in llm.engine.cache.lookup(llm.engine.keyer(s, None, None)).pages]
     assert torch.equal(kv[:, :, shared], cached[:, :, shared])
     after = generate(llm, REQUESTS[1:2])
@@ -144,7 +144,7 @@ def test_private_pages_are_freed_after_finish_and_abort(checkpoint):
     generate(llm, params=SamplingParams(max_tokens=4, temperature=0.8, seed=1, n=2))
     engine = llm.engine
     assert engine.pool.num_used == engine.cache.stats().pages_in_use
-    rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"]], llm.tokenizer.bos_token_id)
+    rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"]], token_bos(llm))
     engine.add_request("abort-me", rendered, greedy())
     engine.step()  # documents encoded and relinked rows computed: private pages held
     seq = engine.requests["abort-me"].seqs[0]
@@ -160,7 +160,7 @@ def test_page_count_includes_the_private_rows(checkpoint):
     llm = make_llm(checkpoint, "llama", "lazy")
     engine = llm.engine
     docs = [DOCS[d] for d in "adefg"]
-    rendered = from_token_ids([40], docs, llm.tokenizer.bos_token_id)
+    rendered = from_token_ids([40], docs, token_bos(llm))
     lens = [len(s) for s in rendered.segments]
     plain = engine.mode.pages_needed(lens, 1 + 5, 2, 16)
     assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, relink_tokens=20) - plain == 2 * sum(
@@ -222,5 +222,5 @@ def test_gpu_relink_matches_transformers(checkpoint, name):
     llm = LLM(model=str(directory), mode="lazy", device="cuda", dtype="float32", page_size=16, progress=False,
               kv_cache_gb=0.05, relink_tokens=20)
     outs = generate(llm)
-    assert_relinked_matches(outs, model, REQUESTS, llm.tokenizer.bos_token_id, 20, atol=1e-3)
+    assert_relinked_matches(outs, model, REQUESTS, token_bos(llm), 20, atol=1e-3)
     llm.shutdown()
