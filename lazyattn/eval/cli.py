@@ -179,9 +179,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     table_rows = report.rows(results)
     print(report.text_table(table_rows, report.table_columns(table_rows)))
-    pivot = f"Accuracy (%)\n\n{report.pivot_markdown(results, aliases)}"
-    for t in dict.fromkeys(t for r in results for t in r.summary().get("accuracy_by_type", {})):
-        pivot += f"\n\nAccuracy, {t} questions (%)\n\n{report.pivot_markdown(results, aliases, key=t)}"
+    pivot = report.pivots(results, aliases)
     print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
     if args.out:
         out = Path(args.out)
@@ -196,7 +194,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             "cells": [r.to_dict() for r in results]})
         (out / "eval.md").write_text(
             f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n")
-        report.plot_accuracy(results, out / "accuracy.png", title=f"{args.model}: {_describe(dataset_meta)}")
+        report.plot_accuracy(results, out / "accuracy.png", aliases=aliases,
+                             title=f"{Path(args.model).name}: {_describe(dataset_meta)}")
         print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'accuracy.png'}")
     return 0
 

@@ -147,7 +147,8 @@ def messages_for(item: QAItem) -> list[dict[str, str]]:
 def answer_cell(llm: Any, run: RunSpec, cell: Cell, items: Sequence[QAItem], params: Any, batch_size: int = 1,
                 on_done: Callable[[int], None] = lambda n: None) -> CellResult:
     """Each item through `llm.chat` with its documents. batch_size 1 keeps each TTFT the request's own (no
-    queueing behind the others); larger batches are faster on a GPU and leave the answers unchanged."""
+    queueing behind the others); larger batches are faster (answers may differ only
+    where batched arithmetic rounds differently)."""
     results: list[ItemResult] = []
     for start in range(0, len(items), batch_size):
         batch = items[start:start + batch_size]

@@ -10,7 +10,8 @@ from lazyattn.bench.plots import MODE_STYLE
 from lazyattn.bench.report import markdown_table, text_table, write_json
 from lazyattn.eval.harness import Cell, CellResult
 
-__all__ = ["markdown_table", "pivot_markdown", "plot_accuracy", "rows", "table_columns", "text_table", "write_json"]
+__all__ = ["markdown_table", "pivot_markdown", "pivots", "plot_accuracy", "rows", "table_columns", "text_table",
+           "write_json"]
 
 
 def _pct(x: float | None) -> float | None:
@@ -67,34 +68,50 @@ def pivot_markdown(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] |
 _POSITION_ORDER = {"first": 0, "middle": 1, "last": 2, "original": 3}
 
 
-def plot_accuracy(results: Sequence[CellResult], path: str | Path, title: str = "") -> None:
+def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None) -> str:
+    """The accuracy pivot, then one per question type when there are several (markdown, titled)."""
+    text = f"Accuracy (%)\n\n{pivot_markdown(results, aliases)}"
+    for t in dict.fromkeys(t for r in results for t in r.summary().get("accuracy_by_type", {})):
+        text += f"\n\nAccuracy, {t} questions (%)\n\n{pivot_markdown(results, aliases, key=t)}"
+    return text
+
+
+def plot_accuracy(results: Sequence[CellResult], path: str | Path, title: str = "",
+                  aliases: Mapping[Cell, Cell] | None = None) -> None:
     """Accuracy (top) and mean TTFT (bottom) against documents per question, one column per gold position,
-    one line per run."""
+    one line per run. A cell left out as equal to another is drawn with that one's values."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    positions = sorted({r.cell.position for r in results}, key=lambda p: _POSITION_ORDER.get(p, 9))
+    by_cell = {(r.run.label, r.cell): r for r in results}
+    for cell, same in (aliases or {}).items():
+        for label in dict.fromkeys(r.run.label for r in results):
+            if (label, same) in by_cell:
+                by_cell[(label, cell)] = by_cell[(label, same)]
+    positions = sorted({c.position for _, c in by_cell}, key=lambda p: _POSITION_ORDER.get(p, 9))
     runs = list(dict.fromkeys(r.run.label for r in results))
+    doc_counts = sorted({c.num_docs or 0 for _, c in by_cell})
     fig, axes = plt.subplots(2, len(positions), figsize=(4.6 * len(positions), 7), squeeze=False)
     for col, position in enumerate(positions):
         for i, label in enumerate(runs):
-            cells = sorted((r for r in results if r.run.label == label and r.cell.position == position),
-                           key=lambda r: r.cell.num_docs or 0)
+            cells = sorted(((c.num_docs or 0, r) for (run, c), r in by_cell.items()
+                            if run == label and c.position == position), key=lambda t: t[0])
             if not cells:
                 continue
-            color, marker = MODE_STYLE.get(cells[0].run.mode, ("black", "x"))
-            xs = [r.cell.num_docs or 0 for r in cells]
-            summaries = [r.summary() for r in cells]
-            # Runs of the same mode (variants) share a colour; dashes tell them apart.
+            color, marker = MODE_STYLE.get(cells[0][1].run.mode, ("black", "x"))
+            xs = [n for n, _ in cells]
+            summaries = [r.summary() for _, r in cells]
+            # Runs with equal answers (lazy and block) overlap: dashes keep both visible.
             style = dict(color=color, marker=marker, ls=["-", "--", ":", "-."][i % 4], label=label)
             axes[0][col].plot(xs, [100 * (s["accuracy"] or 0) for s in summaries], **style)
-            axes[1][col].plot(xs, [s["ttft_ms_mean"] or 0 for s in summaries], **style)
+            axes[1][col].plot(xs, [(s["ttft_ms_mean"] or 0) / 1e3 for s in summaries], **style)
         axes[0][col].set_title(f"gold document {position}")
         axes[0][col].set_ylim(-3, 103)
-        for row, ylabel in ((0, "accuracy (%)"), (1, "TTFT mean (ms)")):
+        for row, ylabel in ((0, "accuracy (%)"), (1, "TTFT mean (s)")):
             ax = axes[row][col]
+            ax.set_xticks(doc_counts)
             ax.set_xlabel("documents per question")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
