@@ -58,3 +58,10 @@ class QueueFullError(LazyAttnError):
 class AuthenticationError(LazyAttnError):
     status_code = 401
     error_type = "authentication_error"
+
+
+class TensorParallelError(LazyAttnError):
+    """A tensor-parallel worker failed (or exited): the engine stops, since every rank holds part of the model."""
+
+    status_code = 500
+    error_type = "internal_error"

@@ -43,6 +43,7 @@ class EngineConfig:
     warm_up: bool = True  # on CUDA: compile/tune kernels and capture graphs before the first request
     progress: bool = True  # progress bars (loading, generate)
     relink_tokens: int = 0  # lazy mode: default recomputed rows per placed document (docs/design.md, "Relink")
+    tensor_parallel_size: int = 1  # GPUs (ranks) one engine spans (docs/design.md, "Tensor parallelism")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -56,6 +57,10 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise InvalidRequestError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}",
+                                      "tensor_parallel_size")
 
 
     @property

@@ -31,7 +31,13 @@ from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
-from lazyattn.errors import CheckpointError, ContextTooLongError, InvalidRequestError, QueueFullError
+from lazyattn.errors import (
+    CheckpointError,
+    ContextTooLongError,
+    InvalidRequestError,
+    QueueFullError,
+    TensorParallelError,
+)
 from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.model.loader import load_model
 from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
@@ -67,17 +73,30 @@ class LLMEngine:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidRequestError("device 'cuda' was asked for but no CUDA GPU is available", "device")
-        self.model, self.model_config = load_model(
-            config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
-            random_init=config.random_weights)
-        self.tokenizer = self._tokenizer(config)
-        mc = self.model_config
-        self.max_model_len = config.max_model_len or mc.max_position
-        if self.max_model_len > mc.max_position:
-            raise InvalidRequestError(
-                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
-                f"{mc.max_position}", "max_model_len")
-        self.runner = ModelRunner(self.model, mc, config, self.max_model_len, self.device)
+        self.parallel = None  # tensor parallelism: the runner that drives the other ranks (parallel/driver.py)
+        if config.tensor_parallel_size > 1:
+            from lazyattn.parallel.driver import TensorParallelRunner
+
+            self.parallel = TensorParallelRunner(config, self.device)
+            self.model, self.model_config = self.parallel.model, self.parallel.model_config
+        else:
+            self.model, self.model_config = load_model(
+                config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
+                random_init=config.random_weights)
+        try:
+            self.tokenizer = self._tokenizer(config)
+            mc = self.model_config
+            self.max_model_len = config.max_model_len or mc.max_position
+            if self.max_model_len > mc.max_position:
+                raise InvalidRequestError(
+                    f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                    f"{mc.max_position}", "max_model_len")
+            self.runner = ModelRunner(self.model, mc, config, self.max_model_len, self.device) \
+                if self.parallel is None else self.parallel.build(self.max_model_len)
+        except BaseException:
+            if self.parallel is not None:
+                self.parallel.shutdown()
+            raise
         self.pool = PagePool(self.runner.num_pages)
         fingerprint, rope_fp = mc.fingerprint(), repr(mc.rope)
 
@@ -93,7 +112,11 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._withheld: list[int] = []  # pages taken out of use by set_kv_budget
         if self.device.type == "cuda" and config.warm_up:
-            self.runner.warm_up()
+            try:
+                self.runner.warm_up()
+            except BaseException:
+                self.shutdown()
+                raise
 
     @staticmethod
     def _tokenizer(config: EngineConfig) -> TokenizerBase:
@@ -191,6 +214,8 @@ class LLMEngine:
     def _forward(self, batch: ScheduledBatch, failed: dict[str, str]) -> torch.Tensor:
         try:
             return self.runner.run(batch)
+        except TensorParallelError:
+            raise  # a rank is gone: nothing to isolate
         except Exception as error:
             logger.warning("a step failed (%s); redoing its parts one by one", error)
             return isolation.forward_parts(self.runner, batch, self.scheduler.running, self.cache, failed)
@@ -213,8 +238,10 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Abort what is in flight and give the device memory back (weights, KV pool, CUDA graphs) now, rather
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
-        for request_id in list(self.requests):
+        for request_id in list(getattr(self, "requests", ())):
             self.abort(request_id)
+        if self.parallel is not None:
+            self.parallel.shutdown()
         self.runner = self.model = self.scheduler = self.cache = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":

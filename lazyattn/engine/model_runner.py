@@ -11,8 +11,9 @@ from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.sequence import Run
+from lazyattn.engine.step_inputs import StepInputs
 from lazyattn.kernels.backend import ForwardBatch
-from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
+from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.selector import make_backend
 from lazyattn.model.config import ModelConfig
@@ -23,7 +24,9 @@ CPU_DEFAULT_KV_GB = 0.5
 
 class ModelRunner:
     def __init__(self, model: CausalLM, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, num_pages: int | None = None) -> None:
+        """`model_config` describes `model` as built (one rank's shard under tensor parallelism); `num_pages`
+        overrides the pool sizing (tensor parallelism: every rank gets the count all ranks can hold)."""
         self.model = model
         self.model_config = model_config
         self.config = config
@@ -32,12 +35,7 @@ class ModelRunner:
         mc, ps, dtype = model_config, config.page_size, config.torch_dtype
         self.page_size = ps
         self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
-        if config.kv_cache_gb is not None:
-            self.num_pages = pages_for_budget(int(config.kv_cache_gb * 2**30), self.page_bytes)
-        elif device.type == "cuda":  # after the weights are loaded: they count against the share
-            self.num_pages = pages_from_free_memory(config.gpu_memory_utilization, device, self.page_bytes)
-        else:
-            self.num_pages = pages_for_budget(int(CPU_DEFAULT_KV_GB * 2**30), self.page_bytes)
+        self.num_pages = pool_pages(config, device, self.page_bytes) if num_pages is None else num_pages
         # Zeroed, so that never-written page tails hold finite values (masked scores times V stay 0).
         kv = torch.zeros(mc.num_layers, 2, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype=dtype,
                          device=device)
@@ -47,57 +45,31 @@ class ModelRunner:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
             self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
-        self._copy_rotate(batch)
-        input_ids, fb = self.prepare(batch)
+        return self.execute(StepInputs.from_batch(batch, self.page_size))
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs) -> torch.Tensor:
+        """run's device half: block copies, then the forward pass (a graph replay for a decode step)."""
+        self._copy_rotate(step)
+        input_ids, fb = step.to_device(self.device)
         if self.graphs is not None and self.graphs.fits(fb):
             return self.graphs.run(input_ids, fb)
         hidden = self.model(input_ids, fb, self.backend)
         return self.model.compute_logits(hidden[fb.logits_indices])
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardBatch]:
-        ps = self.page_size
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        entries: list[EntryPages] = []
-        q_lens: list[int] = []
-        q_starts: list[int] = []
-        logits_rows: list[int] = []
-        for w in batch.works:
-            run = w.run
-            tokens += run.tokens[w.lo : w.hi]
-            positions += range(run.start_pos + w.lo, run.start_pos + w.hi)
-            slots += [run.pages[i // ps] * ps + i % ps for i in range(w.lo, w.hi)]
-            n_own = cdiv(w.hi, ps)
-            entries.append(w.context.then(run.pages[:n_own], page_fill(w.hi, ps)))
-            q_lens.append(w.hi - w.lo)
-            q_starts.append(run.start_pos + w.lo)
-            if w.samples:
-                logits_rows.append(len(tokens) - 1)
-        dev = self.device
-        fb = ForwardBatch(
-            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            attn=PagedBatch.build(entries, q_lens, q_starts, dev),
-            is_decode=batch.is_decode,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(dev, non_blocking=True),
-        )
-        return torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True), fb
+        return StepInputs.from_batch(batch, self.page_size).to_device(self.device)
 
-    def _copy_rotate(self, batch: ScheduledBatch) -> None:
-        src = [p for c in batch.copies for p in c.src]
-        if not src:
+    def _copy_rotate(self, step: StepInputs) -> None:
+        if not step.copy_src:
             return
-        dst = [p for c in batch.copies for p in c.dst]
-        deltas = [d for c in batch.copies for d in c.deltas]
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32).to(self.device)
 
-        self.backend.copy_rotate(as_tensor(src), as_tensor(dst), as_tensor(deltas))
+        self.backend.copy_rotate(as_tensor(step.copy_src), as_tensor(step.copy_dst), as_tensor(step.copy_deltas))
 
     # -- warm-up ------------------------------------------------------------------------------------------------
 
@@ -143,10 +115,21 @@ class ModelRunner:
             n *= 2
         pages = documents[1].pages
         copy_to = [next(free) for _ in pages]
-        self._copy_rotate(ScheduledBatch(copies=[Copy(-1, pages, copy_to, [doc_len] * len(pages))]))
+        copy = ScheduledBatch(copies=[Copy(-1, pages, copy_to, [doc_len] * len(pages))])
+        self._copy_rotate(StepInputs.from_batch(copy, ps))
         if self.graphs is not None:
             self.graphs.capture_all()
         self.backend.kv.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+
+
+def pool_pages(config: EngineConfig, device: torch.device, page_bytes: int) -> int:
+    """Pages of the KV pool: from `kv_cache_gb`, or from free GPU memory after the weights are loaded (they count
+    against the share), or a fixed CPU default."""
+    if config.kv_cache_gb is not None:
+        return pages_for_budget(int(config.kv_cache_gb * 2**30), page_bytes)
+    if device.type == "cuda":
+        return pages_from_free_memory(config.gpu_memory_utilization, device, page_bytes)
+    return pages_for_budget(int(CPU_DEFAULT_KV_GB * 2**30), page_bytes)

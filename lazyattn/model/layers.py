@@ -4,12 +4,17 @@ every entry of a step into one run of rows, and the attention backend sorts out 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from lazyattn.kernels import fused
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from lazyattn.parallel.group import TensorParallelGroup
 
 
 def _fusable(x: torch.Tensor) -> bool:
@@ -39,24 +44,31 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    """Gated SiLU MLP; gate and up projections fused into one matmul ([gate; up] rows)."""
+    """Gated SiLU MLP; gate and up projections fused into one matmul ([gate; up] rows).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    Under tensor parallelism `cfg` is the rank's shard: gate/up hold its rows, down its columns, and the partial
+    outputs are summed over the ranks (docs/design.md, "Tensor parallelism")."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup | None = None) -> None:
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         act = fused.silu_mul(gate_up) if _fusable(gate_up) else fused.silu_mul_reference(gate_up)
-        return self.down_proj(act)
+        out = self.down_proj(act)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class Attention(nn.Module):
-    """q, k, v from one fused projection ([q; k; v] rows); RoPE, KV cache, attention are the backend's."""
+    """q, k, v from one fused projection ([q; k; v] rows); RoPE, KV cache, attention are the backend's. Under tensor
+    parallelism `cfg` is the rank's shard (its q and kv heads) and o_proj's partial outputs are summed."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TensorParallelGroup | None = None) -> None:
         super().__init__()
+        self.tp = tp
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
@@ -74,17 +86,17 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        out = backend.attend(self.layer_idx, q, k, v, fb)
-        return self.o_proj(out.reshape(t, self.q_size))
+        out = self.o_proj(backend.attend(self.layer_idx, q, k, v, fb).reshape(t, self.q_size))
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = Attention(cfg, layer_idx, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,9 @@ from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.layers import DecoderLayer, RMSNorm
 
+if TYPE_CHECKING:
+    from lazyattn.parallel.group import TensorParallelGroup
+
 # Hugging Face keeps q/k/v and gate/up as separate matrices; we stack them by rows into one matmul each.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 # Buffers some checkpoints carry that we recompute (RoPE lives in the attention backend).
@@ -20,11 +24,17 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TensorParallelGroup | None = None,
+                 full_vocab_size: int | None = None) -> None:
+        """Under tensor parallelism, `config` is the rank's shard (parallel/group.py, shard_config): the embedding
+        and the LM head hold rows [rank * vocab_size, (rank + 1) * vocab_size) of the `full_vocab_size` ones."""
         super().__init__()
         self.config = config
+        self.tp = tp
+        self.full_vocab_size = full_vocab_size or config.vocab_size
+        self.vocab_start = 0 if tp is None else tp.rank * config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints reuse the embedding matrix as the output projection.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
@@ -33,7 +43,7 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """input_ids [T] (packed entries, as fb describes them) -> final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids) if self.tp is None else self._embed_shard(input_ids)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, fb, backend)
@@ -46,7 +56,17 @@ class CausalLM(nn.Module):
         The matmul runs in the model dtype, like Hugging Face; only the result is widened for sampling.
         """
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight)
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits, self.full_vocab_size)
+        return logits.float()
+
+    def _embed_shard(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Each rank looks up the ids of its vocabulary block (zero rows for the others); the sum is the embedding."""
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.config.vocab_size)
+        x = F.embedding(local.masked_fill(outside, 0), self.embed_tokens.weight)
+        return self.tp.all_reduce(x.masked_fill(outside[:, None], 0))
 
     # --- weights -------------------------------------------------------------------------------------
 

@@ -19,6 +19,8 @@ from lazyattn.model import gguf
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
 from lazyattn.model.llama import CausalLM
+from lazyattn.parallel import sharding
+from lazyattn.parallel.group import TensorParallelGroup, shard_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -34,26 +36,23 @@ def load_model(
     device: torch.device | str = "cpu",
     seed: int = 0,
     random_init: bool = False,
+    tensor_parallel: TensorParallelGroup | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """The model and its config. `model`: "tiny", a checkpoint directory, a .gguf file or a named model
     (hub.NAMED_MODELS, fetched on first use); dtype None keeps the checkpoint's.
 
     With random_init (implied by "tiny"), only config.json is read and weights are drawn from `seed`.
     The returned config carries the runtime dtype and the weights' identity (see ModelConfig.fingerprint).
+    With `tensor_parallel`, the model is this rank's shard (parallel/sharding.py: only its part of each tensor is
+    read or kept) and the returned config is still the whole model's.
     """
     device = torch.device(device)
-    model = resolve_model(str(model))
-    # An adapter directory: its base model's weights, with the adapter folded in below.
-    adapter = lora.read_adapter(model) if lora.is_adapter_dir(model) else None
-    if adapter is not None:
-        model = resolve_model(adapter.base)
-    is_gguf = gguf.is_gguf(model)
-    if model == "tiny":
-        cfg, random_init = ModelConfig.tiny(), True
-    elif is_gguf:
-        cfg = gguf.read_config(model)
-    else:
-        cfg = ModelConfig.from_dir(model)
+    model, adapter, is_gguf, cfg = _resolve(model)
+    random_init = random_init or model == "tiny"
+    tp = tensor_parallel
+    if tp is not None and adapter is not None:
+        raise CheckpointError("LoRA adapters are not supported with tensor parallelism: merge the adapter into "
+                              "the weights first (lazyattn finetune --merge)")
     dtype = dtype or cfg.dtype
     files: list[Path] = []
     if random_init:
@@ -71,16 +70,43 @@ def load_model(
     # Build on the meta device, then allocate uninitialised storage in the target dtype: no throw-away
     # default init, and no fp32 copy of a bf16 model.
     with torch.device("meta"):
-        lm = CausalLM(cfg)
+        lm = CausalLM(cfg) if tp is None else CausalLM(shard_config(cfg, tp.size), tp, cfg.vocab_size)
     lm = lm.to(dtype=dtype).to_empty(device=device)
     if random_init:
-        random_weights(lm, seed, init_device)
-    else:
+        random_weights(lm, seed, init_device, full_config=cfg)
+    elif tp is None:
         lm.load_weights(gguf.read_weights(model) if is_gguf else _read_tensors(files, device))
+    else:
+        lm.load_weights(sharding.shard_weights(gguf.read_weights(model), cfg, tp) if is_gguf
+                        else sharding.read_shards(files, device, cfg, tp))
+    if tp is not None:
+        sharding.add_biases_once(lm, tp)
     if adapter is not None:
         lora.apply_adapter(lm, adapter)
     lm.eval().requires_grad_(False)
     return lm, cfg
+
+
+def model_config(model: str | Path) -> ModelConfig:
+    """The config of `model` (as load_model reads it), without its weights."""
+    return _resolve(model)[3]
+
+
+def _resolve(model: str | Path) -> tuple[str, lora.LoraAdapter | None, bool, ModelConfig]:
+    """(the model's path or name, its adapter, whether it is a GGUF file, its config)."""
+    model = resolve_model(str(model))
+    # An adapter directory: its base model's weights, with the adapter folded in by load_model.
+    adapter = lora.read_adapter(model) if lora.is_adapter_dir(model) else None
+    if adapter is not None:
+        model = resolve_model(adapter.base)
+    is_gguf = gguf.is_gguf(model)
+    if model == "tiny":
+        cfg = ModelConfig.tiny()
+    elif is_gguf:
+        cfg = gguf.read_config(model)
+    else:
+        cfg = ModelConfig.from_dir(model)
+    return model, adapter, is_gguf, cfg
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -130,7 +156,8 @@ def _read_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str
 
 
 @torch.no_grad()
-def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "cpu") -> None:
+def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "cpu",
+                   full_config: ModelConfig | None = None) -> None:
     """Deterministic random weights, scaled so activations stay O(1) at any size.
 
     Matrices are N(0, 1/fan_in): each projection of a normalised input has unit-scale outputs, so logits
@@ -139,24 +166,33 @@ def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "c
     stream (N(0, 1/hidden) when tied, as they then also are the output projection); norm weights 1.
     Each tensor draws from its own generator seeded by (seed, its name), so a tensor's values do not
     depend on the rest of the config (a deeper model shares its first layers with a shallower one).
+    A tensor-parallel shard (lm.tp set; `full_config` the whole model's) draws each whole tensor, one at a time,
+    and keeps its part: every rank's weights are exactly the one-rank model's, cut.
     """
     init_device = torch.device(init_device)
+    full = lm
+    if lm.tp is not None:
+        with torch.device("meta"):
+            full = CausalLM(full_config or lm.config)
+    full_params = dict(full.named_parameters())
     for name, param in lm.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
             continue
+        shape = full_params[name].shape
         # 32-bit seeds: the CPU generator (mt19937) keeps only the low 32 bits anyway.
         gen = torch.Generator(device=init_device).manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
-        values = torch.empty(param.shape, dtype=torch.float32, device=init_device)
-        param.copy_(values.normal_(0.0, _init_std(lm, name, param), generator=gen))
+        values = torch.empty(shape, dtype=torch.float32, device=init_device)
+        values.normal_(0.0, _init_std(full, name, shape), generator=gen)
+        param.copy_(values if lm.tp is None else sharding.our_part(name, values, full.config, lm.tp))
 
 
-def _init_std(lm: CausalLM, name: str, param: torch.Tensor) -> float:
+def _init_std(lm: CausalLM, name: str, shape: torch.Size) -> float:
     if name.endswith(".bias"):
         return BIAS_STD
     if name == "embed_tokens.weight":
         return lm.config.hidden_size**-0.5 if lm.lm_head is None else 1.0
-    return param.shape[1] ** -0.5
+    return shape[1] ** -0.5
 
 
 def _num_params(cfg: ModelConfig) -> int:

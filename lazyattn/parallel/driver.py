@@ -1,0 +1,239 @@
+"""TensorParallelRunner: the engine's model runner when `tensor_parallel_size` > 1 (docs/design.md, "Tensor
+parallelism").
+
+The driver is rank 0, in the user's process: the engine's scheduler, document cache and sampler run there once.
+Each step is decided there, turned into StepInputs (packed ids, positions, slots, page tables, copies) and sent to
+every other rank's worker process (parallel/worker.py), which runs the same forward pass on its shard with its own
+KV pool; the collectives inside the model sum the partial results, and the driver samples from the gathered
+logits. Control messages go through one pipe per worker; tensors never do.
+
+A worker that dies is noticed by a watcher thread, which aborts the process group so that a rank blocked in a
+collective returns; the next (or current) step then raises TensorParallelError with the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from multiprocessing.connection import Connection, wait
+
+import torch
+
+from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.step_inputs import StepInputs
+from lazyattn.errors import InvalidRequestError, TensorParallelError
+from lazyattn.model.loader import load_model, model_config
+from lazyattn.parallel import worker
+from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave
+
+logger = logging.getLogger("lazyattn.parallel")
+START_TIMEOUT_S = 600.0  # a worker's start: importing torch, then loading its shard (70B: a minute or so)
+STOP_TIMEOUT_S = 10.0
+
+
+class TensorParallelRunner:
+    """Loads the driver's shard and starts the workers (construction), then, after `build`, is the engine's runner:
+    run, warm_up, num_pages, page_bytes (a page id's bytes over all ranks), shutdown."""
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        size = config.tensor_parallel_size
+        self.size = size
+        self.config = config
+        check_divisible(model_config(config.model), size)
+        if device.type == "cuda":
+            visible = torch.cuda.device_count()
+            if size > visible:
+                raise InvalidRequestError(f"tensor_parallel_size {size} needs {size} GPUs; {visible} visible",
+                                          "tensor_parallel_size")
+            if device.index not in (None, 0):
+                raise InvalidRequestError("with tensor parallelism ranks run on GPUs 0 … N-1: pass device 'cuda' "
+                                          "(CUDA_VISIBLE_DEVICES picks the GPUs)", "device")
+        self.device = worker.rank_device(config, 0)
+        self._failure: str | None = None
+        self._stopping = False
+        self._store_dir = tempfile.mkdtemp(prefix="lazyattn-tp-")
+        init_method = f"file://{os.path.join(self._store_dir, 'store')}"
+        for key, value in NCCL_ENV.items():
+            os.environ.setdefault(key, value)  # the workers inherit it
+        ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
+        self.conns: list[Connection] = []
+        self.procs: list[mp.process.BaseProcess] = []
+        self._stopper = weakref.finalize(self, _stop, self.procs, self.conns, self._store_dir)
+        try:
+            for rank in range(1, size):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=worker.main, args=(rank, size, config, init_method, child), daemon=True,
+                                   name=f"lazyattn-tp-{rank}")
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            self._expect("hello")
+            self.tp = join(init_method, 0, size, self.device)
+            self._watcher = threading.Thread(target=self._watch, daemon=True, name="lazyattn-tp-watch")
+            self._watcher.start()
+            self.model, self.model_config = load_model(
+                config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
+                random_init=config.random_weights, tensor_parallel=self.tp)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.local = None
+
+    def build(self, max_model_len: int) -> TensorParallelRunner:
+        """Every rank builds its KV pool (the same page count) and its runner; returns self, now a runner."""
+        try:
+            self._send(("build", max_model_len))
+            self.local = worker.build_runner(self.model, self.config, max_model_len, self.device, self.tp)
+            counts = self._expect("ready")
+        except BaseException:
+            self.shutdown()
+            raise
+        assert all(n == self.local.num_pages for n in counts), "ranks disagree on the pool size"
+        return self
+
+    # -- the runner's interface ------------------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        return self.local.num_pages
+
+    @property
+    def page_bytes(self) -> int:
+        return self.local.page_bytes * self.size
+
+    @property
+    def backend(self):
+        return self.local.backend
+
+    @property
+    def graphs(self):
+        return self.local.graphs
+
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Forward the batch on every rank; the gathered fp32 logits [n, vocab] of the works that sample."""
+        step = StepInputs.from_batch(batch, self.local.page_size)
+        self._send(("step", step))
+        try:
+            logits = self.local.execute(step)
+        except Exception as error:
+            self._raise_if_failed(error)
+            raise
+        self._raise_if_failed()
+        return logits
+
+    def warm_up(self) -> None:
+        self._send(("warm_up", None))
+        try:
+            self.local.warm_up()
+        except Exception as error:
+            self._raise_if_failed(error)
+            raise
+        self._expect("done")
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the group (idempotent; also at interpreter exit)."""
+        self._stopping = True
+        self.local = self.model = None
+        self._stopper()
+        leave()
+
+    # -- workers ---------------------------------------------------------------------------------------------
+
+    def _send(self, message: tuple) -> None:
+        self._raise_if_failed()
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(message)
+            except (BrokenPipeError, ConnectionResetError, EOFError) as error:
+                self._raise_if_failed(error, rank)
+                raise
+
+    def _expect(self, what: str) -> list:
+        """Each worker's reply `what`, in rank order; a worker's error or exit raises TensorParallelError."""
+        replies = []
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), start=1):
+            ready = wait([conn, proc.sentinel], timeout=START_TIMEOUT_S)
+            if conn not in ready:
+                reason = "exited" if proc.sentinel in ready else f"did not answer in {START_TIMEOUT_S:.0f} s"
+                self._fail(f"tensor-parallel worker {rank} {reason} (exit code {proc.exitcode})")
+                self._raise_if_failed()
+            try:
+                kind, payload = conn.recv()
+            except (EOFError, OSError):
+                self._fail(f"tensor-parallel worker {rank} exited (exit code {proc.exitcode})")
+                self._raise_if_failed()
+            if kind == "error":
+                self._fail(f"tensor-parallel worker failed: {payload}")
+                self._raise_if_failed()
+            if kind != what:
+                raise TensorParallelError(f"tensor-parallel worker {rank} answered {kind!r}, expected {what!r}")
+            replies.append(payload)
+        return replies
+
+    def _watch(self) -> None:
+        """Notice a worker exiting on its own, and unblock a driver waiting for it in a collective."""
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs, start=1)}
+        while sentinels and not self._stopping:
+            for sentinel in wait(list(sentinels), timeout=1.0):
+                rank = sentinels.pop(sentinel)
+                if self._stopping:
+                    return
+                self._fail(f"tensor-parallel worker {rank} exited (exit code {self.procs[rank - 1].exitcode})")
+                if self.device.type == "cuda":  # NCCL would wait for the dead rank for ever; gloo sees the socket
+                    try:
+                        torch.distributed.distributed_c10d._abort_process_group()
+                    except Exception:  # noqa: BLE001 (best effort: the error is raised on the engine's thread)
+                        logger.exception("could not abort the process group")
+
+    def _fail(self, message: str) -> None:
+        if self._failure is None:
+            self._failure = message
+            logger.error("%s", message)
+
+    def _raise_if_failed(self, cause: BaseException | None = None, rank: int | None = None) -> None:
+        """Raise TensorParallelError if a worker failed (waiting a moment for it to report, after `cause`)."""
+        if cause is not None:
+            procs = self.procs if rank is None else [self.procs[rank - 1]]
+            for proc in procs:
+                proc.join(timeout=2.0)  # a peer of a failed collective is on its way out: let it say why
+            for r, (conn, proc) in enumerate(zip(self.conns, self.procs), start=1):
+                if proc.exitcode is not None:
+                    self._fail(_last_words(conn) or f"tensor-parallel worker {r} exited (exit code {proc.exitcode})")
+        if self._failure is not None:
+            detail = next((w for w in map(_last_words, self.conns) if w), None)
+            message = self._failure if detail is None or detail in self._failure else f"{self._failure}\n{detail}"
+            raise TensorParallelError(message + "\nthe engine cannot continue; start a new one") from cause
+
+
+def _last_words(conn: Connection) -> str | None:
+    """The error a dead worker sent before exiting, if any."""
+    try:
+        while conn.poll():
+            kind, payload = conn.recv()
+            if kind == "error":
+                return f"tensor-parallel worker failed: {payload}"
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _stop(procs: list, conns: list[Connection], store_dir: str) -> None:
+    for conn in conns:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            conn.send(("stop", None))
+    for proc in procs:
+        proc.join(timeout=STOP_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=STOP_TIMEOUT_S)
+    for conn in conns:
+        conn.close()
+    shutil.rmtree(store_dir, ignore_errors=True)

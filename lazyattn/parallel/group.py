@@ -1,0 +1,88 @@
+"""The tensor-parallel group of one rank: its collectives (torch.distributed: NCCL on GPUs, gloo on the CPU) and
+the shard arithmetic of the model config.
+
+Column-parallel layers (q/k/v, gate/up) keep rank r's share of heads or intermediate rows; row-parallel layers
+(o, down) keep the matching input columns and all-reduce their outputs; the embedding and the LM head keep a
+contiguous block of vocabulary rows, padded so that every rank holds the same number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from lazyattn.errors import InvalidRequestError
+from lazyattn.kernels.paged import cdiv
+from lazyattn.model.config import ModelConfig
+
+# The device machines share NVLink switches with other tenants: NVLink multicast (NVLS) stays off in NCCL,
+# PyTorch's symmetric memory and NVSHMEM, in every process we start (workers inherit the environment).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# How long a rank waits for the others in the rendezvous or in one collective before giving up.
+TIMEOUT = timedelta(minutes=10)
+# torch >= 2.13 renames all_gather_into_tensor; the device machine runs an older torch.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass(frozen=True)
+class TensorParallelGroup:
+    rank: int
+    size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place (captured into CUDA graphs like any kernel)."""
+        dist.all_reduce(x)
+        return x
+
+    def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[n, vocab / size] logits of each rank's vocabulary block -> [n, vocab] on every rank."""
+        n, block = local.shape
+        out = torch.empty(self.size * n, block, dtype=local.dtype, device=local.device)
+        _all_gather(out, local.contiguous())
+        return out.view(self.size, n, block).permute(1, 0, 2).reshape(n, self.size * block)[:, :vocab_size]
+
+    def min(self, value: int, device: torch.device) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+
+def join(init_method: str, rank: int, size: int, device: torch.device) -> TensorParallelGroup:
+    """Join the group (blocks until every rank has): NCCL for a CUDA device, gloo for the CPU."""
+    for key, value in NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT,
+                                device_id=device)
+    else:
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
+    return TensorParallelGroup(rank, size)
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_divisible(cfg: ModelConfig, size: int) -> None:
+    """Heads and MLP rows must split evenly (the vocabulary is padded instead)."""
+    for field, n in (("num_attention_heads", cfg.num_heads), ("num_key_value_heads", cfg.num_kv_heads),
+                     ("intermediate_size", cfg.intermediate_size)):
+        if n % size:
+            raise InvalidRequestError(
+                f"tensor_parallel_size {size} does not divide the model's {field} ({n}): each rank must hold the "
+                f"same share; pick a size that divides {field}", "tensor_parallel_size")
+
+
+def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
+    """The config of one rank's shard: its heads, MLP rows and (padded) vocabulary block."""
+    check_divisible(cfg, size)
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // size, num_kv_heads=cfg.num_kv_heads // size,
+                               intermediate_size=cfg.intermediate_size // size,
+                               vocab_size=cdiv(cfg.vocab_size, size))

@@ -1,0 +1,89 @@
+"""The process of one rank other than the driver: it loads its shard, builds its own KV pool and runner (same page
+count as every rank), then runs whatever the driver sends, in the driver's order, until told to stop.
+
+Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", StepInputs), ("stop", None). Replies:
+("hello", None) once started, ("ready", num_pages), ("done", None) after a warm-up, ("error", traceback) before
+exiting on any failure. Steps get no reply: the collectives of the forward pass keep the ranks in step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+import torch
+
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.model_runner import ModelRunner
+from lazyattn.model.loader import load_model
+from lazyattn.parallel.group import TensorParallelGroup, join, leave
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if config.device.startswith("cuda") else torch.device("cpu")
+
+
+def build_runner(model, config: EngineConfig, max_model_len: int, device: torch.device,
+                 tp: TensorParallelGroup) -> ModelRunner:
+    """This rank's runner. Page ids are decided by the driver for every rank, so every pool holds the same count:
+    the fewest any rank can hold (kv_cache_gb is the budget of all ranks together)."""
+    import dataclasses
+
+    from lazyattn.cache.page_pool import bytes_per_page
+    from lazyattn.engine.model_runner import pool_pages
+
+    mc = model.config  # this rank's shard: its kv heads
+    page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, config.torch_dtype)
+    share = config if config.kv_cache_gb is None else dataclasses.replace(config,
+                                                                          kv_cache_gb=config.kv_cache_gb / tp.size)
+    num_pages = tp.min(pool_pages(share, device, page_bytes), device)
+    return ModelRunner(model, mc, config, max_model_len, device, num_pages=num_pages)
+
+
+def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Connection) -> None:
+    """Entry point of a spawned worker process."""
+    _exit_with_parent()
+    try:
+        device = rank_device(config, rank)
+        if device.type == "cpu":
+            torch.set_num_threads(1)  # the driver's process has the others
+        conn.send(("hello", None))
+        tp = join(init_method, rank, size, device)
+        model, _ = load_model(config.model, dtype=config.torch_dtype, device=device, seed=config.seed,
+                              random_init=config.random_weights, tensor_parallel=tp)
+        runner = None
+        while True:
+            command, arg = conn.recv()
+            if command == "step":
+                runner.execute(arg)
+            elif command == "build":
+                runner = build_runner(model, config, arg, device, tp)
+                conn.send(("ready", runner.num_pages))
+            elif command == "warm_up":
+                runner.warm_up()
+                conn.send(("done", None))
+            elif command == "stop":
+                break
+    except EOFError:  # the driver is gone
+        os._exit(1)
+    except BaseException:
+        try:
+            conn.send(("error", f"rank {rank}: {traceback.format_exc()}"))
+        finally:
+            os._exit(1)  # no clean-up: a peer may be blocked in a collective with us
+    leave()
+
+
+def _exit_with_parent() -> None:
+    """A worker must not outlive its driver (killed, say, while this rank waits in a collective)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="lazyattn-parent-watch").start()
