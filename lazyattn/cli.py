@@ -37,6 +37,13 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling (default: 0)")
     p.add_argument("--relink-tokens", type=int, default=0,
                    help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)")
+    add_tensor_parallel_arg(p)
+
+
+def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
+                   help="GPUs one engine spans, one worker process each (default: 1; docs/design.md, Tensor "
+                        "parallelism)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -47,13 +54,14 @@ def engine_options(args: argparse.Namespace) -> dict:
                 page_size=args.page_size, kv_cache_gb=args.kv_cache_gb,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                max_model_len=args.max_model_len, seed=args.seed, relink_tokens=getattr(args, "relink_tokens", 0))
+                max_model_len=args.max_model_len, seed=args.seed, relink_tokens=getattr(args, "relink_tokens", 0),
+                tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from lazyattn.demo import main
 
-    return main(args.model, args.device or "cpu")
+    return main(args.model, args.device or "cpu", tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -94,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2", help="smollm2 (fetched once, then cached), tiny (offline, random "
                    "weights), a checkpoint directory or a .gguf file")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cpu)")
+    add_tensor_parallel_arg(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("generate", help="one completion with documents")

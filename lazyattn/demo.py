@@ -54,6 +54,13 @@ def workload(seed: int = 0, docs_per_request: int = 3) -> list[tuple[list[dict[s
 
 def run_mode(model: str, mode: str, device: str, max_tokens: int, **options) -> dict:
     llm = LLM(model=model, mode=mode, device=device, progress=False, **options)
+    try:
+        return _run_mode(llm, max_tokens)
+    finally:
+        llm.shutdown()  # a tensor-parallel engine's workers hold GPUs: the next mode needs them
+
+
+def _run_mode(llm: LLM, max_tokens: int) -> dict:
     requests = workload()
     first_token = SamplingParams(max_tokens=1, temperature=0.0)
     llm.chat([{"role": "user", "content": "Hello?"}], first_token, documents=[[WARM_UP_DOC]], use_tqdm=False)
@@ -79,12 +86,13 @@ def run_demo(model: str = "smollm2", device: str = "cpu", max_tokens: int = 32, 
     return {mode: run_mode(model, mode, device, max_tokens, **options) for mode in MODES}
 
 
-def main(model: str = "smollm2", device: str = "cpu") -> int:
+def main(model: str = "smollm2", device: str = "cpu", tensor_parallel_size: int = 1) -> int:
     name = NAMES.get(model, model)
     print(f"lazyattn demo: {name} on {device}; {len(QUESTIONS)} questions, each over 3 of {len(DOCS)} documents in "
           f"shuffled order, in the four modes\n")
     start = time.monotonic()
-    results = run_demo(model, device, max_tokens=8 if model == "tiny" else 32)
+    tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
+    results = run_demo(model, device, max_tokens=8 if model == "tiny" else 32, **tp)
     for i, (question, _) in enumerate(QUESTIONS):
         print(f"Q: {question}")
         print(f"   lazy/block  (documents encoded alone): {results['lazy']['texts'][i]}")
@@ -104,14 +112,14 @@ def main(model: str = "smollm2", device: str = "cpu") -> int:
         print(f"{name} was not fine-tuned for block attention, so lazy/block answers may differ from full "
               "attention's")
     if model in ADAPTED:
-        show_adapted(ADAPTED[model], device, max_tokens=32)
+        show_adapted(ADAPTED[model], device, max_tokens=32)  # an adapter: one device (no tensor parallelism)
     print(f"({time.monotonic() - start:.0f} s)")
     return 0 if same_block and same_causal else 1
 
 
-def show_adapted(model: str, device: str, max_tokens: int) -> None:
+def show_adapted(model: str, device: str, max_tokens: int, **options) -> None:
     """The same questions on the model fine-tuned for block attention: lazy mode beside full attention."""
-    results = {mode: run_mode(model, mode, device, max_tokens) for mode in ("lazy", "full")}
+    results = {mode: run_mode(model, mode, device, max_tokens, **options) for mode in ("lazy", "full")}
     print(f"\n{NAMES.get(model, model)}, the same questions:")
     for i, (question, _) in enumerate(QUESTIONS):
         print(f"Q: {question}")

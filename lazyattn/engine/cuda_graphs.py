@@ -101,7 +101,9 @@ class DecodeGraphs:
             self.model.compute_logits(self.model(ids, fb, self.backend))
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: under tensor parallelism NCCL's watchdog thread polls events while we capture, which the
+        # default (global) mode would count as an illegal call during capture.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = self.model.compute_logits(self.model(ids, fb, self.backend))
         self.pool = graph.pool()
         return graph, logits

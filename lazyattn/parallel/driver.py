@@ -55,6 +55,9 @@ class TensorParallelRunner:
             if device.index not in (None, 0):
                 raise InvalidRequestError("with tensor parallelism ranks run on GPUs 0 … N-1: pass device 'cuda' "
                                           "(CUDA_VISIBLE_DEVICES picks the GPUs)", "device")
+        if torch.distributed.is_initialized():
+            raise InvalidRequestError("another tensor-parallel engine is running in this process: shut it down "
+                                      "first (LLM.shutdown, or a `with LLM(...)` block)", "tensor_parallel_size")
         self.device = worker.rank_device(config, 0)
         self._failure: str | None = None
         self._stopping = False
@@ -77,8 +80,8 @@ class TensorParallelRunner:
                 self.procs.append(proc)
             self._expect("hello")
             self.tp = join(init_method, 0, size, self.device)
-            self._watcher = threading.Thread(target=self._watch, daemon=True, name="lazyattn-tp-watch")
-            self._watcher.start()
+            threading.Thread(target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True,
+                             name="lazyattn-tp-watch").start()
             self.model, self.model_config = load_model(
                 config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
                 random_init=config.random_weights, tensor_parallel=self.tp)
@@ -143,7 +146,6 @@ class TensorParallelRunner:
         self._stopping = True
         self.local = self.model = None
         self._stopper()
-        leave()
 
     # -- workers ---------------------------------------------------------------------------------------------
 
@@ -178,21 +180,6 @@ class TensorParallelRunner:
             replies.append(payload)
         return replies
 
-    def _watch(self) -> None:
-        """Notice a worker exiting on its own, and unblock a driver waiting for it in a collective."""
-        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs, start=1)}
-        while sentinels and not self._stopping:
-            for sentinel in wait(list(sentinels), timeout=1.0):
-                rank = sentinels.pop(sentinel)
-                if self._stopping:
-                    return
-                self._fail(f"tensor-parallel worker {rank} exited (exit code {self.procs[rank - 1].exitcode})")
-                if self.device.type == "cuda":  # NCCL would wait for the dead rank for ever; gloo sees the socket
-                    try:
-                        torch.distributed.distributed_c10d._abort_process_group()
-                    except Exception:  # noqa: BLE001 (best effort: the error is raised on the engine's thread)
-                        logger.exception("could not abort the process group")
-
     def _fail(self, message: str) -> None:
         if self._failure is None:
             self._failure = message
@@ -211,6 +198,26 @@ class TensorParallelRunner:
             detail = next((w for w in map(_last_words, self.conns) if w), None)
             message = self._failure if detail is None or detail in self._failure else f"{self._failure}\n{detail}"
             raise TensorParallelError(message + "\nthe engine cannot continue; start a new one") from cause
+
+
+def _watch(ref: weakref.ref, procs: list) -> None:
+    """Notice a worker exiting on its own, and unblock a driver waiting for it in a collective. Holds the runner
+    only weakly, so that dropping an engine stops its workers (the finalizer)."""
+    sentinels = {p.sentinel: rank for rank, p in enumerate(procs, start=1)}
+    while sentinels:
+        ready = wait(list(sentinels), timeout=1.0)
+        runner = ref()
+        if runner is None or runner._stopping:
+            return
+        for sentinel in ready:
+            rank = sentinels.pop(sentinel)
+            runner._fail(f"tensor-parallel worker {rank} exited (exit code {procs[rank - 1].exitcode})")
+            if runner.device.type == "cuda":  # NCCL would wait for the dead rank for ever; gloo sees the socket
+                try:
+                    torch.distributed.distributed_c10d._abort_process_group()
+                except Exception:  # noqa: BLE001 (best effort: the error is raised on the engine's thread)
+                    logger.exception("could not abort the process group")
+        del runner
 
 
 def _last_words(conn: Connection) -> str | None:
@@ -237,3 +244,4 @@ def _stop(procs: list, conns: list[Connection], store_dir: str) -> None:
     for conn in conns:
         conn.close()
     shutil.rmtree(store_dir, ignore_errors=True)
+    leave()
