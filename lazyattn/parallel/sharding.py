@@ -42,14 +42,18 @@ def _part(t: torch.Tensor, how: str | None, tp: TensorParallelGroup, vocab_size:
         return t
     if how == "vocab":
         block = cdiv(vocab_size, tp.size)
-        rows = t[tp.rank * block : (tp.rank + 1) * block]
-        if rows.shape[0] < block:  # the last block, past the vocabulary: rows no token id reaches
-            rows = torch.cat([rows, rows.new_zeros(block - rows.shape[0], *rows.shape[1:])])
-        return rows
+        return _pad_rows(t[tp.rank * block : (tp.rank + 1) * block], block)
     dim = 0 if how == "rows" else 1
     if t.shape[dim] % tp.size:
         raise CheckpointError(f"a tensor of shape {tuple(t.shape)} does not split into {tp.size} equal parts")
     return t.chunk(tp.size, dim)[tp.rank]
+
+
+def _pad_rows(rows: torch.Tensor, block: int) -> torch.Tensor:
+    """The last vocabulary block, past the vocabulary: zero rows, which no token id reaches."""
+    if rows.shape[0] == block:
+        return rows
+    return torch.cat([rows, rows.new_zeros(block - rows.shape[0], *rows.shape[1:])])
 
 
 def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
@@ -79,7 +83,7 @@ def read_shards(files: list[Path], device: torch.device, cfg: ModelConfig,
                         tensor = view[:, tp.rank * n : (tp.rank + 1) * n]
                     elif how == "vocab":
                         block = cdiv(cfg.vocab_size, tp.size)
-                        tensor = _part(view[tp.rank * block : (tp.rank + 1) * block], how, tp, cfg.vocab_size)
+                        tensor = _pad_rows(view[tp.rank * block : (tp.rank + 1) * block], block)
                     else:  # whole, or a shape that does not split: _part says so
                         tensor = _part(view[:], how, tp, cfg.vocab_size)
                     yield name, tensor
