@@ -7,6 +7,11 @@ On the GPU (about 1–2 minutes on an H100; Llama-3.1-8B shapes, random bf16 wei
 writes engine_h100.json and engine_h100.md and prints the table. `--quick` runs the built-in tiny model with
 small shapes (on a CPU too: a smoke test of the script, its numbers mean nothing).
 
+Tensor parallelism (docs/design.md): `--tensor-parallel-size 2` spreads the engine over GPUs 0 and 1; the limits are
+then one GPU's share of the bytes (its weight shard, its KV heads) over the slowest GPU's measured bandwidth: the
+weight-read roofline of the group, collectives not counted. `--model benchmarks/models/llama-3.1-70b` runs the 70B
+shapes; `--sections` and `--batches` pick what to measure (e.g. `--sections decode_short,ttft_rag --batches 16`).
+
 What is measured (docs/design.md, Goals; each beside its limit measured in the same run):
 
 - read bandwidth: a large device-to-device copy, bytes read + bytes written over its median time;
@@ -33,7 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -69,6 +74,8 @@ class Shapes:
     max_model_len: int = 16384
     copy_mib: int = 2048
     copy_repeats: int = 20
+    tensor_parallel_size: int = 1
+    sections: tuple[str, ...] | None = None  # None: every section
 
 
 QUICK = Shapes(model="tiny", system_len=8, doc_len=64, n_docs=3, question=8, short_prompt=8, batch_context=64,
@@ -116,18 +123,20 @@ class Bench:
         self.bandwidth = bandwidth
         self.llm = LLM(model=shapes.model, mode="lazy", device=device.type, random_weights=True,
                        kv_cache_gb=shapes.kv_cache_gb, max_model_len=shapes.max_model_len,
-                       max_num_seqs=max(shapes.batches), progress=False)
+                       max_num_seqs=max(shapes.batches), progress=False,
+                       tensor_parallel_size=shapes.tensor_parallel_size)
         self.engine: LLMEngine = self.llm.engine
         cfg = self.engine.model_config
         self.vocab = cfg.vocab_size
         self.bos = cfg.bos_token_id if cfg.bos_token_id is not None else BOS
-        model = self.engine.model
+        model = self.engine.model  # under tensor parallelism: the driver's shard, the size of every rank's
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         if model.lm_head is not None:  # untied: a step reads only its rows of the embedding table
             weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
         self.weight_bytes = weights
         dtype_bytes = torch.empty((), dtype=self.engine.config.torch_dtype).element_size()
-        self.kv_bytes_per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+        kv_heads = cfg.num_kv_heads // shapes.tensor_parallel_size  # one rank's
+        self.kv_bytes_per_token = cfg.num_layers * 2 * kv_heads * cfg.head_dim * dtype_bytes
         self._ids = 0
         self.system = [self.bos] + random_tokens(shapes.system_len - 1, 1, self.vocab)
         self.docs = [random_tokens(shapes.doc_len, 10 + i, self.vocab) for i in range(shapes.n_docs)]
@@ -269,9 +278,15 @@ def count_launches(events) -> dict:
 
 
 def run(shapes: Shapes, device: torch.device) -> dict:
-    bandwidth = copy_bandwidth(device, shapes.copy_mib, shapes.copy_repeats)
+    gpus = [torch.device("cuda", i) for i in range(shapes.tensor_parallel_size)] if device.type == "cuda" \
+        else [device]
+    per_gpu = [copy_bandwidth(d, shapes.copy_mib, shapes.copy_repeats) for d in gpus]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    bandwidth = min(per_gpu)  # the ranks wait for each other: the slowest sets the pace
     bench = Bench(shapes, device, bandwidth)
-    results: dict = {"bandwidth_gbs": bandwidth / 1e9, "weight_bytes": bench.weight_bytes,
+    results: dict = {"bandwidth_gbs": bandwidth / 1e9, "bandwidth_gbs_per_gpu": [b / 1e9 for b in per_gpu],
+                     "tensor_parallel_size": shapes.tensor_parallel_size, "weight_bytes": bench.weight_bytes,
                      "kv_bytes_per_token": bench.kv_bytes_per_token}
     sections: list[tuple[str, Callable[[], dict]]] = [
         ("decode_short", lambda: bench.decode_batch1(
@@ -281,6 +296,11 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         ("ttft_rag", bench.ttft),
         ("launches", bench.launches),
     ] + [(f"decode_batch{b}", lambda b=b: bench.decode_batched(b)) for b in shapes.batches]
+    if shapes.sections is not None:
+        wanted = set(shapes.sections)
+        if wanted & {"decode_rag", "ttft_rag", "launches"}:
+            wanted.add("cache_documents")
+        sections = [(name, f) for name, f in sections if name in wanted or name.startswith("decode_batch")]
     for name, section in sections:
         t0 = time.perf_counter()
         try:
@@ -298,9 +318,13 @@ def run(shapes: Shapes, device: torch.device) -> dict:
 
 
 def markdown(results: dict) -> str:
+    tp = results.get("tensor_parallel_size", 1)
+    per_gpu = ", ".join(f"{b:.0f}" for b in results.get("bandwidth_gbs_per_gpu", []))
+    where = f"tensor parallel over {tp} GPUs (per GPU: {per_gpu} GB/s; the slowest sets the limit), per GPU: " \
+        if tp > 1 else ""
     lines = [f"Read bandwidth (device-to-device copy, read + write): **{results['bandwidth_gbs']:.0f} GB/s**; "
-             f"weights read per step {results['weight_bytes'] / 1e9:.2f} GB, KV {results['kv_bytes_per_token']} "
-             "B/token.", "",
+             f"{where}weights read per step {results['weight_bytes'] / 1e9:.2f} GB, KV "
+             f"{results['kv_bytes_per_token']} B/token.", "",
              "| what | context / seq | measured | limit (bytes / bandwidth) | of limit | goal |",
              "|---|---|---|---|---|---|"]
     goals = {"decode_short": "≥ 90 %", "decode_rag": "≥ 85 %"}
@@ -340,8 +364,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
     parser.add_argument("--quick", action="store_true", help="tiny model, small shapes (smoke test; runs on a CPU)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default=None, help="a config directory (default: Llama-3.1-8B shapes)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine spans (default: 1)")
+    parser.add_argument("--sections", default=None,
+                        help="comma-separated: decode_short, decode_rag, ttft_rag, launches (default: all)")
+    parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default: 16,64)")
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else Shapes()
+    shapes = replace(shapes, tensor_parallel_size=args.tensor_parallel_size,
+                     sections=tuple(args.sections.split(",")) if args.sections else None)
+    if args.model:
+        shapes = replace(shapes, model=args.model)
+    if args.batches:
+        shapes = replace(shapes, batches=tuple(int(b) for b in args.batches.split(",")))
     device = torch.device(args.device)
     results = run(shapes, device)
     meta = {"command": " ".join(["python", "benchmarks/engine.py"] + (argv if argv is not None else sys.argv[1:])),
