@@ -75,6 +75,7 @@ class Shapes:
     copy_mib: int = 2048
     copy_repeats: int = 20
     tensor_parallel_size: int = 1
+    cuda_graphs: bool = True
     sections: tuple[str, ...] | None = None  # None: every section
 
 
@@ -124,7 +125,7 @@ class Bench:
         self.llm = LLM(model=shapes.model, mode="lazy", device=device.type, random_weights=True,
                        kv_cache_gb=shapes.kv_cache_gb, max_model_len=shapes.max_model_len,
                        max_num_seqs=max(shapes.batches), progress=False,
-                       tensor_parallel_size=shapes.tensor_parallel_size)
+                       tensor_parallel_size=shapes.tensor_parallel_size, cuda_graphs=shapes.cuda_graphs)
         self.engine: LLMEngine = self.llm.engine
         cfg = self.engine.model_config
         self.vocab = cfg.vocab_size
@@ -369,9 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default=None,
                         help="comma-separated: decode_short, decode_rag, ttft_rag, launches (default: all)")
     parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default: 16,64)")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps")
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else Shapes()
-    shapes = replace(shapes, tensor_parallel_size=args.tensor_parallel_size,
+    shapes = replace(shapes, tensor_parallel_size=args.tensor_parallel_size, cuda_graphs=not args.no_cuda_graphs,
                      sections=tuple(args.sections.split(",")) if args.sections else None)
     if args.model:
         shapes = replace(shapes, model=args.model)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Tensor parallelism on two GPUs (about 4-5 minutes on two H200s; docs/benchmarks.md, "Tensor parallelism"):
+# the GPU tests of tests/parallel, then benchmarks/engine.py at Llama-3.1-8B shapes on one GPU and on two, and at
+# Llama-3.1-70B shapes on two (random bf16 weights). Writes tensor_parallel.log and engine_{8b_tp1,8b_tp2,70b_tp2}
+# .{json,md} into OUT_DIR. Every stage has a time limit, so one that hangs cannot take the others' time.
+#   bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]
+set -uo pipefail
+out="${1:?usage: bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]}"
+budget="${2:-330}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.."
+# NVLink multicast stays off on shared hosts (docs/design.md, "Tensor parallelism"); the workers inherit it.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+log="$out/tensor_parallel.log"
+
+stage() {  # stage NAME LIMIT_S COMMAND...: run within LIMIT_S and the budget left; its status is the command's
+    local name="$1" limit="$2" start=$SECONDS
+    shift 2
+    local left=$((budget - SECONDS))
+    ((left < limit)) && limit=$left
+    if ((limit < 20)); then
+        echo "[$name] skipped: ${left} s of the budget left" | tee -a "$log"
+        return 125
+    fi
+    echo "[$name] $* (limit ${limit} s)" | tee -a "$log"
+    timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    echo "[$name] exit ${rc} after $((SECONDS - start)) s" | tee -a "$log"
+    return "$rc"
+}
+
+python3 -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.device_count(),
+"NCCL", torch.cuda.nccl.version())' 2>&1 | tee -a "$log"
+nvidia-smi topo -m 2>&1 | tee -a "$log"
+stage gpu_tests 130 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel
+tests_rc=$?
+graphs=()
+if ((tests_rc == 124)); then  # a hang: measure the engines without CUDA graphs rather than not at all
+    graphs=(--no-cuda-graphs)
+fi
+engine=(python3 benchmarks/engine.py --sections decode_short,ttft_rag --batches 16)
+stage engine_8b_tp1 75 "${engine[@]}" --out "$out/engine_8b_tp1"
+stage engine_8b_tp2 90 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2"
+stage engine_70b_tp2 120 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" \
+    --model benchmarks/models/llama-3.1-70b --out "$out/engine_70b_tp2"
+echo "done in ${SECONDS} s" | tee -a "$log"
