@@ -238,7 +238,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Abort what is in flight and give the device memory back (weights, KV pool, CUDA graphs) now, rather
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
-        for request_id in list(getattr(self, "requests", ())):
+        for request_id in list(self.requests):
             self.abort(request_id)
         if self.parallel is not None:
             self.parallel.shutdown()

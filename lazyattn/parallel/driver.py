@@ -14,6 +14,7 @@ collective returns; the next (or current) step then raises TensorParallelError w
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -55,6 +56,8 @@ class TensorParallelRunner:
             if device.index not in (None, 0):
                 raise InvalidRequestError("with tensor parallelism ranks run on GPUs 0 … N-1: pass device 'cuda' "
                                           "(CUDA_VISIBLE_DEVICES picks the GPUs)", "device")
+        if torch.distributed.is_initialized():
+            gc.collect()  # an engine dropped without shutdown leaves the group when it is collected
         if torch.distributed.is_initialized():
             raise InvalidRequestError("another tensor-parallel engine is running in this process: shut it down "
                                       "first (LLM.shutdown, or a `with LLM(...)` block)", "tensor_parallel_size")

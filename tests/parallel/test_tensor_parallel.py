@@ -153,3 +153,25 @@ def test_a_load_failure_leaves_no_worker(tmp_path):
     with pytest.raises(CheckpointError):
         LLM(model=str(tmp_path), device="cpu", progress=False, tensor_parallel_size=2)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("lazyattn-tp")]
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["serve"], ["bench"], ["eval"], ["demo"]])
+def test_every_engine_command_takes_the_size(command):
+    from lazyattn.cli import build_parser, engine_options
+
+    args = build_parser().parse_args([*command, "--tensor-parallel-size", "2"])
+    assert args.tensor_parallel_size == 2
+    if command[0] != "demo":
+        assert engine_options(args)["tensor_parallel_size"] == 2
+
+
+def test_generate_command_on_two_ranks(capsys):
+    from lazyattn.cli import main
+
+    outputs = []
+    for size in ("1", "2"):
+        assert main(["generate", "Who wrote it?", "-d", "a document", "--model", "tiny", "--device", "cpu",
+                     "--max-tokens", "6", "--json", "--tensor-parallel-size", size]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[1] == outputs[0]
+    assert len(outputs[0]) == 6
