@@ -31,6 +31,7 @@ of a steady phase. Token ids are random (never zeros); the document cache is war
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -281,7 +282,10 @@ def count_launches(events) -> dict:
 def run(shapes: Shapes, device: torch.device) -> dict:
     gpus = [torch.device("cuda", i) for i in range(shapes.tensor_parallel_size)] if device.type == "cuda" \
         else [device]
-    per_gpu = [copy_bandwidth(d, shapes.copy_mib, shapes.copy_repeats) for d in gpus]
+    per_gpu = []
+    for d in gpus:  # events and copies on that GPU's own stream
+        with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext():
+            per_gpu.append(copy_bandwidth(d, shapes.copy_mib, shapes.copy_repeats))
     if device.type == "cuda":
         torch.cuda.empty_cache()
     bandwidth = min(per_gpu)  # the ranks wait for each other: the slowest sets the pace
