@@ -45,4 +45,9 @@ stage engine_8b_tp1 75 "${engine[@]}" --out "$out/engine_8b_tp1"
 stage engine_8b_tp2 90 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2"
 stage engine_70b_tp2 120 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" \
     --model benchmarks/models/llama-3.1-70b --out "$out/engine_70b_tp2"
+# If time is left: serving throughput at saturation on the paper workload (lazyattn bench), one GPU vs two.
+serving=(python3 -m lazyattn bench --model benchmarks/models/llama-3.1-8b --random-weights --device cuda
+         --modes lazy --rate inf --num-requests 40 --no-progress)
+stage serving_8b_tp2 80 "${serving[@]}" --tensor-parallel-size 2
+stage serving_8b_tp1 80 "${serving[@]}"
 echo "done in ${SECONDS} s" | tee -a "$log"
