@@ -318,6 +318,8 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     if "ttft_ms" in results.get("ttft_rag", {}) and "step_ms" in results.get("decode_rag", {}):
         results["ttft_rag"]["decode_step_ms"] = results["decode_rag"]["step_ms"]
         results["ttft_rag"]["of_decode_step"] = results["ttft_rag"]["ttft_ms"] / results["decode_rag"]["step_ms"]
+    graphs = bench.engine.runner.graphs
+    results["cuda_graph_batch_sizes"] = sorted(graphs.graphs) if graphs is not None else []  # captured
     bench.llm.shutdown()
     return results
 
