@@ -113,6 +113,16 @@ def test_sizes_that_do_not_divide_are_refused(checkpoint):
         make_llm(checkpoint, "llama", "lazy", tensor_parallel_size=0)
 
 
+def test_more_ranks_than_gpus_are_refused(monkeypatch):
+    """Checked before any process starts (the CPU machine pretends to have one GPU)."""
+    from lazyattn.engine.config import EngineConfig
+    from lazyattn.parallel.driver import TensorParallelRunner
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(InvalidRequestError, match="needs 2 GPUs; 1 visible"):
+        TensorParallelRunner(EngineConfig(model="tiny", device="cuda", tensor_parallel_size=2), torch.device("cuda"))
+
+
 def test_a_dead_worker_is_an_error_not_a_hang():
     llm = LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
     try:

@@ -8,6 +8,7 @@ import torch
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.errors import InvalidRequestError
 from tests.engine.test_engine_gpu import CONFIG_8B, config_dir, random_docs, rel
 
 pytestmark = [pytest.mark.gpu,
@@ -92,3 +93,8 @@ def test_bf16_two_ranks_lazy_equals_block_at_8b_shapes():
     print(f"\n8B shapes, bf16, TP=2: lazy {tokens_lazy}\nblock {tokens_block}\n"
           f"worst |lazy-block|/|block| over {len(compared)} steps {max(compared):.2e}")
     assert max(compared) < 3e-2
+
+
+def test_more_ranks_than_gpus_are_refused():
+    with pytest.raises(InvalidRequestError, match=f"needs 4 GPUs; {torch.cuda.device_count()} visible"):
+        LLM(model=str(CONFIG_8B), device="cuda", random_weights=True, tensor_parallel_size=4)
