@@ -6,7 +6,7 @@
 #   bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]
 set -uo pipefail
 out="${1:?usage: bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]}"
-budget="${2:-330}"
+budget="${2:-300}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
@@ -34,16 +34,16 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run within LIMIT_S and the budget le
 python3 -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.device_count(),
 "NCCL", torch.cuda.nccl.version())' 2>&1 | tee -a "$log"
 nvidia-smi topo -m 2>&1 | tee -a "$log"
-stage gpu_tests 130 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel
+stage gpu_tests 100 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel
 tests_rc=$?
 graphs=()
 if ((tests_rc == 124)); then  # a hang: measure the engines without CUDA graphs rather than not at all
     graphs=(--no-cuda-graphs)
 fi
 engine=(python3 benchmarks/engine.py --sections decode_short,ttft_rag --batches 16)
-stage engine_8b_tp1 75 "${engine[@]}" --out "$out/engine_8b_tp1"
-stage engine_8b_tp2 90 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2"
-stage engine_70b_tp2 120 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" \
+stage engine_8b_tp1 60 "${engine[@]}" --out "$out/engine_8b_tp1"
+stage engine_8b_tp2 75 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2"
+stage engine_70b_tp2 110 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" \
     --model benchmarks/models/llama-3.1-70b --out "$out/engine_70b_tp2"
 # If time is left: serving throughput at saturation on the paper workload (lazyattn bench), one GPU vs two.
 serving=(python3 -m lazyattn bench --model benchmarks/models/llama-3.1-8b --random-weights --device cuda
