@@ -130,8 +130,7 @@ class TensorParallelRunner:
         try:
             logits = self.local.execute(step)
         except Exception as error:
-            self._raise_if_failed(error)
-            raise
+            self._step_failed(error)
         self._raise_if_failed()
         return logits
 
@@ -140,9 +139,15 @@ class TensorParallelRunner:
         try:
             self.local.warm_up()
         except Exception as error:
-            self._raise_if_failed(error)
-            raise
+            self._step_failed(error)
         self._expect("done")
+
+    def _step_failed(self, error: Exception) -> None:
+        """A step that failed on the driver leaves the ranks out of step (a worker may wait in a collective the
+        driver never reached): the engine cannot go on, whether or not a worker failed too."""
+        self._raise_if_failed(error)  # a worker's failure, with its traceback, explains it
+        self._fail(f"the driver (rank 0) failed in a step: {type(error).__name__}: {error}")
+        self._raise_if_failed(error)
 
     def shutdown(self) -> None:
         """Stop the workers and leave the group (idempotent; also at interpreter exit)."""

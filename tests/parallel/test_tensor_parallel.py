@@ -140,6 +140,25 @@ def test_a_dead_worker_is_an_error_not_a_hang():
         llm.shutdown()
 
 
+def test_a_failed_step_on_the_driver_ends_the_engine():
+    """No per-request isolation across ranks: after a failed step they may be out of step."""
+    llm = LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
+    try:
+        local = llm.engine.parallel.local
+        execute = local.execute
+
+        def failing(step):
+            execute(step)  # every rank ran the step; only the driver's side fails after it
+            raise RuntimeError("boom")
+
+        local.execute = failing
+        with pytest.raises(TensorParallelError, match="driver .rank 0. failed in a step: RuntimeError: boom"):
+            llm.generate(prompt_token_ids=[[256, 10, 11]], sampling_params=greedy())
+    finally:
+        llm.shutdown()
+    assert [p.exitcode for p in llm.engine.parallel.procs] == [0]
+
+
 def test_shutdown_stops_the_workers_and_frees_the_group():
     with LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2) as llm:
         procs = list(llm.engine.parallel.procs)
