@@ -71,7 +71,8 @@ class TensorParallelRunner:
         ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
         self.conns: list[Connection] = []
         self.procs: list[mp.process.BaseProcess] = []
-        self._stopper = weakref.finalize(self, _stop, self.procs, self.conns, self._store_dir)
+        self._group: list = []  # the process group this engine made, once made (the finalizer leaves only it)
+        self._stopper = weakref.finalize(self, _stop, self.procs, self.conns, self._store_dir, self._group)
         try:
             for rank in range(1, size):
                 parent, child = ctx.Pipe()
@@ -83,6 +84,7 @@ class TensorParallelRunner:
                 self.procs.append(proc)
             self._expect("hello")
             self.tp = join(init_method, 0, size, self.device)
+            self._group.append(torch.distributed.group.WORLD)
             threading.Thread(target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True,
                              name="lazyattn-tp-watch").start()
             self.model, self.model_config = load_model(
@@ -219,6 +221,7 @@ def _watch(ref: weakref.ref, procs: list) -> None:
             return
         for sentinel in ready:
             rank = sentinels.pop(sentinel)
+            procs[rank - 1].join(timeout=1.0)  # reaps it: its exit code
             runner._fail(f"tensor-parallel worker {rank} exited (exit code {procs[rank - 1].exitcode})")
             if runner.device.type == "cuda":  # NCCL would wait for the dead rank for ever; gloo sees the socket
                 try:
@@ -240,7 +243,7 @@ def _last_words(conn: Connection) -> str | None:
     return None
 
 
-def _stop(procs: list, conns: list[Connection], store_dir: str) -> None:
+def _stop(procs: list, conns: list[Connection], store_dir: str, group: list) -> None:
     for conn in conns:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError, OSError):
             conn.send(("stop", None))
@@ -252,4 +255,5 @@ def _stop(procs: list, conns: list[Connection], store_dir: str) -> None:
     for conn in conns:
         conn.close()
     shutil.rmtree(store_dir, ignore_errors=True)
-    leave()
+    if group and torch.distributed.is_initialized() and torch.distributed.group.WORLD is group[0]:
+        leave()
