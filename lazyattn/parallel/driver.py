@@ -164,9 +164,10 @@ class TensorParallelRunner:
         for rank, conn in enumerate(self.conns, start=1):
             try:
                 conn.send(message)
-            except (BrokenPipeError, ConnectionResetError, EOFError) as error:
+            except (OSError, EOFError) as error:  # its end of the pipe is closed: it is gone, or going
                 self._raise_if_failed(error, rank)
-                raise
+                self._fail(f"tensor-parallel worker {rank} cannot be reached: {error}")
+                self._raise_if_failed(error)
 
     def _expect(self, what: str) -> list:
         """Each worker's reply `what`, in rank order; a worker's error or exit raises TensorParallelError."""
