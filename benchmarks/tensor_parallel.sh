@@ -34,7 +34,8 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run within LIMIT_S and the budget le
 python3 -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.device_count(),
 "NCCL", torch.cuda.nccl.version())' 2>&1 | tee -a "$log"
 nvidia-smi topo -m 2>&1 | tee -a "$log"
-stage gpu_tests 100 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel
+# TESTS_K / TESTS_S: a pytest -k filter and time limit for the tests, when the budget is short
+stage gpu_tests "${TESTS_S:-100}" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel ${TESTS_K:+-k "$TESTS_K"}
 tests_rc=$?
 graphs=()
 if ((tests_rc == 124)); then  # a hang: measure the engines without CUDA graphs rather than not at all
