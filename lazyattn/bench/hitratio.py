@@ -169,7 +169,7 @@ def _prefix_request(cache: DocumentCache, pool: PagePool, chain: list[str], prom
     parts: list[tuple[Segment, bool]] = []
     first_owned = None
     for b, page_key in enumerate(chain):
-        if first_owned is not None and cache.lookup(page_key) is not None:
+        if first_owned is not None and cache.contains(page_key):
             break  # an orphan left after its parent was evicted: the rest stays private
         seg, is_new = cache.acquire(page_key, ps)
         parts.append((seg, is_new))
