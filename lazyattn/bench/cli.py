@@ -58,6 +58,8 @@ def add_bench_parser(sub, engine_args: Callable[..., None],
     h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
     h.add_argument("--hit-requests", type=int, default=1000, help="requests per simulated trace")
     h.add_argument("--hit-ratio-only", action="store_true", help="only the simulation: no model is loaded")
+    h.add_argument("--host-gb", type=float, default=0.0,
+                   help="host tier (GiB) behind every KV budget: adds GPU / host / effective hit columns (0: none)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for bench.json and the plots")
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -76,7 +78,7 @@ def parse_alphas(text: str) -> list[float | None]:
 
 def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     from lazyattn.bench import plots, report
-    from lazyattn.bench.hitratio import HIT_COLUMNS, page_accounting, pivot, sweep
+    from lazyattn.bench.hitratio import HIT_COLUMNS, HOST_HIT_COLUMNS, page_accounting, pivot, sweep
     from lazyattn.bench.replay import free_device_memory, make_engine, replay, warm_up
     from lazyattn.bench.workload import Load, WorkloadSpec, make_trace, token_space, warmup_trace
     from lazyattn.model.config import ModelConfig
@@ -150,12 +152,13 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
         hit_spec = replace(spec, num_requests=args.hit_requests)
         budgets = _floats(args.kv_budgets)
-        hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos)
+        hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos, host_gb=args.host_gb)
+        host = f", host tier {args.host_gb:g} GiB" if args.host_gb else ""
         print(f"\nDocument hit ratio vs KV budget (simulated, {args.hit_requests} requests one at a time, "
-              f"{acct.token_bytes / 1024:g} KiB of KV per token)\n"
-              + report.text_table(pivot(hit_rows), HIT_COLUMNS), flush=True)
+              f"{acct.token_bytes / 1024:g} KiB of KV per token{host})\n"
+              + report.text_table(pivot(hit_rows), HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS), flush=True)
         data["hit_ratio"] = {"simulated": True, "requests": args.hit_requests, "page_bytes": acct.page_bytes,
-                             "rows": hit_rows}
+                             "host_gb": args.host_gb, "rows": hit_rows}
     if args.out:
         out = Path(args.out)
         report.write_json(out / "bench.json", data)

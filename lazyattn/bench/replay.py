@@ -83,10 +83,12 @@ def warm_up(engine: LLMEngine, trace: Trace) -> None:
 
 
 def replay(engine: LLMEngine, trace: Trace, *, max_seconds: float = math.inf, progress: bool = False,
-           desc: str = "") -> PointRun:
+           desc: str = "", cold: bool = True) -> PointRun:
     """Serve `trace` on `engine` in real time. Requests still running after `max_seconds` are aborted and
-    left unfinished (the run is marked timed out)."""
-    engine.reset_cache()
+    left unfinished (the run is marked timed out). cold=False: keep what the cache holds (documents registered
+    ahead, benchmarks/host_tier.py)."""
+    if cold:
+        engine.reset_cache()
     spec, load, mode = trace.spec, trace.load, engine.mode
     before = engine.stats()
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)

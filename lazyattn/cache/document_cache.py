@@ -100,6 +100,7 @@ class CacheStats:
     pages_in_use: int  # pages held by the cache's segments, including removed/aborted ones still held
     segments: int  # segments in the index (pending or ready)
     host_hits: int = 0  # hits found on the host tier (promoted), a part of `hits`
+    host_tokens_reused: int = 0  # tokens of those, a part of `tokens_reused`
 
     @property
     def gpu_hits(self) -> int:
@@ -136,7 +137,8 @@ class DocumentCache:
         self._evictable = 0  # pages of the segments in _lru
         self._held = 0  # pages of every live segment, indexed or not
         self._tick = 0
-        self._lookups = self._hits = self._misses = self._evictions = self._tokens_reused = self._host_hits = 0
+        self._lookups = self._hits = self._misses = self._evictions = self._tokens_reused = 0
+        self._host_hits = self._host_tokens_reused = 0
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -174,6 +176,7 @@ class DocumentCache:
             pages_in_use=self._held,
             segments=len(self._index),
             host_hits=self._host_hits,
+            host_tokens_reused=self._host_tokens_reused,
         )
 
     def __len__(self) -> int:
@@ -285,6 +288,7 @@ class DocumentCache:
         self._hits += 1
         self._host_hits += 1
         self._tokens_reused += n_tokens
+        self._host_tokens_reused += n_tokens
         return seg
 
     # -- making room -------------------------------------------------------------------------------

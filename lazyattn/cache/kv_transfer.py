@@ -18,10 +18,13 @@ On the CPU every copy is done when the call returns.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
 
 import torch
+
+logger = logging.getLogger("lazyattn.cache")
 
 
 @dataclass(eq=False)
@@ -44,8 +47,18 @@ def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _unregister(host_kv: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(host_kv.data_ptr())
+def _pin(host: torch.Tensor) -> torch.Tensor:
+    """Page-lock `host` for asynchronous copies. Registered in place rather than through torch's pinned allocator,
+    which rounds every block up to a power of two (a 40 GiB tier would pin 64 GiB); that allocator is the fallback
+    where this torch does not expose registration."""
+    cudart = torch.cuda.cudart()
+    nbytes = host.numel() * host.element_size()
+    if hasattr(cudart, "cudaHostRegister") and hasattr(cudart, "cudaHostUnregister"):
+        if cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) == cudart.cudaError.success:
+            weakref.finalize(host, cudart.cudaHostUnregister, host.data_ptr())
+            return host
+        logger.warning("could not register %.1f GiB of host memory for the host tier; pinning a copy", nbytes / 2**30)
+    return torch.empty_like(host, pin_memory=True)
 
 
 class PageMover:
@@ -62,11 +75,7 @@ class PageMover:
         self._compute_waited = True  # the compute stream already waits for the last demotion
         self._demotions: list[Transfer] = []  # kept until landed: their staging buffers must live that long
         if self.cuda and num_host_pages:
-            # Registered in place rather than torch's pinned allocator, which rounds every block up to a power of
-            # two (a 40 GiB tier would pin 64 GiB).
-            nbytes = self.host_kv.numel() * self.host_kv.element_size()
-            torch.cuda.cudart().cudaHostRegister(self.host_kv.data_ptr(), nbytes, 0)
-            weakref.finalize(self, _unregister, self.host_kv)
+            self.host_kv = _pin(self.host_kv)
             self._to_host = torch.cuda.Stream(self.device)
             self._to_device = torch.cuda.Stream(self.device)
 

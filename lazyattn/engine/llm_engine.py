@@ -220,7 +220,7 @@ class LLMEngine:
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
-        self.runner = self.model = self.scheduler = self.cache = None  # type: ignore[assignment]
+        self.runner = self.model = self.scheduler = self.cache = self.tier = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -16,8 +16,8 @@ REQUESTS = [([(j * 3) % 8, (j * 5 + 2) % 8, (j + 6) % 8], [40 + j, 41, 42 + j]) 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
 
-def engine(mode: str, host_cache_gb: float) -> LLM:
-    llm = LLM(model="tiny", mode=mode, device="cpu", page_size=PAGE, progress=False, kv_cache_gb=0.05,
+def engine(mode: str, host_cache_gb: float, device: str = "cpu") -> LLM:
+    llm = LLM(model="tiny", mode=mode, device=device, page_size=PAGE, progress=False, kv_cache_gb=0.05,
               host_cache_gb=host_cache_gb)
     # A pool of the largest request's pages plus room for about two documents: most documents get evicted.
     e = llm.engine
