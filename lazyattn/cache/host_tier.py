@@ -43,11 +43,22 @@ def default_host_bytes(device_type: str) -> int:
     memory), else DEFAULT_HOST_SHARE of available host memory, capped at DEFAULT_HOST_CAP_BYTES."""
     if device_type != "cuda":
         return 0
+    return min(int(DEFAULT_HOST_SHARE * _available_host_bytes()), DEFAULT_HOST_CAP_BYTES)
+
+
+def _available_host_bytes() -> int:
+    """MemAvailable (free plus reclaimable page cache) on Linux, free pages elsewhere; 0 if unknown."""
     try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not a POSIX host: no default tier
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
         return 0
-    return min(int(DEFAULT_HOST_SHARE * available), DEFAULT_HOST_CAP_BYTES)
 
 
 @dataclass(eq=False, slots=True)

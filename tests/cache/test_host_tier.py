@@ -146,3 +146,13 @@ def test_page_mover_round_trip_on_the_cpu():
     expected[:, :, 7] = original[:, :, 2]
     expected[:, :, 4] = original[:, :, 6]
     assert torch.equal(kv, expected)
+
+
+def test_default_size_is_off_on_the_cpu_and_a_capped_quarter_of_host_memory_on_cuda(monkeypatch):
+    from lazyattn.cache import host_tier
+
+    monkeypatch.setattr(host_tier, "_available_host_bytes", lambda: 100 * 2**30)
+    assert host_tier.default_host_bytes("cpu") == 0
+    assert host_tier.default_host_bytes("cuda") == 25 * 2**30
+    monkeypatch.setattr(host_tier, "_available_host_bytes", lambda: 400 * 2**30)
+    assert host_tier.default_host_bytes("cuda") == 64 * 2**30
