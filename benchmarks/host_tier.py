@@ -118,7 +118,7 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
            "eff_hit": 100 * s.doc_hit_ratio, "host_hit": 100 * host_docs / docs,
            "ttft_mean_ms": s.ttft.mean, "ttft_p99_ms": s.ttft.p99, "req_s": s.request_throughput,
            "out_tok_s": s.output_throughput, "preemptions": s.preemptions, "register_s": registered_s,
-           "wall_s": run.wall_s}
+           "wall_s": run.wall_s, "ttfts_ms": [round(1e3 * r.ttft, 1) for r in run.records if r.ttft is not None]}
     row["gpu_hit"] = row["eff_hit"] - row["host_hit"]
     if after.host is not None:
         h0, h1 = before.host, after.host
@@ -163,9 +163,19 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", choices=sorted(PLANS), default="h100")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/host_tier"))
+    p.add_argument("--budgets", default=None, help="GPU budgets (GiB, comma-separated) instead of the plan's")
+    p.add_argument("--host-gb", type=float, default=None, help="host tier instead of the plan's")
+    p.add_argument("--workloads", default=None, help="workload names to run (comma-separated; default: all)")
     p.add_argument("--deadline", type=float, default=float("inf"), help="start no point after this many seconds")
     args = p.parse_args()
     plan = PLANS[args.plan]
+    if args.workloads:
+        plan = replace(plan, workloads=tuple(w for w in plan.workloads if w.name in args.workloads.split(",")))
+    if args.budgets:
+        budgets = tuple(float(b) for b in args.budgets.split(","))
+        plan = replace(plan, workloads=tuple(replace(w, budgets_gb=budgets) for w in plan.workloads))
+    if args.host_gb is not None:
+        plan = replace(plan, host_gb=args.host_gb)
     clock = time.monotonic()
     out = Path(args.out)
     built = time.monotonic()
@@ -173,7 +183,8 @@ def main() -> int:
                                     host_cache_gb=plan.host_gb, page_size=plan.page_size, random_weights=True,
                                     max_model_len=plan.max_model_len, progress=False, **plan.options))
     meta = {"command": " ".join(sys.argv), "plan": asdict(plan), "engine_build_s": time.monotonic() - built,
-            "page_bytes": engine.runner.page_bytes, "host_pages": engine.tier.num_pages, "device_name": plan.device}
+            "page_bytes": engine.runner.page_bytes, "host_pages": engine.tier.num_pages, "device_name": plan.device,
+            "pin_s": engine.tier.mover.pin_seconds}
     if plan.device == "cuda":
         import torch
 

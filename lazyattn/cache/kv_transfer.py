@@ -7,8 +7,9 @@ host pages, into or out of a contiguous staging buffer.
 
 Ordering on CUDA, with no host-side wait (docs/design.md, "The host tier"):
 - demotions run on their own stream, after everything the compute stream has queued (the pages' last writes);
-  the demoted GPU pages go back to the pool at once, and every later writer of GPU pages waits for the last
-  demotion's event: the compute stream before the next forward pass (`before_forward`), promotions before theirs;
+  the demoted GPU pages go back to the pool at once, and every later writer of GPU pages waits for the demotion
+  still reading them: a forward pass that writes one of them (`before_forward`), every promotion (it waits for the
+  last demotion: most of the pages it fills were just freed by one);
 - promotions run on a second stream (PCIe copies both ways at once), after the compute stream's queued work (it
   may still read pages being reused) and after the last demotion (it may still write the host pages or read the
   GPU pages); the segment becomes ready only once the host has seen the promotion's event complete, so the
@@ -19,6 +20,7 @@ On the CPU every copy is done when the call returns.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -72,10 +74,13 @@ class PageMover:
         self._to_host: torch.cuda.Stream | None = None
         self._to_device: torch.cuda.Stream | None = None
         self._last_demotion: torch.cuda.Event | None = None
-        self._compute_waited = True  # the compute stream already waits for the last demotion
-        self._demotions: list[Transfer] = []  # kept until landed: their staging buffers must live that long
+        # Demotions not yet seen to land, with the GPU pages they read; kept for their staging buffers too.
+        self._demotions: list[tuple[Transfer, frozenset[int]]] = []
+        self.pin_seconds = 0.0  # start-up cost of page-locking the host pool
         if self.cuda and num_host_pages:
+            start = time.monotonic()
             self.host_kv = _pin(self.host_kv)
+            self.pin_seconds = time.monotonic() - start
             self._to_host = torch.cuda.Stream(self.device)
             self._to_device = torch.cuda.Stream(self.device)
 
@@ -94,13 +99,13 @@ class PageMover:
         with torch.cuda.stream(stream):
             t.start, t.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t.start.record(stream)
-            index = torch.tensor(device_pages, dtype=torch.int64).to(self.device, non_blocking=True)
+            index = self._index(device_pages)
             t.staging = self.device_kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5).contiguous()
             for off, n, first in _runs(host_pages):
                 self.host_kv[first : first + n].copy_(t.staging[off : off + n], non_blocking=True)
             t.end.record(stream)
-        self._last_demotion, self._compute_waited = t.end, False
-        self._demotions = [d for d in self._demotions if not d.end.query()] + [t]
+        self._last_demotion = t.end
+        self._demotions = [d for d in self._demotions if not d[0].end.query()] + [(t, frozenset(device_pages))]
         return t
 
     def to_device(self, host_pages: list[int], device_pages: list[int]) -> Transfer:
@@ -117,7 +122,7 @@ class PageMover:
         with torch.cuda.stream(stream):
             t.start, t.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t.start.record(stream)
-            index = torch.tensor(device_pages, dtype=torch.int64).to(self.device, non_blocking=True)
+            index = self._index(device_pages)
             t.staging = torch.empty((len(device_pages), *self.host_kv.shape[1:]), dtype=self.host_kv.dtype,
                                     device=self.device)
             for off, n, first in _runs(host_pages):
@@ -143,8 +148,16 @@ class PageMover:
         """Copy-stream time of a landed transfer (0 on the CPU)."""
         return t.start.elapsed_time(t.end) / 1e3 if t.start is not None else 0.0
 
-    def before_forward(self) -> None:
-        """The compute stream may write GPU pages a demotion is still reading: queue it after that demotion."""
-        if not self._compute_waited and self._last_demotion is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._last_demotion)
-            self._compute_waited = True
+    def before_forward(self, written: set[int]) -> None:
+        """Queue the compute stream after the demotions still reading GPU pages the next forward pass writes
+        (`written`); the others go on beside it. Demotions land in order, so waiting for the newest such one is
+        enough."""
+        self._demotions = [d for d in self._demotions if not d[0].end.query()]
+        clashing = [t for t, pages in self._demotions if not pages.isdisjoint(written)]
+        if clashing:
+            torch.cuda.current_stream(self.device).wait_event(clashing[-1].end)
+
+    def _index(self, pages: list[int]) -> torch.Tensor:
+        # Through pinned memory: a copy from pageable memory would block the host until the copy stream's queue
+        # (earlier transfers) has drained.
+        return torch.tensor(pages, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)

@@ -192,8 +192,8 @@ class LLMEngine:
         return outputs
 
     def _forward(self, batch: ScheduledBatch, failed: dict[str, str]) -> torch.Tensor:
-        if self.tier is not None and self.tier.mover is not None:
-            self.tier.mover.before_forward()
+        if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
+            self.tier.mover.before_forward(batch.written_pages(self.config.page_size))
         try:
             return self.runner.run(batch)
         except Exception as error:

@@ -19,7 +19,7 @@ def test_mover_round_trip_and_ordering_on_cuda():
     mover = PageMover(kv, 8)
     t = mover.to_host([9, 3, 4, 12], [5, 6, 7, 0])
     # The compute stream overwrites the demoted pages right away; ordered after the copy by before_forward.
-    mover.before_forward()
+    mover.before_forward({3, 40})  # a write to page 3, still being read by the demotion
     kv[:, :, [9, 3, 4, 12]] = 0
     mover.wait(t)
     for device_page, host_page in ((9, 5), (3, 6), (4, 7), (12, 0)):
