@@ -32,7 +32,9 @@ from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
-ENTRY_BUCKETS = (2, 4, 8)  # entries including the padding entry
+# Entries including the padding entry: up to 63 real ones, so that a step mixing decode rows with a new
+# request's question (continuous batching) replays a graph too.
+ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
 
 Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -105,6 +107,12 @@ class StepLayout:
         fill_tables(tables, step.entries + [_NO_PAGES] * (entries - 1 - real) + [_PADDING])
 
 
+def _reachable(entry_buckets: Sequence[int], tokens: int) -> list[int]:
+    """The entry buckets a step of at most `tokens` tokens can take: every entry has a token, so a bucket
+    whose smaller neighbour already holds `tokens` entries is never picked."""
+    return [e for i, e in enumerate(entry_buckets) if i == 0 or entry_buckets[i - 1] <= tokens]
+
+
 _NO_PAGES = EntryPages([], [], [])
 _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that padding rows stay finite
 
@@ -130,7 +138,7 @@ class PrefillGraphs:
         cfg = model.config
         self.splits = {(t, e): graph_num_splits(t, e - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                                 backend.kv.dtype, backend.page_size, device)
-                       for t in self.token_buckets for e in self.entry_buckets}
+                       for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.replays = 0  # steps served by a graph (tests check that graphs actually ran)

@@ -94,7 +94,11 @@ def test_pick_bucket_takes_the_smallest_fitting_bucket():
     assert pick_bucket(rag_step(100), WIDTH) == (16, 4)  # 16 tokens, 3 entries + the padding entry
     seven = step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 7)
     assert pick_bucket(seven, WIDTH) == (16, 8)
-    assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 8), WIDTH) is None
+    assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 8), WIDTH) == (16, 16)
+    mixed = step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 40 + [(EntryPages([0], [0], [16]), [1] * 30,
+                                                                             0, [-1] * 30, True)])
+    assert pick_bucket(mixed, WIDTH) == (128, 64)  # decode rows beside a new request's question
+    assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 64), WIDTH) is None
     assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 129, 0, [-1] * 129, True)]), WIDTH) is None
     wide = EntryPages(list(range(WIDTH + 1)), [0] * (WIDTH + 1), [16] * (WIDTH + 1))
     assert pick_bucket(step_of([(wide, [1], 0, [-1], True)]), WIDTH) is None
