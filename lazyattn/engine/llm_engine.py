@@ -301,9 +301,9 @@ class LLMEngine:
             if not seg:
                 raise InvalidRequestError(f"segment {i} (a document or the system prompt) is empty", "documents")
         for name, ids in [("prompt", prompt.final)] + [("documents", s) for s in prompt.segments]:
-            if ids and (min(ids) < 0 or max(ids) >= vocab):  # min/max run in C: ~1 ms less on 10K tokens
-                bad = next(t for t in ids if not 0 <= t < vocab)
-                raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", name)
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", name)
         context = sum(len(s) for s in prompt.segments) + len(prompt.final)
         max_tokens = params.max_tokens if params is not None else 0
         if context + max_tokens > self.max_model_len:
