@@ -2,7 +2,8 @@
 
 Why: the cached-documents request of docs/benchmarks.md ("The request path against the hardware limit") spends
 one prefill step of 32 query tokens over 10K cached keys; issued eagerly from Python it is ~370 launch calls and
-~1900 PyTorch operators, 27 ms of host time for 7.9 ms of GPU work. Replayed as a graph it is one launch.
+~1900 PyTorch operators, 15-27 ms of host time (by the host CPU) for 7.9 ms of GPU work. Replayed as a graph it
+is one launch: time to first token 14.8 -> 9.2 ms on an H100 (docs/benchmarks.md, "Second round").
 
 A step fits a bucket (T tokens, E entries) when its tokens fit in T, its entries in E - 1 and each entry's page
 table in the graphs' width. The step is padded to the bucket:
@@ -13,7 +14,7 @@ table in the graphs' width. The step is padded to the bucket:
 - the logits rows of the sampling entries come first, then row 0 repeated; only the first n are returned.
 
 Real rows never see padding rows: attention is by entry and the padding writes no key. The split-KV count is
-fixed per bucket (PagedBatch.num_splits), the one eager launch would pick for one entry of T rows over a long
+fixed per bucket (PagedBatch.num_splits), the one an eager launch picks for T rows in E - 1 entries over a long
 context; the kernel cuts the actual pages of each entry at run time, so any context length is served.
 
 Inputs travel in three buffers (engine/graph_inputs.py): the host fills pinned copies (StepLayout.fill) and
@@ -30,6 +31,7 @@ import torch
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.model.llama import CausalLM
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
 # Entries including the padding entry: up to 63 real ones, so that a step mixing decode rows with a new
@@ -120,7 +122,7 @@ _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that paddi
 class PrefillGraphs:
     """One CUDA graph per (tokens, entries) bucket over static buffers of the largest bucket."""
 
-    def __init__(self, model, backend: AttentionBackend, width: int, device: torch.device,
+    def __init__(self, model: CausalLM, backend: AttentionBackend, width: int, device: torch.device,
                  token_buckets: Sequence[int] = TOKEN_BUCKETS, entry_buckets: Sequence[int] = ENTRY_BUCKETS) -> None:
         from lazyattn.kernels.prefill import graph_num_splits
 
