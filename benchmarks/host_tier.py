@@ -109,7 +109,7 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
     engine.set_host_budget(None if host_gb else 0)
     registered_s = register(engine, trace)
     before = engine.stats()
-    run = replay(engine, trace, cold=False)
+    run = replay(engine, trace, cache="as_is")
     after = engine.stats()
     s = run.summary
     docs = sum(r.num_docs for r in run.records)
