@@ -81,6 +81,11 @@ _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step (causal page count, run ends); deltas held in registers
 _MIN_KEYS_PER_SPLIT = 512  # below this a split's startup latency outweighs its work
 _MAX_SPLITS = 32
+# Runs of a short call's entries rotated up front (_rotate_runs_kernel), and the calls that qualify: the copies
+# take ROTATED_RUNS x total_q x Hq x D elements (16 MiB at 256 rows of 32 x 128 bf16 heads). Further runs, and
+# longer calls, whose Q is rotated once per program of many tiles, rotate in the attention kernel.
+_ROTATED_RUNS = 8
+_ROTATE_MAX_ROWS = 256
 
 
 @triton.jit
@@ -178,6 +183,48 @@ def _derotated_q(q_rows, row_ok, cos_ptr, sin_ptr, delta, max_position,
     sin = tl.where(leading, sin, -sin)
     rotated = q.to(tl.float32) * cos[None, :] + q_partner.to(tl.float32) * sin[None, :]
     return rotated.to(q.dtype)
+
+
+@triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
+def _rotate_runs_kernel(Q, QRot, Cos, Sin, cu_seqlens_q, deltas, num_pages, batch_size, total_q, max_position,
+                        stride_qt, stride_qh, stride_table,
+                        NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        INTERLEAVED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
+    """QRot[r, t] = query row t (all heads) rotated by -delta of run r of its entry; one program per (t, r).
+
+    Runs are counted from the entry's first page, as _count_runs does in the attention kernel. Runs of delta 0
+    and runs past the entry's last one are not written: the attention kernel reads Q itself there."""
+    token = tl.program_id(0)
+    run = tl.program_id(1)
+    entry = 0  # entries ending at or before this row come before its own
+    for lo in range(0, batch_size, BLOCK_B):
+        b = lo + tl.arange(0, BLOCK_B)
+        inside = b < batch_size
+        entry += tl.sum(((tl.load(cu_seqlens_q + b + 1, mask=inside, other=0) <= token) & inside).to(tl.int32),
+                        axis=0)
+    deltas_row = deltas + entry.to(tl.int64) * stride_table
+    n_pages = tl.load(num_pages + entry)
+    page = n_pages  # first page of run `run`, n_pages when the entry has fewer runs
+    seen = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        inside = i < n_pages
+        d = tl.load(deltas_row + i, mask=inside, other=0)
+        d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > 0), other=0)
+        new_run = inside & ((i == 0) | (d != d_prev))
+        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
+        page = tl.minimum(page, tl.min(tl.where(new_run & (index == run), i, n_pages), axis=0))
+        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    if page < n_pages:
+        delta = tl.load(deltas_row + page)
+        if delta != 0:
+            h = tl.arange(0, BLOCK_H)
+            ok = h < NUM_HEADS
+            q = _derotated_q(Q + token.to(tl.int64) * stride_qt + h * stride_qh, ok, Cos, Sin, delta, max_position,
+                             HEAD_DIM, INTERLEAVED)
+            rows = (run.to(tl.int64) * total_q + token) * NUM_HEADS + h
+            dims = tl.arange(0, HEAD_DIM)
+            tl.store(QRot + rows[:, None] * HEAD_DIM + dims[None, :], q, mask=ok[:, None])
 
 
 @triton.jit
@@ -310,7 +357,7 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _prefill_kernel(
-    Q, K, V, Out, WsO, WsLse, Cos, Sin,
+    Q, K, V, Out, WsO, WsLse, Cos, Sin, QRot,
     cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
     batch_size, total_q, max_position,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -319,6 +366,7 @@ def _prefill_kernel(
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -344,6 +392,8 @@ def _prefill_kernel(
     out_rows = Out + token * stride_ot + head * stride_oh
     num_heads = tl.num_programs(1) * GROUP
     ws_rows = token * num_heads + head
+    rot_rows = QRot + ws_rows * HEAD_DIM  # run r's copy: r * rot_run_stride further (_rotate_runs_kernel)
+    rot_run_stride = total_q.to(tl.int64) * num_heads * HEAD_DIM
     ws_split_stride = total_q * num_heads
     if SPLIT_KV:
         # This split's workspace rows (fp32, HEAD_DIM each) hold the rotated Q until the partial overwrites
@@ -371,7 +421,10 @@ def _prefill_kernel(
         # not depend on APPLY_DELTA: without rotation the kernel keeps the same structure.
         if SPLIT_KV:
             num_splits = tl.num_programs(2)
-            runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+            if SPLIT_BY_RUNS:  # noqa: SIM108 - a compile-time branch
+                runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+            else:
+                runs = num_splits  # balanced page ranges: no program rotates Q for each of its chunks
             if num_splits > runs:
                 first = 0
                 last = n_vis
@@ -398,15 +451,24 @@ def _prefill_kernel(
             if APPLY_DELTA:
                 delta = tl.load(deltas + table + page_lo)
                 if delta != 0:
-                    # The rotated tile goes through this program's scratch rows and is loaded back: a loaded Q
-                    # is what triton keeps in shared memory for the QK^T wgmma. Computed in registers, Q stays
-                    # a register operand, reloaded from shared memory on every tile at 255 registers: 38 %
-                    # slower tile loop (sm_90, measured). The barriers order the scratch for the whole CTA.
-                    q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
-                    tl.debug_barrier()
-                    tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
-                    tl.debug_barrier()
-                    q_src = scratch_rows
+                    # The entry's first ROTATED_RUNS runs come rotated by _rotate_runs_kernel.
+                    if ROTATED_RUNS > 0:  # noqa: SIM108 - a compile-time branch
+                        run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+                    else:
+                        run = ROTATED_RUNS
+                    if run < ROTATED_RUNS:
+                        q_src = rot_rows + run * rot_run_stride
+                    else:
+                        # Rotated here, the tile goes through this program's scratch rows and is loaded back:
+                        # a loaded Q is what triton keeps in shared memory for the QK^T wgmma. Computed in
+                        # registers, Q stays a register operand, reloaded from shared memory on every tile at
+                        # 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
+                        # scratch for the whole CTA.
+                        q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+                        tl.debug_barrier()
+                        tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
+                        tl.debug_barrier()
+                        q_src = scratch_rows
             q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
             acc, l_i, m_i = _attend_pages(
                 acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
@@ -514,7 +576,7 @@ def _split_count(total_q: int, batch_size: int, max_q: int, max_kv: int, group: 
     blocks = min(cdiv(total_q, positions) + batch_size - 1, batch_size * cdiv(max(1, max_q), positions))
     programs = blocks * kv_heads
     by_length = max(1, max_kv // _MIN_KEYS_PER_SPLIT)
-    return max(1, min((sms * 5 // 4) // programs, by_length, _MAX_SPLITS))
+    return max(1, min(sms // programs, by_length, _MAX_SPLITS))
 
 
 def graph_num_splits(total_q: int, entries: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -533,7 +595,7 @@ def graph_num_splits(total_q: int, entries: int, q_heads: int, kv_heads: int, he
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                       tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
                       num_splits: int | None = None, config: PrefillConfig | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      rotated_runs: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
     q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
@@ -559,9 +621,16 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if splits > 1:
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
         ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
-    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, splits)
+    if rotated_runs is None:
+        rotated_runs = _ROTATED_RUNS if total_q <= _ROTATE_MAX_ROWS else 0
+    rotated_runs = rotated_runs if tables is not None else 0
+    q_rot = out  # placeholder, unused without rotated runs
+    if rotated_runs > 0:
+        q_rot = _rotate_runs(q, batch, tables, rotated_runs)
+    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, q_rot, splits)
     grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                          ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
                           num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
@@ -570,13 +639,26 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out
 
 
+def _rotate_runs(q: torch.Tensor, batch: PagedBatch, tables: RopeTables, runs: int) -> torch.Tensor:
+    """[runs, total_q, Hq, D] copies of q, copy r rotated by -delta of each entry's run r (where nonzero)."""
+    total_q, q_heads, head_dim = q.shape
+    q_rot = torch.empty(runs, total_q, q_heads, head_dim, dtype=q.dtype, device=q.device)
+    cos, sin = tables.cos.contiguous(), tables.sin.contiguous()
+    _rotate_runs_kernel[(total_q, runs)](
+        q, q_rot, cos, sin, batch.cu_seqlens_q, batch.deltas, batch.num_pages, batch.batch_size, total_q,
+        cos.shape[0], q.stride(0), q.stride(1), batch.deltas.stride(0),
+        NUM_HEADS=q_heads, BLOCK_H=triton.next_power_of_2(q_heads), HEAD_DIM=head_dim,
+        INTERLEAVED=tables.interleaved, BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, num_warps=4)
+    return q_rot
+
+
 def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                  tables: RopeTables | None, scale: float, out: torch.Tensor, ws_o: torch.Tensor,
-                 ws_lse: torch.Tensor, splits: int) -> tuple[tuple, dict]:
-    """Positional arguments and constexprs of _prefill_kernel (block sizes aside)."""
+                 ws_lse: torch.Tensor, q_rot: torch.Tensor, splits: int) -> tuple[tuple, dict]:
+    """Positional arguments and constexprs of _prefill_kernel (block sizes and ROTATED_RUNS aside)."""
     cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if tables is not None else (q, q)
     args = (
-        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin,
+        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin, q_rot,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
         batch.starts if batch.firsts is None else batch.firsts,  # a placeholder pointer without offsets
         batch.num_pages, batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
