@@ -27,21 +27,34 @@ and the pairing only changes the partner / pair / sign index vectors. K is alway
 [BLOCK_N, D] tile (one dot).
 
 Where delta is applied: a program walks *chunks* of its pages, stretches of consecutive pages that share
-one delta (a segment, or part of one). At the start of a chunk the Q tile is de-rotated by -delta in fp32
-with the cos/sin rows `tables.cos/sin[delta]`, written to the program's scratch rows and loaded back; then
-a FlashAttention-2 tile loop consumes the chunk's K/V. The round trip is what makes the tile loop the same
-code as without deltas: triton keeps a *loaded* Q tile in shared memory as the QK^T wgmma operand, while a
-computed one stays a register operand, reloaded from shared memory on every tile at 255 registers, which
-measured 38 % slower per tile on an H200. Chunks of delta 0 load Q directly. Scratch rows: the program's
-own output rows, or its split's workspace rows, both overwritten by its result later.
-(A single tile loop that re-rotates Q when the delta changes lets triton 3.6 pipeline nothing at all.)
+one delta (a segment, or part of one), each with a FlashAttention-2 tile loop over the chunk's K/V that
+takes the chunk's Q tile as it is loaded from memory. Chunks of delta 0 load Q itself. For the others
+there are two ways, chosen per call:
+
+- Rotated up front (calls of at most _ROTATE_MAX_ROWS query rows: short questions over cached documents, the
+  case where the rotation is a large share of a program's work). _rotate_runs_kernel writes, before the
+  attention kernel, one copy of Q per run of equal delta: copy r holds each row rotated by -delta of its
+  entry's run r (the first ROTATED_RUNS runs; runs counted from the entry's first page). A chunk counts the
+  runs up to its first page and loads its rows of that copy: the same code path as delta 0, no rotation and
+  no barrier in the attention kernel. The copies take ROTATED_RUNS x rows x Hq x D elements; their number is
+  static, so a CUDA graph captures it like any launch. Runs past the last copy fall back to:
+- Rotated in the kernel, at the start of the chunk: the Q tile is de-rotated by -delta in fp32 with the
+  cos/sin rows `tables.cos/sin[delta]`, written to the program's scratch rows and loaded back. The round trip
+  is what keeps the tile loop the same code as without deltas: triton keeps a *loaded* Q tile in shared
+  memory as the QK^T wgmma operand, while a computed one stays a register operand, reloaded from shared
+  memory on every tile at 255 registers, which measured 38 % slower per tile on an H200. Scratch rows: the
+  program's own output rows, or its split's workspace rows, both overwritten by its result later.
+  (A single tile loop that re-rotates Q when the delta changes lets triton 3.6 pipeline nothing at all.)
+
+Both compute R_{-delta} q in fp32 from the same inputs and round it to Q's dtype, so they give the same tile.
 
 Chunks. Without splits: the runs of equal delta, in order (with APPLY_DELTA=False: one loop over all
-pages). With S splits and more splits than runs: the runs cut into pieces of about (n - runs) / (S - runs)
-pages, split s takes piece s alone (a single tile loop per program). With fewer: split s takes the s-th of
-S balanced page ranges and walks the runs in it. This does not depend on APPLY_DELTA, so apply_delta=False
-is the same kernel and the same split structure with the rotation compiled out. Chunk bounds come from a
-scan of the visible pages' deltas.
+pages). With S splits, when no program rotates Q in the kernel (no deltas, or Q rotated up front), split s
+takes the s-th of S balanced page ranges and walks the runs in it: every program gets the same number of
+tiles, whatever the runs. When Q is rotated in the kernel, the rotation is kept to one per program where
+possible: with more splits than runs, the runs cut into pieces of about (n - runs) / (S - runs) pages, split
+s taking piece s alone; with fewer, the balanced ranges. Chunk bounds come from a scan of the visible pages'
+deltas.
 
 Grid, tiling, GQA
 -----------------
@@ -58,7 +71,9 @@ Grid, tiling, GQA
   tiles holding padding slots (past `valid`) or crossing the diagonal; other tiles skip the select.
 - Split-KV: when (blocks x kv heads) leaves SMs idle (a 32-token question against 10K cached tokens at
   batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial output
-  and its log2-sum-exp, and a second kernel merges them, one program per (query row, head).
+  and its log2-sum-exp, and a second kernel merges them, one program per (query row, head). A program holds
+  an SM and its tiles are arithmetic-bound at this shape (128 query rows per K/V tile), so the split count
+  aims at one wave of equal programs: the slowest program is the kernel's time.
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
   use ieee precision. Tiles and split counts: prefill_config and _default_splits, measured on an H200 with
   benchmarks/tune_kernels.py; small fixed tiles under TRITON_INTERPRET. Both are launch parameters of
@@ -561,9 +576,10 @@ def _default_config(q: torch.Tensor, group: int, page_size: int) -> PrefillConfi
 
 def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int, block_m: int) -> int:
     """Split the KV walk when (query blocks x kv heads) leaves SMs idle: one program holds an SM (8 warps,
-    ~230 registers each), so the aim is one wave of about 1.25 programs per SM. Measured on an H200, RAG
-    5 x 2048 + 32: batch 1 -> 20 splits (16 busy: 0.052 ms against 0.075 at 32), batch 8 -> 2 splits
-    (0.176 ms against 0.237 at 3)."""
+    ~230 registers each) and split programs get equal page ranges, so the aim is one wave of at most one
+    program per SM. Measured on an H200 (benchmarks/results/engine_perf/attention_splits_s3q_after.json),
+    RAG 5 x 2048 + 32 with deltas: batch 1 -> 16 splits (47.8 us against 50.3 at 12 and 64.3 at 20, a second
+    wave), batch 8 -> 2 splits (174.6 us against 225.5 at 3)."""
     if not q.is_cuda or interpreting():
         return 1
     return _split_count(q.shape[0], batch.batch_size, batch.max_q, batch.max_kv, group, kv_heads, block_m,
@@ -604,8 +620,11 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     (exact when they are all 0; apply_delta=False is the no-deferred-RoPE baseline of the benchmarks).
 
     Launch parameters: num_splits=None takes batch.num_splits, else splits the KV walk only when the grid
-    leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. The split partials live in scratch
-    allocated per call (stream-ordered by PyTorch's allocator, in the graph's pool under CUDA graphs).
+    leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. rotated_runs: copies of Q
+    rotated up front, one per run of equal delta (module docstring, "Where delta is applied"); None takes
+    _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond. The split
+    partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's allocator, in
+    the graph's pool under CUDA graphs).
     """
     tables = tables if apply_delta else None
     _check_inputs(q, k_cache, v_cache, tables, batch, out)

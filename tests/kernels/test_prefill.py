@@ -253,7 +253,8 @@ def test_gpu_rag_case(batch_size):
     assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-2
     for splits in (1, 7):
         assert rel_err(run(s, q, batch, num_splits=splits), out) < 1e-2
-    assert rel_err(run(s, q, batch, rotated_runs=0), out) < 1e-3  # Q rotated in the kernel, not up front
+    # Q rotated in the kernel, not up front (other chunks at 1 split, hence other roundings of the partials)
+    assert rel_err(run(s, q, batch, rotated_runs=0), out) < 1e-2
 
 
 @pytest.mark.gpu
