@@ -20,8 +20,10 @@ On the CPU every copy is done when the call returns.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -49,45 +51,128 @@ def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _pin(host: torch.Tensor) -> torch.Tensor:
-    """Page-lock `host` for asynchronous copies. Registered in place rather than through torch's pinned allocator,
-    which rounds every block up to a power of two (a 40 GiB tier would pin 64 GiB); that allocator is the fallback
-    where this torch does not expose registration."""
+# The host pool is page-locked a chunk at a time, as the tier first needs it (docs/design.md, "The host tier"):
+# locking costs about 0.6 s per GiB, which up front would add tens of seconds to every engine start.
+LOCK_CHUNK_BYTES = 1 << 30
+
+
+def _register(host: torch.Tensor) -> bool:
+    """Page-lock `host` in place (unlocked when it is freed). Registered rather than allocated through torch's
+    pinned allocator, which rounds every block up to a power of two. False where this torch cannot register or
+    the driver refuses."""
     cudart = torch.cuda.cudart()
+    if not (hasattr(cudart, "cudaHostRegister") and hasattr(cudart, "cudaHostUnregister")):
+        return False
     nbytes = host.numel() * host.element_size()
-    if hasattr(cudart, "cudaHostRegister") and hasattr(cudart, "cudaHostUnregister"):
-        if cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) == cudart.cudaError.success:
-            weakref.finalize(host, cudart.cudaHostUnregister, host.data_ptr())
-            return host
-        logger.warning("could not register %.1f GiB of host memory for the host tier; pinning a copy", nbytes / 2**30)
-    return torch.empty_like(host, pin_memory=True)
+    if cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) != cudart.cudaError.success:
+        return False
+    weakref.finalize(host, cudart.cudaHostUnregister, host.data_ptr())
+    return True
 
 
 class PageMover:
-    def __init__(self, device_kv: torch.Tensor, num_host_pages: int) -> None:
+    """Copies between the GPU pool and a host pool of `num_host_pages` pages. On CUDA the host pool is allocated
+    (not touched) at once and page-locked in chunks of `chunk_pages`: `lock` locks the chunks up to a page count
+    and `lock_ahead` starts locking the next one on a background thread. A copy may only touch locked pages (the
+    host tier allocates from them alone). On the CPU every page counts as locked."""
+
+    def __init__(self, device_kv: torch.Tensor, num_host_pages: int, chunk_pages: int | None = None,
+                 background: bool = True) -> None:
         layers, two, _, page_size, heads, head_dim = device_kv.shape
         self.device_kv = device_kv
         self.device = device_kv.device
         self.cuda = device_kv.is_cuda
+        self.num_pages = num_host_pages
         self.host_kv = torch.empty((num_host_pages, layers, two, page_size, heads, head_dim), dtype=device_kv.dtype)
         self.page_bytes = self.host_kv[0].numel() * self.host_kv.element_size() if num_host_pages else 0
+        if chunk_pages is None:
+            chunk_pages = max(1, LOCK_CHUNK_BYTES // self.page_bytes) if self.page_bytes else 1
+        if chunk_pages <= 0:
+            raise ValueError(f"chunk_pages must be positive, got {chunk_pages}")
+        self.chunk_pages = chunk_pages
         self._to_host: torch.cuda.Stream | None = None
         self._to_device: torch.cuda.Stream | None = None
         self._last_demotion: torch.cuda.Event | None = None
         # Demotions not yet seen to land, with the GPU pages they read; kept for their staging buffers too.
         self._demotions: list[tuple[Transfer, frozenset[int]]] = []
-        self.pin_seconds = 0.0  # start-up cost of page-locking the host pool
+        self.pin_seconds = 0.0  # time spent page-locking, in whichever thread did it
+        self.locked_pages = 0 if self.cuda else num_host_pages
+        self._locking: Future | None = None  # the background lock of the chunk after locked_pages
+        self._lock_guard = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lazyattn-pin") if self.cuda and background \
+            else None
         if self.cuda and num_host_pages:
-            start = time.monotonic()
-            self.host_kv = _pin(self.host_kv)
-            self.pin_seconds = time.monotonic() - start
             self._to_host = torch.cuda.Stream(self.device)
             self._to_device = torch.cuda.Stream(self.device)
+
+    # -- page-locking ------------------------------------------------------------------------------------------
+
+    @property
+    def locked_bytes(self) -> int:
+        return self.locked_pages * self.page_bytes
+
+    def lock(self, num_pages: int) -> int:
+        """Page-lock the host pool's first `num_pages` pages (rounded up to whole chunks, at most the pool),
+        waiting for a background lock in progress; returns the pages locked now."""
+        self._collect(wait=True)
+        while self.locked_pages < min(num_pages, self.num_pages):
+            self._lock_next()
+        return self.locked_pages
+
+    def lock_ahead(self) -> None:
+        """Start locking the next chunk on the background thread (inline without one), unless one is being locked
+        or all are."""
+        self._collect(wait=False)
+        if self._locking is not None or self.locked_pages >= self.num_pages:
+            return
+        if self._executor is None:
+            self._lock_next()
+        else:
+            self._locking = self._executor.submit(self._lock_next)
+
+    def _collect(self, wait: bool) -> None:
+        if self._locking is not None and (wait or self._locking.done()):
+            self._locking.result()  # re-raises what the thread raised
+            self._locking = None
+
+    def _lock_next(self) -> None:
+        with self._lock_guard:
+            first = self.locked_pages
+            last = min(first + self.chunk_pages, self.num_pages)
+            start = time.monotonic()
+            if self.cuda:
+                with torch.cuda.device(self.device):
+                    if not _register(self.host_kv[first:last]):
+                        last = self._cannot_register(first)
+            self.pin_seconds += time.monotonic() - start
+            self.locked_pages = last
+
+    def _cannot_register(self, first: int) -> int:
+        """Where registration fails. On the first chunk (nothing copied yet: the tier uses no page before it is
+        locked) the pool is replaced by one from torch's pinned allocator, which rounds up to a power of two;
+        later, the pool stops growing at what is locked. Returns the pages locked."""
+        if first == 0:
+            logger.warning("could not register host memory for the host tier; pinning %.1f GiB through torch",
+                           self.num_pages * self.page_bytes / 2**30)
+            self.host_kv = torch.empty_like(self.host_kv, pin_memory=True)
+            return self.num_pages
+        logger.warning("could not page-lock more host memory; the host tier stays at %.1f GiB",
+                       first * self.page_bytes / 2**30)
+        self.num_pages = first
+        return first
+
+    def close(self) -> None:
+        """Stop the background locker (after the lock in progress)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            self._locking = None
 
     # -- copies ------------------------------------------------------------------------------------------------
 
     def to_host(self, device_pages: list[int], host_pages: list[int]) -> Transfer:
         """Copy GPU pages into host pages (same order)."""
+        self._check_locked(host_pages)
         t = Transfer(len(device_pages) * self.page_bytes)
         if not self.cuda:
             staged = self.device_kv[:, :, device_pages].permute(2, 0, 1, 3, 4, 5)
@@ -110,6 +195,7 @@ class PageMover:
 
     def to_device(self, host_pages: list[int], device_pages: list[int]) -> Transfer:
         """Copy host pages into GPU pages (same order)."""
+        self._check_locked(host_pages)
         t = Transfer(len(device_pages) * self.page_bytes)
         if not self.cuda:
             index = torch.tensor(device_pages, dtype=torch.int64)
@@ -130,6 +216,12 @@ class PageMover:
             self.device_kv.index_copy_(2, index, t.staging.permute(1, 2, 0, 3, 4, 5))
             t.end.record(stream)
         return t
+
+    def _check_locked(self, host_pages: list[int]) -> None:
+        # An asynchronous copy with pageable memory would silently run synchronously (or, queued behind the copy
+        # stream, late): the tier hands out locked pages only, so this is a bookkeeping bug.
+        if host_pages and max(host_pages) >= self.locked_pages:
+            raise ValueError(f"host page {max(host_pages)} is not page-locked yet ({self.locked_pages} are)")
 
     # -- completion --------------------------------------------------------------------------------------------
 
