@@ -134,7 +134,7 @@ def lock_probe(device: str, nbytes: int = 2 * GiB, iters: int = 400) -> dict:
 
     def lock() -> None:
         t = time.perf_counter()
-        took["ok"] = _register(host)
+        took["ok"] = _register(host, host)
         took["s"] = time.perf_counter() - t
 
     thread = threading.Thread(target=lock)
@@ -168,18 +168,22 @@ def cuda_counters() -> dict:
 
 def traced_steps(engine: LLMEngine, limit: int) -> tuple[list, object]:
     """Wrap engine.step to record its first `limit` calls: [start ms, duration ms, promotions in flight before,
-    requests unfinished]; returns the record and the original step (to restore)."""
+    requests unfinished, host hits, demotions, promotions landed (in the step), page-locking ms, new tokens];
+    returns the record and the original step (to restore)."""
     original = engine.step
     steps: list = []
     zero = time.perf_counter()
+    mover = engine.tier.mover
 
     def step():
         t = time.perf_counter()
-        promoting = engine.cache.promoting
+        promoting, h0, pin0 = engine.cache.promoting, engine.tier.stats(), mover.pin_seconds
         out = original()
         if len(steps) < limit:
+            h1 = engine.tier.stats()
             steps.append([round(1e3 * (t - zero), 1), round(1e3 * (time.perf_counter() - t), 1), promoting,
-                          len(engine.requests)])
+                          len(engine.requests), h1.hits - h0.hits, h1.demotions - h0.demotions,
+                          h1.promotions - h0.promotions, round(1e3 * (mover.pin_seconds - pin0), 1), len(out)])
         return out
 
     engine.step = step
@@ -200,7 +204,7 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
     if profile is not None:
         import torch
 
-        steps, original = traced_steps(engine, 80)
+        steps, original = traced_steps(engine, 60)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             run = replay(engine, trace, cold=False)
@@ -304,6 +308,7 @@ def main() -> int:
 
         meta["device_name"] = torch.cuda.get_device_name()
         meta["pinned"] = pinned_bandwidth(engine)
+        meta["pinned"]["is_pinned"] = engine.tier.mover.host_kv[:1].is_pinned()
         if args.lock_probe:
             meta["lock_probe"] = lock_probe(engine.device)
     print(json.dumps({k: v for k, v in meta.items() if k != "plan"}), flush=True)

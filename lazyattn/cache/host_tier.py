@@ -13,9 +13,9 @@ starts its promotion (`promote`); `finished` hands back the segments whose copy 
 entry's host pages freed (the copy reads them until then).
 
 The pool grows on demand, a chunk at a time (`chunk_pages`, the mover's lock chunk): it starts empty, and a
-demotion that finds no free page adds the next chunk (page-locking it first, if the background locker has not)
-before it evicts anything, up to the capacity. New pages go after the free ones, so the tier fills the memory
-already locked, lowest ids first; every page it hands out is locked, so no copy touches unlocked memory.
+demotion that finds no free page adds the next chunk (page-locking it first, inline) before it evicts anything,
+up to the capacity. New pages go after the free ones, so the tier fills the memory already locked, lowest ids
+first; every page it hands out is locked, so no copy touches unlocked memory.
 
 Invariants, after every call: pages of indexed entries + pages of in-flight promotions + pool.num_free + withheld
 pages = pool.num_pages <= the capacity; the LRU order is the index's order, oldest demotion first.
@@ -124,8 +124,6 @@ class HostTier:
         self._withheld: list[int] = []
         self._indexed_pages = 0  # pages of the indexed entries (what LRU eviction could free)
         self.reset_stats()
-        if mover is not None:
-            mover.lock_ahead()  # the first chunk, while the engine starts: ready for the first demotion
 
     def reset_stats(self) -> None:
         self._hits = self._promotions_done = self._demotions = self._dropped = self._evictions = 0
@@ -190,7 +188,6 @@ class HostTier:
         self._indexed_pages += n
         self._demotions += 1
         self._bytes_to_host += n * self.page_bytes
-        self._lock_ahead()
         return True
 
     def _grow(self, need: int) -> None:
@@ -202,14 +199,6 @@ class HostTier:
                 if target <= self.pool.num_pages:
                     return
             self.pool.grow(target - self.pool.num_pages)
-
-    def _lock_ahead(self) -> None:
-        """Once less than half a chunk is free and the next chunk is not locked yet, start locking it in the
-        background, so that the demotion that needs it does not wait for the lock."""
-        if self.mover is None or self.pool.num_pages >= self._ceiling():
-            return
-        if self.pool.num_free < self.chunk_pages / 2 and self.mover.locked_pages <= self.pool.num_pages:
-            self.mover.lock_ahead()
 
     def take(self, key: str) -> HostEntry:
         """Take key's entry out of the index (no acquire hits it on the host now); its pages stay held until the
@@ -302,8 +291,3 @@ def make_host_tier(config: EngineConfig, device_kv: torch.Tensor) -> HostTier | 
     num_pages = nbytes // page_bytes
     return HostTier(num_pages, page_bytes, PageMover(device_kv, num_pages)) if num_pages else None
 
-
-def close_host_tier(tier: HostTier | None) -> None:
-    """Stop the tier's background page-locking (engine shutdown)."""
-    if tier is not None and tier.mover is not None:
-        tier.mover.close()

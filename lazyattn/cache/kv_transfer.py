@@ -20,10 +20,8 @@ On the CPU every copy is done when the call returns.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +37,12 @@ class Transfer:
     staging: torch.Tensor | None = None  # the GPU staging buffer, kept alive until the copy has landed
 
 
-def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
-    """(offset in `pages`, count, first page) of each run of consecutive page ids."""
+def _runs(pages: list[int], chunk: int = 0) -> list[tuple[int, int, int]]:
+    """(offset in `pages`, count, first page) of each run of consecutive page ids; with `chunk`, a run also ends
+    where a chunk of that many pages does (one copy never spans two separately page-locked ranges)."""
     runs: list[tuple[int, int, int]] = []
     for i, p in enumerate(pages):
-        if runs and runs[-1][2] + runs[-1][1] == p:
+        if runs and runs[-1][2] + runs[-1][1] == p and not (chunk and p % chunk == 0):
             off, n, first = runs[-1]
             runs[-1] = (off, n + 1, first)
         else:
@@ -52,32 +51,32 @@ def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
 
 
 # The host pool is page-locked a chunk at a time, as the tier first needs it (docs/design.md, "The host tier"):
-# locking costs about 0.6 s per GiB, which up front would add tens of seconds to every engine start.
+# locking costs about 0.45 s per GiB, which up front would add tens of seconds to every engine start. It is done
+# inline: measured on an H100, cudaHostRegister on a second thread holds up the first thread's CUDA calls for as
+# long as it runs, so a background locker would hide nothing.
 LOCK_CHUNK_BYTES = 1 << 30
 
 
-def _register(host: torch.Tensor) -> bool:
-    """Page-lock `host` in place (unlocked when it is freed). Registered rather than allocated through torch's
-    pinned allocator, which rounds every block up to a power of two. False where this torch cannot register or
-    the driver refuses."""
+def _register(host: torch.Tensor, owner: torch.Tensor) -> bool:
+    """Page-lock `host` (a view of `owner`) in place, unlocked when `owner` is freed: the view itself may go at
+    once. Registered rather than allocated through torch's pinned allocator, which rounds every block up to a
+    power of two. False where this torch cannot register or the driver refuses."""
     cudart = torch.cuda.cudart()
     if not (hasattr(cudart, "cudaHostRegister") and hasattr(cudart, "cudaHostUnregister")):
         return False
     nbytes = host.numel() * host.element_size()
     if cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) != cudart.cudaError.success:
         return False
-    weakref.finalize(host, cudart.cudaHostUnregister, host.data_ptr())
+    weakref.finalize(owner, cudart.cudaHostUnregister, host.data_ptr())
     return True
 
 
 class PageMover:
     """Copies between the GPU pool and a host pool of `num_host_pages` pages. On CUDA the host pool is allocated
-    (not touched) at once and page-locked in chunks of `chunk_pages`: `lock` locks the chunks up to a page count
-    and `lock_ahead` starts locking the next one on a background thread. A copy may only touch locked pages (the
-    host tier allocates from them alone). On the CPU every page counts as locked."""
+    (not touched) at once and page-locked in chunks of `chunk_pages` as `lock` asks for them; a copy may only
+    touch locked pages (the host tier allocates from them alone). On the CPU every page counts as locked."""
 
-    def __init__(self, device_kv: torch.Tensor, num_host_pages: int, chunk_pages: int | None = None,
-                 background: bool = True) -> None:
+    def __init__(self, device_kv: torch.Tensor, num_host_pages: int, chunk_pages: int | None = None) -> None:
         layers, two, _, page_size, heads, head_dim = device_kv.shape
         self.device_kv = device_kv
         self.device = device_kv.device
@@ -95,12 +94,8 @@ class PageMover:
         self._last_demotion: torch.cuda.Event | None = None
         # Demotions not yet seen to land, with the GPU pages they read; kept for their staging buffers too.
         self._demotions: list[tuple[Transfer, frozenset[int]]] = []
-        self.pin_seconds = 0.0  # time spent page-locking, in whichever thread did it
+        self.pin_seconds = 0.0  # time spent page-locking so far
         self.locked_pages = 0 if self.cuda else num_host_pages
-        self._locking: Future | None = None  # the background lock of the chunk after locked_pages
-        self._lock_guard = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lazyattn-pin") if self.cuda and background \
-            else None
         if self.cuda and num_host_pages:
             self._to_host = torch.cuda.Stream(self.device)
             self._to_device = torch.cuda.Stream(self.device)
@@ -112,40 +107,17 @@ class PageMover:
         return self.locked_pages * self.page_bytes
 
     def lock(self, num_pages: int) -> int:
-        """Page-lock the host pool's first `num_pages` pages (rounded up to whole chunks, at most the pool),
-        waiting for a background lock in progress; returns the pages locked now."""
-        self._collect(wait=True)
+        """Page-lock the host pool's first `num_pages` pages (whole chunks, at most the pool); returns the pages
+        locked now, fewer than asked for only if the driver refused."""
         while self.locked_pages < min(num_pages, self.num_pages):
-            self._lock_next()
-        return self.locked_pages
-
-    def lock_ahead(self) -> None:
-        """Start locking the next chunk on the background thread (inline without one), unless one is being locked
-        or all are."""
-        self._collect(wait=False)
-        if self._locking is not None or self.locked_pages >= self.num_pages:
-            return
-        if self._executor is None:
-            self._lock_next()
-        else:
-            self._locking = self._executor.submit(self._lock_next)
-
-    def _collect(self, wait: bool) -> None:
-        if self._locking is not None and (wait or self._locking.done()):
-            self._locking.result()  # re-raises what the thread raised
-            self._locking = None
-
-    def _lock_next(self) -> None:
-        with self._lock_guard:
             first = self.locked_pages
             last = min(first + self.chunk_pages, self.num_pages)
             start = time.monotonic()
-            if self.cuda:
-                with torch.cuda.device(self.device):
-                    if not _register(self.host_kv[first:last]):
-                        last = self._cannot_register(first)
+            if self.cuda and not _register(self.host_kv[first:last], self.host_kv):
+                last = self._cannot_register(first)
             self.pin_seconds += time.monotonic() - start
             self.locked_pages = last
+        return self.locked_pages
 
     def _cannot_register(self, first: int) -> int:
         """Where registration fails. On the first chunk (nothing copied yet: the tier uses no page before it is
@@ -161,13 +133,6 @@ class PageMover:
         self.num_pages = first
         return first
 
-    def close(self) -> None:
-        """Stop the background locker (after the lock in progress)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-            self._locking = None
-
     # -- copies ------------------------------------------------------------------------------------------------
 
     def to_host(self, device_pages: list[int], host_pages: list[int]) -> Transfer:
@@ -176,7 +141,7 @@ class PageMover:
         t = Transfer(len(device_pages) * self.page_bytes)
         if not self.cuda:
             staged = self.device_kv[:, :, device_pages].permute(2, 0, 1, 3, 4, 5)
-            for off, n, first in _runs(host_pages):
+            for off, n, first in _runs(host_pages, self.chunk_pages):
                 self.host_kv[first : first + n].copy_(staged[off : off + n])
             return t
         stream = self._to_host
@@ -186,7 +151,7 @@ class PageMover:
             t.start.record(stream)
             index = self._index(device_pages)
             t.staging = self.device_kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5).contiguous()
-            for off, n, first in _runs(host_pages):
+            for off, n, first in _runs(host_pages, self.chunk_pages):
                 self.host_kv[first : first + n].copy_(t.staging[off : off + n], non_blocking=True)
             t.end.record(stream)
         self._last_demotion = t.end
@@ -211,7 +176,7 @@ class PageMover:
             index = self._index(device_pages)
             t.staging = torch.empty((len(device_pages), *self.host_kv.shape[1:]), dtype=self.host_kv.dtype,
                                     device=self.device)
-            for off, n, first in _runs(host_pages):
+            for off, n, first in _runs(host_pages, self.chunk_pages):
                 t.staging[off : off + n].copy_(self.host_kv[first : first + n], non_blocking=True)
             self.device_kv.index_copy_(2, index, t.staging.permute(1, 2, 0, 3, 4, 5))
             t.end.record(stream)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
-from lazyattn.cache.host_tier import HostTierStats, close_host_tier, make_host_tier
+from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation
 from lazyattn.engine.batch import ScheduledBatch
@@ -220,7 +220,6 @@ class LLMEngine:
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
-        close_host_tier(self.tier)
         self.runner = self.model = self.scheduler = self.cache = self.tier = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":

@@ -174,6 +174,7 @@ def test_set_capacity_below_the_grown_pool_withholds_and_stops_growth():
 def test_runs_groups_consecutive_page_ids():
     assert _runs([4, 5, 6, 2, 9, 10]) == [(0, 3, 4), (3, 1, 2), (4, 2, 9)]
     assert _runs([]) == []
+    assert _runs([2, 3, 4, 5, 9], chunk=4) == [(0, 2, 2), (2, 2, 4), (4, 1, 9)]  # 3 -> 4 crosses a chunk
 
 
 def test_page_mover_round_trip_on_the_cpu():

@@ -3,6 +3,8 @@ host memory (same tokens with and without the tier, no page leaked). Run on the 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -45,19 +47,21 @@ def test_the_host_pool_is_locked_a_chunk_at_a_time_on_cuda():
 
     kv = torch.randn(2, 2, 8, 4, 1, 8, device="cuda")
     mover = PageMover(kv, 6, chunk_pages=4)
-    tier = HostTier(6, mover.page_bytes, mover)  # starts locking the first chunk in the background
+    tier = HostTier(6, mover.page_bytes, mover)
     cache = DocumentCache(PagePool(4), 4, tier)
+    assert mover.locked_pages == 0  # nothing is locked before the first demotion
     for key in "ABC":  # 2 pages each: A fills the GPU's pages 0-1, B 2-3; C evicts A
         seg, _ = cache.acquire(key, 8)
         cache.mark_ready(seg)
         cache.release(seg)
-    assert tier.contains("A") and mover.locked_pages >= 4 and tier.stats().locked_pages == 4
+    gc.collect()  # the registration must outlive the slice it was made through
+    assert tier.contains("A") and mover.locked_pages == 4 and tier.stats().locked_pages == 4
+    assert mover.host_kv[:4].is_pinned()
     for key in "DE":  # evict B, C: the second chunk (2 pages, the rest of the pool) is added
         seg, _ = cache.acquire(key, 8)
         cache.mark_ready(seg)
         cache.release(seg)
     assert mover.locked_pages == 6 and tier.stats().locked_pages == 6 and len(tier) == 3
-    mover.close()
 
 
 def test_engine_on_cuda_same_tokens_with_and_without_the_tier():
