@@ -207,14 +207,14 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
         steps, original = traced_steps(engine, 60)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
-            run = replay(engine, trace, cold=False)
+            run = replay(engine, trace, cache="as_is")
         engine.step = original
         averages = prof.key_averages()
         profile.write_text("## by CPU time (self)\n" + averages.table(sort_by="self_cpu_time_total", row_limit=40)
                            + "\n## by CUDA time (self)\n"
                            + averages.table(sort_by="self_device_time_total", row_limit=25))
     else:
-        run = replay(engine, trace, cold=False)
+        run = replay(engine, trace, cache="as_is")
     after = engine.stats()
     counters1 = cuda_counters()
     s = run.summary

@@ -53,6 +53,8 @@ def add_bench_parser(sub, engine_args: Callable[..., None],
     w.add_argument("--rate", default=None, help="Poisson req/s, comma-separated; inf = all at t=0 (saturation)")
     w.add_argument("--concurrency", default=None, help="closed loop: requests kept in flight, comma-separated")
     w.add_argument("--warmup-requests", type=int, default=3, help="on documents outside the pool, not counted")
+    w.add_argument("--warm-cache", action="store_true",
+                   help="measure each point on the document cache an unmeasured pass of its trace left (default: cold)")
     h = p.add_argument_group("hit ratio vs KV budget (simulated through the engine's cache, no model run)")
     h.add_argument("--kv-budgets", default=None, help="GB, comma-separated, e.g. 1,10,50")
     h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
@@ -131,7 +133,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         for trace in traces:
             try:
                 run = replay(engine, trace, max_seconds=args.max_seconds, progress=not args.no_progress,
-                             desc=f"{mode} {trace.load.label}")
+                             desc=f"{mode} {trace.load.label}", cache="warm" if args.warm_cache else "cold")
             except Exception as e:
                 traceback.print_exc()
                 results.append(report.PointResult.failed(spec.popularity, mode, trace.load.label, repr(e)))

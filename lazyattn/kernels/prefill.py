@@ -504,12 +504,30 @@ def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: in
     (0.176 ms against 0.237 at 3)."""
     if not q.is_cuda or interpreting():
         return 1
+    return _split_count(q.shape[0], batch.batch_size, batch.max_q, batch.max_kv, group, kv_heads, block_m,
+                        sm_count(q.device))
+
+
+def _split_count(total_q: int, batch_size: int, max_q: int, max_kv: int, group: int, kv_heads: int, block_m: int,
+                 sms: int) -> int:
     positions = max(1, block_m // group)
-    blocks = min(cdiv(q.shape[0], positions) + batch.batch_size - 1,
-                 batch.batch_size * cdiv(max(1, batch.max_q), positions))
+    blocks = min(cdiv(total_q, positions) + batch_size - 1, batch_size * cdiv(max(1, max_q), positions))
     programs = blocks * kv_heads
-    by_length = max(1, batch.max_kv // _MIN_KEYS_PER_SPLIT)
-    return max(1, min((sm_count(q.device) * 5 // 4) // programs, by_length, _MAX_SPLITS))
+    by_length = max(1, max_kv // _MIN_KEYS_PER_SPLIT)
+    return max(1, min((sms * 5 // 4) // programs, by_length, _MAX_SPLITS))
+
+
+def graph_num_splits(total_q: int, entries: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                     page_size: int, device: torch.device) -> int:
+    """The split count a CUDA graph of `total_q` query rows in `entries` entries fixes (engine/prefill_graphs.py):
+    what an eager launch picks for those rows over a long context (the case graphs are for: short questions over
+    cached documents). Shorter contexts leave some splits without pages; they exit early."""
+    if device.type != "cuda" or interpreting():
+        return 1
+    group = q_heads // kv_heads
+    config = prefill_config(dtype == torch.float32, head_dim, group, page_size)
+    return _split_count(total_q, max(1, entries), total_q, _MAX_SPLITS * _MIN_KEYS_PER_SPLIT, group, kv_heads,
+                        config.block_m, sm_count(device))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -523,8 +541,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     q's dtype (written into `out` when given). `tables=None` or `apply_delta=False` ignores the deltas
     (exact when they are all 0; apply_delta=False is the no-deferred-RoPE baseline of the benchmarks).
 
-    Launch parameters: num_splits=None splits the KV walk only when the grid leaves SMs idle
-    (_default_splits); config=None takes prefill_config's tiles. The split partials live in scratch
+    Launch parameters: num_splits=None takes batch.num_splits, else splits the KV walk only when the grid
+    leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. The split partials live in scratch
     allocated per call (stream-ordered by PyTorch's allocator, in the graph's pool under CUDA graphs).
     """
     tables = tables if apply_delta else None
@@ -536,7 +554,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     config = _default_config(q, group, k_cache.shape[1]) if config is None else config
-    splits = num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
+    splits = num_splits or batch.num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
     ws_o = ws_lse = out  # placeholders, unused unless split
     if splits > 1:
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
