@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lazyattn.bench.plots import plot_host_tier  # noqa: E402
 from lazyattn.bench.replay import replay  # noqa: E402
 from lazyattn.bench.report import write_json  # noqa: E402
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace, token_space  # noqa: E402
@@ -272,6 +273,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: Path) -> int:
+    data = json.loads(results.read_text())
+    plot_host_tier(data["rows"], results.with_suffix(".png"),
+                   title=f"Host tier, {data['meta']['device_name']}: {data['meta']['command']}")
+    print(f"plot: {results.with_suffix('.png')}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", choices=sorted(PLANS), default="h100")
@@ -284,7 +293,11 @@ def main() -> int:
     p.add_argument("--lock-probe", action="store_true",
                    help="measure whether page-locking on a second thread holds up CUDA work on the main thread")
     p.add_argument("--deadline", type=float, default=float("inf"), help="start no point after this many seconds")
+    p.add_argument("--plot", metavar="JSON", default=None,
+                   help="only draw the plot of an earlier run's host_tier.json (written beside it as .png)")
     args = p.parse_args()
+    if args.plot:
+        return plot(Path(args.plot))
     plan = PLANS[args.plan]
     if args.workloads:
         plan = replace(plan, workloads=tuple(w for w in plan.workloads if w.name in args.workloads.split(",")))
@@ -339,6 +352,7 @@ def main() -> int:
             write_json(out / "host_tier.json", {"meta": meta, "rows": rows})
             (out / "host_tier.md").write_text(markdown(rows, meta))
     engine.shutdown()
+    plot(out / "host_tier.json")
     print(markdown(rows, meta))
     return 0
 
