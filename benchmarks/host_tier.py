@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lazyattn.bench.plots import plot_host_tier  # noqa: E402
 from lazyattn.bench.replay import replay  # noqa: E402
 from lazyattn.bench.report import write_json  # noqa: E402
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace, token_space  # noqa: E402
@@ -86,8 +87,10 @@ def pinned_bandwidth(engine: LLMEngine, nbytes: int = GiB, repeats: int = 5) -> 
     """GB/s (1e9) of plain copies between the tier's pinned memory and the GPU, median of `repeats`."""
     import torch
 
-    host = engine.tier.mover.host_kv.view(-1)
-    n = min(nbytes // host.element_size(), host.numel())
+    mover = engine.tier.mover
+    mover.lock(-(-nbytes // mover.page_bytes))  # the host pool is locked as the tier grows: lock what is copied
+    host = mover.host_kv.view(-1)
+    n = min(nbytes // host.element_size(), mover.locked_bytes // host.element_size())
     host = host[:n]
     dev = torch.empty(n, dtype=host.dtype, device=engine.device)
     out = {}
@@ -104,13 +107,117 @@ def pinned_bandwidth(engine: LLMEngine, nbytes: int = GiB, repeats: int = 5) -> 
     return out
 
 
-def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float, host_gb: float) -> dict:
+def lock_probe(device: str, nbytes: int = 2 * GiB, iters: int = 400) -> dict:
+    """Does page-locking on a second thread hold up the main thread's CUDA work? Times a loop of small kernels,
+    each waited for, alone and while another thread registers `nbytes` (as the host tier's background locker
+    does); also the lock's own time."""
+    import threading
+
+    import torch
+
+    from lazyattn.cache.kv_transfer import _register
+
+    a = torch.randn(1024, 1024, device=device)
+
+    def loop() -> list[float]:
+        times = []
+        for _ in range(iters):
+            t = time.perf_counter()
+            a.mul_(1.0)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return times
+
+    loop()
+    alone = loop()
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    took = {}
+
+    def lock() -> None:
+        t = time.perf_counter()
+        took["ok"] = _register(host, host)
+        took["s"] = time.perf_counter() - t
+
+    thread = threading.Thread(target=lock)
+    start = time.perf_counter()
+    thread.start()
+    beside, ends = [], []
+    while thread.is_alive() and len(beside) < 20 * iters:
+        t = time.perf_counter()
+        a.mul_(1.0)
+        torch.cuda.synchronize()
+        beside.append(time.perf_counter() - t)
+        ends.append(time.perf_counter() - start)
+    thread.join()
+    return {"lock_gib": nbytes / GiB, "lock_s": took.get("s"), "registered": took.get("ok"),
+            "alone_median_us": 1e6 * statistics.median(alone), "alone_max_us": 1e6 * max(alone),
+            "beside_n": len(beside), "beside_median_us": 1e6 * statistics.median(beside) if beside else None,
+            "beside_max_us": 1e6 * max(beside) if beside else None,
+            "beside_loop_s": ends[-1] if ends else None}
+
+
+def cuda_counters() -> dict:
+    """The caching allocator's counters (cudaMalloc/cudaFree calls, free-and-retry after an OOM)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    m = torch.cuda.memory_stats()
+    return {"alloc_retries": m.get("num_alloc_retries", 0), "device_allocs": m.get("num_device_alloc", 0),
+            "device_frees": m.get("num_device_free", 0), "reserved_gb": m.get("reserved_bytes.all.current", 0) / 1e9}
+
+
+def traced_steps(engine: LLMEngine, limit: int) -> tuple[list, object]:
+    """Wrap engine.step to record its first `limit` calls: [start ms, duration ms, promotions in flight before,
+    requests unfinished, host hits, demotions, promotions landed (in the step), page-locking ms, new tokens];
+    returns the record and the original step (to restore)."""
+    original = engine.step
+    steps: list = []
+    zero = time.perf_counter()
+    mover = engine.tier.mover
+
+    def step():
+        t = time.perf_counter()
+        promoting, h0, pin0 = engine.cache.promoting, engine.tier.stats(), mover.pin_seconds
+        out = original()
+        if len(steps) < limit:
+            h1 = engine.tier.stats()
+            steps.append([round(1e3 * (t - zero), 1), round(1e3 * (time.perf_counter() - t), 1), promoting,
+                          len(engine.requests), h1.hits - h0.hits, h1.demotions - h0.demotions,
+                          h1.promotions - h0.promotions, round(1e3 * (mover.pin_seconds - pin0), 1), len(out)])
+        return out
+
+    engine.step = step
+    return steps, original
+
+
+def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float, host_gb: float,
+          profile: Path | None = None) -> dict:
+    """One point; `profile`: run the replay under torch.profiler, write its tables there and time the first
+    steps (the diagnosis of the first requests' stall, docs/benchmarks.md)."""
     engine.set_kv_budget(int(budget_gb * GiB) // engine.runner.page_bytes)
     engine.set_host_budget(None if host_gb else 0)
+    pin0 = engine.tier.mover.pin_seconds if engine.tier is not None and engine.tier.mover is not None else 0.0
     registered_s = register(engine, trace)
     before = engine.stats()
-    run = replay(engine, trace, cache="as_is")
+    counters0 = cuda_counters()
+    steps = None
+    if profile is not None:
+        import torch
+
+        steps, original = traced_steps(engine, 60)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run = replay(engine, trace, cache="as_is")
+        engine.step = original
+        averages = prof.key_averages()
+        profile.write_text("## by CPU time (self)\n" + averages.table(sort_by="self_cpu_time_total", row_limit=40)
+                           + "\n## by CUDA time (self)\n"
+                           + averages.table(sort_by="self_device_time_total", row_limit=25))
+    else:
+        run = replay(engine, trace, cache="as_is")
     after = engine.stats()
+    counters1 = cuda_counters()
     s = run.summary
     docs = sum(r.num_docs for r in run.records)
     host_docs = (after.cache.host_tokens_reused - before.cache.host_tokens_reused) // workload.spec.doc_len
@@ -120,13 +227,20 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
            "out_tok_s": s.output_throughput, "preemptions": s.preemptions, "register_s": registered_s,
            "wall_s": run.wall_s, "ttfts_ms": [round(1e3 * r.ttft, 1) for r in run.records if r.ttft is not None]}
     row["gpu_hit"] = row["eff_hit"] - row["host_hit"]
+    row.update({k: counters1[k] - counters0[k] for k in counters0 if k != "reserved_gb"})
+    if counters1:
+        row["reserved_gb"] = counters1["reserved_gb"]
+    if steps is not None:
+        row["steps"] = steps
     if after.host is not None:
         h0, h1 = before.host, after.host
         seconds = h1.seconds_to_device - h0.seconds_to_device
         row.update(promotions=h1.promotions - h0.promotions, demotions=h1.demotions - h0.demotions,
                    gb_to_device=(h1.bytes_to_device - h0.bytes_to_device) / 1e9,
                    gb_to_host=(h1.bytes_to_host - h0.bytes_to_host) / 1e9,
-                   promotion_gbps=(h1.bytes_to_device - h0.bytes_to_device) / seconds / 1e9 if seconds else None)
+                   promotion_gbps=(h1.bytes_to_device - h0.bytes_to_device) / seconds / 1e9 if seconds else None,
+                   locked_gb=h1.locked_pages * h1.page_bytes / GiB,
+                   pin_s=engine.tier.mover.pin_seconds - pin0 if engine.tier.mover is not None else 0.0)
     return row
 
 
@@ -159,6 +273,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: Path) -> int:
+    data = json.loads(results.read_text())
+    plot_host_tier(data["rows"], results.with_suffix(".png"),
+                   title=f"Host tier, {data['meta']['device_name']}: {data['meta']['command']}")
+    print(f"plot: {results.with_suffix('.png')}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", choices=sorted(PLANS), default="h100")
@@ -166,8 +288,16 @@ def main() -> int:
     p.add_argument("--budgets", default=None, help="GPU budgets (GiB, comma-separated) instead of the plan's")
     p.add_argument("--host-gb", type=float, default=None, help="host tier instead of the plan's")
     p.add_argument("--workloads", default=None, help="workload names to run (comma-separated; default: all)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the first point with the tier (torch.profiler tables and step times under --out)")
+    p.add_argument("--lock-probe", action="store_true",
+                   help="measure whether page-locking on a second thread holds up CUDA work on the main thread")
     p.add_argument("--deadline", type=float, default=float("inf"), help="start no point after this many seconds")
+    p.add_argument("--plot", metavar="JSON", default=None,
+                   help="only draw the plot of an earlier run's host_tier.json (written beside it as .png)")
     args = p.parse_args()
+    if args.plot:
+        return plot(Path(args.plot))
     plan = PLANS[args.plan]
     if args.workloads:
         plan = replace(plan, workloads=tuple(w for w in plan.workloads if w.name in args.workloads.split(",")))
@@ -178,18 +308,22 @@ def main() -> int:
         plan = replace(plan, host_gb=args.host_gb)
     clock = time.monotonic()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     built = time.monotonic()
     engine = LLMEngine(EngineConfig(model=plan.model, mode="lazy", device=plan.device, kv_cache_gb=plan.pool_gb,
                                     host_cache_gb=plan.host_gb, page_size=plan.page_size, random_weights=True,
                                     max_model_len=plan.max_model_len, progress=False, **plan.options))
     meta = {"command": " ".join(sys.argv), "plan": asdict(plan), "engine_build_s": time.monotonic() - built,
             "page_bytes": engine.runner.page_bytes, "host_pages": engine.tier.num_pages, "device_name": plan.device,
-            "pin_s": engine.tier.mover.pin_seconds}
+            "pin_s_at_build": engine.tier.mover.pin_seconds}
     if plan.device == "cuda":
         import torch
 
         meta["device_name"] = torch.cuda.get_device_name()
         meta["pinned"] = pinned_bandwidth(engine)
+        meta["pinned"]["is_pinned"] = engine.tier.mover.host_kv[:1].is_pinned()
+        if args.lock_probe:
+            meta["lock_probe"] = lock_probe(engine.device)
     print(json.dumps({k: v for k, v in meta.items() if k != "plan"}), flush=True)
     vocab_high, bos = token_space(engine.model_config)
     rows: list[dict] = []
@@ -204,17 +338,21 @@ def main() -> int:
     print(json.dumps(meta["warm_up"]), flush=True)
     # Smallest budgets first: they are where the tier matters, and what a run cut short by --deadline keeps.
     points = sorted(((b, i, w) for i, w in enumerate(plan.workloads) for b in w.budgets_gb), key=lambda x: x[:2])
+    profile = args.profile
     for budget, _, workload in points:
         for host in (0.0, plan.host_gb):
             if time.monotonic() - clock > args.deadline:
                 print(f"deadline: skipping {workload.name} {budget:g} GiB host {host:g}", flush=True)
                 continue
-            row = point(engine, workload, traces[workload.name], budget, host)
+            where = out / f"profile_{workload.name}_{budget:g}.txt" if profile and host else None
+            profile = profile and not where
+            row = point(engine, workload, traces[workload.name], budget, host, where)
             rows.append(row)
             print(json.dumps(row), flush=True)
             write_json(out / "host_tier.json", {"meta": meta, "rows": rows})
             (out / "host_tier.md").write_text(markdown(rows, meta))
     engine.shutdown()
+    plot(out / "host_tier.json")
     print(markdown(rows, meta))
     return 0
 

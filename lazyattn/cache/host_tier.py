@@ -12,8 +12,13 @@ and, on a GPU miss that the host holds, takes the entry out of the host index (`
 starts its promotion (`promote`); `finished` hands back the segments whose copy has landed, and only then are the
 entry's host pages freed (the copy reads them until then).
 
+The pool grows on demand, a chunk at a time (`chunk_pages`, the mover's lock chunk): it starts empty, and a
+demotion that finds no free page adds the next chunk (page-locking it first, inline) before it evicts anything,
+up to the capacity. New pages go after the free ones, so the tier fills the memory already locked, lowest ids
+first; every page it hands out is locked, so no copy touches unlocked memory.
+
 Invariants, after every call: pages of indexed entries + pages of in-flight promotions + pool.num_free + withheld
-pages = pool.num_pages; the LRU order is the index's order, oldest demotion first.
+pages = pool.num_pages <= the capacity; the LRU order is the index's order, oldest demotion first.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ if TYPE_CHECKING:
     from lazyattn.engine.config import EngineConfig
 
 # The default host tier on CUDA (docs/design.md): a quarter of the host memory available at start-up, at most this.
-# Pinning is slow (seconds per tens of GiB) and pinned memory is taken from everything else on the host.
+# Page-locked memory is taken from everything else on the host; it is locked as the tier grows, not at start-up.
 DEFAULT_HOST_SHARE = 0.25
 DEFAULT_HOST_CAP_BYTES = 64 * GiB
 
@@ -77,7 +82,7 @@ class _Promotion:
 
 @dataclass(frozen=True)
 class HostTierStats:
-    num_pages: int  # host pages usable (the capacity)
+    num_pages: int  # host pages the tier may grow to (the capacity)
     pages_used: int  # pages of indexed entries and of in-flight promotions
     entries: int  # documents indexed on the host
     hits: int  # GPU misses found on the host (each starts one promotion)
@@ -89,6 +94,7 @@ class HostTierStats:
     bytes_to_device: int
     seconds_to_device: float  # copy time of finished promotions on the copy stream (CUDA events; 0 on CPU)
     page_bytes: int
+    locked_pages: int = 0  # pages the tier has grown to so far: page-locked, free or used (<= num_pages)
 
     @property
     def promotion_gbps(self) -> float:
@@ -97,10 +103,20 @@ class HostTierStats:
 
 
 class HostTier:
-    def __init__(self, num_pages: int, page_bytes: int, mover: PageMover | None = None) -> None:
+    def __init__(self, num_pages: int, page_bytes: int, mover: PageMover | None = None,
+                 chunk_pages: int | None = None) -> None:
         if page_bytes <= 0:
             raise ValueError(f"page_bytes must be positive, got {page_bytes}")
-        self.pool = PagePool(num_pages)
+        if num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        if chunk_pages is None:
+            chunk_pages = mover.chunk_pages if mover is not None else max(num_pages, 1)
+        if chunk_pages <= 0:
+            raise ValueError(f"chunk_pages must be positive, got {chunk_pages}")
+        self.capacity = num_pages
+        self.chunk_pages = chunk_pages
+        self.pool = PagePool(0)  # grown a chunk at a time (_grow)
+        self._budget = num_pages  # set_capacity's cut
         self.page_bytes = page_bytes
         self.mover = mover
         self._index: OrderedDict[str, HostEntry] = OrderedDict()  # LRU: oldest demotion first
@@ -124,8 +140,12 @@ class HostTier:
 
     @property
     def num_pages(self) -> int:
-        """Host pages the tier may use."""
-        return self.pool.num_pages - len(self._withheld)
+        """Host pages the tier may use (grow to)."""
+        return max(self._ceiling(), self.pool.num_pages) - len(self._withheld)
+
+    def _ceiling(self) -> int:
+        """Pages the pool may grow to: the budget, within what the mover could lock."""
+        return min(self._budget, self.mover.num_pages) if self.mover is not None else self._budget
 
     @property
     def in_flight(self) -> int:
@@ -140,7 +160,8 @@ class HostTier:
             num_pages=self.num_pages, pages_used=self.pool.num_used - len(self._withheld), entries=len(self._index),
             hits=self._hits, promotions=self._promotions_done, demotions=self._demotions, dropped=self._dropped,
             evictions=self._evictions, bytes_to_host=self._bytes_to_host, bytes_to_device=self._bytes_to_device,
-            seconds_to_device=self._seconds_to_device, page_bytes=self.page_bytes)
+            seconds_to_device=self._seconds_to_device, page_bytes=self.page_bytes,
+            locked_pages=self.pool.num_pages - len(self._withheld))
 
     # -- moving documents --------------------------------------------------------------------------------------
 
@@ -149,7 +170,11 @@ class HostTier:
         older entries for room. False (and nothing copied) if it cannot fit even in an empty tier. The caller may
         free the GPU pages at once: the mover orders every later write to them after this copy."""
         n = len(segment.pages)
-        if n > self.pool.num_free + self._indexed_pages:
+        if n > self.pool.num_free + self._indexed_pages + max(0, self._ceiling() - self.pool.num_pages):
+            self._dropped += 1
+            return False
+        self._grow(n)
+        if n > self.pool.num_free + self._indexed_pages:  # the mover could lock less than the capacity
             self._dropped += 1
             return False
         while self.pool.num_free < n:
@@ -164,6 +189,16 @@ class HostTier:
         self._demotions += 1
         self._bytes_to_host += n * self.page_bytes
         return True
+
+    def _grow(self, need: int) -> None:
+        """Add chunks until `need` pages are free or the pool is at its ceiling; each is locked first."""
+        while self.pool.num_free < need and self.pool.num_pages < self._ceiling():
+            target = min(self.pool.num_pages + self.chunk_pages, self._ceiling())
+            if self.mover is not None:
+                target = min(target, self.mover.lock(target))
+                if target <= self.pool.num_pages:
+                    return
+            self.pool.grow(target - self.pool.num_pages)
 
     def take(self, key: str) -> HostEntry:
         """Take key's entry out of the index (no acquire hits it on the host now); its pages stay held until the
@@ -224,16 +259,18 @@ class HostTier:
 
     def set_capacity(self, num_pages: int | None) -> None:
         """Use only `num_pages` host pages (None: all), as if the tier were that small; 0 turns it off. Empties
-        the tier; no promotion may be in flight (the benchmark's host-budget sweep)."""
+        the tier; no promotion may be in flight (the benchmark's host-budget sweep). Pages the pool has already
+        grown beyond the cut are withheld; it grows no further than the cut."""
         if self._promotions:
             raise ValueError("set_capacity needs an idle tier; promotions are in flight")
+        if num_pages is not None and not 0 <= num_pages <= self.capacity:
+            raise ValueError(f"a host budget of {num_pages} pages does not fit the tier of {self.capacity}")
         self.clear()
         self.pool.free(self._withheld)
         self._withheld = []
-        if num_pages is not None:
-            if not 0 <= num_pages <= self.pool.num_pages:
-                raise ValueError(f"a host budget of {num_pages} pages does not fit the tier of {self.pool.num_pages}")
-            self._withheld = self.pool.allocate(self.pool.num_pages - num_pages)
+        self._budget = self.capacity if num_pages is None else num_pages
+        if self.pool.num_pages > self._budget:
+            self._withheld = self.pool.allocate(self.pool.num_pages - self._budget)
 
     def _free(self, entry: HostEntry) -> None:
         """Free an entry just taken out of the index."""
@@ -253,3 +290,4 @@ def make_host_tier(config: EngineConfig, device_kv: torch.Tensor) -> HostTier | 
     page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
     num_pages = nbytes // page_bytes
     return HostTier(num_pages, page_bytes, PageMover(device_kv, num_pages)) if num_pages else None
+

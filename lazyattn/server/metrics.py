@@ -171,3 +171,8 @@ class _EngineCollector(Collector):
         moved.add_metric([self._model_name, "to_host"], h.bytes_to_host)
         moved.add_metric([self._model_name, "to_device"], h.bytes_to_device)
         yield moved
+        locked = GaugeMetricFamily("lazyattn:host_cache_locked_bytes",
+                                   "Host memory the tier has grown into so far (page-locked on CUDA).",
+                                   labels=["model_name"])
+        locked.add_metric([self._model_name], h.locked_pages * h.page_bytes)
+        yield locked

@@ -124,11 +124,57 @@ def test_set_capacity_withholds_pages_and_zero_turns_the_tier_off():
     assert tier.contains("B") and tier.stats().num_pages == 4
 
 
+def test_the_pool_grows_a_chunk_at_a_time_up_to_the_capacity():
+    tier = HostTier(5, PAGE_BYTES, chunk_pages=2)
+    cache = DocumentCache(PagePool(2), PAGE, tier)  # the GPU holds one 2-page document
+    assert tier.stats().locked_pages == 0 and tier.num_pages == 5
+    cached(cache, "A")
+    cached(cache, "B")  # demotes A: the first chunk, host pages 0-1
+    assert tier._index["A"].pages == (0, 1) and tier.stats().locked_pages == 2
+    cached(cache, "C")  # demotes B: the second chunk
+    assert tier._index["B"].pages == (2, 3) and tier.stats().locked_pages == 4
+    cached(cache, "D")  # demotes C: the last chunk is 1 page (capacity 5); A, the oldest, is evicted for room
+    s = tier.stats()
+    assert s.locked_pages == 5 and s.evictions == 1 and not tier.contains("A")
+    assert tier._index["C"].pages == (0, 1) and s.pages_used == 4
+
+
+def test_a_grown_pool_hands_out_its_free_pages_before_the_new_chunk():
+    pool = PagePool(3)
+    assert pool.allocate(2) == [0, 1]
+    pool.free([0])
+    pool.grow(2)
+    assert pool.num_pages == 5 and pool.num_free == 4
+    assert pool.allocate(3) == [0, 2, 3]
+    assert pool.is_used(3) and not pool.is_used(4)
+    with pytest.raises(ValueError, match="grow"):
+        pool.grow(-1)
+
+
+def test_set_capacity_below_the_grown_pool_withholds_and_stops_growth():
+    tier = HostTier(6, PAGE_BYTES, chunk_pages=2)
+    cache = DocumentCache(PagePool(2), PAGE, tier)
+    for key in "ABCD":
+        cached(cache, key)  # three demotions: grown to 6 pages
+    assert tier.stats().locked_pages == 6
+    tier.set_capacity(3)
+    assert tier.num_pages == 3 and tier.stats().locked_pages == 3 and len(tier) == 0
+    for key in "EFG":
+        cached(cache, key)  # D, E, F demoted into 3 pages: one 2-page document at a time, D and E evicted
+    s = tier.stats()
+    assert len(tier) == 1 and tier.contains("F") and s.evictions == 2 and s.pages_used == 2
+    with pytest.raises(ValueError, match="does not fit"):
+        tier.set_capacity(7)
+    tier.set_capacity(None)
+    assert tier.num_pages == 6 and tier.stats().locked_pages == 6
+
+
 # -- the page mover ---------------------------------------------------------------------------------------------
 
 def test_runs_groups_consecutive_page_ids():
     assert _runs([4, 5, 6, 2, 9, 10]) == [(0, 3, 4), (3, 1, 2), (4, 2, 9)]
     assert _runs([]) == []
+    assert _runs([2, 3, 4, 5, 9], chunk=4) == [(0, 2, 2), (2, 2, 4), (4, 1, 9)]  # 3 -> 4 crosses a chunk
 
 
 def test_page_mover_round_trip_on_the_cpu():

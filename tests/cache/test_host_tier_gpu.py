@@ -3,6 +3,8 @@ host memory (same tokens with and without the tier, no page leaked). Run on the 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -16,7 +18,10 @@ def test_mover_round_trip_and_ordering_on_cuda():
     torch.manual_seed(0)
     kv = torch.randn(4, 2, 16, 16, 2, 8, device="cuda", dtype=torch.bfloat16)
     original = kv.clone()
-    mover = PageMover(kv, 8)
+    mover = PageMover(kv, 8, chunk_pages=4)
+    with pytest.raises(ValueError, match="not page-locked"):
+        mover.to_host([9], [0])
+    assert mover.lock(5) == 8  # two whole chunks
     t = mover.to_host([9, 3, 4, 12], [5, 6, 7, 0])
     # The compute stream overwrites the demoted pages right away; ordered after the copy by before_forward.
     mover.before_forward({3, 40})  # a write to page 3, still being read by the demotion
@@ -33,6 +38,30 @@ def test_mover_round_trip_and_ordering_on_cuda():
     expected[:, :, 2] = original[:, :, 9]
     assert torch.equal(kv, expected)
     assert mover.seconds(u) > 0
+
+
+def test_the_host_pool_is_locked_a_chunk_at_a_time_on_cuda():
+    from lazyattn.cache.document_cache import DocumentCache
+    from lazyattn.cache.host_tier import HostTier
+    from lazyattn.cache.page_pool import PagePool
+
+    kv = torch.randn(2, 2, 8, 4, 1, 8, device="cuda")
+    mover = PageMover(kv, 6, chunk_pages=4)
+    tier = HostTier(6, mover.page_bytes, mover)
+    cache = DocumentCache(PagePool(4), 4, tier)
+    assert mover.locked_pages == 0  # nothing is locked before the first demotion
+    for key in "ABC":  # 2 pages each: A fills the GPU's pages 0-1, B 2-3; C evicts A
+        seg, _ = cache.acquire(key, 8)
+        cache.mark_ready(seg)
+        cache.release(seg)
+    gc.collect()  # the registration must outlive the slice it was made through
+    assert tier.contains("A") and mover.locked_pages == 4 and tier.stats().locked_pages == 4
+    assert mover.host_kv[:4].is_pinned()
+    for key in "DE":  # evict B, C: the second chunk (2 pages, the rest of the pool) is added
+        seg, _ = cache.acquire(key, 8)
+        cache.mark_ready(seg)
+        cache.release(seg)
+    assert mover.locked_pages == 6 and tier.stats().locked_pages == 6 and len(tier) == 3
 
 
 def test_engine_on_cuda_same_tokens_with_and_without_the_tier():

@@ -33,6 +33,8 @@ def test_tier_series_match_the_engine_stats():
     assert got[("lazyattn:host_cache_demotions_total", ())] == s.host.demotions
     assert got[("lazyattn:host_cache_bytes_total", (("direction", "to_device"),))] == s.host.bytes_to_device
     assert got[("lazyattn:host_cache_bytes_total", (("direction", "to_host"),))] == s.host.bytes_to_host
+    locked = got[("lazyattn:host_cache_locked_bytes", ())]
+    assert locked == s.host.locked_pages * s.host.page_bytes and 0 < locked <= s.host.num_pages * s.host.page_bytes
 
 
 def test_no_host_series_without_a_tier():
