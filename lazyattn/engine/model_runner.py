@@ -10,10 +10,11 @@ from lazyattn.cache.page_pool import bytes_per_page, pages_for_budget, pages_fro
 from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
+from lazyattn.engine.graph_inputs import StepInputs
+from lazyattn.engine.prefill_graphs import PrefillGraphs
 from lazyattn.engine.sequence import Run
-from lazyattn.engine.step_inputs import StepInputs
 from lazyattn.kernels.backend import ForwardBatch
-from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
+from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.selector import make_backend
 from lazyattn.model.config import ModelConfig
@@ -41,26 +42,71 @@ class ModelRunner:
                          device=device)
         self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
         self.graphs = None  # decode steps replay CUDA graphs when set
+        self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
             self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
+            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device)
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
-        return self.execute(StepInputs.from_batch(batch, self.page_size))
+        return self.execute(self.describe(batch))
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> torch.Tensor:
-        """run's device half: block copies, then the forward pass (a graph replay for a decode step)."""
+        """run's device half, what every tensor-parallel rank runs (parallel/): block copies, then the forward pass
+        (a graph replay for a decode step or a small prefill step)."""
         self._copy_rotate(step)
-        input_ids, fb = step.to_device(self.device)
-        if self.graphs is not None and self.graphs.fits(fb):
-            return self.graphs.run(input_ids, fb)
+        bucket = None if self.prefill_graphs is None else self.prefill_graphs.bucket(step)
+        if bucket is not None:
+            return self.prefill_graphs.run(step, bucket)
+        if self.graphs is not None and self.graphs.fits(step):
+            return self.graphs.run(step)
+        input_ids, fb = self.to_device(step)
         hidden = self.model(input_ids, fb, self.backend)
         return self.model.compute_logits(hidden[fb.logits_indices])
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardBatch]:
-        return StepInputs.from_batch(batch, self.page_size).to_device(self.device)
+        return self.to_device(self.describe(batch))
+
+    def describe(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's packed tokens, positions, slots and page tables as host lists."""
+        ps = self.page_size
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        entries: list[EntryPages] = []
+        q_lens: list[int] = []
+        q_starts: list[int] = []
+        logits_rows: list[int] = []
+        for w in batch.works:
+            run = w.run
+            tokens += run.tokens[w.lo : w.hi]
+            positions += range(run.start_pos + w.lo, run.start_pos + w.hi)
+            slots += [run.pages[i // ps] * ps + i % ps for i in range(w.lo, w.hi)]
+            n_own = cdiv(w.hi, ps)
+            entries.append(w.context.then(run.pages[:n_own], page_fill(w.hi, ps)))
+            q_lens.append(w.hi - w.lo)
+            q_starts.append(run.start_pos + w.lo)
+            if w.samples:
+                logits_rows.append(len(tokens) - 1)
+        step = StepInputs(tokens, positions, slots, entries, q_lens, q_starts, logits_rows, batch.is_decode)
+        for c in batch.copies:
+            step.copy_src += c.src
+            step.copy_dst += c.dst
+            step.copy_deltas += c.deltas
+        return step
+
+    def to_device(self, step: StepInputs) -> tuple[torch.Tensor, ForwardBatch]:
+        dev = self.device
+        fb = ForwardBatch(
+            positions=torch.tensor(step.positions, dtype=torch.int64).to(dev, non_blocking=True),
+            slot_mapping=torch.tensor(step.slots, dtype=torch.int64).to(dev, non_blocking=True),
+            attn=PagedBatch.build(step.entries, step.q_lens, step.q_starts, dev),
+            is_decode=step.is_decode,
+            logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64).to(dev, non_blocking=True),
+        )
+        return torch.tensor(step.tokens, dtype=torch.int64).to(dev, non_blocking=True), fb
 
     def _copy_rotate(self, step: StepInputs) -> None:
         if not step.copy_src:
@@ -116,9 +162,11 @@ class ModelRunner:
         pages = documents[1].pages
         copy_to = [next(free) for _ in pages]
         copy = ScheduledBatch(copies=[Copy(-1, pages, copy_to, [doc_len] * len(pages))])
-        self._copy_rotate(StepInputs.from_batch(copy, ps))
+        self._copy_rotate(self.describe(copy))
         if self.graphs is not None:
             self.graphs.capture_all()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.capture_all()
         self.backend.kv.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -28,7 +28,6 @@ import torch
 
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
-from lazyattn.engine.step_inputs import StepInputs
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
 from lazyattn.parallel import worker
@@ -127,7 +126,7 @@ class TensorParallelRunner:
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch on every rank; the gathered fp32 logits [n, vocab] of the works that sample."""
-        step = StepInputs.from_batch(batch, self.local.page_size)
+        step = self.local.describe(batch)
         self._send(("step", step))
         try:
             logits = self.local.execute(step)
