@@ -111,6 +111,8 @@ def test_sizes_that_do_not_divide_are_refused(checkpoint):
         make_llm(checkpoint, "llama", "lazy", tensor_parallel_size=4)  # 4 query heads, 2 kv heads
     with pytest.raises(InvalidRequestError, match="tensor_parallel_size"):
         make_llm(checkpoint, "llama", "lazy", tensor_parallel_size=0)
+    with pytest.raises(InvalidRequestError, match="host_cache_gb"):  # the host tier copies one rank's pool only
+        make_llm(checkpoint, "llama", "lazy", tensor_parallel_size=2, host_cache_gb=1.0)
 
 
 def test_more_ranks_than_gpus_are_refused(monkeypatch):
