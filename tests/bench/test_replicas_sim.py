@@ -75,7 +75,8 @@ def test_sweep_document_affinity_beats_round_robin_on_the_paper_workload_shape()
                           acct, vocab_high=1000, bos=999)
     by = {(r["variant"], r["replicas"], r["policy"]): r for r in rows}
     for variant in ("paper", "uniform"):
-        hit = {(n, p): by[(variant, n, p)]["doc_hit_ratio"] for n in (1, 4) for p in ("round-robin", "document-affinity")}
+        hit = {(n, p): by[(variant, n, p)]["doc_hit_ratio"]
+               for n in (1, 4) for p in ("round-robin", "document-affinity")}
         assert hit[(1, "round-robin")] == hit[(1, "document-affinity")]
         assert hit[(4, "document-affinity")] > hit[(4, "round-robin")]
         # No router beats one engine holding the cluster's whole KV.
