@@ -160,3 +160,20 @@ def test_killed_replica_fails_its_requests_cleanly_and_the_rest_serve_on(cluster
     rr = client(cluster, "rr")
     after = [complete(rr, DOCS).headers[REPLICA_HEADER] for _ in range(4)]
     assert victim not in after
+
+
+def test_serve_config_file_builds_the_application():
+    """docs/serve.yaml is a valid Serve config, and its args build the application (no cluster needed)."""
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from lazyattn.cluster.app import app_builder
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "docs" / "serve.yaml").read_text())
+    ServeDeploySchema.model_validate(config)
+    args = config["applications"][0]["args"]
+    assert isinstance(app_builder({**args, "model": "tiny"}), serve.Application)
+    with pytest.raises(ValueError, match="unknown option"):
+        app_builder({**args, "replica": 3})
