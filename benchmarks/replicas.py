@@ -43,7 +43,9 @@ def engine_worker(conn: Connection, options: dict, warm: Trace) -> None:
 
     engine = make_engine(options, "lazy")
     warm_up(engine, warm)
-    conn.send(("ready", engine.stats().num_pages))
+    device = engine.device
+    name = __import__("torch").cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    conn.send(("ready", name, __import__("torch").__version__))
     params = SamplingParams(max_tokens=warm.spec.output_len, temperature=0.0, ignore_eos=True)
     while True:
         while conn.poll(0 if engine.has_unfinished() else None):
@@ -128,13 +130,21 @@ def run_config(name: str, conns: list[Connection], policy_name: str, trace: Trac
             "requests_per_replica": list(served.values()), "summary": summary.to_dict()}
 
 
+def _write(out: str | None, meta: dict, results: list, ratios: dict) -> None:
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "replicas.json").write_text(json.dumps({"meta": meta, "results": results, "ratios": ratios},
+                                                            indent=2))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="benchmarks/models/llama-3.1-8b")
     p.add_argument("--quick", action="store_true", help="tiny model, small trace, CPU")
     p.add_argument("--kv-gb", type=float, default=16.0, help="KV budget of one replica, GiB (16: 64 documents)")
     p.add_argument("--num-requests", type=int, default=300)
-    p.add_argument("--rate", type=float, default=float("inf"), help="Poisson req/s (default: saturation)")
+    p.add_argument("--rates", default="inf,24",
+                   help="loads, comma-separated: Poisson req/s, inf = all at t=0 (default: inf,24)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -155,7 +165,7 @@ def main() -> int:
         kv_bytes = int(args.kv_gb * 2**30)
     pages = kv_bytes // page_accounting(mc, options["page_size"], EngineConfig(**options).torch_dtype).page_bytes
     vocab_high, bos = token_space(mc)
-    trace = make_trace(spec, Load(rate=args.rate), vocab_high, bos)
+    rates = [float(r) for r in args.rates.split(",")]
     warm = warmup_trace(spec, 3, vocab_high, bos)
 
     ctx = mp.get_context("spawn")
@@ -173,50 +183,47 @@ def main() -> int:
             os.environ["CUDA_VISIBLE_DEVICES"] = env_before
         conns.append(parent)
         procs.append(proc)
-    for c in conns:
-        c.recv()
-    print(f"two engines ready in {time.monotonic() - start:.1f} s", flush=True)
+    ready = [c.recv() for c in conns]
+    startup_s = time.monotonic() - start
+    print(f"two engines ready in {startup_s:.1f} s on {[r[1] for r in ready]}", flush=True)
 
     configs = [("1 replica", conns[:1], "round-robin", pages),
                ("1 replica, 2x KV (cluster's total)", conns[:1], "round-robin", 2 * pages),
                ("2 replicas, round-robin", conns, "round-robin", pages),
                ("2 replicas, document-affinity", conns, "document-affinity", pages)]
-    results = []
-    for name, cs, policy, n_pages in configs:
-        r = run_config(name, cs, policy, trace, n_pages, options["page_size"])
-        s = r["summary"]
-        print(f"{name:38s} {s['request_throughput']:7.2f} req/s  TTFT mean {s['ttft']['mean']:8.1f} ms "
-              f"p50 {s['ttft']['median']:8.1f} p99 {s['ttft']['p99']:8.1f}  hit "
-              f"{100 * s['doc_hit_ratio']:5.1f} %  per replica {r['requests_per_replica']}", flush=True)
-        results.append(r)
+    meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "python": platform.python_version(), "transport": "two engine processes (no Ray), same routing policy code",
+            "workload": spec.to_dict(), "kv_gb_per_replica": args.kv_gb, "kv_pages_per_replica": pages,
+            "devices": [r[1] for r in ready], "torch": ready[0][2], "startup_s": startup_s}
+    results, ratios = [], {}
+    for rate in rates:
+        trace = make_trace(spec, Load(rate=rate), vocab_high, bos)
+        load = trace.load.label
+        print(f"-- {load}", flush=True)
+        mine = []
+        for name, cs, policy, n_pages in configs:
+            r = {"load": load, **run_config(name, cs, policy, trace, n_pages, options["page_size"])}
+            s = r["summary"]
+            print(f"{name:38s} {s['request_throughput']:7.2f} req/s  TTFT mean {s['ttft']['mean']:8.1f} ms "
+                  f"p50 {s['ttft']['median']:8.1f} p99 {s['ttft']['p99']:8.1f}  hit "
+                  f"{100 * s['doc_hit_ratio']:5.1f} %  per replica {r['requests_per_replica']}", flush=True)
+            mine.append(r)
+            results.append(r)
+            _write(args.out, meta, results, ratios)  # after every configuration: a cut-off run keeps what it did
+        base, ref = mine[0]["summary"], mine[1]["summary"]
+        for r in mine:
+            v = ratios[f"{load}: {r['config']}"] = {
+                "throughput_vs_1": r["summary"]["request_throughput"] / base["request_throughput"],
+                "ttft_mean_vs_1": r["summary"]["ttft"]["mean"] / base["ttft"]["mean"],
+                "hit_points_vs_2x_kv": 100 * (r["summary"]["doc_hit_ratio"] - ref["doc_hit_ratio"])}
+            print(f"{r['config']:38s} throughput {v['throughput_vs_1']:.2f}x, mean TTFT {v['ttft_mean_vs_1']:.2f}x "
+                  f"of 1 replica; hit ratio {v['hit_points_vs_2x_kv']:+.1f} points vs one engine with the "
+                  "cluster's KV", flush=True)
+        _write(args.out, meta, results, ratios)
     for c in conns:
         c.send(("stop",))
     for proc in procs:
         proc.join(30)
-
-    base = results[0]["summary"]
-    ref = results[1]["summary"]
-    ratios = {r["config"]: {"throughput_vs_1": r["summary"]["request_throughput"] / base["request_throughput"],
-                            "hit_points_vs_2x_kv": 100 * (r["summary"]["doc_hit_ratio"] - ref["doc_hit_ratio"])}
-              for r in results}
-    for name, v in ratios.items():
-        print(f"{name:38s} throughput {v['throughput_vs_1']:.2f}x of 1 replica; hit ratio "
-              f"{v['hit_points_vs_2x_kv']:+.1f} points vs one engine with the cluster's KV")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "python":
-                platform.python_version(), "transport": "two engine processes (no Ray), same routing policy code",
-                "workload": spec.to_dict(), "rate": None if args.rate == float("inf") else args.rate,
-                "kv_gb_per_replica": args.kv_gb}
-        try:
-            import torch
-
-            meta["torch"] = torch.__version__
-        except ImportError:
-            pass
-        (out / "replicas.json").write_text(json.dumps({"meta": meta, "results": results, "ratios": ratios},
-                                                      indent=2))
     return 0
 
 
