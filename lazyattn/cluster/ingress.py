@@ -15,6 +15,7 @@ as an error event on a stream. The other replicas serve on.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -213,6 +214,9 @@ class RemoteEngineLoop:
             updates = self.handle.generate.remote(job)
             try:
                 first: ReplicaUpdate = await updates.__anext__()
+            except asyncio.CancelledError:
+                updates.cancel()  # the client left while the replica was accepting: stop it generating for nobody
+                raise
             except RayTaskError as e:
                 raise _unwrap(e) from None
             except RayActorError:
