@@ -118,8 +118,10 @@ def _sum_stats(stats: list[EngineStats]) -> EngineStats:
 class RemoteStream:
     """An `OutputStream` (server/engine_loop.py) over a replica's update stream."""
 
-    def __init__(self, owner: RemoteEngineLoop, job: EngineJob, updates: Any, arrival: float) -> None:
+    def __init__(self, owner: RemoteEngineLoop, job: EngineJob, updates: Any, arrival: float,
+                 route: dict[str, str] | None = None) -> None:
         self._owner = owner
+        self._route = route  # the response's route headers, while they are not sent yet
         self._job = job
         self._updates = updates
         self._arrival = arrival
@@ -139,7 +141,11 @@ class RemoteStream:
                     self.pending.clear()
                     raise ReplicaFailedError("the replica serving this request failed; retry the request") from e
                 retried = True  # nothing reached the client: the same request, to another replica
-                self._updates, _ = await self._owner._send(self._job, self._arrival)
+                self._updates, first = await self._owner._send(self._job, self._arrival)
+                if self._route is not None:
+                    failed = self._route.get(REPLICA_HEADER, "?")
+                    self._route[REPLICA_HEADER] = first.replica
+                    self._route[REASON_HEADER] = f"sent again: replica {failed} failed before answering"
                 continue
             except RayTaskError as e:
                 self.pending.clear()
@@ -205,7 +211,7 @@ class RemoteEngineLoop:
             if decision is not None:
                 route[REASON_HEADER] = decision.reason if decision.replica == first.replica else \
                     f"{decision.replica} did not accept; next in ranking ({decision.reason})"
-        return RemoteStream(self, job, updates, arrival)
+        return RemoteStream(self, job, updates, arrival, route)
 
     async def _send(self, job: EngineJob, arrival: float) -> tuple[Any, ReplicaUpdate]:
         """Send a job; returns its update stream once a replica accepted it (or raises the engine's error)."""
