@@ -143,8 +143,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny model, small trace, CPU")
     p.add_argument("--kv-gb", type=float, default=12.0, help="KV budget of one replica, GiB (12: 48 documents)")
     p.add_argument("--num-requests", type=int, default=240)
-    p.add_argument("--rates", default="inf,24",
-                   help="loads, comma-separated: Poisson req/s, inf = all at t=0 (default: inf,24)")
+    p.add_argument("--rates", default="inf,32",
+                   help="loads, comma-separated: Poisson req/s, inf = all at t=0 (default: inf,32)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
