@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -145,6 +146,9 @@ def main() -> int:
     p.add_argument("--num-requests", type=int, default=240)
     p.add_argument("--rates", default="inf,32",
                    help="loads, comma-separated: Poisson req/s, inf = all at t=0 (default: inf,32)")
+    p.add_argument("--same-trace", action="store_true",
+                   help="give 2 replicas the same trace as 1 (default: twice the requests at twice the rate, so each "
+                        "replica carries what the one replica did: capacity, not a fixed burst split in two)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -196,13 +200,21 @@ def main() -> int:
             "workload": spec.to_dict(), "kv_gb_per_replica": args.kv_gb, "kv_pages_per_replica": pages,
             "devices": [r[1] for r in ready], "torch": ready[0][2], "startup_s": startup_s}
     results, ratios = [], {}
+    meta["same_trace"] = args.same_trace
     for rate in rates:
         trace = make_trace(spec, Load(rate=rate), vocab_high, bos)
+        # The cluster's trace: the same seeded requests (the first N are the one replica's), twice as many, twice as
+        # fast; one engine with the cluster's KV replays it too, as the hit-ratio reference.
+        cluster_trace = trace if args.same_trace else \
+            make_trace(replace(spec, num_requests=2 * spec.num_requests), Load(rate=2 * rate), vocab_high, bos)
         load = trace.load.label
-        print(f"-- {load}", flush=True)
+        print(f"-- {load}" + ("" if args.same_trace else f" per replica ({cluster_trace.load.label} for the "
+                                                          "cluster configurations)"), flush=True)
         mine = []
         for name, cs, policy, n_pages in configs:
-            r = {"load": load, **run_config(name, cs, policy, trace, n_pages, options["page_size"])}
+            t = trace if name == "1 replica" else cluster_trace
+            r = {"load": load, "requests": len(t.requests),
+                 **run_config(name, cs, policy, t, n_pages, options["page_size"])}
             s = r["summary"]
             print(f"{name:38s} {s['request_throughput']:7.2f} req/s  TTFT mean {s['ttft']['mean']:8.1f} ms "
                   f"p50 {s['ttft']['median']:8.1f} p99 {s['ttft']['p99']:8.1f}  hit "
