@@ -27,6 +27,9 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
                    help="weights and KV cache dtype (default: the checkpoint's; float32 on the CPU)")
     p.add_argument("--page-size", type=int, default=64, help="tokens per KV page (default: 64)")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="KV budget (default: from free GPU memory)")
+    p.add_argument("--host-cache-gb", type=float, default=None,
+                   help="host-memory tier for documents evicted from the GPU, GiB; 0: off (default: off on the CPU, "
+                        "on CUDA a quarter of available host memory, at most 64; docs/design.md)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of GPU memory the engine may use, KV included (default: 0.9)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
@@ -44,7 +47,7 @@ def engine_options(args: argparse.Namespace) -> dict:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return dict(model=args.model, mode=getattr(args, "mode", "lazy"), device=device, dtype=args.dtype,
-                page_size=args.page_size, kv_cache_gb=args.kv_cache_gb,
+                page_size=args.page_size, kv_cache_gb=args.kv_cache_gb, host_cache_gb=args.host_cache_gb,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len, seed=args.seed, relink_tokens=getattr(args, "relink_tokens", 0))

@@ -55,11 +55,15 @@ def add_bench_parser(sub, engine_args: Callable[..., None],
     w.add_argument("--rate", default=None, help="Poisson req/s, comma-separated; inf = all at t=0 (saturation)")
     w.add_argument("--concurrency", default=None, help="closed loop: requests kept in flight, comma-separated")
     w.add_argument("--warmup-requests", type=int, default=3, help="on documents outside the pool, not counted")
+    w.add_argument("--warm-cache", action="store_true",
+                   help="measure each point on the document cache an unmeasured pass of its trace left (default: cold)")
     h = p.add_argument_group("hit ratio vs KV budget (simulated through the engine's cache, no model run)")
     h.add_argument("--kv-budgets", default=None, help="GB, comma-separated, e.g. 1,10,50")
     h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
     h.add_argument("--hit-requests", type=int, default=1000, help="requests per simulated trace")
     h.add_argument("--hit-ratio-only", action="store_true", help="only the simulation: no model is loaded")
+    h.add_argument("--host-gb", type=float, default=0.0,
+                   help="host tier (GiB) behind every KV budget: adds GPU / host / effective hit columns (0: none)")
     r = p.add_argument_group("replicas behind a router (simulated: the routing policies of lazyattn serve "
                              "--replicas over the engine's cache, no model run; bench/replicas.py)")
     r.add_argument("--replicas-sim", default=None, help="replica counts, comma-separated, e.g. 1,2,4,8,16,32,64")
@@ -89,7 +93,7 @@ def parse_alphas(text: str) -> list[float | None]:
 
 def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     from lazyattn.bench import plots, report
-    from lazyattn.bench.hitratio import HIT_COLUMNS, page_accounting, pivot, sweep
+    from lazyattn.bench.hitratio import HIT_COLUMNS, HOST_HIT_COLUMNS, page_accounting, pivot, sweep
     from lazyattn.bench.replay import free_device_memory, make_engine, replay, warm_up
     from lazyattn.bench.workload import Load, WorkloadSpec, make_trace, token_space, warmup_trace
     from lazyattn.model.config import ModelConfig
@@ -142,7 +146,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         for trace in traces:
             try:
                 run = replay(engine, trace, max_seconds=args.max_seconds, progress=not args.no_progress,
-                             desc=f"{mode} {trace.load.label}")
+                             desc=f"{mode} {trace.load.label}", cache="warm" if args.warm_cache else "cold")
             except Exception as e:
                 traceback.print_exc()
                 results.append(report.PointResult.failed(spec.popularity, mode, trace.load.label, repr(e)))
@@ -163,12 +167,13 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
         hit_spec = replace(spec, num_requests=args.hit_requests)
         budgets = _floats(args.kv_budgets)
-        hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos)
+        hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos, host_gb=args.host_gb)
+        host = f", host tier {args.host_gb:g} GiB" if args.host_gb else ""
         print(f"\nDocument hit ratio vs KV budget (simulated, {args.hit_requests} requests one at a time, "
-              f"{acct.token_bytes / 1024:g} KiB of KV per token)\n"
-              + report.text_table(pivot(hit_rows), HIT_COLUMNS), flush=True)
+              f"{acct.token_bytes / 1024:g} KiB of KV per token{host})\n"
+              + report.text_table(pivot(hit_rows), HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS), flush=True)
         data["hit_ratio"] = {"simulated": True, "requests": args.hit_requests, "page_bytes": acct.page_bytes,
-                             "rows": hit_rows}
+                             "host_gb": args.host_gb, "rows": hit_rows}
     if args.replicas_sim:
         data["replicas"] = _replica_sweep(args, spec, model_cfg, options, vocab_high, bos)
     if args.out:

@@ -16,6 +16,9 @@ serve a single request. Two readings, both with the same pool for every mode (on
 - "pool": the pool is the budget (the engine's kv_cache_gb). A mode whose one request does not fit is N/A.
 - "pool_plus_request": the pool is the budget plus one block request's working set (the most any mode needs
   for one request). Lazy and prefix keep as cached documents what block spends on its copies.
+
+With a host tier (`host_gb`, docs/design.md "The host tier") evicted segments demote to host memory and a miss
+that finds them there is a host hit: the hit ratio is then the effective one (GPU + host), split in the rows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
+from lazyattn.cache.host_tier import HostTier
 from lazyattn.cache.page_pool import PagePool, bytes_per_page
 from lazyattn.engine.modes import make_mode
 from lazyattn.kernels.paged import cdiv
@@ -76,17 +80,29 @@ class SimResult:
     context_tokens: int
     cached_tokens: int
     evictions: int
+    host_pages: int = 0
+    host_doc_hits: float = 0.0  # of doc_hits, those served by the host tier
 
     @property
     def doc_hit_ratio(self) -> float:
+        """Documents reused, from either tier."""
         return self.doc_hits / self.docs if self.docs else 0.0
+
+    @property
+    def host_hit_ratio(self) -> float:
+        return self.host_doc_hits / self.docs if self.docs else 0.0
+
+    @property
+    def gpu_hit_ratio(self) -> float:
+        return self.doc_hit_ratio - self.host_hit_ratio
 
     @property
     def token_reuse_ratio(self) -> float:
         return self.cached_tokens / self.context_tokens if self.context_tokens else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "doc_hit_ratio": self.doc_hit_ratio, "token_reuse_ratio": self.token_reuse_ratio}
+        return {**asdict(self), "doc_hit_ratio": self.doc_hit_ratio, "token_reuse_ratio": self.token_reuse_ratio,
+                "gpu_hit_ratio": self.gpu_hit_ratio, "host_hit_ratio": self.host_hit_ratio}
 
 
 class TraceKeys:
@@ -118,29 +134,38 @@ class TraceKeys:
             self.prompt_len.append(len(tokens))
 
 
-def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: TraceKeys | None = None) -> SimResult:
-    """Replay `trace` one request at a time through a cache of `num_pages` pages."""
+def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: TraceKeys | None = None,
+             host_pages: int = 0) -> SimResult:
+    """Replay `trace` one request at a time through a cache of `num_pages` pages, with a host tier of `host_pages`
+    pages behind it (0: none)."""
     if mode not in SIM_MODES:
         raise ValueError(f"mode must be one of {SIM_MODES}, got {mode!r}")
     m = make_mode(mode)
     keys = keys if keys is not None and keys.page_size == page_size else TraceKeys(trace, page_size)
     pool = PagePool(num_pages)
-    cache = DocumentCache(pool, page_size)
+    # Bookkeeping only (no mover): a promotion lands at the next poll. Bytes are not reported here.
+    cache = DocumentCache(pool, page_size, HostTier(host_pages, page_bytes=1) if host_pages else None)
     spec = trace.spec
     fed_back = spec.output_len - 1  # output tokens fed back as decode rows (the last one is not)
     docs = context = cached_total = 0
-    hits = 0.0
+    hits = host_hits = 0.0
     for i, req in enumerate(trace.requests):
+        host_before = cache.stats().host_tokens_reused
         if m.caches_documents:
             cached = _segment_request(cache, pool, keys.segments[i], spec.question_len + fed_back, m.copies)
         else:
             cached = _prefix_request(cache, pool, keys.pages[i], keys.prompt_len[i], fed_back)
-        docs += len(req.doc_ids)
-        hits += m.reused_documents(cached, trace.system_len, spec.doc_len, len(req.doc_ids))
+        from_host = cache.stats().host_tokens_reused - host_before
+        n = len(req.doc_ids)
+        reused = m.reused_documents(cached, trace.system_len, spec.doc_len, n)
+        docs += n
+        hits += reused
+        host_hits += reused - m.reused_documents(cached - from_host, trace.system_len, spec.doc_len, n)
         context += keys.prompt_len[i]
         cached_total += cached
     return SimResult(mode, num_pages, len(trace.requests), docs, hits, context, cached_total,
-                     cache.stats().evictions)
+                     cache.stats().evictions, host_pages, host_hits)
+
 
 
 def _segment_request(cache: DocumentCache, pool: PagePool, segments: list[tuple[str, int]], run_tokens: int,
@@ -155,6 +180,7 @@ def _segment_request(cache: DocumentCache, pool: PagePool, segments: list[tuple[
             cached += n
         held.append((seg, start))
         start += n
+    cache.poll()  # promotions from the host tier land, as in the scheduler's step
     copies = cache.allocate(sum(len(s.pages) for s, at in held if at > 0)) if block else []
     own = cache.allocate(cdiv(run_tokens, cache.page_size))
     for seg, _ in reversed(held):
@@ -169,12 +195,13 @@ def _prefix_request(cache: DocumentCache, pool: PagePool, chain: list[str], prom
     parts: list[tuple[Segment, bool]] = []
     first_owned = None
     for b, page_key in enumerate(chain):
-        if first_owned is not None and cache.lookup(page_key) is not None:
+        if first_owned is not None and cache.contains(page_key):
             break  # an orphan left after its parent was evicted: the rest stays private
         seg, is_new = cache.acquire(page_key, ps)
         parts.append((seg, is_new))
         if is_new and first_owned is None:
             first_owned = b
+    cache.poll()
     start = (first_owned if first_owned is not None else len(parts)) * ps
     owned = sum(1 for _, is_new in parts if is_new)
     own = cache.allocate(cdiv(prompt_len - start + fed_back, ps) - owned)
@@ -189,9 +216,11 @@ def _prefix_request(cache: DocumentCache, pool: PagePool, chain: list[str], prom
 
 def sweep(spec: WorkloadSpec, alphas: Sequence[float | None], budgets_gb: Sequence[float], acct: PageAccounting,
           vocab_high: int, bos: int | None, modes: Sequence[str] = SIM_MODES,
-          policies: Sequence[str] = POLICIES) -> list[dict]:
+          policies: Sequence[str] = POLICIES, host_gb: float = 0.0) -> list[dict]:
     """Simulated hit ratio of every (policy, alpha, budget, mode); one trace per alpha (None: uniform).
-    GB are GiB (2**30 bytes), as the engine's kv_cache_gb. A pool too small for one request: ratio None."""
+    GB are GiB (2**30 bytes), as the engine's kv_cache_gb; `host_gb` is the host tier behind every GPU budget.
+    A pool too small for one request: ratio None."""
+    host_pages = int(host_gb * 2**30) // acct.page_bytes
     rows = []
     for alpha in alphas:
         trace = make_trace(replace(spec, zipf_alpha=alpha), Load(concurrency=1), vocab_high, bos)
@@ -201,9 +230,10 @@ def sweep(spec: WorkloadSpec, alphas: Sequence[float | None], budgets_gb: Sequen
                 pages = pool_pages(int(budget * 2**30), policy, spec, trace.system_len, acct)
                 for mode in modes:
                     row = {"policy": policy, "alpha": alpha, "budget_gb": budget, "pool_gb": pages * acct.page_bytes
-                           / 2**30, "mode": mode, "doc_hit_ratio": None, "token_reuse_ratio": None}
+                           / 2**30, "host_gb": host_gb, "mode": mode, "doc_hit_ratio": None, "token_reuse_ratio": None,
+                           "gpu_hit_ratio": None, "host_hit_ratio": None}
                     if pages >= working_set_pages(mode, spec, trace.system_len, acct.page_size):
-                        row.update(simulate(trace, mode, pages, acct.page_size, keys).to_dict())
+                        row.update(simulate(trace, mode, pages, acct.page_size, keys, host_pages).to_dict())
                     rows.append(row)
     return rows
 
@@ -216,9 +246,14 @@ def pivot(rows: Sequence[dict], modes: Sequence[str] = SIM_MODES) -> list[dict]:
         row = out.setdefault(key, {"policy": r["policy"], "skew": "uniform" if r["alpha"] is None
                                    else f"zipf {r['alpha']:g}", "budget_gb": r["budget_gb"]})
         row["pool_gb"] = r["pool_gb"]
-        row[f"{r['mode']}_hit"] = None if r["doc_hit_ratio"] is None else 100 * r["doc_hit_ratio"]
+        for column, field in (("hit", "doc_hit_ratio"), ("gpu", "gpu_hit_ratio"), ("host", "host_hit_ratio")):
+            value = r.get(field)
+            row[f"{r['mode']}_{column}"] = None if value is None else 100 * value
     return list(out.values())
 
 
 HIT_COLUMNS = [("policy", "policy", "{}"), ("skew", "skew", "{}"), ("budget GB", "budget_gb", "{:g}"),
                ("pool GiB", "pool_gb", "{:.3g}")] + [(f"{m} hit %", f"{m}_hit", "{:.2f}") for m in SIM_MODES]
+# With a host tier: per mode the GPU hits, the host hits and the effective ratio (their sum).
+HOST_HIT_COLUMNS = HIT_COLUMNS[:4] + [(f"{m} {what} %", f"{m}_{key}", "{:.2f}") for m in SIM_MODES
+                                      for what, key in (("GPU", "gpu"), ("host", "host"), ("eff", "hit"))]

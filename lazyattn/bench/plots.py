@@ -128,6 +128,41 @@ def plot_shared_document(results: Sequence[PointResult], path: str | Path, title
     plt.close(fig)
 
 
+def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> None:
+    """benchmarks/host_tier.py rows: effective hit ratio (left) and mean TTFT (right, p99 dashed) against the GPU
+    KV budget, one color per workload, hollow markers GPU-only, filled with the host tier."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    colors = dict(zip(workloads, ["tab:blue", "tab:orange", "tab:green", "tab:purple"]))
+    plt = _pyplot()
+    fig, (hit_ax, ttft_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for workload in workloads:
+        for tiered in (False, True):
+            sel = sorted((r for r in rows if r["workload"] == workload and bool(r["host_gb"]) == tiered),
+                         key=lambda r: r["budget_gb"])
+            if not sel:
+                continue
+            label = f"{workload}, " + (f"host tier {sel[0]['host_gb']:g} GiB" if tiered else "GPU only")
+            style = dict(color=colors[workload], marker="o", mfc=colors[workload] if tiered else "none",
+                         ls="-" if tiered else ":")
+            budgets = [r["budget_gb"] for r in sel]
+            hit_ax.plot(budgets, [r["eff_hit"] for r in sel], label=label, **style)
+            ttft_ax.plot(budgets, [r["ttft_mean_ms"] for r in sel], label=label, **style)
+            ttft_ax.plot(budgets, [r["ttft_p99_ms"] for r in sel], color=colors[workload], alpha=0.4,
+                         ls="--", marker="")
+    for ax, ylabel in ((hit_ax, "effective document hit ratio (%)"), (ttft_ax, "TTFT mean, p99 faint dashed (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPU KV budget (GiB)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        _legend(ax, fontsize=7)
+    ttft_ax.set_yscale("log")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 ROUTER_STYLE = {"round-robin": ("tab:gray", "o"), "least-loaded": ("tab:orange", "s"),
                 "prefix-affinity": ("tab:green", "^"), "document-affinity": ("tab:blue", "D")}
 

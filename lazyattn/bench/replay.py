@@ -4,7 +4,8 @@ One loop drives the engine the way a server's background thread does: add every 
 has passed (with that arrival time, so TTFT counts queueing), call `engine.step()`, timestamp the tokens it
 hands out. Saturation submits everything at t=0; a closed loop keeps N requests in flight and a request
 "arrives" when it is sent. Each point starts from an empty document cache, so every mode and every point
-sees the same cold start.
+sees the same cold start; with cache="warm" a point first serves its trace once unmeasured and is measured
+on the cache that pass left (the steady state of a server whose documents are already cached).
 """
 
 from __future__ import annotations
@@ -83,10 +84,21 @@ def warm_up(engine: LLMEngine, trace: Trace) -> None:
 
 
 def replay(engine: LLMEngine, trace: Trace, *, max_seconds: float = math.inf, progress: bool = False,
-           desc: str = "") -> PointRun:
+           desc: str = "", cache: str = "cold") -> PointRun:
     """Serve `trace` on `engine` in real time. Requests still running after `max_seconds` are aborted and
-    left unfinished (the run is marked timed out)."""
-    engine.reset_cache()
+    left unfinished (the run is marked timed out). The document cache starts `cold` (empty), `warm` (as one
+    unmeasured pass of the same trace left it) or `as_is` (whatever it holds: documents registered ahead,
+    benchmarks/host_tier.py)."""
+    if cache not in ("cold", "warm", "as_is"):
+        raise ValueError(f"cache must be 'cold', 'warm' or 'as_is', not {cache!r}")
+    if cache != "as_is":
+        engine.reset_cache()
+    if cache == "warm":
+        _serve(engine, trace, max_seconds, False, f"{desc} (warming the cache)")
+    return _serve(engine, trace, max_seconds, progress, desc)
+
+
+def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, desc: str) -> PointRun:
     spec, load, mode = trace.spec, trace.load, engine.mode
     before = engine.stats()
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)

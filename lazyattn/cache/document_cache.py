@@ -14,6 +14,11 @@ Life of a segment, as seen by the engine:
                      which now misses and makes this request the encoder)
     ... attend to seg.pages ...
     cache.release(seg)                           # refcount -= 1; at 0 a ready segment becomes evictable
+
+With a host tier (cache/host_tier.py), an evicted segment is demoted to host memory, and an acquire that misses
+on the GPU but finds the key on the host *promotes* it: a hit (is_new False) on a pending segment that becomes
+ready when its copy lands, which `poll` notices. The copy holds a reference of its own until then, so a
+promoted segment is never freed or evicted under a copy that still writes into it.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.errors import OutOfPagesError
+
+if TYPE_CHECKING:
+    from lazyattn.cache.host_tier import HostTier
 
 _KEY_VERSION = b"lazyattn-segment-key-v1\x00"
 
@@ -84,12 +93,18 @@ class Segment:
 @dataclass(frozen=True)
 class CacheStats:
     lookups: int  # acquire calls that returned (a failed OutOfPagesError acquire is not counted)
-    hits: int  # including hits on a pending segment: its prefill is shared
+    hits: int  # including hits on a pending segment (its prefill is shared) and on the host tier
     misses: int
     evictions: int  # segments evicted for room (acquire, allocate, evict); not remove/clear
     tokens_reused: int  # tokens of hit segments
     pages_in_use: int  # pages held by the cache's segments, including removed/aborted ones still held
     segments: int  # segments in the index (pending or ready)
+    host_hits: int = 0  # hits found on the host tier (promoted), a part of `hits`
+    host_tokens_reused: int = 0  # tokens of those, a part of `tokens_reused`
+
+    @property
+    def gpu_hits(self) -> int:
+        return self.hits - self.host_hits
 
     @property
     def hit_ratio(self) -> float:
@@ -111,23 +126,34 @@ class DocumentCache:
     the pages it hangs from.
     """
 
-    def __init__(self, pool: PagePool, page_size: int) -> None:
+    def __init__(self, pool: PagePool, page_size: int, tier: HostTier | None = None) -> None:
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
         self.pool = pool
         self.page_size = page_size
+        self.tier = tier
         self._index: dict[str, Segment] = {}
         self._lru: OrderedDict[str, Segment] = OrderedDict()
         self._evictable = 0  # pages of the segments in _lru
         self._held = 0  # pages of every live segment, indexed or not
         self._tick = 0
         self._lookups = self._hits = self._misses = self._evictions = self._tokens_reused = 0
+        self._host_hits = self._host_tokens_reused = 0
 
     # -- queries ---------------------------------------------------------------------------------
 
     def lookup(self, key: str) -> Segment | None:
         """The indexed segment for key, pending or ready; no refcount, counters or LRU change."""
         return self._index.get(key)
+
+    def contains(self, key: str) -> bool:
+        """Whether an acquire of key would hit, on the GPU or on the host tier."""
+        return key in self._index or (self.tier is not None and self.tier.contains(key))
+
+    @property
+    def promoting(self) -> int:
+        """Promotions from the host tier not yet seen to land."""
+        return self.tier.in_flight if self.tier is not None else 0
 
     def evictable_pages(self) -> int:
         """Pages that eviction could free now (unreferenced ready segments)."""
@@ -149,6 +175,8 @@ class DocumentCache:
             tokens_reused=self._tokens_reused,
             pages_in_use=self._held,
             segments=len(self._index),
+            host_hits=self._host_hits,
+            host_tokens_reused=self._host_tokens_reused,
         )
 
     def __len__(self) -> int:
@@ -178,6 +206,8 @@ class DocumentCache:
             return seg, False
         if n_tokens <= 0:
             raise ValueError(f"a segment needs at least one token, got {n_tokens}")
+        if self.tier is not None and self.tier.contains(key):
+            return self._promote(key, n_tokens), False
         pages = self.allocate(self.pages_for(n_tokens))
         seg = Segment(key, n_tokens, tuple(pages), last_use=self._next_tick())
         self._index[key] = seg
@@ -227,6 +257,40 @@ class DocumentCache:
             del self._index[seg.key]
             seg.cached = False
 
+    def poll(self, wait: bool = False) -> int:
+        """Make the segments whose promotion has landed ready, and drop the promotions' own references (a segment
+        nobody else holds becomes evictable). wait: block until every promotion in flight has landed.
+        Returns how many became ready."""
+        if self.tier is None:
+            return 0
+        done = self.tier.finished(wait)
+        for seg in done:
+            seg.ready = True
+            self.release(seg)
+        return len(done)
+
+    def _promote(self, key: str, n_tokens: int) -> Segment:
+        if self.tier.n_tokens(key) != n_tokens:
+            raise ValueError(f"segment {key[:16]} has {self.tier.n_tokens(key)} tokens, acquired with {n_tokens}")
+        n = self.pages_for(n_tokens)
+        if n > self.pool.num_free + self._evictable:  # checked before the tier is touched: a raise changes nothing
+            raise OutOfPagesError(
+                f"need {n} KV pages to bring a document back from host memory: {self.pool.num_free} free and "
+                f"{self._evictable} evictable of {self.pool.num_pages}; the rest is held by running requests")
+        entry = self.tier.take(key)  # first, so that the demotions this allocation causes cannot evict it
+        pages = self.allocate(n)
+        # refcount 2: the caller's reference and the promotion's, dropped by poll once the copy has landed.
+        seg = Segment(key, n_tokens, tuple(pages), refcount=2, last_use=self._next_tick())
+        self.tier.promote(entry, seg)
+        self._index[key] = seg
+        self._held += n
+        self._lookups += 1
+        self._hits += 1
+        self._host_hits += 1
+        self._tokens_reused += n_tokens
+        self._host_tokens_reused += n_tokens
+        return seg
+
     # -- making room -------------------------------------------------------------------------------
 
     def allocate(self, n_pages: int) -> list[int]:
@@ -253,15 +317,19 @@ class DocumentCache:
             self._evictable -= len(seg.pages)
             self._evictions += 1
             freed += len(seg.pages)
+            if self.tier is not None:
+                self.tier.demote(seg)  # the mover orders every later write of these pages after the copy
             self._free(seg)
         return freed
 
     def remove(self, key: str) -> bool:
         """Delete key's segment (e.g. a document unregistered). Unreferenced: freed now. Referenced:
-        unindexed now (no new acquire hits it), freed on its last release. False if not cached."""
+        unindexed now (no new acquire hits it), freed on its last release. A host copy is dropped too.
+        False if neither tier held it."""
+        on_host = self.tier is not None and self.tier.discard(key)
         seg = self._index.pop(key, None)
         if seg is None:
-            return False
+            return on_host
         seg.cached = False
         if seg.refcount == 0:
             del self._lru[key]
@@ -270,7 +338,10 @@ class DocumentCache:
         return True
 
     def clear(self) -> int:
-        """Drop every unreferenced segment; referenced ones stay. Returns the pages freed."""
+        """Drop every unreferenced segment and every host copy; referenced ones stay. Returns the GPU pages
+        freed."""
+        if self.tier is not None:
+            self.tier.clear()
         freed = 0
         while self._lru:
             _, seg = self._lru.popitem(last=False)

@@ -149,6 +149,17 @@ class PagePool:
         # Reversed so that a later allocate of the same size gets them back in the same order.
         self._free.extend(reversed(pages))
 
+    def grow(self, n: int) -> None:
+        """Add n new page ids after the current ones (the host tier growing into newly page-locked memory). They
+        go under the free pages on the stack: the pages already there are handed out first, then the new ones
+        lowest id first."""
+        if n < 0:
+            raise ValueError(f"cannot grow a pool by {n} pages")
+        old = self._num_pages
+        self._num_pages += n
+        self._in_use.extend(bytes(n))
+        self._free[:0] = range(self._num_pages - 1, old - 1, -1)
+
     def is_used(self, page: int) -> bool:
         return 0 <= page < self._num_pages and bool(self._in_use[page])
 

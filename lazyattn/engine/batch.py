@@ -49,6 +49,13 @@ class ScheduledBatch:
     def is_decode(self) -> bool:
         return all(w.hi - w.lo == 1 and w.samples for w in self.works)
 
+    def written_pages(self, page_size: int) -> set[int]:
+        """Pages the forward pass writes: the rows of each work, and block mode's copies."""
+        pages = {p for c in self.copies for p in c.dst}
+        for w in self.works:
+            pages.update(w.run.pages[w.lo // page_size : -(-w.hi // page_size)])
+        return pages
+
     @property
     def num_tokens(self) -> int:
         return sum(w.hi - w.lo for w in self.works)

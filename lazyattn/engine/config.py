@@ -43,6 +43,9 @@ class EngineConfig:
     warm_up: bool = True  # on CUDA: compile/tune kernels and capture graphs before the first request
     progress: bool = True  # progress bars (loading, generate)
     relink_tokens: int = 0  # lazy mode: default recomputed rows per placed document (docs/design.md, "Relink")
+    # Host tier for evicted documents (docs/design.md, "The host tier"); 0: off; None: off on the CPU, on CUDA a
+    # quarter of the available host memory, at most 64 GiB.
+    host_cache_gb: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -53,6 +56,8 @@ class EngineConfig:
             raise InvalidRequestError("gpu_memory_utilization must be in (0, 1]", "gpu_memory_utilization")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise InvalidRequestError("kv_cache_gb must be positive", "kv_cache_gb")
+        if self.host_cache_gb is not None and not self.host_cache_gb >= 0:
+            raise InvalidRequestError(f"host_cache_gb must be >= 0, got {self.host_cache_gb}", "host_cache_gb")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)

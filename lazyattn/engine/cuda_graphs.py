@@ -4,7 +4,8 @@ Measured at Llama-3.1-8B shapes on an H200 (tests/engine/test_engine_gpu.py, doc
 one eager decode step from Python takes ~15 ms at batch 1 and at batch 16, more than the GPU needs, so
 decode is launch-bound; a replayed graph finishes the step in 6.3 ms (batch 1) and 8.9 ms (batch 16).
 One graph per padded batch size, captured at warm-up (or on first use), over static input buffers sized for
-the largest batch and the widest page table.
+the largest batch and the widest page table. A step's inputs are written into pinned host buffers and copied
+over in three copies (engine/graph_inputs.py): the host work left between two replays.
 
 Padding rows are harmless: they store nothing (slot -1), list no pages, and their logits are dropped.
 The graphs read per-page first-slot offsets (all 0 unless a row is relinked, docs/design.md "Relink"), so one
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import PagedBatch
 from lazyattn.model.llama import CausalLM
@@ -33,43 +35,43 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_batch)
         self.max_pages = max_pages
         n = self.sizes[-1]
-        i32 = dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slots = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.cu = torch.arange(n + 1, **i32)
-        self.q_start = torch.zeros(n, **i32)
-        self.pages = torch.zeros(n, max_pages, **i32)
-        self.deltas = torch.zeros(n, max_pages, **i32)
-        self.valid = torch.zeros(n, max_pages, **i32)
-        self.starts = torch.zeros(n, max_pages, **i32)
-        self.firsts = torch.zeros(n, max_pages, **i32)
-        self.num_pages = torch.zeros(n, **i32)
+        # Inputs in three buffers (engine/graph_inputs.py): ids, positions, slots (int64); q_start, num_pages
+        # (int32); the entry-major page tables. Pinned host copies are filled and copied over once per step.
+        self.static = (torch.zeros(3 * n, dtype=torch.int64, device=device),
+                       torch.zeros(2 * n, dtype=torch.int32, device=device),
+                       torch.zeros(n, TABLES, max_pages, dtype=torch.int32, device=device))
+        self.staging = tuple(torch.zeros_like(t, device="cpu").pin_memory() for t in self.static)
+        self.copied = torch.cuda.Event()  # the staging buffers are free again once their copies ran
+        self.copied.record()
+        self.static[0][2 * n:].fill_(-1)  # padding rows store nothing
+        self.staging[0][2 * n:].fill_(-1)
+        self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
-    def fits(self, fb: ForwardBatch) -> bool:
-        return fb.is_decode and fb.attn.batch_size <= self.sizes[-1] and fb.attn.max_pages <= self.max_pages
+    def fits(self, step: StepInputs) -> bool:
+        return (step.is_decode and len(step.tokens) <= self.sizes[-1]
+                and all(len(e.pages) <= self.max_pages for e in step.entries))
 
-    def run(self, input_ids: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        """Logits [B, vocab] of a decode batch (every row samples), by graph replay."""
-        b, w = fb.attn.batch_size, fb.attn.max_pages
+    def run(self, step: StepInputs) -> torch.Tensor:
+        """Logits [B, vocab] of a decode step (every row samples), by graph replay."""
+        b, n = len(step.tokens), self.sizes[-1]
         size = next(s for s in self.sizes if s >= b)
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(fb.positions)
-        self.slots[:b].copy_(fb.slot_mapping)
-        self.slots[b:size].fill_(-1)
-        self.q_start[:b].copy_(fb.attn.q_start)
-        self.num_pages[:b].copy_(fb.attn.num_pages)
-        self.num_pages[b:size].zero_()
-        for static, live in ((self.pages, fb.attn.pages), (self.deltas, fb.attn.deltas),
-                             (self.valid, fb.attn.valid), (self.starts, fb.attn.starts)):
-            static[:b, :w].copy_(live)
-        if fb.attn.firsts is None:
-            self.firsts[:b, :w].zero_()
-        else:
-            self.firsts[:b, :w].copy_(fb.attn.firsts)
+        self.copied.synchronize()  # the previous step's copies may still read the staging buffers
+        i64, head, tables = (t.numpy() for t in self.staging)
+        i64[:b] = step.tokens
+        i64[n: n + b] = step.positions
+        i64[2 * n: 2 * n + b] = step.slots
+        i64[2 * n + b: 2 * n + size] = -1
+        head[:b] = step.q_starts
+        head[n: n + b] = [len(e.pages) for e in step.entries]
+        head[n + b: n + size] = 0
+        fill_tables(tables, step.entries)
+        for static, staged in zip(self.static[:2], self.staging[:2]):
+            static.copy_(staged, non_blocking=True)
+        self.static[2][:b].copy_(self.staging[2][:b], non_blocking=True)
+        self.copied.record()
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]
@@ -78,22 +80,24 @@ class DecodeGraphs:
 
     def capture_all(self) -> None:
         """Capture every batch size now (start-up), instead of on a request's first decode of that size."""
-        self.slots.fill_(-1)
-        self.num_pages.zero_()
+        n = self.sizes[-1]
+        self.static[0][2 * n:].fill_(-1)
+        self.static[1][n:].zero_()
         for size in self.sizes:
             if size not in self.graphs:
                 self.graphs[size] = self._capture(size)
 
-    def _static_batch(self, size: int) -> ForwardBatch:
-        attn = PagedBatch(self.cu[: size + 1], self.q_start[:size], self.pages[:size], self.deltas[:size],
-                          self.valid[:size], self.starts[:size], self.num_pages[:size], max_q=1,
-                          max_kv=self.max_pages * self.backend.page_size, firsts=self.firsts[:size])
-        return ForwardBatch(self.positions[:size], self.slots[:size], attn, True, self.rows[:size])
+    def _static_batch(self, size: int) -> tuple[torch.Tensor, ForwardBatch]:
+        n = self.sizes[-1]
+        i64, head, tables = self.static
+        pages, deltas, valid, starts, firsts = table_views(tables[:size])
+        attn = PagedBatch(self.cu[: size + 1], head[:size], pages, deltas, valid, starts, head[n: n + size],
+                          max_q=1, max_kv=self.max_pages * self.backend.page_size, firsts=firsts)
+        return i64[:size], ForwardBatch(i64[n: n + size], i64[2 * n: 2 * n + size], attn, True, self.rows[:size])
 
     @torch.inference_mode()
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        fb = self._static_batch(size)
-        ids = self.input_ids[:size]
+        ids, fb = self._static_batch(size)
         # Warm up on a side stream (compiles and autotunes kernels outside the capture), then capture.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
+from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation
 from lazyattn.engine.batch import ScheduledBatch
@@ -51,6 +52,7 @@ class EngineStats:
     preemptions: int
     running: int
     waiting: int
+    host: HostTierStats | None = None  # the host tier's, when the engine has one
 
 
 @dataclass
@@ -85,7 +87,8 @@ class LLMEngine:
             return segment_key(fingerprint, rope_fp, salt, tokens, parent)
 
         self.keyer = keyer
-        self.cache = DocumentCache(self.pool, config.page_size)
+        self.tier = make_host_tier(config, self.runner.backend.kv)
+        self.cache = DocumentCache(self.pool, config.page_size, self.tier)
         self.scheduler = Scheduler(config, self.mode, self.cache, keyer)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
@@ -189,6 +192,8 @@ class LLMEngine:
         return outputs
 
     def _forward(self, batch: ScheduledBatch, failed: dict[str, str]) -> torch.Tensor:
+        if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
+            self.tier.mover.before_forward(batch.written_pages(self.config.page_size))
         try:
             return self.runner.run(batch)
         except Exception as error:
@@ -215,7 +220,7 @@ class LLMEngine:
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
-        self.runner = self.model = self.scheduler = self.cache = None  # type: ignore[assignment]
+        self.runner = self.model = self.scheduler = self.cache = self.tier = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -225,8 +230,11 @@ class LLMEngine:
         """Forget every cached document and restart the counters (the engine must be idle)."""
         if self.requests:
             raise InvalidRequestError("reset_cache needs an idle engine; requests are still in flight")
+        self.cache.poll(wait=True)  # promotions of aborted requests still hold their segments
         self.cache.clear()
-        self.cache = DocumentCache(self.pool, self.config.page_size)
+        if self.tier is not None:
+            self.tier.reset_stats()
+        self.cache = DocumentCache(self.pool, self.config.page_size, self.tier)
         self.scheduler = Scheduler(self.config, self.mode, self.cache, self.keyer)
         self.pool.reset_high_water()
 
@@ -242,6 +250,16 @@ class LLMEngine:
                                           f"{self.pool.num_pages}", "num_pages")
             self._withheld = self.pool.allocate(self.pool.num_pages - num_pages)
         self.pool.reset_high_water()
+
+    def set_host_budget(self, num_pages: int | None) -> None:
+        """Use only `num_pages` pages of the host tier (None: all of it, 0: none), as `set_kv_budget` does for the
+        GPU pool. Empties the cache; idle engine only."""
+        if self.tier is None:
+            if num_pages:
+                raise InvalidRequestError("this engine has no host tier (host_cache_gb)", "host_cache_gb")
+            return
+        self.reset_cache()
+        self.tier.set_capacity(num_pages)
 
     @property
     def num_pages(self) -> int:
@@ -261,6 +279,7 @@ class LLMEngine:
             preemptions=self.scheduler.num_preemptions,
             running=len(self.scheduler.running),
             waiting=self.scheduler.num_waiting,
+            host=self.tier.stats() if self.tier is not None else None,
         )
 
     # -- validation -------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from lazyattn.cache.page_pool import bytes_per_page, pages_for_budget, pages_fro
 from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
+from lazyattn.engine.graph_inputs import StepInputs
+from lazyattn.engine.prefill_graphs import PrefillGraphs
 from lazyattn.engine.sequence import Run
 from lazyattn.kernels.backend import ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
@@ -43,21 +45,31 @@ class ModelRunner:
                          device=device)
         self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
         self.graphs = None  # decode steps replay CUDA graphs when set
+        self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
             self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
+            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
         self._copy_rotate(batch)
-        input_ids, fb = self.prepare(batch)
-        if self.graphs is not None and self.graphs.fits(fb):
-            return self.graphs.run(input_ids, fb)
+        step = self.describe(batch)
+        bucket = None if self.prefill_graphs is None else self.prefill_graphs.bucket(step)
+        if bucket is not None:
+            return self.prefill_graphs.run(step, bucket)
+        if self.graphs is not None and self.graphs.fits(step):
+            return self.graphs.run(step)
+        input_ids, fb = self.to_device(step)
         hidden = self.model(input_ids, fb, self.backend)
         return self.model.compute_logits(hidden[fb.logits_indices])
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardBatch]:
+        return self.to_device(self.describe(batch))
+
+    def describe(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's packed tokens, positions, slots and page tables as host lists."""
         ps = self.page_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -77,15 +89,18 @@ class ModelRunner:
             q_starts.append(run.start_pos + w.lo)
             if w.samples:
                 logits_rows.append(len(tokens) - 1)
+        return StepInputs(tokens, positions, slots, entries, q_lens, q_starts, logits_rows, batch.is_decode)
+
+    def to_device(self, step: StepInputs) -> tuple[torch.Tensor, ForwardBatch]:
         dev = self.device
         fb = ForwardBatch(
-            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            attn=PagedBatch.build(entries, q_lens, q_starts, dev),
-            is_decode=batch.is_decode,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(dev, non_blocking=True),
+            positions=torch.tensor(step.positions, dtype=torch.int64).to(dev, non_blocking=True),
+            slot_mapping=torch.tensor(step.slots, dtype=torch.int64).to(dev, non_blocking=True),
+            attn=PagedBatch.build(step.entries, step.q_lens, step.q_starts, dev),
+            is_decode=step.is_decode,
+            logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64).to(dev, non_blocking=True),
         )
-        return torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True), fb
+        return torch.tensor(step.tokens, dtype=torch.int64).to(dev, non_blocking=True), fb
 
     def _copy_rotate(self, batch: ScheduledBatch) -> None:
         src = [p for c in batch.copies for p in c.src]
@@ -146,6 +161,8 @@ class ModelRunner:
         self._copy_rotate(ScheduledBatch(copies=[Copy(-1, pages, copy_to, [doc_len] * len(pages))]))
         if self.graphs is not None:
             self.graphs.capture_all()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.capture_all()
         self.backend.kv.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -189,7 +189,7 @@ class PrefixMode(_CausalMode):
         # The last token is never cached: its logits are needed, so the sequence computes it.
         for b in range((len(tokens) - 1) // ps):
             key = scheduler.keyer(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
-            if first_owned is not None and scheduler.cache.lookup(key) is not None:
+            if first_owned is not None and scheduler.cache.contains(key):
                 break  # an orphan left after its parent was evicted: keep the rest private
             segment, is_new = scheduler.cache.acquire(key, ps)
             acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))

@@ -9,6 +9,9 @@ the budget, the shared document encodes (*jobs*), block mode's copies and preemp
 A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
 for its documents like any other sequence and is done once they are cached.
 
+A document found in the host tier (cache/host_tier.py) is promoted at admission: its copy to the GPU runs beside
+the step's forward pass, and the sequences that read it wait for it the way they wait for an encode.
+
 A relinked sequence (lazy mode, docs/design.md "Relink") computes its recomputed document rows, one entry per
 document in document order, before (or in the same step as) its first chunk.
 """
@@ -78,6 +81,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if not self._starved or not self.running:
             self._admit_waiting(budget)
+        self.cache.poll()  # promotions from the host tier that landed (on the CPU: those just started) are ready
         self._starved = False
         scheduled: set[int] = set()
         job_done: set[str] = set()  # jobs whose last chunk is in this batch
@@ -116,7 +120,9 @@ class Scheduler:
             budget -= chunk
             if seq.metrics.scheduled is None:
                 seq.metrics.scheduled = time.monotonic()
-        if not batch.works and not batch.encoded and self.running and not self.jobs:
+        if not batch.works and not batch.encoded and self.cache.promoting:
+            self.cache.poll(wait=True)  # only copies from the host tier are left to wait for: wait here, not spin
+        elif not batch.works and not batch.encoded and self.running and not self.jobs:
             # Nothing could run (pages exhausted by sequences that each wait for more): free the newest.
             batch.copies.clear()
             self._preempt(self.running[-1])

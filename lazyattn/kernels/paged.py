@@ -75,6 +75,7 @@ class PagedBatch:
     max_q: int  # longest query run
     max_kv: int  # most keys of any entry
     firsts: torch.Tensor | None = None  # [B, P] first key slot of each page; None: all 0 (compiled out)
+    num_splits: int | None = None  # prefill split-KV count; None: the launcher picks (CUDA graphs fix it)
 
     @property
     def batch_size(self) -> int:

@@ -27,21 +27,34 @@ and the pairing only changes the partner / pair / sign index vectors. K is alway
 [BLOCK_N, D] tile (one dot).
 
 Where delta is applied: a program walks *chunks* of its pages, stretches of consecutive pages that share
-one delta (a segment, or part of one). At the start of a chunk the Q tile is de-rotated by -delta in fp32
-with the cos/sin rows `tables.cos/sin[delta]`, written to the program's scratch rows and loaded back; then
-a FlashAttention-2 tile loop consumes the chunk's K/V. The round trip is what makes the tile loop the same
-code as without deltas: triton keeps a *loaded* Q tile in shared memory as the QK^T wgmma operand, while a
-computed one stays a register operand, reloaded from shared memory on every tile at 255 registers, which
-measured 38 % slower per tile on an H200. Chunks of delta 0 load Q directly. Scratch rows: the program's
-own output rows, or its split's workspace rows, both overwritten by its result later.
-(A single tile loop that re-rotates Q when the delta changes lets triton 3.6 pipeline nothing at all.)
+one delta (a segment, or part of one), each with a FlashAttention-2 tile loop over the chunk's K/V that
+takes the chunk's Q tile as it is loaded from memory. Chunks of delta 0 load Q itself. For the others
+there are two ways, chosen per call:
+
+- Rotated up front (calls of at most _ROTATE_MAX_ROWS query rows: short questions over cached documents, the
+  case where the rotation is a large share of a program's work). _rotate_runs_kernel writes, before the
+  attention kernel, one copy of Q per run of equal delta: copy r holds each row rotated by -delta of its
+  entry's run r (the first ROTATED_RUNS runs; runs counted from the entry's first page). A chunk counts the
+  runs up to its first page and loads its rows of that copy: the same code path as delta 0, no rotation and
+  no barrier in the attention kernel. The copies take ROTATED_RUNS x rows x Hq x D elements; their number is
+  static, so a CUDA graph captures it like any launch. Runs past the last copy fall back to:
+- Rotated in the kernel, at the start of the chunk: the Q tile is de-rotated by -delta in fp32 with the
+  cos/sin rows `tables.cos/sin[delta]`, written to the program's scratch rows and loaded back. The round trip
+  is what keeps the tile loop the same code as without deltas: triton keeps a *loaded* Q tile in shared
+  memory as the QK^T wgmma operand, while a computed one stays a register operand, reloaded from shared
+  memory on every tile at 255 registers, which measured 38 % slower per tile on an H200. Scratch rows: the
+  program's own output rows, or its split's workspace rows, both overwritten by its result later.
+  (A single tile loop that re-rotates Q when the delta changes lets triton 3.6 pipeline nothing at all.)
+
+Both compute R_{-delta} q in fp32 from the same inputs and round it to Q's dtype, so they give the same tile.
 
 Chunks. Without splits: the runs of equal delta, in order (with APPLY_DELTA=False: one loop over all
-pages). With S splits and more splits than runs: the runs cut into pieces of about (n - runs) / (S - runs)
-pages, split s takes piece s alone (a single tile loop per program). With fewer: split s takes the s-th of
-S balanced page ranges and walks the runs in it. This does not depend on APPLY_DELTA, so apply_delta=False
-is the same kernel and the same split structure with the rotation compiled out. Chunk bounds come from a
-scan of the visible pages' deltas.
+pages). With S splits, when no program rotates Q in the kernel (no deltas, or Q rotated up front), split s
+takes the s-th of S balanced page ranges and walks the runs in it: every program gets the same number of
+tiles, whatever the runs. When Q is rotated in the kernel, the rotation is kept to one per program where
+possible: with more splits than runs, the runs cut into pieces of about (n - runs) / (S - runs) pages, split
+s taking piece s alone; with fewer, the balanced ranges. Chunk bounds come from a scan of the visible pages'
+deltas.
 
 Grid, tiling, GQA
 -----------------
@@ -58,7 +71,9 @@ Grid, tiling, GQA
   tiles holding padding slots (past `valid`) or crossing the diagonal; other tiles skip the select.
 - Split-KV: when (blocks x kv heads) leaves SMs idle (a 32-token question against 10K cached tokens at
   batch 1), the visible pages are split across grid axis 2; each split writes a normalised partial output
-  and its log2-sum-exp, and a second kernel merges them, one program per (query row, head).
+  and its log2-sum-exp, and a second kernel merges them, one program per (query row, head). A program holds
+  an SM and its tiles are arithmetic-bound at this shape (128 query rows per K/V tile), so the split count
+  aims at one wave of equal programs: the slowest program is the kernel's time.
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
   use ieee precision. Tiles and split counts: prefill_config and _default_splits, measured on an H200 with
   benchmarks/tune_kernels.py; small fixed tiles under TRITON_INTERPRET. Both are launch parameters of
@@ -81,6 +96,11 @@ _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step (causal page count, run ends); deltas held in registers
 _MIN_KEYS_PER_SPLIT = 512  # below this a split's startup latency outweighs its work
 _MAX_SPLITS = 32
+# Runs of a short call's entries rotated up front (_rotate_runs_kernel), and the calls that qualify: the copies
+# take ROTATED_RUNS x total_q x Hq x D elements (16 MiB at 256 rows of 32 x 128 bf16 heads). Further runs, and
+# longer calls, whose Q is rotated once per program of many tiles, rotate in the attention kernel.
+_ROTATED_RUNS = 8
+_ROTATE_MAX_ROWS = 256
 
 
 @triton.jit
@@ -178,6 +198,48 @@ def _derotated_q(q_rows, row_ok, cos_ptr, sin_ptr, delta, max_position,
     sin = tl.where(leading, sin, -sin)
     rotated = q.to(tl.float32) * cos[None, :] + q_partner.to(tl.float32) * sin[None, :]
     return rotated.to(q.dtype)
+
+
+@triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
+def _rotate_runs_kernel(Q, QRot, Cos, Sin, cu_seqlens_q, deltas, num_pages, batch_size, total_q, max_position,
+                        stride_qt, stride_qh, stride_table,
+                        NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        INTERLEAVED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
+    """QRot[r, t] = query row t (all heads) rotated by -delta of run r of its entry; one program per (t, r).
+
+    Runs are counted from the entry's first page, as _count_runs does in the attention kernel. Runs of delta 0
+    and runs past the entry's last one are not written: the attention kernel reads Q itself there."""
+    token = tl.program_id(0)
+    run = tl.program_id(1)
+    entry = 0  # entries ending at or before this row come before its own
+    for lo in range(0, batch_size, BLOCK_B):
+        b = lo + tl.arange(0, BLOCK_B)
+        inside = b < batch_size
+        entry += tl.sum(((tl.load(cu_seqlens_q + b + 1, mask=inside, other=0) <= token) & inside).to(tl.int32),
+                        axis=0)
+    deltas_row = deltas + entry.to(tl.int64) * stride_table
+    n_pages = tl.load(num_pages + entry)
+    page = n_pages  # first page of run `run`, n_pages when the entry has fewer runs
+    seen = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        inside = i < n_pages
+        d = tl.load(deltas_row + i, mask=inside, other=0)
+        d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > 0), other=0)
+        new_run = inside & ((i == 0) | (d != d_prev))
+        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
+        page = tl.minimum(page, tl.min(tl.where(new_run & (index == run), i, n_pages), axis=0))
+        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    if page < n_pages:
+        delta = tl.load(deltas_row + page)
+        if delta != 0:
+            h = tl.arange(0, BLOCK_H)
+            ok = h < NUM_HEADS
+            q = _derotated_q(Q + token.to(tl.int64) * stride_qt + h * stride_qh, ok, Cos, Sin, delta, max_position,
+                             HEAD_DIM, INTERLEAVED)
+            rows = (run.to(tl.int64) * total_q + token) * NUM_HEADS + h
+            dims = tl.arange(0, HEAD_DIM)
+            tl.store(QRot + rows[:, None] * HEAD_DIM + dims[None, :], q, mask=ok[:, None])
 
 
 @triton.jit
@@ -310,7 +372,7 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _prefill_kernel(
-    Q, K, V, Out, WsO, WsLse, Cos, Sin,
+    Q, K, V, Out, WsO, WsLse, Cos, Sin, QRot,
     cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
     batch_size, total_q, max_position,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -319,6 +381,7 @@ def _prefill_kernel(
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -344,6 +407,8 @@ def _prefill_kernel(
     out_rows = Out + token * stride_ot + head * stride_oh
     num_heads = tl.num_programs(1) * GROUP
     ws_rows = token * num_heads + head
+    rot_rows = QRot + ws_rows * HEAD_DIM  # run r's copy: r * rot_run_stride further (_rotate_runs_kernel)
+    rot_run_stride = total_q.to(tl.int64) * num_heads * HEAD_DIM
     ws_split_stride = total_q * num_heads
     if SPLIT_KV:
         # This split's workspace rows (fp32, HEAD_DIM each) hold the rotated Q until the partial overwrites
@@ -371,7 +436,10 @@ def _prefill_kernel(
         # not depend on APPLY_DELTA: without rotation the kernel keeps the same structure.
         if SPLIT_KV:
             num_splits = tl.num_programs(2)
-            runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+            if SPLIT_BY_RUNS:  # noqa: SIM108 - a compile-time branch
+                runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+            else:
+                runs = num_splits  # balanced page ranges: no program rotates Q for each of its chunks
             if num_splits > runs:
                 first = 0
                 last = n_vis
@@ -398,15 +466,24 @@ def _prefill_kernel(
             if APPLY_DELTA:
                 delta = tl.load(deltas + table + page_lo)
                 if delta != 0:
-                    # The rotated tile goes through this program's scratch rows and is loaded back: a loaded Q
-                    # is what triton keeps in shared memory for the QK^T wgmma. Computed in registers, Q stays
-                    # a register operand, reloaded from shared memory on every tile at 255 registers: 38 %
-                    # slower tile loop (sm_90, measured). The barriers order the scratch for the whole CTA.
-                    q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
-                    tl.debug_barrier()
-                    tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
-                    tl.debug_barrier()
-                    q_src = scratch_rows
+                    # The entry's first ROTATED_RUNS runs come rotated by _rotate_runs_kernel.
+                    if ROTATED_RUNS > 0:  # noqa: SIM108 - a compile-time branch
+                        run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+                    else:
+                        run = ROTATED_RUNS
+                    if run < ROTATED_RUNS:
+                        q_src = rot_rows + run * rot_run_stride
+                    else:
+                        # Rotated here, the tile goes through this program's scratch rows and is loaded back:
+                        # a loaded Q is what triton keeps in shared memory for the QK^T wgmma. Computed in
+                        # registers, Q stays a register operand, reloaded from shared memory on every tile at
+                        # 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
+                        # scratch for the whole CTA.
+                        q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+                        tl.debug_barrier()
+                        tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
+                        tl.debug_barrier()
+                        q_src = scratch_rows
             q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
             acc, l_i, m_i = _attend_pages(
                 acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
@@ -499,23 +576,42 @@ def _default_config(q: torch.Tensor, group: int, page_size: int) -> PrefillConfi
 
 def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int, block_m: int) -> int:
     """Split the KV walk when (query blocks x kv heads) leaves SMs idle: one program holds an SM (8 warps,
-    ~230 registers each), so the aim is one wave of about 1.25 programs per SM. Measured on an H200, RAG
-    5 x 2048 + 32: batch 1 -> 20 splits (16 busy: 0.052 ms against 0.075 at 32), batch 8 -> 2 splits
-    (0.176 ms against 0.237 at 3)."""
+    ~230 registers each) and split programs get equal page ranges, so the aim is one wave of at most one
+    program per SM. Measured on an H200 (benchmarks/results/engine_perf/attention_splits_s3q_after.json),
+    RAG 5 x 2048 + 32 with deltas: batch 1 -> 16 splits (47.8 us against 50.3 at 12 and 64.3 at 20, a second
+    wave), batch 8 -> 2 splits (174.6 us against 225.5 at 3)."""
     if not q.is_cuda or interpreting():
         return 1
+    return _split_count(q.shape[0], batch.batch_size, batch.max_q, batch.max_kv, group, kv_heads, block_m,
+                        sm_count(q.device))
+
+
+def _split_count(total_q: int, batch_size: int, max_q: int, max_kv: int, group: int, kv_heads: int, block_m: int,
+                 sms: int) -> int:
     positions = max(1, block_m // group)
-    blocks = min(cdiv(q.shape[0], positions) + batch.batch_size - 1,
-                 batch.batch_size * cdiv(max(1, batch.max_q), positions))
+    blocks = min(cdiv(total_q, positions) + batch_size - 1, batch_size * cdiv(max(1, max_q), positions))
     programs = blocks * kv_heads
-    by_length = max(1, batch.max_kv // _MIN_KEYS_PER_SPLIT)
-    return max(1, min((sm_count(q.device) * 5 // 4) // programs, by_length, _MAX_SPLITS))
+    by_length = max(1, max_kv // _MIN_KEYS_PER_SPLIT)
+    return max(1, min(sms // programs, by_length, _MAX_SPLITS))
+
+
+def graph_num_splits(total_q: int, entries: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                     page_size: int, device: torch.device) -> int:
+    """The split count a CUDA graph of `total_q` query rows in `entries` entries fixes (engine/prefill_graphs.py):
+    what an eager launch picks for those rows over a long context (the case graphs are for: short questions over
+    cached documents). Shorter contexts leave some splits without pages; they exit early."""
+    if device.type != "cuda" or interpreting():
+        return 1
+    group = q_heads // kv_heads
+    config = prefill_config(dtype == torch.float32, head_dim, group, page_size)
+    return _split_count(total_q, max(1, entries), total_q, _MAX_SPLITS * _MIN_KEYS_PER_SPLIT, group, kv_heads,
+                        config.block_m, sm_count(device))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                       tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
                       num_splits: int | None = None, config: PrefillConfig | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      rotated_runs: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
     q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
@@ -523,9 +619,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     q's dtype (written into `out` when given). `tables=None` or `apply_delta=False` ignores the deltas
     (exact when they are all 0; apply_delta=False is the no-deferred-RoPE baseline of the benchmarks).
 
-    Launch parameters: num_splits=None splits the KV walk only when the grid leaves SMs idle
-    (_default_splits); config=None takes prefill_config's tiles. The split partials live in scratch
-    allocated per call (stream-ordered by PyTorch's allocator, in the graph's pool under CUDA graphs).
+    Launch parameters: num_splits=None takes batch.num_splits, else splits the KV walk only when the grid
+    leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. rotated_runs: copies of Q
+    rotated up front, one per run of equal delta (module docstring, "Where delta is applied"); None takes
+    _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond. The split
+    partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's allocator, in
+    the graph's pool under CUDA graphs).
     """
     tables = tables if apply_delta else None
     _check_inputs(q, k_cache, v_cache, tables, batch, out)
@@ -536,14 +635,21 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     config = _default_config(q, group, k_cache.shape[1]) if config is None else config
-    splits = num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
+    splits = num_splits or batch.num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
     ws_o = ws_lse = out  # placeholders, unused unless split
     if splits > 1:
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
         ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
-    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, splits)
+    if rotated_runs is None:
+        rotated_runs = _ROTATED_RUNS if total_q <= _ROTATE_MAX_ROWS else 0
+    rotated_runs = rotated_runs if tables is not None else 0
+    q_rot = out  # placeholder, unused without rotated runs
+    if rotated_runs > 0:
+        q_rot = _rotate_runs(q, batch, tables, rotated_runs)
+    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, q_rot, splits)
     grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                          ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
                           num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
@@ -552,13 +658,26 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out
 
 
+def _rotate_runs(q: torch.Tensor, batch: PagedBatch, tables: RopeTables, runs: int) -> torch.Tensor:
+    """[runs, total_q, Hq, D] copies of q, copy r rotated by -delta of each entry's run r (where nonzero)."""
+    total_q, q_heads, head_dim = q.shape
+    q_rot = torch.empty(runs, total_q, q_heads, head_dim, dtype=q.dtype, device=q.device)
+    cos, sin = tables.cos.contiguous(), tables.sin.contiguous()
+    _rotate_runs_kernel[(total_q, runs)](
+        q, q_rot, cos, sin, batch.cu_seqlens_q, batch.deltas, batch.num_pages, batch.batch_size, total_q,
+        cos.shape[0], q.stride(0), q.stride(1), batch.deltas.stride(0),
+        NUM_HEADS=q_heads, BLOCK_H=triton.next_power_of_2(q_heads), HEAD_DIM=head_dim,
+        INTERLEAVED=tables.interleaved, BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, num_warps=4)
+    return q_rot
+
+
 def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                  tables: RopeTables | None, scale: float, out: torch.Tensor, ws_o: torch.Tensor,
-                 ws_lse: torch.Tensor, splits: int) -> tuple[tuple, dict]:
-    """Positional arguments and constexprs of _prefill_kernel (block sizes aside)."""
+                 ws_lse: torch.Tensor, q_rot: torch.Tensor, splits: int) -> tuple[tuple, dict]:
+    """Positional arguments and constexprs of _prefill_kernel (block sizes and ROTATED_RUNS aside)."""
     cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if tables is not None else (q, q)
     args = (
-        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin,
+        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin, q_rot,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
         batch.starts if batch.firsts is None else batch.firsts,  # a placeholder pointer without offsets
         batch.num_pages, batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,

@@ -132,3 +132,47 @@ class _EngineCollector(Collector):
             m = CounterMetricFamily(f"lazyattn:{name}", doc, labels=["model_name"])
             m.add_metric([self._model_name], value)
             yield m
+        yield from self._tiers(s)
+
+    def _tiers(self, s: EngineStats) -> Iterator[Metric]:
+        """Per tier of the document cache (docs/design.md, "The host tier"): `tier` is gpu or host; the host series
+        only when the engine has a host tier."""
+        h = s.host
+        per_tier = [
+            (CounterMetricFamily, "document_cache_tier_hits", "Lookups served by this tier (host: promoted).",
+             s.cache.gpu_hits, h and s.cache.host_hits),
+            (GaugeMetricFamily, "document_cache_tier_pages_used", "Pages held by cached segments in this tier "
+             "(host: also pages still read by promotions).", s.cache.pages_in_use, h and h.pages_used),
+            (GaugeMetricFamily, "document_cache_tier_pages_total", "Pages of this tier.", s.num_pages,
+             h and h.num_pages),
+            (GaugeMetricFamily, "document_cache_tier_bytes_per_page", "Bytes of one page (all layers, K and V).",
+             s.page_bytes, h and h.page_bytes),
+        ]
+        for family, name, doc, gpu, host in per_tier:
+            m = family(f"lazyattn:{name}", doc, labels=["model_name", "tier"])
+            m.add_metric([self._model_name, "gpu"], gpu)
+            if h is not None:
+                m.add_metric([self._model_name, "host"], host)
+            yield m
+        if h is None:
+            return
+        for name, doc, value in [
+            ("host_cache_promotions", "Documents copied back from the host tier (copy landed).", h.promotions),
+            ("host_cache_demotions", "Documents evicted from the GPU and copied to the host tier.", h.demotions),
+            ("host_cache_evictions", "Documents evicted from the host tier for room (gone from both tiers).",
+             h.evictions),
+            ("host_cache_dropped", "GPU evictions too large for the host tier (gone from both tiers).", h.dropped),
+        ]:
+            m = CounterMetricFamily(f"lazyattn:{name}", doc, labels=["model_name"])
+            m.add_metric([self._model_name], value)
+            yield m
+        moved = CounterMetricFamily("lazyattn:host_cache_bytes", "Bytes copied between the tiers.",
+                                    labels=["model_name", "direction"])
+        moved.add_metric([self._model_name, "to_host"], h.bytes_to_host)
+        moved.add_metric([self._model_name, "to_device"], h.bytes_to_device)
+        yield moved
+        locked = GaugeMetricFamily("lazyattn:host_cache_locked_bytes",
+                                   "Host memory the tier has grown into so far (page-locked on CUDA).",
+                                   labels=["model_name"])
+        locked.add_metric([self._model_name], h.locked_pages * h.page_bytes)
+        yield locked

@@ -109,6 +109,42 @@ def test_split_kv_matches_reference(splits, config):
     assert rel_err(out, ref(s, q, batch)) < 1e-5
 
 
+@pytest.mark.parametrize("rotated", [0, 2, 8])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_runs_rotated_up_front_in_the_kernel_or_both(rotated, splits):
+    """Q rotated per run before the attention kernel (8: every run), in it (0), or both in one call (2: the first
+    request's delta-5 run comes rotated, its delta-42 run is rotated in the kernel)."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables("llama3", 64), seed=12)
+    q, batch = s.final_prefill()
+    assert rel_err(run(s, q, batch, num_splits=splits, rotated_runs=rotated), ref(s, q, batch)) < 1e-5
+
+
+@pytest.mark.parametrize("rope", ["default", "interleaved"])
+def test_rotated_runs_are_the_query_at_its_position_minus_delta(rope):
+    """Copy r of a row is the raw query rotated at (its position - delta of its entry's run r), as
+    R_-delta R_m = R_(m - delta). Runs of delta 0 are read from q itself and are left unwritten."""
+    from lazyattn.kernels.prefill import _rotate_runs
+    from lazyattn.kernels.rope import apply_rope
+
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables(rope, 64), seed=13)
+    q, batch = s.final_prefill()
+    copies = _rotate_runs(q, batch, s.tables, 4)
+    cu = batch.cu_seqlens_q.tolist()
+    checked = 0
+    for e, r in enumerate(s.requests):
+        deltas = batch.deltas[e, : int(batch.num_pages[e])].tolist()
+        runs = [d for i, d in enumerate(deltas) if i == 0 or d != deltas[i - 1]]
+        pos = torch.arange(cu[e + 1] - cu[e]) + s.context_len(r)
+        for i, delta in enumerate(runs[:4]):
+            if delta:
+                want = apply_rope(r.final.q, pos - delta, s.tables)
+                assert rel_err(copies[i, cu[e]:cu[e + 1]], want) < 1e-6
+                checked += 1
+    assert checked == 3  # deltas 5 and 42 of the first request, 16 of the second
+
+
 @pytest.mark.parametrize("config", [(16, 16), (32, 32), (64, 16), (32, 64), (16, 64)])
 def test_block_shapes_and_uneven_head_group(config):
     """Tiles smaller than a page or of two pages, a head group of 3 (rows of the M tile left over),
@@ -217,6 +253,8 @@ def test_gpu_rag_case(batch_size):
     assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-2
     for splits in (1, 7):
         assert rel_err(run(s, q, batch, num_splits=splits), out) < 1e-2
+    # Q rotated in the kernel, not up front (other chunks at 1 split, hence other roundings of the partials)
+    assert rel_err(run(s, q, batch, rotated_runs=0), out) < 1e-2
 
 
 @pytest.mark.gpu

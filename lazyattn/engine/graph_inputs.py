@@ -1,0 +1,61 @@
+"""A step's inputs as host lists, and the page tables of CUDA-graph steps written straight into (pinned) host
+buffers that one copy moves to the graphs' static device buffers.
+
+Why: a graph replay is one launch, so what is left of a step's host time is building its inputs. Built as
+PyTorch tensors (PagedBatch.build, then a device-to-device copy into each static buffer) that is ~20 small
+tensors and ~20 copies; written with numpy into one buffer per dtype it is a few slice assignments and 2-3
+copies (engine/cuda_graphs.py, engine/prefill_graphs.py).
+
+Tables are entry-major, [entries, 5, width]: the pages, deltas, valid, starts and firsts of an entry are one
+contiguous record, so the first b entries of a batch are one prefix of the buffer, and the five [entries,
+width] views share one row stride, as the attention kernels take it (kernels/paged.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lazyattn.kernels.paged import EntryPages
+
+TABLES = 5  # pages, deltas, valid, starts, firsts
+
+
+@dataclass
+class StepInputs:
+    """One forward step as host lists (what ModelRunner.describe builds from a ScheduledBatch)."""
+
+    tokens: list[int]
+    positions: list[int]
+    slots: list[int]
+    entries: list[EntryPages]
+    q_lens: list[int]
+    q_starts: list[int]
+    logits_rows: list[int]
+    is_decode: bool
+
+
+def table_views(tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """pages, deltas, valid, starts, firsts: [E, W] views of an entry-major [E, 5, W] buffer."""
+    return tuple(tables[:, k] for k in range(TABLES))
+
+
+def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
+    """Write each entry's page table into rows [0, len(entries)) of an [E, 5, W] int32 array; the rest of those
+    rows is zeroed, `starts` is the exclusive running sum of `valid` (kernels/paged.py)."""
+    n = len(entries)
+    rows = tables[:n]
+    rows.fill(0)
+    for i, e in enumerate(entries):
+        m = len(e.pages)
+        record = rows[i]
+        record[0, :m] = e.pages
+        record[1, :m] = e.deltas
+        record[2, :m] = e.valid
+        if e.firsts is not None:
+            record[4, :m] = e.firsts
+    valid = rows[:, 2]
+    rows[:, 3] = np.cumsum(valid, axis=1) - valid

@@ -1,0 +1,170 @@
+"""Padding a prefill step to a CUDA-graph bucket (engine/prefill_graphs.py) changes nothing for its real rows.
+
+The graphs themselves need a GPU (tests/engine/test_engine_gpu.py, graphs against eager). Here, on the CPU: which
+bucket a step takes, and that the padded step (empty entries, the padding entry, padding rows) gives the
+unpadded step's logits through the tiny model (reference backend), and the unpadded step's attention rows
+through the Triton prefill kernel (interpreted), split-KV included, with the pool written only by real rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
+from lazyattn.engine.prefill_graphs import StepLayout, pick_bucket
+from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
+from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
+from lazyattn.kernels.rope import RopeTables
+from lazyattn.kernels.triton_backend import TritonBackend
+from lazyattn.model.config import ModelConfig
+from lazyattn.model.llama import CausalLM
+
+PAGE = 16
+WIDTH = 8
+
+
+def step_of(runs: list[tuple[EntryPages, list[int], int, list[int], bool]]) -> StepInputs:
+    """runs: (context then own pages, tokens, first position, slots, samples) per entry."""
+    step = StepInputs([], [], [], [], [], [], [], is_decode=False)
+    for entry, tokens, first, slots, samples in runs:
+        step.tokens += tokens
+        step.positions += range(first, first + len(tokens))
+        step.slots += slots
+        step.entries.append(entry)
+        step.q_lens.append(len(tokens))
+        step.q_starts.append(first)
+        if samples:
+            step.logits_rows.append(len(step.tokens) - 1)
+    return step
+
+
+def eager_inputs(step: StepInputs) -> tuple[torch.Tensor, ForwardBatch]:
+    fb = ForwardBatch(torch.tensor(step.positions), torch.tensor(step.slots),
+                      PagedBatch.build(step.entries, step.q_lens, step.q_starts), step.is_decode,
+                      torch.tensor(step.logits_rows, dtype=torch.int64))
+    return torch.tensor(step.tokens), fb
+
+
+def padded_inputs(step: StepInputs, bucket: tuple[int, int], num_splits: int | None = None):
+    layout = StepLayout(128, 8, WIDTH, PAGE)
+    buffers = layout.buffers("cpu")
+    layout.fill(buffers, step, *bucket)
+    return layout.views(buffers, *bucket, num_splits=num_splits)
+
+
+def rag_step(vocab: int) -> StepInputs:
+    """Entry 0: a 5-token question over two cached documents (pages 0-1 at delta 0, page 2 at delta 20) and its
+    own page 5 (already holding 3 tokens of it). Entry 1: a fresh 9-token prompt on page 6, not sampling.
+    Entry 2: a 2-token chunk over entry 1's page, sampling."""
+    g = torch.Generator().manual_seed(3)
+    tok = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()  # noqa: E731
+    q0 = EntryPages([0, 1, 2], [0, 0, 20], [16, 4, 11]).then([5], [8])
+    first0 = 31 + 3
+    return step_of([
+        (q0, tok(5), first0, [5 * PAGE + 3 + i for i in range(5)], True),
+        (EntryPages([], [], []).then([6], page_fill(9, PAGE)), tok(9), 0, [6 * PAGE + i for i in range(9)], False),
+        (EntryPages([], [], []).then([6], [11]), tok(2), 9, [6 * PAGE + 9, 6 * PAGE + 10], True),
+    ])
+
+
+def test_fill_tables_writes_what_paged_batch_builds():
+    """The graphs' entry-major tables hold PagedBatch.build's tables (an independent construction), also when
+    the buffer held a longer step before (stale columns are cleared)."""
+    entries = [EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5], [0, 2, 0]), EntryPages([9], [0], [12]),
+               EntryPages([2, 6], [5, 0], [16, 1])]
+    tables = torch.full((6, TABLES, WIDTH), 99, dtype=torch.int32)
+    fill_tables(tables.numpy(), [EntryPages(list(range(WIDTH)), [1] * WIDTH, [16] * WIDTH, [1] * WIDTH)] * 6)
+    fill_tables(tables.numpy(), entries)
+    built = PagedBatch.build(entries, [1, 1, 1], [0, 0, 0])
+    width = built.max_pages
+    got = table_views(tables[:3])
+    for name, mine, want in zip(("pages", "deltas", "valid", "starts", "firsts"), got,
+                                (built.pages, built.deltas, built.valid, built.starts, built.firsts)):
+        assert torch.equal(mine[:, :width], want), name
+    pages, deltas, valid, starts, firsts = (t[:, width:] for t in got)
+    assert not (pages.any() or deltas.any() or valid.any() or firsts.any())
+    assert starts.eq(built.valid.sum(1, keepdim=True)).all()  # the running sum goes on past the last page
+
+
+def test_pick_bucket_takes_the_smallest_fitting_bucket():
+    one = step_of([(EntryPages([0], [0], [16]), list(range(32)), 0, [-1] * 32, True)])
+    assert pick_bucket(one, WIDTH) == (32, 2)
+    assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 33, 0, [-1] * 33, True)]), WIDTH) == (64, 2)
+    assert pick_bucket(rag_step(100), WIDTH) == (16, 4)  # 16 tokens, 3 entries + the padding entry
+    seven = step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 7)
+    assert pick_bucket(seven, WIDTH) == (16, 8)
+    assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 8), WIDTH) == (16, 16)
+    mixed = step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 40 + [(EntryPages([0], [0], [16]), [1] * 30,
+                                                                             0, [-1] * 30, True)])
+    assert pick_bucket(mixed, WIDTH) == (128, 64)  # decode rows beside a new request's question
+    assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 64), WIDTH) is None
+    assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 129, 0, [-1] * 129, True)]), WIDTH) is None
+    wide = EntryPages(list(range(WIDTH + 1)), [0] * (WIDTH + 1), [16] * (WIDTH + 1))
+    assert pick_bucket(step_of([(wide, [1], 0, [-1], True)]), WIDTH) is None
+    decode = step_of([(EntryPages([0], [0], [2]), [1], 1, [1], True)])
+    decode.is_decode = True
+    assert pick_bucket(decode, WIDTH) is None
+
+
+def test_padding_layout_marks_padding_rows_and_entries():
+    step = rag_step(100)
+    ids, fb = padded_inputs(step, (32, 4))
+    assert ids[:16].tolist() == step.tokens and ids.shape == (32,)
+    assert fb.slot_mapping[16:].eq(-1).all() and fb.slot_mapping[:16].tolist() == step.slots
+    assert fb.positions[16:].tolist() == list(range(16))
+    assert fb.attn.cu_seqlens_q.tolist() == [0, 5, 14, 16, 32]  # entry 3 (padding) owns rows 16..31
+    assert fb.attn.num_pages.tolist() == [4, 1, 1, 1]
+    assert fb.attn.starts[0, :4].tolist() == [0, 16, 20, 31]
+    assert fb.logits_indices.tolist() == [4, 15, 0, 0]
+
+
+@pytest.mark.parametrize("bucket", [(16, 4), (64, 8)])
+def test_padded_step_gives_the_eager_logits_through_the_model(bucket):
+    cfg = ModelConfig.tiny()
+    torch.manual_seed(0)
+    model = CausalLM(cfg).eval()
+    tables = RopeTables.build(cfg.rope, cfg.max_position)
+    step = rag_step(cfg.vocab_size)
+    logits, pools = [], []
+    for inputs in (eager_inputs(step), padded_inputs(step, bucket)):
+        g = torch.Generator().manual_seed(1)
+        kv = torch.randn(cfg.num_layers, 2, 10, PAGE, cfg.num_kv_heads, cfg.head_dim, generator=g)
+        backend = ReferenceBackend(kv, tables, cfg.attn_scale)
+        ids, fb = inputs
+        with torch.inference_mode():
+            logits.append(model.compute_logits(model(ids, fb, backend)[fb.logits_indices]))
+        pools.append(kv)
+    eager, padded = logits
+    torch.testing.assert_close(padded[: len(step.logits_rows)], eager, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(padded).all()
+    assert torch.equal(pools[0], pools[1])  # padding rows store nothing
+
+
+@pytest.mark.parametrize(("bucket", "num_splits"), [((32, 4), None), ((32, 8), 3)])
+def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num_splits):
+    hq, hkv, dim = 4, 2, 32
+    cfg = ModelConfig.tiny()
+    tables = RopeTables.build(cfg.rope, 512)
+    step = rag_step(100)
+    g = torch.Generator().manual_seed(5)
+    t = len(step.tokens)
+    q, k, v = (torch.randn(t, h, dim, generator=g) for h in (hq, hkv, hkv))
+    kv0 = torch.randn(1, 2, 10, PAGE, hkv, dim, generator=g)
+    outs, pools = [], []
+    for padded in (False, True):
+        kv = kv0.clone()
+        backend = TritonBackend(kv, tables, dim**-0.5)
+        if padded:
+            _, fb = padded_inputs(step, bucket, num_splits)
+            pad = bucket[0] - t
+            qp, kp, vp = (torch.cat([x, torch.randn(pad, *x.shape[1:], generator=g)]) for x in (q, k, v))
+            out = backend.attend(0, qp, kp, vp, fb)
+            assert torch.isfinite(out).all()
+            out = out[:t]
+        else:
+            out = backend.attend(0, q, k, v, eager_inputs(step)[1])
+        outs.append(out)
+        pools.append(kv)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(pools[0], pools[1])
