@@ -102,17 +102,25 @@ def _unwrap(e: BaseException) -> BaseException:
 
 
 def _sum_stats(stats: list[EngineStats]) -> EngineStats:
-    def add(items: list) -> Any:
-        first = items[0]
-        values = {}
-        for f in dataclasses.fields(first):
-            v = getattr(first, f.name)
-            values[f.name] = add([getattr(s, f.name) for s in items]) if dataclasses.is_dataclass(v) else \
-                sum(getattr(s, f.name) for s in items)
-        return type(first)(**values)
+    """Counters and gauges summed field by field (nested dataclasses too; a part only some replicas have, such
+    as a host tier, over those that have it); sizes (`page_bytes`) are each replica's, not summed."""
 
-    s = add(stats)
-    return dataclasses.replace(s, page_bytes=stats[0].page_bytes)  # a size, not a count
+    def add(items: list) -> Any:
+        items = [i for i in items if i is not None]
+        if not items:
+            return None
+        values = {}
+        for f in dataclasses.fields(items[0]):
+            parts = [getattr(i, f.name) for i in items]
+            if f.name == "page_bytes":
+                values[f.name] = parts[0]
+            elif any(dataclasses.is_dataclass(p) for p in parts) or all(p is None for p in parts):
+                values[f.name] = add(parts)
+            else:
+                values[f.name] = sum(parts)
+        return type(items[0])(**values)
+
+    return add(stats)
 
 
 class RemoteStream:

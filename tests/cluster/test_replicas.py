@@ -177,3 +177,18 @@ def test_serve_config_file_builds_the_application():
     assert isinstance(app_builder({**args, "model": "tiny"}), serve.Application)
     with pytest.raises(ValueError, match="unknown option"):
         app_builder({**args, "replica": 3})
+
+
+def test_metrics_sum_the_replicas_counters():
+    """/metrics on the ingress: each replica's engine counters added up (hand-computed), sizes kept."""
+    import dataclasses
+
+    from lazyattn.cache.document_cache import CacheStats
+    from lazyattn.cluster.ingress import _empty_stats, _sum_stats
+
+    base = _empty_stats()
+    a = dataclasses.replace(base, cache=CacheStats(3, 2, 1, 0, 100, 5, 2), num_pages=10, running=1, page_bytes=8)
+    b = dataclasses.replace(base, cache=CacheStats(4, 1, 3, 1, 50, 6, 3), num_pages=20, waiting=2, page_bytes=8)
+    total = _sum_stats([a, b])
+    assert total.cache == CacheStats(7, 3, 4, 1, 150, 11, 5)
+    assert (total.num_pages, total.running, total.waiting, total.page_bytes, total.host) == (30, 1, 2, 8, None)
