@@ -5,9 +5,11 @@
         --modes lazy,block,prefix,full --num-docs 100 --doc-len 2048 --docs-per-request 5 --zipf 2.1 \\
         --question-len 32 --output-len 16 --rate 0.5,1,2,4,inf --num-requests 60 --seed 0 --out results/
     lazyattn bench --kv-budgets 1,10,50 --alphas 1.1,1.5,2.1 ...   # + simulated hit ratio vs KV budget
+    lazyattn bench --hit-ratio-only --replicas-sim 1,2,4,8,16,32,64 ...  # + replicas behind each router, simulated
 
 Prints vLLM's result block per mode and load, then one comparison table with ratios against lazy; with --out,
-writes bench.json, ttft_vs_rate.png (several loads) and hit_ratio_vs_budget.png (with --kv-budgets).
+writes bench.json, ttft_vs_rate.png (several loads), hit_ratio_vs_budget.png (with --kv-budgets) and
+replicas.png (with --replicas-sim).
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def add_bench_parser(sub, engine_args: Callable[..., None],
     h.add_argument("--hit-ratio-only", action="store_true", help="only the simulation: no model is loaded")
     h.add_argument("--host-gb", type=float, default=0.0,
                    help="host tier (GiB) behind every KV budget: adds GPU / host / effective hit columns (0: none)")
+    r = p.add_argument_group("replicas behind a router (simulated: the routing policies of lazyattn serve "
+                             "--replicas over the engine's cache, no model run; bench/replicas.py)")
+    r.add_argument("--replicas-sim", default=None, help="replica counts, comma-separated, e.g. 1,2,4,8,16,32,64")
+    r.add_argument("--routers", default="round-robin,least-loaded,prefix-affinity,document-affinity",
+                   help="routing policies to compare")
+    r.add_argument("--sim-variants", default="paper,zipf-1.1,uniform,pool-order",
+                   help="workload variants: paper (the protocol's), zipf-1.1, uniform, pool-order (unshuffled)")
+    r.add_argument("--sim-kv-gb", type=float, default=4.0, help="KV budget of each replica, GB (4)")
+    r.add_argument("--sim-rate", type=float, default=8.0, help="Poisson arrivals per replica, req/s (8)")
+    r.add_argument("--sim-requests", type=int, default=2000, help="requests per simulated trace (2000)")
+    r.add_argument("--load-margin", type=int, default=2, help="the affinity routers' load bound (2)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for bench.json and the plots")
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -161,6 +174,8 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
               + report.text_table(pivot(hit_rows), HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS), flush=True)
         data["hit_ratio"] = {"simulated": True, "requests": args.hit_requests, "page_bytes": acct.page_bytes,
                              "host_gb": args.host_gb, "rows": hit_rows}
+    if args.replicas_sim:
+        data["replicas"] = _replica_sweep(args, spec, model_cfg, options, vocab_high, bos)
     if args.out:
         out = Path(args.out)
         report.write_json(out / "bench.json", data)
@@ -171,8 +186,31 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
             plots.plot_hit_ratio(data["hit_ratio"]["rows"], out / "hit_ratio_vs_budget.png",
                                  title=f"{args.model}: simulated document hit ratio")
             written.append(out / "hit_ratio_vs_budget.png")
+        if args.replicas_sim:
+            plots.plot_replicas(data["replicas"]["rows"], out / "replicas.png",
+                                title=f"{args.model}: replicas behind each router (simulated)")
+            written.append(out / "replicas.png")
         print("\nwrote " + ", ".join(str(p) for p in written))
     return 1 if any(r.error for r in results) else 0
+
+
+def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, vocab_high: int,
+                   bos: int | None) -> dict:
+    from lazyattn.bench import report
+    from lazyattn.bench.hitratio import page_accounting
+    from lazyattn.bench.replicas import REPLICA_COLUMNS, sweep_replicas, table_rows
+
+    acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+    counts = [int(n) for n in args.replicas_sim.split(",")]
+    t0 = time.monotonic()
+    rows = sweep_replicas(replace(spec, num_requests=args.sim_requests), args.sim_variants.split(","), counts,
+                          args.routers.split(","), args.sim_kv_gb, acct, vocab_high, bos,
+                          rate_per_replica=args.sim_rate, load_margin=args.load_margin)
+    print(f"\nReplicas behind a router (simulated, {args.sim_requests} requests, {args.sim_kv_gb:g} GB of KV per "
+          f"replica, {args.sim_rate:g} req/s per replica, load margin {args.load_margin}; "
+          f"{time.monotonic() - t0:.1f} s)\n" + report.text_table(table_rows(rows), REPLICA_COLUMNS), flush=True)
+    return {"simulated": True, "requests": args.sim_requests, "kv_gb_per_replica": args.sim_kv_gb,
+            "rate_per_replica": args.sim_rate, "load_margin": args.load_margin, "rows": rows}
 
 
 def _meta(args: argparse.Namespace, options: dict) -> dict:

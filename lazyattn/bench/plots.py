@@ -161,3 +161,41 @@ def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> N
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+ROUTER_STYLE = {"round-robin": ("tab:gray", "o"), "least-loaded": ("tab:orange", "s"),
+                "prefix-affinity": ("tab:green", "^"), "document-affinity": ("tab:blue", "D")}
+
+
+def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> None:
+    """Per workload variant (columns): cluster document hit ratio against replicas, one line per router, with
+    one engine holding the cluster's total KV dashed; below, load imbalance (busiest replica's busy time over
+    the mean). Rows: bench/replicas.py's."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, len(variants), figsize=(4.6 * len(variants), 7.2), squeeze=False)
+    for col, variant in enumerate(variants):
+        mine = [r for r in rows if r["variant"] == variant]
+        for policy in dict.fromkeys(r["policy"] for r in mine):
+            pts = sorted((r for r in mine if r["policy"] == policy), key=lambda r: r["replicas"])
+            color, marker = ROUTER_STYLE.get(policy, ("black", "x"))
+            xs = [r["replicas"] for r in pts]
+            axes[0][col].plot(xs, [100 * r["doc_hit_ratio"] for r in pts], color=color, marker=marker, ms=4,
+                              label=policy)
+            axes[1][col].plot(xs, [r["busy_imbalance"] for r in pts], color=color, marker=marker, ms=4, label=policy)
+        single = sorted({(r["replicas"], r["single_engine_hit_ratio"]) for r in mine})
+        axes[0][col].plot([n for n, _ in single], [100 * h for _, h in single], color="black", ls="--", lw=1,
+                          label="one engine, same total KV")
+        axes[0][col].set_title(variant)
+        for row, ylabel in ((0, "cluster document hit ratio (%)"), (1, "busy time: max / mean replica")):
+            ax = axes[row][col]
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("replicas")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        _legend(axes[0][col], fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -61,9 +61,11 @@ class ServerConfig:
     max_request_sequences: int = 256  # prompts x n of one request
 
 
-def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
+def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop | None = None) -> FastAPI:
+    """`engine_loop`: what drives the engine; default its own thread. Replicas (cluster/ingress.py) pass a loop
+    over remote engines, with `engine` a facade that has the tokenizer, limits and mode."""
     registry = DocumentRegistry(config.max_documents)
-    engine_loop = EngineLoop(engine)
+    engine_loop = engine_loop if engine_loop is not None else EngineLoop(engine)
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: len(registry))
     engine_loop.observer = metrics
     renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size,

@@ -41,6 +41,16 @@ def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[arg
                         "trusted clients: a user could forge turns); by default it is plain text")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the start-up warm-up (CUDA: kernel compilation and graph capture)")
+    r = p.add_argument_group("replicas (Ray Serve; pip install 'lazyattn[cluster]'; docs/server.md, Replicas)")
+    r.add_argument("--replicas", type=int, default=0,
+                   help="run N engine replicas on Ray Serve behind one ingress (default: one engine, no Ray)")
+    r.add_argument("--router", default="document-affinity",
+                   choices=["document-affinity", "prefix-affinity", "least-loaded", "round-robin"],
+                   help="how requests are routed to replicas (default: document-affinity)")
+    r.add_argument("--load-margin", type=int, default=2,
+                   help="affinity routing skips a replica this many requests above the least loaded (default: 2)")
+    r.add_argument("--ray-address", default=None,
+                   help="an existing Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
     p.set_defaults(func=lambda args: serve(args, engine_options))
@@ -63,6 +73,14 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
     options = engine_options(args)
     options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
+    layout = dataclasses.replace(getattr(prompt, LAYOUTS[args.prompt_layout]),
+                                 parse_special_tokens=args.parse_special_tokens)
+    server = dict(model_name=args.served_model_name or served_model_name(args.model), api_keys=tuple(keys),
+                  layout=layout, max_documents=args.max_documents, max_request_sequences=args.max_request_sequences)
+    if args.replicas:
+        from lazyattn.cluster.cli import serve_replicas
+
+        return serve_replicas(args, options, server)
     start = time.monotonic()
     engine = LLMEngine(EngineConfig(**options))
     stats, mc = engine.stats(), engine.model_config
@@ -71,11 +89,6 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
           f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
           f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
           f"{time.monotonic() - start:.1f} s; listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    config = ServerConfig(model_name=args.served_model_name or served_model_name(args.model),
-                          api_keys=tuple(keys),
-                          layout=dataclasses.replace(getattr(prompt, LAYOUTS[args.prompt_layout]),
-                                                     parse_special_tokens=args.parse_special_tokens),
-                          max_documents=args.max_documents, max_request_sequences=args.max_request_sequences)
-    uvicorn.run(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level,
+    uvicorn.run(create_app(engine, ServerConfig(**server)), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)
     return 0
