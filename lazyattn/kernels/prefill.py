@@ -135,15 +135,20 @@ def _max(a, b):
 
 
 @triton.jit
+def _run_starts(deltas_row, i, n_pages):
+    """Which of the pages `i` start a run (a maximal stretch of pages of one delta) among the first n_pages."""
+    inside = i < n_pages
+    d = tl.load(deltas_row + i, mask=inside, other=0)
+    d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > 0), other=0)
+    return inside & ((i == 0) | (d != d_prev))
+
+
+@triton.jit
 def _count_runs(deltas_row, n_pages, BLOCK_P: tl.constexpr):
-    """Runs (maximal stretches of pages of one delta) among the first n_pages pages."""
+    """Runs among the first n_pages pages."""
     runs = 0
     for lo in range(0, n_pages, BLOCK_P):
-        i = lo + tl.arange(0, BLOCK_P)
-        inside = i < n_pages
-        d = tl.load(deltas_row + i, mask=inside, other=0)
-        d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > 0), other=0)
-        runs += tl.sum((inside & ((i == 0) | (d != d_prev))).to(tl.int32), axis=0)
+        runs += tl.sum(_run_starts(deltas_row, lo + tl.arange(0, BLOCK_P), n_pages).to(tl.int32), axis=0)
     return runs
 
 
@@ -223,10 +228,7 @@ def _rotate_runs_kernel(Q, QRot, Cos, Sin, cu_seqlens_q, deltas, num_pages, batc
     seen = 0
     for lo in range(0, n_pages, BLOCK_P):
         i = lo + tl.arange(0, BLOCK_P)
-        inside = i < n_pages
-        d = tl.load(deltas_row + i, mask=inside, other=0)
-        d_prev = tl.load(deltas_row + i - 1, mask=inside & (i > 0), other=0)
-        new_run = inside & ((i == 0) | (d != d_prev))
+        new_run = _run_starts(deltas_row, i, n_pages)
         index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
         page = tl.minimum(page, tl.min(tl.where(new_run & (index == run), i, n_pages), axis=0))
         seen += tl.sum(new_run.to(tl.int32), axis=0)

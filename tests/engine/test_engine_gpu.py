@@ -31,7 +31,7 @@ def capture_logits(llm: LLM) -> list[torch.Tensor]:
 
     def recording(batch):
         logits = run(batch)
-        seen.append(logits.detach().float().cpu())
+        seen.append(logits.detach().to("cpu", torch.float32, copy=True))  # a copy: graph outputs are reused
         return logits
 
     llm.engine.runner.run = recording

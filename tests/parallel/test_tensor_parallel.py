@@ -14,28 +14,15 @@ from lazyattn import LLM
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.errors import CheckpointError, InvalidRequestError, TensorParallelError
 from tests.engine.test_engine import DOCS, REQUESTS, greedy, make_llm
+from tests.engine.test_engine_gpu import capture_logits
 from tests.model.checkpoints import SMALL
 
 TIGHT = 1e-5  # fp32: only the order of the sums differs between one and two ranks
 
 
-def record(llm: LLM) -> list[torch.Tensor]:
-    """Every logits row the engine samples from, from now on."""
-    seen: list[torch.Tensor] = []
-    forward = llm.engine.runner.run
-
-    def recording(batch):
-        logits = forward(batch)
-        seen.append(logits.detach().clone())
-        return logits
-
-    llm.engine.runner.run = recording
-    return seen
-
-
 def run(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens of REQUESTS and every logits row the engine sampled from."""
-    seen = record(llm)
+    seen = capture_logits(llm)
     try:
         outs = llm.generate(prompt_token_ids=[p for _, p in REQUESTS],
                             document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
@@ -89,7 +76,7 @@ def test_random_weights_shard_the_one_rank_model(odd_vocab):
         llm = LLM(model=str(odd_vocab), device="cpu", page_size=16, progress=False, random_weights=True,
                   tensor_parallel_size=size)
         try:
-            logits = record(llm)
+            logits = capture_logits(llm)
             llm.engine.add_request("r", prompt, greedy())
             tokens = []
             while llm.engine.has_unfinished():

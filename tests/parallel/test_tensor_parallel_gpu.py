@@ -9,7 +9,7 @@ import torch
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.errors import InvalidRequestError
-from tests.engine.test_engine_gpu import CONFIG_8B, config_dir, random_docs, rel
+from tests.engine.test_engine_gpu import CONFIG_8B, capture_logits, config_dir, random_docs, rel
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
@@ -24,15 +24,7 @@ def rag_prompts(n: int) -> list[RenderedPrompt]:
 
 def generate(llm: LLM, prompts: list[RenderedPrompt], max_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Each prompt alone (batch 1, so each logits row is one request's), greedy: tokens and logits rows."""
-    seen: list[torch.Tensor] = []
-    forward = llm.engine.runner.run
-
-    def recording(batch):
-        logits = forward(batch)
-        seen.append(logits.float().cpu())
-        return logits
-
-    llm.engine.runner.run = recording
+    seen = capture_logits(llm)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     tokens = []
     try:
