@@ -3,26 +3,17 @@ the byte limits are the ones the model's shapes imply, and the JSON and markdown
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from lazyattn.model.config import ModelConfig
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine.py"
+from tests.bench.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def engine_bench():
-    spec = importlib.util.spec_from_file_location("engine_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from load_script("engine")
 
 
 def test_quick_run_writes_every_section(engine_bench, tmp_path):

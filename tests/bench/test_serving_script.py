@@ -3,28 +3,19 @@ JSON, markdown and plots; a run out of time skips points but still writes everyt
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from lazyattn.bench.workload import WorkloadSpec
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving.py"
+from tests.bench.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def serving():
-    spec = importlib.util.spec_from_file_location("serving_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from load_script("serving")
 
 
 @pytest.fixture(scope="module")
