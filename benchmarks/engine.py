@@ -293,6 +293,8 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     results: dict = {"bandwidth_gbs": bandwidth / 1e9, "bandwidth_gbs_per_gpu": [b / 1e9 for b in per_gpu],
                      "tensor_parallel_size": shapes.tensor_parallel_size, "weight_bytes": bench.weight_bytes,
                      "kv_bytes_per_token": bench.kv_bytes_per_token}
+    if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
+        results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path
     sections: list[tuple[str, Callable[[], dict]]] = [
         ("decode_short", lambda: bench.decode_batch1(
             RenderedPrompt(segments=[], final=[bench.bos] + random_tokens(shapes.short_prompt - 1, 3, bench.vocab)))),

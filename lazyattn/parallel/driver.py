@@ -31,6 +31,7 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
 from lazyattn.parallel import worker
+from lazyattn.parallel.all_reduce import SETTING_ENV, setting
 from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave
 
 logger = logging.getLogger("lazyattn.parallel")
@@ -47,6 +48,8 @@ class TensorParallelRunner:
         self.size = size
         self.config = config
         check_divisible(model_config(config.model), size)
+        if setting() == "symm_mem" and device.type != "cuda":  # a bad value raises here, before any process starts
+            raise InvalidRequestError(f"{SETTING_ENV}=symm_mem needs CUDA GPUs", SETTING_ENV)
         if device.type == "cuda":
             visible = torch.cuda.device_count()
             if size > visible:

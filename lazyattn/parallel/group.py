@@ -1,5 +1,6 @@
-"""The tensor-parallel group of one rank: its collectives (torch.distributed: NCCL on GPUs, gloo on the CPU) and
-the shard arithmetic of the model config.
+"""The tensor-parallel group of one rank: its collectives (torch.distributed: NCCL on GPUs, gloo on the CPU; the
+small all-reduces of decode through torch's symmetric memory, parallel/all_reduce.py) and the shard arithmetic of
+the model config.
 
 Column-parallel layers (q/k/v, gate/up) keep rank r's share of heads or intermediate rows; row-parallel layers
 (o, down) keep the matching input columns and all-reduce their outputs; the embedding and the LM head keep a
@@ -9,6 +10,7 @@ contiguous block of vocabulary rows, padded so that every rank holds the same nu
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +21,15 @@ import torch.distributed as dist
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import cdiv
 from lazyattn.model.config import ModelConfig
+from lazyattn.parallel.all_reduce import (
+    BUFFER_BYTES,
+    ONE_SHOT_MAX_BYTES,
+    SymmetricAllReduce,
+    route,
+    symmetric_all_reduce,
+)
+
+logger = logging.getLogger("lazyattn.parallel")
 
 # The device machines share NVLink switches with other tenants: NVLink multicast (NVLS) stays off in NCCL,
 # PyTorch's symmetric memory and NVSHMEM, in every process we start (workers inherit the environment).
@@ -33,11 +44,22 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 class TensorParallelGroup:
     rank: int
     size: int
+    # The symmetric-memory all-reduce, where it runs (CUDA, every rank able, not switched off); else NCCL/gloo only.
+    symmetric: SymmetricAllReduce | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def all_reduce_path(self) -> str:
+        """'symm_mem' (small messages; the process group's backend for the rest), else 'nccl' or 'gloo'."""
+        return dist.get_backend() if self.symmetric is None else "symm_mem"
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place (captured into CUDA graphs like any kernel)."""
-        dist.all_reduce(x)
-        return x
+        """The sum of `x` over the ranks (captured into CUDA graphs like any kernel). Use the result: it is `x`,
+        summed in place, on the NCCL/gloo path, and a new tensor on the symmetric-memory one."""
+        how = route(x.numel() * x.element_size(), self.symmetric is not None)
+        if how == "nccl":
+            dist.all_reduce(x)
+            return x
+        return self.symmetric(x, how)
 
     def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[n, vocab / size] logits of each rank's vocabulary block -> [n, vocab] on every rank."""
@@ -62,7 +84,14 @@ def join(init_method: str, rank: int, size: int, device: torch.device) -> Tensor
                                 device_id=device)
     else:
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
-    return TensorParallelGroup(rank, size)
+    symmetric, reason = symmetric_all_reduce(device, rank, size)
+    if rank == 0:
+        if symmetric is not None:
+            logger.info("tensor-parallel all-reduce: torch symmetric memory up to %d KiB (one-shot up to %d KiB), "
+                        "%s above", BUFFER_BYTES // 1024, ONE_SHOT_MAX_BYTES // 1024, dist.get_backend())
+        else:
+            logger.info("tensor-parallel all-reduce: %s only (%s)", dist.get_backend(), reason)
+    return TensorParallelGroup(rank, size, symmetric)
 
 
 def leave() -> None:

@@ -1,0 +1,104 @@
+"""All-reduce latency of a tensor-parallel group, by route (parallel/all_reduce.py): NCCL, and torch's symmetric
+memory one-shot and two-shot, for the row blocks the model sums (decode batches, small prefill buckets, long chunks),
+eagerly and captured in a CUDA graph; and each route's sum checked against NCCL's (fp32, exact).
+
+    python benchmarks/tp_allreduce.py --out OUT.json [--hidden 4096,8192] [--rows 1,16,64,128,256,512,2048]
+
+Needs two CUDA GPUs (NCCL_NVLS_ENABLE=0 etc. are set by lazyattn.parallel.group). Prints one line per message
+size; writes the table as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lazyattn.parallel import group as tp_group  # noqa: E402
+from lazyattn.parallel.all_reduce import BUFFER_BYTES  # noqa: E402
+
+
+def _time_us(fn, iters: int = 50, warm: int = 5) -> float:
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters * 1e3
+
+
+def _graph_us(body, inner: int = 32) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(inner):
+            body()
+    return _time_us(graph.replay, iters=10, warm=2) / inner
+
+
+def _rank(rank: int, size: int, init: str, rows: list[int], hidden: list[int], out: str) -> None:
+    device = torch.device("cuda", rank)
+    tp = tp_group.join(init, rank, size, device)
+    symm = tp.symmetric
+    table = {"all_reduce_path": tp.all_reduce_path}
+    for h in hidden:
+        for r in rows:
+            key = f"{r}x{h}"
+            x = torch.randn(r, h, dtype=torch.bfloat16, device=device)
+            row = {"bytes": x.numel() * 2}
+
+            def nccl(x=x):
+                torch.distributed.all_reduce(x)
+
+            routes = {"nccl": nccl}
+            if symm is not None and x.numel() * 2 <= BUFFER_BYTES:
+                routes["one_shot"] = lambda x=x: symm(x, "one_shot")
+                routes["two_shot"] = lambda x=x: symm(x, "two_shot")
+            for name, fn in routes.items():
+                row[f"{name}_eager_us"] = _time_us(fn)
+                row[f"{name}_graph_us"] = _graph_us(fn)
+            if symm is not None and "one_shot" in routes:  # exact fp32 sums of the same inputs, every route
+                g = torch.Generator(device=device).manual_seed(rank + 7 * r)
+                y = torch.randn(r, h, dtype=torch.float32, device=device, generator=g)
+                want = y.clone()
+                torch.distributed.all_reduce(want)
+                row["same_sum"] = all(bool(torch.equal(symm(y, how), want)) for how in ("one_shot", "two_shot"))
+            table[key] = row
+            if rank == 0:
+                print(key, {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    torch.distributed.barrier()
+    if rank == 0:
+        Path(out).write_text(json.dumps(table, indent=1))
+    tp_group.leave()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--rows", default="1,16,64,128,256,512,2048")
+    p.add_argument("--hidden", default="4096,8192")
+    args = p.parse_args()
+    rows = [int(v) for v in args.rows.split(",")]
+    hidden = [int(v) for v in args.hidden.split(",")]
+    store = os.path.join(tempfile.mkdtemp(prefix="lazyattn-ar-"), "store")
+    mp.spawn(_rank, args=(2, f"file://{store}", rows, hidden, args.out), nprocs=2)
+
+
+if __name__ == "__main__":
+    main()
