@@ -5,7 +5,8 @@ The driver is rank 0, in the user's process: the engine's scheduler, document ca
 Each step is decided there, turned into StepInputs (packed ids, positions, slots, page tables, copies) and sent to
 every other rank's worker process (parallel/worker.py), which runs the same forward pass on its shard with its own
 KV pool; the collectives inside the model sum the partial results, and the driver samples from the gathered
-logits. Control messages go through one pipe per worker; tensors never do.
+logits. Control messages go through one pipe per worker; tensors never do (parallel/channel.py: a step's message
+is pickled once, as plain lists, and the workers spin on their pipes between steps).
 
 A worker that dies is noticed by a watcher thread, which aborts the process group so that a rank blocked in a
 collective returns; the next (or current) step then raises TensorParallelError with the worker's traceback.
@@ -21,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from multiprocessing.connection import Connection, wait
 
@@ -32,6 +34,7 @@ from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
 from lazyattn.parallel import worker
 from lazyattn.parallel.all_reduce import SETTING_ENV, setting
+from lazyattn.parallel.channel import DispatchTrace, encode, pack_step
 from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave
 
 logger = logging.getLogger("lazyattn.parallel")
@@ -96,6 +99,7 @@ class TensorParallelRunner:
             self.shutdown()
             raise
         self.local = None
+        self._trace = DispatchTrace(0)
 
     def build(self, max_model_len: int) -> TensorParallelRunner:
         """Every rank builds its KV pool (the same page count) and its runner; returns self, now a runner."""
@@ -130,11 +134,14 @@ class TensorParallelRunner:
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch on every rank; the gathered fp32 logits [n, vocab] of the works that sample."""
         step = self.local.describe(batch)
-        self._send(("step", step))
+        sent = time.perf_counter()
+        self._send(("step", pack_step(step), sent))
         try:
-            logits = self.local.execute(step)
+            logits = self.local.execute(step)  # after the send: the workers start while the driver stages
         except Exception as error:
             self._step_failed(error)
+        if self._trace.on:
+            self._trace.add(sent, sent, time.perf_counter())
         self._raise_if_failed()
         return logits
 
@@ -156,6 +163,8 @@ class TensorParallelRunner:
     def shutdown(self) -> None:
         """Stop the workers and leave the group (idempotent; also at interpreter exit)."""
         self._stopping = True
+        if getattr(self, "_trace", None) is not None:
+            self._trace.write()
         self.local = self.model = None
         self._stopper()
 
@@ -163,9 +172,10 @@ class TensorParallelRunner:
 
     def _send(self, message: tuple) -> None:
         self._raise_if_failed()
+        data = encode(message)  # once for every worker
         for rank, conn in enumerate(self.conns, start=1):
             try:
-                conn.send(message)
+                conn.send_bytes(data)
             except (OSError, EOFError) as error:  # its end of the pipe is closed: it is gone, or going
                 self._raise_if_failed(error, rank)
                 self._fail(f"tensor-parallel worker {rank} cannot be reached: {error}")

@@ -1,9 +1,10 @@
 """The process of one rank other than the driver: it loads its shard, builds its own KV pool and runner (same page
 count as every rank), then runs whatever the driver sends, in the driver's order, until told to stop.
 
-Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", StepInputs), ("stop", None). Replies:
-("hello", None) once started, ("ready", num_pages), ("done", None) after a warm-up, ("error", traceback) before
-exiting on any failure. Steps get no reply: the collectives of the forward pass keep the ranks in step.
+Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", packed StepInputs, send time),
+("stop", None) (parallel/channel.py: how a step travels fast). Replies: ("hello", None) once started, ("ready",
+num_pages), ("done", None) after a warm-up, ("error", traceback) before exiting on any failure. Steps get no reply:
+the collectives of the forward pass keep the ranks in step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.loader import load_model
+from lazyattn.parallel.channel import SPIN_S, DispatchTrace, receive, unpack_step
 from lazyattn.parallel.group import TensorParallelGroup, join, leave
 
 
@@ -55,10 +57,15 @@ def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Con
         model, _ = load_model(config.model, dtype=config.torch_dtype, device=device, seed=config.seed,
                               random_init=config.random_weights, tensor_parallel=tp)
         runner = None
+        trace = DispatchTrace(rank)
+        spin_s = SPIN_S if device.type == "cuda" else 0.0  # a CPU worker's core runs the model
         while True:
-            command, arg = conn.recv()
+            command, arg, *sent = receive(conn, spin_s)
             if command == "step":
-                runner.execute(arg)
+                arrived = time.perf_counter()
+                runner.execute(unpack_step(arg))
+                if trace.on:
+                    trace.add(sent[0], arrived, time.perf_counter())
             elif command == "build":
                 runner = build_runner(model, config, arg, device, tp)
                 conn.send(("ready", runner.num_pages))
@@ -66,6 +73,7 @@ def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Con
                 runner.warm_up()
                 conn.send(("done", None))
             elif command == "stop":
+                trace.write()
                 break
     except EOFError:  # the driver is gone
         os._exit(1)

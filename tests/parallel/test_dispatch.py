@@ -1,0 +1,79 @@
+"""The all-reduce route rule (parallel/all_reduce.py) and the step messages (parallel/channel.py), on the CPU."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+from lazyattn import LLM
+from lazyattn.engine.graph_inputs import StepInputs
+from lazyattn.errors import InvalidRequestError
+from lazyattn.kernels.paged import EntryPages
+from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, route, setting
+from lazyattn.parallel.channel import encode, pack_step, receive, unpack_step
+
+BF16 = 2
+
+
+@pytest.mark.parametrize(("rows", "hidden", "expected"), [
+    (1, 4096, "one_shot"),  # an 8B decode row: 8 KiB
+    (64, 4096, "one_shot"),  # 512 KiB: the one-shot limit itself
+    (16, 8192, "one_shot"),  # a 70B batch-16 decode step
+    (65, 4096, "two_shot"),  # just past it
+    (128, 8192, "two_shot"),  # the largest prefill bucket at 70B: 2 MiB
+    (512, 8192, "two_shot"),  # 8 MiB: the buffer, exactly
+    (513, 8192, "nccl"),  # a long prefill chunk: past the buffer
+    (8192, 4096, "nccl"),
+])
+def test_small_messages_take_symmetric_memory_large_ones_nccl(rows, hidden, expected):
+    assert ONE_SHOT_MAX_BYTES == 512 * 1024 and BUFFER_BYTES == 8 * 2**20  # the sizes the table above assumes
+    assert route(rows * hidden * BF16, symmetric=True) == expected
+    assert route(rows * hidden * BF16, symmetric=False) == "nccl"  # gloo, or symmetric memory unavailable
+
+
+def test_messages_the_kernels_cannot_vectorise_take_nccl():
+    assert route(0, symmetric=True) == "nccl"
+    assert route(4094 * BF16, symmetric=True) == "nccl"  # not a multiple of 16 bytes
+    assert route(4096 * BF16, symmetric=True) == "one_shot"
+
+
+def test_the_setting_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv("LAZYATTN_TP_ALLREDUCE", raising=False)
+    assert setting() == "auto"
+    monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", " NCCL ")
+    assert setting() == "nccl"
+    monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", "ring")
+    with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_ALLREDUCE='ring': expected one of auto, nccl"):
+        setting()
+
+
+@pytest.mark.parametrize("value", ["symm_mem", "ring"])
+def test_a_setting_the_cpu_cannot_honour_is_refused_before_start(monkeypatch, value):
+    monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", value)
+    with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_ALLREDUCE"):
+        LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
+    assert not [p for p in mp.active_children() if p.name.startswith("lazyattn-tp")]
+
+
+def test_a_step_survives_its_message():
+    step = StepInputs([5, 6, 7], [10, 11, 3], [170, 171, 51], [
+        EntryPages([10, 2], [0, -7], [16, 2]),
+        EntryPages([3, 4, 9], [5, 5, 0], [16, 16, 1], firsts=[0, 4, 0]),
+    ], [2, 1], [10, 3], [1, 2], False, copy_src=[1, 2], copy_dst=[8, 9], copy_deltas=[-3, -3])
+    a, b = mp.Pipe()
+    a.send_bytes(encode(("step", pack_step(step), 1.5)))
+    command, packed, sent = receive(b, spin_s=0.01)
+    assert (command, sent) == ("step", 1.5)
+    got = unpack_step(packed)
+    assert got == step
+    assert got.entries[1].firsts == [0, 4, 0] and got.entries[0].firsts is None
+
+
+def test_receive_blocks_after_spinning_and_sees_the_driver_go():
+    a, b = mp.Pipe()
+    a.send(("stop", None))  # what the driver's finalizer sends: a plain Connection.send
+    assert receive(b, spin_s=0.0) == ("stop", None)
+    a.close()
+    with pytest.raises(EOFError):
+        receive(b, spin_s=0.01)
