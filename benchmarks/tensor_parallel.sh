@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tensor parallelism on two GPUs (about 4-5 minutes on two H200s; docs/benchmarks.md, "Tensor parallelism"):
-# the GPU tests of tests/parallel, then benchmarks/engine.py at Llama-3.1-8B shapes on one GPU and on two, and at
+# the all-reduce routes, the GPU tests of tests/parallel, then benchmarks/engine.py at Llama-3.1-8B shapes on one GPU and on two, and at
 # Llama-3.1-70B shapes on two (random bf16 weights). Writes tensor_parallel.log and engine_{8b_tp1,8b_tp2,70b_tp2}
 # .{json,md} into OUT_DIR. Every stage has a time limit, so one that hangs cannot take the others' time.
 #   bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]
+# STAGES=allreduce_routes,engine_8b_tp2,... runs only those stages; LAZYATTN_TP_TRACE=DIR records dispatch lags.
 set -uo pipefail
 out="${1:?usage: bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]}"
 budget="${2:-300}"
@@ -18,6 +19,9 @@ log="$out/tensor_parallel.log"
 stage() {  # stage NAME LIMIT_S COMMAND...: run within LIMIT_S and the budget left; its status is the command's
     local name="$1" limit="$2" start=$SECONDS
     shift 2
+    if [[ -n "${STAGES:-}" && ",$STAGES," != *",$name,"* ]]; then  # STAGES=a,b: only those
+        return 0
+    fi
     local left=$((budget - SECONDS))
     ((left < limit)) && limit=$left
     if ((limit < 20)); then
@@ -34,6 +38,8 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run within LIMIT_S and the budget le
 python3 -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.device_count(),
 "NCCL", torch.cuda.nccl.version())' 2>&1 | tee -a "$log"
 nvidia-smi topo -m 2>&1 | tee -a "$log"
+# The all-reduce routes (parallel/all_reduce.py): NCCL vs symmetric memory by message size, sums checked.
+stage allreduce_routes 30 python3 benchmarks/tp_allreduce.py --rows 1,16,64,128,512,2048 --out "$out/allreduce_routes.json"
 # TESTS_K / TESTS_S: a pytest -k filter and time limit for the tests, when the budget is short
 stage gpu_tests "${TESTS_S:-100}" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel ${TESTS_K:+-k "$TESTS_K"}
 tests_rc=$?
