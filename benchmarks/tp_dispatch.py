@@ -36,34 +36,38 @@ def decode_step(batch: int, context: int) -> StepInputs:
 
 def _worker(conn, how: str) -> None:
     conn.send("ready")
-    lags = []
+    lags: dict[int, list[float]] = {}
     while True:
         message = conn.recv() if how == "before" else receive(conn, SPIN_S)
         if message[0] == "stop":
             break
         step = message[1] if how == "before" else unpack_step(message[1])
-        lags.append(time.perf_counter() - message[2])
-        assert isinstance(step, StepInputs)
+        lags.setdefault(len(step.tokens), []).append(time.perf_counter() - message[2])
     conn.send(lags)
 
 
-def measure(how: str, step: StepInputs, steps: int, gap_s: float) -> dict:
+def measure(how: str, steps: list[StepInputs], repeats: int, gap_s: float) -> dict:
+    """{batch: {median_us, p90_us}} of one worker process receiving each step `repeats` times."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_worker, args=(child, how))
     proc.start()
     assert parent.recv() == "ready"  # its imports done
-    for _ in range(steps):
-        sent = time.perf_counter()
-        if how == "before":
-            parent.send(("step", step, sent))
-        else:
-            parent.send_bytes(encode(("step", pack_step(step), sent)))
-        time.sleep(gap_s)  # the driver's own step
+    for step in steps:
+        for _ in range(repeats):
+            sent = time.perf_counter()
+            if how == "before":
+                parent.send(("step", step, sent))
+            else:
+                parent.send_bytes(encode(("step", pack_step(step), sent)))
+            time.sleep(gap_s)  # the driver's own step
     parent.send(("stop", None))
-    lags = sorted(parent.recv())[steps // 10:]  # the first steps warm the child up
+    results = {}
+    for batch, lags in parent.recv().items():
+        lags = sorted(lags[repeats // 10:])  # the first steps warm the child up
+        results[batch] = {"median_us": 1e6 * statistics.median(lags), "p90_us": 1e6 * lags[int(0.9 * len(lags))]}
     proc.join()
-    return {"median_us": 1e6 * statistics.median(lags), "p90_us": 1e6 * lags[int(0.9 * len(lags))]}
+    return results
 
 
 def main() -> None:
@@ -72,11 +76,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--gap-ms", type=float, default=3.0)
     args = p.parse_args()
-    results = {}
+    steps = [decode_step(batch, 2048) for batch in (1, 16, 64)]
+    results = {how: measure(how, steps, args.steps, args.gap_ms / 1e3) for how in ("before", "now")}
     for batch in (1, 16, 64):
-        step = decode_step(batch, 2048)
         for how in ("before", "now"):
-            results[f"batch{batch}_{how}"] = r = measure(how, step, args.steps, args.gap_ms / 1e3)
+            r = results[how][batch]
             print(f"batch {batch:2d} {how:6s}: send -> StepInputs on the worker {r['median_us']:7.1f} µs median, "
                   f"{r['p90_us']:7.1f} µs p90", flush=True)
     if args.out:

@@ -87,19 +87,22 @@ def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[Sy
     wanted = setting()
     if wanted == "nccl":
         return None, f"{SETTING_ENV}=nccl"
+    symm, ok = None, False
     if device.type != "cuda":
         reason = "not on CUDA"
-        ok, symm = False, None
+    elif not _every_rank(_fresh_group_name(), device):
+        # Some torch versions register a group's symmetric-memory store once per process, by name: a second
+        # engine in the same process (its group named like the first's) cannot register its own, and a
+        # rendezvous over the first one's store could wait for ever.
+        reason = "symmetric memory was already set up in this process, for an earlier engine's group"
     else:
         try:
             symm = _probe(device, rank, size)
             ok, reason = True, ""
         except Exception as error:  # noqa: BLE001 (any failure means: not here; NCCL serves)
-            symm, ok, reason = None, False, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         # Every rank must take the same path, or a collective would pair different kernels.
-        flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if ok and not flag.item():
+        if not _every_rank(ok, device) and ok:
             symm, ok, reason = None, False, "unavailable on another rank"
     if not ok and wanted == "symm_mem":
         raise InvalidRequestError(f"{SETTING_ENV}=symm_mem, but symmetric memory is unavailable ({reason})",
@@ -107,15 +110,28 @@ def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[Sy
     return symm, reason
 
 
+def _every_rank(ok: bool, device: torch.device) -> bool:
+    flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _fresh_group_name() -> bool:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    return dist.group.WORLD.group_name not in getattr(symm_mem, "_group_name_to_store", {})
+
+
 def _probe(device: torch.device, rank: int, size: int) -> SymmetricAllReduce:
     """Build the buffer and check one sum of each route and dtype against the known answer."""
     import torch.distributed._symmetric_memory as symm_mem
 
     group_name = dist.group.WORLD.group_name
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecated (a no-op) in newer torch, needed in older
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(group_name)
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None and getattr(enable, "__deprecated__", None) is None:  # needed before torch deprecated it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enable(group_name)
     symm = SymmetricAllReduce(device, group_name)
     expected = size * (size + 1) / 2
     for dtype in (torch.float32, torch.bfloat16):

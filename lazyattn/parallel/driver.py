@@ -260,6 +260,8 @@ def _stop(procs: list, conns: list[Connection], store_dir: str, group: list) -> 
     for conn in conns:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError, OSError):
             conn.send(("stop", None))
+    if group and torch.distributed.is_initialized() and torch.distributed.group.WORLD is group[0]:
+        _leave_with_workers()
     for proc in procs:
         proc.join(timeout=STOP_TIMEOUT_S)
         if proc.is_alive():
@@ -268,5 +270,14 @@ def _stop(procs: list, conns: list[Connection], store_dir: str, group: list) -> 
     for conn in conns:
         conn.close()
     shutil.rmtree(store_dir, ignore_errors=True)
-    if group and torch.distributed.is_initialized() and torch.distributed.group.WORLD is group[0]:
-        leave()
+
+
+def _leave_with_workers() -> None:
+    """Leave the group while the workers leave it (they do on "stop"): NCCL's teardown waits for every rank, so
+    the driver leaving only after joining its workers would leave each of them waiting for it, and itself waiting
+    for a rank that is gone. Bounded: a rank that died cannot take part (the watcher aborted the group then)."""
+    leaving = threading.Thread(target=leave, daemon=True, name="lazyattn-tp-leave")
+    leaving.start()
+    leaving.join(STOP_TIMEOUT_S)
+    if leaving.is_alive():
+        logger.warning("the driver could not leave the tensor-parallel group in %.0f s", STOP_TIMEOUT_S)

@@ -14,13 +14,13 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import cdiv
-from lazyattn.model.config import ModelConfig
 from lazyattn.parallel.all_reduce import (
     BUFFER_BYTES,
     ONE_SHOT_MAX_BYTES,
@@ -28,6 +28,9 @@ from lazyattn.parallel.all_reduce import (
     route,
     symmetric_all_reduce,
 )
+
+if TYPE_CHECKING:  # the model package imports this module
+    from lazyattn.model.config import ModelConfig
 
 logger = logging.getLogger("lazyattn.parallel")
 

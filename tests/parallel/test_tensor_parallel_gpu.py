@@ -39,6 +39,28 @@ def generate(llm: LLM, prompts: list[RenderedPrompt], max_tokens: int) -> tuple[
     return tokens, [row for rows in seen for row in rows]
 
 
+def test_symmetric_memory_all_reduce_matches_nccl(tmp_path_factory, monkeypatch):
+    """The same fp32 model summed through torch's symmetric memory (forced) and through NCCL alone: same tokens,
+    logits equal to fp32 rounding (two ranks: a + b either way), graphs and eager prefill steps included. First in
+    this file: some torch versions set symmetric memory up once per process (parallel/all_reduce.py), so later
+    engines here may fall back to NCCL."""
+    directory = config_dir(tmp_path_factory, 4)
+    prompts = rag_prompts(2)
+    runs = {}
+    for path in ("nccl", "symm_mem"):
+        monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", path)  # the workers inherit it when spawned
+        llm = LLM(model=str(directory), device="cuda", dtype="float32", random_weights=True, kv_cache_gb=4,
+                  max_num_seqs=4, warm_up=False, progress=False, tensor_parallel_size=2)
+        assert llm.engine.parallel.tp.all_reduce_path == path
+        runs[path] = generate(llm, prompts, max_tokens=6)
+    (tokens_nccl, logits_nccl), (tokens_symm, logits_symm) = runs["nccl"], runs["symm_mem"]
+    worst = max(rel(b, a) for a, b in zip(logits_nccl, logits_symm))
+    print(f"\n8B shapes, fp32, TP=2, symmetric memory vs NCCL: tokens {tokens_symm == tokens_nccl}, "
+          f"worst |Δ|/|logits| {worst:.2e} over {len(logits_nccl)} rows")
+    assert tokens_symm == tokens_nccl
+    assert worst < 1e-5
+
+
 def test_fp32_two_ranks_match_one_at_8b_shapes(tmp_path_factory):
     """4 layers of the 8B shapes in fp32, lazy mode, prefill + CUDA-graph decode steps (the all-reduces and the
     logits gather captured in the graphs)."""
@@ -91,22 +113,3 @@ def test_more_ranks_than_gpus_are_refused():
     with pytest.raises(InvalidRequestError, match=f"needs 4 GPUs; {torch.cuda.device_count()} visible"):
         LLM(model=str(CONFIG_8B), device="cuda", random_weights=True, tensor_parallel_size=4)
 
-
-def test_symmetric_memory_all_reduce_matches_nccl(tmp_path_factory, monkeypatch):
-    """The same fp32 model summed through torch's symmetric memory (forced) and through NCCL alone: same tokens,
-    logits equal to fp32 rounding (two ranks: a + b either way), graphs and eager prefill steps included."""
-    directory = config_dir(tmp_path_factory, 4)
-    prompts = rag_prompts(2)
-    runs = {}
-    for path in ("nccl", "symm_mem"):
-        monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", path)  # the workers inherit it when spawned
-        llm = LLM(model=str(directory), device="cuda", dtype="float32", random_weights=True, kv_cache_gb=4,
-                  max_num_seqs=4, warm_up=False, progress=False, tensor_parallel_size=2)
-        assert llm.engine.parallel.tp.all_reduce_path == path
-        runs[path] = generate(llm, prompts, max_tokens=6)
-    (tokens_nccl, logits_nccl), (tokens_symm, logits_symm) = runs["nccl"], runs["symm_mem"]
-    worst = max(rel(b, a) for a, b in zip(logits_nccl, logits_symm))
-    print(f"\n8B shapes, fp32, TP=2, symmetric memory vs NCCL: tokens {tokens_symm == tokens_nccl}, "
-          f"worst |Δ|/|logits| {worst:.2e} over {len(logits_nccl)} rows")
-    assert tokens_symm == tokens_nccl
-    assert worst < 1e-5
