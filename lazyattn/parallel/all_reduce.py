@@ -47,9 +47,13 @@ def setting() -> str:
     return value
 
 
-def route(nbytes: int, symmetric: bool) -> str:
-    """Which all-reduce sums a message of `nbytes`: 'one_shot', 'two_shot' (symmetric memory) or 'nccl'."""
-    if not symmetric or nbytes == 0 or nbytes % ALIGNMENT or nbytes > BUFFER_BYTES:
+DTYPES = (torch.float32, torch.bfloat16)  # what the symmetric-memory kernels are built for (not fp16)
+
+
+def route(nbytes: int, dtype: torch.dtype, symmetric: bool) -> str:
+    """Which all-reduce sums a message of `nbytes` of `dtype`: 'one_shot', 'two_shot' (symmetric memory) or
+    'nccl'."""
+    if not symmetric or dtype not in DTYPES or nbytes == 0 or nbytes % ALIGNMENT or nbytes > BUFFER_BYTES:
         return "nccl"
     return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES else "two_shot"
 

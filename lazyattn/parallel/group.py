@@ -58,7 +58,7 @@ class TensorParallelGroup:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the ranks (captured into CUDA graphs like any kernel). Use the result: it is `x`,
         summed in place, on the NCCL/gloo path, and a new tensor on the symmetric-memory one."""
-        how = route(x.numel() * x.element_size(), self.symmetric is not None)
+        how = route(x.numel() * x.element_size(), x.dtype, self.symmetric is not None)
         if how == "nccl":
             dist.all_reduce(x)
             return x

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
+import torch
 
 from lazyattn import LLM
 from lazyattn.engine.graph_inputs import StepInputs
@@ -28,14 +29,16 @@ BF16 = 2
 ])
 def test_small_messages_take_symmetric_memory_large_ones_nccl(rows, hidden, expected):
     assert ONE_SHOT_MAX_BYTES == 512 * 1024 and BUFFER_BYTES == 8 * 2**20  # the sizes the table above assumes
-    assert route(rows * hidden * BF16, symmetric=True) == expected
-    assert route(rows * hidden * BF16, symmetric=False) == "nccl"  # gloo, or symmetric memory unavailable
+    assert route(rows * hidden * BF16, torch.bfloat16, symmetric=True) == expected
+    assert route(rows * hidden * BF16, torch.bfloat16, symmetric=False) == "nccl"  # gloo, or none here
 
 
-def test_messages_the_kernels_cannot_vectorise_take_nccl():
-    assert route(0, symmetric=True) == "nccl"
-    assert route(4094 * BF16, symmetric=True) == "nccl"  # not a multiple of 16 bytes
-    assert route(4096 * BF16, symmetric=True) == "one_shot"
+def test_messages_the_kernels_cannot_take_go_to_nccl():
+    assert route(0, torch.bfloat16, symmetric=True) == "nccl"
+    assert route(4094 * BF16, torch.bfloat16, symmetric=True) == "nccl"  # not a multiple of 16 bytes
+    assert route(4096 * BF16, torch.bfloat16, symmetric=True) == "one_shot"
+    assert route(4096 * 4, torch.float32, symmetric=True) == "one_shot"
+    assert route(4096 * 2, torch.float16, symmetric=True) == "nccl"  # built for fp32 and bf16 only
 
 
 def test_the_setting_is_read_and_checked(monkeypatch):
