@@ -154,7 +154,7 @@ def test_gpu_8b_shapes_match_f_linear(n, k, m):
 @pytest.mark.gpu
 def test_gpu_graph_replay_equals_eager():
     x = torch.randn(3, 4096, device="cuda").bfloat16()
-    w = (torch.randn(4096, 14336 // 4 * 4, device="cuda") * 0.02).bfloat16()[:, :4096].contiguous()
+    w = (torch.randn(4096, 4096, device="cuda") * 0.02).bfloat16()
     cfg = GemvConfig(64, 128, 8)
     eager = gemv(x, w, config=cfg)
     stream = torch.cuda.Stream()
