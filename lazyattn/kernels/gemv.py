@@ -22,7 +22,8 @@ Rounding matches F.linear: fp32 sum of products, plus the bias in fp32, rounded 
 
 `linear` is what the model calls: it runs this kernel only where a measured table (gemv_table.json, written by
 benchmarks/gemv.py on the GPU named there) says it beats F.linear for that (N, K, M) and dtype, and F.linear
-everywhere else (the CPU, other GPUs, shapes or batch sizes not measured). LAZYATTN_GEMV=0 turns it off,
+everywhere else (the CPU, other GPUs, shapes or batch sizes not measured, M above DISPATCH_MAX_ROWS).
+LAZYATTN_GEMV=0 turns it off,
 LAZYATTN_GEMV=force uses it for every CUDA product of at most 64 rows (for tests), LAZYATTN_GEMV_TABLE=path reads
 another table.
 """
@@ -45,6 +46,11 @@ from lazyattn.kernels.launch import interpreting, sm_count
 from lazyattn.kernels.paged import cdiv
 
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
+# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M overrides). Alone, the kernel beats cuBLAS up
+# to M = 32-64 on most shapes; inside the engine (H100, s4C runs) batch 1 gained 0.30 ms of GPU time per step, but
+# the batch-16 and batch-64 decode steps came out 0.3-0.5 ms slower in three on/off pairs, for a reason not yet
+# found: until it is, batches above 8 keep F.linear.
+DISPATCH_MAX_ROWS = 8
 TABLE_PATH = Path(__file__).with_name("gemv_table.json")
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -222,6 +228,8 @@ def pick(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     n, k = weight.shape
     if mode == "force":
         return default_config(n, k, x.device)
+    if m > int(os.environ.get("LAZYATTN_GEMV_MAX_M", DISPATCH_MAX_ROWS)):
+        return None
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     key = (_device_name(index), str(x.dtype).removeprefix("torch."), n, k)
     rows = _load_table(os.environ.get("LAZYATTN_GEMV_TABLE", str(TABLE_PATH))).get(key, [])

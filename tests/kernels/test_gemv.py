@@ -106,7 +106,6 @@ def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
                                                                                    None),
                table_entry("GPU X", torch.bfloat16, 96, 64, 8, cfg)]
     path = tmp_path / "table.json"
-    path.write_text(json.dumps({"entries": entries}))
     monkeypatch.setenv("LAZYATTN_GEMV_TABLE", str(path))
     monkeypatch.setattr(gemv_module, "_device_name", lambda index: "GPU X")
 
@@ -121,8 +120,12 @@ def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
         def numel(self) -> int:
             return self.shape[0] * 64
 
+    entries.append(table_entry("GPU X", torch.bfloat16, 96, 64, 16, cfg))
+    path.write_text(json.dumps({"entries": entries}))
     w = torch.empty(96, 64, dtype=torch.bfloat16)
-    assert [pick(FakeCuda(m), w) for m in (1, 2, 4, 5, 8, 9)] == [cfg, None, None, cfg, cfg, None]
+    assert [pick(FakeCuda(m), w) for m in (1, 2, 4, 5, 8, 9, 16, 17)] == [cfg, None, None, cfg, cfg, None, None, None]
+    monkeypatch.setenv("LAZYATTN_GEMV_MAX_M", "64")  # past the engine's default cap of 8 rows
+    assert [pick(FakeCuda(m), w) for m in (9, 16, 17)] == [cfg, cfg, None]
     assert pick(FakeCuda(1), torch.empty(97, 64, dtype=torch.bfloat16)) is None  # shape not measured
     monkeypatch.setenv("LAZYATTN_GEMV", "0")
     assert pick(FakeCuda(1), w) is None
