@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -117,7 +116,7 @@ def check(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
     return ((ours.double() - ref).norm() / ref.norm()).item()
 
 
-def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, tune: bool, margin: float, sms: int,
+def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: float, sms: int,
                 bandwidth: float, log) -> tuple[list[dict], list[dict]]:
     elt = torch.tensor([], dtype=dtype).element_size()
     w_bytes = n * k * elt
@@ -129,8 +128,7 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, tune: boo
     best: dict[int, tuple[float, GemvConfig]] = {}
     for block in (16, 32, 64):
         m = {16: 1, 32: 32, 64: 64}[block]
-        configs = candidates(n, k, block, sms) if tune else []
-        for cfg in configs:
+        for cfg in candidates(n, k, block, sms):
             try:
                 t = graph_time(lambda i, x=xs[m], cfg=cfg: gemv(x, weights[i], config=cfg), copies, calls)
             except Exception as error:  # a config that does not compile or launch is skipped, with the reason
@@ -201,7 +199,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="write OUT.json and OUT.md")
     parser.add_argument("--table", type=Path, help="write the dispatch table here")
-    parser.add_argument("--no-tune", action="store_true", help="time the configs of --from-table only")
     parser.add_argument("--margin", type=float, default=0.97, help="dispatch when ours < margin x F.linear")
     parser.add_argument("--shapes", default=None, help="comma-separated labels to keep, e.g. 8B:o,8B:down")
     args = parser.parse_args()
@@ -225,7 +222,7 @@ def main() -> None:
     rows, entries = [], []
     t0 = time.perf_counter()
     for model, label, n, k in shapes:
-        r, e = sweep_shape(model, label, n, k, device, dtype, not args.no_tune, args.margin, sms, bandwidth, log)
+        r, e = sweep_shape(model, label, n, k, device, dtype, args.margin, sms, bandwidth, log)
         rows += r
         entries += e
         log(f"  [{time.perf_counter() - t0:.0f} s]")
@@ -242,5 +239,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("LAZYATTN_GEMV", "auto")
     main()
