@@ -12,8 +12,9 @@ needed multiplies at M = 1, which is free next to the bytes, and tl.dot operands
 through shared memory with asynchronous copies num_stages deep, which is what keeps enough bytes in flight.
 Accumulation is fp32; fp32 inputs multiply in full fp32 (input_precision="ieee"), never tf32.
 
-Split K, deterministically. Shapes with few rows of W (o, down: N = 4096 gives 32–64 programs for 132 SMs) are
-cut along K so that the grid fills the chip. Each split writes an fp32 partial [BLOCK_M, BLOCK_N]; the last split
+Split K, deterministically. Shapes with few rows of W can be cut along K so that the grid fills the chip (the
+table decides per shape: on the H100 a 64-row block with 6 stages beat every split for the 8B shapes, 70B's down
+took 2 splits). Each split writes an fp32 partial [BLOCK_M, BLOCK_N]; the last split
 of an (M block, N block) to arrive (an arrival counter, as in decode.py) adds the partials in split order 0, 1, …,
 adds the bias and rounds once to the output dtype. The order never depends on which split finished first, so
 every run gives the same bits, and the step stays one launch (cuBLAS's split-K takes two).
@@ -23,9 +24,8 @@ Rounding matches F.linear: fp32 sum of products, plus the bias in fp32, rounded 
 `linear` is what the model calls: it runs this kernel only where a measured table (gemv_table.json, written by
 benchmarks/gemv.py on the GPU named there) says it beats F.linear for that (N, K, M) and dtype, and F.linear
 everywhere else (the CPU, other GPUs, shapes or batch sizes not measured, M above DISPATCH_MAX_ROWS).
-LAZYATTN_GEMV=0 turns it off,
-LAZYATTN_GEMV=force uses it for every CUDA product of at most 64 rows (for tests), LAZYATTN_GEMV_TABLE=path reads
-another table.
+LAZYATTN_GEMV=0 turns it off, LAZYATTN_GEMV=force uses it for every CUDA product of at most 64 rows (for tests),
+LAZYATTN_GEMV_TABLE=path reads another table, LAZYATTN_GEMV_MAX_M=m moves the cap.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from lazyattn.kernels.paged import cdiv
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
 # The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M overrides). Alone, the kernel beats cuBLAS up
 # to M = 32-64 on most shapes; inside the engine (H100, s4C runs) batch 1 gained 0.30 ms of GPU time per step, but
-# the batch-16 and batch-64 decode steps came out 0.3-0.5 ms slower in three on/off pairs, for a reason not yet
-# found: until it is, batches above 8 keep F.linear.
+# the batch-16 decode step came out 0.2-0.5 ms slower in all three on/off pairs (batch 64: 0.7-0.9 ms in two of
+# three), for a reason not yet found: until it is, batches above 8 keep F.linear.
 DISPATCH_MAX_ROWS = 8
 TABLE_PATH = Path(__file__).with_name("gemv_table.json")
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
