@@ -37,7 +37,9 @@ there are two ways, chosen per call:
   entry's run r (the first ROTATED_RUNS runs; runs counted from the entry's first page). A chunk counts the
   runs up to its first page and loads its rows of that copy: the same code path as delta 0, no rotation and
   no barrier in the attention kernel. The copies take ROTATED_RUNS x rows x Hq x D elements; their number is
-  static, so a CUDA graph captures it like any launch. Runs past the last copy fall back to:
+  static, so a CUDA graph captures it like any launch. The engine has the RoPE/KV-write launch write the same
+  copies (cache_ops.rope_write_kv_runs, passed as `rotated_q`), which saves this launch: ~7.6 us per layer
+  on an H100. Runs past the last copy fall back to:
 - Rotated in the kernel, at the start of the chunk: the Q tile is de-rotated by -delta in fp32 with the
   cos/sin rows `tables.cos/sin[delta]`, written to the program's scratch rows and loaded back. The round trip
   is what keeps the tile loop the same code as without deltas: triton keeps a *loaded* Q tile in shared
