@@ -25,12 +25,13 @@ def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def fold(s, runs, relinked=False):
+def fold(s, runs):
     """(raw q, positions, batch, q, q_rot) of every request's final segment, q_rot from the RoPE launch."""
     q_raw = torch.cat([r.final.q for r in s.requests])
     k = torch.cat([r.final.k for r in s.requests])
     v = torch.cat([r.final.v for r in s.requests])
-    positions = torch.cat([torch.arange(r.final.length) + s.context_len(r) for r in s.requests])
+    device = s.k_cache.device
+    positions = torch.cat([torch.arange(r.final.length, device=device) + s.context_len(r) for r in s.requests])
     slots = torch.full_like(positions, -1)  # the final keys are cached already: the pool stays as it is
     _, batch = s.final_prefill()
     q, q_rot = rope_write_kv_runs(q_raw, k, v, positions, slots, s.k_cache, s.v_cache, s.tables, batch, runs)
