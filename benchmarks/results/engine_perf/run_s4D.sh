@@ -2,7 +2,7 @@
 # One device call (H100, helper D, session 4): engine TTFT/decode on branch ttft (after) and on main 4a964bd
 # (./base, before), GPU tests, the kernels' overhead section (after). Results under $OUT, named s4D_*.
 R=$OUT
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $R/s4D_gpu.txt
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $R/s4D_bench.log  # 8 files at most come back
 step() { local name=$1; shift; echo "== $name" >> $R/s4D_bench.log; ( "$@" ) >> $R/s4D_bench.log 2>&1; echo "rc=$?" >> $R/s4D_bench.log; }
 step "after engine" timeout 110 env PYTHONPATH=$PWD python benchmarks/engine.py --sections decode_rag,ttft_rag,launches --out $R/s4D_after
 (PYTHONPATH=$PWD timeout 200 python -m pytest -q -m gpu -s -p no:cacheprovider tests/kernels/test_prefill.py \
