@@ -2,9 +2,9 @@
 of decode and small prefill steps on CUDA, NCCL (the process group's own all-reduce) for everything else
 (docs/design.md, "Tensor parallelism").
 
-Why: on two H200s (NVLink, multicast off), one all-reduce of bf16 [1 … 64, 4096] rows captured in a CUDA graph
-takes 20-22 µs through NCCL and 6-9 µs through the kernels of `torch.ops.symm_mem` (each rank reads its peers'
-buffers directly over NVLink; 40-50 µs and 8-11 µs eagerly). An 8B decode step has 65 all-reduces (two per layer and
+Why: on two H200s (NVLink, multicast off), one all-reduce of bf16 [1 … 16, 4096] rows captured in a CUDA graph
+takes 15-22 µs through NCCL and 6-8 µs through the kernels of `torch.ops.symm_mem` (each rank reads its peers'
+buffers directly over NVLink; ~38 µs and ~26 µs eagerly). An 8B decode step has 65 all-reduces (two per layer and
 the embedding's), a 70B one 161: ~1.3 ms of a 4.75 ms step at 8B through NCCL. Large messages (long prefill chunks)
 stay on NCCL, whose ring reduction moves less data per rank.
 
@@ -32,9 +32,11 @@ logger = logging.getLogger("lazyattn.parallel")
 
 SETTING_ENV = "LAZYATTN_TP_ALLREDUCE"
 SETTINGS = ("auto", "nccl", "symm_mem")
-# One-shot: each rank reads every peer's whole message (the fewest steps; the cheapest below this size). Two-shot
-# (reduce a 1/N share, then gather the shares) above it, up to the buffer; NCCL beyond.
-ONE_SHOT_MAX_BYTES = 512 * 1024
+# One-shot: each rank reads every peer's whole message (the fewest steps; the cheapest up to 1 MiB on two H200s:
+# 6.3 / 10.7 / 14.6 µs at 8 KiB / 512 KiB / 1 MiB in a graph, two-shot 9.9 / 12.9 / 15.3, NCCL 15.4 / 17.3 / 21.7).
+# Two-shot (reduce a 1/N share, then gather the shares) above it, up to the buffer (2 MiB: 19.1 µs vs one-shot
+# 21.4, NCCL 32.6; 4 MiB: 26.4 vs 35.0, NCCL 39.7); NCCL beyond. benchmarks/results/tensor_parallel/s4_*.
+ONE_SHOT_MAX_BYTES = 2**20
 BUFFER_BYTES = 8 * 2**20  # 70B shapes: 512 rows of 8192 bf16 values
 ALIGNMENT = 16  # the kernels' vector width: messages are whole multiples of it
 

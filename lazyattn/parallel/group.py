@@ -98,6 +98,13 @@ def join(init_method: str, rank: int, size: int, device: torch.device) -> Tensor
 
 
 def leave() -> None:
+    """Leave the group. NCCL: abort the communicators first (nothing is in flight when an engine stops): a plain
+    destroy flushes and waits for every rank, and was seen to hang at the end of two-GPU runs whose graphs had
+    captured NCCL collectives, with both ranks leaving at once."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()  # also forgets the group
     if dist.is_initialized():
         dist.destroy_process_group()
 

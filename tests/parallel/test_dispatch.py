@@ -19,16 +19,16 @@ BF16 = 2
 
 @pytest.mark.parametrize(("rows", "hidden", "expected"), [
     (1, 4096, "one_shot"),  # an 8B decode row: 8 KiB
-    (64, 4096, "one_shot"),  # 512 KiB: the one-shot limit itself
     (16, 8192, "one_shot"),  # a 70B batch-16 decode step
-    (65, 4096, "two_shot"),  # just past it
+    (128, 4096, "one_shot"),  # 1 MiB, the one-shot limit: the largest 8B prefill bucket
+    (129, 4096, "two_shot"),  # just past it
     (128, 8192, "two_shot"),  # the largest prefill bucket at 70B: 2 MiB
     (512, 8192, "two_shot"),  # 8 MiB: the buffer, exactly
     (513, 8192, "nccl"),  # a long prefill chunk: past the buffer
     (8192, 4096, "nccl"),
 ])
 def test_small_messages_take_symmetric_memory_large_ones_nccl(rows, hidden, expected):
-    assert ONE_SHOT_MAX_BYTES == 512 * 1024 and BUFFER_BYTES == 8 * 2**20  # the sizes the table above assumes
+    assert ONE_SHOT_MAX_BYTES == 2**20 and BUFFER_BYTES == 8 * 2**20  # the sizes the table above assumes
     assert route(rows * hidden * BF16, torch.bfloat16, symmetric=True) == expected
     assert route(rows * hidden * BF16, torch.bfloat16, symmetric=False) == "nccl"  # gloo, or none here
 
