@@ -72,6 +72,8 @@ class DecodeGraphs:
             static.copy_(staged, non_blocking=True)
         self.static[2][:b].copy_(self.staging[2][:b], non_blocking=True)
         self.copied.record()
+        if step.fed_back is not None:  # after the ids' copy, which staged placeholders in those rows
+            step.fed_back.write(self.static[0][:b])
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]

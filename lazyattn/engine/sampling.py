@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -122,8 +123,31 @@ def _float(name: str, value: object, low: float, high: float | None = None) -> N
 class SampleResult:
     token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] fp32, log p(chosen token) under the raw logits
-    # Per row: (token id, logprob) best first, params.logprobs of them; None for rows that did not ask.
-    top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # The top k logprobs of every row ([B, k], best first; k the most any row asked for) and how many each row
+    # asked for (None: none). Kept as tensors so that sampling never waits for the device (engine/overlap.py).
+    top_values: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_counts: list[int | None] = field(default_factory=list)
+
+    @cached_property
+    def top_logprobs(self) -> list[list[tuple[int, float]] | None] | None:
+        """Per row: (token id, logprob) best first, as many as the row asked for; None for rows that did not ask."""
+        if self.top_values is None:
+            return None
+        values, ids = self.top_values.tolist(), self.top_ids.tolist()
+        return [None if k is None else list(zip(ids[row][:k], values[row][:k]))
+                for row, k in enumerate(self.top_counts)]
+
+    def to_host(self) -> SampleResult:
+        """The same result in host memory, its copies queued behind the sampling (pinned memory on CUDA: they do
+        not block the host); read it once the device has passed them (an event recorded after this call)."""
+        def host(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or t.device.type == "cpu":
+                return t
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+        return SampleResult(host(self.token_ids), host(self.logprobs), host(self.top_values), host(self.top_ids),
+                            self.top_counts)
 
 
 class Sampler:
@@ -158,7 +182,11 @@ class Sampler:
             token_ids[rows] = self._draw(probs, [generators[i] for i in random_rows])
 
         chosen = logprobs_all.gather(1, token_ids[:, None]).squeeze(1)
-        return SampleResult(token_ids, chosen, self._top_logprobs(logprobs_all, params))
+        if all(p.logprobs is None for p in params):
+            return SampleResult(token_ids, chosen)
+        k = min(max(p.logprobs or 0 for p in params), vocab)
+        values, ids = logprobs_all.topk(k, dim=-1)
+        return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params])
 
     @staticmethod
     def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -204,16 +232,3 @@ class Sampler:
                 noise[i].exponential_(generator=g)
         # Exp(1) can return exactly 0; keep the ratio finite (0/0 would be NaN and poison argmax).
         return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
-
-    @staticmethod
-    def _top_logprobs(logprobs_all: torch.Tensor, params: Sequence[SamplingParams]
-                      ) -> list[list[tuple[int, float]] | None] | None:
-        if all(p.logprobs is None for p in params):
-            return None
-        k = min(max(p.logprobs or 0 for p in params), logprobs_all.shape[-1])
-        values, ids = logprobs_all.topk(k, dim=-1)
-        values, ids = values.tolist(), ids.tolist()
-        return [
-            None if p.logprobs is None else list(zip(ids[row][: p.logprobs], values[row][: p.logprobs]))
-            for row, p in enumerate(params)
-        ]
