@@ -190,6 +190,11 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def step_in_flight(self) -> bool:
+        """A launched step waits on the device for the next `step` to read it (overlapped scheduling)."""
+        return self._in_flight is not None
+
     # -- one step ---------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
