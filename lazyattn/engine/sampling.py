@@ -150,6 +150,13 @@ class SampleResult:
                             self.top_counts)
 
 
+def _on(device: torch.device, values: list) -> torch.Tensor:
+    """A small tensor of per-row values on the device, without waiting for it: through pinned memory on CUDA (a
+    copy from pageable memory would wait for the step queued before it, undoing overlapped scheduling)."""
+    t = torch.tensor(values)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 class Sampler:
     """Picks the next token of every row of a batch of logits, each row under its own SamplingParams."""
 
@@ -172,12 +179,12 @@ class Sampler:
             logits = logits.clone()
             for row, ids in enumerate(suppress_token_ids):
                 if ids:
-                    logits[row, list(ids)] = float("-inf")
+                    logits[row, _on(logits.device, list(ids))] = float("-inf")
 
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
+            rows = _on(logits.device, random_rows)
             probs = self._truncated_probs(logits[rows], [params[i] for i in random_rows])
             token_ids[rows] = self._draw(probs, [generators[i] for i in random_rows])
 
@@ -192,7 +199,7 @@ class Sampler:
     def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
         """Softmax(logits / T) with top-k, then top-p (on what top-k kept), then min-p applied; zero elsewhere."""
         device, vocab = logits.device, logits.shape[-1]
-        temperature = torch.tensor([p.temperature for p in params], device=device)
+        temperature = _on(device, [p.temperature for p in params])
         logits = logits / temperature[:, None]
         # Clamped as well as validated: an id tensor cannot hold an arbitrary Python int, and a k beyond the
         # vocabulary keeps every token anyway.
@@ -202,10 +209,10 @@ class Sampler:
             # One descending sort serves both truncations: top-k is a rank cut, top-p a cumulative-mass cut.
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             ranks = torch.arange(vocab, device=device)
-            k = torch.tensor(top_k, device=device)
+            k = _on(device, top_k)
             sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
             sorted_probs = sorted_logits.softmax(dim=-1)
-            top_p = torch.tensor([p.top_p for p in params], device=device)
+            top_p = _on(device, [p.top_p for p in params])
             # Keep a token while the mass strictly before it is < top_p: the smallest set reaching top_p,
             # and always the top token. Rows with top_p = 1 keep all (guards cumsum rounding above 1).
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -214,7 +221,7 @@ class Sampler:
             logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
         probs = logits.softmax(dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=device)
+            min_p = _on(device, [p.min_p for p in params])
             floor = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
             probs = probs.masked_fill(probs < floor, 0.0)
         return probs
@@ -226,7 +233,8 @@ class Sampler:
         noise = torch.empty_like(probs)
         shared = [i for i, g in enumerate(generators) if g is None]
         if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[-1], device=probs.device).exponential_()
+            draw = torch.empty(len(shared), probs.shape[-1], device=probs.device).exponential_()
+            noise[_on(probs.device, shared)] = draw
         for i, g in enumerate(generators):
             if g is not None:
                 noise[i].exponential_(generator=g)
