@@ -166,8 +166,8 @@ def test_aborting_everything_retires_the_step_in_flight():
 def test_a_tight_pool_preempts_and_keeps_the_tokens(mode):
     page_bytes = engine(False, mode).stats().page_bytes
     tight = dict(kv_cache_gb=16 * page_bytes / 2**30, max_num_batched_tokens=40)
-    script = {0: [("add", name + "1", greedy(40)) for name in "abc"], 2: [("add", "d1", greedy(40))],
-              4: [("add", "e1", greedy(40))]}
+    script = {0: [("add", name + "1", greedy(32)) for name in "abc"], 2: [("add", "d1", greedy(32))],
+              4: [("add", "e1", greedy(32))]}
     expected, got, sync, over = both(script, mode, **tight)
     assert got == expected
     assert sync.stats().preemptions > 0 and over.stats().preemptions > 0
