@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 
-from lazyattn.kernels.cache_ops import copy_rotate  # noqa: E402
+from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
+from lazyattn.kernels.prefill import rotated_runs_for  # noqa: E402
 from lazyattn.kernels.reference import copy_rotate as torch_copy_rotate  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables, rotate  # noqa: E402
 
@@ -322,8 +323,10 @@ def section_overhead(b: Bench) -> list[dict]:
 
     def measure(decode: bool, inputs: list[tuple]) -> dict:
         fn = attention(decode)
-        calls = {flag: cycle([lambda i=i, f=flag: fn(*i, b.tables, b.scale, apply_delta=f) for i in inputs])
-                 for flag in (True, False)}
+        return alternate({flag: cycle([lambda i=i, f=flag: fn(*i, b.tables, b.scale, apply_delta=f) for i in inputs])
+                          for flag in (True, False)})
+
+    def alternate(calls: dict) -> dict:
         times = {True: [], False: []}
         for _ in range(s.overhead_rounds):
             for flag in (True, False):
@@ -335,8 +338,37 @@ def section_overhead(b: Bench) -> list[dict]:
         inputs, _ = rag_case(b, s.overhead_rag_batch, False)
         return {**measure(False, inputs), "deltas": "document starts"}
 
+    def rag_engine(batch: int) -> dict:
+        """As the engine runs a layer: the RoPE/KV-write launch, then attention. With deltas the RoPE launch
+        also writes Q rotated per run (rope_write_kv_runs) and attention reads those copies; without, the plain
+        RoPE launch and attention with the rotation compiled out."""
+        inputs, _ = rag_case(b, batch, False)
+        fn = attention(False)
+
+        def layer(q, k_cache, v_cache, pb, deltas):
+            t = q.shape[0]
+            kv = torch.randn(t, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+            pos = (pb.q_start.repeat_interleave(s.question) + torch.arange(s.question, device=b.device).repeat(
+                pb.batch_size)).long()
+            slots = torch.full((t,), -1, dtype=torch.int64, device=b.device)  # keys cached: nothing stored
+            args = (q, kv[:, 0], kv[:, 1], pos, slots, k_cache, v_cache, b.tables)
+            if deltas:
+                def call():
+                    rq, q_rot = rope_write_kv_runs(*args, pb, rotated_runs_for(t))
+                    return fn(rq, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=q_rot)
+            else:
+                def call():
+                    return fn(rope_write_kv(*args), k_cache, v_cache, pb, b.tables, b.scale, apply_delta=False)
+            return call
+
+        return {**alternate({flag: cycle([layer(*i, flag) for i in inputs]) for flag in (True, False)}),
+                "deltas": "document starts, RoPE launch included"}
+
     label = f"RAG bs {s.overhead_rag_batch}: {s.n_docs}x{s.doc_len} cached + {s.question}"
     run_case(rows, {"case": f"prefill {label}"}, rag)
+    for batch in sorted({1, s.overhead_rag_batch}):
+        run_case(rows, {"case": f"RoPE launch + prefill, RAG bs {batch} (engine path)"},
+                 lambda batch=batch: rag_engine(batch))
     run_case(rows, {"case": f"prefill {s.overhead_causal} causal"},
              lambda: {**measure(False, [causal_case(b, s.overhead_causal, True, gen)[0]]),
                       "deltas": f"random, one per {s.doc_len} tokens"})

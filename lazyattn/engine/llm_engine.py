@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import struct
 import time
 from dataclasses import dataclass
 
@@ -150,14 +151,20 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         relink_tokens = self.relink_tokens(relink_tokens) if params is not None else 0
-        self._validate(prompt, params, relink_tokens)
+        keys = self._segment_keys(prompt, cache_salt)
+        # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
+        # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
+        cached = [self.cache.contains(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
+        self._validate(prompt, params, relink_tokens, cached)
+        if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
+            raise InvalidRequestError("a document holds a value that is not an integer token id", "documents")
         limit = self.config.max_waiting
         samples = params.n if params is not None else 1
         if limit is not None and self.scheduler.num_waiting + samples > limit:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); "
                                  "retry later")
         seqs = [Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments], list(prompt.final),
-                         params, salt=cache_salt, relink_tokens=relink_tokens)
+                         params, salt=cache_salt, segment_keys=keys, relink_tokens=relink_tokens)
                 for i in range(params.n if params is not None else 1)]
         for seq in seqs:
             if arrival is not None:
@@ -422,7 +429,18 @@ class LLMEngine:
                 hi = mid - 1
         return max(lo, 0)
 
-    def _validate(self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int = 0) -> None:
+    def _segment_keys(self, prompt: RenderedPrompt, salt: str | None) -> list[str] | None:
+        """The segments' document-cache keys (lazy/block), computed once per request: the scheduler takes them
+        from the sequences. None in modes that do not cache documents, or for an id that is no int64."""
+        if not self.mode.caches_documents:
+            return None
+        try:
+            return [self.keyer(s, salt, None) for s in prompt.segments]
+        except (struct.error, OverflowError, TypeError):
+            return None  # _validate names an out-of-range id; add_request refuses anything else
+
+    def _validate(self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int,
+                  cached: list[bool]) -> None:
         vocab = self.model_config.vocab_size
         if params is None:
             if prompt.final or not prompt.segments:
@@ -437,7 +455,8 @@ class LLMEngine:
         for i, seg in enumerate(prompt.segments):
             if not seg:
                 raise InvalidRequestError(f"segment {i} (a document or the system prompt) is empty", "documents")
-        for name, ids in [("prompt", prompt.final)] + [("documents", s) for s in prompt.segments]:
+        unchecked = [s for s, hit in zip(prompt.segments, cached) if not hit]  # cached: checked when encoded
+        for name, ids in [("prompt", prompt.final)] + [("documents", s) for s in unchecked]:
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", name)

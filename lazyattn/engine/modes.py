@@ -65,7 +65,7 @@ class _DocumentMode(Mode):
     caches_documents = True
 
     def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        scheduler.acquire_documents(seq.segments, seq.salt, acquired)
+        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,

@@ -194,12 +194,14 @@ class Scheduler:
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
-    def acquire_documents(self, segments: list[list[int]], salt: str | None, acquired: list[Part]) -> None:
+    def acquire_documents(self, segments: list[list[int]], salt: str | None, acquired: list[Part],
+                          keys: list[str] | None = None) -> None:
         """Acquire each segment as a cached document at its logical start, queueing an encode job for each one
-        the cache does not hold yet (one job however many sequences wait on it)."""
+        the cache does not hold yet (one job however many sequences wait on it). `keys`: the segments' keys if
+        already computed (LLMEngine.add_request)."""
         start = 0
-        for tokens in segments:
-            key = self.keyer(tokens, salt, None)
+        for i, tokens in enumerate(segments):
+            key = keys[i] if keys is not None else self.keyer(tokens, salt, None)
             segment, is_new = self.cache.acquire(key, len(tokens))
             acquired.append(Part(segment, start, len(tokens), hit=not is_new))
             if is_new:

@@ -99,6 +99,7 @@ class Sequence:
     prompt: list[int]  # final segment's prompt (prefix/full: the whole prompt after the segments)
     params: SamplingParams | None  # None: a prefill-only request (documents encoded ahead, nothing sampled)
     salt: str | None = None
+    segment_keys: list[str] | None = None  # the segments' cache keys (lazy/block), computed once at add_request
     relink_tokens: int = 0  # lazy mode: recompute the first k rows of each placed document (docs/design.md)
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)

@@ -3,6 +3,9 @@
 - `rope_write_kv`: the per-layer step before attention. Rotates q and k at their own positions (R_p times
   the magnitude factor, rope.apply_rope), stores rotated k and raw v at their cache slots, returns rotated q.
   One launch instead of three (rope q, rope k, scatter): every byte is read once and written once.
+  `rope_write_kv_runs` also writes the copies of q that short prefill calls take rotated up front, one per
+  run of equal delta (kernels/prefill.py, "Where delta is applied"): the same copies as prefill's
+  _rotate_runs_kernel, bit for bit (the same rounded q, the same fp32 expression), without its launch.
 - `copy_rotate`: Block-Attention's private copy for `block` mode (docs/design.md): K[dst] = R_delta K[src],
   V[dst] = V[src] for every layer in one launch. It is the baseline lazy mode is measured against, so it
   is built to run at copy bandwidth: one program per (page, row block, layer), 16-byte loads along D.
@@ -20,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.paged import cdiv
+from lazyattn.kernels.paged import PagedBatch, cdiv
+from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _run_deltas
 from lazyattn.kernels.rope import RopeTables
 
 
@@ -81,17 +85,50 @@ def _rope_heads(
     ra = (ra * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
     rb = (rb * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
     _store_pairs(dst + h.to(tl.int64) * d_h, d_d, h < n_heads, ra, rb, BLOCK_HALF, HALF, INTERLEAVED)
+    return ra, rb
 
 
 @triton.jit
+def _write_run_copies(a, b, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
+                      total_q, s_table, s_tab, max_position,
+                      HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                      BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, RUNS: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
+    """q_rot[r, t] = the rotated q pairs (a, b) of token t rotated by -delta of run r of its entry, for the
+    runs of nonzero delta among its first RUNS (prefill._rotate_runs_kernel's copies, same expression as
+    prefill._derotated_q: a' = a c + b s, b' = b c - a s)."""
+    entry = _entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
+    deltas_row = deltas_ptr + entry.to(tl.int64) * s_table
+    run_deltas = _run_deltas(deltas_row, tl.load(num_pages_ptr + entry), BLOCK_R, BLOCK_P)
+    a = a.to(tl.float32)
+    b = b.to(tl.float32)
+    h = tl.arange(0, BLOCK_HQ)[:, None]
+    j = tl.arange(0, BLOCK_HALF)
+    for r in tl.static_range(RUNS):
+        delta = _pick(run_deltas, r, BLOCK_R)
+        if delta != 0:
+            # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+            row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
+            cos = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
+            sin = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
+            ra = a * cos + b * sin
+            rb = b * cos + a * -sin
+            dst = q_rot_ptr + ((r * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
+            ty = q_rot_ptr.dtype.element_ty
+            _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
+
+
+@triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _rope_write_kv_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, pos_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
     sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, so_t, so_h,
     skc_p, skc_s, skc_h, skc_d, svc_p, svc_s, svc_h, svc_d,
     s_tab, mscale, page_size,
+    cu_ptr, deltas_ptr, num_pages_ptr, q_rot_ptr, batch_size, total_q, s_table, max_position,
     HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
+    INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     # One program per token: all its q, k and v heads (a few KiB) in one pass.
     t = tl.program_id(0).to(tl.int64)
@@ -100,8 +137,12 @@ def _rope_write_kv_kernel(
     cos = tl.load(cos_ptr + pos * s_tab + j, mask=j < HALF, other=1.0)
     sin = tl.load(sin_ptr + pos * s_tab + j, mask=j < HALF, other=0.0)
 
-    _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
-                HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
+    qa, qb = _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
+                         HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
+    if RUNS > 0:  # rope_write_kv_runs: the per-run copies, from the q just rounded (what prefill would load)
+        _write_run_copies(qa, qb, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
+                          total_q, s_table, s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF,
+                          INTERLEAVED, RUNS, BLOCK_R, BLOCK_B, BLOCK_P)
 
     slot = tl.load(slot_ptr + t).to(tl.int64)
     store = slot >= 0
@@ -144,6 +185,34 @@ def rope_write_kv(
     stored. Positions must lie in [0, tables.max_position): the engine checks lengths at admission, so no
     host sync is spent on it here. The returned q is a new contiguous tensor of q's dtype.
     """
+    return _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables, None, 0)[0]
+
+
+def rope_write_kv_runs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: RopeTables,
+    batch: PagedBatch,
+    runs: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_write_kv, plus the copies of q rotated per run that prefill_attention takes as `rotated_q`.
+
+    Returns (q, q_rot): q_rot [runs, T, Hq, D] holds in copy r each row of rotated q rotated again by -delta
+    of run r of its entry in `batch` (the attention launch's PagedBatch, whose packing q follows); copies of
+    delta-0 runs and of runs an entry does not have are left unwritten (prefill reads q there).
+    """
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    return _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables, batch, runs)
+
+
+def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTables, batch: PagedBatch | None,
+            runs: int) -> tuple[torch.Tensor, torch.Tensor]:
     t, hq, dim = q.shape
     hkv = k.shape[1]
     if k.shape != (t, hkv, dim) or v.shape != k.shape:
@@ -155,22 +224,32 @@ def rope_write_kv(
     if tables.cos.shape[1] * 2 != dim:
         raise ValueError(f"RoPE tables are for head_dim {tables.cos.shape[1] * 2}, q has {dim}")
     q_out = torch.empty((t, hq, dim), dtype=q.dtype, device=q.device)
+    q_rot = torch.empty((runs, t, hq, dim), dtype=q.dtype, device=q.device) if runs else q_out
     if t == 0:
-        return q_out
+        return q_out, q_rot
     positions, slot_mapping = positions.contiguous(), slot_mapping.contiguous()  # indexed as flat arrays
+    if batch is None:  # placeholders, compiled out with RUNS=0
+        cu, deltas, num_pages, batch_size, s_table = positions, positions, positions, 0, 0
+    else:
+        if batch.deltas.stride(1) != 1:
+            raise ValueError("PagedBatch deltas must be contiguous along pages")
+        cu, deltas, num_pages = batch.cu_seqlens_q, batch.deltas, batch.num_pages
+        batch_size, s_table = batch.batch_size, batch.deltas.stride(0)
     half = dim // 2
     _rope_write_kv_kernel[(t,)](
         q, k, v, q_out, positions, slot_mapping, k_cache, v_cache, tables.cos, tables.sin,
         *q.stride(), *k.stride(), *v.stride(), q_out.stride(0), q_out.stride(1),
         *k_cache.stride(), *v_cache.stride(),
         tables.cos.stride(0), float(tables.mscale), k_cache.shape[1],
+        cu, deltas, num_pages, q_rot, batch_size, t, s_table, tables.cos.shape[0],
         HQ=hq, HKV=hkv, HEAD_DIM=dim, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        INTERLEAVED=tables.interleaved,
+        INTERLEAVED=tables.interleaved, RUNS=runs, BLOCK_R=triton.next_power_of_2(max(runs, 1)),
+        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
         num_warps=4,
     )
-    return q_out
+    return q_out, q_rot
 
 
 @triton.jit

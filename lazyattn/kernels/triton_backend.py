@@ -2,7 +2,9 @@
 
 Per layer and forward: one `rope_write_kv` launch (rotate q and k, store k and v), then one attention
 launch over the layer's views of the pool, decode or prefill by the batch's shape. The per-page deltas
-travel in the PagedBatch; the attention kernels apply them on the fly.
+travel in the PagedBatch; the attention kernels apply them on the fly. Short prefill calls, which take Q
+rotated per run of equal delta up front (kernels/prefill.py), get those copies from the same RoPE launch
+(`rope_write_kv_runs`), not from a launch of their own.
 
 The backend owns the launch state that outlives a launch: decode's arrival counters (decode.ArrivalCounters),
 which CUDA graphs captured through this backend keep pointing at. Split-KV partials are per-launch scratch.
@@ -13,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
-from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv
+from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
-from lazyattn.kernels.prefill import prefill_attention
+from lazyattn.kernels.prefill import prefill_attention, rotated_runs_for
 from lazyattn.kernels.rope import RopeTables
 
 
@@ -28,6 +30,11 @@ class TritonBackend(AttentionBackend):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+        runs = 0 if fb.is_decode else rotated_runs_for(q.shape[0])
+        if runs:
+            q, q_rot = rope_write_kv_runs(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables,
+                                          fb.attn, runs)
+            return prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, rotated_q=q_rot)
         q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
         if fb.is_decode:
             return decode_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, counters=self.counters)

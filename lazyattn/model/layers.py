@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from lazyattn.kernels import fused
+from lazyattn.kernels import fused, gemv
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
 
@@ -21,6 +21,13 @@ def _fusable(x: torch.Tensor) -> bool:
     """The fused Triton kernels (kernels/fused.py) take CUDA rows with a unit last stride; anything else (the CPU,
     Qwen3's per-head q/k norm) runs their PyTorch definitions, which they match."""
     return x.is_cuda and x.dim() == 2 and x.stride(1) == 1
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose product takes the skinny decode kernel where it was measured faster (kernels/gemv.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gemv.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -52,8 +59,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.tp = tp
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -72,8 +79,8 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
         # Qwen3 normalises each head of q and k before RoPE (the backend rotates afterwards).
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None

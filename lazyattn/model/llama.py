@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lazyattn.errors import CheckpointError
+from lazyattn.kernels import gemv
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.layers import DecoderLayer, RMSNorm
@@ -56,7 +57,7 @@ class CausalLM(nn.Module):
         The matmul runs in the model dtype, like Hugging Face; only the result is widened for sampling.
         """
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden, weight)
+        logits = gemv.linear(hidden, weight)
         if self.tp is not None:
             logits = self.tp.gather_vocab(logits, self.full_vocab_size)
         return logits.float()

@@ -1,0 +1,253 @@
+"""Skinny matrix product for decode: y = x · Wᵀ (+ bias) with few rows in x, W [N, K] row-major.
+
+At batch 1 … 64 a decode step's linears read every weight once and do almost no arithmetic per byte, so their time
+is the weight bytes over memory bandwidth. cuBLAS picks kernels made for larger products: on an H100 at 8B shapes
+they reach 2.4–2.86 TB/s of the ~3 TB/s a copy reaches, and for the K-heavy shapes (down, o) it splits K and adds a
+second reduce launch (docs/benchmarks.md). This kernel is built for the skinny case only.
+
+Work split. Grid = (N blocks, K splits, M blocks). A program owns BLOCK_N rows of W and one contiguous range of K,
+and walks it in [BLOCK_N, BLOCK_K] tiles read once, K-contiguous (W's own layout, 16-byte loads). The product is
+a tl.dot of the W tile with the transposed x tile, x padded to BLOCK_M >= 16 rows: the tensor cores do 16x the
+needed multiplies at M = 1, which is free next to the bytes, and tl.dot operands let Triton stage the W tiles
+through shared memory with asynchronous copies num_stages deep, which is what keeps enough bytes in flight.
+Accumulation is fp32; fp32 inputs multiply in full fp32 (input_precision="ieee"), never tf32.
+
+Split K, deterministically. Shapes with few rows of W can be cut along K so that the grid fills the chip (the
+table decides per shape: on the H100 a 64-row block with 6 stages beat every split for the 8B shapes, 70B's down
+took 2 splits). Each split writes an fp32 partial [BLOCK_M, BLOCK_N]; the last split
+of an (M block, N block) to arrive (an arrival counter, as in decode.py) adds the partials in split order 0, 1, …,
+adds the bias and rounds once to the output dtype. The order never depends on which split finished first, so
+every run gives the same bits, and the step stays one launch (cuBLAS's split-K takes two).
+
+Rounding matches F.linear: fp32 sum of products, plus the bias in fp32, rounded once.
+
+`linear` is what the model calls: it runs this kernel only where a measured table (gemv_table.json, written by
+benchmarks/gemv.py on the GPU named there) says it beats F.linear for that (N, K, M) and dtype, and F.linear
+everywhere else (the CPU, other GPUs, shapes or batch sizes not measured, M above DISPATCH_MAX_ROWS).
+LAZYATTN_GEMV=0 turns it off, LAZYATTN_GEMV=force uses it for every CUDA product of at most 64 rows (for tests),
+LAZYATTN_GEMV_TABLE=path reads another table, LAZYATTN_GEMV_MAX_M=m moves the cap.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from lazyattn.kernels.decode import ArrivalCounters
+from lazyattn.kernels.launch import interpreting, sm_count
+from lazyattn.kernels.paged import cdiv
+
+MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
+# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M overrides). Alone, the kernel beats cuBLAS up
+# to M = 32-64 on most shapes; inside the engine (H100, s4C runs) batch 1 gained 0.30 ms of GPU time per step, but
+# the batch-16 decode step came out 0.2-0.5 ms slower in all three on/off pairs (batch 64: 0.7-0.9 ms in two of
+# three), for a reason not yet found: until it is, batches above 8 keep F.linear.
+DISPATCH_MAX_ROWS = 8
+TABLE_PATH = Path(__file__).with_name("gemv_table.json")
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+# Counters outlive every launch and every captured graph that used them (see ArrivalCounters).
+_COUNTERS = ArrivalCounters()
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int  # K ranges per row block (1: no partials)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
+    """A config for shapes the table does not list: 64-row blocks, K split until the grid has about two programs
+    per SM, each split at least 512 columns long (a pipeline of several tiles)."""
+    block_n, block_k = 64, 128
+    sms = sm_count(device) if device.type == "cuda" else 4
+    split = max(1, min(2 * sms // max(1, cdiv(n, block_n)), k // 512))
+    return GemvConfig(block_n=block_n, block_k=block_k, split_k=split)
+
+
+@triton.jit(do_not_specialize=["M"])  # one compile for every batch size of a block (M = 1 included)
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
+                 M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows past N and M read row 0 / are masked: W loads need no row mask, only the stores do.
+    rn_load = tl.where(rn < N, rn, 0)
+    m_ok = rm < M
+    k_start = split * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    w_ptrs = w_ptr + rn_load[:, None].to(tl.int64) * stride_wn + (k_start + rk)[None, :]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_start + rk)[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = (k + rk) < k_end
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+
+    out_mask = (rn < N)[:, None] & m_ok[None, :]
+    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
+    if not SPLIT:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        num_splits = tl.num_programs(1)
+        # Partials [splits, M_pad, N] fp32 (M padded to whole blocks, so no mask on M is needed here).
+        m_pad = tl.num_programs(2) * BLOCK_M
+        part_rows = part_ptr + (rm[None, :].to(tl.int64) * N + rn[:, None])
+        tl.store(part_rows + split.to(tl.int64) * m_pad * N, acc, mask=(rn < N)[:, None])
+        # The barrier puts every thread's stores before the counter's release; the last split merges in split
+        # order (loads bypass L1, .cg: other programs wrote them) and resets the counter for the next launch.
+        tl.debug_barrier()
+        counter = counters_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(0, num_splits):
+                total += tl.load(part_rows + s * m_pad * N, mask=(rn < N)[:, None], other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(counter, 0)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """x [..., K] · weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, like F.linear.
+
+    weight must be row-major (unit stride along K); x is made contiguous along K when it is not. Allocates only
+    its output and, with split K, an fp32 scratch of splits x M x N: both come from the caching allocator, so the
+    launch can be captured in a CUDA graph.
+    """
+    if weight.dim() != 2 or weight.stride(1) != 1:
+        raise ValueError(f"gemv needs a 2-D weight with unit stride along K, got shape {tuple(weight.shape)} "
+                         f"strides {weight.stride()}")
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"gemv: x has {x.shape[-1]} columns, weight has {k}")
+    if x.dtype != weight.dtype or (bias is not None and bias.shape != (n,)):
+        raise ValueError(f"gemv: x {x.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.shape}: "
+                         f"x and weight need one dtype and bias the shape ({n},)")
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y.reshape(*lead, n)
+    if k == 0:
+        y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
+        return y.reshape(*lead, n)
+    config = config or default_config(n, k, x.device)
+    block_m = max(16, triton.next_power_of_2(min(m, MAX_ROWS)))
+    m_blocks = cdiv(m, block_m)
+    n_blocks = cdiv(n, config.block_n)
+    # Whole tiles per split; the split count is what remains once each split has its share.
+    k_per_split = cdiv(cdiv(k, config.split_k), config.block_k) * config.block_k
+    splits = cdiv(k, k_per_split)
+    if splits > 1:
+        part = torch.empty(splits, m_blocks * block_m, n, dtype=torch.float32, device=x.device)
+        counters = _COUNTERS.get(x.device, m_blocks * n_blocks)
+    else:
+        part = counters = y  # unused pointers
+    # The interpreter multiplies 16-bit dot operands as their raw bits (triton issue #11584): there they are
+    # widened to fp32, exactly (a product of two 16-bit floats fits in fp32).
+    dot_ty = tl.float32 if interpreting() else _TL_DTYPES[x.dtype]
+    _gemv_kernel[(n_blocks, splits, m_blocks)](
+        rows, weight, bias if bias is not None else y, y, part, counters,
+        m, n, k, rows.stride(0), weight.stride(0), y.stride(0), k_per_split,
+        HAS_BIAS=bias is not None, SPLIT=splits > 1, EVEN_K=k % config.block_k == 0,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_DTYPE=dot_ty,
+        IEEE=x.dtype == torch.float32, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return y.reshape(*lead, n)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dispatch
+
+
+def _mode() -> str:
+    return os.environ.get("LAZYATTN_GEMV", "auto").lower()
+
+
+@functools.lru_cache(maxsize=4)
+def _load_table(path: str) -> dict:
+    """{(device name, dtype name, N, K): [(M, config or None), ...] ascending M}, from the sweep's JSON."""
+    file = Path(path)
+    if not file.exists():
+        return {}
+    table: dict = {}
+    for entry in json.loads(file.read_text())["entries"]:
+        key = (entry["device"], entry["dtype"], entry["n"], entry["k"])
+        table.setdefault(key, []).append(
+            (entry["m"], GemvConfig(**entry["config"]) if entry["config"] is not None else None))
+    return {key: sorted(rows, key=lambda r: r[0]) for key, rows in table.items()}
+
+
+@functools.lru_cache(maxsize=16)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def pick(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
+    """The kernel config for this product, or None where F.linear is faster or nothing was measured.
+
+    The table holds the sweep's M values (1, 2, 4, …): a batch of m rows takes the decision measured at the
+    smallest listed M >= m, the same block of x rows padded the same way."""
+    mode = _mode()
+    m = x.numel() // max(1, x.shape[-1])
+    if mode in ("0", "off") or not x.is_cuda or m > MAX_ROWS or weight.dim() != 2 or weight.stride(1) != 1:
+        return None
+    n, k = weight.shape
+    if mode == "force":
+        return default_config(n, k, x.device)
+    if m > int(os.environ.get("LAZYATTN_GEMV_MAX_M", DISPATCH_MAX_ROWS)):
+        return None
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    key = (_device_name(index), str(x.dtype).removeprefix("torch."), n, k)
+    rows = _load_table(os.environ.get("LAZYATTN_GEMV_TABLE", str(TABLE_PATH))).get(key, [])
+    for measured_m, config in rows:
+        if measured_m >= m:
+            return config
+    return None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, through the skinny kernel where it was measured to be faster (see `pick`)."""
+    config = pick(x, weight)
+    if config is None:
+        return F.linear(x, weight, bias)
+    return gemv(x, weight, bias, config)
+
+
+def table_entry(device: str, dtype: torch.dtype, n: int, k: int, m: int, config: GemvConfig | None) -> dict:
+    """One row of gemv_table.json (benchmarks/gemv.py writes them)."""
+    return {"device": device, "dtype": str(dtype).removeprefix("torch."), "n": n, "k": k, "m": m,
+            "config": None if config is None else asdict(config)}
