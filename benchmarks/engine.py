@@ -25,7 +25,9 @@ What is measured (docs/design.md, Goals; each beside its limit measured in the s
   device ran, and the host's launch calls (a replayed CUDA graph is one call).
 
 Steps are timed on the host around `LLMEngine.step` (which waits for the step's tokens), median over the steps
-of a steady phase. Token ids are random (never zeros); the document cache is warmed before anything is timed.
+of a steady phase. With overlapped scheduling (the default on CUDA; `--no-async-scheduling` turns it off) a call
+queues the next step before it waits for the previous one's tokens, and the time between calls is the step period.
+Token ids are random (never zeros); the document cache is warmed before anything is timed.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Shapes:
     copy_repeats: int = 20
     tensor_parallel_size: int = 1
     cuda_graphs: bool = True
+    async_scheduling: bool | None = None  # None: the engine's default (on CUDA: on)
     sections: tuple[str, ...] | None = None  # None: every section
 
 
@@ -126,7 +129,8 @@ class Bench:
         self.llm = LLM(model=shapes.model, mode="lazy", device=device.type, random_weights=True,
                        kv_cache_gb=shapes.kv_cache_gb, max_model_len=shapes.max_model_len,
                        max_num_seqs=max(shapes.batches), progress=False,
-                       tensor_parallel_size=shapes.tensor_parallel_size, cuda_graphs=shapes.cuda_graphs)
+                       tensor_parallel_size=shapes.tensor_parallel_size, cuda_graphs=shapes.cuda_graphs,
+                       async_scheduling=shapes.async_scheduling)
         self.engine: LLMEngine = self.llm.engine
         cfg = self.engine.model_config
         self.vocab = cfg.vocab_size
@@ -156,10 +160,15 @@ class Bench:
         return rid
 
     def timed_step(self) -> tuple[float, list]:
-        sync(self.device)
+        # Overlapped: a call queues the next step and returns the previous one's outputs, waiting for its tokens,
+        # so in a steady phase the time between calls is the step period; a device sync would undo the overlap.
+        overlapped = self.engine.async_scheduling
+        if not overlapped:
+            sync(self.device)
         t0 = time.perf_counter()
         outs = self.engine.step()
-        sync(self.device)
+        if not overlapped:
+            sync(self.device)
         return time.perf_counter() - t0, outs
 
     def drain(self) -> None:
@@ -320,6 +329,8 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     if "ttft_ms" in results.get("ttft_rag", {}) and "step_ms" in results.get("decode_rag", {}):
         results["ttft_rag"]["decode_step_ms"] = results["decode_rag"]["step_ms"]
         results["ttft_rag"]["of_decode_step"] = results["ttft_rag"]["ttft_ms"] / results["decode_rag"]["step_ms"]
+    results["async_scheduling"] = bench.engine.async_scheduling
+    results["overlapped_steps"] = bench.engine.overlapped_steps
     graphs = bench.engine.runner.graphs
     results["cuda_graph_batch_sizes"] = sorted(graphs.graphs) if graphs is not None else []  # captured
     bench.llm.shutdown()
@@ -333,7 +344,9 @@ def markdown(results: dict) -> str:
         if tp > 1 else ""
     lines = [f"Read bandwidth (device-to-device copy, read + write): **{results['bandwidth_gbs']:.0f} GB/s**; "
              f"{where}weights read per step {results['weight_bytes'] / 1e9:.2f} GB, KV "
-             f"{results['kv_bytes_per_token']} B/token.", "",
+             f"{results['kv_bytes_per_token']} B/token. Overlapped scheduling "
+             f"{'on' if results.get('async_scheduling') else 'off'} ({results.get('overlapped_steps', 0)} steps "
+             "scheduled while the one before them ran).", "",
              "| what | context / seq | measured | limit (bytes / bandwidth) | of limit | goal |",
              "|---|---|---|---|---|---|"]
     goals = {"decode_short": "≥ 90 %", "decode_rag": "≥ 85 %"}
@@ -379,9 +392,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: decode_short, decode_rag, ttft_rag, launches (default: all)")
     parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default: 16,64)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps")
+    parser.add_argument("--no-async-scheduling", action="store_true",
+                        help="synchronous steps: the host schedules the next step only after reading this one's tokens")
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else Shapes()
     shapes = replace(shapes, tensor_parallel_size=args.tensor_parallel_size, cuda_graphs=not args.no_cuda_graphs,
+                     async_scheduling=False if args.no_async_scheduling else None,
                      sections=tuple(args.sections.split(",")) if args.sections else None)
     if args.model:
         shapes = replace(shapes, model=args.model)

@@ -34,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lazyattn.kernels.gemv import GemvConfig, gemv, table_entry  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import copy_bandwidth  # noqa: E402  (benchmarks/engine.py: the same measurement in every table)
+
 MS = (1, 2, 4, 8, 16, 32, 64)
 L2_BYTES = 50 * 2**20
 
@@ -68,21 +71,6 @@ def candidates(n: int, k: int, block: int, sms: int) -> list[GemvConfig]:
             if k // s >= 2 * bk and (s == 1 or n_blocks * s <= 8 * sms) and (s == 1 or n_blocks < 4 * sms):
                 out.append(GemvConfig(bn, bk, s, warps, stages))
     return out
-
-
-def copy_bandwidth(device: torch.device, mib: int = 2048, repeats: int = 20) -> float:
-    """Bytes read + written per second by a large device-to-device copy (median)."""
-    src = torch.randn(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return 2 * src.numel() * 4 / statistics.median(times[3:])
 
 
 def graph_time(call, copies: int, calls: int, replays: int = 7) -> float:
@@ -213,7 +201,7 @@ def main() -> None:
         with log_path.open("a") as f:
             f.write(msg + "\n")
 
-    bandwidth = copy_bandwidth(device)
+    bandwidth = copy_bandwidth(device, 2048, 20)
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, {sms} SMs, {torch.cuda.get_device_name(device)}")
     shapes = SHAPES
     if args.shapes:

@@ -40,6 +40,9 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling (default: 0)")
     p.add_argument("--relink-tokens", type=int, default=0,
                    help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule the next step while the GPU runs this one (default: on CUDA without tensor "
+                        "parallelism; docs/design.md, Overlapped scheduling)")
     add_tensor_parallel_arg(p)
 
 
@@ -58,7 +61,8 @@ def engine_options(args: argparse.Namespace) -> dict:
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len, seed=args.seed, relink_tokens=getattr(args, "relink_tokens", 0),
-                tensor_parallel_size=args.tensor_parallel_size)
+                tensor_parallel_size=args.tensor_parallel_size,
+                async_scheduling=getattr(args, "async_scheduling", None))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lazyattn.cache.document_cache import Segment
+from lazyattn.engine.graph_inputs import FedBack
 from lazyattn.engine.sequence import Run, Sequence
 from lazyattn.kernels.paged import EntryPages
 
@@ -44,6 +45,8 @@ class ScheduledBatch:
     works: list[Work] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
     encoded: list[Sequence] = field(default_factory=list)  # prefill-only sequences whose documents are cached
+    # overlapped scheduling: input tokens the previous step sampled, still on the device (engine/overlap.py)
+    fed_back: FedBack | None = None
 
     @property
     def is_decode(self) -> bool:

@@ -61,6 +61,7 @@ class DecodeGraphs:
         self.copied.synchronize()  # the previous step's copies may still read the staging buffers
         i64, head, tables = (t.numpy() for t in self.staging)
         i64[:b] = step.tokens
+        i64[b:size] = 0  # padding rows read a valid id, never a placeholder a larger step left here
         i64[n: n + b] = step.positions
         i64[2 * n: 2 * n + b] = step.slots
         i64[2 * n + b: 2 * n + size] = -1
@@ -72,6 +73,8 @@ class DecodeGraphs:
             static.copy_(staged, non_blocking=True)
         self.static[2][:b].copy_(self.staging[2][:b], non_blocking=True)
         self.copied.record()
+        if step.fed_back is not None:  # after the ids' copy, which staged placeholders in those rows
+            step.fed_back.write(self.static[0][:b])
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]

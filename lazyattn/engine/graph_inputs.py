@@ -41,6 +41,28 @@ class StepInputs:
     copy_src: list[int] = field(default_factory=list)
     copy_dst: list[int] = field(default_factory=list)
     copy_deltas: list[int] = field(default_factory=list)
+    # overlapped scheduling: tokens sampled by the previous step, still on the device (engine/overlap.py)
+    fed_back: FedBack | None = None
+
+
+@dataclass
+class FedBack:
+    """A decode step's input tokens that the previous step sampled and the host has not seen yet: input row i
+    takes `source[index[i]]`, copied on the device into the step's input ids (no host round trip)."""
+
+    source: torch.Tensor  # [B'] int64, the previous step's sampled ids
+    index: list[int]
+
+    def write(self, input_ids: torch.Tensor) -> None:
+        """Overwrite input_ids[:len(index)] (the placeholders the host staged) with the fed-back tokens."""
+        n = len(self.index)
+        if self.index == list(range(n)):  # the usual case: same sequences in the same order
+            input_ids[:n].copy_(self.source[:n])
+            return
+        index = torch.tensor(self.index, dtype=torch.int64)
+        if self.source.device.type == "cuda":  # pinned, so that the copy does not wait for the step in flight
+            index = index.pin_memory()
+        input_ids[:n].copy_(self.source.index_select(0, index.to(self.source.device, non_blocking=True)))
 
 
 def table_views(tables: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -22,7 +22,7 @@ import torch
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
-from lazyattn.engine import isolation
+from lazyattn.engine import isolation, overlap
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig, check_relink
 from lazyattn.engine.model_runner import ModelRunner
@@ -32,7 +32,7 @@ from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
-from lazyattn.engine.sequence import Sequence
+from lazyattn.engine.sequence import Sequence, Status
 from lazyattn.errors import (
     CheckpointError,
     ContextTooLongError,
@@ -116,6 +116,13 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._withheld: list[int] = []  # pages taken out of use by set_kv_budget
+        # Overlapped scheduling (engine/overlap.py): the step left running on the device, whether a step is being
+        # scheduled and launched, and the sequences that ended meanwhile, whose pages wait for it.
+        self.async_scheduling = config.async_scheduling_on
+        self._in_flight: overlap.LaunchedStep | None = None
+        self._building = False
+        self._finished: list[Sequence] = []
+        self.overlapped_steps = 0  # steps scheduled while the one before them ran
         if self.device.type == "cuda" and config.warm_up:
             try:
                 self.runner.warm_up()
@@ -175,6 +182,10 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.is_finished:
                 self._finish(seq, "abort")
+        if not self.requests and self._in_flight is not None:  # nobody left to read the step in flight
+            last, self._in_flight = self._in_flight, None
+            last.wait()
+            self._release_finished()
         return self.outputs.output(req.request_id, req.prompt, req.seqs)
 
     def drop_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> int:
@@ -186,6 +197,11 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def step_in_flight(self) -> bool:
+        """A launched step waits on the device for the next `step` to read it (overlapped scheduling)."""
+        return self._in_flight is not None
+
     # -- one step ---------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -193,34 +209,96 @@ class LLMEngine:
 
         A failure is pinned on the requests whose parts fail when the step is redone part by part
         (engine/isolation.py): those requests end alone, with `error` on their output; the others go on.
+
+        With overlapped scheduling (engine/overlap.py) a step is left running on the device and its outputs are
+        returned by the next call, after that call has queued the step that follows it.
         """
-        batch = self.scheduler.schedule()
         touched: dict[str, _Request] = {}
         failed: dict[str, str] = {}
-        if batch.works:
-            logits = self._forward(batch, failed)
-            to_sample = self.scheduler.complete(batch)
-            now = time.monotonic()
-            for seq, sampled in self._sample(logits, to_sample, failed):
-                if sampled is not None and self.outputs.append(seq, *sampled, now):
-                    self._finish(seq)
-                touched[seq.request_id] = self.requests[seq.request_id]
-        for seq in batch.encoded:  # prefill-only: its documents are cached now
-            self._finish(seq, "stop")
-            touched[seq.request_id] = self.requests[seq.request_id]
-        for request_id in failed:
-            req = self.requests.get(request_id)
-            if req is not None:
-                for seq in req.seqs:
-                    if not seq.is_finished:
-                        self._finish(seq, "abort")
-                touched[request_id] = req
+        prev, self._in_flight = self._in_flight, None
+        running = overlap.continuation(prev, self.scheduler, self.max_model_len) if prev is not None else None
+        if running is not None:
+            self._building = True  # pages of sequences prev finishes stay held: this step uses them too
+            try:
+                batch = overlap.schedule_continuation(prev, self.scheduler, running)
+                launched = None
+                if batch.fed_back is not None:
+                    self.overlapped_steps += 1
+                    try:
+                        launched = self._launch(batch)
+                    except TensorParallelError:
+                        raise
+                    except Exception as error:  # isolation redoes it below, once the tokens are on the host
+                        logger.warning("an overlapped step failed (%s); redoing it synchronously", error)
+                if launched is None:
+                    self._process(prev, touched, failed)  # the placeholders get their tokens
+                    prev = None
+                    batch.fed_back = None
+                    launched = self._launch(batch)
+            finally:
+                self._building = False
+            self._in_flight = launched
+            if prev is not None:
+                self._process(prev, touched, failed)
+        else:
+            if prev is not None:
+                self._process(prev, touched, failed)
+            batch = self.scheduler.schedule()
+            self._building = True
+            try:
+                launched = self._launch(batch)
+            finally:
+                self._building = False
+            if self.async_scheduling and batch.works and not launched.failed:
+                self._in_flight = launched
+            else:
+                self._process(launched, touched, failed)
+        if self._in_flight is not None and not self.requests:  # every sequence in it has ended: retire it
+            last, self._in_flight = self._in_flight, None
+            self._process(last, touched, failed)
+        if self._in_flight is None:
+            self._release_finished()
         outputs = [self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id))
                    for r in touched.values()]
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
         return outputs
+
+    def _launch(self, batch: ScheduledBatch) -> overlap.LaunchedStep:
+        """Queue the batch's forward pass and sampling, and the copies of the sampled tokens to the host."""
+        failed: dict[str, str] = {}
+        picked: overlap.Picked = []
+        if batch.works:
+            logits = self._forward(batch, failed)
+            to_sample = self.scheduler.complete(batch)
+            picked = self._sample(logits, to_sample, failed)
+        return overlap.launched(batch, picked, failed, self.device)
+
+    def _process(self, step: overlap.LaunchedStep, touched: dict[str, _Request], failed: dict[str, str]) -> None:
+        """Wait for a launched step's tokens and append them; finish the sequences they end."""
+        step.wait()
+        self._release_finished()  # finished before the step after this one was scheduled: out of it, done with
+        failed.update(step.failed)
+        now = time.monotonic()
+        for seq, sampled in step.picked:
+            if seq.is_finished:  # ended (or aborted) while this step ran: its token is dropped
+                continue
+            if sampled is not None and self.outputs.append(seq, *sampled, now):
+                self._finish(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        for seq in step.batch.encoded:  # prefill-only: its documents are cached now
+            if seq.is_finished:
+                continue
+            self._finish(seq, "stop")
+            touched[seq.request_id] = self.requests[seq.request_id]
+        for request_id in step.failed:
+            req = self.requests.get(request_id)
+            if req is not None:
+                for seq in req.seqs:
+                    if not seq.is_finished:
+                        self._finish(seq, "abort")
+                touched[request_id] = req
 
     def _forward(self, batch: ScheduledBatch, failed: dict[str, str]) -> torch.Tensor:
         if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
@@ -230,6 +308,8 @@ class LLMEngine:
         except TensorParallelError:
             raise  # a rank is gone: nothing to isolate
         except Exception as error:
+            if batch.fed_back is not None:
+                raise  # the caller redoes the step once its input tokens are on the host
             logger.warning("a step failed (%s); redoing its parts one by one", error)
             return isolation.forward_parts(self.runner, batch, self.scheduler.running, self.cache, failed)
 
@@ -244,7 +324,17 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str | None = None) -> None:
         self.outputs.finish(seq, reason)
-        self.scheduler.finish(seq)
+        if seq.status is Status.RUNNING and (self._in_flight is not None or self._building):
+            self.scheduler.finish(seq, release=False)  # a step in flight may still use its pages
+            self._finished.append(seq)
+        else:
+            self.scheduler.finish(seq)
+
+    def _release_finished(self) -> None:
+        """Release the pages of sequences that ended while a step was in flight, once it has completed."""
+        finished, self._finished = self._finished, []
+        for seq in finished:
+            self.scheduler.release(seq)
 
     # -- state ------------------------------------------------------------------------------------------------
 

@@ -63,6 +63,8 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(step):
             return self.graphs.run(step)
         input_ids, fb = self.to_device(step)
+        if step.fed_back is not None:
+            step.fed_back.write(input_ids)
         hidden = self.model(input_ids, fb, self.backend)
         return self.model.compute_logits(hidden[fb.logits_indices])
 
@@ -90,7 +92,8 @@ class ModelRunner:
             q_starts.append(run.start_pos + w.lo)
             if w.samples:
                 logits_rows.append(len(tokens) - 1)
-        step = StepInputs(tokens, positions, slots, entries, q_lens, q_starts, logits_rows, batch.is_decode)
+        step = StepInputs(tokens, positions, slots, entries, q_lens, q_starts, logits_rows, batch.is_decode,
+                          fed_back=batch.fed_back)
         for c in batch.copies:
             step.copy_src += c.src
             step.copy_dst += c.dst

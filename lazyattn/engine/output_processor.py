@@ -10,7 +10,7 @@ import torch
 from lazyattn.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SampleResult
-from lazyattn.engine.sequence import Sequence
+from lazyattn.engine.sequence import PLACEHOLDER, Sequence
 from lazyattn.model.detokenizer import IncrementalDecoder
 from lazyattn.model.tokenizer import TokenizerBase
 
@@ -31,8 +31,9 @@ class OutputProcessor:
             min_tokens=params.min_tokens, prompt_token_ids=seq.prompt)
 
     def suppressed(self, seq: Sequence) -> list[int] | None:
-        """Below min_tokens, the tokens that would end the sequence may not be drawn."""
-        if len(seq.output) >= seq.params.min_tokens:
+        """Below min_tokens, the tokens that would end the sequence may not be drawn. A token still on the device
+        (its placeholder ends the run, engine/overlap.py) counts: it is generated."""
+        if len(seq.output) + (seq.run.tokens[-1] == PLACEHOLDER) >= seq.params.min_tokens:
             return None
         eos = [] if seq.params.ignore_eos else self.tokenizer.eos_token_ids
         return list(eos) + list(seq.params.stop_token_ids)
@@ -41,7 +42,10 @@ class OutputProcessor:
         """Append row i of the sampled result to the sequence; returns whether the sequence is done."""
         token = int(result.token_ids[i])
         seq.output.append(token)
-        seq.run.tokens.append(token)
+        if seq.run.tokens[-1] == PLACEHOLDER:  # the next step already fed it back on the device
+            seq.run.tokens[-1] = token
+        else:
+            seq.run.tokens.append(token)
         if result.logprobs is not None and seq.params.logprobs is not None:
             entry = {token: float(result.logprobs[i])}
             if result.top_logprobs is not None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -122,8 +123,38 @@ def _float(name: str, value: object, low: float, high: float | None = None) -> N
 class SampleResult:
     token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] fp32, log p(chosen token) under the raw logits
-    # Per row: (token id, logprob) best first, params.logprobs of them; None for rows that did not ask.
-    top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # The top k logprobs of every row ([B, k], best first; k the most any row asked for) and how many each row
+    # asked for (None: none). Kept as tensors so that sampling never waits for the device (engine/overlap.py).
+    top_values: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_counts: list[int | None] = field(default_factory=list)
+
+    @cached_property
+    def top_logprobs(self) -> list[list[tuple[int, float]] | None] | None:
+        """Per row: (token id, logprob) best first, as many as the row asked for; None for rows that did not ask."""
+        if self.top_values is None:
+            return None
+        values, ids = self.top_values.tolist(), self.top_ids.tolist()
+        return [None if k is None else list(zip(ids[row][:k], values[row][:k]))
+                for row, k in enumerate(self.top_counts)]
+
+    def to_host(self) -> SampleResult:
+        """The same result in host memory, its copies queued behind the sampling (pinned memory on CUDA: they do
+        not block the host); read it once the device has passed them (an event recorded after this call)."""
+        def host(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or t.device.type == "cpu":
+                return t
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+        return SampleResult(host(self.token_ids), host(self.logprobs), host(self.top_values), host(self.top_ids),
+                            self.top_counts)
+
+
+def _on(device: torch.device, values: list) -> torch.Tensor:
+    """A small tensor of per-row values on the device, without waiting for it: through pinned memory on CUDA (a
+    copy from pageable memory would wait for the step queued before it, undoing overlapped scheduling)."""
+    t = torch.tensor(values)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 class Sampler:
@@ -148,23 +179,27 @@ class Sampler:
             logits = logits.clone()
             for row, ids in enumerate(suppress_token_ids):
                 if ids:
-                    logits[row, list(ids)] = float("-inf")
+                    logits[row, _on(logits.device, list(ids))] = float("-inf")
 
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
+            rows = _on(logits.device, random_rows)
             probs = self._truncated_probs(logits[rows], [params[i] for i in random_rows])
             token_ids[rows] = self._draw(probs, [generators[i] for i in random_rows])
 
         chosen = logprobs_all.gather(1, token_ids[:, None]).squeeze(1)
-        return SampleResult(token_ids, chosen, self._top_logprobs(logprobs_all, params))
+        if all(p.logprobs is None for p in params):
+            return SampleResult(token_ids, chosen)
+        k = min(max(p.logprobs or 0 for p in params), vocab)
+        values, ids = logprobs_all.topk(k, dim=-1)
+        return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params])
 
     @staticmethod
     def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
         """Softmax(logits / T) with top-k, then top-p (on what top-k kept), then min-p applied; zero elsewhere."""
         device, vocab = logits.device, logits.shape[-1]
-        temperature = torch.tensor([p.temperature for p in params], device=device)
+        temperature = _on(device, [p.temperature for p in params])
         logits = logits / temperature[:, None]
         # Clamped as well as validated: an id tensor cannot hold an arbitrary Python int, and a k beyond the
         # vocabulary keeps every token anyway.
@@ -174,10 +209,10 @@ class Sampler:
             # One descending sort serves both truncations: top-k is a rank cut, top-p a cumulative-mass cut.
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             ranks = torch.arange(vocab, device=device)
-            k = torch.tensor(top_k, device=device)
+            k = _on(device, top_k)
             sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
             sorted_probs = sorted_logits.softmax(dim=-1)
-            top_p = torch.tensor([p.top_p for p in params], device=device)
+            top_p = _on(device, [p.top_p for p in params])
             # Keep a token while the mass strictly before it is < top_p: the smallest set reaching top_p,
             # and always the top token. Rows with top_p = 1 keep all (guards cumsum rounding above 1).
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -186,7 +221,7 @@ class Sampler:
             logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
         probs = logits.softmax(dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=device)
+            min_p = _on(device, [p.min_p for p in params])
             floor = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
             probs = probs.masked_fill(probs < floor, 0.0)
         return probs
@@ -198,22 +233,10 @@ class Sampler:
         noise = torch.empty_like(probs)
         shared = [i for i, g in enumerate(generators) if g is None]
         if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[-1], device=probs.device).exponential_()
+            draw = torch.empty(len(shared), probs.shape[-1], device=probs.device).exponential_()
+            noise[_on(probs.device, shared)] = draw
         for i, g in enumerate(generators):
             if g is not None:
                 noise[i].exponential_(generator=g)
         # Exp(1) can return exactly 0; keep the ratio finite (0/0 would be NaN and poison argmax).
         return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
-
-    @staticmethod
-    def _top_logprobs(logprobs_all: torch.Tensor, params: Sequence[SamplingParams]
-                      ) -> list[list[tuple[int, float]] | None] | None:
-        if all(p.logprobs is None for p in params):
-            return None
-        k = min(max(p.logprobs or 0 for p in params), logprobs_all.shape[-1])
-        values, ids = logprobs_all.topk(k, dim=-1)
-        values, ids = values.tolist(), ids.tolist()
-        return [
-            None if p.logprobs is None else list(zip(ids[row][: p.logprobs], values[row][: p.logprobs]))
-            for row, p in enumerate(params)
-        ]

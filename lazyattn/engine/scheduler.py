@@ -64,10 +64,13 @@ class Scheduler:
         self._waiting.append(seq)
         self.num_waiting += 1
 
-    def finish(self, seq: Sequence) -> None:
-        """Release everything a sequence holds (finished or aborted). O(1) for a waiting sequence."""
+    def finish(self, seq: Sequence, release: bool = True) -> None:
+        """Release everything a sequence holds (finished or aborted). O(1) for a waiting sequence.
+        release=False: stop scheduling it but keep its pages until `release` (a step in flight may still use
+        them, engine/overlap.py)."""
         if seq.status is Status.RUNNING:
-            self._release(seq)
+            if release:
+                self._release(seq)
             self.running.remove(seq)
         elif seq.status is Status.WAITING:
             self.num_waiting -= 1
@@ -304,6 +307,10 @@ class Scheduler:
             i += 1
 
     # -- releasing ---------------------------------------------------------------------------------
+
+    def release(self, seq: Sequence) -> None:
+        """Release what a sequence finished with `finish(seq, release=False)` still holds."""
+        self._release(seq)
 
     def _drop_part(self, part: Part) -> None:
         if part.owned and not part.segment.ready and not part.segment.failed:

@@ -247,7 +247,7 @@ class EngineLoop:
             time.sleep(_FAILED_STEP_BACKOFF_S)  # a step that keeps failing must not flood the log in a hot loop
             return
         now = time.monotonic()
-        if not outputs and now - start < _IDLE_STEP_S:
+        if not outputs and now - start < _IDLE_STEP_S and not self.engine.step_in_flight:  # in flight: it did work
             time.sleep(_IDLE_STEP_S)
         for out in outputs:
             if self.observer is not None:

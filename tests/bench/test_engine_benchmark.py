@@ -50,3 +50,4 @@ def test_quick_run_writes_every_section(engine_bench, tmp_path):
         assert results["launches"][step]["aten_ops"] > cfg.num_layers
     table = out.with_suffix(".md").read_text()
     assert "decode TPOT, batch 1, short" in table and "| prefill |" in table
+    assert results["async_scheduling"] is False and "Overlapped scheduling off" in table  # the CPU default

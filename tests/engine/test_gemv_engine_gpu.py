@@ -17,6 +17,7 @@ import torch
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.prompt import RenderedPrompt
+from tests.engine.test_engine_gpu import capture_logits
 
 CONFIG_8B = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "llama-3.1-8b"
 pytestmark = pytest.mark.gpu
@@ -26,15 +27,7 @@ STEPS = 24
 def generate(directory: Path, prompts: list[RenderedPrompt]) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens per prompt, and the logits of every step ([prompts, vocab]: all prompts step together)."""
     llm = LLM(model=str(directory), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=2, progress=False)
-    seen: list[torch.Tensor] = []
-    run = llm.engine.runner.run
-
-    def recording(batch):
-        logits = run(batch)
-        seen.append(logits.detach().to("cpu", torch.float32, copy=True))  # a copy: graph outputs are reused
-        return logits
-
-    llm.engine.runner.run = recording
+    seen = capture_logits(llm)
     params = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         llm.engine.add_request(f"r{i}", p, params)
