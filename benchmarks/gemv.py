@@ -221,8 +221,14 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = markdown(result)
     args.out.with_suffix(".md").write_text(md)
-    if args.table:
-        args.table.write_text(json.dumps({"command": command, "entries": entries}, indent=0) + "\n")
+    if args.table:  # this GPU's entries replace its old ones; other GPUs' entries stay
+        kept, commands = [], {}
+        if args.table.exists():
+            old = json.loads(args.table.read_text())
+            kept = [e for e in old["entries"] if e["device"] != result["device"]]
+            commands = old.get("commands", {})
+        commands[result["device"]] = command
+        args.table.write_text(json.dumps({"commands": commands, "entries": kept + entries}, indent=0) + "\n")
     print(md)
 
 
