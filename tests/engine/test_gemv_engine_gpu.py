@@ -17,7 +17,7 @@ import torch
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.prompt import RenderedPrompt
-from tests.engine.test_engine_gpu import capture_logits
+from tests.engine.test_engine_gpu import capture_logits, run_all
 
 CONFIG_8B = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "llama-3.1-8b"
 pytestmark = pytest.mark.gpu
@@ -29,15 +29,9 @@ def generate(directory: Path, prompts: list[RenderedPrompt]) -> tuple[list[list[
     llm = LLM(model=str(directory), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=2, progress=False)
     seen = capture_logits(llm)
     params = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        llm.engine.add_request(f"r{i}", p, params)
-    outs = {}
-    while llm.engine.has_unfinished():
-        for o in llm.engine.step():
-            if o.finished:
-                outs[o.request_id] = o.token_ids
+    outs = run_all(llm, prompts, params)
     llm.shutdown()
-    tokens = [outs[f"r{i}"] for i in range(len(prompts))]
+    tokens = [outs[f"r{i}"].token_ids for i in range(len(prompts))]
     # Rows follow the request order: each row's argmax is its request's token (checked, not assumed).
     assert len(seen) == STEPS and all(s.shape[0] == len(prompts) for s in seen)
     assert all(int(seen[j][r].argmax()) == tokens[r][j] for r in range(len(prompts)) for j in range(STEPS))
