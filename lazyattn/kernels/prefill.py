@@ -120,15 +120,20 @@ def _find_block(cu_seqlens_q, batch_size, slot, QB: tl.constexpr, BLOCK_B: tl.co
 
 
 @triton.jit
-def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: tl.constexpr):
-    """Pages whose first position is <= last_pos: `starts` is non-decreasing, so they are a prefix."""
+def _count_at_most(sorted_ptr, n, value, BLOCK: tl.constexpr):
+    """How many of the n non-decreasing values at sorted_ptr are <= value (they are a prefix)."""
     count = 0
-    for lo in range(0, n_pages, BLOCK_P):
-        i = lo + tl.arange(0, BLOCK_P)
-        inside = i < n_pages
-        start = tl.load(starts_row + i, mask=inside, other=0)
-        count += tl.sum(((start <= last_pos) & inside).to(tl.int32), axis=0)
+    for lo in range(0, n, BLOCK):
+        i = lo + tl.arange(0, BLOCK)
+        inside = i < n
+        count += tl.sum(((tl.load(sorted_ptr + i, mask=inside, other=0) <= value) & inside).to(tl.int32), axis=0)
     return count
+
+
+@triton.jit
+def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: tl.constexpr):
+    """Pages whose first position is <= last_pos."""
+    return _count_at_most(starts_row, n_pages, last_pos, BLOCK_P)
 
 
 @triton.jit
@@ -210,13 +215,7 @@ def _derotated_q(q_rows, row_ok, cos_ptr, sin_ptr, delta, max_position,
 @triton.jit
 def _entry_of_row(cu_seqlens_q, batch_size, token, BLOCK_B: tl.constexpr):
     """The entry owning packed query row `token`: the number of entries ending at or before it."""
-    entry = 0
-    for lo in range(0, batch_size, BLOCK_B):
-        b = lo + tl.arange(0, BLOCK_B)
-        inside = b < batch_size
-        entry += tl.sum(((tl.load(cu_seqlens_q + b + 1, mask=inside, other=0) <= token) & inside).to(tl.int32),
-                        axis=0)
-    return entry
+    return _count_at_most(cu_seqlens_q + 1, batch_size, token, BLOCK_B)
 
 
 @triton.jit
