@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
+from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation, overlap
@@ -101,16 +101,11 @@ class LLMEngine:
                 self.parallel.shutdown()
             raise
         self.pool = PagePool(self.runner.num_pages)
-        fingerprint, rope_fp = mc.fingerprint(), repr(mc.rope)
-
-        def keyer(tokens: list[int], salt: str | None, parent: str | None) -> str:
-            return segment_key(fingerprint, rope_fp, salt, tokens, parent)
-
-        self.keyer = keyer
+        self.keyer = SegmentKeyer(mc.fingerprint(), repr(mc.rope))
         # The host tier copies the driver's pool only: not under tensor parallelism (EngineConfig refuses it).
         self.tier = make_host_tier(config, self.runner.backend.kv) if self.parallel is None else None
         self.cache = DocumentCache(self.pool, config.page_size, self.tier)
-        self.scheduler = Scheduler(config, self.mode, self.cache, keyer)
+        self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.requests: dict[str, _Request] = {}
