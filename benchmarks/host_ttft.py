@@ -11,10 +11,10 @@ the model's size, and sampling a small vocabulary keeps the CPU's arithmetic out
 
     python benchmarks/host_ttft.py [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT]
 
-prints the median µs of each phase (add_request, the step that launches, the step that returns the token) and
-their sum; `--profile` adds a cProfile of the whole path, ordered by own time. `--compare DIR` measures this
-checkout and the one at DIR (e.g. main's) in alternating processes, `--rounds` times each, and prints the medians
-of both and their ratios (this one / DIR's): a before/after on one machine in one run.
+prints the median µs of each phase (PHASES: what the host does before the launch, after it while a GPU would run
+the forward pass, and once the token is back) and the sums; `--profile` adds a cProfile of the whole path, by own
+time. `--compare DIR` measures this checkout and the one at DIR (e.g. main's) in alternating processes, `--rounds`
+times each, and prints the medians of both and their ratios (this one / DIR's): a before/after in one run.
 """
 
 from __future__ import annotations
@@ -77,12 +77,14 @@ class HostOnly:
         self.staging = self.layout.buffers("cpu")
         self.logits = torch.randn(64, VOCAB, generator=torch.Generator().manual_seed(0))
         self.staged = 0
+        self.launched_at = 0.0  # when the last staged step would have been replayed
 
     def __call__(self, step: StepInputs) -> torch.Tensor:
         bucket = pick_bucket(step, self.width)
         if bucket is not None:
             self.layout.fill(self.staging, step, *bucket)
             self.staged += 1
+            self.launched_at = time.perf_counter()
         return self.logits[: len(step.logits_rows)]
 
 
@@ -97,8 +99,9 @@ def build(config_dir: Path) -> tuple[LLMEngine, HostOnly]:
 
 
 class Request:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, host: HostOnly) -> None:
         self.engine = engine
+        self.host = host
         self.system = [SMALL_LLAMA["bos_token_id"]] + random_tokens(SYSTEM - 1, 1)
         self.docs = [random_tokens(DOC, 10 + i) for i in range(DOCS)]
         self.params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -114,8 +117,8 @@ class Request:
         return RenderedPrompt(segments=[list(self.system)] + [list(d) for d in self.docs],
                               final=random_tokens(QUESTION, seed))
 
-    def once(self) -> tuple[float, float, float]:
-        """(add_request, launching step, returning steps) in seconds, for one request."""
+    def once(self) -> tuple[float, float, float, float]:
+        """Seconds of one request's phases (PHASES), the graph launch being the end of HostOnly's staging."""
         self.n += 1
         prompt = self.prompt(1000 + self.n)
         t0 = time.perf_counter()
@@ -128,24 +131,29 @@ class Request:
         t3 = time.perf_counter()
         assert outs[0].finished and len(outs[0].outputs[0].token_ids) == 1, outs
         assert outs[0].metrics.cached_tokens == SYSTEM + DOCS * DOC, outs[0].metrics
-        return t1 - t0, t2 - t1, t3 - t2
+        launch = self.host.launched_at
+        assert t1 < launch < t2
+        return t1 - t0, launch - t1, t2 - launch, t3 - t2
 
 
-PHASES = ("add_request", "launch_step", "return_step", "total")
+# add_request; the step that launches the forward pass, until the launch and after it (on a GPU, hidden behind the
+# forward pass); the step that returns the token; exposed = the host time a GPU would wait for (all but after_launch)
+PHASES = ("add_request", "to_launch", "after_launch", "return_step", "exposed", "total")
 
 
 def measure(repeats: int, profile: bool) -> dict[str, float]:
     """Median µs of each phase over `repeats` requests, after a warm-up."""
     with tempfile.TemporaryDirectory() as tmp:
         engine, host = build(Path(tmp))
-        request = Request(engine)
+        request = Request(engine, host)
         request.cache_documents()
         for _ in range(20):
             request.once()
         staged = host.staged
         times = [request.once() for _ in range(repeats)]
         assert host.staged - staged == repeats  # every request's step took the prefill-graph path
-        medians = {name: 1e6 * statistics.median(t[i] for t in times) for i, name in enumerate(PHASES[:3])}
+        medians = {name: 1e6 * statistics.median(t[i] for t in times) for i, name in enumerate(PHASES[:4])}
+        medians["exposed"] = 1e6 * statistics.median(t[0] + t[1] + t[3] for t in times)
         medians["total"] = 1e6 * statistics.median(sum(t) for t in times)
         if profile:
             profiler = cProfile.Profile()

@@ -72,17 +72,19 @@ def table_views(tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
     """Write each entry's page table into rows [0, len(entries)) of an [E, 5, W] int32 array; the rest of those
-    rows is zeroed, `starts` is the exclusive running sum of `valid` (kernels/paged.py)."""
+    rows is zeroed, `starts` is the exclusive running sum of `valid` (kernels/paged.py), past the last page too."""
     n = len(entries)
     rows = tables[:n]
     rows.fill(0)
     for i, e in enumerate(entries):
         m = len(e.pages)
+        if not m:
+            continue
         record = rows[i]
         record[0, :m] = e.pages
         record[1, :m] = e.deltas
         record[2, :m] = e.valid
         if e.firsts is not None:
             record[4, :m] = e.firsts
-    valid = rows[:, 2]
-    rows[:, 3] = np.cumsum(valid, axis=1) - valid
+    # starts[:, 0] stays 0; starts[:, j] = valid[:, :j].sum(), written in place
+    np.add.accumulate(rows[:, 2, :-1], axis=1, out=rows[:, 3, 1:])
