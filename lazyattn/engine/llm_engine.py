@@ -238,16 +238,19 @@ class LLMEngine:
         else:
             if prev is not None:
                 self._process(prev, touched, failed)
-            batch = self.scheduler.schedule()
-            self._building = True
-            try:
-                launched = self._launch(batch)
-            finally:
-                self._building = False
-            if self.async_scheduling and batch.works and not launched.failed:
-                self._in_flight = launched
-            else:
-                self._process(launched, touched, failed)
+            # Nothing to schedule once prev has ended every sequence (a request's last token, its first too when
+            # max_tokens is 1): its outputs go back now, without an empty step's bookkeeping on the way.
+            if self.scheduler.running or self.scheduler.num_waiting:
+                batch = self.scheduler.schedule()
+                self._building = True
+                try:
+                    launched = self._launch(batch)
+                finally:
+                    self._building = False
+                if self.async_scheduling and batch.works and not launched.failed:
+                    self._in_flight = launched
+                else:
+                    self._process(launched, touched, failed)
         if self._in_flight is not None and not self.requests:  # every sequence in it has ended: retire it
             last, self._in_flight = self._in_flight, None
             self._process(last, touched, failed)
