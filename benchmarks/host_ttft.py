@@ -181,6 +181,15 @@ def compare(other: Path, repeats: int, rounds: int) -> dict:
     return summary
 
 
+def cpu_name() -> str:
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]} ({len(names)} logical CPUs)" if names else platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         meta = {"command": " ".join(["python", "benchmarks/host_ttft.py"] + (argv if argv is not None
                                                                                else sys.argv[1:])),
-                "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+                "cpu": cpu_name(), "python": platform.python_version(),
                 "tree": str(TREE.resolve())}
         args.out.write_text(json.dumps({"meta": meta, "host_us": results}, indent=2) + "\n")
     return 0

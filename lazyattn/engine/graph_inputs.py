@@ -4,7 +4,7 @@ buffers that one copy moves to the graphs' static device buffers.
 Why: a graph replay is one launch, so what is left of a step's host time is building its inputs. Built as
 PyTorch tensors (PagedBatch.build, then a device-to-device copy into each static buffer) that is ~20 small
 tensors and ~20 copies; written with numpy into one buffer per dtype it is a few slice assignments and 2-3
-copies (engine/cuda_graphs.py, engine/prefill_graphs.py).
+copies (engine/cuda_graphs.py), or one where the three buffers are views of one (engine/prefill_graphs.py).
 
 Tables are entry-major, [entries, 5, width]: the pages, deltas, valid, starts and firsts of an entry are one
 contiguous record, so the first b entries of a batch are one prefix of the buffer, and the five [entries,
