@@ -48,7 +48,7 @@ def _field(s: str | None) -> bytes:
     return b"\x01" + len(b).to_bytes(8, "little") + b
 
 
-@functools.lru_cache(maxsize=64)  # a few document lengths recur (chunked corpora); a miss costs one compile
+@functools.lru_cache(maxsize=64)  # one compiled format per id count (a miss costs ~0.1 us)
 def _packer(n: int, code: str) -> struct.Struct:
     return struct.Struct(f"<{n}{code}")
 

@@ -38,6 +38,7 @@ TOKEN_BUCKETS = (16, 32, 64, 128)
 # request's question (continuous batching) replays a graph too.
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
 
+
 def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOKEN_BUCKETS,
                 entry_buckets: Sequence[int] = ENTRY_BUCKETS) -> tuple[int, int] | None:
     """The smallest (tokens, entries) bucket a prefill step fits in, or None (decode steps, long or wide ones)."""
