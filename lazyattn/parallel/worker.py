@@ -2,9 +2,10 @@
 count as every rank), then runs whatever the driver sends, in the driver's order, until told to stop.
 
 Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", packed StepInputs, send time,
-fed-back rows), ("stop", None) (parallel/channel.py: how a step travels fast). Replies: ("hello", None) once started, ("ready",
-num_pages), ("done", None) after a warm-up, ("error", traceback) before exiting on any failure. Steps get no reply:
-the collectives of the forward pass keep the ranks in step.
+fed-back rows), ("stop", None) (parallel/channel.py: how a step travels fast; parallel/fed_back.py: the fed-back
+rows' ids). Replies: ("hello", None) once started, ("ready", num_pages), ("done", None) after a warm-up, ("error",
+traceback) before exiting on any failure. Steps get no reply: the collectives of the forward pass keep the ranks
+in step.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Con
         tp = join(init_method, rank, size, device)
         model, _ = load_model(config.model, dtype=config.torch_dtype, device=device, seed=config.seed,
                               random_init=config.random_weights, tensor_parallel=tp)
-        runner = None
+        runner = relay = None
         trace = DispatchTrace(rank)
         spin_s = SPIN_S if device.type == "cuda" else 0.0  # a CPU worker's core runs the model
         while True:
