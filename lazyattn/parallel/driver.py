@@ -22,9 +22,11 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
+import traceback
 import weakref
 from multiprocessing.connection import Connection, wait
 
@@ -288,4 +290,7 @@ def _leave_with_workers() -> None:
     leaving.start()
     leaving.join(STOP_TIMEOUT_S)
     if leaving.is_alive():
-        logger.warning("the driver could not leave the tensor-parallel group in %.0f s", STOP_TIMEOUT_S)
+        frame = sys._current_frames().get(leaving.ident)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
+        logger.warning("the driver could not leave the tensor-parallel group in %.0f s; it waits in:\n%s",
+                       STOP_TIMEOUT_S, where)
