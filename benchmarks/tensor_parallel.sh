@@ -54,7 +54,8 @@ fi
 stage gemv_table 150 python3 benchmarks/gemv.py --out "$out/gemv" --table lazyattn/kernels/gemv_table.json
 engine=(python3 benchmarks/engine.py --sections decode_short,ttft_rag --batches 16)
 stage engine_8b_tp1 60 "${engine[@]}" --out "$out/engine_8b_tp1"
-stage engine_8b_tp2 75 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2"
+stage engine_8b_tp2 75 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2" \
+    --sections decode_short,ttft_rag,launches  # + rank 0's kernels per step
 # The same without overlapped scheduling (engine/overlap.py; on by default with CUDA)
 stage engine_8b_tp2_sync 75 "${engine[@]}" --tensor-parallel-size 2 --no-async-scheduling "${graphs[@]}" \
     --out "$out/engine_8b_tp2_sync"
