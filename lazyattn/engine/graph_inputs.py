@@ -4,7 +4,7 @@ buffers that one copy moves to the graphs' static device buffers.
 Why: a graph replay is one launch, so what is left of a step's host time is building its inputs. Built as
 PyTorch tensors (PagedBatch.build, then a device-to-device copy into each static buffer) that is ~20 small
 tensors and ~20 copies; written with numpy into one buffer per dtype it is a few slice assignments and 2-3
-copies (engine/cuda_graphs.py, engine/prefill_graphs.py).
+copies (engine/cuda_graphs.py), or one where the three buffers are views of one (engine/prefill_graphs.py).
 
 Tables are entry-major, [entries, 5, width]: the pages, deltas, valid, starts and firsts of an entry are one
 contiguous record, so the first b entries of a batch are one prefix of the buffer, and the five [entries,
@@ -72,17 +72,19 @@ def table_views(tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
     """Write each entry's page table into rows [0, len(entries)) of an [E, 5, W] int32 array; the rest of those
-    rows is zeroed, `starts` is the exclusive running sum of `valid` (kernels/paged.py)."""
+    rows is zeroed, `starts` is the exclusive running sum of `valid` (kernels/paged.py), past the last page too."""
     n = len(entries)
     rows = tables[:n]
     rows.fill(0)
     for i, e in enumerate(entries):
         m = len(e.pages)
+        if not m:
+            continue
         record = rows[i]
         record[0, :m] = e.pages
         record[1, :m] = e.deltas
         record[2, :m] = e.valid
         if e.firsts is not None:
             record[4, :m] = e.firsts
-    valid = rows[:, 2]
-    rows[:, 3] = np.cumsum(valid, axis=1) - valid
+    # starts[:, 0] stays 0; starts[:, j] = valid[:, :j].sum(), written in place
+    np.add.accumulate(rows[:, 2, :-1], axis=1, out=rows[:, 3, 1:])

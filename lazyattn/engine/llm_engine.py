@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lazyattn.cache.document_cache import CacheStats, DocumentCache, segment_key
+from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation, overlap
@@ -101,16 +101,11 @@ class LLMEngine:
                 self.parallel.shutdown()
             raise
         self.pool = PagePool(self.runner.num_pages)
-        fingerprint, rope_fp = mc.fingerprint(), repr(mc.rope)
-
-        def keyer(tokens: list[int], salt: str | None, parent: str | None) -> str:
-            return segment_key(fingerprint, rope_fp, salt, tokens, parent)
-
-        self.keyer = keyer
+        self.keyer = SegmentKeyer(mc.fingerprint(), repr(mc.rope))
         # The host tier copies the driver's pool only: not under tensor parallelism (EngineConfig refuses it).
         self.tier = make_host_tier(config, self.runner.backend.kv) if self.parallel is None else None
         self.cache = DocumentCache(self.pool, config.page_size, self.tier)
-        self.scheduler = Scheduler(config, self.mode, self.cache, keyer)
+        self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.requests: dict[str, _Request] = {}
@@ -243,16 +238,19 @@ class LLMEngine:
         else:
             if prev is not None:
                 self._process(prev, touched, failed)
-            batch = self.scheduler.schedule()
-            self._building = True
-            try:
-                launched = self._launch(batch)
-            finally:
-                self._building = False
-            if self.async_scheduling and batch.works and not launched.failed:
-                self._in_flight = launched
-            else:
-                self._process(launched, touched, failed)
+            # Nothing to schedule once prev has ended every sequence (a request's last token, its first too when
+            # max_tokens is 1): its outputs go back now, without an empty step's bookkeeping on the way.
+            if self.scheduler.running or self.scheduler.num_waiting:
+                batch = self.scheduler.schedule()
+                self._building = True
+                try:
+                    launched = self._launch(batch)
+                finally:
+                    self._building = False
+                if self.async_scheduling and batch.works and not launched.failed:
+                    self._in_flight = launched
+                else:
+                    self._process(launched, touched, failed)
         if self._in_flight is not None and not self.requests:  # every sequence in it has ended: retire it
             last, self._in_flight = self._in_flight, None
             self._process(last, touched, failed)

@@ -17,15 +17,15 @@ Real rows never see padding rows: attention is by entry and the padding writes n
 fixed per bucket (PagedBatch.num_splits), the one an eager launch picks for T rows in E - 1 entries over a long
 context; the kernel cuts the actual pages of each entry at run time, so any context length is served.
 
-Inputs travel in three buffers (engine/graph_inputs.py): the host fills pinned copies (StepLayout.fill) and
-one copy each moves them to the static device buffers the graphs read.
+Inputs travel in three views of one buffer (Buffers; the tables as engine/graph_inputs.py lays them out): the host
+fills a pinned copy (StepLayout.fill) and one copy moves it to the static device buffer the graphs read.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
@@ -38,8 +38,6 @@ TOKEN_BUCKETS = (16, 32, 64, 128)
 # request's question (continuous batching) replays a graph too.
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
 
-Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
 
 def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOKEN_BUCKETS,
                 entry_buckets: Sequence[int] = ENTRY_BUCKETS) -> tuple[int, int] | None:
@@ -51,26 +49,52 @@ def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOK
     return None if t is None or e is None else (t, e)
 
 
+def _aligned(offset: int, to: int = 256) -> int:
+    return -(-offset // to) * to
+
+
+class Buffers:
+    """A step's inputs as three views of one byte buffer: an int64 one (ids, positions, slots, logits rows), an
+    int32 one (cu_seqlens_q, q_start, num_pages) and the entry-major page tables [max_entries, 5, width], last.
+    Why one buffer: one copy moves a step's inputs to the device, where three copies would each cost a launch
+    on the host and a few µs on the GPU before the graph can start (the first token waits for both)."""
+
+    def __init__(self, layout: StepLayout, device: torch.device | str, pin: bool = False) -> None:
+        n64, n32 = 3 * layout.t + layout.e, 3 * layout.e + 1
+        # Each view starts on a 256-byte boundary, as a buffer of its own would (the kernels' pointer alignment).
+        head_at = _aligned(8 * n64)
+        self.tables_at = _aligned(head_at + 4 * n32)
+        self.record_bytes = 4 * TABLES * layout.w
+        self.raw = torch.zeros(self.tables_at + layout.e * self.record_bytes, dtype=torch.uint8, device=device,
+                               pin_memory=pin)
+        self.i64 = self.raw[: 8 * n64].view(torch.int64)
+        self.head = self.raw[head_at: head_at + 4 * n32].view(torch.int32)
+        self.tables = self.raw[self.tables_at:].view(torch.int32).view(layout.e, TABLES, layout.w)
+        # numpy views of a host buffer, made once: the host writes a step through them (~2 µs a view per step)
+        self.arrays = tuple(t.numpy() for t in (self.i64, self.head, self.tables)) if self.raw.device.type == "cpu" \
+            else None
+
+    def upto(self, entries: int) -> torch.Tensor:
+        """The bytes a step of `entries` entries (padding included) is read from: everything before its tables
+        and its tables."""
+        return self.raw[: self.tables_at + entries * self.record_bytes]
+
+
 class StepLayout:
     """Where each input of a step of at most `max_tokens` tokens and `max_entries` entries of at most `width`
-    pages lives: an int64 buffer (ids, positions, slots, logits rows), an int32 one (cu_seqlens_q, q_start,
-    num_pages) and the entry-major page tables [max_entries, 5, width] (engine/graph_inputs.py); and the views
-    of one bucket over such buffers."""
+    pages lives (Buffers; the page tables as in engine/graph_inputs.py), and the views of one bucket over such
+    buffers."""
 
     def __init__(self, max_tokens: int, max_entries: int, width: int, page_size: int) -> None:
         self.t, self.e, self.w, self.page_size = max_tokens, max_entries, width, page_size
 
     def buffers(self, device: torch.device | str, pin: bool = False) -> Buffers:
-        def zeros(*shape, dtype):
-            return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
-
-        return (zeros(3 * self.t + self.e, dtype=torch.int64), zeros(3 * self.e + 1, dtype=torch.int32),
-                zeros(self.e, TABLES, self.w, dtype=torch.int32))
+        return Buffers(self, device, pin)
 
     def views(self, buffers: Buffers, tokens: int, entries: int,
               num_splits: int | None = None) -> tuple[torch.Tensor, ForwardBatch]:
         """(input_ids [T], ForwardBatch) of bucket (tokens, entries) over the buffers."""
-        i64, head, tables = buffers
+        i64, head, tables = buffers.i64, buffers.head, buffers.tables
         t, e = self.t, self.e
         pages, deltas, valid, starts, firsts = table_views(tables[:entries])
         attn = PagedBatch(head[: entries + 1], head[e + 1: e + 1 + entries], pages, deltas, valid, starts,
@@ -81,32 +105,22 @@ class StepLayout:
         return i64[:tokens], fb
 
     def fill(self, buffers: Buffers, step: StepInputs, tokens: int, entries: int) -> None:
-        """Write `step` padded to bucket (tokens, entries) into CPU buffers (module docstring, padding)."""
-        i64, head, tables = (b.numpy() for b in buffers)
+        """Write `step` padded to bucket (tokens, entries) into CPU buffers (module docstring, padding). One
+        slice assignment per field, from lists padded in Python: each numpy call costs about a µs."""
+        i64, head, tables = buffers.arrays
         t, e = self.t, self.e
         n, real = len(step.tokens), len(step.entries)
-        i64[:n] = step.tokens
-        i64[n:tokens] = 0
-        i64[t: t + n] = step.positions
-        i64[t + n: t + tokens] = np.arange(tokens - n)
-        i64[2 * t: 2 * t + n] = step.slots
-        i64[2 * t + n: 2 * t + tokens] = -1
+        pad = tokens - n
+        i64[:tokens] = step.tokens + [0] * pad
+        i64[t: t + tokens] = step.positions + list(range(pad))
+        i64[2 * t: 2 * t + tokens] = step.slots + [-1] * pad
         rows = step.logits_rows
-        i64[3 * t: 3 * t + len(rows)] = rows
-        i64[3 * t + len(rows): 3 * t + entries] = 0
-        cu = head[: entries + 1]
-        cu[0] = 0
-        cu[1: real + 1] = np.cumsum(step.q_lens)
-        cu[real + 1:] = n
-        cu[entries] = tokens
-        q_start = head[e + 1: e + 1 + entries]
-        q_start[:real] = step.q_starts
-        q_start[real:] = 0
-        num_pages = head[2 * e + 1: 2 * e + 1 + entries]
-        num_pages[:real] = [len(x.pages) for x in step.entries]
-        num_pages[real:] = 0
-        num_pages[entries - 1] = 1
-        fill_tables(tables, step.entries + [_NO_PAGES] * (entries - 1 - real) + [_PADDING])
+        i64[3 * t: 3 * t + entries] = rows + [0] * (entries - len(rows))
+        empty = entries - 1 - real  # entries listing no rows, before the padding entry
+        head[: entries + 1] = [0, *itertools.accumulate(step.q_lens)] + [n] * empty + [tokens]  # cu_seqlens_q
+        head[e + 1: e + 1 + entries] = step.q_starts + [0] * (entries - real)
+        head[2 * e + 1: 2 * e + 1 + entries] = [len(x.pages) for x in step.entries] + [0] * empty + [1]
+        fill_tables(tables, step.entries + [_NO_PAGES] * empty + [_PADDING])
 
 
 def _reachable(entry_buckets: Sequence[int], tokens: int) -> list[int]:
@@ -151,11 +165,9 @@ class PrefillGraphs:
     def run(self, step: StepInputs, bucket: tuple[int, int]) -> torch.Tensor:
         """fp32 logits [len(step.logits_rows), vocab] of a step that fits `bucket`, by graph replay."""
         tokens, entries = bucket
-        self.copied.synchronize()  # the previous step's copies may still read the staging buffers
+        self.copied.synchronize()  # the previous step's copy may still read the staging buffers
         self.layout.fill(self.staging, step, tokens, entries)
-        for static, staged in zip(self.static[:2], self.staging[:2]):
-            static.copy_(staged, non_blocking=True)
-        self.static[2][:entries].copy_(self.staging[2][:entries], non_blocking=True)
+        self.static.upto(entries).copy_(self.staging.upto(entries), non_blocking=True)
         self.copied.record()
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
@@ -171,8 +183,7 @@ class PrefillGraphs:
             if bucket not in self.graphs:
                 tokens, entries = bucket
                 self.layout.fill(self.empty, StepInputs([], [], [], [], [], [], [], False), tokens, entries)
-                for static, host in zip(self.static, self.empty):
-                    static.copy_(host)
+                self.static.raw.copy_(self.empty.raw)
                 self.graphs[bucket] = self._capture(bucket)
 
     @torch.inference_mode()

@@ -1,8 +1,10 @@
+import hashlib
 import random
+import struct
 
 import pytest
 
-from lazyattn.cache.document_cache import CacheStats, DocumentCache, Segment, segment_key
+from lazyattn.cache.document_cache import CacheStats, DocumentCache, Segment, SegmentKeyer, segment_key
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.errors import OutOfPagesError
 
@@ -73,6 +75,47 @@ def test_parent_chains_page_keys():
     other_first = segment_key("m", "r", None, [9, 9])
     assert k2 != segment_key("m", "r", None, [3, 4], parent=other_first)
     assert k2 == segment_key("m", "r", None, [3, 4], parent=k1)
+
+
+def _expected_key(model: str, rope: str, salt: str | None, ids: list[int], parent: str | None, width: int) -> str:
+    """The documented layout, written out by hand: version, four length-prefixed string fields (a 0 byte for
+    None), the id count (8 bytes LE), the width byte, the ids as LE int32 or int64."""
+    def field(s):
+        return b"\x00" if s is None else b"\x01" + struct.pack("<Q", len(s.encode())) + s.encode()
+
+    body = b"".join(struct.pack("<i" if width == 4 else "<q", t) for t in ids)
+    blob = (b"lazyattn-segment-key-v2\x00" + field(model) + field(rope) + field(salt) + field(parent)
+            + struct.pack("<Q", len(ids)) + bytes([width]) + body)
+    return hashlib.sha256(blob).hexdigest()
+
+
+@pytest.mark.parametrize("ids, width", [([1, 2, 3], 4), ([128000, 0, -5, 2**31 - 1], 4), ([1, 2**31], 8),
+                                        ([-(2**31) - 1], 8), ([], 4)])
+def test_key_matches_its_documented_byte_layout(ids, width):
+    assert segment_key("m@1", "rope:500000", "t", ids, None) == _expected_key("m@1", "rope:500000", "t", ids, None,
+                                                                               width)
+    assert segment_key("m@1", "r", None, ids, "p" * 64) == _expected_key("m@1", "r", None, ids, "p" * 64, width)
+
+
+def test_int32_and_int64_encodings_never_collide():
+    # -1 as int32 and 2**32 - 1 as int64 start with the same four bytes; ids on either side of the int32 range.
+    assert segment_key("m", "r", None, [-1]) != segment_key("m", "r", None, [2**32 - 1])
+    assert segment_key("m", "r", None, [2**31 - 1]) != segment_key("m", "r", None, [2**31])
+    assert segment_key("m", "r", None, [7, 2**40]) != segment_key("m", "r", None, [7, 2**40 + 1])
+
+
+def test_keyer_equals_segment_key_and_rejects_non_int64_ids():
+    keyer = SegmentKeyer("llama-3.1-8b@abc", "rope:500000")
+    rng = random.Random(0)
+    for n in (0, 1, 31, 2048):
+        ids = [rng.randrange(0, 128256) for _ in range(n)]
+        for salt, parent in ((None, None), ("tenant-a", None), (None, "0" * 64), ("", "")):
+            assert keyer(ids, salt, parent) == segment_key("llama-3.1-8b@abc", "rope:500000", salt, ids, parent)
+            assert keyer(tuple(ids), salt, parent) == keyer(ids, salt, parent)  # the hash state is copied, not reused
+    assert keyer([1, 2], None) != SegmentKeyer("llama-3.1-8b@abd", "rope:500000")([1, 2], None)
+    for bad in ([2**63], [1.5], ["1"]):
+        with pytest.raises(struct.error):
+            keyer(bad, None)
 
 
 # -- acquire / release ---------------------------------------------------------------------------------

@@ -119,6 +119,28 @@ def test_padding_layout_marks_padding_rows_and_entries():
     assert fb.logits_indices.tolist() == [4, 15, 0, 0]
 
 
+def test_buffers_views_are_disjoint_and_one_copy_carries_a_bucket():
+    """The three views share one byte buffer without overlapping, and the bytes `upto(entries)` names hold all a
+    bucket reads: a copy of just those into a fresh buffer (what the graphs' one host-to-device copy moves) gives
+    the same inputs as the filled buffer, after a larger step left other values in the destination."""
+    layout = StepLayout(128, 8, WIDTH, PAGE)
+    src, dst = layout.buffers("cpu"), layout.buffers("cpu")
+    for view, value in ((src.i64, -1), (src.head, -2), (src.tables, -3)):
+        view.fill_(value)
+    assert src.i64.eq(-1).all() and src.head.eq(-2).all() and src.tables.eq(-3).all()
+    big = step_of([(EntryPages(list(range(WIDTH)), [3] * WIDTH, [16] * WIDTH), [7] * 18, 0, [1] * 18, True)] * 7)
+    layout.fill(dst, big, 128, 8)
+    step, bucket = rag_step(100), (32, 4)
+    layout.fill(src, step, *bucket)
+    dst.raw[: src.upto(bucket[1]).numel()].copy_(src.upto(bucket[1]))
+    (ids_a, fb_a), (ids_b, fb_b) = layout.views(src, *bucket), layout.views(dst, *bucket)
+    assert torch.equal(ids_a, ids_b) and ids_a[:16].tolist() == step.tokens
+    for name in ("positions", "slot_mapping", "logits_indices"):
+        assert torch.equal(getattr(fb_a, name), getattr(fb_b, name)), name
+    for name in ("cu_seqlens_q", "q_start", "num_pages", "pages", "deltas", "valid", "starts", "firsts"):
+        assert torch.equal(getattr(fb_a.attn, name), getattr(fb_b.attn, name)), name
+
+
 @pytest.mark.parametrize("bucket", [(16, 4), (64, 8)])
 def test_padded_step_gives_the_eager_logits_through_the_model(bucket):
     cfg = ModelConfig.tiny()
