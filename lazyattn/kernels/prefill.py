@@ -103,6 +103,9 @@ _MAX_SPLITS = 32
 # longer calls, whose Q is rotated once per program of many tiles, rotate in the attention kernel.
 _ROTATED_RUNS = 8
 _ROTATE_MAX_ROWS = 256
+# Split calls plan one piece of one run per split (_plan_piece) when an entry's visible pages hold at most this
+# many runs (and no more than splits); beyond, splits take balanced page ranges and walk the runs in them.
+_PLAN_RUNS = 16
 
 
 @triton.jit
@@ -233,6 +236,55 @@ def _run_deltas(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexp
         first = tl.minimum(first, tl.min(tl.where(hit, i[None, :], n_pages), axis=1))
         seen += tl.sum(new_run.to(tl.int32), axis=0)
     return tl.load(deltas_row + first, mask=first < n_pages, other=0)
+
+
+@triton.jit
+def _run_bounds(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """First page and length of each of the first BLOCK_R runs among the first n_pages pages ([BLOCK_R] each;
+    length 0 past the last run), and the number of runs there."""
+    run = tl.arange(0, BLOCK_R)
+    first = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # n_pages: no such run
+    after = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # first page of the next run
+    seen = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        new_run = _run_starts(deltas_row, i, n_pages)
+        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
+        starts_here = tl.where(new_run[None, :], i[None, :], n_pages)
+        first = tl.minimum(first, tl.min(tl.where(index[None, :] == run[:, None], starts_here, n_pages), axis=1))
+        after = tl.minimum(after, tl.min(tl.where(index[None, :] == run[:, None] + 1, starts_here, n_pages), axis=1))
+        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    return first, after - first, seen
+
+
+@triton.jit
+def _plan_piece(deltas_row, n_pages, split, num_splits, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Pages [lo, hi) of this split's piece and the index of the run holding it, for calls that give each split
+    at most one piece: the runs of equal delta are cut into pieces of L pages (the last piece of a run
+    shorter), L the least length that makes at most num_splits pieces, and split s takes piece s. One delta
+    per program, so one Q tile and one tile loop, and no program longer than L pages.
+
+    planned is False when that cannot be done (more runs than splits or than BLOCK_R): the caller walks runs.
+    lo = hi when the split has no piece."""
+    first, length, runs = _run_bounds(deltas_row, n_pages, BLOCK_R, BLOCK_P)
+    planned = (runs <= num_splits) & (runs <= BLOCK_R)
+    piece = tl.maximum(tl.cdiv(n_pages, num_splits), 1)
+    if planned:
+        # Pieces of L pages number sum_r cdiv(len_r, L) <= n / L + runs: L = cdiv(n, S - runs) always fits,
+        # so this loop ends within `runs` steps of its start.
+        while tl.sum(tl.cdiv(length, piece), axis=0) > num_splits:
+            piece += 1
+    count = tl.cdiv(length, piece)
+    ends = tl.cumsum(count, 0)  # pieces up to and including each run
+    run = tl.sum((ends <= split).to(tl.int32), axis=0)
+    ok = planned & (run < runs)
+    run_first = _pick(first, run, BLOCK_R)
+    run_len = _pick(length, run, BLOCK_R)
+    lo = run_first + (split - (_pick(ends, run, BLOCK_R) - _pick(count, run, BLOCK_R))) * piece
+    hi = tl.minimum(lo + piece, run_first + run_len)
+    lo = tl.where(ok, lo, 0)
+    hi = tl.where(ok, hi, 0)
+    return planned, lo, hi, run
 
 
 @triton.jit
@@ -392,6 +444,31 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
     return acc, l_i, m_i
 
 
+@triton.jit
+def _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin, delta, run, max_position,
+                 HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTATED_RUNS: tl.constexpr):
+    """Where a chunk of delta `delta`, in the entry's run `run`, loads its Q tile from: q itself (delta 0), the
+    run's copy rotated up front (the first ROTATED_RUNS runs), or the program's scratch rows, which get Q
+    rotated here.
+
+    Rotated here, the tile goes through the scratch rows and is loaded back: a loaded Q is what triton keeps in
+    shared memory for the QK^T wgmma. Computed in registers, Q stays a register operand, reloaded from shared
+    memory on every tile at 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
+    scratch for the whole CTA."""
+    q_src = q_rows
+    if delta != 0:
+        if run < ROTATED_RUNS:
+            q_src = rot_rows + run * rot_run_stride
+        else:
+            dims = tl.arange(0, HEAD_DIM)
+            q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+            tl.debug_barrier()
+            tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
+            tl.debug_barrier()
+            q_src = scratch_rows
+    return q_src
+
+
 # Counts that change with every batch are not specialised on (Triton would compile a variant for == 1 and
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
@@ -405,7 +482,8 @@ def _prefill_kernel(
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr, PLAN_PIECES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -483,38 +561,45 @@ def _prefill_kernel(
             step = 1
             chunk_len = n_vis
         chunk_len = tl.maximum(chunk_len, 1)
-        page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
-        has_chunk = c < n_chunks
-        while c < n_chunks:
-            q_src = q_rows
-            if APPLY_DELTA:
-                delta = tl.load(deltas + table + page_lo)
-                if delta != 0:
-                    # The entry's first ROTATED_RUNS runs come rotated by _rotate_runs_kernel.
+        planned = False
+        if PLAN_PIECES:
+            planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
+                                                                 BLOCK_R, BLOCK_P)
+        if planned:
+            # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
+            has_chunk = piece_lo < piece_hi
+            if has_chunk:
+                q_src = q_rows
+                if APPLY_DELTA:
+                    q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                                         tl.load(deltas + table + piece_lo), piece_run, max_position, HEAD_DIM,
+                                         INTERLEAVED, ROTATED_RUNS)
+                q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+                acc, l_i, m_i = _attend_pages(
+                    acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+                    starts + table, firsts + table, piece_lo, piece_hi, stride_kp, stride_ks, stride_vp,
+                    stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+        else:
+            page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+            has_chunk = c < n_chunks
+            while c < n_chunks:
+                q_src = q_rows
+                if APPLY_DELTA:
+                    # The entry's first ROTATED_RUNS runs come rotated up front: find this chunk's run.
                     if ROTATED_RUNS > 0:  # noqa: SIM108 - a compile-time branch
                         run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
                     else:
                         run = ROTATED_RUNS
-                    if run < ROTATED_RUNS:
-                        q_src = rot_rows + run * rot_run_stride
-                    else:
-                        # Rotated here, the tile goes through this program's scratch rows and is loaded back:
-                        # a loaded Q is what triton keeps in shared memory for the QK^T wgmma. Computed in
-                        # registers, Q stays a register operand, reloaded from shared memory on every tile at
-                        # 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
-                        # scratch for the whole CTA.
-                        q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
-                        tl.debug_barrier()
-                        tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
-                        tl.debug_barrier()
-                        q_src = scratch_rows
-            q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-            acc, l_i, m_i = _attend_pages(
-                acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs,
-                qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
-            c += step
-            page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+                    q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                                         tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM,
+                                         INTERLEAVED, ROTATED_RUNS)
+                q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+                acc, l_i, m_i = _attend_pages(
+                    acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+                    starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp,
+                    stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+                c += step
+                page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
@@ -636,7 +721,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
                       num_splits: int | None = None, config: PrefillConfig | None = None,
                       rotated_runs: int | None = None, rotated_q: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      plan_pieces: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
     q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
@@ -647,7 +732,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     Launch parameters: num_splits=None takes batch.num_splits, else splits the KV walk only when the grid
     leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. rotated_runs: copies of Q
     rotated up front, one per run of equal delta (module docstring, "Where delta is applied"); None takes
-    _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond. The split
+    _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond.
+    plan_pieces=False keeps split calls on balanced page ranges walked run by run (the comparison baseline of
+    benchmarks/attention_splits.py); True gives each split one piece of one run where it can. The split
     partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's allocator, in
     the graph's pool under CUDA graphs).
     """
@@ -681,6 +768,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
+                          PLAN_PIECES=splits > 1 and plan_pieces, BLOCK_R=_PLAN_RUNS,
                           num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
