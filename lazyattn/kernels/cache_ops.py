@@ -69,12 +69,11 @@ def _rotate(a, b, cos, sin):
 
 
 @triton.jit
-def _rope_heads(
-    src, s_h, s_d, dst, d_h, d_d, cos, sin, mscale, n_heads,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr,
-):
-    """Rotate n_heads heads of one token (strided src rows) into dst rows, rounding to ROUND_TY then dst's.
+def _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, OUT_TY: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr):
+    """The rotation pairs of n_heads heads of one token (strided src rows), rotated and rounded to ROUND_TY then
+    OUT_TY.
 
     The double rounding is apply_rope's (to the input dtype) followed by the cache write's (to the cache
     dtype): the reference rounds twice when k's dtype differs from the cache's, and so must we.
@@ -82,21 +81,34 @@ def _rope_heads(
     h = tl.arange(0, BLOCK_H)[:, None]
     a, b = _load_pairs(src + h.to(tl.int64) * s_h, s_d, h < n_heads, BLOCK_HALF, HALF, INTERLEAVED)
     ra, rb = _rotate(a, b, cos[None, :], sin[None, :])
-    ra = (ra * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
-    rb = (rb * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
+    ra = (ra * mscale).to(ROUND_TY).to(OUT_TY)
+    rb = (rb * mscale).to(ROUND_TY).to(OUT_TY)
+    return ra, rb
+
+
+@triton.jit
+def _rope_heads(
+    src, s_h, s_d, dst, d_h, d_d, cos, sin, mscale, n_heads,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr,
+):
+    """Rotate n_heads heads of one token (strided src rows) into dst rows (_rope_pairs, then stored)."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    ra, rb = _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, dst.dtype.element_ty, HALF, BLOCK_H, BLOCK_HALF,
+                         INTERLEAVED, ROUND_TY)
     _store_pairs(dst + h.to(tl.int64) * d_h, d_d, h < n_heads, ra, rb, BLOCK_HALF, HALF, INTERLEAVED)
     return ra, rb
 
 
 @triton.jit
-def _write_run_copies(a, b, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
-                      total_q, s_table, s_tab, max_position,
+def _write_run_copy(a, b, t, run, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
+                    total_q, s_table, s_tab, max_position,
                       HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                      BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, RUNS: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
-    """q_rot[r, t] = the rotated q pairs (a, b) of token t rotated by -delta of run r of its entry, for the
-    runs of nonzero delta among its first RUNS (prefill._rotate_runs_kernel's copies, same expression as
-    prefill._derotated_q: a' = a c + b s, b' = b c - a s)."""
+                    BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
+    """q_rot[run, t] = the rotated q pairs (a, b) of token t rotated by -delta of run `run` of its entry, if that
+    delta is nonzero (prefill._rotate_runs_kernel's copies, same expression as prefill._derotated_q:
+    a' = a c + b s, b' = b c - a s)."""
     entry = _entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
     deltas_row = deltas_ptr + entry.to(tl.int64) * s_table
     run_deltas = _run_deltas(deltas_row, tl.load(num_pages_ptr + entry), BLOCK_R, BLOCK_P)
@@ -104,18 +116,17 @@ def _write_run_copies(a, b, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_p
     b = b.to(tl.float32)
     h = tl.arange(0, BLOCK_HQ)[:, None]
     j = tl.arange(0, BLOCK_HALF)
-    for r in tl.static_range(RUNS):
-        delta = _pick(run_deltas, r, BLOCK_R)
-        if delta != 0:
-            # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
-            row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
-            cos = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
-            sin = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
-            ra = a * cos + b * sin
-            rb = b * cos + a * -sin
-            dst = q_rot_ptr + ((r * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
-            ty = q_rot_ptr.dtype.element_ty
-            _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
+    delta = _pick(run_deltas, run, BLOCK_R)
+    if delta != 0:
+        # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+        row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
+        cos = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
+        sin = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
+        ra = a * cos + b * sin
+        rb = b * cos + a * -sin
+        dst = q_rot_ptr + ((run * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
+        ty = q_rot_ptr.dtype.element_ty
+        _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
 
 
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
@@ -130,19 +141,27 @@ def _rope_write_kv_kernel(
     INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    # One program per token: all its q, k and v heads (a few KiB) in one pass.
+    # Program (t, 0): all q, k and v heads of token t (a few KiB) in one pass. Program (t, 1 + r), with RUNS > 0
+    # (rope_write_kv_runs): token t's q rotated again for run r, from q rotated and rounded exactly as program
+    # (t, 0) stores it (what prefill would load). One copy per program: the copies are written in parallel, so
+    # the launch takes about as long as without them.
     t = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
     cos = tl.load(cos_ptr + pos * s_tab + j, mask=j < HALF, other=1.0)
     sin = tl.load(sin_ptr + pos * s_tab + j, mask=j < HALF, other=0.0)
+    if RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
+        if part > 0:
+            qa, qb = _rope_pairs(q_ptr + t * sq_t, sq_h, sq_d, cos, sin, mscale, HQ, q_out_ptr.dtype.element_ty,
+                                 HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
+            _write_run_copy(qa, qb, t, part - 1, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr,
+                            batch_size, total_q, s_table, s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ,
+                            BLOCK_HALF, INTERLEAVED, BLOCK_R, BLOCK_B, BLOCK_P)
+            return
 
-    qa, qb = _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
-                         HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
-    if RUNS > 0:  # rope_write_kv_runs: the per-run copies, from the q just rounded (what prefill would load)
-        _write_run_copies(qa, qb, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
-                          total_q, s_table, s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF,
-                          INTERLEAVED, RUNS, BLOCK_R, BLOCK_B, BLOCK_P)
+    _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
+                HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
 
     slot = tl.load(slot_ptr + t).to(tl.int64)
     store = slot >= 0
@@ -236,7 +255,7 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
         cu, deltas, num_pages = batch.cu_seqlens_q, batch.deltas, batch.num_pages
         batch_size, s_table = batch.batch_size, batch.deltas.stride(0)
     half = dim // 2
-    _rope_write_kv_kernel[(t,)](
+    _rope_write_kv_kernel[(t, 1 + runs)](
         q, k, v, q_out, positions, slot_mapping, k_cache, v_cache, tables.cos, tables.sin,
         *q.stride(), *k.stride(), *v.stride(), q_out.stride(0), q_out.stride(1),
         *k_cache.stride(), *v_cache.stride(),

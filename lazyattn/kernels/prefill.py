@@ -561,7 +561,11 @@ def _prefill_kernel(
             step = 1
             chunk_len = n_vis
         chunk_len = tl.maximum(chunk_len, 1)
-        planned = False
+        # Runtime values in both cases: triton 3.6 compiles the `if planned` body even for a Python False.
+        planned = n_vis < 0
+        piece_lo = n_vis * 0
+        piece_hi = piece_lo
+        piece_run = piece_lo
         if PLAN_PIECES:
             planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
                                                                  BLOCK_R, BLOCK_P)
@@ -657,6 +661,7 @@ class PrefillConfig:
     block_n: int  # key slots per tile: part of one page, or two whole pages (2 * page_size)
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
 
 
 def prefill_config(fp32: bool, head_dim: int, group: int, page_size: int) -> PrefillConfig:
@@ -769,7 +774,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
                           PLAN_PIECES=splits > 1 and plan_pieces, BLOCK_R=_PLAN_RUNS,
-                          num_warps=config.num_warps, num_stages=config.num_stages)
+                          num_warps=config.num_warps, num_stages=config.num_stages,
+                          **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
                                               out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,

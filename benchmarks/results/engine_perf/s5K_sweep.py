@@ -35,7 +35,6 @@ def main() -> int:
     b = kb.Bench(argparse.Namespace(warmup=25, rep=100), s, device, tables)
     gbps = b.copy_bandwidth()
     rows: list[dict] = []
-    plan_ok = "plan_pieces" in prefill.prefill_attention.__code__.co_varnames
 
     def record(row: dict) -> None:
         rows.append(row)
@@ -44,30 +43,59 @@ def main() -> int:
     def pct(nbytes: float, us: float) -> float:
         return round(100 * nbytes / (us * 1e-6) / (gbps * 1e9), 1)
 
-    # Prefill: split counts x plan x deltas at the RAG shape; then context length at bs 1 (fixed vs per-byte).
-    cases = [(1, s, (12, 16, 20, 24, 32)), (8, s, (2, 4, 6, 8, 11, 16, 22))]
-    cases += [(1, replace(s, n_docs=n), (0,)) for n in (1, 2, 10)]
-    for batch, shp, split_counts in cases:
+    # Prefill: split counts x tiles x how Q is rotated, at the RAG shape; then context length at bs 1 (fixed vs
+    # per-byte cost); then the RoPE launch alone with and without the per-run copies.
+    P = prefill.PrefillConfig
+    small = (P(128, 32, 8, 3, 128), P(128, 64, 8, 2, 128), P(128, 32, 8, 4, None))
+    cases = [(1, s, (16, 20, 24, 32), (None,) + small), (8, s, (2, 6, 8, 11, 16), (None,))]
+    cases += [(1, replace(s, n_docs=n), (0,), (None,)) for n in (1, 2, 10)]
+    for batch, shp, split_counts, configs in cases:
         bb = kb.Bench(b.args, shp, device, tables, gbps)
         inputs, _ = kb.rag_case(bb, batch, False, copies=4)
+        rotated = [kb.rope_runs(bb, *i) for i in inputs]
         kv_bytes = batch * (shp.n_docs * shp.doc_len + shp.question) * shp.kv_heads * shp.head_dim * 2 * 2
-        for splits in split_counts:
-            for plan in ((True, False) if plan_ok else (None,)):
-                for deltas in (True, False):
-                    extra = {} if plan is None else {"plan_pieces": plan}
-                    calls = [lambda q=q, k=k, v=v, pb=pb, n=splits, d=deltas, e=extra: prefill.prefill_attention(
-                        q, k, v, pb, tables, b.scale, apply_delta=d, num_splits=n or None, **e)
-                        for q, k, v, pb in inputs]
-                    us = asp.graph_us(calls, device)
-                    record(dict(kind="prefill", batch=batch, docs=shp.n_docs, splits=splits, plan=plan,
-                                delta=deltas, us=round(us, 2), bw_pct=pct(kv_bytes, us)))
-        del inputs
+        variants = {"none": dict(apply_delta=False), "rotq": None, "inkernel": dict(rotated_runs=0)}
+        if shp.n_docs != s.n_docs:
+            variants = {"none": variants["none"]}
+        for config in configs:
+            for splits in split_counts:
+                for name, kw in variants.items():
+                    for plan in ((True, False) if splits in (16, 2) and config is None and name == "rotq" else (True,)):
+                        calls = [lambda q=q, k=k, v=v, pb=pb, r=r, n=splits, kw=kw, c=config, pl=plan:
+                                 prefill.prefill_attention(q, k, v, pb, tables, b.scale, num_splits=n or None,
+                                                           config=c, plan_pieces=pl,
+                                                           **(kw if kw is not None else {"rotated_q": r}))
+                                 for (q, k, v, pb), r in zip(inputs, rotated)]
+                        try:
+                            us = asp.graph_us(calls, device)
+                        except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded
+                            record(dict(kind="prefill", batch=batch, cfg=str(config), splits=splits, q=name,
+                                        error=str(e)[-300:]))
+                            continue
+                        record(dict(kind="prefill", batch=batch, docs=shp.n_docs, cfg=str(config), splits=splits,
+                                    plan=plan, q=name, us=round(us, 2), bw_pct=pct(kv_bytes, us)))
+        if shp.n_docs == s.n_docs:
+            from lazyattn.kernels.cache_ops import rope_write_kv, rope_write_kv_runs
+            from lazyattn.kernels.prefill import rotated_runs_for
+            for runs in (0, rotated_runs_for(batch * s.question)):
+                def rope(q, k, v, pb, runs=runs, bb=bb):
+                    t = q.shape[0]
+                    kv = torch.randn(t, 2, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device=device)
+                    slots = torch.full((t,), -1, dtype=torch.int64, device=device)
+                    args = (q, kv[:, 0], kv[:, 1], kb.rag_positions(bb, pb), slots, k, v, tables)
+                    if runs:
+                        return lambda: rope_write_kv_runs(*args, pb, runs)
+                    return lambda: rope_write_kv(*args)
+                us = asp.graph_us([rope(*i) for i in inputs], device)
+                record(dict(kind="rope", batch=batch, runs=runs, us=round(us, 2)))
+        del inputs, rotated
         torch.cuda.empty_cache()
     # Decode at batch 1: split counts x tiles at 10 304 keys; then context length with the default.
     gen = torch.Generator().manual_seed(0)
-    for ctx, split_counts, configs in ((10304, (8, 12, 16, 24, 33, 48, 66),
-                                        (None, decode.DecodeConfig(64, 4, 3, 168), decode.DecodeConfig(64, 4, 5, 168),
-                                         decode.DecodeConfig(64, 8, 4, None), decode.DecodeConfig(32, 4, 6, 168))),
+    D = decode.DecodeConfig
+    for ctx, split_counts, configs in ((10304, (12, 16, 20, 24, 33),
+                                        (None, D(64, 4, 3, 168), D(64, 4, 5, 168), D(64, 8, 4, None),
+                                         D(32, 4, 4, 168))),
                                        (2048, (0,), (None,)), (4096, (0,), (None,)), (20480, (0,), (None,))):
         inputs, nbytes = kb.decode_case(b, 1, ctx, gen)
         while len(inputs) < 4:
