@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.paged import PagedBatch, cdiv
-from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _run_deltas
+from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _run_starts
 from lazyattn.kernels.rope import RopeTables
 
 
@@ -101,31 +101,48 @@ def _rope_heads(
 
 
 @triton.jit
-def _write_run_copy(a, b, t, run, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
-                    total_q, s_table, s_tab, max_position,
-                      HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
-    """q_rot[run, t] = the rotated q pairs (a, b) of token t rotated by -delta of run `run` of its entry, if that
-    delta is nonzero (prefill._rotate_runs_kernel's copies, same expression as prefill._derotated_q:
+def _run_delta(deltas_row, n_pages, run, BLOCK_P: tl.constexpr):
+    """Delta of run `run` of an entry's pages (runs counted from its first page, as prefill._run_deltas counts
+    them), 0 past its last run: one vector scan, no [runs, pages] table."""
+    first = n_pages
+    seen = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        new_run = _run_starts(deltas_row, i, n_pages)
+        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
+        first = tl.minimum(first, tl.min(tl.where(new_run & (index == run), i, n_pages), axis=0))
+        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    return tl.load(deltas_row + first, mask=first < n_pages, other=0)
+
+
+@triton.jit
+def _write_run_copy(q_src, sq_h, sq_d, cos, sin, mscale, t, run, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr,
+                    sin_ptr, q_rot_ptr, batch_size, total_q, s_table, s_tab, max_position,
+                    HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                    BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_B: tl.constexpr,
+                    BLOCK_P: tl.constexpr):
+    """q_rot[run, t] = token t's q (q_src rows) rotated at its position (cos/sin) and rounded as rope_write_kv
+    stores it, then rotated by -delta of run `run` of its entry, if that delta is nonzero; nothing is read
+    otherwise (prefill._rotate_runs_kernel's copies, same expression as prefill._derotated_q:
     a' = a c + b s, b' = b c - a s)."""
     entry = _entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
     deltas_row = deltas_ptr + entry.to(tl.int64) * s_table
-    run_deltas = _run_deltas(deltas_row, tl.load(num_pages_ptr + entry), BLOCK_R, BLOCK_P)
-    a = a.to(tl.float32)
-    b = b.to(tl.float32)
-    h = tl.arange(0, BLOCK_HQ)[:, None]
-    j = tl.arange(0, BLOCK_HALF)
-    delta = _pick(run_deltas, run, BLOCK_R)
+    delta = _run_delta(deltas_row, tl.load(num_pages_ptr + entry), run, BLOCK_P)
     if delta != 0:
+        ty = q_rot_ptr.dtype.element_ty
+        a, b = _rope_pairs(q_src, sq_h, sq_d, cos, sin, mscale, HQ, ty, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED,
+                           q_src.dtype.element_ty)
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        h = tl.arange(0, BLOCK_HQ)[:, None]
+        j = tl.arange(0, BLOCK_HALF)
         # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
         row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
-        cos = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
-        sin = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
-        ra = a * cos + b * sin
-        rb = b * cos + a * -sin
+        cos_d = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
+        sin_d = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
+        ra = a * cos_d + b * sin_d
+        rb = b * cos_d + a * -sin_d
         dst = q_rot_ptr + ((run * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
-        ty = q_rot_ptr.dtype.element_ty
         _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
 
 
@@ -138,7 +155,7 @@ def _rope_write_kv_kernel(
     cu_ptr, deltas_ptr, num_pages_ptr, q_rot_ptr, batch_size, total_q, s_table, max_position,
     HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
+    INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
     # Program (t, 0): all q, k and v heads of token t (a few KiB) in one pass. Program (t, 1 + r), with RUNS > 0
@@ -153,11 +170,9 @@ def _rope_write_kv_kernel(
     sin = tl.load(sin_ptr + pos * s_tab + j, mask=j < HALF, other=0.0)
     if RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
         if part > 0:
-            qa, qb = _rope_pairs(q_ptr + t * sq_t, sq_h, sq_d, cos, sin, mscale, HQ, q_out_ptr.dtype.element_ty,
-                                 HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
-            _write_run_copy(qa, qb, t, part - 1, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr,
-                            batch_size, total_q, s_table, s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ,
-                            BLOCK_HALF, INTERLEAVED, BLOCK_R, BLOCK_B, BLOCK_P)
+            _write_run_copy(q_ptr + t * sq_t, sq_h, sq_d, cos, sin, mscale, t, part - 1, cu_ptr, deltas_ptr,
+                            num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size, total_q, s_table, s_tab,
+                            max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, BLOCK_B, BLOCK_P)
             return
 
     _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
@@ -264,7 +279,7 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
         HQ=hq, HKV=hkv, HEAD_DIM=dim, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        INTERLEAVED=tables.interleaved, RUNS=runs, BLOCK_R=triton.next_power_of_2(max(runs, 1)),
+        INTERLEAVED=tables.interleaved, RUNS=runs,
         BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
         num_warps=4,
     )

@@ -51,7 +51,10 @@ there are two ways, chosen per call:
 Both compute R_{-delta} q in fp32 from the same inputs and round it to Q's dtype, so they give the same tile.
 
 Chunks. Without splits: the runs of equal delta, in order (with APPLY_DELTA=False: one loop over all
-pages). With S splits, when no program rotates Q in the kernel (no deltas, or Q rotated up front), split s
+pages). With S >= _PLAN_MIN_SPLITS splits and at most min(S, _PLAN_RUNS) runs (a short question over a few
+cached documents), each split takes one piece of one run (_plan_piece): the runs are cut into pieces of L pages,
+L the least length giving at most S pieces, so no program holds two deltas (one Q tile, one tile loop, no run
+scan per chunk) and none walks more than L pages. Where the plan does not apply, split s
 takes the s-th of S balanced page ranges and walks the runs in it: every program gets the same number of
 tiles, whatever the runs. When Q is rotated in the kernel, the rotation is kept to one per program where
 possible: with more splits than runs, the runs cut into pieces of about (n - runs) / (S - runs) pages, split
@@ -106,6 +109,9 @@ _ROTATE_MAX_ROWS = 256
 # Split calls plan one piece of one run per split (_plan_piece) when an entry's visible pages hold at most this
 # many runs (and no more than splits); beyond, splits take balanced page ranges and walk the runs in them.
 _PLAN_RUNS = 16
+# Below this many splits (RAG at batch 8: 2) entries hold more runs than splits, the plan never applies, and its
+# scan only costs (H100, benchmarks/results/engine_perf/s5K_sweep.json: 177 against 169 us).
+_PLAN_MIN_SPLITS = 4
 
 
 @triton.jit
@@ -586,14 +592,17 @@ def _prefill_kernel(
         else:
             page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
             has_chunk = c < n_chunks
+            # The entry's first ROTATED_RUNS runs come rotated up front: each chunk needs its run. With step 1
+            # (balanced ranges) consecutive chunks are consecutive runs, so one scan finds the first chunk's.
+            run = n_vis * 0 + ROTATED_RUNS  # a tensor: the loop carries it
+            if APPLY_DELTA and ROTATED_RUNS > 0:
+                run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
             while c < n_chunks:
                 q_src = q_rows
                 if APPLY_DELTA:
-                    # The entry's first ROTATED_RUNS runs come rotated up front: find this chunk's run.
-                    if ROTATED_RUNS > 0:  # noqa: SIM108 - a compile-time branch
-                        run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
-                    else:
-                        run = ROTATED_RUNS
+                    if ROTATED_RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
+                        if step != 1:
+                            run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
                     q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
                                          tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM,
                                          INTERLEAVED, ROTATED_RUNS)
@@ -603,6 +612,7 @@ def _prefill_kernel(
                     starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp,
                     stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
                 c += step
+                run += 1
                 page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -773,7 +783,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
-                          PLAN_PIECES=splits > 1 and plan_pieces, BLOCK_R=_PLAN_RUNS,
+                          PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces, BLOCK_R=_PLAN_RUNS,
                           num_warps=config.num_warps, num_stages=config.num_stages,
                           **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
     if splits > 1:
