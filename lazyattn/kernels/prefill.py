@@ -112,6 +112,10 @@ _PLAN_RUNS = 16
 # Below this many splits (RAG at batch 8: 2) entries hold more runs than splits, the plan never applies, and its
 # scan only costs (H100, benchmarks/results/engine_perf/s5K_sweep.json: 177 against 169 us).
 _PLAN_MIN_SPLITS = 4
+# A piece may be this many pages longer than a balanced range: what a second run in a program costs (its scan,
+# Q load and pipeline refill), about 3 tiles on an H100 (RAG bs 1, 16 splits: 37.1 us planned at 11 pages
+# against 44.0 us balanced at 10-11 pages over two runs).
+_PLAN_SLACK = tl.constexpr(2)
 
 
 @triton.jit
@@ -264,13 +268,15 @@ def _run_bounds(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexp
 
 
 @triton.jit
-def _plan_piece(deltas_row, n_pages, split, num_splits, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+def _plan_piece(deltas_row, n_pages, split, num_splits, PLAN_SLACK: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_P: tl.constexpr):
     """Pages [lo, hi) of this split's piece and the index of the run holding it, for calls that give each split
     at most one piece: the runs of equal delta are cut into pieces of L pages (the last piece of a run
     shorter), L the least length that makes at most num_splits pieces, and split s takes piece s. One delta
     per program, so one Q tile and one tile loop, and no program longer than L pages.
 
-    planned is False when that cannot be done (more runs than splits or than BLOCK_R): the caller walks runs.
+    planned is False when that cannot be done (more runs than splits or than BLOCK_R), or when L exceeds a
+    balanced range's cdiv(n_pages, num_splits) by more than PLAN_SLACK pages: the caller walks runs then.
     lo = hi when the split has no piece."""
     first, length, runs = _run_bounds(deltas_row, n_pages, BLOCK_R, BLOCK_P)
     planned = (runs <= num_splits) & (runs <= BLOCK_R)
@@ -280,6 +286,9 @@ def _plan_piece(deltas_row, n_pages, split, num_splits, BLOCK_R: tl.constexpr, B
         # so this loop ends within `runs` steps of its start.
         while tl.sum(tl.cdiv(length, piece), axis=0) > num_splits:
             piece += 1
+    # Worth it only if no piece is much longer than a balanced range: with about as many splits as runs, whole
+    # runs would be the pieces (H100 engine step, 8 splits over 7 runs: 39 against 34 us per layer).
+    planned = planned & (piece <= tl.cdiv(n_pages, num_splits) + PLAN_SLACK)
     count = tl.cdiv(length, piece)
     ends = tl.cumsum(count, 0)  # pieces up to and including each run
     run = tl.sum((ends <= split).to(tl.int32), axis=0)
@@ -574,7 +583,7 @@ def _prefill_kernel(
         piece_run = piece_lo
         if PLAN_PIECES:
             planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
-                                                                 BLOCK_R, BLOCK_P)
+                                                                 _PLAN_SLACK, BLOCK_R, BLOCK_P)
         if planned:
             # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
             has_chunk = piece_lo < piece_hi
