@@ -484,6 +484,44 @@ def _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Si
     return q_src
 
 
+@triton.jit
+def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                 max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                 chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                 HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
+                 ROTATED_RUNS: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Chunks c, c + step, ... of the pages [first, last) (_chunk: cut at delta changes and every chunk_len
+    pages), each with its own Q tile and tile loop; returns the running softmax state and whether the program had
+    a chunk at all."""
+    dims = tl.arange(0, HEAD_DIM)
+    page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+    has_chunk = c < n_chunks
+    # The entry's first ROTATED_RUNS runs come rotated up front: each chunk needs its run. With step 1
+    # (balanced ranges) consecutive chunks are consecutive runs, so one scan finds the first chunk's.
+    run = tl.full([], ROTATED_RUNS, tl.int32)  # a tensor: the loop carries it
+    if APPLY_DELTA and ROTATED_RUNS > 0:
+        run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+    while c < n_chunks:
+        q_src = q_rows
+        if APPLY_DELTA:
+            if ROTATED_RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
+                if step != 1:
+                    run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+            q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                                 tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM,
+                                 INTERLEAVED, ROTATED_RUNS)
+        q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+        acc, l_i, m_i = _attend_pages(
+            acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+            starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp,
+            stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+        c += step
+        run += 1
+        page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+    return acc, l_i, m_i, has_chunk
+
+
 # Counts that change with every batch are not specialised on (Triton would compile a variant for == 1 and
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
@@ -576,53 +614,36 @@ def _prefill_kernel(
             step = 1
             chunk_len = n_vis
         chunk_len = tl.maximum(chunk_len, 1)
-        # Runtime values in both cases: triton 3.6 compiles the `if planned` body even for a Python False.
-        planned = n_vis < 0
-        piece_lo = n_vis * 0
-        piece_hi = piece_lo
-        piece_run = piece_lo
+        c = c + n_vis * 0  # a tensor in every case: _walk_chunks' loop carries it
         if PLAN_PIECES:
             planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
                                                                  _PLAN_SLACK, BLOCK_R, BLOCK_P)
-        if planned:
-            # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
-            has_chunk = piece_lo < piece_hi
-            if has_chunk:
-                q_src = q_rows
-                if APPLY_DELTA:
-                    q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
-                                         tl.load(deltas + table + piece_lo), piece_run, max_position, HEAD_DIM,
-                                         INTERLEAVED, ROTATED_RUNS)
-                q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-                acc, l_i, m_i = _attend_pages(
-                    acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                    starts + table, firsts + table, piece_lo, piece_hi, stride_kp, stride_ks, stride_vp,
-                    stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
-        else:
-            page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
-            has_chunk = c < n_chunks
-            # The entry's first ROTATED_RUNS runs come rotated up front: each chunk needs its run. With step 1
-            # (balanced ranges) consecutive chunks are consecutive runs, so one scan finds the first chunk's.
-            run = n_vis * 0 + ROTATED_RUNS  # a tensor: the loop carries it
-            if APPLY_DELTA and ROTATED_RUNS > 0:
-                run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
-            while c < n_chunks:
-                q_src = q_rows
-                if APPLY_DELTA:
-                    if ROTATED_RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
-                        if step != 1:
-                            run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
-                    q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
-                                         tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM,
-                                         INTERLEAVED, ROTATED_RUNS)
-                q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-                acc, l_i, m_i = _attend_pages(
-                    acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                    starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp,
-                    stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
-                c += step
-                run += 1
-                page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+            if planned:
+                # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
+                has_chunk = piece_lo < piece_hi
+                if has_chunk:
+                    q_src = q_rows
+                    if APPLY_DELTA:
+                        q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                                             tl.load(deltas + table + piece_lo), piece_run, max_position, HEAD_DIM,
+                                             INTERLEAVED, ROTATED_RUNS)
+                    q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+                    acc, l_i, m_i = _attend_pages(
+                        acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+                        starts + table, firsts + table, piece_lo, piece_hi, stride_kp, stride_ks, stride_vp,
+                        stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+            else:
+                acc, l_i, m_i, has_chunk = _walk_chunks(
+                    acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                    max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                    chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+        else:  # the plan compiled out: the kernel is the run walk alone
+            acc, l_i, m_i, has_chunk = _walk_chunks(
+                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
@@ -745,7 +766,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
                       num_splits: int | None = None, config: PrefillConfig | None = None,
                       rotated_runs: int | None = None, rotated_q: torch.Tensor | None = None,
-                      plan_pieces: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+                      plan_pieces: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
     q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
@@ -757,8 +778,10 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. rotated_runs: copies of Q
     rotated up front, one per run of equal delta (module docstring, "Where delta is applied"); None takes
     _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond.
-    plan_pieces=False keeps split calls on balanced page ranges walked run by run (the comparison baseline of
-    benchmarks/attention_splits.py); True gives each split one piece of one run where it can. The split
+    plan_pieces=True gives each split one piece of one run where it can (_plan_piece); off by default: on an
+    H100 it took the benchmark's RAG case at batch 1 (6 runs) from 41.4 to 36.9 us per layer, but in the
+    engine's step (7 runs: a system segment too) the plan falls back to the run walk and the kernel took 39.3
+    instead of 33.5 us per layer (docs/kernels.md, "Session 5"). The split
     partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's allocator, in
     the graph's pool under CUDA graphs).
     """

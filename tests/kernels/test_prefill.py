@@ -119,7 +119,7 @@ def test_one_piece_per_split(splits, rotated):
                       tables=tables("llama3", 64), seed=14)
     q, batch = s.final_prefill()
     want = ref(s, q, batch)
-    planned = run(s, q, batch, num_splits=splits, rotated_runs=rotated)
+    planned = run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=True)
     assert rel_err(planned, want) < 1e-5
     assert rel_err(run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=False), want) < 1e-5
 
@@ -132,7 +132,7 @@ def test_plan_falls_back_past_its_run_limit(monkeypatch):
     s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
                       tables=tables("default", 64), seed=15)
     q, batch = s.final_prefill()
-    assert rel_err(run(s, q, batch, num_splits=5), ref(s, q, batch)) < 1e-5
+    assert rel_err(run(s, q, batch, num_splits=5, plan_pieces=True), ref(s, q, batch)) < 1e-5
 
 
 @pytest.mark.parametrize("rotated", [0, 2, 8])
