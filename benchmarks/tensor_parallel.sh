@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Tensor parallelism on two GPUs (about 4-5 minutes on two H200s; docs/benchmarks.md, "Tensor parallelism"):
-# the all-reduce routes, the GPU tests of tests/parallel, then benchmarks/engine.py at Llama-3.1-8B shapes on one GPU and on two, and at
-# Llama-3.1-70B shapes on two (random bf16 weights). Writes tensor_parallel.log and engine_{8b_tp1,8b_tp2,70b_tp2}
-# .{json,md} into OUT_DIR. Every stage has a time limit, so one that hangs cannot take the others' time.
+# the all-reduce routes, the GPU tests of tests/parallel, this GPU's skinny-GEMM table, then benchmarks/engine.py at
+# Llama-3.1-8B shapes on one GPU and on two (overlapped scheduling on and off), at Llama-3.1-70B shapes on two (random
+# bf16 weights), and the serving benchmark (8B on one and two GPUs; 70B lazy, block, prefix on two). Writes
+# tensor_parallel.log, gemv.*, engine_*.{json,md} and serving_*/bench.json into OUT_DIR. Every stage has a time
+# limit, so one that hangs cannot take the others' time.
 #   bash benchmarks/tensor_parallel.sh OUT_DIR [BUDGET_S]
 # STAGES=allreduce_routes,engine_8b_tp2,... runs only those stages; LAZYATTN_TP_TRACE=DIR records dispatch lags.
 set -uo pipefail
@@ -47,14 +49,27 @@ graphs=()
 if ((tests_rc == 124)); then  # a hang: measure the engines without CUDA graphs rather than not at all
     graphs=(--no-cuda-graphs)
 fi
+# This GPU's skinny-GEMM dispatch table (kernels/gemv.py; the 8B and 70B shapes and their TP halves), written into
+# this tree's table so that the engines below use it; commit the table to keep it.
+stage gemv_table 150 python3 benchmarks/gemv.py --out "$out/gemv" --table lazyattn/kernels/gemv_table.json
 engine=(python3 benchmarks/engine.py --sections decode_short,ttft_rag --batches 16)
 stage engine_8b_tp1 60 "${engine[@]}" --out "$out/engine_8b_tp1"
-stage engine_8b_tp2 75 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2"
+stage engine_8b_tp2 75 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2" \
+    --sections decode_short,ttft_rag,launches  # + rank 0's kernels per step
+# The same without overlapped scheduling (engine/overlap.py; on by default with CUDA)
+stage engine_8b_tp2_sync 75 "${engine[@]}" --tensor-parallel-size 2 --no-async-scheduling "${graphs[@]}" \
+    --out "$out/engine_8b_tp2_sync"
 stage engine_70b_tp2 110 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" \
     --model benchmarks/models/llama-3.1-70b --out "$out/engine_70b_tp2"
-# If time is left: serving throughput at saturation on the paper workload (lazyattn bench), one GPU vs two.
-serving=(python3 -m lazyattn bench --model benchmarks/models/llama-3.1-8b --random-weights --device cuda
-         --modes lazy --rate inf --num-requests 40 --no-progress)
-stage serving_8b_tp2 80 "${serving[@]}" --tensor-parallel-size 2
-stage serving_8b_tp1 80 "${serving[@]}"
+# If time is left: serving throughput at saturation on the paper workload (lazyattn bench), one GPU vs two at 8B,
+# and lazy vs block vs prefix at 70B on two (one process per mode: each builds its own 70B engine).
+serving=(python3 -m lazyattn bench --random-weights --device cuda --rate inf --no-progress --output-len 16
+         --num-requests "${SERVING_REQUESTS:-24}")
+stage serving_8b_tp2 80 "${serving[@]}" --model benchmarks/models/llama-3.1-8b --modes lazy --tensor-parallel-size 2 \
+    --out "$out/serving_8b_tp2"
+stage serving_8b_tp1 80 "${serving[@]}" --model benchmarks/models/llama-3.1-8b --modes lazy --out "$out/serving_8b_tp1"
+for mode in lazy block prefix; do
+    stage "serving_70b_tp2_$mode" 150 "${serving[@]}" --model benchmarks/models/llama-3.1-70b --modes "$mode" \
+        --tensor-parallel-size 2 --out "$out/serving_70b_tp2_$mode"
+done
 echo "done in ${SECONDS} s" | tee -a "$log"

@@ -41,7 +41,7 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
     p.add_argument("--relink-tokens", type=int, default=0,
                    help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="schedule the next step while the GPU runs this one (default: on CUDA without tensor "
+                   help="schedule the next step while the GPU runs this one (default: on CUDA, also with tensor "
                         "parallelism; docs/design.md, Overlapped scheduling)")
     add_tensor_parallel_arg(p)
 

@@ -47,8 +47,8 @@ class EngineConfig:
     # quarter of the available host memory, at most 64 GiB.
     host_cache_gb: float | None = None
     tensor_parallel_size: int = 1  # GPUs (ranks) one engine spans (docs/design.md, "Tensor parallelism")
-    # Schedule step N+1 while the GPU runs step N (docs/design.md, "Overlapped scheduling"); None: on CUDA without
-    # tensor parallelism, off on the CPU, where the host is the device and nothing overlaps.
+    # Schedule step N+1 while the GPU runs step N (docs/design.md, "Overlapped scheduling"); None: on CUDA,
+    # with or without tensor parallelism, off on the CPU, where the host is the device and nothing overlaps.
     async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
@@ -72,9 +72,6 @@ class EngineConfig:
         if self.async_scheduling not in (None, True, False):
             raise InvalidRequestError(f"async_scheduling must be true, false or None, got {self.async_scheduling!r}",
                                       "async_scheduling")
-        if tp > 1 and self.async_scheduling:
-            raise InvalidRequestError("async_scheduling is not supported with tensor parallelism yet: every rank "
-                                      "would need the fed-back tokens", "async_scheduling")
         if tp > 1 and self.host_cache_gb:
             raise InvalidRequestError("host_cache_gb (the host tier) is not supported with tensor parallelism yet: "
                                       "every rank would need its own tier", "host_cache_gb")
@@ -82,10 +79,8 @@ class EngineConfig:
 
     @property
     def async_scheduling_on(self) -> bool:
-        """Whether the engine overlaps scheduling: as asked, or by default where it helps. Tensor parallelism
-        stays synchronous (its workers would need the fed-back tokens too)."""
-        if self.tensor_parallel_size > 1:
-            return False
+        """Whether the engine overlaps scheduling: as asked, or by default where it helps (CUDA, with or without
+        tensor parallelism)."""
         return self.device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
 
     @property

@@ -6,7 +6,9 @@ Each step is decided there, turned into StepInputs (packed ids, positions, slots
 every other rank's worker process (parallel/worker.py), which runs the same forward pass on its shard with its own
 KV pool; the collectives inside the model sum the partial results, and the driver samples from the gathered
 logits. Control messages go through one pipe per worker; tensors never do (parallel/channel.py: a step's message
-is pickled once, as plain lists, and the workers spin on their pipes between steps).
+is pickled once, as plain lists, and the workers spin on their pipes between steps). With overlapped scheduling a
+decode step's input tokens are still on the driver's GPU when it is sent: they follow by broadcast
+(parallel/fed_back.py).
 
 A worker that dies is noticed by a watcher thread, which aborts the process group so that a rank blocked in a
 collective returns; the next (or current) step then raises TensorParallelError with the worker's traceback.
@@ -20,9 +22,11 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
+import traceback
 import weakref
 from multiprocessing.connection import Connection, wait
 
@@ -35,6 +39,7 @@ from lazyattn.model.loader import load_model, model_config
 from lazyattn.parallel import worker
 from lazyattn.parallel.all_reduce import SETTING_ENV, setting
 from lazyattn.parallel.channel import DispatchTrace, encode, pack_step
+from lazyattn.parallel.fed_back import FedBackRelay
 from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave
 
 logger = logging.getLogger("lazyattn.parallel")
@@ -106,6 +111,7 @@ class TensorParallelRunner:
         try:
             self._send(("build", max_model_len))
             self.local = worker.build_runner(self.model, self.config, max_model_len, self.device, self.tp)
+            self.relay = FedBackRelay(self.config.max_num_seqs, self.device)
             counts = self._expect("ready")
         except BaseException:
             self.shutdown()
@@ -134,9 +140,13 @@ class TensorParallelRunner:
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch on every rank; the gathered fp32 logits [n, vocab] of the works that sample."""
         step = self.local.describe(batch)
+        fed, step.fed_back = step.fed_back, None  # a device tensor: it travels by broadcast (parallel/fed_back.py)
+        rows = 0 if fed is None else len(fed.index)
         sent = time.perf_counter()
-        self._send(("step", pack_step(step), sent))
+        self._send(("step", pack_step(step), sent, rows))
         try:
+            if fed is not None:
+                step.fed_back = self.relay.share(rows, fed)
             logits = self.local.execute(step)  # after the send: the workers start while the driver stages
         except Exception as error:
             self._step_failed(error)
@@ -280,4 +290,7 @@ def _leave_with_workers() -> None:
     leaving.start()
     leaving.join(STOP_TIMEOUT_S)
     if leaving.is_alive():
-        logger.warning("the driver could not leave the tensor-parallel group in %.0f s", STOP_TIMEOUT_S)
+        frame = sys._current_frames().get(leaving.ident)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
+        logger.warning("the driver could not leave the tensor-parallel group in %.0f s; it waits in:\n%s",
+                       STOP_TIMEOUT_S, where)

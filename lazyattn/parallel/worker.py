@@ -1,10 +1,11 @@
 """The process of one rank other than the driver: it loads its shard, builds its own KV pool and runner (same page
 count as every rank), then runs whatever the driver sends, in the driver's order, until told to stop.
 
-Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", packed StepInputs, send time),
-("stop", None) (parallel/channel.py: how a step travels fast). Replies: ("hello", None) once started, ("ready",
-num_pages), ("done", None) after a warm-up, ("error", traceback) before exiting on any failure. Steps get no reply:
-the collectives of the forward pass keep the ranks in step.
+Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", packed StepInputs, send time,
+fed-back rows), ("stop", None) (parallel/channel.py: how a step travels fast; parallel/fed_back.py: the fed-back
+rows' ids). Replies: ("hello", None) once started, ("ready", num_pages), ("done", None) after a warm-up, ("error",
+traceback) before exiting on any failure. Steps get no reply: the collectives of the forward pass keep the ranks
+in step.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.loader import load_model
 from lazyattn.parallel.channel import SPIN_S, DispatchTrace, receive, unpack_step
+from lazyattn.parallel.fed_back import FedBackRelay
 from lazyattn.parallel.group import TensorParallelGroup, join, leave
 
 
@@ -56,18 +58,23 @@ def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Con
         tp = join(init_method, rank, size, device)
         model, _ = load_model(config.model, dtype=config.torch_dtype, device=device, seed=config.seed,
                               random_init=config.random_weights, tensor_parallel=tp)
-        runner = None
+        runner = relay = None
         trace = DispatchTrace(rank)
         spin_s = SPIN_S if device.type == "cuda" else 0.0  # a CPU worker's core runs the model
         while True:
-            command, arg, *sent = receive(conn, spin_s)
+            command, arg, *extra = receive(conn, spin_s)
             if command == "step":
                 arrived = time.perf_counter()
-                runner.execute(unpack_step(arg))
+                step = unpack_step(arg)
+                sent, fed_rows = extra
+                if fed_rows:  # overlapped scheduling: the input tokens come from the driver's GPU
+                    step.fed_back = relay.share(fed_rows)
+                runner.execute(step)
                 if trace.on:
-                    trace.add(sent[0], arrived, time.perf_counter())
+                    trace.add(sent, arrived, time.perf_counter())
             elif command == "build":
                 runner = build_runner(model, config, arg, device, tp)
+                relay = FedBackRelay(config.max_num_seqs, device)
                 conn.send(("ready", runner.num_pages))
             elif command == "warm_up":
                 runner.warm_up()

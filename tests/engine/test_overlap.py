@@ -224,9 +224,8 @@ def test_the_option_defaults_to_where_it_helps():
     assert EngineConfig(device="cuda").async_scheduling_on
     assert EngineConfig(device="cpu", async_scheduling=True).async_scheduling_on
     assert not EngineConfig(device="cuda", async_scheduling=False).async_scheduling_on
-    assert not EngineConfig(device="cuda", tensor_parallel_size=2).async_scheduling_on
-    with pytest.raises(InvalidRequestError, match="tensor parallelism"):
-        EngineConfig(device="cuda", tensor_parallel_size=2, async_scheduling=True)
+    assert EngineConfig(device="cuda", tensor_parallel_size=2).async_scheduling_on
+    assert not EngineConfig(device="cpu", tensor_parallel_size=2).async_scheduling_on
     with pytest.raises(InvalidRequestError, match="async_scheduling"):
         EngineConfig(async_scheduling="yes")
 

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from lazyattn import LLM
+from lazyattn import LLM, SamplingParams
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.errors import CheckpointError, InvalidRequestError, TensorParallelError
 from tests.engine.test_engine import DOCS, REQUESTS, greedy, make_llm
@@ -193,3 +193,29 @@ def test_generate_command_on_two_ranks(capsys):
         outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
     assert outputs[1] == outputs[0]
     assert len(outputs[0]) == 6
+
+
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+def test_two_ranks_overlapped_match_one_synchronous(mode):
+    """Overlapped scheduling on two ranks (the fed-back ids broadcast from the driver, parallel/fed_back.py) streams
+    what one synchronous rank does: greedy with logprobs, seeded sampling, n = 2, arrivals while others decode, and a
+    stop token that ends one sequence while the next step is in flight (later steps feed back a subset of rows)."""
+    from tests.engine.test_overlap import SAMPLING, drive, engine
+
+    script = {0: [("add", "a1", SAMPLING["a1"]), ("add", "b1", SAMPLING["b1"])],
+              3: [("add", "c1", SAMPLING["c1"])], 6: [("add", "d1", SAMPLING["d1"]), ("add", "e1", SAMPLING["e1"])]}
+    one = engine(False, mode)
+    expected = drive(one, script)
+    stop_at = expected["a1"][-1][2][0][2][4]  # a1's fifth token ends it early
+    script[0][0] = ("add", "a1", SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=3,
+                                                stop_token_ids=[stop_at]))
+    expected = drive(engine(False, mode), script)
+    two = engine(True, mode, tensor_parallel_size=2)
+    try:
+        got = drive(two, script)
+        overlapped = two.overlapped_steps
+    finally:
+        two.shutdown()
+    assert got == expected
+    assert overlapped > 0
+    assert expected["a1"][-1][2][0][3] == "stop"

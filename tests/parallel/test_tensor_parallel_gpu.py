@@ -109,6 +109,31 @@ def test_bf16_two_ranks_lazy_equals_block_at_8b_shapes():
     assert max(compared) < 3e-2
 
 
+def test_overlapped_scheduling_on_two_ranks_matches_synchronous(tmp_path_factory):
+    """Overlapped scheduling under TP = 2 (the fed-back ids broadcast from the driver's GPU, parallel/fed_back.py)
+    gives the synchronous engine's tokens: three requests decoding together in graphs, one ending early (max_tokens)
+    so the steps after it feed back a subset of rows."""
+    directory = config_dir(tmp_path_factory, 4)
+    prompts = rag_prompts(3)
+    runs = {}
+    for overlap in (False, True):
+        llm = LLM(model=str(directory), device="cuda", dtype="float32", random_weights=True, kv_cache_gb=4,
+                  max_num_seqs=4, progress=False, tensor_parallel_size=2, async_scheduling=overlap)
+        try:
+            for i, (prompt, n) in enumerate(zip(prompts, (12, 5, 12))):
+                llm.engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0,
+                                                                       ignore_eos=True))
+            tokens = {}
+            while llm.engine.has_unfinished():
+                tokens.update((o.request_id, o.token_ids) for o in llm.engine.step() if o.finished)
+            runs[overlap] = ([tokens[f"r{i}"] for i in range(3)], llm.engine.overlapped_steps)
+        finally:
+            llm.shutdown()
+    print(f"\nTP=2 overlap on: {runs[True][1]} overlapped steps; tokens equal {runs[True][0] == runs[False][0]}")
+    assert runs[False][1] == 0 and runs[True][1] > 0
+    assert runs[True][0] == runs[False][0]
+
+
 def test_more_ranks_than_gpus_are_refused():
     with pytest.raises(InvalidRequestError, match=f"needs 4 GPUs; {torch.cuda.device_count()} visible"):
         LLM(model=str(CONFIG_8B), device="cuda", random_weights=True, tensor_parallel_size=4)
