@@ -286,8 +286,8 @@ def _plan_piece(deltas_row, n_pages, split, num_splits, PLAN_SLACK: tl.constexpr
         # so this loop ends within `runs` steps of its start.
         while tl.sum(tl.cdiv(length, piece), axis=0) > num_splits:
             piece += 1
-    # Worth it only if no piece is much longer than a balanced range: with about as many splits as runs, whole
-    # runs would be the pieces (H100 engine step, 8 splits over 7 runs: 39 against 34 us per layer).
+    # Worth it only if no piece is much longer than a balanced range: with about as many splits as runs the
+    # pieces would be whole runs, longer than a balanced range plus the cost of a second run in it.
     planned = planned & (piece <= tl.cdiv(n_pages, num_splits) + PLAN_SLACK)
     count = tl.cdiv(length, piece)
     ends = tl.cumsum(count, 0)  # pieces up to and including each run
