@@ -1,4 +1,5 @@
-"""Kernel benchmark: deferred-RoPE overhead, decode bandwidth, prefill TFLOP/s vs torch SDPA, block-mode copy.
+"""Kernel benchmark: deferred-RoPE overhead, decode bandwidth, prefill TFLOP/s vs torch SDPA, block-mode copy, and
+the attention targets of the request path (`targets`: each beside the copy bandwidth of the same run).
 
 On the GPU (all sections, about 5 minutes on an H100; Llama-3.1-8B heads: 32 q, 8 kv, head_dim 128, bf16):
 
