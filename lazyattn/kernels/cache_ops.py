@@ -24,8 +24,14 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.paged import PagedBatch, cdiv
-from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _run_deltas
+from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _run_deltas, _run_starts
 from lazyattn.kernels.rope import RopeTables
+
+# rope_write_kv_runs launches a program per (token, run copy) up to this many tokens, and one per token, writing
+# every copy, beyond: measured on an H100 (benchmarks/results/engine_perf/s5K_summary.md), the engine's RAG
+# question (32 tokens) took 4.6 instead of 7.9 us per layer, while 256 tokens (RAG at batch 8) were slower
+# with 2304 programs each scanning its entry's pages.
+_COPY_PROGRAMS_MAX_TOKENS = 64
 
 
 @triton.jit
@@ -69,12 +75,11 @@ def _rotate(a, b, cos, sin):
 
 
 @triton.jit
-def _rope_heads(
-    src, s_h, s_d, dst, d_h, d_d, cos, sin, mscale, n_heads,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr,
-):
-    """Rotate n_heads heads of one token (strided src rows) into dst rows, rounding to ROUND_TY then dst's.
+def _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, OUT_TY: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr):
+    """The rotation pairs of n_heads heads of one token (strided src rows), rotated and rounded to ROUND_TY then
+    OUT_TY.
 
     The double rounding is apply_rope's (to the input dtype) followed by the cache write's (to the cache
     dtype): the reference rounds twice when k's dtype differs from the cache's, and so must we.
@@ -82,10 +87,69 @@ def _rope_heads(
     h = tl.arange(0, BLOCK_H)[:, None]
     a, b = _load_pairs(src + h.to(tl.int64) * s_h, s_d, h < n_heads, BLOCK_HALF, HALF, INTERLEAVED)
     ra, rb = _rotate(a, b, cos[None, :], sin[None, :])
-    ra = (ra * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
-    rb = (rb * mscale).to(ROUND_TY).to(dst.dtype.element_ty)
+    ra = (ra * mscale).to(ROUND_TY).to(OUT_TY)
+    rb = (rb * mscale).to(ROUND_TY).to(OUT_TY)
+    return ra, rb
+
+
+@triton.jit
+def _rope_heads(
+    src, s_h, s_d, dst, d_h, d_d, cos, sin, mscale, n_heads,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr,
+):
+    """Rotate n_heads heads of one token (strided src rows) into dst rows (_rope_pairs, then stored)."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    ra, rb = _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, dst.dtype.element_ty, HALF, BLOCK_H, BLOCK_HALF,
+                         INTERLEAVED, ROUND_TY)
     _store_pairs(dst + h.to(tl.int64) * d_h, d_d, h < n_heads, ra, rb, BLOCK_HALF, HALF, INTERLEAVED)
     return ra, rb
+
+
+@triton.jit
+def _run_delta(deltas_row, n_pages, run, BLOCK_P: tl.constexpr):
+    """Delta of run `run` of an entry's pages (runs counted from its first page, as prefill._run_deltas counts
+    them), 0 past its last run: one vector scan, no [runs, pages] table."""
+    first = n_pages
+    seen = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        new_run = _run_starts(deltas_row, i, n_pages)
+        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
+        first = tl.minimum(first, tl.min(tl.where(new_run & (index == run), i, n_pages), axis=0))
+        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    return tl.load(deltas_row + first, mask=first < n_pages, other=0)
+
+
+@triton.jit
+def _write_run_copy(q_src, sq_h, sq_d, cos, sin, mscale, t, run, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr,
+                    sin_ptr, q_rot_ptr, batch_size, total_q, s_table, s_tab, max_position,
+                    HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                    BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_B: tl.constexpr,
+                    BLOCK_P: tl.constexpr):
+    """q_rot[run, t] = token t's q (q_src rows) rotated at its position (cos/sin) and rounded as rope_write_kv
+    stores it, then rotated by -delta of run `run` of its entry, if that delta is nonzero; nothing is read
+    otherwise (prefill._rotate_runs_kernel's copies, same expression as prefill._derotated_q:
+    a' = a c + b s, b' = b c - a s)."""
+    entry = _entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
+    deltas_row = deltas_ptr + entry.to(tl.int64) * s_table
+    delta = _run_delta(deltas_row, tl.load(num_pages_ptr + entry), run, BLOCK_P)
+    if delta != 0:
+        ty = q_rot_ptr.dtype.element_ty
+        a, b = _rope_pairs(q_src, sq_h, sq_d, cos, sin, mscale, HQ, ty, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED,
+                           q_src.dtype.element_ty)
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        h = tl.arange(0, BLOCK_HQ)[:, None]
+        j = tl.arange(0, BLOCK_HALF)
+        # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+        row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
+        cos_d = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
+        sin_d = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
+        ra = a * cos_d + b * sin_d
+        rb = b * cos_d + a * -sin_d
+        dst = q_rot_ptr + ((run * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
+        _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
 
 
 @triton.jit
@@ -127,19 +191,29 @@ def _rope_write_kv_kernel(
     cu_ptr, deltas_ptr, num_pages_ptr, q_rot_ptr, batch_size, total_q, s_table, max_position,
     HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, COPY_PROGRAMS: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    # One program per token: all its q, k and v heads (a few KiB) in one pass.
+    # Program (t, 0): all q, k and v heads of token t (a few KiB) in one pass. The per-run copies of
+    # rope_write_kv_runs (RUNS > 0) come from q rotated and rounded exactly as program (t, 0) stores it (what
+    # prefill would load): with COPY_PROGRAMS, program (t, 1 + r) writes copy r, so that a launch of a few tokens
+    # writes its copies in parallel; otherwise program (t, 0) writes them all after its q.
     t = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
     cos = tl.load(cos_ptr + pos * s_tab + j, mask=j < HALF, other=1.0)
     sin = tl.load(sin_ptr + pos * s_tab + j, mask=j < HALF, other=0.0)
+    if COPY_PROGRAMS:  # noqa: SIM102 - a compile-time branch around a runtime one
+        if part > 0:
+            _write_run_copy(q_ptr + t * sq_t, sq_h, sq_d, cos, sin, mscale, t, part - 1, cu_ptr, deltas_ptr,
+                            num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size, total_q, s_table, s_tab,
+                            max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, BLOCK_B, BLOCK_P)
+            return
 
     qa, qb = _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
                          HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
-    if RUNS > 0:  # rope_write_kv_runs: the per-run copies, from the q just rounded (what prefill would load)
+    if RUNS > 0 and not COPY_PROGRAMS:
         _write_run_copies(qa, qb, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
                           total_q, s_table, s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF,
                           INTERLEAVED, RUNS, BLOCK_R, BLOCK_B, BLOCK_P)
@@ -236,7 +310,8 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
         cu, deltas, num_pages = batch.cu_seqlens_q, batch.deltas, batch.num_pages
         batch_size, s_table = batch.batch_size, batch.deltas.stride(0)
     half = dim // 2
-    _rope_write_kv_kernel[(t,)](
+    copy_programs = runs > 0 and t <= _COPY_PROGRAMS_MAX_TOKENS
+    _rope_write_kv_kernel[(t, 1 + runs if copy_programs else 1)](
         q, k, v, q_out, positions, slot_mapping, k_cache, v_cache, tables.cos, tables.sin,
         *q.stride(), *k.stride(), *v.stride(), q_out.stride(0), q_out.stride(1),
         *k_cache.stride(), *v_cache.stride(),
@@ -245,7 +320,8 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
         HQ=hq, HKV=hkv, HEAD_DIM=dim, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        INTERLEAVED=tables.interleaved, RUNS=runs, BLOCK_R=triton.next_power_of_2(max(runs, 1)),
+        INTERLEAVED=tables.interleaved, RUNS=runs, COPY_PROGRAMS=copy_programs,
+        BLOCK_R=triton.next_power_of_2(max(runs, 1)),
         BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
         num_warps=4,
     )

@@ -37,6 +37,8 @@ from lazyattn.kernels.rope import RopeTables
 # Finite start for the running max: a tile with no valid key then gives exp2(-inf - NEG_BIG) = 0 and
 # alpha = exp2(0) = 1 instead of the NaN of exp2(-inf - -inf).
 NEG_BIG = tl.constexpr(-1.0e30)
+# Batch-1 decode takes one program per SM while its splits stay this short (pages); see pick_num_splits.
+_SHORT_SPLIT_PAGES = 16
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -106,9 +108,17 @@ def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: in
     (decode_config); measured on an H200, batch 8 x 4K-32K: 4 splits (256 programs) beat 5 and 6 by 3-8 %.
     Each split walks at least min_pages_per_split pages so its pipeline fills. Splits are page-granular, so
     the count is rounded down to the number that really get pages.
-    H100/H200 (132 SMs), 8 kv heads, pages of 64: batch 1 x 32K -> 32 splits, 8 x 4K -> 4, 32 x 4K -> 1.
+    H100/H200 (132 SMs), 8 kv heads, pages of 64: batch 1 x 10K -> 16 splits, 1 x 32K -> 32, 8 x 4K -> 4,
+    32 x 4K -> 1.
     """
     base = max(1, batch_size * kv_heads)
+    if base <= sm_count // 8 and max_pages <= _SHORT_SPLIT_PAGES * (sm_count // base):
+        # A handful of (entry, kv head) pairs (batch 1-2) over a context that one program per SM covers in short
+        # splits: one program per SM. Measured on an H100, batch 1 x 10 304 keys in CUDA graphs
+        # (benchmarks/results/engine_perf/s5K_sweep.json): 16 splits 28.4 us, 20 29.7, 24 32.4, 33 (two per SM)
+        # 33.1: each program's fixed cost (prologue, partial store, merge) outweighs the overlap a second program
+        # per SM buys. Longer contexts (not measured against this) keep two per SM.
+        programs_per_sm = 1
     n = max(1, min(sm_count * programs_per_sm // base, max_pages // min_pages_per_split))
     return cdiv(max_pages, cdiv(max_pages, n))
 

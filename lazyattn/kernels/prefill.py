@@ -51,7 +51,10 @@ there are two ways, chosen per call:
 Both compute R_{-delta} q in fp32 from the same inputs and round it to Q's dtype, so they give the same tile.
 
 Chunks. Without splits: the runs of equal delta, in order (with APPLY_DELTA=False: one loop over all
-pages). With S splits, when no program rotates Q in the kernel (no deltas, or Q rotated up front), split s
+pages). With S >= _PLAN_MIN_SPLITS splits and at most min(S, _PLAN_RUNS) runs (a short question over a few
+cached documents), each split takes one piece of one run (_plan_piece): the runs are cut into pieces of L pages,
+L the least length giving at most S pieces, so no program holds two deltas (one Q tile, one tile loop, no run
+scan per chunk) and none walks more than L pages. Where the plan does not apply, split s
 takes the s-th of S balanced page ranges and walks the runs in it: every program gets the same number of
 tiles, whatever the runs. When Q is rotated in the kernel, the rotation is kept to one per program where
 possible: with more splits than runs, the runs cut into pieces of about (n - runs) / (S - runs) pages, split
@@ -103,6 +106,16 @@ _MAX_SPLITS = 32
 # longer calls, whose Q is rotated once per program of many tiles, rotate in the attention kernel.
 _ROTATED_RUNS = 8
 _ROTATE_MAX_ROWS = 256
+# Split calls plan one piece of one run per split (_plan_piece) when an entry's visible pages hold at most this
+# many runs (and no more than splits); beyond, splits take balanced page ranges and walk the runs in them.
+_PLAN_RUNS = 16
+# Below this many splits (RAG at batch 8: 2) entries hold more runs than splits, the plan never applies, and its
+# scan only costs (H100, benchmarks/results/engine_perf/s5K_sweep.json: 177 against 169 us).
+_PLAN_MIN_SPLITS = 4
+# A piece may be this many pages longer than a balanced range: what a second run in a program costs (its scan,
+# Q load and pipeline refill), about 3 tiles on an H100 (RAG bs 1, 16 splits: 37.1 us planned at 11 pages
+# against 44.0 us balanced at 10-11 pages over two runs).
+_PLAN_SLACK = tl.constexpr(2)
 
 
 @triton.jit
@@ -233,6 +246,60 @@ def _run_deltas(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexp
         first = tl.minimum(first, tl.min(tl.where(hit, i[None, :], n_pages), axis=1))
         seen += tl.sum(new_run.to(tl.int32), axis=0)
     return tl.load(deltas_row + first, mask=first < n_pages, other=0)
+
+
+@triton.jit
+def _run_bounds(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """First page and length of each of the first BLOCK_R runs among the first n_pages pages ([BLOCK_R] each;
+    length 0 past the last run), and the number of runs there."""
+    run = tl.arange(0, BLOCK_R)
+    first = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # n_pages: no such run
+    after = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # first page of the next run
+    seen = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + tl.arange(0, BLOCK_P)
+        new_run = _run_starts(deltas_row, i, n_pages)
+        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
+        starts_here = tl.where(new_run[None, :], i[None, :], n_pages)
+        first = tl.minimum(first, tl.min(tl.where(index[None, :] == run[:, None], starts_here, n_pages), axis=1))
+        after = tl.minimum(after, tl.min(tl.where(index[None, :] == run[:, None] + 1, starts_here, n_pages), axis=1))
+        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    return first, after - first, seen
+
+
+@triton.jit
+def _plan_piece(deltas_row, n_pages, split, num_splits, PLAN_SLACK: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_P: tl.constexpr):
+    """Pages [lo, hi) of this split's piece and the index of the run holding it, for calls that give each split
+    at most one piece: the runs of equal delta are cut into pieces of L pages (the last piece of a run
+    shorter), L the least length that makes at most num_splits pieces, and split s takes piece s. One delta
+    per program, so one Q tile and one tile loop, and no program longer than L pages.
+
+    planned is False when that cannot be done (more runs than splits or than BLOCK_R), or when L exceeds a
+    balanced range's cdiv(n_pages, num_splits) by more than PLAN_SLACK pages: the caller walks runs then.
+    lo = hi when the split has no piece."""
+    first, length, runs = _run_bounds(deltas_row, n_pages, BLOCK_R, BLOCK_P)
+    planned = (runs <= num_splits) & (runs <= BLOCK_R)
+    piece = tl.maximum(tl.cdiv(n_pages, num_splits), 1)
+    if planned:
+        # Pieces of L pages number sum_r cdiv(len_r, L) <= n / L + runs: L = cdiv(n, S - runs) always fits,
+        # so this loop ends within `runs` steps of its start.
+        while tl.sum(tl.cdiv(length, piece), axis=0) > num_splits:
+            piece += 1
+    # Worth it only if no piece is much longer than a balanced range: with about as many splits as runs the
+    # pieces would be whole runs, longer than a balanced range plus the cost of a second run in it.
+    planned = planned & (piece <= tl.cdiv(n_pages, num_splits) + PLAN_SLACK)
+    count = tl.cdiv(length, piece)
+    ends = tl.cumsum(count, 0)  # pieces up to and including each run
+    run = tl.sum((ends <= split).to(tl.int32), axis=0)
+    ok = planned & (run < runs)
+    run_first = _pick(first, run, BLOCK_R)
+    run_len = _pick(length, run, BLOCK_R)
+    lo = run_first + (split - (_pick(ends, run, BLOCK_R) - _pick(count, run, BLOCK_R))) * piece
+    hi = tl.minimum(lo + piece, run_first + run_len)
+    lo = tl.where(ok, lo, 0)
+    hi = tl.where(ok, hi, 0)
+    return planned, lo, hi, run
 
 
 @triton.jit
@@ -392,6 +459,69 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
     return acc, l_i, m_i
 
 
+@triton.jit
+def _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin, delta, run, max_position,
+                 HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTATED_RUNS: tl.constexpr):
+    """Where a chunk of delta `delta`, in the entry's run `run`, loads its Q tile from: q itself (delta 0), the
+    run's copy rotated up front (the first ROTATED_RUNS runs), or the program's scratch rows, which get Q
+    rotated here.
+
+    Rotated here, the tile goes through the scratch rows and is loaded back: a loaded Q is what triton keeps in
+    shared memory for the QK^T wgmma. Computed in registers, Q stays a register operand, reloaded from shared
+    memory on every tile at 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
+    scratch for the whole CTA."""
+    q_src = q_rows
+    if delta != 0:
+        if run < ROTATED_RUNS:
+            q_src = rot_rows + run * rot_run_stride
+        else:
+            dims = tl.arange(0, HEAD_DIM)
+            q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
+            tl.debug_barrier()
+            tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
+            tl.debug_barrier()
+            q_src = scratch_rows
+    return q_src
+
+
+@triton.jit
+def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                 max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                 chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                 HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
+                 ROTATED_RUNS: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Chunks c, c + step, ... of the pages [first, last) (_chunk: cut at delta changes and every chunk_len
+    pages), each with its own Q tile and tile loop; returns the running softmax state and whether the program had
+    a chunk at all."""
+    dims = tl.arange(0, HEAD_DIM)
+    page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+    has_chunk = c < n_chunks
+    # The entry's first ROTATED_RUNS runs come rotated up front: each chunk needs its run. With step 1
+    # (balanced ranges) consecutive chunks are consecutive runs, so one scan finds the first chunk's.
+    run = tl.full([], ROTATED_RUNS, tl.int32)  # a tensor: the loop carries it
+    if APPLY_DELTA and ROTATED_RUNS > 0:
+        run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+    while c < n_chunks:
+        q_src = q_rows
+        if APPLY_DELTA:
+            if ROTATED_RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
+                if step != 1:
+                    run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+            q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                                 tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM,
+                                 INTERLEAVED, ROTATED_RUNS)
+        q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+        acc, l_i, m_i = _attend_pages(
+            acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+            starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp,
+            stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+        c += step
+        run += 1
+        page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+    return acc, l_i, m_i, has_chunk
+
+
 # Counts that change with every batch are not specialised on (Triton would compile a variant for == 1 and
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
@@ -405,7 +535,8 @@ def _prefill_kernel(
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr, PLAN_PIECES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -483,38 +614,36 @@ def _prefill_kernel(
             step = 1
             chunk_len = n_vis
         chunk_len = tl.maximum(chunk_len, 1)
-        page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
-        has_chunk = c < n_chunks
-        while c < n_chunks:
-            q_src = q_rows
-            if APPLY_DELTA:
-                delta = tl.load(deltas + table + page_lo)
-                if delta != 0:
-                    # The entry's first ROTATED_RUNS runs come rotated by _rotate_runs_kernel.
-                    if ROTATED_RUNS > 0:  # noqa: SIM108 - a compile-time branch
-                        run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
-                    else:
-                        run = ROTATED_RUNS
-                    if run < ROTATED_RUNS:
-                        q_src = rot_rows + run * rot_run_stride
-                    else:
-                        # Rotated here, the tile goes through this program's scratch rows and is loaded back:
-                        # a loaded Q is what triton keeps in shared memory for the QK^T wgmma. Computed in
-                        # registers, Q stays a register operand, reloaded from shared memory on every tile at
-                        # 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
-                        # scratch for the whole CTA.
-                        q = _derotated_q(q_rows, row_ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED)
-                        tl.debug_barrier()
-                        tl.store(scratch_rows[:, None] + dims[None, :], q, mask=row_ok[:, None])
-                        tl.debug_barrier()
-                        q_src = scratch_rows
-            q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-            acc, l_i, m_i = _attend_pages(
-                acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs,
-                qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
-            c += step
-            page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
+        c = c + n_vis * 0  # a tensor in every case: _walk_chunks' loop carries it
+        if PLAN_PIECES:
+            planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
+                                                                 _PLAN_SLACK, BLOCK_R, BLOCK_P)
+            if planned:
+                # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
+                has_chunk = piece_lo < piece_hi
+                if has_chunk:
+                    q_src = q_rows
+                    if APPLY_DELTA:
+                        q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                                             tl.load(deltas + table + piece_lo), piece_run, max_position, HEAD_DIM,
+                                             INTERLEAVED, ROTATED_RUNS)
+                    q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+                    acc, l_i, m_i = _attend_pages(
+                        acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+                        starts + table, firsts + table, piece_lo, piece_hi, stride_kp, stride_ks, stride_vp,
+                        stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+            else:
+                acc, l_i, m_i, has_chunk = _walk_chunks(
+                    acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                    max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                    chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+        else:  # the plan compiled out: the kernel is the run walk alone
+            acc, l_i, m_i, has_chunk = _walk_chunks(
+                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
@@ -572,6 +701,7 @@ class PrefillConfig:
     block_n: int  # key slots per tile: part of one page, or two whole pages (2 * page_size)
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
 
 
 def prefill_config(fp32: bool, head_dim: int, group: int, page_size: int) -> PrefillConfig:
@@ -636,7 +766,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
                       num_splits: int | None = None, config: PrefillConfig | None = None,
                       rotated_runs: int | None = None, rotated_q: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      plan_pieces: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
     q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
@@ -647,7 +777,11 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     Launch parameters: num_splits=None takes batch.num_splits, else splits the KV walk only when the grid
     leaves SMs idle (_default_splits); config=None takes prefill_config's tiles. rotated_runs: copies of Q
     rotated up front, one per run of equal delta (module docstring, "Where delta is applied"); None takes
-    _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond. The split
+    _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond.
+    plan_pieces=True gives each split one piece of one run where it can (_plan_piece); off by default: on an
+    H100 it took the benchmark's RAG case at batch 1 (6 runs) from 41.4 to 36.9 us per layer, but in the
+    engine's step (7 runs: a system segment too) the plan falls back to the run walk and the kernel took 39.3
+    instead of 33.5 us per layer (docs/kernels.md, "Session 5"). The split
     partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's allocator, in
     the graph's pool under CUDA graphs).
     """
@@ -681,7 +815,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
-                          num_warps=config.num_warps, num_stages=config.num_stages)
+                          PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces, BLOCK_R=_PLAN_RUNS,
+                          num_warps=config.num_warps, num_stages=config.num_stages,
+                          **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
                                               out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,

@@ -153,6 +153,9 @@ def test_split_heuristic():
     assert decode.pick_num_splits(64, 8, 64, 132) == 1  # batch 64 x 4K is wide enough already
     assert decode.pick_num_splits(8, 8, 64, 132) == 4  # two programs per SM
     assert decode.pick_num_splits(1, 8, 3, 132) == 1  # too few pages to split
+    assert decode.pick_num_splits(1, 8, 161, 132) == 15  # batch 1 x 10K: one program per SM (16, 15 with pages)
+    assert decode.pick_num_splits(2, 8, 100, 132) == 8  # batch 2 x 6K: likewise
+    assert decode.pick_num_splits(2, 8, 161, 132) == 15  # batch 2 x 10K: splits of 20 pages: two per SM
 
 
 def test_rejects_mismatched_shapes():

@@ -109,6 +109,32 @@ def test_split_kv_matches_reference(splits, config):
     assert rel_err(out, ref(s, q, batch)) < 1e-5
 
 
+@pytest.mark.parametrize("splits", [2, 4, 7, 16])
+@pytest.mark.parametrize("rotated", [0, 8])
+def test_one_piece_per_split(splits, rotated):
+    """Splits planned as one piece of one run each (_plan_piece), Q rotated up front or in the kernel: fewer
+    splits than some entry's runs (that entry falls back to walking runs), as many, and more than the pieces
+    (splits left without pages); partial pages, several entries, GQA 4:1, deltas per document."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables("llama3", 64), seed=14)
+    q, batch = s.final_prefill()
+    want = ref(s, q, batch)
+    planned = run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=True)
+    assert rel_err(planned, want) < 1e-5
+    assert rel_err(run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=False), want) < 1e-5
+
+
+def test_plan_falls_back_past_its_run_limit(monkeypatch):
+    """Entries with more runs than the plan holds walk their runs in balanced page ranges instead."""
+    from lazyattn.kernels import prefill
+
+    monkeypatch.setattr(prefill, "_PLAN_RUNS", 2)
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables("default", 64), seed=15)
+    q, batch = s.final_prefill()
+    assert rel_err(run(s, q, batch, num_splits=5, plan_pieces=True), ref(s, q, batch)) < 1e-5
+
+
 @pytest.mark.parametrize("rotated", [0, 2, 8])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_runs_rotated_up_front_in_the_kernel_or_both(rotated, splits):

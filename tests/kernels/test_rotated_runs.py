@@ -46,10 +46,15 @@ def run_deltas(batch, e, runs):
 @pytest.mark.parametrize("rope", ["default", "interleaved", "yarn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("runs", [2, 4, 8])
-def test_folded_copies_are_the_separate_launch_bit_for_bit(rope, dtype, runs):
+@pytest.mark.parametrize("copy_programs", [True, False], ids=["program-per-copy", "program-per-token"])
+def test_folded_copies_are_the_separate_launch_bit_for_bit(rope, dtype, runs, copy_programs, monkeypatch):
     """Copy r of each row equals the separate launch's (same rounded q, same expression) and the raw query
     rotated at (its position - delta of its entry's run r) with the magnitude factor (yarn); delta-0 runs and
-    runs an entry lacks are not copied. q itself is what rope_write_kv returns."""
+    runs an entry lacks are not copied. q itself is what rope_write_kv returns. Both launch shapes: a program per
+    (token, copy) (few tokens) and a program per token writing every copy."""
+    from lazyattn.kernels import cache_ops
+
+    monkeypatch.setattr(cache_ops, "_COPY_PROGRAMS_MAX_TOKENS", 1 << 20 if copy_programs else 0)
     s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16,
                       tables=tables(rope, 64), dtype=dtype, seed=21)
     q_raw, positions, batch, q, q_rot = fold(s, runs)
