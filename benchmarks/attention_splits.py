@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,48 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kernels as kb  # noqa: E402  (benchmarks/kernels.py: layouts and the copy bandwidth)
+import kernels as kb  # noqa: E402  (benchmarks/kernels.py: layouts, the copy bandwidth, graph timing)
 
 from lazyattn.kernels import decode, prefill  # noqa: E402
-
-LAYERS = 32
-
-
-def spin_up(device: torch.device, seconds: float = 0.3) -> None:
-    """Busy the GPU so that the timed replays run at full clocks."""
-    x = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        x @ x
-    torch.cuda.synchronize(device)
-
-
-def graph_us(calls: list, device: torch.device, replays: int = 20) -> float:
-    """Median microseconds per launch of LAYERS launches (cycling over `calls`) replayed as one graph."""
-    for call in calls:
-        call()  # compile outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(LAYERS):
-            calls[i % len(calls)]()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(LAYERS):
-            calls[i % len(calls)]()
-    spin_up(device)
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / LAYERS)
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> int:
@@ -98,7 +58,7 @@ def main() -> int:
                     calls = [lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, d=deltas: prefill.prefill_attention(
                         q, k, v, pb, tables, b.scale, apply_delta=d, num_splits=n or None, config=c)
                         for q, k, v, pb in inputs]
-                    us = graph_us(calls, device)
+                    us = kb.graph_us(b, calls)
                     record(dict(kind="prefill", batch=batch, cfg=str(config), splits=splits, delta=deltas,
                                 us=round(us, 2), bw_pct=round(100 * kv_bytes / (us * 1e-6) / (gbps * 1e9), 1)))
         del inputs
@@ -113,7 +73,7 @@ def main() -> int:
                 counters = decode.ArrivalCounters()
                 calls = [lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, a=counters: decode.decode_attention(
                     q, k, v, pb, tables, b.scale, counters=a, num_splits=n, config=c) for q, k, v, pb in inputs]
-                us = graph_us(calls, device)
+                us = kb.graph_us(b, calls)
                 record(dict(kind="decode", ctx=10304, splits=splits, cfg=str(config), us=round(us, 2),
                             bw_pct=round(100 * nbytes / (us * 1e-6) / (gbps * 1e9), 1)))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -138,18 +138,27 @@ def _write_run_copy(q_src, sq_h, sq_d, cos, sin, mscale, t, run, cu_ptr, deltas_
         ty = q_rot_ptr.dtype.element_ty
         a, b = _rope_pairs(q_src, sq_h, sq_d, cos, sin, mscale, HQ, ty, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED,
                            q_src.dtype.element_ty)
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-        h = tl.arange(0, BLOCK_HQ)[:, None]
-        j = tl.arange(0, BLOCK_HALF)
-        # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
-        row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
-        cos_d = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
-        sin_d = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
-        ra = a * cos_d + b * sin_d
-        rb = b * cos_d + a * -sin_d
-        dst = q_rot_ptr + ((run * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
-        _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
+        _store_derotated(a.to(tl.float32), b.to(tl.float32), delta, run, t, cos_ptr, sin_ptr, q_rot_ptr, total_q,
+                         s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED)
+
+
+@triton.jit
+def _store_derotated(a, b, delta, run, t, cos_ptr, sin_ptr, q_rot_ptr, total_q, s_tab, max_position,
+                     HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """q_rot[run, t] = the fp32 q pairs (a, b) rotated by -delta (same expression as prefill._derotated_q:
+    a' = a c + b s, b' = b c - a s), rounded to q_rot's dtype."""
+    h = tl.arange(0, BLOCK_HQ)[:, None]
+    j = tl.arange(0, BLOCK_HALF)
+    # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+    row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
+    cos = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
+    sin = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
+    ra = a * cos + b * sin
+    rb = b * cos + a * -sin
+    dst = q_rot_ptr + ((run * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
+    ty = q_rot_ptr.dtype.element_ty
+    _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
 
 
 @triton.jit
@@ -166,20 +175,11 @@ def _write_run_copies(a, b, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_p
     run_deltas = _run_deltas(deltas_row, tl.load(num_pages_ptr + entry), BLOCK_R, BLOCK_P)
     a = a.to(tl.float32)
     b = b.to(tl.float32)
-    h = tl.arange(0, BLOCK_HQ)[:, None]
-    j = tl.arange(0, BLOCK_HALF)
     for r in tl.static_range(RUNS):
         delta = _pick(run_deltas, r, BLOCK_R)
         if delta != 0:
-            # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
-            row = tl.minimum(delta, max_position - 1).to(tl.int64) * s_tab
-            cos = tl.load(cos_ptr + row + j, mask=j < HALF, other=1.0)[None, :]
-            sin = tl.load(sin_ptr + row + j, mask=j < HALF, other=0.0)[None, :]
-            ra = a * cos + b * sin
-            rb = b * cos + a * -sin
-            dst = q_rot_ptr + ((r * total_q + t) * HQ + h.to(tl.int64)) * HEAD_DIM
-            ty = q_rot_ptr.dtype.element_ty
-            _store_pairs(dst, 1, h < HQ, ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
+            _store_derotated(a, b, delta, r, t, cos_ptr, sin_ptr, q_rot_ptr, total_q, s_tab, max_position, HQ,
+                             HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED)
 
 
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])

@@ -485,6 +485,27 @@ def _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Si
 
 
 @triton.jit
+def _attend_chunk(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                  max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, page_lo, page_hi, run,
+                  stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                  HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  ROTATED_RUNS: tl.constexpr):
+    """Attend the pages [page_lo, page_hi) of one delta (run `run` of the entry) with the Q tile rotated for it;
+    returns the running softmax state."""
+    dims = tl.arange(0, HEAD_DIM)
+    q_src = q_rows
+    if APPLY_DELTA:
+        q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
+                             tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM, INTERLEAVED,
+                             ROTATED_RUNS)
+    q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    return _attend_pages(acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
+                         starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs,
+                         qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+
+
+@triton.jit
 def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
                  max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
                  chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
@@ -494,7 +515,6 @@ def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, 
     """Chunks c, c + step, ... of the pages [first, last) (_chunk: cut at delta changes and every chunk_len
     pages), each with its own Q tile and tile loop; returns the running softmax state and whether the program had
     a chunk at all."""
-    dims = tl.arange(0, HEAD_DIM)
     page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
     has_chunk = c < n_chunks
     # The entry's first ROTATED_RUNS runs come rotated up front: each chunk needs its run. With step 1
@@ -503,19 +523,14 @@ def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, 
     if APPLY_DELTA and ROTATED_RUNS > 0:
         run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
     while c < n_chunks:
-        q_src = q_rows
-        if APPLY_DELTA:
-            if ROTATED_RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
-                if step != 1:
-                    run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
-            q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
-                                 tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM,
-                                 INTERLEAVED, ROTATED_RUNS)
-        q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-        acc, l_i, m_i = _attend_pages(
-            acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-            starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp,
-            stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+        if APPLY_DELTA and ROTATED_RUNS > 0:  # noqa: SIM102 - a compile-time branch around a runtime one
+            if step != 1:
+                run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
+        acc, l_i, m_i = _attend_chunk(
+            acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+            max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, page_lo, page_hi, run,
+            stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
+            UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS)
         c += step
         run += 1
         page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
@@ -622,16 +637,12 @@ def _prefill_kernel(
                 # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
                 has_chunk = piece_lo < piece_hi
                 if has_chunk:
-                    q_src = q_rows
-                    if APPLY_DELTA:
-                        q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
-                                             tl.load(deltas + table + piece_lo), piece_run, max_position, HEAD_DIM,
-                                             INTERLEAVED, ROTATED_RUNS)
-                    q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-                    acc, l_i, m_i = _attend_pages(
-                        acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                        starts + table, firsts + table, piece_lo, piece_hi, stride_kp, stride_ks, stride_vp,
-                        stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+                    acc, l_i, m_i = _attend_chunk(
+                        acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos,
+                        Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, piece_lo,
+                        piece_hi, piece_run, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM,
+                        PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED,
+                        ROTATED_RUNS)
             else:
                 acc, l_i, m_i, has_chunk = _walk_chunks(
                     acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
