@@ -232,11 +232,10 @@ def _entry_of_row(cu_seqlens_q, batch_size, token, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
-def _run_deltas(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Delta of each of the first BLOCK_R runs of an entry's pages (runs counted from its first page, as
-    _count_runs does), 0 for runs past its last one: [BLOCK_R]."""
-    run = tl.arange(0, BLOCK_R)
-    first = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # first page of each run; n_pages: no such run
+def _run_firsts(deltas_row, n_pages, run, BLOCK_P: tl.constexpr):
+    """First page of each run index in `run` ([R]) among an entry's first n_pages pages (runs counted from its
+    first page, as _count_runs does; n_pages for a run past the last), and the number of runs there."""
+    first = tl.zeros_like(run) + n_pages
     seen = 0
     for lo in range(0, n_pages, BLOCK_P):
         i = lo + tl.arange(0, BLOCK_P)
@@ -245,6 +244,13 @@ def _run_deltas(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexp
         hit = new_run[None, :] & (index[None, :] == run[:, None])
         first = tl.minimum(first, tl.min(tl.where(hit, i[None, :], n_pages), axis=1))
         seen += tl.sum(new_run.to(tl.int32), axis=0)
+    return first, seen
+
+
+@triton.jit
+def _run_deltas(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Delta of each of the first BLOCK_R runs of an entry's pages, 0 for runs past its last one: [BLOCK_R]."""
+    first, _ = _run_firsts(deltas_row, n_pages, tl.arange(0, BLOCK_R), BLOCK_P)
     return tl.load(deltas_row + first, mask=first < n_pages, other=0)
 
 
@@ -253,17 +259,8 @@ def _run_bounds(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexp
     """First page and length of each of the first BLOCK_R runs among the first n_pages pages ([BLOCK_R] each;
     length 0 past the last run), and the number of runs there."""
     run = tl.arange(0, BLOCK_R)
-    first = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # n_pages: no such run
-    after = tl.full([BLOCK_R], 0, tl.int32) + n_pages  # first page of the next run
-    seen = 0
-    for lo in range(0, n_pages, BLOCK_P):
-        i = lo + tl.arange(0, BLOCK_P)
-        new_run = _run_starts(deltas_row, i, n_pages)
-        index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
-        starts_here = tl.where(new_run[None, :], i[None, :], n_pages)
-        first = tl.minimum(first, tl.min(tl.where(index[None, :] == run[:, None], starts_here, n_pages), axis=1))
-        after = tl.minimum(after, tl.min(tl.where(index[None, :] == run[:, None] + 1, starts_here, n_pages), axis=1))
-        seen += tl.sum(new_run.to(tl.int32), axis=0)
+    first, seen = _run_firsts(deltas_row, n_pages, run, BLOCK_P)
+    after, _ = _run_firsts(deltas_row, n_pages, run + 1, BLOCK_P)  # the next run's first page
     return first, after - first, seen
 
 
