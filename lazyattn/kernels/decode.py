@@ -19,7 +19,9 @@ BLOCK_N slots (BLOCK_N divides page_size, so a tile never straddles pages) with 
 fp32 and exp2, and writes an unnormalised partial (acc, running max m, running sum l) to fp32 scratch.
 The last split of an (entry, kv head) to finish merges them (an arrival counter per (entry, kv head),
 ArrivalCounters), so a step is one launch; its partials are G x D floats per split, read in one go.
-With one split the program normalises and writes directly.
+With one split the program normalises and writes directly. How many splits: split_rule, per entry, inside the
+kernel (a CUDA graph is captured with the grid of its longest context, and replays short ones with few splits:
+the programs past an entry's count return at once).
 """
 
 from __future__ import annotations
@@ -99,8 +101,33 @@ class ArrivalCounters:
         return buf
 
 
-def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
-                    programs_per_sm: int = 2, min_pages_per_split: int = 4) -> int:
+@dataclass(frozen=True)
+class SplitRule:
+    """How many splits an entry of n pages takes. The launcher sizes the grid with it for the batch's longest
+    entry (or, in a CUDA graph, the longest one the graph allows) and the kernel applies it again to each
+    entry's own page count (`_entry_splits`): a graph captured for long contexts replays a short one with
+    the few splits that suit it, and every program past an entry's count exits at once. Eager and graph
+    launches therefore split every entry the same way, so they give the same bits."""
+
+    cap: int  # at most this many splits per entry
+    short_pages: int  # entries of at most this many pages ...
+    short_cap: int  # ... take at most this many (one program per SM); short_pages = -1: no such entries
+    min_pages: int  # each split walks at least this many pages
+
+    def unrounded(self, n_pages: int) -> int:
+        """The split count before rounding to splits that get pages: never decreases with n_pages, so the
+        value at the longest entry bounds every entry's (the grid)."""
+        n = max(1, min(self.cap, n_pages // self.min_pages))
+        return min(n, self.short_cap) if n_pages <= self.short_pages else n
+
+    def splits(self, n_pages: int) -> int:
+        """The splits an entry of n_pages really takes: page ranges of cdiv(n_pages, unrounded) pages."""
+        n_pages = max(1, n_pages)
+        return cdiv(n_pages, cdiv(n_pages, self.unrounded(n_pages)))
+
+
+def split_rule(batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: int = 2,
+               min_pages_per_split: int = 4) -> SplitRule:
     """Splits per entry: about programs_per_sm programs per SM, in one wave.
 
     Decode is bandwidth bound: what costs is too few programs (too little in flight) or a ragged wave
@@ -108,19 +135,27 @@ def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: in
     (decode_config); measured on an H200, batch 8 x 4K-32K: 4 splits (256 programs) beat 5 and 6 by 3-8 %.
     Each split walks at least min_pages_per_split pages so its pipeline fills. Splits are page-granular, so
     the count is rounded down to the number that really get pages.
-    H100/H200 (132 SMs), 8 kv heads, pages of 64: batch 1 x 10K -> 16 splits, 1 x 32K -> 32, 8 x 4K -> 4,
-    32 x 4K -> 1.
+
+    A handful of (entry, kv head) pairs (batch 1-2) over a context that one program per SM covers in short
+    splits (at most _SHORT_SPLIT_PAGES pages each) takes one program per SM. Measured on an H100, batch
+    1 x 10 304 keys in CUDA graphs (benchmarks/results/engine_perf/s5K_sweep.json): 16 splits 28.4 us, 20 29.7,
+    24 32.4, 33 (two per SM) 33.1: each program's fixed cost (prologue, partial store, merge) outweighs the
+    overlap a second program per SM buys. Longer contexts (not measured against this) keep two per SM.
     """
     base = max(1, batch_size * kv_heads)
-    if base <= sm_count // 8 and max_pages <= _SHORT_SPLIT_PAGES * (sm_count // base):
-        # A handful of (entry, kv head) pairs (batch 1-2) over a context that one program per SM covers in short
-        # splits: one program per SM. Measured on an H100, batch 1 x 10 304 keys in CUDA graphs
-        # (benchmarks/results/engine_perf/s5K_sweep.json): 16 splits 28.4 us, 20 29.7, 24 32.4, 33 (two per SM)
-        # 33.1: each program's fixed cost (prologue, partial store, merge) outweighs the overlap a second program
-        # per SM buys. Longer contexts (not measured against this) keep two per SM.
-        programs_per_sm = 1
-    n = max(1, min(sm_count * programs_per_sm // base, max_pages // min_pages_per_split))
-    return cdiv(max_pages, cdiv(max_pages, n))
+    per_sm_one = sm_count // base
+    short = base <= sm_count // 8
+    return SplitRule(cap=max(1, sm_count * programs_per_sm // base),
+                     short_pages=_SHORT_SPLIT_PAGES * per_sm_one if short else -1,
+                     short_cap=max(1, per_sm_one), min_pages=min_pages_per_split)
+
+
+def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
+                    programs_per_sm: int = 2, min_pages_per_split: int = 4) -> int:
+    """The splits split_rule gives an entry of max_pages pages.
+    H100/H200 (132 SMs), 8 kv heads, pages of 64: batch 1 x 10K -> 16 splits, 1 x 32K -> 32, 8 x 4K -> 4,
+    32 x 4K -> 1."""
+    return split_rule(batch_size, kv_heads, sm_count, programs_per_sm, min_pages_per_split).splits(max_pages)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -159,7 +194,7 @@ def _decode_split_kernel(
     pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
-    qk_scale, num_splits,
+    qk_scale, num_splits, min_pages, short_pages, short_cap,
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
@@ -169,9 +204,44 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     entry = tl.program_id(2).to(tl.int64)
 
-    # This program's contiguous page range [page_lo, page_hi); empty when the entry has few pages.
+    # This entry's split count (SplitRule, evaluated on its own pages; at most the grid's num_splits) and
+    # this program's contiguous page range [page_lo, page_hi). Programs past the count have nothing to do.
     n_pages = tl.load(num_pages_ptr + entry)
-    per_split = tl.cdiv(n_pages, num_splits)
+    splits = _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap)
+    if split < splits:
+        _decode_split(q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+                      pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, q_start_ptr, cos_ptr, sin_ptr,
+                      stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                      stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
+                      stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
+                      HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_S, APPLY_DELTA,
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST)
+
+
+@triton.jit
+def _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap):
+    """SplitRule.splits for one entry, capped by the grid (the same integer arithmetic as the Python)."""
+    n = tl.maximum(tl.minimum(num_splits, n_pages // min_pages), 1)
+    n = tl.where(n_pages <= short_pages, tl.minimum(n, short_cap), n)
+    pages = tl.maximum(n_pages, 1)
+    return tl.cdiv(pages, tl.cdiv(pages, n))
+
+
+@triton.jit
+def _decode_split(
+    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+    pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, q_start_ptr, cos_ptr, sin_ptr,
+    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
+    qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
+    HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
+    BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
+    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
+):
+    """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
+    the merge by the last split, or the normalised output where the entry takes one split."""
+    per_split = tl.cdiv(n_pages, splits)
     page_lo = split * per_split
     page_hi = tl.minimum(page_lo + per_split, n_pages)
     # Causal bound of the contract: the query sees logical positions <= its own (all keys, in decode).
@@ -246,7 +316,7 @@ def _decode_split_kernel(
                                             input_precision=DOT_PRECISION)
         m_i = m_new
 
-    if DIRECT:
+    if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
         # the contract excludes; writing 0 there beats writing NaN.
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -262,10 +332,10 @@ def _decode_split_kernel(
         # barrier puts every thread's stores before the counter's release; the merger resets the counter.
         tl.debug_barrier()
         counter = counters_ptr + entry * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
             for g_i in tl.static_range(GROUP):
                 head = kv_head * GROUP + g_i
-                _merge_head(acc_ptr, m_ptr, l_ptr, (entry * HQ + head) * num_splits, num_splits,
+                _merge_head(acc_ptr, m_ptr, l_ptr, (entry * HQ + head) * num_splits, splits,
                             out_ptr + entry * stride_ob + head.to(tl.int64) * stride_oh,
                             HEAD_DIM, BLOCK_S, BLOCK_D)
             tl.store(counter, 0)
@@ -326,11 +396,11 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
-def _default_num_splits(q: torch.Tensor, batch: PagedBatch, page_size: int, kv_heads: int) -> int:
-    max_pages = max(1, cdiv(batch.max_kv, page_size))
+def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
     if not q.is_cuda or interpreting():
-        return min(3, max_pages)  # the interpreter runs programs one by one: keep it small
-    return pick_num_splits(q.shape[0], kv_heads, max_pages, sm_count(q.device))
+        # The interpreter runs programs one by one: a pretend GPU of 4 SMs keeps the grids small.
+        return split_rule(q.shape[0], kv_heads, 4, min_pages_per_split=2)
+    return split_rule(q.shape[0], kv_heads, sm_count(q.device))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -343,8 +413,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lie in [0, tables.max_position). tables=None (or apply_delta=False) compiles the rotation out: then
     every delta is taken as 0, like the reference does without tables.
 
-    Launch parameters: num_splits=None picks it from the GPU's SM count (pick_num_splits); pass it to keep
-    it fixed. config=None takes decode_config's tiles (block_n must divide page_size). counters: the
+    Launch parameters: num_splits=None splits each entry by its own pages (split_rule, from the GPU's SM
+    count; the grid is sized for batch.max_kv keys); pass it to give every entry that many page ranges. config=None takes decode_config's tiles (block_n must divide page_size). counters: the
     split merge's arrival counters; None allocates zeroed ones for this call (one more launch), so callers
     that launch repeatedly, and CUDA graphs, pass one ArrivalCounters they keep.
     """
@@ -356,7 +426,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
-    num_splits = _default_num_splits(q, batch, page_size, hkv) if num_splits is None else max(1, int(num_splits))
+    if num_splits is None:
+        # The grid fits the longest entry the page table holds (in a CUDA graph, the longest the graph
+        # allows); each entry then takes the rule's splits for its own pages.
+        rule = _default_rule(q, hkv)
+        num_splits = rule.unrounded(max(1, batch.max_pages))
+    else:
+        num_splits = max(1, int(num_splits))
+        rule = SplitRule(cap=num_splits, short_pages=-1, short_cap=num_splits, min_pages=1)
     if config is None:
         per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
         config = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
@@ -390,7 +467,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         batch.pages, batch.deltas, batch.valid, batch.starts, firsts, batch.num_pages, batch.q_start, cos, sin,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
-        firsts.stride(0), cos.stride(0), scale * LOG2E, num_splits,
+        firsts.stride(0), cos.stride(0), scale * LOG2E, num_splits, rule.min_pages, rule.short_pages,
+        rule.short_cap,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=config.block_n, TILES_PER_PAGE=page_size // config.block_n,
         BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta,

@@ -4,8 +4,12 @@ On a CPU the kernels run under TRITON_INTERPRET (set in tests/conftest.py); the 
 Llama-3.1-8B shapes and run on the device.
 """
 
+import dataclasses
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from lazyattn.kernels import decode, reference
 from lazyattn.kernels.decode import ArrivalCounters, DecodeConfig, decode_attention
@@ -156,6 +160,62 @@ def test_split_heuristic():
     assert decode.pick_num_splits(1, 8, 161, 132) == 15  # batch 1 x 10K: one program per SM (16, 15 with pages)
     assert decode.pick_num_splits(2, 8, 100, 132) == 8  # batch 2 x 6K: likewise
     assert decode.pick_num_splits(2, 8, 161, 132) == 15  # batch 2 x 10K: splits of 20 pages: two per SM
+
+
+def test_split_rule_per_entry():
+    """Hand-computed: an H100 (132 SMs), batch 1, 8 kv heads. A graph captured for 128K keys (2048 pages) has a
+    grid of 33 splits; a 10K-key entry (161 pages) takes the 15 of one program per SM, a 1-page entry one."""
+    rule = decode.split_rule(1, 8, 132)
+    assert rule.unrounded(2048) == 33
+    assert [rule.splits(n) for n in (0, 1, 7, 8, 161, 256, 257, 2048)] == [1, 1, 1, 2, 15, 16, 33, 33]
+
+
+@triton.jit
+def _entry_splits_probe(n_pages_ptr, out_ptr, num_splits, min_pages, short_pages, short_cap, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    n_pages = tl.load(n_pages_ptr + i)
+    tl.store(out_ptr + i, decode._entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap))
+
+
+@pytest.mark.parametrize("batch_size, kv_heads", [(1, 8), (2, 8), (1, 2), (16, 8), (64, 8)])
+def test_kernel_split_count_is_the_rule(batch_size, kv_heads):
+    """The kernel's per-entry arithmetic (_entry_splits, grid sized for the longest entry) equals SplitRule."""
+    rule = decode.split_rule(batch_size, kv_heads, 132)
+    n_pages = torch.tensor(list(range(0, 300)) + [511, 512, 513, 1000, 2047], dtype=torch.int32)
+    grid = rule.unrounded(int(n_pages.max()))
+    out = torch.zeros(512, dtype=torch.int32)
+    padded = torch.zeros(512, dtype=torch.int32)
+    padded[: len(n_pages)] = n_pages
+    _entry_splits_probe[(1,)](padded, out, grid, rule.min_pages, rule.short_pages, rule.short_cap, BLOCK=512)
+    assert out[: len(n_pages)].tolist() == [rule.splits(int(n)) for n in n_pages]
+
+
+def widened(batch, width: int):
+    """The same batch in a page table `width` pages wide (zero columns past each entry's pages), as a CUDA graph
+    captured for longer contexts holds it."""
+    pad = width - batch.max_pages
+
+    def grow(t):
+        return torch.nn.functional.pad(t, (0, pad))
+
+    return dataclasses.replace(batch, pages=grow(batch.pages), deltas=grow(batch.deltas), valid=grow(batch.valid),
+                               starts=grow(batch.starts), max_kv=width * 16,
+                               firsts=None if batch.firsts is None else grow(batch.firsts))
+
+
+def test_wide_grid_splits_each_entry_by_its_own_pages():
+    """A grid sized for 40-page contexts over entries of 7 and 2 pages (a graph replaying short requests): every
+    entry takes the splits of its own length, so the output has the bits of the launch sized for this batch,
+    and matches the reference."""
+    s = scenario("llama3", heads=(4, 1), seed=12, docs=[37, 16, 5, 30], requests=[([0, 3, 1], 9), ([2], 3)])
+    q, batch = s.decode()
+    rule = decode._default_rule(q, 1)
+    assert [rule.splits(int(n)) for n in batch.num_pages] == [3, 1]  # a merge of 3 splits, a direct write
+    assert rule.unrounded(40) > rule.unrounded(batch.max_pages)
+    fitted = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
+    wide = decode_attention(q, s.k_cache, s.v_cache, widened(batch, 40), s.tables, s.scale)
+    assert torch.equal(wide, fitted)
+    assert rel_err(wide, dense_decode(s)) < 1e-5
 
 
 def test_rejects_mismatched_shapes():
