@@ -19,9 +19,11 @@ NVLink multicast stays off (group.NCCL_ENV): only the peer-to-peer kernels are u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,6 +41,9 @@ SETTINGS = ("auto", "nccl", "symm_mem")
 ONE_SHOT_MAX_BYTES = 2**20
 BUFFER_BYTES = 8 * 2**20  # 70B shapes: 512 rows of 8192 bf16 values
 ALIGNMENT = 16  # the kernels' vector width: messages are whole multiples of it
+# How long the buffer's rendezvous may wait for the peers before this rank gives up on symmetric memory (NCCL
+# then serves): seconds in practice, but it was seen to wait for ever under pytest (docs/design.md).
+PROBE_TIMEOUT = timedelta(seconds=float(os.environ.get("LAZYATTN_TP_PROBE_TIMEOUT_S", "60")))
 
 
 def setting() -> str:
@@ -107,6 +112,7 @@ def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[Sy
             ok, reason = True, ""
         except Exception as error:  # noqa: BLE001 (any failure means: not here; NCCL serves)
             reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            logger.warning("rank %d: symmetric memory unavailable (%s)", rank, reason)
         # Every rank must take the same path, or a collective would pair different kernels.
         if not _every_rank(ok, device) and ok:
             symm, ok, reason = None, False, "unavailable on another rank"
@@ -114,6 +120,22 @@ def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[Sy
         raise InvalidRequestError(f"{SETTING_ENV}=symm_mem, but symmetric memory is unavailable ({reason})",
                                   SETTING_ENV)
     return symm, reason
+
+
+@contextlib.contextmanager
+def _store_timeout(timeout: timedelta):
+    """The process group's store (and every store it wraps) waits at most `timeout` for a key meanwhile."""
+    stores = [dist.distributed_c10d._get_default_store()]
+    while hasattr(stores[-1], "underlying_store"):
+        stores.append(stores[-1].underlying_store)
+    before = [store.timeout for store in stores]
+    for store in stores:
+        store.set_timeout(timeout)
+    try:
+        yield
+    finally:
+        for store, value in zip(stores, before):
+            store.set_timeout(value)
 
 
 def _every_rank(ok: bool, device: torch.device) -> bool:
@@ -138,7 +160,8 @@ def _probe(device: torch.device, rank: int, size: int) -> SymmetricAllReduce:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             enable(group_name)
-    symm = SymmetricAllReduce(device, group_name)
+    with _store_timeout(PROBE_TIMEOUT):
+        symm = SymmetricAllReduce(device, group_name)
     expected = size * (size + 1) / 2
     for dtype in (torch.float32, torch.bfloat16):
         for how, rows in (("one_shot", 4), ("two_shot", ONE_SHOT_MAX_BYTES // 512 + 8)):

@@ -21,9 +21,7 @@ import gc
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -40,7 +38,7 @@ from lazyattn.parallel import worker
 from lazyattn.parallel.all_reduce import SETTING_ENV, setting
 from lazyattn.parallel.channel import DispatchTrace, encode, pack_step
 from lazyattn.parallel.fed_back import FedBackRelay
-from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave
+from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave, serve_store
 
 logger = logging.getLogger("lazyattn.parallel")
 START_TIMEOUT_S = 600.0  # a worker's start: importing torch, then loading its shard (70B: a minute or so)
@@ -74,26 +72,25 @@ class TensorParallelRunner:
         self.device = worker.rank_device(config, 0)
         self._failure: str | None = None
         self._stopping = False
-        self._store_dir = tempfile.mkdtemp(prefix="lazyattn-tp-")
-        init_method = f"file://{os.path.join(self._store_dir, 'store')}"
+        self._store = serve_store(size)
         for key, value in NCCL_ENV.items():
             os.environ.setdefault(key, value)  # the workers inherit it
         ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
         self.conns: list[Connection] = []
         self.procs: list[mp.process.BaseProcess] = []
         self._group: list = []  # the process group this engine made, once made (the finalizer leaves only it)
-        self._stopper = weakref.finalize(self, _stop, self.procs, self.conns, self._store_dir, self._group)
+        self._stopper = weakref.finalize(self, _stop, self.procs, self.conns, self._group)
         try:
             for rank in range(1, size):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=worker.main, args=(rank, size, config, init_method, child), daemon=True,
+                proc = ctx.Process(target=worker.main, args=(rank, size, config, self._store.port, child), daemon=True,
                                    name=f"lazyattn-tp-{rank}")
                 proc.start()
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(proc)
             self._expect("hello")
-            self.tp = join(init_method, 0, size, self.device)
+            self.tp = join(self._store, 0, size, self.device)
             self._group.append(torch.distributed.group.WORLD)
             threading.Thread(target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True,
                              name="lazyattn-tp-watch").start()
@@ -266,7 +263,7 @@ def _last_words(conn: Connection) -> str | None:
     return None
 
 
-def _stop(procs: list, conns: list[Connection], store_dir: str, group: list) -> None:
+def _stop(procs: list, conns: list[Connection], group: list) -> None:
     for conn in conns:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError, OSError):
             conn.send(("stop", None))
@@ -279,7 +276,6 @@ def _stop(procs: list, conns: list[Connection], store_dir: str, group: list) -> 
             proc.join(timeout=STOP_TIMEOUT_S)
     for conn in conns:
         conn.close()
-    shutil.rmtree(store_dir, ignore_errors=True)
 
 
 def _leave_with_workers() -> None:

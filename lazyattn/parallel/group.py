@@ -37,6 +37,7 @@ logger = logging.getLogger("lazyattn.parallel")
 # The device machines share NVLink switches with other tenants: NVLink multicast (NVLS) stays off in NCCL,
 # PyTorch's symmetric memory and NVSHMEM, in every process we start (workers inherit the environment).
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+HOST = "127.0.0.1"  # the ranks of one engine run on one host
 # How long a rank waits for the others in the rendezvous or in one collective before giving up.
 TIMEOUT = timedelta(minutes=10)
 # torch >= 2.13 renames all_gather_into_tensor; the device machine runs an older torch.
@@ -77,16 +78,26 @@ class TensorParallelGroup:
         return int(t.item())
 
 
-def join(init_method: str, rank: int, size: int, device: torch.device) -> TensorParallelGroup:
+def serve_store(size: int) -> dist.TCPStore:
+    """The driver's rendezvous store for a group of `size` ranks: a TCP store on a free port of this host, which the
+    workers connect to (connect_store). Not a file store: with one, torch's symmetric-memory rendezvous was seen to
+    wait for a key for ever under pytest (docs/design.md, "Tensor parallelism")."""
+    return dist.TCPStore(HOST, 0, world_size=size, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
+
+
+def connect_store(port: int, size: int) -> dist.TCPStore:
+    return dist.TCPStore(HOST, port, world_size=size, is_master=False, timeout=TIMEOUT)
+
+
+def join(store: dist.Store, rank: int, size: int, device: torch.device) -> TensorParallelGroup:
     """Join the group (blocks until every rank has): NCCL for a CUDA device, gloo for the CPU."""
     for key, value in NCCL_ENV.items():
         os.environ.setdefault(key, value)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT,
-                                device_id=device)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=size, timeout=TIMEOUT, device_id=device)
     else:
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
     symmetric, reason = symmetric_all_reduce(device, rank, size)
     if rank == 0:
         if symmetric is not None:

@@ -10,7 +10,9 @@ in step.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import threading
 import time
 import traceback
@@ -23,7 +25,11 @@ from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.loader import load_model
 from lazyattn.parallel.channel import SPIN_S, DispatchTrace, receive, unpack_step
 from lazyattn.parallel.fed_back import FedBackRelay
-from lazyattn.parallel.group import TensorParallelGroup, join, leave
+from lazyattn.parallel.group import TensorParallelGroup, connect_store, join, leave
+
+# Seconds after which a starting worker prints every thread's stack to stderr, and again every as many seconds,
+# until its runner is built (0: never). For a start that hangs.
+STACKS_ENV = "LAZYATTN_TP_STACKS_AFTER_S"
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
@@ -47,15 +53,18 @@ def build_runner(model, config: EngineConfig, max_model_len: int, device: torch.
     return ModelRunner(model, mc, config, max_model_len, device, num_pages=num_pages)
 
 
-def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Connection) -> None:
+def main(rank: int, size: int, config: EngineConfig, store_port: int, conn: Connection) -> None:
     """Entry point of a spawned worker process."""
     _exit_with_parent()
+    stacks_after = float(os.environ.get(STACKS_ENV, "0") or 0)
+    if stacks_after > 0:  # a start that hangs says where, on stderr (the driver has pytest's faulthandler_timeout)
+        faulthandler.dump_traceback_later(stacks_after, repeat=True)
     try:
         device = rank_device(config, rank)
         if device.type == "cpu":
             torch.set_num_threads(1)  # the driver's process has the others
         conn.send(("hello", None))
-        tp = join(init_method, rank, size, device)
+        tp = join(connect_store(store_port, size), rank, size, device)
         model, _ = load_model(config.model, dtype=config.torch_dtype, device=device, seed=config.seed,
                               random_init=config.random_weights, tensor_parallel=tp)
         runner = relay = None
@@ -75,6 +84,7 @@ def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Con
             elif command == "build":
                 runner = build_runner(model, config, arg, device, tp)
                 relay = FedBackRelay(config.max_num_seqs, device)
+                faulthandler.cancel_dump_traceback_later()
                 conn.send(("ready", runner.num_pages))
             elif command == "warm_up":
                 runner.warm_up()
@@ -89,6 +99,13 @@ def main(rank: int, size: int, config: EngineConfig, init_method: str, conn: Con
             conn.send(("error", f"rank {rank}: {traceback.format_exc()}"))
         finally:
             os._exit(1)  # no clean-up: a peer may be blocked in a collective with us
+    if device.type == "cuda":
+        # Exit without NCCL's teardown: aborting the communicators here waited >10 s for the driver, which aborts
+        # its own at the same time (two H200s, graphs with captured collectives). Nothing is in flight, and the
+        # driver's abort does not need this rank.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     leave()
 
 
