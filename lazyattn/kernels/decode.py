@@ -414,8 +414,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     every delta is taken as 0, like the reference does without tables.
 
     Launch parameters: num_splits=None splits each entry by its own pages (split_rule, from the GPU's SM
-    count; the grid is sized for batch.max_kv keys); pass it to give every entry that many page ranges. config=None takes decode_config's tiles (block_n must divide page_size). counters: the
-    split merge's arrival counters; None allocates zeroed ones for this call (one more launch), so callers
+    count; the grid is sized for the page table's width); pass it to give every entry that many page ranges.
+    config=None takes decode_config's tiles (block_n must divide page_size). counters: the split merge's
+    arrival counters; None allocates zeroed ones for this call (one more launch), so callers
     that launch repeatedly, and CUDA graphs, pass one ArrivalCounters they keep.
     """
     _check(q, k_cache, v_cache, batch, tables, out)

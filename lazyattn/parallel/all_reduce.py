@@ -41,9 +41,7 @@ SETTINGS = ("auto", "nccl", "symm_mem")
 ONE_SHOT_MAX_BYTES = 2**20
 BUFFER_BYTES = 8 * 2**20  # 70B shapes: 512 rows of 8192 bf16 values
 ALIGNMENT = 16  # the kernels' vector width: messages are whole multiples of it
-# How long the buffer's rendezvous may wait for the peers before this rank gives up on symmetric memory (NCCL
-# then serves): seconds in practice, but it was seen to wait for ever under pytest (docs/design.md).
-PROBE_TIMEOUT = timedelta(seconds=float(os.environ.get("LAZYATTN_TP_PROBE_TIMEOUT_S", "60")))
+PROBE_TIMEOUT_ENV = "LAZYATTN_TP_PROBE_TIMEOUT_S"
 
 
 def setting() -> str:
@@ -52,6 +50,20 @@ def setting() -> str:
     if value not in SETTINGS:
         raise InvalidRequestError(f"{SETTING_ENV}={value!r}: expected one of {', '.join(SETTINGS)}", SETTING_ENV)
     return value
+
+
+def probe_timeout() -> timedelta:
+    """LAZYATTN_TP_PROBE_TIMEOUT_S (default 60): how long the buffer's rendezvous may wait for the peers before
+    this rank gives up on symmetric memory and NCCL serves. Seconds in practice; with a file store it was seen to
+    wait for ever under pytest (docs/design.md, "Tensor parallelism")."""
+    value = os.environ.get(PROBE_TIMEOUT_ENV, "60").strip() or "60"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise InvalidRequestError(f"{PROBE_TIMEOUT_ENV}={value!r}: expected a number of seconds > 0", PROBE_TIMEOUT_ENV)
+    return timedelta(seconds=seconds)
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the symmetric-memory kernels are built for (not fp16)
@@ -160,7 +172,7 @@ def _probe(device: torch.device, rank: int, size: int) -> SymmetricAllReduce:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             enable(group_name)
-    with _store_timeout(PROBE_TIMEOUT):
+    with _store_timeout(probe_timeout()):
         symm = SymmetricAllReduce(device, group_name)
     expected = size * (size + 1) / 2
     for dtype in (torch.float32, torch.bfloat16):

@@ -35,7 +35,7 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
 from lazyattn.parallel import worker
-from lazyattn.parallel.all_reduce import SETTING_ENV, setting
+from lazyattn.parallel.all_reduce import SETTING_ENV, probe_timeout, setting
 from lazyattn.parallel.channel import DispatchTrace, encode, pack_step
 from lazyattn.parallel.fed_back import FedBackRelay
 from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave, serve_store
@@ -54,7 +54,8 @@ class TensorParallelRunner:
         self.size = size
         self.config = config
         check_divisible(model_config(config.model), size)
-        if setting() == "symm_mem" and device.type != "cuda":  # a bad value raises here, before any process starts
+        probe_timeout()  # a bad value raises here, before any process starts, like a bad setting:
+        if setting() == "symm_mem" and device.type != "cuda":
             raise InvalidRequestError(f"{SETTING_ENV}=symm_mem needs CUDA GPUs", SETTING_ENV)
         if device.type == "cuda":
             visible = torch.cuda.device_count()

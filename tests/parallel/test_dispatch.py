@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+from datetime import timedelta
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from lazyattn import LLM
 from lazyattn.engine.graph_inputs import StepInputs
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages
-from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, route, setting
+from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, probe_timeout, route, setting
 from lazyattn.parallel.channel import encode, pack_step, receive, unpack_step
 
 BF16 = 2
@@ -49,6 +50,20 @@ def test_the_setting_is_read_and_checked(monkeypatch):
     monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", "ring")
     with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_ALLREDUCE='ring': expected one of auto, nccl"):
         setting()
+
+
+def test_the_probe_timeout_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv("LAZYATTN_TP_PROBE_TIMEOUT_S", raising=False)
+    assert probe_timeout() == timedelta(seconds=60)
+    monkeypatch.setenv("LAZYATTN_TP_PROBE_TIMEOUT_S", " 2.5 ")
+    assert probe_timeout() == timedelta(seconds=2.5)
+    for bad in ("soon", "0", "-3", "nan"):
+        monkeypatch.setenv("LAZYATTN_TP_PROBE_TIMEOUT_S", bad)
+        with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_PROBE_TIMEOUT_S=.*seconds > 0"):
+            probe_timeout()
+    with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_PROBE_TIMEOUT_S"):  # before any process starts
+        LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
+    assert not [p for p in mp.active_children() if p.name.startswith("lazyattn-tp")]
 
 
 @pytest.mark.parametrize("value", ["symm_mem", "ring"])

@@ -1,6 +1,11 @@
 """The bf16 TP test's first engine, outside pytest, with variants: what makes the symmetric-memory rendezvous hang,
 and how long the shutdown takes with each way of leaving the group."""
-import argparse, logging, time, sys, faulthandler
+import argparse
+import faulthandler
+import logging
+import sys
+import time
+
 import torch
 
 if __name__ == "__main__":
@@ -20,9 +25,10 @@ if __name__ == "__main__":
         faulthandler.enable()
     if a.import_tests:
         import tests.parallel.test_tensor_parallel_gpu  # noqa
-    from lazyattn import LLM, SamplingParams
-    import lazyattn.parallel.driver as drv
     import torch.distributed as dist
+
+    import lazyattn.parallel.driver as drv
+    from lazyattn import LLM, SamplingParams
     if a.leave == "destroy":
         drv.leave = lambda: dist.destroy_process_group()
     elif a.leave == "none":
