@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -79,10 +80,21 @@ class TensorParallelGroup:
 
 
 def serve_store(size: int) -> dist.TCPStore:
-    """The driver's rendezvous store for a group of `size` ranks: a TCP store on a free port of this host, which the
+    """The driver's rendezvous store for a group of `size` ranks: a TCP store on a free loopback port, which the
     workers connect to (connect_store). Not a file store: with one, torch's symmetric-memory rendezvous was seen to
-    wait for a key for ever under pytest (docs/design.md, "Tensor parallelism")."""
-    return dist.TCPStore(HOST, 0, world_size=size, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
+    wait for a key for ever under pytest (docs/design.md, "Tensor parallelism"). Loopback only: left to itself the
+    store listens on every interface, where anyone on the network could write into the rendezvous."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((HOST, 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    fd = listener.detach()  # the store owns the socket from here
+    try:
+        return dist.TCPStore(HOST, port, world_size=size, is_master=True, timeout=TIMEOUT, wait_for_workers=False,
+                             master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def connect_store(port: int, size: int) -> dist.TCPStore:

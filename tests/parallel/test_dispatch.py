@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import socket
 from datetime import timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages
 from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, probe_timeout, route, setting
 from lazyattn.parallel.channel import encode, pack_step, receive, unpack_step
+from lazyattn.parallel.group import connect_store, serve_store
 
 BF16 = 2
 
@@ -95,3 +97,16 @@ def test_receive_blocks_after_spinning_and_sees_the_driver_go():
     a.close()
     with pytest.raises(EOFError):
         receive(b, spin_s=0.01)
+
+
+def test_the_rendezvous_store_listens_on_loopback_only():
+    """The driver's TCP store takes connections on 127.0.0.1 and refuses them on another loopback address, which
+    a store listening on every interface would accept (Linux routes all of 127/8 to the loopback device)."""
+    store = serve_store(2)
+    with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+        pass
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", store.port), timeout=5)
+    client = connect_store(store.port, 2)
+    client.set("from a worker", "seen")
+    assert store.get("from a worker") == b"seen"
