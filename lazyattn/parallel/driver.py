@@ -54,7 +54,8 @@ class TensorParallelRunner:
         self.size = size
         self.config = config
         check_divisible(model_config(config.model), size)
-        probe_timeout()  # a bad value raises here, before any process starts, like a bad setting:
+        # Bad settings raise here, before any process starts.
+        probe_timeout()
         if setting() == "symm_mem" and device.type != "cuda":
             raise InvalidRequestError(f"{SETTING_ENV}=symm_mem needs CUDA GPUs", SETTING_ENV)
         if device.type == "cuda":
