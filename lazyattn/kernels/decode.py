@@ -26,6 +26,7 @@ the programs past an entry's count return at once).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,7 @@ from lazyattn.kernels.rope import RopeTables
 # Finite start for the running max: a tile with no valid key then gives exp2(-inf - NEG_BIG) = 0 and
 # alpha = exp2(0) = 1 instead of the NaN of exp2(-inf - -inf).
 NEG_BIG = tl.constexpr(-1.0e30)
-# Batch-1 decode takes one program per SM while its splits stay this short (pages); see pick_num_splits.
+# Batch-1 decode takes one program per SM while its splits stay this short (pages); see split_rule.
 _SHORT_SPLIT_PAGES = 16
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -114,6 +115,11 @@ class SplitRule:
     short_cap: int  # ... take at most this many (one program per SM); short_pages = -1: no such entries
     min_pages: int  # each split walks at least this many pages
 
+    @staticmethod
+    def fixed(num_splits: int) -> SplitRule:
+        """Every entry cut into num_splits page ranges (fewer only where it has fewer pages)."""
+        return SplitRule(cap=num_splits, short_pages=-1, short_cap=num_splits, min_pages=1)
+
     def unrounded(self, n_pages: int) -> int:
         """The split count before rounding to splits that get pages: never decreases with n_pages, so the
         value at the longest entry bounds every entry's (the grid)."""
@@ -126,6 +132,7 @@ class SplitRule:
         return cdiv(n_pages, cdiv(n_pages, self.unrounded(n_pages)))
 
 
+@functools.lru_cache(maxsize=256)  # eager launches ask once per layer with the same few shapes
 def split_rule(batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: int = 2,
                min_pages_per_split: int = 4) -> SplitRule:
     """Splits per entry: about programs_per_sm programs per SM, in one wave.
@@ -434,7 +441,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_splits = rule.unrounded(max(1, batch.max_pages))
     else:
         num_splits = max(1, int(num_splits))
-        rule = SplitRule(cap=num_splits, short_pages=-1, short_cap=num_splits, min_pages=1)
+        rule = SplitRule.fixed(num_splits)
     if config is None:
         per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
         config = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
