@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lazyattn.kernels.launch import pdl_options, wait_for_producers
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _run_deltas, _run_starts
 from lazyattn.kernels.rope import RopeTables
@@ -192,7 +193,7 @@ def _rope_write_kv_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
     INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, COPY_PROGRAMS: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # Program (t, 0): all q, k and v heads of token t (a few KiB) in one pass. The per-run copies of
     # rope_write_kv_runs (RUNS > 0) come from q rotated and rounded exactly as program (t, 0) stores it (what
@@ -200,6 +201,7 @@ def _rope_write_kv_kernel(
     # writes its copies in parallel; otherwise program (t, 0) writes them all after its q.
     t = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
+    wait_for_producers(USE_PDL)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
     cos = tl.load(cos_ptr + pos * s_tab + j, mask=j < HALF, other=1.0)
@@ -323,7 +325,7 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
         INTERLEAVED=tables.interleaved, RUNS=runs, COPY_PROGRAMS=copy_programs,
         BLOCK_R=triton.next_power_of_2(max(runs, 1)),
         BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
-        num_warps=4,
+        num_warps=4, **pdl_options(q.device),
     )
     return q_out, q_rot
 

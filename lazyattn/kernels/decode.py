@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.launch import LOG2E, interpreting, sm_count
+from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
@@ -205,11 +205,12 @@ def _decode_split_kernel(
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
+    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     entry = tl.program_id(2).to(tl.int64)
+    wait_for_producers(USE_PDL)
 
     # This entry's split count (SplitRule, evaluated on its own pages; at most the grid's num_splits) and
     # this program's contiguous page range [page_lo, page_hi). Programs past the count have nothing to do.
@@ -483,5 +484,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
         HAS_FIRST=batch.firsts is not None, num_warps=config.num_warps, num_stages=config.num_stages, **regs,
+        **pdl_options(q.device),
     )
     return out

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from lazyattn.kernels.launch import pdl_options, wait_for_producers
 from lazyattn.kernels.paged import cdiv
 
 _SILU_BLOCK = 1024
@@ -50,10 +51,11 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_x, s_res, s_out, s_res_out, n, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
+    wait_for_producers(USE_PDL)
     x = tl.load(x_ptr + row * s_x + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * s_res + cols, mask=ok, other=0.0)
@@ -91,7 +93,7 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     res_store = res_out if res_out is not None else out
     _rms_norm_kernel[(x.shape[0],)](
         x, res_in, weight, out, res_store, x.stride(0), res_in.stride(0), out.stride(0), res_store.stride(0), n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
     )
     return out, res_out
 
@@ -110,10 +112,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
+    wait_for_producers(USE_PDL)
     gate = tl.load(gu_ptr + row * s_gu + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * s_gu + n + cols, mask=ok, other=0.0).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -129,5 +132,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         _silu_mul_kernel[(rows, cdiv(n, _SILU_BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), n,
-                                                       BLOCK=_SILU_BLOCK, num_warps=4)
+                                                       BLOCK=_SILU_BLOCK, num_warps=4,
+                                                       **pdl_options(gate_up.device))
     return out

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.decode import ArrivalCounters
-from lazyattn.kernels.launch import interpreting, sm_count
+from lazyattn.kernels.launch import interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import cdiv
 
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
@@ -80,7 +80,8 @@ def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
                  M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr,
+                 USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -94,6 +95,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
     k_end = tl.minimum(K, k_start + k_per_split)
     w_ptrs = w_ptr + rn_load[:, None].to(tl.int64) * stride_wn + (k_start + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_start + rk)[None, :]
+    if USE_PDL and PREFETCH_LINES > 0:
+        # The weights are no kernel's output: while the kernel before this one finishes, pull the first lines of
+        # this program's rows into L2, so the pipeline's first tiles arrive sooner.
+        lines = k_start + tl.arange(0, PREFETCH_LINES) * LINE
+        lines = tl.where(lines < k_end, lines, k_start)
+        _prefetch_l2(w_ptr + rn_load[:, None].to(tl.int64) * stride_wn + lines[None, :])
+    wait_for_producers(USE_PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
@@ -134,6 +142,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
                 total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
             tl.store(counter, 0)
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines at ptrs (one pointer per 128-byte line); nothing waits for them."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+def _prefetch_lines() -> int:
+    """LAZYATTN_GEMV_PREFETCH: 128-byte lines of each weight row a program prefetches before it waits under PDL."""
+    return int(os.environ.get("LAZYATTN_GEMV_PREFETCH", "0"))
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -184,7 +204,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         m, n, k, rows.stride(0), weight.stride(0), y.stride(0), k_per_split,
         HAS_BIAS=bias is not None, SPLIT=splits > 1, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_DTYPE=dot_ty,
-        IEEE=x.dtype == torch.float32, num_warps=config.num_warps, num_stages=config.num_stages,
+        IEEE=x.dtype == torch.float32, PREFETCH_LINES=_prefetch_lines(), LINE=128 // weight.element_size(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(x.device),
     )
     return y.reshape(*lead, n)
 

@@ -93,7 +93,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.launch import LOG2E, interpreting, sm_count
+from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
@@ -548,12 +548,13 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr, PLAN_PIECES: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    wait_for_producers(USE_PDL)
     entry, first_row = _find_block(cu_seqlens_q, batch_size, slot, QB, BLOCK_B)
     row0 = tl.load(cu_seqlens_q + entry)
     q_len = tl.load(cu_seqlens_q + entry + 1) - row0
@@ -674,7 +675,8 @@ def _prefill_kernel(
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits"])
 def _combine_kernel(WsO, WsLse, Out, num_rows, num_splits, stride_ot, stride_oh,
-                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                    USE_PDL: tl.constexpr):
     """Merge the splits of one (query row, head): out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
 
     One program per (row, head), BLOCK_S splits per step: the partials are read in parallel across the
@@ -682,6 +684,7 @@ def _combine_kernel(WsO, WsLse, Out, num_rows, num_splits, stride_ot, stride_oh,
     reads every partial of the block, 64 KiB each, 10-50 us at 16-48 splits.)"""
     row = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
+    wait_for_producers(USE_PDL)
     m_run = tl.full([], float("-inf"), tl.float32)
     den = tl.zeros([], tl.float32)
     num = tl.zeros([HEAD_DIM], tl.float32)
@@ -824,12 +827,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
                           PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces, BLOCK_R=_PLAN_RUNS,
-                          num_warps=config.num_warps, num_stages=config.num_stages,
+                          num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(q.device),
                           **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
                                               out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
-                                              BLOCK_S=min(16, triton.next_power_of_2(splits)))
+                                              BLOCK_S=min(16, triton.next_power_of_2(splits)),
+                                              **pdl_options(q.device))
     return out
 
 
