@@ -77,10 +77,11 @@ def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every batch size of a block (M = 1 included)
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
-                 M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, sq_out_ptr,
+                 M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, stride_sq, n_sq_in, eps,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr,
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr,
                  USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -118,12 +119,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
 
-    out_mask = (rn < N)[:, None] & m_ok[None, :]
-    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
     if not SPLIT:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in, eps,
+                pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ)
     else:
         num_splits = tl.num_programs(1)
         # Partials [splits, M_pad, N] fp32 (M padded to whole blocks, so no mask on M is needed here).
@@ -138,10 +136,37 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr,
             total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, num_splits):
                 total += tl.load(part_rows + s * m_pad * N, mask=(rn < N)[:, None], other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+            _finish(total, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in,
+                    eps, pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ)
             tl.store(counter, 0)
+
+
+@triton.jit
+def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in, eps, pid_n,
+            HAS_BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr):
+    """Store acc [BLOCK_N, BLOCK_M] (fp32 sums of products) as rows rm, columns rn of y.
+
+    NORM: x was the un-normalised residual stream and W carries the norm's weight (docs/design.md, "Decode
+    fusion"): the row's 1/rms comes from the n_sq_in sums of squares its producer left (fixed order) and scales the
+    sums. RESIDUAL: y is the residual stream; the product, rounded, is added to it in place (rounded again, as
+    x + residual in the model dtype), and this program leaves the sum of squares of its columns of the new row,
+    for the next product's NORM."""
+    if NORM:
+        j = tl.arange(0, BLOCK_SQ)
+        sq = tl.load(sq_in_ptr + rm[None, :].to(tl.int64) * stride_sq + j[:, None],
+                     mask=(j < n_sq_in)[:, None] & m_ok[None, :], other=0.0)
+        acc = acc * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+    out = acc.to(y_ptr.dtype.element_ty)
+    out_mask = (rn < N)[:, None] & m_ok[None, :]
+    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
+    if RESIDUAL:
+        res = tl.load(y_ptrs, mask=out_mask, other=0.0)
+        out = (out.to(tl.float32) + res.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        wide = tl.where(out_mask, out.to(tl.float32), 0.0)
+        tl.store(sq_out_ptr + rm.to(tl.int64) * stride_sq + pid_n, tl.sum(wide * wide, axis=0), mask=m_ok)
+    tl.store(y_ptrs, out, mask=out_mask)
 
 
 @triton.jit
@@ -164,6 +189,52 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     its output and, with split K, an fp32 scratch of splits x M x N: both come from the caching allocator, so the
     launch can be captured in a CUDA graph.
     """
+    rows, lead = _rows(x, weight, bias)
+    y = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    _launch(rows, weight, bias, y, config)
+    return y.reshape(*lead, weight.shape[0])
+
+
+def gemv_normed(stream: torch.Tensor, squares: torch.Tensor, eps: float, weight: torch.Tensor,
+                bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """RMSNorm(stream) · weightᵀ (+ bias) for rows [M, K] of the residual stream, where `weight` already carries the
+    norm's scale (its columns multiplied by it, CausalLM.fold_norms) and `squares` [M, P] fp32 are sums of squares
+    of each row's parts (their sum is the row's, as `gemv_into_residual` leaves them): one launch, no norm kernel.
+
+    Rounds differently from norm-then-product (the normalised row is not rounded to the model dtype before the
+    product; the weight is rounded once with the scale in it): within the model dtype's rounding of it."""
+    rows, lead = _rows(stream, weight, bias)
+    if squares.dim() != 2 or squares.shape[0] != rows.shape[0] or squares.dtype != torch.float32:
+        raise ValueError(f"squares must be fp32 [{rows.shape[0]}, parts], got {squares.dtype} "
+                         f"{tuple(squares.shape)}")
+    y = torch.empty(rows.shape[0], weight.shape[0], dtype=stream.dtype, device=stream.device)
+    _launch(rows, weight, bias, y, config, squares_in=squares.contiguous(), eps=eps)
+    return y.reshape(*lead, weight.shape[0])
+
+
+def gemv_into_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                       bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """residual += x · weightᵀ (+ bias), in place, the product rounded to the model dtype before the add and the sum
+    rounded again (as F.linear followed by x + residual). Returns the new rows' sums of squares by blocks of
+    columns, fp32 [M, N blocks], for the next `gemv_normed`."""
+    rows, _ = _rows(x, weight, bias)
+    n = weight.shape[0]
+    if residual.shape != (rows.shape[0], n) or residual.dtype != x.dtype or residual.stride(1) != 1:
+        raise ValueError(f"residual must be {x.dtype} [{rows.shape[0]}, {n}] with unit last stride, got "
+                         f"{residual.dtype} {tuple(residual.shape)} strides {residual.stride()}")
+    config = config or default_config(n, weight.shape[1], x.device)
+    squares = torch.empty(rows.shape[0], cdiv(n, config.block_n), dtype=torch.float32, device=x.device)
+    _launch(rows, weight, bias, residual, config, squares_out=squares)
+    return squares
+
+
+def row_squares(stream: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of squares in fp32, [M, 1]: the `squares` of a stream no product has left them for."""
+    return stream.float().square().sum(-1, keepdim=True)
+
+
+def _rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Size]:
+    """x as [M, K] rows with unit stride along K, and its leading shape; checks the operands."""
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv needs a 2-D weight with unit stride along K, got shape {tuple(weight.shape)} "
                          f"strides {weight.stride()}")
@@ -173,18 +244,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if x.dtype != weight.dtype or (bias is not None and bias.shape != (n,)):
         raise ValueError(f"gemv: x {x.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.shape}: "
                          f"x and weight need one dtype and bias the shape ({n},)")
-    lead = x.shape[:-1]
     rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    m = rows.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    return (rows if rows.stride(-1) == 1 else rows.contiguous()), x.shape[:-1]
+
+
+def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+            config: GemvConfig | None, squares_in: torch.Tensor | None = None, eps: float = 0.0,
+            squares_out: torch.Tensor | None = None) -> None:
+    m, k = rows.shape
+    n = weight.shape[0]
     if m == 0 or n == 0:
-        return y.reshape(*lead, n)
+        return
     if k == 0:
+        if squares_in is not None or squares_out is not None:
+            raise ValueError("gemv: a fused norm or residual needs K > 0")
         y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
-        return y.reshape(*lead, n)
-    config = config or default_config(n, k, x.device)
+        return
+    config = config or default_config(n, k, rows.device)
     block_m = max(16, triton.next_power_of_2(min(m, MAX_ROWS)))
     m_blocks = cdiv(m, block_m)
     n_blocks = cdiv(n, config.block_n)
@@ -192,22 +268,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     k_per_split = cdiv(cdiv(k, config.split_k), config.block_k) * config.block_k
     splits = cdiv(k, k_per_split)
     if splits > 1:
-        part = torch.empty(splits, m_blocks * block_m, n, dtype=torch.float32, device=x.device)
-        counters = _COUNTERS.get(x.device, m_blocks * n_blocks)
+        part = torch.empty(splits, m_blocks * block_m, n, dtype=torch.float32, device=rows.device)
+        counters = _COUNTERS.get(rows.device, m_blocks * n_blocks)
     else:
         part = counters = y  # unused pointers
+    sq_in = squares_in if squares_in is not None else y  # placeholders where compiled out
+    sq_out = squares_out if squares_out is not None else y
+    sq_stride = squares_in.stride(0) if squares_in is not None else (
+        squares_out.stride(0) if squares_out is not None else 0)
+    n_sq_in = squares_in.shape[1] if squares_in is not None else 1
     # The interpreter multiplies 16-bit dot operands as their raw bits (triton issue #11584): there they are
     # widened to fp32, exactly (a product of two 16-bit floats fits in fp32).
-    dot_ty = tl.float32 if interpreting() else _TL_DTYPES[x.dtype]
+    dot_ty = tl.float32 if interpreting() else _TL_DTYPES[rows.dtype]
     _gemv_kernel[(n_blocks, splits, m_blocks)](
-        rows, weight, bias if bias is not None else y, y, part, counters,
-        m, n, k, rows.stride(0), weight.stride(0), y.stride(0), k_per_split,
+        rows, weight, bias if bias is not None else y, y, part, counters, sq_in, sq_out,
+        m, n, k, rows.stride(0), weight.stride(0), y.stride(0), k_per_split, sq_stride, n_sq_in, eps,
         HAS_BIAS=bias is not None, SPLIT=splits > 1, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_DTYPE=dot_ty,
-        IEEE=x.dtype == torch.float32, PREFETCH_LINES=_prefetch_lines(), LINE=128 // weight.element_size(),
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(x.device),
+        IEEE=rows.dtype == torch.float32, NORM=squares_in is not None, RESIDUAL=squares_out is not None,
+        BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
+        LINE=128 // weight.element_size(), num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl_options(rows.device),
     )
-    return y.reshape(*lead, n)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ every entry of a step into one run of rows, and the attention backend sorts out 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,6 +16,17 @@ from lazyattn.model.config import ModelConfig
 
 if TYPE_CHECKING:
     from lazyattn.parallel.group import TensorParallelGroup
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The skinny-product configs of one decoder layer's four linears, for the fused decode path (docs/design.md,
+    "Decode fusion"): every one of them must run kernels/gemv.py for its epilogues to carry the norms and adds."""
+
+    qkv: gemv.GemvConfig
+    o: gemv.GemvConfig
+    gate_up: gemv.GemvConfig
+    down: gemv.GemvConfig
 
 
 def _fusable(x: torch.Tensor) -> bool:
@@ -86,15 +98,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        out = self.o_proj(self.attend(self.qkv_proj(x), fb, backend))
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+    def attend(self, qkv: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
+        """The projected rows [T, q + 2 kv] -> attention output [T, q_size], before o_proj."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        out = self.o_proj(backend.attend(self.layer_idx, q, k, v, fb).reshape(t, self.q_size))
-        return out if self.tp is None else self.tp.all_reduce(out)
+        return backend.attend(self.layer_idx, q, k, v, fb).reshape(t, self.q_size)
 
 
 class DecoderLayer(nn.Module):
@@ -121,3 +137,20 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, fb, backend)
         x, residual = self.post_attention_layernorm.add_forward(x, residual)
         return self.mlp(x), residual
+
+    def decode_forward(self, stream: torch.Tensor, squares: torch.Tensor, fb: ForwardBatch,
+                       backend: AttentionBackend, plan: DecodePlan) -> torch.Tensor:
+        """The fused decode path (docs/design.md, "Decode fusion"): `stream` is the residual stream [T, hidden],
+        updated in place; `squares` its rows' sums of squares by parts. The norms' scales are folded into qkv and
+        gate_up (CausalLM.fold_norms): each norm is the 1/rms the next product applies to its sums, and each residual
+        add is the epilogue of o_proj and down, which leave the squares for the next norm. Returns the new squares.
+        Four products, RoPE + KV write, attention and SiLU·mul: six launches a layer instead of nine."""
+        attn, mlp = self.self_attn, self.mlp
+        eps = self.input_layernorm.eps
+        qkv = gemv.gemv_normed(stream, squares, eps, attn.qkv_proj.weight, attn.qkv_proj.bias, plan.qkv)
+        out = attn.attend(qkv, fb, backend)
+        squares = gemv.gemv_into_residual(out, attn.o_proj.weight, stream, attn.o_proj.bias, plan.o)
+        gate_up = gemv.gemv_normed(stream, squares, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
+                                   mlp.gate_up_proj.bias, plan.gate_up)
+        act = fused.silu_mul(gate_up) if _fusable(gate_up) else fused.silu_mul_reference(gate_up)
+        return gemv.gemv_into_residual(act, mlp.down_proj.weight, stream, mlp.down_proj.bias, plan.down)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -13,13 +14,14 @@ from lazyattn.errors import CheckpointError
 from lazyattn.kernels import gemv
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
-from lazyattn.model.layers import DecoderLayer, RMSNorm
+from lazyattn.model.layers import DecodePlan, DecoderLayer, RMSNorm
 
 if TYPE_CHECKING:
     from lazyattn.parallel.group import TensorParallelGroup
 
 # Hugging Face keeps q/k/v and gate/up as separate matrices; we stack them by rows into one matmul each.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+FUSION_ENV = "LAZYATTN_DECODE_FUSION"  # 0: keep the norms and adds as kernels of their own (docs/design.md)
 # Buffers some checkpoints carry that we recompute (RoPE lives in the attention backend).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -41,15 +43,47 @@ class CausalLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False
         )
+        self.norms_folded = False
 
     def forward(self, input_ids: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """input_ids [T] (packed entries, as fb describes them) -> final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids) if self.tp is None else self._embed_shard(input_ids)
+        plan = self.decode_plan(x)
+        if plan is not None:
+            squares = gemv.row_squares(x)
+            for layer in self.layers:
+                squares = layer.decode_forward(x, squares, fb, backend, plan)
+            return self.norm(x)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, fb, backend)
         assert residual is not None, "a model has at least one layer"
         return self.norm.add_forward(x, residual)[0]
+
+    def decode_plan(self, x: torch.Tensor) -> DecodePlan | None:
+        """The fused decode path's configs for these rows, or None where it does not apply: norms not folded, tensor
+        parallelism, or a linear the skinny kernel does not take at this batch size (kernels/gemv.py, `pick`)."""
+        if not self.norms_folded or self.tp is not None:
+            return None
+        layer = self.layers[0]
+        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        configs = [gemv.pick(x, linear.weight) for linear in linears]
+        return None if None in configs else DecodePlan(*configs)
+
+    @torch.no_grad()
+    def fold_norms(self) -> None:
+        """Fold each decoder layer's two RMSNorm scales into the columns of the product that follows (qkv_proj,
+        gate_up_proj) and set the scales to 1: RMSNorm(x)·Wᵀ = (x·rstd)·(W·diag(scale))ᵀ. The product is rounded
+        once to the weights' dtype. Every path then computes the same function, the fused decode path
+        (`decode_plan`) and the plain one alike (docs/design.md, "Decode fusion")."""
+        if self.norms_folded:
+            return
+        for layer in self.layers:
+            for norm, linear in ((layer.input_layernorm, layer.self_attn.qkv_proj),
+                                 (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
+                linear.weight.copy_(linear.weight.float() * norm.weight.float()[None, :])
+                norm.weight.fill_(1.0)
+        self.norms_folded = True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need logits) -> fp32 logits [n, vocab].
@@ -122,3 +156,8 @@ class CausalLM(nn.Module):
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             names = ", ".join(map(repr, missing[:5]))
             raise CheckpointError(f"checkpoint is missing tensor(s) {names}{more}")
+
+
+def decode_fusion_enabled() -> bool:
+    """LAZYATTN_DECODE_FUSION (default 1): fold the norms and run the fused decode path where it applies."""
+    return os.environ.get(FUSION_ENV, "1") != "0"

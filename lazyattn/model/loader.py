@@ -18,7 +18,7 @@ from lazyattn.model import adapter as lora
 from lazyattn.model import gguf
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
-from lazyattn.model.llama import CausalLM
+from lazyattn.model.llama import CausalLM, decode_fusion_enabled
 from lazyattn.parallel import sharding
 from lazyattn.parallel.group import TensorParallelGroup, shard_config
 
@@ -83,6 +83,8 @@ def load_model(
         sharding.add_biases_once(lm, tp)
     if adapter is not None:
         lora.apply_adapter(lm, adapter)
+    if device.type == "cuda" and tp is None and decode_fusion_enabled():
+        lm.fold_norms()  # the fused decode path needs them folded (docs/design.md, "Decode fusion")
     lm.eval().requires_grad_(False)
     return lm, cfg
 
