@@ -291,7 +291,8 @@ def _gemv_configs() -> list[tuple[int, int, gemv.GemvConfig]]:
     table = gemv._load_table(str(gemv.TABLE_PATH))
     seen = []
     for (_device, dtype, n, k), rows in sorted(table.items()):
-        for _m, config in rows:
+        for _m, measured in rows:
+            config = measured.config
             if dtype == "bfloat16" and config is not None and (n, k, config) not in seen:
                 seen.append((n, k, config))
     return seen

@@ -149,7 +149,7 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: f
             row[f"{name}_of_copy"] = moved / t / bandwidth
         wins = cfg is not None and row["lazyattn_us"] < margin * row["F.linear_us"] and row["rel_err"] < 1e-2
         row["dispatch"] = "lazyattn" if wins else "F.linear"
-        entries.append(table_entry(device_name, dtype, n, k, m, cfg if wins else None))
+        entries.append(row_entry(device_name, dtype, row))
         rows.append(row)
         log(f"{model} {label:10s} M={m:2d}: ours {row.get('lazyattn_us', float('nan')):8.1f} us "
             f"({row.get('lazyattn_of_copy', 0):.0%}) F.linear {row['F.linear_us']:8.1f} us "
@@ -158,6 +158,25 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: f
     weights.clear()
     torch.cuda.empty_cache()
     return rows, entries
+
+
+def row_entry(device_name: str, dtype: torch.dtype, row: dict) -> dict:
+    """The dispatch-table entry of one result row: the tuned config even where F.linear won (the fused decode path
+    may still take it, kernels/gemv.py FUSED_SLOWDOWN), its time over F.linear's, and the plain dispatch."""
+    cfg = GemvConfig(**row["config"]) if row.get("config") else None
+    ratio = row["lazyattn_us"] / row["F.linear_us"] if cfg is not None else None
+    return table_entry(device_name, dtype, row["n"], row["k"], row["m"], cfg, ratio, row["dispatch"] == "lazyattn")
+
+
+def write_table(table: Path, device_name: str, command: str, entries: list[dict]) -> None:
+    """This GPU's entries replace its old ones in the dispatch table; other GPUs' entries stay."""
+    kept, commands = [], {}
+    if table.exists():
+        old = json.loads(table.read_text())
+        kept = [e for e in old["entries"] if e["device"] != device_name]
+        commands = old.get("commands", {})
+    commands[device_name] = command
+    table.write_text(json.dumps({"commands": commands, "entries": kept + entries}, indent=0) + "\n")
 
 
 def markdown(result: dict) -> str:
@@ -189,7 +208,14 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="write the dispatch table here")
     parser.add_argument("--margin", type=float, default=0.97, help="dispatch when ours < margin x F.linear")
     parser.add_argument("--shapes", default=None, help="comma-separated labels to keep, e.g. 8B:o,8B:down")
+    parser.add_argument("--table-from", type=Path, default=None,
+                        help="no GPU: rewrite --table's entries for the GPU of an earlier run's OUT.json")
     args = parser.parse_args()
+    if args.table_from is not None:
+        old = json.loads(args.table_from.read_text())
+        entries = [row_entry(old["device"], torch.bfloat16, row) for row in old["rows"]]
+        write_table(args.table, old["device"], old["command"], entries)
+        return
     device = torch.device("cuda")
     dtype = torch.bfloat16
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -221,14 +247,8 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = markdown(result)
     args.out.with_suffix(".md").write_text(md)
-    if args.table:  # this GPU's entries replace its old ones; other GPUs' entries stay
-        kept, commands = [], {}
-        if args.table.exists():
-            old = json.loads(args.table.read_text())
-            kept = [e for e in old["entries"] if e["device"] != result["device"]]
-            commands = old.get("commands", {})
-        commands[result["device"]] = command
-        args.table.write_text(json.dumps({"commands": commands, "entries": kept + entries}, indent=0) + "\n")
+    if args.table:
+        write_table(args.table, result["device"], command, entries)
     print(md)
 
 

@@ -46,11 +46,14 @@ from lazyattn.kernels.launch import interpreting, pdl_options, sm_count, wait_fo
 from lazyattn.kernels.paged import cdiv
 
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
-# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M overrides). Alone, the kernel beats cuBLAS up
-# to M = 32-64 on most shapes; inside the engine (H100, s4C runs) batch 1 gained 0.30 ms of GPU time per step, but
-# the batch-16 decode step came out 0.2-0.5 ms slower in all three on/off pairs (batch 64: 0.7-0.9 ms in two of
-# three), for a reason not yet found: until it is, batches above 8 keep F.linear.
-DISPATCH_MAX_ROWS = 8
+# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M overrides). Session 4 capped it at 8: batches of
+# 16 and 64 came out slower with the kernel inside the engine. Measured again with PDL and the decode fusion (H100,
+# benchmarks/results/engine_perf/s7): a cap of 64 is faster everywhere, batch 16 7.53 vs 7.82 ms a step, batch 64
+# 11.70 vs 12.07 ms, the cached RAG request's first token 8.16 vs 8.93 ms, batch 1 unchanged.
+DISPATCH_MAX_ROWS = 64
+# The fused decode path (DecodePlan) takes the kernel where it is at most this much slower than F.linear alone: there
+# its epilogues carry the residual add and the next norm, two launches a layer that the plain path runs on their own.
+FUSED_SLOWDOWN = 1.10
 TABLE_PATH = Path(__file__).with_name("gemv_table.json")
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -300,17 +303,32 @@ def _mode() -> str:
     return os.environ.get("LAZYATTN_GEMV", "auto").lower()
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One (shape, M) row of gemv_table.json: the sweep's best config for that block of M (None: none ran), its
+    time over F.linear's, and whether a plain product dispatches to it (it beat F.linear by the sweep's margin)."""
+
+    config: GemvConfig | None
+    vs_linear: float
+    dispatch: bool
+
+
 @functools.lru_cache(maxsize=4)
 def _load_table(path: str) -> dict:
-    """{(device name, dtype name, N, K): [(M, config or None), ...] ascending M}, from the sweep's JSON."""
+    """{(device name, dtype name, N, K): [(M, Measured), ...] ascending M}, from the sweep's JSON. Entries written
+    before the table kept every config hold only the dispatched ones: those count as faster than F.linear."""
     file = Path(path)
     if not file.exists():
         return {}
     table: dict = {}
     for entry in json.loads(file.read_text())["entries"]:
         key = (entry["device"], entry["dtype"], entry["n"], entry["k"])
-        table.setdefault(key, []).append(
-            (entry["m"], GemvConfig(**entry["config"]) if entry["config"] is not None else None))
+        config = GemvConfig(**entry["config"]) if entry["config"] is not None else None
+        dispatch = entry.get("dispatch", "lazyattn" if config is not None else "F.linear") == "lazyattn"
+        vs_linear = entry.get("vs_linear")
+        if vs_linear is None:
+            vs_linear = 1.0 if config is not None and dispatch else float("inf")
+        table.setdefault(key, []).append((entry["m"], Measured(config, vs_linear, dispatch and config is not None)))
     return {key: sorted(rows, key=lambda r: r[0]) for key, rows in table.items()}
 
 
@@ -319,11 +337,12 @@ def _device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def pick(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
+def pick(x: torch.Tensor, weight: torch.Tensor, fused: bool = False) -> GemvConfig | None:
     """The kernel config for this product, or None where F.linear is faster or nothing was measured.
 
     The table holds the sweep's M values (1, 2, 4, …): a batch of m rows takes the decision measured at the
-    smallest listed M >= m, the same block of x rows padded the same way."""
+    smallest listed M >= m, the same block of x rows padded the same way. `fused`: for the fused decode path, which
+    takes the kernel up to FUSED_SLOWDOWN times F.linear's time (its epilogues save two launches a layer)."""
     mode = _mode()
     m = x.numel() // max(1, x.shape[-1])
     if mode in ("0", "off") or not x.is_cuda or m > MAX_ROWS or weight.dim() != 2 or weight.stride(1) != 1:
@@ -336,9 +355,10 @@ def pick(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     key = (_device_name(index), str(x.dtype).removeprefix("torch."), n, k)
     rows = _load_table(os.environ.get("LAZYATTN_GEMV_TABLE", str(TABLE_PATH))).get(key, [])
-    for measured_m, config in rows:
+    for measured_m, measured in rows:
         if measured_m >= m:
-            return config
+            takes = measured.vs_linear <= FUSED_SLOWDOWN if fused else measured.dispatch
+            return measured.config if takes else None
     return None
 
 
@@ -350,7 +370,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return gemv(x, weight, bias, config)
 
 
-def table_entry(device: str, dtype: torch.dtype, n: int, k: int, m: int, config: GemvConfig | None) -> dict:
-    """One row of gemv_table.json (benchmarks/gemv.py writes them)."""
+def table_entry(device: str, dtype: torch.dtype, n: int, k: int, m: int, config: GemvConfig | None,
+                vs_linear: float | None = None, dispatch: bool | None = None) -> dict:
+    """One row of gemv_table.json (benchmarks/gemv.py writes them): the best config, its time over F.linear's, and
+    whether plain products take it (by default: when it is faster, or nothing was compared)."""
+    if dispatch is None:
+        dispatch = vs_linear is None or vs_linear < 1.0
+    dispatch = dispatch and config is not None
     return {"device": device, "dtype": str(dtype).removeprefix("torch."), "n": n, "k": k, "m": m,
-            "config": None if config is None else asdict(config)}
+            "config": None if config is None else asdict(config), "vs_linear": vs_linear,
+            "dispatch": "lazyattn" if dispatch else "F.linear"}

@@ -67,7 +67,7 @@ class CausalLM(nn.Module):
             return None
         layer = self.layers[0]
         linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        configs = [gemv.pick(x, linear.weight) for linear in linears]
+        configs = [gemv.pick(x, linear.weight, fused=True) for linear in linears]
         return None if None in configs else DecodePlan(*configs)
 
     @torch.no_grad()

@@ -7,13 +7,14 @@ device, and the engine with the kernel forced on against F.linear.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lazyattn.kernels import gemv as gemv_module
-from lazyattn.kernels.gemv import GemvConfig, gemv, linear, pick, table_entry
+from lazyattn.kernels.gemv import FUSED_SLOWDOWN, GemvConfig, gemv, linear, pick, table_entry
 from lazyattn.kernels.launch import interpreting
 from lazyattn.model.layers import Linear
 
@@ -99,6 +100,20 @@ def test_dispatch_keeps_f_linear_on_the_cpu(monkeypatch):
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+class FakeCuda:
+    """Rows [m, 64] that pick() takes for CUDA bf16 rows (no GPU needed)."""
+
+    is_cuda = True
+    dtype = torch.bfloat16
+    device = torch.device("cuda", 0)
+
+    def __init__(self, m: int) -> None:
+        self.shape = (m, 64)
+
+    def numel(self) -> int:
+        return self.shape[0] * 64
+
+
 def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
     """pick() on a CUDA tensor, faked: the decision of the smallest measured M >= m, None past the table."""
     cfg = GemvConfig(64, 128, 4)
@@ -109,27 +124,35 @@ def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
     monkeypatch.setenv("LAZYATTN_GEMV_TABLE", str(path))
     monkeypatch.setattr(gemv_module, "_device_name", lambda index: "GPU X")
 
-    class FakeCuda:
-        is_cuda = True
-        dtype = torch.bfloat16
-        device = torch.device("cuda", 0)
-
-        def __init__(self, m: int) -> None:
-            self.shape = (m, 64)
-
-        def numel(self) -> int:
-            return self.shape[0] * 64
-
     entries.append(table_entry("GPU X", torch.bfloat16, 96, 64, 16, cfg))
     path.write_text(json.dumps({"entries": entries}))
     w = torch.empty(96, 64, dtype=torch.bfloat16)
-    assert [pick(FakeCuda(m), w) for m in (1, 2, 4, 5, 8, 9, 16, 17)] == [cfg, None, None, cfg, cfg, None, None, None]
-    monkeypatch.setenv("LAZYATTN_GEMV_MAX_M", "64")  # past the engine's default cap of 8 rows
-    assert [pick(FakeCuda(m), w) for m in (9, 16, 17)] == [cfg, cfg, None]
+    assert [pick(FakeCuda(m), w) for m in (1, 2, 4, 5, 8, 9, 16, 17)] == [cfg, None, None, cfg, cfg, cfg, cfg, None]
+    monkeypatch.setenv("LAZYATTN_GEMV_MAX_M", "8")  # a lower cap than the engine's default of 64 rows
+    assert [pick(FakeCuda(m), w) for m in (8, 9, 16, 17)] == [cfg, None, None, None]
     assert pick(FakeCuda(1), torch.empty(97, 64, dtype=torch.bfloat16)) is None  # shape not measured
     monkeypatch.setenv("LAZYATTN_GEMV", "0")
     assert pick(FakeCuda(1), w) is None
     assert linear(torch.ones(1, 64), torch.ones(3, 64)).tolist() == [[64.0] * 3]
+
+
+def test_fused_path_takes_configs_a_little_slower_than_linear(tmp_path, monkeypatch):
+    """The table keeps the tuned config where F.linear won: plain products keep F.linear there, the fused decode
+    path takes the kernel up to FUSED_SLOWDOWN; entries of the older format (config only where it won) still load."""
+    cfg, slow = GemvConfig(64, 128, 1), GemvConfig(64, 128, 2)
+    entries = [table_entry("GPU X", torch.bfloat16, 96, 64, 1, cfg, 0.9),
+               table_entry("GPU X", torch.bfloat16, 96, 64, 2, slow, FUSED_SLOWDOWN - 0.01, dispatch=False),
+               table_entry("GPU X", torch.bfloat16, 96, 64, 4, slow, FUSED_SLOWDOWN + 0.01, dispatch=False),
+               table_entry("GPU X", torch.bfloat16, 96, 64, 8, None)]
+    entries.append({"device": "GPU X", "dtype": "bfloat16", "n": 96, "k": 64, "m": 16, "config": asdict(cfg)})
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"entries": entries}))
+    monkeypatch.setenv("LAZYATTN_GEMV_TABLE", str(path))
+    monkeypatch.setattr(gemv_module, "_device_name", lambda index: "GPU X")
+    w = torch.empty(96, 64, dtype=torch.bfloat16)
+    rows = [1, 2, 4, 8, 16]
+    assert [pick(FakeCuda(m), w) for m in rows] == [cfg, None, None, None, cfg]
+    assert [pick(FakeCuda(m), w, fused=True) for m in rows] == [cfg, slow, None, None, cfg]
 
 
 # ---------------------------------------------------------------------------------------------------

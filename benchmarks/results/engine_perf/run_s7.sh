@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 7 (H100): the decode fusion and programmatic dependent launch (PDL) landed in session 6's last commits
+# without a GPU run. STAGES picks what runs (space-separated); every stage's output lands in $OUT.
+#   on       engine.py, every section, defaults (fusion on, PDL on)
+#   nopdl    engine.py decode/TTFT sections, LAZYATTN_PDL=0
+#   base     engine.py decode/TTFT sections, LAZYATTN_DECODE_FUSION=0 LAZYATTN_PDL=0 (session 6's path)
+#   maxm64   engine.py, every section, LAZYATTN_GEMV_MAX_M=64 (the skinny kernel for up to 64 rows)
+#   pf4/pf16 engine.py decode sections, LAZYATTN_GEMV_PREFETCH=4/16 (L2 prefetch of weights before the PDL wait)
+#   on2      the defaults again (noise)
+#   ktests   pytest -m gpu tests/kernels
+#   etests   pytest -m gpu tests/engine tests/cache tests/model
+set -u
+STAGES=${STAGES:-on nopdl base ktests}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s7; rm -rf $W; mkdir -p $W; L=$OUT/s7.log
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
+python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
+step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
+         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -3 $W/$name.log >> $L; }
+SEC=decode_short,decode_rag,ttft_rag,launches
+for stage in $STAGES; do
+  case $stage in
+    on)     step on timeout -k 5 220 python benchmarks/engine.py --out $W/s7_on ;;
+    nopdl)  step nopdl timeout -k 5 130 env LAZYATTN_PDL=0 python benchmarks/engine.py --sections $SEC --batches 16 --out $W/s7_nopdl ;;
+    base)   step base timeout -k 5 130 env LAZYATTN_PDL=0 LAZYATTN_DECODE_FUSION=0 python benchmarks/engine.py --sections $SEC --batches 16 --out $W/s7_base ;;
+    maxm64) step maxm64 timeout -k 5 130 env LAZYATTN_GEMV_MAX_M=64 python benchmarks/engine.py --out $W/s7_maxm64 ;;
+    pf4)    step pf4 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=4 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf4 ;;
+    pf16)   step pf16 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=16 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf16 ;;
+    on2)    step on2 timeout -k 5 130 python benchmarks/engine.py --sections $SEC --batches 16 --out $W/s7_on2 ;;
+    ktests) step ktests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
+    etests) step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
+  esac
+done
+tar -cf $OUT/s7_${STAGES// /_}.tar -C $W . ; grep -h "^\[" $W/*.log | cut -c1-300 >> $L; cat $L
