@@ -117,17 +117,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr, USE_P
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
     wait_for_producers(USE_PDL)
-    gate = tl.load(gu_ptr + row * s_gu + cols, mask=ok, other=0.0)
-    up = tl.load(gu_ptr + row * s_gu + n + cols, mask=ok, other=0.0)
-    tl.store(out_ptr + row * s_out + cols, silu_times(gate, up), mask=ok)
-
-
-@triton.jit
-def silu_times(gate, up):
-    """SiLU(gate) * up in the operands' dtype: SiLU in fp32 rounded to it, then the product rounded (as
-    F.silu(gate) * up). The SiLU·mul kernel and the down product's prologue (kernels/gemv.py) both use it."""
-    act = (gate.to(tl.float32) / (1.0 + tl.exp(-gate.to(tl.float32)))).to(gate.dtype).to(tl.float32)
-    return (act * up.to(tl.float32)).to(gate.dtype)
+    gate = tl.load(gu_ptr + row * s_gu + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * s_gu + n + cols, mask=ok, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * s_out + cols, (act * up).to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,6 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.decode import ArrivalCounters
-from lazyattn.kernels.fused import silu_times
 from lazyattn.kernels.launch import interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import cdiv
 
@@ -85,7 +84,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
                  M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, stride_sq, n_sq_in, eps,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr, GATED: tl.constexpr,
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr,
                  USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -111,14 +110,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
     for k in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptrs)
-            x_ok = m_ok[:, None]
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
         else:
             k_ok = (k + rk) < k_end
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-            x_ok = m_ok[:, None] & k_ok[None, :]
-        x = tl.load(x_ptrs, mask=x_ok, other=0.0)
-        if GATED:  # x_ptr holds [gate | up] rows: this tile's inputs are SiLU(gate) * up
-            x = silu_times(x, tl.load(x_ptrs + K, mask=x_ok, other=0.0))
+            x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc, input_precision="ieee")
         else:
@@ -220,22 +216,18 @@ def gemv_normed(stream: torch.Tensor, squares: torch.Tensor, eps: float, weight:
 
 
 def gemv_into_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                       bias: torch.Tensor | None = None, config: GemvConfig | None = None,
-                       gated: bool = False) -> torch.Tensor:
+                       bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """residual += x · weightᵀ (+ bias), in place, the product rounded to the model dtype before the add and the sum
     rounded again (as F.linear followed by x + residual). Returns the new rows' sums of squares by blocks of
-    columns, fp32 [M, N blocks], for the next `gemv_normed`.
-
-    gated: x is [gate | up] rows [M, 2K] (the MLP's gate_up output) and the product's input is SiLU(gate) * up,
-    rounded as fused.silu_mul rounds it, computed as the tiles are loaded: no SiLU·mul launch."""
-    rows, _ = _rows(x, weight, bias, gated)
+    columns, fp32 [M, N blocks], for the next `gemv_normed`."""
+    rows, _ = _rows(x, weight, bias)
     n = weight.shape[0]
     if residual.shape != (rows.shape[0], n) or residual.dtype != x.dtype or residual.stride(1) != 1:
         raise ValueError(f"residual must be {x.dtype} [{rows.shape[0]}, {n}] with unit last stride, got "
                          f"{residual.dtype} {tuple(residual.shape)} strides {residual.stride()}")
     config = config or default_config(n, weight.shape[1], x.device)
     squares = torch.empty(rows.shape[0], cdiv(n, config.block_n), dtype=torch.float32, device=x.device)
-    _launch(rows, weight, bias, residual, config, squares_out=squares, gated=gated)
+    _launch(rows, weight, bias, residual, config, squares_out=squares)
     return squares
 
 
@@ -244,17 +236,14 @@ def row_squares(stream: torch.Tensor) -> torch.Tensor:
     return stream.float().square().sum(-1, keepdim=True)
 
 
-def _rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-          gated: bool = False) -> tuple[torch.Tensor, torch.Size]:
-    """x as [M, K] rows ([M, 2K] when gated) with unit stride along K, and its leading shape; checks the operands."""
+def _rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Size]:
+    """x as [M, K] rows with unit stride along K, and its leading shape; checks the operands."""
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv needs a 2-D weight with unit stride along K, got shape {tuple(weight.shape)} "
                          f"strides {weight.stride()}")
     n, k = weight.shape
-    k = 2 * k if gated else k
     if x.shape[-1] != k:
-        raise ValueError(f"gemv: x has {x.shape[-1]} columns, weight has {weight.shape[1]}"
-                         + (" ([gate | up] rows need twice as many)" if gated else ""))
+        raise ValueError(f"gemv: x has {x.shape[-1]} columns, weight has {k}")
     if x.dtype != weight.dtype or (bias is not None and bias.shape != (n,)):
         raise ValueError(f"gemv: x {x.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.shape}: "
                          f"x and weight need one dtype and bias the shape ({n},)")
@@ -264,8 +253,8 @@ def _rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
             config: GemvConfig | None, squares_in: torch.Tensor | None = None, eps: float = 0.0,
-            squares_out: torch.Tensor | None = None, gated: bool = False) -> None:
-    m, k = rows.shape[0], weight.shape[1]
+            squares_out: torch.Tensor | None = None) -> None:
+    m, k = rows.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
         return
@@ -300,7 +289,7 @@ def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         HAS_BIAS=bias is not None, SPLIT=splits > 1, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_DTYPE=dot_ty,
         IEEE=rows.dtype == torch.float32, NORM=squares_in is not None, RESIDUAL=squares_out is not None,
-        GATED=gated, BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
+        BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
         LINE=128 // weight.element_size(), num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl_options(rows.device),
     )

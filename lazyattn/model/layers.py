@@ -144,8 +144,7 @@ class DecoderLayer(nn.Module):
         updated in place; `squares` its rows' sums of squares by parts. The norms' scales are folded into qkv and
         gate_up (CausalLM.fold_norms): each norm is the 1/rms the next product applies to its sums, and each residual
         add is the epilogue of o_proj and down, which leave the squares for the next norm. Returns the new squares.
-        SiLU·mul is down's prologue. Four products, RoPE + KV write and attention: six launches a layer instead of
-        nine."""
+        Four products, RoPE + KV write, attention and SiLU·mul: six launches a layer instead of nine."""
         attn, mlp = self.self_attn, self.mlp
         eps = self.input_layernorm.eps
         qkv = gemv.gemv_normed(stream, squares, eps, attn.qkv_proj.weight, attn.qkv_proj.bias, plan.qkv)
@@ -153,5 +152,5 @@ class DecoderLayer(nn.Module):
         squares = gemv.gemv_into_residual(out, attn.o_proj.weight, stream, attn.o_proj.bias, plan.o)
         gate_up = gemv.gemv_normed(stream, squares, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
                                    mlp.gate_up_proj.bias, plan.gate_up)
-        return gemv.gemv_into_residual(gate_up, mlp.down_proj.weight, stream, mlp.down_proj.bias, plan.down,
-                                       gated=True)
+        act = fused.silu_mul(gate_up) if _fusable(gate_up) else fused.silu_mul_reference(gate_up)
+        return gemv.gemv_into_residual(act, mlp.down_proj.weight, stream, mlp.down_proj.bias, plan.down)

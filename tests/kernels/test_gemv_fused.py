@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lazyattn.kernels.fused import rms_norm_reference, silu_mul_reference
+from lazyattn.kernels.fused import rms_norm_reference
 from lazyattn.kernels.gemv import GemvConfig, gemv_into_residual, gemv_normed, row_squares
 
 SMALL = [GemvConfig(32, 32, 1), GemvConfig(32, 32, 3), GemvConfig(16, 64, 2, num_warps=2)]
@@ -65,32 +65,6 @@ def test_normed_product_is_the_norm_then_the_product(config, parts):
     assert torch.allclose(row_squares(stream), stream.square().sum(-1, keepdim=True))
 
 
-@pytest.mark.parametrize("config", SMALL, ids=ids)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gated_product_takes_silu_of_gate_times_up(config, dtype):
-    """gated=True: the down product reads [gate | up] rows and applies SiLU(gate) * up as it loads them (ragged K,
-    split K): the same as silu_mul_reference followed by the plain product (fp32 1e-6; bf16: the interpreter
-    truncates where torch rounds, so to bf16 rounding of the activation, 1e-2)."""
-    g = torch.Generator().manual_seed(config.split_k)
-    m, k = 3, 100
-    gate_up = (torch.randn(m, 2 * k, generator=g) * 2).to(dtype)
-    w, b = (torch.randn(70, k, generator=g) * 0.1).to(dtype), torch.randn(70, generator=g).to(dtype)
-    residual = torch.randn(m, 70, generator=g).to(dtype)
-    act = silu_mul_reference(gate_up.double())
-    want = F.linear(act, w.double(), b.double()) + residual.double()
-    stream = residual.clone()
-    squares = gemv_into_residual(gate_up, w, stream, b, config, gated=True)
-    tol = 1e-6 if dtype == torch.float32 else 1e-2
-    assert ((stream.double() - want).norm() / want.norm()).item() < tol
-    blocks = F.pad(stream.double().square(), (0, squares.shape[1] * config.block_n - 70))
-    assert torch.allclose(squares.double(), blocks.view(m, -1, config.block_n).sum(-1), rtol=1e-5)
-    plain = residual.clone()
-    gemv_into_residual(silu_mul_reference(gate_up), w, plain, b, config)
-    assert ((stream.double() - plain.double()).norm() / plain.double().norm()).item() < tol
-    with pytest.raises(ValueError, match="twice as many"):
-        gemv_into_residual(gate_up[:, :k], w, residual.clone(), b, config, gated=True)
-
-
 def test_bad_squares_and_residuals_are_refused():
     x, w = torch.randn(2, 32), torch.randn(16, 32)
     with pytest.raises(ValueError, match="squares must be fp32"):
@@ -125,27 +99,3 @@ def test_gpu_8b_layer_chain_matches_the_unfused_ops():
     folded = (wgu.float() * scale.float()).to(dt)
     out = gemv_normed(stream, squares, EPS, folded, None, pick(stream, folded))
     assert ((out.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("m", [1, 32])
-def test_gpu_8b_gated_down_is_silu_mul_then_down(m):
-    """bf16, 8B's down shape, the engine's fused config: SiLU·mul in down's prologue gives the same bits as the
-    SiLU·mul kernel followed by the same product (one definition of the rounding, the same accumulation)."""
-    from lazyattn.kernels.fused import silu_mul
-    from lazyattn.kernels.gemv import pick
-
-    g = torch.Generator(device="cuda").manual_seed(m)
-    dt = torch.bfloat16
-    gate_up = torch.randn(m, 2 * 14336, device="cuda", generator=g, dtype=dt)
-    wd = (torch.randn(4096, 14336, device="cuda", generator=g) * 0.02).to(dt)
-    residual = torch.randn(m, 4096, device="cuda", generator=g, dtype=dt)
-    config = pick(residual, wd, fused=True) or GemvConfig(64, 256, 1)
-    want = residual.clone()
-    want_squares = gemv_into_residual(silu_mul(gate_up), wd, want, None, config)
-    got = residual.clone()
-    got_squares = gemv_into_residual(gate_up, wd, got, None, config, gated=True)
-    assert torch.equal(got, want) and torch.equal(got_squares, want_squares)
-    ref = F.linear(silu_mul_reference(gate_up.double()), wd.double()) + residual.double()
-    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2
