@@ -10,7 +10,8 @@ the last bit up to the rsqrt/exp implementations:
 - `add_rms_norm`: the sum is rounded to the model dtype (it is the residual stream), the statistics are taken
   in fp32 over the rounded sum, the normalised row is rounded to the model dtype, then scaled by the weight
   and rounded again;
-- `silu_mul`: SiLU in fp32 rounded to the model dtype, then the product rounded.
+- `silu_mul`: SiLU in fp32 rounded to the model dtype, then the product rounded (`silu_times`, which the skinny
+  product's gate_up epilogue uses too, kernels/gemv.py).
 
 `rms_norm_reference`, `add_rms_norm_reference` and `silu_mul_reference` are the PyTorch definitions the tests
 hold the kernels to, and what the model runs off CUDA.
@@ -43,9 +44,9 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return rms_norm_reference(total, weight, eps), total
 
 
-def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] ([gate | up]) -> SiLU(gate) * up [T, I]."""
-    gate, up = gate_up.chunk(2, dim=-1)
+def silu_mul_reference(gate_up: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """[T, 2I] ([gate | up], or interleaved [g0, u0, g1, u1, ...]) -> SiLU(gate) * up [T, I]."""
+    gate, up = (gate_up[..., 0::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
@@ -112,18 +113,27 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+                     USE_PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
     wait_for_producers(USE_PDL)
-    gate = tl.load(gu_ptr + row * s_gu + cols, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(gu_ptr + row * s_gu + n + cols, mask=ok, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * s_out + cols, (act * up).to(out_ptr.dtype.element_ty), mask=ok)
+    gate_cols, up_cols = (2 * cols, 2 * cols + 1) if INTERLEAVED else (cols, n + cols)
+    gate = tl.load(gu_ptr + row * s_gu + gate_cols, mask=ok, other=0.0)
+    up = tl.load(gu_ptr + row * s_gu + up_cols, mask=ok, other=0.0)
+    tl.store(out_ptr + row * s_out + cols, silu_times(gate, up), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def silu_times(gate, up):
+    """SiLU(gate) * up in the operands' dtype: SiLU in fp32 rounded to it, then the product rounded (as
+    F.silu(gate) * up)."""
+    act = (gate.to(tl.float32) / (1.0 + tl.exp(-gate.to(tl.float32)))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """silu_mul_reference in one launch; gate_up [T, 2I] with unit last stride."""
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(1) != 1:
         raise ValueError(f"gate_up must be [rows, 2 * intermediate] with unit last stride, got shape "
@@ -132,6 +142,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         _silu_mul_kernel[(rows, cdiv(n, _SILU_BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), n,
-                                                       BLOCK=_SILU_BLOCK, num_warps=4,
+                                                       BLOCK=_SILU_BLOCK, INTERLEAVED=interleaved, num_warps=4,
                                                        **pdl_options(gate_up.device))
     return out

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.decode import ArrivalCounters
+from lazyattn.kernels.fused import silu_times
 from lazyattn.kernels.launch import interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import cdiv
 
@@ -84,7 +85,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
                  M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, stride_sq, n_sq_in, eps,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr,
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr, GATED: tl.constexpr,
                  USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -124,7 +125,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
 
     if not SPLIT:
         _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in, eps,
-                pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ)
+                pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ, GATED, BLOCK_N, BLOCK_M)
     else:
         num_splits = tl.num_programs(1)
         # Partials [splits, M_pad, N] fp32 (M padded to whole blocks, so no mask on M is needed here).
@@ -140,20 +141,22 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
             for s in range(0, num_splits):
                 total += tl.load(part_rows + s * m_pad * N, mask=(rn < N)[:, None], other=0.0, cache_modifier=".cg")
             _finish(total, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in,
-                    eps, pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ)
+                    eps, pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ, GATED, BLOCK_N, BLOCK_M)
             tl.store(counter, 0)
 
 
 @triton.jit
 def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in, eps, pid_n,
-            HAS_BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr):
+            HAS_BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr,
+            GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """Store acc [BLOCK_N, BLOCK_M] (fp32 sums of products) as rows rm, columns rn of y.
 
     NORM: x was the un-normalised residual stream and W carries the norm's weight (docs/design.md, "Decode
     fusion"): the row's 1/rms comes from the n_sq_in sums of squares its producer left (fixed order) and scales the
     sums. RESIDUAL: y is the residual stream; the product, rounded, is added to it in place (rounded again, as
     x + residual in the model dtype), and this program leaves the sum of squares of its columns of the new row,
-    for the next product's NORM."""
+    for the next product's NORM. GATED: W's rows alternate gate and up (CausalLM.fold_norms), so this block's
+    columns pair up as (gate_j, up_j): y [M, N/2] gets SiLU(gate) * up, rounded as fused.silu_mul rounds it."""
     if NORM:
         j = tl.arange(0, BLOCK_SQ)
         sq = tl.load(sq_in_ptr + rm[None, :].to(tl.int64) * stride_sq + j[:, None],
@@ -162,14 +165,20 @@ def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
     out = acc.to(y_ptr.dtype.element_ty)
-    out_mask = (rn < N)[:, None] & m_ok[None, :]
-    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
-    if RESIDUAL:
-        res = tl.load(y_ptrs, mask=out_mask, other=0.0)
-        out = (out.to(tl.float32) + res.to(tl.float32)).to(y_ptr.dtype.element_ty)
-        wide = tl.where(out_mask, out.to(tl.float32), 0.0)
-        tl.store(sq_out_ptr + rm.to(tl.int64) * stride_sq + pid_n, tl.sum(wide * wide, axis=0), mask=m_ok)
-    tl.store(y_ptrs, out, mask=out_mask)
+    if GATED:
+        gate, up = tl.split(tl.permute(tl.reshape(out, [BLOCK_N // 2, 2, BLOCK_M]), (0, 2, 1)))
+        half = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + half[:, None], silu_times(gate, up),
+                 mask=(half < N // 2)[:, None] & m_ok[None, :])
+    else:
+        out_mask = (rn < N)[:, None] & m_ok[None, :]
+        y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
+        if RESIDUAL:
+            res = tl.load(y_ptrs, mask=out_mask, other=0.0)
+            out = (out.to(tl.float32) + res.to(tl.float32)).to(y_ptr.dtype.element_ty)
+            wide = tl.where(out_mask, out.to(tl.float32), 0.0)
+            tl.store(sq_out_ptr + rm.to(tl.int64) * stride_sq + pid_n, tl.sum(wide * wide, axis=0), mask=m_ok)
+        tl.store(y_ptrs, out, mask=out_mask)
 
 
 @triton.jit
@@ -199,20 +208,29 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def gemv_normed(stream: torch.Tensor, squares: torch.Tensor, eps: float, weight: torch.Tensor,
-                bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, config: GemvConfig | None = None,
+                gated: bool = False) -> torch.Tensor:
     """RMSNorm(stream) · weightᵀ (+ bias) for rows [M, K] of the residual stream, where `weight` already carries the
     norm's scale (its columns multiplied by it, CausalLM.fold_norms) and `squares` [M, P] fp32 are sums of squares
     of each row's parts (their sum is the row's, as `gemv_into_residual` leaves them): one launch, no norm kernel.
 
     Rounds differently from norm-then-product (the normalised row is not rounded to the model dtype before the
-    product; the weight is rounded once with the scale in it): within the model dtype's rounding of it."""
+    product; the weight is rounded once with the scale in it): within the model dtype's rounding of it.
+
+    gated: `weight` is the MLP's gate_up with gate and up rows interleaved ([g0; u0; g1; u1; ...]): the result is
+    SiLU(gate) * up [M, N/2], computed in the epilogue (no gate_up output, no SiLU·mul launch)."""
     rows, lead = _rows(stream, weight, bias)
     if squares.dim() != 2 or squares.shape[0] != rows.shape[0] or squares.dtype != torch.float32:
         raise ValueError(f"squares must be fp32 [{rows.shape[0]}, parts], got {squares.dtype} "
                          f"{tuple(squares.shape)}")
-    y = torch.empty(rows.shape[0], weight.shape[0], dtype=stream.dtype, device=stream.device)
-    _launch(rows, weight, bias, y, config, squares_in=squares.contiguous(), eps=eps)
-    return y.reshape(*lead, weight.shape[0])
+    n = weight.shape[0]
+    if gated and n % 2:
+        raise ValueError(f"gemv_normed(gated=True) needs interleaved gate/up rows, an even count, got {n}")
+    if gated and config is not None and config.block_n % 2:
+        raise ValueError(f"gemv_normed(gated=True) needs an even block_n, got {config.block_n}")
+    y = torch.empty(rows.shape[0], n // 2 if gated else n, dtype=stream.dtype, device=stream.device)
+    _launch(rows, weight, bias, y, config, squares_in=squares.contiguous(), eps=eps, gated=gated)
+    return y.reshape(*lead, y.shape[1])
 
 
 def gemv_into_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
@@ -253,7 +271,7 @@ def _rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
 
 def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
             config: GemvConfig | None, squares_in: torch.Tensor | None = None, eps: float = 0.0,
-            squares_out: torch.Tensor | None = None) -> None:
+            squares_out: torch.Tensor | None = None, gated: bool = False) -> None:
     m, k = rows.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -289,7 +307,7 @@ def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         HAS_BIAS=bias is not None, SPLIT=splits > 1, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_DTYPE=dot_ty,
         IEEE=rows.dtype == torch.float32, NORM=squares_in is not None, RESIDUAL=squares_out is not None,
-        BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
+        GATED=gated, BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
         LINE=128 // weight.element_size(), num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl_options(rows.device),
     )

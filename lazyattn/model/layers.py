@@ -73,10 +73,14 @@ class MLP(nn.Module):
         self.tp = tp
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        # gate_up's rows: [gate; up] as loaded, or interleaved [g0; u0; g1; u1; ...] once CausalLM.fold_norms has
+        # run, so that the fused decode path's gate_up product can apply SiLU·mul in its epilogue.
+        self.interleaved = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        act = fused.silu_mul(gate_up) if _fusable(gate_up) else fused.silu_mul_reference(gate_up)
+        act = (fused.silu_mul(gate_up, self.interleaved) if _fusable(gate_up)
+               else fused.silu_mul_reference(gate_up, self.interleaved))
         out = self.down_proj(act)
         return out if self.tp is None else self.tp.all_reduce(out)
 
@@ -144,13 +148,13 @@ class DecoderLayer(nn.Module):
         updated in place; `squares` its rows' sums of squares by parts. The norms' scales are folded into qkv and
         gate_up (CausalLM.fold_norms): each norm is the 1/rms the next product applies to its sums, and each residual
         add is the epilogue of o_proj and down, which leave the squares for the next norm. Returns the new squares.
-        Four products, RoPE + KV write, attention and SiLU·mul: six launches a layer instead of nine."""
+        SiLU·mul is gate_up's epilogue. Four products, RoPE + KV write and attention: six launches a layer instead
+        of nine."""
         attn, mlp = self.self_attn, self.mlp
         eps = self.input_layernorm.eps
         qkv = gemv.gemv_normed(stream, squares, eps, attn.qkv_proj.weight, attn.qkv_proj.bias, plan.qkv)
         out = attn.attend(qkv, fb, backend)
         squares = gemv.gemv_into_residual(out, attn.o_proj.weight, stream, attn.o_proj.bias, plan.o)
-        gate_up = gemv.gemv_normed(stream, squares, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
-                                   mlp.gate_up_proj.bias, plan.gate_up)
-        act = fused.silu_mul(gate_up) if _fusable(gate_up) else fused.silu_mul_reference(gate_up)
+        act = gemv.gemv_normed(stream, squares, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
+                               mlp.gate_up_proj.bias, plan.gate_up, gated=True)
         return gemv.gemv_into_residual(act, mlp.down_proj.weight, stream, mlp.down_proj.bias, plan.down)

@@ -74,8 +74,9 @@ class CausalLM(nn.Module):
     def fold_norms(self) -> None:
         """Fold each decoder layer's two RMSNorm scales into the columns of the product that follows (qkv_proj,
         gate_up_proj) and set the scales to 1: RMSNorm(x)·Wᵀ = (x·rstd)·(W·diag(scale))ᵀ. The product is rounded
-        once to the weights' dtype. Every path then computes the same function, the fused decode path
-        (`decode_plan`) and the plain one alike (docs/design.md, "Decode fusion")."""
+        once to the weights' dtype. gate_up's rows are interleaved too (gate_j next to up_j, MLP.interleaved), so
+        the fused path's gate_up product can end in SiLU·mul. Every path then computes the same function, the fused
+        decode path (`decode_plan`) and the plain one alike (docs/design.md, "Decode fusion")."""
         if self.norms_folded:
             return
         for layer in self.layers:
@@ -83,6 +84,11 @@ class CausalLM(nn.Module):
                                  (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
                 linear.weight.copy_(linear.weight.float() * norm.weight.float()[None, :])
                 norm.weight.fill_(1.0)
+            gate_up = layer.mlp.gate_up_proj
+            for tensor in (gate_up.weight, gate_up.bias):
+                if tensor is not None:  # [gate; up] rows -> [g0; u0; g1; u1; ...]
+                    tensor.copy_(tensor.view(2, tensor.shape[0] // 2, -1).transpose(0, 1).reshape(tensor.shape))
+            layer.mlp.interleaved = True
         self.norms_folded = True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -90,6 +90,10 @@ def test_add_rms_norm_matches_reference(dtype, rows, n):
 def test_silu_mul_matches_reference(dtype, rows, inter):
     gate_up = randn(rows, 2 * inter, dtype=dtype, seed=inter, scale=4.0)
     close(silu_mul(gate_up), silu_mul_reference(gate_up))
+    # Interleaved rows [g0, u0, g1, u1, ...] (the layout CausalLM.fold_norms gives gate_up): the same function.
+    interleaved = torch.stack(gate_up.chunk(2, dim=-1), dim=-1).reshape(rows, 2 * inter)
+    close(silu_mul(interleaved, interleaved=True), silu_mul_reference(gate_up))
+    close(silu_mul_reference(interleaved, interleaved=True), silu_mul_reference(gate_up))
 
 
 def test_empty_batches_and_bad_shapes():

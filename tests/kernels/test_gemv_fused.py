@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lazyattn.kernels.fused import rms_norm_reference
+from lazyattn.kernels.fused import rms_norm_reference, silu_mul_reference
 from lazyattn.kernels.gemv import GemvConfig, gemv_into_residual, gemv_normed, row_squares
 
 SMALL = [GemvConfig(32, 32, 1), GemvConfig(32, 32, 3), GemvConfig(16, 64, 2, num_warps=2)]
@@ -65,6 +65,34 @@ def test_normed_product_is_the_norm_then_the_product(config, parts):
     assert torch.allclose(row_squares(stream), stream.square().sum(-1, keepdim=True))
 
 
+def interleave(w: torch.Tensor) -> torch.Tensor:
+    """[gate; up] rows -> [g0; u0; g1; u1; ...], as CausalLM.fold_norms leaves gate_up."""
+    return w.view(2, w.shape[0] // 2, -1).transpose(0, 1).reshape(w.shape)
+
+
+@pytest.mark.parametrize("config", SMALL, ids=ids)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_normed_product_ends_in_silu_mul(config, dtype):
+    """gated=True over interleaved gate/up rows (ragged N, split K): SiLU(gate) * up of the normed product, [M, N/2],
+    against the norm, the product and silu_mul_reference in float64 over the same rounded weights (fp32 1e-5; bf16:
+    gate, up, SiLU and the product are each rounded, which the interpreter does by truncation: 2e-2)."""
+    g = torch.Generator().manual_seed(config.split_k)
+    m, k, inter = 3, 96, 45
+    stream = (torch.randn(m, k, generator=g) * 3).to(dtype)
+    scale = torch.rand(k, generator=g) + 0.5
+    w, b = torch.randn(2 * inter, k, generator=g) * 0.3, torch.randn(2 * inter, generator=g)
+    squares = stream.float().square().view(m, 4, k // 4).sum(-1)
+    folded, b = (w * scale).to(dtype), b.to(dtype)
+    out = gemv_normed(stream, squares, EPS, interleave(folded), interleave(b), config, gated=True)
+    assert out.shape == (m, inter) and out.dtype == dtype
+    normed = rms_norm_reference(stream.double(), torch.ones(k, dtype=torch.float64), EPS)
+    want = silu_mul_reference(F.linear(normed, folded.double(), b.double()))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert ((out.double() - want).norm() / want.norm()).item() < tol
+    with pytest.raises(ValueError, match="even count"):
+        gemv_normed(stream, squares, EPS, w[:-1].to(dtype), None, config, gated=True)
+
+
 def test_bad_squares_and_residuals_are_refused():
     x, w = torch.randn(2, 32), torch.randn(16, 32)
     with pytest.raises(ValueError, match="squares must be fp32"):
@@ -99,3 +127,23 @@ def test_gpu_8b_layer_chain_matches_the_unfused_ops():
     folded = (wgu.float() * scale.float()).to(dt)
     out = gemv_normed(stream, squares, EPS, folded, None, pick(stream, folded))
     assert ((out.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 32])
+def test_gpu_8b_gated_gate_up_is_the_product_then_silu_mul(m):
+    """bf16, 8B's gate_up shape, the engine's fused config: SiLU·mul in gate_up's epilogue gives the same bits as
+    the same product stored, then the SiLU·mul kernel over it (one definition of the rounding, fused.silu_times)."""
+    from lazyattn.kernels.fused import silu_mul
+    from lazyattn.kernels.gemv import pick
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    dt = torch.bfloat16
+    stream = torch.randn(m, 4096, device="cuda", generator=g, dtype=dt)
+    w = interleave((torch.randn(28672, 4096, device="cuda", generator=g) * 0.02).to(dt))
+    squares = stream.float().square().sum(-1, keepdim=True)
+    config = pick(stream, w, fused=True) or GemvConfig(64, 128, 1)
+    got = gemv_normed(stream, squares, EPS, w, None, config, gated=True)
+    want = silu_mul(gemv_normed(stream, squares, EPS, w, None, config), interleaved=True)
+    assert torch.equal(got, want)

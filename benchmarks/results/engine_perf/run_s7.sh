@@ -7,6 +7,7 @@
 #   maxm64   engine.py, every section, LAZYATTN_GEMV_MAX_M=64 (the skinny kernel for up to 64 rows)
 #   pf4/pf16 engine.py decode sections, LAZYATTN_GEMV_PREFETCH=4/16 (L2 prefetch of weights before the PDL wait)
 #   on2      the defaults again (noise)
+#   gtests   pytest -m gpu: the skinny product and the fused kernels only
 #   ktests   pytest -m gpu tests/kernels
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 set -u
@@ -27,6 +28,7 @@ for stage in $STAGES; do
     pf4)    step pf4 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=4 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf4 ;;
     pf16)   step pf16 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=16 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf16 ;;
     on2)    step on2 timeout -k 5 130 python benchmarks/engine.py --sections $SEC --batches 16 --out $W/s7_on2 ;;
+    gtests) step gtests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_fused.py tests/kernels/test_gemv.py tests/kernels/test_fused.py ;;
     ktests) step ktests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
     etests) step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
   esac
