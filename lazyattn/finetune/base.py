@@ -87,5 +87,4 @@ def _tiny_config() -> dict[str, Any]:
 def _engine_weights(name: str) -> dict[str, torch.Tensor]:
     """The engine's weights under Hugging Face names (fused projections split back)."""
     lm, _ = load_model(name)
-    params = dict(lm.named_parameters())
-    return {hf: params[p][lo:hi].detach().clone() for hf, (p, lo, hi) in lm.hf_weight_map().items()}
+    return {hf: tensor.detach().clone() for hf, tensor in lm.hf_tensors().items()}

@@ -111,6 +111,18 @@ class CausalLM(nn.Module):
 
     # --- weights -------------------------------------------------------------------------------------
 
+    def hf_tensors(self) -> dict[str, torch.Tensor]:
+        """Every Hugging Face tensor of this model, in Hugging Face's layout (fused projections split back, gate and
+        up rows un-interleaved after fold_norms; folded norm scales stay folded: the same function)."""
+        params = dict(self.named_parameters())
+        out = {}
+        for hf, (name, lo, hi) in self.hf_weight_map().items():
+            param = params[name]
+            if self.norms_folded and ".gate_up_proj." in name:  # [g0; u0; g1; u1; ...] -> [gate; up]
+                param = param.view(param.shape[0] // 2, 2, -1).transpose(0, 1).reshape(param.shape)
+            out[hf] = param[lo:hi]
+        return out
+
     def hf_weight_map(self) -> dict[str, tuple[str, int, int]]:
         """Every Hugging Face tensor name this model needs -> (our parameter, first row, end row).
 

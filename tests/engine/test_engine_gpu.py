@@ -56,11 +56,10 @@ def hf_model_with_weights_of(llm: LLM, directory: Path, dtype: torch.dtype):
     config = transformers.AutoConfig.from_pretrained(directory)
     with torch.device("cuda"):
         hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
-    ours = dict(llm.engine.model.named_parameters())
     hf_params = dict(hf.named_parameters())
     with torch.no_grad():
-        for hf_name, (name, lo, hi) in llm.engine.model.hf_weight_map().items():
-            hf_params[hf_name].copy_(ours[name].narrow(0, lo, hi - lo))
+        for hf_name, tensor in llm.engine.model.hf_tensors().items():
+            hf_params[hf_name].copy_(tensor)
     return hf.eval()
 
 

@@ -8,7 +8,7 @@ import torch
 from lazyattn.kernels import gemv
 from lazyattn.model import load_model
 from lazyattn.model.layers import DecodePlan
-from tests.model.checkpoints import CASES, hf_logits
+from tests.model.checkpoints import CASES, hf_logits, hf_model
 from tests.model.runner import PagedRunner, Run
 from tests.model.test_parity import TOL, random_tokens, rel_err
 
@@ -33,6 +33,10 @@ def test_fused_decode_matches_transformers(name, checkpoint, monkeypatch):
     seg = runner.segment(32)
     prefill = runner.run([Run(tokens, seg)])[0]  # the plain path, with the folded weights
     assert rel_err(prefill, hf_logits(hf, tokens)) < TOL
+    # Handed back in Hugging Face's layout (gate/up un-interleaved), the folded weights are the same model.
+    exported = hf_model(name)
+    assert not exported.load_state_dict(model.hf_tensors(), strict=False).unexpected_keys
+    assert rel_err(hf_logits(exported, tokens), hf_logits(hf, tokens)) < TOL
 
     plan, calls = cpu_plan(model), []
     monkeypatch.setattr(model, "decode_plan", lambda x: plan)
