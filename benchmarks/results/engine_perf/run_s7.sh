@@ -8,6 +8,8 @@
 #   pf4/pf16 engine.py decode sections, LAZYATTN_GEMV_PREFETCH=4/16 (L2 prefetch of weights before the PDL wait)
 #   on2      the defaults again (noise)
 #   gtests   pytest -m gpu: the skinny product and the fused kernels only
+#   cold     lazyattn bench, lazy vs block, 8B shapes, 48 requests at saturation, cold document cache (session 6's)
+#   warm     the same with --warm-cache
 #   ktests   pytest -m gpu tests/kernels
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 set -u
@@ -18,6 +20,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
 step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
          echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -3 $W/$name.log >> $L; }
+SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20 --num-requests 48 --kv-cache-gb 20 --no-progress"
 SEC=decode_short,decode_rag,ttft_rag,launches
 for stage in $STAGES; do
   case $stage in
@@ -29,6 +32,8 @@ for stage in $STAGES; do
     pf16)   step pf16 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=16 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf16 ;;
     on2)    step on2 timeout -k 5 130 python benchmarks/engine.py --sections $SEC --batches 16 --out $W/s7_on2 ;;
     gtests) step gtests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_fused.py tests/kernels/test_gemv.py tests/kernels/test_fused.py ;;
+    cold)   step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/cold ;;
+    warm)   step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/warm ;;
     ktests) step ktests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
     etests) step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
   esac
