@@ -55,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lazyattn import LLM, SamplingParams  # noqa: E402
 from lazyattn.engine.llm_engine import LLMEngine  # noqa: E402
 from lazyattn.engine.prompt import RenderedPrompt  # noqa: E402
+from lazyattn.kernels.launch import pdl_options  # noqa: E402
+from lazyattn.model.llama import decode_fusion_enabled  # noqa: E402
 
 CONFIG_8B = Path(__file__).resolve().parent / "models" / "llama-3.1-8b"
 BOS = 128000
@@ -301,7 +303,8 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     bench = Bench(shapes, device, bandwidth)
     results: dict = {"bandwidth_gbs": bandwidth / 1e9, "bandwidth_gbs_per_gpu": [b / 1e9 for b in per_gpu],
                      "tensor_parallel_size": shapes.tensor_parallel_size, "weight_bytes": bench.weight_bytes,
-                     "kv_bytes_per_token": bench.kv_bytes_per_token}
+                     "kv_bytes_per_token": bench.kv_bytes_per_token,
+                     "pdl": pdl_options(device)["USE_PDL"], "decode_fusion": decode_fusion_enabled()}
     if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
         results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path
     sections: list[tuple[str, Callable[[], dict]]] = [
@@ -373,6 +376,10 @@ def markdown(results: dict) -> str:
             c = launches[step]
             lines.append(f"| {step} | {c['kernels']} | {c['copies']} | {c['launch_calls']} ({c['graph_launches']}) |"
                          f" {c['aten_ops']} | {c.get('gpu_busy_ms', 0):.2f} ms |")
+        if results.get("pdl"):
+            lines.append("\nProgrammatic dependent launch is on: a kernel's programs start while the kernel before it "
+                         "finishes and wait there, so GPU busy and the kernel times below count that wait (they add "
+                         "up to more than the step). `LAZYATTN_PDL=0` gives a breakdown without the overlap.")
         for step in ("prefill", "decode"):
             top = ", ".join(f"{name[:40]} {us:.0f} µs" for name, us in launches[step].get("top_kernels_us", []))
             if top:
