@@ -172,6 +172,11 @@ class Sampler:
         batch, vocab = logits.shape
         if len(params) != batch or len(generators) != batch:
             raise ValueError(f"{batch} rows of logits but {len(params)} params and {len(generators)} generators")
+        if logits.is_cuda and all(p.greedy and p.logprobs is None for p in params) and not (
+                suppress_token_ids is not None and any(suppress_token_ids)):
+            from lazyattn.kernels.greedy import greedy_pick  # Triton is imported only where CUDA runs
+
+            return SampleResult(*greedy_pick(logits))  # the same two numbers a row, in two launches
         logits = logits.float()
         logprobs_all = torch.log_softmax(logits, dim=-1)
 

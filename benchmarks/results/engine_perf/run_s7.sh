@@ -31,7 +31,7 @@ for stage in $STAGES; do
     pf4)    step pf4 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=4 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf4 ;;
     pf16)   step pf16 timeout -k 5 130 env LAZYATTN_GEMV_PREFETCH=16 python benchmarks/engine.py --sections decode_short,decode_rag --batches 16 --out $W/s7_pf16 ;;
     on2)    step on2 timeout -k 5 130 python benchmarks/engine.py --sections $SEC --batches 16 --out $W/s7_on2 ;;
-    gtests) step gtests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_fused.py tests/kernels/test_gemv.py tests/kernels/test_fused.py ;;
+    gtests) step gtests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_fused.py tests/kernels/test_gemv.py tests/kernels/test_fused.py tests/kernels/test_greedy.py ;;
     cold)   step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/cold ;;
     warm)   step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/warm ;;
     ktests) step ktests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
