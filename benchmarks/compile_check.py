@@ -54,7 +54,7 @@ from triton.runtime import jit  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lazyattn.kernels import cache_ops, decode, fused, gemv, prefill  # noqa: E402
+from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, prefill  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 
@@ -299,9 +299,15 @@ def _gemv_configs() -> list[tuple[int, int, gemv.GemvConfig]]:
 
 
 def _gemv(n: int, k: int, config: gemv.GemvConfig, m: int = 1) -> None:
+    """The plain product and the decode fusion's forms of it (docs/design.md, "Decode fusion")."""
     x = torch.zeros(m, k, dtype=BF16)
     w = torch.zeros(n, k, dtype=BF16)
     gemv.gemv(x, w, None, config)
+    squares = torch.ones(m, 1, dtype=torch.float32)
+    gemv.gemv_normed(x, squares, 1e-5, w, None, config)
+    if n % 2 == 0:
+        gemv.gemv_normed(x, squares, 1e-5, w, None, config, gated=True)
+    gemv.gemv_into_residual(x, w, torch.zeros(m, n, dtype=BF16), None, config)
 
 
 def _fused(hidden: int, intermediate: int, rows: int) -> None:
@@ -310,6 +316,8 @@ def _fused(hidden: int, intermediate: int, rows: int) -> None:
     fused.rms_norm(x, w, 1e-5)
     fused.add_rms_norm(x, x.clone(), w, 1e-5)
     fused.silu_mul(torch.zeros(rows, 2 * intermediate, dtype=BF16))
+    fused.silu_mul(torch.zeros(rows, 2 * intermediate, dtype=BF16), interleaved=True)
+    greedy.greedy_pick(torch.zeros(rows, 128256, dtype=torch.float32))
 
 
 def cases() -> list[tuple[str, Callable[[], None]]]:
