@@ -10,6 +10,9 @@
 #   gtests   pytest -m gpu: the skinny product and the fused kernels only
 #   cold     lazyattn bench, lazy vs block, 8B shapes, 48 requests at saturation, cold document cache (session 6's)
 #   warm     the same with --warm-cache
+#   ttftprof the TTFT timeline (session 4's s4_ttft_profile.py: host phases, graph launch, GPU span); ttftprof0 with
+#            LAZYATTN_PDL=0
+#   targets  benchmarks/kernels.py --sections targets (the attention targets)
 #   ktests   pytest -m gpu tests/kernels
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 set -u
@@ -34,6 +37,9 @@ for stage in $STAGES; do
     gtests) step gtests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv_fused.py tests/kernels/test_gemv.py tests/kernels/test_fused.py tests/kernels/test_greedy.py ;;
     cold)   step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/cold ;;
     warm)   step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/warm ;;
+    ttftprof) step ttft_profile timeout -k 5 150 python benchmarks/results/engine_perf/s4_ttft_profile.py $W/ttft ;;
+    ttftprof0) step ttft_profile_nopdl timeout -k 5 150 env LAZYATTN_PDL=0 python benchmarks/results/engine_perf/s4_ttft_profile.py $W/ttft0 ;;
+    targets) step targets timeout -k 5 120 python benchmarks/kernels.py --sections targets --out $W/s7_targets ;;
     ktests) step ktests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
     etests) step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
   esac
