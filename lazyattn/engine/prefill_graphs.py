@@ -3,7 +3,8 @@
 Why: the cached-documents request of docs/benchmarks.md ("The request path against the hardware limit") spends
 one prefill step of 32 query tokens over 10K cached keys; issued eagerly from Python it is ~370 launch calls and
 ~1900 PyTorch operators, 15-27 ms of host time (by the host CPU) for 7.9 ms of GPU work. Replayed as a graph it
-is one launch: time to first token 14.8 -> 9.2 ms on an H100 (docs/benchmarks.md, "Second round").
+is two launches (a small graph first, so the GPU starts while the host launches the rest): time to first token
+14.8 -> 9.2 ms on an H100 (docs/benchmarks.md, "Second round").
 
 A step fits a bucket (T tokens, E entries) when its tokens fit in T, its entries in E - 1 and each entry's page
 table in the graphs' width. The step is padded to the bucket:
@@ -31,12 +32,13 @@ import torch
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.model.llama import CausalLM
+from lazyattn.model.llama import CausalLM, ResidualStream
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
 # Entries including the padding entry: up to 63 real ones, so that a step mixing decode rows with a new
 # request's question (continuous batching) replays a graph too.
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
+HEAD_LAYERS = 2  # layers in a bucket's first graph: ~0.45 ms of 8B GPU work, longer than launching the second
 
 
 def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOKEN_BUCKETS,
@@ -155,7 +157,8 @@ class PrefillGraphs:
         self.splits = {(t, e): graph_num_splits(t, e - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                                 backend.kv.dtype, backend.page_size, device)
                        for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor]] = {}
+        self.states: dict[tuple[int, int], ResidualStream] = {}
         self.pool = None
         self.replays = 0  # steps served by a graph (tests check that graphs actually ran)
 
@@ -171,8 +174,9 @@ class PrefillGraphs:
         self.copied.record()
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
-        graph, logits = self.graphs[bucket]
-        graph.replay()
+        graphs, logits = self.graphs[bucket]
+        for graph in graphs:
+            graph.replay()
         self.replays += 1
         return logits[: len(step.logits_rows)]
 
@@ -187,22 +191,35 @@ class PrefillGraphs:
                 self.graphs[bucket] = self._capture(bucket)
 
     @torch.inference_mode()
-    def _capture(self, bucket: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, bucket: tuple[int, int]) -> tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor]:
+        """Two graphs per bucket, replayed back to back: the first HEAD_LAYERS layers, then the rest and the logits.
+        Launching a graph costs the host ~1.7 µs a kernel (H100, ~400 µs for the 8B prefill step's 235) before
+        the GPU starts; with a small graph first, the GPU runs it while the host launches the large one (s7 TTFT
+        timeline, docs/benchmarks.md). The stream state between them lives in the shared pool, kept referenced."""
         tokens, entries = bucket
         ids, fb = self.layout.views(self.static, tokens, entries, num_splits=self.splits[bucket])
         model = self.model
+        layers = len(model.layers)
+        head = range(min(HEAD_LAYERS, layers - 1))
 
-        def forward() -> torch.Tensor:
-            return model.compute_logits(model(ids, fb, self.backend)[fb.logits_indices])
+        def first():
+            return model.run_layers(model.start(ids), fb, self.backend, head)
+
+        def rest(state) -> torch.Tensor:
+            state = model.run_layers(state, fb, self.backend, range(len(head), layers))
+            return model.compute_logits(model.finish(state)[fb.logits_indices])
 
         # Warm up on a side stream (compiles kernels outside the capture), then capture.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            forward()
+            rest(first())
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):  # see cuda_graphs.py
-            logits = forward()
-        self.pool = graph.pool()
-        return graph, logits
+        graphs = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
+        with torch.cuda.graph(graphs[0], pool=self.pool, capture_error_mode="thread_local"):  # see cuda_graphs.py
+            state = first()
+        self.pool = graphs[0].pool()
+        with torch.cuda.graph(graphs[1], pool=self.pool, capture_error_mode="thread_local"):
+            logits = rest(state)
+        self.states[bucket] = state  # the first graph's outputs, read by the second: never reused by the pool
+        return graphs, logits
