@@ -25,6 +25,7 @@ fills a pinned copy (StepLayout.fill) and one copy moves it to the static device
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 
 import torch
@@ -38,7 +39,9 @@ TOKEN_BUCKETS = (16, 32, 64, 128)
 # Entries including the padding entry: up to 63 real ones, so that a step mixing decode rows with a new
 # request's question (continuous batching) replays a graph too.
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
-HEAD_LAYERS = 2  # layers in a bucket's first graph: ~0.45 ms of 8B GPU work, longer than launching the second
+# Layers in a bucket's first graph: ~0.45 ms of 8B GPU work, longer than launching the second.
+# LAZYATTN_PREFILL_GRAPH_HEAD=0 captures each bucket as one graph.
+HEAD_LAYERS = int(os.environ.get("LAZYATTN_PREFILL_GRAPH_HEAD", "2"))
 
 
 def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOKEN_BUCKETS,
@@ -193,9 +196,9 @@ class PrefillGraphs:
     @torch.inference_mode()
     def _capture(self, bucket: tuple[int, int]) -> tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor]:
         """Two graphs per bucket, replayed back to back: the first HEAD_LAYERS layers, then the rest and the logits.
-        Launching a graph costs the host ~1.7 µs a kernel (H100, ~400 µs for the 8B prefill step's 235) before
-        the GPU starts; with a small graph first, the GPU runs it while the host launches the large one (s7 TTFT
-        timeline, docs/benchmarks.md). The stream state between them lives in the shared pool, kept referenced."""
+        Launching the 8B prefill step as one graph (235 kernels) took the host 360-500 µs before the GPU could
+        start it (H100, s7 TTFT timeline, docs/benchmarks.md); in two, 75-100 µs, then 300-320 µs while the GPU
+        runs the first. The stream state between them lives in the shared pool, kept referenced."""
         tokens, entries = bucket
         ids, fb = self.layout.views(self.static, tokens, entries, num_splits=self.splits[bucket])
         model = self.model
@@ -215,11 +218,13 @@ class PrefillGraphs:
         with torch.cuda.stream(stream):
             rest(first())
         torch.cuda.current_stream().wait_stream(stream)
-        graphs = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
-        with torch.cuda.graph(graphs[0], pool=self.pool, capture_error_mode="thread_local"):  # see cuda_graphs.py
-            state = first()
-        self.pool = graphs[0].pool()
-        with torch.cuda.graph(graphs[1], pool=self.pool, capture_error_mode="thread_local"):
-            logits = rest(state)
-        self.states[bucket] = state  # the first graph's outputs, read by the second: never reused by the pool
-        return graphs, logits
+        pieces = [first, rest] if len(head) else [lambda: rest(first())]
+        graphs, value = [], None
+        for piece in pieces:
+            graphs.append(torch.cuda.CUDAGraph())
+            with torch.cuda.graph(graphs[-1], pool=self.pool, capture_error_mode="thread_local"):  # cuda_graphs.py
+                value = piece() if value is None else piece(value)
+            self.pool = graphs[-1].pool()
+            if isinstance(value, ResidualStream):
+                self.states[bucket] = value  # read by the next graph: kept referenced, never reused by the pool
+        return tuple(graphs), value

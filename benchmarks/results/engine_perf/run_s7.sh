@@ -13,6 +13,7 @@
 #   ttftprof the TTFT timeline (session 4's s4_ttft_profile.py: host phases, graph launch, GPU span); ttftprof0 with
 #            LAZYATTN_PDL=0
 #   targets  benchmarks/kernels.py --sections targets (the attention targets)
+#   tt1a/b, tt0a/b  TTFT and the RAG decode step with the prefill graphs in two pieces (1) and in one (0), alternated
 #   ktests   pytest -m gpu tests/kernels
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 set -u
@@ -40,6 +41,8 @@ for stage in $STAGES; do
     ttftprof) step ttft_profile timeout -k 5 150 python benchmarks/results/engine_perf/s4_ttft_profile.py $W/ttft ;;
     ttftprof0) step ttft_profile_nopdl timeout -k 5 150 env LAZYATTN_PDL=0 python benchmarks/results/engine_perf/s4_ttft_profile.py $W/ttft0 ;;
     targets) step targets timeout -k 5 120 python benchmarks/kernels.py --sections targets --out $W/s7_targets ;;
+    tt1a|tt1b) step $stage timeout -k 5 100 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s7_$stage ;;
+    tt0a|tt0b) step $stage timeout -k 5 100 env LAZYATTN_PREFILL_GRAPH_HEAD=0 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s7_$stage ;;
     ktests) step ktests timeout -k 5 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
     etests) step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
   esac
