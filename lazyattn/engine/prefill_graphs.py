@@ -3,8 +3,7 @@
 Why: the cached-documents request of docs/benchmarks.md ("The request path against the hardware limit") spends
 one prefill step of 32 query tokens over 10K cached keys; issued eagerly from Python it is ~370 launch calls and
 ~1900 PyTorch operators, 15-27 ms of host time (by the host CPU) for 7.9 ms of GPU work. Replayed as a graph it
-is two launches (a small graph first, so the GPU starts while the host launches the rest): time to first token
-14.8 -> 9.2 ms on an H100 (docs/benchmarks.md, "Second round").
+is one launch: time to first token 14.8 -> 9.2 ms on an H100 (docs/benchmarks.md, "Second round").
 
 A step fits a bucket (T tokens, E entries) when its tokens fit in T, its entries in E - 1 and each entry's page
 table in the graphs' width. The step is padded to the bucket:
@@ -25,7 +24,6 @@ fills a pinned copy (StepLayout.fill) and one copy moves it to the static device
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 
 import torch
@@ -33,15 +31,12 @@ import torch
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.model.llama import CausalLM, ResidualStream
+from lazyattn.model.llama import CausalLM
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
 # Entries including the padding entry: up to 63 real ones, so that a step mixing decode rows with a new
 # request's question (continuous batching) replays a graph too.
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
-# Layers in a bucket's first graph: ~0.45 ms of 8B GPU work, longer than launching the second.
-# LAZYATTN_PREFILL_GRAPH_HEAD=0 captures each bucket as one graph.
-HEAD_LAYERS = int(os.environ.get("LAZYATTN_PREFILL_GRAPH_HEAD", "2"))
 
 
 def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOKEN_BUCKETS,
@@ -160,8 +155,7 @@ class PrefillGraphs:
         self.splits = {(t, e): graph_num_splits(t, e - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                                 backend.kv.dtype, backend.page_size, device)
                        for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
-        self.graphs: dict[tuple[int, int], tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor]] = {}
-        self.states: dict[tuple[int, int], ResidualStream] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.replays = 0  # steps served by a graph (tests check that graphs actually ran)
 
@@ -177,9 +171,8 @@ class PrefillGraphs:
         self.copied.record()
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
-        graphs, logits = self.graphs[bucket]
-        for graph in graphs:
-            graph.replay()
+        graph, logits = self.graphs[bucket]
+        graph.replay()
         self.replays += 1
         return logits[: len(step.logits_rows)]
 
@@ -194,37 +187,22 @@ class PrefillGraphs:
                 self.graphs[bucket] = self._capture(bucket)
 
     @torch.inference_mode()
-    def _capture(self, bucket: tuple[int, int]) -> tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor]:
-        """Two graphs per bucket, replayed back to back: the first HEAD_LAYERS layers, then the rest and the logits.
-        Launching the 8B prefill step as one graph (235 kernels) took the host 360-500 µs before the GPU could
-        start it (H100, s7 TTFT timeline, docs/benchmarks.md); in two, 75-100 µs, then 300-320 µs while the GPU
-        runs the first. The stream state between them lives in the shared pool, kept referenced."""
+    def _capture(self, bucket: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         tokens, entries = bucket
         ids, fb = self.layout.views(self.static, tokens, entries, num_splits=self.splits[bucket])
         model = self.model
-        layers = len(model.layers)
-        head = range(min(HEAD_LAYERS, layers - 1))
 
-        def first():
-            return model.run_layers(model.start(ids), fb, self.backend, head)
-
-        def rest(state) -> torch.Tensor:
-            state = model.run_layers(state, fb, self.backend, range(len(head), layers))
-            return model.compute_logits(model.finish(state)[fb.logits_indices])
+        def forward() -> torch.Tensor:
+            return model.compute_logits(model(ids, fb, self.backend)[fb.logits_indices])
 
         # Warm up on a side stream (compiles kernels outside the capture), then capture.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            rest(first())
+            forward()
         torch.cuda.current_stream().wait_stream(stream)
-        pieces = [first, rest] if len(head) else [lambda: rest(first())]
-        graphs, value = [], None
-        for piece in pieces:
-            graphs.append(torch.cuda.CUDAGraph())
-            with torch.cuda.graph(graphs[-1], pool=self.pool, capture_error_mode="thread_local"):  # cuda_graphs.py
-                value = piece() if value is None else piece(value)
-            self.pool = graphs[-1].pool()
-            if isinstance(value, ResidualStream):
-                self.states[bucket] = value  # read by the next graph: kept referenced, never reused by the pool
-        return tuple(graphs), value
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):  # see cuda_graphs.py
+            logits = forward()
+        self.pool = graph.pool()
+        return graph, logits

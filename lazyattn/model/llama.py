@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,19 +24,6 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 FUSION_ENV = "LAZYATTN_DECODE_FUSION"  # 0: keep the norms and adds as kernels of their own (docs/design.md)
 # Buffers some checkpoints carry that we recompute (RoPE lives in the attention backend).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-@dataclass(frozen=True)
-class ResidualStream:
-    """The residual stream between decoder layers. Plain path: `x` is the last layer's output not yet added to
-    `residual` (each add fuses into the next norm; before the first layer `x` is the embedding and `residual`
-    None). Fused decode path (`plan` set): `x` is the stream itself, updated in place, and `squares` its rows' sums
-    of squares by parts."""
-
-    x: torch.Tensor
-    residual: torch.Tensor | None
-    squares: torch.Tensor | None
-    plan: DecodePlan | None
 
 
 class CausalLM(nn.Module):
@@ -61,32 +47,18 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """input_ids [T] (packed entries, as fb describes them) -> final hidden states [T, hidden]."""
-        return self.finish(self.run_layers(self.start(input_ids), fb, backend, range(len(self.layers))))
-
-    # forward in three parts, so that a CUDA graph can be captured in pieces (engine/prefill_graphs.py)
-    def start(self, input_ids: torch.Tensor) -> ResidualStream:
-        """The embedding, and which path the layers take (the fused decode path where `decode_plan` allows)."""
         x = self.embed_tokens(input_ids) if self.tp is None else self._embed_shard(input_ids)
         plan = self.decode_plan(x)
-        return ResidualStream(x, None, gemv.row_squares(x) if plan is not None else None, plan)
-
-    def run_layers(self, state: ResidualStream, fb: ForwardBatch, backend: AttentionBackend,
-                   layers: range) -> ResidualStream:
-        """Decoder layers `layers` (a contiguous range, in order) over the stream."""
-        x, residual, squares = state.x, state.residual, state.squares
-        for i in layers:
-            if state.plan is not None:
-                squares = self.layers[i].decode_forward(x, squares, fb, backend, state.plan)
-            else:
-                x, residual = self.layers[i](x, residual, fb, backend)
-        return ResidualStream(x, residual, squares, state.plan)
-
-    def finish(self, state: ResidualStream) -> torch.Tensor:
-        """The final norm over the stream after the last layer: hidden states [T, hidden]."""
-        if state.plan is not None:
-            return self.norm(state.x)
-        assert state.residual is not None, "a model has at least one layer"
-        return self.norm.add_forward(state.x, state.residual)[0]
+        if plan is not None:
+            squares = gemv.row_squares(x)
+            for layer in self.layers:
+                squares = layer.decode_forward(x, squares, fb, backend, plan)
+            return self.norm(x)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, fb, backend)
+        assert residual is not None, "a model has at least one layer"
+        return self.norm.add_forward(x, residual)[0]
 
     def decode_plan(self, x: torch.Tensor) -> DecodePlan | None:
         """The fused decode path's configs for these rows, or None where it does not apply: norms not folded, tensor

@@ -190,29 +190,3 @@ def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num
         pools.append(kv)
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(pools[0], pools[1])
-
-
-def test_forward_in_pieces_is_forward():
-    """A bucket's two graphs run the layers as start -> run_layers(head) -> run_layers(rest) -> finish
-    (CausalLM): the same logits and pool writes, bit for bit, as one forward, on the plain path."""
-    cfg = ModelConfig.tiny()
-    torch.manual_seed(0)
-    model = CausalLM(cfg).eval()
-    tables = RopeTables.build(cfg.rope, cfg.max_position)
-    ids, fb = padded_inputs(rag_step(cfg.vocab_size), (32, 4))
-    out, pools = [], []
-    for head in (None, 1, 0):
-        g = torch.Generator().manual_seed(1)
-        kv = torch.randn(cfg.num_layers, 2, 10, PAGE, cfg.num_kv_heads, cfg.head_dim, generator=g)
-        backend = ReferenceBackend(kv, tables, cfg.attn_scale)
-        with torch.inference_mode():
-            if head is None:
-                hidden = model(ids, fb, backend)
-            else:
-                state = model.run_layers(model.start(ids), fb, backend, range(head))
-                hidden = model.finish(model.run_layers(state, fb, backend, range(head, cfg.num_layers)))
-        out.append(model.compute_logits(hidden[fb.logits_indices]))
-        pools.append(kv)
-    assert cfg.num_layers > 1
-    for logits, kv in zip(out[1:], pools[1:]):
-        assert torch.equal(logits, out[0]) and torch.equal(kv, pools[0])

@@ -14,6 +14,7 @@
 #            LAZYATTN_PDL=0
 #   targets  benchmarks/kernels.py --sections targets (the attention targets)
 #   tt1a/b, tt0a/b  TTFT and the RAG decode step with the prefill graphs in two pieces (1) and in one (0), alternated
+#            (tree 1222492; the two-piece capture and its LAZYATTN_PREFILL_GRAPH_HEAD were reverted after: no difference)
 #   ktests   pytest -m gpu tests/kernels
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 set -u
