@@ -176,7 +176,8 @@ class Sampler:
                 suppress_token_ids is not None and any(suppress_token_ids)):
             from lazyattn.kernels.greedy import greedy_pick  # Triton is imported only where CUDA runs
 
-            return SampleResult(*greedy_pick(logits))  # the same two numbers a row, in two launches
+            rows = logits if logits.stride(-1) == 1 else logits.contiguous()
+            return SampleResult(*greedy_pick(rows))  # the same two numbers a row, in two launches
         logits = logits.float()
         logprobs_all = torch.log_softmax(logits, dim=-1)
 
