@@ -1,0 +1,26 @@
+#!/bin/bash
+# Session 8 (H100): the first token's host share. STAGES picks what runs (space-separated); outputs land in $OUT.
+#   anatomy  benchmarks/ttft_anatomy.py: graph launch costs (toy graphs and the engine's), the first token's
+#            host timeline by phase
+#   ttft     engine.py decode_rag + ttft_rag (TTFT median of 40 over the RAG decode step)
+#   on       engine.py, every section, defaults
+#   etests   pytest -m gpu tests/engine tests/cache tests/model
+#   ktests   pytest -m gpu tests/kernels
+set -u
+STAGES=${STAGES:-anatomy ttft}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s8; rm -rf $W; mkdir -p $W; L=$OUT/s8.log
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
+python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
+step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
+         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -40 $W/$name.log >> $L; }
+for stage in $STAGES; do
+  case $stage in
+    anatomy) step anatomy timeout -k 5 200 python benchmarks/ttft_anatomy.py --out $W/s8_anatomy ;;
+    ttft)    step ttft timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_ttft ;;
+    on)      step on timeout -k 5 220 python benchmarks/engine.py --out $W/s8_on ;;
+    etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
+    ktests)  step ktests timeout -k 5 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
+  esac
+done
+cp $W/*.json $OUT/ 2>/dev/null; tar -cf $OUT/s8_${STAGES// /_}.tar -C $W . ; cat $L
