@@ -9,7 +9,7 @@ between the graph's end and the first token being returned, less the few CUDA ca
 CPU cannot make. The model is a small random Llama with a 4096-token vocabulary: the host code does not depend on
 the model's size, and sampling a small vocabulary keeps the CPU's arithmetic out of the numbers.
 
-    python benchmarks/host_ttft.py [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT]
+    python benchmarks/host_ttft.py [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT] [--fresh-ints]
 
 prints the median µs of each phase (PHASES: what the host does before the launch, after it while a GPU would run
 the forward pass, and once the token is back) and the sums; `--profile` adds a cProfile of the whole path, by own
@@ -99,8 +99,9 @@ def build(config_dir: Path) -> tuple[LLMEngine, HostOnly]:
 
 
 class Request:
-    def __init__(self, engine: LLMEngine, host: HostOnly) -> None:
+    def __init__(self, engine: LLMEngine, host: HostOnly, fresh_ints: bool = False) -> None:
         self.engine = engine
+        self.fresh_ints = fresh_ints
         self.host = host
         self.system = [SMALL_LLAMA["bos_token_id"]] + random_tokens(SYSTEM - 1, 1)
         self.docs = [random_tokens(DOC, 10 + i) for i in range(DOCS)]
@@ -113,9 +114,14 @@ class Request:
             self.engine.step()
 
     def prompt(self, seed: int) -> RenderedPrompt:
-        # Fresh lists, as a server's tokenizer hands them over: nothing is shared with the previous request.
-        return RenderedPrompt(segments=[list(self.system)] + [list(d) for d in self.docs],
-                              final=random_tokens(QUESTION, seed))
+        # Fresh lists: nothing is shared with the previous request but the int objects, as the document
+        # tokenisation memo hands ids out (copies of one stored sequence). fresh_ints: new int objects too, as a
+        # tokenizer's own output (no memo) has them.
+        if self.fresh_ints:
+            segments = [[int(str(t)) for t in s] for s in [self.system] + self.docs]
+        else:
+            segments = [list(s) for s in [self.system] + self.docs]
+        return RenderedPrompt(segments=segments, final=random_tokens(QUESTION, seed))
 
     def once(self) -> tuple[float, float, float, float]:
         """Seconds of one request's phases (PHASES), the graph launch being the end of HostOnly's staging."""
@@ -141,11 +147,11 @@ class Request:
 PHASES = ("add_request", "to_launch", "after_launch", "return_step", "exposed", "total")
 
 
-def measure(repeats: int, profile: bool) -> dict[str, float]:
+def measure(repeats: int, profile: bool, fresh_ints: bool = False) -> dict[str, float]:
     """Median µs of each phase over `repeats` requests, after a warm-up."""
     with tempfile.TemporaryDirectory() as tmp:
         engine, host = build(Path(tmp))
-        request = Request(engine, host)
+        request = Request(engine, host, fresh_ints)
         request.cache_documents()
         for _ in range(20):
             request.once()
@@ -167,13 +173,14 @@ def measure(repeats: int, profile: bool) -> dict[str, float]:
     return medians
 
 
-def compare(other: Path, repeats: int, rounds: int) -> dict:
+def compare(other: Path, repeats: int, rounds: int, fresh_ints: bool = False) -> dict:
     """This checkout against `other`, in alternating processes; per phase the median over rounds of each."""
     runs: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
     for _ in range(rounds):
         for name, tree in (("this", Path(__file__).resolve().parents[1]), ("other", other)):
             out = subprocess.run([sys.executable, __file__, "--tree", str(tree), "--repeats", str(repeats),
-                                  "--json"], check=True, capture_output=True, text=True).stdout
+                                  "--json"] + (["--fresh-ints"] if fresh_ints else []),
+                                 check=True, capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.splitlines()[-1]))
     summary = {name: {k: statistics.median(r[k] for r in rs) for k in PHASES} for name, rs in runs.items()}
     summary["ratio"] = {k: summary["this"][k] / summary["other"][k] for k in PHASES}
@@ -199,15 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating processes per checkout (--compare)")
     parser.add_argument("--tree", type=Path, help="measure the lazyattn of this checkout (see TREE)")
     parser.add_argument("--json", action="store_true", help="print the medians as one JSON line")
+    parser.add_argument("--fresh-ints", action="store_true",
+                        help="documents as new int objects each request (a tokenizer's output), not copied lists")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.compare is not None:
-        results = compare(args.compare.resolve(), args.repeats, args.rounds)
+        results = compare(args.compare.resolve(), args.repeats, args.rounds, args.fresh_ints)
         for name in ("this", "other", "ratio"):
             unit = "" if name == "ratio" else " µs"
             print(f"{name:6s} " + ", ".join(f"{k} {v:.3g}{unit}" for k, v in results[name].items()))
     else:
-        results = measure(args.repeats, args.profile)
+        results = measure(args.repeats, args.profile, args.fresh_ints)
         if args.json:
             print(json.dumps(results))
         else:

@@ -118,6 +118,46 @@ def test_keyer_equals_segment_key_and_rejects_non_int64_ids():
             keyer(bad, None)
 
 
+def test_key_memo_gives_the_computed_key_and_never_a_stale_one():
+    keyer = SegmentKeyer("m", "r", memo_tokens=4 * 2048)
+    rng = random.Random(1)
+    doc = [rng.randrange(0, 128256) for _ in range(2048)]
+    first = keyer(doc, None)
+    assert first == segment_key("m", "r", None, doc) and len(keyer.memo) == 1
+    assert keyer(list(doc), None) == first and keyer.memo.hits == 1  # a copy of the list: a hit
+    assert keyer([int(str(t)) for t in doc], None) == first  # fresh int objects of equal value: a hit too
+    assert keyer(doc, "tenant") == segment_key("m", "r", "tenant", doc) != first  # the salt is part of the slot
+    # The same sampled ids (every 64th), another id in between: the slot's copy differs, so the key is computed.
+    other = list(doc)
+    other[1] += 1
+    assert other[:: 2048 // 32] == doc[:: 2048 // 32]
+    assert keyer(other, None) == segment_key("m", "r", None, other) != first
+    assert keyer(doc, None) == first
+    doc[5] += 1  # the caller changes its list after keying it: the memo holds its own copy
+    assert keyer(doc, None) == segment_key("m", "r", None, doc) != first
+
+
+def test_key_memo_is_bounded_least_recently_used_first():
+    keyer = SegmentKeyer("m", "r", memo_tokens=3 * 1000)
+    docs = [[i * 10_000 + j for j in range(1000)] for i in range(5)]
+    for d in docs[:3]:
+        keyer(d, None)
+    keyer(docs[0], None)  # docs[0] is now the most recently used
+    keyer(docs[3], None)  # evicts docs[1]
+    assert keyer.memo.tokens <= 3000 and len(keyer.memo) == 3
+    hits = keyer.memo.hits
+    keyer(docs[0], None)
+    keyer(docs[2], None)
+    assert keyer.memo.hits == hits + 2
+    keyer(docs[1], None)  # a miss: computed, and correct
+    assert keyer.memo.hits == hits + 2 and keyer(docs[1], None) == segment_key("m", "r", None, docs[1])
+    off = SegmentKeyer("m", "r", memo_tokens=0)
+    assert off(docs[4], None) == segment_key("m", "r", None, docs[4]) and len(off.memo) == 0
+    short = [7] * 100  # below the memo's minimum: never held
+    assert keyer(short, None) == segment_key("m", "r", None, short) and keyer.memo.tokens <= 3000
+    assert all(len(ids) == 1000 for ids, _ in keyer.memo._slots.values())
+
+
 # -- acquire / release ---------------------------------------------------------------------------------
 
 def test_miss_allocates_whole_pages_then_hit_shares_them():
