@@ -142,9 +142,9 @@ def engine_graphs(bench: eb.Bench, repeats: int = 20) -> dict:
     runner = bench.engine.runner
     out = {}
     picks = {"decode_b1": runner.graphs.graphs[1][0]}
-    # the RAG request's bucket: the one its prefill replayed (32 tokens; 8 entries: BOS+system, 5 docs, final)
+    # the RAG request's bucket: its prefill step is one entry (the question over the placed documents) + padding
     picks.update({f"prefill_{t}x{e}": g for (t, e), (g, _) in runner.prefill_graphs.graphs.items()
-                  if t == bench.s.question and e == 8})
+                  if t == bench.s.question and e == 2})
     for name, graph in picks.items():
         idle = [_span(graph, 0) for _ in range(repeats)]
         busy = [_span(graph, 3.0) for _ in range(repeats)]
