@@ -3,6 +3,9 @@
 #   anatomy  benchmarks/ttft_anatomy.py: graph launch costs (toy graphs and the engine's), the first token's
 #            host timeline by phase
 #   ttft     engine.py decode_rag + ttft_rag (TTFT median of 40 over the RAG decode step)
+#   ab       the same, alternated three times between this tree and .s8base (the session's base, 707fcc7:
+#            git archive 707fcc7 lazyattn benchmarks/engine.py benchmarks/models pyproject.toml | tar -x -C .s8base;
+#            the call carries .s8base)
 #   on       engine.py, every section, defaults
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 #   ktests   pytest -m gpu tests/kernels
@@ -18,9 +21,13 @@ for stage in $STAGES; do
   case $stage in
     anatomy) step anatomy timeout -k 5 200 python benchmarks/ttft_anatomy.py --out $W/s8_anatomy ;;
     ttft)    step ttft timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_ttft ;;
+    ab)      for r in 1 2 3; do
+               step base$r timeout -k 5 120 env PYTHONPATH=$PWD/.s8base python .s8base/benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_base$r
+               step this$r timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_this$r
+             done ;;
     on)      step on timeout -k 5 220 python benchmarks/engine.py --out $W/s8_on ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
   esac
 done
-cp $W/*.json $OUT/ 2>/dev/null; tar -cf $OUT/s8_${STAGES// /_}.tar -C $W . ; cat $L
+tar -cf $OUT/s8_${STAGES// /_}.tar -C $W . ; grep -h "ttft_rag\]" $W/*.log | cut -c1-200 >> $L; cat $L
