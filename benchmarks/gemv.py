@@ -56,7 +56,10 @@ SHAPES = model_shapes("8B", 4096, 14336, 32, 8, 128256) + model_shapes("70B", 81
 TILES = {
     16: [(64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 8, 4),
          (128, 256, 8, 3), (32, 256, 4, 4)],
-    32: [(64, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3)],
+    # 17-32 rows (the prefill graphs' 32-token bucket: a cached RAG request's question): session 8 added the deeper
+    # pipelines, 8 warps and the wider/narrower tiles after 3 configs had left M = 32 at 72-93 % of copy bandwidth.
+    32: [(64, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3), (64, 128, 4, 5), (64, 128, 4, 6), (128, 128, 4, 5),
+         (128, 128, 8, 4), (128, 128, 8, 5), (128, 64, 4, 6), (32, 256, 4, 4), (64, 128, 8, 4), (256, 128, 8, 3)],
     64: [(64, 128, 4, 4), (128, 128, 8, 4), (64, 128, 4, 3)],
 }
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -105,7 +108,7 @@ def check(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
 
 
 def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: float, sms: int,
-                bandwidth: float, log) -> tuple[list[dict], list[dict]]:
+                bandwidth: float, log, blocks: tuple[int, ...] = (16, 32, 64)) -> tuple[list[dict], list[dict]]:
     elt = torch.tensor([], dtype=dtype).element_size()
     w_bytes = n * k * elt
     copies = max(2, min(16, -(-3 * L2_BYTES // w_bytes)))
@@ -114,7 +117,7 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: f
     weights = [(torch.randn(n, k, device=device, generator=g) * 0.02).to(dtype) for _ in range(copies)]
     xs = {m: torch.randn(m, k, device=device, generator=g).to(dtype) for m in MS}
     best: dict[int, tuple[float, GemvConfig]] = {}
-    for block in (16, 32, 64):
+    for block in blocks:
         m = {16: 1, 32: 32, 64: 64}[block]
         for cfg in candidates(n, k, block, sms):
             try:
@@ -128,6 +131,8 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: f
     device_name = torch.cuda.get_device_name(device)
     for m in MS:
         block = 16 if m <= 16 else (32 if m <= 32 else 64)
+        if block not in blocks:
+            continue
         x = xs[m]
         row = {"model": model, "shape": label, "n": n, "k": k, "m": m}
         moved = w_bytes + (m * k + m * n) * elt
@@ -168,13 +173,19 @@ def row_entry(device_name: str, dtype: torch.dtype, row: dict) -> dict:
     return table_entry(device_name, dtype, row["n"], row["k"], row["m"], cfg, ratio, row["dispatch"] == "lazyattn")
 
 
-def write_table(table: Path, device_name: str, command: str, entries: list[dict]) -> None:
-    """This GPU's entries replace its old ones in the dispatch table; other GPUs' entries stay."""
+def write_table(table: Path, device_name: str, command: str, entries: list[dict], partial: bool = False) -> None:
+    """This GPU's entries replace its old ones in the dispatch table; other GPUs' entries stay. `partial`: only the
+    entries of the (dtype, N, K, M) measured now are replaced, the GPU's others stay (a sweep of some shapes or M
+    blocks), and the command is added to the GPU's."""
     kept, commands = [], {}
+    new = {(e["dtype"], e["n"], e["k"], e["m"]) for e in entries}
     if table.exists():
         old = json.loads(table.read_text())
-        kept = [e for e in old["entries"] if e["device"] != device_name]
+        kept = [e for e in old["entries"] if e["device"] != device_name
+                or (partial and (e["dtype"], e["n"], e["k"], e["m"]) not in new)]
         commands = old.get("commands", {})
+    if partial and device_name in commands:
+        command = f"{commands[device_name]}; then {command}"
     commands[device_name] = command
     table.write_text(json.dumps({"commands": commands, "entries": kept + entries}, indent=0) + "\n")
 
@@ -208,6 +219,9 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="write the dispatch table here")
     parser.add_argument("--margin", type=float, default=0.97, help="dispatch when ours < margin x F.linear")
     parser.add_argument("--shapes", default=None, help="comma-separated labels to keep, e.g. 8B:o,8B:down")
+    parser.add_argument("--blocks", default="16,32,64",
+                        help="M blocks to tune and time (16: M 1-16, 32: 17-32, 64: 33-64); with --shapes or fewer "
+                             "blocks, --table replaces only the entries measured")
     parser.add_argument("--table-from", type=Path, default=None,
                         help="no GPU: rewrite --table's entries for the GPU of an earlier run's OUT.json")
     args = parser.parse_args()
@@ -229,6 +243,7 @@ def main() -> None:
 
     bandwidth = copy_bandwidth(device, 2048, 20)
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, {sms} SMs, {torch.cuda.get_device_name(device)}")
+    blocks = tuple(int(b) for b in args.blocks.split(","))
     shapes = SHAPES
     if args.shapes:
         keep = set(args.shapes.split(","))
@@ -236,7 +251,7 @@ def main() -> None:
     rows, entries = [], []
     t0 = time.perf_counter()
     for model, label, n, k in shapes:
-        r, e = sweep_shape(model, label, n, k, device, dtype, args.margin, sms, bandwidth, log)
+        r, e = sweep_shape(model, label, n, k, device, dtype, args.margin, sms, bandwidth, log, blocks)
         rows += r
         entries += e
         log(f"  [{time.perf_counter() - t0:.0f} s]")
@@ -248,7 +263,8 @@ def main() -> None:
     md = markdown(result)
     args.out.with_suffix(".md").write_text(md)
     if args.table:
-        write_table(args.table, result["device"], command, entries)
+        write_table(args.table, result["device"], command, entries,
+                    partial=bool(args.shapes) or set(blocks) != {16, 32, 64})
     print(md)
 
 

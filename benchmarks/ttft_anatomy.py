@@ -201,6 +201,12 @@ def phases(bench: eb.Bench, repeats: int) -> dict:
         (llm_engine.LLMEngine, "_sample", "sample"),
         (overlap, "launched", "launched"),
         (overlap.LaunchedStep, "wait", "wait"),
+        (llm_engine.LLMEngine, "_process", "process"),
+        (llm_engine.LLMEngine, "_finish", "finish"),
+        (llm_engine.LLMEngine, "_release_finished", "release_finished"),
+        (scheduler.Scheduler, "finish", "scheduler.finish"),
+        (bench.engine.outputs, "finish", "outputs.finish"),
+        (torch.cuda, "synchronize", "cuda.synchronize"),
         (bench.engine.outputs, "append", "append"),  # the instance's: the class holds static methods too
         (bench.engine.outputs, "output", "output"),
         (llm_engine.LLMEngine, "step", "step"),

@@ -6,6 +6,10 @@
 #   ab       the same, alternated three times between this tree and .s8base (the session's base, 707fcc7:
 #            git archive 707fcc7 lazyattn benchmarks/engine.py benchmarks/models pyproject.toml | tar -x -C .s8base;
 #            the call carries .s8base)
+#   gemv32   benchmarks/gemv.py at M = 32 (the 17-32-row block) for the 8B layer shapes with the widened tile list,
+#            into lazyattn/kernels/gemv_table.json (those entries only); then TTFT and decode at batch 32 with the
+#            old table (LAZYATTN_GEMV_TABLE) and the new, alternated twice; the new table comes back in $OUT
+#   phases   benchmarks/ttft_anatomy.py --sections phases (the first token's host timeline)
 #   on       engine.py, every section, defaults
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 #   ktests   pytest -m gpu tests/kernels
@@ -25,6 +29,14 @@ for stage in $STAGES; do
                step base$r timeout -k 5 120 env PYTHONPATH=$PWD/.s8base python .s8base/benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_base$r
                step this$r timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_this$r
              done ;;
+    gemv32)  cp lazyattn/kernels/gemv_table.json $W/table_old.json
+             step gemv32 timeout -k 5 300 python benchmarks/gemv.py --shapes 8B:qkv,8B:o,8B:gate_up,8B:down --blocks 32 --out $W/s8_gemv32 --table lazyattn/kernels/gemv_table.json
+             cp lazyattn/kernels/gemv_table.json $OUT/gemv_table.json
+             for r in 1 2; do
+               step oldtable$r timeout -k 5 120 env LAZYATTN_GEMV_TABLE=$W/table_old.json python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 32 --out $W/s8_oldtable$r
+               step newtable$r timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 32 --out $W/s8_newtable$r
+             done ;;
+    phases)  step phases timeout -k 5 120 python benchmarks/ttft_anatomy.py --sections phases --out $W/s8_phases ;;
     on)      step on timeout -k 5 220 python benchmarks/engine.py --out $W/s8_on ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
