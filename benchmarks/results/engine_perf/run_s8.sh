@@ -9,6 +9,11 @@
 #   gemv32   benchmarks/gemv.py at M = 32 (the 17-32-row block) for the 8B layer shapes with the widened tile list,
 #            into lazyattn/kernels/gemv_table.json (those entries only); then TTFT and decode at batch 32 with the
 #            old table (LAZYATTN_GEMV_TABLE) and the new, alternated twice; the new table comes back in $OUT
+#   tables   TTFT and decode at batch 32 over three gemv tables (.s8tables/: old.json, the session's start;
+#            A_qkv_o_down.json, old + gemv32's new M = 32 configs for qkv, o and down; B_gate_up.json, old + gate_up's),
+#            alternated twice (the call carries .s8tables)
+#   ab2      TTFT and the RAG decode step by this benchmarks/engine.py over the base tree's lazyattn (.s8base) and
+#            this tree's, alternated twice
 #   phases   benchmarks/ttft_anatomy.py --sections phases (the first token's host timeline)
 #   on       engine.py, every section, defaults
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
@@ -20,7 +25,7 @@ W=/tmp/s8; rm -rf $W; mkdir -p $W; L=$OUT/s8.log
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
 step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -40 $W/$name.log >> $L; }
+         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
 for stage in $STAGES; do
   case $stage in
     anatomy) step anatomy timeout -k 5 200 python benchmarks/ttft_anatomy.py --out $W/s8_anatomy ;;
@@ -36,10 +41,18 @@ for stage in $STAGES; do
                step oldtable$r timeout -k 5 120 env LAZYATTN_GEMV_TABLE=$W/table_old.json python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 32 --out $W/s8_oldtable$r
                step newtable$r timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 32 --out $W/s8_newtable$r
              done ;;
+    tables)  for r in 1 2; do for t in old A_qkv_o_down B_gate_up; do
+               step table_${t}_$r timeout -k 5 120 env LAZYATTN_GEMV_TABLE=$PWD/.s8tables/$t.json python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 32 --out $W/s8_table_${t}_$r
+             done; done ;;
+    ab2)     cp benchmarks/engine.py .s8base/benchmarks/engine_s8.py
+             for r in 1 2; do
+               step base_$r timeout -k 5 120 python .s8base/benchmarks/engine_s8.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_ab2_base$r
+               step this_$r timeout -k 5 120 python benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s8_ab2_this$r
+             done ;;
     phases)  step phases timeout -k 5 120 python benchmarks/ttft_anatomy.py --sections phases --out $W/s8_phases ;;
     on)      step on timeout -k 5 220 python benchmarks/engine.py --out $W/s8_on ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
   esac
 done
-tar -cf $OUT/s8_${STAGES// /_}.tar -C $W . ; grep -h "ttft_rag\]" $W/*.log | cut -c1-200 >> $L; cat $L
+tar -cf $OUT/s8_${STAGES// /_}.tar -C $W . ; for f in $W/*.json; do python -c "import json,sys; d=json.load(open(sys.argv[1])); r=d.get('results',{}); t=r.get('ttft_rag',{}); b=[v for k,v in r.items() if k.startswith('decode_batch')]; print(sys.argv[1].split('/')[-1], 'ttft', round(t.get('ttft_ms',0),3), 'synced', round(t.get('ttft_synced_ms',0),3), 'x', round(t.get('of_decode_step',0),3), 'rag_step', round(r.get('decode_rag',{}).get('step_ms',0),3), 'batch', [round(x.get('step_ms',0),3) for x in b])" $f 2>/dev/null; done >> $L; cat $L
