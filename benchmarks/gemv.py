@@ -56,10 +56,10 @@ SHAPES = model_shapes("8B", 4096, 14336, 32, 8, 128256) + model_shapes("70B", 81
 TILES = {
     16: [(64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 8, 4),
          (128, 256, 8, 3), (32, 256, 4, 4)],
-    # 17-32 rows (the prefill graphs' 32-token bucket: a cached RAG request's question): session 8 added the deeper
-    # pipelines, 8 warps and the wider/narrower tiles after 3 configs had left M = 32 at 72-93 % of copy bandwidth.
-    32: [(64, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3), (64, 128, 4, 5), (64, 128, 4, 6), (128, 128, 4, 5),
-         (128, 128, 8, 4), (128, 128, 8, 5), (128, 64, 4, 6), (32, 256, 4, 4), (64, 128, 8, 4), (256, 128, 8, 3)],
+    # Session 8 tried nine more at M = 32 (deeper pipelines, 8 warps, 32- to 256-wide tiles): alone each shape got
+    # 0-12 % faster, but in the engine's fused prefill step the new configs were slower (TTFT +0.1-0.5 ms, decode at
+    # batch 32 +0.2-0.7 ms; benchmarks/results/engine_perf/s8), so the list stays as measured in the engine.
+    32: [(64, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3)],
     64: [(64, 128, 4, 4), (128, 128, 8, 4), (64, 128, 4, 3)],
 }
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)

@@ -176,15 +176,16 @@ class Timeline:
             finally:
                 events.append((name, t0, time.perf_counter()))
 
+        own = attr in vars(owner)  # a module's or class's own attribute, or an instance reading its class's
         setattr(owner, attr, timed)
-        self._undo.append((owner, attr, original))
+        self._undo.append((owner, attr, original if own else None))
 
     def restore(self) -> None:
         for owner, attr, original in reversed(self._undo):
-            if isinstance(owner, type):
+            if original is not None:
                 setattr(owner, attr, original)
             else:
-                delattr(owner, attr)  # the class's again
+                delattr(owner, attr)  # the instance reads its class's again
 
 
 def phases(bench: eb.Bench, repeats: int) -> dict:
