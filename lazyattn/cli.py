@@ -43,6 +43,9 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule the next step while the GPU runs this one (default: on CUDA, also with tensor "
                         "parallelism; docs/design.md, Overlapped scheduling)")
+    p.add_argument("--tokenizer-cache-tokens", type=int, default=2**22,
+                   help="documents' token ids kept so that a recurring document is tokenised once, in tokens "
+                        "(~36 bytes each); 0: off (default: 4194304)")
     add_tensor_parallel_arg(p)
 
 
@@ -62,7 +65,8 @@ def engine_options(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len, seed=args.seed, relink_tokens=getattr(args, "relink_tokens", 0),
                 tensor_parallel_size=args.tensor_parallel_size,
-                async_scheduling=getattr(args, "async_scheduling", None))
+                async_scheduling=getattr(args, "async_scheduling", None),
+                tokenizer_cache_tokens=args.tokenizer_cache_tokens)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -56,7 +56,8 @@ class EngineFacade:
 
     def __init__(self, info: EngineInfo) -> None:
         self.info = info
-        self.tokenizer = LLMEngine._tokenizer(EngineConfig(model=info.model, random_weights=info.random_weights))
+        self.tokenizer = LLMEngine._tokenizer(EngineConfig(model=info.model, random_weights=info.random_weights,
+                                                           tokenizer_cache_tokens=info.tokenizer_cache_tokens))
         self.max_model_len = info.max_model_len
         self.model_config = SimpleNamespace(vocab_size=info.vocab_size)
         self.mode = make_mode(info.mode)
@@ -201,10 +202,11 @@ class RemoteEngineLoop:
 
     @property
     def stats(self) -> EngineStats:
-        """Counters summed over the replicas, as of their latest updates."""
-        if not self._stats:
-            return _empty_stats()
-        return _sum_stats(list(self._stats.values()))
+        """Counters summed over the replicas, as of their latest updates; the tokenizer cache is this process's
+        (the replicas get token ids)."""
+        summed = _sum_stats(list(self._stats.values())) if self._stats else _empty_stats()
+        cache = self.engine.tokenizer.cache
+        return dataclasses.replace(summed, tokenizer_cache=cache.stats() if cache is not None else None)
 
     async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams | None]], *,
                      cache_salt: str | None, arrival: float, relink_tokens: int | None = None) -> RemoteStream:

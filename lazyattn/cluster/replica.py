@@ -53,6 +53,7 @@ class EngineInfo:
     page_size: int
     relink_tokens: int
     random_weights: bool
+    tokenizer_cache_tokens: int  # the ingress renders, so its tokenizer keeps the documents' ids
 
 
 class EngineReplica:
@@ -78,7 +79,8 @@ class EngineReplica:
         e = self.engine
         return EngineInfo(model=e.config.model, mode=e.mode.name, max_model_len=e.max_model_len,
                           vocab_size=e.model_config.vocab_size, num_pages=e.num_pages, page_size=e.config.page_size,
-                          relink_tokens=e.config.relink_tokens, random_weights=e.config.random_weights)
+                          relink_tokens=e.config.relink_tokens, random_weights=e.config.random_weights,
+                          tokenizer_cache_tokens=e.config.tokenizer_cache_tokens)
 
     async def generate(self, job: EngineJob) -> AsyncIterator[ReplicaUpdate]:
         stream = await self.loop.submit(job.requests, cache_salt=job.cache_salt,

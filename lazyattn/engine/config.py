@@ -50,6 +50,11 @@ class EngineConfig:
     # Schedule step N+1 while the GPU runs step N (docs/design.md, "Overlapped scheduling"); None: on CUDA,
     # with or without tensor parallelism, off on the CPU, where the host is the device and nothing overlaps.
     async_scheduling: bool | None = None
+    # Documents' token ids kept by the tokenizer, so that a recurring document is tokenised once (docs/design.md,
+    # "Document token ids"); 0: off. A stored token costs at most ~36 bytes of host memory (a Python int and its
+    # tuple slot; ids below 257 are shared ints: ~27 bytes measured with SmolLM2), so the default 2**22 (~4M tokens,
+    # ~150 MB at most, plus the texts) covers more documents than a GPU's KV pool usually holds at little cost.
+    tokenizer_cache_tokens: int = 2**22
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -65,6 +70,10 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
+        t = self.tokenizer_cache_tokens
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise InvalidRequestError(f"tokenizer_cache_tokens must be an integer >= 0, got {t!r}",
+                                      "tokenizer_cache_tokens")
         tp = self.tensor_parallel_size
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise InvalidRequestError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}",

@@ -43,6 +43,7 @@ from lazyattn.errors import (
 from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.model.loader import load_model
 from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
+from lazyattn.model.tokenizer_cache import TokenizerCache, TokenizerCacheStats
 
 logger = logging.getLogger("lazyattn.engine")
 
@@ -60,6 +61,7 @@ class EngineStats:
     running: int
     waiting: int
     host: HostTierStats | None = None  # the host tier's, when the engine has one
+    tokenizer_cache: TokenizerCacheStats | None = None  # documents' token ids, when the tokenizer keeps them
 
 
 @dataclass
@@ -128,12 +130,15 @@ class LLMEngine:
     @staticmethod
     def _tokenizer(config: EngineConfig) -> TokenizerBase:
         try:
-            return load_tokenizer(config.model)
+            tokenizer = load_tokenizer(config.model)
         except CheckpointError:
             if not config.random_weights:
                 raise
             # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
-            return ByteTokenizer()
+            tokenizer = ByteTokenizer()
+        if config.tokenizer_cache_tokens:
+            tokenizer.cache = TokenizerCache(config.tokenizer_cache_tokens)
+        return tokenizer
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -403,6 +408,7 @@ class LLMEngine:
             running=len(self.scheduler.running),
             waiting=self.scheduler.num_waiting,
             host=self.tier.stats() if self.tier is not None else None,
+            tokenizer_cache=self.tokenizer.cache.stats() if self.tokenizer.cache is not None else None,
         )
 
     # -- validation -------------------------------------------------------------------------------------------

@@ -152,9 +152,17 @@ def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, p
 
 def encode_document(tokenizer: TokenizerBase, document: Document, layout: PromptLayout = DEFAULT_LAYOUT,
                     param: str = "document") -> list[int]:
-    """A document segment's token ids: the only place they are computed, so equal documents get equal ids."""
-    text = format_document(document, layout, param)
-    return tokenizer.encode(text) if layout.parse_special_tokens else tokenizer.encode_plain(text)
+    """A document segment's token ids: the only place they are computed, so equal documents get equal ids.
+    A document seen before is not tokenised again when the tokenizer has a cache (model/tokenizer_cache.py)."""
+    text = format_document(document, layout, param)  # validation first: a bad document fails even if cached
+    special = layout.parse_special_tokens
+    cache = tokenizer.cache
+    if cache is not None and (ids := cache.get(text, special)) is not None:
+        return ids
+    ids = tokenizer.encode(text) if special else tokenizer.encode_plain(text)
+    if cache is not None:
+        cache.put(text, special, ids)
+    return ids
 
 
 def render_chat(

@@ -18,7 +18,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
@@ -26,6 +26,9 @@ import tokenizers
 
 from lazyattn.errors import CheckpointError, InvalidRequestError
 from lazyattn.model.chat_template import compile_chat_template
+
+if TYPE_CHECKING:
+    from lazyattn.model.tokenizer_cache import TokenizerCache
 
 TINY = "tiny"
 
@@ -64,6 +67,9 @@ class TokenizerBase(ABC):
     chat_template: str | None = None
     # Whether `encode(..., add_special_tokens=True)` starts the text with BOS; the prompt renderer follows it.
     add_bos_token: bool = False
+    # Documents' token ids, looked up by `encode_document` (tokenizer_cache.py); the engine gives its tokenizer
+    # one (EngineConfig.tokenizer_cache_tokens). None: every document is tokenised every time.
+    cache: TokenizerCache | None = None
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

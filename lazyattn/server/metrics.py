@@ -128,6 +128,11 @@ class _EngineCollector(Collector):
             ("document_cache_tokens_reused", "Tokens of segments found in the cache.", c.tokens_reused),
             ("num_preemptions", "Sequences preempted for lack of KV pages.", s.preemptions),
         ]
+        if (t := s.tokenizer_cache) is not None:
+            counters += [
+                ("tokenizer_cache_hits", "Documents whose token ids the tokenizer cache held.", t.hits),
+                ("tokenizer_cache_misses", "Documents looked up in the tokenizer cache and tokenised.", t.misses),
+            ]
         for name, doc, value in counters:
             m = CounterMetricFamily(f"lazyattn:{name}", doc, labels=["model_name"])
             m.add_metric([self._model_name], value)

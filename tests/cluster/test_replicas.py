@@ -83,6 +83,9 @@ def test_same_answers_as_one_engine(cluster):
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == want.text
+    # The ingress renders, so its tokenizer keeps the documents' ids: the round-robin app's second request hit both.
+    metrics = client(cluster, "rr").get("/metrics").text
+    assert 'lazyattn:tokenizer_cache_hits_total{model_name="tiny"} 2.0' in metrics
 
 
 def test_affinity_hits_where_round_robin_misses(cluster):

@@ -84,3 +84,17 @@ def test_delete_document(server):
     assert httpx.get(f"{server.url}/v1/documents/{doc_id}", params={"cache_salt": salt}).status_code == 404
     assert chat(server.url, documents=[{"id": doc_id}], cache_salt=salt).status_code == 404
     assert httpx.get(f"{server.url}/v1/documents", params={"cache_salt": salt}).json()["data"] == []
+
+
+def test_a_recurring_document_is_tokenised_once(server):
+    """Registration and requests share the tokenizer's cache of document ids (/metrics counts its lookups)."""
+    text = f"A document several requests carry, long enough to be kept by the tokenizer cache: {uuid.uuid4().hex}."
+    hits, misses = (server.metric(f"lazyattn:tokenizer_cache_{n}_total") for n in ("hits", "misses"))
+    r = httpx.post(f"{server.url}/v1/documents", json={"text": text}, timeout=60)
+    assert r.status_code == 200, r.text
+    first = chat(server.url, documents=[text])
+    again = chat(server.url, documents=[{"id": r.json()["id"]}, text])
+    assert cached_tokens(first) > 0 and cached_tokens(again) > cached_tokens(first)
+    assert server.metric("lazyattn:tokenizer_cache_misses_total") == misses + 1  # registration tokenised it
+    # Then one hit per document of each request: a registered one is rendered from its text too.
+    assert server.metric("lazyattn:tokenizer_cache_hits_total") == hits + 3
