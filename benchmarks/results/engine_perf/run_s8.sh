@@ -16,6 +16,8 @@
 #            this tree's, alternated twice
 #   phases   benchmarks/ttft_anatomy.py --sections phases (the first token's host timeline)
 #   on       engine.py, every section, defaults
+#   cold     lazyattn bench, lazy vs block, 8B shapes, 20 docs x 2048, Zipf 2.1, 48 requests at saturation, cold
+#            document cache (the session-6 protocol); warm: the same with --warm-cache
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 #   ktests   pytest -m gpu tests/kernels
 set -u
@@ -26,6 +28,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
 step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
          echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20 --num-requests 48 --kv-cache-gb 20 --no-progress"
 for stage in $STAGES; do
   case $stage in
     anatomy) step anatomy timeout -k 5 200 python benchmarks/ttft_anatomy.py --out $W/s8_anatomy ;;
@@ -51,6 +54,8 @@ for stage in $STAGES; do
              done ;;
     phases)  step phases timeout -k 5 120 python benchmarks/ttft_anatomy.py --sections phases --out $W/s8_phases ;;
     on)      step on timeout -k 5 220 python benchmarks/engine.py --out $W/s8_on ;;
+    cold)    step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/serving_s8_cold ;;
+    warm)    step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/serving_s8_warm ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu -p no:cacheprovider tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels ;;
   esac
