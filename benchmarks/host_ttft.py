@@ -9,7 +9,8 @@ between the graph's end and the first token being returned, less the few CUDA ca
 CPU cannot make. The model is a small random Llama with a 4096-token vocabulary: the host code does not depend on
 the model's size, and sampling a small vocabulary keeps the CPU's arithmetic out of the numbers.
 
-    python benchmarks/host_ttft.py [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT] [--fresh-ints]
+    python benchmarks/host_ttft.py [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT]
+                                   [--fresh-ints]
 
 prints the median µs of each phase (PHASES: what the host does before the launch, after it while a GPU would run
 the forward pass, and once the token is back) and the sums; `--profile` adds a cProfile of the whole path, by own
