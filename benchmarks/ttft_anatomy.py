@@ -157,6 +157,33 @@ def engine_graphs(bench: eb.Bench, repeats: int = 20) -> dict:
     return out
 
 
+def host_calls(bench: eb.Bench, repeats: int = 200) -> dict:
+    """Host µs of the CUDA-side calls the prefill-graph path makes before its replay (PrefillGraphs.run), on an idle
+    GPU, median of `repeats`: the event wait, the two buffer views, the staging copy, the event record."""
+    pg = bench.engine.runner.prefill_graphs
+    entries = 2
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        times.setdefault(name, []).append(1e6 * (time.perf_counter() - t0))
+
+    dst, src = pg.static.upto(entries), pg.staging.upto(entries)
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        timed("copied.synchronize", pg.copied.synchronize)
+        timed("upto x2", lambda: (pg.static.upto(entries), pg.staging.upto(entries)))
+        timed("copy_ (pinned -> device)", lambda: dst.copy_(src, non_blocking=True))
+        timed("copied.record", pg.copied.record)
+        timed("tensor index + int()", lambda: int(src[0]))
+    out = {name: _median(ts) for name, ts in times.items()}
+    out["staged_bytes"] = src.numel()
+    out["staging_pinned"] = bool(src.is_pinned())
+    print("host_calls", out, flush=True)
+    return out
+
+
 class Timeline:
     """Wraps engine functions to record (name, start, end) host times."""
 
@@ -257,12 +284,14 @@ def main() -> int:
                      "triton": triton.__version__}
     if "graphs" in sections:
         results["graphs"] = graph_launches(device)
-    if sections & {"engine_graphs", "phases"}:
+    if sections & {"engine_graphs", "phases", "host_calls"}:
         bench = eb.Bench(eb.Shapes(batches=(1,)), device, 3e12)
         bench.cache_documents()
         bench.drain()
         if "engine_graphs" in sections:
             results["engine_graphs"] = engine_graphs(bench)
+        if "host_calls" in sections:
+            results["host_calls"] = host_calls(bench)
         if "phases" in sections:
             results["phases"] = phases(bench, args.repeats)
         bench.llm.shutdown()
