@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import statistics
 import sys
@@ -184,6 +185,51 @@ def host_calls(bench: eb.Bench, repeats: int = 200) -> dict:
     return out
 
 
+def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
+    """TTFT (add_request until step returns the token, as benchmarks/engine.py times it) with Python's cyclic garbage
+    collector as it is, with the objects alive after warm-up frozen out of it (gc.freeze), and disabled; alternated
+    `rounds` times, median of `repeats` each; and how many collections of each generation ran per request."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    collections = [0, 0, 0]
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections[info["generation"]] += 1
+
+    def ttft(seed: int) -> float:
+        prompt = bench.rag_prompt(seed)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        bench.add(prompt, params)
+        while bench.engine.has_unfinished():
+            bench.engine.step()
+        return 1e3 * (time.perf_counter() - t0)
+
+    out: dict = {}
+    gc.callbacks.append(count)
+    try:
+        for r in range(rounds):
+            for mode in ("default", "freeze", "disable"):
+                if mode == "freeze":
+                    gc.collect()
+                    gc.freeze()
+                elif mode == "disable":
+                    gc.disable()
+                before = list(collections)
+                times = [ttft(5000 + 100 * r + i) for i in range(repeats)]
+                per = [(a - b) / repeats for a, b in zip(collections, before)]
+                gc.enable()
+                gc.unfreeze()
+                out.setdefault(mode, []).append({"ttft_ms": _median(times), "collections_per_request": per})
+                print("gc", r, mode, out[mode][-1], flush=True)
+    finally:
+        gc.callbacks.remove(count)
+        gc.enable()
+        gc.unfreeze()
+    out["tracked_objects"] = len(gc.get_objects())
+    return out
+
+
 class Timeline:
     """Wraps engine functions to record (name, start, end) host times."""
 
@@ -284,7 +330,7 @@ def main() -> int:
                      "triton": triton.__version__}
     if "graphs" in sections:
         results["graphs"] = graph_launches(device)
-    if sections & {"engine_graphs", "phases", "host_calls"}:
+    if sections & {"engine_graphs", "phases", "host_calls", "gc"}:
         bench = eb.Bench(eb.Shapes(batches=(1,)), device, 3e12)
         bench.cache_documents()
         bench.drain()
@@ -292,6 +338,8 @@ def main() -> int:
             results["engine_graphs"] = engine_graphs(bench)
         if "host_calls" in sections:
             results["host_calls"] = host_calls(bench)
+        if "gc" in sections:
+            results["gc"] = gc_effect(bench, args.repeats)
         if "phases" in sections:
             results["phases"] = phases(bench, args.repeats)
         bench.llm.shutdown()
