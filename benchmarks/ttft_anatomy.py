@@ -1,6 +1,6 @@
 """Where a cached RAG request's first token waits for the host (the GPU: 8B shapes, bf16, CUDA graphs).
 
-Three measurements in one process, each printed as a table and written to OUT.json:
+Measurements in one process, each printed as a table and written to OUT.json:
 
 - `graphs`: how long `CUDAGraph.replay` holds the host for graphs of N kernels (a trivial Triton kernel with and
   without programmatic dependent launch, and PyTorch's add_), and when the GPU starts a graph relative to its
@@ -13,8 +13,10 @@ Three measurements in one process, each printed as a table and written to OUT.js
   graph's GPU time alone). The difference is what the launch leaves exposed.
 - `phases`: the first token's host timeline, by phase (add_request, scheduling, staging, replay, sampling, the
   wait, output), median µs from the request's submission, over `--repeats` requests.
+- `host_calls`: the CUDA-side calls the prefill-graph path makes before its replay, each alone on an idle GPU.
+- `gc`: TTFT with Python's garbage collector as it is, frozen after warm-up and disabled, alternated.
 
-    python benchmarks/ttft_anatomy.py --out OUT      # on the GPU
+    python benchmarks/ttft_anatomy.py --out OUT [--sections graphs,engine_graphs,phases,host_calls,gc]   # on the GPU
 """
 
 from __future__ import annotations
