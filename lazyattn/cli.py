@@ -8,6 +8,7 @@ import sys
 
 from lazyattn import __version__
 from lazyattn.bench.cli import add_bench_parser
+from lazyattn.engine.config import EngineConfig
 from lazyattn.eval.cli import add_eval_parser
 from lazyattn.finetune.cli import add_finetune_parser
 from lazyattn.server.cli import add_serve_parser
@@ -43,9 +44,9 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule the next step while the GPU runs this one (default: on CUDA, also with tensor "
                         "parallelism; docs/design.md, Overlapped scheduling)")
-    p.add_argument("--tokenizer-cache-tokens", type=int, default=2**22,
+    p.add_argument("--tokenizer-cache-tokens", type=int, default=EngineConfig.tokenizer_cache_tokens,
                    help="documents' token ids kept so that a recurring document is tokenised once, in tokens "
-                        "(~36 bytes each); 0: off (default: 4194304)")
+                        "(~36 bytes each); 0: off (default: %(default)s)")
     add_tensor_parallel_arg(p)
 
 
