@@ -252,7 +252,8 @@ def _decode_batch(page_size: int, entries: int, context: int, relinked: bool = F
 def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, graph: bool = False,
              rotated_in_rope: bool = True, **options) -> None:
     """TritonBackend.attend's prefill path: rope_write_kv_runs' copies for short calls, then prefill_attention;
-    graph=True fixes the split count as a captured bucket does (engine/prefill_graphs.py)."""
+    graph=True fixes the split count and passes the host's split plan as a captured bucket does
+    (engine/prefill_graphs.py)."""
     kv = _pool(heads, page_size)
     tables = _tables(heads)
     q, k, v = _qkv(heads, tokens)
@@ -261,6 +262,8 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
     if graph:
         batch.num_splits = prefill.graph_num_splits(tokens, batch.batch_size, heads.q, heads.kv, heads.dim, BF16,
                                                     page_size, torch.device("cuda"))
+        if batch.num_splits > 1:
+            batch.plan = torch.zeros(batch.batch_size, batch.num_splits, prefill.PLAN_WIDTH, dtype=torch.int32)
     runs = prefill.rotated_runs_for(tokens)
     if runs and rotated_in_rope and options.get("apply_delta", True):
         q, q_rot = cache_ops.rope_write_kv_runs(q, k, v, positions, slots, kv[0, 0], kv[0, 1], tables, batch, runs)

@@ -52,6 +52,7 @@ from lazyattn.kernels.paged import cdiv  # noqa: E402
 VOCAB = 4096
 SYSTEM, DOC, DOCS, QUESTION = 32, 2048, 5, 32
 MAX_MODEL_LEN = 16384
+PLAN_SPLITS = 16
 
 SMALL_LLAMA = {  # Llama-3.1's layout (rope_scaling included) at toy sizes
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1, "eos_token_id": [2],
@@ -74,7 +75,12 @@ class HostOnly:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.width = min(cdiv(MAX_MODEL_LEN, engine.config.page_size), engine.runner.num_pages)
-        self.layout = StepLayout(128, 64, self.width, engine.config.page_size)
+        try:  # the split plan's host share: on an H100 the question's bucket splits 16 ways (kernels/prefill.py)
+            self.layout = StepLayout(128, 64, self.width, engine.config.page_size, PLAN_SPLITS)
+            self.splits: tuple[int, ...] = (PLAN_SPLITS,)
+        except TypeError:  # a checkout from before split plans (--compare)
+            self.layout = StepLayout(128, 64, self.width, engine.config.page_size)
+            self.splits = ()
         self.staging = self.layout.buffers("cpu")
         self.logits = torch.randn(64, VOCAB, generator=torch.Generator().manual_seed(0))
         self.staged = 0
@@ -83,7 +89,7 @@ class HostOnly:
     def __call__(self, step: StepInputs) -> torch.Tensor:
         bucket = pick_bucket(step, self.width)
         if bucket is not None:
-            self.layout.fill(self.staging, step, *bucket)
+            self.layout.fill(self.staging, step, *bucket, *self.splits)
             self.staged += 1
             self.launched_at = time.perf_counter()
         return self.logits[: len(step.logits_rows)]

@@ -408,7 +408,8 @@ def section_targets(b: Bench) -> list[dict]:
     rotated per run (rotated_q), "RoPE + attention" adds the RoPE/KV-write launch that makes those copies (the
     engine's layer). Decode at batch 1 over 10 304 keys, target >= 80 %. Deferred-RoPE overhead, target <= 3 %:
     the same launches with per-document deltas vs the rotation compiled out (apply_delta=False, plain RoPE
-    launch)."""
+    launch). The prefill calls split the keys as the engine's prefill graphs do (engine_split), both ways.
+    """
     s, rows = b.s, []
     copy_gbps = b.copy_bandwidth()
     prefill = attention(False)
@@ -420,6 +421,7 @@ def section_targets(b: Bench) -> list[dict]:
     for batch in s.target_rag_batches:
         kv_bytes = batch * (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
         inputs, _ = rag_case(b, batch, False, copies=max(2, copies_for(kv_bytes, b.l2_bytes())))
+        inputs = [engine_split(b, *i) for i in inputs]
         layers = {flag: [rag_layer(b, *i, flag) for i in inputs] for flag in (True, False)}
         rotated = [rope_runs(b, *i) for i in inputs]
         attend = {True: [lambda i=i, r=r: prefill(*i, b.tables, b.scale, rotated_q=r) for i, r in zip(inputs, rotated)],
@@ -457,6 +459,17 @@ def section_targets(b: Bench) -> list[dict]:
     run_case(rows, {"target": f"decode bs 1 x {s.target_decode_context}", "deltas": True}, decode_row)
     rows.append({"target": "copy", "GB/s": copy_gbps})
     return rows
+
+
+def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:
+    """The call's inputs with the split count the engine's prefill graphs fix for its rows and entries and, where
+    they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the graphs take it."""
+    from lazyattn.kernels.prefill import graph_num_splits, with_plan
+
+    s = b.s
+    splits = graph_num_splits(q.shape[0], pb.batch_size, s.q_heads, s.kv_heads, s.head_dim, q.dtype, s.page_size,
+                              q.device)
+    return q, k_cache, v_cache, with_plan(pb, splits) if splits > 1 else pb
 
 
 def rag_positions(b: Bench, pb: PagedBatch) -> torch.Tensor:

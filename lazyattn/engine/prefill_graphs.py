@@ -23,14 +23,18 @@ fills a pinned copy (StepLayout.fill) and one copy moves it to the static device
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.prefill import PLAN_WIDTH, graph_num_splits, plan_runs
 from lazyattn.model.llama import CausalLM
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
@@ -55,28 +59,34 @@ def _aligned(offset: int, to: int = 256) -> int:
 
 class Buffers:
     """A step's inputs as three views of one byte buffer: an int64 one (ids, positions, slots, logits rows), an
-    int32 one (cu_seqlens_q, q_start, num_pages) and the entry-major page tables [max_entries, 5, width], last.
-    Why one buffer: one copy moves a step's inputs to the device, where three copies would each cost a launch
-    on the host and a few µs on the GPU before the graph can start (the first token waits for both)."""
+    int32 one (cu_seqlens_q, q_start, num_pages) and the entry-major records, last: each entry's page tables
+    [5, width], then its split plan [plan_splits, PLAN_WIDTH] (kernels/prefill.py, split_plan; none when
+    plan_splits is 0). Why one buffer: one copy moves a step's inputs to the device, where three copies would
+    each cost a launch on the host and a few µs on the GPU before the graph can start (the first token waits
+    for both)."""
 
     def __init__(self, layout: StepLayout, device: torch.device | str, pin: bool = False) -> None:
         n64, n32 = 3 * layout.t + layout.e, 3 * layout.e + 1
         # Each view starts on a 256-byte boundary, as a buffer of its own would (the kernels' pointer alignment).
         head_at = _aligned(8 * n64)
         self.tables_at = _aligned(head_at + 4 * n32)
-        self.record_bytes = 4 * TABLES * layout.w
+        table_ints = TABLES * layout.w
+        record_ints = table_ints + layout.plan_splits * PLAN_WIDTH
+        self.record_bytes = 4 * record_ints
         self.raw = torch.zeros(self.tables_at + layout.e * self.record_bytes, dtype=torch.uint8, device=device,
                                pin_memory=pin)
         self.i64 = self.raw[: 8 * n64].view(torch.int64)
         self.head = self.raw[head_at: head_at + 4 * n32].view(torch.int32)
-        self.tables = self.raw[self.tables_at:].view(torch.int32).view(layout.e, TABLES, layout.w)
+        records = self.raw[self.tables_at:].view(torch.int32).view(layout.e, record_ints)
+        self.tables = records[:, :table_ints].view(layout.e, TABLES, layout.w)
+        self.plan = records[:, table_ints:].view(layout.e, layout.plan_splits, PLAN_WIDTH)
         # numpy views of a host buffer, made once: the host writes a step through them (~2 µs a view per step)
-        self.arrays = tuple(t.numpy() for t in (self.i64, self.head, self.tables)) if self.raw.device.type == "cpu" \
-            else None
+        self.arrays = tuple(t.numpy() for t in (self.i64, self.head, self.tables, records[:, table_ints:])) \
+            if self.raw.device.type == "cpu" else None
 
     def upto(self, entries: int) -> torch.Tensor:
-        """The bytes a step of `entries` entries (padding included) is read from: everything before its tables
-        and its tables."""
+        """The bytes a step of `entries` entries (padding included) is read from: everything before its records
+        and its records."""
         return self.raw[: self.tables_at + entries * self.record_bytes]
 
 
@@ -85,29 +95,38 @@ class StepLayout:
     pages lives (Buffers; the page tables as in engine/graph_inputs.py), and the views of one bucket over such
     buffers."""
 
-    def __init__(self, max_tokens: int, max_entries: int, width: int, page_size: int) -> None:
+    def __init__(self, max_tokens: int, max_entries: int, width: int, page_size: int, plan_splits: int = 0) -> None:
         self.t, self.e, self.w, self.page_size = max_tokens, max_entries, width, page_size
+        self.plan_splits = plan_splits  # the most splits a bucket's attention is planned over (0: no plans)
 
     def buffers(self, device: torch.device | str, pin: bool = False) -> Buffers:
         return Buffers(self, device, pin)
 
     def views(self, buffers: Buffers, tokens: int, entries: int,
               num_splits: int | None = None) -> tuple[torch.Tensor, ForwardBatch]:
-        """(input_ids [T], ForwardBatch) of bucket (tokens, entries) over the buffers."""
+        """(input_ids [T], ForwardBatch) of bucket (tokens, entries) over the buffers; the attention follows the
+        host's plan where the layout holds one for the bucket's split count (fill writes it)."""
         i64, head, tables = buffers.i64, buffers.head, buffers.tables
         t, e = self.t, self.e
         pages, deltas, valid, starts, firsts = table_views(tables[:entries])
+        plan = buffers.plan[:entries, :num_splits] if self.planned(num_splits) else None
         attn = PagedBatch(head[: entries + 1], head[e + 1: e + 1 + entries], pages, deltas, valid, starts,
                           head[2 * e + 1: 2 * e + 1 + entries], max_q=tokens, max_kv=self.w * self.page_size,
-                          firsts=firsts, num_splits=num_splits)
+                          firsts=firsts, num_splits=num_splits, plan=plan)
         fb = ForwardBatch(i64[t: t + tokens], i64[2 * t: 2 * t + tokens], attn, False,
                           i64[3 * t: 3 * t + entries])
         return i64[:tokens], fb
 
-    def fill(self, buffers: Buffers, step: StepInputs, tokens: int, entries: int) -> None:
-        """Write `step` padded to bucket (tokens, entries) into CPU buffers (module docstring, padding). One
-        slice assignment per field, from lists padded in Python: each numpy call costs about a µs."""
-        i64, head, tables = buffers.arrays
+    def planned(self, num_splits: int | None) -> bool:
+        """Whether a bucket of this split count attends by the host's plan."""
+        return num_splits is not None and 1 < num_splits <= self.plan_splits
+
+    def fill(self, buffers: Buffers, step: StepInputs, tokens: int, entries: int, num_splits: int | None = None
+             ) -> None:
+        """Write `step` padded to bucket (tokens, entries) into CPU buffers (module docstring, padding), with the
+        split plan of each entry when the bucket splits `num_splits` ways. One slice assignment per field, from
+        lists padded in Python: each numpy call costs about a µs."""
+        i64, head, tables, plans = buffers.arrays
         t, e = self.t, self.e
         n, real = len(step.tokens), len(step.entries)
         pad = tokens - n
@@ -121,6 +140,31 @@ class StepLayout:
         head[e + 1: e + 1 + entries] = step.q_starts + [0] * (entries - real)
         head[2 * e + 1: 2 * e + 1 + entries] = [len(x.pages) for x in step.entries] + [0] * empty + [1]
         fill_tables(tables, step.entries + [_NO_PAGES] * empty + [_PADDING])
+        if self.planned(num_splits):
+            fill_plans(plans, tables, [len(x.pages) for x in step.entries] + [0] * empty + [1], num_splits)
+
+
+def fill_plans(plans: np.ndarray, tables: np.ndarray, num_pages: list[int], num_splits: int) -> None:
+    """Each entry's split plan (kernels/prefill.py, plan_runs) into its row of `plans` [E, >= S * PLAN_WIDTH],
+    from the runs of equal delta in its row of the filled page tables [E, 5, W]."""
+    width = num_splits * PLAN_WIDTH
+    for i, n in enumerate(num_pages):
+        if not n:
+            plans[i, :width] = 0
+            continue
+        deltas = tables[i, 1, :n]
+        cuts = np.flatnonzero(deltas[1:] != deltas[:-1])  # run r + 1 starts at page cuts[r] + 1
+        plans[i, :width] = _plan_of_cuts(cuts.tobytes(), n, num_splits)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_of_cuts(cuts: bytes, n: int, num_splits: int) -> np.ndarray:
+    """plan_runs as an int32 array, by the bytes of the run cuts fill_plans finds: one lookup and one slice copy
+    per entry and step (a tuple of S * PLAN_WIDTH ints took ~10 µs to copy into the buffer)."""
+    bounds = [0, *(np.frombuffer(cuts, dtype=np.int64) + 1).tolist(), n]
+    plan = np.array(plan_runs(tuple(b - a for a, b in itertools.pairwise(bounds)), num_splits), dtype=np.int32)
+    plan.flags.writeable = False
+    return plan
 
 
 def _reachable(entry_buckets: Sequence[int], tokens: int) -> list[int]:
@@ -138,23 +182,23 @@ class PrefillGraphs:
 
     def __init__(self, model: CausalLM, backend: AttentionBackend, width: int, device: torch.device,
                  token_buckets: Sequence[int] = TOKEN_BUCKETS, entry_buckets: Sequence[int] = ENTRY_BUCKETS) -> None:
-        from lazyattn.kernels.prefill import graph_num_splits
-
         self.model = model
         self.backend = backend
         self.width = width
         self.device = device
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
-        self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size)
+        cfg = model.config
+        self.splits = {(t, e): graph_num_splits(t, e - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                                backend.kv.dtype, backend.page_size, device)
+                       for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
+        plan_splits = max(self.splits.values()) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
+        self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size,
+                                 plan_splits)
         self.static = self.layout.buffers(device)
         self.staging = self.layout.buffers("cpu", pin=True)
         self.empty = self.layout.buffers("cpu")  # an empty step: what the graphs are captured over
         self.copied = torch.cuda.Event()  # the staging buffers are free again once their copies ran
         self.copied.record()
-        cfg = model.config
-        self.splits = {(t, e): graph_num_splits(t, e - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                                backend.kv.dtype, backend.page_size, device)
-                       for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.replays = 0  # steps served by a graph (tests check that graphs actually ran)
@@ -166,7 +210,7 @@ class PrefillGraphs:
         """fp32 logits [len(step.logits_rows), vocab] of a step that fits `bucket`, by graph replay."""
         tokens, entries = bucket
         self.copied.synchronize()  # the previous step's copy may still read the staging buffers
-        self.layout.fill(self.staging, step, tokens, entries)
+        self.layout.fill(self.staging, step, tokens, entries, self.splits[bucket])
         self.static.upto(entries).copy_(self.staging.upto(entries), non_blocking=True)
         self.copied.record()
         if bucket not in self.graphs:
@@ -182,7 +226,8 @@ class PrefillGraphs:
         for bucket in sorted(self.splits):
             if bucket not in self.graphs:
                 tokens, entries = bucket
-                self.layout.fill(self.empty, StepInputs([], [], [], [], [], [], [], False), tokens, entries)
+                self.layout.fill(self.empty, StepInputs([], [], [], [], [], [], [], False), tokens, entries,
+                                 self.splits[bucket])
                 self.static.raw.copy_(self.empty.raw)
                 self.graphs[bucket] = self._capture(bucket)
 

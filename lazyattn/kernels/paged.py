@@ -76,6 +76,9 @@ class PagedBatch:
     max_kv: int  # most keys of any entry
     firsts: torch.Tensor | None = None  # [B, P] first key slot of each page; None: all 0 (compiled out)
     num_splits: int | None = None  # prefill split-KV count; None: the launcher picks (CUDA graphs fix it)
+    # [B, num_splits, PLAN_WIDTH] int32: the host's plan of each entry's pages over the splits
+    # (kernels/prefill.py, split_plan); None: the kernel finds each split's pages itself
+    plan: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -87,6 +87,9 @@ Grid, tiling, GQA
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +119,83 @@ _PLAN_MIN_SPLITS = 4
 # Q load and pipeline refill), about 3 tiles on an H100 (RAG bs 1, 16 splits: 37.1 us planned at 11 pages
 # against 44.0 us balanced at 10-11 pages over two runs).
 _PLAN_SLACK = tl.constexpr(2)
+
+# A host plan (split_plan) gives each (entry, split) one record of PLAN_WIDTH int32: the number of pieces (-1: no
+# plan, the kernel scans), then (first page, end page, run index) of each piece.
+PLAN_WIDTH = 16
+PLAN_MAX_PIECES = (PLAN_WIDTH - 1) // 3
+# What a second piece in a program costs, in pages of work: its Q tile load and the pipeline's refill.
+SWITCH_PAGES = 2
+
+
+def split_plan(deltas: Sequence[int], num_splits: int, switch_pages: int = SWITCH_PAGES) -> tuple[int, ...]:
+    """The host's plan of one entry's pages (deltas: one per page) over `num_splits` splits: num_splits records of
+    PLAN_WIDTH ints, flat, for `PagedBatch.plan` (plan_runs says how they are made)."""
+    lengths = []
+    lo = 0
+    for i in range(1, len(deltas) + 1):
+        if i == len(deltas) or deltas[i] != deltas[i - 1]:
+            lengths.append(i - lo)
+            lo = i
+    return plan_runs(tuple(lengths), num_splits, switch_pages)
+
+
+@functools.lru_cache(maxsize=4096)  # requests of documents of the same page counts share one plan
+def plan_runs(lengths: tuple[int, ...], num_splits: int, switch_pages: int = SWITCH_PAGES) -> tuple[int, ...]:
+    """The plan of an entry whose pages form runs of equal delta of these lengths, in page order.
+
+    The pages are cut into pieces of one run each and dealt out in order, a split taking pieces until its cost
+    (pages, plus `switch_pages` for each piece after its first) would pass the least budget for which num_splits
+    splits of at most PLAN_MAX_PIECES pieces cover every page. Runs are numbered from the entry's first page, as
+    the rotated Q copies are. Where no budget does (more runs than the records can hold), every record says -1:
+    the kernel then finds its chunks itself."""
+    runs, lo = [], 0
+    for run, length in enumerate(lengths):
+        runs.append((lo, lo + length, run))
+        lo += length
+    n = lo
+    budget = max(1, -(-n // num_splits))
+    while budget <= n + switch_pages * len(runs):
+        splits = _deal(runs, num_splits, budget, switch_pages)
+        if splits is not None:
+            out: list[int] = []
+            for pieces in splits + [[]] * (num_splits - len(splits)):
+                record = [len(pieces)] + [x for piece in pieces for x in piece]
+                out += record + [0] * (PLAN_WIDTH - len(record))
+            return tuple(out)
+        budget += 1
+    return ((-1,) + (0,) * (PLAN_WIDTH - 1)) * num_splits
+
+def with_plan(batch: PagedBatch, num_splits: int, switch_pages: int = SWITCH_PAGES) -> PagedBatch:
+    """`batch` split num_splits ways by a host plan of each entry's pages (split_plan). Reads the page tables back
+    to the host: for tests and benchmarks; the engine plans from its own lists (engine/prefill_graphs.py)."""
+    counts = batch.num_pages.tolist()
+    rows = [split_plan(d[:n], num_splits, switch_pages) for d, n in zip(batch.deltas.tolist(), counts)]
+    plan = torch.tensor(rows, dtype=torch.int32).view(len(rows), num_splits, PLAN_WIDTH)
+    return dataclasses.replace(batch, num_splits=num_splits, plan=plan.to(batch.deltas.device))
+
+def _deal(runs: list[tuple[int, int, int]], num_splits: int, budget: int, switch_pages: int
+          ) -> list[list[tuple[int, int, int]]] | None:
+    """Pieces per split for one budget (split_plan), or None if num_splits splits do not cover the runs."""
+    splits: list[list[tuple[int, int, int]]] = []
+    pieces: list[tuple[int, int, int]] = []
+    cost = 0
+    for lo, hi, run in runs:
+        while lo < hi:
+            room = budget - cost - (switch_pages if pieces else 0)
+            if room <= 0 or len(pieces) == PLAN_MAX_PIECES:
+                splits.append(pieces)
+                if len(splits) == num_splits:
+                    return None
+                pieces, cost = [], 0
+                continue
+            take = min(room, hi - lo)
+            cost += take + (switch_pages if pieces else 0)
+            pieces.append((lo, lo + take, run))
+            lo += take
+    if pieces:
+        splits.append(pieces)
+    return splits
 
 
 @triton.jit
@@ -534,21 +614,114 @@ def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, 
     return acc, l_i, m_i, has_chunk
 
 
+@triton.jit
+def _kernel_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                   max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, n_vis, split,
+                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
+                   ROTATED_RUNS: tl.constexpr, SPLIT_KV: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr,
+                   PLAN_PIECES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The chunks of this program's pages found in the kernel, from scans of the entry's deltas (what a call
+    without a host plan does); returns the running softmax state and whether the program had a chunk."""
+    # A program walks chunks of its pages, one delta per chunk, so the rotation is a prologue of each
+    # chunk's tile loop. With more splits than runs, chunks are the runs cut to about n_vis / (S - runs)
+    # pages and split s takes chunk s alone (no second tile loop). With fewer, split s takes the s-th of
+    # S balanced page ranges and walks the runs in it. Without splits: every run, in order. The chunks do
+    # not depend on APPLY_DELTA: without rotation the kernel keeps the same structure.
+    if SPLIT_KV:
+        num_splits = tl.num_programs(2)
+        if SPLIT_BY_RUNS:  # noqa: SIM108 - a compile-time branch
+            runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+        else:
+            runs = num_splits  # balanced page ranges: no program rotates Q for each of its chunks
+        if num_splits > runs:
+            first = 0
+            last = n_vis
+            c = split
+            step = num_splits
+            chunk_len = tl.cdiv(n_vis, num_splits - runs)
+        else:
+            first = split * n_vis // num_splits
+            last = (split + 1) * n_vis // num_splits
+            c = 0
+            step = 1
+            chunk_len = last - first
+    else:
+        first = 0
+        last = n_vis
+        c = 0
+        step = 1
+        chunk_len = n_vis
+    chunk_len = tl.maximum(chunk_len, 1)
+    c = c + n_vis * 0  # a tensor in every case: _walk_chunks' loop carries it
+    if PLAN_PIECES:
+        planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
+                                                             _PLAN_SLACK, BLOCK_R, BLOCK_P)
+        if planned:
+            # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
+            has_chunk = piece_lo < piece_hi
+            if has_chunk:
+                acc, l_i, m_i = _attend_chunk(
+                    acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos,
+                    Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, piece_lo,
+                    piece_hi, piece_run, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM,
+                    PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED,
+                    ROTATED_RUNS)
+        else:
+            acc, l_i, m_i, has_chunk = _walk_chunks(
+                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+                chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+    else:  # the plan compiled out: the kernel is the run walk alone
+        acc, l_i, m_i, has_chunk = _walk_chunks(
+            acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+            max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
+            chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+            DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+    return acc, l_i, m_i, has_chunk
+
+
+@triton.jit
+def _planned_chunks(acc, l_i, m_i, fields, count, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos,
+                    q_first, Cos, Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table,
+                    n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
+                    APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, ROTATED_RUNS: tl.constexpr,
+                    PLAN_WIDTH: tl.constexpr):
+    """The pieces the host planned for this (entry, split) (`split_plan`): `count` pieces of one delta each, piece
+    i the pages [lo, hi) of run `run` at fields 1 + 3i, 2 + 3i, 3 + 3i, cut to the block's visible pages. No scan:
+    the record is one load, issued beside the visible-page count."""
+    for i in range(0, count):
+        lo = tl.minimum(_pick(fields, 1 + 3 * i, PLAN_WIDTH), n_vis)
+        hi = tl.minimum(_pick(fields, 2 + 3 * i, PLAN_WIDTH), n_vis)
+        run = _pick(fields, 3 + 3 * i, PLAN_WIDTH)
+        if lo < hi:
+            acc, l_i, m_i = _attend_chunk(
+                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
+                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, lo, hi, run, stride_kp,
+                stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST,
+                HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS)
+    return acc, l_i, m_i, count > 0
+
+
 # Counts that change with every batch are not specialised on (Triton would compile a variant for == 1 and
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _prefill_kernel(
     Q, K, V, Out, WsO, WsLse, Cos, Sin, QRot,
-    cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
+    cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages, Plan,
     batch_size, total_q, max_position,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_ot, stride_oh, stride_table, qk_scale,
+    stride_ot, stride_oh, stride_table, stride_plan, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr, PLAN_PIECES: tl.constexpr,
-    BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_R: tl.constexpr, HOST_PLAN: tl.constexpr, PLAN_WIDTH: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -597,62 +770,31 @@ def _prefill_kernel(
     k_head = K + kv_head * stride_kh
     v_head = V + kv_head * stride_vh
     if SPLIT_KV or APPLY_DELTA:
-        # A program walks chunks of its pages, one delta per chunk, so the rotation is a prologue of each
-        # chunk's tile loop. With more splits than runs, chunks are the runs cut to about n_vis / (S - runs)
-        # pages and split s takes chunk s alone (no second tile loop). With fewer, split s takes the s-th of
-        # S balanced page ranges and walks the runs in it. Without splits: every run, in order. The chunks do
-        # not depend on APPLY_DELTA: without rotation the kernel keeps the same structure.
-        if SPLIT_KV:
-            num_splits = tl.num_programs(2)
-            if SPLIT_BY_RUNS:  # noqa: SIM108 - a compile-time branch
-                runs = _count_runs(deltas + table, n_vis, BLOCK_P)
+        # Which pages this program attends, in chunks of one delta: planned by the host (HOST_PLAN, a record
+        # per entry and split; count -1 where it could not plan), else found by the kernel's scans.
+        if HOST_PLAN:
+            fields = tl.load(Plan + entry.to(tl.int64) * stride_plan + split * PLAN_WIDTH + tl.arange(0, PLAN_WIDTH))
+            count = _pick(fields, 0, PLAN_WIDTH)
+            if count >= 0:
+                acc, l_i, m_i, has_chunk = _planned_chunks(
+                    acc, l_i, m_i, fields, count, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos,
+                    q_first, Cos, Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table,
+                    n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, PLAN_WIDTH)
             else:
-                runs = num_splits  # balanced page ranges: no program rotates Q for each of its chunks
-            if num_splits > runs:
-                first = 0
-                last = n_vis
-                c = split
-                step = num_splits
-                chunk_len = tl.cdiv(n_vis, num_splits - runs)
-            else:
-                first = split * n_vis // num_splits
-                last = (split + 1) * n_vis // num_splits
-                c = 0
-                step = 1
-                chunk_len = last - first
-        else:
-            first = 0
-            last = n_vis
-            c = 0
-            step = 1
-            chunk_len = n_vis
-        chunk_len = tl.maximum(chunk_len, 1)
-        c = c + n_vis * 0  # a tensor in every case: _walk_chunks' loop carries it
-        if PLAN_PIECES:
-            planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
-                                                                 _PLAN_SLACK, BLOCK_R, BLOCK_P)
-            if planned:
-                # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
-                has_chunk = piece_lo < piece_hi
-                if has_chunk:
-                    acc, l_i, m_i = _attend_chunk(
-                        acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos,
-                        Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, piece_lo,
-                        piece_hi, piece_run, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM,
-                        PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED,
-                        ROTATED_RUNS)
-            else:
-                acc, l_i, m_i, has_chunk = _walk_chunks(
+                acc, l_i, m_i, has_chunk = _kernel_chunks(
                     acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                    max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
-                    chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
-        else:  # the plan compiled out: the kernel is the run walk alone
-            acc, l_i, m_i, has_chunk = _walk_chunks(
+                    max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, n_vis, split,
+                    stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, SPLIT_KV,
+                    SPLIT_BY_RUNS, PLAN_PIECES, BLOCK_R, BLOCK_P)
+        else:
+            acc, l_i, m_i, has_chunk = _kernel_chunks(
                 acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
-                chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, n_vis, split,
+                stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
+                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, SPLIT_KV,
+                SPLIT_BY_RUNS, PLAN_PIECES, BLOCK_R, BLOCK_P)
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
@@ -822,7 +964,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     q_rot = out  # placeholder, unused without rotated runs
     if rotated_runs > 0:
         q_rot = rotated_q if rotated_q is not None else _rotate_runs(q, batch, tables, rotated_runs)
-    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, q_rot, splits)
+    plan = batch.plan if splits > 1 and batch.plan is not None and batch.plan.shape[1] == splits else None
+    args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, q_rot, splits, plan)
     grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
@@ -858,24 +1001,26 @@ def _rotate_runs(q: torch.Tensor, batch: PagedBatch, tables: RopeTables, runs: i
 
 def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                  tables: RopeTables | None, scale: float, out: torch.Tensor, ws_o: torch.Tensor,
-                 ws_lse: torch.Tensor, q_rot: torch.Tensor, splits: int) -> tuple[tuple, dict]:
+                 ws_lse: torch.Tensor, q_rot: torch.Tensor, splits: int, plan: torch.Tensor | None
+                 ) -> tuple[tuple, dict]:
     """Positional arguments and constexprs of _prefill_kernel (block sizes and ROTATED_RUNS aside)."""
     cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if tables is not None else (q, q)
     args = (
         q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin, q_rot,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
         batch.starts if batch.firsts is None else batch.firsts,  # a placeholder pointer without offsets
-        batch.num_pages, batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
+        batch.num_pages, batch.pages if plan is None else plan,  # a placeholder pointer without a plan
+        batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        batch.pages.stride(0), scale * LOG2E,
+        batch.pages.stride(0), 0 if plan is None else plan.stride(0), scale * LOG2E,
     )
     consts = dict(
         GROUP=q.shape[1] // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
         APPLY_DELTA=tables is not None, INTERLEAVED=tables is not None and tables.interleaved,
         SPLIT_KV=splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=interpreting() and q.dtype == torch.bfloat16, HAS_FIRST=batch.firsts is not None,
-        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
+        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, HOST_PLAN=plan is not None, PLAN_WIDTH=PLAN_WIDTH,
     )
     return args, consts
 

@@ -15,6 +15,7 @@ from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_
 from lazyattn.engine.prefill_graphs import StepLayout, pick_bucket
 from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
 from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
+from lazyattn.kernels.prefill import PLAN_WIDTH, split_plan
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.triton_backend import TritonBackend
 from lazyattn.model.config import ModelConfig
@@ -46,10 +47,10 @@ def eager_inputs(step: StepInputs) -> tuple[torch.Tensor, ForwardBatch]:
     return torch.tensor(step.tokens), fb
 
 
-def padded_inputs(step: StepInputs, bucket: tuple[int, int], num_splits: int | None = None):
-    layout = StepLayout(128, 8, WIDTH, PAGE)
+def padded_inputs(step: StepInputs, bucket: tuple[int, int], num_splits: int | None = None, plan_splits: int = 0):
+    layout = StepLayout(128, 8, WIDTH, PAGE, plan_splits)
     buffers = layout.buffers("cpu")
-    layout.fill(buffers, step, *bucket)
+    layout.fill(buffers, step, *bucket, num_splits)
     return layout.views(buffers, *bucket, num_splits=num_splits)
 
 
@@ -163,8 +164,11 @@ def test_padded_step_gives_the_eager_logits_through_the_model(bucket):
     assert torch.equal(pools[0], pools[1])  # padding rows store nothing
 
 
-@pytest.mark.parametrize(("bucket", "num_splits"), [((32, 4), None), ((32, 8), 3)])
-def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num_splits):
+@pytest.mark.parametrize(("bucket", "num_splits", "plan_splits"), [((32, 4), None, 0), ((32, 8), 3, 0), ((32, 8), 3, 4),
+                                                                  ((32, 4), 5, 8)])
+def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num_splits, plan_splits):
+    """Padded and split (the kernel's own chunks, or the host's plan that fill writes: 3 splits over entry 0's
+    three runs, 5 over them and the padding entry's page) or not, the real rows are the eager call's."""
     hq, hkv, dim = 4, 2, 32
     cfg = ModelConfig.tiny()
     tables = RopeTables.build(cfg.rope, 512)
@@ -178,7 +182,8 @@ def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num
         kv = kv0.clone()
         backend = TritonBackend(kv, tables, dim**-0.5)
         if padded:
-            _, fb = padded_inputs(step, bucket, num_splits)
+            _, fb = padded_inputs(step, bucket, num_splits, plan_splits)
+            assert (fb.attn.plan is not None) == (plan_splits > 0)
             pad = bucket[0] - t
             qp, kp, vp = (torch.cat([x, torch.randn(pad, *x.shape[1:], generator=g)]) for x in (q, k, v))
             out = backend.attend(0, qp, kp, vp, fb)
@@ -190,3 +195,27 @@ def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num
         pools.append(kv)
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(pools[0], pools[1])
+
+
+def test_fill_writes_each_entrys_plan_after_its_tables():
+    """fill's plans (runs found with numpy in the filled tables) are split_plan's over the entries' own delta lists
+    (a Python walk), the padding entry's and empty entries' included; the bytes `upto` names carry them; and a
+    bucket without a plan (one split, or a layout without plans) gets none."""
+    step, bucket = rag_step(100), (32, 8)
+    layout = StepLayout(128, 8, WIDTH, PAGE, plan_splits=4)
+    src, dst = layout.buffers("cpu"), layout.buffers("cpu")
+    dst.raw.fill_(0xFF)
+    layout.fill(src, step, *bucket, 3)
+    dst.raw[: src.upto(bucket[1]).numel()].copy_(src.upto(bucket[1]))
+    _, fb = layout.views(dst, *bucket, num_splits=3)
+    empty = [EntryPages([], [], [])] * (bucket[1] - 1 - len(step.entries))
+    entries = step.entries + empty + [EntryPages([0], [0], [1])]
+    want = [list(split_plan(list(e.deltas), 3)) if e.pages else [0] * 3 * PLAN_WIDTH for e in entries]
+    assert fb.attn.plan.shape == (bucket[1], 3, PLAN_WIDTH)
+    assert fb.attn.plan.reshape(bucket[1], -1).tolist() == want
+    assert fb.attn.plan[0, :, 0].tolist() == [1, 1, 1]  # entry 0's runs: pages 0-1, page 2, its own page 3
+    assert layout.views(dst, *bucket, num_splits=1)[1].attn.plan is None
+    plain = StepLayout(128, 8, WIDTH, PAGE)
+    buffers = plain.buffers("cpu")
+    plain.fill(buffers, step, *bucket, 3)
+    assert plain.views(buffers, *bucket, num_splits=3)[1].attn.plan is None

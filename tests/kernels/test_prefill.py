@@ -8,7 +8,16 @@ import torch
 
 from lazyattn.kernels import reference
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.kernels.prefill import PrefillConfig, prefill_attention, prefill_config
+from lazyattn.kernels.prefill import (
+    PLAN_MAX_PIECES,
+    PLAN_WIDTH,
+    PrefillConfig,
+    plan_runs,
+    prefill_attention,
+    prefill_config,
+    split_plan,
+    with_plan,
+)
 from lazyattn.kernels.rope import RopeConfig, RopeTables
 from tests.kernels.rope_cases import ROPE_CASES, tables
 from tests.kernels.scenario import make_scenario
@@ -133,6 +142,62 @@ def test_plan_falls_back_past_its_run_limit(monkeypatch):
                       tables=tables("default", 64), seed=15)
     q, batch = s.final_prefill()
     assert rel_err(run(s, q, batch, num_splits=5, plan_pieces=True), ref(s, q, batch)) < 1e-5
+
+
+@pytest.mark.parametrize("splits,switch", [(2, 0), (4, 2), (7, 0), (7, 100), (16, 4)])
+@pytest.mark.parametrize("rotated", [0, 8])
+def test_host_plan_matches_reference(splits, switch, rotated):
+    """Splits that take the host's plan (split_plan): programs of one piece and of several (a Q tile per run, up
+    front or rotated in the kernel), splits without pages, partial pages, three entries of other runs."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
+                      tables=tables("llama3", 64), seed=16)
+    q, batch = s.final_prefill()
+    planned = with_plan(batch, splits, switch)
+    assert planned.plan.shape == (3, splits, PLAN_WIDTH) and (planned.plan[:, :, 0] >= 0).all()
+    assert rel_err(run(s, q, planned, rotated_runs=rotated), ref(s, q, batch)) < 1e-5
+
+
+def test_host_plan_of_minus_one_falls_back_to_the_kernels_chunks():
+    """An entry whose records say -1 (more runs than a record holds) finds its chunks itself, beside entries that
+    follow their plan; chunked rows see only their causal pages of a planned entry."""
+    s = make_scenario([40, 23], [([1, 0], 30), ([0], 12), ([1], 7)], head_dim=64, page_size=16,
+                      tables=tables("llama3", 64), seed=17)
+    chunks = [(11, 27), (0, 12), (5, 5)]
+    q, batch = s.final_prefill(chunks)
+    planned = with_plan(batch, 3)
+    planned.plan[1] = torch.tensor([-1] + [0] * (PLAN_WIDTH - 1))
+    want = torch.cat([s.dense_final(r, lo, hi) for r, (lo, hi) in zip(s.requests, chunks)])
+    assert rel_err(run(s, q, planned), want) < 1e-5
+
+
+def pieces_of(plan):
+    """[(first page, end page, run)] per split of one entry's flat plan."""
+    records = [plan[i : i + PLAN_WIDTH] for i in range(0, len(plan), PLAN_WIDTH)]
+    return [[tuple(r[1 + 3 * j : 4 + 3 * j]) for j in range(r[0])] for r in records]
+
+
+@pytest.mark.parametrize("lengths,splits", [((1, 32, 32, 32, 32, 32, 1), 16), ((7,), 4), ((3, 1, 1, 9, 2), 2),
+                                            ((5,) * 12, 4), ((40, 1), 3), ((2,), 16)])
+@pytest.mark.parametrize("switch", [0, 2, 100])
+def test_plan_runs_deals_every_page_once_in_one_run_per_piece(lengths, splits, switch):
+    bounds = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    plan = plan_runs(lengths, splits, switch)
+    assert len(plan) == splits * PLAN_WIDTH
+    pieces = pieces_of(plan)
+    flat = [p for split in pieces for p in split]
+    assert [p[0] for p in flat] == [0] + [p[1] for p in flat[:-1]] and flat[-1][1] == bounds[-1]  # in order, once
+    for lo, hi, r in flat:
+        assert bounds[r] <= lo < hi <= bounds[r + 1]
+    assert all(len(split) <= PLAN_MAX_PIECES for split in pieces)
+    # never worse than a balanced range plus a switch per run it would cross, nor than whole runs cut evenly
+    cost = max(sum(hi - lo for lo, hi, _ in split) + switch * max(0, len(split) - 1) for split in pieces)
+    balanced = -(-bounds[-1] // splits)
+    assert cost <= balanced + switch * len(lengths) or cost <= max(lengths)
+    assert split_plan([d for d, n in enumerate(lengths) for _ in range(n)], splits, switch) == plan
+
+
+def test_plan_runs_gives_up_past_what_records_hold():
+    assert plan_runs((1,) * (2 * PLAN_MAX_PIECES + 1), 2) == ((-1,) + (0,) * (PLAN_WIDTH - 1)) * 2
 
 
 @pytest.mark.parametrize("rotated", [0, 2, 8])
@@ -279,6 +344,8 @@ def test_gpu_rag_case(batch_size):
     assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-2
     for splits in (1, 7):
         assert rel_err(run(s, q, batch, num_splits=splits), out) < 1e-2
+    for splits, switch in ((16, 4), (16, 0), (5, 100)):  # the host's plan (one piece per split, or several)
+        assert rel_err(run(s, q, with_plan(batch, splits, switch)), out) < 1e-2
     # Q rotated in the kernel, not up front (other chunks at 1 split, hence other roundings of the partials)
     assert rel_err(run(s, q, batch, rotated_runs=0), out) < 1e-2
 
