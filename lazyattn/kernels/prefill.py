@@ -61,6 +61,15 @@ possible: with more splits than runs, the runs cut into pieces of about (n - run
 s taking piece s alone; with fewer, the balanced ranges. Chunk bounds come from a scan of the visible pages'
 deltas.
 
+Host plans. A caller that knows its split count can plan the chunks itself (`PagedBatch.plan`; the prefill graphs
+do, engine/prefill_graphs.py): split_plan deals each entry's pages out in order as pieces of one delta, a split
+taking pieces until a budget in pages (SWITCH_PAGES more for each piece after its first) would be passed, at the
+least budget that covers the entry. Each (entry, split) gets one record of PLAN_WIDTH ints (count, then first page,
+end page and run index per piece) that the program reads in one load beside the visible-page count: no scan, and
+balanced splits where the kernel's rule gives the engine's request chunks of up to 18 pages against 10-11. Pieces
+are cut to the block's visible pages; records of -1 (runs past what a record holds) fall back to the kernel's
+chunks.
+
 Grid, tiling, GQA
 -----------------
 - One program per (query block, kv head, kv split). The G = Hq/Hkv query heads sharing a kv head are
@@ -124,8 +133,10 @@ _PLAN_SLACK = tl.constexpr(2)
 # plan, the kernel scans), then (first page, end page, run index) of each piece.
 PLAN_WIDTH = 16
 PLAN_MAX_PIECES = (PLAN_WIDTH - 1) // 3
-# What a second piece in a program costs, in pages of work: its Q tile load and the pipeline's refill.
-SWITCH_PAGES = 2
+# What a second piece in a program costs, in pages of work: its Q tile load and the pipeline's refill. Measured on
+# an H100 (benchmarks/results/engine_perf/s9): the engine's prefill graph of the cached RAG request took
+# 6966/6961 us at 4 against 6995/6984 at 2; the kernel alone, 44.4 us a layer at 4, 47.0 at 2, 49.1 at 0.
+SWITCH_PAGES = 4
 
 
 def split_plan(deltas: Sequence[int], num_splits: int, switch_pages: int = SWITCH_PAGES) -> tuple[int, ...]:
