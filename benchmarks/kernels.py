@@ -461,6 +461,18 @@ def section_targets(b: Bench) -> list[dict]:
     return rows
 
 
+def rag_sweep_bench() -> tuple[Bench, float | None, int, int]:
+    """What the session sweeps of the RAG batch-1 prefill (benchmarks/results/engine_perf/s*_sweep.py) start from: a
+    Bench on the GPU at the default shapes, the copy bandwidth, the KV bytes of one call and the input copies that
+    keep consecutive calls out of L2."""
+    args = argparse.Namespace(warmup=25, rep=100, seed=0)
+    s = Shapes()
+    device = torch.device("cuda")
+    b = Bench(args, s, device, llama31_tables(s.head_dim, 4 * 16384, device))
+    kv_bytes = (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
+    return b, b.copy_bandwidth(), kv_bytes, max(2, copies_for(kv_bytes, b.l2_bytes()))
+
+
 def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:
     """The call's inputs with the split count the engine's prefill graphs fix for its rows and entries and, where
     they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the graphs take it."""

@@ -8,12 +8,9 @@ default config's. From the repository root, on the GPU:
     python benchmarks/results/engine_perf/s8_prefill_sweep.py OUT.json
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import kernels as kb  # noqa: E402  (benchmarks/kernels.py)
@@ -28,13 +25,8 @@ SPLITS = (8, 12, 16, 24, 32)
 
 def main() -> None:
     out = Path(sys.argv[1])
-    args = argparse.Namespace(warmup=25, rep=100, seed=0)
-    s = kb.Shapes()
-    device = torch.device("cuda")
-    b = kb.Bench(args, s, device, kb.llama31_tables(s.head_dim, 4 * 16384, device))
-    copy = b.copy_bandwidth()
-    kv_bytes = (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * kb.DTYPE.itemsize
-    inputs, _ = kb.rag_case(b, 1, False, copies=max(2, kb.copies_for(kv_bytes, b.l2_bytes())))
+    b, copy, kv_bytes, copies = kb.rag_sweep_bench()
+    inputs, _ = kb.rag_case(b, 1, False, copies=copies)
     rotated = [kb.rope_runs(b, *i) for i in inputs]
     ref = prefill_attention(*inputs[0], b.tables, b.scale, rotated_q=rotated[0])
     rows = []

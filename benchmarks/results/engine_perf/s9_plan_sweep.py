@@ -12,7 +12,6 @@ checked against the default's. From the repository root, on the GPU:
     python benchmarks/results/engine_perf/s9_plan_sweep.py OUT.json
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -47,13 +46,7 @@ def rag7(b, copies: int):
 
 def main() -> None:
     out = Path(sys.argv[1])
-    args = argparse.Namespace(warmup=25, rep=100, seed=0)
-    s = kb.Shapes()
-    device = torch.device("cuda")
-    b = kb.Bench(args, s, device, kb.llama31_tables(s.head_dim, 4 * 16384, device))
-    copy = b.copy_bandwidth()
-    kv_bytes = (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * kb.DTYPE.itemsize
-    copies = max(2, kb.copies_for(kv_bytes, b.l2_bytes()))
+    b, copy, kv_bytes, copies = kb.rag_sweep_bench()
     layouts = {"rag6": kb.rag_case(b, 1, False, copies=copies)[0], "rag7": rag7(b, copies)}
     rows = []
     for name, inputs in layouts.items():
