@@ -135,7 +135,8 @@ PLAN_WIDTH = 16
 PLAN_MAX_PIECES = (PLAN_WIDTH - 1) // 3
 # What a second piece in a program costs, in pages of work: its Q tile load and the pipeline's refill. Measured on
 # an H100 (benchmarks/results/engine_perf/s9): the engine's prefill graph of the cached RAG request took
-# 6966/6961 us at 4 against 6995/6984 at 2; the kernel alone, 44.4 us a layer at 4, 47.0 at 2, 49.1 at 0.
+# 6966/6961 us at 4 against 6995/6984 at 2, alternated in one call (the kernel alone varies more from machine to
+# machine than between these).
 SWITCH_PAGES = 4
 
 
