@@ -15,8 +15,11 @@ Measurements in one process, each printed as a table and written to OUT.json:
   wait, output), median µs from the request's submission, over `--repeats` requests.
 - `host_calls`: the CUDA-side calls the prefill-graph path makes before its replay, each alone on an idle GPU.
 - `gc`: TTFT with Python's garbage collector as it is, frozen after warm-up and disabled, alternated.
+- `waits`: TTFT with the host waiting for the token as the engine does (`Event.synchronize`, a spin in the CUDA
+  driver) and by polling `Event.query` from Python, alternated: whether the host code after the wait runs slower
+  for having waited in the driver.
 
-    python benchmarks/ttft_anatomy.py --out OUT [--sections graphs,engine_graphs,phases,host_calls,gc]   # on the GPU
+    python benchmarks/ttft_anatomy.py --out OUT [--sections graphs,engine_graphs,phases,host_calls,gc,waits]  # GPU
 """
 
 from __future__ import annotations
@@ -232,6 +235,38 @@ def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
     return out
 
 
+def wait_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
+    """TTFT (as benchmarks/engine.py times it) with LaunchedStep.wait as it is and as a Python loop over
+    Event.query, alternated `rounds` times, median of `repeats` each."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    original = overlap.LaunchedStep.wait
+
+    def polled(step: overlap.LaunchedStep) -> None:
+        if step.done is not None:
+            while not step.done.query():
+                pass
+
+    def ttft(seed: int) -> float:
+        prompt = bench.rag_prompt(seed)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        bench.add(prompt, params)
+        while bench.engine.has_unfinished():
+            bench.engine.step()
+        return 1e3 * (time.perf_counter() - t0)
+
+    out: dict = {}
+    try:
+        for r in range(rounds):
+            for mode, wait in (("synchronize", original), ("query_loop", polled)):
+                overlap.LaunchedStep.wait = wait
+                out.setdefault(mode, []).append(_median([ttft(7000 + 100 * r + i) for i in range(repeats)]))
+                print("waits", r, mode, out[mode][-1], flush=True)
+    finally:
+        overlap.LaunchedStep.wait = original
+    return out
+
+
 class Timeline:
     """Wraps engine functions to record (name, start, end) host times."""
 
@@ -332,7 +367,7 @@ def main() -> int:
                      "triton": triton.__version__}
     if "graphs" in sections:
         results["graphs"] = graph_launches(device)
-    if sections & {"engine_graphs", "phases", "host_calls", "gc"}:
+    if sections & {"engine_graphs", "phases", "host_calls", "gc", "waits"}:
         bench = eb.Bench(eb.Shapes(batches=(1,)), device, 3e12)
         bench.cache_documents()
         bench.drain()
@@ -342,6 +377,8 @@ def main() -> int:
             results["host_calls"] = host_calls(bench)
         if "gc" in sections:
             results["gc"] = gc_effect(bench, args.repeats)
+        if "waits" in sections:
+            results["waits"] = wait_effect(bench, args.repeats)
         if "phases" in sections:
             results["phases"] = phases(bench, args.repeats)
         bench.llm.shutdown()
