@@ -15,9 +15,8 @@ Measurements in one process, each printed as a table and written to OUT.json:
   wait, output), median µs from the request's submission, over `--repeats` requests.
 - `host_calls`: the CUDA-side calls the prefill-graph path makes before its replay, each alone on an idle GPU.
 - `gc`: TTFT with Python's garbage collector as it is, frozen after warm-up and disabled, alternated.
-- `waits`: TTFT with the host waiting for the token as the engine does (`Event.synchronize`, a spin in the CUDA
-  driver) and by polling `Event.query` from Python, alternated: whether the host code after the wait runs slower
-  for having waited in the driver.
+- `waits`: TTFT with the host waiting for the token as the engine does (`Event.synchronize`, the CUDA driver's
+  wait) and by a bare `Event.query` loop from Python, alternated.
 
     python benchmarks/ttft_anatomy.py --out OUT [--sections graphs,engine_graphs,phases,host_calls,gc,waits]  # GPU
 """
@@ -236,8 +235,8 @@ def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
 
 
 def wait_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
-    """TTFT (as benchmarks/engine.py times it) with LaunchedStep.wait as it is and as a Python loop over
-    Event.query, alternated `rounds` times, median of `repeats` each."""
+    """TTFT (as benchmarks/engine.py times it) with LaunchedStep.wait as it is and as a bare loop over Event.query,
+    alternated `rounds` times, median of `repeats` each."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     original = overlap.LaunchedStep.wait
 

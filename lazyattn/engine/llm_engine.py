@@ -145,7 +145,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: RenderedPrompt, params: SamplingParams | None, *,
                     cache_salt: str | None = None, arrival: float | None = None,
                     relink_tokens: int | None = None) -> None:
-        """Validate and queue a request. Raises a specific error and changes nothing if it is bad.
+        """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
+        the prompt's lists until the request ends: the caller must not change them meanwhile.
         `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
         each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's."""
         if request_id in self.requests:
@@ -163,8 +164,10 @@ class LLMEngine:
         if limit is not None and self.scheduler.num_waiting + samples > limit:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); "
                                  "retry later")
-        seqs = [Sequence(next(self._seq_ids), request_id, i, [list(s) for s in prompt.segments], list(prompt.final),
-                         params, salt=cache_salt, segment_keys=keys, relink_tokens=relink_tokens)
+        # The sequences share the prompt's lists (nothing in the engine changes them): copying ~10K cached ids per
+        # request, and freeing the copies when it ends, cost ~50 µs of the first token on an H100's host.
+        seqs = [Sequence(next(self._seq_ids), request_id, i, prompt.segments, prompt.final, params,
+                         salt=cache_salt, segment_keys=keys, relink_tokens=relink_tokens)
                 for i in range(params.n if params is not None else 1)]
         for seq in seqs:
             if arrival is not None:

@@ -40,7 +40,7 @@ class OutputProcessor:
 
     def append(self, seq: Sequence, result: SampleResult, i: int, now: float) -> bool:
         """Append row i of the sampled result to the sequence; returns whether the sequence is done."""
-        token = int(result.token_ids[i])
+        token = result.ids[i]
         seq.output.append(token)
         if seq.run.tokens[-1] == PLACEHOLDER:  # the next step already fed it back on the device
             seq.run.tokens[-1] = token

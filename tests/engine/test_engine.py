@@ -131,6 +131,27 @@ def test_tiny_kv_budget_evicts_and_preempts_but_stays_correct(checkpoint, mode):
     assert tight.engine.pool.num_used == stats.cache.pages_in_use
 
 
+@pytest.mark.parametrize("mode", ["lazy", "block", "prefix"])
+def test_the_prompt_lists_come_back_unchanged(checkpoint, mode):
+    """The engine keeps a request's prompt lists without copying them (LLMEngine.add_request), so it must never
+    change them: not through two samples sharing them, eviction, preemption or the outputs."""
+    requests = (REQUESTS + [(["d", "e"], [80, 81, 82])]) * 2
+    page_bytes = make_llm(checkpoint, "llama", mode).stats().page_bytes
+    llm = make_llm(checkpoint, "llama", mode, kv_cache_gb=16 * page_bytes / 2**30, max_num_batched_tokens=48)
+    prompts = [RenderedPrompt([list(DOCS[d]) for d in docs], list(final)) for docs, final in requests]
+    expected = [([list(s) for s in p.segments], list(p.final)) for p in prompts]
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0.8, seed=i, n=2))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    stats = llm.stats()
+    assert stats.cache.evictions + stats.preemptions > 0  # the tight pool did evict or preempt
+    assert sum(o.finished for o in outputs) == len(prompts)
+    assert [(p.segments, p.final) for p in prompts] == expected
+
+
 def test_lru_eviction_under_a_small_pool_keeps_outputs(checkpoint):
     """Requests one after another over more distinct documents than the pool holds."""
     sequence = [(["a"], [40]), (["d"], [41]), (["e", "b"], [42]), (["f"], [43]), (["g", "h"], [44]),
