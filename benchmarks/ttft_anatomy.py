@@ -189,25 +189,27 @@ def host_calls(bench: eb.Bench, repeats: int = 200) -> dict:
     return out
 
 
+def _ttft_ms(bench: eb.Bench, seed: int) -> float:
+    """One cached RAG request on an idle engine, as benchmarks/engine.py times it: add_request until `step` returns
+    its first (and only) token."""
+    prompt = bench.rag_prompt(seed)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    bench.add(prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    while bench.engine.has_unfinished():
+        bench.engine.step()
+    return 1e3 * (time.perf_counter() - t0)
+
+
 def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
     """TTFT (add_request until step returns the token, as benchmarks/engine.py times it) with Python's cyclic garbage
     collector as it is, with the objects alive after warm-up frozen out of it (gc.freeze), and disabled; alternated
     `rounds` times, median of `repeats` each; and how many collections of each generation ran per request."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     collections = [0, 0, 0]
 
     def count(phase: str, info: dict) -> None:
         if phase == "start":
             collections[info["generation"]] += 1
-
-    def ttft(seed: int) -> float:
-        prompt = bench.rag_prompt(seed)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        bench.add(prompt, params)
-        while bench.engine.has_unfinished():
-            bench.engine.step()
-        return 1e3 * (time.perf_counter() - t0)
 
     out: dict = {}
     gc.callbacks.append(count)
@@ -220,7 +222,7 @@ def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
                 elif mode == "disable":
                     gc.disable()
                 before = list(collections)
-                times = [ttft(5000 + 100 * r + i) for i in range(repeats)]
+                times = [_ttft_ms(bench, 5000 + 100 * r + i) for i in range(repeats)]
                 per = [(a - b) / repeats for a, b in zip(collections, before)]
                 gc.enable()
                 gc.unfreeze()
@@ -237,7 +239,6 @@ def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
 def wait_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
     """TTFT (as benchmarks/engine.py times it) with LaunchedStep.wait as it is and as a bare loop over Event.query,
     alternated `rounds` times, median of `repeats` each."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     original = overlap.LaunchedStep.wait
 
     def polled(step: overlap.LaunchedStep) -> None:
@@ -245,21 +246,12 @@ def wait_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
             while not step.done.query():
                 pass
 
-    def ttft(seed: int) -> float:
-        prompt = bench.rag_prompt(seed)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        bench.add(prompt, params)
-        while bench.engine.has_unfinished():
-            bench.engine.step()
-        return 1e3 * (time.perf_counter() - t0)
-
     out: dict = {}
     try:
         for r in range(rounds):
             for mode, wait in (("synchronize", original), ("query_loop", polled)):
                 overlap.LaunchedStep.wait = wait
-                out.setdefault(mode, []).append(_median([ttft(7000 + 100 * r + i) for i in range(repeats)]))
+                out.setdefault(mode, []).append(_median([_ttft_ms(bench, 7000 + 100 * r + i) for i in range(repeats)]))
                 print("waits", r, mode, out[mode][-1], flush=True)
     finally:
         overlap.LaunchedStep.wait = original
