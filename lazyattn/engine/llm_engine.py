@@ -165,7 +165,7 @@ class LLMEngine:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); "
                                  "retry later")
         # The sequences share the prompt's lists (nothing in the engine changes them): copying ~10K cached ids per
-        # request, and freeing the copies when it ends, cost ~50 µs of the first token on an H100's host.
+        # request, and freeing the copies when it ends, cost ~30 µs of an H100 host's time (docs/benchmarks.md).
         seqs = [Sequence(next(self._seq_ids), request_id, i, prompt.segments, prompt.final, params,
                          salt=cache_salt, segment_keys=keys, relink_tokens=relink_tokens)
                 for i in range(params.n if params is not None else 1)]
