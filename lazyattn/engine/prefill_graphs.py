@@ -213,8 +213,9 @@ class PrefillGraphs:
         tokens, entries = bucket
         self.copied.synchronize()  # the previous step's copy may still read the staging buffers
         self.layout.fill(self.staging, step, tokens, entries, self.splits[bucket])
-        dst, src = self._copies.get(entries) or self._copies.setdefault(
-            entries, (self.static.upto(entries), self.staging.upto(entries)))
+        if entries not in self._copies:
+            self._copies[entries] = (self.static.upto(entries), self.staging.upto(entries))
+        dst, src = self._copies[entries]
         dst.copy_(src, non_blocking=True)
         self.copied.record()
         if bucket not in self.graphs:
