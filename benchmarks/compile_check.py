@@ -50,11 +50,12 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime import jit  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, prefill  # noqa: E402
+from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, prefill, prefill_hopper  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 
@@ -119,7 +120,8 @@ class Compiler:
         start = time.perf_counter()
         error, shared, usage = None, None, ""
         try:
-            compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.target,
+            source = GluonASTSource if fn.is_gluon() else ASTSource  # Gluon kernels come in as TTGIR
+            compiled = triton.compile(source(fn, signature, constexprs, attrs), target=self.target,
                                       options=options.__dict__)
             shared = compiled.metadata.shared
             if not compiled.asm.get("cubin"):
@@ -273,6 +275,14 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
     prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5, **options)
 
 
+def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int) -> None:
+    """The warp-specialised Gluon kernel (kernels/prefill_hopper.py, not yet the engine's) over the RAG case."""
+    kv = _pool(heads, 64)
+    q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
+    prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], _rag_batch(64, tokens // entries,
+                                           entries), _tables(heads), heads.dim ** -0.5, splits)
+
+
 def _decode(heads: Heads, page_size: int, batch: PagedBatch) -> None:
     kv = _pool(heads, page_size)
     tables = _tables(heads)
@@ -368,6 +378,9 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             out.append((f"decode {h} page{ps} B=1 relinked (firsts)",
                         lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240, relinked=True))))
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))
+    for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
+        out.append((f"short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}",
+                    lambda t=tokens, e=entries, n=splits: _short_prefill(LLAMA_8B, t, e, n)))
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))

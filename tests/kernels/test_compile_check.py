@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # call past the up-front rotation without splits, decode with and without splits, block mode's copy, fused ops,
 # the greedy pick, and gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue) and residual forms.
 CASES = ["prefill 8B page64 rag T=32 B=1", "prefill 8B page64 rag T=512", "decode 8B page64", "copy_rotate 8B page64",
-         "fused 8B (", "gemv N=28672 K=4096 M=1 "]
+         "fused 8B (", "gemv N=28672 K=4096 M=1 ", "short prefill (Gluon)"]
 
 
 @pytest.mark.parametrize("only", CASES)

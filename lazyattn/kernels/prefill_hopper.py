@@ -1,0 +1,380 @@
+"""Short-question prefill attention for Hopper GPUs, written in Gluon (Triton's explicit-layout dialect).
+
+The case: a question of a few dozen tokens over thousands of cached document keys (the cached RAG request's
+first token). kernels/prefill.py's FlashAttention-2 tile loop runs it at about a third of the memory bandwidth: each
+program's two warpgroups issue the Q·Kᵀ product, wait for it, run the softmax while the tensor cores idle, then
+issue P·V, and the same warps compute the addresses of and issue every K/V copy (docs/kernels.md, Sessions 5, 8 and
+9). This kernel splits that work across warps (warp specialisation):
+
+- a load warp copies each page's K and V tiles with the copy engine (TMA, one instruction per tile) into a ring of
+  STAGES shared-memory slots, each slot guarded by two mbarriers (`ready`: the bytes have landed; `empty`: both
+  consumers are done with it);
+- two consumer warpgroups each own half of the program's 128 query rows (GQA-packed: row r is query r // GROUP,
+  head r % GROUP of the kv head's group) and run the online softmax over every tile. Each waits only for its own
+  products, so while one runs its softmax the other's products keep the tensor cores busy, and neither issues a load.
+
+Same semantics and contract as `prefill.prefill_attention` (kernels/paged.py; ground truth `reference.paged_attention`)
+for the calls it takes (`supports`): 16-bit q and caches, head_dim 128, pages of 64 slots laid out as the pool lays
+them out (a page's slots, heads and dims contiguous), 128 query rows per program, no relinked first-slot offsets.
+
+Each consumer issues tile t + 1's Q·Kᵀ before tile t's softmax, so the tensor cores run it meanwhile.
+
+Deferred RoPE: the program's pages are walked in order; when a page's delta differs from the one the consumer's Q
+tile holds, the consumer loads its rows of q again, rotates them by -delta in fp32 (the same expression as
+prefill._derotated_q; delta 0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result as the Q
+operand in shared memory. A document is one run of equal delta, so that happens once per document a program's range
+touches: no rotated copies of q are read.
+
+Splits: a program takes one of `num_splits` balanced ranges of the block's visible pages and always writes a
+normalised partial output and its log2-sum-exp, which prefill's `_combine_kernel` merges (also for one split).
+
+Triton 3.6 (the GPU machine's) turns constexprs passed to warp_specialize's partitions into run-time values, and
+then fails to lower some branches on them; so the partitions take group, head count and the delta flags as
+run-time values and branch on none of them.
+
+Status (docs/kernels.md, "Session 11"): right on an H100 (tests/kernels/test_prefill_hopper.py), but slower than
+prefill.py's kernel on the RAG case (batch 8: 232 against 163 us per layer; batch 1: within the run-to-run noise), so
+nothing calls it yet: prefill_attention still runs prefill.py's kernel everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options
+from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.prefill import _combine_kernel
+from lazyattn.kernels.rope import RopeTables
+
+ROWS = 128  # query rows per program: two consumer warpgroups of 64
+HEAD_DIM = 128
+PAGE_SIZE = 64  # one K/V tile is one page
+STAGES = 4  # K/V tiles in flight per program (32 KiB each)
+_BLOCK_B = 128  # entries scanned per step when a program looks up its entry
+_BLOCK_P = 256  # pages scanned per step when it counts its visible pages
+# Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
+# (maxnreg) sets the default partition's: 3 warpgroups x 128 threads x 168 fit the SM's 64K registers, and the
+# load warp's group gives its share to the consumers. Below 232 the consumers spill (two Q·Kᵀ tiles live at once).
+_CONSUMER_REGS = 240
+_LOADER_REGS = 24
+_MAXNREG = 168
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
+    """Whether this kernel takes the call (else prefill.py's does): a Hopper GPU, 16-bit tensors, head_dim 128, the
+    query heads of a kv head filling 128 rows with whole positions, pages of 64 slots stored as the pool stores them,
+    and no relinked first-slot offsets."""
+    if interpreting() or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        return False
+    if q.dim() != 3 or k_cache.dim() != 4 or q.shape[2] != HEAD_DIM or k_cache.shape[1] != PAGE_SIZE:
+        return False
+    kv_heads = k_cache.shape[2]
+    group = q.shape[1] // kv_heads
+    if q.shape[1] % kv_heads or group > 16 or ROWS % group or q.stride(2) != 1:
+        return False
+    return batch.firsts is None and all(_pool_layout(c) for c in (k_cache, v_cache))
+
+
+def _pool_layout(cache: torch.Tensor) -> bool:
+    """A page's slots, heads and dims contiguous (the pool's layout): the copy engine then reads a tile as a
+    [64, head_dim] box of the [pages * 64, heads * head_dim] matrix."""
+    _, page_size, heads, dim = cache.shape
+    return (cache.stride(3) == 1 and cache.stride(2) == dim and cache.stride(1) == heads * dim
+            and cache.stride(0) == page_size * heads * dim and cache.data_ptr() % 16 == 0)
+
+
+def _descriptor(cache: torch.Tensor) -> TensorDescriptor:
+    pages, page_size, heads, dim = cache.shape
+    flat = cache.as_strided((pages * page_size, heads * dim), (heads * dim, 1))
+    layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, HEAD_DIM], _GL_DTYPES[cache.dtype])
+    return TensorDescriptor(flat, [pages * page_size, heads * dim], [heads * dim, 1], [PAGE_SIZE, HEAD_DIM], layout)
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# A barrier over the calling warps (a partition's, inside a warp-specialised region): `thread_barrier` in Triton 3.6,
+# `barrier` since.
+_warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# A copy-engine load of a tile into shared memory: `async_copy_global_to_shared` in 3.6, `async_load` since.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+# The same numbers as constexprs, for the kernels.
+_KROWS = gl.constexpr(ROWS)
+_KHEAD_DIM = gl.constexpr(HEAD_DIM)
+_KPAGE_SIZE = gl.constexpr(PAGE_SIZE)
+_KSTAGES = gl.constexpr(STAGES)
+_KBLOCK_B = gl.constexpr(_BLOCK_B)
+_KBLOCK_P = gl.constexpr(_BLOCK_P)
+_KCONSUMER_REGS = gl.constexpr(_CONSUMER_REGS)
+_KLOADER_REGS = gl.constexpr(_LOADER_REGS)
+
+
+@gluon.jit
+def _find_block(cu_seqlens_q, batch_size, slot, QB: gl.constexpr, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    """(entry, first query row) of grid slot `slot` (the slot layout of prefill.py's module docstring)."""
+    count = 0
+    for lo in range(0, batch_size, BLOCK_B):
+        b = lo + gl.arange(0, BLOCK_B, layout=layout)
+        inside = b < batch_size
+        first_slot = gl.load(cu_seqlens_q + b, mask=inside, other=0) // QB + b
+        count += gl.sum(((first_slot <= slot) & inside).to(gl.int32), axis=0)
+    entry = count - 1
+    first_row = (slot - (gl.load(cu_seqlens_q + entry) // QB + entry)) * QB
+    return entry, first_row
+
+
+@gluon.jit
+def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: gl.constexpr, layout: gl.constexpr):
+    """Pages whose first position is <= last_pos (a prefix: starts are increasing)."""
+    count = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + gl.arange(0, BLOCK_P, layout=layout)
+        inside = i < n_pages
+        count += gl.sum(((gl.load(starts_row + i, mask=inside, other=0) <= last_pos) & inside).to(gl.int32), axis=0)
+    return count
+
+
+@gluon.jit
+def _store_q(q_smem, Q, Cos, Sin, token, head, row_ok, delta, max_position, stride_qt, stride_qh, interleaved,
+             layout: gl.constexpr):
+    """Write this warpgroup's Q rows, rotated by -delta (fp32 math, rounded once to q's dtype; delta 0 leaves them
+    as they are: cos 1, sin 0), as the Q·Kᵀ operand. token, head, row_ok: [rows] in SliceLayout(1, layout)."""
+    HALF: gl.constexpr = _KHEAD_DIM // 2
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, layout))
+    pair = gl.where(interleaved, dims // 2, dims % HALF)
+    partner = gl.where(interleaved, dims ^ 1, dims ^ HALF)
+    leading = gl.where(interleaved, (dims % 2) == 0, dims < HALF)
+    rows = Q + token * stride_qt + head * stride_qh
+    mask = row_ok[:, None]
+    q = gl.load(rows[:, None] + dims[None, :], mask=mask, other=0.0)
+    q_partner = gl.load(rows[:, None] + partner[None, :], mask=mask, other=0.0)
+    # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+    table_row = gl.minimum(delta, max_position - 1).to(gl.int64) * HALF
+    cos = gl.load(Cos + table_row + pair)
+    sin = gl.load(Sin + table_row + pair)
+    # R_{-delta}: a' = a c + b s (leading member), b' = b c - a s (trailing member).
+    sin = gl.where(leading, sin, -sin)
+    q_smem.store((q.to(gl.float32) * cos[None, :] + q_partner.to(gl.float32) * sin[None, :]).to(q.dtype))
+    # The tensor cores read the tile through the async proxy, after every warp of the group has written its part.
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready, empty,
+             row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale,
+             group, num_heads, apply_delta, interleaved, HALF_INDEX: gl.constexpr):
+    """One consumer warpgroup: online softmax of its 64 query rows over the program's tiles, then its partial (split
+    calls) or its output rows."""
+    M: gl.constexpr = _KROWS // 2
+    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, _KPAGE_SIZE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, _KHEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    load_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                 warps_per_cta=[4, 1], order=[1, 0])
+
+    # Row identities in each layout that uses them.
+    r_load = HALF_INDEX * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
+    qi_load = first_row + r_load // group
+    token_load = (row0 + qi_load).to(gl.int64)
+    head_load = kv_head * group + r_load % group
+    ok_load = qi_load < q_len
+    r_s = HALF_INDEX * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
+    q_pos = pos0 + first_row + r_s // group
+    q_first = pos0 + first_row
+    keys = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(0, s_layout))
+
+    m_i = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    # The accumulator is carried through the loop as an asynchronous product's result.
+    acc = warpgroup_mma_init(gl.zeros([M, _KHEAD_DIM], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([M, _KPAGE_SIZE], gl.float32, layout=s_layout)
+    # Tile t's Q·Kᵀ is issued during tile t - 1 (before that tile's softmax), so the tensor cores compute it while the
+    # softmax runs. Prologue: tile 0's Q and product. A program without tiles issues one product over whatever the
+    # slot holds and never reads it.
+    has_tiles = n_tiles > 0
+    held = gl.load(deltas_row + page_lo, mask=has_tiles, other=0) * apply_delta  # the delta the Q tile holds
+    _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, held, max_position, stride_qt, stride_qh,
+             interleaved, load_layout)
+    n_keys_next = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
+    key0_next = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
+    mbarrier.wait(ready.index(0), 0, pred=has_tiles)
+    s_next = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    for t in range(n_tiles):
+        stage = t % STAGE_COUNT
+        n_keys = n_keys_next
+        key0 = key0_next
+        # Waiting for this tile's Q·Kᵀ also completes the previous tile's P·V: that slot is free for the next load.
+        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
+        mbarrier.arrive(empty.index((t + STAGE_COUNT - 1) % STAGE_COUNT), count=1, pred=t > 0)
+        # The next tile: its metadata, Q rotated for its delta, and its Q·Kᵀ (past the last tile: a product over a
+        # stale slot, never read).
+        more = t + 1 < n_tiles
+        p = page_lo + t + 1
+        delta = gl.where(more, gl.load(deltas_row + p, mask=more, other=0) * apply_delta, held)
+        if delta != held:
+            _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, delta, max_position, stride_qt, stride_qh,
+                     interleaved, load_layout)
+            held = delta
+        n_keys_next = gl.load(valid_row + p, mask=more, other=0)
+        key0_next = gl.load(starts_row + p, mask=more, other=0)
+        next_stage = (t + 1) % STAGE_COUNT
+        mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
+        s_next = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+        # Slots past `valid` may hold anything; keys past the diagonal are the question's own later tokens.
+        if (n_keys < _KPAGE_SIZE) | (key0 + _KPAGE_SIZE - 1 > q_first):
+            visible = (keys[None, :] < n_keys) & (key0 + keys[None, :] <= q_pos[:, None])
+            s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        prob = gl.exp2(s * qk_scale - m_ref[:, None])
+        alpha = gl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + gl.sum(prob, axis=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(prob.to(Q.dtype.element_ty), p_layout)
+        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+        m_i = m_new
+    s_next, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
+
+    # The partial, from the blocked layout of the loads (Triton 3.6 cannot lower stores from the products' layouts):
+    # normalised output and log2-sum-exp (-inf when the split saw no key).
+    row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
+    l_rows = gl.convert_layout(l_i, row_layout)
+    l_safe = gl.where(l_rows == 0.0, 1.0, l_rows)  # m_i = -inf already marks a row that saw no key
+    out = gl.convert_layout(acc, load_layout) / l_safe[:, None]
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
+    mine = split.to(gl.int64) * total_q * num_heads + token_load * num_heads + head_load
+    gl.store(WsLse + mine, gl.convert_layout(m_i, row_layout) + gl.log2(l_safe), mask=ok_load)
+    if n_tiles > 0:  # a split without pages leaves its output unwritten: the merge skips it
+        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])
+
+
+@gluon.jit
+def _consumer_low(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready,
+                  empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+                  stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
+                  group, num_heads, apply_delta, interleaved):
+    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem.index(0), k_bufs, v_bufs, ready,
+             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, 0)
+
+
+@gluon.jit
+def _consumer_high(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready,
+                   empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+                   stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
+                   group, num_heads, apply_delta, interleaved):
+    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem.index(1), k_bufs, v_bufs, ready,
+             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, 1)
+
+
+@gluon.jit
+def _load_tiles(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready,
+                empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+                stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
+                group, num_heads, apply_delta, interleaved):
+    """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it."""
+    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
+    column = kv_head * _KHEAD_DIM
+    page_next = gl.load(pages_row + page_lo, mask=n_tiles > 0, other=0)
+    for t in range(n_tiles):
+        page = page_next
+        page_next = gl.load(pages_row + page_lo + t + 1, mask=t + 1 < n_tiles, other=0)
+        stage = t % STAGE_COUNT
+        # Slots start free: the first pass waits on the phase before the barrier's first.
+        mbarrier.wait(empty.index(stage), ((t // STAGE_COUNT) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), 2 * k_desc.block_type.nbytes)
+        _tma_load(k_desc, [page * _KPAGE_SIZE, column], ready.index(stage), k_bufs.index(stage))
+        _tma_load(v_desc, [page * _KPAGE_SIZE, column], ready.index(stage), v_bufs.index(stage))
+
+
+@gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
+def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
+                          cu_seqlens_q, q_start, pages, deltas, valid, starts, num_pages,
+                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
+                          GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
+                          INTERLEAVED: gl.constexpr):
+    QB: gl.constexpr = _KROWS // GROUP  # query positions per program
+    scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    slot = gl.num_programs(0) - 1 - gl.program_id(0)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    entry, first_row = _find_block(cu_seqlens_q, batch_size, slot, QB, _KBLOCK_B, scan_b)
+    row0 = gl.load(cu_seqlens_q + entry)
+    q_len = gl.load(cu_seqlens_q + entry + 1) - row0
+    pos0 = gl.load(q_start + entry)
+    q_last = pos0 + gl.minimum(first_row + QB, q_len) - 1
+    table = entry.to(gl.int64) * stride_table
+    n_vis = _count_pages(starts + table, gl.load(num_pages + entry), q_last, _KBLOCK_P, scan_b)
+    # This split's balanced range of the visible pages; an entry's spare slot (first_row >= q_len) takes none.
+    per_split = gl.cdiv(n_vis, gl.num_programs(2))
+    page_lo = split * per_split
+    n_tiles = gl.maximum(gl.minimum(per_split, n_vis - page_lo), 0)
+    n_tiles = gl.where(first_row < q_len, n_tiles, 0)
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(_KSTAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+
+    args = (Q, WsO, WsLse, Cos, Sin, deltas + table, valid + table, starts + table, q_smem, k_bufs, v_bufs,
+            ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+            stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages + table,
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value)
+    gl.warp_specialize([(_consumer_low, args), (_consumer_high, args), (_load_tiles, args)],
+                       [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
+
+
+def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                            tables: RopeTables | None, scale: float, num_splits: int, *, apply_delta: bool = True,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
+    ranges, merged by prefill's combine kernel (also for one split)."""
+    total_q, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = q_heads // kv_heads
+    out = torch.empty_like(q) if out is None else out
+    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
+    apply = tables is not None and apply_delta
+    cos, sin = (tables.cos, tables.sin) if tables is not None else (ws_o, ws_o)
+    grid = (total_q // (ROWS // group) + batch.batch_size, kv_heads, num_splits)
+    _short_prefill_kernel[grid](
+        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
+        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages,
+        batch.batch_size, total_q, cos.shape[0] if tables is not None else 1, q.stride(0), q.stride(1),
+        batch.pages.stride(0), scale * LOG2E,
+        GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
+        num_warps=4, maxnreg=_MAXNREG)
+    _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
+                                          out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
+                                          BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
+                                          **pdl_options(q.device))
+    return out

@@ -1,0 +1,47 @@
+"""The warp-specialised Gluon short-question prefill (kernels/prefill_hopper.py) against the reference.
+
+It runs only on a Hopper GPU (Gluon kernels have no interpreter): the `gpu` tests below. On a CPU, `supports` turns
+every call away, so prefill.py's kernel is the one that runs; tests/kernels/test_compile_check.py compiles this one
+for sm_90.
+"""
+
+import pytest
+import torch
+
+from lazyattn.kernels import prefill_hopper
+from tests.kernels.test_prefill import gpu_scenario, ref, rel_err
+
+
+def test_a_cpu_call_is_turned_away():
+    s = make_small_cpu_scenario()
+    q, batch = s.final_prefill()
+    assert not prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+
+
+def make_small_cpu_scenario():
+    from tests.kernels.rope_cases import tables
+    from tests.kernels.scenario import make_scenario
+    return make_scenario([70], [([0], 5)], q_heads=8, kv_heads=2, head_dim=128, page_size=64,
+                         tables=tables("llama3", 128, max_position=512), dtype=torch.bfloat16)
+
+
+def hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("splits", [1, 5, 16])
+def test_gpu_rag_case_matches_reference(splits):
+    """Documents of partial last pages, shared at different deltas, questions of 32 and 7 tokens (a spare slot and
+    masked rows), the question's own page causal; split counts that leave some splits without pages."""
+    s = gpu_scenario([2048, 1000, 77], [([0, 1, 2], 32), ([2, 0], 7), ([1], 40)])
+    q, batch = s.final_prefill()
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    expected = ref(s, q, batch)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert rel_err(out, expected) < 1e-2
+    # Without the deltas the result is another function: the rotation is really applied.
+    plain = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
+                                                   apply_delta=False)
+    assert rel_err(plain, expected) > 5e-2
