@@ -129,6 +129,10 @@ class Compiler:
             usage = _resource_usage(compiled.asm["cubin"])
         except Exception as exc:  # noqa: BLE001 - every failure is the result being reported
             error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc()
+            cause = exc.__cause__
+            while cause is not None:  # a CompilationError's message points at the call; its cause says what failed
+                error += f"\n  caused by {type(cause).__name__}: {cause}"
+                cause = cause.__cause__
         result = Result(self.case, name, key, error, time.perf_counter() - start, shared, usage)
         self._done[full_key] = result
         self.results.append(result)

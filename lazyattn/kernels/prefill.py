@@ -77,8 +77,9 @@ Grid, tiling, GQA
   head group and BLOCK_M rows cover BLOCK_M // G positions (less causal waste than one head per tile).
 - Query blocks of all entries share grid axis 0 without a host sync: entry b owns the slots
   [cu[b] // QB + b, cu[b+1] // QB + b + 1), at least its cdiv(len_b, QB) blocks (an entry costs at most one
-  idle slot). A program finds its entry by counting slot starts <= its slot. Slots run in reverse so the
-  long causal blocks (end of a sequence) start first.
+  idle slot; a lone entry's grid is its cdiv(len, QB) blocks, `query_slots`). A program finds its entry by
+  counting slot starts <= its slot. Slots run in reverse so the long causal blocks (end of a sequence) start
+  first.
 - Tile loop: a K/V tile is part of one page or two whole pages (BLOCK_N = 2 * page_size). The page ids,
   valid counts and first position of tile t + 1 are loaded during tile t (_attend_pages says why).
 - Causal: a block walks only the pages starting at or before its last position. Masks are applied only to
@@ -978,7 +979,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         q_rot = rotated_q if rotated_q is not None else _rotate_runs(q, batch, tables, rotated_runs)
     plan = batch.plan if splits > 1 and batch.plan is not None and batch.plan.shape[1] == splits else None
     args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, q_rot, splits, plan)
-    grid = (total_q // (config.block_m // group) + batch.batch_size, kv_heads, splits)
+    grid = (query_slots(total_q, batch.batch_size, config.block_m // group), kv_heads, splits)
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
                           PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces, BLOCK_R=_PLAN_RUNS,
@@ -990,6 +991,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                               BLOCK_S=min(16, triton.next_power_of_2(splits)),
                                               **pdl_options(q.device))
     return out
+
+
+def query_slots(total_q: int, batch_size: int, positions: int) -> int:
+    """Grid axis 0 of a launch over `total_q` query rows of `batch_size` entries in blocks of `positions` (module
+    docstring, "Grid"): every entry's blocks plus one slot per entry that may stay idle; a lone entry's blocks
+    start at slot 0, so it needs none (at batch 1 the idle slot was half the grid, each a launch that holds an SM)."""
+    return cdiv(total_q, positions) if batch_size == 1 else total_q // positions + batch_size
 
 
 def rotated_runs_for(total_q: int) -> int:

@@ -48,14 +48,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options
 from lazyattn.kernels.paged import PagedBatch
-from lazyattn.kernels.prefill import _combine_kernel
+from lazyattn.kernels.prefill import _combine_kernel, query_slots
 from lazyattn.kernels.rope import RopeTables
 
 ROWS = 128  # query rows per program: two consumer warpgroups of 64
@@ -175,6 +174,24 @@ def _store_q(q_smem, Q, Cos, Sin, token, head, row_ok, delta, max_position, stri
 
 
 @gluon.jit
+def _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr,
+                  p_layout: gl.constexpr):
+    """One tile's online-softmax step: the probabilities as the P·V operand, the factor that rescales what was
+    accumulated, and the new running max and sum. Slots past `valid` may hold anything; keys past the diagonal are the
+    question's own later tokens; a tile of 0 keys leaves m and l as they were (factor 1, probabilities 0)."""
+    if (n_keys < _KPAGE_SIZE) | (key0 + _KPAGE_SIZE - 1 > q_first):
+        visible = (keys[None, :] < n_keys) & (key0 + keys[None, :] <= q_pos[:, None])
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    prob = gl.exp2(s * qk_scale - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    l_new = l_i * alpha + gl.sum(prob, axis=1)
+    return gl.convert_layout(prob.to(dtype), p_layout), alpha, m_new, l_new
+
+
+@gluon.jit
 def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready, empty,
              row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
              stride_qt, stride_qh, qk_scale,
@@ -204,57 +221,47 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem,
 
     m_i = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    # The accumulator is carried through the loop as an asynchronous product's result.
-    acc = warpgroup_mma_init(gl.zeros([M, _KHEAD_DIM], gl.float32, layout=o_layout))
+    acc = gl.zeros([M, _KHEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([M, _KPAGE_SIZE], gl.float32, layout=s_layout)
-    # Tile t's Q·Kᵀ is issued during tile t - 1 (before that tile's softmax), so the tensor cores compute it while the
-    # softmax runs. Prologue: tile 0's Q and product. A program without tiles issues one product over whatever the
-    # slot holds and never reads it.
+    # The loop runs FlashAttention-3's order: issue Q·Kᵀ t + 1 and P·V t back to back, wait for the first and run
+    # tile t + 1's softmax while the tensor cores run P·V t, then wait for that and rescale the accumulator. Products
+    # retire in issue order, so "all but the last one" retires Q·Kᵀ t + 1. No instruction reads a product's registers
+    # before the wait that retires it: one such read makes ptxas serialise every wgmma of the kernel (C7514).
+    # Prologue: tile 0's Q, product and softmax. A program without tiles issues one product over whatever the slot
+    # holds; its keys count 0, so nothing of it is kept. Past the last tile the same holds for the extra product.
     has_tiles = n_tiles > 0
     held = gl.load(deltas_row + page_lo, mask=has_tiles, other=0) * apply_delta  # the delta the Q tile holds
     _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, held, max_position, stride_qt, stride_qh,
              interleaved, load_layout)
-    n_keys_next = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
-    key0_next = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
+    n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
+    key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
     mbarrier.wait(ready.index(0), 0, pred=has_tiles)
-    s_next = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale,
+                                               Q.dtype.element_ty, p_layout)
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
-        n_keys = n_keys_next
-        key0 = key0_next
-        # Waiting for this tile's Q·Kᵀ also completes the previous tile's P·V: that slot is free for the next load.
-        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
-        mbarrier.arrive(empty.index((t + STAGE_COUNT - 1) % STAGE_COUNT), count=1, pred=t > 0)
-        # The next tile: its metadata, Q rotated for its delta, and its Q·Kᵀ (past the last tile: a product over a
-        # stale slot, never read).
+        # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
         more = t + 1 < n_tiles
-        p = page_lo + t + 1
-        delta = gl.where(more, gl.load(deltas_row + p, mask=more, other=0) * apply_delta, held)
+        page = page_lo + t + 1
+        delta = gl.where(more, gl.load(deltas_row + page, mask=more, other=0) * apply_delta, held)
         if delta != held:
             _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, delta, max_position, stride_qt, stride_qh,
                      interleaved, load_layout)
             held = delta
-        n_keys_next = gl.load(valid_row + p, mask=more, other=0)
-        key0_next = gl.load(starts_row + p, mask=more, other=0)
+        n_keys = gl.load(valid_row + page, mask=more, other=0)
+        key0 = gl.load(starts_row + page, mask=more, other=0)
         next_stage = (t + 1) % STAGE_COUNT
         mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
-        s_next = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False,
-                               is_async=True)
-        # Slots past `valid` may hold anything; keys past the diagonal are the question's own later tokens.
-        if (n_keys < _KPAGE_SIZE) | (key0 + _KPAGE_SIZE - 1 > q_first):
-            visible = (keys[None, :] < n_keys) & (key0 + keys[None, :] <= q_pos[:, None])
-            s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        prob = gl.exp2(s * qk_scale - m_ref[:, None])
-        alpha = gl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + gl.sum(prob, axis=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p_op = gl.convert_layout(prob.to(Q.dtype.element_ty), p_layout)
+        s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
-        m_i = m_new
-    s_next, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale,
+                                               Q.dtype.element_ty, p_layout)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
     # The partial, from the blocked layout of the loads (Triton 3.6 cannot lower stores from the products' layouts):
     # normalised output and log2-sum-exp (-inf when the split saw no key).
@@ -365,7 +372,7 @@ def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     apply = tables is not None and apply_delta
     cos, sin = (tables.cos, tables.sin) if tables is not None else (ws_o, ws_o)
-    grid = (total_q // (ROWS // group) + batch.batch_size, kv_heads, num_splits)
+    grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
         q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages,

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Session 12 (H100): where the attention kernels' time goes. STAGES picks what runs (space-separated); outputs in $OUT.
+#   ncu      Nsight Compute, full set, on one call of each CASES entry (s12/profile_case.py); per case the details
+#            page and the source page (SASS with its stall samples) of the attention kernel, as text
+#   targets  kernels.py --sections targets
+#   ktests   pytest -m gpu tests/kernels
+#   etests   pytest -m gpu tests/engine tests/cache tests/model
+#   on       engine.py, every section, defaults
+set -u
+STAGES=${STAGES:-ncu}
+CASES=${CASES:-decode1 triton1 triton8 gluon8}
+export PYTHONUNBUFFERED=1
+W=/tmp/s12; rm -rf $W; mkdir -p $W; L=$OUT/s12.log
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
+python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
+step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
+         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+P=benchmarks/results/engine_perf/s12/profile_case.py
+for stage in $STAGES; do
+  case $stage in
+    ncu)     for c in $CASES; do
+               step ncu_$c timeout -k 5 240 env PYTHONPATH=$PWD ncu --profile-from-start off --clock-control none \
+                 --set full --import-source yes -f -o $W/$c python $P $c
+               ncu -i $W/$c.ncu-rep --page details > $W/${c}_details.txt 2>&1
+               ncu -i $W/$c.ncu-rep --page source --csv --print-source sass > $W/${c}_sass.csv 2>&1
+               gzip -f $W/${c}_sass.csv
+             done ;;
+    targets) step targets timeout -k 5 300 env PYTHONPATH=$PWD python benchmarks/kernels.py --sections targets \
+               --out $W/s12_targets ;;
+    ktests)  step ktests timeout -k 5 400 env PYTHONPATH=$PWD python -m pytest -q -m gpu tests/kernels ;;
+    etests)  step etests timeout -k 5 400 env PYTHONPATH=$PWD python -m pytest -q -m gpu tests/engine tests/cache \
+               tests/model ;;
+    on)      step on timeout -k 5 400 env PYTHONPATH=$PWD python benchmarks/engine.py --out $W/s12_on ;;
+  esac
+done
+cp $W/*.json $W/*.md $W/*.txt $W/*.gz $W/*.log $OUT/ 2>/dev/null
+true
