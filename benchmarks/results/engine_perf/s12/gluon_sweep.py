@@ -55,7 +55,7 @@ def main() -> None:
         inputs = [engine_split(b, *i) for i in inputs]
         rotated = [rope_runs(b, *i) for i in inputs]
         q, k, v, pb = inputs[0]
-        ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
+        ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale) if batch <= 2 else None
         row = {"batch": batch, "engine_splits": pb.plan.shape[1] if pb.plan is not None else 1}
         calls = {"triton (engine's splits)": ([lambda i=i, r=r: prefill_attention(*i, b.tables, b.scale, rotated_q=r)
                                               for i, r in zip(inputs, rotated)], False)}
@@ -64,8 +64,8 @@ def main() -> None:
         for n in gluon_splits:
             fns = [lambda i=i, n=n: prefill_hopper.short_prefill_attention(*i, b.tables, b.scale, n) for i in inputs]
             calls[f"gluon, {n} splits"] = (fns, False)
-            out = fns[0]()
-            row[f"gluon, {n} splits: max_abs_vs_ref"] = (out.float() - ref).abs().max().item()
+            if ref is not None:
+                row[f"gluon, {n} splits: max_abs_vs_ref"] = (fns[0]().float() - ref).abs().max().item()
             if batch == 1 and n == 16:
                 calls["gluon, 16 splits, old grid"] = (fns, True)
         for rnd in range(2):  # alternated rounds
