@@ -32,9 +32,11 @@ import numpy as np
 import torch
 
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
+from lazyattn.kernels import prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
 from lazyattn.kernels.prefill import PLAN_WIDTH, graph_num_splits, plan_runs
+from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
@@ -177,6 +179,15 @@ _NO_PAGES = EntryPages([], [], [])
 _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that padding rows stay finite
 
 
+def _bucket_splits(tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device) -> int:
+    """The split count a bucket's graph fixes: the Hopper kernel's rule where it takes the bucket's calls
+    (kernels/prefill_hopper.py), else what an eager launch of prefill.py's kernel picks."""
+    shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend.kv.dtype, backend.page_size, device)
+    if prefill_hopper.shape_supported(tokens, *shape):
+        return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device)
+    return graph_num_splits(tokens, entries - 1, *shape)
+
+
 class PrefillGraphs:
     """One CUDA graph per (tokens, entries) bucket over static buffers of the largest bucket."""
 
@@ -188,8 +199,7 @@ class PrefillGraphs:
         self.device = device
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
         cfg = model.config
-        self.splits = {(t, e): graph_num_splits(t, e - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                                backend.kv.dtype, backend.page_size, device)
+        self.splits = {(t, e): _bucket_splits(t, e, cfg, backend, device)
                        for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
         plan_splits = max(self.splits.values()) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
         self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size,

@@ -39,6 +39,8 @@ nothing calls it yet: prefill_attention still runs prefill.py's kernel everywher
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -52,8 +54,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options
-from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
+from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.prefill import _combine_kernel, query_slots
 from lazyattn.kernels.rope import RopeTables
 
@@ -61,6 +63,9 @@ ROWS = 128  # query rows per program: two consumer warpgroups of 64
 HEAD_DIM = 128
 PAGE_SIZE = 64  # one K/V tile is one page
 STAGES = 4  # K/V tiles in flight per program (32 KiB each)
+MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
+MAX_SPLITS = 16
+GLUON_ENV = "LAZYATTN_GLUON_PREFILL"  # 0: the engine's short prefill calls run prefill.py's kernel
 _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 # Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
@@ -71,21 +76,41 @@ _LOADER_REGS = 24
 _MAXNREG = 168
 
 
+def enabled() -> bool:
+    """The engine's short prefill calls take this kernel where it `supports` them, unless LAZYATTN_GLUON_PREFILL=0."""
+    return os.environ.get(GLUON_ENV, "1") != "0"
+
+
+def shape_supported(total_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int,
+                    device: torch.device) -> bool:
+    """The part of `supports` a launch's shapes decide (what a CUDA graph's bucket knows before any call): a Hopper
+    GPU, 16-bit, head_dim 128, pages of 64, at most MAX_ROWS query rows, the query heads of a kv head filling 128
+    rows with whole positions; and the kernel switched on."""
+    if not enabled() or interpreting() or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _capability_of(index)[0] != 9 or dtype not in _GL_DTYPES or head_dim != HEAD_DIM or page_size != PAGE_SIZE:
+        return False
+    group = q_heads // kv_heads if kv_heads else 0
+    return 0 < total_q <= MAX_ROWS and q_heads % kv_heads == 0 and 0 < group <= 16 and ROWS % group == 0
+
+
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
-    """Whether this kernel takes the call (else prefill.py's does): a Hopper GPU, 16-bit tensors, head_dim 128, the
-    query heads of a kv head filling 128 rows with whole positions, pages of 64 slots stored as the pool stores them,
-    and no relinked first-slot offsets."""
-    if interpreting() or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, q, k and v of one dtype, pages
+    stored as the pool stores them, and no relinked first-slot offsets."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, k_cache.shape[1], q.device):
         return False
-    if q.dim() != 3 or k_cache.dim() != 4 or q.shape[2] != HEAD_DIM or k_cache.shape[1] != PAGE_SIZE:
-        return False
-    kv_heads = k_cache.shape[2]
-    group = q.shape[1] // kv_heads
-    if q.shape[1] % kv_heads or group > 16 or ROWS % group or q.stride(2) != 1:
-        return False
-    return batch.firsts is None and all(_pool_layout(c) for c in (k_cache, v_cache))
+    return q.stride(2) == 1 and batch.firsts is None and all(_pool_layout(c) for c in (k_cache, v_cache))
+
+
+def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device) -> int:
+    """Splits of a launch over `total_q` rows: one program per SM (180 KiB of shared memory each) over the query
+    blocks the rows fill, at most MAX_SPLITS. Measured on an H100 (docs/kernels.md, "Session 12"): 16 at batch 1
+    (24 starts a second wave: 60 against 40-43 us per layer), 4 at batch 4, 2 at batch 8."""
+    blocks = cdiv(total_q, ROWS // (q_heads // kv_heads))
+    return max(1, min(MAX_SPLITS, sm_count(device) // (blocks * kv_heads)))
 
 
 def _pool_layout(cache: torch.Tensor) -> bool:
@@ -330,15 +355,19 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     entry, first_row = _find_block(cu_seqlens_q, batch_size, slot, QB, _KBLOCK_B, scan_b)
     row0 = gl.load(cu_seqlens_q + entry)
     q_len = gl.load(cu_seqlens_q + entry + 1) - row0
+    if first_row >= q_len:
+        # An entry's spare slot, or one of an entry without rows (a CUDA graph's padding): no rows, nothing to
+        # write. Returning before the warp-specialised region matters: such a program would otherwise hold an SM
+        # through its set-up (on an H100, the RAG case's spare slots cost 7-9 us per launch at batch 1).
+        return
     pos0 = gl.load(q_start + entry)
     q_last = pos0 + gl.minimum(first_row + QB, q_len) - 1
     table = entry.to(gl.int64) * stride_table
     n_vis = _count_pages(starts + table, gl.load(num_pages + entry), q_last, _KBLOCK_P, scan_b)
-    # This split's balanced range of the visible pages; an entry's spare slot (first_row >= q_len) takes none.
+    # This split's balanced range of the visible pages (none for the splits past them).
     per_split = gl.cdiv(n_vis, gl.num_programs(2))
     page_lo = split * per_split
     n_tiles = gl.maximum(gl.minimum(per_split, n_vis - page_lo), 0)
-    n_tiles = gl.where(first_row < q_len, n_tiles, 0)
 
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)

@@ -2,9 +2,10 @@
 
 Per layer and forward: one `rope_write_kv` launch (rotate q and k, store k and v), then one attention
 launch over the layer's views of the pool, decode or prefill by the batch's shape. The per-page deltas
-travel in the PagedBatch; the attention kernels apply them on the fly. Short prefill calls, which take Q
-rotated per run of equal delta up front (kernels/prefill.py), get those copies from the same RoPE launch
-(`rope_write_kv_runs`), not from a launch of their own.
+travel in the PagedBatch; the attention kernels apply them on the fly. Short prefill calls (a question over cached
+documents) run the warp-specialised kernel on Hopper GPUs (kernels/prefill_hopper.py), which rotates Q per document
+itself; elsewhere they take Q rotated per run of equal delta up front (kernels/prefill.py), copies that the same
+RoPE launch writes (`rope_write_kv_runs`), not a launch of their own.
 
 The backend owns the launch state that outlives a launch: decode's arrival counters (decode.ArrivalCounters),
 which CUDA graphs captured through this backend keep pointing at. Split-KV partials are per-launch scratch.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from lazyattn.kernels import prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
@@ -31,6 +33,11 @@ class TritonBackend(AttentionBackend):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
         runs = 0 if fb.is_decode else rotated_runs_for(q.shape[0])
+        if runs and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):
+            # Hopper: the warp-specialised kernel rotates Q per document itself, so the RoPE launch writes no copies.
+            q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
+            splits = fb.attn.num_splits or prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device)
+            return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, splits)
         if runs:
             q, q_rot = rope_write_kv_runs(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables,
                                           fb.attn, runs)

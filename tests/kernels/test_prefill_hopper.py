@@ -45,3 +45,32 @@ def test_gpu_rag_case_matches_reference(splits):
     plain = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
                                                    apply_delta=False)
     assert rel_err(plain, expected) > 5e-2
+
+
+@pytest.mark.parametrize(("rows", "splits"), [(32, 16), (40, 8), (128, 4), (256, 2), (33 * 32, 1)])
+def test_split_rule_fills_the_sms_once(monkeypatch, rows, splits):
+    """One program per SM: 132 SMs over (query blocks of 32 positions x 8 kv heads), at most 16 splits (hand-computed:
+    32 rows are 1 block -> 132 // 8 = 16; 40 rows 2 blocks -> 8; 128 rows 4 -> 4; 256 rows 8 -> 2; 33 blocks -> 1)."""
+    monkeypatch.setattr(prefill_hopper, "sm_count", lambda device: 132)
+    assert prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda")) == splits
+
+
+def test_the_switch_and_the_cpu_turn_the_kernel_away(monkeypatch):
+    args = (32, 32, 8, 128, torch.bfloat16, 64)
+    assert not prefill_hopper.shape_supported(*args, torch.device("cpu"))
+    monkeypatch.setenv(prefill_hopper.GLUON_ENV, "0")
+    assert not prefill_hopper.enabled()
+    assert not prefill_hopper.shape_supported(*args, torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+def test_gpu_lone_question_matches_reference():
+    """Batch 1, as the cached RAG request's first token: the grid has no spare slot (prefill.query_slots)."""
+    s = gpu_scenario([2048, 2048, 130], [([0, 1, 2], 32)])
+    q, batch = s.final_prefill()
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    expected = ref(s, q, batch)
+    splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], s.k_cache.shape[2], q.device)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert rel_err(out, expected) < 1e-2
