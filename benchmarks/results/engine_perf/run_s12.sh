@@ -6,6 +6,9 @@
 #   ktests   pytest -m gpu tests/kernels
 #   etests   pytest -m gpu tests/engine tests/cache tests/model
 #   on       engine.py, every section, defaults
+#   ab       engine.py decode_rag + ttft_rag, LAZYATTN_GLUON_PREFILL=0 (prefill.py's kernel) and 1 (the Gluon kernel),
+#            alternated twice
+#   sweep    s12/gluon_sweep.py (the Gluon kernel against prefill.py's at batch 1-8, several split counts)
 set -u
 STAGES=${STAGES:-ncu}
 CASES=${CASES:-decode1 triton1 triton8 gluon8}
@@ -30,8 +33,17 @@ for stage in $STAGES; do
     ktests)  step ktests timeout -k 5 400 env PYTHONPATH=$PWD python -m pytest -q -m gpu tests/kernels ;;
     etests)  step etests timeout -k 5 400 env PYTHONPATH=$PWD python -m pytest -q -m gpu tests/engine tests/cache \
                tests/model ;;
+    ab)      for r in 1 2; do
+               for g in 0 1; do
+                 step ab_g${g}_$r timeout -k 5 150 env PYTHONPATH=$PWD LAZYATTN_GLUON_PREFILL=$g python \
+                   benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s12_g${g}_$r
+               done
+             done ;;
+    sweep)   step sweep timeout -k 5 300 env PYTHONPATH=$PWD python benchmarks/results/engine_perf/s12/gluon_sweep.py \
+               $W/s12_gluon_sweep.json ;;
     on)      step on timeout -k 5 400 env PYTHONPATH=$PWD python benchmarks/engine.py --out $W/s12_on ;;
   esac
 done
-cp $W/*.json $W/*.md $W/*.txt $W/*.gz $W/*.log $OUT/ 2>/dev/null
+cd $W && tar czf $OUT/s12_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.txt *.gz *.log 2>/dev/null
+cp $L $OUT/
 true
