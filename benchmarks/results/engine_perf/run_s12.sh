@@ -45,5 +45,4 @@ for stage in $STAGES; do
   esac
 done
 cd $W && tar czf $OUT/s12_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.txt *.gz *.log 2>/dev/null
-cp $L $OUT/
 true
