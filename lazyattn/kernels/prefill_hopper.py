@@ -17,7 +17,9 @@ Same semantics and contract as `prefill.prefill_attention` (kernels/paged.py; gr
 for the calls it takes (`supports`): 16-bit q and caches, head_dim 128, pages of 64 slots laid out as the pool lays
 them out (a page's slots, heads and dims contiguous), 128 query rows per program, no relinked first-slot offsets.
 
-Each consumer issues tile t + 1's Q·Kᵀ before tile t's softmax, so the tensor cores run it meanwhile.
+Each consumer runs FlashAttention-3's order: Q·Kᵀ of tile t + 1 and P·V of tile t issued back to back, tile t + 1's
+softmax while the tensor cores run P·V t. No instruction may read a product's registers before the wait that retires
+it: ptxas then serialises every wgmma of the kernel (its C7514 note), which is what made the session-11 version slow.
 
 Deferred RoPE: the program's pages are walked in order; when a page's delta differs from the one the consumer's Q
 tile holds, the consumer loads its rows of q again, rotates them by -delta in fp32 (the same expression as
@@ -32,9 +34,11 @@ Triton 3.6 (the GPU machine's) turns constexprs passed to warp_specialize's part
 then fails to lower some branches on them; so the partitions take group, head count and the delta flags as
 run-time values and branch on none of them.
 
-Status (docs/kernels.md, "Session 11"): right on an H100 (tests/kernels/test_prefill_hopper.py), but slower than
-prefill.py's kernel on the RAG case (batch 8: 232 against 163 us per layer; batch 1: within the run-to-run noise), so
-nothing calls it yet: prefill_attention still runs prefill.py's kernel everywhere.
+Who calls it: the engine's GPU backend (kernels/triton_backend.py) for every short prefill call it `supports`, with
+`num_splits` (which the prefill CUDA graphs fix per bucket); `prefill.prefill_attention` itself stays prefill.py's
+kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kernels.md, "Session 12"), the RAG case
+per layer: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97 against 153-156, batch 8 146-150
+against 172-174 (75-77 % of copy bandwidth).
 """
 
 from __future__ import annotations
