@@ -8,6 +8,7 @@
 #   on       engine.py, every section, defaults
 #   ab       engine.py decode_rag + ttft_rag, LAZYATTN_GLUON_PREFILL=0 (prefill.py's kernel) and 1 (the Gluon kernel),
 #            alternated twice
+#   serving  lazyattn bench, pre-warmed document cache (the session-6 protocol), LAZYATTN_GLUON_PREFILL=1 then 0
 #   sweep    s12/gluon_sweep.py (the Gluon kernel against prefill.py's at batch 1-8, several split counts)
 set -u
 STAGES=${STAGES:-ncu}
@@ -38,6 +39,12 @@ for stage in $STAGES; do
                  step ab_g${g}_$r timeout -k 5 150 env PYTHONPATH=$PWD LAZYATTN_GLUON_PREFILL=$g python \
                    benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s12_g${g}_$r
                done
+             done ;;
+    serving) for g in 1 0; do
+               step serving_g$g timeout -k 5 240 env PYTHONPATH=$PWD LAZYATTN_GLUON_PREFILL=$g python -m lazyattn bench \
+                 --model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20 \
+                 --num-requests 48 --kv-cache-gb 20 --no-progress --warm-cache --out $W/serving_g$g
+               cp $W/serving_g$g/bench.json $W/serving_warm_g$g.json
              done ;;
     sweep)   step sweep timeout -k 5 300 env PYTHONPATH=$PWD python benchmarks/results/engine_perf/s12/gluon_sweep.py \
                $W/s12_gluon_sweep.json ;;
