@@ -179,13 +179,15 @@ _NO_PAGES = EntryPages([], [], [])
 _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that padding rows stay finite
 
 
-def _bucket_splits(tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device) -> int:
-    """The split count a bucket's graph fixes: the Hopper kernel's rule where it takes the bucket's calls
-    (kernels/prefill_hopper.py), else what an eager launch of prefill.py's kernel picks."""
+def _bucket_splits(tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device
+                   ) -> tuple[int, bool]:
+    """The split count a bucket's graph fixes and whether the host plans those splits: the Hopper kernel's rule
+    where it takes the bucket's calls (kernels/prefill_hopper.py; it splits pages evenly itself, no plan), else what
+    an eager launch of prefill.py's kernel picks, planned."""
     shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend.kv.dtype, backend.page_size, device)
     if prefill_hopper.shape_supported(tokens, *shape):
-        return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device)
-    return graph_num_splits(tokens, entries - 1, *shape)
+        return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device), False
+    return graph_num_splits(tokens, entries - 1, *shape), True
 
 
 class PrefillGraphs:
@@ -199,9 +201,12 @@ class PrefillGraphs:
         self.device = device
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
         cfg = model.config
-        self.splits = {(t, e): _bucket_splits(t, e, cfg, backend, device)
-                       for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
-        plan_splits = max(self.splits.values()) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
+        choice = {(t, e): _bucket_splits(t, e, cfg, backend, device)
+                  for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
+        self.splits = {bucket: splits for bucket, (splits, _) in choice.items()}
+        # The host fills a plan per step only where prefill.py's kernel reads it.
+        planned = [splits for splits, plan in choice.values() if plan]
+        plan_splits = max(planned, default=0) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
         self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size,
                                  plan_splits)
         self.static = self.layout.buffers(device)
