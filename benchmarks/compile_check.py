@@ -279,12 +279,20 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
     prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5, **options)
 
 
-def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int) -> None:
-    """The warp-specialised Gluon kernel (kernels/prefill_hopper.py, not yet the engine's) over the RAG case."""
+def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False) -> None:
+    """The warp-specialised Gluon kernel (kernels/prefill_hopper.py) over the RAG case. engine: as the engine's CUDA
+    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch."""
     kv = _pool(heads, 64)
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
-    prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], _rag_batch(64, tokens // entries,
-                                           entries), _tables(heads), heads.dim ** -0.5, splits)
+    batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
+    launch = prefill_hopper.pdl_options
+    if engine:
+        prefill_hopper.pdl_options = lambda device: {"USE_PDL": True, "launch_pdl": True}
+    try:
+        prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads),
+                                               heads.dim ** -0.5, splits)
+    finally:
+        prefill_hopper.pdl_options = launch
 
 
 def _decode(heads: Heads, page_size: int, batch: PagedBatch) -> None:
@@ -385,6 +393,8 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
         out.append((f"short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}",
                     lambda t=tokens, e=entries, n=splits: _short_prefill(LLAMA_8B, t, e, n)))
+    out.append(("short prefill (Gluon) 8B page64 rag T=32 B=1 splits=16, relinked (firsts), PDL",
+                lambda: _short_prefill(LLAMA_8B, 32, 1, 16, engine=True)))
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))

@@ -15,7 +15,8 @@ issue P·V, and the same warps compute the addresses of and issue every K/V copy
 
 Same semantics and contract as `prefill.prefill_attention` (kernels/paged.py; ground truth `reference.paged_attention`)
 for the calls it takes (`supports`): 16-bit q and caches, head_dim 128, pages of 64 slots laid out as the pool lays
-them out (a page's slots, heads and dims contiguous), 128 query rows per program, no relinked first-slot offsets.
+them out (a page's slots, heads and dims contiguous), 128 query rows per program. Relinked first-slot offsets
+(`firsts`, which the engine's CUDA graphs always pass, zeros where nothing is relinked) mask the skipped slots.
 
 Each consumer runs FlashAttention-3's order: Q·Kᵀ of tile t + 1 and P·V of tile t issued back to back, tile t + 1's
 softmax while the tensor cores run P·V t. No instruction may read a product's registers before the wait that retires
@@ -101,12 +102,12 @@ def shape_supported(total_q: int, q_heads: int, kv_heads: int, head_dim: int, dt
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
     """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, q, k and v of one dtype, pages
-    stored as the pool stores them, and no relinked first-slot offsets."""
+    stored as the pool stores them."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         return False
     if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, k_cache.shape[1], q.device):
         return False
-    return q.stride(2) == 1 and batch.firsts is None and all(_pool_layout(c) for c in (k_cache, v_cache))
+    return q.stride(2) == 1 and all(_pool_layout(c) for c in (k_cache, v_cache))
 
 
 def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device) -> int:
@@ -203,13 +204,15 @@ def _store_q(q_smem, Q, Cos, Sin, token, head, row_ok, delta, max_position, stri
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr,
+def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr,
                   p_layout: gl.constexpr):
     """One tile's online-softmax step: the probabilities as the P·V operand, the factor that rescales what was
-    accumulated, and the new running max and sum. Slots past `valid` may hold anything; keys past the diagonal are the
-    question's own later tokens; a tile of 0 keys leaves m and l as they were (factor 1, probabilities 0)."""
-    if (n_keys < _KPAGE_SIZE) | (key0 + _KPAGE_SIZE - 1 > q_first):
-        visible = (keys[None, :] < n_keys) & (key0 + keys[None, :] <= q_pos[:, None])
+    accumulated, and the new running max and sum. The page's keys are slots [first, first + n_keys), slot t at
+    position key0 + t - first; other slots may hold anything; keys past the diagonal are the question's own later
+    tokens; a tile of 0 keys leaves m and l as they were (factor 1, probabilities 0)."""
+    if (n_keys < _KPAGE_SIZE) | (key0 - first + _KPAGE_SIZE - 1 > q_first):  # first > 0 implies n_keys < 64
+        slot = keys[None, :]
+        visible = (slot >= first) & (slot < first + n_keys) & (key0 - first + slot <= q_pos[:, None])
         s = gl.where(visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
@@ -221,10 +224,10 @@ def _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale, dty
 
 
 @gluon.jit
-def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready, empty,
-             row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs, ready,
+             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
              stride_qt, stride_qh, qk_scale,
-             group, num_heads, apply_delta, interleaved, HALF_INDEX: gl.constexpr):
+             group, num_heads, apply_delta, interleaved, has_first, HALF_INDEX: gl.constexpr):
     """One consumer warpgroup: online softmax of its 64 query rows over the program's tiles, then its partial (split
     calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
@@ -263,11 +266,12 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem,
     _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, held, max_position, stride_qt, stride_qh,
              interleaved, load_layout)
     n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
+    first = gl.load(firsts_row + page_lo, mask=has_tiles & (has_first != 0), other=0)
     key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
     mbarrier.wait(ready.index(0), 0, pred=has_tiles)
     s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale,
+    p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
                                                Q.dtype.element_ty, p_layout)
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
@@ -280,13 +284,14 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem,
                      interleaved, load_layout)
             held = delta
         n_keys = gl.load(valid_row + page, mask=more, other=0)
+        first = gl.load(firsts_row + page, mask=more & (has_first != 0), other=0)
         key0 = gl.load(starts_row + page, mask=more, other=0)
         next_stage = (t + 1) % STAGE_COUNT
         mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
         s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, key0, keys, q_pos, q_first, qk_scale,
+        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
                                                Q.dtype.element_ty, p_layout)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
@@ -306,30 +311,30 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem,
 
 
 @gluon.jit
-def _consumer_low(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready,
-                  empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+def _consumer_low(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs,
+                  ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
                   stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
-                  group, num_heads, apply_delta, interleaved):
-    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem.index(0), k_bufs, v_bufs, ready,
-             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, 0)
+                  group, num_heads, apply_delta, interleaved, has_first):
+    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), k_bufs, v_bufs,
+             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, 0)
 
 
 @gluon.jit
-def _consumer_high(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready,
-                   empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+def _consumer_high(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs,
+                   ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
                    stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
-                   group, num_heads, apply_delta, interleaved):
-    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem.index(1), k_bufs, v_bufs, ready,
-             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, 1)
+                   group, num_heads, apply_delta, interleaved, has_first):
+    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), k_bufs, v_bufs,
+             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, 1)
 
 
 @gluon.jit
-def _load_tiles(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_smem, k_bufs, v_bufs, ready,
-                empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+def _load_tiles(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs,
+                ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
                 stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
-                group, num_heads, apply_delta, interleaved):
+                group, num_heads, apply_delta, interleaved, has_first):
     """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it."""
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     column = kv_head * _KHEAD_DIM
@@ -345,12 +350,21 @@ def _load_tiles(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, q_sm
         _tma_load(v_desc, [page * _KPAGE_SIZE, column], ready.index(stage), v_bufs.index(stage))
 
 
+@gluon.jit
+def _wait_for_producers():
+    """launch.wait_for_producers in Gluon (which cannot call a triton.jit function): wait until the kernels before
+    this one have finished and their writes are visible, then let the next kernel's programs launch."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
 @gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
-                          cu_seqlens_q, q_start, pages, deltas, valid, starts, num_pages,
+                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
                           batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
                           GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr):
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
     QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -383,11 +397,15 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     for i in gl.static_range(_KSTAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
+    # the set-up) overlaps the kernel before this one; q and the question's K/V are that kernel's writes.
+    if USE_PDL:
+        _wait_for_producers()
 
-    args = (Q, WsO, WsLse, Cos, Sin, deltas + table, valid + table, starts + table, q_smem, k_bufs, v_bufs,
-            ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+    args = (Q, WsO, WsLse, Cos, Sin, deltas + table, valid + table, starts + table, firsts + table, q_smem, k_bufs,
+            v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
             stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages + table,
-            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value)
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value)
     gl.warp_specialize([(_consumer_low, args), (_consumer_high, args), (_load_tiles, args)],
                        [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
 
@@ -397,10 +415,18 @@ def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             out: torch.Tensor | None = None) -> torch.Tensor:
     """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
     ranges, merged by prefill's combine kernel (also for one split)."""
+    ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta)
+    return merge_partials(ws_o, ws_lse, torch.empty_like(q) if out is None else out)
+
+
+def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                   tables: RopeTables | None, scale: float, num_splits: int, *,
+                   apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
+    [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
     total_q, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
-    out = torch.empty_like(q) if out is None else out
     ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
     ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     apply = tables is not None and apply_delta
@@ -408,13 +434,19 @@ def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
         q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
-        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages,
-        batch.batch_size, total_q, cos.shape[0] if tables is not None else 1, q.stride(0), q.stride(1),
-        batch.pages.stride(0), scale * LOG2E,
+        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
+        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
+        cos.shape[0] if tables is not None else 1, q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
         GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        num_warps=4, maxnreg=_MAXNREG)
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device))
+    return ws_o, ws_lse
+
+
+def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`split_partials`' partials merged into out [rows, heads, head_dim] by prefill's combine kernel."""
+    num_splits, total_q, q_heads, head_dim = ws_o.shape
     _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
                                           out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
                                           BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
-                                          **pdl_options(q.device))
+                                          **pdl_options(out.device))
     return out

@@ -55,6 +55,22 @@ def test_split_rule_fills_the_sms_once(monkeypatch, rows, splits):
     assert prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda")) == splits
 
 
+def test_the_prefill_graphs_calls_are_taken(monkeypatch):
+    """A CUDA graph bucket the kernel takes by its shapes (`shape_supported`, which is what the prefill graphs decide
+    their split count and plan by) gives calls `supports` accepts: the graphs pass first-slot offsets (zeros where
+    nothing is relinked) and views of one input buffer, and the pages of the pool. Session 12's `supports` turned
+    every such call away for its offsets, so the graphs ran prefill.py's kernel with no plan."""
+    from lazyattn.engine.prefill_graphs import StepLayout
+
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda *args: True)
+    layout = StepLayout(64, 4, 8, 64)
+    _, fb = layout.views(layout.buffers("cpu"), 32, 2, num_splits=16)
+    kv = torch.zeros(2, 2, 10, 64, 8, 128, dtype=torch.bfloat16)  # the pool: [layers, k/v, pages, slots, heads, dim]
+    q = torch.zeros(32, 32, 128, dtype=torch.bfloat16)
+    assert fb.attn.firsts is not None
+    assert prefill_hopper.supports(q, kv[1, 0], kv[1, 1], fb.attn)
+
+
 def test_the_switch_and_the_cpu_turn_the_kernel_away(monkeypatch):
     args = (32, 32, 8, 128, torch.bfloat16, 64)
     assert not prefill_hopper.shape_supported(*args, torch.device("cpu"))
@@ -74,3 +90,25 @@ def test_gpu_lone_question_matches_reference():
     splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], s.k_cache.shape[2], q.device)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
     assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("k", [3, 64, 80])
+def test_gpu_relinked_documents_match_reference(k):
+    """Relinked requests (kernels/paged.py): each shared document is listed from row k, its first k rows replaced by
+    private pages, so its first listed page starts at slot k % 64 (k = 64 skips a whole page). Slots before the offset
+    hold NaN: reading one would show."""
+    from tests.kernels.rope_cases import tables
+    from tests.kernels.scenario import make_scenario
+
+    s = make_scenario([2048, 700, 130], [([0, 1, 2], 32), ([2, 0], 20)], q_heads=32, kv_heads=8, head_dim=128,
+                      page_size=64, tables=tables("llama3", 128, max_position=32768, device="cuda"),
+                      dtype=torch.bfloat16, device="cuda", seed=5, relink=k)
+    for q, batch in (s.final_prefill(), s.relink_prefill()):
+        assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+        expected = ref(s, q, batch)
+        s.poison_unlisted(batch)
+        for splits in (1, 7):
+            out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+            assert rel_err(out, expected) < 1e-2

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Session 13 (H100): the short-question prefill's fixed cost. STAGES picks what runs (space-separated); outputs in
+# $OUT as one tarball.
+#   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_prefill.py
+#   breakdown  s13/breakdown.py at BATCHES (default "1 8"): the Gluon prefill's parts, PDL on and off
+#   ktests     pytest -m gpu tests/kernels
+#   etests     pytest -m gpu tests/engine tests/cache tests/model
+#   targets    kernels.py --sections targets
+#   ab         engine.py decode_rag + ttft_rag, BASE (session 12's tree, d50d50a, unpacked into .s13base: `mkdir .s13base
+#              && git archive d50d50a lazyattn benchmarks/engine.py benchmarks/models | tar x -C .s13base`) and this
+#              tree, alternated twice
+#   launches0  engine.py ttft_rag + launches with LAZYATTN_PDL=0: each kernel's own time in the prefill and decode
+#              steps, without PDL's overlapped waits
+#   on         engine.py, every section, defaults
+set -u
+STAGES=${STAGES:-htests breakdown}
+BATCHES=${BATCHES:-1 8}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s13; rm -rf $W; mkdir -p $W; L=$W/s13_$(echo $STAGES | tr ' ' '_').log
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
+python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
+step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
+         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+for stage in $STAGES; do
+  case $stage in
+    htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
+                 tests/kernels/test_prefill.py ;;
+    breakdown) step breakdown timeout -k 5 400 python benchmarks/results/engine_perf/s13/breakdown.py \
+                 $W/s13_breakdown.json $BATCHES ;;
+    ktests)    step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels ;;
+    etests)    step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
+    targets)   step targets timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s13_targets ;;
+    ab)        for r in 1 2; do
+                 for t in base this; do
+                   d=$PWD; [ $t = base ] && d=$PWD/.s13base
+                   step ab_${t}_$r timeout -k 5 150 env PYTHONPATH=$d python $d/benchmarks/engine.py \
+                     --sections decode_rag,ttft_rag --batches 16 --out $W/s13_${t}_$r
+                 done
+               done ;;
+    launches0) step launches0 timeout -k 5 200 env LAZYATTN_PDL=0 python benchmarks/engine.py \
+                 --sections ttft_rag,launches --batches 16 --out $W/s13_launches0 ;;
+    on)        step on timeout -k 5 400 python benchmarks/engine.py --out $W/s13_on ;;
+  esac
+done
+cd $W && tar czf $OUT/s13_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
+true
