@@ -404,15 +404,14 @@ def section_targets(b: Bench) -> list[dict]:
     """Issue 10's attention targets, each against the copy bandwidth measured in this run: time per layer as the
     engine's CUDA graphs run it (graph_us: 32 launches per graph, inputs rotated past L2, no L2 flush), KV bytes
     read per second, and that as % of copy. Short-query prefill: the RAG case (5 x 2048 cached documents at
-    their deltas + a 32-token question), target >= 70 %; "attention" is the attention launch(es) over Q copies
-    rotated per run (rotated_q), "RoPE + attention" adds the RoPE/KV-write launch that makes those copies (the
-    engine's layer). Decode at batch 1 over 10 304 keys, target >= 80 %. Deferred-RoPE overhead, target <= 3 %:
+    their deltas + a 32-token question), target >= 70 %; "attention" is the attention launch(es) the engine runs
+    (engine_attention: on Hopper the warp-specialised kernel, which rotates Q itself; elsewhere prefill.py's over Q
+    copies rotated per run), "RoPE + attention" adds the RoPE/KV-write launch before it (the engine's layer). Decode at batch 1 over 10 304 keys, target >= 80 %. Deferred-RoPE overhead, target <= 3 %:
     the same launches with per-document deltas vs the rotation compiled out (apply_delta=False, plain RoPE
     launch). The prefill calls split the keys as the engine's prefill graphs do (engine_split), both ways.
     """
     s, rows = b.s, []
     copy_gbps = b.copy_bandwidth()
-    prefill = attention(False)
 
     def bw(us: float, nbytes: float) -> dict:
         gbps = nbytes / us / 1e3
@@ -423,9 +422,9 @@ def section_targets(b: Bench) -> list[dict]:
         inputs, _ = rag_case(b, batch, False, copies=max(2, copies_for(kv_bytes, b.l2_bytes())))
         inputs = [engine_split(b, *i) for i in inputs]
         layers = {flag: [rag_layer(b, *i, flag) for i in inputs] for flag in (True, False)}
-        rotated = [rope_runs(b, *i) for i in inputs]
-        attend = {True: [lambda i=i, r=r: prefill(*i, b.tables, b.scale, rotated_q=r) for i, r in zip(inputs, rotated)],
-                  False: [lambda i=i: prefill(*i, b.tables, b.scale, apply_delta=False) for i in inputs]}
+        rotated = [None if hopper_takes(*i) else rope_runs(b, *i) for i in inputs]
+        attend = {True: [lambda i=i, r=r: engine_attention(b, *i, rotated_q=r) for i, r in zip(inputs, rotated)],
+                  False: [lambda i=i: engine_attention(b, *i, apply_delta=False) for i in inputs]}
         label = f"RAG bs {batch}: {s.n_docs}x{s.doc_len} cached + {s.question}"
         times = {}
         for what, calls in (("attention", attend), ("RoPE + attention", layers)):
@@ -473,11 +472,35 @@ def rag_sweep_bench() -> tuple[Bench, float | None, int, int]:
     return b, b.copy_bandwidth(), kv_bytes, max(2, copies_for(kv_bytes, b.l2_bytes()))
 
 
+def hopper_takes(q, k_cache, v_cache, pb: PagedBatch) -> bool:
+    """Whether the engine's GPU backend gives this prefill call to the Hopper kernel (kernels/prefill_hopper.py)."""
+    from lazyattn.kernels import prefill_hopper
+
+    return prefill_hopper.supports(q, k_cache, v_cache, pb)
+
+
+def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q=None, apply_delta: bool = True):
+    """The prefill attention the engine's GPU backend runs for this call (kernels/triton_backend.py): the Hopper
+    kernel where it takes the call (it rotates Q itself, at the split count the prefill graphs fix for it), else
+    prefill.py's kernel over Q copies rotated per run (rotated_q) or with the rotation compiled out."""
+    from lazyattn.kernels import prefill_hopper
+    from lazyattn.kernels.prefill import prefill_attention
+
+    if hopper_takes(q, k_cache, v_cache, pb):
+        splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device)
+        return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, splits,
+                                                      apply_delta=apply_delta)
+    return prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=rotated_q, apply_delta=apply_delta)
+
+
 def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:
     """The call's inputs with the split count the engine's prefill graphs fix for its rows and entries and, where
-    they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the graphs take it."""
+    they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the graphs take it (none
+    for calls the Hopper kernel takes: it splits pages evenly itself)."""
     from lazyattn.kernels.prefill import graph_num_splits, with_plan
 
+    if hopper_takes(q, k_cache, v_cache, pb):
+        return q, k_cache, v_cache, pb
     s = b.s
     splits = graph_num_splits(q.shape[0], pb.batch_size, s.q_heads, s.kv_heads, s.head_dim, q.dtype, s.page_size,
                               q.device)
@@ -500,15 +523,20 @@ def rope_runs(b: Bench, q, k_cache, v_cache, pb) -> torch.Tensor:
 
 
 def rag_layer(b: Bench, q, k_cache, v_cache, pb, deltas: bool) -> Callable[[], object]:
-    """One engine layer of the RAG prefill: the RoPE/KV-write launch, then attention. With deltas the RoPE launch
-    also writes Q rotated per run (rope_write_kv_runs) and attention reads those copies; without, the plain RoPE
-    launch and attention with the rotation compiled out. The question's K/V count as cached (slots -1)."""
+    """One engine layer of the RAG prefill: the RoPE/KV-write launch, then attention (engine_attention). Where the
+    Hopper kernel takes the call, the plain RoPE launch and that kernel, which rotates Q per document itself.
+    Elsewhere, with deltas the RoPE launch also writes Q rotated per run (rope_write_kv_runs) and attention reads
+    those copies; without, the plain RoPE launch and attention with the rotation compiled out. The question's K/V
+    count as cached (slots -1)."""
     s, t = b.s, q.shape[0]
     fn = attention(False)
     kv = torch.randn(t, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
     slots = torch.full((t,), -1, dtype=torch.int64, device=b.device)
     args = (q, kv[:, 0], kv[:, 1], rag_positions(b, pb), slots, k_cache, v_cache, b.tables)
-    if deltas:
+    if hopper_takes(q, k_cache, v_cache, pb):
+        def call():
+            return engine_attention(b, rope_write_kv(*args), k_cache, v_cache, pb, apply_delta=deltas)
+    elif deltas:
         def call():
             rq, q_rot = rope_write_kv_runs(*args, pb, rotated_runs_for(t))
             return fn(rq, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=q_rot)

@@ -204,6 +204,19 @@ def _store_q(q_smem, Q, Cos, Sin, token, head, row_ok, delta, max_position, stri
 
 
 @gluon.jit
+def _masked_v(v_src, v_dst, first, n_keys, layout: gl.constexpr):
+    """v_dst = the V tile v_src with the slots outside [first, first + n_keys) set to 0, as the P·V operand of a page
+    that is not full. Those slots may hold anything, NaN included (kernels/paged.py), and a product carries a NaN
+    through a probability of 0; the copy engine cannot skip them, so the consumer that reads them masks them here."""
+    slots = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(1, layout))
+    keep = (slots >= first) & (slots < first + n_keys)
+    v = v_src.load(layout)
+    v_dst.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
 def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr,
                   p_layout: gl.constexpr):
     """One tile's online-softmax step: the probabilities as the P·V operand, the factor that rescales what was
@@ -231,7 +244,7 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     """One consumer warpgroup: online softmax of its 64 query rows over the program's tiles, then its partial (split
     calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
-    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
+    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]  # v_bufs holds one more tile per consumer: its masked copy
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, _KPAGE_SIZE, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -275,6 +288,11 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
                                                Q.dtype.element_ty, p_layout)
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
+        # Tile t's V, masked into this consumer's own slot where the page is not full (P·V t - 1 has retired).
+        partial = n_keys < _KPAGE_SIZE
+        if partial:
+            _masked_v(v_bufs.index(stage), v_bufs.index(STAGE_COUNT + HALF_INDEX), first, n_keys, load_layout)
+        v_stage = gl.where(partial, STAGE_COUNT + HALF_INDEX, stage)
         # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
         more = t + 1 < n_tiles
         page = page_lo + t + 1
@@ -289,7 +307,7 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         next_stage = (t + 1) % STAGE_COUNT
         mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
         s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+        acc = warpgroup_mma(p_op, v_bufs.index(v_stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
                                                Q.dtype.element_ty, p_layout)
@@ -391,7 +409,7 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES + 2, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(_KSTAGES):
