@@ -406,10 +406,10 @@ def section_targets(b: Bench) -> list[dict]:
     read per second, and that as % of copy. Short-query prefill: the RAG case (5 x 2048 cached documents at
     their deltas + a 32-token question), target >= 70 %; "attention" is the attention launch(es) the engine runs
     (engine_attention: on Hopper the warp-specialised kernel, which rotates Q itself; elsewhere prefill.py's over Q
-    copies rotated per run), "RoPE + attention" adds the RoPE/KV-write launch before it (the engine's layer). Decode at batch 1 over 10 304 keys, target >= 80 %. Deferred-RoPE overhead, target <= 3 %:
-    the same launches with per-document deltas vs the rotation compiled out (apply_delta=False, plain RoPE
-    launch). The prefill calls split the keys as the engine's prefill graphs do (engine_split), both ways.
-    """
+    copies rotated per run), "RoPE + attention" adds the RoPE/KV-write launch before it (the engine's layer).
+    Decode at batch 1 over 10 304 keys, target >= 80 %. Deferred-RoPE overhead, target <= 3 %: the same launches
+    with per-document deltas vs the rotation compiled out (apply_delta=False, plain RoPE launch). The prefill calls
+    split the keys as the engine's prefill graphs do (engine_split), both ways."""
     s, rows = b.s, []
     copy_gbps = b.copy_bandwidth()
 
@@ -494,13 +494,11 @@ def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q
 
 
 def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:
-    """The call's inputs with the split count the engine's prefill graphs fix for its rows and entries and, where
-    they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the graphs take it (none
-    for calls the Hopper kernel takes: it splits pages evenly itself)."""
+    """The call's inputs with the split count the engine's prefill graphs fix for prefill.py's kernel over its rows
+    and entries and, where they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the
+    graphs take it. The Hopper kernel ignores both (engine_attention: it splits pages evenly itself)."""
     from lazyattn.kernels.prefill import graph_num_splits, with_plan
 
-    if hopper_takes(q, k_cache, v_cache, pb):
-        return q, k_cache, v_cache, pb
     s = b.s
     splits = graph_num_splits(q.shape[0], pb.batch_size, s.q_heads, s.kv_heads, s.head_dim, q.dtype, s.page_size,
                               q.device)

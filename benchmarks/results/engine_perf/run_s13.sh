@@ -12,6 +12,8 @@
 #   launches0  engine.py ttft_rag + launches with LAZYATTN_PDL=0: each kernel's own time in the prefill and decode
 #              steps, without PDL's overlapped waits
 #   on         engine.py, every section, defaults
+#   ncu        Nsight Compute, full set, on s13/profile_gluon.py at batch 1 (the Gluon kernel and the combine): the
+#              details page, and the source page (SASS with its stall samples) as gzipped CSV
 set -u
 STAGES=${STAGES:-htests breakdown}
 BATCHES=${BATCHES:-1 8}
@@ -39,6 +41,11 @@ for stage in $STAGES; do
                done ;;
     launches0) step launches0 timeout -k 5 200 env LAZYATTN_PDL=0 python benchmarks/engine.py \
                  --sections ttft_rag,launches --batches 16 --out $W/s13_launches0 ;;
+    ncu)       step ncu timeout -k 5 240 ncu --profile-from-start off --clock-control none --set full --import-source yes \
+                 -f -o $W/gluon1 python benchmarks/results/engine_perf/s13/profile_gluon.py 1
+               ncu -i $W/gluon1.ncu-rep --page details > $W/gluon1_details.log 2>&1
+               ncu -i $W/gluon1.ncu-rep --page source --csv --print-source sass > $W/gluon1_sass.csv 2>&1
+               gzip -f $W/gluon1_sass.csv; cp $W/gluon1_sass.csv.gz $OUT/ ;;
     on)        step on timeout -k 5 400 python benchmarks/engine.py --out $W/s13_on ;;
   esac
 done
