@@ -24,7 +24,7 @@ from lazyattn.kernels import prefill_hopper  # noqa: E402
 def main() -> None:
     b, _, _, _ = rag_sweep_bench()
     batch = int(sys.argv[1])
-    (q, k, v, pb), _ = rag_case(b, batch, False, copies=1)[0][0], None
+    q, k, v, pb = rag_case(b, batch, False, copies=1)[0][0]
     splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k.shape[2], q.device)
     for _ in range(5):
         prefill_hopper.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
