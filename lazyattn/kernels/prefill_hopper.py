@@ -28,8 +28,16 @@ prefill._derotated_q; delta 0 rotates by cos 1, sin 0, which leaves q as it is) 
 operand in shared memory. A document is one run of equal delta, so that happens once per document a program's range
 touches: no rotated copies of q are read.
 
+Pages that are not full: the copy engine loads all 64 slots, and the slots outside a page's keys may hold anything,
+NaN included (kernels/paged.py). Their scores are masked to -inf, but a probability of 0 times a NaN in V is NaN, so
+for such a page each consumer copies the V tile into a slot of its own with those rows zeroed (`_masked_v`) and
+multiplies by that. Full pages, nearly all of a document, skip the copy.
+
 Splits: a program takes one of `num_splits` balanced ranges of the block's visible pages and always writes a
 normalised partial output and its log2-sum-exp, which prefill's `_combine_kernel` merges (also for one split).
+
+Programmatic dependent launch (kernels/launch.py): the scans that find a program's entry and pages, and the barrier
+set-up, run before the wait; Q and the question's K/V are the previous kernel's writes, read after it.
 
 Triton 3.6 (the GPU machine's) turns constexprs passed to warp_specialize's partitions into run-time values, and
 then fails to lower some branches on them; so the partitions take group, head count and the delta flags as
@@ -37,9 +45,9 @@ run-time values and branch on none of them.
 
 Who calls it: the engine's GPU backend (kernels/triton_backend.py) for every short prefill call it `supports`, with
 `num_splits` (which the prefill CUDA graphs fix per bucket); `prefill.prefill_attention` itself stays prefill.py's
-kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kernels.md, "Session 12"), the RAG case
-per layer: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97 against 153-156, batch 8 146-150
-against 172-174 (75-77 % of copy bandwidth).
+kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kernels.md, "Session 12" and
+"Session 13"), the RAG case per layer: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97
+against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth).
 """
 
 from __future__ import annotations
