@@ -12,11 +12,9 @@ set -u
 STAGES=${STAGES:-anatomy}
 export PYTHONUNBUFFERED=1
 W=/tmp/s10; rm -rf $W; mkdir -p $W; L=$OUT/s10.log
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
-python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
+. "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
+device_info
 lscpu | grep -E "Model name|MHz" >> $L
-step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
 for stage in $STAGES; do
   case $stage in
     hostcpu) for r in 1 2; do
@@ -27,13 +25,7 @@ for stage in $STAGES; do
                --repeats 200 --rounds 3 --out $W/s10_hostab.json ;;
     anatomy) step anatomy timeout -k 5 400 env PYTHONPATH=$PWD python benchmarks/ttft_anatomy.py \
                --sections engine_graphs,phases,waits --out $W/s10_anatomy ;;
-    ab)      for r in 1 2; do
-               for t in base this; do
-                 d=$PWD; [ $t = base ] && d=$PWD/.s10base
-                 step ab_${t}_$r timeout -k 5 150 env PYTHONPATH=$d python $d/benchmarks/engine.py \
-                   --sections decode_rag,ttft_rag --batches 16 --out $W/s10_${t}_$r
-               done
-             done ;;
+    ab)      ab_engine .s10base s10 ;;
     on)      step on timeout -k 5 400 env PYTHONPATH=$PWD python benchmarks/engine.py --out $W/s10_on ;;
     targets) step targets timeout -k 5 300 env PYTHONPATH=$PWD python benchmarks/kernels.py --sections targets \
                --out $W/s10_targets ;;

@@ -15,10 +15,8 @@ STAGES=${STAGES:-ncu}
 CASES=${CASES:-decode1 triton1 triton8 gluon8}
 export PYTHONUNBUFFERED=1
 W=/tmp/s12; rm -rf $W; mkdir -p $W; L=$OUT/s12.log
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
-python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
-step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+. "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
+device_info
 P=benchmarks/results/engine_perf/s12/profile_case.py
 for stage in $STAGES; do
   case $stage in

@@ -19,10 +19,8 @@ STAGES=${STAGES:-htests breakdown}
 BATCHES=${BATCHES:-1 8}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 W=/tmp/s13; rm -rf $W; mkdir -p $W; L=$W/s13_$(echo $STAGES | tr ' ' '_').log
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
-python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
-step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+. "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
+device_info
 for stage in $STAGES; do
   case $stage in
     htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
@@ -32,13 +30,7 @@ for stage in $STAGES; do
     ktests)    step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels ;;
     etests)    step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     targets)   step targets timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s13_targets ;;
-    ab)        for r in 1 2; do
-                 for t in base this; do
-                   d=$PWD; [ $t = base ] && d=$PWD/.s13base
-                   step ab_${t}_$r timeout -k 5 150 env PYTHONPATH=$d python $d/benchmarks/engine.py \
-                     --sections decode_rag,ttft_rag --batches 16 --out $W/s13_${t}_$r
-                 done
-               done ;;
+    ab)        ab_engine .s13base s13 ;;
     launches0) step launches0 timeout -k 5 200 env LAZYATTN_PDL=0 python benchmarks/engine.py \
                  --sections ttft_rag,launches --batches 16 --out $W/s13_launches0 ;;
     ncu)       step ncu timeout -k 5 240 ncu --profile-from-start off --clock-control none --set full --import-source yes \

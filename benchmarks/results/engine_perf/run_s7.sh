@@ -21,10 +21,9 @@ set -u
 STAGES=${STAGES:-on nopdl base ktests}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 W=/tmp/s7; rm -rf $W; mkdir -p $W; L=$OUT/s7.log
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
-python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
-step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -3 $W/$name.log >> $L; }
+TAIL=${TAIL:-3}  # the log keeps each step's last 3 lines
+. "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
+device_info
 SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20 --num-requests 48 --kv-cache-gb 20 --no-progress"
 SEC=decode_short,decode_rag,ttft_rag,launches
 for stage in $STAGES; do

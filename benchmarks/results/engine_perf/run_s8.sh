@@ -24,10 +24,8 @@ set -u
 STAGES=${STAGES:-anatomy ttft}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 W=/tmp/s8; rm -rf $W; mkdir -p $W; L=$OUT/s8.log
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
-python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
-step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+. "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
+device_info
 SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20 --num-requests 48 --kv-cache-gb 20 --no-progress"
 for stage in $STAGES; do
   case $stage in

@@ -11,10 +11,8 @@ set -u
 STAGES=${STAGES:-ab}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 W=/tmp/s9; rm -rf $W; mkdir -p $W; L=$OUT/s9.log
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
-python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L
-step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
-         echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
+. "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
+device_info
 for stage in $STAGES; do
   case $stage in
     sweep)   step sweep timeout -k 5 300 python benchmarks/results/engine_perf/s9_plan_sweep.py $W/s9_plan_sweep.json ;;
