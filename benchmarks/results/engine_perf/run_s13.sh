@@ -12,6 +12,9 @@
 #   launches0  engine.py ttft_rag + launches with LAZYATTN_PDL=0: each kernel's own time in the prefill and decode
 #              steps, without PDL's overlapped waits
 #   on         engine.py, every section, defaults
+#   abk        s13/breakdown.py at BATCHES, the previous kernel (4335f51, unpacked into .s13b: `mkdir .s13b && git archive
+#              4335f51 lazyattn benchmarks/kernels.py benchmarks/engine.py benchmarks/models
+#              benchmarks/results/engine_perf/s13/breakdown.py | tar x -C .s13b`) and this tree, alternated twice
 #   ncu        Nsight Compute, full set, on s13/profile_gluon.py at batch 1 (the Gluon kernel and the combine): the
 #              details page, and the source page (SASS with its stall samples) as gzipped CSV
 set -u
@@ -31,6 +34,13 @@ for stage in $STAGES; do
     etests)    step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     targets)   step targets timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s13_targets ;;
     ab)        ab_engine .s13base s13 ;;
+    abk)       for r in 1 2; do
+                 for t in base this; do
+                   d=$PWD; [ $t = base ] && d=$PWD/.s13b
+                   step abk_${t}_$r timeout -k 5 300 env PYTHONPATH=$d python \
+                     $d/benchmarks/results/engine_perf/s13/breakdown.py $W/s13_abk_${t}_$r.json $BATCHES
+                 done
+               done ;;
     launches0) step launches0 timeout -k 5 200 env LAZYATTN_PDL=0 python benchmarks/engine.py \
                  --sections ttft_rag,launches --batches 16 --out $W/s13_launches0 ;;
     ncu)       step ncu timeout -k 5 240 ncu --profile-from-start off --clock-control none --set full --import-source yes \
