@@ -2,15 +2,16 @@
 # (its log file).
 #   device_info         the GPU, its top SM clock, torch and Triton versions, into $L (a new file)
 #   step NAME CMD...    CMD's output into $W/NAME.log; its exit status, seconds and the log's tail onto $L
-#   ab_engine BASE OUT  benchmarks/engine.py decode_rag + ttft_rag (batch 16), a checkout of another tree in BASE and
-#                       this tree, alternated twice: $W/OUT_{base,this}_{1,2}.{json,md}
+#   ab_engine BASE OUT [ORDER]
+#                       benchmarks/engine.py decode_rag + ttft_rag (batch 16), a checkout of another tree in BASE and
+#                       this tree, alternated twice in ORDER (default "base this"): $W/OUT_{base,this}_{1,2}.{json,md}
 device_info() { nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
                 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L; }
 step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
          echo "$name rc=$? $((SECONDS-s)) s" | tee -a $L; tail -${TAIL:-40} $W/$name.log >> $L; }
-ab_engine() { local base=$1 out=$2 r t d
+ab_engine() { local base=$1 out=$2 order=${3:-base this} r t d
               for r in 1 2; do
-                for t in base this; do
+                for t in $order; do
                   d=$PWD; [ $t = base ] && d=$PWD/$base
                   step ab_${t}_$r timeout -k 5 150 env PYTHONPATH=$d python $d/benchmarks/engine.py \
                     --sections decode_rag,ttft_rag --batches 16 --out $W/${out}_${t}_$r

@@ -15,6 +15,8 @@
 #   abk        s13/breakdown.py at BATCHES, the previous kernel (4335f51, unpacked into .s13b: `mkdir .s13b && git archive
 #              4335f51 lazyattn benchmarks/kernels.py benchmarks/engine.py benchmarks/models
 #              benchmarks/results/engine_perf/s13/breakdown.py | tar x -C .s13b`) and this tree, alternated twice
+#   abe        engine.py decode_rag + ttft_rag, .s13b (above) and this tree alternated twice (lib.sh, ab_engine)
+#   aber       the same, this tree first
 #   ncu        Nsight Compute, full set, on s13/profile_gluon.py at batch 1 (the Gluon kernel and the combine): the
 #              details page, and the source page (SASS with its stall samples) as gzipped CSV
 set -u
@@ -34,6 +36,8 @@ for stage in $STAGES; do
     etests)    step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     targets)   step targets timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s13_targets ;;
     ab)        ab_engine .s13base s13 ;;
+    abe)       ab_engine .s13b s13k ;;
+    aber)      ab_engine .s13b s13r "this base" ;;
     abk)       for r in 1 2; do
                  for t in base this; do
                    d=$PWD; [ $t = base ] && d=$PWD/.s13b
