@@ -17,6 +17,8 @@
 #              benchmarks/results/engine_perf/s13/breakdown.py | tar x -C .s13b`) and this tree, alternated twice
 #   abe        engine.py decode_rag + ttft_rag, .s13b (above) and this tree alternated twice (lib.sh, ab_engine)
 #   aber       the same, this tree first
+#   gemv32     engine.py decode_rag + ttft_rag with the shipped GEMV table and with s13/gemv_table_m32_as_m16.json
+#              (LAZYATTN_GEMV_TABLE; the 8B shapes' 32-row configs replaced by their 16-row ones), alternated twice
 #   ncu        Nsight Compute, full set, on s13/profile_gluon.py at batch 1 (the Gluon kernel and the combine): the
 #              details page, and the source page (SASS with its stall samples) as gzipped CSV
 set -u
@@ -38,6 +40,13 @@ for stage in $STAGES; do
     ab)        ab_engine .s13base s13 ;;
     abe)       ab_engine .s13b s13k ;;
     aber)      ab_engine .s13b s13r "this base" ;;
+    gemv32)    for r in 1 2; do
+                 step gemv_shipped_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
+                   --batches 16 --out $W/s13g_shipped_$r
+                 step gemv_m16_$r timeout -k 5 150 env \
+                   LAZYATTN_GEMV_TABLE=benchmarks/results/engine_perf/s13/gemv_table_m32_as_m16.json python \
+                   benchmarks/engine.py --sections decode_rag,ttft_rag --batches 16 --out $W/s13g_m16_$r
+               done ;;
     abk)       for r in 1 2; do
                  for t in base this; do
                    d=$PWD; [ $t = base ] && d=$PWD/.s13b
