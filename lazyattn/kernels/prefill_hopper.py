@@ -247,9 +247,9 @@ def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_sca
 @gluon.jit
 def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs, ready,
              empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale,
-             group, num_heads, apply_delta, interleaved, has_first, HALF_INDEX: gl.constexpr):
-    """One consumer warpgroup: online softmax of its 64 query rows over the program's tiles, then its partial (split
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
+    """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
+    rows, half `half` of the program's 128 (q_smem: its Q operand), over the program's tiles, then its partial (split
     calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]  # v_bufs holds one more tile per consumer: its masked copy
@@ -262,12 +262,12 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
                                                  warps_per_cta=[4, 1], order=[1, 0])
 
     # Row identities in each layout that uses them.
-    r_load = HALF_INDEX * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
+    r_load = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
     qi_load = first_row + r_load // group
     token_load = (row0 + qi_load).to(gl.int64)
     head_load = kv_head * group + r_load % group
     ok_load = qi_load < q_len
-    r_s = HALF_INDEX * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
+    r_s = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
     q_pos = pos0 + first_row + r_s // group
     q_first = pos0 + first_row
     keys = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(0, s_layout))
@@ -299,8 +299,8 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         # Tile t's V, masked into this consumer's own slot where the page is not full (P·V t - 1 has retired).
         partial = n_keys < _KPAGE_SIZE
         if partial:
-            _masked_v(v_bufs.index(stage), v_bufs.index(STAGE_COUNT + HALF_INDEX), first, n_keys, load_layout)
-        v_stage = gl.where(partial, STAGE_COUNT + HALF_INDEX, stage)
+            _masked_v(v_bufs.index(stage), v_bufs.index(STAGE_COUNT + half), first, n_keys, load_layout)
+        v_stage = gl.where(partial, STAGE_COUNT + half, stage)
         # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
         more = t + 1 < n_tiles
         page = page_lo + t + 1
@@ -337,30 +337,7 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
 
 
 @gluon.jit
-def _consumer_low(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs,
-                  ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-                  stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
-                  group, num_heads, apply_delta, interleaved, has_first):
-    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), k_bufs, v_bufs,
-             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, 0)
-
-
-@gluon.jit
-def _consumer_high(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs,
-                   ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-                   stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
-                   group, num_heads, apply_delta, interleaved, has_first):
-    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), k_bufs, v_bufs,
-             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, 1)
-
-
-@gluon.jit
-def _load_tiles(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs,
-                ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-                stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages_row,
-                group, num_heads, apply_delta, interleaved, has_first):
+def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles):
     """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it."""
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     column = kv_head * _KHEAD_DIM
@@ -428,11 +405,19 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     if USE_PDL:
         _wait_for_producers()
 
-    args = (Q, WsO, WsLse, Cos, Sin, deltas + table, valid + table, starts + table, firsts + table, q_smem, k_bufs,
-            v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-            stride_qt, stride_qh, qk_scale, k_desc, v_desc, pages + table,
-            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value)
-    gl.warp_specialize([(_consumer_low, args), (_consumer_high, args), (_load_tiles, args)],
+    # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
+    # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
+    deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
+    low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), k_bufs, v_bufs,
+           ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+           stride_qt, stride_qh, qk_scale,
+           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
+    high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), k_bufs, v_bufs,
+            ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+            stride_qt, stride_qh, qk_scale,
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
+    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
+    gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
                        [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
 
 
