@@ -285,24 +285,40 @@ def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine:
     kv = _pool(heads, 64)
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
-    launch = prefill_hopper.pdl_options
-    if engine:
-        prefill_hopper.pdl_options = lambda device: {"USE_PDL": True, "launch_pdl": True}
-    try:
+    with _pdl(prefill_hopper, engine):
         prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads),
                                                heads.dim ** -0.5, splits)
+
+
+@contextlib.contextmanager
+def _pdl(module, on: bool, env: dict[str, str] | None = None) -> Iterator[None]:
+    """With `on`: `module`'s launcher takes programmatic dependent launch as on a Hopper GPU (its pdl_options
+    looks at the device, a CPU here), with the variables in `env` set."""
+    launch, saved = module.pdl_options, {k: os.environ.get(k) for k in env or {}}
+    if on:
+        module.pdl_options = lambda device: {"USE_PDL": True, "launch_pdl": True}
+        os.environ.update(env or {})
+    try:
+        yield
     finally:
-        prefill_hopper.pdl_options = launch
+        module.pdl_options = launch
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def _decode(heads: Heads, page_size: int, batch: PagedBatch) -> None:
+def _decode(heads: Heads, page_size: int, batch: PagedBatch, prefetch: int | None = None) -> None:
+    """prefetch: launched as the engine launches it on a Hopper GPU (PDL), with that LAZYATTN_DECODE_PREFETCH."""
     kv = _pool(heads, page_size)
     tables = _tables(heads)
     q, k, v = _qkv(heads, batch.batch_size)
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
     q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], kv[0, 1], tables)
-    decode.decode_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5,
-                            counters=decode.ArrivalCounters())
+    with _pdl(decode, prefetch is not None, {decode.PREFETCH_ENV: str(prefetch)}):
+        decode.decode_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5,
+                                counters=decode.ArrivalCounters())
 
 
 def _copy_rotate(heads: Heads, page_size: int) -> None:
@@ -389,6 +405,10 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                                                                                      _decode_batch(ps, e, c))))
             out.append((f"decode {h} page{ps} B=1 relinked (firsts)",
                         lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240, relinked=True))))
+            for pages in (0, 2):
+                out.append((f"decode {h} page{ps} B=1 ctx~10240, PDL, {pages} pages prefetched",
+                            lambda heads=heads, ps=ps, n=pages: _decode(heads, ps, _decode_batch(ps, 1, 10240),
+                                                                        prefetch=n)))
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
         out.append((f"short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}",

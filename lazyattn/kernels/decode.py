@@ -27,6 +27,7 @@ the programs past an entry's count return at once).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,9 @@ from lazyattn.kernels.rope import RopeTables
 NEG_BIG = tl.constexpr(-1.0e30)
 # Batch-1 decode takes one program per SM while its splits stay this short (pages); see split_rule.
 _SHORT_SPLIT_PAGES = 16
+# The merge loads (query head, split) partials this many at a time: 64 rows of 128 fp32 are 64 registers a thread.
+_MERGE_ROWS = 64
+PREFETCH_ENV = "LAZYATTN_DECODE_PREFETCH"  # pages of K/V a program asks L2 for before its PDL wait (0: none)
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -204,16 +208,18 @@ def _decode_split_kernel(
     qk_scale, num_splits, min_pages, short_pages, short_cap,
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-    BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     entry = tl.program_id(2).to(tl.int64)
-    wait_for_producers(USE_PDL)
 
     # This entry's split count (SplitRule, evaluated on its own pages; at most the grid's num_splits) and
     # this program's contiguous page range [page_lo, page_hi). Programs past the count have nothing to do.
+    # The page tables are the host's (no kernel of the step writes them): read before the PDL wait, in
+    # _decode_split, while the kernel before this one finishes.
     n_pages = tl.load(num_pages_ptr + entry)
     splits = _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap)
     if split < splits:
@@ -222,8 +228,8 @@ def _decode_split_kernel(
                       stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
                       stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
                       stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
-                      HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST)
+                      HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, USE_PDL, PREFETCH_PAGES)
 
 
 @triton.jit
@@ -244,8 +250,9 @@ def _decode_split(
     qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-    BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -254,6 +261,17 @@ def _decode_split(
     page_hi = tl.minimum(page_lo + per_split, n_pages)
     # Causal bound of the contract: the query sees logical positions <= its own (all keys, in decode).
     q_pos = tl.load(q_start_ptr + entry)
+    t_lo = page_lo * TILES_PER_PAGE
+    t_hi = page_hi * TILES_PER_PAGE
+    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    if USE_PDL and PREFETCH_PAGES > 0:
+        _prefetch_pages(pages_ptr + entry * stride_pages, page_lo, page_hi, k_base, v_base, stride_kp,
+                        stride_kt, stride_vp, stride_vt, PREFETCH_PAGES, TILES_PER_PAGE * BLOCK_N, HEAD_DIM,
+                        k_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
+    wait_for_producers(USE_PDL)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -272,9 +290,6 @@ def _decode_split(
         partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
 
-    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
-
     m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -282,9 +297,6 @@ def _decode_split(
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
     # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
     # The other per-page metadata is scalar loads from small rows that stay in L1.
-    t_lo = page_lo * TILES_PER_PAGE
-    t_hi = page_hi * TILES_PER_PAGE
-    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
     for t in range(t_lo, t_hi):
         p = t // TILES_PER_PAGE
         page = page_next.to(tl.int64)
@@ -341,42 +353,70 @@ def _decode_split(
         tl.debug_barrier()
         counter = counters_ptr + entry * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            for g_i in tl.static_range(GROUP):
-                head = kv_head * GROUP + g_i
-                _merge_head(acc_ptr, m_ptr, l_ptr, (entry * HQ + head) * num_splits, splits,
-                            out_ptr + entry * stride_ob + head.to(tl.int64) * stride_oh,
-                            HEAD_DIM, BLOCK_S, BLOCK_D)
+            _merge_group(acc_ptr, m_ptr, l_ptr, (entry * HQ + kv_head * GROUP) * num_splits, num_splits, splits,
+                         out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh, stride_oh,
+                         GROUP, HEAD_DIM, BLOCK_H, BLOCK_S, BLOCK_D)
             tl.store(counter, 0)
 
 
 @triton.jit
-def _merge_head(acc_ptr, m_ptr, l_ptr, first, num_splits, o_row,
-                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits of one (entry, q head).
+def _prefetch_pages(page_row, page_lo, page_hi, k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt,
+                    PAGES: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, ELEM_BYTES: tl.constexpr):
+    """Ask L2 for the K and V lines (this kv head's rows) of the first PAGES pages of [page_lo, page_hi), so that
+    the pipeline's first tiles arrive sooner. Safe before the PDL wait: L2 is where every SM's stores land, so
+    a line that an earlier kernel is still writing is never stale there (only L1 could be, and this bypasses it).
+    """
+    LINE_ELEMS: tl.constexpr = 128 // ELEM_BYTES
+    LINES: tl.constexpr = (HEAD_DIM * ELEM_BYTES + 127) // 128
+    r = tl.arange(0, PAGES * PAGE_SIZE)
+    p = page_lo + r // PAGE_SIZE
+    page = tl.load(page_row + p, mask=p < page_hi, other=0).to(tl.int64)
+    slot = (r % PAGE_SIZE)[:, None]
+    line = (tl.arange(0, LINES) * LINE_ELEMS)[None, :]
+    _prefetch_l2(k_base + page[:, None] * stride_kp + slot * stride_kt + line)
+    _prefetch_l2(v_base + page[:, None] * stride_vp + slot * stride_vt + line)
 
-    Walks the splits BLOCK_S at a time with a running max, so any split count fits in registers. Empty
-    splits carry m = NEG_BIG, l = 0, acc = 0 and add nothing. Loads bypass L1 (.cg): other programs wrote
-    the partials."""
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < HEAD_DIM
-    m_run = tl.full([], NEG_BIG, tl.float32)
-    total = tl.zeros([], tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        s_mask = s < num_splits
-        m = tl.load(m_ptr + first + s, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(l_ptr + first + s, mask=s_mask, other=0.0, cache_modifier=".cg")
-        part = tl.load(acc_ptr + (first + s)[:, None] * HEAD_DIM + d[None, :],
-                       mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(m, 0))
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines at ptrs (one pointer per 128-byte line); nothing waits for them."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _merge_group(acc_ptr, m_ptr, l_ptr, first, num_splits, splits, o_row, stride_oh,
+                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """out_h = sum_s 2^(m_hs - M_h) acc_hs / sum_s 2^(m_hs - M_h) l_hs for the GROUP query heads of one (entry,
+    kv head), over its `splits` splits: partial (head h, split s) is scratch row first + h * num_splits + s.
+
+    All heads' partials come in one load per BLOCK_S splits (at most one round trip in the usual case: the
+    merger is the last program of its kv head, so its latency is the kernel's tail), with a running max, so any
+    split count fits in registers. Loads bypass L1 (.cg): other programs wrote the partials."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
+    h_mask = h < GROUP
+    m_run = tl.full([BLOCK_H], NEG_BIG, tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)[None, :]
+        mask = h_mask & (s < splits)
+        row = first + h * num_splits + s
+        m = tl.load(m_ptr + row, mask=mask, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + row, mask=mask, other=0.0, cache_modifier=".cg")
+        part = tl.load(acc_ptr + row[:, :, None] * HEAD_DIM + d, mask=mask[:, :, None] & (d < HEAD_DIM),
+                       other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_run, tl.max(m, 1))
         old = tl.exp2(m_run - m_new)
-        w = tl.exp2(m - m_new)
-        total = total * old + tl.sum(l * w, 0)
-        acc = acc * old + tl.sum(part * w[:, None], 0)
+        w = tl.exp2(m - m_new[:, None])
+        total = total * old + tl.sum(l * w, 1)
+        acc = acc * old[:, None] + tl.sum(part * w[:, :, None], 1)
         m_run = m_new
-    out = acc / tl.where(total > 0, total, 1.0)
-    tl.store(o_row + d, out.to(o_row.dtype.element_ty), mask=d_mask)
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    dd = tl.arange(0, BLOCK_D)[None, :]
+    tl.store(o_row + h.to(tl.int64) * stride_oh + dd, out.to(o_row.dtype.element_ty), mask=h_mask & (dd < HEAD_DIM))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -402,6 +442,13 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"RoPE tables live on {tables.cos.device}, q on {q.device}: move them with .to()")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+
+
+def _prefetch_pages_env() -> int:
+    pages = os.environ.get(PREFETCH_ENV, "0")
+    if not pages.isdigit() or int(pages) & (int(pages) - 1):
+        raise ValueError(f"{PREFETCH_ENV} must be 0 or a power of two (pages), got {pages!r}")
+    return int(pages)
 
 
 def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
@@ -467,6 +514,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     firsts = batch.starts if batch.firsts is None else batch.firsts  # a placeholder pointer without offsets
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
+    block_h = triton.next_power_of_2(group)
     # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
     # floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
     dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
@@ -480,10 +528,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         rule.short_cap,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=config.block_n, TILES_PER_PAGE=page_size // config.block_n,
-        BLOCK_S=min(32, triton.next_power_of_2(num_splits)), APPLY_DELTA=apply_delta,
+        BLOCK_H=block_h, BLOCK_S=min(max(1, _MERGE_ROWS // block_h), triton.next_power_of_2(num_splits)),
+        APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        HAS_FIRST=batch.firsts is not None, num_warps=config.num_warps, num_stages=config.num_stages, **regs,
-        **pdl_options(q.device),
+        HAS_FIRST=batch.firsts is not None, PREFETCH_PAGES=_prefetch_pages_env(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device),
     )
     return out

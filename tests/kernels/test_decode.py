@@ -73,6 +73,15 @@ def test_num_splits(num_splits):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
+@pytest.mark.parametrize("heads", [(8, 1), (6, 2), (16, 1)])
+def test_merge_in_several_rounds(heads):
+    """More splits than the merge loads at once (64 // group rows: 8, 16, 4 splits a round), 18 and 20 of them."""
+    s = scenario("llama3", heads=heads, seed=3, docs=[100, 90, 40], requests=[([0, 1, 2], 30), ([2, 1, 0], 55)])
+    out, ref = run(s, num_splits=32)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
 @pytest.mark.parametrize("head_dim", [128, 80])
 def test_head_dims(head_dim):
     """128, and 80 (not a power of two: channels padded and masked)."""
@@ -277,6 +286,17 @@ def test_gpu_batch8_4k(page_size):
         out, ref = run(s, num_splits=n)
         assert rel_err(out, ref) < 1e-2
     assert rel_err(out, dense_decode(s)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pages", [1, 4])
+def test_gpu_prefetch_before_the_wait_changes_no_bit(monkeypatch, pages):
+    """LAZYATTN_DECODE_PREFETCH: L2 prefetches of each program's first pages, issued before the PDL wait."""
+    s = gpu_scenario([6000, 7001, 5555], [([2, 0, 1], 300), ([1], 20)])
+    plain, ref = run(s)
+    monkeypatch.setenv(decode.PREFETCH_ENV, str(pages))
+    fetched, _ = run(s)
+    assert torch.equal(fetched, plain) and rel_err(fetched, ref) < 1e-2
 
 
 @pytest.mark.gpu
