@@ -291,32 +291,26 @@ def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine:
 
 
 @contextlib.contextmanager
-def _pdl(module, on: bool, env: dict[str, str] | None = None) -> Iterator[None]:
+def _pdl(module, on: bool) -> Iterator[None]:
     """With `on`: `module`'s launcher takes programmatic dependent launch as on a Hopper GPU (its pdl_options
-    looks at the device, a CPU here), with the variables in `env` set."""
-    launch, saved = module.pdl_options, {k: os.environ.get(k) for k in env or {}}
+    looks at the device, a CPU here)."""
+    launch = module.pdl_options
     if on:
         module.pdl_options = lambda device: {"USE_PDL": True, "launch_pdl": True}
-        os.environ.update(env or {})
     try:
         yield
     finally:
         module.pdl_options = launch
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
-def _decode(heads: Heads, page_size: int, batch: PagedBatch, prefetch: int | None = None) -> None:
-    """prefetch: launched as the engine launches it on a Hopper GPU (PDL), with that LAZYATTN_DECODE_PREFETCH."""
+def _decode(heads: Heads, page_size: int, batch: PagedBatch, pdl: bool = False) -> None:
+    """pdl: launched as the engine launches it on a Hopper GPU (the page tables read before the wait)."""
     kv = _pool(heads, page_size)
     tables = _tables(heads)
     q, k, v = _qkv(heads, batch.batch_size)
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
     q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], kv[0, 1], tables)
-    with _pdl(decode, prefetch is not None, {decode.PREFETCH_ENV: str(prefetch)}):
+    with _pdl(decode, pdl):
         decode.decode_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5,
                                 counters=decode.ArrivalCounters())
 
@@ -405,10 +399,8 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                                                                                      _decode_batch(ps, e, c))))
             out.append((f"decode {h} page{ps} B=1 relinked (firsts)",
                         lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240, relinked=True))))
-            for pages in (0, 2):
-                out.append((f"decode {h} page{ps} B=1 ctx~10240, PDL, {pages} pages prefetched",
-                            lambda heads=heads, ps=ps, n=pages: _decode(heads, ps, _decode_batch(ps, 1, 10240),
-                                                                        prefetch=n)))
+            out.append((f"decode {h} page{ps} B=1 ctx~10240, PDL",
+                        lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240), pdl=True)))
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
         out.append((f"short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}",

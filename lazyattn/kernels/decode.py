@@ -27,7 +27,6 @@ the programs past an entry's count return at once).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +44,6 @@ NEG_BIG = tl.constexpr(-1.0e30)
 _SHORT_SPLIT_PAGES = 16
 # The merge loads (query head, split) partials this many at a time: 64 rows of 128 fp32 are 64 registers a thread.
 _MERGE_ROWS = 64
-PREFETCH_ENV = "LAZYATTN_DECODE_PREFETCH"  # pages of K/V a program asks L2 for before its PDL wait (0: none)
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -210,7 +208,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -229,7 +227,7 @@ def _decode_split_kernel(
                       stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
                       stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
                       HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, USE_PDL, PREFETCH_PAGES)
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, USE_PDL)
 
 
 @triton.jit
@@ -252,7 +250,7 @@ def _decode_split(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -266,10 +264,6 @@ def _decode_split(
     page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
-    if USE_PDL and PREFETCH_PAGES > 0:
-        _prefetch_pages(pages_ptr + entry * stride_pages, page_lo, page_hi, k_base, v_base, stride_kp,
-                        stride_kt, stride_vp, stride_vt, PREFETCH_PAGES, TILES_PER_PAGE * BLOCK_N, HEAD_DIM,
-                        k_ptr.dtype.element_ty.primitive_bitwidth // 8)
     # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
     wait_for_producers(USE_PDL)
 
@@ -360,31 +354,6 @@ def _decode_split(
 
 
 @triton.jit
-def _prefetch_pages(page_row, page_lo, page_hi, k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt,
-                    PAGES: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, ELEM_BYTES: tl.constexpr):
-    """Ask L2 for the K and V lines (this kv head's rows) of the first PAGES pages of [page_lo, page_hi), so that
-    the pipeline's first tiles arrive sooner. Safe before the PDL wait: L2 is where every SM's stores land, so
-    a line that an earlier kernel is still writing is never stale there (only L1 could be, and this bypasses it).
-    """
-    LINE_ELEMS: tl.constexpr = 128 // ELEM_BYTES
-    LINES: tl.constexpr = (HEAD_DIM * ELEM_BYTES + 127) // 128
-    r = tl.arange(0, PAGES * PAGE_SIZE)
-    p = page_lo + r // PAGE_SIZE
-    page = tl.load(page_row + p, mask=p < page_hi, other=0).to(tl.int64)
-    slot = (r % PAGE_SIZE)[:, None]
-    line = (tl.arange(0, LINES) * LINE_ELEMS)[None, :]
-    _prefetch_l2(k_base + page[:, None] * stride_kp + slot * stride_kt + line)
-    _prefetch_l2(v_base + page[:, None] * stride_vp + slot * stride_vt + line)
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask L2 for the lines at ptrs (one pointer per 128-byte line); nothing waits for them."""
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _merge_group(acc_ptr, m_ptr, l_ptr, first, num_splits, splits, o_row, stride_oh,
                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
                  BLOCK_D: tl.constexpr):
@@ -442,13 +411,6 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"RoPE tables live on {tables.cos.device}, q on {q.device}: move them with .to()")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
-
-
-def _prefetch_pages_env() -> int:
-    pages = os.environ.get(PREFETCH_ENV, "0")
-    if not pages.isdigit() or int(pages) & (int(pages) - 1):
-        raise ValueError(f"{PREFETCH_ENV} must be 0 or a power of two (pages), got {pages!r}")
-    return int(pages)
 
 
 def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
@@ -532,7 +494,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        HAS_FIRST=batch.firsts is not None, PREFETCH_PAGES=_prefetch_pages_env(),
+        HAS_FIRST=batch.firsts is not None,
         num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device),
     )
     return out

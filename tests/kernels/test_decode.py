@@ -289,17 +289,6 @@ def test_gpu_batch8_4k(page_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pages", [1, 4])
-def test_gpu_prefetch_before_the_wait_changes_no_bit(monkeypatch, pages):
-    """LAZYATTN_DECODE_PREFETCH: L2 prefetches of each program's first pages, issued before the PDL wait."""
-    s = gpu_scenario([6000, 7001, 5555], [([2, 0, 1], 300), ([1], 20)])
-    plain, ref = run(s)
-    monkeypatch.setenv(decode.PREFETCH_ENV, str(pages))
-    fetched, _ = run(s)
-    assert torch.equal(fetched, plain) and rel_err(fetched, ref) < 1e-2
-
-
-@pytest.mark.gpu
 def test_gpu_fp32_tight():
     s = gpu_scenario([700, 300], [([0, 1], 100), ([1], 60)], dtype=torch.float32)
     out, ref = run(s)

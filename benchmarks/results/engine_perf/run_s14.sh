@@ -7,6 +7,8 @@
 #              this tree with PREFETCHES (default "0 2 4") pages prefetched, alternated twice
 #   ab         engine.py decode_rag + ttft_rag (batch 16): BASE and this tree with each of EPREFETCHES (default "0
 #              2"), alternated twice
+# The prefetch (LAZYATTN_DECODE_PREFETCH, call 1) gained nothing and was taken out: s14/decode_l2_prefetch.patch puts
+# it back (`git apply`); without it the variable is ignored and every "this" run is the same tree.
 #   ktests     pytest -m gpu tests/kernels
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   targets    kernels.py --sections targets
