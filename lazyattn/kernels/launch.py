@@ -6,8 +6,9 @@ kernels, most of them a few microseconds long, so the gap between one kernel's l
 first (launch, block scheduling, the first loads) is a sizeable share of the step. Launched with PDL, a kernel's
 programs may start while the kernel before it is still finishing; each waits (`wait_for_producers`) before it
 touches memory the earlier kernels write, and only then lets the next kernel's programs start. What runs before
-the wait must read nothing a kernel of this step writes: addresses, and the weights (gemv.py prefetches them).
-With the wait first, every kernel still sees all the writes of every kernel before it, as in a plain stream.
+the wait must read nothing a kernel of this step writes: addresses, the weights (gemv.py prefetches them), and the
+attention launches' page tables (decode.py, prefill_hopper.py), which the host stages and copies (kernels/paged.py).
+Everything after the wait sees all the writes of every kernel before it, as in a plain stream.
 
 The launchers hold no state of their own: persistent launch state (decode's arrival counters) belongs to
 whoever launches them repeatedly, TritonBackend in the engine.

@@ -23,6 +23,11 @@ contract without offsets, and the kernels compile the offset out for it.
 
 Invariant the kernels rely on: the keys of the queries themselves are written to the cache before the
 attention call, so every query row sees at least one key.
+
+Under programmatic dependent launch (kernels/launch.py) the decode and Hopper prefill kernels read the tables
+(pages, deltas, valid, starts, firsts, num_pages, q_start) before waiting for the kernel launched before them: the
+tables must be on the device before that kernel (a copy, as `PagedBatch.build` and the engine's graph inputs make
+them, or a stream synchronised after the kernel that computed them). q and the cache are read after the wait.
 """
 
 from __future__ import annotations
