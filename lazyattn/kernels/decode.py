@@ -368,7 +368,8 @@ def _merge_group(acc_ptr, m_ptr, l_ptr, first, num_splits, splits, o_row, stride
 
     All heads' partials come in one load per BLOCK_S splits (at most one round trip in the usual case: the
     merger is the last program of its kv head, so its latency is the kernel's tail), with a running max, so any
-    split count fits in registers. Loads bypass L1 (.cg): other programs wrote the partials."""
+    split count fits in registers. Empty splits carry m = NEG_BIG, l = 0, acc = 0 and add nothing. Loads bypass L1
+    (.cg): other programs wrote the partials."""
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, None, :]
     h_mask = h < GROUP
