@@ -1,12 +1,22 @@
 """The page pool: which KV pages are free, and how many pages the GPU can hold.
 
-The engine allocates the KV tensor `[layers, 2, num_pages, page_size, kv_heads, head_dim]` once; this
-module only hands out page *ids* into it. Allocation runs every scheduler step, so it is a free-list
-stack plus a per-page in-use flag: O(1) per page, no scans.
+The engine allocates the KV tensor `[layers, 2, num_pages, page_size, kv_heads, head_dim]` once (`allocate_kv`);
+this module hands out page *ids* into it. Allocation runs every scheduler step, so it is a free-list stack plus a
+per-page in-use flag: O(1) per page, no scans.
+
+Layout. Every kernel and copy takes the KV tensor's strides, so its memory order is a choice of its own
+(LAZYATTN_KV_LAYOUT): `token` (the default) stores a page slot by slot, each slot holding every kv head, so one
+(page, kv head) tile, what an attention program reads, is page_size rows of head_dim values at a stride of
+kv_heads * head_dim; `head` stores each such tile as one contiguous block. Both show the same logical shape and
+give the same results; which one the GPU reads faster is measured by
+benchmarks/results/engine_perf/s15/layout_probe.py (docs/kernels.md). The Hopper prefill kernel's copy-engine
+descriptor is built for `token` pages (kernels/prefill_hopper.py `takes_layout`): with `head` pages the engine's
+short prefill calls run prefill.py's kernel.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -23,6 +33,33 @@ MIN_PAGES = 16
 # Left free besides the KV pool for activations, the sampler and allocator fragmentation. The caller
 # passes a profiled figure when it has one.
 DEFAULT_RESERVE_BYTES = 1 * GiB
+
+
+KV_LAYOUT_ENV = "LAZYATTN_KV_LAYOUT"
+KV_LAYOUTS = ("token", "head")
+
+
+def kv_layout() -> str:
+    """The KV tensor's memory order: LAZYATTN_KV_LAYOUT, `token` unless set (the module docstring)."""
+    layout = os.environ.get(KV_LAYOUT_ENV, "token").strip().lower() or "token"
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"{KV_LAYOUT_ENV}={os.environ[KV_LAYOUT_ENV]!r} is not a KV layout: use one of "
+                         f"{', '.join(KV_LAYOUTS)}")
+    return layout
+
+
+def allocate_kv(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                device: torch.device | str, layout: str | None = None) -> torch.Tensor:
+    """The engine's KV tensor [num_layers, 2, num_pages, page_size, kv_heads, head_dim], zeroed (never-written page
+    tails then hold finite values), stored in `layout` order (None: kv_layout()). A `head` tensor is a view of
+    [num_layers, 2, num_pages, kv_heads, page_size, head_dim] storage: each (page, kv head) tile is contiguous."""
+    layout = kv_layout() if layout is None else layout
+    if layout == "token":
+        return torch.zeros(num_layers, 2, num_pages, page_size, kv_heads, head_dim, dtype=dtype, device=device)
+    if layout == "head":
+        kv = torch.zeros(num_layers, 2, num_pages, kv_heads, page_size, head_dim, dtype=dtype, device=device)
+        return kv.transpose(3, 4)
+    raise ValueError(f"unknown KV layout {layout!r}: use one of {', '.join(KV_LAYOUTS)}")
 
 
 def bytes_per_page(num_layers: int, kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype) -> int:

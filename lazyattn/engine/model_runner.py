@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from lazyattn.cache.page_pool import bytes_per_page, pages_for_budget, pages_from_free_memory
+from lazyattn.cache.page_pool import allocate_kv, bytes_per_page, pages_for_budget, pages_from_free_memory
 from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
@@ -38,8 +38,7 @@ class ModelRunner:
         self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
         self.num_pages = pool_pages(config, device, self.page_bytes) if num_pages is None else num_pages
         # Zeroed, so that never-written page tails hold finite values (masked scores times V stay 0).
-        kv = torch.zeros(mc.num_layers, 2, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype=dtype,
-                         device=device)
+        kv = allocate_kv(mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device)
         self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
         self.graphs = None  # decode steps replay CUDA graphs when set
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)

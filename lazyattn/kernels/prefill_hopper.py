@@ -115,7 +115,7 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batc
         return False
     if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, k_cache.shape[1], q.device):
         return False
-    return q.stride(2) == 1 and all(_pool_layout(c) for c in (k_cache, v_cache))
+    return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
 
 
 def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device) -> int:
@@ -126,9 +126,9 @@ def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device) 
     return max(1, min(MAX_SPLITS, sm_count(device) // (blocks * kv_heads)))
 
 
-def _pool_layout(cache: torch.Tensor) -> bool:
-    """A page's slots, heads and dims contiguous (the pool's layout): the copy engine then reads a tile as a
-    [64, head_dim] box of the [pages * 64, heads * head_dim] matrix."""
+def takes_layout(cache: torch.Tensor) -> bool:
+    """A page's slots, heads and dims contiguous (the pool's `token` layout, cache/page_pool.py): the copy engine then
+    reads a tile as a [64, head_dim] box of the [pages * 64, heads * head_dim] matrix."""
     _, page_size, heads, dim = cache.shape
     return (cache.stride(3) == 1 and cache.stride(2) == dim and cache.stride(1) == heads * dim
             and cache.stride(0) == page_size * heads * dim and cache.data_ptr() % 16 == 0)

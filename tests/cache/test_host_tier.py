@@ -7,7 +7,7 @@ import torch
 from lazyattn.cache.document_cache import DocumentCache, Segment
 from lazyattn.cache.host_tier import HostTier
 from lazyattn.cache.kv_transfer import PageMover, _runs
-from lazyattn.cache.page_pool import PagePool
+from lazyattn.cache.page_pool import PagePool, allocate_kv
 from lazyattn.errors import OutOfPagesError
 
 PAGE = 4
@@ -177,9 +177,11 @@ def test_runs_groups_consecutive_page_ids():
     assert _runs([2, 3, 4, 5, 9], chunk=4) == [(0, 2, 2), (2, 2, 4), (4, 1, 9)]  # 3 -> 4 crosses a chunk
 
 
-def test_page_mover_round_trip_on_the_cpu():
+@pytest.mark.parametrize("layout", ["token", "head"])
+def test_page_mover_round_trip_on_the_cpu(layout):
     torch.manual_seed(0)
-    kv = torch.randn(3, 2, 8, PAGE, 2, 5)  # [layers, 2, pages, page_size, heads, head_dim]
+    kv = allocate_kv(3, 8, PAGE, 2, 5, torch.float32, "cpu", layout)  # [layers, 2, pages, page_size, heads, head_dim]
+    kv.copy_(torch.randn(kv.shape))
     original = kv.clone()
     mover = PageMover(kv, 4)
     assert mover.page_bytes == 3 * 2 * PAGE * 2 * 5 * 4

@@ -4,10 +4,13 @@ import pytest
 import torch
 
 from lazyattn.cache.page_pool import (
+    KV_LAYOUT_ENV,
     GiB,
     MiB,
     PagePool,
+    allocate_kv,
     bytes_per_page,
+    kv_layout,
     pages_for_budget,
     pages_from_free_memory,
 )
@@ -122,3 +125,45 @@ def test_random_sequence_conserves_pages():
         assert pool.num_used + pool.num_free == 64
         assert all(pool.is_used(p) for p in flat)
         assert pool.high_water >= pool.num_used
+
+
+# -- the KV tensor's layout -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["token", "head"])
+def test_allocate_kv_gives_the_logical_shape_zeroed_in_either_order(layout):
+    kv = allocate_kv(3, 5, 16, 4, 8, torch.float16, "cpu", layout)
+    assert kv.shape == (3, 2, 5, 16, 4, 8) and kv.dtype == torch.float16 and not kv.any()
+    assert kv.stride(-1) == 1
+    tile = kv[2, 1, 3, :, 1, :]  # one (page, kv head) tile: what an attention program reads
+    # head: the tile is one contiguous run of 16 x 8 values; token: its rows are 4 heads' rows apart
+    assert tile.is_contiguous() == (layout == "head")
+    assert kv[0, 0, 0].is_contiguous() == (layout == "token")
+    assert kv.untyped_storage().nbytes() == 3 * 2 * 5 * 16 * 4 * 8 * 2  # no padding either way
+
+
+def test_both_layouts_hold_the_same_values_at_the_same_logical_places():
+    token, head = (allocate_kv(2, 3, 4, 2, 3, torch.float32, "cpu", layout) for layout in ("token", "head"))
+    values = torch.randn(token.shape)
+    token.copy_(values)
+    head.copy_(values)
+    head[1, 0, 2, 3, 1] = token[1, 0, 2, 3, 1] = torch.tensor([5.0, 6.0, 7.0])
+    assert torch.equal(token, head) and torch.equal(head[1, 0, 2, 3, 1], torch.tensor([5.0, 6.0, 7.0]))
+    # what lies in memory: head's storage is [layers, 2, pages, heads, slots, dim], token's the logical order
+    values[1, 0, 2, 3, 1] = torch.tensor([5.0, 6.0, 7.0])
+    stored = {name: torch.frombuffer(bytearray(kv.untyped_storage()), dtype=torch.float32)
+              for name, kv in (("token", token), ("head", head))}
+    assert torch.equal(stored["token"], values.flatten())
+    assert torch.equal(stored["head"], values.transpose(3, 4).contiguous().flatten())
+
+
+def test_kv_layout_reads_the_environment_and_refuses_unknown_names(monkeypatch):
+    monkeypatch.delenv(KV_LAYOUT_ENV, raising=False)
+    assert kv_layout() == "token"
+    monkeypatch.setenv(KV_LAYOUT_ENV, " Head ")
+    assert kv_layout() == "head" and allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu")[0, 0, 0].stride(0) == 2
+    monkeypatch.setenv(KV_LAYOUT_ENV, "nhd")
+    with pytest.raises(ValueError, match="LAZYATTN_KV_LAYOUT='nhd' is not a KV layout: use one of token, head"):
+        kv_layout()
+    with pytest.raises(ValueError, match="unknown KV layout 'hnd'"):
+        allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu", "hnd")

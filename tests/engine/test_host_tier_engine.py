@@ -69,6 +69,20 @@ def test_same_tokens_with_and_without_the_tier_under_eviction(mode):
         plain.engine.reset_cache()
 
 
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+def test_a_head_major_pool_gives_the_same_tokens(mode, monkeypatch):
+    """LAZYATTN_KV_LAYOUT=head (cache/page_pool.py): the same requests under eviction, through the host tier's copies
+    both ways, give the default pool's tokens."""
+    expected = run_all(engine(mode, 0), batched=True)
+    monkeypatch.setenv("LAZYATTN_KV_LAYOUT", "head")
+    tiered = engine(mode, 0.01)
+    kv = tiered.engine.runner.backend.kv
+    assert kv[0, 0, 0, :, 0].is_contiguous() and not kv[0, 0, 0].is_contiguous()  # head-major tiles
+    assert run_all(tiered, batched=True) == expected
+    assert tiered.engine.stats().cache.host_hits > 0
+    assert_no_leak(tiered)
+
+
 def test_aborts_mid_flight_leak_nothing_and_leave_the_others_unchanged():
     plain, tiered = engine("lazy", 0), engine("lazy", 0.01)
     expected = run_all(plain, batched=True)

@@ -7,6 +7,7 @@ On the CPU it runs the kernels under TRITON_INTERPRET=1 (tests/conftest.py).
 import pytest
 import torch
 
+from lazyattn.cache.page_pool import allocate_kv
 from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
 from lazyattn.kernels.paged import EntryPages, PagedBatch
 from lazyattn.kernels.selector import make_backend
@@ -52,12 +53,15 @@ def run_both(backends, fb: ForwardBatch, seed: int) -> None:
     torch.testing.assert_close(backends[0].kv, backends[1].kv, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rope", ["llama3", "interleaved"])
-def test_triton_backend_matches_reference(rope):
+@pytest.mark.parametrize(("rope", "layout"), [("llama3", "token"), ("interleaved", "token"), ("llama3", "head")])
+def test_triton_backend_matches_reference(rope, layout):
+    """layout: the Triton backend's pool in that memory order (cache/page_pool.py), the reference's in the default
+    one: every kernel (RoPE/KV write, prefill over per-run Q copies, decode, copy_rotate) goes by strides."""
     tab = tables(rope, DIM, max_position=256, device=DEVICE)
     gen = torch.Generator().manual_seed(0)
     kv = torch.randn(LAYERS, 2, 12, PAGE, HKV, DIM, generator=gen).to(DEVICE)
-    backends = (TritonBackend(kv.clone(), tab, DIM**-0.5), ReferenceBackend(kv.clone(), tab, DIM**-0.5))
+    triton_kv = allocate_kv(LAYERS, 12, PAGE, HKV, DIM, kv.dtype, DEVICE, layout).copy_(kv)
+    backends = (TritonBackend(triton_kv, tab, DIM**-0.5), ReferenceBackend(kv.clone(), tab, DIM**-0.5))
     doc_a, doc_b, final, copies = [7, 2], [10], [4], [0, 11]  # doc A: 21 tokens, doc B: 11, final: 5 + 1
     a_alone = EntryPages(doc_a, [0, 0], [16, 5])
 
