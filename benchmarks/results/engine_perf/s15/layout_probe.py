@@ -67,9 +67,12 @@ def decode_inputs(b: kb.Bench, ctx: int, ordered: bool, gen: torch.Generator) ->
 
 
 @triton.jit
-def _stream_pages(q_ptr, k_ptr, v_ptr, pages_ptr, out_ptr, n_pages, per_split, stride_kp, stride_kt, stride_kh,
-                  BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """decode.py's tile loop with nothing around it: program (split, kv head) walks its pages' K and V tiles."""
+def _stream_pages(q_ptr, k_src, v_src, pages_ptr, out_ptr, n_pages, per_split, stride_kp, stride_kt, stride_kh,
+                  HEADS: tl.constexpr, HEAD_MAJOR: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr,
+                  D: tl.constexpr):
+    """decode.py's tile loop with nothing around it: program (split, kv head) walks its pages' K and V tiles. TMA:
+    k_src and v_src are tensor descriptors whose boxes are (page, kv head) tiles (one copy-engine load per tile on
+    Hopper), else the caches, read by per-thread asynchronous copies as decode.py reads them."""
     split = tl.program_id(0)
     head = tl.program_id(1)
     lo = split * per_split
@@ -79,46 +82,23 @@ def _stream_pages(q_ptr, k_ptr, v_ptr, pages_ptr, out_ptr, n_pages, per_split, s
     d = tl.arange(0, D)
     q = tl.load(q_ptr + g[:, None] * D + d[None, :])
     acc = tl.zeros([16, D], tl.float32)
-    k_base = k_ptr + head.to(tl.int64) * stride_kh
-    v_base = v_ptr + head.to(tl.int64) * stride_kh
     page_next = tl.load(pages_ptr + lo, mask=lo < hi, other=0)
     for p in range(lo, hi):
         page = page_next.to(tl.int64)
         page_next = tl.load(pages_ptr + p + 1, mask=p + 1 < hi, other=0)
-        offs = page * stride_kp + n[:, None] * stride_kt + d[None, :]
-        k = tl.load(k_base + offs)
-        v = tl.load(v_base + offs)
-        s = tl.dot(q, tl.trans(k))
-        acc += tl.dot(s.to(k.dtype), v)
-    rows = (head * tl.num_programs(0) + split) * 16 + g
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * D + d[None, :], acc)
-
-
-@triton.jit
-def _stream_pages_tma(q_ptr, k_desc, v_desc, pages_ptr, out_ptr, n_pages, per_split, HEADS: tl.constexpr,
-                      HEAD_MAJOR: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """_stream_pages with each K and V tile brought by the copy engine (a tensor descriptor: one TMA copy per tile
-    on Hopper) instead of per-thread asynchronous copies."""
-    split = tl.program_id(0)
-    head = tl.program_id(1)
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, n_pages)
-    g = tl.arange(0, 16)
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + g[:, None] * D + d[None, :])
-    acc = tl.zeros([16, D], tl.float32)
-    page_next = tl.load(pages_ptr + lo, mask=lo < hi, other=0)
-    for p in range(lo, hi):
-        page = page_next
-        page_next = tl.load(pages_ptr + p + 1, mask=p + 1 < hi, other=0)
-        if HEAD_MAJOR:  # rows of [pages * heads * slots, D]
-            row = (page * HEADS + head) * BLOCK_N
-            col = 0
-        else:  # rows of [pages * slots, heads * D]
-            row = page * BLOCK_N
-            col = head * D
-        k = k_desc.load([row, col])
-        v = v_desc.load([row, col])
+        if TMA:
+            if HEAD_MAJOR:  # rows of [pages * heads * slots, D]
+                row = ((page * HEADS + head) * BLOCK_N).to(tl.int32)
+                col = 0
+            else:  # rows of [pages * slots, heads * D]
+                row = (page * BLOCK_N).to(tl.int32)
+                col = head * D
+            k = k_src.load([row, col])
+            v = v_src.load([row, col])
+        else:
+            offs = head.to(tl.int64) * stride_kh + page * stride_kp + n[:, None] * stride_kt + d[None, :]
+            k = tl.load(k_src + offs)
+            v = tl.load(v_src + offs)
         s = tl.dot(q, tl.trans(k))
         acc += tl.dot(s.to(k.dtype), v)
     rows = (head * tl.num_programs(0) + split) * 16 + g
@@ -139,22 +119,17 @@ def tile_descriptor(cache: torch.Tensor):
 
 def stream_tma(q16: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, splits: int,
                out: torch.Tensor, num_stages: int = 3) -> torch.Tensor:
-    n_pages = pages.numel()
-    per = cdiv(n_pages, splits)
-    (k_desc, head_major), (v_desc, _) = tile_descriptor(k), tile_descriptor(v)
-    _stream_pages_tma[(cdiv(n_pages, per), k.shape[2])](q16, k_desc, v_desc, pages, out, n_pages, per,
-                                                        HEADS=k.shape[2], HEAD_MAJOR=head_major, BLOCK_N=k.shape[1],
-                                                        D=k.shape[3], num_warps=4, num_stages=num_stages)
-    return out
+    return stream(q16, k, v, pages, splits, out, num_stages, tma=True)
 
 
 def stream(q16: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, splits: int,
-           out: torch.Tensor, num_stages: int = 3) -> torch.Tensor:
+           out: torch.Tensor, num_stages: int = 3, tma: bool = False) -> torch.Tensor:
     n_pages = pages.numel()
     per = cdiv(n_pages, splits)
-    grid = (cdiv(n_pages, per), k.shape[2])
-    _stream_pages[grid](q16, k, v, pages, out, n_pages, per, k.stride(0), k.stride(1), k.stride(2),
-                        BLOCK_N=k.shape[1], D=k.shape[3], num_warps=4, num_stages=num_stages)
+    (k_src, head_major), (v_src, _) = (tile_descriptor(k), tile_descriptor(v)) if tma else ((k, False), (v, False))
+    _stream_pages[(cdiv(n_pages, per), k.shape[2])](
+        q16, k_src, v_src, pages, out, n_pages, per, k.stride(0), k.stride(1), k.stride(2), HEADS=k.shape[2],
+        HEAD_MAJOR=head_major, TMA=tma, BLOCK_N=k.shape[1], D=k.shape[3], num_warps=4, num_stages=num_stages)
     return out
 
 
