@@ -143,14 +143,11 @@ def test_allocate_kv_gives_the_logical_shape_zeroed_in_either_order(layout):
 
 
 def test_both_layouts_hold_the_same_values_at_the_same_logical_places():
-    token, head = (allocate_kv(2, 3, 4, 2, 3, torch.float32, "cpu", layout) for layout in ("token", "head"))
-    values = torch.randn(token.shape)
-    token.copy_(values)
-    head.copy_(values)
-    head[1, 0, 2, 3, 1] = token[1, 0, 2, 3, 1] = torch.tensor([5.0, 6.0, 7.0])
-    assert torch.equal(token, head) and torch.equal(head[1, 0, 2, 3, 1], torch.tensor([5.0, 6.0, 7.0]))
-    # what lies in memory: head's storage is [layers, 2, pages, heads, slots, dim], token's the logical order
-    values[1, 0, 2, 3, 1] = torch.tensor([5.0, 6.0, 7.0])
+    values = torch.randn(2, 2, 3, 4, 2, 3)  # [layers, 2, pages, slots, heads, dim]
+    token, head = (allocate_kv(2, 3, 4, 2, 3, torch.float32, "cpu", layout).copy_(values)
+                   for layout in ("token", "head"))
+    assert torch.equal(token, values) and torch.equal(head, values)
+    # what lies in memory: token's storage is the logical order, head's [layers, 2, pages, heads, slots, dim]
     stored = {name: torch.frombuffer(bytearray(kv.untyped_storage()), dtype=torch.float32)
               for name, kv in (("token", token), ("head", head))}
     assert torch.equal(stored["token"], values.flatten())
