@@ -43,8 +43,8 @@ def kv_layout() -> str:
     """The KV tensor's memory order: LAZYATTN_KV_LAYOUT, `token` unless set (the module docstring)."""
     layout = os.environ.get(KV_LAYOUT_ENV, "token").strip().lower() or "token"
     if layout not in KV_LAYOUTS:
-        raise ValueError(f"{KV_LAYOUT_ENV}={os.environ[KV_LAYOUT_ENV]!r} is not a KV layout: use one of "
-                         f"{', '.join(KV_LAYOUTS)}")
+        raise InvalidRequestError(f"{KV_LAYOUT_ENV}={os.environ[KV_LAYOUT_ENV]!r} is not a KV layout: use one of "
+                                  f"{', '.join(KV_LAYOUTS)}", param=KV_LAYOUT_ENV)
     return layout
 
 

@@ -160,7 +160,9 @@ def test_kv_layout_reads_the_environment_and_refuses_unknown_names(monkeypatch):
     monkeypatch.setenv(KV_LAYOUT_ENV, " Head ")
     assert kv_layout() == "head" and allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu")[0, 0, 0].stride(0) == 2
     monkeypatch.setenv(KV_LAYOUT_ENV, "nhd")
-    with pytest.raises(ValueError, match="LAZYATTN_KV_LAYOUT='nhd' is not a KV layout: use one of token, head"):
+    wanted = "LAZYATTN_KV_LAYOUT='nhd' is not a KV layout: use one of token, head"
+    with pytest.raises(InvalidRequestError, match=wanted) as error:
         kv_layout()
+    assert error.value.param == KV_LAYOUT_ENV
     with pytest.raises(ValueError, match="unknown KV layout 'hnd'"):
         allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu", "hnd")
