@@ -54,3 +54,7 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[dict[int, float]] | None:
+        return self.outputs[0].logprobs

@@ -187,6 +187,18 @@ def test_n_samples_share_documents_and_seeds_reproduce(checkpoint):
     assert llm.stats().cache.misses == misses  # the second run hit every document
 
 
+def test_request_output_reads_its_first_sample_as_the_readme_shows(checkpoint):
+    """outs[0].text / token_ids / finish_reason / logprobs are the first sample's (README, Using it from Python)."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    out = generate(llm, REQUESTS[:1], SamplingParams(max_tokens=4, temperature=1.0, seed=3, n=2, logprobs=2))[0]
+    first, second = out.outputs
+    assert (out.text, out.token_ids, out.finish_reason, out.logprobs) == \
+        (first.text, first.token_ids, first.finish_reason, first.logprobs)
+    assert len(out.logprobs) == len(out.token_ids) == 4 and all(len(lp) >= 2 for lp in out.logprobs)
+    assert [next(iter(lp)) for lp in out.logprobs] == out.token_ids  # the chosen token first
+    assert second.logprobs is not first.logprobs
+
+
 def test_stop_token_and_stop_string(checkpoint):
     llm = make_llm(checkpoint, "llama", "lazy")
     free = generate(llm, REQUESTS[:1], greedy())[0]
