@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from lazyattn.engine.messages import TEMPLATE_VARIABLES
 from lazyattn.engine.sampling import (
@@ -67,8 +67,29 @@ class DocumentRef(_Strict):
     id: str
 
 
+def _document_kind(value: Any) -> str | None:
+    """Which form a document takes, from its JSON shape: a validation error then speaks of that form alone
+    (`documents[0].text: Field required`), not of every alternative of the union."""
+    if isinstance(value, str):
+        return UNION_TAG.format("text")
+    if isinstance(value, dict):
+        return UNION_TAG.format("ref" if "id" in value else "inline")
+    if isinstance(value, DocumentText | DocumentRef):  # a request built in Python
+        return UNION_TAG.format("inline" if isinstance(value, DocumentText) else "ref")
+    return None  # the discriminator's own error below
+
+
+# Union alternatives are tagged in angle brackets; server/errors.py leaves such tags out of the paths it reports.
+UNION_TAG = "<{}>"
 # A plain string is a document without a title.
-DocumentInput = NonEmptyText | DocumentText | DocumentRef
+DocumentInput = Annotated[
+    Annotated[NonEmptyText, Tag(UNION_TAG.format("text"))]
+    | Annotated[DocumentText, Tag(UNION_TAG.format("inline"))]
+    | Annotated[DocumentRef, Tag(UNION_TAG.format("ref"))],
+    Discriminator(_document_kind, custom_error_type="document_type",
+                  custom_error_message="a document is a non-empty string, an object with 'text' (and 'title'), or "
+                                       "an object with the 'id' of a registered document"),
+]
 
 
 class StreamOptions(_Strict):

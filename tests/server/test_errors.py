@@ -44,7 +44,7 @@ def test_body_not_sent_as_json(server):
     ({"messages": []}, "messages"),
     ({}, "messages"),
     ({"messages": MESSAGES, "max_tokens": "many"}, "max_tokens"),
-    ({"messages": MESSAGES, "documents": [{"id": "x", "text": "both"}]}, "documents[0]"),
+    ({"messages": MESSAGES, "documents": [{"id": "x", "text": "both"}]}, "documents[0].text"),  # an id takes no text
     ({"messages": MESSAGES, "documents": "not a list"}, "documents"),
 ])
 def test_schema_errors(server, body, param):
@@ -60,12 +60,28 @@ def test_schema_errors(server, body, param):
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"),
     ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
-    ({"documents": [{"text": ""}]}, "documents[0]"),
+    ({"documents": [{"text": ""}]}, "documents[0].text"),
     ({"stop": ["x"] * 17}, "stop"),
 ])
 def test_value_errors(server, body, param):
     r = post(server.url, "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **body})
     assert_error(r, 400, "invalid_request_error", param)
+
+
+@pytest.mark.parametrize("document, param, message", [
+    ("", "documents[0]", "documents[0]: String should have at least 1 character"),
+    ({"title": "t"}, "documents[0].text", "documents[0].text: Field required"),
+    ({"text": "x", "extra": 1}, "documents[0].extra", "documents[0].extra: unknown field"),
+    ({"id": 3}, "documents[0].id", "documents[0].id: Input should be a valid string"),
+    (5, "documents[0]", "documents[0]: a document is a non-empty string, an object with 'text' (and 'title'), or an "
+                        "object with the 'id' of a registered document"),
+])
+def test_a_bad_document_is_reported_in_the_form_it_has(server, document, param, message):
+    """A document's JSON shape picks its form (string, inline object, registered id): the error names that form's
+    field, not every alternative of the union."""
+    r = post(server.url, "/v1/chat/completions", json={"messages": MESSAGES, "documents": ["fine", document]})
+    body = assert_error(r, 400, "invalid_request_error", param.replace("[0]", "[1]"))
+    assert body["message"].startswith(message.replace("[0]", "[1]")) and "<" not in body["message"]
 
 
 def test_completion_value_errors(server):
