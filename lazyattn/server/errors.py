@@ -59,7 +59,7 @@ def _body(message: str, type_: str, param: str | None = None, code: str | None =
 
 def _param(loc: Sequence[Any]) -> str | None:
     """("body", "messages", 0, "content") -> "messages[0].content"; a tagged union's alternative ("<inline>",
-    protocol.UNION_TAG) is not a field and is left out."""
+    protocol.union_tag) is not a field and is left out."""
     parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
     out = ""
     for p in parts:

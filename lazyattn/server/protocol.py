@@ -67,25 +67,29 @@ class DocumentRef(_Strict):
     id: str
 
 
+def union_tag(name: str) -> str:
+    """The tag of a union alternative: in angle brackets, which server/errors.py leaves out of the paths it reports
+    (an alternative is not a field)."""
+    return f"<{name}>"
+
+
+_TEXT, _INLINE, _REF = union_tag("text"), union_tag("inline"), union_tag("ref")
+
+
 def _document_kind(value: Any) -> str | None:
     """Which form a document takes, from its JSON shape: a validation error then speaks of that form alone
     (`documents[0].text: Field required`), not of every alternative of the union."""
     if isinstance(value, str):
-        return UNION_TAG.format("text")
+        return _TEXT
     if isinstance(value, dict):
-        return UNION_TAG.format("ref" if "id" in value else "inline")
-    if isinstance(value, DocumentText | DocumentRef):  # a request built in Python
-        return UNION_TAG.format("inline" if isinstance(value, DocumentText) else "ref")
-    return None  # the discriminator's own error below
+        return _REF if "id" in value else _INLINE
+    # a request built in Python holds the models themselves
+    return {DocumentText: _INLINE, DocumentRef: _REF}.get(type(value))  # None: the discriminator's own error
 
 
-# Union alternatives are tagged in angle brackets; server/errors.py leaves such tags out of the paths it reports.
-UNION_TAG = "<{}>"
 # A plain string is a document without a title.
 DocumentInput = Annotated[
-    Annotated[NonEmptyText, Tag(UNION_TAG.format("text"))]
-    | Annotated[DocumentText, Tag(UNION_TAG.format("inline"))]
-    | Annotated[DocumentRef, Tag(UNION_TAG.format("ref"))],
+    Annotated[NonEmptyText, Tag(_TEXT)] | Annotated[DocumentText, Tag(_INLINE)] | Annotated[DocumentRef, Tag(_REF)],
     Discriminator(_document_kind, custom_error_type="document_type",
                   custom_error_message="a document is a non-empty string, an object with 'text' (and 'title'), or "
                                        "an object with the 'id' of a registered document"),
