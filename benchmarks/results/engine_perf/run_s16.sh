@@ -1,0 +1,38 @@
+#!/bin/bash
+# Session 16 (device calls on an H200: no H100 was lent). STAGES picks what runs (space-separated); outputs in $OUT
+# as one tarball.
+#   dtests     pytest -m gpu tests/kernels/test_decode.py tests/kernels/test_relink_offsets.py
+#   probe      s16/lanes_probe.py: decode attention with one and two lanes per program
+#   ab         engine.py decode_rag + ttft_rag (batch 16), LAZYATTN_DECODE_LANES=1 and the default (2), alternated twice
+#   etests     pytest -m gpu tests/engine tests/cache tests/model
+#   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
+#   engine     engine.py, every section (the issue-10 table), lanes 1 and 2
+set -u
+STAGES=${STAGES:-dtests probe ab}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s16; rm -rf $W; mkdir -p $W; L=$W/s16_$(echo $STAGES | tr ' ' '_').log
+. "$(dirname "$0")/lib.sh"  # device_info, step
+device_info
+for stage in $STAGES; do
+  case $stage in
+    dtests)  step dtests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_decode.py \
+               tests/kernels/test_relink_offsets.py ;;
+    probe)   TAIL=30 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s16/lanes_probe.py \
+               $W/s16_lanes_probe.json ;;
+    ab)      for r in 1 2; do
+               for n in 1 2; do
+                 step ab_lanes${n}_$r timeout -k 5 150 env LAZYATTN_DECODE_LANES=$n python benchmarks/engine.py \
+                   --sections decode_rag,ttft_rag --batches 16 --out $W/s16_lanes${n}_$r
+               done
+             done ;;
+    etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
+    ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
+             step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
+    engine)  for n in 1 2; do
+               step engine_lanes$n timeout -k 5 300 env LAZYATTN_DECODE_LANES=$n python benchmarks/engine.py \
+                 --out $W/s16_engine_lanes$n
+             done ;;
+  esac
+done
+cd $W && tar czf $OUT/s16_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
+true
