@@ -33,14 +33,12 @@ after those loads and the one-load merge took a layer from 30.6 to 26.0 us on an
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
@@ -52,8 +50,6 @@ NEG_BIG = tl.constexpr(-1.0e30)
 _SHORT_SPLIT_PAGES = 16
 # The merge loads (query head, split) partials this many at a time: 64 rows of 128 fp32 are 64 registers a thread.
 _MERGE_ROWS = 64
-# Environment variable: 1 keeps one lane per decode program (decode_lanes).
-LANES_ENV = "LAZYATTN_DECODE_LANES"
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -66,7 +62,7 @@ class DecodeConfig:
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
-                  programs_per_sm: float = 0.0, lanes: int = 1) -> DecodeConfig:
+                  programs_per_sm: float = 0.0) -> DecodeConfig:
     """Launch config per (head_dim, dtype, page_size) and grid size (programs per SM).
 
     Tiles of up to 16 KiB for K and as much for V (64 rows of 128 bf16 channels), and enough stages that
@@ -78,16 +74,11 @@ def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
     +16 / +24 % bandwidth; equal at batch 8 and 32). Three programs of 128 threads need <= 168 registers
     each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped,
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
-
-    Two lanes (split_rule: one program per SM) take the one-program buffers for each lane (2 x 64 KiB at d=128
-    bf16, page 64) and no register cap: the program is alone on its SM.
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
     block_n = 1 << (block_n.bit_length() - 1)
     buffers = min(4, max(2, 65536 // (2 * block_n * row_bytes)))
-    if lanes == 2:
-        return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1)
     if programs_per_sm >= 2:
         buffers = min(4, buffers + 1)
     cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
@@ -149,25 +140,9 @@ class SplitRule:
         return cdiv(n_pages, cdiv(n_pages, self.unrounded(n_pages)))
 
 
-def few_pairs(batch_size: int, kv_heads: int, sm_count: int) -> bool:
-    """Whether the (entry, kv head) pairs are few enough (at most one per 8 SMs: batch 1-2 of an 8B model) that a
-    step splits each across many SMs, one program per SM (split_rule)."""
-    return max(1, batch_size * kv_heads) <= sm_count // 8
-
-
-def decode_lanes(batch_size: int, kv_heads: int, sm_count: int) -> int:
-    """Lanes per decode program: 2 where split_rule gives one program per SM (few pairs), else 1.
-    LAZYATTN_DECODE_LANES=1 keeps one lane everywhere (the A/B of benchmarks)."""
-    value = os.environ.get(LANES_ENV, "2")
-    if value not in ("1", "2"):
-        raise InvalidRequestError(f"{LANES_ENV}={value!r}: use 1 (one lane per decode program) or 2 (two where "
-                                  "a step runs one program per SM, the default)")
-    return 2 if value == "2" and few_pairs(batch_size, kv_heads, sm_count) else 1
-
-
 @functools.lru_cache(maxsize=256)  # eager launches ask once per layer with the same few shapes
 def split_rule(batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: int = 2,
-               min_pages_per_split: int = 4, lanes: int = 1) -> SplitRule:
+               min_pages_per_split: int = 4) -> SplitRule:
     """Splits per entry: about programs_per_sm programs per SM, in one wave.
 
     Decode is bandwidth bound: what costs is too few programs (too little in flight) or a ragged wave
@@ -181,16 +156,10 @@ def split_rule(batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: i
     1 x 10 304 keys in CUDA graphs (benchmarks/results/engine_perf/s5K_sweep.json): 16 splits 28.4 us, 20 29.7,
     24 32.4, 33 (two per SM) 33.1: each program's fixed cost (prologue, partial store, merge) outweighs the
     overlap a second program per SM buys. Longer contexts (not measured against this) keep two per SM.
-
-    With two lanes (decode_lanes: few pairs), every context takes one program per SM: each program runs two
-    softmax chains, the overlap a second program gave, without a second prologue, partial and merge.
     """
     base = max(1, batch_size * kv_heads)
     per_sm_one = sm_count // base
-    short = few_pairs(batch_size, kv_heads, sm_count)
-    if lanes == 2 and short:
-        return SplitRule(cap=max(1, per_sm_one), short_pages=-1, short_cap=max(1, per_sm_one),
-                         min_pages=min_pages_per_split)
+    short = base <= sm_count // 8
     return SplitRule(cap=max(1, sm_count * programs_per_sm // base),
                      short_pages=_SHORT_SPLIT_PAGES * per_sm_one if short else -1,
                      short_cap=max(1, per_sm_one), min_pages=min_pages_per_split)
@@ -245,7 +214,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    USE_PDL: tl.constexpr, LANES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -264,7 +233,7 @@ def _decode_split_kernel(
                       stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
                       stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
                       HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, USE_PDL, LANES)
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, USE_PDL)
 
 
 @triton.jit
@@ -287,30 +256,18 @@ def _decode_split(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    USE_PDL: tl.constexpr, LANES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
-    the merge by the last split, or the normalised output where the entry takes one split.
-
-    LANES = 2 cuts the split's page range in two halves walked side by side, each with its own softmax state,
-    merged in registers at the end: two independent chains of load -> scores -> softmax -> P.V per program, so
-    that one program per SM overlaps one tile's math with the other's (a second program per SM would, at the
-    cost of its own prologue, partial and merge)."""
+    the merge by the last split, or the normalised output where the entry takes one split."""
     per_split = tl.cdiv(n_pages, splits)
     page_lo = split * per_split
     page_hi = tl.minimum(page_lo + per_split, n_pages)
-    if LANES == 2:
-        page_mid = page_lo + tl.cdiv(page_hi - page_lo, 2)  # lane a [lo, mid), lane b [mid, hi): b is never longer
-    else:
-        page_mid = page_hi
     # Causal bound of the contract: the query sees logical positions <= its own (all keys, in decode).
     q_pos = tl.load(q_start_ptr + entry)
     t_lo = page_lo * TILES_PER_PAGE
-    t_mid = page_mid * TILES_PER_PAGE
     t_hi = page_hi * TILES_PER_PAGE
-    page_row = pages_ptr + entry * stride_pages
-    page_next_a = tl.load(page_row + page_lo, mask=page_lo < page_mid, other=0)
-    page_next_b = tl.load(page_row + page_mid, mask=page_mid < page_hi, other=0)
+    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
     # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
@@ -318,6 +275,7 @@ def _decode_split(
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + g
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
@@ -326,57 +284,57 @@ def _decode_split(
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
     kv_ty = k_ptr.dtype.element_ty
     # q is rotated for delta 0 already: the first pages of other deltas trigger the de-rotation.
-    q_dot_a = q.to(kv_ty).to(DOT_TY)
-    q_dot_b = q_dot_a
-    delta_a = tl.full([], 0, tl.int32)
-    delta_b = delta_a
+    q_dot = q.to(kv_ty).to(DOT_TY)
+    cur_delta = tl.full([], 0, tl.int32)
     if APPLY_DELTA:
         partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
-    else:
-        q_partner = q
 
-    m_a = tl.full([BLOCK_G], NEG_BIG, tl.float32)
-    l_a = tl.zeros([BLOCK_G], tl.float32)
-    acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    m_b = m_a
-    l_b = l_a
-    acc_b = acc_a
+    m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     # The next tile's page id is loaded one iteration ahead (a loop-carried scalar). Loaded in the same
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
     # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
     # The other per-page metadata is scalar loads from small rows that stay in L1.
-    for i in range(0, t_mid - t_lo):
-        t = t_lo + i
-        page = page_next_a.to(tl.int64)
-        page_next_a = tl.load(page_row + (t + 1) // TILES_PER_PAGE, mask=t + 1 < t_mid, other=0)
-        q_dot_a, delta_a, m_a, l_a, acc_a = _tile(
-            q, q_partner, q_dot_a, delta_a, m_a, l_a, acc_a, k_base, v_base, page, t, t < t_mid, entry,
-            q_pos, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, cos_ptr, sin_ptr, stride_kp, stride_kt,
-            stride_vp, stride_vt, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab, qk_scale,
-            HEAD_DIM, BLOCK_D, BLOCK_N, TILES_PER_PAGE, APPLY_DELTA, INTERLEAVED, DOT_TY, DOT_PRECISION, HAS_FIRST)
-        if LANES == 2:
-            # Lane b's tile i; past its end (its range is one page shorter, or empty) a tile of no keys
-            # over a page of the range, which loads nothing and leaves the state as it is.
-            tb = t_mid + i
-            page = page_next_b.to(tl.int64)
-            page_next_b = tl.load(page_row + (tb + 1) // TILES_PER_PAGE, mask=tb + 1 < t_hi, other=0)
-            q_dot_b, delta_b, m_b, l_b, acc_b = _tile(
-                q, q_partner, q_dot_b, delta_b, m_b, l_b, acc_b, k_base, v_base, page,
-                tl.minimum(tb, t_hi - 1), tb < t_hi, entry, q_pos, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr,
-                cos_ptr, sin_ptr, stride_kp, stride_kt, stride_vp, stride_vt, stride_deltas, stride_valid,
-                stride_starts, stride_firsts, stride_tab, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, TILES_PER_PAGE,
-                APPLY_DELTA, INTERLEAVED, DOT_TY, DOT_PRECISION, HAS_FIRST)
-    if LANES == 2:
-        m_i = tl.maximum(m_a, m_b)
-        scale_a = tl.exp2(m_a - m_i)
-        scale_b = tl.exp2(m_b - m_i)
-        l_i = l_a * scale_a + l_b * scale_b
-        acc = acc_a * scale_a[:, None] + acc_b * scale_b[:, None]
-    else:
-        m_i = m_a
-        l_i = l_a
-        acc = acc_a
+    for t in range(t_lo, t_hi):
+        p = t // TILES_PER_PAGE
+        page = page_next.to(tl.int64)
+        p_next = (t + 1) // TILES_PER_PAGE
+        page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
+        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
+                            q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
+        if APPLY_DELTA:
+            delta = tl.load(deltas_ptr + entry * stride_deltas + p)
+            if delta != cur_delta:
+                q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
+                                  d_mask).to(kv_ty).to(DOT_TY)
+                cur_delta = delta
+        slot = (t % TILES_PER_PAGE) * BLOCK_N + n
+        if HAS_FIRST:
+            # keys in slots [first, first + valid), at logical positions starts + slot - first
+            first = tl.load(firsts_ptr + entry * stride_firsts + p)
+            key_mask = (slot >= first) & (slot < first + n_keys)
+        else:
+            key_mask = slot < n_keys
+        if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+            tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
+        else:
+            tile_mask = key_mask[:, None] & d_mask[None, :]
+        # Masked loads never read page padding, which may hold anything (NaN included).
+        k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
+                    other=0.0)
+        v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
+                    other=0.0)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(key_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        prob = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
 
     if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
@@ -399,55 +357,6 @@ def _decode_split(
                          out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh, stride_oh,
                          GROUP, HEAD_DIM, BLOCK_H, BLOCK_S, BLOCK_D)
             tl.store(counter, 0)
-
-
-@triton.jit
-def _tile(q, q_partner, q_dot, cur_delta, m_i, l_i, acc, k_base, v_base, page, t, active, entry, q_pos,
-          deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, cos_ptr, sin_ptr, stride_kp, stride_kt, stride_vp, stride_vt,
-          stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab, qk_scale,
-          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-          APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-          HAS_FIRST: tl.constexpr):
-    """Tile t (slots of page `page`, the entry's p-th) folded into one online-softmax state (m_i, l_i, acc).
-    active = False: no keys (the loads read nothing). Returns the query as scored (re-rotated where the page's
-    delta differs from cur_delta), its delta and the new state."""
-    d = tl.arange(0, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    d_mask = d < HEAD_DIM
-    p = t // TILES_PER_PAGE
-    n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
-                        q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
-    n_keys = tl.where(active, n_keys, 0)
-    if APPLY_DELTA:
-        delta = tl.load(deltas_ptr + entry * stride_deltas + p)
-        if delta != cur_delta:
-            partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
-            q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
-                              d_mask).to(k_base.dtype.element_ty).to(DOT_TY)
-            cur_delta = delta
-    slot = (t % TILES_PER_PAGE) * BLOCK_N + n
-    if HAS_FIRST:
-        # keys in slots [first, first + valid), at logical positions starts + slot - first
-        first = tl.load(firsts_ptr + entry * stride_firsts + p)
-        key_mask = (slot >= first) & (slot < first + n_keys)
-    else:
-        key_mask = slot < n_keys
-    if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-        tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
-    else:
-        tile_mask = key_mask[:, None] & d_mask[None, :]
-    # Masked loads never read page padding, which may hold anything (NaN included).
-    k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask, other=0.0)
-    v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask, other=0.0)
-    s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(key_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    prob = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(prob, 1)
-    acc = acc * alpha[:, None] + tl.dot(prob.to(k_base.dtype.element_ty).to(DOT_TY), v.to(DOT_TY),
-                                        input_precision=DOT_PRECISION)
-    return q_dot, cur_delta, m_new, l_i, acc
 
 
 @triton.jit
@@ -511,20 +420,16 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
-def _default_rule(q: torch.Tensor, kv_heads: int, lanes: int) -> SplitRule:
+def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
     if not q.is_cuda or interpreting():
         # The interpreter runs programs one by one: a pretend GPU of 4 SMs keeps the grids small.
-        return split_rule(q.shape[0], kv_heads, 4, min_pages_per_split=2, lanes=lanes)
-    return split_rule(q.shape[0], kv_heads, sm_count(q.device), lanes=lanes)
-
-
-def _default_lanes(q: torch.Tensor, kv_heads: int) -> int:
-    return decode_lanes(q.shape[0], kv_heads, sm_count(q.device) if q.is_cuda and not interpreting() else 4)
+        return split_rule(q.shape[0], kv_heads, 4, min_pages_per_split=2)
+    return split_rule(q.shape[0], kv_heads, sm_count(q.device))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                      tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
-                     num_splits: int | None = None, lanes: int | None = None, config: DecodeConfig | None = None,
+                     num_splits: int | None = None, config: DecodeConfig | None = None,
                      counters: ArrivalCounters | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step: q [B, Hq, D] (rotated at each entry's position) -> out [B, Hq, D] in q's dtype.
 
@@ -534,7 +439,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Launch parameters: num_splits=None splits each entry by its own pages (split_rule, from the GPU's SM
     count; the grid is sized for the page table's width); pass it to give every entry that many page ranges.
-    lanes (1 or 2) is how many halves of its range a program walks side by side; None: decode_lanes.
     config=None takes decode_config's tiles (block_n must divide page_size). counters: the split merge's
     arrival counters; None allocates zeroed ones for this call (one more launch), so callers
     that launch repeatedly, and CUDA graphs, pass one ArrivalCounters they keep.
@@ -547,20 +451,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
-    lanes = _default_lanes(q, hkv) if lanes is None else lanes
-    if lanes not in (1, 2):
-        raise ValueError(f"lanes must be 1 or 2, not {lanes}")
     if num_splits is None:
         # The grid fits the longest entry the page table holds (in a CUDA graph, the longest the graph
         # allows); each entry then takes the rule's splits for its own pages.
-        rule = _default_rule(q, hkv, lanes)
+        rule = _default_rule(q, hkv)
         num_splits = rule.unrounded(max(1, batch.max_pages))
     else:
         num_splits = max(1, int(num_splits))
         rule = SplitRule.fixed(num_splits)
     if config is None:
         per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
-        config = decode_config(head_dim, k_cache.dtype, page_size, per_sm, lanes)
+        config = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
     if page_size % config.block_n:
         raise ValueError(f"page_size {page_size} is not a multiple of the tile ({config.block_n} slots)")
     apply_delta = apply_delta and tables is not None
@@ -600,7 +501,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        HAS_FIRST=batch.firsts is not None, LANES=lanes,
+        HAS_FIRST=batch.firsts is not None,
         num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device),
     )
     return out

@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels import decode, reference
 from lazyattn.kernels.decode import ArrivalCounters, DecodeConfig, decode_attention
 from lazyattn.kernels.rope import RopeConfig, RopeTables
@@ -48,11 +47,10 @@ def run(s: Scenario, **kw) -> tuple[torch.Tensor, torch.Tensor]:
     return out, reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("rope", list(ROPE_CASES))
-def test_every_rope_variant(rope, lanes):
+def test_every_rope_variant(rope):
     s = scenario(rope, seed=1)
-    out, ref = run(s, num_splits=3, lanes=lanes)
+    out, ref = run(s, num_splits=3)
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, dense_decode(s)) < 1e-5
 
@@ -66,13 +64,11 @@ def test_gqa_groups(heads):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 12])
-def test_num_splits(num_splits, lanes):
-    """One split writes directly; 12 outnumber every entry's pages (4 to 7): empty splits are harmless. With two
-    lanes, splits of 1 to 7 pages: lane b one page shorter than lane a, or empty."""
+@pytest.mark.parametrize("num_splits", [1, 2, 12])
+def test_num_splits(num_splits):
+    """One split writes directly; 12 outnumber every entry's pages (4 to 7): empty splits are harmless."""
     s = scenario("linear", heads=(4, 2), seed=2)
-    out, ref = run(s, num_splits=num_splits, lanes=lanes)
+    out, ref = run(s, num_splits=num_splits)
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, dense_decode(s)) < 1e-5
 
@@ -95,22 +91,20 @@ def test_head_dims(head_dim):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("page_size,block_n", [(32, 32), (32, 16), (64, 16)])
-def test_page_sizes_and_tiles_per_page(page_size, block_n, lanes):
+def test_page_sizes_and_tiles_per_page(page_size, block_n):
     """Pages of 32 as one tile and as two tiles; pages of 64 as four tiles of 16."""
     cfg = DecodeConfig(block_n=block_n, num_warps=4, num_stages=2)
     s = scenario("default", page_size=page_size, seed=4, docs=[70, 33, 5])
-    out, ref = run(s, num_splits=3, config=cfg, lanes=lanes)
+    out, ref = run(s, num_splits=3, config=cfg)
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_bf16_within_rounding(head_dim, lanes):
+def test_bf16_within_rounding(head_dim):
     s = scenario("llama3", heads=(8, 2), head_dim=head_dim, dtype=torch.bfloat16, seed=5)
-    out, ref = run(s, num_splits=3, lanes=lanes)
+    out, ref = run(s, num_splits=3)
     assert out.dtype == torch.bfloat16
     assert rel_err(out, ref) < 1e-2
     assert rel_err(out, dense_decode(s)) < 1e-2
@@ -135,13 +129,12 @@ def test_delta_is_applied():
     assert rel_err(off, dense_decode(s)) > 1e-2
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-def test_page_padding_is_never_read(lanes):
+def test_page_padding_is_never_read():
     """NaN in every slot past a page's valid keys (and in unused pages) must not reach the output."""
     s = scenario("llama3", heads=(4, 2), seed=8)
     _, batch = s.decode()
     s.poison_unlisted(batch)
-    out, _ = run(s, num_splits=2, lanes=lanes)
+    out, _ = run(s, num_splits=2)
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
@@ -186,30 +179,6 @@ def test_split_rule_per_entry():
     assert [rule.splits(n) for n in (0, 1, 7, 8, 161, 256, 257, 2048)] == [1, 1, 1, 2, 15, 16, 33, 33]
 
 
-def test_two_lanes_take_one_program_per_sm_at_every_length():
-    """Hand-computed, 132 SMs, 8 kv heads: batch 1-2 (one (entry, kv head) pair per 8 SMs or fewer) get two
-    lanes, and then one program per SM (16 splits at batch 1, 8 at batch 2) however long the context; batch 3
-    and up keep one lane and the one-lane rule."""
-    assert [decode.decode_lanes(b, 8, 132) for b in (1, 2, 3, 64)] == [2, 2, 1, 1]
-    rule = decode.split_rule(1, 8, 132, lanes=2)
-    assert rule.unrounded(2048) == 16
-    assert [rule.splits(n) for n in (0, 1, 7, 8, 161, 256, 257, 2048)] == [1, 1, 1, 2, 15, 16, 16, 16]
-    assert decode.split_rule(2, 8, 132, lanes=2).splits(2048) == 8
-    assert decode.split_rule(3, 8, 132, lanes=2) == decode.split_rule(3, 8, 132)
-
-
-def test_lanes_environment_variable(monkeypatch):
-    monkeypatch.setenv(decode.LANES_ENV, "1")
-    assert decode.decode_lanes(1, 8, 132) == 1
-    monkeypatch.setenv(decode.LANES_ENV, "3")
-    with pytest.raises(InvalidRequestError, match="LAZYATTN_DECODE_LANES='3'"):
-        decode.decode_lanes(1, 8, 132)
-    s = scenario(seed=11)
-    q, batch = s.decode()
-    with pytest.raises(ValueError, match="lanes must be 1 or 2"):
-        decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, lanes=3)
-
-
 @triton.jit
 def _entry_splits_probe(n_pages_ptr, out_ptr, num_splits, min_pages, short_pages, short_cap, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
@@ -217,11 +186,10 @@ def _entry_splits_probe(n_pages_ptr, out_ptr, num_splits, min_pages, short_pages
     tl.store(out_ptr + i, decode._entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap))
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("batch_size, kv_heads", [(1, 8), (2, 8), (1, 2), (16, 8), (64, 8)])
-def test_kernel_split_count_is_the_rule(batch_size, kv_heads, lanes):
+def test_kernel_split_count_is_the_rule(batch_size, kv_heads):
     """The kernel's per-entry arithmetic (_entry_splits, grid sized for the longest entry) equals SplitRule."""
-    rule = decode.split_rule(batch_size, kv_heads, 132, lanes=lanes)
+    rule = decode.split_rule(batch_size, kv_heads, 132)
     n_pages = torch.tensor(list(range(0, 300)) + [511, 512, 513, 1000, 2047], dtype=torch.int32)
     grid = rule.unrounded(int(n_pages.max()))
     out = torch.zeros(512, dtype=torch.int32)
@@ -244,18 +212,17 @@ def widened(batch, width: int):
                                firsts=None if batch.firsts is None else grow(batch.firsts))
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-def test_wide_grid_splits_each_entry_by_its_own_pages(lanes):
+def test_wide_grid_splits_each_entry_by_its_own_pages():
     """A grid sized for 40-page contexts over entries of 7 and 2 pages (a graph replaying short requests): every
     entry takes the splits of its own length, so the output has the bits of the launch sized for this batch,
     and matches the reference."""
     s = scenario("llama3", heads=(4, 1), seed=12, docs=[37, 16, 5, 30], requests=[([0, 3, 1], 9), ([2], 3)])
     q, batch = s.decode()
-    rule = decode._default_rule(q, 1, lanes)
+    rule = decode._default_rule(q, 1)
     assert [rule.splits(int(n)) for n in batch.num_pages] == [3, 1]  # a merge of 3 splits, a direct write
     assert rule.unrounded(40) > rule.unrounded(batch.max_pages)
-    fitted = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, lanes=lanes)
-    wide = decode_attention(q, s.k_cache, s.v_cache, widened(batch, 40), s.tables, s.scale, lanes=lanes)
+    fitted = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
+    wide = decode_attention(q, s.k_cache, s.v_cache, widened(batch, 40), s.tables, s.scale)
     assert torch.equal(wide, fitted)
     assert rel_err(wide, dense_decode(s)) < 1e-5
 
@@ -303,10 +270,9 @@ def gpu_scenario(docs, requests, page_size=64, dtype=torch.bfloat16) -> Scenario
 def test_gpu_batch1_32k():
     # Five documents and a final segment: 32K keys, ragged pages, five deltas.
     s = gpu_scenario([6000, 7001, 5555, 8190, 5000], [([3, 0, 4, 1, 2], 1022)])
-    for n in (None, 1, 7, 33):
-        for lanes in (1, 2):
-            out, ref = run(s, num_splits=n, lanes=lanes)
-            assert rel_err(out, ref) < 1e-2
+    for n in (None, 1, 7):
+        out, ref = run(s, num_splits=n)
+        assert rel_err(out, ref) < 1e-2
     assert rel_err(out, dense_decode(s)) < 1e-2
 
 

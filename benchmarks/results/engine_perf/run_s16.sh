@@ -1,12 +1,13 @@
 #!/bin/bash
 # Session 16 (device calls on an H200: no H100 was lent). STAGES picks what runs (space-separated); outputs in $OUT
-# as one tarball.
+# as one tarball. dtests, probe and ab ran on the tree of 54872cc (the two-lane decode kernel, since reverted: probe
+# and ab pass lanes= / LAZYATTN_DECODE_LANES, which only that tree knows).
 #   dtests     pytest -m gpu tests/kernels/test_decode.py tests/kernels/test_relink_offsets.py
 #   probe      s16/lanes_probe.py: decode attention with one and two lanes per program
 #   ab         engine.py decode_rag + ttft_rag (batch 16), LAZYATTN_DECODE_LANES=1 and the default (2), alternated twice
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
-#   engine     engine.py, every section (the issue-10 table), lanes 1 and 2
+#   engine     engine.py, every section (the issue-10 table)
 set -u
 STAGES=${STAGES:-dtests probe ab}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -28,10 +29,7 @@ for stage in $STAGES; do
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
-    engine)  for n in 1 2; do
-               step engine_lanes$n timeout -k 5 300 env LAZYATTN_DECODE_LANES=$n python benchmarks/engine.py \
-                 --out $W/s16_engine_lanes$n
-             done ;;
+    engine)  step engine timeout -k 5 400 python benchmarks/engine.py --out $W/s16_engine ;;
   esac
 done
 cd $W && tar czf $OUT/s16_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
