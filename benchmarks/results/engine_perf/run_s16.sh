@@ -7,7 +7,8 @@
 #   ab         engine.py decode_rag + ttft_rag (batch 16), LAZYATTN_DECODE_LANES=1 and the default (2), alternated twice
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
-#   engine     engine.py, every section (the issue-10 table)
+#   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
+#              times that do not count a PDL wait)
 set -u
 STAGES=${STAGES:-dtests probe ab}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -29,7 +30,9 @@ for stage in $STAGES; do
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
-    engine)  step engine timeout -k 5 400 python benchmarks/engine.py --out $W/s16_engine ;;
+    engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/s16_engine
+             step engine_pdl0 timeout -k 5 200 env LAZYATTN_PDL=0 python benchmarks/engine.py --sections launches \
+               --out $W/s16_engine_pdl0 ;;
   esac
 done
 cd $W && tar czf $OUT/s16_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
