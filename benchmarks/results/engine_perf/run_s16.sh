@@ -5,6 +5,7 @@
 #   dtests     pytest -m gpu tests/kernels/test_decode.py tests/kernels/test_relink_offsets.py
 #   probe      s16/lanes_probe.py: decode attention with one and two lanes per program
 #   ab         engine.py decode_rag + ttft_rag (batch 16), LAZYATTN_DECODE_LANES=1 and the default (2), alternated twice
+#   pdl        engine.py decode_short + decode_rag + ttft_rag (batches 16, 64), LAZYATTN_PDL=1 and 0, alternated twice
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
@@ -25,6 +26,12 @@ for stage in $STAGES; do
                for n in 1 2; do
                  step ab_lanes${n}_$r timeout -k 5 150 env LAZYATTN_DECODE_LANES=$n python benchmarks/engine.py \
                    --sections decode_rag,ttft_rag --batches 16 --out $W/s16_lanes${n}_$r
+               done
+             done ;;
+    pdl)     for r in 1 2; do
+               for n in 1 0; do
+                 step pdl${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$n python benchmarks/engine.py \
+                   --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdl${n}_$r
                done
              done ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
