@@ -296,7 +296,7 @@ def _pdl(module, on: bool) -> Iterator[None]:
     looks at the device, a CPU here)."""
     launch = module.pdl_options
     if on:
-        module.pdl_options = lambda device: {"USE_PDL": True, "launch_pdl": True}
+        module.pdl_options = lambda device, family: {"USE_PDL": True, "launch_pdl": True}
     try:
         yield
     finally:

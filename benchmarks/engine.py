@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lazyattn import LLM, SamplingParams  # noqa: E402
 from lazyattn.engine.llm_engine import LLMEngine  # noqa: E402
 from lazyattn.engine.prompt import RenderedPrompt  # noqa: E402
-from lazyattn.kernels.launch import pdl_options  # noqa: E402
+from lazyattn.kernels.launch import pdl_on  # noqa: E402
 from lazyattn.model.llama import decode_fusion_enabled  # noqa: E402
 
 CONFIG_8B = Path(__file__).resolve().parent / "models" / "llama-3.1-8b"
@@ -311,7 +311,7 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     results: dict = {"bandwidth_gbs": bandwidth / 1e9, "bandwidth_gbs_per_gpu": [b / 1e9 for b in per_gpu],
                      "tensor_parallel_size": shapes.tensor_parallel_size, "weight_bytes": bench.weight_bytes,
                      "kv_bytes_per_token": bench.kv_bytes_per_token,
-                     "pdl": pdl_options(device)["USE_PDL"], "decode_fusion": decode_fusion_enabled()}
+                     "pdl": pdl_on(device), "decode_fusion": decode_fusion_enabled()}
     if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
         results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path
     sections: list[tuple[str, Callable[[], dict]]] = [

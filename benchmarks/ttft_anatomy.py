@@ -68,7 +68,7 @@ def graph_launches(device: torch.device, sizes=(16, 64, 234), repeats: int = 30)
     x = torch.zeros(132, device=device)
     kinds: dict[str, Callable[[], None]] = {
         "triton": lambda: _noop[(132,)](x, USE_PDL=False),
-        "triton_pdl": lambda: _noop[(132,)](x, **pdl_options(device)),
+        "triton_pdl": lambda: _noop[(132,)](x, **pdl_options(device, "norm")),
         "torch_add": lambda: x.add_(1.0),
     }
     rows = []

@@ -325,7 +325,7 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
         INTERLEAVED=tables.interleaved, RUNS=runs, COPY_PROGRAMS=copy_programs,
         BLOCK_R=triton.next_power_of_2(max(runs, 1)),
         BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
-        num_warps=4, **pdl_options(q.device),
+        num_warps=4, **pdl_options(q.device, "rope"),
     )
     return q_out, q_rot
 

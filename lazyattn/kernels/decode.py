@@ -502,6 +502,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
         HAS_FIRST=batch.firsts is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device, "attention"),
     )
     return out

@@ -94,7 +94,8 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     res_store = res_out if res_out is not None else out
     _rms_norm_kernel[(x.shape[0],)](
         x, res_in, weight, out, res_store, x.stride(0), res_in.stride(0), out.stride(0), res_store.stride(0), n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        **pdl_options(x.device, "norm"),
     )
     return out, res_out
 
@@ -143,5 +144,5 @@ def silu_mul(gate_up: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     if rows:
         _silu_mul_kernel[(rows, cdiv(n, _SILU_BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), n,
                                                        BLOCK=_SILU_BLOCK, INTERLEAVED=interleaved, num_warps=4,
-                                                       **pdl_options(gate_up.device))
+                                                       **pdl_options(gate_up.device, "norm"))
     return out

@@ -309,7 +309,7 @@ def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         IEEE=rows.dtype == torch.float32, NORM=squares_in is not None, RESIDUAL=squares_out is not None,
         GATED=gated, BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
         LINE=128 // weight.element_size(), num_warps=config.num_warps, num_stages=config.num_stages,
-        **pdl_options(rows.device),
+        **pdl_options(rows.device, "gemv"),
     )
 
 

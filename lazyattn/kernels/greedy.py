@@ -78,7 +78,7 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return token_ids, logprobs
     chunks = cdiv(vocab, _CHUNK)
     parts = torch.empty(rows, chunks, 3, dtype=torch.float32, device=logits.device)
-    pdl = pdl_options(logits.device)
+    pdl = pdl_options(logits.device, "sampling")
     _chunk_kernel[(rows, chunks)](logits, parts, logits.stride(0), vocab, CHUNK=_CHUNK, num_warps=8, **pdl)
     _merge_kernel[(rows,)](parts, token_ids, logprobs, chunks, BLOCK=max(16, triton.next_power_of_2(chunks)),
                            num_warps=1, **pdl)

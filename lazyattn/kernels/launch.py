@@ -23,7 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-PDL_ENV = "LAZYATTN_PDL"  # 0 turns programmatic dependent launch off
+PDL_ENV = "LAZYATTN_PDL"  # which kernel families launch with PDL: pdl_families
+# The kernel families a launcher names to pdl_options.
+PDL_FAMILIES = ("gemv", "attention", "rope", "norm", "sampling")
+# Devices where PDL is measured slower for some families: the families that keep it there (the rest of the world
+# keeps it for all). Measured with `python benchmarks/engine.py` and LAZYATTN_PDL set per family (docs/kernels.md,
+# "Programmatic dependent launch per device").
+_PDL_BY_DEVICE: dict[str, frozenset[str]] = {}
 
 # Softmax runs on exp2: exp(x * scale) = exp2(x * scale * LOG2E), so the scale passed to a kernel carries it.
 LOG2E = 1.4426950408889634
@@ -45,12 +51,57 @@ def _sm_count_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def pdl_options(device: torch.device) -> dict:
+def pdl_options(device: torch.device, family: str) -> dict:
     """Launch options of a kernel taking a USE_PDL constexpr: on with a Hopper-or-later CUDA device (not the
-    interpreter, not LAZYATTN_PDL=0)."""
-    on = (device.type == "cuda" and not interpreting() and os.environ.get(PDL_ENV, "1") != "0"
-          and _capability_of(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0))
+    interpreter) where the kernel's family (PDL_FAMILIES) launches with PDL (pdl_families)."""
+    on = (device.type == "cuda" and not interpreting() and family in pdl_families(_device_name(device))
+          and _capability_of(_index(device)) >= (9, 0))
     return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
+
+
+def pdl_on(device: torch.device) -> list[str]:
+    """The kernel families that launch with PDL on `device` (none off a Hopper-or-later GPU)."""
+    return [f for f in PDL_FAMILIES if pdl_options(device, f)["USE_PDL"]]
+
+
+def pdl_families(device_name: str) -> frozenset[str]:
+    """The kernel families that launch with PDL on a device of this name. LAZYATTN_PDL: unset or `auto`, the
+    device's measured default (every family, except where _PDL_BY_DEVICE says fewer); `1` every family; `0` none;
+    or a comma-separated list of families (PDL_FAMILIES) for those only."""
+    return _parse_families(os.environ.get(PDL_ENV, "auto"), device_name)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_families(value: str, device_name: str) -> frozenset[str]:
+    value = value.strip().lower()
+    if value in ("", "auto"):
+        return _PDL_BY_DEVICE.get(device_name, frozenset(PDL_FAMILIES))
+    if value == "1":
+        return frozenset(PDL_FAMILIES)
+    if value == "0":
+        return frozenset()
+    names = frozenset(v.strip() for v in value.split(","))
+    unknown = sorted(names - set(PDL_FAMILIES))
+    if unknown:
+        from lazyattn.errors import InvalidRequestError
+
+        raise InvalidRequestError(f"{PDL_ENV}={value!r}: unknown kernel famil{'ies' if len(unknown) > 1 else 'y'} "
+                                  f"{', '.join(unknown)}; use auto, 1, 0 or a comma-separated list of "
+                                  f"{', '.join(PDL_FAMILIES)}")
+    return names
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _device_name(device: torch.device) -> str:
+    return _name_of(_index(device)) if device.type == "cuda" else device.type
+
+
+@functools.lru_cache(maxsize=16)
+def _name_of(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 @functools.lru_cache(maxsize=16)

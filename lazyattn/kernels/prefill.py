@@ -983,13 +983,14 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                           ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
                           PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces, BLOCK_R=_PLAN_RUNS,
-                          num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(q.device),
+                          num_warps=config.num_warps, num_stages=config.num_stages,
+                          **pdl_options(q.device, "attention"),
                           **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
     if splits > 1:
         _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
                                               out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
                                               BLOCK_S=min(16, triton.next_power_of_2(splits)),
-                                              **pdl_options(q.device))
+                                              **pdl_options(q.device, "attention"))
     return out
 
 

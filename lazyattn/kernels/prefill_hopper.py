@@ -449,7 +449,7 @@ def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
         cos.shape[0] if tables is not None else 1, q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
         GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device))
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
     return ws_o, ws_lse
 
 
@@ -459,5 +459,5 @@ def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) 
     _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
                                           out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
                                           BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
-                                          **pdl_options(out.device))
+                                          **pdl_options(out.device, "attention"))
     return out

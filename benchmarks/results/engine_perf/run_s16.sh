@@ -6,6 +6,8 @@
 #   probe      s16/lanes_probe.py: decode attention with one and two lanes per program
 #   ab         engine.py decode_rag + ttft_rag (batch 16), LAZYATTN_DECODE_LANES=1 and the default (2), alternated twice
 #   pdl        engine.py decode_short + decode_rag + ttft_rag (batches 16, 64), LAZYATTN_PDL=1 and 0, alternated twice
+#   pdlfam     the same sections with LAZYATTN_PDL per kernel family: 1, 0, all but gemv, gemv only, attention only;
+#              alternated twice
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
@@ -32,6 +34,13 @@ for stage in $STAGES; do
                for n in 1 0; do
                  step pdl${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$n python benchmarks/engine.py \
                    --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdl${n}_$r
+               done
+             done ;;
+    pdlfam)  for r in 1 2; do
+               for v in 1 0 attention,rope,norm,sampling gemv attention; do
+                 n=${v//,/+}
+                 step pdlfam_${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$v python benchmarks/engine.py \
+                   --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdlfam_${n}_$r
                done
              done ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;

@@ -52,7 +52,7 @@ def main() -> None:
             err = ((got - want).norm() / want.norm()).item()
             alone = kb.graph_us(b, [lambda i=i, kw=kw: fn(*i, b.tables, b.scale, **kw) for i in inputs])
 
-            def layer(i, kw=kw):
+            def layer(i, kw=kw, batch=batch):
                 q, k_cache, v_cache, pb = i
                 kq = torch.randn(batch, s.kv_heads, s.head_dim, dtype=q.dtype, device=device)
                 pos = pb.q_start.long()
@@ -68,7 +68,8 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     out.write_text(json.dumps(rows, indent=1))
-    print("\n| batch x context | variant | rel. err. | alone / us (% copy) | after RoPE / us (% copy) |\n|---|---|---|---|---|")
+    print("\n| batch x context | variant | rel. err. | alone / us (% copy) | after RoPE / us (% copy) |\n"
+          "|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['batch']} x {r['context']} | {r['variant']} | {r['rel_err']:.1e} | {r['alone_us']:.2f} "
               f"({r['alone_%']:.1f}) | {r['layer_us']:.2f} ({r['layer_%']:.1f}) |")
