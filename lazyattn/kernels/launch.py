@@ -29,7 +29,12 @@ PDL_FAMILIES = ("gemv", "attention", "rope", "norm", "sampling")
 # Devices where PDL is measured slower for some families: the families that keep it there (the rest of the world
 # keeps it for all). Measured with `python benchmarks/engine.py` and LAZYATTN_PDL set per family (docs/kernels.md,
 # "Programmatic dependent launch per device").
-_PDL_BY_DEVICE: dict[str, frozenset[str]] = {}
+_PDL_BY_DEVICE: dict[str, frozenset[str]] = {
+    # H200, torch 2.11 / Triton 3.6, Llama-3.1-8B shapes: with the skinny GEMMs under PDL a decode step at batch 1
+    # takes 5.02 ms, without 4.23 ms (all other families on), and without PDL at all 4.30 ms; batch 16 6.12 vs
+    # 5.46 ms (benchmarks/results/engine_perf/s16/c5). The H100 gains from PDL in every family (Session 7).
+    "NVIDIA H200": frozenset({"attention", "rope", "norm", "sampling"}),
+}
 
 # Softmax runs on exp2: exp(x * scale) = exp2(x * scale * LOG2E), so the scale passed to a kernel carries it.
 LOG2E = 1.4426950408889634

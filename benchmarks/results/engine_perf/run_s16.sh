@@ -8,6 +8,8 @@
 #   pdl        engine.py decode_short + decode_rag + ttft_rag (batches 16, 64), LAZYATTN_PDL=1 and 0, alternated twice
 #   pdlfam     the same sections with LAZYATTN_PDL per kernel family: 1, 0, all but gemv, gemv only, attention only;
 #              alternated twice
+#   final      the tree with the H200's PDL default (every family but gemv): engine.py, every section; then
+#              pytest -m gpu on the GEMM, fused and greedy kernels
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
@@ -43,6 +45,9 @@ for stage in $STAGES; do
                    --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdlfam_${n}_$r
                done
              done ;;
+    final)   step final timeout -k 5 200 python benchmarks/engine.py --out $W/s16_final
+             step ftests timeout -k 5 200 python -m pytest -q -m gpu tests/kernels/test_gemv.py \
+               tests/kernels/test_gemv_fused.py tests/kernels/test_fused.py tests/kernels/test_greedy.py ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
