@@ -9,6 +9,8 @@ touches memory the earlier kernels write, and only then lets the next kernel's p
 the wait must read nothing a kernel of this step writes: addresses, the weights (gemv.py prefetches them), and the
 attention launches' page tables (decode.py, prefill_hopper.py), which the host stages and copies (kernels/paged.py).
 Everything after the wait sees all the writes of every kernel before it, as in a plain stream.
+Which kernels launch with PDL is per kernel family and per device (pdl_families): every family, except where a device
+was measured slower with one (the H200's skinny GEMMs).
 
 The launchers hold no state of their own: persistent launch state (decode's arrival counters) belongs to
 whoever launches them repeatedly, TritonBackend in the engine.
@@ -26,9 +28,9 @@ import triton.language as tl
 PDL_ENV = "LAZYATTN_PDL"  # which kernel families launch with PDL: pdl_families
 # The kernel families a launcher names to pdl_options.
 PDL_FAMILIES = ("gemv", "attention", "rope", "norm", "sampling")
-# Devices where PDL is measured slower for some families: the families that keep it there (the rest of the world
-# keeps it for all). Measured with `python benchmarks/engine.py` and LAZYATTN_PDL set per family (docs/kernels.md,
-# "Programmatic dependent launch per device").
+# Devices where PDL is measured slower for some families: the families that keep it there (every other device keeps
+# it for all). Measured with `python benchmarks/engine.py` and LAZYATTN_PDL set per family (docs/design.md, "Decode
+# fusion", and benchmarks/results/engine_perf/s16/README.md).
 _PDL_BY_DEVICE: dict[str, frozenset[str]] = {
     # H200, torch 2.11 / Triton 3.6, Llama-3.1-8B shapes: with the skinny GEMMs under PDL a decode step at batch 1
     # takes 5.02 ms, without 4.23 ms (all other families on), and without PDL at all 4.30 ms; batch 16 6.12 vs

@@ -10,6 +10,7 @@
 #              alternated twice
 #   final      the tree with the H200's PDL default (every family but gemv): engine.py, every section; then
 #              pytest -m gpu on the GEMM, fused and greedy kernels
+#   pdlh100    (on an H100) the same sections with LAZYATTN_PDL=1 and every family but gemv, alternated twice
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
@@ -48,6 +49,13 @@ for stage in $STAGES; do
     final)   step final timeout -k 5 200 python benchmarks/engine.py --out $W/s16_final
              step ftests timeout -k 5 200 python -m pytest -q -m gpu tests/kernels/test_gemv.py \
                tests/kernels/test_gemv_fused.py tests/kernels/test_fused.py tests/kernels/test_greedy.py ;;
+    pdlh100) for r in 1 2; do
+               for v in 1 attention,rope,norm,sampling; do
+                 n=${v//,/+}
+                 step pdlh100_${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$v python benchmarks/engine.py \
+                   --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdlh100_${n}_$r
+               done
+             done ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
