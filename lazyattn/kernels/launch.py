@@ -34,7 +34,8 @@ PDL_FAMILIES = ("gemv", "attention", "rope", "norm", "sampling")
 _PDL_BY_DEVICE: dict[str, frozenset[str]] = {
     # H200, torch 2.11 / Triton 3.6, Llama-3.1-8B shapes: with the skinny GEMMs under PDL a decode step at batch 1
     # takes 5.02 ms, without 4.23 ms (all other families on), and without PDL at all 4.30 ms; batch 16 6.12 vs
-    # 5.46 ms (benchmarks/results/engine_perf/s16/c5). The H100 gains from PDL in every family (Session 7).
+    # 5.46 ms (benchmarks/results/engine_perf/s16/c5). The H100 gains from PDL in every family: with the GEMMs under
+    # it 5.48 ms, without 5.58 ms (s16/c7).
     "NVIDIA H200": frozenset({"attention", "rope", "norm", "sampling"}),
 }
 
