@@ -79,6 +79,11 @@ class ByteTokenizer(TokenizerBase):
     def token_to_id(self, token: str) -> int | None:
         return self._special_ids.get(token)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        if 0 <= token_id < 256:
+            return bytes([token_id])
+        return self._specials[token_id - 256].encode() if 256 <= token_id < self.VOCAB_SIZE else b""
+
     @property
     def vocab_size(self) -> int:
         return self.VOCAB_SIZE

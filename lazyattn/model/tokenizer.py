@@ -112,6 +112,12 @@ class TokenizerBase(ABC):
     @abstractmethod
     def token_to_id(self, token: str) -> int | None: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, as the logprobs of the OpenAI API report them. A byte-level token can be
+        part of a UTF-8 character, which its decoded text shows only as U+FFFD; subclasses that know the token's
+        bytes say so. Here: the decoded text's UTF-8."""
+        return self.decode([token_id], skip_special_tokens=False).encode()
+
     @property
     @abstractmethod
     def vocab_size(self) -> int: ...
@@ -284,6 +290,40 @@ class Tokenizer(TokenizerBase):
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        kind = self._piece_kind()
+        if kind == "byte_level" and token_id not in self._added_ids():
+            try:
+                return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+            except KeyError:  # not a byte-level piece after all
+                return piece.encode()
+        if kind == "metaspace" and token_id not in self._added_ids():
+            if (m := _BYTE_PIECE.fullmatch(piece)) is not None:  # a byte-fallback piece, <0xE2>
+                return bytes([int(m.group(1), 16)])
+            return piece.replace("\u2581", " ").encode()
+        return super().token_bytes(token_id)
+
+    def _piece_kind(self) -> str:
+        """How the vocabulary writes bytes, from the decoder: "byte_level" (GPT-2's byte-to-character map),
+        "metaspace" (SentencePiece: U+2581 for a space, <0xXX> byte-fallback pieces) or "text"."""
+        if getattr(self, "_kind", None) is None:
+            decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+            steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+            types = {step.get("type") for step in steps}
+            is_metaspace = "Metaspace" in types or "ByteFallback" in types or any(
+                step.get("type") == "Replace" and (step.get("pattern") or {}).get("String") == "\u2581" for step in steps)
+            self._kind = "byte_level" if "ByteLevel" in types else "metaspace" if is_metaspace else "text"
+        return self._kind
+
+    def _added_ids(self) -> frozenset[int]:
+        """Added tokens (specials and the like): their pieces are plain text in every vocabulary kind."""
+        if getattr(self, "_added", None) is None:
+            self._added = frozenset(self._tok.get_added_tokens_decoder())
+        return self._added
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
@@ -294,6 +334,23 @@ class Tokenizer(TokenizerBase):
 
 
 _VARIANT_LOCK = threading.Lock()
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves, the other 68 bytes for the
+    characters from U+0100 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 class _PlainSpecials:

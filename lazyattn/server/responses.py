@@ -33,11 +33,12 @@ def usage(outputs: list[RequestOutput]) -> Usage:
 
 
 class TokenText:
-    """Token strings for logprobs, cached per id (the same ids recur across a response)."""
+    """Token strings and bytes for logprobs, cached per id (the same ids recur across a response)."""
 
     def __init__(self, tokenizer: TokenizerBase) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -45,6 +46,14 @@ class TokenText:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False)
             self._cache[token_id] = text
         return text
+
+    def bytes_of(self, token_id: int) -> list[int]:
+        """The token's own bytes (tokenizer.token_bytes): part of a UTF-8 character where the token is one, so that
+        a response's bytes join up to its text."""
+        raw = self._bytes.get(token_id)
+        if raw is None:
+            raw = self._bytes[token_id] = list(self._tokenizer.token_bytes(token_id))
+        return raw
 
 
 def chat_logprobs(c: CompletionOutput, start: int, top: int, text: TokenText) -> ChatLogprobs | None:
@@ -56,8 +65,8 @@ def chat_logprobs(c: CompletionOutput, start: int, top: int, text: TokenText) ->
         best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
         token = text(token_id)
         content.append(TokenLogprob(
-            token=token, logprob=entry[token_id], bytes=list(token.encode()),
-            top_logprobs=[TopLogprob(token=text(t), logprob=lp, bytes=list(text(t).encode())) for t, lp in best],
+            token=token, logprob=entry[token_id], bytes=text.bytes_of(token_id),
+            top_logprobs=[TopLogprob(token=text(t), logprob=lp, bytes=text.bytes_of(t)) for t, lp in best],
         ))
     return ChatLogprobs(content=content)
 

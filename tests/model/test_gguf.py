@@ -210,3 +210,28 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
     path = write_gguf(hf_model("llama"), tmp_path / "pre.gguf", "F32", tokenizer=meta)
     with pytest.raises(CheckpointError, match="pre-tokenizer 'some-new-model'"):
         load_tokenizer(path)
+
+
+def valid_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "gpt2", "sentencepiece"])
+def test_token_bytes_join_up_to_the_text(pre, tmp_path):
+    """Each token's own bytes (logprobs' `bytes`), even where a token is part of a UTF-8 character (é, 😀 split
+    over byte tokens): joined in order they are the text's UTF-8, plus the space SentencePiece puts in front."""
+    tok_meta = sentencepiece_vocab() if pre == "sentencepiece" else {**byte_level_vocab(), "pre": pre}
+    path = write_gguf(hf_model("llama"), tmp_path / f"{pre}.gguf", "F32", tokenizer=tok_meta)
+    tok = load_tokenizer(path)
+    split = 0
+    for text in ["héllo wörld 😀 naïve", "12345 it's", "∑ → ü"]:
+        pieces = [tok.token_bytes(i) for i in tok.encode(text)]
+        split += sum(not valid_utf8(p) for p in pieces)
+        want = (" " + text if pre == "sentencepiece" else text).encode()
+        assert b"".join(pieces) == want, text
+    assert split > 0  # some tokens hold part of a character
+    assert tok.token_bytes(tok_meta["eos"]) == tok_meta["tokens"][tok_meta["eos"]].encode()  # a special: its text
