@@ -313,8 +313,8 @@ class Tokenizer(TokenizerBase):
             decoder = json.loads(self._tok.to_str()).get("decoder") or {}
             steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
             types = {step.get("type") for step in steps}
-            is_metaspace = "Metaspace" in types or "ByteFallback" in types or any(
-                step.get("type") == "Replace" and (step.get("pattern") or {}).get("String") == "\u2581" for step in steps)
+            replaces = {(step.get("pattern") or {}).get("String") for step in steps if step.get("type") == "Replace"}
+            is_metaspace = bool({"Metaspace", "ByteFallback"} & types) or "\u2581" in replaces
             self._kind = "byte_level" if "ByteLevel" in types else "metaspace" if is_metaspace else "text"
         return self._kind
 
