@@ -50,8 +50,7 @@ def interpreting() -> bool:
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (the current one when `device` has no index)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _sm_count_of(index)
+    return _sm_count_of(_index(device))
 
 
 @functools.lru_cache(maxsize=16)
@@ -88,7 +87,7 @@ def _parse_families(value: str, device_name: str) -> frozenset[str]:
         return frozenset(PDL_FAMILIES)
     if value == "0":
         return frozenset()
-    names = frozenset(v.strip() for v in value.split(","))
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
     unknown = sorted(names - set(PDL_FAMILIES))
     if unknown:
         from lazyattn.errors import InvalidRequestError

@@ -24,7 +24,7 @@ def test_default_is_every_family_except_where_measured_slower():
 
 @pytest.mark.parametrize("value, want", [
     ("auto", ALL - {"gemv"}), ("", ALL - {"gemv"}), ("1", ALL), ("0", frozenset()),
-    ("attention", frozenset({"attention"})), (" Attention , rope ", frozenset({"attention", "rope"})),
+    ("attention", frozenset({"attention"})), (" Attention , rope, ", frozenset({"attention", "rope"})),
 ])
 def test_environment_forms(monkeypatch, value, want):
     monkeypatch.setenv(launch.PDL_ENV, value)
