@@ -11,6 +11,7 @@
 #   final      the tree with the H200's PDL default (every family but gemv): engine.py, every section; then
 #              pytest -m gpu on the GEMM, fused and greedy kernels
 #   pdlh100    (on an H100) the same sections with LAZYATTN_PDL=1 and every family but gemv, alternated twice
+#   breakdown  s16/decode_breakdown.py: batch-1 decode attention over 10 304 keys, part by part
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
@@ -56,6 +57,8 @@ for stage in $STAGES; do
                    --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdlh100_${n}_$r
                done
              done ;;
+    breakdown) step breakdown timeout -k 5 200 python benchmarks/results/engine_perf/s16/decode_breakdown.py \
+               $W/s16_decode_breakdown.json ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
