@@ -12,6 +12,7 @@
 #              pytest -m gpu on the GEMM, fused and greedy kernels
 #   pdlh100    (on an H100) the same sections with LAZYATTN_PDL=1 and every family but gemv, alternated twice
 #   breakdown  s16/decode_breakdown.py: batch-1 decode attention over 10 304 keys, part by part
+#   warps      s16/warps_probe.py: batch-1 decode with 1-2 warps per program and 16-64 splits
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table), then its launches section with LAZYATTN_PDL=0 (kernel
@@ -59,6 +60,8 @@ for stage in $STAGES; do
              done ;;
     breakdown) step breakdown timeout -k 5 200 python benchmarks/results/engine_perf/s16/decode_breakdown.py \
                $W/s16_decode_breakdown.json ;;
+    warps)   TAIL=14 step warps timeout -k 5 300 python benchmarks/results/engine_perf/s16/warps_probe.py \
+               $W/s16_warps_probe.json ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;

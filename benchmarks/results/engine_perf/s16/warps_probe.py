@@ -1,0 +1,80 @@
+"""Session 16: batch-1 decode attention over 10 304 keys with fewer warps per program and more splits (kernels/decode.py
+unchanged: DecodeConfig and num_splits are launch parameters). decode_breakdown.py found the same tiles from L2 as slow
+as from memory: the tile loop is bound by its own latency chain, and one 4-warp program per SM puts one warp on each
+scheduler. Here each SM gets more, smaller programs. Timed as lanes_probe.py times (graph_us, alone and after a RoPE
+launch); every output is checked against the reference.
+
+    python benchmarks/results/engine_perf/s16/warps_probe.py OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+from benchmarks import kernels as kb  # noqa: E402
+from lazyattn.kernels import cache_ops, reference  # noqa: E402
+from lazyattn.kernels.decode import DecodeConfig  # noqa: E402
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    gpu = torch.cuda.is_available()  # on a CPU (interpreter): tiny shapes, a smoke test of the script
+    s = kb.Shapes() if gpu else kb.QUICK
+    device = torch.device("cuda" if gpu else "cpu")
+    b = kb.Bench(argparse.Namespace(warmup=25, rep=100, seed=0, argv=[]), s, device,
+                 kb.llama31_tables(s.head_dim, 4 * 32768, device))
+    gen = torch.Generator().manual_seed(2)
+    inputs, nbytes = kb.decode_case(b, 1, s.target_decode_context, gen)
+    while len(inputs) < 4:
+        inputs += kb.decode_case(b, 1, s.target_decode_context, gen)[0]
+    fn = kb.attention(True)
+    copy = b.copy_bandwidth() or float("nan")
+    block = min(64, s.page_size)
+    variants = {"rule (4 warps)": {}}
+    for warps, stages, splits in [(1, 3, 16), (1, 3, 32), (1, 3, 48), (1, 3, 64), (2, 3, 16), (2, 3, 32), (2, 3, 48),
+                                  (1, 2, 64), (2, 2, 64)]:
+        variants[f"{warps} warps, {stages} stages, {splits} splits"] = {
+            "config": DecodeConfig(block_n=block, num_warps=warps, num_stages=stages), "num_splits": splits}
+    q0, k0, v0, pb0 = inputs[0]
+    want = reference.paged_attention(q0, k0, v0, pb0, b.tables, b.scale).float()
+    kv = torch.randn(1, s.kv_heads, s.head_dim, dtype=kb.DTYPE, device=device)
+    slot = torch.full((1,), -1, dtype=torch.int64, device=device)  # rotates, stores nothing
+    rows = []
+    for name, kw in variants.items():
+        try:
+            got = fn(q0, k0, v0, pb0, b.tables, b.scale, **kw).float()
+        except Exception as e:  # noqa: BLE001 - a config that does not compile or launch is a result too
+            rows.append({"variant": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        err = ((got - want).norm() / want.norm()).item()
+        alone = kb.graph_us(b, [lambda i=i, kw=kw: fn(*i, b.tables, b.scale, **kw) for i in inputs])
+
+        def layer(i, kw=kw):
+            q, k, v, pb = i
+            return lambda: fn(cache_ops.rope_write_kv(q, kv, kv, pb.q_start.long(), slot, k, v, b.tables), k, v, pb,
+                              b.tables, b.scale, **kw)
+
+        layered = kb.graph_us(b, [layer(i) for i in inputs])
+        rows.append({"variant": name, "rel_err": err, "alone_us": alone, "layer_us": layered,
+                     "alone_%": 100 * nbytes / alone / 1e3 / copy, "layer_%": 100 * nbytes / layered / 1e3 / copy,
+                     "copy_GBps": copy, "gpu": torch.cuda.get_device_name() if gpu else "cpu"})
+        print(json.dumps(rows[-1]), flush=True)
+    out.write_text(json.dumps(rows, indent=1))
+    print("| variant | rel. err. | alone / us (% copy) | after RoPE / us (% copy) |\n|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['variant']} | {r['error'][:80]} | | |")
+            continue
+        print(f"| {r['variant']} | {r['rel_err']:.1e} | {r['alone_us']:.2f} ({r['alone_%']:.1f}) | "
+              f"{r['layer_us']:.2f} ({r['layer_%']:.1f}) |")
+
+
+if __name__ == "__main__":
+    main()
