@@ -23,41 +23,29 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 W=/tmp/s16; rm -rf $W; mkdir -p $W; L=$W/s16_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step
 device_info
+SECTIONS="--sections decode_short,decode_rag,ttft_rag --batches 16,64"
+# alternate STEP OUT VAR "VALUES" ARGS...: benchmarks/engine.py ARGS with VAR set to each value in turn, twice;
+# step STEP<value>_<round>, output $W/s16_OUT<value>_<round> (a value's commas become +)
+alternate() { local name=$1 out=$2 var=$3 values=$4 r v n; shift 4
+              for r in 1 2; do
+                for v in $values; do
+                  n=${v//,/+}
+                  step $name${n}_$r timeout -k 5 150 env $var=$v python benchmarks/engine.py "$@" --out $W/s16_$out${n}_$r
+                done
+              done; }
 for stage in $STAGES; do
   case $stage in
     dtests)  step dtests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_decode.py \
                tests/kernels/test_relink_offsets.py ;;
     probe)   TAIL=30 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s16/lanes_probe.py \
                $W/s16_lanes_probe.json ;;
-    ab)      for r in 1 2; do
-               for n in 1 2; do
-                 step ab_lanes${n}_$r timeout -k 5 150 env LAZYATTN_DECODE_LANES=$n python benchmarks/engine.py \
-                   --sections decode_rag,ttft_rag --batches 16 --out $W/s16_lanes${n}_$r
-               done
-             done ;;
-    pdl)     for r in 1 2; do
-               for n in 1 0; do
-                 step pdl${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$n python benchmarks/engine.py \
-                   --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdl${n}_$r
-               done
-             done ;;
-    pdlfam)  for r in 1 2; do
-               for v in 1 0 attention,rope,norm,sampling gemv attention; do
-                 n=${v//,/+}
-                 step pdlfam_${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$v python benchmarks/engine.py \
-                   --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdlfam_${n}_$r
-               done
-             done ;;
+    ab)      alternate ab_lanes lanes LAZYATTN_DECODE_LANES "1 2" --sections decode_rag,ttft_rag --batches 16 ;;
+    pdl)     alternate pdl pdl LAZYATTN_PDL "1 0" $SECTIONS ;;
+    pdlfam)  alternate pdlfam_ pdlfam_ LAZYATTN_PDL "1 0 attention,rope,norm,sampling gemv attention" $SECTIONS ;;
     final)   step final timeout -k 5 200 python benchmarks/engine.py --out $W/s16_final
              step ftests timeout -k 5 200 python -m pytest -q -m gpu tests/kernels/test_gemv.py \
                tests/kernels/test_gemv_fused.py tests/kernels/test_fused.py tests/kernels/test_greedy.py ;;
-    pdlh100) for r in 1 2; do
-               for v in 1 attention,rope,norm,sampling; do
-                 n=${v//,/+}
-                 step pdlh100_${n}_$r timeout -k 5 150 env LAZYATTN_PDL=$v python benchmarks/engine.py \
-                   --sections decode_short,decode_rag,ttft_rag --batches 16,64 --out $W/s16_pdlh100_${n}_$r
-               done
-             done ;;
+    pdlh100) alternate pdlh100_ pdlh100_ LAZYATTN_PDL "1 attention,rope,norm,sampling" $SECTIONS ;;
     breakdown) step breakdown timeout -k 5 200 python benchmarks/results/engine_perf/s16/decode_breakdown.py \
                $W/s16_decode_breakdown.json ;;
     warps)   TAIL=14 step warps timeout -k 5 300 python benchmarks/results/engine_perf/s16/warps_probe.py \

@@ -15,7 +15,6 @@ documents at their deltas, the split rule), each variant timed per layer as the 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -26,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from benchmarks import kernels as kb  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
+from benchmarks.results.engine_perf.s16.batch1 import batch1  # noqa: E402
 from lazyattn.kernels.paged import cdiv  # noqa: E402
 
 
@@ -38,22 +37,8 @@ def folded(pb, keep: int = 20):
 
 def main() -> None:
     out = Path(sys.argv[1])
-    gpu = torch.cuda.is_available()  # on a CPU (interpreter): tiny shapes, a smoke test of the script
-    s = kb.Shapes() if gpu else kb.QUICK
-    device = torch.device("cuda" if gpu else "cpu")
-    b = kb.Bench(argparse.Namespace(warmup=25, rep=100, seed=0, argv=[]), s, device,
-                 kb.llama31_tables(s.head_dim, 4 * 32768, device))
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = kb.decode_case(b, 1, s.target_decode_context, gen)
-    while len(inputs) < 4:
-        inputs += kb.decode_case(b, 1, s.target_decode_context, gen)[0]
-    fn = kb.attention(True)
-    copy = b.copy_bandwidth() or float("nan")
-    kv = torch.randn(1, s.kv_heads, s.head_dim, dtype=kb.DTYPE, device=device)
-    slot = torch.full((1,), -1, dtype=torch.int64, device=device)  # rotates, stores nothing
-
-    def layer(q, k, v, pb):
-        return fn(rope_write_kv(q, kv, kv, pb.q_start.long(), slot, k, v, b.tables), k, v, pb, b.tables, b.scale)
+    c = batch1()
+    b, inputs, fn, nbytes, copy = c.b, c.inputs, c.fn, c.nbytes, c.copy
 
     variants = {
         "decode": inputs,
@@ -63,12 +48,12 @@ def main() -> None:
     }
     calls = {name: [functools.partial(fn, *i, b.tables, b.scale) for i in ins] for name, ins in variants.items()}
     calls["no deltas"] = [functools.partial(fn, *i, b.tables, b.scale, apply_delta=False) for i in inputs]
-    calls["RoPE + decode"] = [functools.partial(layer, *i) for i in inputs]
+    calls["RoPE + decode"] = [functools.partial(c.after_rope, *i) for i in inputs]
     rows = {name: [] for name in calls}
     for _ in range(2):
         for name, fns in calls.items():
             rows[name].append(kb.graph_us(b, fns))
-    result = {"gpu": torch.cuda.get_device_name() if gpu else "cpu", "copy_GBps": copy, "bytes": nbytes,
+    result = {"gpu": torch.cuda.get_device_name() if c.gpu else "cpu", "copy_GBps": copy, "bytes": nbytes,
               "us": rows, "%copy": {k: [100 * nbytes / u / 1e3 / copy for u in v] for k, v in rows.items()}}
     out.write_text(json.dumps(result, indent=1))
     print("| variant | µs, round 1 / 2 | % of copy |\n|---|---|---|")

@@ -9,7 +9,6 @@ launch); every output is checked against the reference.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,23 +17,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from benchmarks import kernels as kb  # noqa: E402
-from lazyattn.kernels import cache_ops, reference  # noqa: E402
+from benchmarks.results.engine_perf.s16.batch1 import batch1  # noqa: E402
+from lazyattn.kernels import reference  # noqa: E402
 from lazyattn.kernels.decode import DecodeConfig  # noqa: E402
 
 
 def main() -> None:
     out = Path(sys.argv[1])
-    gpu = torch.cuda.is_available()  # on a CPU (interpreter): tiny shapes, a smoke test of the script
-    s = kb.Shapes() if gpu else kb.QUICK
-    device = torch.device("cuda" if gpu else "cpu")
-    b = kb.Bench(argparse.Namespace(warmup=25, rep=100, seed=0, argv=[]), s, device,
-                 kb.llama31_tables(s.head_dim, 4 * 32768, device))
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = kb.decode_case(b, 1, s.target_decode_context, gen)
-    while len(inputs) < 4:
-        inputs += kb.decode_case(b, 1, s.target_decode_context, gen)[0]
-    fn = kb.attention(True)
-    copy = b.copy_bandwidth() or float("nan")
+    c = batch1()
+    s, b, inputs, fn, nbytes, copy, gpu = c.s, c.b, c.inputs, c.fn, c.nbytes, c.copy, c.gpu
     block = min(64, s.page_size)
     variants = {"rule (4 warps)": {}}
     for warps, stages, splits in [(1, 3, 16), (1, 3, 32), (1, 3, 48), (1, 3, 64), (2, 3, 16), (2, 3, 32), (2, 3, 48),
@@ -43,8 +34,6 @@ def main() -> None:
             "config": DecodeConfig(block_n=block, num_warps=warps, num_stages=stages), "num_splits": splits}
     q0, k0, v0, pb0 = inputs[0]
     want = reference.paged_attention(q0, k0, v0, pb0, b.tables, b.scale).float()
-    kv = torch.randn(1, s.kv_heads, s.head_dim, dtype=kb.DTYPE, device=device)
-    slot = torch.full((1,), -1, dtype=torch.int64, device=device)  # rotates, stores nothing
     rows = []
     for name, kw in variants.items():
         try:
@@ -55,13 +44,7 @@ def main() -> None:
             continue
         err = ((got - want).norm() / want.norm()).item()
         alone = kb.graph_us(b, [lambda i=i, kw=kw: fn(*i, b.tables, b.scale, **kw) for i in inputs])
-
-        def layer(i, kw=kw):
-            q, k, v, pb = i
-            return lambda: fn(cache_ops.rope_write_kv(q, kv, kv, pb.q_start.long(), slot, k, v, b.tables), k, v, pb,
-                              b.tables, b.scale, **kw)
-
-        layered = kb.graph_us(b, [layer(i) for i in inputs])
+        layered = kb.graph_us(b, [lambda i=i, kw=kw: c.after_rope(*i, **kw) for i in inputs])
         rows.append({"variant": name, "rel_err": err, "alone_us": alone, "layer_us": layered,
                      "alone_%": 100 * nbytes / alone / 1e3 / copy, "layer_%": 100 * nbytes / layered / 1e3 / copy,
                      "copy_GBps": copy, "gpu": torch.cuda.get_device_name() if gpu else "cpu"})
