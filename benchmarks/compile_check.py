@@ -2,6 +2,7 @@
 
     python benchmarks/compile_check.py                # sm_90 (H100/H200), every configuration below
     python benchmarks/compile_check.py --arch 90 --only prefill
+    python benchmarks/compile_check.py --only decode --dump /tmp/ir   # also keep each kernel's TTGIR and PTX
 
 prints one line per kernel launch configuration, `OK` (with the compile time, the shared memory, registers and
 stack per thread the kernel takes) or `FAIL` and the error, and exits 1 if any failed. It needs no GPU and no
@@ -89,8 +90,9 @@ class Result:
 class Compiler:
     """Stands in for JITFunction.run: compiles each launch for `target` instead of launching it."""
 
-    def __init__(self, target: GPUTarget) -> None:
+    def __init__(self, target: GPUTarget, dump: Path | None = None) -> None:
         self.target = target
+        self.dump = dump
         self.backend = make_backend(target)
         self.case = ""
         self.results: list[Result] = []
@@ -127,6 +129,8 @@ class Compiler:
             if not compiled.asm.get("cubin"):
                 raise RuntimeError("no cubin came out of ptxas")
             usage = _resource_usage(compiled.asm["cubin"])
+            if self.dump is not None:
+                self._write(name, len(self._done), compiled.asm)
         except Exception as exc:  # noqa: BLE001 - every failure is the result being reported
             error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc()
             cause = exc.__cause__
@@ -137,6 +141,13 @@ class Compiler:
         self._done[full_key] = result
         self.results.append(result)
         return None
+
+    def _write(self, name: str, index: int, asm: dict) -> None:
+        """Keep the compile's TTGIR and PTX (what layouts Triton chose, what the pipeliner made of the loads)."""
+        self.dump.mkdir(parents=True, exist_ok=True)
+        for stage in ("ttgir", "ptx"):
+            if isinstance(asm.get(stage), str):
+                (self.dump / f"{index:03d}_{name}.{stage}").write_text(asm[stage])
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -420,8 +431,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument("--dump", type=Path, default=None, help="write each compiled kernel's TTGIR and PTX here")
     args = parser.parse_args()
-    compiler = Compiler(GPUTarget("cuda", args.arch, 32))  # what the CUDA driver reports: warps of 32 threads
+    compiler = Compiler(GPUTarget("cuda", args.arch, 32), args.dump)  # what the CUDA driver reports: warps of 32 threads
     print(f"# triton {triton.__version__}, torch {torch.__version__}, target sm_{args.arch}", flush=True)
     failed = 0
     with compiler.installed():

@@ -59,6 +59,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
+    lanes: int = 1  # key lanes per tile (each with its own softmax state, its own warps)
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
@@ -214,7 +215,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    LANES: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -233,7 +234,7 @@ def _decode_split_kernel(
                       stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
                       stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
                       HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, USE_PDL)
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, LANES, USE_PDL)
 
 
 @triton.jit
@@ -256,7 +257,7 @@ def _decode_split(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    LANES: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -290,9 +291,19 @@ def _decode_split(
         partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
 
-    m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    # Key lanes: a tile's BLOCK_N slots are cut into LANES contiguous runs of SUB slots, each with its own
+    # running max, sum and accumulator (a leading [LANES] dimension of every loop tensor, batched tl.dot).
+    # Triton gives each lane its own warps, so the row max and sum and the P operand stay inside a warp:
+    # no shared-memory round trip or barrier per tile. The lanes merge once, after the loop.
+    SUB: tl.constexpr = BLOCK_N // LANES
+    lane = tl.arange(0, LANES)
+    sub = tl.arange(0, SUB)
+    lane_slot = lane[:, None] * SUB + sub[None, :]  # [LANES, SUB]: slot within the tile
+    q3 = tl.broadcast_to(q_dot[None, :, :], (LANES, BLOCK_G, BLOCK_D))
+    m_i = tl.full([LANES, BLOCK_G], NEG_BIG, tl.float32)
+    l_i = tl.zeros([LANES, BLOCK_G], tl.float32)
+    acc = tl.zeros([LANES, BLOCK_G, BLOCK_D], tl.float32)
+    d3 = d[None, None, :]
     # The next tile's page id is loaded one iteration ahead (a loop-carried scalar). Loaded in the same
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
     # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
@@ -309,8 +320,9 @@ def _decode_split(
             if delta != cur_delta:
                 q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
                                   d_mask).to(kv_ty).to(DOT_TY)
+                q3 = tl.broadcast_to(q_dot[None, :, :], (LANES, BLOCK_G, BLOCK_D))
                 cur_delta = delta
-        slot = (t % TILES_PER_PAGE) * BLOCK_N + n
+        slot = (t % TILES_PER_PAGE) * BLOCK_N + lane_slot
         if HAS_FIRST:
             # keys in slots [first, first + valid), at logical positions starts + slot - first
             first = tl.load(firsts_ptr + entry * stride_firsts + p)
@@ -318,23 +330,27 @@ def _decode_split(
         else:
             key_mask = slot < n_keys
         if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-            tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
+            tile_mask = key_mask[:, :, None]  # a row-only mask keeps 16-byte vector loads along D
         else:
-            tile_mask = key_mask[:, None] & d_mask[None, :]
+            tile_mask = key_mask[:, :, None] & (d3 < HEAD_DIM)
         # Masked loads never read page padding, which may hold anything (NaN included).
-        k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
-                    other=0.0)
-        v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
-                    other=0.0)
-        s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(key_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        k = tl.load(k_base + page * stride_kp + slot[:, :, None] * stride_kt + d3, mask=tile_mask, other=0.0)
+        v = tl.load(v_base + page * stride_vp + slot[:, :, None] * stride_vt + d3, mask=tile_mask, other=0.0)
+        s = tl.dot(q3, tl.trans(k.to(DOT_TY), (0, 2, 1)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(key_mask[:, None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 2))
         alpha = tl.exp2(m_i - m_new)
-        prob = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(prob, 1)
-        acc = acc * alpha[:, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
-                                            input_precision=DOT_PRECISION)
+        prob = tl.exp2(s - m_new[:, :, None])
+        l_i = l_i * alpha + tl.sum(prob, 2)
+        acc = acc * alpha[:, :, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
+                                               input_precision=DOT_PRECISION)
         m_i = m_new
+    # The lanes' merge: one cross-warp reduction per program.
+    m_lanes = m_i
+    m_i = tl.max(m_lanes, 0)
+    w = tl.exp2(m_lanes - m_i[None, :])
+    l_i = tl.sum(l_i * w, 0)
+    acc = tl.sum(acc * w[:, :, None], 0)
 
     if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
@@ -501,7 +517,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        HAS_FIRST=batch.firsts is not None,
+        HAS_FIRST=batch.firsts is not None, LANES=config.lanes,
         num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device, "attention"),
     )
     return out
