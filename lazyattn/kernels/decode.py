@@ -59,7 +59,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
-    lanes: int = 1  # key lanes per tile (each with its own softmax state, its own warps)
+    tma: int = 0  # tiles by the copy engine where the caches' strides allow it (tile_descriptors): 1 K, 2 K and V
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
@@ -206,7 +206,7 @@ def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_m
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
     pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
@@ -215,7 +215,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    LANES: tl.constexpr, USE_PDL: tl.constexpr,
+    TMA: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -228,13 +228,13 @@ def _decode_split_kernel(
     n_pages = tl.load(num_pages_ptr + entry)
     splits = _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap)
     if split < splits:
-        _decode_split(q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+        _decode_split(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
                       pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, q_start_ptr, cos_ptr, sin_ptr,
                       stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
                       stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
                       stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
                       HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, LANES, USE_PDL)
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, TMA, USE_PDL)
 
 
 @triton.jit
@@ -248,7 +248,7 @@ def _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap):
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
     pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, q_start_ptr, cos_ptr, sin_ptr,
     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
@@ -257,7 +257,7 @@ def _decode_split(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    LANES: tl.constexpr, USE_PDL: tl.constexpr,
+    TMA: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -271,6 +271,11 @@ def _decode_split(
     page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    # With TMA the caches are seen as rows of stride_kt elements (tile_descriptors): the kv head's offset falls
+    # into whole rows (head-major pages) or into the columns of one row (token-major pages).
+    head_row = (kv_head * stride_kh) // stride_kt
+    head_col = (kv_head * stride_kh) % stride_kt
+    rows_per_page = stride_kp // stride_kt
     # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
     wait_for_producers(USE_PDL)
 
@@ -291,19 +296,9 @@ def _decode_split(
         partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
 
-    # Key lanes: a tile's BLOCK_N slots are cut into LANES contiguous runs of SUB slots, each with its own
-    # running max, sum and accumulator (a leading [LANES] dimension of every loop tensor, batched tl.dot).
-    # Triton gives each lane its own warps, so the row max and sum and the P operand stay inside a warp:
-    # no shared-memory round trip or barrier per tile. The lanes merge once, after the loop.
-    SUB: tl.constexpr = BLOCK_N // LANES
-    lane = tl.arange(0, LANES)
-    sub = tl.arange(0, SUB)
-    lane_slot = lane[:, None] * SUB + sub[None, :]  # [LANES, SUB]: slot within the tile
-    q3 = tl.broadcast_to(q_dot[None, :, :], (LANES, BLOCK_G, BLOCK_D))
-    m_i = tl.full([LANES, BLOCK_G], NEG_BIG, tl.float32)
-    l_i = tl.zeros([LANES, BLOCK_G], tl.float32)
-    acc = tl.zeros([LANES, BLOCK_G, BLOCK_D], tl.float32)
-    d3 = d[None, None, :]
+    m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     # The next tile's page id is loaded one iteration ahead (a loop-carried scalar). Loaded in the same
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
     # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
@@ -320,9 +315,8 @@ def _decode_split(
             if delta != cur_delta:
                 q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
                                   d_mask).to(kv_ty).to(DOT_TY)
-                q3 = tl.broadcast_to(q_dot[None, :, :], (LANES, BLOCK_G, BLOCK_D))
                 cur_delta = delta
-        slot = (t % TILES_PER_PAGE) * BLOCK_N + lane_slot
+        slot = (t % TILES_PER_PAGE) * BLOCK_N + n
         if HAS_FIRST:
             # keys in slots [first, first + valid), at logical positions starts + slot - first
             first = tl.load(firsts_ptr + entry * stride_firsts + p)
@@ -330,27 +324,42 @@ def _decode_split(
         else:
             key_mask = slot < n_keys
         if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-            tile_mask = key_mask[:, :, None]  # a row-only mask keeps 16-byte vector loads along D
+            tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
         else:
-            tile_mask = key_mask[:, :, None] & (d3 < HEAD_DIM)
-        # Masked loads never read page padding, which may hold anything (NaN included).
-        k = tl.load(k_base + page * stride_kp + slot[:, :, None] * stride_kt + d3, mask=tile_mask, other=0.0)
-        v = tl.load(v_base + page * stride_vp + slot[:, :, None] * stride_vt + d3, mask=tile_mask, other=0.0)
-        s = tl.dot(q3, tl.trans(k.to(DOT_TY), (0, 2, 1)), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(key_mask[:, None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 2))
+            tile_mask = key_mask[:, None] & d_mask[None, :]
+        if TMA >= 1:
+            # K by one copy-engine load per tile (no per-thread addresses or masks). It reads the whole tile,
+            # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
+            # whatever K holds.
+            row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
+            k = k_desc.load([row, head_col])
+        else:
+            # Masked loads never read page padding.
+            k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
+                        other=0.0)
+        if TMA >= 2:
+            # 0 x NaN is NaN: a tile with masked slots zeroes those rows of V (TMA == 3, a probe's: it does not).
+            v = v_desc.load([row, head_col])
+            if TMA == 2:
+                slot0 = (t % TILES_PER_PAGE) * BLOCK_N
+                if HAS_FIRST:
+                    whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
+                else:
+                    whole = slot0 + BLOCK_N <= n_keys
+                if not whole:
+                    v = tl.where(key_mask[:, None], v, 0.0)
+        else:
+            v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
+                        other=0.0)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(key_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
-        prob = tl.exp2(s - m_new[:, :, None])
-        l_i = l_i * alpha + tl.sum(prob, 2)
-        acc = acc * alpha[:, :, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
-                                               input_precision=DOT_PRECISION)
+        prob = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
+                                            input_precision=DOT_PRECISION)
         m_i = m_new
-    # The lanes' merge: one cross-warp reduction per program.
-    m_lanes = m_i
-    m_i = tl.max(m_lanes, 0)
-    w = tl.exp2(m_lanes - m_i[None, :])
-    l_i = tl.sum(l_i * w, 0)
-    acc = tl.sum(acc * w[:, :, None], 0)
 
     if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
@@ -436,6 +445,37 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
+def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):
+    """Tensor descriptors over the K and V caches for copy-engine tile loads, or None where the strides do not allow
+    them. Each cache is seen as rows of stride(1) elements (one slot of one page): a tile is block_n rows starting at
+    page * (stride(0) / stride(1)) + its first slot, at column kv_head * stride(2) (token-major pages: the heads
+    side by side in a row) or at the row kv_head * stride(2) / stride(1) (head-major pages)."""
+    pages, slots, heads, dim = k_cache.shape
+    sp, st, sh, sd = k_cache.stride()
+    size = k_cache.element_size()
+    usable = (k_cache.stride() == v_cache.stride() and sd == 1 and dim == triton.next_power_of_2(dim)
+              and dim * size >= 16 and st * size % 16 == 0 and sp % st == 0
+              and (sh % st == 0 or (heads - 1) * sh + dim <= st)
+              and all(c.data_ptr() % 16 == 0 for c in (k_cache, v_cache)))
+    if not usable:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    end = (pages - 1) * sp + (slots - 1) * st + (heads - 1) * sh + dim  # one past the last element a tile reads
+    rows = cdiv(end, st)
+    if rows >= 2**31:
+        return None
+
+    def descriptor(cache: torch.Tensor):
+        flat = cache.as_strided((rows, st), (st, 1))
+        return TensorDescriptor(flat, [rows, st], [st, 1], [block_n, dim])
+
+    try:
+        return descriptor(k_cache), descriptor(v_cache)
+    except RuntimeError:  # the rows view would run past the storage
+        return None
+
+
 def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
     if not q.is_cuda or interpreting():
         # The interpreter runs programs one by one: a pretend GPU of 4 SMs keeps the grids small.
@@ -496,6 +536,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             arrivals = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
         else:
             arrivals = counters.get(q.device, bsz * hkv)
+    descriptors = tile_descriptors(k_cache, v_cache, config.block_n) if config.tma else None
+    k_desc, v_desc = descriptors or (k_cache, v_cache)  # placeholders when the tiles come by per-thread copies
     firsts = batch.starts if batch.firsts is None else batch.firsts  # a placeholder pointer without offsets
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
@@ -505,7 +547,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
-        q, k_cache, v_cache, out, acc, m, l, arrivals,
+        q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,
         batch.pages, batch.deltas, batch.valid, batch.starts, firsts, batch.num_pages, batch.q_start, cos, sin,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
@@ -517,7 +559,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        HAS_FIRST=batch.firsts is not None, LANES=config.lanes,
+        HAS_FIRST=batch.firsts is not None, TMA=config.tma if descriptors is not None else 0,
         num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device, "attention"),
     )
     return out

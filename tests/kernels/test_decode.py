@@ -148,6 +148,44 @@ def test_strided_views_of_the_pool():
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
+@pytest.mark.parametrize("tma", [1, 2])
+@pytest.mark.parametrize("layout", ["token", "head"])
+def test_copy_engine_tiles(tma, layout):
+    """K (tma=1) or K and V (tma=2) by tensor-descriptor loads, from per-layer views of a pool in either page layout
+    (cache/page_pool.py), with NaN in every slot past a page's keys: the loads read them, the kernel must not let
+    them through (masked scores; V rows zeroed in tiles with masked slots)."""
+    from lazyattn.cache.page_pool import allocate_kv
+
+    s = scenario("llama3", heads=(4, 2), seed=8, docs=[37, 16, 5, 64])
+    q, batch = s.decode()
+    s.poison_unlisted(batch)
+    pages, page_size, hkv, d = s.k_cache.shape
+    kv = allocate_kv(2, pages, page_size, hkv, d, s.k_cache.dtype, "cpu", layout)
+    kv[1, 0], kv[1, 1] = s.k_cache, s.v_cache
+    assert decode.tile_descriptors(kv[1, 0], kv[1, 1], 16) is not None
+    config = DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=tma)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv[1, 0], kv[1, 1], batch, s.tables, s.scale, num_splits=3, config=config, out=out)
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+def test_copy_engine_falls_back_where_strides_do_not_allow_it():
+    """head_dim 80 (no power-of-two box) and a V cache strided unlike K take per-thread copies, with the same result."""
+    s = scenario("interleaved", heads=(4, 2), head_dim=80, seed=3)
+    assert decode.tile_descriptors(s.k_cache, s.v_cache, 16) is None
+    out, ref = run(s, num_splits=2, config=DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=2))
+    assert rel_err(out, ref) < 1e-5
+    s = scenario("llama3", heads=(4, 2), seed=3)
+    v_wide = torch.zeros(*s.v_cache.shape[:-1], 2 * s.v_cache.shape[-1])
+    v_wide[..., :s.v_cache.shape[-1]] = s.v_cache
+    v = v_wide[..., :s.v_cache.shape[-1]]
+    assert decode.tile_descriptors(s.k_cache, v, 16) is None
+    q, batch = s.decode()
+    out = decode_attention(q, s.k_cache, v, batch, s.tables, s.scale, num_splits=2,
+                           config=DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=2))
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
 def test_deltas_beyond_2_pow_20():
     """Same pages at a delta past 2^20 (and past the context): gathered from a long cos/sin table."""
     big = 1 << 20
@@ -278,12 +316,17 @@ def test_gpu_batch1_32k():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_gpu_batch8_4k(page_size):
+@pytest.mark.parametrize("tma", [0, 1, 2])
+def test_gpu_batch8_4k(page_size, tma):
+    """Ragged documents at their deltas, NaN past every page's keys; per-thread copies and the copy engine."""
     docs = [1500, 1024, 777, 2048, 900, 1300]
     requests = [([i % 6, (i + 2) % 6], 4096 - docs[i % 6] - docs[(i + 2) % 6]) for i in range(8)]
     s = gpu_scenario(docs, requests, page_size=page_size)
+    _, batch = s.decode()
+    s.poison_unlisted(batch)
     for n in (None, 1, 3):
-        out, ref = run(s, num_splits=n)
+        config = dataclasses.replace(decode.decode_config(128, torch.bfloat16, page_size), tma=tma)
+        out, ref = run(s, num_splits=n, config=config)
         assert rel_err(out, ref) < 1e-2
     assert rel_err(out, dense_decode(s)) < 1e-2
 

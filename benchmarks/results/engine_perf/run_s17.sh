@@ -1,6 +1,10 @@
 #!/bin/bash
 # Session 17 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
-#   probe      s17/lanes_probe.py: decode attention with 1, 2 and 4 key lanes per tile, with and without the register cap
+#   probe      s17/decode_probe.py: decode attention variants against Session 16's kernel (call 1: its first form,
+#              c1/lanes_probe.py, on commit 62826e8: 1, 2 and 4 key lanes, with and without the register cap)
+#   ncu        s17/ncu_decode.py under Nsight Compute (full set, one launch of each variant in NCU, default "s16 tma=2"; call
+#              2 ran "s16 lanes4" on 62826e8's kernel): the reports, their details pages and their SASS source pages
+#              (stall samples per instruction)
 #   dtests     pytest -m gpu tests/kernels/test_decode.py tests/kernels/test_relink_offsets.py
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
@@ -13,8 +17,18 @@ W=/tmp/s17; rm -rf $W; mkdir -p $W; L=$W/s17_$(echo $STAGES | tr ' ' '_').log
 device_info
 for stage in $STAGES; do
   case $stage in
-    probe)   TAIL=14 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s17/lanes_probe.py \
-               $W/s17_lanes_probe.json ;;
+    probe)   TAIL=14 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s17/decode_probe.py \
+               $W/s17_decode_probe.json ;;
+    ncu)     for v in ${NCU:-s16 tma=2}; do
+               n=${v//[=,]/_}
+               step ncu_$n timeout -k 5 240 ncu --clock-control none --set full --import-source yes \
+                 -k regex:_decode_split_kernel -s 2 -c 1 -o $W/s17_ncu_$n -f \
+                 python benchmarks/results/engine_perf/s17/ncu_decode.py $v
+               ncu --import $W/s17_ncu_$n.ncu-rep --page details > $W/s17_ncu_${n}_details.log 2>&1
+               ncu --import $W/s17_ncu_$n.ncu-rep --page source --csv --print-source sass \
+                 > $W/s17_ncu_${n}_sass.log 2>&1
+             done
+             cp $W/*.ncu-rep $OUT/ 2>/dev/null ;;
     dtests)  step dtests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_decode.py \
                tests/kernels/test_relink_offsets.py ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
