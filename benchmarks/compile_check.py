@@ -433,7 +433,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
     parser.add_argument("--dump", type=Path, default=None, help="write each compiled kernel's TTGIR and PTX here")
     args = parser.parse_args()
-    compiler = Compiler(GPUTarget("cuda", args.arch, 32), args.dump)  # what the CUDA driver reports: warps of 32 threads
+    # what the CUDA driver reports: warps of 32 threads
+    compiler = Compiler(GPUTarget("cuda", args.arch, 32), args.dump)
     print(f"# triton {triton.__version__}, torch {torch.__version__}, target sm_{args.arch}", flush=True)
     failed = 0
     with compiler.installed():

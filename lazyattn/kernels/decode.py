@@ -33,13 +33,22 @@ after those loads and the one-load merge took a layer from 30.6 to 26.0 us on an
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
+from lazyattn.kernels.launch import (
+    LOG2E,
+    _capability_of,
+    _index,
+    interpreting,
+    pdl_options,
+    sm_count,
+    wait_for_producers,
+)
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
@@ -59,11 +68,13 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
-    tma: int = 0  # tiles by the copy engine where the caches' strides allow it (tile_descriptors): 1 K, 2 K and V
+    # Tiles by copy-engine loads where the caches' strides allow it (tile_descriptors): 1 K, 2 K and V (3: K and V
+    # with page padding left in V, wrong where it holds NaN: a probe's, s17/decode_probe.py); 0 per-thread copies.
+    tma: int = 0
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
-                  programs_per_sm: float = 0.0) -> DecodeConfig:
+                  programs_per_sm: float = 0.0, copy_engine: bool = False) -> DecodeConfig:
     """Launch config per (head_dim, dtype, page_size) and grid size (programs per SM).
 
     Tiles of up to 16 KiB for K and as much for V (64 rows of 128 bf16 channels), and enough stages that
@@ -75,6 +86,12 @@ def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
     +16 / +24 % bandwidth; equal at batch 8 and 32). Three programs of 128 threads need <= 168 registers
     each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped,
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
+
+    copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM, K and V tiles come by
+    copy-engine loads (tma=2). Measured on an H100 (benchmarks/results/engine_perf/s17/, per layer in CUDA graphs):
+    batch 8 x 4K 51.8 against 57-58 us, 32 x 4K 180-181 against 204, batch 1 x 10K within the spread; at 64 x 2K
+    (four programs per SM) 188 against 183.5, as the V tile's masking copy (86 KiB of shared memory) leaves room for
+    two programs per SM instead of three, so there the tiles keep per-thread copies.
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
@@ -83,7 +100,8 @@ def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
     if programs_per_sm >= 2:
         buffers = min(4, buffers + 1)
     cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap)
+    tma = 2 if copy_engine and programs_per_sm < 2 else 0
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap, tma=tma)
 
 
 class ArrivalCounters:
@@ -445,6 +463,16 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
+TMA_ENV = "LAZYATTN_DECODE_TMA"  # 0: decode's K/V tiles always by per-thread copies
+
+
+def copy_engine_tiles(device: torch.device) -> bool:
+    """Whether decode_config may choose copy-engine tiles on `device`: a Hopper-or-later GPU (tensor-memory
+    accelerator), not the interpreter, and LAZYATTN_DECODE_TMA not 0."""
+    return (device.type == "cuda" and not interpreting() and os.environ.get(TMA_ENV, "1") != "0"
+            and _capability_of(_index(device)) >= (9, 0))
+
+
 def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):
     """Tensor descriptors over the K and V caches for copy-engine tile loads, or None where the strides do not allow
     them. Each cache is seen as rows of stride(1) elements (one slot of one page): a tile is block_n rows starting at
@@ -517,7 +545,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         rule = SplitRule.fixed(num_splits)
     if config is None:
         per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
-        config = decode_config(head_dim, k_cache.dtype, page_size, per_sm)
+        config = decode_config(head_dim, k_cache.dtype, page_size, per_sm, copy_engine_tiles(q.device))
     if page_size % config.block_n:
         raise ValueError(f"page_size {page_size} is not a multiple of the tile ({config.block_n} slots)")
     apply_delta = apply_delta and tables is not None

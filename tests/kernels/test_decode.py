@@ -169,6 +169,25 @@ def test_copy_engine_tiles(tma, layout):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
+def test_copy_engine_rule(monkeypatch):
+    """decode_config takes copy-engine tiles below two programs per SM where the launcher allows them: a Hopper GPU
+    (capability >= 9.0), not the interpreter, LAZYATTN_DECODE_TMA not 0."""
+    for per_sm, want in ((0.97, 2), (1.94, 2), (2.0, 0), (3.9, 0)):
+        assert decode.decode_config(128, torch.bfloat16, 64, per_sm, copy_engine=True).tma == want
+        assert decode.decode_config(128, torch.bfloat16, 64, per_sm).tma == 0
+    assert not decode.copy_engine_tiles(torch.device("cpu"))
+    monkeypatch.setattr(decode, "interpreting", lambda: False)
+    gpu = torch.device("cuda", 0)
+    for capability, env, want in (((9, 0), None, True), ((10, 0), "1", True), ((9, 0), "0", False),
+                                  ((8, 0), None, False)):
+        monkeypatch.setattr(decode, "_capability_of", lambda index, c=capability: c)
+        if env is None:
+            monkeypatch.delenv(decode.TMA_ENV, raising=False)
+        else:
+            monkeypatch.setenv(decode.TMA_ENV, env)
+        assert decode.copy_engine_tiles(gpu) == want
+
+
 def test_copy_engine_falls_back_where_strides_do_not_allow_it():
     """head_dim 80 (no power-of-two box) and a V cache strided unlike K take per-thread copies, with the same result."""
     s = scenario("interleaved", heads=(4, 2), head_dim=80, seed=3)

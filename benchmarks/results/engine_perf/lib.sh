@@ -5,6 +5,9 @@
 #   ab_engine BASE OUT [ORDER]
 #                       benchmarks/engine.py decode_rag + ttft_rag (batch 16), a checkout of another tree in BASE and
 #                       this tree, alternated twice in ORDER (default "base this"): $W/OUT_{base,this}_{1,2}.{json,md}
+#   alternate STEP OUT VAR "VALUES" ARGS...
+#                       benchmarks/engine.py ARGS with VAR set to each value in turn, twice; step STEP<value>_<round>,
+#                       output $W/${TAG}_OUT<value>_<round> (a value's commas become +)
 device_info() { nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > $L
                 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $L; }
 step() { local name=$1; shift; local s=$SECONDS; echo "== $name ($(date -u +%T))" >> $L; ( "$@" ) > $W/$name.log 2>&1;
@@ -15,5 +18,13 @@ ab_engine() { local base=$1 out=$2 order=${3:-base this} r t d
                   d=$PWD; [ $t = base ] && d=$PWD/$base
                   step ab_${t}_$r timeout -k 5 150 env PYTHONPATH=$d python $d/benchmarks/engine.py \
                     --sections decode_rag,ttft_rag --batches 16 --out $W/${out}_${t}_$r
+                done
+              done; }
+alternate() { local name=$1 out=$2 var=$3 values=$4 r v n; shift 4
+              for r in 1 2; do
+                for v in $values; do
+                  n=${v//,/+}
+                  step $name${n}_$r timeout -k 5 150 env $var=$v python benchmarks/engine.py "$@" \
+                    --out $W/${TAG}_$out${n}_$r
                 done
               done; }

@@ -24,15 +24,7 @@ W=/tmp/s16; rm -rf $W; mkdir -p $W; L=$W/s16_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step
 device_info
 SECTIONS="--sections decode_short,decode_rag,ttft_rag --batches 16,64"
-# alternate STEP OUT VAR "VALUES" ARGS...: benchmarks/engine.py ARGS with VAR set to each value in turn, twice;
-# step STEP<value>_<round>, output $W/s16_OUT<value>_<round> (a value's commas become +)
-alternate() { local name=$1 out=$2 var=$3 values=$4 r v n; shift 4
-              for r in 1 2; do
-                for v in $values; do
-                  n=${v//,/+}
-                  step $name${n}_$r timeout -k 5 150 env $var=$v python benchmarks/engine.py "$@" --out $W/s16_$out${n}_$r
-                done
-              done; }
+TAG=s16  # alternate's output prefix (lib.sh)
 for stage in $STAGES; do
   case $stage in
     dtests)  step dtests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_decode.py \

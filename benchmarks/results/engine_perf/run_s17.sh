@@ -9,12 +9,15 @@
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table)
+#   tmaab      engine.py decode_short + decode_rag + ttft_rag (batches 16, 64) with LAZYATTN_DECODE_TMA=1 (the default)
+#              and 0, alternated twice
 set -u
 STAGES=${STAGES:-probe}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 W=/tmp/s17; rm -rf $W; mkdir -p $W; L=$W/s17_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step
 device_info
+TAG=s17  # alternate's output prefix (lib.sh)
 for stage in $STAGES; do
   case $stage in
     probe)   TAIL=14 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s17/decode_probe.py \
@@ -35,6 +38,7 @@ for stage in $STAGES; do
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
     engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/s17_engine ;;
+    tmaab)   alternate tma tma LAZYATTN_DECODE_TMA "1 0" --sections decode_short,decode_rag,ttft_rag --batches 16,64 ;;
   esac
 done
 cd $W && tar czf $OUT/s17_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null

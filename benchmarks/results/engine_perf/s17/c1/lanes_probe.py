@@ -32,8 +32,8 @@ from lazyattn.kernels import decode  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
-VARIANTS = {"s16": (0, True), "lanes 1": (1, True), "lanes 2": (2, True), "lanes 4": (4, True), "lanes 4, no cap": (4, False),
-            "lanes 2, no cap": (2, False)}
+VARIANTS = {"s16": (0, True), "lanes 1": (1, True), "lanes 2": (2, True), "lanes 4": (4, True),
+            "lanes 4, no cap": (4, False), "lanes 2, no cap": (2, False)}
 _config = decode.decode_config
 
 
