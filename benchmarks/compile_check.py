@@ -158,10 +158,12 @@ class Compiler:
             return compiler.run(fn, *args, grid=grid, warmup=warmup, **kwargs)
 
         jit.JITFunction.run = run
-        patched = [(m, "sm_count") for m in (prefill, decode, gemv)]
+        patched = [(m, "sm_count") for m in (prefill, decode, gemv)] + [(decode, "copy_engine_tiles")]
         saved = [(m, n, getattr(m, n)) for m, n in patched]
-        for m, n in patched:
+        for m, n in patched[:-1]:
             setattr(m, n, lambda device: H100_SMS)
+        # decode's tiles by the copy engine where its launcher takes them on a Hopper GPU (a CPU tensor here)
+        decode.copy_engine_tiles = lambda device: self.target.arch >= 90
         try:
             yield
         finally:

@@ -356,16 +356,7 @@ def _decode_split(
             k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
                         other=0.0)
         if TMA >= 2:
-            # 0 x NaN is NaN: a tile with masked slots zeroes those rows of V (TMA == 3, a probe's: it does not).
             v = v_desc.load([row, head_col])
-            if TMA == 2:
-                slot0 = (t % TILES_PER_PAGE) * BLOCK_N
-                if HAS_FIRST:
-                    whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
-                else:
-                    whole = slot0 + BLOCK_N <= n_keys
-                if not whole:
-                    v = tl.where(key_mask[:, None], v, 0.0)
         else:
             v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
                         other=0.0)
@@ -375,8 +366,23 @@ def _decode_split(
         alpha = tl.exp2(m_i - m_new)
         prob = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(prob, 1)
-        acc = acc * alpha[:, None] + tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY),
-                                            input_precision=DOT_PRECISION)
+        p_dot = prob.to(kv_ty).to(DOT_TY)
+        pv = tl.dot(p_dot, v.to(DOT_TY), input_precision=DOT_PRECISION)
+        if TMA == 2:
+            # V by the copy engine holds the page padding too, and 0 x NaN is NaN: a tile with masked slots takes
+            # the product again over V read by masked per-thread loads (from L2: the copy engine just brought it).
+            # Whole tiles (nearly all) multiply V as it landed; the unconditional first product keeps V in Triton's
+            # pipelined buffers. (TMA == 3, a probe's, leaves the padding in.)
+            slot0 = (t % TILES_PER_PAGE) * BLOCK_N
+            if HAS_FIRST:
+                whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
+            else:
+                whole = slot0 + BLOCK_N <= n_keys
+            if not whole:
+                v_masked = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
+                                   other=0.0)
+                pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     if DIRECT or splits == 1:

@@ -33,7 +33,7 @@ from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 VARIANTS: dict[str, dict | None] = {
-    "s16": None, "tma 0": {}, "tma 1 (K)": {"tma": 1}, "tma 2 (K, V)": {"tma": 2},
+    "s16": None, "default": {}, "tma 0": {"tma": 0}, "tma 1 (K)": {"tma": 1}, "tma 2 (K, V)": {"tma": 2},
     "tma 3 (K, V unmasked)": {"tma": 3}, "8 warps": {"num_warps": 8}, "tma 2, 8 warps": {"tma": 2, "num_warps": 8}}
 _config = decode.decode_config
 
