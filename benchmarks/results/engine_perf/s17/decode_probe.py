@@ -12,6 +12,10 @@ Variants (VARIANTS: DecodeConfig fields over decode_config's choice): K, or K an
 Call 1 ran its first form (key lanes), c1/lanes_probe.py.
 
     python benchmarks/results/engine_perf/s17/decode_probe.py OUT.json
+    python benchmarks/results/engine_perf/s17/decode_probe.py OUT.json splits
+
+`splits`: only batch 1 x 10 304 (alone and after RoPE) with the default config and 16 (the split rule's), 24 and 32
+splits: whether the copy-engine tiles move the best split count.
 """
 
 from __future__ import annotations
@@ -64,8 +68,36 @@ def launcher(fields: dict | None):
     return functools.partial(decode.decode_attention, counters=decode.ArrivalCounters())
 
 
+def splits_section(out: Path) -> None:
+    c = batch1()
+    b = c.b
+    fn = launcher({})
+
+    def after_rope(q, k, v, pb, n):
+        return fn(rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables), k, v, pb, b.tables,
+                  b.scale, num_splits=n)
+
+    rows: dict[str, dict[str, list[float]]] = {}
+    for _ in range(2):
+        for n in (16, 24, 32):
+            row = rows.setdefault(f"{n} splits", {})
+            row.setdefault("alone", []).append(kb.graph_us(
+                b, [functools.partial(fn, *i, b.tables, b.scale, num_splits=n) for i in c.inputs]))
+            row.setdefault("after RoPE", []).append(kb.graph_us(
+                b, [functools.partial(after_rope, *i, n) for i in c.inputs]))
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name() if c.gpu else "cpu", "copy_GBps": c.copy,
+                               "bytes": c.nbytes, "us": rows}, indent=1))
+    print("| batch 1 x 10304, µs, round 1 / 2 | alone | after RoPE |\n|---|---|---|")
+    for name, row in rows.items():
+        print(f"| {name} | {row['alone'][0]:.2f} / {row['alone'][1]:.2f} | "
+              f"{row['after RoPE'][0]:.2f} / {row['after RoPE'][1]:.2f} |")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
+    if sys.argv[2:] == ["splits"]:
+        splits_section(out)
+        return
     c = batch1()
     b = c.b
     gen = torch.Generator().manual_seed(3)
