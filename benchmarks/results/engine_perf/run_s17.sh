@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 17 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
 #   probe      s17/decode_probe.py: decode attention variants against Session 16's kernel (call 1: its first form,
-#              c1/lanes_probe.py, on commit 62826e8: 1, 2 and 4 key lanes, with and without the register cap)
+#              lanes_probe.py as committed in fa09193, on 62826e8's kernel: 1, 2 and 4 key lanes, with and without the
+#              register cap)
 #   splits     s17/decode_probe.py's splits section: batch 1 x 10 304 with 16, 24 and 32 splits
 #   ncu        s17/ncu_decode.py under Nsight Compute (full set, one launch of each variant in NCU, default "s16 tma=2"; call
 #              2 ran "s16 lanes4" on 62826e8's kernel): the reports, their details pages and their SASS source pages

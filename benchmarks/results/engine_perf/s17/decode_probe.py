@@ -1,6 +1,9 @@
-"""Session 17: variants of batch-1 decode attention (kernels/decode.py) against the kernel as Session 16 left it
-(decode_s16.py, a copy of c424cb5's kernels/decode.py). Each variant timed per layer as the engine's graphs run it
-(benchmarks/kernels.py graph_us: 32 calls per CUDA graph, input copies past L2), two alternated rounds:
+"""Session 17: variants of batch-1 decode attention (kernels/decode.py) against the kernel as Session 16 left it.
+Calls 1-8 timed that kernel from a copy of c424cb5's kernels/decode.py (`git show
+b68b422:benchmarks/results/engine_perf/s17/decode_s16.py`); "s16" is now `tma 0`, which compiles the same code
+(the copy-engine branches are compile-time) and measured the same in call 7. Each variant timed per layer as the
+engine's graphs run it (benchmarks/kernels.py graph_us: 32 calls per CUDA graph, input copies past L2), two alternated
+rounds:
 
 - batch 1 x 10 304 keys (issue 10's decode-attention target), alone, after a RoPE/KV-write launch, and with the
   rotation compiled out (apply_delta=False);
@@ -9,7 +12,8 @@
 Each variant's output on each shape's first input is checked against the fp32 reference (max abs error).
 Variants (VARIANTS: DecodeConfig fields over decode_config's choice): K, or K and V, by the copy engine (`tma` 1, 2;
 3 leaves page padding in V unmasked, which is wrong where padding holds NaN: timing only), and 8 warps.
-Call 1 ran its first form (key lanes), c1/lanes_probe.py.
+Call 1 ran its first form (key lanes): `git show fa09193:benchmarks/results/engine_perf/s17/c1/lanes_probe.py`,
+on 62826e8's kernel.
 
     python benchmarks/results/engine_perf/s17/decode_probe.py OUT.json
     python benchmarks/results/engine_perf/s17/decode_probe.py OUT.json splits
@@ -31,20 +35,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from benchmarks import kernels as kb  # noqa: E402
 from benchmarks.results.engine_perf.s16.batch1 import batch1  # noqa: E402
-from benchmarks.results.engine_perf.s17 import decode_s16  # noqa: E402
 from lazyattn.kernels import decode  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 VARIANTS: dict[str, dict | None] = {
-    "s16": None, "default": {}, "tma 0": {"tma": 0}, "tma 1 (K)": {"tma": 1}, "tma 2 (K, V)": {"tma": 2},
+    "s16": {"tma": 0}, "default": {}, "tma 1 (K)": {"tma": 1}, "tma 2 (K, V)": {"tma": 2},
     "tma 3 (K, V unmasked)": {"tma": 3}, "8 warps": {"num_warps": 8}, "tma 2, 8 warps": {"tma": 2, "num_warps": 8}}
 _config = decode.decode_config
 
 
-def patched(fields: dict | None):
+def patched(fields: dict):
     """decode_config as the launcher calls it, with these fields replaced."""
-    return lambda *args, **kwargs: replace(_config(*args, **kwargs), **(fields or {}))
+    return lambda *args, **kwargs: replace(_config(*args, **kwargs), **fields)
 
 
 def reference(b: kb.Bench, q, k, v, pb) -> torch.Tensor:
@@ -61,17 +64,15 @@ def with_variant(name: str, work, fn):
         decode.decode_config = _config
 
 
-def launcher(fields: dict | None):
-    """The decode launcher of a variant: Session 16's kernel (None) or kernels/decode.py's."""
-    if fields is None:
-        return functools.partial(decode_s16.decode_attention, counters=decode_s16.ArrivalCounters())
+def launcher():
+    """The decode launcher, with arrival counters kept across calls as TritonBackend keeps them."""
     return functools.partial(decode.decode_attention, counters=decode.ArrivalCounters())
 
 
 def splits_section(out: Path) -> None:
     c = batch1()
     b = c.b
-    fn = launcher({})
+    fn = launcher()
 
     def after_rope(q, k, v, pb, n):
         return fn(rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables), k, v, pb, b.tables,
@@ -105,7 +106,7 @@ def main() -> None:
     batches = ((8, 4096), (32, 4096), (64, 2048)) if c.gpu else ((2, 48),)
     for bsz, ctx in batches:
         shapes[f"{bsz} x {ctx}"] = kb.decode_case(b, bsz, ctx, gen)[0]
-    launchers = {name: launcher(fields) for name, fields in VARIANTS.items()}
+    launchers = {name: launcher() for name in VARIANTS}
 
     def after_rope(fn, q, k, v, pb):
         return fn(rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables), k, v, pb, b.tables,

@@ -19,7 +19,8 @@ EXECUTED = "Instructions Executed"
 
 
 def main() -> None:
-    rows = list(csv.reader(open(sys.argv[1])))
+    with open(sys.argv[1], newline="") as f:
+        rows = list(csv.reader(f))
     warps = int(sys.argv[2]) if len(sys.argv) > 2 else 512
     header = rows[1]
     col = {h: i for i, h in enumerate(header)}
