@@ -11,6 +11,8 @@
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table)
+#   serving    lazyattn bench, the session-6 protocol (20 docs x 2048, Zipf 2.1, 48 requests at saturation), cold and
+#              with a pre-warmed document cache, one run each
 #   tmaab      engine.py decode_short + decode_rag + ttft_rag (batches 16, 64) with LAZYATTN_DECODE_TMA=1 (the default)
 #              and 0, alternated twice
 set -u
@@ -20,6 +22,8 @@ W=/tmp/s17; rm -rf $W; mkdir -p $W; L=$W/s17_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step
 device_info
 TAG=s17  # alternate's output prefix (lib.sh)
+SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20
+       --num-requests 48 --kv-cache-gb 20 --no-progress"
 for stage in $STAGES; do
   case $stage in
     probe)   TAIL=14 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s17/decode_probe.py \
@@ -42,6 +46,9 @@ for stage in $STAGES; do
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
     engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/s17_engine ;;
+    serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/serving_s17_cold
+             step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/serving_s17_warm
+             for c in cold warm; do cp $W/serving_s17_$c/bench.json $W/serving_s17_$c.json; done ;;
     tmaab)   alternate tma tma LAZYATTN_DECODE_TMA "1 0" --sections decode_short,decode_rag,ttft_rag --batches 16,64 ;;
   esac
 done
