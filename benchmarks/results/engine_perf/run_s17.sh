@@ -13,6 +13,7 @@
 #   engine     engine.py, every section (the issue-10 table)
 #   serving    lazyattn bench, the session-6 protocol (20 docs x 2048, Zipf 2.1, 48 requests at saturation), cold and
 #              with a pre-warmed document cache, one run each
+#   targets    kernels.py --sections targets, twice (issue 10's attention targets and the deferred-RoPE overhead)
 #   tmaab      engine.py decode_short + decode_rag + ttft_rag (batches 16, 64) with LAZYATTN_DECODE_TMA=1 (the default)
 #              and 0, alternated twice
 set -u
@@ -49,6 +50,9 @@ for stage in $STAGES; do
     serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/serving_s17_cold
              step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/serving_s17_warm
              for c in cold warm; do cp $W/serving_s17_$c/bench.json $W/serving_s17_$c.json; done ;;
+    targets) for r in 1 2; do
+               step targets_$r timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s17_targets_$r
+             done ;;
     tmaab)   alternate tma tma LAZYATTN_DECODE_TMA "1 0" --sections decode_short,decode_rag,ttft_rag --batches 16,64 ;;
   esac
 done
