@@ -59,8 +59,6 @@ NEG_BIG = tl.constexpr(-1.0e30)
 _SHORT_SPLIT_PAGES = 16
 # The merge loads (query head, split) partials this many at a time: 64 rows of 128 fp32 are 64 registers a thread.
 _MERGE_ROWS = 64
-# A run of equal delta (DecodeConfig.runs) ends at most this many pages on: one vector load finds its end.
-_RUN_PAGES = 32
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -73,8 +71,6 @@ class DecodeConfig:
     # Tiles by copy-engine loads where the caches' strides allow it (tile_descriptors): 1 K, 2 K and V (3: K and V
     # with page padding left in V, wrong where it holds NaN: a probe's, s17/decode_probe.py); 0 per-thread copies.
     tma: int = 0
-    # The tile loop as an inner loop per run of equal delta (the de-rotated query's operand copied once a run).
-    runs: bool = False
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
@@ -237,7 +233,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    TMA: tl.constexpr, RUNS: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
+    TMA: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -256,7 +252,7 @@ def _decode_split_kernel(
                       stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
                       stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
                       HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, TMA, RUNS, BLOCK_R, USE_PDL)
+                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, TMA, USE_PDL)
 
 
 @triton.jit
@@ -279,7 +275,7 @@ def _decode_split(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
     DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    TMA: tl.constexpr, RUNS: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
+    TMA: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -325,45 +321,69 @@ def _decode_split(
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
     # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
     # The other per-page metadata is scalar loads from small rows that stay in L1.
-    if RUNS and APPLY_DELTA:
-        # Runs of equal delta: the tile loop is an inner loop per run, so the de-rotated query is the same
-        # across it and its operand copy into shared memory is made once per run instead of once per tile.
-        # Each run ends at the first page of another delta, at most BLOCK_R pages on (then the next run keeps
-        # the delta). The inner loop's last tile loads the next run's first page id.
-        r = tl.arange(0, BLOCK_R)
-        t = t_lo
-        while t < t_hi:
-            p0 = t // TILES_PER_PAGE
-            delta = tl.load(deltas_ptr + entry * stride_deltas + p0)
-            ahead = p0 + r
-            later = tl.load(deltas_ptr + entry * stride_deltas + ahead, mask=ahead < page_hi, other=0)
-            other = (later != delta) & (ahead < page_hi)
-            run_hi = tl.minimum(tl.min(tl.where(other, ahead, p0 + BLOCK_R), 0), page_hi) * TILES_PER_PAGE
+    for t in range(t_lo, t_hi):
+        p = t // TILES_PER_PAGE
+        page = page_next.to(tl.int64)
+        p_next = (t + 1) // TILES_PER_PAGE
+        page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
+        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
+                            q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
+        if APPLY_DELTA:
+            delta = tl.load(deltas_ptr + entry * stride_deltas + p)
             if delta != cur_delta:
                 q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
                                   d_mask).to(kv_ty).to(DOT_TY)
                 cur_delta = delta
-            for tt in range(t, run_hi):
-                m_i, l_i, acc, page_next = _decode_tile(
-                    tt, t_hi, page_next, q_dot, m_i, l_i, acc, k_desc, v_desc, k_base, v_base, pages_ptr,
-                    valid_ptr, starts_ptr, firsts_ptr, entry, stride_pages, stride_valid, stride_starts,
-                    stride_firsts, stride_kp, stride_kt, stride_vp, stride_vt, q_pos, qk_scale, rows_per_page,
-                    head_row, head_col, n, d, d_mask, HEAD_DIM, BLOCK_D, BLOCK_N, TILES_PER_PAGE, DOT_TY,
-                    DOT_PRECISION, HAS_FIRST, TMA)
-            t = run_hi
-    else:
-        for t in range(t_lo, t_hi):
-            if APPLY_DELTA:
-                delta = tl.load(deltas_ptr + entry * stride_deltas + t // TILES_PER_PAGE)
-                if delta != cur_delta:
-                    q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
-                                      d_mask).to(kv_ty).to(DOT_TY)
-                    cur_delta = delta
-            m_i, l_i, acc, page_next = _decode_tile(
-                t, t_hi, page_next, q_dot, m_i, l_i, acc, k_desc, v_desc, k_base, v_base, pages_ptr, valid_ptr,
-                starts_ptr, firsts_ptr, entry, stride_pages, stride_valid, stride_starts, stride_firsts, stride_kp,
-                stride_kt, stride_vp, stride_vt, q_pos, qk_scale, rows_per_page, head_row, head_col, n, d, d_mask,
-                HEAD_DIM, BLOCK_D, BLOCK_N, TILES_PER_PAGE, DOT_TY, DOT_PRECISION, HAS_FIRST, TMA)
+        slot = (t % TILES_PER_PAGE) * BLOCK_N + n
+        if HAS_FIRST:
+            # keys in slots [first, first + valid), at logical positions starts + slot - first
+            first = tl.load(firsts_ptr + entry * stride_firsts + p)
+            key_mask = (slot >= first) & (slot < first + n_keys)
+        else:
+            key_mask = slot < n_keys
+        if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+            tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
+        else:
+            tile_mask = key_mask[:, None] & d_mask[None, :]
+        if TMA >= 1:
+            # K by one copy-engine load per tile (no per-thread addresses or masks). It reads the whole tile,
+            # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
+            # whatever K holds.
+            row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
+            k = k_desc.load([row, head_col])
+        else:
+            # Masked loads never read page padding.
+            k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
+                        other=0.0)
+        if TMA >= 2:
+            v = v_desc.load([row, head_col])
+        else:
+            v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
+                        other=0.0)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(key_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        prob = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        p_dot = prob.to(kv_ty).to(DOT_TY)
+        pv = tl.dot(p_dot, v.to(DOT_TY), input_precision=DOT_PRECISION)
+        if TMA == 2:
+            # V by the copy engine holds the page padding too, and 0 x NaN is NaN: a tile with masked slots takes
+            # the product again over V read by masked per-thread loads (from L2: the copy engine just brought it).
+            # Whole tiles (nearly all) multiply V as it landed; the unconditional first product keeps V in Triton's
+            # pipelined buffers. (TMA == 3, a probe's, leaves the padding in.)
+            slot0 = (t % TILES_PER_PAGE) * BLOCK_N
+            if HAS_FIRST:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+                whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
+            else:
+                whole = slot0 + BLOCK_N <= n_keys
+            if not whole:
+                v_masked = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
+                                   other=0.0)
+                pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
 
     if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
@@ -386,76 +406,6 @@ def _decode_split(
                          out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh, stride_oh,
                          GROUP, HEAD_DIM, BLOCK_H, BLOCK_S, BLOCK_D)
             tl.store(counter, 0)
-
-
-@triton.jit
-def _decode_tile(
-    t, t_hi, page_next, q_dot, m_i, l_i, acc, k_desc, v_desc, k_base, v_base, pages_ptr, valid_ptr, starts_ptr,
-    firsts_ptr, entry, stride_pages, stride_valid, stride_starts, stride_firsts, stride_kp, stride_kt, stride_vp,
-    stride_vt, q_pos, qk_scale, rows_per_page, head_row, head_col, n, d, d_mask,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-    DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr, TMA: tl.constexpr,
-):
-    """Tile t of a split (page page_next, loaded one tile ahead) into the online softmax state (m_i, l_i, acc),
-    scored against q_dot; returns the state and the next tile's page id (0 past t_hi)."""
-    kv_ty = k_base.dtype.element_ty
-    p = t // TILES_PER_PAGE
-    page = page_next.to(tl.int64)
-    p_next = (t + 1) // TILES_PER_PAGE
-    page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
-    n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
-                        q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
-    slot = (t % TILES_PER_PAGE) * BLOCK_N + n
-    if HAS_FIRST:
-        # keys in slots [first, first + valid), at logical positions starts + slot - first
-        first = tl.load(firsts_ptr + entry * stride_firsts + p)
-        key_mask = (slot >= first) & (slot < first + n_keys)
-    else:
-        key_mask = slot < n_keys
-    if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-        tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
-    else:
-        tile_mask = key_mask[:, None] & d_mask[None, :]
-    if TMA >= 1:
-        # K by one copy-engine load per tile (no per-thread addresses or masks). It reads the whole tile,
-        # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
-        # whatever K holds.
-        row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
-        k = k_desc.load([row, head_col])
-    else:
-        # Masked loads never read page padding.
-        k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
-                    other=0.0)
-    if TMA >= 2:
-        v = v_desc.load([row, head_col])
-    else:
-        v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
-                    other=0.0)
-    s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(key_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    prob = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(prob, 1)
-    p_dot = prob.to(kv_ty).to(DOT_TY)
-    pv = tl.dot(p_dot, v.to(DOT_TY), input_precision=DOT_PRECISION)
-    if TMA == 2:
-        # V by the copy engine holds the page padding too, and 0 x NaN is NaN: a tile with masked slots takes
-        # the product again over V read by masked per-thread loads (from L2: the copy engine just brought it).
-        # Whole tiles (nearly all) multiply V as it landed; the unconditional first product keeps V in Triton's
-        # pipelined buffers. (TMA == 3, a probe's, leaves the padding in.)
-        slot0 = (t % TILES_PER_PAGE) * BLOCK_N
-        if HAS_FIRST:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-            whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
-        else:
-            whole = slot0 + BLOCK_N <= n_keys
-        if not whole:
-            v_masked = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
-                               other=0.0)
-            pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
-    acc = acc * alpha[:, None] + pv
-    m_i = m_new
-    return m_i, l_i, acc, page_next
 
 
 @triton.jit
@@ -644,7 +594,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
         DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
         HAS_FIRST=batch.firsts is not None, TMA=config.tma if descriptors is not None else 0,
-        RUNS=config.runs, BLOCK_R=_RUN_PAGES,
         num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device, "attention"),
     )
     return out
