@@ -24,6 +24,14 @@ With one split the program normalises and writes directly. How many splits: spli
 kernel (a CUDA graph is captured with the grid of its longest context, and replays short ones with few splits:
 the programs past an entry's count return at once).
 
+Copy-engine tiles (DecodeConfig.tma, decode_config's rule: on Hopper, below two programs per SM): K and V tiles
+come by tensor-descriptor loads (tile_descriptors) instead of per-thread asynchronous copies, which take away the
+copies' address and mask arithmetic (a third of the tile loop's instructions are integer work; one warp per
+scheduler at batch 1 issues every ~7 cycles, so instructions are time). Such a load reads page padding too, which
+the contract lets hold NaN: masked scores are -inf whatever K holds, and a tile with masked slots takes its P·V
+again over masked per-thread loads of V. Measured on an H100 (docs/kernels.md, Session 17): batch 8 and 32 10-12 %
+faster, batch 1 over 10K keys 5-7 %.
+
 Programmatic dependent launch (kernels/launch.py): the page count, the split's page range, the query position and
 the first page id are the host's tables (kernels/paged.py), read before the wait, while the kernel before this one
 finishes; q and the step's own keys, the RoPE launch's writes, after it. At batch 1 over 10K keys the wait placed
