@@ -96,10 +96,11 @@ def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
 
     copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM, K and V tiles come by
-    copy-engine loads (tma=2). Measured on an H100 (benchmarks/results/engine_perf/s17/, per layer in CUDA graphs):
-    batch 8 x 4K 51.8 against 57-58 us, 32 x 4K 180-181 against 204, batch 1 x 10K within the spread; at 64 x 2K
-    (four programs per SM) 188 against 183.5, as the V tile's masking copy (86 KiB of shared memory) leaves room for
-    two programs per SM instead of three, so there the tiles keep per-thread copies.
+    copy-engine loads (tma=2). Measured on an H100 (benchmarks/results/engine_perf/s17/, c7, per layer in CUDA
+    graphs): batch 8 x 4K 50.4-50.7 against 56.4 us, 32 x 4K 178.5-178.7 against 203-204, batch 1 x 10K after a
+    RoPE launch 26.2-26.9 against 28.2. With four programs per SM (64 x 2K) they measured equal, and V's partial-tile
+    buffer (82 KiB of shared memory in all at pages of 64) leaves room for two programs per SM instead of three, so
+    larger grids, not measured, keep per-thread copies.
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
