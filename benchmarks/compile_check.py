@@ -158,12 +158,13 @@ class Compiler:
             return compiler.run(fn, *args, grid=grid, warmup=warmup, **kwargs)
 
         jit.JITFunction.run = run
-        patched = [(m, "sm_count") for m in (prefill, decode, gemv)] + [(decode, "copy_engine_tiles")]
-        saved = [(m, n, getattr(m, n)) for m, n in patched]
-        for m, n in patched[:-1]:
-            setattr(m, n, lambda device: H100_SMS)
-        # decode's tiles by the copy engine where its launcher takes them on a Hopper GPU (a CPU tensor here)
-        decode.copy_engine_tiles = lambda device: self.target.arch >= 90
+        # Each module's GPU queries answered as on the target (the tensors are CPU ones): an H100's SM count, and
+        # decode's tiles by the copy engine where its launcher takes them on a Hopper GPU.
+        stand_ins = {(m, "sm_count"): lambda device: H100_SMS for m in (prefill, decode, gemv)}
+        stand_ins[(decode, "copy_engine_tiles")] = lambda device: self.target.arch >= 90
+        saved = [(m, n, getattr(m, n)) for m, n in stand_ins]
+        for (m, n), stand_in in stand_ins.items():
+            setattr(m, n, stand_in)
         try:
             yield
         finally:

@@ -50,8 +50,7 @@ import triton.language as tl
 
 from lazyattn.kernels.launch import (
     LOG2E,
-    _capability_of,
-    _index,
+    hopper_or_later,
     interpreting,
     pdl_options,
     sm_count,
@@ -484,8 +483,7 @@ TMA_ENV = "LAZYATTN_DECODE_TMA"  # 0: decode's K/V tiles always by per-thread co
 def copy_engine_tiles(device: torch.device) -> bool:
     """Whether decode_config may choose copy-engine tiles on `device`: a Hopper-or-later GPU (tensor-memory
     accelerator), not the interpreter, and LAZYATTN_DECODE_TMA not 0."""
-    return (device.type == "cuda" and not interpreting() and os.environ.get(TMA_ENV, "1") != "0"
-            and _capability_of(_index(device)) >= (9, 0))
+    return os.environ.get(TMA_ENV, "1") != "0" and hopper_or_later(device)
 
 
 def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):

@@ -58,11 +58,15 @@ def _sm_count_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def hopper_or_later(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9.0 or later (PDL, the copy engine's tensor loads), not the interpreter."""
+    return device.type == "cuda" and not interpreting() and _capability_of(_index(device)) >= (9, 0)
+
+
 def pdl_options(device: torch.device, family: str) -> dict:
     """Launch options of a kernel taking a USE_PDL constexpr: on with a Hopper-or-later CUDA device (not the
     interpreter) where the kernel's family (PDL_FAMILIES) launches with PDL (pdl_families)."""
-    on = (device.type == "cuda" and not interpreting() and family in pdl_families(_device_name(device))
-          and _capability_of(_index(device)) >= (9, 0))
+    on = hopper_or_later(device) and family in pdl_families(_device_name(device))
     return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
 
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels import decode, reference
+from lazyattn.kernels import decode, launch, reference
 from lazyattn.kernels.decode import ArrivalCounters, DecodeConfig, decode_attention
 from lazyattn.kernels.rope import RopeConfig, RopeTables
 from tests.kernels.rope_cases import ROPE_CASES, tables
@@ -176,11 +176,11 @@ def test_copy_engine_rule(monkeypatch):
         assert decode.decode_config(128, torch.bfloat16, 64, per_sm, copy_engine=True).tma == want
         assert decode.decode_config(128, torch.bfloat16, 64, per_sm).tma == 0
     assert not decode.copy_engine_tiles(torch.device("cpu"))
-    monkeypatch.setattr(decode, "interpreting", lambda: False)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
     gpu = torch.device("cuda", 0)
     for capability, env, want in (((9, 0), None, True), ((10, 0), "1", True), ((9, 0), "0", False),
                                   ((8, 0), None, False)):
-        monkeypatch.setattr(decode, "_capability_of", lambda index, c=capability: c)
+        monkeypatch.setattr(launch, "_capability_of", lambda index, c=capability: c)
         if env is None:
             monkeypatch.delenv(decode.TMA_ENV, raising=False)
         else:
