@@ -52,6 +52,7 @@ against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -186,25 +187,33 @@ def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: gl.constexpr, layout: g
 
 
 @gluon.jit
-def _store_q(q_smem, Q, Cos, Sin, token, head, row_ok, delta, max_position, stride_qt, stride_qh, interleaved,
-             layout: gl.constexpr):
-    """Write this warpgroup's Q rows, rotated by -delta (fp32 math, rounded once to q's dtype; delta 0 leaves them
-    as they are: cos 1, sin 0), as the Q·Kᵀ operand. token, head, row_ok: [rows] in SliceLayout(1, layout)."""
+def _rotation(Cos, Sin, delta, max_position, interleaved, layout: gl.constexpr):
+    """The cos and signed sin of R_{-delta} per dim of a Q row, [head_dim] in SliceLayout(0, layout): the table rows
+    depend on the delta alone (neither on q nor on the kernels before this one), so they load ahead of their use."""
     HALF: gl.constexpr = _KHEAD_DIM // 2
     dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, layout))
     pair = gl.where(interleaved, dims // 2, dims % HALF)
-    partner = gl.where(interleaved, dims ^ 1, dims ^ HALF)
     leading = gl.where(interleaved, (dims % 2) == 0, dims < HALF)
-    rows = Q + token * stride_qt + head * stride_qh
-    mask = row_ok[:, None]
-    q = gl.load(rows[:, None] + dims[None, :], mask=mask, other=0.0)
-    q_partner = gl.load(rows[:, None] + partner[None, :], mask=mask, other=0.0)
     # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
     table_row = gl.minimum(delta, max_position - 1).to(gl.int64) * HALF
     cos = gl.load(Cos + table_row + pair)
     sin = gl.load(Sin + table_row + pair)
     # R_{-delta}: a' = a c + b s (leading member), b' = b c - a s (trailing member).
-    sin = gl.where(leading, sin, -sin)
+    return cos, gl.where(leading, sin, -sin)
+
+
+@gluon.jit
+def _store_q(q_smem, Q, cos, sin, token, head, row_ok, stride_qt, stride_qh, interleaved, layout: gl.constexpr):
+    """Write this warpgroup's Q rows, rotated by `_rotation`'s cos and sin (fp32 math, rounded once to q's dtype;
+    delta 0 leaves them as they are: cos 1, sin 0), as the Q·Kᵀ operand. token, head, row_ok: [rows] in
+    SliceLayout(1, layout)."""
+    HALF: gl.constexpr = _KHEAD_DIM // 2
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, layout))
+    partner = gl.where(interleaved, dims ^ 1, dims ^ HALF)
+    rows = Q + token * stride_qt + head * stride_qh
+    mask = row_ok[:, None]
+    q = gl.load(rows[:, None] + dims[None, :], mask=mask, other=0.0)
+    q_partner = gl.load(rows[:, None] + partner[None, :], mask=mask, other=0.0)
     q_smem.store((q.to(gl.float32) * cos[None, :] + q_partner.to(gl.float32) * sin[None, :]).to(q.dtype))
     # The tensor cores read the tile through the async proxy, after every warp of the group has written its part.
     fence_async_shared()
@@ -282,13 +291,19 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     # before the wait that retires it: one such read makes ptxas serialise every wgmma of the kernel (C7514).
     # Prologue: tile 0's Q, product and softmax. A program without tiles issues one product over whatever the slot
     # holds; its keys count 0, so nothing of it is kept. Past the last tile the same holds for the extra product.
+    # Before the wait for the kernel before this one (programmatic dependent launch): everything that is not its
+    # write, i.e. the host's tables and the first tile's rotation. q is its write, loaded after.
     has_tiles = n_tiles > 0
     held = gl.load(deltas_row + page_lo, mask=has_tiles, other=0) * apply_delta  # the delta the Q tile holds
-    _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, held, max_position, stride_qt, stride_qh,
-             interleaved, load_layout)
+    cos, sin = _rotation(Cos, Sin, held, max_position, interleaved, load_layout)
     n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
     first = gl.load(firsts_row + page_lo, mask=has_tiles & (has_first != 0), other=0)
     key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
+    # The delta of the tile after the next one: a new document's rotation waits on one round of loads (q and its
+    # table rows together), not two.
+    delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
+    _wait_for_producers()
+    _store_q(q_smem, Q, cos, sin, token_load, head_load, ok_load, stride_qt, stride_qh, interleaved, load_layout)
     mbarrier.wait(ready.index(0), 0, pred=has_tiles)
     s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
@@ -304,10 +319,12 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
         more = t + 1 < n_tiles
         page = page_lo + t + 1
-        delta = gl.where(more, gl.load(deltas_row + page, mask=more, other=0) * apply_delta, held)
+        delta = gl.where(more, delta_next, held)
+        delta_next = gl.load(deltas_row + page + 1, mask=t + 2 < n_tiles, other=0) * apply_delta
         if delta != held:
-            _store_q(q_smem, Q, Cos, Sin, token_load, head_load, ok_load, delta, max_position, stride_qt, stride_qh,
-                     interleaved, load_layout)
+            cos, sin = _rotation(Cos, Sin, delta, max_position, interleaved, load_layout)
+            _store_q(q_smem, Q, cos, sin, token_load, head_load, ok_load, stride_qt, stride_qh, interleaved,
+                     load_layout)
             held = delta
         n_keys = gl.load(valid_row + page, mask=more, other=0)
         first = gl.load(firsts_row + page, mask=more & (has_first != 0), other=0)
@@ -337,12 +354,16 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
 
 
 @gluon.jit
-def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles):
-    """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it."""
+def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles, early):
+    """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it. The first
+    `early` tiles are pages no kernel of this step writes (the host's `safe_pages`): they load before the wait for
+    the kernel before this one, while it finishes."""
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     column = kv_head * _KHEAD_DIM
     page_next = gl.load(pages_row + page_lo, mask=n_tiles > 0, other=0)
     for t in range(n_tiles):
+        if t == early:
+            _wait_for_producers()
         page = page_next
         page_next = gl.load(pages_row + page_lo + t + 1, mask=t + 1 < n_tiles, other=0)
         stage = t % STAGE_COUNT
@@ -356,7 +377,8 @@ def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head
 @gluon.jit
 def _wait_for_producers():
     """launch.wait_for_producers in Gluon (which cannot call a triton.jit function): wait until the kernels before
-    this one have finished and their writes are visible, then let the next kernel's programs launch."""
+    this one have finished and their writes are visible, then let the next kernel's programs launch. Safe without
+    programmatic dependent launch (the kernels before have finished then), so the partitions call it as they are."""
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
@@ -364,10 +386,11 @@ def _wait_for_producers():
 
 @gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
-                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
+                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages, safe_pages,
                           batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
                           GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, HAS_SAFE: gl.constexpr,
+                          USE_PDL: gl.constexpr):
     QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -389,6 +412,10 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     per_split = gl.cdiv(n_vis, gl.num_programs(2))
     page_lo = split * per_split
     n_tiles = gl.maximum(gl.minimum(per_split, n_vis - page_lo), 0)
+    # The leading tiles whose pages no kernel of this step writes, which the load warp copies before the wait.
+    early = 0
+    if HAS_SAFE:
+        early = gl.minimum(gl.maximum(gl.load(safe_pages + entry) - page_lo, 0), n_tiles)
 
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
@@ -401,9 +428,8 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
-    # the set-up) overlaps the kernel before this one; q and the question's K/V are that kernel's writes.
-    if USE_PDL:
-        _wait_for_producers()
+    # the set-up) overlaps the kernel before this one. Each partition waits for it where it first reads what it may
+    # have written: the consumers before q, the load warp before its first page past `early`.
 
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
@@ -416,7 +442,7 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
             stride_qt, stride_qh, qk_scale,
             GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
-    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
+    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles, early)
     gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
                        [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
 
@@ -441,16 +467,26 @@ def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
     ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     apply = tables is not None and apply_delta
-    cos, sin = (tables.cos, tables.sin) if tables is not None else (ws_o, ws_o)
+    # Without deltas every Q tile is rotated by 0: a one-row table of cos 1, sin 0 then serves.
+    cos, sin = (tables.cos, tables.sin) if tables is not None else _identity_rotation(head_dim, q.device)
     grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
         q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
-        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
-        cos.shape[0] if tables is not None else 1, q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
+        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages,
+        batch.num_pages if batch.safe_pages is None else batch.safe_pages, batch.batch_size, total_q,
+        cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
         GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
+        HAS_FIRST=batch.firsts is not None, HAS_SAFE=batch.safe_pages is not None, num_warps=4, maxnreg=_MAXNREG,
+        **pdl_options(q.device, "attention"))
     return ws_o, ws_lse
+
+
+@functools.lru_cache(maxsize=8)
+def _identity_rotation(head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of one position, 0: the rotation that leaves q as it is."""
+    return (torch.ones(1, head_dim // 2, dtype=torch.float32, device=device),
+            torch.zeros(1, head_dim // 2, dtype=torch.float32, device=device))
 
 
 def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Session 18 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
+#   probe      s18/prefill_probe.py: the Gluon short prefill against Session 17's, batch 1 and 8 (PROBE_BATCHES)
+#   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_prefill.py
+#   etests     pytest -m gpu tests/engine tests/cache tests/model
+#   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
+#   engine     engine.py, every section (the issue-10 table)
+#   ttft       engine.py decode_rag + ttft_rag, twice
+#   targets    kernels.py --sections targets, twice (issue 10's attention targets and the deferred-RoPE overhead)
+set -u
+STAGES=${STAGES:-probe}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s18; rm -rf $W; mkdir -p $W; L=$W/s18_$(echo $STAGES | tr ' ' '_').log
+. "$(dirname "$0")/lib.sh"  # device_info, step
+device_info
+TAG=s18  # alternate's output prefix (lib.sh)
+for stage in $STAGES; do
+  case $stage in
+    probe)   TAIL=6 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s18/prefill_probe.py \
+               $W/s18_prefill_probe.json ${PROBE_BATCHES:-1 8} ;;
+    htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
+               tests/kernels/test_prefill.py ;;
+    etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
+    ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
+             step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
+    engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/s18_engine ;;
+    ttft)    for r in 1 2; do
+               step ttft_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
+                 --out $W/s18_ttft_$r
+             done ;;
+    targets) for r in 1 2; do
+               step targets_$r timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s18_targets_$r
+             done ;;
+  esac
+done
+cd $W && tar czf $OUT/s18_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
+true
