@@ -141,13 +141,14 @@ def test_gpu_early_pages_never_include_what_the_step_writes():
     """Under programmatic dependent launch the load warp copies an entry's first `safe_pages` pages before the wait
     for the kernel before it. Here that kernel (`_late_writer`) lets the attention launch start at once, then waits
     200 us before it writes the questions' K/V into cache slots that hold NaN until then. With the documents' pages
-    marked safe the result is the reference's over the written cache; marking every page safe (wrong) reads the NaN,
-    which shows that the launch really overlapped."""
+    marked safe the result is the reference's over the written cache. Marking every page safe (wrong) reads the NaN
+    of the second request, a question without documents whose page is its programs' first tile: that shows the
+    launches really overlapped."""
     import dataclasses
 
     from lazyattn.kernels import launch
 
-    s = gpu_scenario([2048, 1000, 77], [([0, 1, 2], 32), ([2, 0], 7)])
+    s = gpu_scenario([2048, 1000, 77], [([0, 1, 2], 32), ([], 16)])
     q, batch = s.final_prefill()
     slots = torch.cat([question_slots(s, r) for r in s.requests]).cuda()
     k_flat, v_flat = (c.view(-1, c.shape[2] * c.shape[3]) for c in (s.k_cache, s.v_cache))
@@ -156,21 +157,23 @@ def test_gpu_early_pages_never_include_what_the_step_writes():
     ends = batch.starts + batch.valid
     listed = torch.arange(batch.pages.shape[1], device="cuda")[None, :] < batch.num_pages[:, None]
     documents = ((ends <= batch.q_start[:, None]) & listed).sum(1, dtype=torch.int32)
-    assert documents.tolist() == [32 + 16 + 2, 2 + 32]  # the documents' pages of each request
-    pdl = launch.pdl_options(q.device, "attention")
-    assert pdl["USE_PDL"], "the attention family launches with PDL on a Hopper GPU"
-    results = {}
-    for name, safe in (("documents", documents), ("every page", batch.num_pages.clone())):
+    assert documents.tolist() == [32 + 16 + 2, 0]  # the documents' pages of each request
+    assert launch.pdl_options(q.device, "attention")["USE_PDL"], "attention launches with PDL on a Hopper GPU"
+
+    def attend(safe, splits):
         k_flat[slots] = float("nan")
         v_flat[slots] = float("nan")
         _late_writer[(slots.shape[0],)](k_new, v_new, slots, k_flat, v_flat, k_flat.shape[1], 200_000, BLOCK=1024,
                                         launch_pdl=True)
-        results[name] = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache,
-                                                               dataclasses.replace(batch, safe_pages=safe),
-                                                               s.tables, s.scale, 16)
+        out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache,
+                                                     dataclasses.replace(batch, safe_pages=safe), s.tables, s.scale,
+                                                     splits)
         torch.cuda.synchronize()
-    assert rel_err(results["documents"], expected) < 1e-2
-    assert torch.isnan(results["every page"].float()).any()
+        return out
+
+    for splits in (1, 16):
+        assert rel_err(attend(documents, splits), expected) < 1e-2
+    assert torch.isnan(attend(batch.num_pages.clone(), 1).float()).any()
 
 
 @triton.jit

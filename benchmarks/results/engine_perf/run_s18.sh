@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 18 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
 #   probe      s18/prefill_probe.py: the Gluon short prefill against Session 17's, batch 1 and 8 (PROBE_BATCHES)
+#   merge      s18/prefill_probe.py merge: batch 1, the combine launch at 4 / 2 / 1 warps and none, after the kernel
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_prefill.py
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
@@ -18,6 +19,8 @@ for stage in $STAGES; do
   case $stage in
     probe)   TAIL=6 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s18/prefill_probe.py \
                $W/s18_prefill_probe.json ${PROBE_BATCHES:-1 8} ;;
+    merge)   step merge timeout -k 5 300 python benchmarks/results/engine_perf/s18/prefill_probe.py \
+               $W/s18_merge_probe.json merge ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_prefill.py ;;
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;

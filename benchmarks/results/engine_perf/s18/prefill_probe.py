@@ -15,6 +15,10 @@ overhead is their ratio):
 - "layer": the RoPE/KV-write launch, then attention (the engine's layer, kernels.py `rag_layer`).
 
     python benchmarks/results/engine_perf/s18/prefill_probe.py OUT.json [BATCH ...]
+    python benchmarks/results/engine_perf/s18/prefill_probe.py OUT.json merge
+
+`merge`: batch 1 in the layer form, this tree's kernel followed by the combine launch at 4 (as now), 2 and 1 warps,
+and by none (the kernel alone: what merging the splits in the kernel could at most save), four alternated rounds.
 """
 
 from __future__ import annotations
@@ -48,8 +52,46 @@ def documents_only(pb):
     return replace(pb, safe_pages=safe)
 
 
+def merge_section(b, out_path: str) -> None:
+    import triton
+
+    from lazyattn.kernels.launch import pdl_options
+    from lazyattn.kernels.prefill import _combine_kernel
+
+    s = b.s
+    inputs, _ = rag_case(b, 1, False, copies=6)
+    splits = prefill_hopper.num_splits(s.question, s.q_heads, s.kv_heads, b.device)
+    kv_new = torch.randn(s.question, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    slots = torch.full((s.question,), -1, dtype=torch.int64, device=b.device)
+    positions = rag_positions(b, inputs[0][3])
+    outs = [torch.empty_like(i[0]) for i in inputs]
+
+    def layer(q, k, v, pb, out, warps):
+        rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables)
+        ws_o, ws_lse = prefill_hopper.split_partials(rq, k, v, pb, b.tables, b.scale, splits)
+        if warps:
+            n, total_q, q_heads, head_dim = ws_o.shape
+            _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, n, out.stride(0),
+                                                  out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
+                                                  BLOCK_S=min(16, triton.next_power_of_2(n)), num_warps=warps,
+                                                  **pdl_options(out.device, "attention"))
+        return out
+
+    row = {"batch": 1, "splits": splits}
+    for rnd in range(4):
+        for warps in (4, 2, 1, 0):
+            name = f"combine {warps} warps" if warps else "no combine"
+            row[f"{name} r{rnd} us"] = graph_us(b, [functools.partial(layer, *i, o, warps)
+                                                     for i, o in zip(inputs, outs)])
+    print(json.dumps(row), flush=True)
+    Path(out_path).write_text(json.dumps(row, indent=1))
+
+
 def main() -> None:
     out_path = sys.argv[1]
+    if sys.argv[2:] == ["merge"]:
+        merge_section(rag_sweep_bench()[0], out_path)
+        return
     batches = [int(x) for x in sys.argv[2:]] or [1, 8]
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
