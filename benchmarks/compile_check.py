@@ -295,13 +295,10 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
 
 def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False) -> None:
     """The warp-specialised Gluon kernel (kernels/prefill_hopper.py) over the RAG case. engine: as the engine's CUDA
-    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked), programmatic dependent launch and
-    the pages no kernel of the step writes."""
+    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch."""
     kv = _pool(heads, 64)
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
-    if engine:  # the documents' pages load before the wait
-        batch.safe_pages = batch.num_pages - 1
     with _pdl(prefill_hopper, engine):
         prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads),
                                                heads.dim ** -0.5, splits)

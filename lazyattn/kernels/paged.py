@@ -84,10 +84,6 @@ class PagedBatch:
     # [B, num_splits, PLAN_WIDTH] int32: the host's plan of each entry's pages over the splits
     # (kernels/prefill.py, split_plan); None: the kernel finds each split's pages itself
     plan: torch.Tensor | None = None
-    # [B] leading pages of each entry's table that no kernel of this step writes (its cached documents, unless one is
-    # encoded in the same step): under programmatic dependent launch the Gluon prefill copies them before waiting
-    # for the kernel before it (kernels/prefill_hopper.py). None: every page waits.
-    safe_pages: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

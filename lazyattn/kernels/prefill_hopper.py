@@ -354,16 +354,14 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
 
 
 @gluon.jit
-def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles, early):
-    """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it. The first
-    `early` tiles are pages no kernel of this step writes (the host's `safe_pages`): they load before the wait for
-    the kernel before this one, while it finishes."""
+def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles):
+    """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it. The page
+    ids are the host's; the pages themselves wait for the kernel before this one, which writes the question's."""
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     column = kv_head * _KHEAD_DIM
     page_next = gl.load(pages_row + page_lo, mask=n_tiles > 0, other=0)
+    _wait_for_producers()
     for t in range(n_tiles):
-        if t == early:
-            _wait_for_producers()
         page = page_next
         page_next = gl.load(pages_row + page_lo + t + 1, mask=t + 1 < n_tiles, other=0)
         stage = t % STAGE_COUNT
@@ -386,11 +384,10 @@ def _wait_for_producers():
 
 @gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
-                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages, safe_pages,
+                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
                           batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
                           GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, HAS_SAFE: gl.constexpr,
-                          USE_PDL: gl.constexpr):
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
     QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -412,10 +409,6 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     per_split = gl.cdiv(n_vis, gl.num_programs(2))
     page_lo = split * per_split
     n_tiles = gl.maximum(gl.minimum(per_split, n_vis - page_lo), 0)
-    # The leading tiles whose pages no kernel of this step writes, which the load warp copies before the wait.
-    early = 0
-    if HAS_SAFE:
-        early = gl.minimum(gl.maximum(gl.load(safe_pages + entry) - page_lo, 0), n_tiles)
 
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
@@ -429,7 +422,8 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
     # the set-up) overlaps the kernel before this one. Each partition waits for it where it first reads what it may
-    # have written: the consumers before q, the load warp before its first page past `early`.
+    # have written: the consumers before q (their first tile's tables and rotation come before), the load warp before
+    # the pages (the question's are that kernel's writes).
 
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
@@ -442,7 +436,7 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
             stride_qt, stride_qh, qk_scale,
             GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
-    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles, early)
+    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
     gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
                        [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
 
@@ -473,12 +467,10 @@ def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     _short_prefill_kernel[grid](
         q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
-        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages,
-        batch.num_pages if batch.safe_pages is None else batch.safe_pages, batch.batch_size, total_q,
+        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
         cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
         GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, HAS_SAFE=batch.safe_pages is not None, num_warps=4, maxnreg=_MAXNREG,
-        **pdl_options(q.device, "attention"))
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
     return ws_o, ws_lse
 
 
@@ -490,10 +482,15 @@ def _identity_rotation(head_dim: int, device: torch.device) -> tuple[torch.Tenso
 
 
 def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`split_partials`' partials merged into out [rows, heads, head_dim] by prefill's combine kernel."""
+    """`split_partials`' partials merged into out [rows, heads, head_dim] by prefill's combine kernel, one warp per
+    (row, head). Under PDL the merge's programs are placed while the kernel above still holds the SMs, and one-warp
+    programs fit beside it (its programs leave ~11K registers of an SM free), so they wait there for it and start at
+    once. On an H100, batch 1 of the RAG case, RoPE launch + attention per layer: 36.9-40.1 us with one warp, 38.4-42.1
+    with two, 38.7-45.4 with four (what prefill.py's longer calls keep), 34.3-36.9 with no merge at all
+    (benchmarks/results/engine_perf/s18/README.md, call 2)."""
     num_splits, total_q, q_heads, head_dim = ws_o.shape
     _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
                                           out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
-                                          BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
+                                          BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=1,
                                           **pdl_options(out.device, "attention"))
     return out

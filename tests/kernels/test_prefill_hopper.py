@@ -7,8 +7,6 @@ for sm_90.
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from lazyattn.kernels import prefill_hopper
 from tests.kernels.test_prefill import gpu_scenario, ref, rel_err
@@ -127,68 +125,3 @@ def test_gpu_without_tables_is_attention_without_rotation():
     expected = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
-
-
-def question_slots(s, r) -> torch.Tensor:
-    """Cache slots (page * page_size + slot) of a request's final segment, in token order."""
-    i = torch.arange(r.final.length)
-    return torch.tensor(r.final.pages)[i // s.page_size] * s.page_size + i % s.page_size
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
-def test_gpu_early_pages_never_include_what_the_step_writes():
-    """Under programmatic dependent launch the load warp copies an entry's first `safe_pages` pages before the wait
-    for the kernel before it. Here that kernel (`_late_writer`) lets the attention launch start at once, then waits
-    200 us before it writes the questions' K/V into cache slots that hold NaN until then. With the documents' pages
-    marked safe the result is the reference's over the written cache. Marking every page safe (wrong) reads the NaN
-    of the second request, a question without documents whose page is its programs' first tile: that shows the
-    launches really overlapped."""
-    import dataclasses
-
-    from lazyattn.kernels import launch
-
-    s = gpu_scenario([2048, 1000, 77], [([0, 1, 2], 32), ([], 16)])
-    q, batch = s.final_prefill()
-    slots = torch.cat([question_slots(s, r) for r in s.requests]).cuda()
-    k_flat, v_flat = (c.view(-1, c.shape[2] * c.shape[3]) for c in (s.k_cache, s.v_cache))
-    k_new, v_new = k_flat[slots].clone(), v_flat[slots].clone()
-    expected = ref(s, q, batch)
-    ends = batch.starts + batch.valid
-    listed = torch.arange(batch.pages.shape[1], device="cuda")[None, :] < batch.num_pages[:, None]
-    documents = ((ends <= batch.q_start[:, None]) & listed).sum(1, dtype=torch.int32)
-    assert documents.tolist() == [32 + 16 + 2, 0]  # the documents' pages of each request
-    assert launch.pdl_options(q.device, "attention")["USE_PDL"], "attention launches with PDL on a Hopper GPU"
-
-    def attend(safe, splits):
-        k_flat[slots] = float("nan")
-        v_flat[slots] = float("nan")
-        _late_writer[(slots.shape[0],)](k_new, v_new, slots, k_flat, v_flat, k_flat.shape[1], 200_000, BLOCK=1024,
-                                        launch_pdl=True)
-        out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache,
-                                                     dataclasses.replace(batch, safe_pages=safe), s.tables, s.scale,
-                                                     splits)
-        torch.cuda.synchronize()
-        return out
-
-    for splits in (1, 16):
-        assert rel_err(attend(documents, splits), expected) < 1e-2
-    assert torch.isnan(attend(batch.num_pages.clone(), 1).float()).any()
-
-
-@triton.jit
-def _late_writer(k_src, v_src, slots, k_dst, v_dst, row, delay_ns, BLOCK: tl.constexpr):
-    """A kernel that lets the next one (launched with PDL) start at once, waits `delay_ns`, then writes row t of
-    k_src / v_src into row slots[t] of k_dst / v_dst."""
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
-    t = tl.program_id(0)
-    until = tl.extra.cuda.globaltimer() + delay_ns
-    now = tl.extra.cuda.globaltimer()
-    while now < until:
-        now = tl.extra.cuda.globaltimer()
-    cols = tl.arange(0, BLOCK)
-    ok = cols < row
-    slot = tl.load(slots + t)
-    tl.store(k_dst + slot * row + cols, tl.load(k_src + t * row + cols, mask=ok), mask=ok)
-    tl.store(v_dst + slot * row + cols, tl.load(v_src + t * row + cols, mask=ok), mask=ok)
