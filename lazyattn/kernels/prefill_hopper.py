@@ -47,7 +47,9 @@ Who calls it: the engine's GPU backend (kernels/triton_backend.py) for every sho
 `num_splits` (which the prefill CUDA graphs fix per bucket); `prefill.prefill_attention` itself stays prefill.py's
 kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kernels.md, "Session 12" and
 "Session 13"), the RAG case per layer: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97
-against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth).
+against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth). Session 18 (the tables before the
+wait, the one-warp merge): batch 1 34.3-35.4 us with its merge (Session 17's 38.2-40.0), 36.9-38.1 after the RoPE
+launch (41.3-46.1); batch 8 147.5-148.7 (148.2-150.1).
 """
 
 from __future__ import annotations
@@ -485,9 +487,9 @@ def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) 
     """`split_partials`' partials merged into out [rows, heads, head_dim] by prefill's combine kernel, one warp per
     (row, head). Under PDL the merge's programs are placed while the kernel above still holds the SMs, and one-warp
     programs fit beside it (its programs leave ~11K registers of an SM free), so they wait there for it and start at
-    once. On an H100, batch 1 of the RAG case, RoPE launch + attention per layer: 36.9-40.1 us with one warp, 38.4-42.1
-    with two, 38.7-45.4 with four (what prefill.py's longer calls keep), 34.3-36.9 with no merge at all
-    (benchmarks/results/engine_perf/s18/README.md, call 2)."""
+    once. On an H100, batch 1 of the RAG case, RoPE launch + attention per layer (four rounds each): 36.0-38.2 us with
+    one warp, 39.8-42.1 with four (what prefill.py's longer calls keep), 34.0-37.0 with no merge at all; one warp
+    merging 8 or 4 splits a step, 37.7-39.1 (benchmarks/results/engine_perf/s18/README.md, calls 2 and 3)."""
     num_splits, total_q, q_heads, head_dim = ws_o.shape
     _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
                                           out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
