@@ -223,11 +223,10 @@ def _pair_layout(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.
 
 @triton.jit
 def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
-    """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta (kept in L2: every layer reads
-    the same rows, between two layers the streamed K/V would evict them)."""
+    """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
     row = delta.to(tl.int64) * stride_tab
-    c = tl.load(cos_ptr + row + pair, mask=d_mask, other=1.0, eviction_policy="evict_last")
-    s = tl.load(sin_ptr + row + pair, mask=d_mask, other=0.0, eviction_policy="evict_last") * sign
+    c = tl.load(cos_ptr + row + pair, mask=d_mask, other=1.0)
+    s = tl.load(sin_ptr + row + pair, mask=d_mask, other=0.0) * sign
     return q * c[None, :] + q_partner * s[None, :]
 
 

@@ -198,10 +198,8 @@ def _rotation(Cos, Sin, delta, max_position, interleaved, layout: gl.constexpr):
     leading = gl.where(interleaved, (dims % 2) == 0, dims < HALF)
     # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
     table_row = gl.minimum(delta, max_position - 1).to(gl.int64) * HALF
-    # The rows of a call's deltas are read again by every layer (and by decode), while the K/V streamed between two
-    # layers is as large as L2: kept in L2 (evict_last), a new document's rotation does not wait on memory.
-    cos = gl.load(Cos + table_row + pair, eviction_policy="evict_last")
-    sin = gl.load(Sin + table_row + pair, eviction_policy="evict_last")
+    cos = gl.load(Cos + table_row + pair)
+    sin = gl.load(Sin + table_row + pair)
     # R_{-delta}: a' = a c + b s (leading member), b' = b c - a s (trailing member).
     return cos, gl.where(leading, sin, -sin)
 

@@ -6,7 +6,6 @@ per entry), programmatic dependent launch as the engine has it (on, on an H100),
 
 Variants:
 - "s17": Session 17's kernel;
-- "c3": the kernel and merge of call 3 (a copy, prefill_hopper_c3.py);
 - "this": this tree's kernel and merge.
 
 Call 1 also timed "early": a form of this tree's kernel (commit 3405914) whose load warp copied the documents' pages
@@ -20,10 +19,6 @@ overhead is their ratio):
 
     python benchmarks/results/engine_perf/s18/prefill_probe.py OUT.json [BATCH ...]
     python benchmarks/results/engine_perf/s18/prefill_probe.py OUT.json merge
-    python benchmarks/results/engine_perf/s18/prefill_probe.py OUT.json decode
-
-`decode`: decode attention (kernels/decode.py) at batch 1 x 10 304 and batch 8 x 4096, call 3's (a copy, decode_c3.py)
-against this tree's, back to back as kernels.py's targets section runs it, four alternated rounds.
 
 `merge`: batch 1 in the layer form, this tree's kernel followed by the combine launch in each of MERGE_FORMS (warps,
 splits merged per step) and by none (the kernel alone: what merging the splits in the kernel could at most save),
@@ -44,18 +39,14 @@ sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
 
-import decode_c3  # noqa: E402
-import prefill_hopper_c3  # noqa: E402
 import prefill_hopper_s17  # noqa: E402
-from kernels import DTYPE, decode_case, free_memory, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, free_memory, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
-from lazyattn.kernels import decode, prefill_hopper  # noqa: E402
+from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 ROUNDS = 3
-# (name, module) of the kernels timed side by side; call 3 timed s17 and this (= c3).
-VARIANTS = (("s17", prefill_hopper_s17), ("c3", prefill_hopper_c3), ("this", prefill_hopper))
 # The merge section's (warps, splits per step) of the combine launch; 0 warps: no combine. Call 2 timed 4, 2 and 1
 # warps at 16 splits per step (all of them) and none.
 MERGE_FORMS = ((4, 16), (1, 16), (1, 8), (1, 4), (0, 16))
@@ -114,7 +105,7 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
         return attend(module, rq, k, v, pb, apply_delta)
 
     calls = {}
-    for name, module in VARIANTS:
+    for name, module in (("s17", prefill_hopper_s17), ("this", prefill_hopper)):
         got = module.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
         row[f"{name} max_abs_vs_ref"] = (got.float() - ref).abs().max().item()
         for form, fn in (("attention", attend), ("layer", layer)):
@@ -129,32 +120,10 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
     return row
 
 
-def decode_section(b, out_path: str) -> None:
-    gen = torch.Generator().manual_seed(2)
-    rows = []
-    for batch, ctx in ((1, 10304), (8, 4096)):
-        inputs, nbytes = decode_case(b, batch, ctx, gen)
-        while len(inputs) < 4:
-            inputs += decode_case(b, batch, ctx, gen)[0]
-        row = {"batch": batch, "context": ctx, "bytes": nbytes}
-        for rnd in range(4):
-            for name, module in (("c3", decode_c3), ("this", decode)):
-                fn = functools.partial(module.decode_attention, counters=module.ArrivalCounters())
-                row[f"{name} r{rnd} us"] = graph_us(b, [functools.partial(fn, *i, b.tables, b.scale)
-                                                         for i in inputs])
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        free_memory()
-    Path(out_path).write_text(json.dumps(rows, indent=1))
-
-
 def main() -> None:
     out_path = sys.argv[1]
     if sys.argv[2:] == ["merge"]:
         merge_section(rag_sweep_bench()[0], out_path)
-        return
-    if sys.argv[2:] == ["decode"]:
-        decode_section(rag_sweep_bench()[0], out_path)
         return
     b, copy_gbps, _, _ = rag_sweep_bench()
     result = {"copy_gbps": copy_gbps, "rows": []}
