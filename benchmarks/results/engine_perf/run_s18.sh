@@ -5,6 +5,7 @@
 #   ab         engine.py decode_rag + ttft_rag (batch 16), Session 17's final tree (8e0b643, unpacked into .s18base:
 #              `mkdir .s18base && git archive 8e0b643 lazyattn benchmarks/engine.py benchmarks/models | tar x -C
 #              .s18base`; the device call carries it) and this tree alternated twice (lib.sh, ab_engine)
+#   reload     s18/reload_probe.py: what a new document's Q rotation costs the Gluon prefill
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_prefill.py
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
@@ -24,6 +25,8 @@ for stage in $STAGES; do
                $W/s18_prefill_probe.json ${PROBE_BATCHES:-1 8} ;;
     merge)   step merge timeout -k 5 300 python benchmarks/results/engine_perf/s18/prefill_probe.py \
                $W/s18_merge_probe.json merge ;;
+    reload)  step reload timeout -k 5 300 python benchmarks/results/engine_perf/s18/reload_probe.py \
+               $W/s18_reload_probe.json ;;
     ab)      ab_engine .s18base s18 ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_prefill.py ;;
