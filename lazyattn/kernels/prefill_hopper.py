@@ -23,21 +23,24 @@ softmax while the tensor cores run P·V t. No instruction may read a product's r
 it: ptxas then serialises every wgmma of the kernel (its C7514 note), which is what made the session-11 version slow.
 
 Deferred RoPE: the program's pages are walked in order; when a page's delta differs from the one the consumer's Q
-tile holds, the consumer loads its rows of q again, rotates them by -delta in fp32 (the same expression as
-prefill._derotated_q; delta 0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result as the Q
-operand in shared memory. A document is one run of equal delta, so that happens once per document a program's range
-touches: no rotated copies of q are read.
+tile holds, the consumer rotates its rows of q by -delta in fp32 (the same expression as prefill._derotated_q; delta
+0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result as the Q operand in shared memory. A
+document is one run of equal delta, so that happens once per document a program's range touches: no rotated copies
+of q are read. Each consumer loads its rows of q from memory once and keeps them in shared memory (`q_raw`); each
+element's rotation partner is a register permutation (`_partner`). Reloading q and its partners from L2 at every
+document cost 1.3-2.4 us a document on an H100 (docs/kernels.md, "Session 18").
 
 Pages that are not full: the copy engine loads all 64 slots, and the slots outside a page's keys may hold anything,
 NaN included (kernels/paged.py). Their scores are masked to -inf, but a probability of 0 times a NaN in V is NaN, so
-for such a page each consumer copies the V tile into a slot of its own with those rows zeroed (`_masked_v`) and
-multiplies by that. Full pages, nearly all of a document, skip the copy.
+for such a page each consumer zeroes those rows of the V tile in place before its product (`_mask_v`). Full pages,
+nearly all of a document, skip that.
 
 Splits: a program takes one of `num_splits` balanced ranges of the block's visible pages and always writes a
 normalised partial output and its log2-sum-exp, which prefill's `_combine_kernel` merges (also for one split).
 
-Programmatic dependent launch (kernels/launch.py): the scans that find a program's entry and pages, and the barrier
-set-up, run before the wait; Q and the question's K/V are the previous kernel's writes, read after it.
+Programmatic dependent launch (kernels/launch.py): the scans that find a program's entry and pages, the barrier
+set-up and the first tile's tables and rotation run before the wait; q and the question's K/V are the previous
+kernel's writes, read after it.
 
 Triton 3.6 (the GPU machine's) turns constexprs passed to warp_specialize's partitions into run-time values, and
 then fails to lower some branches on them; so the partitions take group, head count and the delta flags as
@@ -205,32 +208,41 @@ def _rotation(Cos, Sin, delta, max_position, interleaved, layout: gl.constexpr):
 
 
 @gluon.jit
-def _store_q(q_smem, Q, cos, sin, token, head, row_ok, stride_qt, stride_qh, interleaved, layout: gl.constexpr):
-    """Write this warpgroup's Q rows, rotated by `_rotation`'s cos and sin (fp32 math, rounded once to q's dtype;
-    delta 0 leaves them as they are: cos 1, sin 0), as the Q·Kᵀ operand. token, head, row_ok: [rows] in
-    SliceLayout(1, layout)."""
-    HALF: gl.constexpr = _KHEAD_DIM // 2
-    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, layout))
-    partner = gl.where(interleaved, dims ^ 1, dims ^ HALF)
-    rows = Q + token * stride_qt + head * stride_qh
-    mask = row_ok[:, None]
-    q = gl.load(rows[:, None] + dims[None, :], mask=mask, other=0.0)
-    q_partner = gl.load(rows[:, None] + partner[None, :], mask=mask, other=0.0)
-    q_smem.store((q.to(gl.float32) * cos[None, :] + q_partner.to(gl.float32) * sin[None, :]).to(q.dtype))
+def _partner(q, interleaved):
+    """Each element's rotation partner, [rows, head_dim] like q: element 2j <-> 2j + 1 (interleaved pairs) or j <->
+    j + head_dim / 2 (half-split pairs). In the consumers' load layout both members of a pair sit in one thread (8
+    consecutive dims a thread, the two halves in its two column steps), so the swap is a register permutation."""
+    M: gl.constexpr = q.shape[0]
+    D: gl.constexpr = q.shape[1]
+    a, b = gl.split(gl.reshape(q, [M, D // 2, 2]))
+    swapped_pairs = gl.reshape(gl.join(b, a), [M, D])
+    lo, hi = gl.split(gl.permute(gl.reshape(q, [M, 2, D // 2]), [0, 2, 1]))
+    swapped_halves = gl.reshape(gl.permute(gl.join(hi, lo), [0, 2, 1]), [M, D])
+    layout: gl.constexpr = q.type.layout
+    return gl.where(interleaved, gl.convert_layout(swapped_pairs, layout), gl.convert_layout(swapped_halves, layout))
+
+
+@gluon.jit
+def _store_q(q_smem, q, cos, sin, interleaved):
+    """Write q [rows, head_dim] (this warpgroup's rows as the RoPE launch left them), rotated by `_rotation`'s cos and
+    sin (fp32 math, rounded once to q's dtype; delta 0 leaves it as it is: cos 1, sin 0), as the Q·Kᵀ operand."""
+    q_smem.store((q.to(gl.float32) * cos[None, :] + _partner(q, interleaved).to(gl.float32) * sin[None, :])
+                 .to(q.dtype))
     # The tensor cores read the tile through the async proxy, after every warp of the group has written its part.
     fence_async_shared()
     _warps_barrier()
 
 
 @gluon.jit
-def _masked_v(v_src, v_dst, first, n_keys, layout: gl.constexpr):
-    """v_dst = the V tile v_src with the slots outside [first, first + n_keys) set to 0, as the P·V operand of a page
-    that is not full. Those slots may hold anything, NaN included (kernels/paged.py), and a product carries a NaN
-    through a probability of 0; the copy engine cannot skip them, so the consumer that reads them masks them here."""
+def _mask_v(v_tile, first, n_keys, layout: gl.constexpr):
+    """Set the slots of the V tile outside [first, first + n_keys) to 0, in place, before it is the P·V operand of a
+    page that is not full. Those slots may hold anything, NaN included (kernels/paged.py), and a product carries a
+    NaN through a probability of 0; the copy engine cannot skip them. Both consumers mask the tile they share, each
+    before its own product: they write the same values, so neither can see the other's half-done writes as wrong."""
     slots = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(1, layout))
     keep = (slots >= first) & (slots < first + n_keys)
-    v = v_src.load(layout)
-    v_dst.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
+    v = v_tile.load(layout)
+    v_tile.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
     fence_async_shared()
     _warps_barrier()
 
@@ -256,14 +268,15 @@ def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_sca
 
 
 @gluon.jit
-def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, k_bufs, v_bufs, ready,
+def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
+             ready,
              empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
              stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
     """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
     rows, half `half` of the program's 128 (q_smem: its Q operand), over the program's tiles, then its partial (split
     calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
-    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]  # v_bufs holds one more tile per consumer: its masked copy
+    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, _KPAGE_SIZE, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -305,7 +318,13 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     # table rows together), not two.
     delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
     _wait_for_producers()
-    _store_q(q_smem, Q, cos, sin, token_load, head_load, ok_load, stride_qt, stride_qh, interleaved, load_layout)
+    # q as the RoPE launch left it, kept in shared memory for the documents after the first: rotating it again reads
+    # no global memory (a reload from L2 cost 1.3-2.4 us a document, docs/kernels.md, "Session 18").
+    q_rows = Q + token_load * stride_qt + head_load * stride_qh
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
+    q_in = gl.load(q_rows[:, None] + dims[None, :], mask=ok_load[:, None], other=0.0)
+    q_raw.store(q_in)
+    _store_q(q_smem, q_in, cos, sin, interleaved)
     mbarrier.wait(ready.index(0), 0, pred=has_tiles)
     s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
@@ -314,10 +333,8 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
         # Tile t's V, masked into this consumer's own slot where the page is not full (P·V t - 1 has retired).
-        partial = n_keys < _KPAGE_SIZE
-        if partial:
-            _masked_v(v_bufs.index(stage), v_bufs.index(STAGE_COUNT + half), first, n_keys, load_layout)
-        v_stage = gl.where(partial, STAGE_COUNT + half, stage)
+        if n_keys < _KPAGE_SIZE:
+            _mask_v(v_bufs.index(stage), first, n_keys, load_layout)
         # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
         more = t + 1 < n_tiles
         page = page_lo + t + 1
@@ -325,8 +342,7 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         delta_next = gl.load(deltas_row + page + 1, mask=t + 2 < n_tiles, other=0) * apply_delta
         if delta != held:
             cos, sin = _rotation(Cos, Sin, delta, max_position, interleaved, load_layout)
-            _store_q(q_smem, Q, cos, sin, token_load, head_load, ok_load, stride_qt, stride_qh, interleaved,
-                     load_layout)
+            _store_q(q_smem, q_raw.load(load_layout), cos, sin, interleaved)
             held = delta
         n_keys = gl.load(valid_row + page, mask=more, other=0)
         first = gl.load(firsts_row + page, mask=more & (has_first != 0), other=0)
@@ -334,7 +350,7 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         next_stage = (t + 1) % STAGE_COUNT
         mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
         s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_bufs.index(v_stage), acc, is_async=True)
+        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
                                                Q.dtype.element_ty, p_layout)
@@ -416,7 +432,9 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES + 2, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    raw_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    q_raw = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], raw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(_KSTAGES):
@@ -430,11 +448,13 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
     deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
-    low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), k_bufs, v_bufs,
+    low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
+           k_bufs, v_bufs,
            ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
            stride_qt, stride_qh, qk_scale,
            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
-    high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), k_bufs, v_bufs,
+    high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
+            k_bufs, v_bufs,
             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
             stride_qt, stride_qh, qk_scale,
             GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))

@@ -81,6 +81,28 @@ def test_the_switch_and_the_cpu_turn_the_kernel_away(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("rope", ["llama3", "interleaved"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gpu_every_tile_a_new_document(rope, splits):
+    """Documents of one page each (and a partial one), so that a program's Q is rotated again at nearly every tile,
+    from the copy of q the kernel keeps in shared memory: half-split pairs (Llama) and interleaved pairs, whose
+    partners the kernel finds by different register permutations."""
+    from tests.kernels.rope_cases import tables
+    from tests.kernels.scenario import make_scenario
+
+    s = make_scenario([64] * 9 + [40], [(list(range(10)), 32), ([9, 3, 1, 7], 20)], q_heads=32, kv_heads=8,
+                      head_dim=128, page_size=64, tables=tables(rope, 128, max_position=32768, device="cuda"),
+                      dtype=torch.bfloat16, device="cuda", seed=11)
+    q, batch = s.final_prefill()
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    expected = ref(s, q, batch)
+    s.poison_unlisted(batch)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
 def test_gpu_lone_question_matches_reference():
     """Batch 1, as the cached RAG request's first token: the grid has no spare slot (prefill.query_slots)."""
     s = gpu_scenario([2048, 2048, 130], [([0, 1, 2], 32)])
