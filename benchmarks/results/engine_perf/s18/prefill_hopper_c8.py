@@ -1,0 +1,518 @@
+"""Short-question prefill attention for Hopper GPUs, written in Gluon (Triton's explicit-layout dialect).
+
+The case: a question of a few dozen tokens over thousands of cached document keys (the cached RAG request's
+first token). kernels/prefill.py's FlashAttention-2 tile loop runs it at about a third of the memory bandwidth: each
+program's two warpgroups issue the Q·Kᵀ product, wait for it, run the softmax while the tensor cores idle, then
+issue P·V, and the same warps compute the addresses of and issue every K/V copy (docs/kernels.md, Sessions 5, 8 and
+9). This kernel splits that work across warps (warp specialisation):
+
+- a load warp copies each page's K and V tiles with the copy engine (TMA, one instruction per tile) into a ring of
+  STAGES shared-memory slots, each slot guarded by two mbarriers (`ready`: the bytes have landed; `empty`: both
+  consumers are done with it);
+- two consumer warpgroups each own half of the program's 128 query rows (GQA-packed: row r is query r // GROUP,
+  head r % GROUP of the kv head's group) and run the online softmax over every tile. Each waits only for its own
+  products, so while one runs its softmax the other's products keep the tensor cores busy, and neither issues a load.
+
+Same semantics and contract as `prefill.prefill_attention` (kernels/paged.py; ground truth `reference.paged_attention`)
+for the calls it takes (`supports`): 16-bit q and caches, head_dim 128, pages of 64 slots laid out as the pool lays
+them out (a page's slots, heads and dims contiguous), 128 query rows per program. Relinked first-slot offsets
+(`firsts`, which the engine's CUDA graphs always pass, zeros where nothing is relinked) mask the skipped slots.
+
+Each consumer runs FlashAttention-3's order: Q·Kᵀ of tile t + 1 and P·V of tile t issued back to back, tile t + 1's
+softmax while the tensor cores run P·V t. No instruction may read a product's registers before the wait that retires
+it: ptxas then serialises every wgmma of the kernel (its C7514 note), which is what made the session-11 version slow.
+
+Deferred RoPE: the program's pages are walked in order; when a page's delta differs from the one the consumer's Q
+tile holds, the consumer rotates its rows of q by -delta in fp32 (the same expression as prefill._derotated_q; delta
+0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result as the Q operand in shared memory. A
+document is one run of equal delta, so that happens once per document a program's range touches: no rotated copies
+of q are read. Each consumer loads its rows of q from memory once and keeps them in shared memory (`q_raw`); each
+element's rotation partner is a register permutation (`_partner`). Reloading q and its partners from L2 at every
+document cost 1.3-2.4 us a document on an H100 (docs/kernels.md, "Session 18").
+
+Pages that are not full: the copy engine loads all 64 slots, and the slots outside a page's keys may hold anything,
+NaN included (kernels/paged.py). Their scores are masked to -inf, but a probability of 0 times a NaN in V is NaN, so
+for such a page each consumer zeroes those rows of the V tile in place before its product (`_mask_v`). Full pages,
+nearly all of a document, skip that.
+
+Splits: a program takes one of `num_splits` balanced ranges of the block's visible pages and always writes a
+normalised partial output and its log2-sum-exp, which prefill's `_combine_kernel` merges (also for one split).
+
+Programmatic dependent launch (kernels/launch.py): the scans that find a program's entry and pages, the barrier
+set-up and the first tile's tables and rotation run before the wait; q and the question's K/V are the previous
+kernel's writes, read after it.
+
+Triton 3.6 (the GPU machine's) turns constexprs passed to warp_specialize's partitions into run-time values, and
+then fails to lower some branches on them; so the partitions take group, head count and the delta flags as
+run-time values and branch on none of them.
+
+Who calls it: the engine's GPU backend (kernels/triton_backend.py) for every short prefill call it `supports`, with
+`num_splits` (which the prefill CUDA graphs fix per bucket); `prefill.prefill_attention` itself stays prefill.py's
+kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kernels.md, "Session 12" and
+"Session 13"), the RAG case per layer: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97
+against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth). Session 18 (the tables before the
+wait, the one-warp merge): batch 1 34.3-35.4 us with its merge (Session 17's 38.2-40.0), 36.9-38.1 after the RoPE
+launch (41.3-46.1); batch 8 147.5-148.7 (148.2-150.1).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
+from lazyattn.kernels.paged import PagedBatch, cdiv
+from lazyattn.kernels.prefill import _combine_kernel, query_slots
+from lazyattn.kernels.rope import RopeTables
+
+ROWS = 128  # query rows per program: two consumer warpgroups of 64
+HEAD_DIM = 128
+PAGE_SIZE = 64  # one K/V tile is one page
+STAGES = 4  # K/V tiles in flight per program (32 KiB each)
+MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
+MAX_SPLITS = 16
+GLUON_ENV = "LAZYATTN_GLUON_PREFILL"  # 0: the engine's short prefill calls run prefill.py's kernel
+_BLOCK_B = 128  # entries scanned per step when a program looks up its entry
+_BLOCK_P = 256  # pages scanned per step when it counts its visible pages
+# Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
+# (maxnreg) sets the default partition's: 3 warpgroups x 128 threads x 168 fit the SM's 64K registers, and the
+# load warp's group gives its share to the consumers. Below 232 the consumers spill (two Q·Kᵀ tiles live at once).
+_CONSUMER_REGS = 240
+_LOADER_REGS = 24
+_MAXNREG = 168
+
+
+def enabled() -> bool:
+    """The engine's short prefill calls take this kernel where it `supports` them, unless LAZYATTN_GLUON_PREFILL=0."""
+    return os.environ.get(GLUON_ENV, "1") != "0"
+
+
+def shape_supported(total_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int,
+                    device: torch.device) -> bool:
+    """The part of `supports` a launch's shapes decide (what a CUDA graph's bucket knows before any call): a Hopper
+    GPU, 16-bit, head_dim 128, pages of 64, at most MAX_ROWS query rows, the query heads of a kv head filling 128
+    rows with whole positions; and the kernel switched on."""
+    if not enabled() or interpreting() or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _capability_of(index)[0] != 9 or dtype not in _GL_DTYPES or head_dim != HEAD_DIM or page_size != PAGE_SIZE:
+        return False
+    group = q_heads // kv_heads if kv_heads else 0
+    return 0 < total_q <= MAX_ROWS and q_heads % kv_heads == 0 and 0 < group <= 16 and ROWS % group == 0
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
+    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, q, k and v of one dtype, pages
+    stored as the pool stores them."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        return False
+    if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, k_cache.shape[1], q.device):
+        return False
+    return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
+
+
+def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device) -> int:
+    """Splits of a launch over `total_q` rows: one program per SM (180 KiB of shared memory each) over the query
+    blocks the rows fill, at most MAX_SPLITS. Measured on an H100 (docs/kernels.md, "Session 12"): 16 at batch 1
+    (24 starts a second wave: 60 against 40-43 us per layer), 4 at batch 4, 2 at batch 8."""
+    blocks = cdiv(total_q, ROWS // (q_heads // kv_heads))
+    return max(1, min(MAX_SPLITS, sm_count(device) // (blocks * kv_heads)))
+
+
+def takes_layout(cache: torch.Tensor) -> bool:
+    """A page's slots, heads and dims contiguous (the pool's `token` layout, cache/page_pool.py): the copy engine then
+    reads a tile as a [64, head_dim] box of the [pages * 64, heads * head_dim] matrix."""
+    _, page_size, heads, dim = cache.shape
+    return (cache.stride(3) == 1 and cache.stride(2) == dim and cache.stride(1) == heads * dim
+            and cache.stride(0) == page_size * heads * dim and cache.data_ptr() % 16 == 0)
+
+
+def _descriptor(cache: torch.Tensor) -> TensorDescriptor:
+    pages, page_size, heads, dim = cache.shape
+    flat = cache.as_strided((pages * page_size, heads * dim), (heads * dim, 1))
+    layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, HEAD_DIM], _GL_DTYPES[cache.dtype])
+    return TensorDescriptor(flat, [pages * page_size, heads * dim], [heads * dim, 1], [PAGE_SIZE, HEAD_DIM], layout)
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# A barrier over the calling warps (a partition's, inside a warp-specialised region): `thread_barrier` in Triton 3.6,
+# `barrier` since.
+_warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# A copy-engine load of a tile into shared memory: `async_copy_global_to_shared` in 3.6, `async_load` since.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+# The same numbers as constexprs, for the kernels.
+_KROWS = gl.constexpr(ROWS)
+_KHEAD_DIM = gl.constexpr(HEAD_DIM)
+_KPAGE_SIZE = gl.constexpr(PAGE_SIZE)
+_KSTAGES = gl.constexpr(STAGES)
+_KBLOCK_B = gl.constexpr(_BLOCK_B)
+_KBLOCK_P = gl.constexpr(_BLOCK_P)
+_KCONSUMER_REGS = gl.constexpr(_CONSUMER_REGS)
+_KLOADER_REGS = gl.constexpr(_LOADER_REGS)
+
+
+@gluon.jit
+def _find_block(cu_seqlens_q, batch_size, slot, QB: gl.constexpr, BLOCK_B: gl.constexpr, layout: gl.constexpr):
+    """(entry, first query row) of grid slot `slot` (the slot layout of prefill.py's module docstring)."""
+    count = 0
+    for lo in range(0, batch_size, BLOCK_B):
+        b = lo + gl.arange(0, BLOCK_B, layout=layout)
+        inside = b < batch_size
+        first_slot = gl.load(cu_seqlens_q + b, mask=inside, other=0) // QB + b
+        count += gl.sum(((first_slot <= slot) & inside).to(gl.int32), axis=0)
+    entry = count - 1
+    first_row = (slot - (gl.load(cu_seqlens_q + entry) // QB + entry)) * QB
+    return entry, first_row
+
+
+@gluon.jit
+def _count_pages(starts_row, n_pages, last_pos, BLOCK_P: gl.constexpr, layout: gl.constexpr):
+    """Pages whose first position is <= last_pos (a prefix: starts are increasing)."""
+    count = 0
+    for lo in range(0, n_pages, BLOCK_P):
+        i = lo + gl.arange(0, BLOCK_P, layout=layout)
+        inside = i < n_pages
+        count += gl.sum(((gl.load(starts_row + i, mask=inside, other=0) <= last_pos) & inside).to(gl.int32), axis=0)
+    return count
+
+
+@gluon.jit
+def _rotation(Cos, Sin, delta, max_position, interleaved, layout: gl.constexpr):
+    """The cos and signed sin of R_{-delta} per dim of a Q row, [head_dim] in SliceLayout(0, layout): the table rows
+    depend on the delta alone (neither on q nor on the kernels before this one), so they load ahead of their use."""
+    HALF: gl.constexpr = _KHEAD_DIM // 2
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, layout))
+    pair = gl.where(interleaved, dims // 2, dims % HALF)
+    leading = gl.where(interleaved, (dims % 2) == 0, dims < HALF)
+    # A delta beyond the table is a caller bug (wrong result); clamping keeps the read in bounds.
+    table_row = gl.minimum(delta, max_position - 1).to(gl.int64) * HALF
+    cos = gl.load(Cos + table_row + pair)
+    sin = gl.load(Sin + table_row + pair)
+    # R_{-delta}: a' = a c + b s (leading member), b' = b c - a s (trailing member).
+    return cos, gl.where(leading, sin, -sin)
+
+
+@gluon.jit
+def _partner(q, interleaved):
+    """Each element's rotation partner, [rows, head_dim] like q: element 2j <-> 2j + 1 (interleaved pairs) or j <->
+    j + head_dim / 2 (half-split pairs). In the consumers' load layout both members of a pair sit in one thread (8
+    consecutive dims a thread, the two halves in its two column steps), so the swap is a register permutation."""
+    M: gl.constexpr = q.shape[0]
+    D: gl.constexpr = q.shape[1]
+    a, b = gl.split(gl.reshape(q, [M, D // 2, 2]))
+    swapped_pairs = gl.reshape(gl.join(b, a), [M, D])
+    lo, hi = gl.split(gl.permute(gl.reshape(q, [M, 2, D // 2]), [0, 2, 1]))
+    swapped_halves = gl.reshape(gl.permute(gl.join(hi, lo), [0, 2, 1]), [M, D])
+    layout: gl.constexpr = q.type.layout
+    return gl.where(interleaved, gl.convert_layout(swapped_pairs, layout), gl.convert_layout(swapped_halves, layout))
+
+
+@gluon.jit
+def _store_q(q_smem, q, cos, sin, interleaved):
+    """Write q [rows, head_dim] (this warpgroup's rows as the RoPE launch left them), rotated by `_rotation`'s cos and
+    sin (fp32 math, rounded once to q's dtype; delta 0 leaves it as it is: cos 1, sin 0), as the Q·Kᵀ operand."""
+    q_smem.store((q.to(gl.float32) * cos[None, :] + _partner(q, interleaved).to(gl.float32) * sin[None, :])
+                 .to(q.dtype))
+    # The tensor cores read the tile through the async proxy, after every warp of the group has written its part.
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _mask_v(v_tile, first, n_keys, layout: gl.constexpr):
+    """Set the slots of the V tile outside [first, first + n_keys) to 0, in place, before it is the P·V operand of a
+    page that is not full. Those slots may hold anything, NaN included (kernels/paged.py), and a product carries a
+    NaN through a probability of 0; the copy engine cannot skip them. Both consumers mask the tile they share, each
+    before its own product: they write the same values, so neither can see the other's half-done writes as wrong."""
+    slots = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(1, layout))
+    keep = (slots >= first) & (slots < first + n_keys)
+    v = v_tile.load(layout)
+    v_tile.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr,
+                  p_layout: gl.constexpr):
+    """One tile's online-softmax step: the probabilities as the P·V operand, the factor that rescales what was
+    accumulated, and the new running max and sum. The page's keys are slots [first, first + n_keys), slot t at
+    position key0 + t - first; other slots may hold anything; keys past the diagonal are the question's own later
+    tokens; a tile of 0 keys leaves m and l as they were (factor 1, probabilities 0)."""
+    if (n_keys < _KPAGE_SIZE) | (key0 - first + _KPAGE_SIZE - 1 > q_first):  # first > 0 implies n_keys < 64
+        slot = keys[None, :]
+        visible = (slot >= first) & (slot < first + n_keys) & (key0 - first + slot <= q_pos[:, None])
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    prob = gl.exp2(s * qk_scale - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    l_new = l_i * alpha + gl.sum(prob, axis=1)
+    return gl.convert_layout(prob.to(dtype), p_layout), alpha, m_new, l_new
+
+
+@gluon.jit
+def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
+             ready,
+             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
+    """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
+    rows, half `half` of the program's 128 (q_smem: its Q operand), over the program's tiles, then its partial (split
+    calls) or its output rows."""
+    M: gl.constexpr = _KROWS // 2
+    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, _KPAGE_SIZE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, _KHEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    load_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                 warps_per_cta=[4, 1], order=[1, 0])
+
+    # Row identities in each layout that uses them.
+    r_load = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
+    qi_load = first_row + r_load // group
+    token_load = (row0 + qi_load).to(gl.int64)
+    head_load = kv_head * group + r_load % group
+    ok_load = qi_load < q_len
+    r_s = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
+    q_pos = pos0 + first_row + r_s // group
+    q_first = pos0 + first_row
+    keys = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(0, s_layout))
+
+    m_i = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([M, _KHEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([M, _KPAGE_SIZE], gl.float32, layout=s_layout)
+    # The loop runs FlashAttention-3's order: issue Q·Kᵀ t + 1 and P·V t back to back, wait for the first and run
+    # tile t + 1's softmax while the tensor cores run P·V t, then wait for that and rescale the accumulator. Products
+    # retire in issue order, so "all but the last one" retires Q·Kᵀ t + 1. No instruction reads a product's registers
+    # before the wait that retires it: one such read makes ptxas serialise every wgmma of the kernel (C7514).
+    # Prologue: tile 0's Q, product and softmax. A program without tiles issues one product over whatever the slot
+    # holds; its keys count 0, so nothing of it is kept. Past the last tile the same holds for the extra product.
+    # Before the wait for the kernel before this one (programmatic dependent launch): everything that is not its
+    # write, i.e. the host's tables and the first tile's rotation. q is its write, loaded after.
+    has_tiles = n_tiles > 0
+    held = gl.load(deltas_row + page_lo, mask=has_tiles, other=0) * apply_delta  # the delta the Q tile holds
+    cos, sin = _rotation(Cos, Sin, held, max_position, interleaved, load_layout)
+    n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
+    first = gl.load(firsts_row + page_lo, mask=has_tiles & (has_first != 0), other=0)
+    key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
+    # The delta of the tile after the next one: a new document's rotation waits on one round of loads (q and its
+    # table rows together), not two.
+    delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
+    _wait_for_producers()
+    # q as the RoPE launch left it, kept in shared memory for the documents after the first: rotating it again reads
+    # no global memory (a reload from L2 cost 1.3-2.4 us a document, docs/kernels.md, "Session 18").
+    q_rows = Q + token_load * stride_qt + head_load * stride_qh
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
+    q_in = gl.load(q_rows[:, None] + dims[None, :], mask=ok_load[:, None], other=0.0)
+    q_raw.store(q_in)
+    _store_q(q_smem, q_in, cos, sin, interleaved)
+    mbarrier.wait(ready.index(0), 0, pred=has_tiles)
+    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
+                                               Q.dtype.element_ty, p_layout)
+    for t in range(n_tiles):
+        stage = t % STAGE_COUNT
+        # Tile t's V, masked into this consumer's own slot where the page is not full (P·V t - 1 has retired).
+        if n_keys < _KPAGE_SIZE:
+            _mask_v(v_bufs.index(stage), first, n_keys, load_layout)
+        # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
+        more = t + 1 < n_tiles
+        page = page_lo + t + 1
+        delta = gl.where(more, delta_next, held)
+        delta_next = gl.load(deltas_row + page + 1, mask=t + 2 < n_tiles, other=0) * apply_delta
+        if delta != held:
+            cos, sin = _rotation(Cos, Sin, delta, max_position, interleaved, load_layout)
+            _store_q(q_smem, q_raw.load(load_layout), cos, sin, interleaved)
+            held = delta
+        n_keys = gl.load(valid_row + page, mask=more, other=0)
+        first = gl.load(firsts_row + page, mask=more & (has_first != 0), other=0)
+        key0 = gl.load(starts_row + page, mask=more, other=0)
+        next_stage = (t + 1) % STAGE_COUNT
+        mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
+        s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
+                                               Q.dtype.element_ty, p_layout)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+
+    # The partial, from the blocked layout of the loads (Triton 3.6 cannot lower stores from the products' layouts):
+    # normalised output and log2-sum-exp (-inf when the split saw no key).
+    row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
+    l_rows = gl.convert_layout(l_i, row_layout)
+    l_safe = gl.where(l_rows == 0.0, 1.0, l_rows)  # m_i = -inf already marks a row that saw no key
+    out = gl.convert_layout(acc, load_layout) / l_safe[:, None]
+    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
+    mine = split.to(gl.int64) * total_q * num_heads + token_load * num_heads + head_load
+    gl.store(WsLse + mine, gl.convert_layout(m_i, row_layout) + gl.log2(l_safe), mask=ok_load)
+    if n_tiles > 0:  # a split without pages leaves its output unwritten: the merge skips it
+        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])
+
+
+@gluon.jit
+def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles):
+    """The load warp: page t's K and V tiles into slot t % _KSTAGES once both consumers have released it. The page
+    ids are the host's; the pages themselves wait for the kernel before this one, which writes the question's."""
+    STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
+    column = kv_head * _KHEAD_DIM
+    page_next = gl.load(pages_row + page_lo, mask=n_tiles > 0, other=0)
+    _wait_for_producers()
+    for t in range(n_tiles):
+        page = page_next
+        page_next = gl.load(pages_row + page_lo + t + 1, mask=t + 1 < n_tiles, other=0)
+        stage = t % STAGE_COUNT
+        # Slots start free: the first pass waits on the phase before the barrier's first.
+        mbarrier.wait(empty.index(stage), ((t // STAGE_COUNT) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), 2 * k_desc.block_type.nbytes)
+        _tma_load(k_desc, [page * _KPAGE_SIZE, column], ready.index(stage), k_bufs.index(stage))
+        _tma_load(v_desc, [page * _KPAGE_SIZE, column], ready.index(stage), v_bufs.index(stage))
+
+
+@gluon.jit
+def _wait_for_producers():
+    """launch.wait_for_producers in Gluon (which cannot call a triton.jit function): wait until the kernels before
+    this one have finished and their writes are visible, then let the next kernel's programs launch. Safe without
+    programmatic dependent launch (the kernels before have finished then), so the partitions call it as they are."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
+def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
+                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
+                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
+                          GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
+    QB: gl.constexpr = _KROWS // GROUP  # query positions per program
+    scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    slot = gl.num_programs(0) - 1 - gl.program_id(0)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    entry, first_row = _find_block(cu_seqlens_q, batch_size, slot, QB, _KBLOCK_B, scan_b)
+    row0 = gl.load(cu_seqlens_q + entry)
+    q_len = gl.load(cu_seqlens_q + entry + 1) - row0
+    if first_row >= q_len:
+        # An entry's spare slot, or one of an entry without rows (a CUDA graph's padding): no rows, nothing to
+        # write. Returning before the warp-specialised region matters: such a program would otherwise hold an SM
+        # through its set-up (on an H100, the RAG case's spare slots cost 7-9 us per launch at batch 1).
+        return
+    pos0 = gl.load(q_start + entry)
+    q_last = pos0 + gl.minimum(first_row + QB, q_len) - 1
+    table = entry.to(gl.int64) * stride_table
+    n_vis = _count_pages(starts + table, gl.load(num_pages + entry), q_last, _KBLOCK_P, scan_b)
+    # This split's balanced range of the visible pages (none for the splits past them).
+    per_split = gl.cdiv(n_vis, gl.num_programs(2))
+    page_lo = split * per_split
+    n_tiles = gl.maximum(gl.minimum(per_split, n_vis - page_lo), 0)
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    raw_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    q_raw = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], raw_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(_KSTAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
+    # the set-up) overlaps the kernel before this one. Each partition waits for it where it first reads what it may
+    # have written: the consumers before q (their first tile's tables and rotation come before), the load warp before
+    # the pages (the question's are that kernel's writes).
+
+    # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
+    # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
+    deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
+    low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
+           k_bufs, v_bufs,
+           ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+           stride_qt, stride_qh, qk_scale,
+           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
+    high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
+            k_bufs, v_bufs,
+            ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+            stride_qt, stride_qh, qk_scale,
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
+    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
+    gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
+                       [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
+
+
+def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                            tables: RopeTables | None, scale: float, num_splits: int, *, apply_delta: bool = True,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
+    ranges, merged by prefill's combine kernel (also for one split)."""
+    ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta)
+    return merge_partials(ws_o, ws_lse, torch.empty_like(q) if out is None else out)
+
+
+def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                   tables: RopeTables | None, scale: float, num_splits: int, *,
+                   apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
+    [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
+    total_q, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = q_heads // kv_heads
+    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
+    apply = tables is not None and apply_delta
+    # Without deltas every Q tile is rotated by 0: a one-row table of cos 1, sin 0 then serves.
+    cos, sin = (tables.cos, tables.sin) if tables is not None else _identity_rotation(head_dim, q.device)
+    grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
+    _short_prefill_kernel[grid](
+        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
+        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
+        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
+        cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
+        GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
+    return ws_o, ws_lse
+
+
+@functools.lru_cache(maxsize=8)
+def _identity_rotation(head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of one position, 0: the rotation that leaves q as it is."""
+    return (torch.ones(1, head_dim // 2, dtype=torch.float32, device=device),
+            torch.zeros(1, head_dim // 2, dtype=torch.float32, device=device))
+
+
+def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`split_partials`' partials merged into out [rows, heads, head_dim] by prefill's combine kernel, one warp per
+    (row, head). Under PDL the merge's programs are placed while the kernel above still holds the SMs, and one-warp
+    programs fit beside it (its programs leave ~11K registers of an SM free), so they wait there for it and start at
+    once. On an H100, batch 1 of the RAG case, RoPE launch + attention per layer (four rounds each): 36.0-38.2 us with
+    one warp, 39.8-42.1 with four (what prefill.py's longer calls keep), 34.0-37.0 with no merge at all; one warp
+    merging 8 or 4 splits a step, 37.7-39.1 (benchmarks/results/engine_perf/s18/README.md, calls 2 and 3)."""
+    num_splits, total_q, q_heads, head_dim = ws_o.shape
+    _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
+                                          out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
+                                          BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=1,
+                                          **pdl_options(out.device, "attention"))
+    return out
