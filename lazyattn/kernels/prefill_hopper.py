@@ -314,10 +314,9 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
     first = gl.load(firsts_row + page_lo, mask=has_tiles & (has_first != 0), other=0)
     key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
-    # The delta of the tile after the next one and its table rows, a tile ahead: a new document's rotation waits on
-    # no load from memory.
+    # The delta of the tile after the next one: a new document's rotation waits on one round of loads (q and its
+    # table rows together), not two.
     delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
-    cos_next, sin_next = _rotation(Cos, Sin, delta_next, max_position, interleaved, load_layout)
     _wait_for_producers()
     # q as the RoPE launch left it, kept in shared memory for the documents after the first: rotating it again reads
     # no global memory (a reload from L2 cost 1.3-2.4 us a document, docs/kernels.md, "Session 18").
@@ -333,17 +332,16 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
                                                Q.dtype.element_ty, p_layout)
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
-        # Tile t's V, masked in place where the page is not full (P·V t - 1 has retired).
+        # Tile t's V, masked into this consumer's own slot where the page is not full (P·V t - 1 has retired).
         if n_keys < _KPAGE_SIZE:
             _mask_v(v_bufs.index(stage), first, n_keys, load_layout)
         # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
         more = t + 1 < n_tiles
         page = page_lo + t + 1
         delta = gl.where(more, delta_next, held)
-        cos, sin = cos_next, sin_next
         delta_next = gl.load(deltas_row + page + 1, mask=t + 2 < n_tiles, other=0) * apply_delta
-        cos_next, sin_next = _rotation(Cos, Sin, delta_next, max_position, interleaved, load_layout)
         if delta != held:
+            cos, sin = _rotation(Cos, Sin, delta, max_position, interleaved, load_layout)
             _store_q(q_smem, q_raw.load(load_layout), cos, sin, interleaved)
             held = delta
         n_keys = gl.load(valid_row + page, mask=more, other=0)

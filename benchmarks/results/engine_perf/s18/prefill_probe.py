@@ -6,8 +6,6 @@ per entry), programmatic dependent launch as the engine has it (on, on an H100),
 
 Variants:
 - "s17": Session 17's kernel;
-- "c8": the kernel of call 8 (a copy, prefill_hopper_c8.py: q kept in shared memory; a new document's table rows
-  loaded when it starts);
 - "this": this tree's kernel and merge.
 
 Call 1 also timed "early": a form of this tree's kernel (commit 3405914) whose load warp copied the documents' pages
@@ -41,7 +39,6 @@ sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
 
-import prefill_hopper_c8  # noqa: E402
 import prefill_hopper_s17  # noqa: E402
 from kernels import DTYPE, free_memory, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
@@ -50,8 +47,6 @@ from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 ROUNDS = 3
-# (name, module): the kernels timed side by side. Calls 1-8 timed s17 and this.
-VARIANTS = (("s17", prefill_hopper_s17), ("c8", prefill_hopper_c8), ("this", prefill_hopper))
 # The merge section's (warps, splits per step) of the combine launch; 0 warps: no combine. Call 2 timed 4, 2 and 1
 # warps at 16 splits per step (all of them) and none.
 MERGE_FORMS = ((4, 16), (1, 16), (1, 8), (1, 4), (0, 16))
@@ -110,7 +105,7 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
         return attend(module, rq, k, v, pb, apply_delta)
 
     calls = {}
-    for name, module in VARIANTS:
+    for name, module in (("s17", prefill_hopper_s17), ("this", prefill_hopper)):
         got = module.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
         row[f"{name} max_abs_vs_ref"] = (got.float() - ref).abs().max().item()
         for form, fn in (("attention", attend), ("layer", layer)):
