@@ -314,8 +314,8 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
     first = gl.load(firsts_row + page_lo, mask=has_tiles & (has_first != 0), other=0)
     key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
-    # The delta of the tile after the next one: a new document's rotation waits on one round of loads (q and its
-    # table rows together), not two.
+    # The delta of the tile after the next one: a new document's rotation waits on one round of loads (its table
+    # rows), not two. (Loading those rows a tile ahead too was slower: 4 more live vectors, docs/kernels.md.)
     delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
     _wait_for_producers()
     # q as the RoPE launch left it, kept in shared memory for the documents after the first: rotating it again reads
@@ -332,7 +332,7 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
                                                Q.dtype.element_ty, p_layout)
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
-        # Tile t's V, masked into this consumer's own slot where the page is not full (P·V t - 1 has retired).
+        # Tile t's V, masked in place where the page is not full (P·V t - 1 has retired).
         if n_keys < _KPAGE_SIZE:
             _mask_v(v_bufs.index(stage), first, n_keys, load_layout)
         # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
