@@ -6,6 +6,8 @@
 #              `mkdir .s18base && git archive 8e0b643 lazyattn benchmarks/engine.py benchmarks/models | tar x -C
 #              .s18base`; the device call carries it) and this tree alternated twice (lib.sh, ab_engine)
 #   reload     s18/reload_probe.py: what a new document's Q rotation costs the Gluon prefill
+#   serving    lazyattn bench, the session-6 protocol (20 docs x 2048, Zipf 2.1, 48 requests at saturation), cold and
+#              with a pre-warmed document cache, one run each
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_prefill.py
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
@@ -19,6 +21,8 @@ W=/tmp/s18; rm -rf $W; mkdir -p $W; L=$W/s18_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
 device_info
 TAG=s18  # alternate's output prefix (lib.sh)
+SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20
+       --num-requests 48 --kv-cache-gb 20 --no-progress"
 for stage in $STAGES; do
   case $stage in
     probe)   TAIL=6 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s18/prefill_probe.py \
@@ -27,6 +31,9 @@ for stage in $STAGES; do
                $W/s18_merge_probe.json merge ;;
     reload)  step reload timeout -k 5 300 python benchmarks/results/engine_perf/s18/reload_probe.py \
                $W/s18_reload_probe.json ;;
+    serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/serving_s18_cold
+             step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/serving_s18_warm
+             for c in cold warm; do cp $W/serving_s18_$c/bench.json $W/serving_s18_$c.json; done ;;
     ab)      ab_engine .s18base s18 ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_prefill.py ;;
