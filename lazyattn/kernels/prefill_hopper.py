@@ -50,9 +50,9 @@ Who calls it: the engine's GPU backend (kernels/triton_backend.py) for every sho
 `num_splits` (which the prefill CUDA graphs fix per bucket); `prefill.prefill_attention` itself stays prefill.py's
 kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kernels.md, "Session 12" and
 "Session 13"), the RAG case per layer: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97
-against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth). Session 18 (the tables before the
-wait, the one-warp merge): batch 1 34.3-35.4 us with its merge (Session 17's 38.2-40.0), 36.9-38.1 after the RoPE
-launch (41.3-46.1); batch 8 147.5-148.7 (148.2-150.1).
+against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth). Session 18 (q kept in shared memory,
+the one-warp merge; against Session 17's kernel in the same run, docs/kernels.md, "Session 18"): batch 1 34.0-35.8
+against 37.6-40.2 us, 36.9-37.6 against 41.9-44.7 after the RoPE launch; batch 8 142.3-145.4 against 149.9-151.4.
 """
 
 from __future__ import annotations
