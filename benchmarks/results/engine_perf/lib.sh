@@ -5,6 +5,13 @@
 #   ab_engine BASE OUT [ORDER]
 #                       benchmarks/engine.py decode_rag + ttft_rag (batch 16), a checkout of another tree in BASE and
 #                       this tree, alternated twice in ORDER (default "base this"): $W/OUT_{base,this}_{1,2}.{json,md}
+#   common_stage STAGE  the stages sessions 17 on run alike, outputs named by $TAG (returns 1 for any other STAGE):
+#                       etests   pytest -m gpu tests/engine tests/cache tests/model
+#                       ktests   pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark)
+#                       engine   engine.py, every section (the issue-10 table)
+#                       serving  lazyattn bench, the session-6 protocol (20 docs x 2048, Zipf 2.1, 48 requests at
+#                                saturation), cold and with a pre-warmed document cache, one run each
+#                       targets  kernels.py --sections targets, twice
 #   alternate STEP OUT VAR "VALUES" ARGS...
 #                       benchmarks/engine.py ARGS with VAR set to each value in turn, twice; step STEP<value>_<round>,
 #                       output $W/${TAG}_OUT<value>_<round> (a value's commas become +)
@@ -28,3 +35,19 @@ alternate() { local name=$1 out=$2 var=$3 values=$4 r v n; shift 4
                     --out $W/${TAG}_$out${n}_$r
                 done
               done; }
+common_stage() {
+  local serve="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20
+               --num-requests 48 --kv-cache-gb 20 --no-progress" c r
+  case $1 in
+    etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
+    ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
+             step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
+    engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/${TAG}_engine ;;
+    serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $serve --out $W/serving_${TAG}_cold
+             step serving_warm timeout -k 5 200 python -m lazyattn bench $serve --warm-cache --out $W/serving_${TAG}_warm
+             for c in cold warm; do cp $W/serving_${TAG}_$c/bench.json $W/serving_${TAG}_$c.json; done ;;
+    targets) for r in 1 2; do
+               step targets_$r timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/${TAG}_targets_$r
+             done ;;
+    *)       echo "unknown stage $1" | tee -a $L; return 1 ;;
+  esac; }

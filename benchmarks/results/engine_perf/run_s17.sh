@@ -23,8 +23,6 @@ W=/tmp/s17; rm -rf $W; mkdir -p $W; L=$W/s17_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step
 device_info
 TAG=s17  # alternate's output prefix (lib.sh)
-SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20
-       --num-requests 48 --kv-cache-gb 20 --no-progress"
 for stage in $STAGES; do
   case $stage in
     probe)   TAIL=14 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s17/decode_probe.py \
@@ -43,17 +41,8 @@ for stage in $STAGES; do
              cp $W/*.ncu-rep $OUT/ 2>/dev/null ;;
     dtests)  step dtests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_decode.py \
                tests/kernels/test_relink_offsets.py ;;
-    etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
-    ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
-             step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
-    engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/s17_engine ;;
-    serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/serving_s17_cold
-             step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/serving_s17_warm
-             for c in cold warm; do cp $W/serving_s17_$c/bench.json $W/serving_s17_$c.json; done ;;
-    targets) for r in 1 2; do
-               step targets_$r timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s17_targets_$r
-             done ;;
     tmaab)   alternate tma tma LAZYATTN_DECODE_TMA "1 0" --sections decode_short,decode_rag,ttft_rag --batches 16,64 ;;
+    *)       common_stage $stage ;;  # etests ktests engine serving targets (lib.sh)
   esac
 done
 cd $W && tar czf $OUT/s17_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null

@@ -21,8 +21,6 @@ W=/tmp/s18; rm -rf $W; mkdir -p $W; L=$W/s18_$(echo $STAGES | tr ' ' '_').log
 . "$(dirname "$0")/lib.sh"  # device_info, step, ab_engine
 device_info
 TAG=s18  # alternate's output prefix (lib.sh)
-SERVE="--model benchmarks/models/llama-3.1-8b --random-weights --modes lazy,block --rate inf --num-docs 20
-       --num-requests 48 --kv-cache-gb 20 --no-progress"
 for stage in $STAGES; do
   case $stage in
     probe)   TAIL=6 step probe timeout -k 5 400 python benchmarks/results/engine_perf/s18/prefill_probe.py \
@@ -31,23 +29,14 @@ for stage in $STAGES; do
                $W/s18_merge_probe.json merge ;;
     reload)  step reload timeout -k 5 300 python benchmarks/results/engine_perf/s18/reload_probe.py \
                $W/s18_reload_probe.json ;;
-    serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $SERVE --out $W/serving_s18_cold
-             step serving_warm timeout -k 5 200 python -m lazyattn bench $SERVE --warm-cache --out $W/serving_s18_warm
-             for c in cold warm; do cp $W/serving_s18_$c/bench.json $W/serving_s18_$c.json; done ;;
     ab)      ab_engine .s18base s18 ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_prefill.py ;;
-    etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
-    ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
-             step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
-    engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/s18_engine ;;
     ttft)    for r in 1 2; do
                step ttft_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
                  --out $W/s18_ttft_$r
              done ;;
-    targets) for r in 1 2; do
-               step targets_$r timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/s18_targets_$r
-             done ;;
+    *)       common_stage $stage ;;  # etests ktests engine serving targets (lib.sh)
   esac
 done
 cd $W && tar czf $OUT/s18_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null

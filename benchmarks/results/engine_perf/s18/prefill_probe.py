@@ -1,8 +1,9 @@
-"""Session 18: the Gluon short prefill (kernels/prefill_hopper.py) against Session 17's (a copy of it,
-prefill_hopper_s17.py), timed in the same run as the engine's graphs run them (kernels.py `graph_us`: 32 launches per
-CUDA graph, inputs rotated past L2), the RAG case (5 x 2048 cached documents at their deltas + a 32-token question
-per entry), programmatic dependent launch as the engine has it (on, on an H100), ROUNDS alternated rounds
-(two in call 1).
+"""Session 18: the Gluon short prefill (kernels/prefill_hopper.py) against Session 17's, timed in the same run as the
+engine's graphs run them (kernels.py `graph_us`: 32 launches per CUDA graph, inputs rotated past L2): the RAG case (5 x
+2048 cached documents at their deltas + a 32-token question per entry), programmatic dependent launch as the engine
+has it (on, on an H100), ROUNDS alternated rounds (two in call 1). Session 17's kernel is its module in Session 17's
+tree, unpacked into .s18base as run_s18.sh's header says. Calls 1-12 timed a copy of it in this folder (the same
+file: `git show c2d3a43:benchmarks/results/engine_perf/s18/prefill_hopper_s17.py`).
 
 Variants:
 - "s17": Session 17's kernel;
@@ -28,6 +29,7 @@ four alternated rounds.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -39,7 +41,6 @@ sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
 
-import prefill_hopper_s17  # noqa: E402
 from kernels import DTYPE, free_memory, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
@@ -47,6 +48,21 @@ from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 ROUNDS = 3
+BASE = HERE.parents[3] / ".s18base"  # Session 17's tree (8e0b643)
+
+
+def session17_kernel():
+    """Session 17's kernels/prefill_hopper.py, as a module of its own (its lazyattn imports resolve to this tree's,
+    which kept every name it uses)."""
+    path = BASE / "lazyattn" / "kernels" / "prefill_hopper.py"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: unpack Session 17's tree first (run_s18.sh's header)")
+    spec = importlib.util.spec_from_file_location("prefill_hopper_s17", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
 # The merge section's (warps, splits per step) of the combine launch; 0 warps: no combine. Call 2 timed 4, 2 and 1
 # warps at 16 splits per step (all of them) and none.
 MERGE_FORMS = ((4, 16), (1, 16), (1, 8), (1, 4), (0, 16))
@@ -105,7 +121,7 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
         return attend(module, rq, k, v, pb, apply_delta)
 
     calls = {}
-    for name, module in (("s17", prefill_hopper_s17), ("this", prefill_hopper)):
+    for name, module in (("s17", session17_kernel()), ("this", prefill_hopper)):
         got = module.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
         row[f"{name} max_abs_vs_ref"] = (got.float() - ref).abs().max().item()
         for form, fn in (("attention", attend), ("layer", layer)):
