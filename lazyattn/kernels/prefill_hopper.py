@@ -269,12 +269,11 @@ def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_sca
 
 @gluon.jit
 def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
-             ready,
-             empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
              stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
     """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
-    rows, half `half` of the program's 128 (q_smem: its Q operand), over the program's tiles, then its partial (split
-    calls) or its output rows."""
+    rows, half `half` of the program's 128 (q_smem: its Q operand; q_raw: its rows of q as loaded), over the program's
+    tiles, then its partial (split calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -443,20 +442,19 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
     # the set-up) overlaps the kernel before this one. Each partition waits for it where it first reads what it may
     # have written: the consumers before q (their first tile's tables and rotation come before), the load warp before
-    # the pages (the question's are that kernel's writes).
+    # the pages (the question's are that kernel's writes). Without PDL that wait returns at once, so USE_PDL (the
+    # launcher's flag, kernels/launch.py) only keys the compile.
 
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
     deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
     low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
-           k_bufs, v_bufs,
-           ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-           stride_qt, stride_qh, qk_scale,
+           k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
+           max_position, stride_qt, stride_qh, qk_scale,
            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
     high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
-            k_bufs, v_bufs,
-            ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-            stride_qt, stride_qh, qk_scale,
+            k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
+            max_position, stride_qt, stride_qh, qk_scale,
             GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
     loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
     gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
