@@ -503,9 +503,11 @@ def _identity_rotation(head_dim: int, device: torch.device) -> tuple[torch.Tenso
 
 def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """`split_partials`' partials merged into out [rows, heads, head_dim] by prefill's combine kernel, one warp per
-    (row, head). Under PDL the merge's programs are placed while the kernel above still holds the SMs, and one-warp
-    programs fit beside it (its programs leave ~11K registers of an SM free), so they wait there for it and start at
-    once. On an H100, batch 1 of the RAG case, RoPE launch + attention per layer (four rounds each): 36.0-38.2 us with
+    (row, head). The merge is one round of loads and sums a program, on the layer's critical path: with one warp the
+    sums over the splits stay in the warp, with four they cross warps through shared memory (2 KiB, compile_check),
+    which is the likely reason four were slower. (The kernel above takes all of an SM's registers, 384 threads at 168,
+    so no merge program runs beside it.) On an H100, batch 1 of the RAG case, RoPE launch + attention per layer (four
+    rounds each): 36.0-38.2 us with
     one warp, 39.8-42.1 with four (what prefill.py's longer calls keep), 34.0-37.0 with no merge at all; one warp
     merging 8 or 4 splits a step, 37.7-39.1 (benchmarks/results/engine_perf/s18/README.md, calls 2 and 3)."""
     num_splits, total_q, q_heads, head_dim = ws_o.shape
