@@ -222,6 +222,13 @@ def _pair_layout(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.
 
 
 @triton.jit
+def _masked_tile(base, page, stride_page, slot, stride_slot, d, tile_mask):
+    """A page's [BLOCK_N, BLOCK_D] tile of K or V by per-thread loads: masked slots read as 0, so the page padding
+    is never read."""
+    return tl.load(base + page * stride_page + slot[:, None] * stride_slot + d[None, :], mask=tile_mask, other=0.0)
+
+
+@triton.jit
 def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
     """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
     row = delta.to(tl.int64) * stride_tab
@@ -360,14 +367,11 @@ def _decode_split(
             row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
             k = k_desc.load([row, head_col])
         else:
-            # Masked loads never read page padding.
-            k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask,
-                        other=0.0)
+            k = _masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask)
         if TMA >= 2:
             v = v_desc.load([row, head_col])
         else:
-            v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
-                        other=0.0)
+            v = _masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
         s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(key_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -387,8 +391,7 @@ def _decode_split(
             else:
                 whole = slot0 + BLOCK_N <= n_keys
             if not whole:
-                v_masked = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask,
-                                   other=0.0)
+                v_masked = _masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
                 pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
