@@ -8,6 +8,7 @@
 #   reload     s18/reload_probe.py: what a new document's Q rotation costs the Gluon prefill
 #   serving    lazyattn bench, the session-6 protocol (20 docs x 2048, Zipf 2.1, 48 requests at saturation), cold and
 #              with a pre-warmed document cache, one run each
+#   dtests     pytest -m gpu tests/kernels/test_decode.py tests/kernels/test_relink_offsets.py
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_prefill.py
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
@@ -30,6 +31,8 @@ for stage in $STAGES; do
     reload)  step reload timeout -k 5 300 python benchmarks/results/engine_perf/s18/reload_probe.py \
                $W/s18_reload_probe.json ;;
     ab)      ab_engine .s18base s18 ;;
+    dtests)  step dtests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_decode.py \
+               tests/kernels/test_relink_offsets.py ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_prefill.py ;;
     ttft)    for r in 1 2; do
