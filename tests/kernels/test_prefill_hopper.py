@@ -147,3 +147,20 @@ def test_gpu_without_tables_is_attention_without_rotation():
     expected = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_gpu_key_split_matches_reference(splits):
+    """The key split (both consumers of a program over its 64 rows, alternate tiles, one partial each): decode steps
+    (one query an entry) and questions of 16 and 3 tokens, documents with partial last pages at several deltas, odd and
+    even tile counts, and splits with one tile or none (a consumer with nothing to do). Slots no entry lists hold NaN."""
+    s = gpu_scenario([2048, 1000, 77], [([0, 1, 2], 16), ([2, 0], 3), ([1], 16), ([2], 16)])
+    for q, batch in (s.decode(), s.final_prefill()):
+        assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+        expected = ref(s, q, batch)
+        s.poison_unlisted(batch)
+        out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
+                                                     key_split=True)
+        assert rel_err(out, expected) < 1e-2

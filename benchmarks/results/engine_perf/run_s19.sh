@@ -1,0 +1,29 @@
+#!/bin/bash
+# Session 19 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
+#   dprobe     s19/decode_probe.py: decode attention by the Gluon kernel (row and key split) against the Triton
+#              decode kernel, batch 1 (PROBE_BATCHES)
+#   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
+#   ttft       engine.py decode_rag + ttft_rag, twice
+#   etests ktests engine serving targets: lib.sh common_stage, outputs named s19_*
+set -u
+STAGES=${STAGES:-dprobe}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s19; rm -rf $W; mkdir -p $W; L=$W/s19_$(echo $STAGES | tr ' ' '_').log
+. "$(dirname "$0")/lib.sh"  # device_info, step, common_stage
+device_info
+TAG=s19
+for stage in $STAGES; do
+  case $stage in
+    dprobe)  TAIL=6 step dprobe timeout -k 5 400 python benchmarks/results/engine_perf/s19/decode_probe.py \
+               $W/s19_decode_probe.json ${PROBE_BATCHES:-1} ;;
+    htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
+               tests/kernels/test_decode.py ;;
+    ttft)    for r in 1 2; do
+               step ttft_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
+                 --out $W/s19_ttft_$r
+             done ;;
+    *)       common_stage $stage ;;
+  esac
+done
+cd $W && tar czf $OUT/s19_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
+true
