@@ -2,6 +2,7 @@
 # Session 19 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
 #   dprobe     s19/decode_probe.py: decode attention by the Gluon kernel (row and key split) against the Triton
 #              decode kernel, batch 1 (PROBE_BATCHES)
+#   ceiling    s19/read_ceiling.py: a launch that only reads the decode case's bytes, in the targets' graph form
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   ttft       engine.py decode_rag + ttft_rag, twice
 #   etests ktests engine serving targets: lib.sh common_stage, outputs named s19_*
@@ -16,6 +17,8 @@ for stage in $STAGES; do
   case $stage in
     dprobe)  TAIL=6 step dprobe timeout -k 5 400 python benchmarks/results/engine_perf/s19/decode_probe.py \
                $W/s19_decode_probe.json ${PROBE_BATCHES:-1} ;;
+    ceiling) TAIL=4 step ceiling timeout -k 5 300 python benchmarks/results/engine_perf/s19/read_ceiling.py \
+               $W/s19_read_ceiling.json ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_decode.py ;;
     ttft)    for r in 1 2; do

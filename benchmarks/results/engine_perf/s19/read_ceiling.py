@@ -1,0 +1,83 @@
+"""Session 19: what one launch that only reads the decode case's bytes reaches, timed as the attention targets are
+(kernels.py `graph_us`: 32 launches per CUDA graph, inputs rotated past L2). The yardstick of issue 10's attention
+targets is the copy bandwidth of 1 GiB copies, where a launch's ramp and tail are spread over ~0.7 ms; a batch-1
+decode layer reads 42.2 MB in one launch of ~14 us at that rate, so its ramp and tail count. This probe measures that
+part alone: a plain streaming read of the same bytes, no attention at all.
+
+Variants (each over 4 input copies of BYTES bytes of bf16):
+- "sum P x W": a Triton kernel of P programs of W warps, each summing a contiguous chunk in 16 KiB steps (vector loads,
+  one fp32 store a program); with and without programmatic dependent launch (the wait first, as the engine's
+  kernels do);
+- "torch sum": torch's own reduction over the tensor.
+
+    python benchmarks/results/engine_perf/s19/read_ceiling.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[3]))
+sys.path.insert(0, str(HERE.parents[2]))
+
+from kernels import graph_us, rag_sweep_bench  # noqa: E402
+
+from lazyattn.kernels.launch import sm_count, wait_for_producers  # noqa: E402
+
+BYTES = 42221568  # the decode target's K/V bytes (batch 1 x 10 304 keys, 8 kv heads x 128 dims, bf16) and q/out
+BLOCK = 8192  # elements a step: 16 KiB of bf16
+ROUNDS = 2
+
+
+@triton.jit
+def _sum_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    wait_for_producers(USE_PDL)
+    lo = pid.to(tl.int64) * per_program
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, per_program, BLOCK):
+        offs = lo + start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=(start + tl.arange(0, BLOCK) < per_program) & (offs < n),
+                       other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    b, copy_gbps, _, _ = rag_sweep_bench()
+    n = BYTES // 2
+    xs = [torch.randn(n, dtype=torch.bfloat16, device=b.device) for _ in range(4)]
+    sms = sm_count(b.device)
+    out = torch.empty(8 * sms, dtype=torch.float32, device=b.device)
+    row = {"copy_gbps": copy_gbps, "bytes": BYTES, "sms": sms}
+
+    def summed(x, programs, warps, pdl):
+        per = triton.cdiv(triton.cdiv(n, programs), BLOCK) * BLOCK
+        extra = {"launch_pdl": True} if pdl else {}
+        _sum_kernel[(programs,)](x, out, per, n, BLOCK=BLOCK, USE_PDL=pdl, num_warps=warps, **extra)
+
+    variants = {}
+    for mult in (1, 2, 3, 4, 6, 8):
+        for warps in (4, 8):
+            for pdl in (False, True):
+                name = f"sum {mult * sms} x {warps}{', PDL' if pdl else ''}"
+                variants[name] = [lambda x=x, p=mult * sms, w=warps, d=pdl: summed(x, p, w, d) for x in xs]
+    variants["torch sum"] = [lambda x=x: x.sum() for x in xs]
+    for rnd in range(ROUNDS):
+        for name, fns in variants.items():
+            us = graph_us(b, fns)
+            row[f"{name} r{rnd} us"] = us
+            row[f"{name} r{rnd} %copy"] = 100 * BYTES / us / 1e3 / copy_gbps
+    print(json.dumps(row), flush=True)
+    Path(out_path).write_text(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
