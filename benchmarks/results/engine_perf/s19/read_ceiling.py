@@ -8,7 +8,8 @@ Variants (each over 4 input copies of BYTES bytes of bf16):
 - "sum P x W": a Triton kernel of P programs of W warps, each summing a contiguous chunk in 16 KiB steps (vector loads,
   one fp32 store a program); with and without programmatic dependent launch (the wait first, as the engine's
   kernels do);
-- "torch sum": torch's own reduction over the tensor.
+- "torch sum": torch's own reduction over the tensor;
+- "4x bytes": the sum over 4 x the bytes in one launch (call 4 on).
 
     python benchmarks/results/engine_perf/s19/read_ceiling.py OUT.json
 """
@@ -55,13 +56,13 @@ def main() -> None:
     n = BYTES // 2
     xs = [torch.randn(n, dtype=torch.bfloat16, device=b.device) for _ in range(4)]
     sms = sm_count(b.device)
-    out = torch.empty(8 * sms, dtype=torch.float32, device=b.device)
+    out = torch.empty(16 * sms, dtype=torch.float32, device=b.device)
     row = {"copy_gbps": copy_gbps, "bytes": BYTES, "sms": sms}
 
-    def summed(x, programs, warps, pdl):
-        per = triton.cdiv(triton.cdiv(n, programs), BLOCK) * BLOCK
+    def summed(x, programs, warps, pdl, block=BLOCK, size=n):
+        per = triton.cdiv(triton.cdiv(size, programs), block) * block
         extra = {"launch_pdl": True} if pdl else {}
-        _sum_kernel[(programs,)](x, out, per, n, BLOCK=BLOCK, USE_PDL=pdl, num_warps=warps, **extra)
+        _sum_kernel[(programs,)](x, out, per, size, BLOCK=block, USE_PDL=pdl, num_warps=warps, **extra)
 
     variants = {}
     for mult in (1, 2, 3, 4, 6, 8):
@@ -69,12 +70,22 @@ def main() -> None:
             for pdl in (False, True):
                 name = f"sum {mult * sms} x {warps}{', PDL' if pdl else ''}"
                 variants[name] = [lambda x=x, p=mult * sms, w=warps, d=pdl: summed(x, p, w, d) for x in xs]
+    # Call 4: steps of 32 and 64 KiB (more bytes in flight a program), and 4 x the bytes in one launch (the launch's
+    # ramp and tail spread over 4 x the time: the fixed part of a launch is t(1x) - t(4x) / 4).
+    for block in (16384, 32768):
+        for mult, warps in ((2, 8), (4, 8), (4, 16), (8, 8)):
+            name = f"sum {mult * sms} x {warps}, {block * 2 // 1024} KiB steps, PDL"
+            variants[name] = [lambda x=x, p=mult * sms, w=warps, k=block: summed(x, p, w, True, k) for x in xs]
+    big = [torch.randn(4 * n, dtype=torch.bfloat16, device=b.device) for _ in range(2)]
+    for mult, warps in ((4, 8), (8, 8), (16, 8)):
+        variants[f"4x bytes: sum {mult * sms} x {warps}, PDL"] = [
+            lambda x=x, p=mult * sms, w=warps: summed(x, p, w, True, BLOCK, 4 * n) for x in big]
     variants["torch sum"] = [lambda x=x: x.sum() for x in xs]
     for rnd in range(ROUNDS):
         for name, fns in variants.items():
             us = graph_us(b, fns)
             row[f"{name} r{rnd} us"] = us
-            row[f"{name} r{rnd} %copy"] = 100 * BYTES / us / 1e3 / copy_gbps
+            row[f"{name} r{rnd} %copy"] = 100 * BYTES * (4 if name.startswith("4x") else 1) / us / 1e3 / copy_gbps
     print(json.dumps(row), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
 
