@@ -487,7 +487,7 @@ def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q
     from lazyattn.kernels.prefill import prefill_attention
 
     if hopper_takes(q, k_cache, v_cache, pb):
-        splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device)
+        splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device, pb.batch_size, pb.max_q)
         return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, splits,
                                                       apply_delta=apply_delta)
     return prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=rotated_q, apply_delta=apply_delta)

@@ -124,11 +124,26 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batc
     return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
 
 
-def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device) -> int:
-    """Splits of a launch over `total_q` rows: one program per SM (180 KiB of shared memory each) over the query
-    blocks the rows fill, at most MAX_SPLITS. Measured on an H100 (docs/kernels.md, "Session 12"): 16 at batch 1
-    (24 starts a second wave: 60 against 40-43 us per layer), 4 at batch 4, 2 at batch 8."""
-    blocks = cdiv(total_q, ROWS // (q_heads // kv_heads))
+def key_split_for(max_q: int, q_heads: int, kv_heads: int) -> bool:
+    """Whether a launch takes the key split: every entry's rows (its query positions x the kv head's group) fit one
+    program's 64, as in a decode step or a question of at most 16 tokens under 4-head groups. The row split would
+    leave one consumer without a query row, walking every tile for nothing."""
+    return max_q * (q_heads // kv_heads) <= ROWS // 2
+
+
+def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device, entries: int = 1,
+               max_q: int | None = None, key_split: bool | None = None) -> int:
+    """Splits of a launch over `total_q` rows in `entries` entries of at most `max_q` positions (default total_q):
+    one program per SM (213 KiB of shared memory each) over the query blocks the entries fill (each entry's own
+    blocks: an entry of 16 positions fills one block of 32 positions), at most MAX_SPLITS. key_split None: as
+    `key_split_for` decides (the key split's blocks hold half the positions). Measured on an H100 (docs/kernels.md,
+    "Session 12"): 16 at batch 1 (24 starts a second wave: 60 against 40-43 us per layer), 4 at batch 4, 2 at batch
+    8."""
+    max_q = total_q if max_q is None else max_q
+    if key_split is None:
+        key_split = key_split_for(max_q, q_heads, kv_heads)
+    positions = max(1, ROWS // (2 if key_split else 1) // (q_heads // kv_heads))
+    blocks = min(cdiv(total_q, positions) + entries - 1, entries * cdiv(max(1, max_q), positions))
     return max(1, min(MAX_SPLITS, sm_count(device) // (blocks * kv_heads)))
 
 
@@ -473,9 +488,12 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
 
 def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                             tables: RopeTables | None, scale: float, num_splits: int, *, apply_delta: bool = True,
-                            key_split: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                            key_split: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
-    ranges, merged by prefill's combine kernel (also for one split)."""
+    ranges, merged by prefill's combine kernel (also for one split). key_split None: as `key_split_for` decides
+    from the batch's longest entry (in a CUDA graph, its bucket's tokens)."""
+    if key_split is None:
+        key_split = key_split_for(batch.max_q, q.shape[1], k_cache.shape[2])
     ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta,
                                   key_split=key_split)
     return merge_partials(ws_o, ws_lse, torch.empty_like(q) if out is None else out)

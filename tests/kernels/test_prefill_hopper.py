@@ -55,6 +55,30 @@ def test_split_rule_fills_the_sms_once(monkeypatch, rows, splits):
     assert prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda")) == splits
 
 
+@pytest.mark.parametrize(("rows", "entries", "max_q", "key_split", "splits"), [
+    (16, 1, 16, None, 16),  # the key split (16 positions x 4 heads = 64 rows): one block -> 132 // 8
+    (1, 1, 1, None, 16),  # a decode step
+    (64, 4, 16, None, 4),  # 4 entries of 16 positions: a block each -> 132 // 32
+    (64, 4, 16, False, 4),  # the row split: still a block each (Session 18's rule counted 2 and gave 8: 3 waves)
+    (48, 2, 40, False, 5),  # the row split, entries of 40 and 8: min(cdiv(48, 32) + 1, 2 * cdiv(40, 32)) = 3 blocks
+                            # -> 132 // 24
+])
+def test_split_rule_counts_each_entrys_blocks(monkeypatch, rows, entries, max_q, key_split, splits):
+    """Blocks are counted per entry (an entry's positions round up to whole blocks), hand-computed for 132 SMs and 8
+    kv heads of 4-head groups."""
+    monkeypatch.setattr(prefill_hopper, "sm_count", lambda device: 132)
+    got = prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda"), entries, max_q, key_split)
+    assert got == splits
+
+
+def test_key_split_takes_entries_of_at_most_64_rows():
+    assert prefill_hopper.key_split_for(1, 32, 8)  # decode: 4 rows
+    assert prefill_hopper.key_split_for(16, 32, 8)  # 64 rows
+    assert not prefill_hopper.key_split_for(17, 32, 8)
+    assert prefill_hopper.key_split_for(8, 64, 8)  # 8-head groups: 8 positions fill 64 rows
+    assert not prefill_hopper.key_split_for(9, 64, 8)
+
+
 def test_the_prefill_graphs_calls_are_taken(monkeypatch):
     """A CUDA graph bucket the kernel takes by its shapes (`shape_supported`, which is what the prefill graphs decide
     their split count and plan by) gives calls `supports` accepts: the graphs pass first-slot offsets (zeros where

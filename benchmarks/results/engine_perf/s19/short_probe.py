@@ -3,8 +3,11 @@ positions of Llama-3.1-8B's 4-head groups), the RAG case otherwise as kernels.py
 their deltas + the question, per entry), timed as the engine's graphs run it (`graph_us`), ROUNDS alternated rounds.
 
 - "rows": the row split (two consumers over 64 rows each: one holds no query at these lengths), prefill_hopper's split
-  count for it;
-- "keys": the key split (both consumers over a program's 64 rows, alternate tiles), its split count.
+  count for it (from call 5 on, each entry's blocks counted: `num_splits(..., entries, max_q, key_split=False)`);
+- "rows, s18 rule" (call 5 on): the row split at Session 18's split count (blocks counted over the batch's rows
+  together, cdiv(total_q, 32), as call 4's "rows" had it);
+- "keys": the key split (both consumers over a program's 64 rows, alternate tiles), its split count (call 4: the
+  same count over blocks of 16 positions; call 5 on: `num_splits`' own).
 
 Forms: "attention" (the kernel and the combine launch) and "layer" (the RoPE/KV-write launch first).
 
@@ -35,9 +38,9 @@ from lazyattn.kernels.reference import paged_attention  # noqa: E402
 ROUNDS = 3
 
 
-def splits_for(total_q: int, s, rows: int, device) -> int:
-    """prefill_hopper.num_splits' rule for programs of `rows` query rows: one program per SM, at most 16."""
-    blocks = cdiv(total_q, rows // (s.q_heads // s.kv_heads))
+def s18_splits(total_q: int, s, device) -> int:
+    """Session 18's prefill_hopper.num_splits: one program per SM over cdiv(total_q, 32) blocks, at most 16."""
+    blocks = cdiv(total_q, 128 // (s.q_heads // s.kv_heads))
     return max(1, min(prefill_hopper.MAX_SPLITS, torch.cuda.get_device_properties(device).multi_processor_count
                       // (blocks * s.kv_heads)))
 
@@ -48,7 +51,9 @@ def case_row(b0, question: int, batch: int, copy_gbps: float) -> dict:
     kv_bytes = batch * (s.n_docs * s.doc_len + question) * s.kv_heads * s.head_dim * 2 * 2
     inputs, _ = rag_case(b, batch, False, copies=6)
     total_q = batch * question
-    splits = {"rows": splits_for(total_q, s, 128, b.device), "keys": splits_for(total_q, s, 64, b.device)}
+    rule = functools.partial(prefill_hopper.num_splits, total_q, s.q_heads, s.kv_heads, b.device, batch, question)
+    splits = {"rows": rule(key_split=False), "rows, s18 rule": s18_splits(total_q, s, b.device),
+              "keys": rule(key_split=True)}
     row = {"question": question, "batch": batch, "kv_bytes": kv_bytes, "splits": splits}
     q, k, v, pb = inputs[0]
     ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
@@ -56,19 +61,19 @@ def case_row(b0, question: int, batch: int, copy_gbps: float) -> dict:
     slots = torch.full((total_q,), -1, dtype=torch.int64, device=b.device)
     positions = rag_positions(b, pb)
 
-    def attend(key_split, q, k, v, pb):
-        return prefill_hopper.short_prefill_attention(q, k, v, pb, b.tables, b.scale,
-                                                      splits["keys" if key_split else "rows"], key_split=key_split)
+    def attend(name, q, k, v, pb):
+        return prefill_hopper.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits[name],
+                                                      key_split=name == "keys")
 
-    def layer(key_split, q, k, v, pb):
+    def layer(name, q, k, v, pb):
         rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables)
-        return attend(key_split, rq, k, v, pb)
+        return attend(name, rq, k, v, pb)
 
     calls = {}
-    for name, key_split in (("rows", False), ("keys", True)):
-        row[f"{name} max_abs_vs_ref"] = (attend(key_split, q, k, v, pb).float() - ref).abs().max().item()
+    for name in splits:
+        row[f"{name} max_abs_vs_ref"] = (attend(name, q, k, v, pb).float() - ref).abs().max().item()
         for form, fn in (("attention", attend), ("layer", layer)):
-            calls[f"{name}, {form}"] = [functools.partial(fn, key_split, *i) for i in inputs]
+            calls[f"{name}, {form}"] = [functools.partial(fn, name, *i) for i in inputs]
     for rnd in range(ROUNDS):
         for name, fns in calls.items():
             us = graph_us(b, fns)
