@@ -293,17 +293,15 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
     prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5, **options)
 
 
-def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False,
-                   key_split: bool = False) -> None:
+def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False) -> None:
     """The warp-specialised Gluon kernel (kernels/prefill_hopper.py) over the RAG case. engine: as the engine's CUDA
-    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch.
-    key_split: its consumers over alternate tiles (a decode step: one token an entry)."""
+    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch."""
     kv = _pool(heads, 64)
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
     with _pdl(prefill_hopper, engine):
         prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads),
-                                               heads.dim ** -0.5, splits, key_split=key_split)
+                                               heads.dim ** -0.5, splits)
 
 
 @contextlib.contextmanager
@@ -423,8 +421,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                     lambda t=tokens, e=entries, n=splits: _short_prefill(LLAMA_8B, t, e, n)))
     out.append(("short prefill (Gluon) 8B page64 rag T=32 B=1 splits=16, relinked (firsts), PDL",
                 lambda: _short_prefill(LLAMA_8B, 32, 1, 16, engine=True)))
-    out.append(("short prefill (Gluon) 8B page64 decode T=1 B=1 splits=16, key split, PDL",
-                lambda: _short_prefill(LLAMA_8B, 1, 1, 16, engine=True, key_split=True)))
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))

@@ -124,25 +124,17 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batc
     return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
 
 
-def key_split_for(max_q: int, q_heads: int, kv_heads: int) -> bool:
-    """Whether a launch takes the key split: every entry's rows (its query positions x the kv head's group) fit one
-    program's 64, as in a decode step or a question of at most 16 tokens under 4-head groups. The row split would
-    leave one consumer without a query row, walking every tile for nothing."""
-    return max_q * (q_heads // kv_heads) <= ROWS // 2
-
-
 def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device, entries: int = 1,
-               max_q: int | None = None, key_split: bool | None = None) -> int:
+               max_q: int | None = None) -> int:
     """Splits of a launch over `total_q` rows in `entries` entries of at most `max_q` positions (default total_q):
-    one program per SM (213 KiB of shared memory each) over the query blocks the entries fill (each entry's own
-    blocks: an entry of 16 positions fills one block of 32 positions), at most MAX_SPLITS. key_split None: as
-    `key_split_for` decides (the key split's blocks hold half the positions). Measured on an H100 (docs/kernels.md,
-    "Session 12"): 16 at batch 1 (24 starts a second wave: 60 against 40-43 us per layer), 4 at batch 4, 2 at batch
-    8."""
+    one program per SM (213 KiB of shared memory each) over the query blocks the entries fill, at most MAX_SPLITS.
+    Blocks are each entry's own: an entry of 16 positions fills a block of 32 alone (Session 18 counted
+    cdiv(total_q, 32) blocks, so 4 questions of 16 tokens took 8 splits over 6 query slots, three waves: 83-86
+    against 73-76 us a layer with this count on an H100, docs/kernels.md, "Session 19"). Measured on an H100
+    (docs/kernels.md, "Session 12"): 16 at batch 1 (24 starts a second wave: 60 against 40-43 us per layer), 4 at
+    batch 4, 2 at batch 8 (questions of 32 tokens)."""
     max_q = total_q if max_q is None else max_q
-    if key_split is None:
-        key_split = key_split_for(max_q, q_heads, kv_heads)
-    positions = max(1, ROWS // (2 if key_split else 1) // (q_heads // kv_heads))
+    positions = ROWS // (q_heads // kv_heads)
     blocks = min(cdiv(total_q, positions) + entries - 1, entries * cdiv(max(1, max_q), positions))
     return max(1, min(MAX_SPLITS, sm_count(device) // (blocks * kv_heads)))
 
@@ -285,11 +277,10 @@ def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_sca
 @gluon.jit
 def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
              ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, key_split, half):
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
     """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
-    rows over its tiles, then its partial (q_smem: its Q operand; q_raw: its rows of q as loaded). Row split
-    (key_split 0): rows of half `half` of the program's 128, every tile. Key split (1): the program's 64 rows, tiles
-    half, half + 2, ...; its partial is split 2 * split + half of the launch's."""
+    rows, half `half` of the program's 128 (q_smem: its Q operand; q_raw: its rows of q as loaded), over the program's
+    tiles, then its partial (split calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -300,17 +291,13 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     load_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                                  warps_per_cta=[4, 1], order=[1, 0])
 
-    step = 1 + key_split  # tile t + step is this consumer's next
-    t_first = half * key_split  # its first tile
-    n_mine = gl.maximum(n_tiles - t_first + key_split, 0) // step  # its tiles
-    row_half = half - half * key_split  # its half of the rows (key split: both take the first 64)
     # Row identities in each layout that uses them.
-    r_load = row_half * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
+    r_load = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
     qi_load = first_row + r_load // group
     token_load = (row0 + qi_load).to(gl.int64)
     head_load = kv_head * group + r_load % group
     ok_load = qi_load < q_len
-    r_s = row_half * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
+    r_s = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
     q_pos = pos0 + first_row + r_s // group
     q_first = pos0 + first_row
     keys = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(0, s_layout))
@@ -327,16 +314,15 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     # holds; its keys count 0, so nothing of it is kept. Past the last tile the same holds for the extra product.
     # Before the wait for the kernel before this one (programmatic dependent launch): everything that is not its
     # write, i.e. the host's tables and the first tile's rotation. q is its write, loaded after.
-    has_tiles = n_mine > 0
-    page = page_lo + t_first
-    held = gl.load(deltas_row + page, mask=has_tiles, other=0) * apply_delta  # the delta the Q tile holds
+    has_tiles = n_tiles > 0
+    held = gl.load(deltas_row + page_lo, mask=has_tiles, other=0) * apply_delta  # the delta the Q tile holds
     cos, sin = _rotation(Cos, Sin, held, max_position, interleaved, load_layout)
-    n_keys = gl.load(valid_row + page, mask=has_tiles, other=0)
-    first = gl.load(firsts_row + page, mask=has_tiles & (has_first != 0), other=0)
-    key0 = gl.load(starts_row + page, mask=has_tiles, other=0)
+    n_keys = gl.load(valid_row + page_lo, mask=has_tiles, other=0)
+    first = gl.load(firsts_row + page_lo, mask=has_tiles & (has_first != 0), other=0)
+    key0 = gl.load(starts_row + page_lo, mask=has_tiles, other=0)
     # The delta of the tile after the next one: a new document's rotation waits on one round of loads (its table
     # rows), not two. (Loading those rows a tile ahead too was slower: 4 more live vectors, docs/kernels.md.)
-    delta_next = gl.load(deltas_row + page + step, mask=n_mine > 1, other=0) * apply_delta
+    delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
     _wait_for_producers()
     # q as the RoPE launch left it, kept in shared memory for the documents after the first: rotating it again reads
     # no global memory (a reload from L2 cost 1.3-2.4 us a document, docs/kernels.md, "Session 18").
@@ -345,22 +331,21 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     q_in = gl.load(q_rows[:, None] + dims[None, :], mask=ok_load[:, None], other=0.0)
     q_raw.store(q_in)
     _store_q(q_smem, q_in, cos, sin, interleaved)
-    mbarrier.wait(ready.index(t_first), 0, pred=has_tiles)  # t_first < STAGES: the slot's first phase
-    s = warpgroup_mma(q_smem, k_bufs.index(t_first).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(ready.index(0), 0, pred=has_tiles)
+    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
                                                Q.dtype.element_ty, p_layout)
-    for i in range(n_mine):
-        t = t_first + i * step
+    for t in range(n_tiles):
         stage = t % STAGE_COUNT
-        # Tile t's V, masked in place where the page is not full (this consumer's P·V before has retired).
+        # Tile t's V, masked in place where the page is not full (P·V t - 1 has retired).
         if n_keys < _KPAGE_SIZE:
             _mask_v(v_bufs.index(stage), first, n_keys, load_layout)
-        # This consumer's next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
-        more = i + 1 < n_mine
-        page = page_lo + t + step
+        # The next tile: its metadata and Q rotated for its delta (Q·Kᵀ t has retired).
+        more = t + 1 < n_tiles
+        page = page_lo + t + 1
         delta = gl.where(more, delta_next, held)
-        delta_next = gl.load(deltas_row + page + step, mask=i + 2 < n_mine, other=0) * apply_delta
+        delta_next = gl.load(deltas_row + page + 1, mask=t + 2 < n_tiles, other=0) * apply_delta
         if delta != held:
             cos, sin = _rotation(Cos, Sin, delta, max_position, interleaved, load_layout)
             _store_q(q_smem, q_raw.load(load_layout), cos, sin, interleaved)
@@ -368,8 +353,8 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         n_keys = gl.load(valid_row + page, mask=more, other=0)
         first = gl.load(firsts_row + page, mask=more & (has_first != 0), other=0)
         key0 = gl.load(starts_row + page, mask=more, other=0)
-        next_stage = (t + step) % STAGE_COUNT
-        mbarrier.wait(ready.index(next_stage), ((t + step) // STAGE_COUNT) & 1, pred=more)
+        next_stage = (t + 1) % STAGE_COUNT
+        mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
         s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
@@ -386,10 +371,9 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     l_safe = gl.where(l_rows == 0.0, 1.0, l_rows)  # m_i = -inf already marks a row that saw no key
     out = gl.convert_layout(acc, load_layout) / l_safe[:, None]
     dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
-    part = split * step + t_first  # this partial's split of the launch's
-    mine = part.to(gl.int64) * total_q * num_heads + token_load * num_heads + head_load
+    mine = split.to(gl.int64) * total_q * num_heads + token_load * num_heads + head_load
     gl.store(WsLse + mine, gl.convert_layout(m_i, row_layout) + gl.log2(l_safe), mask=ok_load)
-    if n_mine > 0:  # a split without pages leaves its output unwritten: the merge skips it
+    if n_tiles > 0:  # a split without pages leaves its output unwritten: the merge skips it
         gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])
 
 
@@ -427,9 +411,8 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
                           cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
                           batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
                           GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, KEY_SPLIT: gl.constexpr,
-                          USE_PDL: gl.constexpr):
-    QB: gl.constexpr = _KROWS // (1 + KEY_SPLIT) // GROUP  # query positions per program
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
+    QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -462,7 +445,7 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(_KSTAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2 - KEY_SPLIT)  # one arrival per consumer warpgroup that reads the slot
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
     # the set-up) overlaps the kernel before this one. Each partition waits for it where it first reads what it may
     # have written: the consumers before q (their first tile's tables and rotation come before), the load warp before
@@ -475,12 +458,11 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
            k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
            max_position, stride_qt, stride_qh, qk_scale,
-           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, KEY_SPLIT.value, gl.constexpr(0))
+           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
     high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
             k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
             max_position, stride_qt, stride_qh, qk_scale,
-            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, KEY_SPLIT.value,
-            gl.constexpr(1))
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
     loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
     gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
                        [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
@@ -488,41 +470,34 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
 
 def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                             tables: RopeTables | None, scale: float, num_splits: int, *, apply_delta: bool = True,
-                            key_split: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None) -> torch.Tensor:
     """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
-    ranges, merged by prefill's combine kernel (also for one split). key_split None: as `key_split_for` decides
-    from the batch's longest entry (in a CUDA graph, its bucket's tokens)."""
-    if key_split is None:
-        key_split = key_split_for(batch.max_q, q.shape[1], k_cache.shape[2])
-    ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta,
-                                  key_split=key_split)
+    ranges, merged by prefill's combine kernel (also for one split)."""
+    ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta)
     return merge_partials(ws_o, ws_lse, torch.empty_like(q) if out is None else out)
 
 
 def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                    tables: RopeTables | None, scale: float, num_splits: int, *,
-                   apply_delta: bool = True, key_split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
-    [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf).
-    key_split: the two consumers of a program take its 64 rows over alternate tiles, each writing a partial (2 x
-    num_splits of them)."""
+    [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
     total_q, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
-    parts = num_splits * (2 if key_split else 1)
-    ws_o = torch.empty(parts, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
-    ws_lse = torch.empty(parts, total_q, q_heads, dtype=torch.float32, device=q.device)
+    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     apply = tables is not None and apply_delta
     # Without deltas every Q tile is rotated by 0: a one-row table of cos 1, sin 0 then serves.
     cos, sin = (tables.cos, tables.sin) if tables is not None else _identity_rotation(head_dim, q.device)
-    grid = (query_slots(total_q, batch.batch_size, ROWS // (2 if key_split else 1) // group), kv_heads, num_splits)
+    grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
         q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
         batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
         cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
         GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, KEY_SPLIT=int(key_split), num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
     return ws_o, ws_lse
 
 

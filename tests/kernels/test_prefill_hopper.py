@@ -55,28 +55,16 @@ def test_split_rule_fills_the_sms_once(monkeypatch, rows, splits):
     assert prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda")) == splits
 
 
-@pytest.mark.parametrize(("rows", "entries", "max_q", "key_split", "splits"), [
-    (16, 1, 16, None, 16),  # the key split (16 positions x 4 heads = 64 rows): one block -> 132 // 8
-    (1, 1, 1, None, 16),  # a decode step
-    (64, 4, 16, None, 4),  # 4 entries of 16 positions: a block each -> 132 // 32
-    (64, 4, 16, False, 4),  # the row split: still a block each (Session 18's rule counted 2 and gave 8: 3 waves)
-    (48, 2, 40, False, 5),  # the row split, entries of 40 and 8: min(cdiv(48, 32) + 1, 2 * cdiv(40, 32)) = 3 blocks
-                            # -> 132 // 24
+@pytest.mark.parametrize(("rows", "entries", "max_q", "splits"), [
+    (64, 4, 16, 4),  # 4 entries of 16 positions: a block of 32 each -> 132 // 32 (Session 18's rule counted 2 -> 8)
+    (48, 2, 40, 5),  # entries of 40 and 8: min(cdiv(48, 32) + 1, 2 * cdiv(40, 32)) = 3 blocks -> 132 // 24
+    (96, 3, 32, 5),  # 3 entries of 32: 3 blocks, as the rows alone count
 ])
-def test_split_rule_counts_each_entrys_blocks(monkeypatch, rows, entries, max_q, key_split, splits):
-    """Blocks are counted per entry (an entry's positions round up to whole blocks), hand-computed for 132 SMs and 8
-    kv heads of 4-head groups."""
+def test_split_rule_counts_each_entrys_blocks(monkeypatch, rows, entries, max_q, splits):
+    """Blocks are counted per entry (an entry's positions round up to whole blocks of 32 under 4-head groups),
+    hand-computed for 132 SMs and 8 kv heads."""
     monkeypatch.setattr(prefill_hopper, "sm_count", lambda device: 132)
-    got = prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda"), entries, max_q, key_split)
-    assert got == splits
-
-
-def test_key_split_takes_entries_of_at_most_64_rows():
-    assert prefill_hopper.key_split_for(1, 32, 8)  # decode: 4 rows
-    assert prefill_hopper.key_split_for(16, 32, 8)  # 64 rows
-    assert not prefill_hopper.key_split_for(17, 32, 8)
-    assert prefill_hopper.key_split_for(8, 64, 8)  # 8-head groups: 8 positions fill 64 rows
-    assert not prefill_hopper.key_split_for(9, 64, 8)
+    assert prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda"), entries, max_q) == splits
 
 
 def test_the_prefill_graphs_calls_are_taken(monkeypatch):
@@ -172,19 +160,3 @@ def test_gpu_without_tables_is_attention_without_rotation():
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
-@pytest.mark.parametrize("splits", [1, 3, 16])
-def test_gpu_key_split_matches_reference(splits):
-    """The key split (both consumers of a program over its 64 rows, alternate tiles, one partial each): decode steps
-    (one query an entry) and questions of 16 and 3 tokens, documents with partial last pages at several deltas, odd and
-    even tile counts, and splits with one tile or none (a consumer with nothing to do). Slots no entry lists hold NaN."""
-    s = gpu_scenario([2048, 1000, 77], [([0, 1, 2], 16), ([2, 0], 3), ([1], 16), ([2], 16)])
-    for q, batch in (s.decode(), s.final_prefill()):
-        assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
-        expected = ref(s, q, batch)
-        s.poison_unlisted(batch)
-        out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
-                                                     key_split=True)
-        assert rel_err(out, expected) < 1e-2

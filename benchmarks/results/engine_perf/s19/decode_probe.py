@@ -13,6 +13,9 @@ Variants:
 Forms: "attention" (the launches alone) and "layer" (the RoPE/KV-write launch first, as the engine's layer).
 
     python benchmarks/results/engine_perf/s19/decode_probe.py OUT.json [BATCH ...]
+
+The key split it times was measured (calls 1 and 3) and then taken out of the kernel: it gained nothing in the engine's
+form (docs/kernels.md, "Session 19"). The probe runs on the tree of commit 08615fb (`git checkout 08615fb`).
 """
 
 from __future__ import annotations

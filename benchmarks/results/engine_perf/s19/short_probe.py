@@ -12,6 +12,9 @@ their deltas + the question, per entry), timed as the engine's graphs run it (`g
 Forms: "attention" (the kernel and the combine launch) and "layer" (the RoPE/KV-write launch first).
 
     python benchmarks/results/engine_perf/s19/short_probe.py OUT.json [QUESTION:BATCH ...]
+
+The key split it times was measured (calls 4 and 5) and then taken out of the kernel: it gained nothing in the engine's
+form (docs/kernels.md, "Session 19"). The probe runs on the tree of commit 08615fb (`git checkout 08615fb`).
 """
 
 from __future__ import annotations
