@@ -42,8 +42,10 @@ if not torch.cuda.is_available():  # must precede the first triton import
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs  # noqa: E402
+from lazyattn.kernels.launch import pdl_options, sm_count, wait_for_producers  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
 from lazyattn.kernels.prefill import rotated_runs_for  # noqa: E402
 from lazyattn.kernels.reference import copy_rotate as torch_copy_rotate  # noqa: E402
@@ -400,6 +402,50 @@ def graph_us(b: Bench, calls: list[Callable[[], object]], layers: int = 32, repl
     return statistics.median(times)
 
 
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Sum one contiguous chunk of x (16-bit) into out[program]: a launch that does nothing but read."""
+    pid = tl.program_id(0)
+    wait_for_producers(USE_PDL)
+    lo = pid.to(tl.int64) * per_program
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, per_program, BLOCK):
+        offs = lo + start + tl.arange(0, BLOCK)
+        inside = (start + tl.arange(0, BLOCK) < per_program) & (offs < n)
+        acc += tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+# (programs per SM, warps) of the read launches read_ceiling tries: the fastest four of a sweep of 1-8 programs per
+# SM, 4-16 warps and steps of 16-64 KiB on an H100 and an H200 (benchmarks/results/engine_perf/s19/, calls 2-5).
+_READ_FORMS = ((3, 8), (4, 8), (6, 4), (8, 8))
+_READ_STEP = 8192  # elements a program reads a step: 16 KiB
+
+
+def read_ceiling(b: Bench, nbytes: int) -> float | None:
+    """Microseconds of the fastest launch that only reads `nbytes` (a streaming sum over _READ_FORMS' grids), timed
+    as the targets are (graph_us: 32 launches a graph, 4 input copies past L2, PDL as the engine launches). A launch
+    has a ramp and a tail that 1 GiB copies spread thin: on an H100 a 42 MB read reaches ~79 % of copy bandwidth,
+    4 x those bytes ~89 % (s19, call 5). The attention targets are printed against both yardsticks."""
+    if not b.gpu:
+        return None
+    n = nbytes // 2
+    xs = [torch.randn(n, dtype=DTYPE, device=b.device) for _ in range(4)]
+    sms = sm_count(b.device)
+    out = torch.empty(8 * sms, dtype=torch.float32, device=b.device)
+    pdl = pdl_options(b.device, "attention")
+
+    def read(x, programs, warps):
+        per = cdiv(cdiv(n, programs), _READ_STEP) * _READ_STEP
+        _read_kernel[(programs,)](x, out, per, n, BLOCK=_READ_STEP, num_warps=warps, **pdl)
+
+    best = min(graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs])
+               for per_sm, warps in _READ_FORMS)
+    del xs, out
+    free_memory()
+    return best
+
+
 def section_targets(b: Bench) -> list[dict]:
     """Issue 10's attention targets, each against the copy bandwidth measured in this run: time per layer as the
     engine's CUDA graphs run it (graph_us: 32 launches per graph, inputs rotated past L2, no L2 flush), KV bytes
@@ -409,13 +455,20 @@ def section_targets(b: Bench) -> list[dict]:
     copies rotated per run), "RoPE + attention" adds the RoPE/KV-write launch before it (the engine's layer).
     Decode at batch 1 over 10 304 keys, target >= 80 %. Deferred-RoPE overhead, target <= 3 %: the same launches
     with per-document deltas vs the rotation compiled out (apply_delta=False, plain RoPE launch). The prefill calls
-    split the keys as the engine's prefill graphs do (engine_split), both ways."""
+    split the keys as the engine's prefill graphs do (engine_split), both ways. Each bandwidth row also stands
+    against the fastest launch that only reads the same bytes (read_ceiling, "%_of_read"): what one launch of that
+    size can reach at all."""
     s, rows = b.s, []
     copy_gbps = b.copy_bandwidth()
+    ceilings: dict[int, float | None] = {}
 
     def bw(us: float, nbytes: float) -> dict:
         gbps = nbytes / us / 1e3
-        return {"us": us, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps}
+        if nbytes not in ceilings:
+            ceilings[nbytes] = read_ceiling(b, nbytes)
+        read_us = ceilings[nbytes]
+        return {"us": us, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps,
+                "read_us": read_us, "%_of_read": None if read_us is None else 100 * read_us / us}
 
     for batch in s.target_rag_batches:
         kv_bytes = batch * (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize

@@ -186,7 +186,7 @@ def _bucket_splits(tokens: int, entries: int, cfg: ModelConfig, backend: Attenti
     an eager launch of prefill.py's kernel picks, planned."""
     shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend.kv.dtype, backend.page_size, device)
     if prefill_hopper.shape_supported(tokens, *shape) and prefill_hopper.takes_layout(backend.kv[0, 0]):
-        return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device, entries), False
+        return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device), False
     return graph_num_splits(tokens, entries - 1, *shape), True
 
 

@@ -132,7 +132,11 @@ def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device, 
     cdiv(total_q, 32) blocks, so 4 questions of 16 tokens took 8 splits over 6 query slots, three waves: 83-86
     against 73-76 us a layer with this count on an H100, docs/kernels.md, "Session 19"). Measured on an H100
     (docs/kernels.md, "Session 12"): 16 at batch 1 (24 starts a second wave: 60 against 40-43 us per layer), 4 at
-    batch 4, 2 at batch 8 (questions of 32 tokens)."""
+    batch 4, 2 at batch 8 (questions of 32 tokens).
+
+    The prefill CUDA graphs pass neither (engine/prefill_graphs.py): a bucket knows its tokens and entries, not their
+    lengths, and the bound for any lengths, cdiv(T, 32) + E - 1 blocks, would halve the splits of the common batch of
+    32-token questions (8 entries: 15 blocks, 1 split, where they fill 8 and take 2)."""
     max_q = total_q if max_q is None else max_q
     positions = ROWS // (q_heads // kv_heads)
     blocks = min(cdiv(total_q, positions) + entries - 1, entries * cdiv(max(1, max_q), positions))
