@@ -5,6 +5,7 @@
 #   ceiling    s19/read_ceiling.py: a launch that only reads the decode case's bytes, in the targets' graph form
 #   sprobe     s19/short_probe.py: the Gluon short prefill's key split against its row split, questions of <= 16 tokens
 #   dsweep     s19/decode_sweep.py: batch-1 decode attention at launch configs beside decode_config's
+#   timeline   s19/timeline.py: clock stamps of the Gluon short prefill's phases, batch 1 after the RoPE launch
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   ttft       engine.py decode_rag + ttft_rag, twice
 #   etests ktests engine serving targets: lib.sh common_stage, outputs named s19_*
@@ -25,6 +26,8 @@ for stage in $STAGES; do
                $W/s19_short_probe.json ;;
     dsweep)  TAIL=4 step dsweep timeout -k 5 300 python benchmarks/results/engine_perf/s19/decode_sweep.py \
                $W/s19_decode_sweep.json ;;
+    timeline) TAIL=40 step timeline timeout -k 5 300 python benchmarks/results/engine_perf/s19/timeline.py \
+               $W/s19_timeline.json ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_decode.py ;;
     ttft)    for r in 1 2; do
