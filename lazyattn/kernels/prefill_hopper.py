@@ -296,11 +296,8 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
                                                  warps_per_cta=[4, 1], order=[1, 0])
 
     # Row identities in each layout that uses them.
-    r_load = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, load_layout))
-    qi_load = first_row + r_load // group
+    qi_load, head_load, ok_load = _row_ids(half, M, group, first_row, q_len, kv_head, load_layout)
     token_load = (row0 + qi_load).to(gl.int64)
-    head_load = kv_head * group + r_load % group
-    ok_load = qi_load < q_len
     r_s = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
     q_pos = pos0 + first_row + r_s // group
     q_first = pos0 + first_row
@@ -368,17 +365,57 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
-    # The partial, from the blocked layout of the loads (Triton 3.6 cannot lower stores from the products' layouts):
-    # normalised output and log2-sum-exp (-inf when the split saw no key).
+    # The partial: normalised output and log2-sum-exp (-inf when the split saw no key), stored from the blocked layout
+    # of the loads (Triton 3.6 cannot lower stores from the products' layouts). The output reaches it through this
+    # consumer's two Q buffers, free once its last product has retired: each takes one half of the dims as fp32, in
+    # one round (a plain layout conversion of the 32 KiB goes through the compiler's small scratch in a dozen rounds,
+    # each behind a barrier).
     row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
     l_rows = gl.convert_layout(l_i, row_layout)
     l_safe = gl.where(l_rows == 0.0, 1.0, l_rows)  # m_i = -inf already marks a row that saw no key
-    out = gl.convert_layout(acc, load_layout) / l_safe[:, None]
-    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
     mine = split.to(gl.int64) * total_q * num_heads + token_load * num_heads + head_load
     gl.store(WsLse + mine, gl.convert_layout(m_i, row_layout) + gl.log2(l_safe), mask=ok_load)
     if n_tiles > 0:  # a split without pages leaves its output unwritten: the merge skips it
-        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])
+        HALF: gl.constexpr = _KHEAD_DIM // 2
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        low, high = gl.split(gl.permute(gl.reshape(acc, [M, 2, HALF]), [0, 2, 1]))
+        low_smem = _as_fp32(q_raw, M, HALF, flat)
+        high_smem = _as_fp32(q_smem, M, HALF, flat)
+        low_smem.store(low)
+        high_smem.store(high)
+        _warps_barrier()
+        half_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[2, 16],
+                                                     warps_per_cta=[4, 1], order=[1, 0])
+        qi, head, ok = _row_ids(half, M, group, first_row, q_len, kv_head, half_layout)
+        rows = split.to(gl.int64) * total_q * num_heads + (row0 + qi).to(gl.int64) * num_heads + head
+        l_half = gl.convert_layout(l_safe, gl.SliceLayout(1, half_layout))
+        half_dims = gl.arange(0, HALF, layout=gl.SliceLayout(0, half_layout))
+        ptrs = WsO + rows[:, None] * _KHEAD_DIM + half_dims[None, :]
+        gl.store(ptrs, low_smem.load(half_layout) / l_half[:, None], mask=ok[:, None])
+        gl.store(ptrs + HALF, high_smem.load(half_layout) / l_half[:, None], mask=ok[:, None])
+
+
+@gluon.jit
+def _row_ids(half, M: gl.constexpr, group, first_row, q_len, kv_head, layout: gl.constexpr):
+    """(token offset, head, in range) of a consumer's M query rows in `layout`'s row slice: row r of half `half` is
+    query first_row + r // group, head kv_head * group + r % group of the kv head's group."""
+    r = half * M + gl.arange(0, M, layout=gl.SliceLayout(1, layout))
+    qi = first_row + r // group
+    return qi, kv_head * group + r % group, qi < q_len
+
+
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton after 3.6
+
+    @gluon.jit
+    def _as_fp32(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+        """`buf`'s bytes seen as an fp32 [rows, cols] buffer of `layout`."""
+        return buf.reinterpret(gl.float32, [rows, cols], layout)
+else:
+
+    @gluon.jit
+    def _as_fp32(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+        """`buf`'s bytes seen as an fp32 [rows, cols] buffer of `layout`."""
+        return buf._reinterpret(gl.float32, [rows, cols], layout)
 
 
 @gluon.jit

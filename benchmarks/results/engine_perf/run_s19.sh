@@ -6,6 +6,7 @@
 #   sprobe     s19/short_probe.py: the Gluon short prefill's key split against its row split, questions of <= 16 tokens
 #   dsweep     s19/decode_sweep.py: batch-1 decode attention at launch configs beside decode_config's
 #   timeline   s19/timeline.py: clock stamps of the Gluon short prefill's phases, batch 1 after the RoPE launch
+#   eprobe     s19/epilogue_probe.py: the Gluon partial's store through the Q buffers against .s19base's, batch 1 and 8
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   ttft       engine.py decode_rag + ttft_rag, twice
 #   etests ktests engine serving targets: lib.sh common_stage, outputs named s19_*
@@ -28,6 +29,8 @@ for stage in $STAGES; do
                $W/s19_decode_sweep.json ;;
     timeline) TAIL=40 step timeline timeout -k 5 300 python benchmarks/results/engine_perf/s19/timeline.py \
                $W/s19_timeline.json ;;
+    eprobe)  TAIL=4 step eprobe timeout -k 5 300 python benchmarks/results/engine_perf/s19/epilogue_probe.py \
+               $W/s19_epilogue_probe.json ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_decode.py ;;
     ttft)    for r in 1 2; do
