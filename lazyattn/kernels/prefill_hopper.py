@@ -53,6 +53,8 @@ kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100 (docs/kern
 against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth). Session 18 (q kept in shared memory,
 the one-warp merge; against Session 17's kernel in the same run, docs/kernels.md, "Session 18"): batch 1 34.0-35.8
 against 37.6-40.2 us, 36.9-37.6 against 41.9-44.7 after the RoPE launch; batch 8 142.3-145.4 against 149.9-151.4.
+Session 19 (the partial stored through the freed Q buffers, docs/kernels.md, "Session 19"): batch 1 31.5-31.8 against
+33.1-33.6 us, 34.5-34.9 against 35.3-37.5 after the RoPE launch; batch 8 140.1-141.3 against 141.4-142.1.
 """
 
 from __future__ import annotations
