@@ -402,8 +402,22 @@ def graph_us(b: Bench, calls: list[Callable[[], object]], layers: int = 32, repl
     return statistics.median(times)
 
 
+def graph_rounds(b: Bench, calls: dict[str, list[Callable[[], object]]], rounds: int, nbytes: float | None = None,
+                 copy_gbps: float | None = None) -> dict:
+    """`graph_us` of each named list of calls, the names alternated within each of `rounds` rounds (the session
+    probes' form): {"NAME rR us"} and, given the bytes a call reads and the copy bandwidth, {"NAME rR %copy"}."""
+    row = {}
+    for rnd in range(rounds):
+        for name, fns in calls.items():
+            us = graph_us(b, fns)
+            row[f"{name} r{rnd} us"] = us
+            if nbytes is not None and copy_gbps:
+                row[f"{name} r{rnd} %copy"] = 100 * nbytes / us / 1e3 / copy_gbps
+    return row
+
+
 @triton.jit
-def _read_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def read_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """Sum one contiguous chunk of x (16-bit) into out[program]: a launch that does nothing but read."""
     pid = tl.program_id(0)
     wait_for_producers(USE_PDL)
@@ -437,13 +451,10 @@ def read_ceiling(b: Bench, nbytes: int) -> float | None:
 
     def read(x, programs, warps):
         per = cdiv(cdiv(n, programs), _READ_STEP) * _READ_STEP
-        _read_kernel[(programs,)](x, out, per, n, BLOCK=_READ_STEP, num_warps=warps, **pdl)
+        read_kernel[(programs,)](x, out, per, n, BLOCK=_READ_STEP, num_warps=warps, **pdl)
 
-    best = min(graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs])
+    return min(graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs])
                for per_sm, warps in _READ_FORMS)
-    del xs, out
-    free_memory()
-    return best
 
 
 def section_targets(b: Bench) -> list[dict]:

@@ -12,6 +12,7 @@
 #                       serving  lazyattn bench, the session-6 protocol (20 docs x 2048, Zipf 2.1, 48 requests at
 #                                saturation), cold and with a pre-warmed document cache, one run each
 #                       targets  kernels.py --sections targets, twice
+#                       ttft     engine.py decode_rag + ttft_rag, twice
 #   alternate STEP OUT VAR "VALUES" ARGS...
 #                       benchmarks/engine.py ARGS with VAR set to each value in turn, twice; step STEP<value>_<round>,
 #                       output $W/${TAG}_OUT<value>_<round> (a value's commas become +)
@@ -46,6 +47,10 @@ common_stage() {
     serving) step serving_cold timeout -k 5 200 python -m lazyattn bench $serve --out $W/serving_${TAG}_cold
              step serving_warm timeout -k 5 200 python -m lazyattn bench $serve --warm-cache --out $W/serving_${TAG}_warm
              for c in cold warm; do cp $W/serving_${TAG}_$c/bench.json $W/serving_${TAG}_$c.json; done ;;
+    ttft)    for r in 1 2; do
+               step ttft_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
+                 --out $W/${TAG}_ttft_$r
+             done ;;
     targets) for r in 1 2; do
                step targets_$r timeout -k 5 300 python benchmarks/kernels.py --sections targets --out $W/${TAG}_targets_$r
              done ;;

@@ -13,7 +13,6 @@
 #   etests     pytest -m gpu tests/engine tests/cache tests/model
 #   ktests     pytest -m gpu tests/kernels, then tests/kernels/test_triton_backend.py (no gpu mark: real kernels here)
 #   engine     engine.py, every section (the issue-10 table)
-#   ttft       engine.py decode_rag + ttft_rag, twice
 #   targets    kernels.py --sections targets, twice (issue 10's attention targets and the deferred-RoPE overhead)
 set -u
 STAGES=${STAGES:-probe}
@@ -35,11 +34,7 @@ for stage in $STAGES; do
                tests/kernels/test_relink_offsets.py ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_prefill.py ;;
-    ttft)    for r in 1 2; do
-               step ttft_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
-                 --out $W/s18_ttft_$r
-             done ;;
-    *)       common_stage $stage ;;  # etests ktests engine serving targets (lib.sh)
+    *)       common_stage $stage ;;  # etests ktests engine serving targets ttft (lib.sh)
   esac
 done
 cd $W && tar czf $OUT/s18_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null

@@ -8,8 +8,7 @@
 #   timeline   s19/timeline.py: clock stamps of the Gluon short prefill's phases, batch 1 after the RoPE launch
 #   eprobe     s19/epilogue_probe.py: the Gluon partial's store through the Q buffers against .s19base's, batch 1 and 8
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
-#   ttft       engine.py decode_rag + ttft_rag, twice
-#   etests ktests engine serving targets: lib.sh common_stage, outputs named s19_*
+#   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s19_*
 set -u
 STAGES=${STAGES:-dprobe}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -33,10 +32,6 @@ for stage in $STAGES; do
                $W/s19_epilogue_probe.json ;;
     htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                tests/kernels/test_decode.py ;;
-    ttft)    for r in 1 2; do
-               step ttft_$r timeout -k 5 150 python benchmarks/engine.py --sections decode_rag,ttft_rag \
-                 --out $W/s19_ttft_$r
-             done ;;
     *)       common_stage $stage ;;
   esac
 done

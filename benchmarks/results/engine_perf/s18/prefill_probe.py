@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
 
-from kernels import DTYPE, free_memory, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, free_memory, graph_rounds, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -128,11 +128,7 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
             for deltas in (True, False):
                 calls[f"{name} {form}{'' if deltas else ', no deltas'}"] = [
                     functools.partial(fn, module, *i, deltas) for i in inputs]
-    for rnd in range(ROUNDS):
-        for name, fns in calls.items():
-            us = graph_us(b, fns)
-            row[f"{name} r{rnd} us"] = us
-            row[f"{name} r{rnd} %copy"] = 100 * kv_bytes / us / 1e3 / copy_gbps
+    row.update(graph_rounds(b, calls, ROUNDS, kv_bytes, copy_gbps))
     return row
 
 

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, free_memory, graph_us, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, decode_case, free_memory, graph_rounds, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -80,11 +80,7 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
             row[f"{name} max_abs_vs_ref"] = (fn(q, k, v, pb).float() - ref).abs().max().item()
         calls[f"{name}, attention"] = [functools.partial(fn, *i) for i in inputs]
         calls[f"{name}, layer"] = [functools.partial(layer, fn, *i) for i in inputs]
-    for rnd in range(ROUNDS):
-        for name, fns in calls.items():
-            us = graph_us(b, fns)
-            row[f"{name} r{rnd} us"] = us
-            row[f"{name} r{rnd} %copy"] = 100 * nbytes / us / 1e3 / copy_gbps
+    row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
     return row
 
 

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_us, rag_sweep_bench, read_ceiling  # noqa: E402
+from kernels import DTYPE, decode_case, graph_rounds, rag_sweep_bench, read_ceiling  # noqa: E402
 
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters, copy_engine_tiles, decode_attention, decode_config  # noqa: E402
@@ -66,11 +66,7 @@ def main() -> None:
         row[f"{name} max_abs_vs_ref"] = (attend(config, q, k, v, pb).float() - ref).abs().max().item()
         for form, fn in (("attention", attend), ("layer", layer)):
             calls[f"{name}, {form}"] = [functools.partial(fn, config, *i) for i in inputs]
-    for rnd in range(ROUNDS):
-        for name, fns in calls.items():
-            us = graph_us(b, fns)
-            row[f"{name} r{rnd} us"] = us
-            row[f"{name} r{rnd} %copy"] = 100 * nbytes / us / 1e3 / copy_gbps
+    row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
     print(json.dumps(row), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
 

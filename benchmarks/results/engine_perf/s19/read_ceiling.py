@@ -6,8 +6,8 @@ part alone: a plain streaming read of the same bytes, no attention at all.
 
 Variants (each over 4 input copies of BYTES bytes of bf16):
 - "sum P x W": a Triton kernel of P programs of W warps, each summing a contiguous chunk in 16 KiB steps (vector loads,
-  one fp32 store a program); with and without programmatic dependent launch (the wait first, as the engine's
-  kernels do);
+  one fp32 store a program: kernels.py `read_kernel`, which this file held as `_sum_kernel` for calls 2-5); with and
+  without programmatic dependent launch (the wait first, as the engine's kernels do);
 - "torch sum": torch's own reduction over the tensor;
 - "4x bytes": the sum over 4 x the bytes in one launch (call 4 on).
 
@@ -22,32 +22,18 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import graph_us, rag_sweep_bench  # noqa: E402
+from kernels import graph_us, rag_sweep_bench, read_kernel  # noqa: E402
 
-from lazyattn.kernels.launch import sm_count, wait_for_producers  # noqa: E402
+from lazyattn.kernels.launch import sm_count  # noqa: E402
 
 BYTES = 42221568  # the decode target's K/V bytes (batch 1 x 10 304 keys, 8 kv heads x 128 dims, bf16) and q/out
 BLOCK = 8192  # elements a step: 16 KiB of bf16
 ROUNDS = 2
-
-
-@triton.jit
-def _sum_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    wait_for_producers(USE_PDL)
-    lo = pid.to(tl.int64) * per_program
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, per_program, BLOCK):
-        offs = lo + start + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + offs, mask=(start + tl.arange(0, BLOCK) < per_program) & (offs < n),
-                       other=0.0).to(tl.float32)
-    tl.store(out_ptr + pid, tl.sum(acc))
 
 
 def main() -> None:
@@ -62,7 +48,7 @@ def main() -> None:
     def summed(x, programs, warps, pdl, block=BLOCK, size=n):
         per = triton.cdiv(triton.cdiv(size, programs), block) * block
         extra = {"launch_pdl": True} if pdl else {}
-        _sum_kernel[(programs,)](x, out, per, size, BLOCK=block, USE_PDL=pdl, num_warps=warps, **extra)
+        read_kernel[(programs,)](x, out, per, size, BLOCK=block, USE_PDL=pdl, num_warps=warps, **extra)
 
     variants = {}
     for mult in (1, 2, 3, 4, 6, 8):
