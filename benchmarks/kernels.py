@@ -402,6 +402,31 @@ def graph_us(b: Bench, calls: list[Callable[[], object]], layers: int = 32, repl
     return statistics.median(times)
 
 
+def module_from(path: Path, name: str):
+    """The Python file at `path` imported as module `name` (the session probes' other trees and rewritten kernels:
+    Gluon and Triton read a kernel's source from its file)."""
+    import importlib.util
+
+    if not path.exists():
+        raise SystemExit(f"{path} is missing (the probe's docstring says how to make it)")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def probe_rows(out_path: str, head: dict, cases: list, row: Callable[[object], dict]) -> None:
+    """The session probes' output: head plus {"rows": [row(case) for each case]}, each row printed as it comes and
+    memory freed between cases, written as JSON to out_path."""
+    result = {**head, "rows": []}
+    for case in cases:
+        result["rows"].append(row(case))
+        print(json.dumps(result["rows"][-1]), flush=True)
+        free_memory()
+    Path(out_path).write_text(json.dumps(result, indent=1))
+
+
 def graph_rounds(b: Bench, calls: dict[str, list[Callable[[], object]]], rounds: int, nbytes: float | None = None,
                  copy_gbps: float | None = None) -> dict:
     """`graph_us` of each named list of calls, the names alternated within each of `rounds` rounds (the session

@@ -29,7 +29,6 @@ four alternated rounds.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
 
-from kernels import DTYPE, free_memory, graph_rounds, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, graph_rounds, graph_us, module_from, probe_rows, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -54,14 +53,7 @@ BASE = HERE.parents[3] / ".s18base"  # Session 17's tree (8e0b643)
 def session17_kernel():
     """Session 17's kernels/prefill_hopper.py, as a module of its own (its lazyattn imports resolve to this tree's,
     which kept every name it uses)."""
-    path = BASE / "lazyattn" / "kernels" / "prefill_hopper.py"
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: unpack Session 17's tree first (run_s18.sh's header)")
-    spec = importlib.util.spec_from_file_location("prefill_hopper_s17", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return module_from(BASE / "lazyattn" / "kernels" / "prefill_hopper.py", "prefill_hopper_s17")
 
 # The merge section's (warps, splits per step) of the combine launch; 0 warps: no combine. Call 2 timed 4, 2 and 1
 # warps at 16 splits per step (all of them) and none.
@@ -138,12 +130,8 @@ def main() -> None:
         merge_section(rag_sweep_bench()[0], out_path)
         return
     b, copy_gbps, _, _ = rag_sweep_bench()
-    result = {"copy_gbps": copy_gbps, "rows": []}
-    for batch in [int(x) for x in sys.argv[2:]] or [1, 8]:
-        result["rows"].append(batch_row(b, batch, copy_gbps))
-        print(json.dumps(result["rows"][-1]), flush=True)
-        free_memory()
-    Path(out_path).write_text(json.dumps(result, indent=1))
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, [int(x) for x in sys.argv[2:]] or [1, 8],
+               lambda batch: batch_row(b, batch, copy_gbps))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ and after the RoPE launch, four alternated rounds. Variants are this tree's kern
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import sys
 import tempfile
@@ -27,7 +26,7 @@ ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, free_memory, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, free_memory, graph_us, module_from, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -43,11 +42,7 @@ def variant(name: str, source: str, folder: Path):
     assert source.count(TEST) == 1
     path = folder / f"prefill_hopper_{name.replace(' ', '_')}.py"
     path.write_text(source.replace(TEST, REWRITES[name]))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
+    return module_from(path, path.stem)
 
 
 def batch_row(b, batch: int, modules: dict) -> dict:

@@ -21,7 +21,6 @@ form (docs/kernels.md, "Session 19"). The probe runs on the tree of commit 08615
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, free_memory, graph_rounds, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, decode_case, graph_rounds, probe_rows, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -87,12 +86,8 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    result = {"copy_gbps": copy_gbps, "rows": []}
-    for batch in [int(x) for x in sys.argv[2:]] or [1]:
-        result["rows"].append(batch_row(b, batch, copy_gbps))
-        print(json.dumps(result["rows"][-1]), flush=True)
-        free_memory()
-    Path(out_path).write_text(json.dumps(result, indent=1))
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, [int(x) for x in sys.argv[2:]] or [1],
+               lambda batch: batch_row(b, batch, copy_gbps))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ entry), attention (kernel + combine) and layer (the RoPE/KV-write launch first),
 from __future__ import annotations
 
 import functools
-import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, free_memory, graph_rounds, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, graph_rounds, module_from, probe_rows, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -29,17 +27,6 @@ from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 ROUNDS = 3
 BASE = HERE.parents[3] / ".s19base"
-
-
-def base_kernel():
-    path = BASE / "lazyattn" / "kernels" / "prefill_hopper.py"
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: unpack the base tree first (this file's docstring)")
-    spec = importlib.util.spec_from_file_location("prefill_hopper_base", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def batch_row(b, batch: int, copy_gbps: float, modules: dict) -> dict:
@@ -73,13 +60,10 @@ def batch_row(b, batch: int, copy_gbps: float, modules: dict) -> dict:
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    modules = {"base": base_kernel(), "this": prefill_hopper}
-    result = {"copy_gbps": copy_gbps, "rows": []}
-    for batch in [int(x) for x in sys.argv[2:]] or [1, 8]:
-        result["rows"].append(batch_row(b, batch, copy_gbps, modules))
-        print(json.dumps(result["rows"][-1]), flush=True)
-        free_memory()
-    Path(out_path).write_text(json.dumps(result, indent=1))
+    modules = {"base": module_from(BASE / "lazyattn" / "kernels" / "prefill_hopper.py", "prefill_hopper_base"),
+               "this": prefill_hopper}
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, [int(x) for x in sys.argv[2:]] or [1, 8],
+               lambda batch: batch_row(b, batch, copy_gbps, modules))
 
 
 if __name__ == "__main__":

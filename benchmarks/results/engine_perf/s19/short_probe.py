@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, free_memory, graph_rounds, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, graph_rounds, probe_rows, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -84,13 +83,8 @@ def case_row(b0, question: int, batch: int, copy_gbps: float) -> dict:
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    result = {"copy_gbps": copy_gbps, "rows": []}
-    for case in sys.argv[2:] or ["16:1", "8:1", "16:4", "16:8"]:
-        question, batch = (int(x) for x in case.split(":"))
-        result["rows"].append(case_row(b, question, batch, copy_gbps))
-        print(json.dumps(result["rows"][-1]), flush=True)
-        free_memory()
-    Path(out_path).write_text(json.dumps(result, indent=1))
+    cases = [tuple(int(x) for x in case.split(":")) for case in sys.argv[2:] or ["16:1", "8:1", "16:4", "16:8"]]
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, cases, lambda case: case_row(b, *case, copy_gbps))
 
 
 if __name__ == "__main__":

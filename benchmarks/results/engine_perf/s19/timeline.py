@@ -13,12 +13,14 @@ Phases of a program (cycles, then us at the SM clock measured from the stamps):
 - -> end: the partial's store.
 
     python benchmarks/results/engine_perf/s19/timeline.py OUT.json
+
+The stamps patch the kernel's text as call 8 found it, before the partial-store change (d4d4f41): run the probe on the
+tree of commit e21e21a (`git checkout e21e21a`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import statistics
 import sys
@@ -32,7 +34,7 @@ ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, graph_us, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, graph_us, module_from, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -86,11 +88,7 @@ def stamped_module(folder: Path):
     source = source.replace("\n@gluon.jit\ndef _find_block", STAMP + "\n\n@gluon.jit\ndef _find_block", 1)
     path = folder / "prefill_hopper_stamped.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
+    return module_from(path, path.stem)
 
 
 def main() -> None:
