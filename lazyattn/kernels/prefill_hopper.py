@@ -367,11 +367,11 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
-    # The partial: normalised output and log2-sum-exp (-inf when the split saw no key), stored from the blocked layout
-    # of the loads (Triton 3.6 cannot lower stores from the products' layouts). The output reaches it through this
-    # consumer's two Q buffers, free once its last product has retired: each takes one half of the dims as fp32, in
-    # one round (a plain layout conversion of the 32 KiB goes through the compiler's small scratch in a dozen rounds,
-    # each behind a barrier).
+    # The partial: normalised output and log2-sum-exp (-inf when the split saw no key), stored from blocked layouts
+    # (Triton 3.6 cannot lower stores from the products' layouts). The output gets there through this consumer's two
+    # Q buffers, free once its last product has retired: each takes one half of the dims as fp32, in one round (a
+    # plain layout conversion of the 32 KiB went through the compiler's small scratch in a dozen rounds, each behind
+    # a barrier: 1-2 us a layer, docs/kernels.md, "Session 19").
     row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
     l_rows = gl.convert_layout(l_i, row_layout)
     l_safe = gl.where(l_rows == 0.0, 1.0, l_rows)  # m_i = -inf already marks a row that saw no key

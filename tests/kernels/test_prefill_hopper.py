@@ -159,4 +159,3 @@ def test_gpu_without_tables_is_attention_without_rotation():
     expected = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
-
