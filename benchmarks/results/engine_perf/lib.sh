@@ -13,6 +13,7 @@
 #                                saturation), cold and with a pre-warmed document cache, one run each
 #                       targets  kernels.py --sections targets, twice
 #                       ttft     engine.py decode_rag + ttft_rag, twice
+#   pack_outputs        $W's json, md and log files into $OUT/${TAG}_<stages>.tgz (what the device call brings back)
 #   alternate STEP OUT VAR "VALUES" ARGS...
 #                       benchmarks/engine.py ARGS with VAR set to each value in turn, twice; step STEP<value>_<round>,
 #                       output $W/${TAG}_OUT<value>_<round> (a value's commas become +)
@@ -56,3 +57,4 @@ common_stage() {
              done ;;
     *)       echo "unknown stage $1" | tee -a $L; return 1 ;;
   esac; }
+pack_outputs() { (cd $W && tar czf $OUT/${TAG}_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null); true; }

@@ -45,5 +45,4 @@ for stage in $STAGES; do
     *)       common_stage $stage ;;  # etests ktests engine serving targets (lib.sh)
   esac
 done
-cd $W && tar czf $OUT/s17_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
-true
+pack_outputs

@@ -37,5 +37,4 @@ for stage in $STAGES; do
     *)       common_stage $stage ;;  # etests ktests engine serving targets ttft (lib.sh)
   esac
 done
-cd $W && tar czf $OUT/s18_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
-true
+pack_outputs

@@ -35,5 +35,4 @@ for stage in $STAGES; do
     *)       common_stage $stage ;;
   esac
 done
-cd $W && tar czf $OUT/s19_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null
-true
+pack_outputs
