@@ -1,0 +1,26 @@
+#!/bin/bash
+# Session 20 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
+#   tread      s20/tma_read.py: a launch that only reads the batch-1 decode case's tiles by the copy engine, beside
+#              the engine's decode kernel and Session 19's register read
+#   dtimeline  s20/decode_timeline.py: clock stamps of the batch-1 decode kernel's phases
+#   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
+#   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
+set -u
+STAGES=${STAGES:-tread}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s20; rm -rf $W; mkdir -p $W; L=$W/s20_$(echo $STAGES | tr ' ' '_').log
+. "$(dirname "$0")/lib.sh"  # device_info, step, common_stage, pack_outputs
+device_info
+TAG=s20
+for stage in $STAGES; do
+  case $stage in
+    tread)     TAIL=40 step tread timeout -k 5 300 python benchmarks/results/engine_perf/s20/tma_read.py \
+                 $W/s20_tma_read.json ;;
+    dtimeline) TAIL=40 step dtimeline timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_timeline.py \
+                 $W/s20_decode_timeline.json ;;
+    htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
+                 tests/kernels/test_decode.py ;;
+    *)         common_stage $stage ;;
+  esac
+done
+pack_outputs

@@ -1,0 +1,135 @@
+"""Session 20: where a batch-1 decode step's attention time goes (kernels/decode.py), by clock stamps.
+
+A copy of decode.py whose programs write the SM's cycle counter (%clock64) at their phases and the GPU's global timer
+(ns) at entry and end, so programs line up across SMs. The case is the attention target's: batch 1 over 10 304 keys
+(kernels.py `decode_case`, segments of 2048 at random deltas), attention alone, in a CUDA graph of 32 launches as
+`graph_us` times it (4 input copies past L2); the stamps are the last launch's.
+
+Phases of a program (cycles, converted at the SM clock the stamps measure):
+- entry -> after the PDL wait: the page tables' loads, then waiting for the kernel before;
+- -> loop end: q, the tiles (the loop is pipelined, so q's load and the first tile's latency are in here);
+- -> counted: the partial's store and the arrival count;
+- merger only: -> merged (the last split's loads of every partial, the sums, the output's store).
+Global: program starts and ends against the first start; the launch's span (first start to the merger's end) against
+the per-launch time of the graph, which also holds the gap to the next launch.
+
+    python benchmarks/results/engine_perf/s20/decode_timeline.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[3]))
+sys.path.insert(0, str(HERE.parents[2]))
+
+from kernels import decode_case, graph_us, module_from, rag_sweep_bench  # noqa: E402
+
+from lazyattn.kernels import decode  # noqa: E402
+
+CONTEXT = 10304
+SLOTS = 10  # per program: 0-4 clock64 at entry, after wait, loop end, counted, merged; 7-9 globaltimer at 0, 3, 4
+STAMP = '''
+
+@triton.jit
+def _stamp(Stamps, pid, slot, pred, GLOBAL: tl.constexpr = False):
+    if GLOBAL:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [pid], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    else:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %clock64; // $1", "=l,r", [pid], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    tl.store(Stamps + pid.to(tl.int64) * 10 + slot, t, mask=pred)
+'''
+PATCHES = [
+    # the scratch pointers of the kernel's and _decode_split's signatures and the call between them
+    ("q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,",
+     "q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr, Stamps,", 3),
+    ("q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,",
+     "q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals, STAMPS[0],", 1),
+    ("    per_split = tl.cdiv(n_pages, splits)\n",
+     "    spid = kv_head * num_splits + split\n    _stamp(Stamps, spid, 0, True)\n    _stamp(Stamps, spid, 7, True, True)\n"
+     "    per_split = tl.cdiv(n_pages, splits)\n", 1),
+    ("    wait_for_producers(USE_PDL)\n\n    g = tl.arange",
+     "    wait_for_producers(USE_PDL)\n    _stamp(Stamps, spid, 1, True)\n\n    g = tl.arange", 1),
+    ("    if DIRECT or splits == 1:\n", "    _stamp(Stamps, spid, 2, True)\n    if DIRECT or splits == 1:\n", 1),
+    ("        if tl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\") == splits - 1:\n",
+     "        arrived = tl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")\n"
+     "        _stamp(Stamps, spid, 3, True)\n        _stamp(Stamps, spid, 8, True, True)\n"
+     "        if arrived == splits - 1:\n", 1),
+    ("            tl.store(counter, 0)\n",
+     "            tl.store(counter, 0)\n            _stamp(Stamps, spid, 4, True)\n"
+     "            _stamp(Stamps, spid, 9, True, True)\n", 1),
+]
+PHASES = ("entry -> after wait", "-> loop end", "-> counted", "-> merged (merger)")
+
+
+def stamped_module(folder: Path):
+    source = Path(decode.__file__).read_text()
+    for old, new, count in PATCHES:
+        assert source.count(old) == count, old
+        source = source.replace(old, new)
+    source = source.replace("\n@triton.jit\ndef _pair_layout", STAMP + "\n\n@triton.jit\ndef _pair_layout", 1)
+    path = folder / "decode_stamped.py"
+    path.write_text(source)
+    return module_from(path, path.stem)
+
+
+def spread(vals: list[float]) -> dict:
+    vals = sorted(vals)
+    return {"min": vals[0], "median": statistics.median(vals), "max": vals[-1]} if vals else {}
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    b, copy_gbps, _, _ = rag_sweep_bench()
+    s = b.s
+    gen = torch.Generator().manual_seed(2)
+    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
+    while len(inputs) < 4:
+        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    n_pages = int(inputs[0][3].num_pages[0])
+    rule = decode._default_rule(inputs[0][0], s.kv_heads)
+    grid_splits = rule.unrounded(n_pages)
+    splits = rule.splits(n_pages)
+    stamps = torch.zeros(grid_splits * s.kv_heads, SLOTS, dtype=torch.int64, device=b.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        module = stamped_module(Path(tmp))
+        module.STAMPS = [stamps]
+        row = {"copy_gbps": copy_gbps, "bytes": nbytes, "pages": n_pages, "grid splits": grid_splits,
+               "splits": splits}
+        for rnd in range(2):
+            for name, mod in (("stamped", module), ("this", decode)):
+                counters = mod.ArrivalCounters()
+                row[f"{name} r{rnd} us"] = graph_us(b, [
+                    lambda i=i, m=mod, c=counters: m.decode_attention(*i, b.tables, b.scale, counters=c)
+                    for i in inputs])
+        torch.cuda.synchronize()
+        st = [p for p in stamps.cpu().tolist() if p[7] > 0]  # programs past the entry's splits stamp nothing
+    ghz = statistics.median((p[3] - p[0]) / (p[8] - p[7]) for p in st if p[8] > p[7])
+    row["sm_ghz"] = ghz
+    row["programs"] = len(st)
+    per = [[(p[i + 1] - p[i]) / ghz / 1e3 for i in range(3)] for p in st]
+    for i, name in enumerate(PHASES[:3]):
+        row[f"{name} us"] = spread([x[i] for x in per])
+    mergers = [p for p in st if p[9] > p[8]]  # (an earlier launch's merger may have been another program)
+    row[f"{PHASES[3]} us"] = spread([(p[4] - p[3]) / ghz / 1e3 for p in mergers])
+    t0 = min(p[7] for p in st)
+    row["program start us (global)"] = spread([(p[7] - t0) / 1e3 for p in st])
+    row["program counted us (global)"] = spread([(p[8] - t0) / 1e3 for p in st])
+    row["merger end us (global)"] = spread([(p[9] - t0) / 1e3 for p in mergers])
+    row["span us (first start to last merger end)"] = (max(p[9] for p in mergers) - t0) / 1e3 if mergers else None
+    row["raw"] = st
+    print(json.dumps({k: v for k, v in row.items() if k != "raw"}, indent=1), flush=True)
+    Path(out_path).write_text(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
