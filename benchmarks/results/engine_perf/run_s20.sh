@@ -3,6 +3,7 @@
 #   tread      s20/tma_read.py: a launch that only reads the batch-1 decode case's tiles by the copy engine, beside
 #              the engine's decode kernel and Session 19's register read
 #   dtimeline  s20/decode_timeline.py: clock stamps of the batch-1 decode kernel's phases
+#   dwarps     s20/decode_warps.py: batch-1 decode with each warp on its own sub-tile of a page, against the engine's
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
 set -u
@@ -18,6 +19,8 @@ for stage in $STAGES; do
                  $W/s20_tma_read.json ;;
     dtimeline) TAIL=40 step dtimeline timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_timeline.py \
                  $W/s20_decode_timeline.json ;;
+    dwarps)    TAIL=40 step dwarps timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_warps.py \
+                 $W/s20_decode_warps.json ;;
     htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                  tests/kernels/test_decode.py ;;
     *)         common_stage $stage ;;
