@@ -4,6 +4,7 @@
 #              the engine's decode kernel and Session 19's register read
 #   dtimeline  s20/decode_timeline.py: clock stamps of the batch-1 decode kernel's phases
 #   dwarps     s20/decode_warps.py: batch-1 decode with each warp on its own sub-tile of a page, against the engine's
+#   gdecode    s20/gluon_decode.py: decode by the Gluon kernel (one consumer, fused merge) against the Triton kernel
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
 set -u
@@ -21,6 +22,8 @@ for stage in $STAGES; do
                  $W/s20_decode_timeline.json ;;
     dwarps)    TAIL=40 step dwarps timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_warps.py \
                  $W/s20_decode_warps.json ;;
+    gdecode)   TAIL=20 step gdecode timeout -k 5 400 python benchmarks/results/engine_perf/s20/gluon_decode.py \
+                 $W/s20_gluon_decode.json ${GD_BATCHES:-1,2,4,8} ;;
     htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                  tests/kernels/test_decode.py ;;
     *)         common_stage $stage ;;
