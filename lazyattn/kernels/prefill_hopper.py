@@ -177,8 +177,6 @@ _KBLOCK_B = gl.constexpr(_BLOCK_B)
 _KBLOCK_P = gl.constexpr(_BLOCK_P)
 _KCONSUMER_REGS = gl.constexpr(_CONSUMER_REGS)
 _KLOADER_REGS = gl.constexpr(_LOADER_REGS)
-_KMAX_SPLITS = gl.constexpr(MAX_SPLITS)
-_KMERGE_HEADS = gl.constexpr(4)  # heads a merge load takes
 
 
 @gluon.jit
@@ -400,54 +398,6 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
 
 
 @gluon.jit
-def _consume_and_merge(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs,
-                       v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
-                       max_position, stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved,
-                       has_first, Out, Counters, stride_ot, stride_oh, counter):
-    """The one consumer of a decode launch: `_consume`, then the last split of the block to finish merges them all
-    into Out. The barrier puts every warp's stores before the count's release; the merger sets the count back to 0."""
-    _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
-             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, 0)
-    _warps_barrier()
-    if gl.atomic_add(Counters + counter, 1, sem="acq_rel", scope="gpu") == gl.num_programs(2) - 1:
-        _merge_rows(WsO, WsLse, Out, row0 + first_row, kv_head, group, num_heads, total_q, gl.num_programs(2),
-                    stride_ot, stride_oh)
-        gl.store(Counters + counter, 0)
-
-
-@gluon.jit
-def _merge_rows(WsO, WsLse, Out, token, kv_head, group, num_heads, total_q, splits, stride_ot, stride_oh):
-    """The merged output of one query token's `group` heads of a kv head from the partials of `splits` splits:
-    out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), the sum prefill's `_combine_kernel` takes. Every split's partials
-    of 4 heads come in one load ([splits, 4, head_dim] fp32, 32 KiB at 16 splits): the merger is the kernel's last
-    program, so its round trips are the kernel's tail. Loads bypass L1 (.cg): other programs wrote the partials."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [4, 1, 1], [2, 1, 0])
-    rows2: gl.constexpr = gl.SliceLayout(2, layout)
-    split_ids = gl.arange(0, _KMAX_SPLITS, layout=gl.SliceLayout(1, rows2))[:, None]
-    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
-    out_layout: gl.constexpr = gl.SliceLayout(0, layout)
-    out_dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, out_layout))[None, :]
-    for r0 in range(0, group, _KMERGE_HEADS):
-        r = r0 + gl.arange(0, _KMERGE_HEADS, layout=gl.SliceLayout(0, rows2))[None, :]
-        ok = (split_ids < splits) & (r < group)
-        rows = (split_ids * total_q + token).to(gl.int64) * num_heads + kv_head * group + r
-        lse = gl.load(WsLse + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        seen = lse > float("-inf")  # a split that saw no key may have left its output unwritten
-        part = gl.load(WsO + rows[:, :, None] * _KHEAD_DIM + dims, mask=seen[:, :, None], other=0.0,
-                       cache_modifier=".cg")
-        m = gl.max(lse, axis=0)
-        m_ref = gl.where(m == float("-inf"), 0.0, m)
-        w = gl.exp2(lse - m_ref[None, :])
-        den = gl.sum(w, axis=0)
-        num = gl.sum(part * w[:, :, None], axis=0)
-        out = num / gl.convert_layout(gl.where(den == 0.0, 1.0, den), gl.SliceLayout(1, out_layout))[:, None]
-        heads = r0 + gl.arange(0, _KMERGE_HEADS, layout=gl.SliceLayout(1, out_layout))[:, None]
-        ptrs = Out + token.to(gl.int64) * stride_ot + (kv_head * group + heads).to(gl.int64) * stride_oh + out_dims
-        gl.store(ptrs, out.to(Out.dtype.element_ty), mask=heads < group)
-
-
-@gluon.jit
 def _row_ids(half, M: gl.constexpr, group, first_row, q_len, kv_head, layout: gl.constexpr):
     """(token offset, head, in range) of a consumer's M query rows in `layout`'s row slice: row r of half `half` is
     query first_row + r // group, head kv_head * group + r % group of the kv head's group."""
@@ -500,13 +450,12 @@ def _wait_for_producers():
 
 
 @gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
-def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin, Out, Counters,
+def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
                           cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
-                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, stride_ot, stride_oh,
-                          qk_scale, GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, CONSUMERS: gl.constexpr,
-                          MERGE: gl.constexpr, USE_PDL: gl.constexpr):
-    QB: gl.constexpr = _KROWS // 2 * CONSUMERS // GROUP  # query positions per program
+                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
+                          GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
+    QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -530,16 +479,16 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin, Out, Counters
 
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _KROWS // 2, _KHEAD_DIM], q_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
     raw_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    q_raw = gl.allocate_shared_memory(dtype, [CONSUMERS, _KROWS // 2, _KHEAD_DIM], raw_layout)
+    q_raw = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], raw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(_KSTAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrival per consumer warpgroup
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
     # the set-up) overlaps the kernel before this one. Each partition waits for it where it first reads what it may
     # have written: the consumers before q (their first tile's tables and rotation come before), the load warp before
@@ -549,26 +498,17 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin, Out, Counters
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
     deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
-    counter = slot * gl.num_programs(1) + kv_head  # the fused merge's arrival count of this block
+    low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
+           k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
+           max_position, stride_qt, stride_qh, qk_scale,
+           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
+    high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
+            k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
+            max_position, stride_qt, stride_qh, qk_scale,
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
     loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
-    if MERGE:
-        # a decode launch: one consumer, which merges
-        one = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0),
-               q_raw.index(0), k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo,
-               n_tiles, total_q, max_position, stride_qt, stride_qh, qk_scale, GROUP, NUM_HEADS, APPLY_DELTA.value,
-               INTERLEAVED.value, HAS_FIRST.value, Out, Counters, stride_ot, stride_oh, counter)
-        gl.warp_specialize([(_consume_and_merge, one), (_load_tiles, loads)], [1], [_KLOADER_REGS])
-    else:
-        low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0),
-               q_raw.index(0), k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo,
-               n_tiles, total_q, max_position, stride_qt, stride_qh, qk_scale, GROUP, NUM_HEADS, APPLY_DELTA.value,
-               INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
-        high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1),
-                q_raw.index(1), k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo,
-                n_tiles, total_q, max_position, stride_qt, stride_qh, qk_scale, GROUP, NUM_HEADS, APPLY_DELTA.value,
-                INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
-        gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
-                           [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
+    gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
+                       [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
 
 
 def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -585,14 +525,6 @@ def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
     [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
-    return _launch(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta, 2, None, None)
-
-
-def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-            tables: RopeTables | None, scale: float, num_splits: int, apply_delta: bool, consumers: int,
-            out: torch.Tensor | None, counters: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One launch of `consumers` consumer warpgroups a program; with `out` and `counters` (decode calls), the last
-    split of each block merges the partials into `out`."""
     total_q, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
@@ -601,30 +533,15 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     apply = tables is not None and apply_delta
     # Without deltas every Q tile is rotated by 0: a one-row table of cos 1, sin 0 then serves.
     cos, sin = (tables.cos, tables.sin) if tables is not None else _identity_rotation(head_dim, q.device)
-    merge = out is not None
-    target = out if merge else q  # a placeholder without the merge (never written)
-    grid = (query_slots(total_q, batch.batch_size, ROWS // 2 * consumers // group), kv_heads, num_splits)
+    grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
-        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin, target,
-        counters if merge else batch.num_pages,
+        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
         batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
-        cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), target.stride(0), target.stride(1),
-        scale * LOG2E, GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, CONSUMERS=consumers, MERGE=merge, num_warps=4,
-        maxnreg=_MAXNREG if consumers == 2 else _CONSUMER_REGS, **pdl_options(q.device, "attention"))
+        cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
+        GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
     return ws_o, ws_lse
-
-
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                     tables: RopeTables | None, scale: float, num_splits: int, counters: torch.Tensor, *,
-                     apply_delta: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
-    """decode.decode_attention's result (one query row an entry, q [B, Hq, D]) in one launch: one consumer
-    warpgroup a program over `num_splits` balanced page ranges, the last split of each (entry, kv head) merging the
-    partials. counters: at least B * Hkv zeroed int32 (decode.ArrivalCounters), left zeroed."""
-    out = torch.empty_like(q) if out is None else out
-    _launch(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta, 1, out, counters)
-    return out
 
 
 @functools.lru_cache(maxsize=8)

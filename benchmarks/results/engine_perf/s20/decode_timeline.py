@@ -18,6 +18,7 @@ the per-launch time of the graph, which also holds the gap to the next launch.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -30,17 +31,22 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import decode_case, graph_us, module_from, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, decode_case, graph_us, module_from, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import decode  # noqa: E402
+from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 CONTEXT = 10304
-SLOTS = 10  # per program: 0-4 clock64 at entry, after wait, loop end, counted, merged; 7-9 globaltimer at 0, 3, 4
+SLOTS = 10  # per program: 0-4 clock64 at entry, after wait, loop end, counted, merged; 5 its SM; 7-9 globaltimer at
+# 0, 3, 4
 STAMP = '''
 
 @triton.jit
-def _stamp(Stamps, pid, slot, pred, GLOBAL: tl.constexpr = False):
-    if GLOBAL:
+def _stamp(Stamps, pid, slot, pred, GLOBAL: tl.constexpr = False, SMID: tl.constexpr = False):
+    if SMID:
+        t = tl.inline_asm_elementwise("mov.u32 $0, %smid; // $1", "=r,r", [pid], dtype=tl.int32, is_pure=False,
+                                      pack=1).to(tl.int64)
+    elif GLOBAL:
         t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [pid], dtype=tl.int64,
                                       is_pure=False, pack=1)
     else:
@@ -55,7 +61,8 @@ PATCHES = [
     ("q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,",
      "q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals, STAMPS[0],", 1),
     ("    per_split = tl.cdiv(n_pages, splits)\n",
-     "    spid = kv_head * num_splits + split\n    _stamp(Stamps, spid, 0, True)\n    _stamp(Stamps, spid, 7, True, True)\n"
+     "    spid = kv_head * num_splits + split\n    _stamp(Stamps, spid, 0, True)\n"
+     "    _stamp(Stamps, spid, 7, True, True)\n    _stamp(Stamps, spid, 5, True, False, True)\n"
      "    per_split = tl.cdiv(n_pages, splits)\n", 1),
     ("    wait_for_producers(USE_PDL)\n\n    g = tl.arange",
      "    wait_for_producers(USE_PDL)\n    _stamp(Stamps, spid, 1, True)\n\n    g = tl.arange", 1),
@@ -87,32 +94,8 @@ def spread(vals: list[float]) -> dict:
     return {"min": vals[0], "median": statistics.median(vals), "max": vals[-1]} if vals else {}
 
 
-def main() -> None:
-    out_path = sys.argv[1]
-    b, copy_gbps, _, _ = rag_sweep_bench()
-    s = b.s
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
-    n_pages = int(inputs[0][3].num_pages[0])
-    rule = decode._default_rule(inputs[0][0], s.kv_heads)
-    grid_splits = rule.unrounded(n_pages)
-    splits = rule.splits(n_pages)
-    stamps = torch.zeros(grid_splits * s.kv_heads, SLOTS, dtype=torch.int64, device=b.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        module = stamped_module(Path(tmp))
-        module.STAMPS = [stamps]
-        row = {"copy_gbps": copy_gbps, "bytes": nbytes, "pages": n_pages, "grid splits": grid_splits,
-               "splits": splits}
-        for rnd in range(2):
-            for name, mod in (("stamped", module), ("this", decode)):
-                counters = mod.ArrivalCounters()
-                row[f"{name} r{rnd} us"] = graph_us(b, [
-                    lambda i=i, m=mod, c=counters: m.decode_attention(*i, b.tables, b.scale, counters=c)
-                    for i in inputs])
-        torch.cuda.synchronize()
-        st = [p for p in stamps.cpu().tolist() if p[7] > 0]  # programs past the entry's splits stamp nothing
+def analyse(st: list[list[int]]) -> dict:
+    row = {}
     ghz = statistics.median((p[3] - p[0]) / (p[8] - p[7]) for p in st if p[8] > p[7])
     row["sm_ghz"] = ghz
     row["programs"] = len(st)
@@ -126,9 +109,55 @@ def main() -> None:
     row["program counted us (global)"] = spread([(p[8] - t0) / 1e3 for p in st])
     row["merger end us (global)"] = spread([(p[9] - t0) / 1e3 for p in mergers])
     row["span us (first start to last merger end)"] = (max(p[9] for p in mergers) - t0) / 1e3 if mergers else None
+    # Programs that shared an SM with another of the launch, against those alone on theirs (call 4 on).
+    on_sm: dict[int, int] = {}
+    for p in st:
+        on_sm[p[5]] = on_sm.get(p[5], 0) + 1
+    for label, keep in (("alone on its SM", lambda p: on_sm[p[5]] == 1), ("sharing its SM", lambda p: on_sm[p[5]] > 1)):
+        loops = [(p[2] - p[1]) / ghz / 1e3 for p in st if keep(p)]
+        row[f"loop us, {label}"] = {"programs": len(loops), **spread(loops)}
     row["raw"] = st
-    print(json.dumps({k: v for k, v in row.items() if k != "raw"}, indent=1), flush=True)
-    Path(out_path).write_text(json.dumps(row, indent=1))
+    return row
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    b, copy_gbps, _, _ = rag_sweep_bench()
+    s = b.s
+    gen = torch.Generator().manual_seed(2)
+    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
+    while len(inputs) < 4:
+        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    n_pages = int(inputs[0][3].num_pages[0])
+    rule = decode._default_rule(inputs[0][0], s.kv_heads)
+    grid_splits = rule.unrounded(n_pages)
+    stamps = torch.zeros(grid_splits * s.kv_heads, SLOTS, dtype=torch.int64, device=b.device)
+    kv_new = torch.randn(1, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    slots = torch.full((1,), -1, dtype=torch.int64, device=b.device)
+    result = {"copy_gbps": copy_gbps, "bytes": nbytes, "pages": n_pages, "grid splits": grid_splits,
+              "splits": rule.splits(n_pages)}
+    with tempfile.TemporaryDirectory() as tmp:
+        module = stamped_module(Path(tmp))
+        module.STAMPS = [stamps]
+
+        def attend(mod, counters, q, k, v, pb):
+            return mod.decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
+
+        def layer(mod, counters, q, k, v, pb):
+            rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
+            return attend(mod, counters, rq, k, v, pb)
+
+        for form, fn in (("attention", attend), ("layer", layer)):
+            row = {}
+            for rnd in range(2):
+                for name, mod in (("this", decode), ("stamped", module)):  # the stamped graph last: its stamps
+                    counters = mod.ArrivalCounters()
+                    row[f"{name} r{rnd} us"] = graph_us(b, [functools.partial(fn, mod, counters, *i) for i in inputs])
+            torch.cuda.synchronize()
+            row.update(analyse([p for p in stamps.cpu().tolist() if p[7] > 0]))  # (programs past the splits: none)
+            print(form, json.dumps({k: v for k, v in row.items() if k != "raw"}, indent=1), flush=True)
+            result[form] = row
+    Path(out_path).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

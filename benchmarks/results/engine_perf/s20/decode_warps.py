@@ -1,4 +1,4 @@
-"""Session 20: batch-1 decode attention with each warp on its own keys (a probe of a new tile loop for kernels/decode.py).
+"""Session 20: batch-1 decode attention with each warp on its own keys (a new tile loop for kernels/decode.py, probed).
 
 decode.py's loop multiplies a [16, 64] score tile (the kv head's 4 query heads padded to 16 rows, one page of keys)
 with Triton's layout for it: the 4 warps side by side along the keys. Each tile's row max and row sum then cross warps
@@ -132,12 +132,11 @@ def _warps_split(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l
         l_i = l_i * alpha + tl.sum(prob, 2)
         p_dot = prob.to(kv_ty).to(DOT_TY)
         pv = tl.dot(p_dot, v.to(DOT_TY))
-        if TMA:
+        if TMA and n_keys < SUB * SUB_N:
             # copy-engine V holds the page padding too (it may be NaN): a page that is not full takes its product
             # again over V read by masked per-thread loads
-            if n_keys < SUB * SUB_N:
-                offs = page * stride_kp + slot[:, :, None] * stride_kt + d[None, None, :]
-                pv = tl.dot(p_dot, tl.load(v_base + offs, mask=key_mask[:, :, None], other=0.0).to(DOT_TY))
+            offs = page * stride_kp + slot[:, :, None] * stride_kt + d[None, None, :]
+            pv = tl.dot(p_dot, tl.load(v_base + offs, mask=key_mask[:, :, None], other=0.0).to(DOT_TY))
         acc = acc * alpha[:, :, None] + pv
         m_i = m_new
 
@@ -199,7 +198,8 @@ def decode_warps(q, k_cache, v_cache, batch, tables, scale, counters, tma: bool,
         tables.cos.stride(0), scale * LOG2E, num_splits, rule.min_pages, rule.short_pages, rule.short_cap,
         HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)), SUB=SUB, SUB_N=SUB_N,
         BLOCK_H=block_h, BLOCK_S=min(max(1, 64 // block_h), triton.next_power_of_2(num_splits)), TMA=tma,
-        DOT_TY=tl.float32 if interpreting() else tl.bfloat16, num_warps=num_warps, num_stages=num_stages, **({'maxnreg': maxnreg} if maxnreg else {}), **pdl_options(q.device, "attention"))
+        DOT_TY=tl.float32 if interpreting() else tl.bfloat16, num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_options(q.device, "attention"))
     return out
 
 

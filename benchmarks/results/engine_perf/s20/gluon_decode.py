@@ -5,6 +5,9 @@ kernels.py `decode_case`), timed as the engine's graphs run it (`graph_us`): alo
 launch ("layer", the engine's decode layer), ROUNDS alternated rounds. Both are checked against the reference first.
 
     python benchmarks/results/engine_perf/s20/gluon_decode.py OUT.json [BATCHES, default 1,2,4,8]
+
+The decode form of the kernel was measured (call 3) and taken out again: it ran slower than the Triton kernel. Run the
+probe on the tree of commit 85c1557 (`git checkout 85c1557`), which has it.
 """
 
 from __future__ import annotations
@@ -48,13 +51,13 @@ def main() -> None:
         kv_new = torch.randn(batch, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
         slots = torch.full((batch,), -1, dtype=torch.int64, device=b.device)
 
-        def triton_decode(q, k, v, pb):
+        def triton_decode(q, k, v, pb, counters=counters):
             return decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
 
-        def gluon_decode(q, k, v, pb):
-            return prefill_hopper.decode_attention(q, k, v, pb, b.tables, b.scale, splits, gluon_counters)
+        def gluon_decode(q, k, v, pb, splits=splits, counters=gluon_counters):
+            return prefill_hopper.decode_attention(q, k, v, pb, b.tables, b.scale, splits, counters)
 
-        def layer(fn, q, k, v, pb):
+        def layer(fn, q, k, v, pb, kv_new=kv_new, slots=slots):
             return fn(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables), k, v, pb)
 
         q, k, v, pb = inputs[0]

@@ -113,7 +113,7 @@ def main() -> None:
     calls["tma flat 132, 6 stages, 1 warp"] = [lambda d=d: read(d, sms, 1, True, 6, warps=1) for d in descs]
     calls["tma flat 132, 6 stages, no PDL"] = [lambda d=d: read(d, sms, 1, True, 6, pdl=False) for d in descs]
     calls[f"tma flat {2 * sms}, 3 stages"] = [lambda d=d: read(d, 2 * sms, 1, True, 3) for d in descs]
-    calls[f"tma heads 33 x 8, 3 stages"] = [lambda d=d: read(d, 33 * s.kv_heads, 33, False, 3) for d in descs]
+    calls["tma heads 33 x 8, 3 stages"] = [lambda d=d: read(d, 33 * s.kv_heads, 33, False, 3) for d in descs]
     fn = attention(True)
     calls["decode (engine)"] = [lambda i=i: fn(*i, b.tables, b.scale) for i in inputs]
     row = {"copy_gbps": copy_gbps, "bytes": nbytes, "sms": sms, "pages": n_pages,
