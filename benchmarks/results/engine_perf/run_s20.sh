@@ -5,6 +5,8 @@
 #   dtimeline  s20/decode_timeline.py: clock stamps of the batch-1 decode kernel's phases
 #   dwarps     s20/decode_warps.py: batch-1 decode with each warp on its own sub-tile of a page, against the engine's
 #   gdecode    s20/gluon_decode.py: decode by the Gluon kernel (one consumer, fused merge) against the Triton kernel
+#   norope     s20/no_rope_probe.py: engine.py decode_short + decode_rag (batch 16) with and without the decode RoPE
+#              launch, alternated twice
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
 set -u
@@ -24,6 +26,13 @@ for stage in $STAGES; do
                  $W/s20_decode_warps.json ;;
     gdecode)   TAIL=20 step gdecode timeout -k 5 400 python benchmarks/results/engine_perf/s20/gluon_decode.py \
                  $W/s20_gluon_decode.json ${GD_BATCHES:-1,2,4,8} ;;
+    norope)    for r in 1 2; do
+                 for v in 0 1; do
+                   step norope${v}_$r timeout -k 5 200 env NO_DECODE_ROPE=$v python \
+                     benchmarks/results/engine_perf/s20/no_rope_probe.py --sections decode_short,decode_rag \
+                     --batches 16 --out $W/s20_norope${v}_$r
+                 done
+               done ;;
     htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                  tests/kernels/test_decode.py ;;
     *)         common_stage $stage ;;
