@@ -43,11 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
 
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs  # noqa: E402
-from lazyattn.kernels.launch import pdl_options, sm_count, wait_for_producers  # noqa: E402
+from lazyattn.kernels.launch import hopper_or_later, pdl_options, sm_count, wait_for_producers  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
 from lazyattn.kernels.prefill import rotated_runs_for  # noqa: E402
+from lazyattn.kernels.prefill_hopper import _tma_load, _wait_for_producers  # noqa: E402
 from lazyattn.kernels.reference import copy_rotate as torch_copy_rotate  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables, rotate  # noqa: E402
 
@@ -455,31 +459,82 @@ def read_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-# (programs per SM, warps) of the read launches read_ceiling tries: the fastest four of a sweep of 1-8 programs per
+# (programs per SM, warps) of the register reads read_ceiling tries: the fastest four of a sweep of 1-8 programs per
 # SM, 4-16 warps and steps of 16-64 KiB on an H100 and an H200 (benchmarks/results/engine_perf/s19/, calls 2-5).
 _READ_FORMS = ((3, 8), (4, 8), (6, 4), (8, 8))
 _READ_STEP = 8192  # elements a program reads a step: 16 KiB
+# (programs per SM, ring slots) of the copy-engine reads (Hopper on): s20/tma_read.py (call 1) read the batch-1 decode
+# case's tiles fastest with one program per SM and two to four 32 KiB slots.
+_TMA_FORMS = ((1, 2), (1, 4), (2, 2))
+_TMA_BOX = 128  # rows of 128 16-bit elements a copy: 32 KiB
+
+
+@gluon.jit
+def _tma_read_tile(desc, tile, pred, bar, buf, BOX: gl.constexpr):
+    mbarrier.expect(bar, desc.block_type.nbytes, pred)
+    _tma_load(desc, [tile * BOX, 0], bar, buf, pred)
+
+
+@gluon.jit
+def tma_read_kernel(desc, out_ptr, n_tiles, BOX: gl.constexpr, STAGES: gl.constexpr, USE_PDL: gl.constexpr):
+    """Copy tiles [p * T / P, (p + 1) * T / P) of desc's [rows, 128] matrix ([BOX, 128] boxes) into a ring of STAGES
+    shared-memory slots, each refilled as soon as its bytes have landed; nothing reads them: a launch that only
+    reads, by the copy engine (TMA), as the Hopper attention kernels load their tiles."""
+    pid = gl.program_id(0)
+    lo = pid * n_tiles // gl.num_programs(0)
+    n = (pid + 1) * n_tiles // gl.num_programs(0) - lo
+    bufs = gl.allocate_shared_memory(desc.block_type.element_ty, [STAGES, BOX, 128], desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    if USE_PDL:
+        _wait_for_producers()
+    for i in gl.static_range(STAGES):
+        _tma_read_tile(desc, lo + i, i < n, ready.index(i), bufs.index(i), BOX)
+    for t in range(n):
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        _tma_read_tile(desc, lo + t + STAGES, t + STAGES < n, ready.index(slot), bufs.index(slot), BOX)
+    lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    gl.store(out_ptr + pid + lanes * 0, n + lanes * 0, mask=lanes == 0)
 
 
 def read_ceiling(b: Bench, nbytes: int) -> float | None:
-    """Microseconds of the fastest launch that only reads `nbytes` (a streaming sum over _READ_FORMS' grids), timed
-    as the targets are (graph_us: 32 launches a graph, 4 input copies past L2, PDL as the engine launches). A launch
-    has a ramp and a tail that 1 GiB copies spread thin: on an H100 a 42 MB read reaches ~79 % of copy bandwidth,
-    4 x those bytes ~89 % (s19, call 5). The attention targets are printed against both yardsticks."""
+    """Microseconds of the fastest launch that only reads `nbytes`, timed as the targets are (graph_us: 32 launches a
+    graph, 4 input copies past L2, PDL as the engine launches): a streaming sum into registers over _READ_FORMS' grids
+    and, on Hopper GPUs, copy-engine reads into shared memory over _TMA_FORMS'. A launch has a ramp and a tail that
+    1 GiB copies spread thin. On an H100 the register read of the decode target's 42 MB reaches ~79 % of copy
+    bandwidth (s19, call 5), the copy-engine read of the same tiles 86-88 % (s20, call 1), with one program per SM,
+    as the attention kernels run. The attention targets are printed against both yardsticks."""
     if not b.gpu:
         return None
     n = nbytes // 2
     xs = [torch.randn(n, dtype=DTYPE, device=b.device) for _ in range(4)]
     sms = sm_count(b.device)
-    out = torch.empty(8 * sms, dtype=torch.float32, device=b.device)
+    sums = torch.empty(8 * sms, dtype=torch.float32, device=b.device)
+    counts = torch.empty(8 * sms, dtype=torch.int32, device=b.device)
     pdl = pdl_options(b.device, "attention")
 
     def read(x, programs, warps):
         per = cdiv(cdiv(n, programs), _READ_STEP) * _READ_STEP
-        read_kernel[(programs,)](x, out, per, n, BLOCK=_READ_STEP, num_warps=warps, **pdl)
+        read_kernel[(programs,)](x, sums, per, n, BLOCK=_READ_STEP, num_warps=warps, **pdl)
 
-    return min(graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs])
-               for per_sm, warps in _READ_FORMS)
+    times = [graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs])
+             for per_sm, warps in _READ_FORMS]
+    if hopper_or_later(b.device):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        tiles = n // (128 * _TMA_BOX)
+        layout = gl.NVMMASharedLayout.get_default_for([_TMA_BOX, 128], gl.bfloat16)
+        descs = [TensorDescriptor(x[: tiles * _TMA_BOX * 128].view(-1, 128), [tiles * _TMA_BOX, 128], [128, 1],
+                                  [_TMA_BOX, 128], layout) for x in xs]
+
+        def tma_read(desc, programs, stages):
+            tma_read_kernel[(programs,)](desc, counts, tiles, BOX=_TMA_BOX, STAGES=stages, num_warps=4, **pdl)
+
+        times += [graph_us(b, [functools.partial(tma_read, d, per_sm * sms, stages) for d in descs])
+                  for per_sm, stages in _TMA_FORMS]
+    return min(times)
 
 
 def section_targets(b: Bench) -> list[dict]:
