@@ -8,6 +8,7 @@
 #   norope     s20/no_rope_probe.py: engine.py decode_short + decode_rag (batch 16) with and without the decode RoPE
 #              launch, alternated twice
 #   strip      s20/prefill_strip.py: the batch-1 short prefill with its merge, products, softmax or table loads taken out
+#   dstrip     s20/decode_strip.py: batch-1 decode with its merge, softmax or table loads taken out
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
 set -u
@@ -36,6 +37,8 @@ for stage in $STAGES; do
                done ;;
     strip)     TAIL=4 step strip timeout -k 5 400 python benchmarks/results/engine_perf/s20/prefill_strip.py \
                  $W/s20_prefill_strip.json ;;
+    dstrip)    TAIL=4 step dstrip timeout -k 5 400 python benchmarks/results/engine_perf/s20/decode_strip.py \
+                 $W/s20_decode_strip.json ;;
     htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                  tests/kernels/test_decode.py ;;
     *)         common_stage $stage ;;
