@@ -229,11 +229,18 @@ def _masked_tile(base, page, stride_page, slot, stride_slot, d, tile_mask):
 
 
 @triton.jit
-def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
-    """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
+def _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
+    """The cos and signed sin of R_{-delta} per channel [D], from the fp32 tables' rows at delta."""
     row = delta.to(tl.int64) * stride_tab
     c = tl.load(cos_ptr + row + pair, mask=d_mask, other=1.0)
     s = tl.load(sin_ptr + row + pair, mask=d_mask, other=0.0) * sign
+    return c, s
+
+
+@triton.jit
+def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
+    """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
+    c, s = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
     return q * c[None, :] + q_partner * s[None, :]
 
 
@@ -309,25 +316,37 @@ def _decode_split(
     head_row = (kv_head * stride_kh) // stride_kt
     head_col = (kv_head * stride_kh) % stride_kt
     rows_per_page = stride_kp // stride_kt
-    # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
-    wait_for_producers(USE_PDL)
-
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
+    d_mask = d < HEAD_DIM
+    if APPLY_DELTA:
+        # The deltas of the split's first and last pages and their cos/sin rows. A split holds one document or the
+        # end of one and the start of the next, so these two rotations are all most programs need (a third delta,
+        # from documents shorter than a split, loads its rows in the loop). Loaded in the loop, each was a round trip
+        # to L2 on the program's critical path (docs/kernels.md, "Session 20").
+        partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
+        has_pages = page_lo < page_hi
+        delta_lo = tl.load(deltas_ptr + entry * stride_deltas + page_lo, mask=has_pages, other=0)
+        delta_hi = tl.load(deltas_ptr + entry * stride_deltas + page_hi - 1, mask=has_pages, other=0)
+        cos_lo, sin_lo = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta_lo, pair, sign, d_mask)
+        cos_hi, sin_hi = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta_hi, pair, sign, d_mask)
+    # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
+    wait_for_producers(USE_PDL)
+
     heads = kv_head * GROUP + g
     g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + entry * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
     kv_ty = k_ptr.dtype.element_ty
-    # q is rotated for delta 0 already: the first pages of other deltas trigger the de-rotation.
+    # q is rotated for delta 0 already: pages of other deltas trigger the de-rotation, the first page's here.
     q_dot = q.to(kv_ty).to(DOT_TY)
     cur_delta = tl.full([], 0, tl.int32)
     if APPLY_DELTA:
-        partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q_dot = (q * cos_lo[None, :] + q_partner * sin_lo[None, :]).to(kv_ty).to(DOT_TY)
+        cur_delta = delta_lo
 
     m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -346,8 +365,11 @@ def _decode_split(
         if APPLY_DELTA:
             delta = tl.load(deltas_ptr + entry * stride_deltas + p)
             if delta != cur_delta:
-                q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
-                                  d_mask).to(kv_ty).to(DOT_TY)
+                if delta == delta_hi:
+                    q_dot = (q * cos_hi[None, :] + q_partner * sin_hi[None, :]).to(kv_ty).to(DOT_TY)
+                else:
+                    q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
+                                      d_mask).to(kv_ty).to(DOT_TY)
                 cur_delta = delta
         slot = (t % TILES_PER_PAGE) * BLOCK_N + n
         if HAS_FIRST:

@@ -1,0 +1,75 @@
+"""Session 20: the decode kernel of this tree against .s20base's (the tree before the first page's rotation moved
+before the PDL wait), over issue 10's decode case (BATCHES x 10 304 cached keys in segments of 2048 at random deltas,
+kernels.py `decode_case`), timed as the engine's graphs run it (`graph_us`), alone ("attention") and after the RoPE
+launch ("layer"), ROUNDS alternated rounds; both checked against the reference first.
+
+    mkdir .s20base && git archive 8ccdf5e lazyattn benchmarks/engine.py benchmarks/models | tar x -C .s20base
+    python benchmarks/results/engine_perf/s20/decode_ab.py OUT.json [BATCHES, default 1,8,32]
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parents[2]))
+
+from kernels import DTYPE, decode_case, graph_rounds, module_from, rag_sweep_bench  # noqa: E402
+
+from lazyattn.kernels import decode  # noqa: E402
+from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
+from lazyattn.kernels.reference import paged_attention  # noqa: E402
+
+ROUNDS = 3
+CONTEXT = 10304
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32").split(",")]
+    base = module_from(ROOT / ".s20base/lazyattn/kernels/decode.py", "decode_s20base")
+    b, copy_gbps, _, _ = rag_sweep_bench()
+    s = b.s
+    result = {"copy_gbps": copy_gbps, "rows": []}
+    for batch in batches:
+        gen = torch.Generator().manual_seed(11 + batch)
+        inputs, nbytes = decode_case(b, batch, CONTEXT, gen)
+        while len(inputs) < 4:
+            inputs += decode_case(b, batch, CONTEXT, gen)[0]
+        kv_new = torch.randn(batch, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+        slots = torch.full((batch,), -1, dtype=torch.int64, device=b.device)
+
+        def attend(mod, counters, q, k, v, pb):
+            return mod.decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
+
+        def layer(mod, counters, q, k, v, pb, kv_new=kv_new, slots=slots):
+            rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
+            return attend(mod, counters, rq, k, v, pb)
+
+        q, k, v, pb = inputs[0]
+        ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
+        row = {"batch": batch, "bytes": nbytes}
+        row["ref max_abs"] = ref.abs().max().item()
+        calls, outs = {}, {}
+        for name, mod in (("base", base), ("this", decode)):
+            counters = mod.ArrivalCounters()
+            outs[name] = attend(mod, counters, q, k, v, pb).float()
+            row[f"{name} max_abs_vs_ref"] = (outs[name] - ref).abs().max().item()
+            for form, fn in (("attention", attend), ("layer", layer)):
+                calls[f"{name}, {form}"] = [functools.partial(fn, mod, counters, *i) for i in inputs]
+        row["this vs base max_abs"] = (outs["this"] - outs["base"]).abs().max().item()
+        row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
+        print(json.dumps(row), flush=True)
+        result["rows"].append(row)
+    Path(out_path).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
