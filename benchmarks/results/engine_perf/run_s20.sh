@@ -11,6 +11,7 @@
 #   dstrip     s20/decode_strip.py: batch-1 decode with its merge, softmax or table loads taken out
 #   dab        s20/decode_ab.py: this tree's decode kernel against .s20base's (carry .s20base), batch 1, 8, 32
 #   abengine   engine.py decode_rag + ttft_rag (batch 16), .s20base's tree and this one alternated twice
+#   dwarps2    s20/decode_warps2.py: batch-1 decode with 2 warps a program against the default 4
 #   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
 #   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
 set -u
@@ -44,6 +45,8 @@ for stage in $STAGES; do
     dab)       TAIL=6 step dab timeout -k 5 400 python benchmarks/results/engine_perf/s20/decode_ab.py \
                  $W/s20_decode_ab.json ;;
     abengine)  ab_engine .s20base s20_abengine ;;
+    dwarps2)   TAIL=4 step dwarps2 timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_warps2.py \
+                 $W/s20_decode_warps2.json ;;
     htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
                  tests/kernels/test_decode.py ;;
     *)         common_stage $stage ;;
