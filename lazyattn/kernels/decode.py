@@ -32,10 +32,13 @@ the contract lets hold NaN: masked scores are -inf whatever K holds, and a tile 
 again over masked per-thread loads of V. Measured on an H100 (docs/kernels.md, Session 17): batch 8 and 32 10-12 %
 faster, batch 1 over 10K keys 5-7 %.
 
-Programmatic dependent launch (kernels/launch.py): the page count, the split's page range, the query position and
-the first page id are the host's tables (kernels/paged.py), read before the wait, while the kernel before this one
-finishes; q and the step's own keys, the RoPE launch's writes, after it. At batch 1 over 10K keys the wait placed
-after those loads and the one-load merge took a layer from 30.6 to 26.0 us on an H100 (docs/kernels.md, Session 14).
+Programmatic dependent launch (kernels/launch.py): the page count, the split's page range, the query position, the
+first page id, and the deltas of the split's first and last pages with their cos/sin rows are the host's tables
+(kernels/paged.py, rope.py), read before the wait, while the kernel before this one finishes; q and the step's own
+keys, the RoPE launch's writes, after it. At batch 1 over 10K keys the wait placed after those loads and the one-load
+merge took a layer from 30.6 to 26.0 us on an H100 (docs/kernels.md, Session 14). The rotation rows moved before the
+wait in Session 20: the same bits; the decode step over the cached documents 5.98 against 6.00-6.01 ms in two rounds
+each (docs/kernels.md, "Session 20").
 """
 
 from __future__ import annotations
