@@ -420,6 +420,44 @@ def module_from(path: Path, name: str):
     return module
 
 
+def patched_module(path: Path, folder: Path, name: str, patches: list[tuple]):
+    """A copy of the Python file at `path` with text patches, (old, new) or (old, new, count): each `old` must occur
+    exactly once (or `count` times); written to folder/name.py and imported as module `name` (the session probes'
+    kernels with work taken out or clock stamps put in)."""
+    source = path.read_text()
+    for old, new, *count in patches:
+        want = count[0] if count else 1
+        if source.count(old) != want:
+            raise SystemExit(f"{path.name} holds {source.count(old)} of a patched passage, not {want}: {old[:80]!r}")
+        source = source.replace(old, new)
+    target = folder / f"{name}.py"
+    target.write_text(source)
+    return module_from(target, name)
+
+
+def decode_inputs(b: Bench, batch: int, ctx: int, seed: int, copies: int = 4) -> tuple[list[tuple], int]:
+    """At least `copies` input copies of `decode_case` (graph_us cycles them past L2) from one seeded generator, and
+    the bytes a call reads."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs, nbytes = decode_case(b, batch, ctx, gen)
+    while len(inputs) < copies:
+        inputs += decode_case(b, batch, ctx, gen)[0]
+    return inputs, nbytes
+
+
+def decode_layer(b: Bench, batch: int) -> Callable:
+    """layer(attend, q, k, v, pb): the engine's decode layer for a probe's attention launcher `attend(q, k, v, pb)`,
+    the RoPE/KV-write launch first (the step's keys count as cached: slots -1)."""
+    s = b.s
+    kv_new = torch.randn(batch, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    slots = torch.full((batch,), -1, dtype=torch.int64, device=b.device)
+
+    def layer(attend: Callable, q, k, v, pb):
+        return attend(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables), k, v, pb)
+
+    return layer
+
+
 def probe_rows(out_path: str, head: dict, cases: list, row: Callable[[object], dict]) -> None:
     """The session probes' output: head plus {"rows": [row(case) for each case]}, each row printed as it comes and
     memory freed between cases, written as JSON to out_path."""

@@ -14,17 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_rounds, module_from, rag_sweep_bench  # noqa: E402
+from kernels import decode_inputs, decode_layer, graph_rounds, module_from, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import decode  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 ROUNDS = 3
@@ -36,22 +33,13 @@ def main() -> None:
     batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32").split(",")]
     base = module_from(ROOT / ".s20base/lazyattn/kernels/decode.py", "decode_s20base")
     b, copy_gbps, _, _ = rag_sweep_bench()
-    s = b.s
     result = {"copy_gbps": copy_gbps, "rows": []}
     for batch in batches:
-        gen = torch.Generator().manual_seed(11 + batch)
-        inputs, nbytes = decode_case(b, batch, CONTEXT, gen)
-        while len(inputs) < 4:
-            inputs += decode_case(b, batch, CONTEXT, gen)[0]
-        kv_new = torch.randn(batch, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-        slots = torch.full((batch,), -1, dtype=torch.int64, device=b.device)
+        inputs, nbytes = decode_inputs(b, batch, CONTEXT, 11 + batch)
+        layer = decode_layer(b, batch)
 
         def attend(mod, counters, q, k, v, pb):
             return mod.decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
-
-        def layer(mod, counters, q, k, v, pb, kv_new=kv_new, slots=slots):
-            rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
-            return attend(mod, counters, rq, k, v, pb)
 
         q, k, v, pb = inputs[0]
         ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
@@ -62,8 +50,9 @@ def main() -> None:
             counters = mod.ArrivalCounters()
             outs[name] = attend(mod, counters, q, k, v, pb).float()
             row[f"{name} max_abs_vs_ref"] = (outs[name] - ref).abs().max().item()
-            for form, fn in (("attention", attend), ("layer", layer)):
-                calls[f"{name}, {form}"] = [functools.partial(fn, mod, counters, *i) for i in inputs]
+            calls[f"{name}, attention"] = [functools.partial(attend, mod, counters, *i) for i in inputs]
+            calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, mod, counters), *i)
+                                       for i in inputs]
         row["this vs base max_abs"] = (outs["this"] - outs["base"]).abs().max().item()
         row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
         print(json.dumps(row), flush=True)

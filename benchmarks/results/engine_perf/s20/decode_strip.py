@@ -22,16 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_rounds, module_from, rag_sweep_bench  # noqa: E402
+from kernels import decode_inputs, decode_layer, graph_rounds, patched_module, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import decode  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 ROUNDS = 3
 CONTEXT = 10304
@@ -59,32 +56,17 @@ VARIANTS = {"no merge": [MERGE], "no softmax": [SOFTMAX], "no tables": [TABLES],
 
 
 def patched(folder: Path, name: str, patches: list[tuple[str, str]]):
-    source = Path(decode.__file__).read_text()
-    for old, new in patches:
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    path = folder / f"decode_{name.replace(' ', '_').replace(',', '')}.py"
-    path.write_text(source)
-    return module_from(path, path.stem)
+    return patched_module(Path(decode.__file__), folder, f"decode_{name.replace(' ', '_').replace(',', '')}", patches)
 
 
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    s = b.s
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
-    kv_new = torch.randn(1, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((1,), -1, dtype=torch.int64, device=b.device)
+    inputs, nbytes = decode_inputs(b, 1, CONTEXT, 2)
+    layer = decode_layer(b, 1)
 
     def attend(mod, counters, q, k, v, pb):
         return mod.decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
-
-    def layer(mod, counters, q, k, v, pb):
-        rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
-        return attend(mod, counters, rq, k, v, pb)
 
     row = {"copy_gbps": copy_gbps, "bytes": nbytes}
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,8 +74,9 @@ def main() -> None:
         calls = {}
         for name, mod in modules.items():
             counters = mod.ArrivalCounters()
-            for form, fn in (("attention", attend), ("layer", layer)):
-                calls[f"{name}, {form}"] = [functools.partial(fn, mod, counters, *i) for i in inputs]
+            calls[f"{name}, attention"] = [functools.partial(attend, mod, counters, *i) for i in inputs]
+            calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, mod, counters), *i)
+                                       for i in inputs]
         row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
     print(json.dumps(row, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))

@@ -14,6 +14,9 @@ Global: program starts and ends against the first start; the launch's span (firs
 the per-launch time of the graph, which also holds the gap to the next launch.
 
     python benchmarks/results/engine_perf/s20/decode_timeline.py OUT.json
+
+Calls 1 and 4 ran it on the decode.py of commits 8c96869 and 91606e6 (the wait's stamp then followed
+`wait_for_producers(USE_PDL)\n\n    g = tl.arange`); the patches now match the later decode.py (b6cd0f2 on).
 """
 
 from __future__ import annotations
@@ -31,10 +34,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_us, module_from, rag_sweep_bench  # noqa: E402
+from kernels import decode_inputs, decode_layer, graph_us, patched_module, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import decode  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 CONTEXT = 10304
 SLOTS = 10  # per program: 0-4 clock64 at entry, after wait, loop end, counted, merged; 5 its SM; 7-9 globaltimer at
@@ -64,8 +66,8 @@ PATCHES = [
      "    spid = kv_head * num_splits + split\n    _stamp(Stamps, spid, 0, True)\n"
      "    _stamp(Stamps, spid, 7, True, True)\n    _stamp(Stamps, spid, 5, True, False, True)\n"
      "    per_split = tl.cdiv(n_pages, splits)\n", 1),
-    ("    wait_for_producers(USE_PDL)\n\n    g = tl.arange",
-     "    wait_for_producers(USE_PDL)\n    _stamp(Stamps, spid, 1, True)\n\n    g = tl.arange", 1),
+    ("    wait_for_producers(USE_PDL)\n\n    heads = kv_head",
+     "    wait_for_producers(USE_PDL)\n    _stamp(Stamps, spid, 1, True)\n\n    heads = kv_head", 1),
     ("    if DIRECT or splits == 1:\n", "    _stamp(Stamps, spid, 2, True)\n    if DIRECT or splits == 1:\n", 1),
     ("        if tl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\") == splits - 1:\n",
      "        arrived = tl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")\n"
@@ -79,14 +81,8 @@ PHASES = ("entry -> after wait", "-> loop end", "-> counted", "-> merged (merger
 
 
 def stamped_module(folder: Path):
-    source = Path(decode.__file__).read_text()
-    for old, new, count in PATCHES:
-        assert source.count(old) == count, old
-        source = source.replace(old, new)
-    source = source.replace("\n@triton.jit\ndef _pair_layout", STAMP + "\n\n@triton.jit\ndef _pair_layout", 1)
-    path = folder / "decode_stamped.py"
-    path.write_text(source)
-    return module_from(path, path.stem)
+    helper = ("\n@triton.jit\ndef _pair_layout", STAMP + "\n\n@triton.jit\ndef _pair_layout")
+    return patched_module(Path(decode.__file__), folder, "decode_stamped", [*PATCHES, helper])
 
 
 def spread(vals: list[float]) -> dict:
@@ -124,16 +120,12 @@ def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    inputs, nbytes = decode_inputs(b, 1, CONTEXT, 2)
     n_pages = int(inputs[0][3].num_pages[0])
     rule = decode._default_rule(inputs[0][0], s.kv_heads)
     grid_splits = rule.unrounded(n_pages)
     stamps = torch.zeros(grid_splits * s.kv_heads, SLOTS, dtype=torch.int64, device=b.device)
-    kv_new = torch.randn(1, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((1,), -1, dtype=torch.int64, device=b.device)
+    rope_then = decode_layer(b, 1)
     result = {"copy_gbps": copy_gbps, "bytes": nbytes, "pages": n_pages, "grid splits": grid_splits,
               "splits": rule.splits(n_pages)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,8 +136,7 @@ def main() -> None:
             return mod.decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
 
         def layer(mod, counters, q, k, v, pb):
-            rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
-            return attend(mod, counters, rq, k, v, pb)
+            return rope_then(functools.partial(attend, mod, counters), q, k, v, pb)
 
         for form, fn in (("attention", attend), ("layer", layer)):
             row = {}

@@ -204,17 +204,14 @@ def decode_warps(q, k_cache, v_cache, batch, tables, scale, counters, tma: bool,
 
 
 def main() -> None:
-    from kernels import attention, decode_case, graph_rounds, rag_sweep_bench
+    from kernels import attention, decode_inputs, graph_rounds, rag_sweep_bench
 
     from lazyattn.kernels.decode import ArrivalCounters
     from lazyattn.kernels.reference import paged_attention
 
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    inputs, nbytes = decode_inputs(b, 1, CONTEXT, 2)
     counters = ArrivalCounters()
     forms = {"warps, tma, 3 stages": dict(tma=True), "warps, tma, 4 stages": dict(tma=True, num_stages=4),
              "warps, copies, 3 stages": dict(tma=False), "warps, copies, 4 stages": dict(tma=False, num_stages=4)}

@@ -15,15 +15,12 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_rounds, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, decode_inputs, decode_layer, graph_rounds, rag_sweep_bench  # noqa: E402
 
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters, copy_engine_tiles, decode_attention, decode_config  # noqa: E402
 from lazyattn.kernels.launch import sm_count  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
@@ -36,10 +33,7 @@ def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
-    gen = torch.Generator().manual_seed(5)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    inputs, nbytes = decode_inputs(b, 1, CONTEXT, 5)
     base = decode_config(s.head_dim, DTYPE, s.page_size, 120 / sm_count(b.device), copy_engine_tiles(b.device))
     configs = {
         "default": base,
@@ -50,22 +44,17 @@ def main() -> None:
     row = {"copy_gbps": copy_gbps, "bytes": nbytes, "configs": {k: dataclasses.asdict(v) for k, v in configs.items()}}
     q, k, v, pb = inputs[0]
     ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
-    kv_new = torch.randn(1, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((1,), -1, dtype=torch.int64, device=b.device)
+    layer = decode_layer(b, 1)
     counters = ArrivalCounters()
 
     def attend(config, q, k, v, pb):
         return decode_attention(q, k, v, pb, b.tables, b.scale, config=config, counters=counters)
 
-    def layer(config, q, k, v, pb):
-        rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
-        return attend(config, rq, k, v, pb)
-
     calls = {}
     for name, config in configs.items():
         row[f"{name} max_abs_vs_ref"] = (attend(config, q, k, v, pb).float() - ref).abs().max().item()
-        for form, fn in (("attention", attend), ("layer", layer)):
-            calls[f"{name}, {form}"] = [functools.partial(fn, config, *i) for i in inputs]
+        calls[f"{name}, attention"] = [functools.partial(attend, config, *i) for i in inputs]
+        calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, config), *i) for i in inputs]
     row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
     print(json.dumps(row), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))

@@ -23,10 +23,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_rounds, rag_sweep_bench  # noqa: E402
+from kernels import decode_inputs, decode_layer, graph_rounds, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
@@ -41,24 +40,17 @@ def main() -> None:
     s = b.s
     result = {"copy_gbps": copy_gbps, "rows": []}
     for batch in batches:
-        gen = torch.Generator().manual_seed(7 + batch)
-        inputs, nbytes = decode_case(b, batch, CONTEXT, gen)
-        while len(inputs) < 4:
-            inputs += decode_case(b, batch, CONTEXT, gen)[0]
+        inputs, nbytes = decode_inputs(b, batch, CONTEXT, 7 + batch)
         splits = prefill_hopper.num_splits(batch, s.q_heads, s.kv_heads, b.device, batch, 1)
         counters = ArrivalCounters()
         gluon_counters = ArrivalCounters().get(b.device, 4096)
-        kv_new = torch.randn(batch, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-        slots = torch.full((batch,), -1, dtype=torch.int64, device=b.device)
+        layer = decode_layer(b, batch)
 
         def triton_decode(q, k, v, pb, counters=counters):
             return decode_attention(q, k, v, pb, b.tables, b.scale, counters=counters)
 
         def gluon_decode(q, k, v, pb, splits=splits, counters=gluon_counters):
             return prefill_hopper.decode_attention(q, k, v, pb, b.tables, b.scale, splits, counters)
-
-        def layer(fn, q, k, v, pb, kv_new=kv_new, slots=slots):
-            return fn(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables), k, v, pb)
 
         q, k, v, pb = inputs[0]
         ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, graph_rounds, module_from, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import DTYPE, graph_rounds, patched_module, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
@@ -63,13 +63,7 @@ VARIANTS = {
 
 
 def patched(folder: Path, name: str, patches: list[tuple[str, str]]):
-    source = Path(prefill_hopper.__file__).read_text()
-    for old, new in patches:
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    path = folder / f"prefill_hopper_{name.replace(' ', '_')}.py"
-    path.write_text(source)
-    return module_from(path, path.stem)
+    return patched_module(Path(prefill_hopper.__file__), folder, f"prefill_hopper_{name.replace(' ', '_')}", patches)
 
 
 def main() -> None:

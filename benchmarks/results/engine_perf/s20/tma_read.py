@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import attention, decode_case, graph_rounds, rag_sweep_bench, read_ceiling  # noqa: E402
+from kernels import attention, decode_inputs, graph_rounds, rag_sweep_bench, read_ceiling  # noqa: E402
 
 from lazyattn.kernels.launch import sm_count  # noqa: E402
 from lazyattn.kernels.prefill_hopper import _descriptor, _tma_load, _wait_for_producers  # noqa: E402
@@ -89,10 +89,7 @@ def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
-    gen = torch.Generator().manual_seed(2)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    inputs, nbytes = decode_inputs(b, 1, CONTEXT, 2)
     sms = sm_count(b.device)
     out = torch.empty(4 * sms, dtype=torch.int32, device=b.device)
     n_pages = int(inputs[0][3].num_pages[0])
