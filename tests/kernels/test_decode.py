@@ -73,6 +73,23 @@ def test_num_splits(num_splits):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
+def test_rotation_of_each_split():
+    """A split rotates q for its first page's delta before the loop, for its last page's delta from rows loaded with
+    it, and for any other delta from rows loaded in the loop: splits of one, two and three or more deltas, each
+    against the reference."""
+    s = scenario("default", heads=(4, 2), seed=9)
+    q, batch = s.decode()
+    seen = set()
+    for num_splits in (1, 2, 3):
+        for deltas, n in zip(batch.deltas.tolist(), batch.num_pages.tolist()):
+            per = -(-n // num_splits)
+            for lo in range(0, n, per):
+                seen.add(min(3, len(set(deltas[lo:min(n, lo + per)]))))
+        out, ref = run(s, num_splits=num_splits)
+        assert rel_err(out, ref) < 1e-5
+    assert seen == {1, 2, 3}, "the scenario must give splits of one, two and three or more deltas"
+
+
 @pytest.mark.parametrize("heads", [(8, 1), (6, 2), (16, 1)])
 def test_merge_in_several_rounds(heads):
     """More splits than the merge loads at once (64 // group rows: 8, 16, 4 splits a round), 18 and 20 of them."""
