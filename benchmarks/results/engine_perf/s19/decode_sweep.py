@@ -13,15 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, decode_case, graph_rounds, rag_sweep_bench, read_ceiling  # noqa: E402
+from kernels import DTYPE, decode_inputs, decode_layer, graph_rounds, rag_sweep_bench, read_ceiling  # noqa: E402
 
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters, copy_engine_tiles, decode_attention, decode_config  # noqa: E402
 from lazyattn.kernels.launch import sm_count  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
@@ -30,45 +27,44 @@ ROUNDS = 3
 CONTEXT = 10304
 
 
-def main() -> None:
-    out_path = sys.argv[1]
+def sweep(out_path: str, configs_of, seed: int, read_us: bool = True) -> None:
+    """Time decode_config's config and the others `configs_of(base)` names ({name: DecodeConfig}, "default" first) on
+    inputs from `seed`, each checked against the reference; with read_us, the one-launch read of the same bytes too."""
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
-    gen = torch.Generator().manual_seed(7)
-    inputs, nbytes = decode_case(b, 1, CONTEXT, gen)
-    while len(inputs) < 4:
-        inputs += decode_case(b, 1, CONTEXT, gen)[0]
+    inputs, nbytes = decode_inputs(b, 1, CONTEXT, seed)
     base = decode_config(s.head_dim, DTYPE, s.page_size, 120 / sm_count(b.device), copy_engine_tiles(b.device))
-    configs = {
-        "default": base,
-        "8 warps": dataclasses.replace(base, num_warps=8),
-        "3 buffers": dataclasses.replace(base, num_stages=base.num_stages + 1),
-        "tiles of 32, 4 buffers": dataclasses.replace(base, block_n=32, num_stages=5),
-        "tiles of 32, 3 buffers": dataclasses.replace(base, block_n=32, num_stages=4),
-    }
-    row = {"copy_gbps": copy_gbps, "bytes": nbytes, "read_us": read_ceiling(b, nbytes),
-           "configs": {k: dataclasses.asdict(v) for k, v in configs.items()}}
+    configs = configs_of(base)
+    row = {"copy_gbps": copy_gbps, "bytes": nbytes}
+    if read_us:
+        row["read_us"] = read_ceiling(b, nbytes)
+    row["configs"] = {k: dataclasses.asdict(v) for k, v in configs.items()}
     q, k, v, pb = inputs[0]
     ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
-    kv_new = torch.randn(1, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((1,), -1, dtype=torch.int64, device=b.device)
+    layer = decode_layer(b, 1)
     counters = ArrivalCounters()
 
     def attend(config, q, k, v, pb):
         return decode_attention(q, k, v, pb, b.tables, b.scale, config=config, counters=counters)
 
-    def layer(config, q, k, v, pb):
-        rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables)
-        return attend(config, rq, k, v, pb)
-
     calls = {}
     for name, config in configs.items():
         row[f"{name} max_abs_vs_ref"] = (attend(config, q, k, v, pb).float() - ref).abs().max().item()
-        for form, fn in (("attention", attend), ("layer", layer)):
-            calls[f"{name}, {form}"] = [functools.partial(fn, config, *i) for i in inputs]
+        calls[f"{name}, attention"] = [functools.partial(attend, config, *i) for i in inputs]
+        calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, config), *i) for i in inputs]
     row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
     print(json.dumps(row), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
+
+
+def main() -> None:
+    sweep(sys.argv[1], lambda base: {
+        "default": base,
+        "8 warps": dataclasses.replace(base, num_warps=8),
+        "3 buffers": dataclasses.replace(base, num_stages=base.num_stages + 1),
+        "tiles of 32, 4 buffers": dataclasses.replace(base, block_n=32, num_stages=5),
+        "tiles of 32, 3 buffers": dataclasses.replace(base, block_n=32, num_stages=4),
+    }, seed=7)
 
 
 if __name__ == "__main__":
