@@ -13,6 +13,10 @@
 #                                saturation), cold and with a pre-warmed document cache, one run each
 #                       targets  kernels.py --sections targets, twice
 #                       ttft     engine.py decode_rag + ttft_rag, twice
+#                       htests   pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
+#   probe NAME FILE TAIL LIMIT [ARGS...]
+#                       step NAME: python benchmarks/results/engine_perf/$TAG/FILE.py $W/${TAG}_FILE.json ARGS under a
+#                       LIMIT-second timeout, the log's last TAIL lines onto $L
 #   pack_outputs        $W's json, md and log files into $OUT/${TAG}_<stages>.tgz (what the device call brings back)
 #   alternate STEP OUT VAR "VALUES" ARGS...
 #                       benchmarks/engine.py ARGS with VAR set to each value in turn, twice; step STEP<value>_<round>,
@@ -42,6 +46,8 @@ common_stage() {
                --num-requests 48 --kv-cache-gb 20 --no-progress" c r
   case $1 in
     etests)  step etests timeout -k 5 400 python -m pytest -q -m gpu tests/engine tests/cache tests/model ;;
+    htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
+               tests/kernels/test_decode.py ;;
     ktests)  step ktests timeout -k 5 400 python -m pytest -q -m gpu tests/kernels
              step tbackend timeout -k 5 200 python -m pytest -q tests/kernels/test_triton_backend.py ;;
     engine)  step engine timeout -k 5 300 python benchmarks/engine.py --out $W/${TAG}_engine ;;
@@ -57,4 +63,7 @@ common_stage() {
              done ;;
     *)       echo "unknown stage $1" | tee -a $L; return 1 ;;
   esac; }
+probe() { local name=$1 file=$2 tail=$3 limit=$4; shift 4
+          TAIL=$tail step $name timeout -k 5 $limit python benchmarks/results/engine_perf/$TAG/$file.py \
+            $W/${TAG}_$file.json "$@"; }
 pack_outputs() { (cd $W && tar czf $OUT/${TAG}_$(echo $STAGES | tr ' ' '_').tgz *.json *.md *.log 2>/dev/null); true; }

@@ -7,8 +7,7 @@
 #   dsweep     s19/decode_sweep.py: batch-1 decode attention at launch configs beside decode_config's
 #   timeline   s19/timeline.py: clock stamps of the Gluon short prefill's phases, batch 1 after the RoPE launch
 #   eprobe     s19/epilogue_probe.py: the Gluon partial's store through the Q buffers against .s19base's, batch 1 and 8
-#   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
-#   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s19_*
+#   htests etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s19_*
 set -u
 STAGES=${STAGES:-dprobe}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -18,20 +17,12 @@ device_info
 TAG=s19
 for stage in $STAGES; do
   case $stage in
-    dprobe)  TAIL=6 step dprobe timeout -k 5 400 python benchmarks/results/engine_perf/s19/decode_probe.py \
-               $W/s19_decode_probe.json ${PROBE_BATCHES:-1} ;;
-    ceiling) TAIL=4 step ceiling timeout -k 5 300 python benchmarks/results/engine_perf/s19/read_ceiling.py \
-               $W/s19_read_ceiling.json ;;
-    sprobe)  TAIL=6 step sprobe timeout -k 5 400 python benchmarks/results/engine_perf/s19/short_probe.py \
-               $W/s19_short_probe.json ;;
-    dsweep)  TAIL=4 step dsweep timeout -k 5 300 python benchmarks/results/engine_perf/s19/decode_sweep.py \
-               $W/s19_decode_sweep.json ;;
-    timeline) TAIL=40 step timeline timeout -k 5 300 python benchmarks/results/engine_perf/s19/timeline.py \
-               $W/s19_timeline.json ;;
-    eprobe)  TAIL=4 step eprobe timeout -k 5 300 python benchmarks/results/engine_perf/s19/epilogue_probe.py \
-               $W/s19_epilogue_probe.json ;;
-    htests)  step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
-               tests/kernels/test_decode.py ;;
+    dprobe)  probe dprobe decode_probe 6 400 ${PROBE_BATCHES:-1} ;;
+    ceiling) probe ceiling read_ceiling 4 300 ;;
+    sprobe)  probe sprobe short_probe 6 400 ;;
+    dsweep)  probe dsweep decode_sweep 4 300 ;;
+    timeline) probe timeline timeline 40 300 ;;
+    eprobe)  probe eprobe epilogue_probe 4 300 ;;
     *)       common_stage $stage ;;
   esac
 done

@@ -12,8 +12,7 @@
 #   dab        s20/decode_ab.py: this tree's decode kernel against .s20base's (carry .s20base), batch 1, 8, 32
 #   abengine   engine.py decode_rag + ttft_rag (batch 16), .s20base's tree and this one alternated twice
 #   dwarps2    s20/decode_warps2.py: batch-1 decode with 2 warps a program against the default 4
-#   htests     pytest -m gpu tests/kernels/test_prefill_hopper.py tests/kernels/test_decode.py
-#   etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
+#   htests etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s20_*
 set -u
 STAGES=${STAGES:-tread}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -23,14 +22,10 @@ device_info
 TAG=s20
 for stage in $STAGES; do
   case $stage in
-    tread)     TAIL=40 step tread timeout -k 5 300 python benchmarks/results/engine_perf/s20/tma_read.py \
-                 $W/s20_tma_read.json ;;
-    dtimeline) TAIL=40 step dtimeline timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_timeline.py \
-                 $W/s20_decode_timeline.json ;;
-    dwarps)    TAIL=40 step dwarps timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_warps.py \
-                 $W/s20_decode_warps.json ;;
-    gdecode)   TAIL=20 step gdecode timeout -k 5 400 python benchmarks/results/engine_perf/s20/gluon_decode.py \
-                 $W/s20_gluon_decode.json ${GD_BATCHES:-1,2,4,8} ;;
+    tread)     probe tread tma_read 40 300 ;;
+    dtimeline) probe dtimeline decode_timeline 40 300 ;;
+    dwarps)    probe dwarps decode_warps 40 300 ;;
+    gdecode)   probe gdecode gluon_decode 20 400 ${GD_BATCHES:-1,2,4,8} ;;
     norope)    for r in 1 2; do
                  for v in 0 1; do
                    step norope${v}_$r timeout -k 5 200 env NO_DECODE_ROPE=$v python \
@@ -38,17 +33,11 @@ for stage in $STAGES; do
                      --batches 16 --out $W/s20_norope${v}_$r
                  done
                done ;;
-    strip)     TAIL=4 step strip timeout -k 5 400 python benchmarks/results/engine_perf/s20/prefill_strip.py \
-                 $W/s20_prefill_strip.json ;;
-    dstrip)    TAIL=4 step dstrip timeout -k 5 400 python benchmarks/results/engine_perf/s20/decode_strip.py \
-                 $W/s20_decode_strip.json ;;
-    dab)       TAIL=6 step dab timeout -k 5 400 python benchmarks/results/engine_perf/s20/decode_ab.py \
-                 $W/s20_decode_ab.json ;;
+    strip)     probe strip prefill_strip 4 400 ;;
+    dstrip)    probe dstrip decode_strip 4 400 ;;
+    dab)       probe dab decode_ab 6 400 ;;
     abengine)  ab_engine .s20base s20_abengine ;;
-    dwarps2)   TAIL=4 step dwarps2 timeout -k 5 300 python benchmarks/results/engine_perf/s20/decode_warps2.py \
-                 $W/s20_decode_warps2.json ;;
-    htests)    step htests timeout -k 5 300 python -m pytest -q -m gpu tests/kernels/test_prefill_hopper.py \
-                 tests/kernels/test_decode.py ;;
+    dwarps2)   probe dwarps2 decode_warps2 4 300 ;;
     *)         common_stage $stage ;;
   esac
 done
