@@ -241,10 +241,16 @@ def _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
 
 
 @triton.jit
+def _rotate(q, q_partner, c, s):
+    """q [G, D] (fp32) rotated by the cos and signed sin rows c, s [D] of _rotation_rows."""
+    return q * c[None, :] + q_partner * s[None, :]
+
+
+@triton.jit
 def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
     """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
     c, s = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
-    return q * c[None, :] + q_partner * s[None, :]
+    return _rotate(q, q_partner, c, s)
 
 
 @triton.jit
@@ -348,7 +354,7 @@ def _decode_split(
     cur_delta = tl.full([], 0, tl.int32)
     if APPLY_DELTA:
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        q_dot = (q * cos_lo[None, :] + q_partner * sin_lo[None, :]).to(kv_ty).to(DOT_TY)
+        q_dot = _rotate(q, q_partner, cos_lo, sin_lo).to(kv_ty).to(DOT_TY)
         cur_delta = delta_lo
 
     m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
@@ -369,7 +375,7 @@ def _decode_split(
             delta = tl.load(deltas_ptr + entry * stride_deltas + p)
             if delta != cur_delta:
                 if delta == delta_hi:
-                    q_dot = (q * cos_hi[None, :] + q_partner * sin_hi[None, :]).to(kv_ty).to(DOT_TY)
+                    q_dot = _rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
                 else:
                     q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
                                       d_mask).to(kv_ty).to(DOT_TY)
