@@ -159,3 +159,53 @@ def test_gpu_without_tables_is_attention_without_rotation():
     expected = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize(("lengths", "requests", "splits"), [
+    ([2048, 2048, 130], [([0, 1, 2], 32)], None),  # batch 1 at the engine's split count (16 on an H100)
+    ([2048, 1000, 77], [([0, 1, 2], 32), ([2, 0], 7), ([1], 40)], 3),  # spare slots, masked rows, empty splits
+    ([2048, 1000, 77], [([0, 1, 2], 32), ([2, 0], 7), ([1], 40)], 1),  # one split: no program waits for another
+    ([300, 64], [([0, 1], 5)], 16),  # more splits than pages: most splits have none
+])
+def test_gpu_merge_in_the_kernel_matches_reference(lengths, requests, splits):
+    """With arrival counters the kernel merges its splits itself (`_merge_group`, where `fused_merge` allows): the same
+    result as the reference, twice in a row (the last program to leave sets the counters back to 0: the second call
+    would hang or merge early otherwise), bit for bit the same both times, the counters 0 after."""
+    from lazyattn.kernels.decode import ArrivalCounters
+
+    s = gpu_scenario(lengths, requests)
+    q, batch = s.final_prefill()
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    if splits is None:
+        splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], s.k_cache.shape[2], q.device)
+    grid = prefill_hopper._grid(q, s.k_cache, batch, splits)
+    assert prefill_hopper.fused_merge(grid, q.device)
+    expected = ref(s, q, batch)
+    counters = ArrivalCounters()
+    first = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
+                                                   counters=counters)
+    second = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
+                                                    counters=counters)
+    assert rel_err(first, expected) < 1e-2
+    assert torch.equal(first, second)
+    assert counters.get(q.device, prefill_hopper.counters_needed(grid)).abs().sum().item() == 0
+    combined = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert (first.float() - combined.float()).abs().max().item() <= 2 ** -6 * combined.float().abs().max().item()
+
+
+@pytest.mark.parametrize(("grid", "sms", "fused"), [
+    ((1, 8, 16), 132, True),  # batch 1 on an H100: 128 programs, one per SM
+    ((8, 8, 2), 132, True),  # batch 8: 128
+    ((1, 8, 16), 114, False),  # 128 programs over 114 SMs: a group's last programs could wait for an SM forever
+    ((40, 8, 1), 132, True),  # one split: no program waits for another, whatever the grid
+])
+def test_the_merge_is_fused_only_where_the_grid_is_resident(monkeypatch, grid, sms, fused):
+    """`fused_merge`: a group's programs wait for each other, so the grid must fit the SMs (one program each) unless
+    each group is one program; LAZYATTN_PREFILL_FUSED_MERGE=0 always merges by the combine launch."""
+    monkeypatch.setattr(prefill_hopper, "sm_count", lambda device: sms)
+    assert prefill_hopper.fused_merge(grid, torch.device("cuda")) == fused
+    assert prefill_hopper.counters_needed(grid) == 2 * grid[0] * grid[1]
+    monkeypatch.setenv(prefill_hopper.FUSED_MERGE_ENV, "0")
+    assert not prefill_hopper.fused_merge(grid, torch.device("cuda"))

@@ -1,0 +1,23 @@
+#!/bin/bash
+# Session 21 device calls. STAGES picks what runs (space-separated); outputs in $OUT as one tarball.
+#   merge      s21/prefill_merge.py: the short prefill's merge in the kernel against prefill's combine launch (and
+#              the launch with the cooperative attribute, and no merge), batch MERGE_BATCHES (default 1,2,4,8)
+#   abengine   engine.py decode_rag + ttft_rag (batch 16), .s21base's tree and this one alternated twice
+#   fusedoff   engine.py ttft_rag + decode_rag with LAZYATTN_PREFILL_FUSED_MERGE=0 and 1, alternated twice
+#   htests etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s21_*
+set -u
+STAGES=${STAGES:-merge}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+W=/tmp/s21; rm -rf $W; mkdir -p $W; L=$W/s21_$(echo $STAGES | tr ' ' '_').log
+. "$(dirname "$0")/lib.sh"  # device_info, step, common_stage, pack_outputs
+device_info
+TAG=s21
+for stage in $STAGES; do
+  case $stage in
+    merge)     probe merge prefill_merge 60 500 ${MERGE_BATCHES:-1,2,4,8} ;;
+    abengine)  ab_engine .s21base s21_abengine ;;
+    fusedoff)  alternate fusedoff fusedoff LAZYATTN_PREFILL_FUSED_MERGE "0 1" --sections decode_rag,ttft_rag ;;
+    *)         common_stage $stage ;;
+  esac
+done
+pack_outputs
