@@ -293,24 +293,15 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
     prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5, **options)
 
 
-def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False,
-                   fused: bool = False) -> None:
+def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False) -> None:
     """The warp-specialised Gluon kernel (kernels/prefill_hopper.py) over the RAG case. engine: as the engine's CUDA
-    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch.
-    fused: the splits merged in the kernel (the engine's launch where the grid fits an H100's SMs), else by prefill's
-    combine kernel."""
+    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch."""
     kv = _pool(heads, 64)
-    q = _cuda_looking(torch.zeros(tokens, heads.q, heads.dim, dtype=BF16))
+    q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
     with _pdl(prefill_hopper, engine):
-        if fused:
-            grid = prefill_hopper._grid(q, kv[0, 0], batch, splits)
-            prefill_hopper._launch(q, kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim ** -0.5, grid, True,
-                                   out=torch.empty_like(q),
-                                   counters=torch.zeros(prefill_hopper.counters_needed(grid), dtype=torch.int32))
-        else:
-            prefill_hopper.short_prefill_attention(q, kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim ** -0.5,
-                                                   splits)
+        prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads),
+                                               heads.dim ** -0.5, splits)
 
 
 @contextlib.contextmanager
@@ -430,10 +421,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                     lambda t=tokens, e=entries, n=splits: _short_prefill(LLAMA_8B, t, e, n)))
     out.append(("short prefill (Gluon) 8B page64 rag T=32 B=1 splits=16, relinked (firsts), PDL",
                 lambda: _short_prefill(LLAMA_8B, 32, 1, 16, engine=True)))
-    for tokens, entries, splits in ((32, 1, 16), (64, 2, 8), (256, 8, 1), (256, 8, 2)):
-        out.append((f"short prefill (Gluon), merge fused, 8B page64 rag T={tokens} B={entries} splits={splits}, "
-                    "relinked (firsts), PDL", lambda t=tokens, e=entries, n=splits: _short_prefill(
-                        LLAMA_8B, t, e, n, engine=True, fused=True)))
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))

@@ -48,7 +48,6 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
 
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs  # noqa: E402
-from lazyattn.kernels.decode import ArrivalCounters  # noqa: E402
 from lazyattn.kernels.launch import hopper_or_later, pdl_options, sm_count, wait_for_producers  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
 from lazyattn.kernels.prefill import rotated_runs_for  # noqa: E402
@@ -662,11 +661,6 @@ def hopper_takes(q, k_cache, v_cache, pb: PagedBatch) -> bool:
     return prefill_hopper.supports(q, k_cache, v_cache, pb)
 
 
-# The arrival counters of the benchmark's short prefill launches, as the engine's backend keeps its own
-# (kernels/triton_backend.py): with them the Hopper kernel merges its splits itself where it may.
-_COUNTERS = ArrivalCounters()
-
-
 def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q=None, apply_delta: bool = True):
     """The prefill attention the engine's GPU backend runs for this call (kernels/triton_backend.py): the Hopper
     kernel where it takes the call (it rotates Q itself, at the split count the prefill graphs fix for it), else
@@ -677,7 +671,7 @@ def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q
     if hopper_takes(q, k_cache, v_cache, pb):
         splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device, pb.batch_size, pb.max_q)
         return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, splits,
-                                                      apply_delta=apply_delta, counters=_COUNTERS)
+                                                      apply_delta=apply_delta)
     return prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=rotated_q, apply_delta=apply_delta)
 
 

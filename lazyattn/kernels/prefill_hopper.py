@@ -75,7 +75,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from lazyattn.kernels.decode import ArrivalCounters
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.prefill import _combine_kernel, query_slots
@@ -88,7 +87,6 @@ STAGES = 4  # K/V tiles in flight per program (32 KiB each)
 MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
 MAX_SPLITS = 16
 GLUON_ENV = "LAZYATTN_GLUON_PREFILL"  # 0: the engine's short prefill calls run prefill.py's kernel
-FUSED_MERGE_ENV = "LAZYATTN_PREFILL_FUSED_MERGE"  # 0: prefill's combine kernel merges the splits (fused_merge)
 _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 # Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
@@ -284,9 +282,8 @@ def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_sca
 
 @gluon.jit
 def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
-             ready, empty, counter, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
-             max_position, stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, merge,
-             half):
+             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
+             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
     """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
     rows, half `half` of the program's 128 (q_smem: its Q operand; q_raw: its rows of q as loaded), over the program's
     tiles, then its partial (split calls) or its output rows."""
@@ -398,81 +395,6 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         ptrs = WsO + rows[:, None] * _KHEAD_DIM + half_dims[None, :]
         gl.store(ptrs, low_smem.load(half_layout) / l_half[:, None], mask=ok[:, None])
         gl.store(ptrs + HALF, high_smem.load(half_layout) / l_half[:, None], mask=ok[:, None])
-    # The merge in the kernel (`_merge_group`): this warpgroup's partial is stored, so it counts one arrival.
-    _arrive(counter, merge != 0)
-
-
-@gluon.jit
-def _arrive(counter, on):
-    """One arrival at `counter` for the calling warpgroup where `on`: a barrier puts every thread's stores before it,
-    and its release order makes them visible to whoever acquires the count (a mask, not a branch: Triton 3.6 cannot
-    lower some branches inside a partition)."""
-    lanes = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-    _warps_barrier()
-    gl.atomic_add(counter + lanes * 0, lanes * 0 + 1, mask=gl.where(on, lanes == 0, lanes < 0), sem="release",
-                  scope="gpu")
-
-
-@gluon.jit
-def _merge_group(WsO, WsLse, Out, counter, row0, first_row, q_len, kv_head, split, total_q, stride_ot, stride_oh,
-                 GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, SPLITS: gl.constexpr, BLOCK_S: gl.constexpr,
-                 CHUNK: gl.constexpr):
-    """The program's share of its (slot, kv head) group's merge, after the kernel's warp-specialised region: wait
-    until both consumers of all SPLITS programs of the group have stored their partials (2 * SPLITS arrivals at
-    counter[0]), then merge rows [split * R, split * R + R) of the group's 128 (R = 128 / SPLITS rounded up) as
-    prefill's `_combine_kernel` merges a row: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M). The group's programs
-    all wait for each other, so they must all be resident at once: the launcher fuses the merge only where the grid
-    fits the SMs (`fused_merge`). The last program to leave the wait (SPLITS departures at counter[1]) sets both
-    counters back to 0 for the next launch."""
-    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    lanes = gl.arange(0, 128, layout=lane_layout)
-    _wait_count(counter + lanes * 0, gl.full([128], 2 * SPLITS, gl.int32, lane_layout))
-    _warps_barrier()  # every thread has seen the count before this program departs
-    left = gl.atomic_add(counter + 1 + lanes * 0, lanes * 0 + 1, mask=lanes == 0, sem="relaxed", scope="gpu")
-    last = (lanes == 0) & (left == SPLITS - 1)
-    gl.store(counter + lanes * 0, lanes * 0, mask=last)
-    gl.store(counter + 1 + lanes * 0, lanes * 0, mask=last)
-
-    # [splits, rows, dims]: a program's splits in each thread's registers (the sums stay in the thread), a row per
-    # warp, 4 dims a lane.
-    layout: gl.constexpr = gl.BlockedLayout([BLOCK_S, 1, 4], [1, 1, 32], [1, 4, 1], [2, 1, 0])
-    sr_layout: gl.constexpr = gl.SliceLayout(2, layout)  # [splits, rows]
-    rd_layout: gl.constexpr = gl.SliceLayout(0, layout)  # [rows, dims]
-    PER: gl.constexpr = (_KROWS + SPLITS - 1) // SPLITS
-    lo = split * PER
-    s = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, sr_layout))
-    dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, rd_layout))
-    dims3 = gl.expand_dims(gl.expand_dims(dims, 0), 0)  # [1, 1, dims] in `layout`
-    for c in gl.static_range((PER + CHUNK - 1) // CHUNK):
-        r = lo + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, sr_layout))
-        qi = first_row + r // GROUP
-        ok = (r < gl.minimum(lo + PER, _KROWS)) & (qi < q_len)
-        rows = (row0 + qi).to(gl.int64) * NUM_HEADS + kv_head * GROUP + r % GROUP
-        at = s[:, None].to(gl.int64) * total_q * NUM_HEADS + rows[None, :]
-        lse = gl.load(WsLse + at, mask=(s[:, None] < SPLITS) & ok[None, :], other=float("-inf"),
-                      cache_modifier=".cg")
-        seen = lse > float("-inf")  # a split that saw no key may have left its output unwritten
-        o = gl.load(WsO + at[:, :, None] * _KHEAD_DIM + dims3, mask=seen[:, :, None], other=0.0,
-                    cache_modifier=".cg")
-        m = gl.max(lse, axis=0)
-        w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m)[None, :])
-        den = gl.sum(w[:, :, None], axis=0)  # [rows, 1]
-        out = gl.sum(w[:, :, None] * o, axis=0) / gl.where(den == 0.0, 1.0, den)
-        r_out = lo + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rd_layout))
-        qi_out = first_row + r_out // GROUP
-        ok_out = (r_out < gl.minimum(lo + PER, _KROWS)) & (qi_out < q_len)
-        ptrs = Out + (row0 + qi_out).to(gl.int64)[:, None] * stride_ot + \
-            (kv_head * GROUP + r_out % GROUP)[:, None] * stride_oh + dims[None, :]
-        gl.store(ptrs, out.to(Out.dtype.element_ty), mask=ok_out[:, None])
-
-
-@gluon.jit
-def _wait_count(counter, target):
-    """Spin until the int32 at `counter` (the same address in every lane) reaches `target`, each thread on its own
-    acquiring loads: what the other programs stored before their release arrivals is visible after it."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 v; spin: ld.acquire.gpu.global.b32 v, [$1]; setp.lt.s32 p, v, $2; @p bra spin; "
-        "mov.b32 $0, v; }", "=r,l,r", [counter, target], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -528,12 +450,11 @@ def _wait_for_producers():
 
 
 @gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
-def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Out, Counters, Cos, Sin,
+def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
                           cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
-                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
-                          qk_scale, GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, SPLITS: gl.constexpr,
-                          BLOCK_S: gl.constexpr, CHUNK: gl.constexpr, USE_PDL: gl.constexpr):
+                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
+                          GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
+                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
     QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -577,54 +498,26 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Out, Counters, Cos, Sin
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
     deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
-    # SPLITS > 0: the merge runs in the kernel (`_merge_group`), on this (slot, kv head) group's two counters.
-    MERGE: gl.constexpr = SPLITS > 0
-    counter = Counters + 2 * (slot * gl.num_programs(1) + kv_head)
     low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
-           k_bufs, v_bufs, ready, empty, counter, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles,
-           total_q, max_position, stride_qt, stride_qh, qk_scale,
-           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, MERGE.value, gl.constexpr(0))
+           k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
+           max_position, stride_qt, stride_qh, qk_scale,
+           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
     high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
-            k_bufs, v_bufs, ready, empty, counter, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles,
-            total_q, max_position, stride_qt, stride_qh, qk_scale,
-            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, MERGE.value, gl.constexpr(1))
+            k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
+            max_position, stride_qt, stride_qh, qk_scale,
+            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
     loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
     gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
                        [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
-    if MERGE:
-        _merge_group(WsO, WsLse, Out, counter, row0, first_row, q_len, kv_head, split, total_q, stride_ot, stride_oh,
-                     GROUP, NUM_HEADS, SPLITS, BLOCK_S, CHUNK)
 
 
 def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                             tables: RopeTables | None, scale: float, num_splits: int, *, apply_delta: bool = True,
-                            out: torch.Tensor | None = None, counters: ArrivalCounters | None = None) -> torch.Tensor:
-    """prefill.prefill_attention's result for a call `supports` accepts, from partials of `num_splits` balanced page
-    ranges. With `counters` (the caller's decode.ArrivalCounters: CUDA graphs keep pointing at them) the kernel merges
-    them itself where `fused_merge` allows, in one launch; else prefill's combine kernel merges them (also for one
-    split)."""
-    out = torch.empty_like(q) if out is None else out
-    grid = _grid(q, k_cache, batch, num_splits)
-    if counters is not None and fused_merge(grid, q.device):
-        _launch(q, k_cache, v_cache, batch, tables, scale, grid, apply_delta, out=out,
-                counters=counters.get(q.device, counters_needed(grid)))
-        return out
-    return merge_partials(*split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits,
-                                          apply_delta=apply_delta), out)
-
-
-def fused_merge(grid: tuple[int, int, int], device: torch.device) -> bool:
-    """Whether a launch of this grid may merge its splits in the kernel: a group's programs wait for each other there,
-    so they must all be resident at once, which one program per SM (the kernel's shared memory) guarantees for a grid
-    that fits the SMs; one split waits for no other program. LAZYATTN_PREFILL_FUSED_MERGE=0 switches it off."""
-    if os.environ.get(FUSED_MERGE_ENV, "1") == "0":
-        return False
-    return grid[2] == 1 or grid[0] * grid[1] * grid[2] <= sm_count(device)
-
-
-def counters_needed(grid: tuple[int, int, int]) -> int:
-    """Arrival counters a fused launch of this grid uses: two per (query slot, kv head) group."""
-    return 2 * grid[0] * grid[1]
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
+    ranges, merged by prefill's combine kernel (also for one split)."""
+    ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta)
+    return merge_partials(ws_o, ws_lse, torch.empty_like(q) if out is None else out)
 
 
 def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -632,43 +525,22 @@ def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
     [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
-    grid = _grid(q, k_cache, batch, num_splits)
-    return _launch(q, k_cache, v_cache, batch, tables, scale, grid, apply_delta)
-
-
-def _grid(q: torch.Tensor, k_cache: torch.Tensor, batch: PagedBatch, num_splits: int) -> tuple[int, int, int]:
-    """(query slot, kv head, split)."""
-    group = q.shape[1] // k_cache.shape[2]
-    return query_slots(q.shape[0], batch.batch_size, ROWS // group), k_cache.shape[2], num_splits
-
-
-def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-            tables: RopeTables | None, scale: float, grid: tuple[int, int, int], apply_delta: bool,
-            out: torch.Tensor | None = None, counters: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel over `grid`: partials into fresh scratch, merged into `out` in the kernel where `counters` are given
-    (zeroed int32, `counters_needed`)."""
     total_q, q_heads, head_dim = q.shape
-    num_splits = grid[2]
-    group = q_heads // k_cache.shape[2]
+    kv_heads = k_cache.shape[2]
+    group = q_heads // kv_heads
     ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
     ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     apply = tables is not None and apply_delta
     # Without deltas every Q tile is rotated by 0: a one-row table of cos 1, sin 0 then serves.
     cos, sin = (tables.cos, tables.sin) if tables is not None else _identity_rotation(head_dim, q.device)
-    fused = counters is not None
-    # The merge's tiles: its splits (BLOCK_S) by CHUNK rows by the dims, 64 fp32 a thread.
-    block_s = triton.next_power_of_2(num_splits) if fused else 1
-    placeholder = batch.valid  # an int32 pointer the kernel does not touch unless it merges
+    grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
-        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, out if fused else q,
-        counters if fused else placeholder, cos, sin,
+        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
         batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
         batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
-        cos.shape[0], q.stride(0), q.stride(1), out.stride(0) if fused else 0, out.stride(1) if fused else 0,
-        batch.pages.stride(0), scale * LOG2E,
+        cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
         GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, SPLITS=num_splits if fused else 0, BLOCK_S=block_s,
-        CHUNK=max(4, 64 // block_s), num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
+        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
     return ws_o, ws_lse
 
 

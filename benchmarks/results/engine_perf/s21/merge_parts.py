@@ -13,6 +13,9 @@ The RAG case at batch 1, timed as the targets are (graph_us), alone and after th
 rounds. Each variant's output against the combine launch's: max abs difference (bf16).
 
     python benchmarks/results/engine_perf/s21/merge_parts.py OUT.json
+
+The fused merge was measured and taken out again (no faster than the combine launch at batch 1; docs/kernels.md,
+"Session 21"): this probe runs on the tree of commit 549441e, which has it (`git checkout 549441e`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Checks, per batch: the fused output against the combine launch's (max abs differ
 after the timed graphs.
 
     python benchmarks/results/engine_perf/s21/prefill_merge.py OUT.json [BATCHES]
+
+The fused merge was measured and taken out again (no faster than the combine launch at batch 1; docs/kernels.md,
+"Session 21"): this probe runs on the tree of commit 549441e, which has it (`git checkout 549441e`).
 """
 
 from __future__ import annotations
