@@ -393,9 +393,8 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         l_half = gl.convert_layout(l_safe, gl.SliceLayout(1, half_layout))
         half_dims = gl.arange(0, HALF, layout=gl.SliceLayout(0, half_layout))
         ptrs = WsO + rows[:, None] * _KHEAD_DIM + half_dims[None, :]
-        part_ty: gl.constexpr = WsO.dtype.element_ty  # q's dtype: half the bytes of fp32 to store and merge
-        gl.store(ptrs, (low_smem.load(half_layout) / l_half[:, None]).to(part_ty), mask=ok[:, None])
-        gl.store(ptrs + HALF, (high_smem.load(half_layout) / l_half[:, None]).to(part_ty), mask=ok[:, None])
+        gl.store(ptrs, low_smem.load(half_layout) / l_half[:, None], mask=ok[:, None])
+        gl.store(ptrs + HALF, high_smem.load(half_layout) / l_half[:, None], mask=ok[:, None])
 
 
 @gluon.jit
@@ -524,15 +523,12 @@ def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                    tables: RopeTables | None, scale: float, num_splits: int, *,
                    apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] in q's dtype and
-    its log2-sum-exp [splits, rows, heads] in fp32 (a split without pages leaves its output unwritten and its
-    log2-sum-exp -inf). A partial output is a weighted mean of V rows, so q's dtype rounds it as it rounds the final
-    output; the merge weighs in fp32. Against fp32 partials the layer takes ~1 us less at batch 1 on an H100 (half the
-    bytes stored and merged; docs/kernels.md, "Session 21")."""
+    """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
+    [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
     total_q, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
-    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=q.dtype, device=q.device)
+    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
     ws_lse = torch.empty(num_splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     apply = tables is not None and apply_delta
     # Without deltas every Q tile is rotated by 0: a one-row table of cos 1, sin 0 then serves.
