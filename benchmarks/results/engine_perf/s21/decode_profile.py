@@ -36,7 +36,7 @@ ATTENTION = "_decode_split_kernel"
 def main() -> None:
     out_path = sys.argv[1]
     device = torch.device("cuda")
-    shapes = eng.Shapes(batches=(), async_scheduling=False)
+    shapes = eng.Shapes(batches=(1,), async_scheduling=False)
     bandwidth = eng.copy_bandwidth(device, shapes.copy_mib, shapes.copy_repeats)
     bench = eng.Bench(shapes, device, bandwidth)
     prompt = RenderedPrompt(segments=[], final=[bench.bos] + eng.random_tokens(31, 3, bench.vocab))
