@@ -7,6 +7,7 @@
 #   early      s21/early_tiles.py: the short prefill's first tiles copied before the PDL wait, batch EARLY_BATCHES (1,2,8)
 #   dprofile   s21/decode_profile.py: a batch-1 short decode step kernel by kernel, PDL off and on
 #   dgaps      s21/decode_gaps.py: idle gaps on the GPU between overlapped batch-1 decode steps
+#   dvariants  s21/decode_variants.py: decode's running sum summed once, its page tables loaded a tile ahead (1,8)
 #   abengine   engine.py decode_rag + ttft_rag (batch 16), .s21base's tree and this one alternated twice
 #   fusedoff   engine.py ttft_rag + decode_rag with LAZYATTN_PREFILL_FUSED_MERGE=0 and 1, alternated twice
 #   htests etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s21_*
@@ -28,6 +29,7 @@ for stage in $STAGES; do
                    benchmarks/results/engine_perf/s21/decode_profile.py $W/s21_dprofile_$v.json
                done ;;
     dgaps)     probe dgaps decode_gaps 80 300 ;;
+    dvariants) probe dvariants decode_variants 60 400 ${DV_BATCHES:-1,8} ;;
     abengine)  ab_engine .s21base s21_abengine ;;
     fusedoff)  alternate fusedoff fusedoff LAZYATTN_PREFILL_FUSED_MERGE "0 1" --sections decode_rag,ttft_rag ;;
     *)         common_stage $stage ;;
