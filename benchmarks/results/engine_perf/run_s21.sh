@@ -8,6 +8,7 @@
 #   dprofile   s21/decode_profile.py: a batch-1 short decode step kernel by kernel, PDL off and on
 #   dgaps      s21/decode_gaps.py: idle gaps on the GPU between overlapped batch-1 decode steps
 #   dvariants  s21/decode_variants.py: decode's running sum summed once, its page tables loaded a tile ahead (1,8)
+#   dab        s20/decode_ab.py against .s21base (carry it), batch 1, 8, 32, five rounds
 #   abengine   engine.py decode_rag + ttft_rag (batch 16), .s21base's tree and this one alternated twice
 #   fusedoff   engine.py ttft_rag + decode_rag with LAZYATTN_PREFILL_FUSED_MERGE=0 and 1, alternated twice
 #   htests etests ktests engine serving targets ttft: lib.sh common_stage, outputs named s21_*
@@ -30,6 +31,8 @@ for stage in $STAGES; do
                done ;;
     dgaps)     probe dgaps decode_gaps 80 300 ;;
     dvariants) probe dvariants decode_variants 60 400 ${DV_BATCHES:-1,8} ;;
+    dab)       TAIL=6 step dab timeout -k 5 400 env ROUNDS=5 python benchmarks/results/engine_perf/s20/decode_ab.py \
+                 $W/s21_decode_ab.json 1,8,32 .s21base ;;
     abengine)  ab_engine .s21base s21_abengine ;;
     fusedoff)  alternate fusedoff fusedoff LAZYATTN_PREFILL_FUSED_MERGE "0 1" --sections decode_rag,ttft_rag ;;
     *)         common_stage $stage ;;

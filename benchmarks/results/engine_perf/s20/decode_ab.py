@@ -4,13 +4,16 @@ kernels.py `decode_case`), timed as the engine's graphs run it (`graph_us`), alo
 launch ("layer"), ROUNDS alternated rounds; both checked against the reference first.
 
     mkdir .s20base && git archive 8ccdf5e lazyattn benchmarks/engine.py benchmarks/models | tar x -C .s20base
-    python benchmarks/results/engine_perf/s20/decode_ab.py OUT.json [BATCHES, default 1,8,32]
+    python benchmarks/results/engine_perf/s20/decode_ab.py OUT.json [BATCHES, default 1,8,32] [BASE, default .s20base]
+
+Session 21 runs it against its own base tree (.s21base) and with more rounds (ROUNDS in the environment).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,14 +27,15 @@ from kernels import decode_inputs, decode_layer, graph_rounds, module_from, rag_
 from lazyattn.kernels import decode  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
 CONTEXT = 10304
 
 
 def main() -> None:
     out_path = sys.argv[1]
     batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32").split(",")]
-    base = module_from(ROOT / ".s20base/lazyattn/kernels/decode.py", "decode_s20base")
+    base_dir = sys.argv[3] if len(sys.argv) > 3 else ".s20base"
+    base = module_from(ROOT / base_dir / "lazyattn/kernels/decode.py", "decode_" + base_dir.strip("."))
     b, copy_gbps, _, _ = rag_sweep_bench()
     result = {"copy_gbps": copy_gbps, "rows": []}
     for batch in batches:
