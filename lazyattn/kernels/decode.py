@@ -358,11 +358,7 @@ def _decode_split(
         cur_delta = delta_lo
 
     m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
-    # The running sum is kept per (head, key slot), rescaled as the accumulator is, and summed over the slots once
-    # after the loop: a tile's slots lie across the warps, so a sum per tile crossed them on every tile, beside the max.
-    # Measured on an H100 at batch 1 over 10K keys, after the RoPE launch: 25.6-25.8 against 25.9-26.2 us a layer, the
-    # same output bits (docs/kernels.md, "Session 21").
-    l_tile = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     # The next tile's page id is loaded one iteration ahead (a loop-carried scalar). Loaded in the same
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
@@ -412,7 +408,7 @@ def _decode_split(
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         prob = tl.exp2(s - m_new[:, None])
-        l_tile = l_tile * alpha[:, None] + prob
+        l_i = l_i * alpha + tl.sum(prob, 1)
         p_dot = prob.to(kv_ty).to(DOT_TY)
         pv = tl.dot(p_dot, v.to(DOT_TY), input_precision=DOT_PRECISION)
         if TMA == 2:
@@ -430,7 +426,6 @@ def _decode_split(
                 pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    l_i = tl.sum(l_tile, 1)
 
     if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
