@@ -458,6 +458,56 @@ def decode_layer(b: Bench, batch: int) -> Callable:
     return layer
 
 
+def short_prefill_case(b: Bench, batch: int, copies: int) -> tuple[list[tuple], int, Callable]:
+    """The session probes' short prefill case: at least `copies` input copies of `rag_case` at `batch`, the split
+    count the engine takes for it (prefill_hopper.num_splits), and layer(attend, q, k, v, pb), the engine's layer for
+    an attention launcher `attend(q, k, v, pb)`: the RoPE/KV-write launch first (the question's K/V count as cached:
+    slots -1)."""
+    from lazyattn.kernels import prefill_hopper
+
+    s = b.s
+    inputs, _ = rag_case(b, batch, False, copies=copies)
+    q0, _, _, pb0 = inputs[0]
+    splits = prefill_hopper.num_splits(q0.shape[0], s.q_heads, s.kv_heads, b.device, pb0.batch_size, pb0.max_q)
+    kv_new = torch.randn(q0.shape[0], 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    slots = torch.full((q0.shape[0],), -1, dtype=torch.int64, device=b.device)
+    positions = rag_positions(b, pb0)
+
+    def layer(attend: Callable, q, k, v, pb):
+        return attend(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v, pb)
+
+    return inputs, splits, layer
+
+
+def forms_rounds(b: Bench, forms: dict[str, Callable], inputs: list[tuple], layer: Callable, rounds: int,
+                 nbytes: float, copy_gbps: float | None) -> dict:
+    """`graph_rounds` of each named attention launcher `attend(q, k, v, pb)` over the input copies, in the session
+    probes' two forms: alone ("NAME, attention") and in `layer` (decode_layer's or short_prefill_case's: "NAME,
+    layer")."""
+    calls = {}
+    for name, attend in forms.items():
+        calls[f"{name}, attention"] = [functools.partial(attend, *i) for i in inputs]
+        calls[f"{name}, layer"] = [functools.partial(layer, attend, *i) for i in inputs]
+    return graph_rounds(b, calls, rounds, nbytes, copy_gbps)
+
+
+def short_prefill_ab(b: Bench, batch: int, copies: int, modules: dict, rounds: int, kv_bytes: int,
+                     copy_gbps: float | None) -> tuple[dict, dict[str, torch.Tensor], tuple]:
+    """The session probes' comparison of short prefill kernels: each module's short_prefill_attention over
+    `short_prefill_case` at `batch`, its output on the first inputs (fp32), then `forms_rounds`. Returns the row
+    (batch, splits, bytes, copy bandwidth, timings), the outputs by name and the first inputs."""
+    inputs, splits, layer = short_prefill_case(b, batch, copies)
+
+    def attend(mod, q, k, v, pb):
+        return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
+
+    forms = {name: functools.partial(attend, mod) for name, mod in modules.items()}
+    outs = {name: fn(*inputs[0]).float() for name, fn in forms.items()}
+    row = {"batch": batch, "splits": splits, "bytes": kv_bytes * batch, "copy_gbps": copy_gbps}
+    row.update(forms_rounds(b, forms, inputs, layer, rounds, kv_bytes * batch, copy_gbps))
+    return row, outs, inputs[0]
+
+
 def probe_rows(out_path: str, head: dict, cases: list, row: Callable[[object], dict]) -> None:
     """The session probes' output: head plus {"rows": [row(case) for each case]}, each row printed as it comes and
     memory freed between cases, written as JSON to out_path."""

@@ -22,7 +22,7 @@ ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import decode_inputs, decode_layer, graph_rounds, module_from, rag_sweep_bench  # noqa: E402
+from kernels import decode_inputs, decode_layer, forms_rounds, module_from, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import decode  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
@@ -49,16 +49,13 @@ def main() -> None:
         ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
         row = {"batch": batch, "bytes": nbytes}
         row["ref max_abs"] = ref.abs().max().item()
-        calls, outs = {}, {}
+        forms, outs = {}, {}
         for name, mod in (("base", base), ("this", decode)):
-            counters = mod.ArrivalCounters()
-            outs[name] = attend(mod, counters, q, k, v, pb).float()
+            forms[name] = functools.partial(attend, mod, mod.ArrivalCounters())
+            outs[name] = forms[name](q, k, v, pb).float()
             row[f"{name} max_abs_vs_ref"] = (outs[name] - ref).abs().max().item()
-            calls[f"{name}, attention"] = [functools.partial(attend, mod, counters, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, mod, counters), *i)
-                                       for i in inputs]
         row["this vs base max_abs"] = (outs["this"] - outs["base"]).abs().max().item()
-        row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
+        row.update(forms_rounds(b, forms, inputs, layer, ROUNDS, nbytes, copy_gbps))
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
     Path(out_path).write_text(json.dumps(result, indent=1))

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import decode_inputs, decode_layer, graph_rounds, patched_module, rag_sweep_bench  # noqa: E402
+from kernels import decode_inputs, decode_layer, forms_rounds, patched_module, rag_sweep_bench  # noqa: E402
 
 from lazyattn.kernels import decode  # noqa: E402
 
@@ -71,13 +71,8 @@ def main() -> None:
     row = {"copy_gbps": copy_gbps, "bytes": nbytes}
     with tempfile.TemporaryDirectory() as tmp:
         modules = {"kernel": decode} | {name: patched(Path(tmp), name, p) for name, p in VARIANTS.items()}
-        calls = {}
-        for name, mod in modules.items():
-            counters = mod.ArrivalCounters()
-            calls[f"{name}, attention"] = [functools.partial(attend, mod, counters, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, mod, counters), *i)
-                                       for i in inputs]
-        row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
+        forms = {name: functools.partial(attend, mod, mod.ArrivalCounters()) for name, mod in modules.items()}
+        row.update(forms_rounds(b, forms, inputs, layer, ROUNDS, nbytes, copy_gbps))
     print(json.dumps(row, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
 

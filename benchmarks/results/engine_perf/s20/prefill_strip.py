@@ -25,16 +25,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, graph_rounds, patched_module, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import forms_rounds, patched_module, rag_sweep_bench, short_prefill_case  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 ROUNDS = 3
 SOFTMAX = ("        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, "
@@ -69,12 +66,7 @@ def patched(folder: Path, name: str, patches: list[tuple[str, str]]):
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, kv_bytes, copies = rag_sweep_bench()
-    s = b.s
-    inputs, _ = rag_case(b, 1, False, copies=max(4, copies))
-    splits = prefill_hopper.num_splits(s.question, s.q_heads, s.kv_heads, b.device)
-    kv_new = torch.randn(s.question, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((s.question,), -1, dtype=torch.int64, device=b.device)
-    positions = rag_positions(b, inputs[0][3])
+    inputs, splits, layer = short_prefill_case(b, 1, max(4, copies))
 
     def full(mod, q, k, v, pb):
         return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
@@ -82,19 +74,13 @@ def main() -> None:
     def partials(mod, q, k, v, pb):
         return mod.split_partials(q, k, v, pb, b.tables, b.scale, splits)
 
-    def layer(fn, mod, q, k, v, pb):
-        return fn(mod, rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v, pb)
-
     row = {"copy_gbps": copy_gbps, "bytes": kv_bytes, "splits": splits}
     with tempfile.TemporaryDirectory() as tmp:
-        forms = {"kernel": (full, prefill_hopper), "no merge": (partials, prefill_hopper)}
+        forms = {"kernel": functools.partial(full, prefill_hopper),
+                 "no merge": functools.partial(partials, prefill_hopper)}
         for name, patches in VARIANTS.items():
-            forms[name] = (partials, patched(Path(tmp), name, patches))
-        calls = {}
-        for name, (fn, mod) in forms.items():
-            calls[f"{name}, attention"] = [functools.partial(fn, mod, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, fn, mod, *i) for i in inputs]
-        row.update(graph_rounds(b, calls, ROUNDS, kv_bytes, copy_gbps))
+            forms[name] = functools.partial(partials, patched(Path(tmp), name, patches))
+        row.update(forms_rounds(b, forms, inputs, layer, ROUNDS, kv_bytes, copy_gbps))
     print(json.dumps(row, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
 

@@ -17,29 +17,17 @@ error; docs/kernels.md, "Session 21"): this probe runs on the tree of commit edd
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
-
-import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import (  # noqa: E402
-    DTYPE,
-    graph_rounds,
-    module_from,
-    probe_rows,
-    rag_case,
-    rag_positions,
-    rag_sweep_bench,
-)
+from kernels import module_from, probe_rows, rag_sweep_bench, short_prefill_ab  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper, reference  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 ROUNDS = 3
 
@@ -49,37 +37,16 @@ def main() -> None:
     batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,2,4,8").split(",")]
     base = module_from(ROOT / ".s21base/lazyattn/kernels/prefill_hopper.py", "prefill_hopper_s21base")
     b, copy_gbps, kv_bytes, copies = rag_sweep_bench()
-    s = b.s
 
     def row(batch: int) -> dict:
-        inputs, _ = rag_case(b, batch, False, copies=max(4, copies // batch))
-        q0, k0, v0, pb0 = inputs[0]
-        splits = prefill_hopper.num_splits(q0.shape[0], s.q_heads, s.kv_heads, b.device, pb0.batch_size, pb0.max_q)
-        kv_new = torch.randn(q0.shape[0], 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-        slots = torch.full((q0.shape[0],), -1, dtype=torch.int64, device=b.device)
-        positions = rag_positions(b, pb0)
-
-        def attend(mod, q, k, v, pb):
-            return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
-
-        def layer(mod, q, k, v, pb):
-            return attend(mod, rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v,
-                          pb)
-
-        forms = {"fp32 partials": base, "bf16 partials": prefill_hopper}
-        outs = {name: attend(mod, *inputs[0]).float() for name, mod in forms.items()}
-        result = {"batch": batch, "splits": splits, "bytes": kv_bytes * batch, "copy_gbps": copy_gbps,
-                  "max |bf16 - fp32 partials|": (outs["bf16 partials"] - outs["fp32 partials"]).abs().max().item()}
+        modules = {"fp32 partials": base, "bf16 partials": prefill_hopper}
+        result, outs, first = short_prefill_ab(b, batch, max(4, copies // batch), modules, ROUNDS, kv_bytes, copy_gbps)
+        result["max |bf16 - fp32 partials|"] = (outs["bf16 partials"] - outs["fp32 partials"]).abs().max().item()
         if batch in (1, 8):
-            expected = reference.paged_attention(q0, k0, v0, pb0, b.tables, b.scale).float()
+            expected = reference.paged_attention(*first, b.tables, b.scale).float()
             for name, out in outs.items():
                 result[f"{name}: max abs error"] = (out - expected).abs().max().item()
                 result[f"{name}: rel error"] = ((out - expected).norm() / expected.norm()).item()
-        calls = {}
-        for name, mod in forms.items():
-            calls[f"{name}, attention"] = [functools.partial(attend, mod, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, mod, *i) for i in inputs]
-        result.update(graph_rounds(b, calls, ROUNDS, kv_bytes * batch, copy_gbps))
         return result
 
     probe_rows(out_path, {"rounds": ROUNDS}, batches, row)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parents[2]))
 from kernels import (  # noqa: E402
     decode_inputs,
     decode_layer,
-    graph_rounds,
+    forms_rounds,
     patched_module,
     probe_rows,
     rag_sweep_bench,
@@ -94,13 +94,8 @@ def main() -> None:
         for name, out in outs.items():
             result[f"max |{name} - reference|"] = (out - expected).abs().max().item()
             result[f"max |{name} - kernel|"] = (out - outs["kernel"]).abs().max().item()
-        calls = {}
-        for name, mod in modules.items():
-            counters = mod.ArrivalCounters()
-            calls[f"{name}, attention"] = [functools.partial(attend, mod, counters, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, functools.partial(attend, mod, counters), *i)
-                                       for i in inputs]
-        result.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
+        forms = {name: functools.partial(attend, mod, mod.ArrivalCounters()) for name, mod in modules.items()}
+        result.update(forms_rounds(b, forms, inputs, layer, ROUNDS, nbytes, copy_gbps))
         return result
 
     probe_rows(out_path, {"rounds": ROUNDS, "context": CONTEXT}, batches, row)

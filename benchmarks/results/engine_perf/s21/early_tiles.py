@@ -17,29 +17,17 @@ Output: max |early - kernel| (0 expected).
 
 from __future__ import annotations
 
-import functools
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import (  # noqa: E402
-    DTYPE,
-    graph_rounds,
-    patched_module,
-    probe_rows,
-    rag_case,
-    rag_positions,
-    rag_sweep_bench,
-)
+from kernels import patched_module, probe_rows, rag_sweep_bench, short_prefill_ab  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 ROUNDS = 3
 EARLY = [
@@ -78,34 +66,13 @@ def main() -> None:
     out_path = sys.argv[1]
     batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,2,8").split(",")]
     b, copy_gbps, kv_bytes, copies = rag_sweep_bench()
-    s = b.s
     tmp = tempfile.TemporaryDirectory()
     early = patched_module(Path(prefill_hopper.__file__), Path(tmp.name), "prefill_hopper_early", EARLY)
 
     def row(batch: int) -> dict:
-        inputs, _ = rag_case(b, batch, False, copies=max(4, copies // batch))
-        q0, k0, v0, pb0 = inputs[0]
-        splits = prefill_hopper.num_splits(q0.shape[0], s.q_heads, s.kv_heads, b.device, pb0.batch_size, pb0.max_q)
-        kv_new = torch.randn(q0.shape[0], 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-        slots = torch.full((q0.shape[0],), -1, dtype=torch.int64, device=b.device)
-        positions = rag_positions(b, pb0)
-
-        def attend(mod, q, k, v, pb):
-            return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
-
-        def layer(mod, q, k, v, pb):
-            return attend(mod, rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v,
-                          pb)
-
-        forms = {"kernel": prefill_hopper, "early": early}
-        outs = {name: attend(mod, *inputs[0]).float() for name, mod in forms.items()}
-        result = {"batch": batch, "splits": splits, "bytes": kv_bytes * batch, "copy_gbps": copy_gbps,
-                  "max |early - kernel|": (outs["early"] - outs["kernel"]).abs().max().item()}
-        calls = {}
-        for name, mod in forms.items():
-            calls[f"{name}, attention"] = [functools.partial(attend, mod, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, mod, *i) for i in inputs]
-        result.update(graph_rounds(b, calls, ROUNDS, kv_bytes * batch, copy_gbps))
+        modules = {"kernel": prefill_hopper, "early": early}
+        result, outs, _ = short_prefill_ab(b, batch, max(4, copies // batch), modules, ROUNDS, kv_bytes, copy_gbps)
+        result["max |early - kernel|"] = (outs["early"] - outs["kernel"]).abs().max().item()
         return result
 
     probe_rows(out_path, {"rounds": ROUNDS}, batches, row)

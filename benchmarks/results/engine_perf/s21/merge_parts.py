@@ -26,16 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import DTYPE, graph_rounds, patched_module, rag_case, rag_positions, rag_sweep_bench  # noqa: E402
+from kernels import forms_rounds, patched_module, rag_sweep_bench, short_prefill_case  # noqa: E402
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters  # noqa: E402
 
 ROUNDS = 3
@@ -55,12 +52,7 @@ VARIANTS = {
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, kv_bytes, copies = rag_sweep_bench()
-    s = b.s
-    inputs, _ = rag_case(b, 1, False, copies=max(4, copies))
-    splits = prefill_hopper.num_splits(s.question, s.q_heads, s.kv_heads, b.device)
-    kv_new = torch.randn(s.question, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((s.question,), -1, dtype=torch.int64, device=b.device)
-    positions = rag_positions(b, inputs[0][3])
+    inputs, splits, layer = short_prefill_case(b, 1, max(4, copies))
     counters = ArrivalCounters()
 
     def attend(mod, fused, q, k, v, pb):
@@ -68,9 +60,6 @@ def main() -> None:
 
     def partials(q, k, v, pb):
         return prefill_hopper.split_partials(q, k, v, pb, b.tables, b.scale, splits)
-
-    def layer(fn, q, k, v, pb):
-        return fn(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v, pb)
 
     row = {"copy_gbps": copy_gbps, "bytes": kv_bytes, "splits": splits}
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,11 +74,7 @@ def main() -> None:
         for name, fn in forms.items():
             if name != "no merge":
                 row[f"max |{name} - combine|"] = (fn(*inputs[0]).float() - combine.float()).abs().max().item()
-        calls = {}
-        for name, fn in forms.items():
-            calls[f"{name}, attention"] = [functools.partial(fn, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, fn, *i) for i in inputs]
-        row.update(graph_rounds(b, calls, ROUNDS, kv_bytes, copy_gbps))
+        row.update(forms_rounds(b, forms, inputs, layer, ROUNDS, kv_bytes, copy_gbps))
     print(json.dumps(row, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
 

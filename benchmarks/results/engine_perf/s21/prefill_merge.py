@@ -34,19 +34,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from kernels import (  # noqa: E402
-    DTYPE,
-    graph_rounds,
-    graph_us,
-    patched_module,
-    probe_rows,
-    rag_case,
-    rag_positions,
-    rag_sweep_bench,
-)
+from kernels import forms_rounds, graph_us, patched_module, probe_rows, rag_sweep_bench, short_prefill_case  # noqa
 
 from lazyattn.kernels import prefill_hopper  # noqa: E402
-from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters  # noqa: E402
 
 ROUNDS = 3
@@ -57,19 +47,14 @@ def main() -> None:
     out_path = sys.argv[1]
     batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,2,4,8").split(",")]
     b, copy_gbps, kv_bytes, copies = rag_sweep_bench()
-    s = b.s
     tmp = tempfile.TemporaryDirectory()
     coop = patched_module(Path(prefill_hopper.__file__), Path(tmp.name), "prefill_hopper_coop", COOP)
     counters = ArrivalCounters()
 
     def row(batch: int) -> dict:
-        inputs, _ = rag_case(b, batch, False, copies=max(4, copies // batch))
-        q0, k0, v0, pb0 = inputs[0]
-        splits = prefill_hopper.num_splits(q0.shape[0], s.q_heads, s.kv_heads, b.device, pb0.batch_size, pb0.max_q)
+        inputs, splits, layer = short_prefill_case(b, batch, max(4, copies // batch))
+        q0, k0, _, pb0 = inputs[0]
         grid = prefill_hopper._grid(q0, k0, pb0, splits)
-        kv_new = torch.randn(q0.shape[0], 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-        slots = torch.full((q0.shape[0],), -1, dtype=torch.int64, device=b.device)
-        positions = rag_positions(b, pb0)
 
         def attend(mod, fused, q, k, v, pb):
             return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits,
@@ -77,9 +62,6 @@ def main() -> None:
 
         def partials(q, k, v, pb):
             return prefill_hopper.split_partials(q, k, v, pb, b.tables, b.scale, splits)
-
-        def layer(fn, q, k, v, pb):
-            return fn(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v, pb)
 
         combine = attend(prefill_hopper, False, *inputs[0])
         fused = attend(prefill_hopper, True, *inputs[0])
@@ -98,11 +80,7 @@ def main() -> None:
             forms["fused coop"] = functools.partial(attend, coop, True)
         except Exception as e:  # noqa: BLE001 - the probe reports why the attribute is refused
             result["fused coop error"] = repr(e)[:300]
-        calls = {}
-        for name, fn in forms.items():
-            calls[f"{name}, attention"] = [functools.partial(fn, *i) for i in inputs]
-            calls[f"{name}, layer"] = [functools.partial(layer, fn, *i) for i in inputs]
-        result.update(graph_rounds(b, calls, ROUNDS, kv_bytes * batch, copy_gbps))
+        result.update(forms_rounds(b, forms, inputs, layer, ROUNDS, kv_bytes * batch, copy_gbps))
         torch.cuda.synchronize()
         buf = counters.get(b.device, prefill_hopper.counters_needed(grid))
         result["counters zero after"] = int(buf.abs().sum().item()) == 0
