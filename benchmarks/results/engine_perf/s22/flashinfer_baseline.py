@@ -13,7 +13,9 @@ run with no positional correction at all (a plain prefix cache: strictly less wo
 would call it (plan once, CUDA-graph mode; run inside the graph), with PDL off and on:
 - "fi decode": the CUDA-core decode kernel (BatchDecodeWithPagedKVCacheWrapper's default);
 - "fi decode tc": the tensor-core path (use_tensor_cores=True: the fa2 prefill kernel with one query row);
-- "fi fa2" / "fi fa3": BatchPrefillWithPagedKVCacheWrapper's fa2 and fa3 (Hopper) backends, for the prefill.
+- "fi fa2" / "fi fa3": BatchPrefillWithPagedKVCacheWrapper's fa2 and fa3 (Hopper) backends, for the prefill;
+- "... eager-plan": the two decode paths planned as outside CUDA graphs (the wrappers' default; the split count may
+  differ), still timed in the graphs, with PDL.
 Each FlashInfer output is checked against the PyTorch reference over the same pages with the deltas zeroed
 (kernels/reference.py): the bytes timed are the right ones.
 
@@ -21,10 +23,15 @@ FlashInfer's Python layer needs packages the GPU machine lacks, so the compiled 
 tvm_ffi, as that layer loads them. They are built on a machine with nvcc 13.0 (this repo's CPU machine has it):
 
     python3.11 -m venv /tmp/fiv && /tmp/fiv/bin/pip install torch==2.13.0 flashinfer-python==0.7.2.post1
-    LIBRARY_PATH=<dir with a libcuda.so stub>:/usr/local/cuda-13.0/lib64 FLASHINFER_CUDA_ARCH_LIST=9.0a \\
-      FLASHINFER_WORKSPACE_BASE=/tmp/fiws /tmp/fiv/bin/python benchmarks/results/engine_perf/s22/flashinfer_build.py .fi
+    pip download --no-deps -d /tmp/curand nvidia-curand && (cd /tmp/curand && unzip -q *.whl)  # fa3's headers
+    mkdir /tmp/stub && echo 'void f(void){}' | gcc -x c -shared -fPIC -Wl,-soname,libcuda.so.1 -o /tmp/stub/libcuda.so -
+    CPATH=/tmp/curand/nvidia/cu13/include LIBRARY_PATH=/tmp/stub:/usr/local/cuda-13.0/lib64 \\
+      FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=/tmp/fiws \\
+      /tmp/fiv/bin/python benchmarks/results/engine_perf/s22/flashinfer_build.py .fi
 
-which leaves .fi/ops/{decode,fa2,fa3}.so and .fi/whl/ (apache-tvm-ffi for Python 3.12). Carry .fi.
+which leaves .fi/ops/{decode,fa2,fa3}.so and .fi/whl/ (apache-tvm-ffi for Python 3.12); the modules are built in ~1,
+~5 and ~6 minutes on two cores. The stub only satisfies the link: the modules need libcudart.so.13, which torch has
+loaded by then. Carry .fi.
 
     python benchmarks/results/engine_perf/s22/flashinfer_baseline.py OUT.json [BATCHES, default 1,8]
 """
@@ -102,14 +109,15 @@ class Workspace:
         self.pinned = torch.empty(INT_WS, dtype=torch.uint8, pin_memory=True)
 
 
-def fi_decode(mod, s, scale: float, q, k, v, pb):
-    """FlashInfer's CUDA-core decode over pb's pages: call(pdl) -> output [batch, Hq, D]."""
+def fi_decode(mod, s, scale: float, q, k, v, pb, graph_plan: bool = True):
+    """FlashInfer's CUDA-core decode over pb's pages, planned for CUDA graphs or not: call(pdl) -> output
+    [batch, Hq, D]."""
     import tvm_ffi
 
     lay, ws = Layout.of(pb, s.page_size), Workspace(q.device)
     empty_q, empty_kv = torch.empty(0, dtype=q.dtype), torch.empty(0, dtype=k.dtype)
     plan = mod.plan(ws.float, ws.int, ws.pinned, lay.indptr_host, q.shape[0], s.q_heads, s.kv_heads, s.page_size,
-                    True, -1, 0.0, s.head_dim, s.head_dim, empty_q, empty_kv)
+                    graph_plan, -1, 0.0, s.head_dim, s.head_dim, empty_q, empty_kv)
     out = torch.empty_like(q)
 
     def call(pdl: bool):
@@ -121,8 +129,10 @@ def fi_decode(mod, s, scale: float, q, k, v, pb):
     return call
 
 
-def fi_prefill(mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int], causal: bool):
-    """FlashInfer's paged prefill (fa2 or fa3 backend) over pb's pages, q packed by q_lens: call(pdl) -> output."""
+def fi_prefill(mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int], causal: bool,
+               graph_plan: bool = True):
+    """FlashInfer's paged prefill (fa2 or fa3 backend) over pb's pages, q packed by q_lens, planned for CUDA graphs
+    or not: call(pdl) -> output."""
     import tvm_ffi
 
     lay, ws = Layout.of(pb, s.page_size), Workspace(q.device)
@@ -130,7 +140,7 @@ def fi_prefill(mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int
     qo = qo_host.to(q.device)
     batch = len(q_lens)
     args = [ws.float, ws.int, ws.pinned, qo_host, lay.indptr_host, lay.kv_lens_host, q.shape[0], batch, s.q_heads,
-            s.kv_heads, s.page_size, True, s.head_dim, s.head_dim, causal]
+            s.kv_heads, s.page_size, graph_plan, s.head_dim, s.head_dim, causal]
     if backend == "fa2":
         args += [-1, -1, False, 0, 0]  # window_left, fixed_split_size, disable_split_kv, colocated CTAs, uniform q
     else:
@@ -186,9 +196,15 @@ def main() -> None:
             fis["fi decode"] = [fi_decode(mods["decode"], s, b.scale, *i) for i in inputs]
         if "fa2" in mods:
             fis["fi decode tc"] = [fi_prefill(mods["fa2"], "fa2", s, b.scale, *i, [1] * batch, False) for i in inputs]
-        for name, fns in fis.items():
+        eager = {}  # planned as outside CUDA graphs (the split may differ); timed with PDL only
+        if "decode" in mods:
+            eager["fi decode eager-plan"] = [fi_decode(mods["decode"], s, b.scale, *i, False) for i in inputs]
+        if "fa2" in mods:
+            eager["fi decode tc eager-plan"] = [fi_prefill(mods["fa2"], "fa2", s, b.scale, *i, [1] * batch, False,
+                                                           False) for i in inputs]
+        for name, fns in fis.items() | eager.items():
             check(result, name, fns[0](False), expected)
-            for pdl in (False, True):
+            for pdl in (False, True) if name in fis else (True,):
                 calls[f"{name}{' pdl' if pdl else ''}"] = [functools.partial(f, pdl) for f in fns]
         result.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
         return result
