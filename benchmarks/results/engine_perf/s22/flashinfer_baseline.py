@@ -202,7 +202,7 @@ def main() -> None:
         if "fa2" in mods:
             eager["fi decode tc eager-plan"] = [fi_prefill(mods["fa2"], "fa2", s, b.scale, *i, [1] * batch, False,
                                                            False) for i in inputs]
-        for name, fns in fis.items() | eager.items():
+        for name, fns in [*fis.items(), *eager.items()]:
             check(result, name, fns[0](False), expected)
             for pdl in (False, True) if name in fis else (True,):
                 calls[f"{name}{' pdl' if pdl else ''}"] = [functools.partial(f, pdl) for f in fns]
