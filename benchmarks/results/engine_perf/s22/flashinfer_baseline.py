@@ -15,7 +15,9 @@ would call it (plan once, CUDA-graph mode; run inside the graph), with PDL off a
 - "fi decode tc": the tensor-core path (use_tensor_cores=True: the fa2 prefill kernel with one query row);
 - "fi fa2" / "fi fa3": BatchPrefillWithPagedKVCacheWrapper's fa2 and fa3 (Hopper) backends, for the prefill;
 - "... eager-plan": the two decode paths planned as outside CUDA graphs (the wrappers' default; the split count may
-  differ), still timed in the graphs, with PDL.
+  differ), still timed in the graphs, with PDL;
+- "fi xqa": TensorRT-LLM's XQA decode kernel as FlashInfer ships it (its trtllm_batch_decode_with_kv_cache's "xqa"
+  backend; the generic kernel, which bf16 caches take on Hopper), with PDL.
 Each FlashInfer output is checked against the PyTorch reference over the same pages with the deltas zeroed
 (kernels/reference.py): the bytes timed are the right ones.
 
@@ -23,14 +25,15 @@ FlashInfer's Python layer needs packages the GPU machine lacks, so the compiled 
 tvm_ffi, as that layer loads them. They are built on a machine with nvcc 13.0 (this repo's CPU machine has it):
 
     python3.11 -m venv /tmp/fiv && /tmp/fiv/bin/pip install torch==2.13.0 flashinfer-python==0.7.2.post1
-    pip download --no-deps -d /tmp/curand nvidia-curand && (cd /tmp/curand && unzip -q *.whl)  # fa3's headers
+    pip download --no-deps -d /tmp/curand nvidia-curand && (cd /tmp/curand && unzip -q *.whl)  # fa3's curand headers
     mkdir /tmp/stub && echo 'void f(void){}' | gcc -x c -shared -fPIC -Wl,-soname,libcuda.so.1 -o /tmp/stub/libcuda.so -
-    CPATH=/tmp/curand/nvidia/cu13/include LIBRARY_PATH=/tmp/stub:/usr/local/cuda-13.0/lib64 \\
+    CPATH=/tmp/curand/nvidia/cu13/include:/usr/local/cuda-13.0/include \\
+      LIBRARY_PATH=/tmp/stub:/usr/local/cuda-13.0/lib64 \\
       FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=/tmp/fiws \\
       /tmp/fiv/bin/python benchmarks/results/engine_perf/s22/flashinfer_build.py .fi
 
-which leaves .fi/ops/{decode,fa2,fa3}.so and .fi/whl/ (apache-tvm-ffi for Python 3.12); the modules are built in ~1,
-~5 and ~6 minutes on two cores. The stub only satisfies the link: the modules need libcudart.so.13, which torch has
+which leaves .fi/ops/{decode,fa2,fa3,xqa}.so and .fi/whl/ (apache-tvm-ffi for Python 3.12); the modules are built in ~1,
+~5, ~6 and ~5 minutes on two cores. The stub only satisfies the link: the modules need libcudart.so.13, which torch has
 loaded by then. Carry .fi.
 
     python benchmarks/results/engine_perf/s22/flashinfer_baseline.py OUT.json [BATCHES, default 1,8]
@@ -163,6 +166,35 @@ def fi_prefill(mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int
     return call
 
 
+def fi_xqa(mod, s, q, k, v, pb):
+    """XQA decode over pb's pages (one query row per entry), as flashinfer.decode's xqa path calls it: q and the output
+    [batch, 1, Hq, D], a page table [batch, pages] (int32), lengths [batch, 1] (uint32), the softmax scale 1/sqrt(D)
+    (q_scale 1), 8 MiB of zeroed semaphores ahead of the scratch: call(pdl) -> output [batch, Hq, D]."""
+    import tvm_ffi
+
+    lay = Layout.of(pb, s.page_size)
+    batch = q.shape[0]
+    counts = pb.num_pages.cpu().tolist()
+    table = torch.zeros(batch, max(counts), dtype=torch.int32)
+    for b, n in enumerate(counts):
+        table[b, :n] = pb.pages[b, :n].cpu()
+    table = table.to(q.device)
+    lens = lay.kv_lens_host.to(torch.int64).view(batch, 1).to(torch.uint32).to(q.device)
+    ws = torch.zeros(FLOAT_WS, dtype=torch.uint8, device=q.device)
+    semaphores, scratch = ws[: 8 << 20], ws[8 << 20 :]
+    q4, out = q.unsqueeze(1), torch.empty_like(q)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+
+    def call(pdl: bool):
+        with tvm_ffi.use_torch_stream():
+            mod.xqa_wrapper(False, sms, s.kv_heads, 0, 1.0, None, out.unsqueeze(1), 1.0, q4, None, k, v, None, None,
+                            table, table.shape[1] * s.page_size, lens, batch, 1.0, None, 1, None, None, semaphores,
+                            scratch, pdl)
+        return out
+
+    return call
+
+
 def undelta(pb):
     """pb with every delta 0: the reference for a kernel with no positional correction."""
     return dataclasses.replace(pb, deltas=torch.zeros_like(pb.deltas))
@@ -174,7 +206,7 @@ def main() -> None:
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
     mods = {}
-    for name in ("decode", "fa2", "fa3"):
+    for name in ("decode", "fa2", "fa3", "xqa"):
         try:
             mods[name] = load(name)
         except Exception as e:  # noqa: BLE001 - recorded, the others go on
@@ -196,7 +228,9 @@ def main() -> None:
             fis["fi decode"] = [fi_decode(mods["decode"], s, b.scale, *i) for i in inputs]
         if "fa2" in mods:
             fis["fi decode tc"] = [fi_prefill(mods["fa2"], "fa2", s, b.scale, *i, [1] * batch, False) for i in inputs]
-        eager = {}  # planned as outside CUDA graphs (the split may differ); timed with PDL only
+        eager = {}  # planned as outside CUDA graphs (the split may differ), and XQA: timed with PDL only
+        if "xqa" in mods:
+            eager["fi xqa"] = [fi_xqa(mods["xqa"], s, *i) for i in inputs]
         if "decode" in mods:
             eager["fi decode eager-plan"] = [fi_decode(mods["decode"], s, b.scale, *i, False) for i in inputs]
         if "fa2" in mods:
