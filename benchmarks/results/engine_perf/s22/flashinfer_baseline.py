@@ -17,7 +17,8 @@ would call it (plan once, CUDA-graph mode; run inside the graph), with PDL off a
 - "... eager-plan": the two decode paths planned as outside CUDA graphs (the wrappers' default; the split count may
   differ), still timed in the graphs, with PDL;
 - "fi xqa": TensorRT-LLM's XQA decode kernel as FlashInfer ships it (its trtllm_batch_decode_with_kv_cache's "xqa"
-  backend; the generic kernel, which bf16 caches take on Hopper), with PDL.
+  backend; the generic kernel, which bf16 caches take on Hopper), with PDL; for the prefill, its speculative-decoding
+  form over the question's 32 tokens as draft tokens with a causal mask.
 Each FlashInfer output is checked against the PyTorch reference over the same pages with the deltas zeroed
 (kernels/reference.py): the bytes timed are the right ones.
 
@@ -32,8 +33,8 @@ tvm_ffi, as that layer loads them. They are built on a machine with nvcc 13.0 (t
       FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=/tmp/fiws \\
       /tmp/fiv/bin/python benchmarks/results/engine_perf/s22/flashinfer_build.py .fi
 
-which leaves .fi/ops/{decode,fa2,fa3,xqa}.so and .fi/whl/ (apache-tvm-ffi for Python 3.12); the modules are built in ~1,
-~5, ~6 and ~5 minutes on two cores. The stub only satisfies the link: the modules need libcudart.so.13, which torch has
+which leaves .fi/ops/{decode,fa2,fa3,xqa,xqa32}.so and .fi/whl/ (apache-tvm-ffi for Python 3.12). The modules
+take minutes each on two cores. The stub only satisfies the link: the modules need libcudart.so.13, which torch has
 loaded by then. Carry .fi.
 
     python benchmarks/results/engine_perf/s22/flashinfer_baseline.py OUT.json [BATCHES, default 1,8]
@@ -166,10 +167,11 @@ def fi_prefill(mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int
     return call
 
 
-def fi_xqa(mod, s, q, k, v, pb):
-    """XQA decode over pb's pages (one query row per entry), as flashinfer.decode's xqa path calls it: q and the output
-    [batch, 1, Hq, D], a page table [batch, pages] (int32), lengths [batch, 1] (uint32), the softmax scale 1/sqrt(D)
-    (q_scale 1), 8 MiB of zeroed semaphores ahead of the scratch: call(pdl) -> output [batch, Hq, D]."""
+def fi_xqa(mod, s, q, k, v, pb, q_len: int = 1):
+    """XQA over pb's pages, as flashinfer.decode's xqa path calls it: q and the output [batch, 1, Hq, D] (q_len 1, a
+    decode) or [batch, 1, q_len, Hq, D] (the last q_len keys of each entry as draft tokens, a causal mask over them),
+    a page table [batch, pages] (int32), lengths [batch, 1] (uint32), the softmax scale 1/sqrt(D) (q_scale 1), 8 MiB
+    of zeroed semaphores ahead of the scratch: call(pdl) -> output shaped as q."""
     import tvm_ffi
 
     lay = Layout.of(pb, s.page_size)
@@ -182,14 +184,22 @@ def fi_xqa(mod, s, q, k, v, pb):
     lens = lay.kv_lens_host.to(torch.int64).view(batch, 1).to(torch.uint32).to(q.device)
     ws = torch.zeros(FLOAT_WS, dtype=torch.uint8, device=q.device)
     semaphores, scratch = ws[: 8 << 20], ws[8 << 20 :]
-    q4, out = q.unsqueeze(1), torch.empty_like(q)
+    out = torch.empty_like(q)
+    shape = (batch, 1, s.q_heads, s.head_dim) if q_len == 1 else (batch, 1, q_len, s.q_heads, s.head_dim)
+    mask = None
+    if q_len > 1:  # row i sees draft tokens 0..i: bit j of one 32-bit word a row, stored as two uint16 (low first)
+        if q_len > 32:
+            raise SystemExit("the probe builds XQA's mask for at most 32 draft tokens")
+        words = (1 << (torch.arange(q_len, dtype=torch.int64) + 1)) - 1
+        halves = torch.stack([words & 0xFFFF, words >> 16], dim=1)
+        mask = halves.to(torch.int32).to(torch.uint16).repeat(batch, 1, 1).to(q.device)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
 
     def call(pdl: bool):
         with tvm_ffi.use_torch_stream():
-            mod.xqa_wrapper(False, sms, s.kv_heads, 0, 1.0, None, out.unsqueeze(1), 1.0, q4, None, k, v, None, None,
-                            table, table.shape[1] * s.page_size, lens, batch, 1.0, None, 1, None, None, semaphores,
-                            scratch, pdl)
+            mod.xqa_wrapper(False, sms, s.kv_heads, 0, 1.0, None, out.view(shape), 1.0, q.view(shape), None, k, v,
+                            None, None, table, table.shape[1] * s.page_size, lens, batch, 1.0, None, q_len, None, mask,
+                            semaphores, scratch, pdl)
         return out
 
     return call
@@ -206,7 +216,7 @@ def main() -> None:
     b, copy_gbps, _, _ = rag_sweep_bench()
     s = b.s
     mods = {}
-    for name in ("decode", "fa2", "fa3", "xqa"):
+    for name in ("decode", "fa2", "fa3", "xqa", "xqa32"):
         try:
             mods[name] = load(name)
         except Exception as e:  # noqa: BLE001 - recorded, the others go on
@@ -264,6 +274,13 @@ def main() -> None:
                 continue
             for pdl in (False, True):
                 calls[f"{name}{' pdl' if pdl else ''}"] = [functools.partial(f, pdl) for f in fns]
+        if "xqa32" in mods and s.question == 32:
+            try:
+                fns = [fi_xqa(mods["xqa32"], s, *i, q_len=s.question) for i in inputs]
+                check(result, "fi xqa", fns[0](False), expected)
+                calls["fi xqa pdl"] = [functools.partial(f, True) for f in fns]
+            except Exception as e:  # noqa: BLE001 - recorded, the others go on
+                result["fi xqa error"] = f"{type(e).__name__}: {str(e)[:300]}"
         result.update(graph_rounds(b, calls, ROUNDS, kv_bytes, copy_gbps))
         return result
 

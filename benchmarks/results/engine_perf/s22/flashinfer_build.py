@@ -1,6 +1,6 @@
 """Session 22: build FlashInfer's paged decode and prefill modules and its XQA decode (TensorRT-LLM's kernel) for
 Hopper (sm_90a), bf16, head dim 128, no positional encoding, and gather what flashinfer_baseline.py loads on the GPU
-machine into DEST: DEST/ops/{decode,fa2,fa3,xqa}.so and DEST/whl/ (apache-tvm-ffi for the GPU machine's Python
+machine into DEST: DEST/ops/{decode,fa2,fa3,xqa,xqa32}.so and DEST/whl/ (apache-tvm-ffi for the GPU machine's Python
 3.12). Run it under flashinfer-python 0.7.2.post1 (its JIT generates the sources and runs nvcc; no GPU needed);
 flashinfer_baseline.py's docstring gives the command.
 
@@ -31,6 +31,7 @@ def main() -> None:
         "fa2": fi_jit.gen_batch_prefill_module("fa2", BF16, BF16, BF16, I32, D, D, 0, False, False, False),
         "fa3": fi_jit.gen_batch_prefill_module("fa3", BF16, BF16, BF16, I32, D, D, 0, False, False, False),
         "xqa": gen_xqa_module(BF16, BF16, 64, D, 4, False, BF16, 1),  # pages of 64, 4 q heads per kv head
+        "xqa32": gen_xqa_module(BF16, BF16, 64, D, 4, False, BF16, 32),  # its draft-token form, 32 rows
     }
     for name, spec in specs.items():
         t0 = time.time()
