@@ -175,8 +175,8 @@ def fi_xqa(mod, s, q, k, v, pb, q_len: int = 1):
     import tvm_ffi
 
     lay = Layout.of(pb, s.page_size)
-    batch = q.shape[0]
     counts = pb.num_pages.cpu().tolist()
+    batch = len(counts)
     table = torch.zeros(batch, max(counts), dtype=torch.int32)
     for b, n in enumerate(counts):
         table[b, :n] = pb.pages[b, :n].cpu()
