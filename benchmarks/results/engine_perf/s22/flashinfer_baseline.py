@@ -175,12 +175,8 @@ def fi_xqa(mod, s, q, k, v, pb, q_len: int = 1):
     import tvm_ffi
 
     lay = Layout.of(pb, s.page_size)
-    counts = pb.num_pages.cpu().tolist()
-    batch = len(counts)
-    table = torch.zeros(batch, max(counts), dtype=torch.int32)
-    for b, n in enumerate(counts):
-        table[b, :n] = pb.pages[b, :n].cpu()
-    table = table.to(q.device)
+    batch = pb.batch_size
+    table = pb.pages.to(torch.int32).contiguous()  # [batch, pages], 0 past each entry's pages
     lens = lay.kv_lens_host.to(torch.int64).view(batch, 1).to(torch.uint32).to(q.device)
     ws = torch.zeros(FLOAT_WS, dtype=torch.uint8, device=q.device)
     semaphores, scratch = ws[: 8 << 20], ws[8 << 20 :]
@@ -213,7 +209,7 @@ def undelta(pb):
 def main() -> None:
     out_path = sys.argv[1]
     batches = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,8").split(",")]
-    b, copy_gbps, _, _ = rag_sweep_bench()
+    b, copy_gbps, rag_bytes, _ = rag_sweep_bench()
     s = b.s
     mods = {}
     for name in ("decode", "fa2", "fa3", "xqa", "xqa32"):
@@ -254,7 +250,7 @@ def main() -> None:
         return result
 
     def prefill_row(batch: int) -> dict:
-        kv_bytes = batch * (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * 2
+        kv_bytes = batch * rag_bytes
         inputs, _ = rag_case(b, batch, False, copies=4)
         result = {"case": "short prefill", "batch": batch, "bytes": kv_bytes, "copy_gbps": copy_gbps,
                   "read_us": read_ceiling(b, kv_bytes)}
