@@ -30,8 +30,11 @@ from lazyattn.kernels import decode, prefill  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file of every row")
-    parser.add_argument("--prefill-only", action="store_true",
-                        help="prefill only, default tiles, split counts near the default (0: the default)")
+    parser.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="prefill only, default tiles, split counts near the default (0: the default)",
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     s = kb.Shapes()
@@ -44,9 +47,14 @@ def main() -> int:
         rows.append(row)
         print(row, flush=True)
 
-    prefill_cases = ((1, (8, 12, 16, 20, 24, 32), (None, prefill.PrefillConfig(128, 64, 8, 3),
-                                                   prefill.PrefillConfig(128, 64, 8, 2))),
-                     (8, (1, 2, 3, 4), (None,)))
+    prefill_cases = (
+        (
+            1,
+            (8, 12, 16, 20, 24, 32),
+            (None, prefill.PrefillConfig(128, 64, 8, 3), prefill.PrefillConfig(128, 64, 8, 2)),
+        ),
+        (8, (1, 2, 3, 4), (None,)),
+    )
     if args.prefill_only:
         prefill_cases = ((1, (0, 12, 16, 20, 24), (None,)), (8, (0, 1, 2, 3), (None,)))
     for batch, split_counts, configs in prefill_cases:
@@ -55,12 +63,24 @@ def main() -> int:
         for config in configs:
             for splits in split_counts:
                 for deltas in (True, False):
-                    calls = [lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, d=deltas: prefill.prefill_attention(
-                        q, k, v, pb, tables, b.scale, apply_delta=d, num_splits=n or None, config=c)
-                        for q, k, v, pb in inputs]
+                    calls = [
+                        lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, d=deltas: prefill.prefill_attention(
+                            q, k, v, pb, tables, b.scale, apply_delta=d, num_splits=n or None, config=c
+                        )
+                        for q, k, v, pb in inputs
+                    ]
                     us = kb.graph_us(b, calls)
-                    record(dict(kind="prefill", batch=batch, cfg=str(config), splits=splits, delta=deltas,
-                                us=round(us, 2), bw_pct=round(100 * kv_bytes / (us * 1e-6) / (gbps * 1e9), 1)))
+                    record(
+                        dict(
+                            kind="prefill",
+                            batch=batch,
+                            cfg=str(config),
+                            splits=splits,
+                            delta=deltas,
+                            us=round(us, 2),
+                            bw_pct=round(100 * kv_bytes / (us * 1e-6) / (gbps * 1e9), 1),
+                        )
+                    )
         del inputs
         torch.cuda.empty_cache()
     if not args.prefill_only:
@@ -71,11 +91,23 @@ def main() -> int:
         for config in (None, decode.DecodeConfig(32, 4, 5, 168), decode.DecodeConfig(64, 4, 3, 168)):
             for splits in (8, 16, 24, 33, 48, 64):
                 counters = decode.ArrivalCounters()
-                calls = [lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, a=counters: decode.decode_attention(
-                    q, k, v, pb, tables, b.scale, counters=a, num_splits=n, config=c) for q, k, v, pb in inputs]
+                calls = [
+                    lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, a=counters: decode.decode_attention(
+                        q, k, v, pb, tables, b.scale, counters=a, num_splits=n, config=c
+                    )
+                    for q, k, v, pb in inputs
+                ]
                 us = kb.graph_us(b, calls)
-                record(dict(kind="decode", ctx=10304, splits=splits, cfg=str(config), us=round(us, 2),
-                            bw_pct=round(100 * nbytes / (us * 1e-6) / (gbps * 1e9), 1)))
+                record(
+                    dict(
+                        kind="decode",
+                        ctx=10304,
+                        splits=splits,
+                        cfg=str(config),
+                        us=round(us, 2),
+                        bw_pct=round(100 * nbytes / (us * 1e-6) / (gbps * 1e9), 1),
+                    )
+                )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"copy_gbps": gbps, "rows": rows}, indent=1) + "\n")
     return 0

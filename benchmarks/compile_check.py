@@ -107,13 +107,13 @@ class Compiler:
         args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, _CudaLooking) else a for a in args)
         binder = jit.create_function_from_signature(fn.signature, fn.params, self.backend)
         bound_args, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound_args, specialization,
-                                                              options)
+        options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound_args, specialization, options)
         name = fn.fn.__name__
-        shown = {fn.arg_names[path[0]]: _short(v) for path, v in constexprs.items()
-                 if fn.params[path[0]].is_constexpr}
-        key = (f"{name}[{', '.join(f'{k}={v}' for k, v in shown.items())}; warps={options.num_warps} "
-               f"stages={options.num_stages}{f' maxnreg={options.maxnreg}' if options.maxnreg else ''}]")
+        shown = {fn.arg_names[path[0]]: _short(v) for path, v in constexprs.items() if fn.params[path[0]].is_constexpr}
+        key = (
+            f"{name}[{', '.join(f'{k}={v}' for k, v in shown.items())}; warps={options.num_warps} "
+            f"stages={options.num_stages}{f' maxnreg={options.maxnreg}' if options.maxnreg else ''}]"
+        )
         full_key = key + str(signature) + str(sorted(attrs.items())) + str(sorted(constexprs.items()))
         if full_key in self._done:
             previous = self._done[full_key]
@@ -123,8 +123,9 @@ class Compiler:
         error, shared, usage = None, None, ""
         try:
             source = GluonASTSource if fn.is_gluon() else ASTSource  # Gluon kernels come in as TTGIR
-            compiled = triton.compile(source(fn, signature, constexprs, attrs), target=self.target,
-                                      options=options.__dict__)
+            compiled = triton.compile(
+                source(fn, signature, constexprs, attrs), target=self.target, options=options.__dict__
+            )
             shared = compiled.metadata.shared
             if not compiled.asm.get("cubin"):
                 raise RuntimeError("no cubin came out of ptxas")
@@ -210,8 +211,14 @@ LLAMA_70B_TP2 = Heads("70B/TP2", 32, 4)  # 64 q, 8 kv heads over 2 ranks: a grou
 
 
 def _tables(heads: Heads, interleaved: bool = False) -> RopeTables:
-    cfg = RopeConfig(head_dim=heads.dim, base=500000.0, rope_type="llama3", factor=8.0,
-                     original_max_position=8192, interleaved=interleaved)
+    cfg = RopeConfig(
+        head_dim=heads.dim,
+        base=500000.0,
+        rope_type="llama3",
+        factor=8.0,
+        original_max_position=8192,
+        interleaved=interleaved,
+    )
     return RopeTables.build(cfg, 16384)
 
 
@@ -224,17 +231,20 @@ def _qkv(heads: Heads, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
     """q, k, v as views of one fused projection's output (the model's layout, so their strides)."""
     qkv = torch.zeros(tokens, (heads.q + 2 * heads.kv) * heads.dim, dtype=BF16)
     q, k, v = qkv.split([heads.q * heads.dim, heads.kv * heads.dim, heads.kv * heads.dim], dim=1)
-    return (_cuda_looking(q.view(tokens, heads.q, heads.dim)), k.view(tokens, heads.kv, heads.dim),
-            v.view(tokens, heads.kv, heads.dim))
+    return (
+        _cuda_looking(q.view(tokens, heads.q, heads.dim)),
+        k.view(tokens, heads.kv, heads.dim),
+        v.view(tokens, heads.kv, heads.dim),
+    )
 
 
-def _rag_entry(page_size: int, question: int, docs: int = 5, doc_tokens: int = 2048, system: int = 64,
-               relinked: bool = False) -> EntryPages:
+def _rag_entry(
+    page_size: int, question: int, docs: int = 5, doc_tokens: int = 2048, system: int = 64, relinked: bool = False
+) -> EntryPages:
     """A RAG request's pages: a system segment, `docs` cached documents (each its own delta) and the question's
     own pages: docs + 2 runs. Page ids repeat over a small pool (ids do not change the compile)."""
     pages, deltas, valid = [], [], []
-    for tokens, delta in [(system, 0)] + [(doc_tokens, system + i * doc_tokens) for i in range(docs)] + [
-            (question, 0)]:
+    for tokens, delta in [(system, 0)] + [(doc_tokens, system + i * doc_tokens) for i in range(docs)] + [(question, 0)]:
         n = -(-tokens // page_size)
         pages += [len(pages) % 8 for _ in range(n)]
         deltas += [delta] * n
@@ -269,8 +279,16 @@ def _decode_batch(page_size: int, entries: int, context: int, relinked: bool = F
 # model/layers.py) or the benchmarks call it
 
 
-def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, graph: bool = False,
-             rotated_in_rope: bool = True, **options) -> None:
+def _prefill(
+    heads: Heads,
+    page_size: int,
+    batch: PagedBatch,
+    tokens: int,
+    *,
+    graph: bool = False,
+    rotated_in_rope: bool = True,
+    **options,
+) -> None:
     """TritonBackend.attend's prefill path: rope_write_kv_runs' copies for short calls, then prefill_attention;
     graph=True fixes the split count and passes the host's split plan as a captured bucket does
     (engine/prefill_graphs.py)."""
@@ -280,8 +298,9 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
     positions = torch.zeros(tokens, dtype=torch.int32)
     slots = torch.zeros(tokens, dtype=torch.int32)
     if graph:
-        batch.num_splits = prefill.graph_num_splits(tokens, batch.batch_size, heads.q, heads.kv, heads.dim, BF16,
-                                                    page_size, torch.device("cuda"))
+        batch.num_splits = prefill.graph_num_splits(
+            tokens, batch.batch_size, heads.q, heads.kv, heads.dim, BF16, page_size, torch.device("cuda")
+        )
         if batch.num_splits > 1:
             batch.plan = torch.zeros(batch.batch_size, batch.num_splits, prefill.PLAN_WIDTH, dtype=torch.int32)
     runs = prefill.rotated_runs_for(tokens)
@@ -290,7 +309,7 @@ def _prefill(heads: Heads, page_size: int, batch: PagedBatch, tokens: int, *, gr
         options["rotated_q"] = q_rot
     else:
         q = cache_ops.rope_write_kv(q, k, v, positions, slots, kv[0, 0], kv[0, 1], tables)
-    prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5, **options)
+    prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim**-0.5, **options)
 
 
 def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False) -> None:
@@ -300,8 +319,9 @@ def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine:
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
     with _pdl(prefill_hopper, engine):
-        prefill_hopper.short_prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads),
-                                               heads.dim ** -0.5, splits)
+        prefill_hopper.short_prefill_attention(
+            _cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim**-0.5, splits
+        )
 
 
 @contextlib.contextmanager
@@ -325,8 +345,9 @@ def _decode(heads: Heads, page_size: int, batch: PagedBatch, pdl: bool = False) 
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
     q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], kv[0, 1], tables)
     with _pdl(decode, pdl):
-        decode.decode_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim ** -0.5,
-                                counters=decode.ArrivalCounters())
+        decode.decode_attention(
+            _cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim**-0.5, counters=decode.ArrivalCounters()
+        )
 
 
 def _copy_rotate(heads: Heads, page_size: int) -> None:
@@ -378,49 +399,115 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             # 64 tokens, per token beyond), the split counts of the CUDA-graph buckets and of eager launches.
             for tokens, entries in ((32, 1), (16, 1), (64, 2), (128, 4), (256, 8)):
                 q_len = tokens // entries
-                out.append((f"prefill {h} page{ps} rag T={tokens} B={entries} eager",
-                            lambda heads=heads, ps=ps, q=q_len, e=entries, t=tokens:
-                            _prefill(heads, ps, _rag_batch(ps, q, e), t)))
+                out.append(
+                    (
+                        f"prefill {h} page{ps} rag T={tokens} B={entries} eager",
+                        lambda heads=heads, ps=ps, q=q_len, e=entries, t=tokens: _prefill(
+                            heads, ps, _rag_batch(ps, q, e), t
+                        ),
+                    )
+                )
                 if tokens <= 128:
-                    out.append((f"prefill {h} page{ps} rag T={tokens} B={entries} graph",
-                                lambda heads=heads, ps=ps, q=q_len, e=entries, t=tokens:
-                                _prefill(heads, ps, _rag_batch(ps, q, e), t, graph=True)))
-            out.append((f"prefill {h} page{ps} rag T=32 B=1 plan_pieces",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, plan_pieces=True)))
-            out.append((f"prefill {h} page{ps} rag T=32 B=1 graph plan_pieces",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, graph=True,
-                                                            plan_pieces=True)))
-            out.append((f"prefill {h} page{ps} rag T=32 B=1 relinked (firsts)",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1, relinked=True), 32)))
-            out.append((f"prefill {h} page{ps} rag T=32 B=1 rotated by prefill (_rotate_runs_kernel)",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32,
-                                                            rotated_in_rope=False)))
-            out.append((f"prefill {h} page{ps} rag T=32 B=1 rotated_runs=0 (in-kernel rotation)",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32,
-                                                            rotated_in_rope=False, rotated_runs=0)))
-            out.append((f"prefill {h} page{ps} rag T=32 B=1 apply_delta=False",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, apply_delta=False)))
+                    out.append(
+                        (
+                            f"prefill {h} page{ps} rag T={tokens} B={entries} graph",
+                            lambda heads=heads, ps=ps, q=q_len, e=entries, t=tokens: _prefill(
+                                heads, ps, _rag_batch(ps, q, e), t, graph=True
+                            ),
+                        )
+                    )
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=32 B=1 plan_pieces",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, plan_pieces=True),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=32 B=1 graph plan_pieces",
+                    lambda heads=heads, ps=ps: _prefill(
+                        heads, ps, _rag_batch(ps, 32, 1), 32, graph=True, plan_pieces=True
+                    ),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=32 B=1 relinked (firsts)",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1, relinked=True), 32),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=32 B=1 rotated by prefill (_rotate_runs_kernel)",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, rotated_in_rope=False),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=32 B=1 rotated_runs=0 (in-kernel rotation)",
+                    lambda heads=heads, ps=ps: _prefill(
+                        heads, ps, _rag_batch(ps, 32, 1), 32, rotated_in_rope=False, rotated_runs=0
+                    ),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=32 B=1 apply_delta=False",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, apply_delta=False),
+                )
+            )
             # Longer calls: a question past _ROTATE_MAX_ROWS (in-kernel rotation), a document being encoded.
-            out.append((f"prefill {h} page{ps} rag T=512 B=1",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 512, 1), 512)))
-            out.append((f"prefill {h} page{ps} document T=2048",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _document_batch(ps, 2048), 2048)))
-            out.append((f"prefill {h} page{ps} document T=64",
-                        lambda heads=heads, ps=ps: _prefill(heads, ps, _document_batch(ps, 64), 64)))
+            out.append(
+                (
+                    f"prefill {h} page{ps} rag T=512 B=1",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 512, 1), 512),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} document T=2048",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _document_batch(ps, 2048), 2048),
+                )
+            )
+            out.append(
+                (
+                    f"prefill {h} page{ps} document T=64",
+                    lambda heads=heads, ps=ps: _prefill(heads, ps, _document_batch(ps, 64), 64),
+                )
+            )
             for entries, context in ((1, 10240), (2, 10240), (8, 4096), (32, 4096), (64, 8192)):
-                out.append((f"decode {h} page{ps} B={entries} ctx~{context}",
-                            lambda heads=heads, ps=ps, e=entries, c=context: _decode(heads, ps,
-                                                                                     _decode_batch(ps, e, c))))
-            out.append((f"decode {h} page{ps} B=1 relinked (firsts)",
-                        lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240, relinked=True))))
-            out.append((f"decode {h} page{ps} B=1 ctx~10240, PDL",
-                        lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240), pdl=True)))
+                out.append(
+                    (
+                        f"decode {h} page{ps} B={entries} ctx~{context}",
+                        lambda heads=heads, ps=ps, e=entries, c=context: _decode(heads, ps, _decode_batch(ps, e, c)),
+                    )
+                )
+            out.append(
+                (
+                    f"decode {h} page{ps} B=1 relinked (firsts)",
+                    lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240, relinked=True)),
+                )
+            )
+            out.append(
+                (
+                    f"decode {h} page{ps} B=1 ctx~10240, PDL",
+                    lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240), pdl=True),
+                )
+            )
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
-        out.append((f"short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}",
-                    lambda t=tokens, e=entries, n=splits: _short_prefill(LLAMA_8B, t, e, n)))
-    out.append(("short prefill (Gluon) 8B page64 rag T=32 B=1 splits=16, relinked (firsts), PDL",
-                lambda: _short_prefill(LLAMA_8B, 32, 1, 16, engine=True)))
+        out.append(
+            (
+                f"short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}",
+                lambda t=tokens, e=entries, n=splits: _short_prefill(LLAMA_8B, t, e, n),
+            )
+        )
+    out.append(
+        (
+            "short prefill (Gluon) 8B page64 rag T=32 B=1 splits=16, relinked (firsts), PDL",
+            lambda: _short_prefill(LLAMA_8B, 32, 1, 16, engine=True),
+        )
+    )
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))

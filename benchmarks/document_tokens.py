@@ -43,8 +43,11 @@ def grow(document: dict[str, str], tokenizer, rng: random.Random) -> dict[str, s
     """The document's text followed by seeded sentences until it has about DOC_TOKENS tokens."""
     text = document["text"]
     while len(tokenizer.encode_plain(text)) < DOC_TOKENS:
-        text += "".join(f" {rng.choice(NAMES)} {rng.choice(VERBS)} {rng.choice(THINGS)} of {rng.randint(1700, 2024)}"
-                        f", page {rng.randint(1, 900)}." for _ in range(20))
+        text += "".join(
+            f" {rng.choice(NAMES)} {rng.choice(VERBS)} {rng.choice(THINGS)} of {rng.randint(1700, 2024)}"
+            f", page {rng.randint(1, 900)}."
+            for _ in range(20)
+        )
     return {"title": document["title"], "text": text}
 
 
@@ -76,8 +79,10 @@ def main() -> None:
     docs = [grow(d, off, rng) for d in DOCS]
     doc_tokens = [len(off.encode_plain(d["text"])) for d in docs]
     messages = [{"role": "user", "content": QUESTIONS[0][0]}]
-    paths = {"render_completion": lambda tok: render_completion(tok, QUESTIONS[0][0], docs),
-             "render_chat": lambda tok: render_chat(tok, messages, docs)}
+    paths = {
+        "render_completion": lambda tok: render_completion(tok, QUESTIONS[0][0], docs),
+        "render_chat": lambda tok: render_chat(tok, messages, docs),
+    }
 
     on.cache = TokenizerCache(EngineConfig().tokenizer_cache_tokens)
     tracemalloc.start()
@@ -94,16 +99,20 @@ def main() -> None:
             times[name]["off"].append(per_request_ms(lambda: render(off), args.repeats))  # noqa: B023
             times[name]["on"].append(per_request_ms(lambda: render(on), args.repeats))  # noqa: B023
 
-    print(f"SmolLM2 tokenizer, {len(docs)} documents of {doc_tokens} tokens ({sum(doc_tokens)} in all); "
-          f"{args.rounds} rounds x {args.repeats} requests per setting; {cpu_name()}")
+    print(
+        f"SmolLM2 tokenizer, {len(docs)} documents of {doc_tokens} tokens ({sum(doc_tokens)} in all); "
+        f"{args.rounds} rounds x {args.repeats} requests per setting; {cpu_name()}"
+    )
     result = {"documents": doc_tokens, "rounds": args.rounds, "repeats": args.repeats, "paths": {}}
     for name in paths:
         off_ms, on_ms = (statistics.median(times[name][k]) for k in ("off", "on"))
         result["paths"][name] = {"off_ms": off_ms, "on_ms": on_ms}
         print(f"{name:18s} off {off_ms:7.2f} ms/request   on {on_ms:6.3f} ms/request   off/on {off_ms / on_ms:6.1f}x")
-    print(f"first request with the cache on (misses, stores): {first_ms:.2f} ms; the cache then holds {stored} tokens "
-          f"in {held / 2**20:.2f} MiB of traced memory ({held / stored:.1f} bytes a token, the request's own "
-          f"objects included)")
+    print(
+        f"first request with the cache on (misses, stores): {first_ms:.2f} ms; the cache then holds {stored} tokens "
+        f"in {held / 2**20:.2f} MiB of traced memory ({held / stored:.1f} bytes a token, the request's own "
+        f"objects included)"
+    )
     result.update(first_request_on_ms=first_ms, stored_tokens=stored, traced_bytes=held)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -85,9 +85,23 @@ class Shapes:
     sections: tuple[str, ...] | None = None  # None: every section
 
 
-QUICK = Shapes(model="tiny", system_len=8, doc_len=64, n_docs=3, question=8, short_prompt=8, batch_context=64,
-               batches=(2, 4), decode_steps=4, batch_tokens=6, ttft_repeats=2, kv_cache_gb=0.05,
-               max_model_len=1024, copy_mib=16, copy_repeats=3)
+QUICK = Shapes(
+    model="tiny",
+    system_len=8,
+    doc_len=64,
+    n_docs=3,
+    question=8,
+    short_prompt=8,
+    batch_context=64,
+    batches=(2, 4),
+    decode_steps=4,
+    batch_tokens=6,
+    ttft_repeats=2,
+    kv_cache_gb=0.05,
+    max_model_len=1024,
+    copy_mib=16,
+    copy_repeats=3,
+)
 
 
 def random_tokens(n: int, seed: int, vocab: int) -> list[int]:
@@ -128,11 +142,19 @@ class Bench:
         self.s = shapes
         self.device = device
         self.bandwidth = bandwidth
-        self.llm = LLM(model=shapes.model, mode="lazy", device=device.type, random_weights=True,
-                       kv_cache_gb=shapes.kv_cache_gb, max_model_len=shapes.max_model_len,
-                       max_num_seqs=max(shapes.batches), progress=False,
-                       tensor_parallel_size=shapes.tensor_parallel_size, cuda_graphs=shapes.cuda_graphs,
-                       async_scheduling=shapes.async_scheduling)
+        self.llm = LLM(
+            model=shapes.model,
+            mode="lazy",
+            device=device.type,
+            random_weights=True,
+            kv_cache_gb=shapes.kv_cache_gb,
+            max_model_len=shapes.max_model_len,
+            max_num_seqs=max(shapes.batches),
+            progress=False,
+            tensor_parallel_size=shapes.tensor_parallel_size,
+            cuda_graphs=shapes.cuda_graphs,
+            async_scheduling=shapes.async_scheduling,
+        )
         self.engine: LLMEngine = self.llm.engine
         cfg = self.engine.model_config
         self.vocab = cfg.vocab_size
@@ -202,15 +224,23 @@ class Bench:
         tpot = statistics.median(times)
         mean_context = context + 2 + len(times) / 2
         limit = self.limit_s(1, mean_context)
-        return {"batch": 1, "context": round(mean_context), "step_ms": 1e3 * tpot, "limit_ms": 1e3 * limit,
-                "of_limit": limit / tpot, "steps": len(times)}
+        return {
+            "batch": 1,
+            "context": round(mean_context),
+            "step_ms": 1e3 * tpot,
+            "limit_ms": 1e3 * limit,
+            "of_limit": limit / tpot,
+            "steps": len(times),
+        }
 
     def decode_batched(self, batch: int) -> dict:
         """Median pure-decode step of `batch` sequences of `batch_context` prompt tokens each (all running, none
         finished), and the mean context over those steps."""
         params = SamplingParams(max_tokens=self.s.batch_tokens, temperature=0.0, ignore_eos=True)
-        prompts = [RenderedPrompt(segments=[], final=random_tokens(self.s.batch_context, 1000 + 7 * batch + i,
-                                                                   self.vocab)) for i in range(batch)]
+        prompts = [
+            RenderedPrompt(segments=[], final=random_tokens(self.s.batch_context, 1000 + 7 * batch + i, self.vocab))
+            for i in range(batch)
+        ]
         ids = [self.add(p, params) for p in prompts]
         generated = dict.fromkeys(ids, 0)
         times, contexts = [], []
@@ -227,9 +257,15 @@ class Bench:
         step = statistics.median(times)
         mean_context = statistics.mean(contexts)
         limit = self.limit_s(batch, mean_context)
-        return {"batch": batch, "context": round(mean_context / batch), "step_ms": 1e3 * step,
-                "limit_ms": 1e3 * limit, "of_limit": limit / step, "tokens_per_s": batch / step,
-                "steps": len(times)}
+        return {
+            "batch": batch,
+            "context": round(mean_context / batch),
+            "step_ms": 1e3 * step,
+            "limit_ms": 1e3 * limit,
+            "of_limit": limit / step,
+            "tokens_per_s": batch / step,
+            "steps": len(times),
+        }
 
     def ttft(self) -> dict:
         """The cached RAG request on an idle engine: add_request until `step` returns its first token, median.
@@ -250,9 +286,13 @@ class Bench:
             sync(self.device)
             synced.append(time.perf_counter() - t0)
         context = self.s.system_len + self.s.n_docs * self.s.doc_len + self.s.question
-        return {"context": context, "ttft_ms": 1e3 * statistics.median(times[1:]),
-                "ttft_synced_ms": 1e3 * statistics.median(synced[1:]),
-                "limit_ms": 1e3 * self.limit_s(1, context), "repeats": len(times) - 1}
+        return {
+            "context": context,
+            "ttft_ms": 1e3 * statistics.median(times[1:]),
+            "ttft_synced_ms": 1e3 * statistics.median(synced[1:]),
+            "limit_ms": 1e3 * self.limit_s(1, context),
+            "repeats": len(times) - 1,
+        }
 
     def launches(self) -> dict:
         """Kernels and host launch calls of the cached RAG request's prefill step and of one decode step."""
@@ -271,8 +311,15 @@ class Bench:
         return {"prefill": counted["prefill"], "decode": counted["decode_2"]}
 
 
-_LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
-                 "cudaMemcpyAsync", "cudaMemsetAsync")
+_LAUNCH_CALLS = (
+    "cudaLaunchKernel",
+    "cuLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+)
 
 
 def count_launches(events) -> dict:
@@ -293,13 +340,19 @@ def count_launches(events) -> dict:
         elif e.name.startswith("aten::"):
             aten += 1
     top = sorted(busy_us.items(), key=lambda kv: -kv[1])[:8]
-    return {"kernels": kernels, "copies": copies, "launch_calls": calls, "graph_launches": graphs, "aten_ops": aten,
-            "gpu_busy_ms": sum(busy_us.values()) / 1e3, "top_kernels_us": [[name[:80], us] for name, us in top]}
+    return {
+        "kernels": kernels,
+        "copies": copies,
+        "launch_calls": calls,
+        "graph_launches": graphs,
+        "aten_ops": aten,
+        "gpu_busy_ms": sum(busy_us.values()) / 1e3,
+        "top_kernels_us": [[name[:80], us] for name, us in top],
+    }
 
 
 def run(shapes: Shapes, device: torch.device) -> dict:
-    gpus = [torch.device("cuda", i) for i in range(shapes.tensor_parallel_size)] if device.type == "cuda" \
-        else [device]
+    gpus = [torch.device("cuda", i) for i in range(shapes.tensor_parallel_size)] if device.type == "cuda" else [device]
     per_gpu = []
     for d in gpus:  # events and copies on that GPU's own stream
         with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext():
@@ -308,15 +361,24 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         torch.cuda.empty_cache()
     bandwidth = min(per_gpu)  # the ranks wait for each other: the slowest sets the pace
     bench = Bench(shapes, device, bandwidth)
-    results: dict = {"bandwidth_gbs": bandwidth / 1e9, "bandwidth_gbs_per_gpu": [b / 1e9 for b in per_gpu],
-                     "tensor_parallel_size": shapes.tensor_parallel_size, "weight_bytes": bench.weight_bytes,
-                     "kv_bytes_per_token": bench.kv_bytes_per_token,
-                     "pdl": pdl_on(device), "decode_fusion": decode_fusion_enabled()}
+    results: dict = {
+        "bandwidth_gbs": bandwidth / 1e9,
+        "bandwidth_gbs_per_gpu": [b / 1e9 for b in per_gpu],
+        "tensor_parallel_size": shapes.tensor_parallel_size,
+        "weight_bytes": bench.weight_bytes,
+        "kv_bytes_per_token": bench.kv_bytes_per_token,
+        "pdl": pdl_on(device),
+        "decode_fusion": decode_fusion_enabled(),
+    }
     if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
         results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path
     sections: list[tuple[str, Callable[[], dict]]] = [
-        ("decode_short", lambda: bench.decode_batch1(
-            RenderedPrompt(segments=[], final=[bench.bos] + random_tokens(shapes.short_prompt - 1, 3, bench.vocab)))),
+        (
+            "decode_short",
+            lambda: bench.decode_batch1(
+                RenderedPrompt(segments=[], final=[bench.bos] + random_tokens(shapes.short_prompt - 1, 3, bench.vocab))
+            ),
+        ),
         ("cache_documents", lambda: bench.cache_documents() or {}),
         ("decode_rag", lambda: bench.decode_batch1(bench.rag_prompt(7))),
         ("ttft_rag", bench.ttft),
@@ -350,43 +412,64 @@ def run(shapes: Shapes, device: torch.device) -> dict:
 def markdown(results: dict) -> str:
     tp = results.get("tensor_parallel_size", 1)
     per_gpu = ", ".join(f"{b:.0f}" for b in results.get("bandwidth_gbs_per_gpu", []))
-    where = f"tensor parallel over {tp} GPUs (per GPU: {per_gpu} GB/s; the slowest sets the limit), per GPU: " \
-        if tp > 1 else ""
-    lines = [f"Read bandwidth (device-to-device copy, read + write): **{results['bandwidth_gbs']:.0f} GB/s**; "
-             f"{where}weights read per step {results['weight_bytes'] / 1e9:.2f} GB, KV "
-             f"{results['kv_bytes_per_token']} B/token. Overlapped scheduling "
-             f"{'on' if results.get('async_scheduling') else 'off'} ({results.get('overlapped_steps', 0)} steps "
-             "scheduled while the one before them ran).", "",
-             "| what | context / seq | measured | limit (bytes / bandwidth) | of limit | goal |",
-             "|---|---|---|---|---|---|"]
+    where = (
+        f"tensor parallel over {tp} GPUs (per GPU: {per_gpu} GB/s; the slowest sets the limit), per GPU: "
+        if tp > 1
+        else ""
+    )
+    lines = [
+        f"Read bandwidth (device-to-device copy, read + write): **{results['bandwidth_gbs']:.0f} GB/s**; "
+        f"{where}weights read per step {results['weight_bytes'] / 1e9:.2f} GB, KV "
+        f"{results['kv_bytes_per_token']} B/token. Overlapped scheduling "
+        f"{'on' if results.get('async_scheduling') else 'off'} ({results.get('overlapped_steps', 0)} steps "
+        "scheduled while the one before them ran).",
+        "",
+        "| what | context / seq | measured | limit (bytes / bandwidth) | of limit | goal |",
+        "|---|---|---|---|---|---|",
+    ]
     goals = {"decode_short": "≥ 90 %", "decode_rag": "≥ 85 %"}
-    for name, label in (("decode_short", "decode TPOT, batch 1, short"),
-                        ("decode_rag", "decode TPOT, batch 1, 5 × 2048 cached docs")):
+    for name, label in (
+        ("decode_short", "decode TPOT, batch 1, short"),
+        ("decode_rag", "decode TPOT, batch 1, 5 × 2048 cached docs"),
+    ):
         r = results.get(name, {})
         if "step_ms" in r:
-            lines.append(f"| {label} | {r['context']} | {r['step_ms']:.2f} ms | {r['limit_ms']:.2f} ms | "
-                         f"{100 * r['of_limit']:.0f} % | {goals[name]} |")
+            lines.append(
+                f"| {label} | {r['context']} | {r['step_ms']:.2f} ms | {r['limit_ms']:.2f} ms | "
+                f"{100 * r['of_limit']:.0f} % | {goals[name]} |"
+            )
     for name, r in results.items():
         if name.startswith("decode_batch") and "step_ms" in r:
-            lines.append(f"| decode step, batch {r['batch']} ({r['tokens_per_s']:.0f} tok/s) | {r['context']} | "
-                         f"{r['step_ms']:.2f} ms | {r['limit_ms']:.2f} ms | {100 * r['of_limit']:.0f} % | ≥ 80 % |")
+            lines.append(
+                f"| decode step, batch {r['batch']} ({r['tokens_per_s']:.0f} tok/s) | {r['context']} | "
+                f"{r['step_ms']:.2f} ms | {r['limit_ms']:.2f} ms | {100 * r['of_limit']:.0f} % | ≥ 80 % |"
+            )
     r = results.get("ttft_rag", {})
     if "ttft_ms" in r:
         vs = f"{r['of_decode_step']:.2f}× one decode step" if "of_decode_step" in r else "—"
-        lines.append(f"| TTFT, cached RAG request, idle | {r['context']} | {r['ttft_ms']:.2f} ms | "
-                     f"{r['limit_ms']:.2f} ms | {vs} | ≤ 1.2× decode step |")
+        lines.append(
+            f"| TTFT, cached RAG request, idle | {r['context']} | {r['ttft_ms']:.2f} ms | "
+            f"{r['limit_ms']:.2f} ms | {vs} | ≤ 1.2× decode step |"
+        )
     launches = results.get("launches", {})
     if "prefill" in launches:
-        lines += ["", "| step | device kernels | memcpy/memset | host launch calls (graph replays) | aten ops | "
-                      "GPU busy |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| step | device kernels | memcpy/memset | host launch calls (graph replays) | aten ops | GPU busy |",
+            "|---|---|---|---|---|---|",
+        ]
         for step in ("prefill", "decode"):
             c = launches[step]
-            lines.append(f"| {step} | {c['kernels']} | {c['copies']} | {c['launch_calls']} ({c['graph_launches']}) |"
-                         f" {c['aten_ops']} | {c.get('gpu_busy_ms', 0):.2f} ms |")
+            lines.append(
+                f"| {step} | {c['kernels']} | {c['copies']} | {c['launch_calls']} ({c['graph_launches']}) |"
+                f" {c['aten_ops']} | {c.get('gpu_busy_ms', 0):.2f} ms |"
+            )
         if results.get("pdl"):
-            lines.append("\nProgrammatic dependent launch is on: a kernel's programs start while the kernel before it "
-                         "finishes and wait there, so GPU busy and the kernel times below count that wait (they add "
-                         "up to more than the step). `LAZYATTN_PDL=0` gives a breakdown without the overlap.")
+            lines.append(
+                "\nProgrammatic dependent launch is on: a kernel's programs start while the kernel before it "
+                "finishes and wait there, so GPU busy and the kernel times below count that wait (they add "
+                "up to more than the step). `LAZYATTN_PDL=0` gives a breakdown without the overlap."
+            )
         for step in ("prefill", "decode"):
             top = ", ".join(f"{name[:40]} {us:.0f} µs" for name, us in launches[step].get("top_kernels_us", []))
             if top:
@@ -402,33 +485,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default=None, help="a config directory (default: Llama-3.1-8B shapes)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine spans (default: 1)")
-    parser.add_argument("--sections", default=None,
-                        help="comma-separated: decode_short, decode_rag, ttft_rag, launches (default: all)")
+    parser.add_argument(
+        "--sections", default=None, help="comma-separated: decode_short, decode_rag, ttft_rag, launches (default: all)"
+    )
     parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default: 16,64)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps")
-    parser.add_argument("--no-async-scheduling", action="store_true",
-                        help="synchronous steps: the host schedules the next step only after reading this one's tokens")
+    parser.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="synchronous steps: the host schedules the next step only after reading this one's tokens",
+    )
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else Shapes()
-    shapes = replace(shapes, tensor_parallel_size=args.tensor_parallel_size, cuda_graphs=not args.no_cuda_graphs,
-                     async_scheduling=False if args.no_async_scheduling else None,
-                     sections=tuple(args.sections.split(",")) if args.sections else None)
+    shapes = replace(
+        shapes,
+        tensor_parallel_size=args.tensor_parallel_size,
+        cuda_graphs=not args.no_cuda_graphs,
+        async_scheduling=False if args.no_async_scheduling else None,
+        sections=tuple(args.sections.split(",")) if args.sections else None,
+    )
     if args.model:
         shapes = replace(shapes, model=args.model)
     if args.batches:
         shapes = replace(shapes, batches=tuple(int(b) for b in args.batches.split(",")))
     device = torch.device(args.device)
     results = run(shapes, device)
-    meta = {"command": " ".join(["python", "benchmarks/engine.py"] + (argv if argv is not None else sys.argv[1:])),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "shapes": asdict(shapes)}
+    meta = {
+        "command": " ".join(["python", "benchmarks/engine.py"] + (argv if argv is not None else sys.argv[1:])),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "shapes": asdict(shapes),
+    }
     table = markdown(results)
     print(table)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(f"`{meta['command']}` on {meta['device']}, torch {meta['torch']}\n\n"
-                                               + table)
+        args.out.with_suffix(".md").write_text(
+            f"`{meta['command']}` on {meta['device']}, torch {meta['torch']}\n\n" + table
+        )
     failed = [name for name, r in results.items() if isinstance(r, dict) and "error" in r]
     return 1 if failed else 0
 

@@ -43,10 +43,19 @@ L2_BYTES = 50 * 2**20
 
 def model_shapes(name: str, hidden: int, inter: int, q_heads: int, kv_heads: int, vocab: int, head_dim: int = 128):
     qkv = (q_heads + 2 * kv_heads) * head_dim
-    full = [("qkv", qkv, hidden), ("o", hidden, q_heads * head_dim), ("gate_up", 2 * inter, hidden),
-            ("down", hidden, inter), ("lm_head", vocab, hidden)]
-    halves = [("qkv/2", qkv // 2, hidden), ("o/2", hidden, q_heads * head_dim // 2), ("gate_up/2", inter, hidden),
-              ("down/2", hidden, inter // 2)]
+    full = [
+        ("qkv", qkv, hidden),
+        ("o", hidden, q_heads * head_dim),
+        ("gate_up", 2 * inter, hidden),
+        ("down", hidden, inter),
+        ("lm_head", vocab, hidden),
+    ]
+    halves = [
+        ("qkv/2", qkv // 2, hidden),
+        ("o/2", hidden, q_heads * head_dim // 2),
+        ("gate_up/2", inter, hidden),
+        ("down/2", hidden, inter // 2),
+    ]
     return [(name, label, n, k) for label, n, k in full + halves]
 
 
@@ -54,8 +63,16 @@ SHAPES = model_shapes("8B", 4096, 14336, 32, 8, 128256) + model_shapes("70B", 81
 
 # Tile configs tried per M block (block_n, block_k, num_warps, num_stages); the split count is searched per shape.
 TILES = {
-    16: [(64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 8, 4),
-         (128, 256, 8, 3), (32, 256, 4, 4)],
+    16: [
+        (64, 128, 4, 4),
+        (64, 128, 4, 6),
+        (64, 256, 4, 3),
+        (64, 256, 4, 4),
+        (128, 128, 4, 4),
+        (128, 128, 8, 4),
+        (128, 256, 8, 3),
+        (32, 256, 4, 4),
+    ],
     # Session 8 tried nine more at M = 32 (deeper pipelines, 8 warps, 32- to 256-wide tiles): alone each shape got
     # 0-12 % faster, but in the engine's fused prefill step the new configs were slower (TTFT +0.1-0.5 ms, decode at
     # batch 32 +0.2-0.7 ms; benchmarks/results/engine_perf/s8), so the list stays as measured in the engine.
@@ -107,8 +124,19 @@ def check(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
     return ((ours.double() - ref).norm() / ref.norm()).item()
 
 
-def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: float, sms: int,
-                bandwidth: float, log, blocks: tuple[int, ...] = (16, 32, 64)) -> tuple[list[dict], list[dict]]:
+def sweep_shape(
+    model: str,
+    label: str,
+    n: int,
+    k: int,
+    device,
+    dtype,
+    margin: float,
+    sms: int,
+    bandwidth: float,
+    log,
+    blocks: tuple[int, ...] = (16, 32, 64),
+) -> tuple[list[dict], list[dict]]:
     elt = torch.tensor([], dtype=dtype).element_size()
     w_bytes = n * k * elt
     copies = max(2, min(16, -(-3 * L2_BYTES // w_bytes)))
@@ -136,8 +164,10 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: f
         x = xs[m]
         row = {"model": model, "shape": label, "n": n, "k": k, "m": m}
         moved = w_bytes + (m * k + m * n) * elt
-        timings = {"F.linear": lambda i, x=x: F.linear(x, weights[i]),
-                   "matmul(W, x.T)": lambda i, x=x: torch.matmul(weights[i], x.t())}
+        timings = {
+            "F.linear": lambda i, x=x: F.linear(x, weights[i]),
+            "matmul(W, x.T)": lambda i, x=x: torch.matmul(weights[i], x.t()),
+        }
         if m == 1:
             timings["mv(W, x)"] = lambda i, x=x: torch.mv(weights[i], x[0])
         cfg = best.get(block, (None, None))[1]
@@ -156,10 +186,13 @@ def sweep_shape(model: str, label: str, n: int, k: int, device, dtype, margin: f
         row["dispatch"] = "lazyattn" if wins else "F.linear"
         entries.append(row_entry(device_name, dtype, row))
         rows.append(row)
-        log(f"{model} {label:10s} M={m:2d}: ours {row.get('lazyattn_us', float('nan')):8.1f} us "
+        log(
+            f"{model} {label:10s} M={m:2d}: ours {row.get('lazyattn_us', float('nan')):8.1f} us "
             f"({row.get('lazyattn_of_copy', 0):.0%}) F.linear {row['F.linear_us']:8.1f} us "
             f"({row['F.linear_of_copy']:.0%}) matmul(W,x.T) {row['matmul(W, x.T)_us']:8.1f} us "
-            + (f"mv {row['mv(W, x)_us']:8.1f} us " if m == 1 else "") + f"-> {row['dispatch']}")
+            + (f"mv {row['mv(W, x)_us']:8.1f} us " if m == 1 else "")
+            + f"-> {row['dispatch']}"
+        )
     weights.clear()
     torch.cuda.empty_cache()
     return rows, entries
@@ -181,8 +214,11 @@ def write_table(table: Path, device_name: str, command: str, entries: list[dict]
     new = {(e["dtype"], e["n"], e["k"], e["m"]) for e in entries}
     if table.exists():
         old = json.loads(table.read_text())
-        kept = [e for e in old["entries"] if e["device"] != device_name
-                or (partial and (e["dtype"], e["n"], e["k"], e["m"]) not in new)]
+        kept = [
+            e
+            for e in old["entries"]
+            if e["device"] != device_name or (partial and (e["dtype"], e["n"], e["k"], e["m"]) not in new)
+        ]
         commands = old.get("commands", {})
     if partial and device_name in commands:
         command = f"{commands[device_name]}; then {command}"
@@ -191,25 +227,32 @@ def write_table(table: Path, device_name: str, command: str, entries: list[dict]
 
 
 def markdown(result: dict) -> str:
-    lines = [f"`{result['command']}` on {result['device']}, torch {result['torch']}",
-             "",
-             f"Copy bandwidth (read + write, same run): **{result['bandwidth_gbs']:.0f} GB/s**. Per call: median time "
-             "inside a CUDA graph over rotating weight copies (no L2 reuse); % = (W + x + y bytes) / time / copy "
-             "bandwidth.",
-             "",
-             "| model | shape | N x K | M | lazyattn µs (%) | F.linear µs (%) | matmul(W, x.T) µs | mv µs | "
-             "ours / F.linear | dispatch | config (bn, bk, split, warps, stages) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`{result['command']}` on {result['device']}, torch {result['torch']}",
+        "",
+        f"Copy bandwidth (read + write, same run): **{result['bandwidth_gbs']:.0f} GB/s**. Per call: median time "
+        "inside a CUDA graph over rotating weight copies (no L2 reuse); % = (W + x + y bytes) / time / copy "
+        "bandwidth.",
+        "",
+        "| model | shape | N x K | M | lazyattn µs (%) | F.linear µs (%) | matmul(W, x.T) µs | mv µs | "
+        "ours / F.linear | dispatch | config (bn, bk, split, warps, stages) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         cfg = r.get("config")
-        cfg_s = "" if cfg is None else ", ".join(str(cfg[f]) for f in ("block_n", "block_k", "split_k", "num_warps",
-                                                                        "num_stages"))
+        cfg_s = (
+            ""
+            if cfg is None
+            else ", ".join(str(cfg[f]) for f in ("block_n", "block_k", "split_k", "num_warps", "num_stages"))
+        )
         ours = f"{r['lazyattn_us']:.1f} ({r['lazyattn_of_copy']:.0%})" if "lazyattn_us" in r else "–"
         ratio = f"{r['lazyattn_us'] / r['F.linear_us']:.2f}" if "lazyattn_us" in r else "–"
         mv = f"{r['mv(W, x)_us']:.1f}" if "mv(W, x)_us" in r else ""
-        lines.append(f"| {r['model']} | {r['shape']} | {r['n']} x {r['k']} | {r['m']} | {ours} | "
-                     f"{r['F.linear_us']:.1f} ({r['F.linear_of_copy']:.0%}) | {r['matmul(W, x.T)_us']:.1f} | {mv} | "
-                     f"{ratio} | {r['dispatch']} | {cfg_s} |")
+        lines.append(
+            f"| {r['model']} | {r['shape']} | {r['n']} x {r['k']} | {r['m']} | {ours} | "
+            f"{r['F.linear_us']:.1f} ({r['F.linear_of_copy']:.0%}) | {r['matmul(W, x.T)_us']:.1f} | {mv} | "
+            f"{ratio} | {r['dispatch']} | {cfg_s} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -219,11 +262,18 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="write the dispatch table here")
     parser.add_argument("--margin", type=float, default=0.97, help="dispatch when ours < margin x F.linear")
     parser.add_argument("--shapes", default=None, help="comma-separated labels to keep, e.g. 8B:o,8B:down")
-    parser.add_argument("--blocks", default="16,32,64",
-                        help="M blocks to tune and time (16: M 1-16, 32: 17-32, 64: 33-64); with --shapes or fewer "
-                             "blocks, --table replaces only the entries measured")
-    parser.add_argument("--table-from", type=Path, default=None,
-                        help="no GPU: rewrite --table's entries for the GPU of an earlier run's OUT.json")
+    parser.add_argument(
+        "--blocks",
+        default="16,32,64",
+        help="M blocks to tune and time (16: M 1-16, 32: 17-32, 64: 33-64); with --shapes or fewer "
+        "blocks, --table replaces only the entries measured",
+    )
+    parser.add_argument(
+        "--table-from",
+        type=Path,
+        default=None,
+        help="no GPU: rewrite --table's entries for the GPU of an earlier run's OUT.json",
+    )
     args = parser.parse_args()
     if args.table_from is not None:
         old = json.loads(args.table_from.read_text())
@@ -256,15 +306,23 @@ def main() -> None:
         entries += e
         log(f"  [{time.perf_counter() - t0:.0f} s]")
     command = "python benchmarks/gemv.py " + " ".join(sys.argv[1:])
-    result = {"command": command, "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "triton": __import__("triton").__version__, "host": platform.node(), "bandwidth_gbs": bandwidth / 1e9,
-              "margin": args.margin, "rows": rows}
+    result = {
+        "command": command,
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "host": platform.node(),
+        "bandwidth_gbs": bandwidth / 1e9,
+        "margin": args.margin,
+        "rows": rows,
+    }
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = markdown(result)
     args.out.with_suffix(".md").write_text(md)
     if args.table:
-        write_table(args.table, result["device"], command, entries,
-                    partial=bool(args.shapes) or set(blocks) != {16, 32, 64})
+        write_table(
+            args.table, result["device"], command, entries, partial=bool(args.shapes) or set(blocks) != {16, 32, 64}
+        )
     print(md)
 
 

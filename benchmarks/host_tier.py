@@ -63,13 +63,25 @@ class Plan:
 PAPER = WorkloadSpec(num_docs=100, doc_len=2048, zipf_alpha=2.1, num_requests=32, seed=0)
 PLANS = {
     "h100": Plan(
-        model=str(ROOT / "benchmarks/models/llama-3.1-8b"), device="cuda", pool_gb=16.0, host_gb=64.0,
-        workloads=(Workload("paper", PAPER, (2, 4, 8, 16)),
-                   Workload("10x", replace(PAPER, num_docs=160, zipf_alpha=None, num_requests=24), (2, 4, 8)))),
+        model=str(ROOT / "benchmarks/models/llama-3.1-8b"),
+        device="cuda",
+        pool_gb=16.0,
+        host_gb=64.0,
+        workloads=(
+            Workload("paper", PAPER, (2, 4, 8, 16)),
+            Workload("10x", replace(PAPER, num_docs=160, zipf_alpha=None, num_requests=24), (2, 4, 8)),
+        ),
+    ),
     "cpu": Plan(
-        model="tiny", device="cpu", pool_gb=0.02, host_gb=0.05, page_size=16, max_model_len=4096,
+        model="tiny",
+        device="cpu",
+        pool_gb=0.02,
+        host_gb=0.05,
+        page_size=16,
+        max_model_len=4096,
         workloads=(Workload("paper", replace(PAPER, num_docs=20, doc_len=128, num_requests=8), (0.004, 0.008)),),
-        options={"dtype": "float32"}),
+        options={"dtype": "float32"},
+    ),
 }
 
 
@@ -149,11 +161,17 @@ def lock_probe(device: str, nbytes: int = 2 * GiB, iters: int = 400) -> dict:
         beside.append(time.perf_counter() - t)
         ends.append(time.perf_counter() - start)
     thread.join()
-    return {"lock_gib": nbytes / GiB, "lock_s": took.get("s"), "registered": took.get("ok"),
-            "alone_median_us": 1e6 * statistics.median(alone), "alone_max_us": 1e6 * max(alone),
-            "beside_n": len(beside), "beside_median_us": 1e6 * statistics.median(beside) if beside else None,
-            "beside_max_us": 1e6 * max(beside) if beside else None,
-            "beside_loop_s": ends[-1] if ends else None}
+    return {
+        "lock_gib": nbytes / GiB,
+        "lock_s": took.get("s"),
+        "registered": took.get("ok"),
+        "alone_median_us": 1e6 * statistics.median(alone),
+        "alone_max_us": 1e6 * max(alone),
+        "beside_n": len(beside),
+        "beside_median_us": 1e6 * statistics.median(beside) if beside else None,
+        "beside_max_us": 1e6 * max(beside) if beside else None,
+        "beside_loop_s": ends[-1] if ends else None,
+    }
 
 
 def cuda_counters() -> dict:
@@ -163,8 +181,12 @@ def cuda_counters() -> dict:
     if not torch.cuda.is_available():
         return {}
     m = torch.cuda.memory_stats()
-    return {"alloc_retries": m.get("num_alloc_retries", 0), "device_allocs": m.get("num_device_alloc", 0),
-            "device_frees": m.get("num_device_free", 0), "reserved_gb": m.get("reserved_bytes.all.current", 0) / 1e9}
+    return {
+        "alloc_retries": m.get("num_alloc_retries", 0),
+        "device_allocs": m.get("num_device_alloc", 0),
+        "device_frees": m.get("num_device_free", 0),
+        "reserved_gb": m.get("reserved_bytes.all.current", 0) / 1e9,
+    }
 
 
 def traced_steps(engine: LLMEngine, limit: int) -> tuple[list, object]:
@@ -182,17 +204,28 @@ def traced_steps(engine: LLMEngine, limit: int) -> tuple[list, object]:
         out = original()
         if len(steps) < limit:
             h1 = engine.tier.stats()
-            steps.append([round(1e3 * (t - zero), 1), round(1e3 * (time.perf_counter() - t), 1), promoting,
-                          len(engine.requests), h1.hits - h0.hits, h1.demotions - h0.demotions,
-                          h1.promotions - h0.promotions, round(1e3 * (mover.pin_seconds - pin0), 1), len(out)])
+            steps.append(
+                [
+                    round(1e3 * (t - zero), 1),
+                    round(1e3 * (time.perf_counter() - t), 1),
+                    promoting,
+                    len(engine.requests),
+                    h1.hits - h0.hits,
+                    h1.demotions - h0.demotions,
+                    h1.promotions - h0.promotions,
+                    round(1e3 * (mover.pin_seconds - pin0), 1),
+                    len(out),
+                ]
+            )
         return out
 
     engine.step = step
     return steps, original
 
 
-def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float, host_gb: float,
-          profile: Path | None = None) -> dict:
+def point(
+    engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float, host_gb: float, profile: Path | None = None
+) -> dict:
     """One point; `profile`: run the replay under torch.profiler, write its tables there and time the first
     steps (the diagnosis of the first requests' stall, docs/benchmarks.md)."""
     engine.set_kv_budget(int(budget_gb * GiB) // engine.runner.page_bytes)
@@ -206,14 +239,18 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
         import torch
 
         steps, original = traced_steps(engine, 60)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
             run = replay(engine, trace, cache="as_is")
         engine.step = original
         averages = prof.key_averages()
-        profile.write_text("## by CPU time (self)\n" + averages.table(sort_by="self_cpu_time_total", row_limit=40)
-                           + "\n## by CUDA time (self)\n"
-                           + averages.table(sort_by="self_device_time_total", row_limit=25))
+        profile.write_text(
+            "## by CPU time (self)\n"
+            + averages.table(sort_by="self_cpu_time_total", row_limit=40)
+            + "\n## by CUDA time (self)\n"
+            + averages.table(sort_by="self_device_time_total", row_limit=25)
+        )
     else:
         run = replay(engine, trace, cache="as_is")
     after = engine.stats()
@@ -221,11 +258,22 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
     s = run.summary
     docs = sum(r.num_docs for r in run.records)
     host_docs = (after.cache.host_tokens_reused - before.cache.host_tokens_reused) // workload.spec.doc_len
-    row = {"workload": workload.name, "budget_gb": budget_gb, "host_gb": host_gb, "requests": s.completed,
-           "eff_hit": 100 * s.doc_hit_ratio, "host_hit": 100 * host_docs / docs,
-           "ttft_mean_ms": s.ttft.mean, "ttft_p99_ms": s.ttft.p99, "req_s": s.request_throughput,
-           "out_tok_s": s.output_throughput, "preemptions": s.preemptions, "register_s": registered_s,
-           "wall_s": run.wall_s, "ttfts_ms": [round(1e3 * r.ttft, 1) for r in run.records if r.ttft is not None]}
+    row = {
+        "workload": workload.name,
+        "budget_gb": budget_gb,
+        "host_gb": host_gb,
+        "requests": s.completed,
+        "eff_hit": 100 * s.doc_hit_ratio,
+        "host_hit": 100 * host_docs / docs,
+        "ttft_mean_ms": s.ttft.mean,
+        "ttft_p99_ms": s.ttft.p99,
+        "req_s": s.request_throughput,
+        "out_tok_s": s.output_throughput,
+        "preemptions": s.preemptions,
+        "register_s": registered_s,
+        "wall_s": run.wall_s,
+        "ttfts_ms": [round(1e3 * r.ttft, 1) for r in run.records if r.ttft is not None],
+    }
     row["gpu_hit"] = row["eff_hit"] - row["host_hit"]
     row.update({k: counters1[k] - counters0[k] for k in counters0 if k != "reserved_gb"})
     if counters1:
@@ -235,20 +283,33 @@ def point(engine: LLMEngine, workload: Workload, trace: Trace, budget_gb: float,
     if after.host is not None:
         h0, h1 = before.host, after.host
         seconds = h1.seconds_to_device - h0.seconds_to_device
-        row.update(promotions=h1.promotions - h0.promotions, demotions=h1.demotions - h0.demotions,
-                   gb_to_device=(h1.bytes_to_device - h0.bytes_to_device) / 1e9,
-                   gb_to_host=(h1.bytes_to_host - h0.bytes_to_host) / 1e9,
-                   promotion_gbps=(h1.bytes_to_device - h0.bytes_to_device) / seconds / 1e9 if seconds else None,
-                   locked_gb=h1.locked_pages * h1.page_bytes / GiB,
-                   pin_s=engine.tier.mover.pin_seconds - pin0 if engine.tier.mover is not None else 0.0)
+        row.update(
+            promotions=h1.promotions - h0.promotions,
+            demotions=h1.demotions - h0.demotions,
+            gb_to_device=(h1.bytes_to_device - h0.bytes_to_device) / 1e9,
+            gb_to_host=(h1.bytes_to_host - h0.bytes_to_host) / 1e9,
+            promotion_gbps=(h1.bytes_to_device - h0.bytes_to_device) / seconds / 1e9 if seconds else None,
+            locked_gb=h1.locked_pages * h1.page_bytes / GiB,
+            pin_s=engine.tier.mover.pin_seconds - pin0 if engine.tier.mover is not None else 0.0,
+        )
     return row
 
 
-COLUMNS = [("workload", "workload", "{}"), ("GPU GiB", "budget_gb", "{:g}"), ("host GiB", "host_gb", "{:g}"),
-           ("GPU hit %", "gpu_hit", "{:.1f}"), ("host hit %", "host_hit", "{:.1f}"), ("eff hit %", "eff_hit", "{:.1f}"),
-           ("TTFT mean ms", "ttft_mean_ms", "{:.1f}"), ("TTFT p99 ms", "ttft_p99_ms", "{:.1f}"),
-           ("req/s", "req_s", "{:.2f}"), ("out tok/s", "out_tok_s", "{:.1f}"), ("promotions", "promotions", "{}"),
-           ("promo GB/s", "promotion_gbps", "{:.1f}"), ("GB to host", "gb_to_host", "{:.1f}")]
+COLUMNS = [
+    ("workload", "workload", "{}"),
+    ("GPU GiB", "budget_gb", "{:g}"),
+    ("host GiB", "host_gb", "{:g}"),
+    ("GPU hit %", "gpu_hit", "{:.1f}"),
+    ("host hit %", "host_hit", "{:.1f}"),
+    ("eff hit %", "eff_hit", "{:.1f}"),
+    ("TTFT mean ms", "ttft_mean_ms", "{:.1f}"),
+    ("TTFT p99 ms", "ttft_p99_ms", "{:.1f}"),
+    ("req/s", "req_s", "{:.2f}"),
+    ("out tok/s", "out_tok_s", "{:.1f}"),
+    ("promotions", "promotions", "{}"),
+    ("promo GB/s", "promotion_gbps", "{:.1f}"),
+    ("GB to host", "gb_to_host", "{:.1f}"),
+]
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
@@ -256,27 +317,47 @@ def markdown(rows: list[dict], meta: dict) -> str:
         v = row.get(key)
         return "-" if v is None else fmt.format(v)
 
-    lines = [f"# Host tier, {meta['device_name']}", "", f"Command: `{meta['command']}`", "",
-             f"Pinned copy bandwidth (1 GiB, median of 5): host to device {meta['pinned']['h2d_gbps']:.1f} GB/s, "
-             f"device to host {meta['pinned']['d2h_gbps']:.1f} GB/s." if meta.get("pinned") else "", "",
-             "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"# Host tier, {meta['device_name']}",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Pinned copy bandwidth (1 GiB, median of 5): host to device {meta['pinned']['h2d_gbps']:.1f} GB/s, "
+        f"device to host {meta['pinned']['d2h_gbps']:.1f} GB/s."
+        if meta.get("pinned")
+        else "",
+        "",
+        "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(cell(r, k, f) for _, k, f in COLUMNS) + " |" for r in rows]
     lines += ["", "Mean TTFT, GPU only / with the host tier, at the same GPU budget:", ""]
     for r in rows:
         if r["host_gb"]:
-            base = next((b for b in rows if b["workload"] == r["workload"] and b["budget_gb"] == r["budget_gb"]
-                         and not b["host_gb"]), None)
+            base = next(
+                (
+                    b
+                    for b in rows
+                    if b["workload"] == r["workload"] and b["budget_gb"] == r["budget_gb"] and not b["host_gb"]
+                ),
+                None,
+            )
             if base:
                 ratio = base["ttft_mean_ms"] / r["ttft_mean_ms"]
-                lines.append(f"- {r['workload']} at {r['budget_gb']:g} GiB: {ratio:.2f}x "
-                             f"(GPU-only hit {base['gpu_hit']:.1f} %, effective with the tier {r['eff_hit']:.1f} %)")
+                lines.append(
+                    f"- {r['workload']} at {r['budget_gb']:g} GiB: {ratio:.2f}x "
+                    f"(GPU-only hit {base['gpu_hit']:.1f} %, effective with the tier {r['eff_hit']:.1f} %)"
+                )
     return "\n".join(lines) + "\n"
 
 
 def plot(results: Path) -> int:
     data = json.loads(results.read_text())
-    plot_host_tier(data["rows"], results.with_suffix(".png"),
-                   title=f"Host tier, {data['meta']['device_name']}: {data['meta']['command']}")
+    plot_host_tier(
+        data["rows"],
+        results.with_suffix(".png"),
+        title=f"Host tier, {data['meta']['device_name']}: {data['meta']['command']}",
+    )
     print(f"plot: {results.with_suffix('.png')}")
     return 0
 
@@ -288,13 +369,23 @@ def main() -> int:
     p.add_argument("--budgets", default=None, help="GPU budgets (GiB, comma-separated) instead of the plan's")
     p.add_argument("--host-gb", type=float, default=None, help="host tier instead of the plan's")
     p.add_argument("--workloads", default=None, help="workload names to run (comma-separated; default: all)")
-    p.add_argument("--profile", action="store_true",
-                   help="profile the first point with the tier (torch.profiler tables and step times under --out)")
-    p.add_argument("--lock-probe", action="store_true",
-                   help="measure whether page-locking on a second thread holds up CUDA work on the main thread")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile the first point with the tier (torch.profiler tables and step times under --out)",
+    )
+    p.add_argument(
+        "--lock-probe",
+        action="store_true",
+        help="measure whether page-locking on a second thread holds up CUDA work on the main thread",
+    )
     p.add_argument("--deadline", type=float, default=float("inf"), help="start no point after this many seconds")
-    p.add_argument("--plot", metavar="JSON", default=None,
-                   help="only draw the plot of an earlier run's host_tier.json (written beside it as .png)")
+    p.add_argument(
+        "--plot",
+        metavar="JSON",
+        default=None,
+        help="only draw the plot of an earlier run's host_tier.json (written beside it as .png)",
+    )
     args = p.parse_args()
     if args.plot:
         return plot(Path(args.plot))
@@ -310,12 +401,29 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     built = time.monotonic()
-    engine = LLMEngine(EngineConfig(model=plan.model, mode="lazy", device=plan.device, kv_cache_gb=plan.pool_gb,
-                                    host_cache_gb=plan.host_gb, page_size=plan.page_size, random_weights=True,
-                                    max_model_len=plan.max_model_len, progress=False, **plan.options))
-    meta = {"command": " ".join(sys.argv), "plan": asdict(plan), "engine_build_s": time.monotonic() - built,
-            "page_bytes": engine.runner.page_bytes, "host_pages": engine.tier.num_pages, "device_name": plan.device,
-            "pin_s_at_build": engine.tier.mover.pin_seconds}
+    engine = LLMEngine(
+        EngineConfig(
+            model=plan.model,
+            mode="lazy",
+            device=plan.device,
+            kv_cache_gb=plan.pool_gb,
+            host_cache_gb=plan.host_gb,
+            page_size=plan.page_size,
+            random_weights=True,
+            max_model_len=plan.max_model_len,
+            progress=False,
+            **plan.options,
+        )
+    )
+    meta = {
+        "command": " ".join(sys.argv),
+        "plan": asdict(plan),
+        "engine_build_s": time.monotonic() - built,
+        "page_bytes": engine.runner.page_bytes,
+        "host_pages": engine.tier.num_pages,
+        "device_name": plan.device,
+        "pin_s_at_build": engine.tier.mover.pin_seconds,
+    }
     if plan.device == "cuda":
         import torch
 
@@ -331,8 +439,9 @@ def main() -> int:
     # Discarded: a small workload of its own documents at the smallest budget with the tier on, so that the first
     # measured point pays for no first-use cost (allocator pools, the copies' kernels).
     first = plan.workloads[0]
-    warm = Workload("warm-up", replace(first.spec, num_docs=12, num_requests=6, seed=first.spec.seed + 1),
-                    first.budgets_gb[:1])
+    warm = Workload(
+        "warm-up", replace(first.spec, num_docs=12, num_requests=6, seed=first.spec.seed + 1), first.budgets_gb[:1]
+    )
     warm_trace = make_trace(warm.spec, Load(concurrency=plan.concurrency), vocab_high, bos)
     meta["warm_up"] = point(engine, warm, warm_trace, warm.budgets_gb[0], plan.host_gb)
     print(json.dumps(meta["warm_up"]), flush=True)

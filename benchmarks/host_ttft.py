@@ -55,12 +55,30 @@ MAX_MODEL_LEN = 16384
 PLAN_SPLITS = 16
 
 SMALL_LLAMA = {  # Llama-3.1's layout (rope_scaling included) at toy sizes
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1, "eos_token_id": [2],
-    "head_dim": 32, "hidden_act": "silu", "hidden_size": 128, "intermediate_size": 256,
-    "max_position_embeddings": 131072, "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "float32",
-    "vocab_size": VOCAB, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "bos_token_id": 1,
+    "eos_token_id": [2],
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "vocab_size": VOCAB,
+    "rope_scaling": {
+        "factor": 8.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
 }
 
 
@@ -97,9 +115,18 @@ class HostOnly:
 
 def build(config_dir: Path) -> tuple[LLMEngine, HostOnly]:
     (config_dir / "config.json").write_text(json.dumps(SMALL_LLAMA))
-    engine = LLMEngine(EngineConfig(model=str(config_dir), mode="lazy", device="cpu", random_weights=True,
-                                    kv_cache_gb=0.1, max_model_len=MAX_MODEL_LEN, async_scheduling=True,
-                                    progress=False))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(config_dir),
+            mode="lazy",
+            device="cpu",
+            random_weights=True,
+            kv_cache_gb=0.1,
+            max_model_len=MAX_MODEL_LEN,
+            async_scheduling=True,
+            progress=False,
+        )
+    )
     host = HostOnly(engine)
     engine.runner.execute = host  # the forward pass is the GPU's: out of the host's numbers
     return engine, host
@@ -185,9 +212,13 @@ def compare(other: Path, repeats: int, rounds: int, fresh_ints: bool = False) ->
     runs: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
     for _ in range(rounds):
         for name, tree in (("this", Path(__file__).resolve().parents[1]), ("other", other)):
-            out = subprocess.run([sys.executable, __file__, "--tree", str(tree), "--repeats", str(repeats),
-                                  "--json"] + (["--fresh-ints"] if fresh_ints else []),
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--tree", str(tree), "--repeats", str(repeats), "--json"]
+                + (["--fresh-ints"] if fresh_ints else []),
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             runs[name].append(json.loads(out.splitlines()[-1]))
     summary = {name: {k: statistics.median(r[k] for r in rs) for k in PHASES} for name, rs in runs.items()}
     summary["ratio"] = {k: summary["this"][k] / summary["other"][k] for k in PHASES}
@@ -197,8 +228,11 @@ def compare(other: Path, repeats: int, rounds: int, fresh_ints: bool = False) ->
 
 def cpu_name() -> str:
     try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
     except OSError:
         names = []
     return f"{names[0]} ({len(names)} logical CPUs)" if names else platform.processor() or platform.machine()
@@ -213,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating processes per checkout (--compare)")
     parser.add_argument("--tree", type=Path, help="measure the lazyattn of this checkout (see TREE)")
     parser.add_argument("--json", action="store_true", help="print the medians as one JSON line")
-    parser.add_argument("--fresh-ints", action="store_true",
-                        help="documents as new int objects each request (a tokenizer's output), not copied lists")
+    parser.add_argument(
+        "--fresh-ints",
+        action="store_true",
+        help="documents as new int objects each request (a tokenizer's output), not copied lists",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.compare is not None:
@@ -227,13 +264,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(results))
         else:
-            print(f"host µs per request (median of {args.repeats}): "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in results.items()))
+            print(
+                f"host µs per request (median of {args.repeats}): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in results.items())
+            )
     if args.out is not None:
-        meta = {"command": " ".join(["python", "benchmarks/host_ttft.py"] + (argv if argv is not None
-                                                                               else sys.argv[1:])),
-                "cpu": cpu_name(), "python": platform.python_version(),
-                "tree": str(TREE.resolve())}
+        meta = {
+            "command": " ".join(["python", "benchmarks/host_ttft.py"] + (argv if argv is not None else sys.argv[1:])),
+            "cpu": cpu_name(),
+            "python": platform.python_version(),
+            "tree": str(TREE.resolve()),
+        }
         args.out.write_text(json.dumps({"meta": meta, "host_us": results}, indent=2) + "\n")
     return 0
 

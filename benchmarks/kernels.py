@@ -80,10 +80,25 @@ class Shapes:
 
 
 QUICK = Shapes(
-    q_heads=4, kv_heads=2, head_dim=64, page_size=16, layers=2, doc_len=32, n_docs=3, question=8,
-    causal_lens=(64,), rag_batches=(1, 2), decode_batches=(1, 2), decode_contexts=(48, 96),
-    overhead_rag_batch=2, overhead_causal=64, overhead_decode_batches=(2,), overhead_context=64,
-    overhead_rounds=1, target_rag_batches=(1, 2), target_decode_context=96,
+    q_heads=4,
+    kv_heads=2,
+    head_dim=64,
+    page_size=16,
+    layers=2,
+    doc_len=32,
+    n_docs=3,
+    question=8,
+    causal_lens=(64,),
+    rag_batches=(1, 2),
+    decode_batches=(1, 2),
+    decode_contexts=(48, 96),
+    overhead_rag_batch=2,
+    overhead_causal=64,
+    overhead_decode_batches=(2,),
+    overhead_context=64,
+    overhead_rounds=1,
+    target_rag_batches=(1, 2),
+    target_decode_context=96,
 )
 DTYPE = torch.bfloat16
 SECTIONS = ("overhead", "targets", "decode", "prefill", "copy")
@@ -94,8 +109,15 @@ COPY_CONFIGS = ((32, 4), (64, 4), (64, 8), (128, 8))  # copy_rotate (block_rows,
 
 
 def llama31_tables(head_dim: int, max_position: int, device: torch.device) -> RopeTables:
-    cfg = RopeConfig(head_dim=head_dim, base=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                     high_freq_factor=4.0, original_max_position=8192)
+    cfg = RopeConfig(
+        head_dim=head_dim,
+        base=500000.0,
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position=8192,
+    )
     return RopeTables.build(cfg, max_position, device)
 
 
@@ -109,8 +131,14 @@ class Pool:
         self.page_size = s.page_size
         self.free = torch.randperm(num_pages).tolist()
 
-    def segment(self, length: int, delta: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                tables: RopeTables | None = None) -> EntryPages:
+    def segment(
+        self,
+        length: int,
+        delta: int,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        tables: RopeTables | None = None,
+    ) -> EntryPages:
         """Pages for one segment of `length` keys at `delta`; stores k/v [length, Hkv, D] when given.
 
         k is given at its logical positions; the cache holds it at local ones: R_{-delta} k.
@@ -131,8 +159,9 @@ class Pool:
 
 
 def join(parts: list[EntryPages]) -> EntryPages:
-    return EntryPages([p for e in parts for p in e.pages], [d for e in parts for d in e.deltas],
-                      [n for e in parts for n in e.valid])
+    return EntryPages(
+        [p for e in parts for p in e.pages], [d for e in parts for d in e.deltas], [n for e in parts for n in e.valid]
+    )
 
 
 def pages_for(tokens: int, s: Shapes) -> int:
@@ -173,8 +202,7 @@ class Bench:
         fn()  # compile / autotune outside the timing
         if self.gpu:
             torch.cuda.synchronize()
-            return float(triton.testing.do_bench(fn, warmup=self.args.warmup, rep=self.args.rep,
-                                                 return_mode="median"))
+            return float(triton.testing.do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median"))
         times = []
         for _ in range(2):
             t0 = time.perf_counter()
@@ -280,8 +308,10 @@ def rag_case(b: Bench, batch: int, materialise: bool, copies: int = 1):
         for _ in range(batch):
             k = torch.randn(total, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device) if keep else None
             v = torch.randn_like(k) if keep else None
-            parts = [pool.segment(s.doc_len, i * s.doc_len, *_slice(k, v, i * s.doc_len, s.doc_len), b.tables)
-                     for i in range(s.n_docs)]
+            parts = [
+                pool.segment(s.doc_len, i * s.doc_len, *_slice(k, v, i * s.doc_len, s.doc_len), b.tables)
+                for i in range(s.n_docs)
+            ]
             parts.append(pool.segment(s.question, 0, *_slice(k, v, ctx, s.question)))
             entries.append(join(parts))
             ks.append(k)
@@ -290,8 +320,10 @@ def rag_case(b: Bench, batch: int, materialise: bool, copies: int = 1):
         q = torch.randn(batch * s.question, s.q_heads, s.head_dim, dtype=DTYPE, device=b.device)
         inputs.append((q, pool.k, pool.v, pb))
         if keep:
-            dense = tuple(t.transpose(1, 2).contiguous()
-                          for t in (q.view(batch, s.question, s.q_heads, -1), torch.stack(ks), torch.stack(vs)))
+            dense = tuple(
+                t.transpose(1, 2).contiguous()
+                for t in (q.view(batch, s.question, s.q_heads, -1), torch.stack(ks), torch.stack(vs))
+            )
     return inputs, dense
 
 
@@ -332,8 +364,12 @@ def section_overhead(b: Bench) -> list[dict]:
 
     def measure(decode: bool, inputs: list[tuple]) -> dict:
         fn = attention(decode)
-        return alternate({flag: cycle([lambda i=i, f=flag: fn(*i, b.tables, b.scale, apply_delta=f) for i in inputs])
-                          for flag in (True, False)})
+        return alternate(
+            {
+                flag: cycle([lambda i=i, f=flag: fn(*i, b.tables, b.scale, apply_delta=f) for i in inputs])
+                for flag in (True, False)
+            }
+        )
 
     def alternate(calls: dict) -> dict:
         times = {True: [], False: []}
@@ -350,21 +386,36 @@ def section_overhead(b: Bench) -> list[dict]:
     def rag_engine(batch: int) -> dict:
         """As the engine runs a layer (rag_layer): the RoPE/KV-write launch, then attention."""
         inputs, _ = rag_case(b, batch, False)
-        return {**alternate({flag: cycle([rag_layer(b, *i, flag) for i in inputs]) for flag in (True, False)}),
-                "deltas": "document starts, RoPE launch included"}
+        return {
+            **alternate({flag: cycle([rag_layer(b, *i, flag) for i in inputs]) for flag in (True, False)}),
+            "deltas": "document starts, RoPE launch included",
+        }
 
     label = f"RAG bs {s.overhead_rag_batch}: {s.n_docs}x{s.doc_len} cached + {s.question}"
     run_case(rows, {"case": f"prefill {label}"}, rag)
     for batch in sorted({1, s.overhead_rag_batch}):
-        run_case(rows, {"case": f"RoPE launch + prefill, RAG bs {batch} (engine path)"},
-                 lambda batch=batch: rag_engine(batch))
-    run_case(rows, {"case": f"prefill {s.overhead_causal} causal"},
-             lambda: {**measure(False, [causal_case(b, s.overhead_causal, True, gen)[0]]),
-                      "deltas": f"random, one per {s.doc_len} tokens"})
+        run_case(
+            rows,
+            {"case": f"RoPE launch + prefill, RAG bs {batch} (engine path)"},
+            lambda batch=batch: rag_engine(batch),
+        )
+    run_case(
+        rows,
+        {"case": f"prefill {s.overhead_causal} causal"},
+        lambda: {
+            **measure(False, [causal_case(b, s.overhead_causal, True, gen)[0]]),
+            "deltas": f"random, one per {s.doc_len} tokens",
+        },
+    )
     for batch in s.overhead_decode_batches:
-        run_case(rows, {"case": f"decode bs {batch} x {s.overhead_context}"},
-                 lambda batch=batch: {**measure(True, decode_case(b, batch, s.overhead_context, gen)[0]),
-                                      "deltas": f"random, one per {s.doc_len} tokens"})
+        run_case(
+            rows,
+            {"case": f"decode bs {batch} x {s.overhead_context}"},
+            lambda batch=batch: {
+                **measure(True, decode_case(b, batch, s.overhead_context, gen)[0]),
+                "deltas": f"random, one per {s.doc_len} tokens",
+            },
+        )
     return rows
 
 
@@ -479,8 +530,15 @@ def short_prefill_case(b: Bench, batch: int, copies: int) -> tuple[list[tuple], 
     return inputs, splits, layer
 
 
-def forms_rounds(b: Bench, forms: dict[str, Callable], inputs: list[tuple], layer: Callable, rounds: int,
-                 nbytes: float, copy_gbps: float | None) -> dict:
+def forms_rounds(
+    b: Bench,
+    forms: dict[str, Callable],
+    inputs: list[tuple],
+    layer: Callable,
+    rounds: int,
+    nbytes: float,
+    copy_gbps: float | None,
+) -> dict:
     """`graph_rounds` of each named attention launcher `attend(q, k, v, pb)` over the input copies, in the session
     probes' two forms: alone ("NAME, attention") and in `layer` (decode_layer's or short_prefill_case's: "NAME,
     layer")."""
@@ -491,8 +549,9 @@ def forms_rounds(b: Bench, forms: dict[str, Callable], inputs: list[tuple], laye
     return graph_rounds(b, calls, rounds, nbytes, copy_gbps)
 
 
-def short_prefill_ab(b: Bench, batch: int, copies: int, modules: dict, rounds: int, kv_bytes: int,
-                     copy_gbps: float | None) -> tuple[dict, dict[str, torch.Tensor], tuple]:
+def short_prefill_ab(
+    b: Bench, batch: int, copies: int, modules: dict, rounds: int, kv_bytes: int, copy_gbps: float | None
+) -> tuple[dict, dict[str, torch.Tensor], tuple]:
     """The session probes' comparison of short prefill kernels: each module's short_prefill_attention over
     `short_prefill_case` at `batch`, its output on the first inputs (fp32), then `forms_rounds`. Returns the row
     (batch, splits, bytes, copy bandwidth, timings), the outputs by name and the first inputs."""
@@ -519,8 +578,13 @@ def probe_rows(out_path: str, head: dict, cases: list, row: Callable[[object], d
     Path(out_path).write_text(json.dumps(result, indent=1))
 
 
-def graph_rounds(b: Bench, calls: dict[str, list[Callable[[], object]]], rounds: int, nbytes: float | None = None,
-                 copy_gbps: float | None = None) -> dict:
+def graph_rounds(
+    b: Bench,
+    calls: dict[str, list[Callable[[], object]]],
+    rounds: int,
+    nbytes: float | None = None,
+    copy_gbps: float | None = None,
+) -> dict:
     """`graph_us` of each named list of calls, the names alternated within each of `rounds` rounds (the session
     probes' form): {"NAME rR us"} and, given the bytes a call reads and the copy bandwidth, {"NAME rR %copy"}."""
     row = {}
@@ -607,21 +671,28 @@ def read_ceiling(b: Bench, nbytes: int) -> float | None:
         per = cdiv(cdiv(n, programs), _READ_STEP) * _READ_STEP
         read_kernel[(programs,)](x, sums, per, n, BLOCK=_READ_STEP, num_warps=warps, **pdl)
 
-    times = [graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs])
-             for per_sm, warps in _READ_FORMS]
+    times = [
+        graph_us(b, [functools.partial(read, x, per_sm * sms, warps) for x in xs]) for per_sm, warps in _READ_FORMS
+    ]
     if hopper_or_later(b.device):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         tiles = n // (128 * _TMA_BOX)
         layout = gl.NVMMASharedLayout.get_default_for([_TMA_BOX, 128], gl.bfloat16)
-        descs = [TensorDescriptor(x[: tiles * _TMA_BOX * 128].view(-1, 128), [tiles * _TMA_BOX, 128], [128, 1],
-                                  [_TMA_BOX, 128], layout) for x in xs]
+        descs = [
+            TensorDescriptor(
+                x[: tiles * _TMA_BOX * 128].view(-1, 128), [tiles * _TMA_BOX, 128], [128, 1], [_TMA_BOX, 128], layout
+            )
+            for x in xs
+        ]
 
         def tma_read(desc, programs, stages):
             tma_read_kernel[(programs,)](desc, counts, tiles, BOX=_TMA_BOX, STAGES=stages, num_warps=4, **pdl)
 
-        times += [graph_us(b, [functools.partial(tma_read, d, per_sm * sms, stages) for d in descs])
-                  for per_sm, stages in _TMA_FORMS]
+        times += [
+            graph_us(b, [functools.partial(tma_read, d, per_sm * sms, stages) for d in descs])
+            for per_sm, stages in _TMA_FORMS
+        ]
     return min(times)
 
 
@@ -646,8 +717,13 @@ def section_targets(b: Bench) -> list[dict]:
         if nbytes not in ceilings:
             ceilings[nbytes] = read_ceiling(b, nbytes)
         read_us = ceilings[nbytes]
-        return {"us": us, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps,
-                "read_us": read_us, "%_of_read": None if read_us is None else 100 * read_us / us}
+        return {
+            "us": us,
+            "GB/s": gbps,
+            "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps,
+            "read_us": read_us,
+            "%_of_read": None if read_us is None else 100 * read_us / us,
+        }
 
     for batch in s.target_rag_batches:
         kv_bytes = batch * (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
@@ -655,8 +731,10 @@ def section_targets(b: Bench) -> list[dict]:
         inputs = [engine_split(b, *i) for i in inputs]
         layers = {flag: [rag_layer(b, *i, flag) for i in inputs] for flag in (True, False)}
         rotated = [None if hopper_takes(*i) else rope_runs(b, *i) for i in inputs]
-        attend = {True: [lambda i=i, r=r: engine_attention(b, *i, rotated_q=r) for i, r in zip(inputs, rotated)],
-                  False: [lambda i=i: engine_attention(b, *i, apply_delta=False) for i in inputs]}
+        attend = {
+            True: [lambda i=i, r=r: engine_attention(b, *i, rotated_q=r) for i, r in zip(inputs, rotated)],
+            False: [lambda i=i: engine_attention(b, *i, apply_delta=False) for i in inputs],
+        }
         label = f"RAG bs {batch}: {s.n_docs}x{s.doc_len} cached + {s.question}"
         times = {}
         for what, calls in (("attention", attend), ("RoPE + attention", layers)):
@@ -668,12 +746,14 @@ def section_targets(b: Bench) -> list[dict]:
                     rows.append({"target": f"prefill {label}, {what}", "deltas": flag, "error": str(e)[:200]})
                     continue
                 goal = ">= 70 %" if flag else ""
-                rows.append({"target": f"prefill {label}, {what}", "deltas": flag, **bw(times[key], kv_bytes),
-                             "goal": goal})
+                rows.append(
+                    {"target": f"prefill {label}, {what}", "deltas": flag, **bw(times[key], kv_bytes), "goal": goal}
+                )
             if (what, True) in times and (what, False) in times:
                 over = 100 * (times[(what, True)] / times[(what, False)] - 1)
-                rows.append({"target": f"deferred-RoPE overhead, {label}, {what}", "overhead_%": over,
-                             "goal": "<= 3 %"})
+                rows.append(
+                    {"target": f"deferred-RoPE overhead, {label}, {what}", "overhead_%": over, "goal": "<= 3 %"}
+                )
         del inputs, layers, rotated, attend
         free_memory()
 
@@ -684,8 +764,7 @@ def section_targets(b: Bench) -> list[dict]:
         while len(inputs) < 4:
             inputs += decode_case(b, 1, ctx, gen)[0]
         fn = attention(True)
-        return {**bw(graph_us(b, [lambda i=i: fn(*i, b.tables, b.scale) for i in inputs]), nbytes),
-                "goal": ">= 80 %"}
+        return {**bw(graph_us(b, [lambda i=i: fn(*i, b.tables, b.scale) for i in inputs]), nbytes), "goal": ">= 80 %"}
 
     run_case(rows, {"target": f"decode bs 1 x {s.target_decode_context}", "deltas": True}, decode_row)
     rows.append({"target": "copy", "GB/s": copy_gbps})
@@ -720,8 +799,9 @@ def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q
 
     if hopper_takes(q, k_cache, v_cache, pb):
         splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device, pb.batch_size, pb.max_q)
-        return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, splits,
-                                                      apply_delta=apply_delta)
+        return prefill_hopper.short_prefill_attention(
+            q, k_cache, v_cache, pb, b.tables, b.scale, splits, apply_delta=apply_delta
+        )
     return prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=rotated_q, apply_delta=apply_delta)
 
 
@@ -732,15 +812,17 @@ def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:
     from lazyattn.kernels.prefill import graph_num_splits, with_plan
 
     s = b.s
-    splits = graph_num_splits(q.shape[0], pb.batch_size, s.q_heads, s.kv_heads, s.head_dim, q.dtype, s.page_size,
-                              q.device)
+    splits = graph_num_splits(
+        q.shape[0], pb.batch_size, s.q_heads, s.kv_heads, s.head_dim, q.dtype, s.page_size, q.device
+    )
     return q, k_cache, v_cache, with_plan(pb, splits) if splits > 1 else pb
 
 
 def rag_positions(b: Bench, pb: PagedBatch) -> torch.Tensor:
     s = b.s
-    return (pb.q_start.repeat_interleave(s.question)
-            + torch.arange(s.question, device=b.device).repeat(pb.batch_size)).long()
+    return (
+        pb.q_start.repeat_interleave(s.question) + torch.arange(s.question, device=b.device).repeat(pb.batch_size)
+    ).long()
 
 
 def rope_runs(b: Bench, q, k_cache, v_cache, pb) -> torch.Tensor:
@@ -748,8 +830,9 @@ def rope_runs(b: Bench, q, k_cache, v_cache, pb) -> torch.Tensor:
     s, t = b.s, q.shape[0]
     kv = torch.randn(t, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
     slots = torch.full((t,), -1, dtype=torch.int64, device=b.device)
-    return rope_write_kv_runs(q, kv[:, 0], kv[:, 1], rag_positions(b, pb), slots, k_cache, v_cache, b.tables, pb,
-                              rotated_runs_for(t))[1]
+    return rope_write_kv_runs(
+        q, kv[:, 0], kv[:, 1], rag_positions(b, pb), slots, k_cache, v_cache, b.tables, pb, rotated_runs_for(t)
+    )[1]
 
 
 def rag_layer(b: Bench, q, k_cache, v_cache, pb, deltas: bool) -> Callable[[], object]:
@@ -764,15 +847,19 @@ def rag_layer(b: Bench, q, k_cache, v_cache, pb, deltas: bool) -> Callable[[], o
     slots = torch.full((t,), -1, dtype=torch.int64, device=b.device)
     args = (q, kv[:, 0], kv[:, 1], rag_positions(b, pb), slots, k_cache, v_cache, b.tables)
     if hopper_takes(q, k_cache, v_cache, pb):
+
         def call():
             return engine_attention(b, rope_write_kv(*args), k_cache, v_cache, pb, apply_delta=deltas)
     elif deltas:
+
         def call():
             rq, q_rot = rope_write_kv_runs(*args, pb, rotated_runs_for(t))
             return fn(rq, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=q_rot)
     else:
+
         def call():
             return fn(rope_write_kv(*args), k_cache, v_cache, pb, b.tables, b.scale, apply_delta=False)
+
     return call
 
 
@@ -786,6 +873,7 @@ def section_decode(b: Bench) -> list[dict]:
     decode = attention(True)
     for ctx in s.decode_contexts:
         for batch in s.decode_batches:
+
             def body(batch=batch, ctx=ctx) -> dict:
                 need = batch * ctx * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
                 if not b.fits(need * copies_for(need, b.l2_bytes())):
@@ -812,18 +900,24 @@ def sdpa_variants(q, k, v, causal: str):
     from torch.nn.attention.bias import causal_lower_right
 
     lq, lk = q.shape[2], k.shape[2]
-    masks = [("is_causal", {"is_causal": True})] if causal == "square" else [
-        ("causal_lower_right", {"attn_mask": causal_lower_right(lq, lk)}),
-        ("bool mask", {"attn_mask": torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)}),
-    ]
+    masks = (
+        [("is_causal", {"is_causal": True})]
+        if causal == "square"
+        else [
+            ("causal_lower_right", {"attn_mask": causal_lower_right(lq, lk)}),
+            ("bool mask", {"attn_mask": torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)}),
+        ]
+    )
     group = q.shape[1] // k.shape[1]
     expanded = None
     for mask_name, mask in masks:
         yield f"{mask_name}, enable_gqa", lambda m=mask: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **m)
         if expanded is None:
             expanded = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        yield f"{mask_name}, kv heads expanded x{group}", lambda m=mask, kv=expanded: F.scaled_dot_product_attention(
-            q, *kv, **m)
+        yield (
+            f"{mask_name}, kv heads expanded x{group}",
+            lambda m=mask, kv=expanded: F.scaled_dot_product_attention(q, *kv, **m),
+        )
 
 
 def time_sdpa(b: Bench, backend, dense, causal: str, ours: torch.Tensor) -> dict:
@@ -865,8 +959,11 @@ def section_prefill(b: Bench) -> list[dict]:
         ours = prefill(*inputs[0], b.tables, b.scale)
         run_case(rows, {**label, "impl": "ours (paged)"}, lambda: _tflops(b.time_ms(fn), flops))
         for name, backend in backends.items():
-            run_case(rows, {**label, "impl": name},
-                     lambda backend=backend: _with_tflops(time_sdpa(b, backend, dense, causal, ours), flops))
+            run_case(
+                rows,
+                {**label, "impl": name},
+                lambda backend=backend: _with_tflops(time_sdpa(b, backend, dense, causal, ours), flops),
+            )
 
     for n in s.causal_lens:
         flops = 2.0 * n * n * s.head_dim * s.q_heads  # causal: half of 4 N^2 D H
@@ -913,9 +1010,12 @@ def section_copy(b: Bench) -> list[dict]:
     src, dst = perm[:n].contiguous(), perm[n : 2 * n].contiguous()
     deltas = torch.arange(n, device=b.device, dtype=torch.int32) // pages_for(s.doc_len, s) * s.doc_len + 1
     copy_gbps = b.copy_bandwidth()
-    impls = {f"ours, {r} rows x {w} warps{' (default)' if (r, w) == (64, 4) else ''}":
-             lambda r=r, w=w: copy_rotate(kv, src, dst, deltas, b.tables, block_rows=r, num_warps=w)
-             for r, w in COPY_CONFIGS}
+    impls = {
+        f"ours, {r} rows x {w} warps{' (default)' if (r, w) == (64, 4) else ''}": lambda r=r, w=w: copy_rotate(
+            kv, src, dst, deltas, b.tables, block_rows=r, num_warps=w
+        )
+        for r, w in COPY_CONFIGS
+    }
     impls["torch reference (per layer)"] = lambda: torch_copy_rotate(kv, src, dst, deltas, b.tables)
     check = [0, n - 1]  # pages checked against the rotation done here in PyTorch after each timing
 
@@ -924,13 +1024,18 @@ def section_copy(b: Bench) -> list[dict]:
         return torch.stack([rotate(kv[:, 0, src[i]], c, sn, b.tables.interleaved).to(DTYPE), kv[:, 1, src[i]]], 1)
 
     for name, fn in impls.items():
+
         def body(fn=fn) -> dict:
             kv[:, :, dst[check]] = 0
             ms = b.time_ms(fn)  # every call rewrites dst from the unchanged src: idempotent
             gbps = moved / ms / 1e6
             diff = max((kv[:, :, dst[i]].float() - want(i).float()).abs().max().item() for i in check)
-            return {"ms": ms, "GB/s": gbps, "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps,
-                    "same_output": diff < 0.05}
+            return {
+                "ms": ms,
+                "GB/s": gbps,
+                "%_of_copy": None if copy_gbps is None else 100 * gbps / copy_gbps,
+                "same_output": diff < 0.05,
+            }
 
         run_case(rows, {"impl": name, "pages": n, "layers": s.layers, "MB_moved": moved / 1e6}, body)
     return rows
@@ -963,9 +1068,15 @@ def _fmt(x) -> str:
 
 def environment(args: argparse.Namespace, device: torch.device) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, Triton interpreter"
-    return {"device": name, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
-            "command": "python benchmarks/kernels.py " + " ".join(args.argv), "dtype": str(DTYPE)}
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+        "command": "python benchmarks/kernels.py " + " ".join(args.argv),
+        "dtype": str(DTYPE),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -44,8 +44,9 @@ def random_tokens(n: int, length: int, seed: int, vocab: int) -> list[list[int]]
     return [torch.randint(min(1000, vocab // 2), vocab - 1, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def prompts(pool: list[list[int]], n: int, per_request: int, question_len: int, seed: int, bos: int,
-            vocab: int) -> list[RenderedPrompt]:
+def prompts(
+    pool: list[list[int]], n: int, per_request: int, question_len: int, seed: int, bos: int, vocab: int
+) -> list[RenderedPrompt]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -55,8 +56,9 @@ def prompts(pool: list[list[int]], n: int, per_request: int, question_len: int, 
     return out
 
 
-def run_all(engine: LLMEngine, batch: list[RenderedPrompt], params: SamplingParams | None, relink: int,
-            tag: str) -> tuple[float, list]:
+def run_all(
+    engine: LLMEngine, batch: list[RenderedPrompt], params: SamplingParams | None, relink: int, tag: str
+) -> tuple[float, list]:
     """Submit every prompt at once and step until all finish: (wall seconds, finished outputs)."""
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     start = time.perf_counter()
@@ -87,8 +89,14 @@ def main() -> None:
         cfg = EngineConfig(model="tiny", device="cpu", page_size=16, progress=False)
         doc_len, question_len, output_len, n_idle = 64, 8, 4, 2
     else:
-        cfg = EngineConfig(model=str(ROOT / "benchmarks/models/llama-3.1-8b"), device="cuda", random_weights=True,
-                           kv_cache_gb=24, progress=False, max_model_len=32768)
+        cfg = EngineConfig(
+            model=str(ROOT / "benchmarks/models/llama-3.1-8b"),
+            device="cuda",
+            random_weights=True,
+            kv_cache_gb=24,
+            progress=False,
+            max_model_len=32768,
+        )
         doc_len, question_len, output_len, n_idle = 2048, 32, 16, 5
     t0 = time.perf_counter()
     engine = LLMEngine(cfg)
@@ -115,20 +123,30 @@ def main() -> None:
         before = engine.stats().prefilled_tokens
         wall, done = run_all(engine, batch, params, k, f"{label}-sat")
         prefilled = engine.stats().prefilled_tokens - before
-        row = dict(config=label, mode=mode, relink_tokens=k,
-                   idle_ttft_ms=1e3 * sum(idle[1:]) / max(1, len(idle) - 1),
-                   sat_requests_per_s=len(batch) / wall, sat_output_tok_per_s=len(batch) * output_len / wall,
-                   sat_mean_ttft_ms=1e3 * sum(o.metrics.ttft for o in done) / len(done),
-                   prefill_rows_per_request=prefilled / len(batch))  # the counter excludes decode rows
+        row = dict(
+            config=label,
+            mode=mode,
+            relink_tokens=k,
+            idle_ttft_ms=1e3 * sum(idle[1:]) / max(1, len(idle) - 1),
+            sat_requests_per_s=len(batch) / wall,
+            sat_output_tok_per_s=len(batch) * output_len / wall,
+            sat_mean_ttft_ms=1e3 * sum(o.metrics.ttft for o in done) / len(done),
+            prefill_rows_per_request=prefilled / len(batch),
+        )  # the counter excludes decode rows
         results.append(row)
         print(json.dumps(row), flush=True)
     full = next(r for r in results if r["mode"] == "full")
-    lines = ["| config | idle TTFT ms | vs full | saturation req/s | output tok/s | sat. mean TTFT ms | "
-             "prefill rows/request |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | idle TTFT ms | vs full | saturation req/s | output tok/s | sat. mean TTFT ms | "
+        "prefill rows/request |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['config']} | {r['idle_ttft_ms']:.1f} | {r['idle_ttft_ms'] / full['idle_ttft_ms']:.1%} | "
-                     f"{r['sat_requests_per_s']:.2f} | {r['sat_output_tok_per_s']:.0f} | {r['sat_mean_ttft_ms']:.0f} | "
-                     f"{r['prefill_rows_per_request']:.0f} |")
+        lines.append(
+            f"| {r['config']} | {r['idle_ttft_ms']:.1f} | {r['idle_ttft_ms'] / full['idle_ttft_ms']:.1%} | "
+            f"{r['sat_requests_per_s']:.2f} | {r['sat_output_tok_per_s']:.0f} | {r['sat_mean_ttft_ms']:.0f} | "
+            f"{r['prefill_rows_per_request']:.0f} |"
+        )
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     table = "\n".join(lines)
     print(f"\n{device}, {args.requests} requests at saturation\n{table}")

@@ -66,13 +66,25 @@ def engine_worker(conn: Connection, options: dict, warm: Trace) -> None:
         outs = engine.step()
         now = time.time()  # wall clock: the driver's and the workers' monotonic clocks need not agree
         if outs:
-            conn.send(("outs", now, [(o.request_id, len(o.outputs[0].token_ids), o.finished,
-                                      o.metrics.cached_tokens if o.metrics else 0,
-                                      o.metrics.prefilled_tokens if o.metrics else 0) for o in outs]))
+            conn.send(
+                (
+                    "outs",
+                    now,
+                    [
+                        (
+                            o.request_id,
+                            len(o.outputs[0].token_ids),
+                            o.finished,
+                            o.metrics.cached_tokens if o.metrics else 0,
+                            o.metrics.prefilled_tokens if o.metrics else 0,
+                        )
+                        for o in outs
+                    ],
+                )
+            )
 
 
-def run_config(name: str, conns: list[Connection], policy_name: str, trace: Trace, pages: int,
-               page_size: int) -> dict:
+def run_config(name: str, conns: list[Connection], policy_name: str, trace: Trace, pages: int, page_size: int) -> dict:
     for c in conns:
         c.send(("budget", pages))
     before = [c.recv()[1] for c in conns]
@@ -81,9 +93,15 @@ def run_config(name: str, conns: list[Connection], policy_name: str, trace: Trac
     for r in replicas:
         policy.set_capacity(r, pages * page_size)  # as the router learns it from record_routing_stats
     spec, mode = trace.spec, make_mode("lazy")
-    records = {req.index: RequestRecord(req.index, req.arrival, num_docs=len(req.doc_ids),
-                                        context_tokens=trace.system_len + len(req.doc_ids) * spec.doc_len
-                                        + len(req.question)) for req in trace.requests}
+    records = {
+        req.index: RequestRecord(
+            req.index,
+            req.arrival,
+            num_docs=len(req.doc_ids),
+            context_tokens=trace.system_len + len(req.doc_ids) * spec.doc_len + len(req.question),
+        )
+        for req in trace.requests
+    }
     pending = sorted(trace.requests, key=lambda r: r.arrival)
     in_flight = dict.fromkeys(replicas, 0)
     where: dict[str, tuple[int, str]] = {}
@@ -120,22 +138,31 @@ def run_config(name: str, conns: list[Connection], policy_name: str, trace: Trac
         c.send(("stats",))
     after = [c.recv()[1] for c in conns]
     counters = EngineCounters(
-        rows_computed=sum(a.prefilled_tokens + a.decoded_tokens - b.prefilled_tokens - b.decoded_tokens
-                          for a, b in zip(after, before)),
+        rows_computed=sum(
+            a.prefilled_tokens + a.decoded_tokens - b.prefilled_tokens - b.decoded_tokens for a, b in zip(after, before)
+        ),
         preemptions=sum(a.preemptions - b.preemptions for a, b in zip(after, before)),
         evictions=sum(a.cache.evictions - b.cache.evictions for a, b in zip(after, before)),
         peak_kv_bytes=sum(a.pages_high_water * a.page_bytes for a in after),
-        pool_bytes=sum(a.num_pages * a.page_bytes for a in after))
+        pool_bytes=sum(a.num_pages * a.page_bytes for a in after),
+    )
     summary = summarize(list(records.values()), counters)
-    return {"config": name, "replicas": len(conns), "policy": policy_name, "kv_pages_per_replica": pages,
-            "requests_per_replica": list(served.values()), "summary": summary.to_dict()}
+    return {
+        "config": name,
+        "replicas": len(conns),
+        "policy": policy_name,
+        "kv_pages_per_replica": pages,
+        "requests_per_replica": list(served.values()),
+        "summary": summary.to_dict(),
+    }
 
 
 def _write(out: str | None, meta: dict, results: list, ratios: dict) -> None:
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "replicas.json").write_text(json.dumps({"meta": meta, "results": results, "ratios": ratios},
-                                                            indent=2))
+        (Path(out) / "replicas.json").write_text(
+            json.dumps({"meta": meta, "results": results, "ratios": ratios}, indent=2)
+        )
 
 
 def main() -> int:
@@ -144,11 +171,15 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny model, small trace, CPU")
     p.add_argument("--kv-gb", type=float, default=12.0, help="KV budget of one replica, GiB (12: 48 documents)")
     p.add_argument("--num-requests", type=int, default=240)
-    p.add_argument("--rates", default="inf,32",
-                   help="loads, comma-separated: Poisson req/s, inf = all at t=0 (default: inf,32)")
-    p.add_argument("--same-trace", action="store_true",
-                   help="give 2 replicas the same trace as 1 (default: twice the requests at twice the rate, so each "
-                        "replica carries what the one replica did: capacity, not a fixed burst split in two)")
+    p.add_argument(
+        "--rates", default="inf,32", help="loads, comma-separated: Poisson req/s, inf = all at t=0 (default: inf,32)"
+    )
+    p.add_argument(
+        "--same-trace",
+        action="store_true",
+        help="give 2 replicas the same trace as 1 (default: twice the requests at twice the rate, so each "
+        "replica carries what the one replica did: capacity, not a fixed burst split in two)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -163,8 +194,15 @@ def main() -> int:
         kv_bytes = 12 * 128 * page_accounting(mc, 16, EngineConfig(**options).torch_dtype).token_bytes  # 12 docs
     else:
         spec = WorkloadSpec(num_requests=args.num_requests)  # docs/design.md, Benchmark protocol
-        options = dict(model=args.model, random_weights=True, device="cuda", dtype="bfloat16", page_size=64,
-                       kv_cache_gb=2 * args.kv_gb + 4, progress=False)  # room for the 2x-budget configuration
+        options = dict(
+            model=args.model,
+            random_weights=True,
+            device="cuda",
+            dtype="bfloat16",
+            page_size=64,
+            kv_cache_gb=2 * args.kv_gb + 4,
+            progress=False,
+        )  # room for the 2x-budget configuration
         mc = ModelConfig.from_dir(args.model)
         kv_bytes = int(args.kv_gb * 2**30)
     pages = kv_bytes // page_accounting(mc, options["page_size"], EngineConfig(**options).torch_dtype).page_bytes
@@ -191,34 +229,56 @@ def main() -> int:
     startup_s = time.monotonic() - start
     print(f"two engines ready in {startup_s:.1f} s on {[r[1] for r in ready]}", flush=True)
 
-    configs = [("1 replica", conns[:1], "round-robin", pages),
-               ("1 replica, 2x KV (cluster's total)", conns[:1], "round-robin", 2 * pages),
-               ("2 replicas, round-robin", conns, "round-robin", pages),
-               ("2 replicas, document-affinity", conns, "document-affinity", pages)]
-    meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "python": platform.python_version(), "transport": "two engine processes (no Ray), same routing policy code",
-            "workload": spec.to_dict(), "kv_gb_per_replica": args.kv_gb, "kv_pages_per_replica": pages,
-            "devices": [r[1] for r in ready], "torch": ready[0][2], "startup_s": startup_s}
+    configs = [
+        ("1 replica", conns[:1], "round-robin", pages),
+        ("1 replica, 2x KV (cluster's total)", conns[:1], "round-robin", 2 * pages),
+        ("2 replicas, round-robin", conns, "round-robin", pages),
+        ("2 replicas, document-affinity", conns, "document-affinity", pages),
+    ]
+    meta = {
+        "command": " ".join(sys.argv),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "python": platform.python_version(),
+        "transport": "two engine processes (no Ray), same routing policy code",
+        "workload": spec.to_dict(),
+        "kv_gb_per_replica": args.kv_gb,
+        "kv_pages_per_replica": pages,
+        "devices": [r[1] for r in ready],
+        "torch": ready[0][2],
+        "startup_s": startup_s,
+    }
     results, ratios = [], {}
     meta["same_trace"] = args.same_trace
     for rate in rates:
         trace = make_trace(spec, Load(rate=rate), vocab_high, bos)
         # The cluster's trace: the same seeded requests (the first N are the one replica's), twice as many, twice as
         # fast; one engine with the cluster's KV replays it too, as the hit-ratio reference.
-        cluster_trace = trace if args.same_trace else \
-            make_trace(replace(spec, num_requests=2 * spec.num_requests), Load(rate=2 * rate), vocab_high, bos)
+        cluster_trace = (
+            trace
+            if args.same_trace
+            else make_trace(replace(spec, num_requests=2 * spec.num_requests), Load(rate=2 * rate), vocab_high, bos)
+        )
         load = trace.load.label
-        print(f"-- {load}" + ("" if args.same_trace else f" per replica ({cluster_trace.load.label} for the "
-                                                          "cluster configurations)"), flush=True)
+        print(
+            f"-- {load}"
+            + ("" if args.same_trace else f" per replica ({cluster_trace.load.label} for the cluster configurations)"),
+            flush=True,
+        )
         mine = []
         for name, cs, policy, n_pages in configs:
             t = trace if name == "1 replica" else cluster_trace
-            r = {"load": load, "requests": len(t.requests),
-                 **run_config(name, cs, policy, t, n_pages, options["page_size"])}
+            r = {
+                "load": load,
+                "requests": len(t.requests),
+                **run_config(name, cs, policy, t, n_pages, options["page_size"]),
+            }
             s = r["summary"]
-            print(f"{name:38s} {s['request_throughput']:7.2f} req/s  TTFT mean {s['ttft']['mean']:8.1f} ms "
-                  f"p50 {s['ttft']['median']:8.1f} p99 {s['ttft']['p99']:8.1f}  hit "
-                  f"{100 * s['doc_hit_ratio']:5.1f} %  per replica {r['requests_per_replica']}", flush=True)
+            print(
+                f"{name:38s} {s['request_throughput']:7.2f} req/s  TTFT mean {s['ttft']['mean']:8.1f} ms "
+                f"p50 {s['ttft']['median']:8.1f} p99 {s['ttft']['p99']:8.1f}  hit "
+                f"{100 * s['doc_hit_ratio']:5.1f} %  per replica {r['requests_per_replica']}",
+                flush=True,
+            )
             mine.append(r)
             results.append(r)
             _write(args.out, meta, results, ratios)  # after every configuration: a cut-off run keeps what it did
@@ -227,10 +287,14 @@ def main() -> int:
             v = ratios[f"{load}: {r['config']}"] = {
                 "throughput_vs_1": r["summary"]["request_throughput"] / base["request_throughput"],
                 "ttft_mean_vs_1": r["summary"]["ttft"]["mean"] / base["ttft"]["mean"],
-                "hit_points_vs_2x_kv": 100 * (r["summary"]["doc_hit_ratio"] - ref["doc_hit_ratio"])}
-            print(f"{r['config']:38s} throughput {v['throughput_vs_1']:.2f}x, mean TTFT {v['ttft_mean_vs_1']:.2f}x "
-                  f"of 1 replica; hit ratio {v['hit_points_vs_2x_kv']:+.1f} points vs one engine with the "
-                  "cluster's KV", flush=True)
+                "hit_points_vs_2x_kv": 100 * (r["summary"]["doc_hit_ratio"] - ref["doc_hit_ratio"]),
+            }
+            print(
+                f"{r['config']:38s} throughput {v['throughput_vs_1']:.2f}x, mean TTFT {v['ttft_mean_vs_1']:.2f}x "
+                f"of 1 replica; hit ratio {v['hit_points_vs_2x_kv']:+.1f} points vs one engine with the "
+                "cluster's KV",
+                flush=True,
+            )
         _write(args.out, meta, results, ratios)
     for c in conns:
         c.send(("stop",))

@@ -82,27 +82,69 @@ class Plan:
 
 
 GPU = Plan(
-    model=str(ROOT / "benchmarks/models/llama-3.1-8b"), device="cuda", kv_cache_gb=40.0,
-    spec=WorkloadSpec(num_docs=100, doc_len=2048, docs_per_request=5, zipf_alpha=2.1, question_len=32,
-                      output_len=16, num_requests=40, seed=0),
+    model=str(ROOT / "benchmarks/models/llama-3.1-8b"),
+    device="cuda",
+    kv_cache_gb=40.0,
+    spec=WorkloadSpec(
+        num_docs=100,
+        doc_len=2048,
+        docs_per_request=5,
+        zipf_alpha=2.1,
+        question_len=32,
+        output_len=16,
+        num_requests=40,
+        seed=0,
+    ),
     # Poisson points hold ~8-12 s of arrivals each: at low rates arrival time, not GPU time, is the cost.
-    rate_points=(("zipf 2.1", INF, 40), ("zipf 2.1", 4.0, 32), ("zipf 2.1", 2.0, 16), ("uniform", INF, 40),
-                 ("zipf 2.1", 1.0, 8), ("uniform", 2.0, 16), ("zipf 2.1", 0.5, 6)),
-    shared_doc_len=16384, shared_concurrency=(1, 16, 64, 256), shared_concurrency_full=(1, 16),
-    hit_budgets_gb=(1.0, 10.0, 50.0), hit_alphas=(1.1, 1.5, 2.1), hit_sim_requests=1000,
-    hit_engine_requests=40, hit_engine_budget_gb=1.0, hit_engine_alpha=2.1, hit_engine_output_len=1,
+    rate_points=(
+        ("zipf 2.1", INF, 40),
+        ("zipf 2.1", 4.0, 32),
+        ("zipf 2.1", 2.0, 16),
+        ("uniform", INF, 40),
+        ("zipf 2.1", 1.0, 8),
+        ("uniform", 2.0, 16),
+        ("zipf 2.1", 0.5, 6),
+    ),
+    shared_doc_len=16384,
+    shared_concurrency=(1, 16, 64, 256),
+    shared_concurrency_full=(1, 16),
+    hit_budgets_gb=(1.0, 10.0, 50.0),
+    hit_alphas=(1.1, 1.5, 2.1),
+    hit_sim_requests=1000,
+    hit_engine_requests=40,
+    hit_engine_budget_gb=1.0,
+    hit_engine_alpha=2.1,
+    hit_engine_output_len=1,
     warmup_requests=3,
 )
 
 SMOKE = Plan(
-    model="tiny", device="cpu", kv_cache_gb=0.25,
-    spec=WorkloadSpec(num_docs=20, doc_len=128, docs_per_request=5, zipf_alpha=2.1, question_len=32,
-                      output_len=8, num_requests=8, seed=0),
+    model="tiny",
+    device="cpu",
+    kv_cache_gb=0.25,
+    spec=WorkloadSpec(
+        num_docs=20,
+        doc_len=128,
+        docs_per_request=5,
+        zipf_alpha=2.1,
+        question_len=32,
+        output_len=8,
+        num_requests=8,
+        seed=0,
+    ),
     rate_points=(("zipf 2.1", INF, 8), ("zipf 2.1", 8.0, 8), ("uniform", INF, 8)),
-    shared_doc_len=512, shared_concurrency=(1, 4, 8), shared_concurrency_full=(1, 4),
-    hit_budgets_gb=(0.001, 0.01, 0.05), hit_alphas=(1.1, 1.5, 2.1), hit_sim_requests=200,
-    hit_engine_requests=12, hit_engine_budget_gb=0.001, hit_engine_alpha=2.1, hit_engine_output_len=1,
-    warmup_requests=2, max_point_s=60.0,
+    shared_doc_len=512,
+    shared_concurrency=(1, 4, 8),
+    shared_concurrency_full=(1, 4),
+    hit_budgets_gb=(0.001, 0.01, 0.05),
+    hit_alphas=(1.1, 1.5, 2.1),
+    hit_sim_requests=200,
+    hit_engine_requests=12,
+    hit_engine_budget_gb=0.001,
+    hit_engine_alpha=2.1,
+    hit_engine_output_len=1,
+    warmup_requests=2,
+    max_point_s=60.0,
 )
 
 
@@ -128,8 +170,15 @@ class Run:
 
     def __init__(self, out: Path, plan: Plan, clock: Clock, meta: dict) -> None:
         self.out, self.clock = out, clock
-        self.data: dict = {"meta": meta, "plan": _plan_dict(plan), "rate_sweep": [], "shared_document": [],
-                           "hit_ratio": {"sim": None, "engine": []}, "skipped": [], "errors": []}
+        self.data: dict = {
+            "meta": meta,
+            "plan": _plan_dict(plan),
+            "rate_sweep": [],
+            "shared_document": [],
+            "hit_ratio": {"sim": None, "engine": []},
+            "skipped": [],
+            "errors": [],
+        }
 
     def log(self, text: str) -> None:
         print(f"[{self.clock.now():6.1f}s] {text}", flush=True)
@@ -160,9 +209,11 @@ def _plan_dict(plan: Plan) -> dict:
 
 
 def _point_line(mode: str, what: str, s) -> str:
-    return (f"{mode:<6} {what:<28} {s.completed}/{s.total} done, TTFT mean {s.ttft.mean:8.1f} ms p99 "
-            f"{s.ttft.p99:8.1f}, {s.request_throughput:6.2f} req/s, {s.output_throughput:7.1f} tok/s, "
-            f"hit {100 * s.doc_hit_ratio:5.1f} %, peak KV {s.peak_kv_gb:6.2f} GiB")
+    return (
+        f"{mode:<6} {what:<28} {s.completed}/{s.total} done, TTFT mean {s.ttft.mean:8.1f} ms p99 "
+        f"{s.ttft.p99:8.1f}, {s.request_throughput:6.2f} req/s, {s.output_throughput:7.1f} tok/s, "
+        f"hit {100 * s.doc_hit_ratio:5.1f} %, peak KV {s.peak_kv_gb:6.2f} GiB"
+    )
 
 
 # -- the experiments -----------------------------------------------------------------------------------------
@@ -183,8 +234,12 @@ def _low_priority() -> None:
 def hit_ratio_engine(run: Run, plan: Plan, engine, mode: str, until: float) -> None:
     """Experiment 2's real engine run: one request at a time, with the pool the budget reading gives."""
     mc = engine.model_config
-    spec = replace(plan.spec, zipf_alpha=plan.hit_engine_alpha, num_requests=plan.hit_engine_requests,
-                   output_len=plan.hit_engine_output_len)
+    spec = replace(
+        plan.spec,
+        zipf_alpha=plan.hit_engine_alpha,
+        num_requests=plan.hit_engine_requests,
+        output_len=plan.hit_engine_output_len,
+    )
     trace = make_trace(spec, Load(concurrency=1), *token_space(mc))
     acct = page_accounting(mc, plan.page_size, engine.config.torch_dtype)
     budget = int(plan.hit_engine_budget_gb * 2**30)
@@ -196,16 +251,29 @@ def hit_ratio_engine(run: Run, plan: Plan, engine, mode: str, until: float) -> N
         result = replay(engine, trace, max_seconds=max(1.0, until - time.monotonic()))
     sim = simulate(trace, mode, pages, plan.page_size)
     s = result.summary
-    row = {"mode": mode, "policy": "pool_plus_request", "budget_gb": plan.hit_engine_budget_gb,
-           "alpha": plan.hit_engine_alpha, "pool_gb": pages * acct.page_bytes / 2**30, "requests": s.total,
-           "completed": s.completed, "doc_hit_ratio": s.doc_hit_ratio, "token_reuse_ratio": s.token_reuse_ratio,
-           "sim_same_requests_hit_ratio": sim.doc_hit_ratio, "timed_out": result.timed_out,
-           "wall_s": result.wall_s, "evictions": s.evictions, "sim_evictions": sim.evictions}
+    row = {
+        "mode": mode,
+        "policy": "pool_plus_request",
+        "budget_gb": plan.hit_engine_budget_gb,
+        "alpha": plan.hit_engine_alpha,
+        "pool_gb": pages * acct.page_bytes / 2**30,
+        "requests": s.total,
+        "completed": s.completed,
+        "doc_hit_ratio": s.doc_hit_ratio,
+        "token_reuse_ratio": s.token_reuse_ratio,
+        "sim_same_requests_hit_ratio": sim.doc_hit_ratio,
+        "timed_out": result.timed_out,
+        "wall_s": result.wall_s,
+        "evictions": s.evictions,
+        "sim_evictions": sim.evictions,
+    }
     run.data["hit_ratio"]["engine"].append(row)
     run.save()
-    run.log(f"{mode:<6} hit ratio @ {plan.hit_engine_budget_gb:g} GB (+1 block request), zipf "
-            f"{plan.hit_engine_alpha:g}: engine {100 * s.doc_hit_ratio:.2f} % over {s.completed} requests, "
-            f"simulation of the same requests {100 * sim.doc_hit_ratio:.2f} %")
+    run.log(
+        f"{mode:<6} hit ratio @ {plan.hit_engine_budget_gb:g} GB (+1 block request), zipf "
+        f"{plan.hit_engine_alpha:g}: engine {100 * s.doc_hit_ratio:.2f} % over {s.completed} requests, "
+        f"simulation of the same requests {100 * sim.doc_hit_ratio:.2f} %"
+    )
 
 
 def serve_point(run: Run, plan: Plan, engine, mode: str, key: str, group: str, trace, until: float) -> None:
@@ -216,21 +284,36 @@ def serve_point(run: Run, plan: Plan, engine, mode: str, key: str, group: str, t
 
 
 def run_mode(run: Run, plan: Plan, mode: str, weight: float, weights_left: float) -> None:
-    options = dict(model=plan.model, device=plan.device, kv_cache_gb=plan.kv_cache_gb, page_size=plan.page_size,
-                   random_weights=True, seed=0)
+    options = dict(
+        model=plan.model,
+        device=plan.device,
+        kv_cache_gb=plan.kv_cache_gb,
+        page_size=plan.page_size,
+        random_weights=True,
+        seed=0,
+    )
     t = time.monotonic()
     engine = make_engine(options, mode)
     mc = engine.model_config
     high, bos = token_space(mc)
-    shared = WorkloadSpec(num_docs=1, doc_len=plan.shared_doc_len, docs_per_request=1, zipf_alpha=None,
-                          question_len=plan.spec.question_len, output_len=plan.spec.output_len, num_requests=1,
-                          seed=plan.spec.seed)
+    shared = WorkloadSpec(
+        num_docs=1,
+        doc_len=plan.shared_doc_len,
+        docs_per_request=1,
+        zipf_alpha=None,
+        question_len=plan.spec.question_len,
+        output_len=plan.spec.output_len,
+        num_requests=1,
+        seed=plan.spec.seed,
+    )
     warm_up(engine, warmup_trace(plan.spec, plan.warmup_requests, high, bos))
     warm_up(engine, warmup_trace(shared, 1, high, bos))
     # The slice starts after the warm-up: the first mode's kernel compilation is shared by all modes.
     until = run.clock.mode_deadline(weight, weights_left)
-    run.log(f"{mode}: engine built and warmed up in {time.monotonic() - t:.1f} s ({engine.num_pages} pages "
-            f"of {engine.runner.page_bytes / 2**20:g} MiB); {until - time.monotonic():.0f} s for its points")
+    run.log(
+        f"{mode}: engine built and warmed up in {time.monotonic() - t:.1f} s ({engine.num_pages} pages "
+        f"of {engine.runner.page_bytes / 2**20:g} MiB); {until - time.monotonic():.0f} s for its points"
+    )
 
     tasks = []  # (label, expected seconds or None, callable), in priority order
     if mode != "full":
@@ -245,12 +328,18 @@ def run_mode(run: Run, plan: Plan, mode: str, weight: float, weights_left: float
     def shared_task(c: int):
         # c requests, all in flight at once: a closed loop of c over c requests
         trace = make_trace(replace(shared, num_requests=c), Load(concurrency=c), high, bos)
-        return lambda: serve_point(run, plan, engine, mode, "shared_document", f"shared {plan.shared_doc_len}",
-                                   trace, until)
+        return lambda: serve_point(
+            run, plan, engine, mode, "shared_document", f"shared {plan.shared_doc_len}", trace, until
+        )
 
-    rate_tasks = [(f"{group} {'saturation' if math.isinf(rate) else f'rate {rate:g}'}",
-                   None if math.isinf(rate) else n / rate + 2.0, rate_task(group, rate, n))
-                  for group, rate, n in plan.rate_points]
+    rate_tasks = [
+        (
+            f"{group} {'saturation' if math.isinf(rate) else f'rate {rate:g}'}",
+            None if math.isinf(rate) else n / rate + 2.0,
+            rate_task(group, rate, n),
+        )
+        for group, rate, n in plan.rate_points
+    ]
     shared_tasks = [(f"shared document x{c}", None, shared_task(c)) for c in concurrency]
     tasks += rate_tasks[: plan.shared_after] + shared_tasks + rate_tasks[plan.shared_after :]
 
@@ -276,8 +365,12 @@ def collect_sim(run: Run, plan: Plan, futures: list | None) -> None:
             rows = [row for job in hit_sim_jobs(plan) for row in sweep(*job)]
         else:
             rows = [row for f in futures for row in f.get(timeout=max(1.0, run.clock.left()))]
-        run.data["hit_ratio"]["sim"] = {"rows": rows, "requests": plan.hit_sim_requests,
-                                        "concurrency": 1, "simulated": True}
+        run.data["hit_ratio"]["sim"] = {
+            "rows": rows,
+            "requests": plan.hit_sim_requests,
+            "concurrency": 1,
+            "simulated": True,
+        }
         run.save()
     except Exception as e:
         run.error("hit-ratio simulation", e)
@@ -288,11 +381,19 @@ def write_outputs(run: Run, plan: Plan) -> None:
     title = f"{d['meta'].get('gpu', d['meta']['device'])}, {Path(plan.model).name}"
     rate = [report.PointResult.from_dict(p) for p in d["rate_sweep"]]
     shared = [report.PointResult.from_dict(p) for p in d["shared_document"]]
-    for name, fn in (("rate_sweep.png", lambda path: plots.plot_rate_sweep(rate, path, title)),
-                     ("shared_document.png", lambda path: plots.plot_shared_document(shared, path, title)),
-                     ("hit_ratio.png", lambda path: plots.plot_hit_ratio(
-                         (d["hit_ratio"]["sim"] or {}).get("rows", []), path, d["hit_ratio"]["engine"],
-                         title + ": simulated lines, engine runs circled"))):
+    for name, fn in (
+        ("rate_sweep.png", lambda path: plots.plot_rate_sweep(rate, path, title)),
+        ("shared_document.png", lambda path: plots.plot_shared_document(shared, path, title)),
+        (
+            "hit_ratio.png",
+            lambda path: plots.plot_hit_ratio(
+                (d["hit_ratio"]["sim"] or {}).get("rows", []),
+                path,
+                d["hit_ratio"]["engine"],
+                title + ": simulated lines, engine runs circled",
+            ),
+        ),
+    ):
         try:
             fn(run.out / name)
         except Exception as e:
@@ -304,9 +405,15 @@ def write_outputs(run: Run, plan: Plan) -> None:
 
 
 def environment(plan: Plan) -> dict:
-    meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": plan.model,
-            "device": plan.device, "python": platform.python_version(), "torch": torch.__version__,
-            "host": platform.node()}
+    meta = {
+        "command": " ".join(sys.argv),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "model": plan.model,
+        "device": plan.device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "host": platform.node(),
+    }
     if plan.device == "cuda" and torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
         meta["gpu_memory_gb"] = torch.cuda.get_device_properties(0).total_memory / 2**30
@@ -317,8 +424,12 @@ def environment(plan: Plan) -> dict:
         except ImportError:
             pass
     try:
-        meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                        text=True, timeout=5).stdout.strip() or None
+        meta["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         meta["commit"] = None
     return meta
@@ -353,8 +464,10 @@ def run_plan(plan: Plan, out: Path, budget_s: float) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(budget_s, reserve_s=min(15.0, budget_s / 10))
     run = Run(out, plan, clock, environment(plan))
-    run.log(f"plan: model {plan.model} on {plan.device}, modes {','.join(plan.modes)}, KV pool "
-            f"{plan.kv_cache_gb:g} GiB, deadline {clock.deadline - clock.start:.0f} s")
+    run.log(
+        f"plan: model {plan.model} on {plan.device}, modes {','.join(plan.modes)}, KV pool "
+        f"{plan.kv_cache_gb:g} GiB, deadline {clock.deadline - clock.start:.0f} s"
+    )
     run.save()
     # Side processes are forked before CUDA is initialised (fork after CUDA init is unsafe); terminated at the
     # end whatever state they are in, so a stuck one cannot hold the run past its deadline.

@@ -55,6 +55,7 @@ def _graph_us(body, inner: int = 32) -> float:
 def _chain_check(symm, device: torch.device, rank: int) -> bool:
     """Back to back, each input computed from the last sum (what a decode graph does): a rank that overwrote its
     buffer while a peer still read it would change the result. fp32, both routes, against NCCL's chain."""
+
     def chain(reduce, x: torch.Tensor) -> torch.Tensor:
         for _ in range(64):
             x = reduce(x * 0.5 + rank)
@@ -71,6 +72,7 @@ def _chain_check(symm, device: torch.device, rank: int) -> bool:
         static = start.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+
         def reduce(x, how=how):
             return symm(x, how)
 

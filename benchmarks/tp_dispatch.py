@@ -28,10 +28,20 @@ PAGE = 16
 def decode_step(batch: int, context: int) -> StepInputs:
     """A decode step of `batch` rows, each over `context` tokens of its own pages."""
     pages = -(-context // PAGE)
-    entries = [EntryPages(list(range(r * pages, (r + 1) * pages)), [0] * pages, [PAGE] * (pages - 1) + [1])
-               for r in range(batch)]
-    return StepInputs(list(range(batch)), [context] * batch, [r * pages * PAGE for r in range(batch)], entries,
-                      [1] * batch, [context] * batch, list(range(batch)), True)
+    entries = [
+        EntryPages(list(range(r * pages, (r + 1) * pages)), [0] * pages, [PAGE] * (pages - 1) + [1])
+        for r in range(batch)
+    ]
+    return StepInputs(
+        list(range(batch)),
+        [context] * batch,
+        [r * pages * PAGE for r in range(batch)],
+        entries,
+        [1] * batch,
+        [context] * batch,
+        list(range(batch)),
+        True,
+    )
 
 
 def _worker(conn, how: str) -> None:
@@ -64,7 +74,7 @@ def measure(how: str, steps: list[StepInputs], repeats: int, gap_s: float) -> di
     parent.send(("stop", None))
     results = {}
     for batch, lags in parent.recv().items():
-        lags = sorted(lags[repeats // 10:])  # the first steps warm the child up
+        lags = sorted(lags[repeats // 10 :])  # the first steps warm the child up
         results[batch] = {"median_us": 1e6 * statistics.median(lags), "p90_us": 1e6 * lags[int(0.9 * len(lags))]}
     proc.join()
     return results
@@ -81,8 +91,11 @@ def main() -> None:
     for batch in (1, 16, 64):
         for how in ("before", "now"):
             r = results[how][batch]
-            print(f"batch {batch:2d} {how:6s}: send -> StepInputs on the worker {r['median_us']:7.1f} µs median, "
-                  f"{r['p90_us']:7.1f} µs p90", flush=True)
+            print(
+                f"batch {batch:2d} {how:6s}: send -> StepInputs on the worker {r['median_us']:7.1f} µs median, "
+                f"{r['p90_us']:7.1f} µs p90",
+                flush=True,
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 

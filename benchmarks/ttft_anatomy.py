@@ -48,8 +48,7 @@ from lazyattn.kernels.launch import pdl_options, wait_for_producers  # noqa: E40
 @triton.jit
 def _stamp(out_ptr, i):
     x = tl.load(out_ptr + i)
-    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [x], dtype=tl.int64, is_pure=False,
-                                  pack=1)
+    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [x], dtype=tl.int64, is_pure=False, pack=1)
     tl.store(out_ptr + i, t)
 
 
@@ -113,12 +112,20 @@ def graph_launches(device: torch.device, sizes=(16, 64, 234), repeats: int = 30)
                     pair_small.append((s[1] - s[0]) / 1e3)
                     pair_big.append((s[2] - s[0]) / 1e3)
                     pair_host.append((1e6 * (t1 - t0), 1e6 * (t2 - t1)))
-            rows.append({"kind": kind, "kernels": n, "replay_host_us": _median(host),
-                         "host_us_per_kernel": _median(host) / n, "gpu_start_after_stamp_us": _median(start),
-                         "gpu_end_after_stamp_us": _median(span),
-                         "pair_small_host_us": _median([p[0] for p in pair_host]),
-                         "pair_big_host_us": _median([p[1] for p in pair_host]),
-                         "pair_small_start_us": _median(pair_small), "pair_big_start_us": _median(pair_big)})
+            rows.append(
+                {
+                    "kind": kind,
+                    "kernels": n,
+                    "replay_host_us": _median(host),
+                    "host_us_per_kernel": _median(host) / n,
+                    "gpu_start_after_stamp_us": _median(start),
+                    "gpu_end_after_stamp_us": _median(span),
+                    "pair_small_host_us": _median([p[0] for p in pair_host]),
+                    "pair_big_host_us": _median([p[1] for p in pair_host]),
+                    "pair_small_start_us": _median(pair_small),
+                    "pair_big_start_us": _median(pair_big),
+                }
+            )
             print(rows[-1], flush=True)
     return rows
 
@@ -148,16 +155,23 @@ def engine_graphs(bench: eb.Bench, repeats: int = 20) -> dict:
     out = {}
     picks = {"decode_b1": runner.graphs.graphs[1][0]}
     # the RAG request's bucket: its prefill step is one entry (the question over the placed documents) + padding
-    picks.update({f"prefill_{t}x{e}": g for (t, e), (g, _) in runner.prefill_graphs.graphs.items()
-                  if t == bench.s.question and e == 2})
+    picks.update(
+        {
+            f"prefill_{t}x{e}": g
+            for (t, e), (g, _) in runner.prefill_graphs.graphs.items()
+            if t == bench.s.question and e == 2
+        }
+    )
     for name, graph in picks.items():
         idle = [_span(graph, 0) for _ in range(repeats)]
         busy = [_span(graph, 3.0) for _ in range(repeats)]
-        out[name] = {"replay_host_us_idle": _median([h for h, _ in idle]),
-                     "replay_host_us_busy": _median([h for h, _ in busy]),
-                     "gpu_span_us_idle": _median([s for _, s in idle]),
-                     "gpu_span_us_busy": _median([s for _, s in busy]),
-                     "exposed_us": _median([s for _, s in idle]) - _median([s for _, s in busy])}
+        out[name] = {
+            "replay_host_us_idle": _median([h for h, _ in idle]),
+            "replay_host_us_busy": _median([h for h, _ in busy]),
+            "gpu_span_us_idle": _median([s for _, s in idle]),
+            "gpu_span_us_busy": _median([s for _, s in busy]),
+            "exposed_us": _median([s for _, s in idle]) - _median([s for _, s in busy]),
+        }
         print(name, out[name], flush=True)
     return out
 
@@ -338,8 +352,13 @@ def phases(bench: eb.Bench, repeats: int) -> dict:
                 per.setdefault(f"{name}#{k}", []).append((1e6 * (a - t0), 1e6 * (b - a)))
     finally:
         tl_.restore()
-    rows = sorted(({"phase": k, "start_us": _median([s for s, _ in v]), "dur_us": _median([d for _, d in v]),
-                    "n": len(v)} for k, v in per.items()), key=lambda row: row["start_us"])
+    rows = sorted(
+        (
+            {"phase": k, "start_us": _median([s for s, _ in v]), "dur_us": _median([d for _, d in v]), "n": len(v)}
+            for k, v in per.items()
+        ),
+        key=lambda row: row["start_us"],
+    )
     for row in rows:
         print(f"{row['phase']:24s} start {row['start_us']:9.1f} µs  dur {row['dur_us']:9.1f} µs  (n={row['n']})")
     print(f"TTFT median {_median(totals):.1f} µs", flush=True)
@@ -354,8 +373,11 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device("cuda")
     sections = set(args.sections.split(","))
-    results: dict = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                     "triton": triton.__version__}
+    results: dict = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
     if "graphs" in sections:
         results["graphs"] = graph_launches(device)
     if sections & {"engine_graphs", "phases", "host_calls", "gc", "waits"}:

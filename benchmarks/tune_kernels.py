@@ -109,8 +109,11 @@ def overhead_jobs(quick: bool) -> list[dict]:
 
 
 def decode_jobs(quick: bool) -> list[dict]:
-    cases = [(1, 96), (2, 48)] if quick else [(1, 4096), (1, 32768), (8, 4096), (8, 8192), (32, 4096), (32, 8192),
-                                              (64, 4096), (64, 8192)]
+    cases = (
+        [(1, 96), (2, 48)]
+        if quick
+        else [(1, 4096), (1, 32768), (8, 4096), (8, 8192), (32, 4096), (32, 8192), (64, 4096), (64, 8192)]
+    )
     sweep = {1: (12, 16, 24, 32, 40), 8: (3, 4, 5, 6), 32: (1,), 64: (1,), 2: (1, 2)}
     jobs = []
     for bs, ctx in cases:
@@ -170,15 +173,25 @@ def build_case(args: argparse.Namespace, job: dict) -> dict:
     if job["case"] == "causal":
         inputs, dense = kb.causal_case(b, job["n"], job["runs"], gen)
         n = job["n"]
-        return {"b": b, "inputs": [inputs], "dense": dense, "flops": 2.0 * n * n * s.head_dim * s.q_heads,
-                "sdpa_mask": "square"}
+        return {
+            "b": b,
+            "inputs": [inputs],
+            "dense": dense,
+            "flops": 2.0 * n * n * s.head_dim * s.q_heads,
+            "sdpa_mask": "square",
+        }
     if job["case"] == "rag":
         ctx = s.n_docs * s.doc_len
         kv_bytes = job["batch"] * (ctx + s.question) * s.kv_heads * s.head_dim * 2 * kb.DTYPE.itemsize
         inputs, dense = kb.rag_case(b, job["batch"], True, copies=kb.copies_for(kv_bytes, b.l2_bytes()))
         visible = sum(ctx + i + 1 for i in range(s.question))
-        return {"b": b, "inputs": inputs, "dense": dense, "sdpa_mask": "lower_right",
-                "flops": 4.0 * visible * s.head_dim * s.q_heads * job["batch"]}
+        return {
+            "b": b,
+            "inputs": inputs,
+            "dense": dense,
+            "sdpa_mask": "lower_right",
+            "flops": 4.0 * visible * s.head_dim * s.q_heads * job["batch"],
+        }
     inputs, nbytes = kb.decode_case(b, job["batch"], job["ctx"], gen)
     return {"b": b, "inputs": inputs, "bytes": nbytes}
 
@@ -201,24 +214,31 @@ def call_for(args: argparse.Namespace, job: dict, case: dict, delta: bool | None
             cap = new_decode.decode_config(b.s.head_dim, kb.DTYPE, b.s.page_size).maxnreg
             config = new_decode.DecodeConfig(tile[0], tile[1], tile[2], cap)
         counters = case.setdefault("counters", new_decode.ArrivalCounters())
-        return [lambda i=i: new_decode.decode_attention(*i, b.tables, b.scale, apply_delta=delta,
-                                                        num_splits=job["splits"], config=config, counters=counters)
-                for i in case["inputs"]]
+        return [
+            lambda i=i: new_decode.decode_attention(
+                *i, b.tables, b.scale, apply_delta=delta, num_splits=job["splits"], config=config, counters=counters
+            )
+            for i in case["inputs"]
+        ]
     if job["impl"] == "baseline":
         fn = baseline_module(args.baseline, False).prefill_attention
         return [lambda i=i: fn(*i, b.tables, b.scale, apply_delta=delta) for i in case["inputs"]]
     if job["impl"].startswith("sdpa"):
         return []
     if job["tile"] is None:
-        return [lambda i=i: new_prefill.prefill_attention(*i, b.tables, b.scale, apply_delta=delta)
-                for i in case["inputs"]]
+        return [
+            lambda i=i: new_prefill.prefill_attention(*i, b.tables, b.scale, apply_delta=delta) for i in case["inputs"]
+        ]
     tile = job["tile"]
     if args.quick:
         tile = (max(16, tile[0] // 4), max(16, tile[1] // 4), 4, 2)
     config = new_prefill.PrefillConfig(*tile)
-    return [lambda i=i: new_prefill.prefill_attention(*i, b.tables, b.scale, apply_delta=delta,
-                                                      num_splits=job["splits"], config=config)
-            for i in case["inputs"]]
+    return [
+        lambda i=i: new_prefill.prefill_attention(
+            *i, b.tables, b.scale, apply_delta=delta, num_splits=job["splits"], config=config
+        )
+        for i in case["inputs"]
+    ]
 
 
 # --- phase 1: compile in parallel -------------------------------------------------------------------------------
@@ -335,8 +355,11 @@ def run_job(args: argparse.Namespace, job: dict, case: dict, ref: torch.Tensor |
             q, k, v = case["dense"]
             mask = causal_lower_right(q.shape[2], k.shape[2])
             with sdpa_kernel(backend):
-                return {"ms": time_read_flush(b, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                                                        enable_gqa=True))}
+                return {
+                    "ms": time_read_flush(
+                        b, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                    )
+                }
         r = kb.time_sdpa(b, backend, case["dense"], case["sdpa_mask"], ref)
         return {k: r[k] for k in ("ms", "variant", "max_abs_diff_vs_ours", "error") if k in r}
     calls = call_for(args, job, case)
@@ -414,8 +437,16 @@ def main() -> None:
 
     tests = None
     if args.tests and torch.cuda.is_available():
-        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels/test_prefill.py",
-               "tests/kernels/test_decode.py"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "gpu",
+            "tests/kernels/test_prefill.py",
+            "tests/kernels/test_decode.py",
+        ]
         try:
             import xdist  # noqa: F401
 

@@ -17,25 +17,46 @@ from lazyattn.engine.llm import LLM
 from lazyattn.engine.sampling import SamplingParams
 
 DOCS = [
-    {"title": "Veltria", "text": "Veltria is a small island nation in the Northern Sea. The capital of Veltria is "
-     "Oskarn, a port city of 80,000 people."},
-    {"title": "The glass harp", "text": "The glass harp was invented in 1761 by Maren Tolle, a clockmaker from "
-     "Brisk. She built it from 37 tuned glass bowls."},
-    {"title": "The Amsel river", "text": "The Amsel river is 412 kilometres long. It rises in the Hollow Mountains "
-     "and flows into Lake Dorn."},
-    {"title": "Comet Pell", "text": "Comet Pell returns every 58 years. It was last seen in 2019 and is named after "
-     "the astronomer Ida Pell."},
-    {"title": "Sorrel bread", "text": "Sorrel bread is baked with rye flour, green sorrel leaves and honey. It is "
-     "eaten on the first day of spring."},
+    {
+        "title": "Veltria",
+        "text": "Veltria is a small island nation in the Northern Sea. The capital of Veltria is "
+        "Oskarn, a port city of 80,000 people.",
+    },
+    {
+        "title": "The glass harp",
+        "text": "The glass harp was invented in 1761 by Maren Tolle, a clockmaker from "
+        "Brisk. She built it from 37 tuned glass bowls.",
+    },
+    {
+        "title": "The Amsel river",
+        "text": "The Amsel river is 412 kilometres long. It rises in the Hollow Mountains and flows into Lake Dorn.",
+    },
+    {
+        "title": "Comet Pell",
+        "text": "Comet Pell returns every 58 years. It was last seen in 2019 and is named after "
+        "the astronomer Ida Pell.",
+    },
+    {
+        "title": "Sorrel bread",
+        "text": "Sorrel bread is baked with rye flour, green sorrel leaves and honey. It is "
+        "eaten on the first day of spring.",
+    },
 ]
 # (question, index of the document that answers it)
-QUESTIONS = [("What is the capital of Veltria?", 0), ("Who invented the glass harp?", 1),
-             ("How long is the Amsel river?", 2), ("Who is Comet Pell named after?", 3),
-             ("What is sorrel bread baked with?", 4)]
+QUESTIONS = [
+    ("What is the capital of Veltria?", 0),
+    ("Who invented the glass harp?", 1),
+    ("How long is the Amsel river?", 2),
+    ("Who is Comet Pell named after?", 3),
+    ("What is sorrel bread baked with?", 4),
+]
 WARM_UP_DOC = {"title": "Warm-up", "text": "This passage only warms the engine up; no question is about it."}
 MODES = ("lazy", "block", "prefix", "full")
-NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random weights)",
-         "smollm2-block": "SmolLM2-135M-Instruct + its block-attention adapter (lazyattn finetune)"}
+NAMES = {
+    "smollm2": "SmolLM2-135M-Instruct",
+    "tiny": "tiny (random weights)",
+    "smollm2-block": "SmolLM2-135M-Instruct + its block-attention adapter (lazyattn finetune)",
+}
 # The checkpoint adapted to block attention that the demo shows beside a model (docs/finetune.md).
 ADAPTED = {"smollm2": "smollm2-block"}
 
@@ -70,8 +91,12 @@ def _run_mode(llm: LLM, max_tokens: int) -> dict:
         out = llm.chat(messages, first_token, documents=[docs], use_tqdm=False)[0]
         ttfts.append(out.metrics.ttft)
     after = llm.stats()
-    answers = llm.chat([m for m, _ in requests], SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                       documents=[d for _, d in requests], use_tqdm=False)
+    answers = llm.chat(
+        [m for m, _ in requests],
+        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        documents=[d for _, d in requests],
+        use_tqdm=False,
+    )
     return {
         "tokens": [o.token_ids for o in answers],
         "texts": [o.text.strip() for o in answers],
@@ -88,8 +113,10 @@ def run_demo(model: str = "smollm2", device: str = "cpu", max_tokens: int = 32, 
 
 def main(model: str = "smollm2", device: str = "cpu", tensor_parallel_size: int = 1) -> int:
     name = NAMES.get(model, model)
-    print(f"lazyattn demo: {name} on {device}; {len(QUESTIONS)} questions, each over 3 of {len(DOCS)} documents in "
-          f"shuffled order, in the four modes\n")
+    print(
+        f"lazyattn demo: {name} on {device}; {len(QUESTIONS)} questions, each over 3 of {len(DOCS)} documents in "
+        f"shuffled order, in the four modes\n"
+    )
     start = time.monotonic()
     tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
     results = run_demo(model, device, max_tokens=8 if model == "tiny" else 32, **tp)
@@ -102,15 +129,16 @@ def main(model: str = "smollm2", device: str = "cpu", tensor_parallel_size: int 
         print(f"{mode:<8}{r['hits']:>7}/{r['lookups']:<4}{r['prefilled']:>18}{r['ttft_ms']:>18.1f}")
     same_block = results["lazy"]["tokens"] == results["block"]["tokens"]
     same_causal = results["prefix"]["tokens"] == results["full"]["tokens"]
-    print(f"\nafter a warm-up request, the {len(QUESTIONS)} questions sent one at a time; cache hits count segments "
-          "(system prompt, documents) in lazy/block, pages of exact prefixes in prefix")
+    print(
+        f"\nafter a warm-up request, the {len(QUESTIONS)} questions sent one at a time; cache hits count segments "
+        "(system prompt, documents) in lazy/block, pages of exact prefixes in prefix"
+    )
     print(f"lazy == block (same tokens, one cached copy vs private re-rotated copies): {same_block}")
     print(f"prefix == full (ordinary causal attention): {same_causal}")
     if model == "tiny":
         print("tiny has random weights: its answers are noise (run `lazyattn demo` for SmolLM2)")
     else:
-        print(f"{name} was not fine-tuned for block attention, so lazy/block answers may differ from full "
-              "attention's")
+        print(f"{name} was not fine-tuned for block attention, so lazy/block answers may differ from full attention's")
     if model in ADAPTED:
         show_adapted(ADAPTED[model], device, max_tokens=32)  # an adapter: one device (no tensor parallelism)
     print(f"({time.monotonic() - start:.0f} s)")
@@ -126,6 +154,8 @@ def show_adapted(model: str, device: str, max_tokens: int, **options) -> None:
         print(f"   lazy (one cached copy per document): {results['lazy']['texts'][i]}")
         print(f"   full (ordinary causal):              {results['full']['texts'][i]}")
     lazy, full = results["lazy"], results["full"]
-    print(f"median TTFT: lazy {lazy['ttft_ms']:.1f} ms, full {full['ttft_ms']:.1f} ms "
-          f"({full['ttft_ms'] / lazy['ttft_ms']:.1f}x); prefilled tokens: lazy {lazy['prefilled']}, "
-          f"full {full['prefilled']}")
+    print(
+        f"median TTFT: lazy {lazy['ttft_ms']:.1f} ms, full {full['ttft_ms']:.1f} ms "
+        f"({full['ttft_ms'] / lazy['ttft_ms']:.1f}x); prefilled tokens: lazy {lazy['prefilled']}, "
+        f"full {full['prefilled']}"
+    )

@@ -25,8 +25,9 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_python_m_lazyattn_and_version():
-    run = subprocess.run([sys.executable, "-m", "lazyattn", "--version"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "lazyattn", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0 and run.stdout.strip() == f"lazyattn {__version__}"
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'^version = "(.+)"$', pyproject, re.M).group(1) == __version__

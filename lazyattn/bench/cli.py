@@ -29,18 +29,29 @@ from lazyattn.engine.config import MODES, EngineConfig
 SMALL = dict(num_docs=20, doc_len=128, num_requests=16)  # the tiny model's context is 4096 tokens
 
 
-def add_bench_parser(sub, engine_args: Callable[..., None],
-                     engine_options: Callable[[argparse.Namespace], dict]) -> None:
-    p = sub.add_parser("bench", help="RAG serving benchmark: one seeded trace replayed through every mode",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_bench_parser(
+    sub, engine_args: Callable[..., None], engine_options: Callable[[argparse.Namespace], dict]
+) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="RAG serving benchmark: one seeded trace replayed through every mode",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     engine_args(p, mode=False)
     p.set_defaults(mode=None)  # the engine options' mode: each replay sets its own
-    p.add_argument("--modes", "--mode", dest="modes", default=None,
-                   help=f"modes to compare, comma-separated (default: {','.join(MODES)}); --mode is the same "
-                        "option")
+    p.add_argument(
+        "--modes",
+        "--mode",
+        dest="modes",
+        default=None,
+        help=f"modes to compare, comma-separated (default: {','.join(MODES)}); --mode is the same option",
+    )
     p.add_argument("--random-weights", action="store_true", help="read only config.json, draw the weights")
-    w = p.add_argument_group("workload (defaults: the benchmark protocol of docs/design.md, results in "
-                             "docs/benchmarks.md; with --model tiny a smaller pool and documents)")
+    w = p.add_argument_group(
+        "workload (defaults: the benchmark protocol of docs/design.md, results in "
+        "docs/benchmarks.md; with --model tiny a smaller pool and documents)"
+    )
     w.add_argument("--num-docs", type=int, default=None, help="document pool size (100; tiny: 20)")
     w.add_argument("--doc-len", type=int, default=None, help="tokens per document (2048; tiny: 128)")
     w.add_argument("--docs-per-request", type=int, default=5, help="documents each request retrieves (5)")
@@ -55,22 +66,37 @@ def add_bench_parser(sub, engine_args: Callable[..., None],
     w.add_argument("--rate", default=None, help="Poisson req/s, comma-separated; inf = all at t=0 (saturation)")
     w.add_argument("--concurrency", default=None, help="closed loop: requests kept in flight, comma-separated")
     w.add_argument("--warmup-requests", type=int, default=3, help="on documents outside the pool, not counted")
-    w.add_argument("--warm-cache", action="store_true",
-                   help="measure each point on the document cache an unmeasured pass of its trace left (default: cold)")
+    w.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="measure each point on the document cache an unmeasured pass of its trace left (default: cold)",
+    )
     h = p.add_argument_group("hit ratio vs KV budget (simulated through the engine's cache, no model run)")
     h.add_argument("--kv-budgets", default=None, help="GB, comma-separated, e.g. 1,10,50")
     h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
     h.add_argument("--hit-requests", type=int, default=1000, help="requests per simulated trace")
     h.add_argument("--hit-ratio-only", action="store_true", help="only the simulation: no model is loaded")
-    h.add_argument("--host-gb", type=float, default=0.0,
-                   help="host tier (GiB) behind every KV budget: adds GPU / host / effective hit columns (0: none)")
-    r = p.add_argument_group("replicas behind a router (simulated: the routing policies of lazyattn serve "
-                             "--replicas over the engine's cache, no model run; bench/replicas.py)")
+    h.add_argument(
+        "--host-gb",
+        type=float,
+        default=0.0,
+        help="host tier (GiB) behind every KV budget: adds GPU / host / effective hit columns (0: none)",
+    )
+    r = p.add_argument_group(
+        "replicas behind a router (simulated: the routing policies of lazyattn serve "
+        "--replicas over the engine's cache, no model run; bench/replicas.py)"
+    )
     r.add_argument("--replicas-sim", default=None, help="replica counts, comma-separated, e.g. 1,2,4,8,16,32,64")
-    r.add_argument("--routers", default="round-robin,least-loaded,prefix-affinity,document-affinity",
-                   help="routing policies to compare")
-    r.add_argument("--sim-variants", default="paper,zipf-1.1,uniform,pool-order",
-                   help="workload variants: paper (the protocol's), zipf-1.1, uniform, pool-order (unshuffled)")
+    r.add_argument(
+        "--routers",
+        default="round-robin,least-loaded,prefix-affinity,document-affinity",
+        help="routing policies to compare",
+    )
+    r.add_argument(
+        "--sim-variants",
+        default="paper,zipf-1.1,uniform,pool-order",
+        help="workload variants: paper (the protocol's), zipf-1.1, uniform, pool-order (unshuffled)",
+    )
     r.add_argument("--sim-kv-gb", type=float, default=4.0, help="KV budget of each replica, GB (4)")
     r.add_argument("--sim-rate", type=float, default=8.0, help="Poisson arrivals per replica, req/s (8)")
     r.add_argument("--sim-requests", type=int, default=2000, help="requests per simulated trace (2000)")
@@ -116,10 +142,15 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
     spec = WorkloadSpec(
         num_docs=args.num_docs or (SMALL["num_docs"] if tiny else 100),
         doc_len=args.doc_len or (SMALL["doc_len"] if tiny else 2048),
-        docs_per_request=args.docs_per_request, zipf_alpha=None if args.uniform else args.zipf,
-        shuffle=not args.no_shuffle, question_len=args.question_len, output_len=args.output_len,
+        docs_per_request=args.docs_per_request,
+        zipf_alpha=None if args.uniform else args.zipf,
+        shuffle=not args.no_shuffle,
+        question_len=args.question_len,
+        output_len=args.output_len,
         num_requests=args.num_requests or (SMALL["num_requests"] if tiny else 60),
-        system_len=args.system_len, seed=args.seed)
+        system_len=args.system_len,
+        seed=args.seed,
+    )
     loads = [Load(rate=r) for r in _floats(args.rate)] if args.rate else []
     loads += [Load(concurrency=int(c)) for c in args.concurrency.split(",")] if args.concurrency else []
     loads = loads or [Load()]
@@ -127,11 +158,14 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
     vocab_high, bos = token_space(model_cfg)
     traces = [make_trace(spec, load, vocab_high, bos) for load in loads]
     warm = warmup_trace(spec, args.warmup_requests, vocab_high, bos)
-    print(f"lazyattn bench: model {args.model} on {options['device']}, modes {','.join(modes)}\n"
-          f"workload: {spec.num_docs} docs x {spec.doc_len} tokens, {spec.docs_per_request} per request "
-          f"({'shuffled' if spec.shuffle else 'pool order'}), {spec.popularity}, question {spec.question_len}, "
-          f"output {spec.output_len}, {spec.num_requests} requests per load, seed {spec.seed}\n"
-          f"loads: {', '.join(load.label for load in loads)}\n", flush=True)
+    print(
+        f"lazyattn bench: model {args.model} on {options['device']}, modes {','.join(modes)}\n"
+        f"workload: {spec.num_docs} docs x {spec.doc_len} tokens, {spec.docs_per_request} per request "
+        f"({'shuffled' if spec.shuffle else 'pool order'}), {spec.popularity}, question {spec.question_len}, "
+        f"output {spec.output_len}, {spec.num_requests} requests per load, seed {spec.seed}\n"
+        f"loads: {', '.join(load.label for load in loads)}\n",
+        flush=True,
+    )
 
     results: list[report.PointResult] = []
     for mode in [] if args.hit_ratio_only else modes:
@@ -145,23 +179,36 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
             continue
         for trace in traces:
             try:
-                run = replay(engine, trace, max_seconds=args.max_seconds, progress=not args.no_progress,
-                             desc=f"{mode} {trace.load.label}", cache="warm" if args.warm_cache else "cold")
+                run = replay(
+                    engine,
+                    trace,
+                    max_seconds=args.max_seconds,
+                    progress=not args.no_progress,
+                    desc=f"{mode} {trace.load.label}",
+                    cache="warm" if args.warm_cache else "cold",
+                )
             except Exception as e:
                 traceback.print_exc()
                 results.append(report.PointResult.failed(spec.popularity, mode, trace.load.label, repr(e)))
                 break  # the engine may be in any state: its remaining loads are not run
             results.append(report.PointResult.of(spec.popularity, run))
-            print(report.result_block(mode, trace.load.label, run.summary,
-                                      "timed out: partial" if run.timed_out else ""), flush=True)
+            print(
+                report.result_block(mode, trace.load.label, run.summary, "timed out: partial" if run.timed_out else ""),
+                flush=True,
+            )
         engine = None
         free_device_memory()
 
     rows = report.comparison_rows(results)
     if rows:
         print("\nComparison (ratios: this mode / lazy at the same load)\n" + report.text_table(rows), flush=True)
-    data = {"meta": _meta(args, options), "workload": spec.to_dict(), "loads": [ld.to_dict() for ld in loads],
-            "points": [r.to_dict() for r in results], "comparison": rows}
+    data = {
+        "meta": _meta(args, options),
+        "workload": spec.to_dict(),
+        "loads": [ld.to_dict() for ld in loads],
+        "points": [r.to_dict() for r in results],
+        "comparison": rows,
+    }
 
     if args.kv_budgets:
         acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
@@ -169,11 +216,19 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         budgets = _floats(args.kv_budgets)
         hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos, host_gb=args.host_gb)
         host = f", host tier {args.host_gb:g} GiB" if args.host_gb else ""
-        print(f"\nDocument hit ratio vs KV budget (simulated, {args.hit_requests} requests one at a time, "
-              f"{acct.token_bytes / 1024:g} KiB of KV per token{host})\n"
-              + report.text_table(pivot(hit_rows), HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS), flush=True)
-        data["hit_ratio"] = {"simulated": True, "requests": args.hit_requests, "page_bytes": acct.page_bytes,
-                             "host_gb": args.host_gb, "rows": hit_rows}
+        print(
+            f"\nDocument hit ratio vs KV budget (simulated, {args.hit_requests} requests one at a time, "
+            f"{acct.token_bytes / 1024:g} KiB of KV per token{host})\n"
+            + report.text_table(pivot(hit_rows), HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS),
+            flush=True,
+        )
+        data["hit_ratio"] = {
+            "simulated": True,
+            "requests": args.hit_requests,
+            "page_bytes": acct.page_bytes,
+            "host_gb": args.host_gb,
+            "rows": hit_rows,
+        }
     if args.replicas_sim:
         data["replicas"] = _replica_sweep(args, spec, model_cfg, options, vocab_high, bos)
     if args.out:
@@ -183,19 +238,24 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         if plots.plot_rate_sweep(results, out / "ttft_vs_rate.png", title=f"{args.model}, {spec.popularity}"):
             written.append(out / "ttft_vs_rate.png")
         if args.kv_budgets:
-            plots.plot_hit_ratio(data["hit_ratio"]["rows"], out / "hit_ratio_vs_budget.png",
-                                 title=f"{args.model}: simulated document hit ratio")
+            plots.plot_hit_ratio(
+                data["hit_ratio"]["rows"],
+                out / "hit_ratio_vs_budget.png",
+                title=f"{args.model}: simulated document hit ratio",
+            )
             written.append(out / "hit_ratio_vs_budget.png")
         if args.replicas_sim:
-            plots.plot_replicas(data["replicas"]["rows"], out / "replicas.png",
-                                title=f"{args.model}: replicas behind each router (simulated)")
+            plots.plot_replicas(
+                data["replicas"]["rows"],
+                out / "replicas.png",
+                title=f"{args.model}: replicas behind each router (simulated)",
+            )
             written.append(out / "replicas.png")
         print("\nwrote " + ", ".join(str(p) for p in written))
     return 1 if any(r.error for r in results) else 0
 
 
-def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, vocab_high: int,
-                   bos: int | None) -> dict:
+def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, vocab_high: int, bos: int | None) -> dict:
     from lazyattn.bench import report
     from lazyattn.bench.hitratio import page_accounting
     from lazyattn.bench.replicas import REPLICA_COLUMNS, sweep_replicas, table_rows
@@ -203,19 +263,43 @@ def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, voc
     acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
     counts = [int(n) for n in args.replicas_sim.split(",")]
     t0 = time.monotonic()
-    rows = sweep_replicas(replace(spec, num_requests=args.sim_requests), args.sim_variants.split(","), counts,
-                          args.routers.split(","), args.sim_kv_gb, acct, vocab_high, bos,
-                          rate_per_replica=args.sim_rate, load_margin=args.load_margin)
-    print(f"\nReplicas behind a router (simulated, {args.sim_requests} requests, {args.sim_kv_gb:g} GB of KV per "
-          f"replica, {args.sim_rate:g} req/s per replica, load margin {args.load_margin}; "
-          f"{time.monotonic() - t0:.1f} s)\n" + report.text_table(table_rows(rows), REPLICA_COLUMNS), flush=True)
-    return {"simulated": True, "requests": args.sim_requests, "kv_gb_per_replica": args.sim_kv_gb,
-            "rate_per_replica": args.sim_rate, "load_margin": args.load_margin, "rows": rows}
+    rows = sweep_replicas(
+        replace(spec, num_requests=args.sim_requests),
+        args.sim_variants.split(","),
+        counts,
+        args.routers.split(","),
+        args.sim_kv_gb,
+        acct,
+        vocab_high,
+        bos,
+        rate_per_replica=args.sim_rate,
+        load_margin=args.load_margin,
+    )
+    print(
+        f"\nReplicas behind a router (simulated, {args.sim_requests} requests, {args.sim_kv_gb:g} GB of KV per "
+        f"replica, {args.sim_rate:g} req/s per replica, load margin {args.load_margin}; "
+        f"{time.monotonic() - t0:.1f} s)\n" + report.text_table(table_rows(rows), REPLICA_COLUMNS),
+        flush=True,
+    )
+    return {
+        "simulated": True,
+        "requests": args.sim_requests,
+        "kv_gb_per_replica": args.sim_kv_gb,
+        "rate_per_replica": args.sim_rate,
+        "load_margin": args.load_margin,
+        "rows": rows,
+    }
 
 
 def _meta(args: argparse.Namespace, options: dict) -> dict:
-    meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model,
-            "engine_options": options, "python": platform.python_version(), "host": platform.node()}
+    meta = {
+        "command": " ".join(sys.argv),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "model": args.model,
+        "engine_options": options,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
     try:
         import torch
 

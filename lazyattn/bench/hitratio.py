@@ -101,8 +101,13 @@ class SimResult:
         return self.cached_tokens / self.context_tokens if self.context_tokens else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "doc_hit_ratio": self.doc_hit_ratio, "token_reuse_ratio": self.token_reuse_ratio,
-                "gpu_hit_ratio": self.gpu_hit_ratio, "host_hit_ratio": self.host_hit_ratio}
+        return {
+            **asdict(self),
+            "doc_hit_ratio": self.doc_hit_ratio,
+            "token_reuse_ratio": self.token_reuse_ratio,
+            "gpu_hit_ratio": self.gpu_hit_ratio,
+            "host_hit_ratio": self.host_hit_ratio,
+        }
 
 
 class TraceKeys:
@@ -134,8 +139,9 @@ class TraceKeys:
             self.prompt_len.append(len(tokens))
 
 
-def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: TraceKeys | None = None,
-             host_pages: int = 0) -> SimResult:
+def simulate(
+    trace: Trace, mode: str, num_pages: int, page_size: int, keys: TraceKeys | None = None, host_pages: int = 0
+) -> SimResult:
     """Replay `trace` one request at a time through a cache of `num_pages` pages, with a host tier of `host_pages`
     pages behind it (0: none)."""
     if mode not in SIM_MODES:
@@ -163,13 +169,23 @@ def simulate(trace: Trace, mode: str, num_pages: int, page_size: int, keys: Trac
         host_hits += reused - m.reused_documents(cached - from_host, trace.system_len, spec.doc_len, n)
         context += keys.prompt_len[i]
         cached_total += cached
-    return SimResult(mode, num_pages, len(trace.requests), docs, hits, context, cached_total,
-                     cache.stats().evictions, host_pages, host_hits)
+    return SimResult(
+        mode,
+        num_pages,
+        len(trace.requests),
+        docs,
+        hits,
+        context,
+        cached_total,
+        cache.stats().evictions,
+        host_pages,
+        host_hits,
+    )
 
 
-
-def _segment_request(cache: DocumentCache, pool: PagePool, segments: list[tuple[str, int]], run_tokens: int,
-                     block: bool) -> int:
+def _segment_request(
+    cache: DocumentCache, pool: PagePool, segments: list[tuple[str, int]], run_tokens: int, block: bool
+) -> int:
     held: list[tuple[Segment, int]] = []
     start = cached = 0
     for key, n in segments:
@@ -214,9 +230,17 @@ def _prefix_request(cache: DocumentCache, pool: PagePool, chain: list[str], prom
     return sum(ps for _, is_new in parts if not is_new)
 
 
-def sweep(spec: WorkloadSpec, alphas: Sequence[float | None], budgets_gb: Sequence[float], acct: PageAccounting,
-          vocab_high: int, bos: int | None, modes: Sequence[str] = SIM_MODES,
-          policies: Sequence[str] = POLICIES, host_gb: float = 0.0) -> list[dict]:
+def sweep(
+    spec: WorkloadSpec,
+    alphas: Sequence[float | None],
+    budgets_gb: Sequence[float],
+    acct: PageAccounting,
+    vocab_high: int,
+    bos: int | None,
+    modes: Sequence[str] = SIM_MODES,
+    policies: Sequence[str] = POLICIES,
+    host_gb: float = 0.0,
+) -> list[dict]:
     """Simulated hit ratio of every (policy, alpha, budget, mode); one trace per alpha (None: uniform).
     GB are GiB (2**30 bytes), as the engine's kv_cache_gb; `host_gb` is the host tier behind every GPU budget.
     A pool too small for one request: ratio None."""
@@ -229,9 +253,18 @@ def sweep(spec: WorkloadSpec, alphas: Sequence[float | None], budgets_gb: Sequen
             for budget in budgets_gb:
                 pages = pool_pages(int(budget * 2**30), policy, spec, trace.system_len, acct)
                 for mode in modes:
-                    row = {"policy": policy, "alpha": alpha, "budget_gb": budget, "pool_gb": pages * acct.page_bytes
-                           / 2**30, "host_gb": host_gb, "mode": mode, "doc_hit_ratio": None, "token_reuse_ratio": None,
-                           "gpu_hit_ratio": None, "host_hit_ratio": None}
+                    row = {
+                        "policy": policy,
+                        "alpha": alpha,
+                        "budget_gb": budget,
+                        "pool_gb": pages * acct.page_bytes / 2**30,
+                        "host_gb": host_gb,
+                        "mode": mode,
+                        "doc_hit_ratio": None,
+                        "token_reuse_ratio": None,
+                        "gpu_hit_ratio": None,
+                        "host_hit_ratio": None,
+                    }
                     if pages >= working_set_pages(mode, spec, trace.system_len, acct.page_size):
                         row.update(simulate(trace, mode, pages, acct.page_size, keys, host_pages).to_dict())
                     rows.append(row)
@@ -243,8 +276,14 @@ def pivot(rows: Sequence[dict], modes: Sequence[str] = SIM_MODES) -> list[dict]:
     out: dict[tuple, dict] = {}
     for r in rows:
         key = (r["policy"], r["alpha"], r["budget_gb"])
-        row = out.setdefault(key, {"policy": r["policy"], "skew": "uniform" if r["alpha"] is None
-                                   else f"zipf {r['alpha']:g}", "budget_gb": r["budget_gb"]})
+        row = out.setdefault(
+            key,
+            {
+                "policy": r["policy"],
+                "skew": "uniform" if r["alpha"] is None else f"zipf {r['alpha']:g}",
+                "budget_gb": r["budget_gb"],
+            },
+        )
         row["pool_gb"] = r["pool_gb"]
         for column, field in (("hit", "doc_hit_ratio"), ("gpu", "gpu_hit_ratio"), ("host", "host_hit_ratio")):
             value = r.get(field)
@@ -252,8 +291,15 @@ def pivot(rows: Sequence[dict], modes: Sequence[str] = SIM_MODES) -> list[dict]:
     return list(out.values())
 
 
-HIT_COLUMNS = [("policy", "policy", "{}"), ("skew", "skew", "{}"), ("budget GB", "budget_gb", "{:g}"),
-               ("pool GiB", "pool_gb", "{:.3g}")] + [(f"{m} hit %", f"{m}_hit", "{:.2f}") for m in SIM_MODES]
+HIT_COLUMNS = [
+    ("policy", "policy", "{}"),
+    ("skew", "skew", "{}"),
+    ("budget GB", "budget_gb", "{:g}"),
+    ("pool GiB", "pool_gb", "{:.3g}"),
+] + [(f"{m} hit %", f"{m}_hit", "{:.2f}") for m in SIM_MODES]
 # With a host tier: per mode the GPU hits, the host hits and the effective ratio (their sum).
-HOST_HIT_COLUMNS = HIT_COLUMNS[:4] + [(f"{m} {what} %", f"{m}_{key}", "{:.2f}") for m in SIM_MODES
-                                      for what, key in (("GPU", "gpu"), ("host", "host"), ("eff", "hit"))]
+HOST_HIT_COLUMNS = HIT_COLUMNS[:4] + [
+    (f"{m} {what} %", f"{m}_{key}", "{:.2f}")
+    for m in SIM_MODES
+    for what, key in (("GPU", "gpu"), ("host", "host"), ("eff", "hit"))
+]

@@ -8,8 +8,12 @@ from pathlib import Path
 
 from lazyattn.bench.report import PointResult
 
-MODE_STYLE = {"lazy": ("tab:blue", "o"), "block": ("tab:orange", "s"), "prefix": ("tab:green", "^"),
-              "full": ("tab:red", "v")}
+MODE_STYLE = {
+    "lazy": ("tab:blue", "o"),
+    "block": ("tab:orange", "s"),
+    "prefix": ("tab:green", "^"),
+    "full": ("tab:red", "v"),
+}
 
 
 def _pyplot():
@@ -40,14 +44,15 @@ def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str
     fig, axes = plt.subplots(2, len(groups), figsize=(5.2 * len(groups), 7.5), squeeze=False)
     for col, group in enumerate(groups):
         for mode in dict.fromkeys(r.mode for r in points if r.group == group):
-            rows = sorted((r for r in points if r.group == group and r.mode == mode),
-                          key=lambda r: x_of[r.rate if r.rate is not None else math.inf])
+            rows = sorted(
+                (r for r in points if r.group == group and r.mode == mode),
+                key=lambda r: x_of[r.rate if r.rate is not None else math.inf],
+            )
             xs = [x_of[r.rate if r.rate is not None else math.inf] for r in rows]
             color, marker = MODE_STYLE.get(mode, ("black", "x"))
             axes[0][col].plot(xs, [r.summary.ttft.mean for r in rows], color=color, marker=marker, label=mode)
             axes[0][col].plot(xs, [r.summary.ttft.p99 for r in rows], color=color, ls="--", alpha=0.5)
-            axes[1][col].plot(xs, [r.summary.output_throughput for r in rows], color=color, marker=marker,
-                              label=mode)
+            axes[1][col].plot(xs, [r.summary.output_throughput for r in rows], color=color, marker=marker, label=mode)
         for row, ylabel in ((0, "TTFT (ms): mean, p99 dashed"), (1, "output tokens / s")):
             ax = axes[row][col]
             ax.set_xticks(range(len(ticks)), [f"{t:g}" for t in rates] + ["sat."])
@@ -65,8 +70,9 @@ def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str
     return True
 
 
-def plot_hit_ratio(sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequence[dict] = (),
-                   title: str = "") -> None:
+def plot_hit_ratio(
+    sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequence[dict] = (), title: str = ""
+) -> None:
     """Document hit ratio against KV budget: one panel per budget policy, color by skew, line style by mode;
     engine runs as large hollow markers. Rows: {policy, alpha, mode, budget_gb, doc_hit_ratio}."""
     policies = list(dict.fromkeys(r["policy"] for r in sim_rows))
@@ -78,23 +84,43 @@ def plot_hit_ratio(sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequ
     for ax, policy in zip(axes[0], policies):
         for alpha in alphas:
             for mode in dashes:
-                rows = sorted((r for r in sim_rows if r["policy"] == policy and r["alpha"] == alpha
-                               and r["mode"] == mode), key=lambda r: r["budget_gb"])
+                rows = sorted(
+                    (r for r in sim_rows if r["policy"] == policy and r["alpha"] == alpha and r["mode"] == mode),
+                    key=lambda r: r["budget_gb"],
+                )
                 rows = [r for r in rows if r["doc_hit_ratio"] is not None]
                 if rows:
                     label = f"{mode}, " + ("uniform" if alpha is None else f"α {alpha:g}")
-                    ax.plot([r["budget_gb"] for r in rows], [100 * r["doc_hit_ratio"] for r in rows],
-                            color=colors[alpha], ls=dashes[mode], marker=MODE_STYLE[mode][1], ms=4, label=label)
+                    ax.plot(
+                        [r["budget_gb"] for r in rows],
+                        [100 * r["doc_hit_ratio"] for r in rows],
+                        color=colors[alpha],
+                        ls=dashes[mode],
+                        marker=MODE_STYLE[mode][1],
+                        ms=4,
+                        label=label,
+                    )
         for r in engine_rows:
             if r["policy"] == policy:
-                ax.scatter([r["budget_gb"]], [100 * r["doc_hit_ratio"]], s=140, facecolors="none",
-                           edgecolors=MODE_STYLE[r["mode"]][0], linewidths=2, zorder=5,
-                           label=f"engine run: {r['mode']}")
+                ax.scatter(
+                    [r["budget_gb"]],
+                    [100 * r["doc_hit_ratio"]],
+                    s=140,
+                    facecolors="none",
+                    edgecolors=MODE_STYLE[r["mode"]][0],
+                    linewidths=2,
+                    zorder=5,
+                    label=f"engine run: {r['mode']}",
+                )
         ax.set_xscale("log")
         ax.set_xlabel("KV budget (GB)")
         ax.set_ylabel("document hit ratio (%)")
-        ax.set_title({"pool": "KV pool = budget",
-                      "pool_plus_request": "KV pool = budget + one block request"}.get(policy, policy), fontsize=10)
+        ax.set_title(
+            {"pool": "KV pool = budget", "pool_plus_request": "KV pool = budget + one block request"}.get(
+                policy, policy
+            ),
+            fontsize=10,
+        )
         ax.grid(alpha=0.3)
         _legend(ax, fontsize=7)
     if title:
@@ -137,18 +163,25 @@ def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> N
     fig, (hit_ax, ttft_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
     for workload in workloads:
         for tiered in (False, True):
-            sel = sorted((r for r in rows if r["workload"] == workload and bool(r["host_gb"]) == tiered),
-                         key=lambda r: r["budget_gb"])
+            sel = sorted(
+                (r for r in rows if r["workload"] == workload and bool(r["host_gb"]) == tiered),
+                key=lambda r: r["budget_gb"],
+            )
             if not sel:
                 continue
             label = f"{workload}, " + (f"host tier {sel[0]['host_gb']:g} GiB" if tiered else "GPU only")
-            style = dict(color=colors[workload], marker="o", mfc=colors[workload] if tiered else "none",
-                         ls="-" if tiered else ":")
+            style = dict(
+                color=colors[workload],
+                marker="o",
+                mfc=colors[workload] if tiered else "none",
+                ls="-" if tiered else ":",
+            )
             budgets = [r["budget_gb"] for r in sel]
             hit_ax.plot(budgets, [r["eff_hit"] for r in sel], label=label, **style)
             ttft_ax.plot(budgets, [r["ttft_mean_ms"] for r in sel], label=label, **style)
-            ttft_ax.plot(budgets, [r["ttft_p99_ms"] for r in sel], color=colors[workload], alpha=0.4,
-                         ls="--", marker="")
+            ttft_ax.plot(
+                budgets, [r["ttft_p99_ms"] for r in sel], color=colors[workload], alpha=0.4, ls="--", marker=""
+            )
     for ax, ylabel in ((hit_ax, "effective document hit ratio (%)"), (ttft_ax, "TTFT mean, p99 faint dashed (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GPU KV budget (GiB)")
@@ -163,8 +196,12 @@ def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> N
     plt.close(fig)
 
 
-ROUTER_STYLE = {"round-robin": ("tab:gray", "o"), "least-loaded": ("tab:orange", "s"),
-                "prefix-affinity": ("tab:green", "^"), "document-affinity": ("tab:blue", "D")}
+ROUTER_STYLE = {
+    "round-robin": ("tab:gray", "o"),
+    "least-loaded": ("tab:orange", "s"),
+    "prefix-affinity": ("tab:green", "^"),
+    "document-affinity": ("tab:blue", "D"),
+}
 
 
 def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> None:
@@ -180,12 +217,19 @@ def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> No
             pts = sorted((r for r in mine if r["policy"] == policy), key=lambda r: r["replicas"])
             color, marker = ROUTER_STYLE.get(policy, ("black", "x"))
             xs = [r["replicas"] for r in pts]
-            axes[0][col].plot(xs, [100 * r["doc_hit_ratio"] for r in pts], color=color, marker=marker, ms=4,
-                              label=policy)
+            axes[0][col].plot(
+                xs, [100 * r["doc_hit_ratio"] for r in pts], color=color, marker=marker, ms=4, label=policy
+            )
             axes[1][col].plot(xs, [r["busy_imbalance"] for r in pts], color=color, marker=marker, ms=4, label=policy)
         single = sorted({(r["replicas"], r["single_engine_hit_ratio"]) for r in mine})
-        axes[0][col].plot([n for n, _ in single], [100 * h for _, h in single], color="black", ls="--", lw=1,
-                          label="one engine, same total KV")
+        axes[0][col].plot(
+            [n for n, _ in single],
+            [100 * h for _, h in single],
+            color="black",
+            ls="--",
+            lw=1,
+            label="one engine, same total KV",
+        )
         axes[0][col].set_title(variant)
         for row, ylabel in ((0, "cluster document hit ratio (%)"), (1, "busy time: max / mean replica")):
             ax = axes[row][col]

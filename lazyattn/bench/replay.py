@@ -83,8 +83,15 @@ def warm_up(engine: LLMEngine, trace: Trace) -> None:
     engine.reset_cache()
 
 
-def replay(engine: LLMEngine, trace: Trace, *, max_seconds: float = math.inf, progress: bool = False,
-           desc: str = "", cache: str = "cold") -> PointRun:
+def replay(
+    engine: LLMEngine,
+    trace: Trace,
+    *,
+    max_seconds: float = math.inf,
+    progress: bool = False,
+    desc: str = "",
+    cache: str = "cold",
+) -> PointRun:
     """Serve `trace` on `engine` in real time. Requests still running after `max_seconds` are aborted and
     left unfinished (the run is marked timed out). The document cache starts `cold` (empty), `warm` (as one
     unmeasured pass of the same trace left it) or `as_is` (whatever it holds: documents registered ahead,
@@ -102,15 +109,25 @@ def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, 
     spec, load, mode = trace.spec, trace.load, engine.mode
     before = engine.stats()
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
-    records = {r.index: RequestRecord(r.index, r.arrival, num_docs=len(r.doc_ids),
-                                      context_tokens=trace.system_len + len(r.doc_ids) * spec.doc_len
-                                      + len(r.question))
-               for r in trace.requests}
+    records = {
+        r.index: RequestRecord(
+            r.index,
+            r.arrival,
+            num_docs=len(r.doc_ids),
+            context_tokens=trace.system_len + len(r.doc_ids) * spec.doc_len + len(r.question),
+        )
+        for r in trace.requests
+    }
     pending = deque(sorted(trace.requests, key=lambda r: r.arrival))
     in_flight: dict[str, int] = {}
     timed_out = False
-    bar = tqdm(total=len(records), desc=desc or f"{mode.name} {load.label}", disable=not progress, dynamic_ncols=True,
-               leave=False)
+    bar = tqdm(
+        total=len(records),
+        desc=desc or f"{mode.name} {load.label}",
+        disable=not progress,
+        dynamic_ncols=True,
+        leave=False,
+    )
     t0 = time.monotonic()
     try:
         while pending or in_flight:
@@ -120,8 +137,9 @@ def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, 
                 for rid, i in list(in_flight.items()):
                     _settle(records[i], engine.abort(rid), mode, trace)
                 break
-            while pending and (len(in_flight) < load.concurrency if load.concurrency is not None
-                               else pending[0].arrival <= now):
+            while pending and (
+                len(in_flight) < load.concurrency if load.concurrency is not None else pending[0].arrival <= now
+            ):
                 req = pending.popleft()
                 if load.concurrency is not None:
                     records[req.index].arrival = now  # closed loop: a request arrives when it is sent

@@ -71,9 +71,18 @@ def route_keys(trace: Trace, keys: TraceKeys, page_tokens: int) -> list[RouteKey
     return out
 
 
-def simulate_cluster(trace: Trace, keys: TraceKeys, routes: Sequence[RouteKey], policy_name: str, replicas: int,
-                     pages_per_replica: int, cost: CostModel = CostModel(), load_margin: int = DEFAULT_LOAD_MARGIN,
-                     variant: str = "", single_engine_hit_ratio: float = math.nan) -> ReplicaSimResult:
+def simulate_cluster(
+    trace: Trace,
+    keys: TraceKeys,
+    routes: Sequence[RouteKey],
+    policy_name: str,
+    replicas: int,
+    pages_per_replica: int,
+    cost: CostModel = CostModel(),
+    load_margin: int = DEFAULT_LOAD_MARGIN,
+    variant: str = "",
+    single_engine_hit_ratio: float = math.nan,
+) -> ReplicaSimResult:
     """Replay `trace` over `replicas` simulated lazy-mode engines of `pages_per_replica` pages each."""
     mode = make_mode("lazy")
     spec = trace.spec
@@ -115,17 +124,32 @@ def simulate_cluster(trace: Trace, keys: TraceKeys, routes: Sequence[RouteKey], 
     n_req = len(trace.requests)
     mean_busy = sum(busy.values()) / replicas
     return ReplicaSimResult(
-        variant=variant, replicas=replicas, policy=policy_name, requests=n_req,
-        doc_hit_ratio=hits / docs if docs else 0.0, token_reuse_ratio=cached_total / context if context else 0.0,
+        variant=variant,
+        replicas=replicas,
+        policy=policy_name,
+        requests=n_req,
+        doc_hit_ratio=hits / docs if docs else 0.0,
+        token_reuse_ratio=cached_total / context if context else 0.0,
         busy_imbalance=max(busy.values()) / mean_busy if mean_busy else 1.0,
         request_imbalance=max(served.values()) / (n_req / replicas) if n_req else 1.0,
-        mean_latency_s=latency / n_req if n_req else 0.0, single_engine_hit_ratio=single_engine_hit_ratio)
+        mean_latency_s=latency / n_req if n_req else 0.0,
+        single_engine_hit_ratio=single_engine_hit_ratio,
+    )
 
 
-def sweep_replicas(spec: WorkloadSpec, variants: Sequence[str], replica_counts: Sequence[int],
-                   policies: Sequence[str], kv_gb_per_replica: float, acct: PageAccounting, vocab_high: int,
-                   bos: int | None, rate_per_replica: float = 8.0, cost: CostModel = CostModel(),
-                   load_margin: int = DEFAULT_LOAD_MARGIN) -> list[dict]:
+def sweep_replicas(
+    spec: WorkloadSpec,
+    variants: Sequence[str],
+    replica_counts: Sequence[int],
+    policies: Sequence[str],
+    kv_gb_per_replica: float,
+    acct: PageAccounting,
+    vocab_high: int,
+    bos: int | None,
+    rate_per_replica: float = 8.0,
+    cost: CostModel = CostModel(),
+    load_margin: int = DEFAULT_LOAD_MARGIN,
+) -> list[dict]:
     """Every (variant, replica count, policy); Poisson arrivals at `rate_per_replica` x replicas. GB are GiB.
     The pool of each replica: the budget plus one request's working set (bench/hitratio.py, pool_plus_request),
     so that a budget below one request's size still runs."""
@@ -141,25 +165,47 @@ def sweep_replicas(spec: WorkloadSpec, variants: Sequence[str], replica_counts: 
         base = make_trace(vspec, Load(rate=1.0), vocab_high, bos)  # arrivals rescaled per replica count below
         keys = TraceKeys(base, acct.page_size)
         routes = route_keys(base, keys, acct.page_size)
-        pages = int(kv_gb_per_replica * 2**30) // acct.page_bytes + \
-            working_set_pages("lazy", vspec, base.system_len, acct.page_size)
+        pages = int(kv_gb_per_replica * 2**30) // acct.page_bytes + working_set_pages(
+            "lazy", vspec, base.system_len, acct.page_size
+        )
         for n in replica_counts:
             rate = rate_per_replica * n
-            trace = Trace(base.spec, Load(rate=rate), base.system, base.documents,
-                          [replace(r, arrival=r.arrival / rate) for r in base.requests])
+            trace = Trace(
+                base.spec,
+                Load(rate=rate),
+                base.system,
+                base.documents,
+                [replace(r, arrival=r.arrival / rate) for r in base.requests],
+            )
             single = simulate(trace, "lazy", pages * n, acct.page_size, keys).doc_hit_ratio
             for policy in policies:
-                rows.append(simulate_cluster(trace, keys, routes, policy, n, pages, cost, load_margin, variant,
-                                             single).to_dict())
+                rows.append(
+                    simulate_cluster(
+                        trace, keys, routes, policy, n, pages, cost, load_margin, variant, single
+                    ).to_dict()
+                )
     return rows
 
 
-REPLICA_COLUMNS = [("variant", "variant", "{}"), ("replicas", "replicas", "{}"), ("policy", "policy", "{}"),
-                   ("hit %", "doc_hit_ratio_pct", "{:.1f}"), ("1 engine, same KV %", "single_pct", "{:.1f}"),
-                   ("busy max/mean", "busy_imbalance", "{:.2f}"), ("requests max/mean", "request_imbalance", "{:.2f}"),
-                   ("latency ms", "latency_ms", "{:.0f}")]
+REPLICA_COLUMNS = [
+    ("variant", "variant", "{}"),
+    ("replicas", "replicas", "{}"),
+    ("policy", "policy", "{}"),
+    ("hit %", "doc_hit_ratio_pct", "{:.1f}"),
+    ("1 engine, same KV %", "single_pct", "{:.1f}"),
+    ("busy max/mean", "busy_imbalance", "{:.2f}"),
+    ("requests max/mean", "request_imbalance", "{:.2f}"),
+    ("latency ms", "latency_ms", "{:.0f}"),
+]
 
 
 def table_rows(rows: Sequence[dict]) -> list[dict]:
-    return [{**r, "doc_hit_ratio_pct": 100 * r["doc_hit_ratio"], "single_pct": 100 * r["single_engine_hit_ratio"],
-             "latency_ms": 1000 * r["mean_latency_s"]} for r in rows]
+    return [
+        {
+            **r,
+            "doc_hit_ratio_pct": 100 * r["doc_hit_ratio"],
+            "single_pct": 100 * r["single_engine_hit_ratio"],
+            "latency_ms": 1000 * r["mean_latency_s"],
+        }
+        for r in rows
+    ]

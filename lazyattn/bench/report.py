@@ -33,9 +33,17 @@ class PointResult:
 
     @staticmethod
     def of(group: str, run: PointRun, extra: dict | None = None) -> PointResult:
-        return PointResult(group, run.mode, run.load.label, None if math.isinf(run.load.rate) else run.load.rate,
-                           run.load.concurrency, run.summary, run.wall_s, run.timed_out,
-                           extra={**per_request(run), **(extra or {})})
+        return PointResult(
+            group,
+            run.mode,
+            run.load.label,
+            None if math.isinf(run.load.rate) else run.load.rate,
+            run.load.concurrency,
+            run.summary,
+            run.wall_s,
+            run.timed_out,
+            extra={**per_request(run), **(extra or {})},
+        )
 
     @staticmethod
     def failed(group: str, mode: str, load: str, error: str) -> PointResult:
@@ -44,27 +52,47 @@ class PointResult:
     @staticmethod
     def from_dict(d: dict) -> PointResult:
         summary = Summary.from_dict(d["summary"]) if d.get("summary") else None
-        return PointResult(d["group"], d["mode"], d["load"], d.get("rate"), d.get("concurrency"), summary,
-                           d.get("wall_s", 0.0), d.get("timed_out", False), d.get("error"))
+        return PointResult(
+            d["group"],
+            d["mode"],
+            d["load"],
+            d.get("rate"),
+            d.get("concurrency"),
+            summary,
+            d.get("wall_s", 0.0),
+            d.get("timed_out", False),
+            d.get("error"),
+        )
 
     def to_dict(self) -> dict:
-        return {"group": self.group, "mode": self.mode, "load": self.load, "rate": self.rate,
-                "concurrency": self.concurrency, "summary": None if self.summary is None else self.summary.to_dict(),
-                "wall_s": self.wall_s, "timed_out": self.timed_out, "error": self.error, **(self.extra or {})}
+        return {
+            "group": self.group,
+            "mode": self.mode,
+            "load": self.load,
+            "rate": self.rate,
+            "concurrency": self.concurrency,
+            "summary": None if self.summary is None else self.summary.to_dict(),
+            "wall_s": self.wall_s,
+            "timed_out": self.timed_out,
+            "error": self.error,
+            **(self.extra or {}),
+        }
 
 
 def per_request(run: PointRun) -> dict:
     """Per-request values for the JSON (arrival order), in ms."""
     ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
-    return {"requests": {
-        "arrival_ms": [ms(r.arrival) for r in run.records],
-        "ttft_ms": [ms(r.ttft) for r in run.records],
-        "e2el_ms": [ms(r.e2e) for r in run.records],
-        "output_tokens": [len(r.token_times) for r in run.records],
-        "doc_hits": [r.doc_hits for r in run.records],
-        "cached_tokens": [r.cached_tokens for r in run.records],
-        "prefilled_tokens": [r.prefilled_tokens for r in run.records],
-    }}
+    return {
+        "requests": {
+            "arrival_ms": [ms(r.arrival) for r in run.records],
+            "ttft_ms": [ms(r.ttft) for r in run.records],
+            "e2el_ms": [ms(r.e2e) for r in run.records],
+            "output_tokens": [len(r.token_times) for r in run.records],
+            "doc_hits": [r.doc_hits for r in run.records],
+            "cached_tokens": [r.cached_tokens for r in run.records],
+            "prefilled_tokens": [r.prefilled_tokens for r in run.records],
+        }
+    }
 
 
 # -- vLLM's result block ---------------------------------------------------------------------------------
@@ -81,8 +109,7 @@ def _rule(title: str, fill: str = "-") -> str:
 
 
 def result_block(mode: str, load: str, s: Summary, note: str = "") -> str:
-    lines = [_rule(" Serving Benchmark Result ", "="),
-             _line("Mode:", mode), _line("Load:", load)]
+    lines = [_rule(" Serving Benchmark Result ", "="), _line("Mode:", mode), _line("Load:", load)]
     if note:
         lines.append(_line("Note:", note))
     lines += [
@@ -94,11 +121,18 @@ def result_block(mode: str, load: str, s: Summary, note: str = "") -> str:
         _line("Output token throughput (tok/s):", s.output_throughput),
         _line("Total Token throughput (tok/s):", s.total_token_throughput),
     ]
-    for title, short, stat in (("Time to First Token", "TTFT", s.ttft),
-                               ("Time per Output Token (excl. 1st token)", "TPOT", s.tpot),
-                               ("Inter-token Latency", "ITL", s.itl), ("End-to-end Latency", "E2EL", s.e2el)):
-        lines += [_rule(title), _line(f"Mean {short} (ms):", stat.mean), _line(f"Median {short} (ms):", stat.median),
-                  _line(f"P99 {short} (ms):", stat.p99)]
+    for title, short, stat in (
+        ("Time to First Token", "TTFT", s.ttft),
+        ("Time per Output Token (excl. 1st token)", "TPOT", s.tpot),
+        ("Inter-token Latency", "ITL", s.itl),
+        ("End-to-end Latency", "E2EL", s.e2el),
+    ):
+        lines += [
+            _rule(title),
+            _line(f"Mean {short} (ms):", stat.mean),
+            _line(f"Median {short} (ms):", stat.median),
+            _line(f"P99 {short} (ms):", stat.p99),
+        ]
     lines += [
         _rule("Document Cache"),
         _line("Document hit ratio (%):", 100 * s.doc_hit_ratio),
@@ -117,12 +151,23 @@ def result_block(mode: str, load: str, s: Summary, note: str = "") -> str:
 # -- the comparison table ----------------------------------------------------------------------------------
 
 COLUMNS = [  # (header, key, format)
-    ("group", "group", "{}"), ("load", "load", "{}"), ("mode", "mode", "{}"), ("done", "done", "{}"),
-    ("TTFT mean ms", "ttft_mean", "{:.1f}"), ("TTFT p50", "ttft_p50", "{:.1f}"), ("TTFT p99", "ttft_p99", "{:.1f}"),
-    ("TPOT ms", "tpot_mean", "{:.2f}"), ("ITL ms", "itl_mean", "{:.2f}"), ("E2EL ms", "e2el_mean", "{:.1f}"),
-    ("req/s", "req_s", "{:.3f}"), ("out tok/s", "tok_s", "{:.1f}"), ("doc hit %", "hit_pct", "{:.1f}"),
-    ("prefilled", "prefill_tokens", "{}"), ("peak KV GiB", "peak_kv_gb", "{:.3g}"),
-    ("TTFT / lazy", "ttft_vs_lazy", "{:.2f}x"), ("req/s / lazy", "thr_vs_lazy", "{:.2f}x"),
+    ("group", "group", "{}"),
+    ("load", "load", "{}"),
+    ("mode", "mode", "{}"),
+    ("done", "done", "{}"),
+    ("TTFT mean ms", "ttft_mean", "{:.1f}"),
+    ("TTFT p50", "ttft_p50", "{:.1f}"),
+    ("TTFT p99", "ttft_p99", "{:.1f}"),
+    ("TPOT ms", "tpot_mean", "{:.2f}"),
+    ("ITL ms", "itl_mean", "{:.2f}"),
+    ("E2EL ms", "e2el_mean", "{:.1f}"),
+    ("req/s", "req_s", "{:.3f}"),
+    ("out tok/s", "tok_s", "{:.1f}"),
+    ("doc hit %", "hit_pct", "{:.1f}"),
+    ("prefilled", "prefill_tokens", "{}"),
+    ("peak KV GiB", "peak_kv_gb", "{:.3g}"),
+    ("TTFT / lazy", "ttft_vs_lazy", "{:.2f}x"),
+    ("req/s / lazy", "thr_vs_lazy", "{:.2f}x"),
 ]
 
 
@@ -140,9 +185,17 @@ def comparison_rows(results: Sequence[PointResult]) -> list[dict]:
         base = lazy.get((r.group, r.load))
         row.update(
             done=f"{s.completed}/{s.total}" + (" (timed out)" if r.timed_out else ""),
-            ttft_mean=s.ttft.mean, ttft_p50=s.ttft.median, ttft_p99=s.ttft.p99, tpot_mean=s.tpot.mean,
-            itl_mean=s.itl.mean, e2el_mean=s.e2el.mean, req_s=s.request_throughput, tok_s=s.output_throughput,
-            hit_pct=100 * s.doc_hit_ratio, prefill_tokens=s.prefill_tokens, peak_kv_gb=s.peak_kv_gb,
+            ttft_mean=s.ttft.mean,
+            ttft_p50=s.ttft.median,
+            ttft_p99=s.ttft.p99,
+            tpot_mean=s.tpot.mean,
+            itl_mean=s.itl.mean,
+            e2el_mean=s.e2el.mean,
+            req_s=s.request_throughput,
+            tok_s=s.output_throughput,
+            hit_pct=100 * s.doc_hit_ratio,
+            prefill_tokens=s.prefill_tokens,
+            peak_kv_gb=s.peak_kv_gb,
             ttft_vs_lazy=_ratio(s.ttft.mean, base.ttft.mean if base else None),
             thr_vs_lazy=_ratio(s.request_throughput, base.request_throughput if base else None),
         )
@@ -167,8 +220,7 @@ def text_table(rows: list[dict], columns: list[tuple[str, str, str]] = COLUMNS) 
     cols = [c for c in columns if any(c[1] in r for r in rows)]
     cells = [[h for h, _, _ in cols]] + [[_cell(r, k, f) for _, k, f in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    out = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-           for row in cells]
+    out = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
 

@@ -35,8 +35,17 @@ class WorkloadSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.num_docs, self.doc_len, self.docs_per_request, self.question_len, self.output_len,
-               self.num_requests) < 1:
+        if (
+            min(
+                self.num_docs,
+                self.doc_len,
+                self.docs_per_request,
+                self.question_len,
+                self.output_len,
+                self.num_requests,
+            )
+            < 1
+        ):
             raise ValueError("document, request, question and output counts and lengths must be >= 1")
         if self.docs_per_request > self.num_docs:
             raise ValueError(f"docs_per_request {self.docs_per_request} exceeds the pool of {self.num_docs}")
@@ -76,8 +85,11 @@ class Load:
         return "saturation" if math.isinf(self.rate) else f"rate {self.rate:g}"
 
     def to_dict(self) -> dict:
-        return {"rate": None if math.isinf(self.rate) else self.rate, "concurrency": self.concurrency,
-                "label": self.label}
+        return {
+            "rate": None if math.isinf(self.rate) else self.rate,
+            "concurrency": self.concurrency,
+            "label": self.label,
+        }
 
 
 @dataclass(frozen=True)
@@ -126,8 +138,9 @@ def token_range(vocab_size: int, bos: int | None, eos: tuple[int, ...] | list[in
 
 def token_space(model_config) -> tuple[int, int | None]:
     """(exclusive upper bound for random token ids, BOS id) of a lazyattn ModelConfig."""
-    return token_range(model_config.vocab_size, model_config.bos_token_id, model_config.eos_token_ids), \
-        model_config.bos_token_id
+    return token_range(
+        model_config.vocab_size, model_config.bos_token_id, model_config.eos_token_ids
+    ), model_config.bos_token_id
 
 
 def random_documents(count: int, length: int, high: int, rng: np.random.Generator) -> list[list[int]]:
@@ -168,6 +181,8 @@ def warmup_trace(spec: WorkloadSpec, num_requests: int, vocab_high: int, bos: in
     docs = random_documents(num_requests * spec.docs_per_request, spec.doc_len, vocab_high, rng)
     system = ([bos] if bos is not None else []) + rng.integers(0, vocab_high, spec.system_len).tolist()
     k = spec.docs_per_request
-    requests = [TraceRequest(i, tuple(range(i * k, (i + 1) * k)), rng.integers(0, vocab_high, spec.question_len)
-                             .tolist(), 0.0) for i in range(num_requests)]
+    requests = [
+        TraceRequest(i, tuple(range(i * k, (i + 1) * k)), rng.integers(0, vocab_high, spec.question_len).tolist(), 0.0)
+        for i in range(num_requests)
+    ]
     return Trace(spec, Load(), system, docs, requests)

@@ -388,7 +388,8 @@ class DocumentCache:
         if n > self.pool.num_free + self._evictable:  # checked before the tier is touched: a raise changes nothing
             raise OutOfPagesError(
                 f"need {n} KV pages to bring a document back from host memory: {self.pool.num_free} free and "
-                f"{self._evictable} evictable of {self.pool.num_pages}; the rest is held by running requests")
+                f"{self._evictable} evictable of {self.pool.num_pages}; the rest is held by running requests"
+            )
         entry = self.tier.take(key)  # first, so that the demotions this allocation causes cannot evict it
         pages = self.allocate(n)
         # refcount 2: the caller's reference and the promotion's, dropped by poll once the copy has landed.

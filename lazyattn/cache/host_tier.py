@@ -103,8 +103,9 @@ class HostTierStats:
 
 
 class HostTier:
-    def __init__(self, num_pages: int, page_bytes: int, mover: PageMover | None = None,
-                 chunk_pages: int | None = None) -> None:
+    def __init__(
+        self, num_pages: int, page_bytes: int, mover: PageMover | None = None, chunk_pages: int | None = None
+    ) -> None:
         if page_bytes <= 0:
             raise ValueError(f"page_bytes must be positive, got {page_bytes}")
         if num_pages < 0:
@@ -157,11 +158,20 @@ class HostTier:
 
     def stats(self) -> HostTierStats:
         return HostTierStats(
-            num_pages=self.num_pages, pages_used=self.pool.num_used - len(self._withheld), entries=len(self._index),
-            hits=self._hits, promotions=self._promotions_done, demotions=self._demotions, dropped=self._dropped,
-            evictions=self._evictions, bytes_to_host=self._bytes_to_host, bytes_to_device=self._bytes_to_device,
-            seconds_to_device=self._seconds_to_device, page_bytes=self.page_bytes,
-            locked_pages=self.pool.num_pages - len(self._withheld))
+            num_pages=self.num_pages,
+            pages_used=self.pool.num_used - len(self._withheld),
+            entries=len(self._index),
+            hits=self._hits,
+            promotions=self._promotions_done,
+            demotions=self._demotions,
+            dropped=self._dropped,
+            evictions=self._evictions,
+            bytes_to_host=self._bytes_to_host,
+            bytes_to_device=self._bytes_to_device,
+            seconds_to_device=self._seconds_to_device,
+            page_bytes=self.page_bytes,
+            locked_pages=self.pool.num_pages - len(self._withheld),
+        )
 
     # -- moving documents --------------------------------------------------------------------------------------
 
@@ -285,9 +295,9 @@ def make_host_tier(config: EngineConfig, device_kv: torch.Tensor) -> HostTier | 
 
     if config.mode == "full":
         return None
-    nbytes = default_host_bytes(device_kv.device.type) if config.host_cache_gb is None else \
-        int(config.host_cache_gb * GiB)
+    nbytes = (
+        default_host_bytes(device_kv.device.type) if config.host_cache_gb is None else int(config.host_cache_gb * GiB)
+    )
     page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
     num_pages = nbytes // page_bytes
     return HostTier(num_pages, page_bytes, PageMover(device_kv, num_pages)) if num_pages else None
-

@@ -124,12 +124,15 @@ class PageMover:
         locked) the pool is replaced by one from torch's pinned allocator, which rounds up to a power of two;
         later, the pool stops growing at what is locked. Returns the pages locked."""
         if first == 0:
-            logger.warning("could not register host memory for the host tier; pinning %.1f GiB through torch",
-                           self.num_pages * self.page_bytes / 2**30)
+            logger.warning(
+                "could not register host memory for the host tier; pinning %.1f GiB through torch",
+                self.num_pages * self.page_bytes / 2**30,
+            )
             self.host_kv = torch.empty_like(self.host_kv, pin_memory=True)
             return self.num_pages
-        logger.warning("could not page-lock more host memory; the host tier stays at %.1f GiB",
-                       first * self.page_bytes / 2**30)
+        logger.warning(
+            "could not page-lock more host memory; the host tier stays at %.1f GiB", first * self.page_bytes / 2**30
+        )
         self.num_pages = first
         return first
 
@@ -174,8 +177,9 @@ class PageMover:
             t.start, t.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t.start.record(stream)
             index = self._index(device_pages)
-            t.staging = torch.empty((len(device_pages), *self.host_kv.shape[1:]), dtype=self.host_kv.dtype,
-                                    device=self.device)
+            t.staging = torch.empty(
+                (len(device_pages), *self.host_kv.shape[1:]), dtype=self.host_kv.dtype, device=self.device
+            )
             for off, n, first in _runs(host_pages, self.chunk_pages):
                 t.staging[off : off + n].copy_(self.host_kv[first : first + n], non_blocking=True)
             self.device_kv.index_copy_(2, index, t.staging.permute(1, 2, 0, 3, 4, 5))

@@ -43,13 +43,23 @@ def kv_layout() -> str:
     """The KV tensor's memory order: LAZYATTN_KV_LAYOUT, `token` unless set (the module docstring)."""
     layout = os.environ.get(KV_LAYOUT_ENV, "token").strip().lower() or "token"
     if layout not in KV_LAYOUTS:
-        raise InvalidRequestError(f"{KV_LAYOUT_ENV}={os.environ[KV_LAYOUT_ENV]!r} is not a KV layout: use one of "
-                                  f"{', '.join(KV_LAYOUTS)}", param=KV_LAYOUT_ENV)
+        raise InvalidRequestError(
+            f"{KV_LAYOUT_ENV}={os.environ[KV_LAYOUT_ENV]!r} is not a KV layout: use one of {', '.join(KV_LAYOUTS)}",
+            param=KV_LAYOUT_ENV,
+        )
     return layout
 
 
-def allocate_kv(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                device: torch.device | str, layout: str | None = None) -> torch.Tensor:
+def allocate_kv(
+    num_layers: int,
+    num_pages: int,
+    page_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    layout: str | None = None,
+) -> torch.Tensor:
     """The engine's KV tensor [num_layers, 2, num_pages, page_size, kv_heads, head_dim], zeroed (never-written page
     tails then hold finite values), stored in `layout` order (None: kv_layout()). A `head` tensor is a view of
     [num_layers, 2, num_pages, kv_heads, page_size, head_dim] storage: each (page, kv head) tile is contiguous."""

@@ -71,20 +71,27 @@ def build_app(config: ClusterConfig) -> serve.Application:
     gpus = config.gpus_per_replica
     if gpus is None:
         gpus = 1.0 if str(config.engine_options.get("device", "cpu")).startswith("cuda") else 0.0
-    engine = serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT).options(
-        num_replicas=config.replicas,
-        max_ongoing_requests=config.max_ongoing_requests,
-        ray_actor_options={"num_cpus": config.cpus_per_replica, "num_gpus": gpus},
-        request_router_config=RequestRouterConfig(
-            request_router_class=DocumentRouter,
-            request_router_kwargs={"policy": config.policy, "load_margin": config.load_margin},
-            request_routing_stats_period_s=2.0,
-        ),
-        # A replica loads a model: give it time before health checks count, and restart a hung one.
-        health_check_period_s=10.0, health_check_timeout_s=60.0,
-    ).bind(config.engine_options)
+    engine = (
+        serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT)
+        .options(
+            num_replicas=config.replicas,
+            max_ongoing_requests=config.max_ongoing_requests,
+            ray_actor_options={"num_cpus": config.cpus_per_replica, "num_gpus": gpus},
+            request_router_config=RequestRouterConfig(
+                request_router_class=DocumentRouter,
+                request_router_kwargs={"policy": config.policy, "load_margin": config.load_margin},
+                request_routing_stats_period_s=2.0,
+            ),
+            # A replica loads a model: give it time before health checks count, and restart a hung one.
+            health_check_period_s=10.0,
+            health_check_timeout_s=60.0,
+        )
+        .bind(config.engine_options)
+    )
     ingress = serve.deployment(Ingress, name=INGRESS_DEPLOYMENT).options(
-        num_replicas=1, max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0},
+        num_replicas=1,
+        max_ongoing_requests=4096,
+        ray_actor_options={"num_cpus": 0},
     )
     return ingress.bind(engine, config.server, config.policy)
 
@@ -95,19 +102,35 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     from lazyattn.server.cli import LAYOUTS, served_model_name
 
     args = dict(args)
-    engine_keys = ("model", "mode", "device", "dtype", "page_size", "kv_cache_gb", "gpu_memory_utilization",
-                   "max_num_batched_tokens", "max_num_seqs", "max_model_len", "seed", "relink_tokens",
-                   "random_weights", "max_waiting", "warm_up")
+    engine_keys = (
+        "model",
+        "mode",
+        "device",
+        "dtype",
+        "page_size",
+        "kv_cache_gb",
+        "gpu_memory_utilization",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "max_model_len",
+        "seed",
+        "relink_tokens",
+        "random_weights",
+        "max_waiting",
+        "warm_up",
+    )
     engine_options = {k: args.pop(k) for k in engine_keys if k in args}
     engine_options.setdefault("model", "tiny")
     engine_options.setdefault("device", "cuda")
     layout = getattr(prompt, LAYOUTS[args.pop("prompt_layout", "block-attention")])
-    server = {"model_name": args.pop("served_model_name", None) or served_model_name(engine_options["model"]),
-              "api_keys": tuple(args.pop("api_keys", ())), "layout": layout,
-              "max_documents": args.pop("max_documents", None),
-              "max_request_sequences": args.pop("max_request_sequences", 256)}
-    cluster_keys = ("replicas", "policy", "load_margin", "max_ongoing_requests", "gpus_per_replica",
-                    "cpus_per_replica")
+    server = {
+        "model_name": args.pop("served_model_name", None) or served_model_name(engine_options["model"]),
+        "api_keys": tuple(args.pop("api_keys", ())),
+        "layout": layout,
+        "max_documents": args.pop("max_documents", None),
+        "max_request_sequences": args.pop("max_request_sequences", 256),
+    }
+    cluster_keys = ("replicas", "policy", "load_margin", "max_ongoing_requests", "gpus_per_replica", "cpus_per_replica")
     cluster = {k: args.pop(k) for k in cluster_keys if k in args}
     if args:
         raise ValueError(f"unknown option(s) for the lazyattn application: {', '.join(sorted(args))}")

@@ -15,21 +15,32 @@ def serve_replicas(args: argparse.Namespace, engine_options: dict, server: dict)
         import ray
         from ray import serve
     except ImportError:
-        print("error: --replicas runs on Ray Serve, which is not installed: pip install 'lazyattn[cluster]'",
-              file=sys.stderr)
+        print(
+            "error: --replicas runs on Ray Serve, which is not installed: pip install 'lazyattn[cluster]'",
+            file=sys.stderr,
+        )
         return 2
     from lazyattn.cluster.app import ClusterConfig, build_app
 
-    config = ClusterConfig(engine_options=engine_options, server=server, replicas=args.replicas, policy=args.router,
-                           load_margin=args.load_margin)
+    config = ClusterConfig(
+        engine_options=engine_options,
+        server=server,
+        replicas=args.replicas,
+        policy=args.router,
+        load_margin=args.load_margin,
+    )
     start = time.monotonic()
     ray.init(address=args.ray_address, include_dashboard=False)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(build_app(config), name="lazyattn", route_prefix="/")
-        print(f"lazyattn serve: {args.replicas} replica(s) of {args.model} ({engine_options['mode']} mode, "
-              f"{engine_options['device']}) routed by {args.router}; ready in {time.monotonic() - start:.1f} s; "
-              f"listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        print(
+            f"lazyattn serve: {args.replicas} replica(s) of {args.model} ({engine_options['mode']} mode, "
+            f"{engine_options['device']}) routed by {args.router}; ready in {time.monotonic() - start:.1f} s; "
+            f"listening on http://{args.host}:{args.port}",
+            file=sys.stderr,
+            flush=True,
+        )
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())

@@ -56,8 +56,11 @@ class EngineFacade:
 
     def __init__(self, info: EngineInfo) -> None:
         self.info = info
-        self.tokenizer = LLMEngine._tokenizer(EngineConfig(model=info.model, random_weights=info.random_weights,
-                                                           tokenizer_cache_tokens=info.tokenizer_cache_tokens))
+        self.tokenizer = LLMEngine._tokenizer(
+            EngineConfig(
+                model=info.model, random_weights=info.random_weights, tokenizer_cache_tokens=info.tokenizer_cache_tokens
+            )
+        )
         self.max_model_len = info.max_model_len
         self.model_config = SimpleNamespace(vocab_size=info.vocab_size)
         self.mode = make_mode(info.mode)
@@ -127,8 +130,9 @@ def _sum_stats(stats: list[EngineStats]) -> EngineStats:
 class RemoteStream:
     """An `OutputStream` (server/engine_loop.py) over a replica's update stream."""
 
-    def __init__(self, owner: RemoteEngineLoop, job: EngineJob, updates: Any, arrival: float,
-                 route: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, owner: RemoteEngineLoop, job: EngineJob, updates: Any, arrival: float, route: dict[str, str] | None = None
+    ) -> None:
         self._owner = owner
         self._route = route  # the response's route headers, while they are not sent yet
         self._job = job
@@ -208,19 +212,33 @@ class RemoteEngineLoop:
         cache = self.engine.tokenizer.cache
         return dataclasses.replace(summed, tokenizer_cache=cache.stats() if cache is not None else None)
 
-    async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams | None]], *,
-                     cache_salt: str | None, arrival: float, relink_tokens: int | None = None) -> RemoteStream:
+    async def submit(
+        self,
+        requests: list[tuple[str, RenderedPrompt, SamplingParams | None]],
+        *,
+        cache_salt: str | None,
+        arrival: float,
+        relink_tokens: int | None = None,
+    ) -> RemoteStream:
         prompt = requests[0][1]  # a request's prompts share their documents (server/inputs.py)
-        job = EngineJob(job_id=uuid.uuid4().hex, requests=requests, cache_salt=cache_salt,
-                        relink_tokens=relink_tokens, route=route_key(prompt, cache_salt, self.route_page_tokens))
+        job = EngineJob(
+            job_id=uuid.uuid4().hex,
+            requests=requests,
+            cache_salt=cache_salt,
+            relink_tokens=relink_tokens,
+            route=route_key(prompt, cache_salt, self.route_page_tokens),
+        )
         updates, first = await self._send(job, arrival)
         route = _ROUTE.get()
         if route is not None:
             decision = ROUTING_LOG.pop(job.job_id)
             route[REPLICA_HEADER] = first.replica
             if decision is not None:
-                route[REASON_HEADER] = decision.reason if decision.replica == first.replica else \
-                    f"{decision.replica} did not accept; next in ranking ({decision.reason})"
+                route[REASON_HEADER] = (
+                    decision.reason
+                    if decision.replica == first.replica
+                    else f"{decision.replica} did not accept; next in ranking ({decision.reason})"
+                )
         return RemoteStream(self, job, updates, arrival, route)
 
     async def _send(self, job: EngineJob, arrival: float) -> tuple[Any, ReplicaUpdate]:
@@ -250,8 +268,9 @@ class RemoteEngineLoop:
         """On every replica: a deleted document must not stay readable (by timing) anywhere."""
         prompt = RenderedPrompt([list(s) for s in segments], [])
         for replica in ROUTING_LOG.replicas:
-            job = EngineJob(job_id=uuid.uuid4().hex, requests=[("drop", prompt, None)], cache_salt=cache_salt,
-                            pin=replica)
+            job = EngineJob(
+                job_id=uuid.uuid4().hex, requests=[("drop", prompt, None)], cache_salt=cache_salt, pin=replica
+            )
             with contextlib.suppress(RayActorError):  # a dead replica's cache died with it
                 self._observe(await self.unary.drop_documents.remote(job))
 
@@ -266,5 +285,15 @@ class RemoteEngineLoop:
 def _empty_stats() -> EngineStats:
     from lazyattn.cache.document_cache import CacheStats
 
-    return EngineStats(cache=CacheStats(0, 0, 0, 0, 0, 0, 0), num_pages=0, pages_used=0, pages_high_water=0,
-                       page_bytes=0, prefilled_tokens=0, decoded_tokens=0, preemptions=0, running=0, waiting=0)
+    return EngineStats(
+        cache=CacheStats(0, 0, 0, 0, 0, 0, 0),
+        num_pages=0,
+        pages_used=0,
+        pages_high_water=0,
+        page_bytes=0,
+        prefilled_tokens=0,
+        decoded_tokens=0,
+        preemptions=0,
+        running=0,
+        waiting=0,
+    )

@@ -31,7 +31,7 @@ def prefix_keys(scope: str | None, tokens: Sequence[int], page_tokens: int) -> t
     """Chained keys of the full pages of `tokens`: page i's key covers pages 0..i (a prefix cache's keys)."""
     keys, parent = [], json.dumps(scope).encode()
     for start in range(0, len(tokens) - page_tokens + 1, page_tokens):
-        parent = hashlib.blake2b(parent + _tokens_bytes(tokens[start:start + page_tokens]), digest_size=16).digest()
+        parent = hashlib.blake2b(parent + _tokens_bytes(tokens[start : start + page_tokens]), digest_size=16).digest()
         keys.append(parent.hex())
     return tuple(keys)
 

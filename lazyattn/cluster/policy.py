@@ -183,8 +183,9 @@ class LeastLoaded(RoutingPolicy):
 
 
 class _LoadBounded(RoutingPolicy):
-    def __init__(self, load_margin: int = DEFAULT_LOAD_MARGIN,
-                 capacity_factor: float = DEFAULT_CAPACITY_FACTOR) -> None:
+    def __init__(
+        self, load_margin: int = DEFAULT_LOAD_MARGIN, capacity_factor: float = DEFAULT_CAPACITY_FACTOR
+    ) -> None:
         super().__init__()
         if load_margin < 0:
             raise ValueError(f"load_margin must be >= 0, got {load_margin}")
@@ -226,8 +227,10 @@ class DocumentAffinity(_LoadBounded):
             reason = "document-affinity: no documents; least loaded"
         skipped = [r for r in replicas if r not in eligible and cached[r] > cached[best]]
         if skipped:
-            reason += (f"; skipped {len(skipped)} replica(s) caching more, over the load bound "
-                       f"(least loaded {least} + margin {self.load_margin}, or {self.capacity_factor:g}x the mean)")
+            reason += (
+                f"; skipped {len(skipped)} replica(s) caching more, over the load bound "
+                f"(least loaded {least} + margin {self.load_margin}, or {self.capacity_factor:g}x the mean)"
+            )
         return Decision(best, ranking, reason)
 
 
@@ -236,8 +239,12 @@ class PrefixAffinity(_LoadBounded):
 
     name = "prefix-affinity"
 
-    def __init__(self, load_margin: int = DEFAULT_LOAD_MARGIN, capacity_factor: float = DEFAULT_CAPACITY_FACTOR,
-                 min_match: float = 0.1) -> None:
+    def __init__(
+        self,
+        load_margin: int = DEFAULT_LOAD_MARGIN,
+        capacity_factor: float = DEFAULT_CAPACITY_FACTOR,
+        min_match: float = 0.1,
+    ) -> None:
         super().__init__(load_margin, capacity_factor)
         self.min_match = min_match  # below this share of the prompt matched: least loaded instead
         self._turn = itertools.count()
@@ -270,13 +277,16 @@ class PrefixAffinity(_LoadBounded):
             reason = f"prefix-affinity: {matched[ranking[0]]} of {total} prompt tokens match a cached prefix"
         else:
             ranking = tuple(sorted(replicas, key=lambda r: (loads[r], order[r])))
-            reason = f"prefix-affinity: best match {best_match} of {total} tokens is below {self.min_match:.0%}; " \
-                     "least loaded"
+            reason = (
+                f"prefix-affinity: best match {best_match} of {total} tokens is below {self.min_match:.0%}; "
+                "least loaded"
+            )
         return Decision(ranking[0], ranking, reason)
 
 
-def make_policy(name: str, load_margin: int = DEFAULT_LOAD_MARGIN,
-                capacity_factor: float = DEFAULT_CAPACITY_FACTOR) -> RoutingPolicy:
+def make_policy(
+    name: str, load_margin: int = DEFAULT_LOAD_MARGIN, capacity_factor: float = DEFAULT_CAPACITY_FACTOR
+) -> RoutingPolicy:
     if name == "round-robin":
         return RoundRobin()
     if name == "least-loaded":

@@ -77,14 +77,25 @@ class EngineReplica:
 
     def info(self) -> EngineInfo:
         e = self.engine
-        return EngineInfo(model=e.config.model, mode=e.mode.name, max_model_len=e.max_model_len,
-                          vocab_size=e.model_config.vocab_size, num_pages=e.num_pages, page_size=e.config.page_size,
-                          relink_tokens=e.config.relink_tokens, random_weights=e.config.random_weights,
-                          tokenizer_cache_tokens=e.config.tokenizer_cache_tokens)
+        return EngineInfo(
+            model=e.config.model,
+            mode=e.mode.name,
+            max_model_len=e.max_model_len,
+            vocab_size=e.model_config.vocab_size,
+            num_pages=e.num_pages,
+            page_size=e.config.page_size,
+            relink_tokens=e.config.relink_tokens,
+            random_weights=e.config.random_weights,
+            tokenizer_cache_tokens=e.config.tokenizer_cache_tokens,
+        )
 
     async def generate(self, job: EngineJob) -> AsyncIterator[ReplicaUpdate]:
-        stream = await self.loop.submit(job.requests, cache_salt=job.cache_salt,
-                                        arrival=time.monotonic() - job.queued_s, relink_tokens=job.relink_tokens)
+        stream = await self.loop.submit(
+            job.requests,
+            cache_salt=job.cache_salt,
+            arrival=time.monotonic() - job.queued_s,
+            relink_tokens=job.relink_tokens,
+        )
         try:
             yield ReplicaUpdate(self.name, [], self.loop.stats)
             async for outs in stream:

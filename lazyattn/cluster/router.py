@@ -27,6 +27,7 @@ from lazyattn.cluster.policy import DEFAULT_LOAD_MARGIN, RouteKey, make_policy
 
 logger = logging.getLogger("lazyattn.cluster")
 
+
 def _job(pending: PendingRequest | None) -> Any:
     """The EngineJob of a request (the first argument of generate/drop_documents); None for other calls."""
     if pending is None or not pending.args:
@@ -39,8 +40,9 @@ class DocumentRouter(RequestRouter):
     """Serve calls `initialize_state` with `request_router_kwargs`: `policy` (a name from policy.POLICIES) and
     `load_margin`."""
 
-    def initialize_state(self, policy: str = "document-affinity", load_margin: int = DEFAULT_LOAD_MARGIN,
-                         **kwargs: Any) -> None:
+    def initialize_state(
+        self, policy: str = "document-affinity", load_margin: int = DEFAULT_LOAD_MARGIN, **kwargs: Any
+    ) -> None:
         self.policy = make_policy(policy, load_margin)
         self.in_flight: dict[str, int] = {}
 
@@ -58,8 +60,9 @@ class DocumentRouter(RequestRouter):
         self.in_flight.pop(replica_id.unique_id, None)
         routing_log.ROUTING_LOG.replicas = tuple(sorted(r.unique_id for r in self.curr_replicas))
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
         if not by_name:
             return []

@@ -19,8 +19,11 @@ def check_relink(mode: str, relink_tokens: int) -> None:
     if not isinstance(relink_tokens, int) or isinstance(relink_tokens, bool) or relink_tokens < 0:
         raise InvalidRequestError(f"relink_tokens must be an integer >= 0, got {relink_tokens!r}", "relink_tokens")
     if relink_tokens and mode != "lazy":
-        why = ("block mode reads private re-rotated copies; relink is implemented for lazy mode only"
-               if mode == "block" else f"{mode} mode attends to every document in context already")
+        why = (
+            "block mode reads private re-rotated copies; relink is implemented for lazy mode only"
+            if mode == "block"
+            else f"{mode} mode attends to every document in context already"
+        )
         raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
@@ -72,19 +75,24 @@ class EngineConfig:
         check_relink(self.mode, self.relink_tokens)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise InvalidRequestError(f"tokenizer_cache_tokens must be an integer >= 0, got {t!r}",
-                                      "tokenizer_cache_tokens")
+            raise InvalidRequestError(
+                f"tokenizer_cache_tokens must be an integer >= 0, got {t!r}", "tokenizer_cache_tokens"
+            )
         tp = self.tensor_parallel_size
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise InvalidRequestError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}",
-                                      "tensor_parallel_size")
+            raise InvalidRequestError(
+                f"tensor_parallel_size must be an integer >= 1, got {tp!r}", "tensor_parallel_size"
+            )
         if self.async_scheduling not in (None, True, False):
-            raise InvalidRequestError(f"async_scheduling must be true, false or None, got {self.async_scheduling!r}",
-                                      "async_scheduling")
+            raise InvalidRequestError(
+                f"async_scheduling must be true, false or None, got {self.async_scheduling!r}", "async_scheduling"
+            )
         if tp > 1 and self.host_cache_gb:
-            raise InvalidRequestError("host_cache_gb (the host tier) is not supported with tensor parallelism yet: "
-                                      "every rank would need its own tier", "host_cache_gb")
-
+            raise InvalidRequestError(
+                "host_cache_gb (the host tier) is not supported with tensor parallelism yet: "
+                "every rank would need its own tier",
+                "host_cache_gb",
+            )
 
     @property
     def async_scheduling_on(self) -> bool:

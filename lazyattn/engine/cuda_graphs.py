@@ -28,8 +28,9 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: CausalLM, backend: AttentionBackend, max_batch: int, max_pages: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, model: CausalLM, backend: AttentionBackend, max_batch: int, max_pages: int, device: torch.device
+    ) -> None:
         self.model = model
         self.backend = backend
         self.sizes = graph_batch_sizes(max_batch)
@@ -37,22 +38,27 @@ class DecodeGraphs:
         n = self.sizes[-1]
         # Inputs in three buffers (engine/graph_inputs.py): ids, positions, slots (int64); q_start, num_pages
         # (int32); the entry-major page tables. Pinned host copies are filled and copied over once per step.
-        self.static = (torch.zeros(3 * n, dtype=torch.int64, device=device),
-                       torch.zeros(2 * n, dtype=torch.int32, device=device),
-                       torch.zeros(n, TABLES, max_pages, dtype=torch.int32, device=device))
+        self.static = (
+            torch.zeros(3 * n, dtype=torch.int64, device=device),
+            torch.zeros(2 * n, dtype=torch.int32, device=device),
+            torch.zeros(n, TABLES, max_pages, dtype=torch.int32, device=device),
+        )
         self.staging = tuple(torch.zeros_like(t, device="cpu").pin_memory() for t in self.static)
         self.copied = torch.cuda.Event()  # the staging buffers are free again once their copies ran
         self.copied.record()
-        self.static[0][2 * n:].fill_(-1)  # padding rows store nothing
-        self.staging[0][2 * n:].fill_(-1)
+        self.static[0][2 * n :].fill_(-1)  # padding rows store nothing
+        self.staging[0][2 * n :].fill_(-1)
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     def fits(self, step: StepInputs) -> bool:
-        return (step.is_decode and len(step.tokens) <= self.sizes[-1]
-                and all(len(e.pages) <= self.max_pages for e in step.entries))
+        return (
+            step.is_decode
+            and len(step.tokens) <= self.sizes[-1]
+            and all(len(e.pages) <= self.max_pages for e in step.entries)
+        )
 
     def run(self, step: StepInputs) -> torch.Tensor:
         """Logits [B, vocab] of a decode step (every row samples), by graph replay."""
@@ -62,12 +68,12 @@ class DecodeGraphs:
         i64, head, tables = (t.numpy() for t in self.staging)
         i64[:b] = step.tokens
         i64[b:size] = 0  # padding rows read a valid id, never a placeholder a larger step left here
-        i64[n: n + b] = step.positions
-        i64[2 * n: 2 * n + b] = step.slots
-        i64[2 * n + b: 2 * n + size] = -1
+        i64[n : n + b] = step.positions
+        i64[2 * n : 2 * n + b] = step.slots
+        i64[2 * n + b : 2 * n + size] = -1
         head[:b] = step.q_starts
-        head[n: n + b] = [len(e.pages) for e in step.entries]
-        head[n + b: n + size] = 0
+        head[n : n + b] = [len(e.pages) for e in step.entries]
+        head[n + b : n + size] = 0
         fill_tables(tables, step.entries)
         for static, staged in zip(self.static[:2], self.staging[:2]):
             static.copy_(staged, non_blocking=True)
@@ -84,7 +90,7 @@ class DecodeGraphs:
     def capture_all(self) -> None:
         """Capture every batch size now (start-up), instead of on a request's first decode of that size."""
         n = self.sizes[-1]
-        self.static[0][2 * n:].fill_(-1)
+        self.static[0][2 * n :].fill_(-1)
         self.static[1][n:].zero_()
         for size in self.sizes:
             if size not in self.graphs:
@@ -94,9 +100,19 @@ class DecodeGraphs:
         n = self.sizes[-1]
         i64, head, tables = self.static
         pages, deltas, valid, starts, firsts = table_views(tables[:size])
-        attn = PagedBatch(self.cu[: size + 1], head[:size], pages, deltas, valid, starts, head[n: n + size],
-                          max_q=1, max_kv=self.max_pages * self.backend.page_size, firsts=firsts)
-        return i64[:size], ForwardBatch(i64[n: n + size], i64[2 * n: 2 * n + size], attn, True, self.rows[:size])
+        attn = PagedBatch(
+            self.cu[: size + 1],
+            head[:size],
+            pages,
+            deltas,
+            valid,
+            starts,
+            head[n : n + size],
+            max_q=1,
+            max_kv=self.max_pages * self.backend.page_size,
+            firsts=firsts,
+        )
+        return i64[:size], ForwardBatch(i64[n : n + size], i64[2 * n : 2 * n + size], attn, True, self.rows[:size])
 
     @torch.inference_mode()
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -24,8 +24,9 @@ from lazyattn.engine.sequence import Sequence
 logger = logging.getLogger("lazyattn.engine")
 
 
-def forward_parts(runner: ModelRunner, batch: ScheduledBatch, running: list[Sequence], cache: DocumentCache,
-                  failed: dict[str, str]) -> torch.Tensor:
+def forward_parts(
+    runner: ModelRunner, batch: ScheduledBatch, running: list[Sequence], cache: DocumentCache, failed: dict[str, str]
+) -> torch.Tensor:
     """Logits of the batch's sampling works that survive, in batch order; failed works leave `batch.works` (and
     a failed document encode is aborted in the cache), so that completing the batch marks nothing of theirs."""
 
@@ -64,8 +65,12 @@ def _alive(work: Work, failed: dict[str, str]) -> bool:
     return work.seq is None or work.seq.request_id not in failed
 
 
-def sample_rows(sample: Callable[[torch.Tensor, list[Sequence]], SampleResult], logits: torch.Tensor,
-                seqs: list[Sequence], failed: dict[str, str]) -> list[tuple[Sequence, tuple[SampleResult, int] | None]]:
+def sample_rows(
+    sample: Callable[[torch.Tensor, list[Sequence]], SampleResult],
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    failed: dict[str, str],
+) -> list[tuple[Sequence, tuple[SampleResult, int] | None]]:
     """(sequence, (result, row)) for each sequence; (sequence, None) for one whose own row cannot be sampled."""
     if not seqs:
         return []

@@ -115,12 +115,14 @@ class LLM:
             raise InvalidRequestError("documents must have one list per prompt", "documents")
         return [self.render(p, d) for p, d in zip(prompts, docs)]
 
-    def _run(self, rendered: list[RenderedPrompt], sampling_params, cache_salt, use_tqdm,
-             relink_tokens: int | None = None) -> list[RequestOutput]:
+    def _run(
+        self, rendered: list[RenderedPrompt], sampling_params, cache_salt, use_tqdm, relink_tokens: int | None = None
+    ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = [sampling_params] * len(rendered) if isinstance(sampling_params, SamplingParams) \
-            else list(sampling_params)
+        params = (
+            [sampling_params] * len(rendered) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
         if len(params) != len(rendered):
             raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
         for p in params:  # fail before anything is queued: a bad request loses nothing
@@ -156,7 +158,8 @@ class LLM:
                         bar.update(1)
                 elapsed = max(time.monotonic() - start, 1e-9)
                 bar.set_postfix_str(
-                    f"prefill {prefill_tok / elapsed:.0f} tok/s, decode {decode_tok / elapsed:.0f} tok/s")
+                    f"prefill {prefill_tok / elapsed:.0f} tok/s, decode {decode_tok / elapsed:.0f} tok/s"
+                )
                 if not outs and not self.engine.has_unfinished():
                     break
         except BaseException:

@@ -86,18 +86,26 @@ class LLMEngine:
             self.model, self.model_config = self.parallel.model, self.parallel.model_config
         else:
             self.model, self.model_config = load_model(
-                config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
-                random_init=config.random_weights)
+                config.model,
+                dtype=config.torch_dtype,
+                device=self.device,
+                seed=config.seed,
+                random_init=config.random_weights,
+            )
         try:
             self.tokenizer = self._tokenizer(config)
             mc = self.model_config
             self.max_model_len = config.max_model_len or mc.max_position
             if self.max_model_len > mc.max_position:
                 raise InvalidRequestError(
-                    f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
-                    f"{mc.max_position}", "max_model_len")
-            self.runner = ModelRunner(self.model, mc, config, self.max_model_len, self.device) \
-                if self.parallel is None else self.parallel.build(self.max_model_len)
+                    f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {mc.max_position}",
+                    "max_model_len",
+                )
+            self.runner = (
+                ModelRunner(self.model, mc, config, self.max_model_len, self.device)
+                if self.parallel is None
+                else self.parallel.build(self.max_model_len)
+            )
         except BaseException:
             if self.parallel is not None:
                 self.parallel.shutdown()
@@ -142,9 +150,16 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: RenderedPrompt, params: SamplingParams | None, *,
-                    cache_salt: str | None = None, arrival: float | None = None,
-                    relink_tokens: int | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: RenderedPrompt,
+        params: SamplingParams | None,
+        *,
+        cache_salt: str | None = None,
+        arrival: float | None = None,
+        relink_tokens: int | None = None,
+    ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
         `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
@@ -162,13 +177,25 @@ class LLMEngine:
         limit = self.config.max_waiting
         samples = params.n if params is not None else 1
         if limit is not None and self.scheduler.num_waiting + samples > limit:
-            raise QueueFullError(f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); "
-                                 "retry later")
+            raise QueueFullError(
+                f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); retry later"
+            )
         # The sequences share the prompt's lists (nothing in the engine changes them): copying ~10K cached ids per
         # request, and freeing the copies when it ends, cost ~30 µs of an H100 host's time (docs/benchmarks.md).
-        seqs = [Sequence(next(self._seq_ids), request_id, i, prompt.segments, prompt.final, params,
-                         salt=cache_salt, segment_keys=keys, relink_tokens=relink_tokens)
-                for i in range(params.n if params is not None else 1)]
+        seqs = [
+            Sequence(
+                next(self._seq_ids),
+                request_id,
+                i,
+                prompt.segments,
+                prompt.final,
+                params,
+                salt=cache_salt,
+                segment_keys=keys,
+                relink_tokens=relink_tokens,
+            )
+            for i in range(params.n if params is not None else 1)
+        ]
         for seq in seqs:
             if arrival is not None:
                 seq.metrics.arrival = arrival
@@ -264,8 +291,9 @@ class LLMEngine:
             self._process(last, touched, failed)
         if self._in_flight is None:
             self._release_finished()
-        outputs = [self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id))
-                   for r in touched.values()]
+        outputs = [
+            self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched.values()
+        ]
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
@@ -323,8 +351,12 @@ class LLMEngine:
         seqs = [s for s in seqs if s.request_id not in failed]
 
         def sample(rows: torch.Tensor, part: list[Sequence]) -> SampleResult:
-            return self.sampler.sample(rows, [s.params for s in part], [s.generator for s in part],
-                                       suppress_token_ids=[self.outputs.suppressed(s) for s in part])
+            return self.sampler.sample(
+                rows,
+                [s.params for s in part],
+                [s.generator for s in part],
+                suppress_token_ids=[self.outputs.suppressed(s) for s in part],
+            )
 
         return isolation.sample_rows(sample, logits, seqs, failed)
 
@@ -377,8 +409,9 @@ class LLMEngine:
         self._withheld = []
         if num_pages is not None:
             if not 0 < num_pages <= self.pool.num_pages:
-                raise InvalidRequestError(f"a budget of {num_pages} pages does not fit the pool of "
-                                          f"{self.pool.num_pages}", "num_pages")
+                raise InvalidRequestError(
+                    f"a budget of {num_pages} pages does not fit the pool of {self.pool.num_pages}", "num_pages"
+                )
             self._withheld = self.pool.allocate(self.pool.num_pages - num_pages)
         self.pool.reset_high_water()
 
@@ -446,15 +479,17 @@ class LLMEngine:
         except (struct.error, OverflowError, TypeError):
             return None  # _validate names an out-of-range id; add_request refuses anything else
 
-    def _validate(self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int,
-                  cached: list[bool]) -> None:
+    def _validate(
+        self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int, cached: list[bool]
+    ) -> None:
         vocab = self.model_config.vocab_size
         if params is None:
             if prompt.final or not prompt.segments:
                 raise InvalidRequestError("a prefill-only request has documents and no final segment", "prompt")
             if not self.mode.caches_documents:
-                raise InvalidRequestError(f"{self.mode.name} mode does not cache documents: nothing to encode ahead",
-                                          "documents")
+                raise InvalidRequestError(
+                    f"{self.mode.name} mode does not cache documents: nothing to encode ahead", "documents"
+                )
         else:
             params.validate(vocab)
             if not prompt.final:
@@ -472,11 +507,20 @@ class LLMEngine:
         if context + max_tokens > self.max_model_len:
             raise ContextTooLongError(
                 f"this request needs {context} prompt tokens + {max_tokens} max_tokens = "
-                f"{context + max_tokens} tokens, over the context limit of {self.max_model_len}", "prompt")
+                f"{context + max_tokens} tokens, over the context limit of {self.max_model_len}",
+                "prompt",
+            )
         samples = params.n if params is not None else 0
-        need = self.mode.pages_needed([len(s) for s in prompt.segments], len(prompt.final) + max_tokens, samples,
-                                      self.config.page_size, relink_tokens)
+        need = self.mode.pages_needed(
+            [len(s) for s in prompt.segments],
+            len(prompt.final) + max_tokens,
+            samples,
+            self.config.page_size,
+            relink_tokens,
+        )
         if need > self.num_pages:
             raise ContextTooLongError(
                 f"this request needs {need} KV pages but the pool has {self.num_pages}; raise kv_cache_gb "
-                f"or shorten the request", "prompt")
+                f"or shorten the request",
+                "prompt",
+            )

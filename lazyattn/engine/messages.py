@@ -18,8 +18,18 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 # The variables the renderer itself gives a chat template (`TokenizerBase.apply_chat_template`): a request's
 # chat_template_kwargs may not replace them.
-TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
-                                "unk_token", "raise_exception", "strftime_now"})
+TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "raise_exception",
+        "strftime_now",
+    }
+)
 # How deep client-given values (template kwargs, message fields) may nest; real ones are a few levels.
 _MAX_NESTING = 32
 
@@ -30,8 +40,9 @@ def _text_content(content: Any, param: str) -> str:
     if content is None:  # OpenAI's assistant turn that only made tool calls; an empty turn for other roles
         return ""
     # OpenAI's content parts: only text parts can be rendered by a text-only model.
-    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "\n".join(p["text"] for p in content)
     raise InvalidRequestError(f"{param} must be a string (or a list of text parts)", param=param)
 
@@ -46,8 +57,10 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         role = message.get("role")
         role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in _ROLES:
-            raise InvalidRequestError(f"messages[{i}].role must be one of {sorted(_ROLES | set(_ROLE_ALIASES))}, "
-                                      f"got {message.get('role')!r}", param=f"messages[{i}].role")
+            raise InvalidRequestError(
+                f"messages[{i}].role must be one of {sorted(_ROLES | set(_ROLE_ALIASES))}, got {message.get('role')!r}",
+                param=f"messages[{i}].role",
+            )
         content = _text_content(message.get("content"), f"messages[{i}].content")
         chat.append({**message, "role": role, "content": content})
     return chat
@@ -60,8 +73,10 @@ def template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidRequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
     reserved = sorted(TEMPLATE_VARIABLES & set(kwargs))
     if reserved:
-        raise InvalidRequestError(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets "
-                                  "those template variables itself", param=f"chat_template_kwargs.{reserved[0]}")
+        raise InvalidRequestError(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets those template variables itself",
+            param=f"chat_template_kwargs.{reserved[0]}",
+        )
     return dict(kwargs)
 
 
@@ -105,6 +120,5 @@ class UserText:
         if not self.originals:
             return self.tokenizer.encode(rendered)
         split = re.compile("(" + "|".join(map(re.escape, self.originals)) + ")")
-        spans = [(self.originals.get(part, part), part not in self.originals)
-                 for part in split.split(rendered) if part]
+        spans = [(self.originals.get(part, part), part not in self.originals) for part in split.split(rendered) if part]
         return self.tokenizer.encode_spans(spans)

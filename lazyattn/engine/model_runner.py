@@ -24,8 +24,15 @@ CPU_DEFAULT_KV_GB = 0.5
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
-                 device: torch.device, num_pages: int | None = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        model_config: ModelConfig,
+        config: EngineConfig,
+        max_model_len: int,
+        device: torch.device,
+        num_pages: int | None = None,
+    ) -> None:
         """`model_config` describes `model` as built (one rank's shard under tensor parallelism); `num_pages`
         overrides the pool sizing (tensor parallelism: every rank gets the count all ranks can hold)."""
         self.model = model
@@ -91,8 +98,9 @@ class ModelRunner:
             q_starts.append(run.start_pos + w.lo)
             if w.samples:
                 logits_rows.append(len(tokens) - 1)
-        step = StepInputs(tokens, positions, slots, entries, q_lens, q_starts, logits_rows, batch.is_decode,
-                          fed_back=batch.fed_back)
+        step = StepInputs(
+            tokens, positions, slots, entries, q_lens, q_starts, logits_rows, batch.is_decode, fed_back=batch.fed_back
+        )
         for c in batch.copies:
             step.copy_src += c.src
             step.copy_dst += c.dst
@@ -172,7 +180,6 @@ class ModelRunner:
         self.backend.kv.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
 
 
 def pool_pages(config: EngineConfig, device: torch.device, page_bytes: int) -> int:

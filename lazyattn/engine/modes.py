@@ -43,8 +43,9 @@ class Mode:
         """The pages the sequence's run attends to before its own."""
         raise NotImplementedError
 
-    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,
-                     relink_tokens: int = 0) -> int:
+    def pages_needed(
+        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
+    ) -> int:
         """Pages a request holds at its peak: segments of `segment_lens` tokens, then `n` samples whose runs reach
         `run_tokens` tokens each (the final segment plus what they generate), and, relinked, their private
         recomputed rows."""
@@ -68,8 +69,9 @@ class _DocumentMode(Mode):
         scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
-    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,
-                     relink_tokens: int = 0) -> int:
+    def pages_needed(
+        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
+    ) -> int:
         documents = sum(cdiv(length, page_size) for length in segment_lens)  # shared by the n samples
         relinks = sum(cdiv(rows, page_size) for rows in relink_rows(segment_lens, relink_tokens))
         return documents + n * (self._private_copies(segment_lens, page_size) + relinks + cdiv(run_tokens, page_size))
@@ -101,8 +103,10 @@ class LazyMode(_DocumentMode):
         run = super().admit(scheduler, seq, acquired)
         if seq.relink_tokens and not seq.prefill_only:
             rows = relink_rows([len(s) for s in seq.segments], seq.relink_tokens)
-            seq.relinks = [Run(list(segment[:n]), start_pos=part.start)
-                           for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])]
+            seq.relinks = [
+                Run(list(segment[:n]), start_pos=part.start)
+                for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])
+            ]
         return run
 
     def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
@@ -164,8 +168,9 @@ class BlockMode(_DocumentMode):
 class _CausalMode(Mode):
     """prefix and full: ordinary causal attention over the concatenated prompt."""
 
-    def pages_needed(self, segment_lens: list[int], run_tokens: int, n: int, page_size: int,
-                     relink_tokens: int = 0) -> int:
+    def pages_needed(
+        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
+    ) -> int:
         return n * cdiv(sum(segment_lens) + run_tokens, page_size)
 
     def context(self, seq: Sequence, page_size: int) -> EntryPages:

@@ -27,8 +27,12 @@ class OutputProcessor:
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + seq.index)
         seq.detokenizer = IncrementalDecoder(
-            self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
-            min_tokens=params.min_tokens, prompt_token_ids=seq.prompt)
+            self.tokenizer,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+            min_tokens=params.min_tokens,
+            prompt_token_ids=seq.prompt,
+        )
 
     def suppressed(self, seq: Sequence) -> list[int] | None:
         """Below min_tokens, the tokens that would end the sequence may not be drawn. A token still on the device
@@ -83,14 +87,16 @@ class OutputProcessor:
         return None
 
     @staticmethod
-    def output(request_id: str, prompt: RenderedPrompt, seqs: list[Sequence], error: str | None = None
-               ) -> RequestOutput:
+    def output(
+        request_id: str, prompt: RenderedPrompt, seqs: list[Sequence], error: str | None = None
+    ) -> RequestOutput:
         outs = []
         for seq in seqs:
             # seq.text only grows by what the detokenizer released: streamed text never retracts.
             logprobs = list(seq.logprobs) if seq.params is not None and seq.params.logprobs is not None else None
-            outs.append(CompletionOutput(seq.index, seq.text, list(seq.output), seq.finish_reason,
-                                         seq.stop_reason, logprobs))
+            outs.append(
+                CompletionOutput(seq.index, seq.text, list(seq.output), seq.finish_reason, seq.stop_reason, logprobs)
+            )
         m = seqs[0].metrics
         end = max((s.metrics.finished or 0.0) for s in seqs) or None
         metrics = RequestMetrics(
@@ -102,5 +108,4 @@ class OutputProcessor:
             cached_tokens=sum(s.metrics.cached_tokens for s in seqs),
             prefilled_tokens=sum(s.metrics.prefilled_tokens for s in seqs),
         )
-        return RequestOutput(request_id, list(prompt.final), sum(len(s) for s in prompt.segments), outs, metrics,
-                             error)
+        return RequestOutput(request_id, list(prompt.final), sum(len(s) for s in prompt.segments), outs, metrics, error)

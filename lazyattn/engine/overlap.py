@@ -97,16 +97,20 @@ def continuation(prev: LaunchedStep, scheduler: Scheduler, max_model_len: int) -
     return list(scheduler.running)
 
 
-def schedule_continuation(prev: LaunchedStep, scheduler: Scheduler, running: list[Sequence]
-                          ) -> ScheduledBatch:
+def schedule_continuation(prev: LaunchedStep, scheduler: Scheduler, running: list[Sequence]) -> ScheduledBatch:
     """Hold a placeholder for `prev`'s token in every running sequence and schedule the next step, with the
     FedBack that gives it its input tokens; none if the scheduler built anything but the expected decode step."""
     for seq in running:
         seq.run.tokens.append(PLACEHOLDER)
     batch = scheduler.schedule()
     ids = [w.seq.seq_id for w in batch.works if w.seq is not None]
-    if not batch.is_decode or batch.copies or batch.encoded or len(ids) != len(batch.works) \
-            or sorted(ids) != sorted(s.seq_id for s in running):
+    if (
+        not batch.is_decode
+        or batch.copies
+        or batch.encoded
+        or len(ids) != len(batch.works)
+        or sorted(ids) != sorted(s.seq_id for s in running)
+    ):
         return batch
     batch.fed_back = FedBack(prev.sampled_ids, [prev.rows[i] for i in ids])
     return batch

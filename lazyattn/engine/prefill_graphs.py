@@ -45,8 +45,12 @@ TOKEN_BUCKETS = (16, 32, 64, 128)
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)
 
 
-def pick_bucket(step: StepInputs, width: int, token_buckets: Sequence[int] = TOKEN_BUCKETS,
-                entry_buckets: Sequence[int] = ENTRY_BUCKETS) -> tuple[int, int] | None:
+def pick_bucket(
+    step: StepInputs,
+    width: int,
+    token_buckets: Sequence[int] = TOKEN_BUCKETS,
+    entry_buckets: Sequence[int] = ENTRY_BUCKETS,
+) -> tuple[int, int] | None:
     """The smallest (tokens, entries) bucket a prefill step fits in, or None (decode steps, long or wide ones)."""
     if step.is_decode or not step.tokens or any(len(e.pages) > width for e in step.entries):
         return None
@@ -75,16 +79,20 @@ class Buffers:
         table_ints = TABLES * layout.w
         record_ints = table_ints + layout.plan_splits * PLAN_WIDTH
         self.record_bytes = 4 * record_ints
-        self.raw = torch.zeros(self.tables_at + layout.e * self.record_bytes, dtype=torch.uint8, device=device,
-                               pin_memory=pin)
+        self.raw = torch.zeros(
+            self.tables_at + layout.e * self.record_bytes, dtype=torch.uint8, device=device, pin_memory=pin
+        )
         self.i64 = self.raw[: 8 * n64].view(torch.int64)
-        self.head = self.raw[head_at: head_at + 4 * n32].view(torch.int32)
-        records = self.raw[self.tables_at:].view(torch.int32).view(layout.e, record_ints)
+        self.head = self.raw[head_at : head_at + 4 * n32].view(torch.int32)
+        records = self.raw[self.tables_at :].view(torch.int32).view(layout.e, record_ints)
         self.tables = records[:, :table_ints].view(layout.e, TABLES, layout.w)
         self.plan = records[:, table_ints:].view(layout.e, layout.plan_splits, PLAN_WIDTH)
         # numpy views of a host buffer, made once: the host writes a step through them (~2 µs a view per step)
-        self.arrays = tuple(t.numpy() for t in (self.i64, self.head, self.tables, records[:, table_ints:])) \
-            if self.raw.device.type == "cpu" else None
+        self.arrays = (
+            tuple(t.numpy() for t in (self.i64, self.head, self.tables, records[:, table_ints:]))
+            if self.raw.device.type == "cpu"
+            else None
+        )
 
     def upto(self, entries: int) -> torch.Tensor:
         """The bytes a step of `entries` entries (padding included) is read from: everything before its records
@@ -104,27 +112,39 @@ class StepLayout:
     def buffers(self, device: torch.device | str, pin: bool = False) -> Buffers:
         return Buffers(self, device, pin)
 
-    def views(self, buffers: Buffers, tokens: int, entries: int,
-              num_splits: int | None = None) -> tuple[torch.Tensor, ForwardBatch]:
+    def views(
+        self, buffers: Buffers, tokens: int, entries: int, num_splits: int | None = None
+    ) -> tuple[torch.Tensor, ForwardBatch]:
         """(input_ids [T], ForwardBatch) of bucket (tokens, entries) over the buffers; the attention follows the
         host's plan where the layout holds one for the bucket's split count (fill writes it)."""
         i64, head, tables = buffers.i64, buffers.head, buffers.tables
         t, e = self.t, self.e
         pages, deltas, valid, starts, firsts = table_views(tables[:entries])
         plan = buffers.plan[:entries, :num_splits] if self.planned(num_splits) else None
-        attn = PagedBatch(head[: entries + 1], head[e + 1: e + 1 + entries], pages, deltas, valid, starts,
-                          head[2 * e + 1: 2 * e + 1 + entries], max_q=tokens, max_kv=self.w * self.page_size,
-                          firsts=firsts, num_splits=num_splits, plan=plan)
-        fb = ForwardBatch(i64[t: t + tokens], i64[2 * t: 2 * t + tokens], attn, False,
-                          i64[3 * t: 3 * t + entries])
+        attn = PagedBatch(
+            head[: entries + 1],
+            head[e + 1 : e + 1 + entries],
+            pages,
+            deltas,
+            valid,
+            starts,
+            head[2 * e + 1 : 2 * e + 1 + entries],
+            max_q=tokens,
+            max_kv=self.w * self.page_size,
+            firsts=firsts,
+            num_splits=num_splits,
+            plan=plan,
+        )
+        fb = ForwardBatch(i64[t : t + tokens], i64[2 * t : 2 * t + tokens], attn, False, i64[3 * t : 3 * t + entries])
         return i64[:tokens], fb
 
     def planned(self, num_splits: int | None) -> bool:
         """Whether a bucket of this split count attends by the host's plan."""
         return num_splits is not None and 1 < num_splits <= self.plan_splits
 
-    def fill(self, buffers: Buffers, step: StepInputs, tokens: int, entries: int, num_splits: int | None = None
-             ) -> None:
+    def fill(
+        self, buffers: Buffers, step: StepInputs, tokens: int, entries: int, num_splits: int | None = None
+    ) -> None:
         """Write `step` padded to bucket (tokens, entries) into CPU buffers (module docstring, padding), with the
         split plan of each entry when the bucket splits `num_splits` ways. One slice assignment per field, from
         lists padded in Python: each numpy call costs about a µs."""
@@ -133,14 +153,14 @@ class StepLayout:
         n, real = len(step.tokens), len(step.entries)
         pad = tokens - n
         i64[:tokens] = step.tokens + [0] * pad
-        i64[t: t + tokens] = step.positions + list(range(pad))
-        i64[2 * t: 2 * t + tokens] = step.slots + [-1] * pad
+        i64[t : t + tokens] = step.positions + list(range(pad))
+        i64[2 * t : 2 * t + tokens] = step.slots + [-1] * pad
         rows = step.logits_rows
-        i64[3 * t: 3 * t + entries] = rows + [0] * (entries - len(rows))
+        i64[3 * t : 3 * t + entries] = rows + [0] * (entries - len(rows))
         empty = entries - 1 - real  # entries listing no rows, before the padding entry
         head[: entries + 1] = [0, *itertools.accumulate(step.q_lens)] + [n] * empty + [tokens]  # cu_seqlens_q
-        head[e + 1: e + 1 + entries] = step.q_starts + [0] * (entries - real)
-        head[2 * e + 1: 2 * e + 1 + entries] = [len(x.pages) for x in step.entries] + [0] * empty + [1]
+        head[e + 1 : e + 1 + entries] = step.q_starts + [0] * (entries - real)
+        head[2 * e + 1 : 2 * e + 1 + entries] = [len(x.pages) for x in step.entries] + [0] * empty + [1]
         fill_tables(tables, step.entries + [_NO_PAGES] * empty + [_PADDING])
         if self.planned(num_splits):
             fill_plans(plans, tables, [len(x.pages) for x in step.entries] + [0] * empty + [1], num_splits)
@@ -179,8 +199,9 @@ _NO_PAGES = EntryPages([], [], [])
 _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that padding rows stay finite
 
 
-def _bucket_splits(tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device
-                   ) -> tuple[int, bool]:
+def _bucket_splits(
+    tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device
+) -> tuple[int, bool]:
     """The split count a bucket's graph fixes and whether the host plans those splits: the Hopper kernel's rule
     where it takes the bucket's calls (kernels/prefill_hopper.py; it splits pages evenly itself, no plan), else what
     an eager launch of prefill.py's kernel picks, planned."""
@@ -193,22 +214,31 @@ def _bucket_splits(tokens: int, entries: int, cfg: ModelConfig, backend: Attenti
 class PrefillGraphs:
     """One CUDA graph per (tokens, entries) bucket over static buffers of the largest bucket."""
 
-    def __init__(self, model: CausalLM, backend: AttentionBackend, width: int, device: torch.device,
-                 token_buckets: Sequence[int] = TOKEN_BUCKETS, entry_buckets: Sequence[int] = ENTRY_BUCKETS) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        backend: AttentionBackend,
+        width: int,
+        device: torch.device,
+        token_buckets: Sequence[int] = TOKEN_BUCKETS,
+        entry_buckets: Sequence[int] = ENTRY_BUCKETS,
+    ) -> None:
         self.model = model
         self.backend = backend
         self.width = width
         self.device = device
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
         cfg = model.config
-        choice = {(t, e): _bucket_splits(t, e, cfg, backend, device)
-                  for t in self.token_buckets for e in _reachable(self.entry_buckets, t)}
+        choice = {
+            (t, e): _bucket_splits(t, e, cfg, backend, device)
+            for t in self.token_buckets
+            for e in _reachable(self.entry_buckets, t)
+        }
         self.splits = {bucket: splits for bucket, (splits, _) in choice.items()}
         # The host fills a plan per step only where prefill.py's kernel reads it.
         planned = [splits for splits, plan in choice.values() if plan]
         plan_splits = max(planned, default=0) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
-        self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size,
-                                 plan_splits)
+        self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size, plan_splits)
         self.static = self.layout.buffers(device)
         self.staging = self.layout.buffers("cpu", pin=True)
         self.empty = self.layout.buffers("cpu")  # an empty step: what the graphs are captured over
@@ -246,8 +276,9 @@ class PrefillGraphs:
         for bucket in sorted(self.splits):
             if bucket not in self.graphs:
                 tokens, entries = bucket
-                self.layout.fill(self.empty, StepInputs([], [], [], [], [], [], [], False), tokens, entries,
-                                 self.splits[bucket])
+                self.layout.fill(
+                    self.empty, StepInputs([], [], [], [], [], [], [], False), tokens, entries, self.splits[bucket]
+                )
                 self.static.raw.copy_(self.empty.raw)
                 self.graphs[bucket] = self._capture(bucket)
 

@@ -99,17 +99,22 @@ class PromptLayout:
     parse_special_tokens: bool = False
 
     def __post_init__(self) -> None:
-        for name, needed in (("document_format", "{text}"), ("untitled_document_format", "{text}"),
-                             ("question_format", "{question}")):
+        for name, needed in (
+            ("document_format", "{text}"),
+            ("untitled_document_format", "{text}"),
+            ("question_format", "{question}"),
+        ):
             fmt = getattr(self, name)
             if needed not in fmt:
                 raise InvalidRequestError(f"PromptLayout.{name} must contain {needed}", param=name)
             try:
                 fmt.format(title="", text="", question="")
             except (KeyError, IndexError, ValueError) as e:
-                raise InvalidRequestError(f"PromptLayout.{name} is not a valid format string "
-                                          "(fields: {title}, {text}, {question}; write braces as {{ }})",
-                                          param=name) from e
+                raise InvalidRequestError(
+                    f"PromptLayout.{name} is not a valid format string "
+                    "(fields: {title}, {text}, {question}; write braces as {{ }})",
+                    param=name,
+                ) from e
 
 
 DEFAULT_LAYOUT = PromptLayout()
@@ -135,8 +140,10 @@ def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, p
     else:
         raise InvalidRequestError(f"{param} must be a string or an object with 'text' (and 'title')", param=param)
     if text is None:
-        raise InvalidRequestError(f"{param} has no 'text' (registered documents are referred to by id and must "
-                                  "be resolved before rendering)", param=f"{param}.text")
+        raise InvalidRequestError(
+            f"{param} has no 'text' (registered documents are referred to by id and must be resolved before rendering)",
+            param=f"{param}.text",
+        )
     if not isinstance(text, str):
         raise InvalidRequestError(f"{param}.text must be a string, got {type(text).__name__}", param=f"{param}.text")
     if not text:
@@ -150,8 +157,9 @@ def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, p
     return layout.untitled_document_format.format(text=text)
 
 
-def encode_document(tokenizer: TokenizerBase, document: Document, layout: PromptLayout = DEFAULT_LAYOUT,
-                    param: str = "document") -> list[int]:
+def encode_document(
+    tokenizer: TokenizerBase, document: Document, layout: PromptLayout = DEFAULT_LAYOUT, param: str = "document"
+) -> list[int]:
     """A document segment's token ids: the only place they are computed, so equal documents get equal ids.
     A document seen before is not tokenised again when the tokenizer has a cache (model/tokenizer_cache.py)."""
     text = format_document(document, layout, param)  # validation first: a bad document fails even if cached
@@ -249,8 +257,9 @@ def from_token_ids(
     if bos is not None and len(prompt) > 1 and prompt[0] == bos and docs:
         prompt = prompt[1:]  # BOS belongs to the first segment (unless it is all there is to continue from)
     if not prompt:
-        raise InvalidRequestError("prompt_token_ids is empty; generation continues from its last token",
-                                  param="prompt_token_ids")
+        raise InvalidRequestError(
+            "prompt_token_ids is empty; generation continues from its last token", param="prompt_token_ids"
+        )
     if not docs:
         return RenderedPrompt([], prompt if bos is None or prompt[0] == bos else [bos, *prompt])
     if bos is None or docs[0][0] == bos:
@@ -275,8 +284,9 @@ def _bos_fixed(ids: list[int], tokenizer: TokenizerBase, layout: PromptLayout) -
     return ids
 
 
-def _encode_documents(tokenizer: TokenizerBase, documents: Sequence[Document] | None,
-                      layout: PromptLayout) -> list[list[int]]:
+def _encode_documents(
+    tokenizer: TokenizerBase, documents: Sequence[Document] | None, layout: PromptLayout
+) -> list[list[int]]:
     if documents is None:
         return []
     if isinstance(documents, (str, Mapping)) or not isinstance(documents, Sequence):
@@ -307,8 +317,7 @@ def _place_slot(chat: list[dict[str, Any]], slot: str, layout: PromptLayout) -> 
         users = [i + 1 for i in users]
     if layout.documents_in_user_turn:
         if not users:
-            raise InvalidRequestError("documents go in the user turn, but there is no user message",
-                                      param="messages")
+            raise InvalidRequestError("documents go in the user turn, but there is no user message", param="messages")
         chat[users[-1]]["content"] = layout.documents_header + slot + chat[users[-1]]["content"]
     elif has_system:
         system_text = chat[0]["content"]
@@ -316,4 +325,3 @@ def _place_slot(chat: list[dict[str, Any]], slot: str, layout: PromptLayout) -> 
         chat[0]["content"] = system_text + separator + layout.documents_header + slot
     else:
         chat.insert(0, {"role": "system", "content": layout.documents_header + slot})
-

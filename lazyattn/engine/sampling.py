@@ -89,16 +89,20 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, tuple):
             raise InvalidRequestError("stop_token_ids must be a list of token ids", param="stop_token_ids")
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
-                                      param="stop")
+            raise InvalidRequestError(
+                f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed", param="stop"
+            )
         for s in self.stop:
             if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
                 shown = f"{s[:20]!r}... ({len(s)} characters)" if isinstance(s, str) and len(s) > 20 else repr(s)
-                raise InvalidRequestError(f"stop must be strings of 1 to {MAX_STOP_CHARS} characters, got {shown}",
-                                          param="stop")
+                raise InvalidRequestError(
+                    f"stop must be strings of 1 to {MAX_STOP_CHARS} characters, got {shown}", param="stop"
+                )
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise InvalidRequestError(f"stop_token_ids has {len(self.stop_token_ids)} ids; at most "
-                                      f"{MAX_STOP_TOKEN_IDS} are allowed", param="stop_token_ids")
+            raise InvalidRequestError(
+                f"stop_token_ids has {len(self.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed",
+                param="stop_token_ids",
+            )
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, low=0, high=vocab_size - 1)
 
@@ -141,19 +145,22 @@ class SampleResult:
         if self.top_values is None:
             return None
         values, ids = self.top_values.tolist(), self.top_ids.tolist()
-        return [None if k is None else list(zip(ids[row][:k], values[row][:k]))
-                for row, k in enumerate(self.top_counts)]
+        return [
+            None if k is None else list(zip(ids[row][:k], values[row][:k])) for row, k in enumerate(self.top_counts)
+        ]
 
     def to_host(self) -> SampleResult:
         """The same result in host memory, its copies queued behind the sampling (pinned memory on CUDA: they do
         not block the host); read it once the device has passed them (an event recorded after this call)."""
+
         def host(t: torch.Tensor | None) -> torch.Tensor | None:
             if t is None or t.device.type == "cpu":
                 return t
             return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
-        return SampleResult(host(self.token_ids), host(self.logprobs), host(self.top_values), host(self.top_ids),
-                            self.top_counts)
+        return SampleResult(
+            host(self.token_ids), host(self.logprobs), host(self.top_values), host(self.top_ids), self.top_counts
+        )
 
 
 def _on(device: torch.device, values: list) -> torch.Tensor:
@@ -178,8 +185,11 @@ class Sampler:
         batch, vocab = logits.shape
         if len(params) != batch or len(generators) != batch:
             raise ValueError(f"{batch} rows of logits but {len(params)} params and {len(generators)} generators")
-        if logits.is_cuda and all(p.greedy and p.logprobs is None for p in params) and not (
-                suppress_token_ids is not None and any(suppress_token_ids)):
+        if (
+            logits.is_cuda
+            and all(p.greedy and p.logprobs is None for p in params)
+            and not (suppress_token_ids is not None and any(suppress_token_ids))
+        ):
             from lazyattn.kernels.greedy import greedy_pick  # Triton is imported only where CUDA runs
 
             rows = logits if logits.stride(-1) == 1 else logits.contiguous()

@@ -181,8 +181,16 @@ class Scheduler:
             run = self.mode.admit(self, seq, acquired)
             held = sum(len(p.segment.pages) for p in acquired) + len(run.pages) - run.owned
             samples = 0 if seq.prefill_only else 1
-            need = self.mode.pages_needed([len(s) for s in seq.segments], len(seq.prompt) + len(seq.output),
-                                          samples, self.page_size, seq.relink_tokens) - held
+            need = (
+                self.mode.pages_needed(
+                    [len(s) for s in seq.segments],
+                    len(seq.prompt) + len(seq.output),
+                    samples,
+                    self.page_size,
+                    seq.relink_tokens,
+                )
+                - held
+            )
             if self.cache.available_pages() < need:
                 raise OutOfPagesError("not enough room for this sequence's prefill yet")
         except OutOfPagesError:
@@ -194,8 +202,9 @@ class Scheduler:
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
-    def acquire_documents(self, segments: list[list[int]], salt: str | None, acquired: list[Part],
-                          keys: list[str] | None = None) -> None:
+    def acquire_documents(
+        self, segments: list[list[int]], salt: str | None, acquired: list[Part], keys: list[str] | None = None
+    ) -> None:
         """Acquire each segment as a cached document at its logical start, queueing an encode job for each one
         the cache does not hold yet (one job however many sequences wait on it). `keys`: the segments' keys if
         already computed (LLMEngine.add_request)."""

@@ -24,48 +24,84 @@ from typing import Any
 # --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
 # "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
 # (docs/quality.md); the others are the engine's published layouts.
-SHORT_ANSWER = dict(system_prompt="You are a helpful assistant. Answer the user's question with a short answer, "
-                                  "using only the documents below.",
-                    question_format="{question}\nAnswer in a few words.")
+SHORT_ANSWER = dict(
+    system_prompt="You are a helpful assistant. Answer the user's question with a short answer, "
+    "using only the documents below.",
+    question_format="{question}\nAnswer in a few words.",
+)
 LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer")
 
 
-def add_eval_parser(sub, engine_args: Callable[[argparse.ArgumentParser], None],
-                    engine_options: Callable[[argparse.Namespace], dict]) -> None:
-    p = sub.add_parser("eval", help="RAG question-answering accuracy per attention mode",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_eval_parser(
+    sub, engine_args: Callable[[argparse.ArgumentParser], None], engine_options: Callable[[argparse.Namespace], dict]
+) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="RAG question-answering accuracy per attention mode",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     engine_args(p, mode=False)
     p.set_defaults(mode=None)  # --modes picks the runs; a lone --mode X means just X
-    p.add_argument("--modes", default=None,
-                   help="comma-separated runs, each a mode with optional ':key=value' engine options "
-                        "(e.g. lazy:relink_tokens=16); default full,prefix,block,lazy")
-    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an extra LLM(...) option for every run (repeatable)")
+    p.add_argument(
+        "--modes",
+        default=None,
+        help="comma-separated runs, each a mode with optional ':key=value' engine options "
+        "(e.g. lazy:relink_tokens=16); default full,prefix,block,lazy",
+    )
+    p.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra LLM(...) option for every run (repeatable)",
+    )
     d = p.add_argument_group("questions")
-    d.add_argument("--dataset", default="builtin",
-                   help="'builtin' or 'builtin:SIZE' (small 60, medium 300, large 1500 questions), or a JSONL file "
-                        "of {question, answers, documents, gold}")
+    d.add_argument(
+        "--dataset",
+        default="builtin",
+        help="'builtin' or 'builtin:SIZE' (small 60, medium 300, large 1500 questions), or a JSONL file "
+        "of {question, answers, documents, gold}",
+    )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
-    d.add_argument("--num-docs", default=None,
-                   help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
-                        "document (default: 5 for builtin, all for a file)")
-    d.add_argument("--gold-position", default=None,
-                   help="first, middle, last or original, comma-separated (default: first,middle,last for "
-                        "builtin, original for a file)")
+    d.add_argument(
+        "--num-docs",
+        default=None,
+        help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
+        "document (default: 5 for builtin, all for a file)",
+    )
+    d.add_argument(
+        "--gold-position",
+        default=None,
+        help="first, middle, last or original, comma-separated (default: first,middle,last for "
+        "builtin, original for a file)",
+    )
     d.add_argument("--data-seed", type=int, default=0, help="seed of the built-in set")
     d.add_argument("--hops", default="1,1,2", help="built-in question mix, cycled: 1 single-hop, 2 two-hop")
-    d.add_argument("--write-dataset", default=None, metavar="PATH",
-                   help="write the questions as JSONL (as the first cell shows them) and exit")
+    d.add_argument(
+        "--write-dataset",
+        default=None,
+        metavar="PATH",
+        help="write the questions as JSONL (as the first cell shows them) and exit",
+    )
     g = p.add_argument_group("prompt and decoding")
-    g.add_argument("--prompt-layout", choices=LAYOUTS, default="block-attention",
-                   help="how documents and the question are framed (default: block-attention; short-answer asks "
-                        "for a short answer, see docs/quality.md)")
+    g.add_argument(
+        "--prompt-layout",
+        choices=LAYOUTS,
+        default="block-attention",
+        help="how documents and the question are framed (default: block-attention; short-answer asks "
+        "for a short answer, see docs/quality.md)",
+    )
     g.add_argument("--system-prompt", default=None, help="override the layout's system prompt")
     g.add_argument("--question-format", default=None, help="override the layout's question wrapper ({question})")
     g.add_argument("--documents-in-user-turn", action="store_true", help="documents open the user turn")
     g.add_argument("--max-tokens", type=int, default=32, help="answer tokens to generate, at most (default: 32)")
-    g.add_argument("--batch-size", type=int, default=1,
-                   help="questions per generate call (1: each TTFT is the request's own, nothing queued)")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="questions per generate call (1: each TTFT is the request's own, nothing queued)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for eval.json, eval.md and accuracy.png")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -78,8 +114,11 @@ def _layout(args: argparse.Namespace) -> Any:
 
     from lazyattn.engine import prompt
 
-    base = {"block-attention": prompt.DEFAULT_LAYOUT, "tulu3-block-ft": prompt.TULU3_BLOCK_FT_LAYOUT,
-            "short-answer": prompt.PromptLayout(**SHORT_ANSWER)}[args.prompt_layout]
+    base = {
+        "block-attention": prompt.DEFAULT_LAYOUT,
+        "tulu3-block-ft": prompt.TULU3_BLOCK_FT_LAYOUT,
+        "short-answer": prompt.PromptLayout(**SHORT_ANSWER),
+    }[args.prompt_layout]
     changes: dict[str, Any] = {}
     if args.system_prompt is not None:
         changes["system_prompt"] = args.system_prompt
@@ -112,8 +151,7 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
 
     builtin = args.dataset == "builtin" or args.dataset.startswith("builtin:")
     num_docs = _ints_or_all(args.num_docs or ("5" if builtin else "all"), "num-docs")
-    positions = [s.strip() for s in (args.gold_position or ("first,middle,last" if builtin else "original"))
-                 .split(",")]
+    positions = [s.strip() for s in (args.gold_position or ("first,middle,last" if builtin else "original")).split(",")]
     bad = [s for s in positions if s not in POSITIONS]
     if bad:
         raise DatasetError(f"--gold-position: unknown {', '.join(bad)}; choose from {', '.join(POSITIONS)}")
@@ -149,8 +187,12 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         write_jsonl(args.write_dataset, cells[0][1])
         print(f"wrote {len(cells[0][1])} questions ({cells[0][0].label}) to {args.write_dataset}")
         return 0
-    runs = [RunSpec.parse(t) for t in (args.modes.split(",") if args.modes else
-                                       [args.mode] if args.mode else ["full", "prefix", "block", "lazy"])]
+    runs = [
+        RunSpec.parse(t)
+        for t in (
+            args.modes.split(",") if args.modes else [args.mode] if args.mode else ["full", "prefix", "block", "lazy"]
+        )
+    ]
     options = engine_options(args)
     options.pop("mode")
     options.update(parse_option(o) for o in args.engine_option)
@@ -166,11 +208,13 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         return LLM(**{**options, "mode": run.mode, "layout": layout, "progress": False, **run.options})
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    print(f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
-          f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
-          + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
-          + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
-          flush=True)
+    print(
+        f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
+        f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
+        + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
+        + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
+        flush=True,
+    )
     start = time.monotonic()
     results = evaluate(runs, cells, make_llm, params, args.batch_size, progress=not args.no_progress)
     wall = time.monotonic() - start
@@ -183,19 +227,34 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
     if args.out:
         out = Path(args.out)
-        meta = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model,
-                "engine_options": options, "layout": vars(layout), "max_tokens": args.max_tokens,
-                "batch_size": args.batch_size, "wall_s": wall, "python": platform.python_version(),
-                "host": platform.node()}
-        report.write_json(out / "eval.json", {
-            "meta": meta, "dataset": dataset_meta, "runs": [{"label": r.label, "mode": r.mode, "options": r.options}
-                                                            for r in runs],
-            "aliases": {c.label: a.label for c, a in aliases.items()},
-            "cells": [r.to_dict() for r in results]})
+        meta = {
+            "command": " ".join(sys.argv),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "model": args.model,
+            "engine_options": options,
+            "layout": vars(layout),
+            "max_tokens": args.max_tokens,
+            "batch_size": args.batch_size,
+            "wall_s": wall,
+            "python": platform.python_version(),
+            "host": platform.node(),
+        }
+        report.write_json(
+            out / "eval.json",
+            {
+                "meta": meta,
+                "dataset": dataset_meta,
+                "runs": [{"label": r.label, "mode": r.mode, "options": r.options} for r in runs],
+                "aliases": {c.label: a.label for c, a in aliases.items()},
+                "cells": [r.to_dict() for r in results],
+            },
+        )
         (out / "eval.md").write_text(
-            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n")
-        report.plot_accuracy(results, out / "accuracy.png", aliases=aliases,
-                             title=f"{Path(args.model).name}: {_describe(dataset_meta)}")
+            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n"
+        )
+        report.plot_accuracy(
+            results, out / "accuracy.png", aliases=aliases, title=f"{Path(args.model).name}: {_describe(dataset_meta)}"
+        )
         print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'accuracy.png'}")
     return 0
 

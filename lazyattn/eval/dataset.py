@@ -48,8 +48,14 @@ class QAItem:
         return str(self.extra.get("type", "all"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "question": self.question, "answers": list(self.answers),
-                "documents": [dict(d) for d in self.documents], "gold": list(self.gold), **self.extra}
+        return {
+            "id": self.id,
+            "question": self.question,
+            "answers": list(self.answers),
+            "documents": [dict(d) for d in self.documents],
+            "gold": list(self.gold),
+            **self.extra,
+        }
 
     @staticmethod
     def from_dict(d: Any, where: str = "item") -> QAItem:
@@ -150,11 +156,10 @@ def arrange(item: QAItem, num_docs: int | None, position: str = "original") -> Q
         kept = [i for i in range(len(item.documents)) if i not in item.gold][:keep]
         order = sorted(kept + list(item.gold))
         index = {old: new for new, old in enumerate(order)}
-        return replace(item, documents=tuple(item.documents[i] for i in order),
-                       gold=tuple(index[g] for g in item.gold))
+        return replace(item, documents=tuple(item.documents[i] for i in order), gold=tuple(index[g] for g in item.gold))
     distractors = [d for i, d in enumerate(item.documents) if i not in item.gold]
     if num_docs is not None:
-        distractors = distractors[:num_docs - len(item.gold)]
+        distractors = distractors[: num_docs - len(item.gold)]
     start = gold_start(len(distractors), position)
     docs = distractors[:start] + gold_docs + distractors[start:]
     return replace(item, documents=tuple(docs), gold=tuple(range(start, start + len(gold_docs))))

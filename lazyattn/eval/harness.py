@@ -22,7 +22,7 @@ from lazyattn.eval.metrics import Scores
 
 
 def parse_option(text: str) -> tuple[str, Any]:
-    """"key=value" -> (key, value); the value is read as JSON when it parses (16, 0.5, true), else a string."""
+    """ "key=value" -> (key, value); the value is read as JSON when it parses (16, 0.5, true), else a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise InvalidRequestError(f"engine option {text!r} is not key=value", param="engine_option")
@@ -43,11 +43,12 @@ class RunSpec:
 
     @staticmethod
     def parse(text: str) -> RunSpec:
-        """"lazy" or "lazy:relink_tokens=16" (options separated by ':')."""
+        """ "lazy" or "lazy:relink_tokens=16" (options separated by ':')."""
         mode, *opts = text.strip().split(":")
         if mode not in MODES:
-            raise InvalidRequestError(f"unknown mode {mode!r} in {text!r}; choose from {', '.join(MODES)}",
-                                      param="modes")
+            raise InvalidRequestError(
+                f"unknown mode {mode!r} in {text!r}; choose from {', '.join(MODES)}", param="modes"
+            )
         return RunSpec(text.strip(), mode, dict(parse_option(o) for o in opts))
 
 
@@ -61,8 +62,11 @@ class Cell:
         return f"{'all' if self.num_docs is None else self.num_docs} docs, gold {self.position}"
 
 
-def plan_cells(items: Sequence[QAItem], num_docs: Sequence[int | None], positions: Sequence[str],
-               ) -> tuple[list[tuple[Cell, list[QAItem]]], dict[Cell, Cell]]:
+def plan_cells(
+    items: Sequence[QAItem],
+    num_docs: Sequence[int | None],
+    positions: Sequence[str],
+) -> tuple[list[tuple[Cell, list[QAItem]]], dict[Cell, Cell]]:
     """Each cell's arranged items, and the cells left out because they show exactly the items of an earlier
     one (with two documents and one gold, "middle" is "first"): {left out: the cell it equals}."""
     planned: list[tuple[Cell, list[QAItem]]] = []
@@ -91,15 +95,31 @@ class ItemResult:
     finish_reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": self.type, "output": self.output, "accuracy": self.scores.accuracy,
-                "exact_match": self.scores.exact_match, "f1": self.scores.f1, "ttft_s": self.ttft_s,
-                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "finish_reason": self.finish_reason}
+        return {
+            "id": self.id,
+            "type": self.type,
+            "output": self.output,
+            "accuracy": self.scores.accuracy,
+            "exact_match": self.scores.exact_match,
+            "f1": self.scores.f1,
+            "ttft_s": self.ttft_s,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason,
+        }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ItemResult:
-        return ItemResult(d["id"], d["type"], d["output"], Scores(d["accuracy"], d["exact_match"], d["f1"]),
-                          d["ttft_s"], d["prompt_tokens"], d["cached_tokens"], d["finish_reason"])
+        return ItemResult(
+            d["id"],
+            d["type"],
+            d["output"],
+            Scores(d["accuracy"], d["exact_match"], d["f1"]),
+            d["ttft_s"],
+            d["prompt_tokens"],
+            d["cached_tokens"],
+            d["finish_reason"],
+        )
 
 
 @dataclass
@@ -110,17 +130,22 @@ class CellResult:
 
     def summary(self) -> dict[str, Any]:
         """Means over items: scores in [0, 1], TTFT in ms; per question type when there are several."""
+
         def mean(xs: list[float]) -> float | None:
             return statistics.fmean(xs) if xs else None
 
         ttfts = [r.ttft_s * 1e3 for r in self.items if r.ttft_s is not None]
         out: dict[str, Any] = {
-            "run": self.run.label, "mode": self.run.mode, "num_docs": self.cell.num_docs,
-            "position": self.cell.position, "n": len(self.items),
+            "run": self.run.label,
+            "mode": self.run.mode,
+            "num_docs": self.cell.num_docs,
+            "position": self.cell.position,
+            "n": len(self.items),
             "accuracy": mean([r.scores.accuracy for r in self.items]),
             "exact_match": mean([r.scores.exact_match for r in self.items]),
             "f1": mean([r.scores.f1 for r in self.items]),
-            "ttft_ms_mean": mean(ttfts), "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
+            "ttft_ms_mean": mean(ttfts),
+            "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
             "prompt_tokens_mean": mean([r.prompt_tokens for r in self.items]),
             "cached_tokens_mean": mean([r.cached_tokens for r in self.items]),
         }
@@ -136,37 +161,61 @@ class CellResult:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> CellResult:
         """From `to_dict` (an eval.json cell): tables and plots can be redrawn without re-running."""
-        return CellResult(RunSpec(d["run"], d["mode"], d.get("options", {})), Cell(d["num_docs"], d["position"]),
-                          [ItemResult.from_dict(i) for i in d["items"]])
+        return CellResult(
+            RunSpec(d["run"], d["mode"], d.get("options", {})),
+            Cell(d["num_docs"], d["position"]),
+            [ItemResult.from_dict(i) for i in d["items"]],
+        )
 
 
 def messages_for(item: QAItem) -> list[dict[str, str]]:
     return [{"role": "user", "content": item.question}]
 
 
-def answer_cell(llm: Any, run: RunSpec, cell: Cell, items: Sequence[QAItem], params: Any, batch_size: int = 1,
-                on_done: Callable[[int], None] = lambda n: None) -> CellResult:
+def answer_cell(
+    llm: Any,
+    run: RunSpec,
+    cell: Cell,
+    items: Sequence[QAItem],
+    params: Any,
+    batch_size: int = 1,
+    on_done: Callable[[int], None] = lambda n: None,
+) -> CellResult:
     """Each item through `llm.chat` with its documents. batch_size 1 keeps each TTFT the request's own (no
     queueing behind the others); larger batches are faster (answers may differ only
     where batched arithmetic rounds differently)."""
     results: list[ItemResult] = []
     for start in range(0, len(items), batch_size):
-        batch = items[start:start + batch_size]
-        outs = llm.chat([messages_for(it) for it in batch], params, documents=[list(it.documents) for it in batch],
-                        use_tqdm=False)
+        batch = items[start : start + batch_size]
+        outs = llm.chat(
+            [messages_for(it) for it in batch], params, documents=[list(it.documents) for it in batch], use_tqdm=False
+        )
         for item, out in zip(batch, outs):
             text = out.text.strip()
-            results.append(ItemResult(
-                id=item.id, type=item.type, output=text, scores=Scores.of(text, item.answers),
-                ttft_s=out.metrics.ttft if out.metrics else None,
-                prompt_tokens=out.num_document_tokens + len(out.prompt_token_ids),
-                cached_tokens=out.metrics.cached_tokens if out.metrics else 0, finish_reason=out.finish_reason))
+            results.append(
+                ItemResult(
+                    id=item.id,
+                    type=item.type,
+                    output=text,
+                    scores=Scores.of(text, item.answers),
+                    ttft_s=out.metrics.ttft if out.metrics else None,
+                    prompt_tokens=out.num_document_tokens + len(out.prompt_token_ids),
+                    cached_tokens=out.metrics.cached_tokens if out.metrics else 0,
+                    finish_reason=out.finish_reason,
+                )
+            )
         on_done(len(batch))
     return CellResult(run, cell, results)
 
 
-def evaluate(runs: Sequence[RunSpec], cells: Sequence[tuple[Cell, list[QAItem]]], make_llm: Callable[[RunSpec], Any],
-             params: Any, batch_size: int = 1, progress: bool = True) -> list[CellResult]:
+def evaluate(
+    runs: Sequence[RunSpec],
+    cells: Sequence[tuple[Cell, list[QAItem]]],
+    make_llm: Callable[[RunSpec], Any],
+    params: Any,
+    batch_size: int = 1,
+    progress: bool = True,
+) -> list[CellResult]:
     """Every run over every cell; one engine per run, built by `make_llm` and dropped before the next."""
     from tqdm import tqdm
 

@@ -10,8 +10,16 @@ from lazyattn.bench.plots import MODE_STYLE
 from lazyattn.bench.report import markdown_table, text_table, write_json
 from lazyattn.eval.harness import Cell, CellResult
 
-__all__ = ["markdown_table", "pivot_markdown", "pivots", "plot_accuracy", "rows", "table_columns", "text_table",
-           "write_json"]
+__all__ = [
+    "markdown_table",
+    "pivot_markdown",
+    "pivots",
+    "plot_accuracy",
+    "rows",
+    "table_columns",
+    "text_table",
+    "write_json",
+]
 
 
 def _pct(x: float | None) -> float | None:
@@ -23,9 +31,18 @@ def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         s = r.summary()
-        row = {"run": s["run"], "docs": "all" if s["num_docs"] is None else s["num_docs"], "gold": s["position"],
-               "n": s["n"], "acc": _pct(s["accuracy"]), "em": _pct(s["exact_match"]), "f1": _pct(s["f1"]),
-               "ttft": s["ttft_ms_mean"], "prompt": s["prompt_tokens_mean"], "cached": s["cached_tokens_mean"]}
+        row = {
+            "run": s["run"],
+            "docs": "all" if s["num_docs"] is None else s["num_docs"],
+            "gold": s["position"],
+            "n": s["n"],
+            "acc": _pct(s["accuracy"]),
+            "em": _pct(s["exact_match"]),
+            "f1": _pct(s["f1"]),
+            "ttft": s["ttft_ms_mean"],
+            "prompt": s["prompt_tokens_mean"],
+            "cached": s["cached_tokens_mean"],
+        }
         for t, acc in s.get("accuracy_by_type", {}).items():
             row[f"acc:{t}"] = _pct(acc)
         out.append(row)
@@ -34,15 +51,28 @@ def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
 
 def table_columns(table_rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
     types = list(dict.fromkeys(k for r in table_rows for k in r if k.startswith("acc:")))
-    return ([("run", "run", "{}"), ("docs", "docs", "{}"), ("gold", "gold", "{}"), ("n", "n", "{}"),
-             ("accuracy %", "acc", "{:.1f}")]
-            + [(f"acc {t[4:]} %", t, "{:.1f}") for t in types]
-            + [("EM %", "em", "{:.1f}"), ("F1 %", "f1", "{:.1f}"), ("TTFT ms", "ttft", "{:.0f}"),
-               ("prompt tok", "prompt", "{:.0f}"), ("cached tok", "cached", "{:.0f}")])
+    return (
+        [
+            ("run", "run", "{}"),
+            ("docs", "docs", "{}"),
+            ("gold", "gold", "{}"),
+            ("n", "n", "{}"),
+            ("accuracy %", "acc", "{:.1f}"),
+        ]
+        + [(f"acc {t[4:]} %", t, "{:.1f}") for t in types]
+        + [
+            ("EM %", "em", "{:.1f}"),
+            ("F1 %", "f1", "{:.1f}"),
+            ("TTFT ms", "ttft", "{:.0f}"),
+            ("prompt tok", "prompt", "{:.0f}"),
+            ("cached tok", "cached", "{:.0f}"),
+        ]
+    )
 
 
-def pivot_markdown(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None,
-                   key: str = "accuracy") -> str:
+def pivot_markdown(
+    results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None, key: str = "accuracy"
+) -> str:
     """Runs down, cells across ("5 docs / middle"), `key` of the summary in percent. A cell left out as equal
     to another shows that one's value, marked "=" (e.g. middle of two documents is first)."""
     aliases = dict(aliases or {})
@@ -76,8 +106,9 @@ def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = 
     return text
 
 
-def plot_accuracy(results: Sequence[CellResult], path: str | Path, title: str = "",
-                  aliases: Mapping[Cell, Cell] | None = None) -> None:
+def plot_accuracy(
+    results: Sequence[CellResult], path: str | Path, title: str = "", aliases: Mapping[Cell, Cell] | None = None
+) -> None:
     """Accuracy (top) and mean TTFT (bottom) against documents per question, one column per gold position,
     one line per run. A cell left out as equal to another is drawn with that one's values."""
     import matplotlib
@@ -96,8 +127,10 @@ def plot_accuracy(results: Sequence[CellResult], path: str | Path, title: str = 
     fig, axes = plt.subplots(2, len(positions), figsize=(4.6 * len(positions), 7), squeeze=False)
     for col, position in enumerate(positions):
         for i, label in enumerate(runs):
-            cells = sorted(((c.num_docs or 0, r) for (run, c), r in by_cell.items()
-                            if run == label and c.position == position), key=lambda t: t[0])
+            cells = sorted(
+                ((c.num_docs or 0, r) for (run, c), r in by_cell.items() if run == label and c.position == position),
+                key=lambda t: t[0],
+            )
             if not cells:
                 continue
             color, marker = MODE_STYLE.get(cells[0][1].run.mode, ("black", "x"))

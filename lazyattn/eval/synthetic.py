@@ -47,12 +47,56 @@ _SURNAME_ENDS = ["", "ton", "er", "ick", "ova", "ane", "el"]
 _TOWN_ENDS = ["beck", "mere", "ford", "holm", "vale", "wick", "stead", "port", "burg", "moor"]
 _COUNTRY_ENDS = ["ia", "ara", "land", "ora", "esh", "any"]
 _COMPANY_ENDS = ["Group", "Holdings", "Works", "Partners", "Company", "Industries"]
-_OCCUPATIONS = ["painter", "sculptor", "chemist", "architect", "surgeon", "cartographer", "violinist", "botanist",
-                "astronomer", "engineer", "poet", "lawyer", "historian", "geologist", "pilot", "baker", "jeweller",
-                "linguist", "photographer", "economist", "pharmacist", "carpenter", "novelist", "veterinarian"]
-_INDUSTRIES = ["shipbuilding", "glassmaking", "software", "textile", "brewing", "mining", "printing", "pottery",
-               "clockmaking", "paper", "furniture", "steel", "chocolate", "perfume", "insurance", "railway",
-               "fishing", "tea", "shoemaking", "toy", "publishing", "telescope"]
+_OCCUPATIONS = [
+    "painter",
+    "sculptor",
+    "chemist",
+    "architect",
+    "surgeon",
+    "cartographer",
+    "violinist",
+    "botanist",
+    "astronomer",
+    "engineer",
+    "poet",
+    "lawyer",
+    "historian",
+    "geologist",
+    "pilot",
+    "baker",
+    "jeweller",
+    "linguist",
+    "photographer",
+    "economist",
+    "pharmacist",
+    "carpenter",
+    "novelist",
+    "veterinarian",
+]
+_INDUSTRIES = [
+    "shipbuilding",
+    "glassmaking",
+    "software",
+    "textile",
+    "brewing",
+    "mining",
+    "printing",
+    "pottery",
+    "clockmaking",
+    "paper",
+    "furniture",
+    "steel",
+    "chocolate",
+    "perfume",
+    "insurance",
+    "railway",
+    "fishing",
+    "tea",
+    "shoemaking",
+    "toy",
+    "publishing",
+    "telescope",
+]
 
 
 def split_of(name: str) -> str:
@@ -87,6 +131,7 @@ class _Pools:
             first = (self._syllable() + self._syllable() + self.rng.choice(["", "a", "o"])).capitalize()
             last = (self._syllable() + self._syllable() + self.rng.choice(_SURNAME_ENDS)).capitalize()
             return f"{first} {last}"
+
         return self.name(make)
 
     def town_name(self) -> str:
@@ -99,8 +144,9 @@ class _Pools:
         return self.name(lambda: (self._syllable() + self._syllable()).capitalize())
 
     def company_name(self) -> str:
-        return self.name(lambda: f"{(self._syllable() + self._syllable()).capitalize()} "
-                                 f"{self.rng.choice(_COMPANY_ENDS)}")
+        return self.name(
+            lambda: f"{(self._syllable() + self._syllable()).capitalize()} {self.rng.choice(_COMPANY_ENDS)}"
+        )
 
     def year(self, low: int, high: int) -> str:
         while (y := self.rng.randint(low, high)) in self.years:
@@ -130,30 +176,43 @@ class _Entity:
 
 def _person(p: _Pools, town: str | None = None, company: str | None = None) -> _Entity:
     name = p.person_name()
-    facts = {"occupation": p.word(_OCCUPATIONS), "birthplace": town or p.town_name(),
-             "birth_year": p.year(1820, 1995), "employer": company or p.company_name()}
+    facts = {
+        "occupation": p.word(_OCCUPATIONS),
+        "birthplace": town or p.town_name(),
+        "birth_year": p.year(1820, 1995),
+        "employer": company or p.company_name(),
+    }
     first = name.split()[0]
     article = "an" if facts["occupation"][0] in "aeiou" else "a"
-    text = (f"{name} is {article} {facts['occupation']} who was born in {facts['birthplace']} in "
-            f"{facts['birth_year']}. {first} works for {facts['employer']}.")
+    text = (
+        f"{name} is {article} {facts['occupation']} who was born in {facts['birthplace']} in "
+        f"{facts['birth_year']}. {first} works for {facts['employer']}."
+    )
     return _Entity("person", name, text, facts)
 
 
 def _town(p: _Pools, name: str | None = None) -> _Entity:
     name = name or p.town_name()
     facts = {"country": p.country_name(), "river": p.river_name(), "founded": p.year(1100, 1850)}
-    text = (f"{name} is a town in {facts['country']} on the river {facts['river']}. "
-            f"It was founded in {facts['founded']}.")
+    text = (
+        f"{name} is a town in {facts['country']} on the river {facts['river']}. It was founded in {facts['founded']}."
+    )
     return _Entity("town", name, text, facts)
 
 
 def _company(p: _Pools, name: str | None = None, founder: str | None = None, town: str | None = None) -> _Entity:
     name = name or p.company_name()
     industry = p.word(_INDUSTRIES)
-    facts = {"industry": industry, "headquarters": town or p.town_name(), "founder": founder or p.person_name(),
-             "founded": p.year(1850, 2015)}
-    text = (f"{name} is a {industry} company headquartered in {facts['headquarters']}. It was founded by "
-            f"{facts['founder']} in {facts['founded']}.")
+    facts = {
+        "industry": industry,
+        "headquarters": town or p.town_name(),
+        "founder": founder or p.person_name(),
+        "founded": p.year(1850, 2015),
+    }
+    text = (
+        f"{name} is a {industry} company headquartered in {facts['headquarters']}. It was founded by "
+        f"{facts['founder']} in {facts['founded']}."
+    )
     return _Entity("company", name, text, facts)
 
 
@@ -187,9 +246,12 @@ _TWO_HOP = [
 def _chain(p: _Pools, first: str, link: str, second: str) -> tuple[_Entity, _Entity]:
     """Two entities of kinds `first` and `second`, the first's `link` relation naming the second."""
     target = _MAKE[second](p)
-    head = {"birthplace": lambda: _person(p, town=target.name), "employer": lambda: _person(p, company=target.name),
-            "founder": lambda: _company(p, founder=target.name),
-            "headquarters": lambda: _company(p, town=target.name)}[link]()
+    head = {
+        "birthplace": lambda: _person(p, town=target.name),
+        "employer": lambda: _person(p, company=target.name),
+        "founder": lambda: _company(p, founder=target.name),
+        "headquarters": lambda: _company(p, town=target.name),
+    }[link]()
     assert head.kind == first
     return head, target
 
@@ -210,16 +272,27 @@ def _item(split: str, seed: int, index: int, num_docs: int, hops: int) -> QAItem
         distractors = []
         while len(distractors) < num_docs - 2:
             distractors.extend(_chain(p, first, link, second))
-        distractors = distractors[:num_docs - 2]
+        distractors = distractors[: num_docs - 2]
         label = f"{first}.{link}>{second}.{relation}"
     docs = [e.document() for e in gold + distractors]
-    return QAItem(question=question.format(name=gold[0].name), answers=(answer,), documents=tuple(docs),
-                  gold=tuple(range(len(gold))), id=f"{split}-{seed}-{index}",
-                  extra={"type": "single-hop" if hops == 1 else "two-hop", "relation": label})
+    return QAItem(
+        question=question.format(name=gold[0].name),
+        answers=(answer,),
+        documents=tuple(docs),
+        gold=tuple(range(len(gold))),
+        id=f"{split}-{seed}-{index}",
+        extra={"type": "single-hop" if hops == 1 else "two-hop", "relation": label},
+    )
 
 
-def generate(n: int, num_docs: int = 5, gold_position: str = "first", seed: int = 0, split: str = "eval",
-             hops: Sequence[int] = DEFAULT_HOPS) -> list[QAItem]:
+def generate(
+    n: int,
+    num_docs: int = 5,
+    gold_position: str = "first",
+    seed: int = 0,
+    split: str = "eval",
+    hops: Sequence[int] = DEFAULT_HOPS,
+) -> list[QAItem]:
     """`n` items of `num_docs` documents, gold block at `gold_position` (first, middle, last), deterministic in
     (split, seed, index): the same arguments give the same items in any process; item i does not depend on n.
 
@@ -232,5 +305,4 @@ def generate(n: int, num_docs: int = 5, gold_position: str = "first", seed: int 
         raise DatasetError(f"hops must be a non-empty sequence of 1 and 2, got {list(hops)}")
     if not max(hops) <= num_docs <= MAX_DOCS:
         raise DatasetError(f"num_docs must be in [{max(hops)}, {MAX_DOCS}] (two-hop items need 2), got {num_docs}")
-    return [arrange(_item(split, seed, i, num_docs, hops[i % len(hops)]), num_docs, gold_position)
-            for i in range(n)]
+    return [arrange(_item(split, seed, i, num_docs, hops[i % len(hops)]), num_docs, gold_position) for i in range(n)]

@@ -19,8 +19,14 @@ from lazyattn.model.loader import load_model
 from lazyattn.model.tokenizer import TINY, TokenizerBase, load_tokenizer
 
 # Files a checkpoint directory's tokenizer lives in; copied beside merged weights.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "chat_template.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 
 
 @dataclass
@@ -50,8 +56,9 @@ def load_base(name: str) -> Base:
     elif gguf.is_gguf(path):
         config, weights = gguf.hf_config(gguf.open_gguf(path)), dict(gguf.read_weights(path))
     elif Path(path).is_dir():
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                                  attn_implementation="eager")
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="eager"
+        )
         return Base(name, model, load_tokenizer(path))
     else:
         raise CheckpointError(f"{name!r}: not 'tiny', a named model, a .gguf file or a checkpoint directory")
@@ -60,15 +67,13 @@ def load_base(name: str) -> Base:
     if config_cls is None:
         raise CheckpointError(f"{name}: no transformers config class for {arch}")
     hf_config = config_cls(**{k: v for k, v in config.items() if k != "dtype"})
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager",
-                                                          dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", dtype=torch.float32)
     if hf_config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if not (hf_config.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise CheckpointError(f"{name}: weights do not fit {arch} (missing {missing[:3]}, unexpected "
-                              f"{unexpected[:3]})")
+        raise CheckpointError(f"{name}: weights do not fit {arch} (missing {missing[:3]}, unexpected {unexpected[:3]})")
     if hf_config.tie_word_embeddings:
         model.tie_weights()
     return Base(name, model.eval(), load_tokenizer(path))
@@ -76,12 +81,22 @@ def load_base(name: str) -> Base:
 
 def _tiny_config() -> dict[str, Any]:
     cfg = ModelConfig.tiny()
-    return {"architectures": [cfg.architecture], "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-            "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position,
-            "rope_theta": cfg.rope.base, "tie_word_embeddings": cfg.tie_word_embeddings,
-            "bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids)}
+    return {
+        "architectures": [cfg.architecture],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position,
+        "rope_theta": cfg.rope.base,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": list(cfg.eos_token_ids),
+    }
 
 
 def _engine_weights(name: str) -> dict[str, torch.Tensor]:

@@ -44,8 +44,7 @@ class Example:
 def encode_item(tokenizer: TokenizerBase, item, layout: PromptLayout = DEFAULT_LAYOUT) -> Example:
     """`item`: a QAItem (lazyattn.eval.dataset) or a dict of the JSONL format."""
     get = item.get if isinstance(item, dict) else lambda k: getattr(item, k)
-    rendered = render_chat(tokenizer, [{"role": "user", "content": get("question")}], list(get("documents")),
-                           layout)
+    rendered = render_chat(tokenizer, [{"role": "user", "content": get("question")}], list(get("documents")), layout)
     eos = tokenizer.eos_token_ids
     if not eos:
         raise InvalidRequestError("the tokenizer has no end-of-sequence token to end the answer with")
@@ -71,16 +70,16 @@ def load_items(source: str, n: int | None, seed: int = 0) -> list:
     None), validated by the eval format's own reader."""
     if source == BUILTIN:
         if n is None or n <= 0:
-            raise InvalidRequestError("the built-in training set needs a positive number of examples",
-                                      param="examples")
+            raise InvalidRequestError("the built-in training set needs a positive number of examples", param="examples")
         return builtin_items(n, seed)
     from lazyattn.eval.dataset import read_jsonl
 
     return read_jsonl(source, limit=n)
 
 
-def encode_items(tokenizer: TokenizerBase, items: Sequence, layout: PromptLayout = DEFAULT_LAYOUT,
-                 max_tokens: int | None = None) -> list[Example]:
+def encode_items(
+    tokenizer: TokenizerBase, items: Sequence, layout: PromptLayout = DEFAULT_LAYOUT, max_tokens: int | None = None
+) -> list[Example]:
     """Encoded examples; those longer than `max_tokens` are dropped (a truncated prompt would teach nothing)."""
     examples = [encode_item(tokenizer, item, layout) for item in items]
     if max_tokens is not None:

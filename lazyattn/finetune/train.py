@@ -80,8 +80,9 @@ class FinetuneResult:
     seconds: float
 
 
-def make_batch(examples: Sequence[Example], blocks: Sequence[bool], device: torch.device | str = "cpu",
-               pad_id: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(
+    examples: Sequence[Example], blocks: Sequence[bool], device: torch.device | str = "cpu", pad_id: int = 0
+) -> dict[str, torch.Tensor]:
     """transformers inputs for rows of examples: right-padded ids, logical `position_ids`, the 4-D additive
     mask (block or causal per row), and labels = the answer tokens (-100 elsewhere; transformers shifts)."""
     length = max(e.num_tokens for e in examples)
@@ -95,8 +96,12 @@ def make_batch(examples: Sequence[Example], blocks: Sequence[bool], device: torc
         rows.append(masks.visible([len(s) for s in e.segments], len(e.final) + len(e.answer), block))
     mask = masks.additive(masks.padded(rows, length))
     positions = torch.arange(length).expand(len(examples), length)
-    return {"input_ids": ids.to(device), "position_ids": positions.to(device), "attention_mask": mask.to(device),
-            "labels": labels.to(device)}
+    return {
+        "input_ids": ids.to(device),
+        "position_ids": positions.to(device),
+        "attention_mask": mask.to(device),
+        "labels": labels.to(device),
+    }
 
 
 def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
@@ -142,11 +147,18 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     seconds = time.perf_counter() - start
     out = Path(cfg.out)
     model.eval()
-    recipe = {"command": command, "config": {k: v for k, v in asdict(cfg).items() if k != "layout"},
-              "examples": len(examples), "steps_done": len(losses), "tokens": tokens,
-              "seconds": round(seconds, 1), "device": str(device),
-              "loss_first_10": _mean(losses[:10]), "loss_last_10": _mean(losses[-10:]),
-              "loss_per_50_steps": [_mean(losses[i:i + 50]) for i in range(0, len(losses), 50)]}
+    recipe = {
+        "command": command,
+        "config": {k: v for k, v in asdict(cfg).items() if k != "layout"},
+        "examples": len(examples),
+        "steps_done": len(losses),
+        "tokens": tokens,
+        "seconds": round(seconds, 1),
+        "device": str(device),
+        "loss_first_10": _mean(losses[:10]),
+        "loss_last_10": _mean(losses[-10:]),
+        "loss_per_50_steps": [_mean(losses[i : i + 50]) for i in range(0, len(losses), 50)],
+    }
     if cfg.full_finetune:
         _save_model(model, base, out, cfg.save_dtype)
     else:
@@ -159,8 +171,9 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     return FinetuneResult(out, losses, tokens, seconds)
 
 
-def merge_adapter(adapter_dir: str | Path, out: str | Path, save_dtype: str = "bfloat16",
-                  base: Base | None = None) -> Path:
+def merge_adapter(
+    adapter_dir: str | Path, out: str | Path, save_dtype: str = "bfloat16", base: Base | None = None
+) -> Path:
     """A full checkpoint (config.json, model.safetensors, tokenizer files) = base + adapter, via peft."""
     from peft import PeftModel
 
@@ -182,8 +195,14 @@ def _with_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
     unknown = sorted(set(cfg.lora_targets) - names)
     if unknown:
         raise InvalidRequestError(f"LoRA targets {unknown} are not modules of this model", param="lora_targets")
-    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                        target_modules=list(cfg.lora_targets), bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 

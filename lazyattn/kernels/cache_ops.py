@@ -54,8 +54,7 @@ def _load_pairs(rows, s_d, row_ok, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr,
 
 
 @triton.jit
-def _store_pairs(rows, s_d, row_ok, a, b, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+def _store_pairs(rows, s_d, row_ok, a, b, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Inverse of _load_pairs."""
     if INTERLEAVED:
         d = tl.arange(0, 2 * BLOCK_HALF)[None, :]
@@ -76,9 +75,21 @@ def _rotate(a, b, cos, sin):
 
 
 @triton.jit
-def _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, OUT_TY: tl.constexpr,
-                HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr):
+def _rope_pairs(
+    src,
+    s_h,
+    s_d,
+    cos,
+    sin,
+    mscale,
+    n_heads,
+    OUT_TY: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROUND_TY: tl.constexpr,
+):
     """The rotation pairs of n_heads heads of one token (strided src rows), rotated and rounded to ROUND_TY then
     OUT_TY.
 
@@ -95,14 +106,27 @@ def _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, OUT_TY: tl.constexpr,
 
 @triton.jit
 def _rope_heads(
-    src, s_h, s_d, dst, d_h, d_d, cos, sin, mscale, n_heads,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    INTERLEAVED: tl.constexpr, ROUND_TY: tl.constexpr,
+    src,
+    s_h,
+    s_d,
+    dst,
+    d_h,
+    d_d,
+    cos,
+    sin,
+    mscale,
+    n_heads,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROUND_TY: tl.constexpr,
 ):
     """Rotate n_heads heads of one token (strided src rows) into dst rows (_rope_pairs, then stored)."""
     h = tl.arange(0, BLOCK_H)[:, None]
-    ra, rb = _rope_pairs(src, s_h, s_d, cos, sin, mscale, n_heads, dst.dtype.element_ty, HALF, BLOCK_H, BLOCK_HALF,
-                         INTERLEAVED, ROUND_TY)
+    ra, rb = _rope_pairs(
+        src, s_h, s_d, cos, sin, mscale, n_heads, dst.dtype.element_ty, HALF, BLOCK_H, BLOCK_HALF, INTERLEAVED, ROUND_TY
+    )
     _store_pairs(dst + h.to(tl.int64) * d_h, d_d, h < n_heads, ra, rb, BLOCK_HALF, HALF, INTERLEAVED)
     return ra, rb
 
@@ -123,11 +147,35 @@ def _run_delta(deltas_row, n_pages, run, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _write_run_copy(q_src, sq_h, sq_d, cos, sin, mscale, t, run, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr,
-                    sin_ptr, q_rot_ptr, batch_size, total_q, s_table, s_tab, max_position,
-                    HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_B: tl.constexpr,
-                    BLOCK_P: tl.constexpr):
+def _write_run_copy(
+    q_src,
+    sq_h,
+    sq_d,
+    cos,
+    sin,
+    mscale,
+    t,
+    run,
+    cu_ptr,
+    deltas_ptr,
+    num_pages_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_rot_ptr,
+    batch_size,
+    total_q,
+    s_table,
+    s_tab,
+    max_position,
+    HQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     """q_rot[run, t] = token t's q (q_src rows) rotated at its position (cos/sin) and rounded as rope_write_kv
     stores it, then rotated by -delta of run `run` of its entry, if that delta is nonzero; nothing is read
     otherwise (prefill._rotate_runs_kernel's copies, same expression as prefill._derotated_q:
@@ -137,16 +185,50 @@ def _write_run_copy(q_src, sq_h, sq_d, cos, sin, mscale, t, run, cu_ptr, deltas_
     delta = _run_delta(deltas_row, tl.load(num_pages_ptr + entry), run, BLOCK_P)
     if delta != 0:
         ty = q_rot_ptr.dtype.element_ty
-        a, b = _rope_pairs(q_src, sq_h, sq_d, cos, sin, mscale, HQ, ty, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED,
-                           q_src.dtype.element_ty)
-        _store_derotated(a.to(tl.float32), b.to(tl.float32), delta, run, t, cos_ptr, sin_ptr, q_rot_ptr, total_q,
-                         s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED)
+        a, b = _rope_pairs(
+            q_src, sq_h, sq_d, cos, sin, mscale, HQ, ty, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_src.dtype.element_ty
+        )
+        _store_derotated(
+            a.to(tl.float32),
+            b.to(tl.float32),
+            delta,
+            run,
+            t,
+            cos_ptr,
+            sin_ptr,
+            q_rot_ptr,
+            total_q,
+            s_tab,
+            max_position,
+            HQ,
+            HEAD_DIM,
+            HALF,
+            BLOCK_HQ,
+            BLOCK_HALF,
+            INTERLEAVED,
+        )
 
 
 @triton.jit
-def _store_derotated(a, b, delta, run, t, cos_ptr, sin_ptr, q_rot_ptr, total_q, s_tab, max_position,
-                     HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                     BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _store_derotated(
+    a,
+    b,
+    delta,
+    run,
+    t,
+    cos_ptr,
+    sin_ptr,
+    q_rot_ptr,
+    total_q,
+    s_tab,
+    max_position,
+    HQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+):
     """q_rot[run, t] = the fp32 q pairs (a, b) rotated by -delta (same expression as prefill._derotated_q:
     a' = a c + b s, b' = b c - a s), rounded to q_rot's dtype."""
     h = tl.arange(0, BLOCK_HQ)[:, None]
@@ -163,11 +245,32 @@ def _store_derotated(a, b, delta, run, t, cos_ptr, sin_ptr, q_rot_ptr, total_q, 
 
 
 @triton.jit
-def _write_run_copies(a, b, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
-                      total_q, s_table, s_tab, max_position,
-                      HQ: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                      BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, RUNS: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
+def _write_run_copies(
+    a,
+    b,
+    t,
+    cu_ptr,
+    deltas_ptr,
+    num_pages_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_rot_ptr,
+    batch_size,
+    total_q,
+    s_table,
+    s_tab,
+    max_position,
+    HQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    RUNS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     """q_rot[r, t] = the rotated q pairs (a, b) of token t rotated by -delta of run r of its entry, for the
     runs of nonzero delta among its first RUNS (prefill._rotate_runs_kernel's copies, same expression as
     prefill._derotated_q: a' = a c + b s, b' = b c - a s)."""
@@ -179,21 +282,84 @@ def _write_run_copies(a, b, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_p
     for r in tl.static_range(RUNS):
         delta = _pick(run_deltas, r, BLOCK_R)
         if delta != 0:
-            _store_derotated(a, b, delta, r, t, cos_ptr, sin_ptr, q_rot_ptr, total_q, s_tab, max_position, HQ,
-                             HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED)
+            _store_derotated(
+                a,
+                b,
+                delta,
+                r,
+                t,
+                cos_ptr,
+                sin_ptr,
+                q_rot_ptr,
+                total_q,
+                s_tab,
+                max_position,
+                HQ,
+                HEAD_DIM,
+                HALF,
+                BLOCK_HQ,
+                BLOCK_HALF,
+                INTERLEAVED,
+            )
 
 
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _rope_write_kv_kernel(
-    q_ptr, k_ptr, v_ptr, q_out_ptr, pos_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
-    sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, so_t, so_h,
-    skc_p, skc_s, skc_h, skc_d, svc_p, svc_s, svc_h, svc_d,
-    s_tab, mscale, page_size,
-    cu_ptr, deltas_ptr, num_pages_ptr, q_rot_ptr, batch_size, total_q, s_table, max_position,
-    HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERLEAVED: tl.constexpr, RUNS: tl.constexpr, COPY_PROGRAMS: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, USE_PDL: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_out_ptr,
+    pos_ptr,
+    slot_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    cos_ptr,
+    sin_ptr,
+    sq_t,
+    sq_h,
+    sq_d,
+    sk_t,
+    sk_h,
+    sk_d,
+    sv_t,
+    sv_h,
+    sv_d,
+    so_t,
+    so_h,
+    skc_p,
+    skc_s,
+    skc_h,
+    skc_d,
+    svc_p,
+    svc_s,
+    svc_h,
+    svc_d,
+    s_tab,
+    mscale,
+    page_size,
+    cu_ptr,
+    deltas_ptr,
+    num_pages_ptr,
+    q_rot_ptr,
+    batch_size,
+    total_q,
+    s_table,
+    max_position,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    RUNS: tl.constexpr,
+    COPY_PROGRAMS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     # Program (t, 0): all q, k and v heads of token t (a few KiB) in one pass. The per-run copies of
     # rope_write_kv_runs (RUNS > 0) come from q rotated and rounded exactly as program (t, 0) stores it (what
@@ -208,17 +374,81 @@ def _rope_write_kv_kernel(
     sin = tl.load(sin_ptr + pos * s_tab + j, mask=j < HALF, other=0.0)
     if COPY_PROGRAMS:  # noqa: SIM102 - a compile-time branch around a runtime one
         if part > 0:
-            _write_run_copy(q_ptr + t * sq_t, sq_h, sq_d, cos, sin, mscale, t, part - 1, cu_ptr, deltas_ptr,
-                            num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size, total_q, s_table, s_tab,
-                            max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, BLOCK_B, BLOCK_P)
+            _write_run_copy(
+                q_ptr + t * sq_t,
+                sq_h,
+                sq_d,
+                cos,
+                sin,
+                mscale,
+                t,
+                part - 1,
+                cu_ptr,
+                deltas_ptr,
+                num_pages_ptr,
+                cos_ptr,
+                sin_ptr,
+                q_rot_ptr,
+                batch_size,
+                total_q,
+                s_table,
+                s_tab,
+                max_position,
+                HQ,
+                HEAD_DIM,
+                HALF,
+                BLOCK_HQ,
+                BLOCK_HALF,
+                INTERLEAVED,
+                BLOCK_B,
+                BLOCK_P,
+            )
             return
 
-    qa, qb = _rope_heads(q_ptr + t * sq_t, sq_h, sq_d, q_out_ptr + t * so_t, so_h, 1, cos, sin, mscale, HQ,
-                         HALF, BLOCK_HQ, BLOCK_HALF, INTERLEAVED, q_ptr.dtype.element_ty)
+    qa, qb = _rope_heads(
+        q_ptr + t * sq_t,
+        sq_h,
+        sq_d,
+        q_out_ptr + t * so_t,
+        so_h,
+        1,
+        cos,
+        sin,
+        mscale,
+        HQ,
+        HALF,
+        BLOCK_HQ,
+        BLOCK_HALF,
+        INTERLEAVED,
+        q_ptr.dtype.element_ty,
+    )
     if RUNS > 0 and not COPY_PROGRAMS:
-        _write_run_copies(qa, qb, t, cu_ptr, deltas_ptr, num_pages_ptr, cos_ptr, sin_ptr, q_rot_ptr, batch_size,
-                          total_q, s_table, s_tab, max_position, HQ, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF,
-                          INTERLEAVED, RUNS, BLOCK_R, BLOCK_B, BLOCK_P)
+        _write_run_copies(
+            qa,
+            qb,
+            t,
+            cu_ptr,
+            deltas_ptr,
+            num_pages_ptr,
+            cos_ptr,
+            sin_ptr,
+            q_rot_ptr,
+            batch_size,
+            total_q,
+            s_table,
+            s_tab,
+            max_position,
+            HQ,
+            HEAD_DIM,
+            HALF,
+            BLOCK_HQ,
+            BLOCK_HALF,
+            INTERLEAVED,
+            RUNS,
+            BLOCK_R,
+            BLOCK_B,
+            BLOCK_P,
+        )
 
     slot = tl.load(slot_ptr + t).to(tl.int64)
     store = slot >= 0
@@ -227,8 +457,23 @@ def _rope_write_kv_kernel(
     page = tl.where(store, slot // page_size, 0)
     offset = tl.where(store, slot % page_size, 0)
     k_dst = k_cache_ptr + page * skc_p + offset * skc_s
-    _rope_heads(k_ptr + t * sk_t, sk_h, sk_d, k_dst, skc_h, skc_d, cos, sin, mscale, n_kv,
-                HALF, BLOCK_HKV, BLOCK_HALF, INTERLEAVED, k_ptr.dtype.element_ty)
+    _rope_heads(
+        k_ptr + t * sk_t,
+        sk_h,
+        sk_d,
+        k_dst,
+        skc_h,
+        skc_d,
+        cos,
+        sin,
+        mscale,
+        n_kv,
+        HALF,
+        BLOCK_HKV,
+        BLOCK_HALF,
+        INTERLEAVED,
+        k_ptr.dtype.element_ty,
+    )
 
     h = tl.arange(0, BLOCK_HKV)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -287,8 +532,9 @@ def rope_write_kv_runs(
     return _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables, batch, runs)
 
 
-def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTables, batch: PagedBatch | None,
-            runs: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(
+    q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTables, batch: PagedBatch | None, runs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     t, hq, dim = q.shape
     hkv = k.shape[1]
     if k.shape != (t, hkv, dim) or v.shape != k.shape:
@@ -314,29 +560,78 @@ def _launch(q, k, v, positions, slot_mapping, k_cache, v_cache, tables: RopeTabl
     half = dim // 2
     copy_programs = runs > 0 and t <= _COPY_PROGRAMS_MAX_TOKENS
     _rope_write_kv_kernel[(t, 1 + runs if copy_programs else 1)](
-        q, k, v, q_out, positions, slot_mapping, k_cache, v_cache, tables.cos, tables.sin,
-        *q.stride(), *k.stride(), *v.stride(), q_out.stride(0), q_out.stride(1),
-        *k_cache.stride(), *v_cache.stride(),
-        tables.cos.stride(0), float(tables.mscale), k_cache.shape[1],
-        cu, deltas, num_pages, q_rot, batch_size, t, s_table, tables.cos.shape[0],
-        HQ=hq, HKV=hkv, HEAD_DIM=dim, HALF=half,
-        BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
-        BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        INTERLEAVED=tables.interleaved, RUNS=runs, COPY_PROGRAMS=copy_programs,
+        q,
+        k,
+        v,
+        q_out,
+        positions,
+        slot_mapping,
+        k_cache,
+        v_cache,
+        tables.cos,
+        tables.sin,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        q_out.stride(0),
+        q_out.stride(1),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        tables.cos.stride(0),
+        float(tables.mscale),
+        k_cache.shape[1],
+        cu,
+        deltas,
+        num_pages,
+        q_rot,
+        batch_size,
+        t,
+        s_table,
+        tables.cos.shape[0],
+        HQ=hq,
+        HKV=hkv,
+        HEAD_DIM=dim,
+        HALF=half,
+        BLOCK_HQ=triton.next_power_of_2(hq),
+        BLOCK_HKV=triton.next_power_of_2(hkv),
+        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_D=triton.next_power_of_2(dim),
+        INTERLEAVED=tables.interleaved,
+        RUNS=runs,
+        COPY_PROGRAMS=copy_programs,
         BLOCK_R=triton.next_power_of_2(max(runs, 1)),
-        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
-        num_warps=4, **pdl_options(q.device, "rope"),
+        BLOCK_B=_BLOCK_B,
+        BLOCK_P=_BLOCK_P,
+        num_warps=4,
+        **pdl_options(q.device, "rope"),
     )
     return q_out, q_rot
 
 
 @triton.jit
 def _copy_rotate_kernel(
-    kv_ptr, src_ptr, dst_ptr, delta_ptr, cos_ptr, sin_ptr,
-    s_layer, s_kv, s_page, s_slot, s_head, s_d, s_tab,
-    ROWS: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    BLOCKS_PER_PAGE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
+    kv_ptr,
+    src_ptr,
+    dst_ptr,
+    delta_ptr,
+    cos_ptr,
+    sin_ptr,
+    s_layer,
+    s_kv,
+    s_page,
+    s_slot,
+    s_head,
+    s_d,
+    s_tab,
+    ROWS: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCKS_PER_PAGE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
 ):
     # A "row" is one (slot, head) vector of HEAD_DIM channels; a page holds ROWS = page_size * Hkv rows.
     pid = tl.program_id(0)
@@ -404,11 +699,27 @@ def copy_rotate(
     blocks_per_page = cdiv(rows, block_rows)
     s_layer, s_kv, s_page, s_slot, s_head, s_d = kv.stride()
     _copy_rotate_kernel[(n * blocks_per_page, layers)](
-        kv, src, dst, deltas, tables.cos, tables.sin,
-        s_layer, s_kv, s_page, s_slot, s_head, s_d, tables.cos.stride(0),
-        ROWS=rows, HKV=hkv, HEAD_DIM=dim, HALF=dim // 2,
-        BLOCKS_PER_PAGE=blocks_per_page, BLOCK_ROWS=block_rows,
-        BLOCK_HALF=triton.next_power_of_2(dim // 2), BLOCK_D=triton.next_power_of_2(dim),
+        kv,
+        src,
+        dst,
+        deltas,
+        tables.cos,
+        tables.sin,
+        s_layer,
+        s_kv,
+        s_page,
+        s_slot,
+        s_head,
+        s_d,
+        tables.cos.stride(0),
+        ROWS=rows,
+        HKV=hkv,
+        HEAD_DIM=dim,
+        HALF=dim // 2,
+        BLOCKS_PER_PAGE=blocks_per_page,
+        BLOCK_ROWS=block_rows,
+        BLOCK_HALF=triton.next_power_of_2(dim // 2),
+        BLOCK_D=triton.next_power_of_2(dim),
         INTERLEAVED=tables.interleaved,
         num_warps=num_warps,
     )

@@ -83,8 +83,9 @@ class DecodeConfig:
     tma: int = 0
 
 
-def decode_config(head_dim: int, dtype: torch.dtype, page_size: int,
-                  programs_per_sm: float = 0.0, copy_engine: bool = False) -> DecodeConfig:
+def decode_config(
+    head_dim: int, dtype: torch.dtype, page_size: int, programs_per_sm: float = 0.0, copy_engine: bool = False
+) -> DecodeConfig:
     """Launch config per (head_dim, dtype, page_size) and grid size (programs per SM).
 
     Tiles of up to 16 KiB for K and as much for V (64 rows of 128 bf16 channels), and enough stages that
@@ -171,8 +172,9 @@ class SplitRule:
 
 
 @functools.lru_cache(maxsize=256)  # eager launches ask once per layer with the same few shapes
-def split_rule(batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: int = 2,
-               min_pages_per_split: int = 4) -> SplitRule:
+def split_rule(
+    batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: int = 2, min_pages_per_split: int = 4
+) -> SplitRule:
     """Splits per entry: about programs_per_sm programs per SM, in one wave.
 
     Decode is bandwidth bound: what costs is too few programs (too little in flight) or a ragged wave
@@ -190,13 +192,22 @@ def split_rule(batch_size: int, kv_heads: int, sm_count: int, programs_per_sm: i
     base = max(1, batch_size * kv_heads)
     per_sm_one = sm_count // base
     short = base <= sm_count // 8
-    return SplitRule(cap=max(1, sm_count * programs_per_sm // base),
-                     short_pages=_SHORT_SPLIT_PAGES * per_sm_one if short else -1,
-                     short_cap=max(1, per_sm_one), min_pages=min_pages_per_split)
+    return SplitRule(
+        cap=max(1, sm_count * programs_per_sm // base),
+        short_pages=_SHORT_SPLIT_PAGES * per_sm_one if short else -1,
+        short_cap=max(1, per_sm_one),
+        min_pages=min_pages_per_split,
+    )
 
 
-def pick_num_splits(batch_size: int, kv_heads: int, max_pages: int, sm_count: int,
-                    programs_per_sm: int = 2, min_pages_per_split: int = 4) -> int:
+def pick_num_splits(
+    batch_size: int,
+    kv_heads: int,
+    max_pages: int,
+    sm_count: int,
+    programs_per_sm: int = 2,
+    min_pages_per_split: int = 4,
+) -> int:
     """The splits split_rule gives an entry of max_pages pages.
     H100/H200 (132 SMs), 8 kv heads, pages of 64: batch 1 x 10K -> 16 splits, 1 x 32K -> 32, 8 x 4K -> 4,
     32 x 4K -> 1."""
@@ -255,16 +266,63 @@ def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_m
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
-    pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
-    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
-    qk_scale, num_splits, min_pages, short_pages, short_cap,
-    HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    TMA: tl.constexpr, USE_PDL: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_desc,
+    v_desc,
+    out_ptr,
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    counters_ptr,
+    pages_ptr,
+    deltas_ptr,
+    valid_ptr,
+    starts_ptr,
+    firsts_ptr,
+    num_pages_ptr,
+    q_start_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_pages,
+    stride_deltas,
+    stride_valid,
+    stride_starts,
+    stride_firsts,
+    stride_tab,
+    qk_scale,
+    num_splits,
+    min_pages,
+    short_pages,
+    short_cap,
+    HQ: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES_PER_PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_TY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    TMA: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -277,13 +335,66 @@ def _decode_split_kernel(
     n_pages = tl.load(num_pages_ptr + entry)
     splits = _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap)
     if split < splits:
-        _decode_split(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
-                      pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, q_start_ptr, cos_ptr, sin_ptr,
-                      stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                      stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts,
-                      stride_firsts, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
-                      HQ, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, TILES_PER_PAGE, BLOCK_H, BLOCK_S, APPLY_DELTA,
-                      INTERLEAVED, DIRECT, DOT_TY, DOT_PRECISION, HAS_FIRST, TMA, USE_PDL)
+        _decode_split(
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            k_desc,
+            v_desc,
+            out_ptr,
+            acc_ptr,
+            m_ptr,
+            l_ptr,
+            counters_ptr,
+            pages_ptr,
+            deltas_ptr,
+            valid_ptr,
+            starts_ptr,
+            firsts_ptr,
+            q_start_ptr,
+            cos_ptr,
+            sin_ptr,
+            stride_qb,
+            stride_qh,
+            stride_kp,
+            stride_kt,
+            stride_kh,
+            stride_vp,
+            stride_vt,
+            stride_vh,
+            stride_ob,
+            stride_oh,
+            stride_pages,
+            stride_deltas,
+            stride_valid,
+            stride_starts,
+            stride_firsts,
+            stride_tab,
+            qk_scale,
+            num_splits,
+            split,
+            kv_head,
+            entry,
+            n_pages,
+            splits,
+            HQ,
+            GROUP,
+            HEAD_DIM,
+            BLOCK_G,
+            BLOCK_D,
+            BLOCK_N,
+            TILES_PER_PAGE,
+            BLOCK_H,
+            BLOCK_S,
+            APPLY_DELTA,
+            INTERLEAVED,
+            DIRECT,
+            DOT_TY,
+            DOT_PRECISION,
+            HAS_FIRST,
+            TMA,
+            USE_PDL,
+        )
 
 
 @triton.jit
@@ -297,16 +408,64 @@ def _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap):
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
-    pages_ptr, deltas_ptr, valid_ptr, starts_ptr, firsts_ptr, q_start_ptr, cos_ptr, sin_ptr,
-    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_ob, stride_oh, stride_pages, stride_deltas, stride_valid, stride_starts, stride_firsts, stride_tab,
-    qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
-    HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_FIRST: tl.constexpr,
-    TMA: tl.constexpr, USE_PDL: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_desc,
+    v_desc,
+    out_ptr,
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    counters_ptr,
+    pages_ptr,
+    deltas_ptr,
+    valid_ptr,
+    starts_ptr,
+    firsts_ptr,
+    q_start_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_pages,
+    stride_deltas,
+    stride_valid,
+    stride_starts,
+    stride_firsts,
+    stride_tab,
+    qk_scale,
+    num_splits,
+    split,
+    kv_head,
+    entry,
+    n_pages,
+    splits,
+    HQ: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES_PER_PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_TY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    TMA: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -369,16 +528,20 @@ def _decode_split(
         page = page_next.to(tl.int64)
         p_next = (t + 1) // TILES_PER_PAGE
         page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
-        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
-                            q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
+        n_keys = tl.minimum(
+            tl.load(valid_ptr + entry * stride_valid + p), q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p)
+        )
         if APPLY_DELTA:
             delta = tl.load(deltas_ptr + entry * stride_deltas + p)
             if delta != cur_delta:
                 if delta == delta_hi:
                     q_dot = _rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
                 else:
-                    q_dot = _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign,
-                                      d_mask).to(kv_ty).to(DOT_TY)
+                    q_dot = (
+                        _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
+                        .to(kv_ty)
+                        .to(DOT_TY)
+                    )
                 cur_delta = delta
         slot = (t % TILES_PER_PAGE) * BLOCK_N + n
         if HAS_FIRST:
@@ -444,16 +607,40 @@ def _decode_split(
         tl.debug_barrier()
         counter = counters_ptr + entry * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _merge_group(acc_ptr, m_ptr, l_ptr, (entry * HQ + kv_head * GROUP) * num_splits, num_splits, splits,
-                         out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh, stride_oh,
-                         GROUP, HEAD_DIM, BLOCK_H, BLOCK_S, BLOCK_D)
+            _merge_group(
+                acc_ptr,
+                m_ptr,
+                l_ptr,
+                (entry * HQ + kv_head * GROUP) * num_splits,
+                num_splits,
+                splits,
+                out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh,
+                stride_oh,
+                GROUP,
+                HEAD_DIM,
+                BLOCK_H,
+                BLOCK_S,
+                BLOCK_D,
+            )
             tl.store(counter, 0)
 
 
 @triton.jit
-def _merge_group(acc_ptr, m_ptr, l_ptr, first, num_splits, splits, o_row, stride_oh,
-                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
+def _merge_group(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    first,
+    num_splits,
+    splits,
+    o_row,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """out_h = sum_s 2^(m_hs - M_h) acc_hs / sum_s 2^(m_hs - M_h) l_hs for the GROUP query heads of one (entry,
     kv head), over its `splits` splits: partial (head h, split s) is scratch row first + h * num_splits + s.
 
@@ -473,8 +660,12 @@ def _merge_group(acc_ptr, m_ptr, l_ptr, first, num_splits, splits, o_row, stride
         row = first + h * num_splits + s
         m = tl.load(m_ptr + row, mask=mask, other=float("-inf"), cache_modifier=".cg")
         l = tl.load(l_ptr + row, mask=mask, other=0.0, cache_modifier=".cg")
-        part = tl.load(acc_ptr + row[:, :, None] * HEAD_DIM + d, mask=mask[:, :, None] & (d < HEAD_DIM),
-                       other=0.0, cache_modifier=".cg")
+        part = tl.load(
+            acc_ptr + row[:, :, None] * HEAD_DIM + d,
+            mask=mask[:, :, None] & (d < HEAD_DIM),
+            other=0.0,
+            cache_modifier=".cg",
+        )
         m_new = tl.maximum(m_run, tl.max(m, 1))
         old = tl.exp2(m_run - m_new)
         w = tl.exp2(m - m_new[:, None])
@@ -490,14 +681,22 @@ def _merge_group(acc_ptr, m_ptr, l_ptr, first, num_splits, splits, o_row, stride
 # launcher
 
 
-def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-           tables: RopeTables | None, out: torch.Tensor | None) -> None:
+def _check(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    out: torch.Tensor | None,
+) -> None:
     b, hq, d = q.shape
     if batch.batch_size != b:
         raise ValueError(f"decode takes one query row per entry: q has {b} rows, batch {batch.batch_size}")
     if k_cache.shape != v_cache.shape or k_cache.shape[-1] != d or hq % k_cache.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
-                         f"{tuple(v_cache.shape)}: head_dim must match and Hq be a multiple of Hkv")
+        raise ValueError(
+            f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
+            f"{tuple(v_cache.shape)}: head_dim must match and Hq be a multiple of Hkv"
+        )
     if k_cache.dtype not in _TL_DTYPES or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -528,10 +727,16 @@ def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int)
     pages, slots, heads, dim = k_cache.shape
     sp, st, sh, sd = k_cache.stride()
     size = k_cache.element_size()
-    usable = (k_cache.stride() == v_cache.stride() and sd == 1 and dim == triton.next_power_of_2(dim)
-              and dim * size >= 16 and st * size % 16 == 0 and sp % st == 0
-              and (sh % st == 0 or (heads - 1) * sh + dim <= st)
-              and all(c.data_ptr() % 16 == 0 for c in (k_cache, v_cache)))
+    usable = (
+        k_cache.stride() == v_cache.stride()
+        and sd == 1
+        and dim == triton.next_power_of_2(dim)
+        and dim * size >= 16
+        and st * size % 16 == 0
+        and sp % st == 0
+        and (sh % st == 0 or (heads - 1) * sh + dim <= st)
+        and all(c.data_ptr() % 16 == 0 for c in (k_cache, v_cache))
+    )
     if not usable:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -558,10 +763,20 @@ def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
     return split_rule(q.shape[0], kv_heads, sm_count(q.device))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                     tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
-                     num_splits: int | None = None, config: DecodeConfig | None = None,
-                     counters: ArrivalCounters | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    scale: float,
+    *,
+    apply_delta: bool = True,
+    num_splits: int | None = None,
+    config: DecodeConfig | None = None,
+    counters: ArrivalCounters | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One decode step: q [B, Hq, D] (rotated at each entry's position) -> out [B, Hq, D] in q's dtype.
 
     k_cache/v_cache are [num_pages, page_size, Hkv, D], possibly strided views of the pool. Deltas must
@@ -622,19 +837,61 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
-        q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,
-        batch.pages, batch.deltas, batch.valid, batch.starts, firsts, batch.num_pages, batch.q_start, cos, sin,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
-        batch.pages.stride(0), batch.deltas.stride(0), batch.valid.stride(0), batch.starts.stride(0),
-        firsts.stride(0), cos.stride(0), scale * LOG2E, num_splits, rule.min_pages, rule.short_pages,
+        q,
+        k_cache,
+        v_cache,
+        k_desc,
+        v_desc,
+        out,
+        acc,
+        m,
+        l,
+        arrivals,
+        batch.pages,
+        batch.deltas,
+        batch.valid,
+        batch.starts,
+        firsts,
+        batch.num_pages,
+        batch.q_start,
+        cos,
+        sin,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        out.stride(0),
+        out.stride(1),
+        batch.pages.stride(0),
+        batch.deltas.stride(0),
+        batch.valid.stride(0),
+        batch.starts.stride(0),
+        firsts.stride(0),
+        cos.stride(0),
+        scale * LOG2E,
+        num_splits,
+        rule.min_pages,
+        rule.short_pages,
         rule.short_cap,
-        HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d, BLOCK_N=config.block_n, TILES_PER_PAGE=page_size // config.block_n,
-        BLOCK_H=block_h, BLOCK_S=min(max(1, _MERGE_ROWS // block_h), triton.next_power_of_2(num_splits)),
+        HQ=hq,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=config.block_n,
+        TILES_PER_PAGE=page_size // config.block_n,
+        BLOCK_H=block_h,
+        BLOCK_S=min(max(1, _MERGE_ROWS // block_h), triton.next_power_of_2(num_splits)),
         APPLY_DELTA=apply_delta,
         INTERLEAVED=bool(tables.interleaved) if apply_delta else False,
-        DIRECT=direct, DOT_TY=dot_ty, DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
-        HAS_FIRST=batch.firsts is not None, TMA=config.tma if descriptors is not None else 0,
-        num_warps=config.num_warps, num_stages=config.num_stages, **regs, **pdl_options(q.device, "attention"),
+        DIRECT=direct,
+        DOT_TY=dot_ty,
+        DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
+        HAS_FIRST=batch.firsts is not None,
+        TMA=config.tma if descriptors is not None else 0,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **regs,
+        **pdl_options(q.device, "attention"),
     )
     return out

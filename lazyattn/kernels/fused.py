@@ -37,8 +37,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * xf.to(x.dtype)
 
 
-def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), the sum in the model dtype."""
     total = x + residual
     return rms_norm_reference(total, weight, eps), total
@@ -51,8 +52,22 @@ def silu_mul_reference(gate_up: torch.Tensor, interleaved: bool = False) -> torc
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_x, s_res, s_out, s_res_out, n, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    s_x,
+    s_res,
+    s_out,
+    s_res_out,
+    n,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -71,12 +86,15 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_x, s_res, s_
 
 def _check_rows(name: str, t: torch.Tensor, n: int) -> None:
     if t.dim() != 2 or t.shape[1] != n or t.stride(1) != 1:
-        raise ValueError(f"{name} must be [rows, {n}] with unit stride along the last dim, got shape "
-                         f"{tuple(t.shape)} strides {t.stride()}")
+        raise ValueError(
+            f"{name} must be [rows, {n}] with unit stride along the last dim, got shape "
+            f"{tuple(t.shape)} strides {t.stride()}"
+        )
 
 
-def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     n = weight.shape[0]
     _check_rows("x", x, n)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -84,8 +102,9 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     if residual is not None:
         _check_rows("residual", residual, n)
         if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not match x "
-                             f"{tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"residual {tuple(residual.shape)} {residual.dtype} does not match x {tuple(x.shape)} {x.dtype}"
+            )
         res_out = torch.empty_like(out)
     if x.shape[0] == 0:
         return out, res_out
@@ -93,8 +112,20 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     res_in = residual if residual is not None else x
     res_store = res_out if res_out is not None else out
     _rms_norm_kernel[(x.shape[0],)](
-        x, res_in, weight, out, res_store, x.stride(0), res_in.stride(0), out.stride(0), res_store.stride(0), n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        x,
+        res_in,
+        weight,
+        out,
+        res_store,
+        x.stride(0),
+        res_in.stride(0),
+        out.stride(0),
+        res_store.stride(0),
+        n,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=8 if block >= 4096 else 4,
         **pdl_options(x.device, "norm"),
     )
     return out, res_out
@@ -105,8 +136,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _launch_norm(x, None, weight, eps)[0]
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm_reference in one launch: (norm(x + residual), x + residual)."""
     out, total = _launch_norm(x, residual, weight, eps)
     assert total is not None
@@ -114,8 +146,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
-                     USE_PDL: tl.constexpr):
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, s_gu, s_out, n, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, USE_PDL: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
@@ -137,12 +170,22 @@ def silu_times(gate, up):
 def silu_mul(gate_up: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """silu_mul_reference in one launch; gate_up [T, 2I] with unit last stride."""
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(1) != 1:
-        raise ValueError(f"gate_up must be [rows, 2 * intermediate] with unit last stride, got shape "
-                         f"{tuple(gate_up.shape)} strides {gate_up.stride()}")
+        raise ValueError(
+            f"gate_up must be [rows, 2 * intermediate] with unit last stride, got shape "
+            f"{tuple(gate_up.shape)} strides {gate_up.stride()}"
+        )
     rows, n = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
-        _silu_mul_kernel[(rows, cdiv(n, _SILU_BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), n,
-                                                       BLOCK=_SILU_BLOCK, INTERLEAVED=interleaved, num_warps=4,
-                                                       **pdl_options(gate_up.device, "norm"))
+        _silu_mul_kernel[(rows, cdiv(n, _SILU_BLOCK))](
+            gate_up,
+            out,
+            gate_up.stride(0),
+            out.stride(0),
+            n,
+            BLOCK=_SILU_BLOCK,
+            INTERLEAVED=interleaved,
+            num_warps=4,
+            **pdl_options(gate_up.device, "norm"),
+        )
     return out

@@ -81,12 +81,41 @@ def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every batch size of a block (M = 1 included)
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, sq_out_ptr,
-                 M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, stride_sq, n_sq_in, eps,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr, GATED: tl.constexpr,
-                 USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    part_ptr,
+    counters_ptr,
+    sq_in_ptr,
+    sq_out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    k_per_split,
+    stride_sq,
+    n_sq_in,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    IEEE: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    BLOCK_SQ: tl.constexpr,
+    GATED: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
+    LINE: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -124,8 +153,30 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
         x_ptrs += BLOCK_K
 
     if not SPLIT:
-        _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in, eps,
-                pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ, GATED, BLOCK_N, BLOCK_M)
+        _finish(
+            acc,
+            y_ptr,
+            b_ptr,
+            sq_in_ptr,
+            sq_out_ptr,
+            rn,
+            rm,
+            m_ok,
+            N,
+            K,
+            stride_ym,
+            stride_sq,
+            n_sq_in,
+            eps,
+            pid_n,
+            HAS_BIAS,
+            NORM,
+            RESIDUAL,
+            BLOCK_SQ,
+            GATED,
+            BLOCK_N,
+            BLOCK_M,
+        )
     else:
         num_splits = tl.num_programs(1)
         # Partials [splits, M_pad, N] fp32 (M padded to whole blocks, so no mask on M is needed here).
@@ -140,15 +191,58 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counters_ptr, sq_in_ptr, 
             total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, num_splits):
                 total += tl.load(part_rows + s * m_pad * N, mask=(rn < N)[:, None], other=0.0, cache_modifier=".cg")
-            _finish(total, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in,
-                    eps, pid_n, HAS_BIAS, NORM, RESIDUAL, BLOCK_SQ, GATED, BLOCK_N, BLOCK_M)
+            _finish(
+                total,
+                y_ptr,
+                b_ptr,
+                sq_in_ptr,
+                sq_out_ptr,
+                rn,
+                rm,
+                m_ok,
+                N,
+                K,
+                stride_ym,
+                stride_sq,
+                n_sq_in,
+                eps,
+                pid_n,
+                HAS_BIAS,
+                NORM,
+                RESIDUAL,
+                BLOCK_SQ,
+                GATED,
+                BLOCK_N,
+                BLOCK_M,
+            )
             tl.store(counter, 0)
 
 
 @triton.jit
-def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride_ym, stride_sq, n_sq_in, eps, pid_n,
-            HAS_BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_SQ: tl.constexpr,
-            GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def _finish(
+    acc,
+    y_ptr,
+    b_ptr,
+    sq_in_ptr,
+    sq_out_ptr,
+    rn,
+    rm,
+    m_ok,
+    N,
+    K,
+    stride_ym,
+    stride_sq,
+    n_sq_in,
+    eps,
+    pid_n,
+    HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    BLOCK_SQ: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """Store acc [BLOCK_N, BLOCK_M] (fp32 sums of products) as rows rm, columns rn of y.
 
     NORM: x was the un-normalised residual stream and W carries the norm's weight (docs/design.md, "Decode
@@ -159,8 +253,11 @@ def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride
     columns pair up as (gate_j, up_j): y [M, N/2] gets SiLU(gate) * up, rounded as fused.silu_mul rounds it."""
     if NORM:
         j = tl.arange(0, BLOCK_SQ)
-        sq = tl.load(sq_in_ptr + rm[None, :].to(tl.int64) * stride_sq + j[:, None],
-                     mask=(j < n_sq_in)[:, None] & m_ok[None, :], other=0.0)
+        sq = tl.load(
+            sq_in_ptr + rm[None, :].to(tl.int64) * stride_sq + j[:, None],
+            mask=(j < n_sq_in)[:, None] & m_ok[None, :],
+            other=0.0,
+        )
         acc = acc * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
@@ -168,8 +265,11 @@ def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride
     if GATED:
         gate, up = tl.split(tl.permute(tl.reshape(out, [BLOCK_N // 2, 2, BLOCK_M]), (0, 2, 1)))
         half = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + half[:, None], silu_times(gate, up),
-                 mask=(half < N // 2)[:, None] & m_ok[None, :])
+        tl.store(
+            y_ptr + rm[None, :].to(tl.int64) * stride_ym + half[:, None],
+            silu_times(gate, up),
+            mask=(half < N // 2)[:, None] & m_ok[None, :],
+        )
     else:
         out_mask = (rn < N)[:, None] & m_ok[None, :]
         y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
@@ -184,8 +284,9 @@ def _finish(acc, y_ptr, b_ptr, sq_in_ptr, sq_out_ptr, rn, rm, m_ok, N, K, stride
 @triton.jit
 def _prefetch_l2(ptrs):
     """Ask L2 for the lines at ptrs (one pointer per 128-byte line); nothing waits for them."""
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 def _prefetch_lines() -> int:
@@ -193,8 +294,9 @@ def _prefetch_lines() -> int:
     return int(os.environ.get("LAZYATTN_GEMV_PREFETCH", "0"))
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: GemvConfig | None = None
+) -> torch.Tensor:
     """x [..., K] · weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, like F.linear.
 
     weight must be row-major (unit stride along K); x is made contiguous along K when it is not. Allocates only
@@ -207,9 +309,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return y.reshape(*lead, weight.shape[0])
 
 
-def gemv_normed(stream: torch.Tensor, squares: torch.Tensor, eps: float, weight: torch.Tensor,
-                bias: torch.Tensor | None = None, config: GemvConfig | None = None,
-                gated: bool = False) -> torch.Tensor:
+def gemv_normed(
+    stream: torch.Tensor,
+    squares: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
     """RMSNorm(stream) · weightᵀ (+ bias) for rows [M, K] of the residual stream, where `weight` already carries the
     norm's scale (its columns multiplied by it, CausalLM.fold_norms) and `squares` [M, P] fp32 are sums of squares
     of each row's parts (their sum is the row's, as `gemv_into_residual` leaves them): one launch, no norm kernel.
@@ -221,8 +329,7 @@ def gemv_normed(stream: torch.Tensor, squares: torch.Tensor, eps: float, weight:
     SiLU(gate) * up [M, N/2], computed in the epilogue (no gate_up output, no SiLU·mul launch)."""
     rows, lead = _rows(stream, weight, bias)
     if squares.dim() != 2 or squares.shape[0] != rows.shape[0] or squares.dtype != torch.float32:
-        raise ValueError(f"squares must be fp32 [{rows.shape[0]}, parts], got {squares.dtype} "
-                         f"{tuple(squares.shape)}")
+        raise ValueError(f"squares must be fp32 [{rows.shape[0]}, parts], got {squares.dtype} {tuple(squares.shape)}")
     n = weight.shape[0]
     if gated and n % 2:
         raise ValueError(f"gemv_normed(gated=True) needs interleaved gate/up rows, an even count, got {n}")
@@ -233,16 +340,23 @@ def gemv_normed(stream: torch.Tensor, squares: torch.Tensor, eps: float, weight:
     return y.reshape(*lead, y.shape[1])
 
 
-def gemv_into_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                       bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+def gemv_into_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
     """residual += x · weightᵀ (+ bias), in place, the product rounded to the model dtype before the add and the sum
     rounded again (as F.linear followed by x + residual). Returns the new rows' sums of squares by blocks of
     columns, fp32 [M, N blocks], for the next `gemv_normed`."""
     rows, _ = _rows(x, weight, bias)
     n = weight.shape[0]
     if residual.shape != (rows.shape[0], n) or residual.dtype != x.dtype or residual.stride(1) != 1:
-        raise ValueError(f"residual must be {x.dtype} [{rows.shape[0]}, {n}] with unit last stride, got "
-                         f"{residual.dtype} {tuple(residual.shape)} strides {residual.stride()}")
+        raise ValueError(
+            f"residual must be {x.dtype} [{rows.shape[0]}, {n}] with unit last stride, got "
+            f"{residual.dtype} {tuple(residual.shape)} strides {residual.stride()}"
+        )
     config = config or default_config(n, weight.shape[1], x.device)
     squares = torch.empty(rows.shape[0], cdiv(n, config.block_n), dtype=torch.float32, device=x.device)
     _launch(rows, weight, bias, residual, config, squares_out=squares)
@@ -257,21 +371,33 @@ def row_squares(stream: torch.Tensor) -> torch.Tensor:
 def _rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Size]:
     """x as [M, K] rows with unit stride along K, and its leading shape; checks the operands."""
     if weight.dim() != 2 or weight.stride(1) != 1:
-        raise ValueError(f"gemv needs a 2-D weight with unit stride along K, got shape {tuple(weight.shape)} "
-                         f"strides {weight.stride()}")
+        raise ValueError(
+            f"gemv needs a 2-D weight with unit stride along K, got shape {tuple(weight.shape)} "
+            f"strides {weight.stride()}"
+        )
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"gemv: x has {x.shape[-1]} columns, weight has {k}")
     if x.dtype != weight.dtype or (bias is not None and bias.shape != (n,)):
-        raise ValueError(f"gemv: x {x.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.shape}: "
-                         f"x and weight need one dtype and bias the shape ({n},)")
+        raise ValueError(
+            f"gemv: x {x.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.shape}: "
+            f"x and weight need one dtype and bias the shape ({n},)"
+        )
     rows = x.reshape(-1, k)
     return (rows if rows.stride(-1) == 1 else rows.contiguous()), x.shape[:-1]
 
 
-def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-            config: GemvConfig | None, squares_in: torch.Tensor | None = None, eps: float = 0.0,
-            squares_out: torch.Tensor | None = None, gated: bool = False) -> None:
+def _launch(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    config: GemvConfig | None,
+    squares_in: torch.Tensor | None = None,
+    eps: float = 0.0,
+    squares_out: torch.Tensor | None = None,
+    gated: bool = False,
+) -> None:
     m, k = rows.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -295,20 +421,48 @@ def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         part = counters = y  # unused pointers
     sq_in = squares_in if squares_in is not None else y  # placeholders where compiled out
     sq_out = squares_out if squares_out is not None else y
-    sq_stride = squares_in.stride(0) if squares_in is not None else (
-        squares_out.stride(0) if squares_out is not None else 0)
+    sq_stride = (
+        squares_in.stride(0) if squares_in is not None else (squares_out.stride(0) if squares_out is not None else 0)
+    )
     n_sq_in = squares_in.shape[1] if squares_in is not None else 1
     # The interpreter multiplies 16-bit dot operands as their raw bits (triton issue #11584): there they are
     # widened to fp32, exactly (a product of two 16-bit floats fits in fp32).
     dot_ty = tl.float32 if interpreting() else _TL_DTYPES[rows.dtype]
     _gemv_kernel[(n_blocks, splits, m_blocks)](
-        rows, weight, bias if bias is not None else y, y, part, counters, sq_in, sq_out,
-        m, n, k, rows.stride(0), weight.stride(0), y.stride(0), k_per_split, sq_stride, n_sq_in, eps,
-        HAS_BIAS=bias is not None, SPLIT=splits > 1, EVEN_K=k % config.block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_DTYPE=dot_ty,
-        IEEE=rows.dtype == torch.float32, NORM=squares_in is not None, RESIDUAL=squares_out is not None,
-        GATED=gated, BLOCK_SQ=triton.next_power_of_2(n_sq_in), PREFETCH_LINES=_prefetch_lines(),
-        LINE=128 // weight.element_size(), num_warps=config.num_warps, num_stages=config.num_stages,
+        rows,
+        weight,
+        bias if bias is not None else y,
+        y,
+        part,
+        counters,
+        sq_in,
+        sq_out,
+        m,
+        n,
+        k,
+        rows.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        k_per_split,
+        sq_stride,
+        n_sq_in,
+        eps,
+        HAS_BIAS=bias is not None,
+        SPLIT=splits > 1,
+        EVEN_K=k % config.block_k == 0,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        DOT_DTYPE=dot_ty,
+        IEEE=rows.dtype == torch.float32,
+        NORM=squares_in is not None,
+        RESIDUAL=squares_out is not None,
+        GATED=gated,
+        BLOCK_SQ=triton.next_power_of_2(n_sq_in),
+        PREFETCH_LINES=_prefetch_lines(),
+        LINE=128 // weight.element_size(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **pdl_options(rows.device, "gemv"),
     )
 
@@ -388,13 +542,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return gemv(x, weight, bias, config)
 
 
-def table_entry(device: str, dtype: torch.dtype, n: int, k: int, m: int, config: GemvConfig | None,
-                vs_linear: float | None = None, dispatch: bool | None = None) -> dict:
+def table_entry(
+    device: str,
+    dtype: torch.dtype,
+    n: int,
+    k: int,
+    m: int,
+    config: GemvConfig | None,
+    vs_linear: float | None = None,
+    dispatch: bool | None = None,
+) -> dict:
     """One row of gemv_table.json (benchmarks/gemv.py writes them): the best config, its time over F.linear's, and
     whether plain products take it (by default: when it is faster, or nothing was compared)."""
     if dispatch is None:
         dispatch = vs_linear is None or vs_linear < 1.0
     dispatch = dispatch and config is not None
-    return {"device": device, "dtype": str(dtype).removeprefix("torch."), "n": n, "k": k, "m": m,
-            "config": None if config is None else asdict(config), "vs_linear": vs_linear,
-            "dispatch": "lazyattn" if dispatch else "F.linear"}
+    return {
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "n": n,
+        "k": k,
+        "m": m,
+        "config": None if config is None else asdict(config),
+        "vs_linear": vs_linear,
+        "dispatch": "lazyattn" if dispatch else "F.linear",
+    }

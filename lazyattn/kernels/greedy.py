@@ -69,8 +69,10 @@ def _merge_kernel(part_ptr, ids_ptr, logprob_ptr, chunks, BLOCK: tl.constexpr, U
 def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """greedy_pick_reference in two launches; logits [B, V] with unit last stride (fp32, or the model dtype)."""
     if logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0:
-        raise ValueError(f"logits must be [rows, vocab > 0] with unit last stride, got shape {tuple(logits.shape)} "
-                         f"strides {logits.stride()}")
+        raise ValueError(
+            f"logits must be [rows, vocab > 0] with unit last stride, got shape {tuple(logits.shape)} "
+            f"strides {logits.stride()}"
+        )
     rows, vocab = logits.shape
     token_ids = torch.empty(rows, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
@@ -80,6 +82,7 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     parts = torch.empty(rows, chunks, 3, dtype=torch.float32, device=logits.device)
     pdl = pdl_options(logits.device, "sampling")
     _chunk_kernel[(rows, chunks)](logits, parts, logits.stride(0), vocab, CHUNK=_CHUNK, num_warps=8, **pdl)
-    _merge_kernel[(rows,)](parts, token_ids, logprobs, chunks, BLOCK=max(16, triton.next_power_of_2(chunks)),
-                           num_warps=1, **pdl)
+    _merge_kernel[(rows,)](
+        parts, token_ids, logprobs, chunks, BLOCK=max(16, triton.next_power_of_2(chunks)), num_warps=1, **pdl
+    )
     return token_ids, logprobs

@@ -96,9 +96,11 @@ def _parse_families(value: str, device_name: str) -> frozenset[str]:
     if unknown:
         from lazyattn.errors import InvalidRequestError
 
-        raise InvalidRequestError(f"{PDL_ENV}={value!r}: unknown kernel famil{'ies' if len(unknown) > 1 else 'y'} "
-                                  f"{', '.join(unknown)}; use auto, 1, 0 or a comma-separated list of "
-                                  f"{', '.join(PDL_FAMILIES)}")
+        raise InvalidRequestError(
+            f"{PDL_ENV}={value!r}: unknown kernel famil{'ies' if len(unknown) > 1 else 'y'} "
+            f"{', '.join(unknown)}; use auto, 1, 0 or a comma-separated list of "
+            f"{', '.join(PDL_FAMILIES)}"
+        )
     return names
 
 

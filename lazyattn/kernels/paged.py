@@ -62,8 +62,9 @@ class EntryPages:
         """These pages followed by `pages` holding `valid` keys each from slot 0, at delta 0 (a run's own)."""
         n = len(pages)
         firsts = None if self.firsts is None else list(self.firsts) + [0] * n
-        return EntryPages(list(self.pages) + list(pages), list(self.deltas) + [0] * n,
-                          list(self.valid) + list(valid), firsts)
+        return EntryPages(
+            list(self.pages) + list(pages), list(self.deltas) + [0] * n, list(self.valid) + list(valid), firsts
+        )
 
 
 @dataclass

@@ -179,6 +179,7 @@ def plan_runs(lengths: tuple[int, ...], num_splits: int, switch_pages: int = SWI
         budget += 1
     return ((-1,) + (0,) * (PLAN_WIDTH - 1)) * num_splits
 
+
 def with_plan(batch: PagedBatch, num_splits: int, switch_pages: int = SWITCH_PAGES) -> PagedBatch:
     """`batch` split num_splits ways by a host plan of each entry's pages (split_plan). Reads the page tables back
     to the host: for tests and benchmarks; the engine plans from its own lists (engine/prefill_graphs.py)."""
@@ -187,8 +188,10 @@ def with_plan(batch: PagedBatch, num_splits: int, switch_pages: int = SWITCH_PAG
     plan = torch.tensor(rows, dtype=torch.int32).view(len(rows), num_splits, PLAN_WIDTH)
     return dataclasses.replace(batch, num_splits=num_splits, plan=plan.to(batch.deltas.device))
 
-def _deal(runs: list[tuple[int, int, int]], num_splits: int, budget: int, switch_pages: int
-          ) -> list[list[tuple[int, int, int]]] | None:
+
+def _deal(
+    runs: list[tuple[int, int, int]], num_splits: int, budget: int, switch_pages: int
+) -> list[list[tuple[int, int, int]]] | None:
     """Pieces per split for one budget (split_plan), or None if num_splits splits do not cover the runs."""
     splits: list[list[tuple[int, int, int]]] = []
     pieces: list[tuple[int, int, int]] = []
@@ -292,8 +295,9 @@ def _chunk(deltas_row, first, last, c, chunk_len, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _derotated_q(q_rows, row_ok, cos_ptr, sin_ptr, delta, max_position,
-                 HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _derotated_q(
+    q_rows, row_ok, cos_ptr, sin_ptr, delta, max_position, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr
+):
     """The Q tile rotated by -delta (fp32 math, returned in Q's dtype). q_rows: [BLOCK_M] row pointers."""
     HALF: tl.constexpr = HEAD_DIM // 2
     dims = tl.arange(0, HEAD_DIM)
@@ -358,8 +362,9 @@ def _run_bounds(deltas_row, n_pages, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexp
 
 
 @triton.jit
-def _plan_piece(deltas_row, n_pages, split, num_splits, PLAN_SLACK: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_P: tl.constexpr):
+def _plan_piece(
+    deltas_row, n_pages, split, num_splits, PLAN_SLACK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr
+):
     """Pages [lo, hi) of this split's piece and the index of the run holding it, for calls that give each split
     at most one piece: the runs of equal delta are cut into pieces of L pages (the last piece of a run
     shorter), L the least length that makes at most num_splits pieces, and split s takes piece s. One delta
@@ -399,11 +404,28 @@ def _pick(vector, index, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
-def _rotate_runs_kernel(Q, QRot, Cos, Sin, cu_seqlens_q, deltas, num_pages, batch_size, total_q, max_position,
-                        stride_qt, stride_qh, stride_table,
-                        NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
-                        BLOCK_P: tl.constexpr):
+def _rotate_runs_kernel(
+    Q,
+    QRot,
+    Cos,
+    Sin,
+    cu_seqlens_q,
+    deltas,
+    num_pages,
+    batch_size,
+    total_q,
+    max_position,
+    stride_qt,
+    stride_qh,
+    stride_table,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     """QRot[r, t] = query row t (all heads) rotated by -delta of run r of its entry; one program per (t, r).
 
     Runs of delta 0 and runs past the entry's last one are not written: the attention kernel reads Q itself
@@ -416,8 +438,9 @@ def _rotate_runs_kernel(Q, QRot, Cos, Sin, cu_seqlens_q, deltas, num_pages, batc
     if delta != 0:
         h = tl.arange(0, BLOCK_H)
         ok = h < NUM_HEADS
-        q = _derotated_q(Q + token.to(tl.int64) * stride_qt + h * stride_qh, ok, Cos, Sin, delta, max_position,
-                         HEAD_DIM, INTERLEAVED)
+        q = _derotated_q(
+            Q + token.to(tl.int64) * stride_qt + h * stride_qh, ok, Cos, Sin, delta, max_position, HEAD_DIM, INTERLEAVED
+        )
         rows = (run.to(tl.int64) * total_q + token) * NUM_HEADS + h
         dims = tl.arange(0, HEAD_DIM)
         tl.store(QRot + rows[:, None] * HEAD_DIM + dims[None, :], q, mask=ok[:, None])
@@ -432,8 +455,20 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _tile_meta(pages_row, valid_row, starts_row, firsts_row, t, n_tiles, page_lo, page_hi, q_first,
-               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_FIRST: tl.constexpr):
+def _tile_meta(
+    pages_row,
+    valid_row,
+    starts_row,
+    firsts_row,
+    t,
+    n_tiles,
+    page_lo,
+    page_hi,
+    q_first,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+):
     """Where tile t of the page range [page_lo, page_hi) lives: (page0, page1, slot_lo, lo0, n0, lo1, n1, pos0,
     masked).
 
@@ -482,11 +517,33 @@ def _tile_meta(pages_row, valid_row, starts_row, firsts_row, t, n_tiles, page_lo
 
 
 @triton.jit
-def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
-                  k_head, v_head, pages_row, valid_row, starts_row, firsts_row, page_lo, page_hi,
-                  stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                  HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr):
+def _attend_pages(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    q_first,
+    k_head,
+    v_head,
+    pages_row,
+    valid_row,
+    starts_row,
+    firsts_row,
+    page_lo,
+    page_hi,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+):
     """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2).
 
     The page metadata of tile t + 1 is loaded during tile t and carried in registers. Loaded in the same
@@ -500,14 +557,36 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
     else:
         n_tiles = (page_hi - page_lo + 1) // 2
     page0, page1, slot_lo, lo0, n0, lo1, n1, pos0, masked = _tile_meta(
-        pages_row, valid_row, starts_row, firsts_row, 0, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE, BLOCK_N,
-        HAS_FIRST)
+        pages_row,
+        valid_row,
+        starts_row,
+        firsts_row,
+        0,
+        n_tiles,
+        page_lo,
+        page_hi,
+        q_first,
+        PAGE_SIZE,
+        BLOCK_N,
+        HAS_FIRST,
+    )
     for t in range(0, n_tiles):
         t_page0, t_page1, t_slot_lo, t_n0, t_n1, t_pos0, t_masked = page0, page1, slot_lo, n0, n1, pos0, masked
         t_lo0, t_lo1 = lo0, lo1
         page0, page1, slot_lo, lo0, n0, lo1, n1, pos0, masked = _tile_meta(
-            pages_row, valid_row, starts_row, firsts_row, t + 1, n_tiles, page_lo, page_hi, q_first, PAGE_SIZE,
-            BLOCK_N, HAS_FIRST)
+            pages_row,
+            valid_row,
+            starts_row,
+            firsts_row,
+            t + 1,
+            n_tiles,
+            page_lo,
+            page_hi,
+            q_first,
+            PAGE_SIZE,
+            BLOCK_N,
+            HAS_FIRST,
+        )
         # int64 page offsets: page * stride overflows int32 on big pools.
         if BLOCK_N <= PAGE_SIZE:
             slot = t_slot_lo + n
@@ -550,8 +629,21 @@ def _attend_pages(acc, l_i, m_i, q, q_pos, q_first,
 
 
 @triton.jit
-def _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin, delta, run, max_position,
-                 HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTATED_RUNS: tl.constexpr):
+def _chunk_q_src(
+    q_rows,
+    rot_rows,
+    rot_run_stride,
+    scratch_rows,
+    row_ok,
+    Cos,
+    Sin,
+    delta,
+    run,
+    max_position,
+    HEAD_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr,
+):
     """Where a chunk of delta `delta`, in the entry's run `run`, loads its Q tile from: q itself (delta 0), the
     run's copy rotated up front (the first ROTATED_RUNS runs), or the program's scratch rows, which get Q
     rotated here.
@@ -575,33 +667,140 @@ def _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Si
 
 
 @triton.jit
-def _attend_chunk(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                  max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, page_lo, page_hi, run,
-                  stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                  HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  ROTATED_RUNS: tl.constexpr):
+def _attend_chunk(
+    acc,
+    l_i,
+    m_i,
+    q_rows,
+    rot_rows,
+    rot_run_stride,
+    scratch_rows,
+    row_ok,
+    q_pos,
+    q_first,
+    Cos,
+    Sin,
+    max_position,
+    k_head,
+    v_head,
+    pages,
+    deltas,
+    valid,
+    starts,
+    firsts,
+    table,
+    page_lo,
+    page_hi,
+    run,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr,
+):
     """Attend the pages [page_lo, page_hi) of one delta (run `run` of the entry) with the Q tile rotated for it;
     returns the running softmax state."""
     dims = tl.arange(0, HEAD_DIM)
     q_src = q_rows
     if APPLY_DELTA:
-        q_src = _chunk_q_src(q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, Cos, Sin,
-                             tl.load(deltas + table + page_lo), run, max_position, HEAD_DIM, INTERLEAVED,
-                             ROTATED_RUNS)
+        q_src = _chunk_q_src(
+            q_rows,
+            rot_rows,
+            rot_run_stride,
+            scratch_rows,
+            row_ok,
+            Cos,
+            Sin,
+            tl.load(deltas + table + page_lo),
+            run,
+            max_position,
+            HEAD_DIM,
+            INTERLEAVED,
+            ROTATED_RUNS,
+        )
     q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-    return _attend_pages(acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-                         starts + table, firsts + table, page_lo, page_hi, stride_kp, stride_ks, stride_vp, stride_vs,
-                         qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+    return _attend_pages(
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        q_first,
+        k_head,
+        v_head,
+        pages + table,
+        valid + table,
+        starts + table,
+        firsts + table,
+        page_lo,
+        page_hi,
+        stride_kp,
+        stride_ks,
+        stride_vp,
+        stride_vs,
+        qk_scale,
+        HEAD_DIM,
+        PAGE_SIZE,
+        BLOCK_N,
+        DOT_PRECISION,
+        UPCAST,
+        HAS_FIRST,
+    )
 
 
 @triton.jit
-def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                 max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
-                 chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                 HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
-                 ROTATED_RUNS: tl.constexpr, BLOCK_P: tl.constexpr):
+def _walk_chunks(
+    acc,
+    l_i,
+    m_i,
+    q_rows,
+    rot_rows,
+    rot_run_stride,
+    scratch_rows,
+    row_ok,
+    q_pos,
+    q_first,
+    Cos,
+    Sin,
+    max_position,
+    k_head,
+    v_head,
+    pages,
+    deltas,
+    valid,
+    starts,
+    firsts,
+    table,
+    first,
+    last,
+    c,
+    step,
+    chunk_len,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     """Chunks c, c + step, ... of the pages [first, last) (_chunk: cut at delta changes and every chunk_len
     pages), each with its own Q tile and tile loop; returns the running softmax state and whether the program had
     a chunk at all."""
@@ -617,10 +816,45 @@ def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, 
             if step != 1:
                 run = _count_runs(deltas + table, page_lo + 1, BLOCK_P) - 1
         acc, l_i, m_i = _attend_chunk(
-            acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-            max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, page_lo, page_hi, run,
-            stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
-            UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS)
+            acc,
+            l_i,
+            m_i,
+            q_rows,
+            rot_rows,
+            rot_run_stride,
+            scratch_rows,
+            row_ok,
+            q_pos,
+            q_first,
+            Cos,
+            Sin,
+            max_position,
+            k_head,
+            v_head,
+            pages,
+            deltas,
+            valid,
+            starts,
+            firsts,
+            table,
+            page_lo,
+            page_hi,
+            run,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            qk_scale,
+            HEAD_DIM,
+            PAGE_SIZE,
+            BLOCK_N,
+            DOT_PRECISION,
+            UPCAST,
+            HAS_FIRST,
+            APPLY_DELTA,
+            INTERLEAVED,
+            ROTATED_RUNS,
+        )
         c += step
         run += 1
         page_lo, page_hi, n_chunks = _chunk(deltas + table, first, last, c, chunk_len, BLOCK_P)
@@ -628,13 +862,50 @@ def _walk_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, 
 
 
 @triton.jit
-def _kernel_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                   max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, n_vis, split,
-                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                   HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr, APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr,
-                   ROTATED_RUNS: tl.constexpr, SPLIT_KV: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr,
-                   PLAN_PIECES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+def _kernel_chunks(
+    acc,
+    l_i,
+    m_i,
+    q_rows,
+    rot_rows,
+    rot_run_stride,
+    scratch_rows,
+    row_ok,
+    q_pos,
+    q_first,
+    Cos,
+    Sin,
+    max_position,
+    k_head,
+    v_head,
+    pages,
+    deltas,
+    valid,
+    starts,
+    firsts,
+    table,
+    n_vis,
+    split,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    SPLIT_BY_RUNS: tl.constexpr,
+    PLAN_PIECES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     """The chunks of this program's pages found in the kernel, from scans of the entry's deltas (what a call
     without a host plan does); returns the running softmax state and whether the program had a chunk."""
     # A program walks chunks of its pages, one delta per chunk, so the rotation is a prologue of each
@@ -669,41 +940,186 @@ def _kernel_chunks(acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows
     chunk_len = tl.maximum(chunk_len, 1)
     c = c + n_vis * 0  # a tensor in every case: _walk_chunks' loop carries it
     if PLAN_PIECES:
-        planned, piece_lo, piece_hi, piece_run = _plan_piece(deltas + table, n_vis, split, tl.num_programs(2),
-                                                             _PLAN_SLACK, BLOCK_R, BLOCK_P)
+        planned, piece_lo, piece_hi, piece_run = _plan_piece(
+            deltas + table, n_vis, split, tl.num_programs(2), _PLAN_SLACK, BLOCK_R, BLOCK_P
+        )
         if planned:
             # One piece of one run (_plan_piece): one Q tile, one tile loop, no scan past the plan's.
             has_chunk = piece_lo < piece_hi
             if has_chunk:
                 acc, l_i, m_i = _attend_chunk(
-                    acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos,
-                    Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, piece_lo,
-                    piece_hi, piece_run, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM,
-                    PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED,
-                    ROTATED_RUNS)
+                    acc,
+                    l_i,
+                    m_i,
+                    q_rows,
+                    rot_rows,
+                    rot_run_stride,
+                    scratch_rows,
+                    row_ok,
+                    q_pos,
+                    q_first,
+                    Cos,
+                    Sin,
+                    max_position,
+                    k_head,
+                    v_head,
+                    pages,
+                    deltas,
+                    valid,
+                    starts,
+                    firsts,
+                    table,
+                    piece_lo,
+                    piece_hi,
+                    piece_run,
+                    stride_kp,
+                    stride_ks,
+                    stride_vp,
+                    stride_vs,
+                    qk_scale,
+                    HEAD_DIM,
+                    PAGE_SIZE,
+                    BLOCK_N,
+                    DOT_PRECISION,
+                    UPCAST,
+                    HAS_FIRST,
+                    APPLY_DELTA,
+                    INTERLEAVED,
+                    ROTATED_RUNS,
+                )
         else:
             acc, l_i, m_i, has_chunk = _walk_chunks(
-                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
-                chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+                acc,
+                l_i,
+                m_i,
+                q_rows,
+                rot_rows,
+                rot_run_stride,
+                scratch_rows,
+                row_ok,
+                q_pos,
+                q_first,
+                Cos,
+                Sin,
+                max_position,
+                k_head,
+                v_head,
+                pages,
+                deltas,
+                valid,
+                starts,
+                firsts,
+                table,
+                first,
+                last,
+                c,
+                step,
+                chunk_len,
+                stride_kp,
+                stride_ks,
+                stride_vp,
+                stride_vs,
+                qk_scale,
+                HEAD_DIM,
+                PAGE_SIZE,
+                BLOCK_N,
+                DOT_PRECISION,
+                UPCAST,
+                HAS_FIRST,
+                APPLY_DELTA,
+                INTERLEAVED,
+                ROTATED_RUNS,
+                BLOCK_P,
+            )
     else:  # the plan compiled out: the kernel is the run walk alone
         acc, l_i, m_i, has_chunk = _walk_chunks(
-            acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-            max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, first, last, c, step,
-            chunk_len, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-            DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, BLOCK_P)
+            acc,
+            l_i,
+            m_i,
+            q_rows,
+            rot_rows,
+            rot_run_stride,
+            scratch_rows,
+            row_ok,
+            q_pos,
+            q_first,
+            Cos,
+            Sin,
+            max_position,
+            k_head,
+            v_head,
+            pages,
+            deltas,
+            valid,
+            starts,
+            firsts,
+            table,
+            first,
+            last,
+            c,
+            step,
+            chunk_len,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            qk_scale,
+            HEAD_DIM,
+            PAGE_SIZE,
+            BLOCK_N,
+            DOT_PRECISION,
+            UPCAST,
+            HAS_FIRST,
+            APPLY_DELTA,
+            INTERLEAVED,
+            ROTATED_RUNS,
+            BLOCK_P,
+        )
     return acc, l_i, m_i, has_chunk
 
 
 @triton.jit
-def _planned_chunks(acc, l_i, m_i, fields, count, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos,
-                    q_first, Cos, Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table,
-                    n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
-                    APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, ROTATED_RUNS: tl.constexpr,
-                    PLAN_WIDTH: tl.constexpr):
+def _planned_chunks(
+    acc,
+    l_i,
+    m_i,
+    fields,
+    count,
+    q_rows,
+    rot_rows,
+    rot_run_stride,
+    scratch_rows,
+    row_ok,
+    q_pos,
+    q_first,
+    Cos,
+    Sin,
+    max_position,
+    k_head,
+    v_head,
+    pages,
+    deltas,
+    valid,
+    starts,
+    firsts,
+    table,
+    n_vis,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr,
+    PLAN_WIDTH: tl.constexpr,
+):
     """The pieces the host planned for this (entry, split) (`split_plan`): `count` pieces of one delta each, piece
     i the pages [lo, hi) of run `run` at fields 1 + 3i, 2 + 3i, 3 + 3i, cut to the block's visible pages. No scan:
     the record is one load, issued beside the visible-page count."""
@@ -713,10 +1129,45 @@ def _planned_chunks(acc, l_i, m_i, fields, count, q_rows, rot_rows, rot_run_stri
         run = _pick(fields, 3 + 3 * i, PLAN_WIDTH)
         if lo < hi:
             acc, l_i, m_i = _attend_chunk(
-                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, lo, hi, run, stride_kp,
-                stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST,
-                HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS)
+                acc,
+                l_i,
+                m_i,
+                q_rows,
+                rot_rows,
+                rot_run_stride,
+                scratch_rows,
+                row_ok,
+                q_pos,
+                q_first,
+                Cos,
+                Sin,
+                max_position,
+                k_head,
+                v_head,
+                pages,
+                deltas,
+                valid,
+                starts,
+                firsts,
+                table,
+                lo,
+                hi,
+                run,
+                stride_kp,
+                stride_ks,
+                stride_vp,
+                stride_vs,
+                qk_scale,
+                HEAD_DIM,
+                PAGE_SIZE,
+                BLOCK_N,
+                DOT_PRECISION,
+                UPCAST,
+                HAS_FIRST,
+                APPLY_DELTA,
+                INTERLEAVED,
+                ROTATED_RUNS,
+            )
     return acc, l_i, m_i, count > 0
 
 
@@ -724,17 +1175,60 @@ def _planned_chunks(acc, l_i, m_i, fields, count, q_rows, rot_rows, rot_run_stri
 # for multiples of 16): a serving engine must not compile inside a request.
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
 def _prefill_kernel(
-    Q, K, V, Out, WsO, WsLse, Cos, Sin, QRot,
-    cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages, Plan,
-    batch_size, total_q, max_position,
-    stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_ot, stride_oh, stride_table, stride_plan, qk_scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    APPLY_DELTA: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT_KV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_FIRST: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROTATED_RUNS: tl.constexpr, SPLIT_BY_RUNS: tl.constexpr, PLAN_PIECES: tl.constexpr,
-    BLOCK_R: tl.constexpr, HOST_PLAN: tl.constexpr, PLAN_WIDTH: tl.constexpr, USE_PDL: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,
+    WsO,
+    WsLse,
+    Cos,
+    Sin,
+    QRot,
+    cu_seqlens_q,
+    q_start,
+    pages,
+    deltas,
+    valid,
+    starts,
+    firsts,
+    num_pages,
+    Plan,
+    batch_size,
+    total_q,
+    max_position,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_table,
+    stride_plan,
+    qk_scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    APPLY_DELTA: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROTATED_RUNS: tl.constexpr,
+    SPLIT_BY_RUNS: tl.constexpr,
+    PLAN_PIECES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HOST_PLAN: tl.constexpr,
+    PLAN_WIDTH: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // GROUP  # query positions per block
     slot = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -768,8 +1262,9 @@ def _prefill_kernel(
         # This split's workspace rows (fp32, HEAD_DIM each) hold the rotated Q until the partial overwrites
         # them; without splits the program's own output rows do.
         ELEMS_PER_FP32: tl.constexpr = 32 // Q.dtype.element_ty.primitive_bitwidth
-        scratch_rows = (WsO.to(tl.pointer_type(Q.dtype.element_ty), bitcast=True)
-                        + (split * ws_split_stride + ws_rows) * (HEAD_DIM * ELEMS_PER_FP32))
+        scratch_rows = WsO.to(tl.pointer_type(Q.dtype.element_ty), bitcast=True) + (
+            split * ws_split_stride + ws_rows
+        ) * (HEAD_DIM * ELEMS_PER_FP32)
     else:
         scratch_rows = out_rows
 
@@ -790,30 +1285,165 @@ def _prefill_kernel(
             count = _pick(fields, 0, PLAN_WIDTH)
             if count >= 0:
                 acc, l_i, m_i, has_chunk = _planned_chunks(
-                    acc, l_i, m_i, fields, count, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos,
-                    q_first, Cos, Sin, max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table,
-                    n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, PLAN_WIDTH)
+                    acc,
+                    l_i,
+                    m_i,
+                    fields,
+                    count,
+                    q_rows,
+                    rot_rows,
+                    rot_run_stride,
+                    scratch_rows,
+                    row_ok,
+                    q_pos,
+                    q_first,
+                    Cos,
+                    Sin,
+                    max_position,
+                    k_head,
+                    v_head,
+                    pages,
+                    deltas,
+                    valid,
+                    starts,
+                    firsts,
+                    table,
+                    n_vis,
+                    stride_kp,
+                    stride_ks,
+                    stride_vp,
+                    stride_vs,
+                    qk_scale,
+                    HEAD_DIM,
+                    PAGE_SIZE,
+                    BLOCK_N,
+                    DOT_PRECISION,
+                    UPCAST,
+                    HAS_FIRST,
+                    APPLY_DELTA,
+                    INTERLEAVED,
+                    ROTATED_RUNS,
+                    PLAN_WIDTH,
+                )
             else:
                 acc, l_i, m_i, has_chunk = _kernel_chunks(
-                    acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                    max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, n_vis, split,
-                    stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-                    DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, SPLIT_KV,
-                    SPLIT_BY_RUNS, PLAN_PIECES, BLOCK_R, BLOCK_P)
+                    acc,
+                    l_i,
+                    m_i,
+                    q_rows,
+                    rot_rows,
+                    rot_run_stride,
+                    scratch_rows,
+                    row_ok,
+                    q_pos,
+                    q_first,
+                    Cos,
+                    Sin,
+                    max_position,
+                    k_head,
+                    v_head,
+                    pages,
+                    deltas,
+                    valid,
+                    starts,
+                    firsts,
+                    table,
+                    n_vis,
+                    split,
+                    stride_kp,
+                    stride_ks,
+                    stride_vp,
+                    stride_vs,
+                    qk_scale,
+                    HEAD_DIM,
+                    PAGE_SIZE,
+                    BLOCK_N,
+                    DOT_PRECISION,
+                    UPCAST,
+                    HAS_FIRST,
+                    APPLY_DELTA,
+                    INTERLEAVED,
+                    ROTATED_RUNS,
+                    SPLIT_KV,
+                    SPLIT_BY_RUNS,
+                    PLAN_PIECES,
+                    BLOCK_R,
+                    BLOCK_P,
+                )
         else:
             acc, l_i, m_i, has_chunk = _kernel_chunks(
-                acc, l_i, m_i, q_rows, rot_rows, rot_run_stride, scratch_rows, row_ok, q_pos, q_first, Cos, Sin,
-                max_position, k_head, v_head, pages, deltas, valid, starts, firsts, table, n_vis, split,
-                stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, HEAD_DIM, PAGE_SIZE, BLOCK_N,
-                DOT_PRECISION, UPCAST, HAS_FIRST, APPLY_DELTA, INTERLEAVED, ROTATED_RUNS, SPLIT_KV,
-                SPLIT_BY_RUNS, PLAN_PIECES, BLOCK_R, BLOCK_P)
+                acc,
+                l_i,
+                m_i,
+                q_rows,
+                rot_rows,
+                rot_run_stride,
+                scratch_rows,
+                row_ok,
+                q_pos,
+                q_first,
+                Cos,
+                Sin,
+                max_position,
+                k_head,
+                v_head,
+                pages,
+                deltas,
+                valid,
+                starts,
+                firsts,
+                table,
+                n_vis,
+                split,
+                stride_kp,
+                stride_ks,
+                stride_vp,
+                stride_vs,
+                qk_scale,
+                HEAD_DIM,
+                PAGE_SIZE,
+                BLOCK_N,
+                DOT_PRECISION,
+                UPCAST,
+                HAS_FIRST,
+                APPLY_DELTA,
+                INTERLEAVED,
+                ROTATED_RUNS,
+                SPLIT_KV,
+                SPLIT_BY_RUNS,
+                PLAN_PIECES,
+                BLOCK_R,
+                BLOCK_P,
+            )
     else:
         q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
         acc, l_i, m_i = _attend_pages(
-            acc, l_i, m_i, q, q_pos, q_first, k_head, v_head, pages + table, valid + table,
-            starts + table, firsts + table, 0, n_vis, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION, UPCAST, HAS_FIRST)
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            q_first,
+            k_head,
+            v_head,
+            pages + table,
+            valid + table,
+            starts + table,
+            firsts + table,
+            0,
+            n_vis,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            qk_scale,
+            HEAD_DIM,
+            PAGE_SIZE,
+            BLOCK_N,
+            DOT_PRECISION,
+            UPCAST,
+            HAS_FIRST,
+        )
 
     if SPLIT_KV:
         # This split's partial: normalised output and log2-sum-exp (-inf when it saw no key).
@@ -821,17 +1451,26 @@ def _prefill_kernel(
         mine = split * ws_split_stride + ws_rows
         tl.store(WsLse + mine, m_i + tl.log2(l_safe), mask=row_ok)
         if has_chunk:  # a split without a chunk leaves its output unwritten: the merge skips it
-            tl.store(WsO + mine[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
-                     mask=row_ok[:, None])
+            tl.store(WsO + mine[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
     else:
         o = acc / l_i[:, None]
         tl.store(out_rows[:, None] + dims[None, :], o.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits"])
-def _combine_kernel(WsO, WsLse, Out, num_rows, num_splits, stride_ot, stride_oh,
-                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                    USE_PDL: tl.constexpr):
+def _combine_kernel(
+    WsO,
+    WsLse,
+    Out,
+    num_rows,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """Merge the splits of one (query row, head): out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
 
     One program per (row, head), BLOCK_S splits per step: the partials are read in parallel across the
@@ -902,12 +1541,14 @@ def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: in
     wave), batch 8 -> 2 splits (174.6 us against 225.5 at 3)."""
     if not q.is_cuda or interpreting():
         return 1
-    return _split_count(q.shape[0], batch.batch_size, batch.max_q, batch.max_kv, group, kv_heads, block_m,
-                        sm_count(q.device))
+    return _split_count(
+        q.shape[0], batch.batch_size, batch.max_q, batch.max_kv, group, kv_heads, block_m, sm_count(q.device)
+    )
 
 
-def _split_count(total_q: int, batch_size: int, max_q: int, max_kv: int, group: int, kv_heads: int, block_m: int,
-                 sms: int) -> int:
+def _split_count(
+    total_q: int, batch_size: int, max_q: int, max_kv: int, group: int, kv_heads: int, block_m: int, sms: int
+) -> int:
     positions = max(1, block_m // group)
     blocks = min(cdiv(total_q, positions) + batch_size - 1, batch_size * cdiv(max(1, max_q), positions))
     programs = blocks * kv_heads
@@ -915,8 +1556,16 @@ def _split_count(total_q: int, batch_size: int, max_q: int, max_kv: int, group: 
     return max(1, min(sms // programs, by_length, _MAX_SPLITS))
 
 
-def graph_num_splits(total_q: int, entries: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                     page_size: int, device: torch.device) -> int:
+def graph_num_splits(
+    total_q: int,
+    entries: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    page_size: int,
+    device: torch.device,
+) -> int:
     """The split count a CUDA graph of `total_q` query rows in `entries` entries fixes (engine/prefill_graphs.py):
     what an eager launch picks for those rows over a long context (the case graphs are for: short questions over
     cached documents). Shorter contexts leave some splits without pages; they exit early."""
@@ -924,15 +1573,34 @@ def graph_num_splits(total_q: int, entries: int, q_heads: int, kv_heads: int, he
         return 1
     group = q_heads // kv_heads
     config = prefill_config(dtype == torch.float32, head_dim, group, page_size)
-    return _split_count(total_q, max(1, entries), total_q, _MAX_SPLITS * _MIN_KEYS_PER_SPLIT, group, kv_heads,
-                        config.block_m, sm_count(device))
+    return _split_count(
+        total_q,
+        max(1, entries),
+        total_q,
+        _MAX_SPLITS * _MIN_KEYS_PER_SPLIT,
+        group,
+        kv_heads,
+        config.block_m,
+        sm_count(device),
+    )
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                      tables: RopeTables | None, scale: float, *, apply_delta: bool = True,
-                      num_splits: int | None = None, config: PrefillConfig | None = None,
-                      rotated_runs: int | None = None, rotated_q: torch.Tensor | None = None,
-                      plan_pieces: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    scale: float,
+    *,
+    apply_delta: bool = True,
+    num_splits: int | None = None,
+    config: PrefillConfig | None = None,
+    rotated_runs: int | None = None,
+    rotated_q: torch.Tensor | None = None,
+    plan_pieces: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
     q [total_q, Hq, D] packed by `batch.cu_seqlens_q`, rotated at its logical positions; k_cache/v_cache
@@ -966,10 +1634,16 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         ws_o = torch.empty(splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)
         ws_lse = torch.empty(splits, total_q, q_heads, dtype=torch.float32, device=q.device)
     if rotated_q is not None:
-        if (rotated_q.dim() != 4 or rotated_q.shape[1:] != q.shape or rotated_q.dtype != q.dtype
-                or not rotated_q.is_contiguous()):
-            raise ValueError(f"rotated_q must be contiguous {q.dtype} [runs, {total_q}, {q_heads}, {head_dim}], "
-                             f"got {rotated_q.dtype} {tuple(rotated_q.shape)}")
+        if (
+            rotated_q.dim() != 4
+            or rotated_q.shape[1:] != q.shape
+            or rotated_q.dtype != q.dtype
+            or not rotated_q.is_contiguous()
+        ):
+            raise ValueError(
+                f"rotated_q must be contiguous {q.dtype} [runs, {total_q}, {q_heads}, {head_dim}], "
+                f"got {rotated_q.dtype} {tuple(rotated_q.shape)}"
+            )
         rotated_runs = rotated_q.shape[0]
     elif rotated_runs is None:
         rotated_runs = rotated_runs_for(total_q)
@@ -980,17 +1654,34 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     plan = batch.plan if splits > 1 and batch.plan is not None and batch.plan.shape[1] == splits else None
     args, consts = _kernel_args(q, k_cache, v_cache, batch, tables, scale, out, ws_o, ws_lse, q_rot, splits, plan)
     grid = (query_slots(total_q, batch.batch_size, config.block_m // group), kv_heads, splits)
-    _prefill_kernel[grid](*args, **consts, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                          ROTATED_RUNS=rotated_runs, SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
-                          PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces, BLOCK_R=_PLAN_RUNS,
-                          num_warps=config.num_warps, num_stages=config.num_stages,
-                          **pdl_options(q.device, "attention"),
-                          **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
+    _prefill_kernel[grid](
+        *args,
+        **consts,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        ROTATED_RUNS=rotated_runs,
+        SPLIT_BY_RUNS=tables is not None and rotated_runs == 0,
+        PLAN_PIECES=splits >= _PLAN_MIN_SPLITS and plan_pieces,
+        BLOCK_R=_PLAN_RUNS,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **pdl_options(q.device, "attention"),
+        **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
+    )
     if splits > 1:
-        _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, splits, out.stride(0),
-                                              out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
-                                              BLOCK_S=min(16, triton.next_power_of_2(splits)),
-                                              **pdl_options(q.device, "attention"))
+        _combine_kernel[(total_q * q_heads,)](
+            ws_o,
+            ws_lse,
+            out,
+            total_q * q_heads,
+            splits,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=q_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_S=min(16, triton.next_power_of_2(splits)),
+            **pdl_options(q.device, "attention"),
+        )
     return out
 
 
@@ -1012,47 +1703,116 @@ def _rotate_runs(q: torch.Tensor, batch: PagedBatch, tables: RopeTables, runs: i
     q_rot = torch.empty(runs, total_q, q_heads, head_dim, dtype=q.dtype, device=q.device)
     cos, sin = tables.cos.contiguous(), tables.sin.contiguous()
     _rotate_runs_kernel[(total_q, runs)](
-        q, q_rot, cos, sin, batch.cu_seqlens_q, batch.deltas, batch.num_pages, batch.batch_size, total_q,
-        cos.shape[0], q.stride(0), q.stride(1), batch.deltas.stride(0),
-        NUM_HEADS=q_heads, BLOCK_H=triton.next_power_of_2(q_heads), HEAD_DIM=head_dim,
-        INTERLEAVED=tables.interleaved, BLOCK_R=triton.next_power_of_2(runs), BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P,
-        num_warps=4)
+        q,
+        q_rot,
+        cos,
+        sin,
+        batch.cu_seqlens_q,
+        batch.deltas,
+        batch.num_pages,
+        batch.batch_size,
+        total_q,
+        cos.shape[0],
+        q.stride(0),
+        q.stride(1),
+        batch.deltas.stride(0),
+        NUM_HEADS=q_heads,
+        BLOCK_H=triton.next_power_of_2(q_heads),
+        HEAD_DIM=head_dim,
+        INTERLEAVED=tables.interleaved,
+        BLOCK_R=triton.next_power_of_2(runs),
+        BLOCK_B=_BLOCK_B,
+        BLOCK_P=_BLOCK_P,
+        num_warps=4,
+    )
     return q_rot
 
 
-def _kernel_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                 tables: RopeTables | None, scale: float, out: torch.Tensor, ws_o: torch.Tensor,
-                 ws_lse: torch.Tensor, q_rot: torch.Tensor, splits: int, plan: torch.Tensor | None
-                 ) -> tuple[tuple, dict]:
+def _kernel_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    scale: float,
+    out: torch.Tensor,
+    ws_o: torch.Tensor,
+    ws_lse: torch.Tensor,
+    q_rot: torch.Tensor,
+    splits: int,
+    plan: torch.Tensor | None,
+) -> tuple[tuple, dict]:
     """Positional arguments and constexprs of _prefill_kernel (block sizes and ROTATED_RUNS aside)."""
     cos, sin = (tables.cos.contiguous(), tables.sin.contiguous()) if tables is not None else (q, q)
     args = (
-        q, k_cache, v_cache, out, ws_o, ws_lse, cos, sin, q_rot,
-        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        ws_o,
+        ws_lse,
+        cos,
+        sin,
+        q_rot,
+        batch.cu_seqlens_q,
+        batch.q_start,
+        batch.pages,
+        batch.deltas,
+        batch.valid,
+        batch.starts,
         batch.starts if batch.firsts is None else batch.firsts,  # a placeholder pointer without offsets
-        batch.num_pages, batch.pages if plan is None else plan,  # a placeholder pointer without a plan
-        batch.batch_size, q.shape[0], cos.shape[0] if tables is not None else 0,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        batch.pages.stride(0), 0 if plan is None else plan.stride(0), scale * LOG2E,
+        batch.num_pages,
+        batch.pages if plan is None else plan,  # a placeholder pointer without a plan
+        batch.batch_size,
+        q.shape[0],
+        cos.shape[0] if tables is not None else 0,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        batch.pages.stride(0),
+        0 if plan is None else plan.stride(0),
+        scale * LOG2E,
     )
     consts = dict(
-        GROUP=q.shape[1] // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
-        APPLY_DELTA=tables is not None, INTERLEAVED=tables is not None and tables.interleaved,
-        SPLIT_KV=splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreting() and q.dtype == torch.bfloat16, HAS_FIRST=batch.firsts is not None,
-        BLOCK_B=_BLOCK_B, BLOCK_P=_BLOCK_P, HOST_PLAN=plan is not None, PLAN_WIDTH=PLAN_WIDTH,
+        GROUP=q.shape[1] // k_cache.shape[2],
+        HEAD_DIM=q.shape[2],
+        PAGE_SIZE=k_cache.shape[1],
+        APPLY_DELTA=tables is not None,
+        INTERLEAVED=tables is not None and tables.interleaved,
+        SPLIT_KV=splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        HAS_FIRST=batch.firsts is not None,
+        BLOCK_B=_BLOCK_B,
+        BLOCK_P=_BLOCK_P,
+        HOST_PLAN=plan is not None,
+        PLAN_WIDTH=PLAN_WIDTH,
     )
     return args, consts
 
 
-def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: RopeTables | None,
-                  batch: PagedBatch, out: torch.Tensor | None) -> None:
+def _check_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: RopeTables | None,
+    batch: PagedBatch,
+    out: torch.Tensor | None,
+) -> None:
     if not q.is_cuda and not interpreting():
         raise RuntimeError("the Triton prefill kernel needs CUDA tensors (or TRITON_INTERPRET=1 on a CPU)")
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"expected q [T, Hq, D] and k/v caches [pages, page_size, Hkv, D], got "
-                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"expected q [T, Hq, D] and k/v caches [pages, page_size, Hkv, D], got "
+            f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
     head_dim, page_size, kv_heads = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     if k_cache.shape[3] != head_dim or q.shape[1] % kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit the caches {tuple(k_cache.shape)} (GQA needs Hq % Hkv == 0)")
@@ -1062,13 +1822,17 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError(f"prefill kernel needs a power-of-two page_size >= 16, got {page_size}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k/v caches must be contiguous along head_dim")
-    if tables is not None and (tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32
-                               or tables.cos.device != q.device):
-        raise ValueError(f"RoPE tables must be fp32 [max_position, {head_dim // 2}] on {q.device}, got "
-                         f"{tables.cos.dtype} {tuple(tables.cos.shape)} on {tables.cos.device}")
+    if tables is not None and (
+        tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32 or tables.cos.device != q.device
+    ):
+        raise ValueError(
+            f"RoPE tables must be fp32 [max_position, {head_dim // 2}] on {q.device}, got "
+            f"{tables.cos.dtype} {tuple(tables.cos.shape)} on {tables.cos.device}"
+        )
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
-        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} and contiguous along head_dim, got "
-                         f"{out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"out must be {q.dtype} {tuple(q.shape)} and contiguous along head_dim, got {out.dtype} {tuple(out.shape)}"
+        )
     if out is not None and out.data_ptr() == q.data_ptr():
         raise ValueError("out must not be q itself: the kernel keeps rotated copies of q in out's rows")
     rows = (batch.pages, batch.deltas, batch.valid, batch.starts) + (() if batch.firsts is None else (batch.firsts,))

@@ -102,8 +102,9 @@ def enabled() -> bool:
     return os.environ.get(GLUON_ENV, "1") != "0"
 
 
-def shape_supported(total_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int,
-                    device: torch.device) -> bool:
+def shape_supported(
+    total_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int, device: torch.device
+) -> bool:
     """The part of `supports` a launch's shapes decide (what a CUDA graph's bucket knows before any call): a Hopper
     GPU, 16-bit, head_dim 128, pages of 64, at most MAX_ROWS query rows, the query heads of a kv head filling 128
     rows with whole positions; and the kernel switched on."""
@@ -126,8 +127,9 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batc
     return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
 
 
-def num_splits(total_q: int, q_heads: int, kv_heads: int, device: torch.device, entries: int = 1,
-               max_q: int | None = None) -> int:
+def num_splits(
+    total_q: int, q_heads: int, kv_heads: int, device: torch.device, entries: int = 1, max_q: int | None = None
+) -> int:
     """Splits of a launch over `total_q` rows in `entries` entries of at most `max_q` positions (default total_q):
     one program per SM (213 KiB of shared memory each) over the query blocks the entries fill, at most MAX_SPLITS.
     Blocks are each entry's own: an entry of 16 positions fills a block of 32 alone (Session 18 counted
@@ -149,8 +151,13 @@ def takes_layout(cache: torch.Tensor) -> bool:
     """A page's slots, heads and dims contiguous (the pool's `token` layout, cache/page_pool.py): the copy engine then
     reads a tile as a [64, head_dim] box of the [pages * 64, heads * head_dim] matrix."""
     _, page_size, heads, dim = cache.shape
-    return (cache.stride(3) == 1 and cache.stride(2) == dim and cache.stride(1) == heads * dim
-            and cache.stride(0) == page_size * heads * dim and cache.data_ptr() % 16 == 0)
+    return (
+        cache.stride(3) == 1
+        and cache.stride(2) == dim
+        and cache.stride(1) == heads * dim
+        and cache.stride(0) == page_size * heads * dim
+        and cache.data_ptr() % 16 == 0
+    )
 
 
 def _descriptor(cache: torch.Tensor) -> TensorDescriptor:
@@ -239,8 +246,7 @@ def _partner(q, interleaved):
 def _store_q(q_smem, q, cos, sin, interleaved):
     """Write q [rows, head_dim] (this warpgroup's rows as the RoPE launch left them), rotated by `_rotation`'s cos and
     sin (fp32 math, rounded once to q's dtype; delta 0 leaves it as it is: cos 1, sin 0), as the Q·Kᵀ operand."""
-    q_smem.store((q.to(gl.float32) * cos[None, :] + _partner(q, interleaved).to(gl.float32) * sin[None, :])
-                 .to(q.dtype))
+    q_smem.store((q.to(gl.float32) * cos[None, :] + _partner(q, interleaved).to(gl.float32) * sin[None, :]).to(q.dtype))
     # The tensor cores read the tile through the async proxy, after every warp of the group has written its part.
     fence_async_shared()
     _warps_barrier()
@@ -261,8 +267,9 @@ def _mask_v(v_tile, first, n_keys, layout: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr,
-                  p_layout: gl.constexpr):
+def _softmax_tile(
+    s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, dtype: gl.constexpr, p_layout: gl.constexpr
+):
     """One tile's online-softmax step: the probabilities as the P·V operand, the factor that rescales what was
     accumulated, and the new running max and sum. The page's keys are slots [first, first + n_keys), slot t at
     position key0 + t - first; other slots may hold anything; keys past the diagonal are the question's own later
@@ -281,21 +288,57 @@ def _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_sca
 
 
 @gluon.jit
-def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem, q_raw, k_bufs, v_bufs,
-             ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q, max_position,
-             stride_qt, stride_qh, qk_scale, group, num_heads, apply_delta, interleaved, has_first, half):
+def _consume(
+    Q,
+    WsO,
+    WsLse,
+    Cos,
+    Sin,
+    deltas_row,
+    valid_row,
+    starts_row,
+    firsts_row,
+    q_smem,
+    q_raw,
+    k_bufs,
+    v_bufs,
+    ready,
+    empty,
+    row0,
+    first_row,
+    q_len,
+    pos0,
+    kv_head,
+    split,
+    page_lo,
+    n_tiles,
+    total_q,
+    max_position,
+    stride_qt,
+    stride_qh,
+    qk_scale,
+    group,
+    num_heads,
+    apply_delta,
+    interleaved,
+    has_first,
+    half,
+):
     """One consumer warpgroup (a partition of the kernel's warp-specialised region): online softmax of its 64 query
     rows, half `half` of the program's 128 (q_smem: its Q operand; q_raw: its rows of q as loaded), over the program's
     tiles, then its partial (split calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, _KPAGE_SIZE, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, _KHEAD_DIM, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _KPAGE_SIZE, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _KHEAD_DIM, 16]
+    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    load_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                                 warps_per_cta=[4, 1], order=[1, 0])
+    load_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]
+    )
 
     # Row identities in each layout that uses them.
     qi_load, head_load, ok_load = _row_ids(half, M, group, first_row, q_len, kv_head, load_layout)
@@ -337,8 +380,9 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
     mbarrier.wait(ready.index(0), 0, pred=has_tiles)
     s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
-                                               Q.dtype.element_ty, p_layout)
+    p_op, alpha, m_i, l_i = _softmax_tile(
+        s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, Q.dtype.element_ty, p_layout
+    )
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
         # Tile t's V, masked in place where the page is not full (P·V t - 1 has retired).
@@ -361,8 +405,9 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale,
-                                               Q.dtype.element_ty, p_layout)
+        p_op, alpha, m_i, l_i = _softmax_tile(
+            s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, Q.dtype.element_ty, p_layout
+        )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -386,8 +431,9 @@ def _consume(Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_
         low_smem.store(low)
         high_smem.store(high)
         _warps_barrier()
-        half_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[2, 16],
-                                                     warps_per_cta=[4, 1], order=[1, 0])
+        half_layout: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 4], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0]
+        )
         qi, head, ok = _row_ids(half, M, group, first_row, q_len, kv_head, half_layout)
         rows = split.to(gl.int64) * total_q * num_heads + (row0 + qi).to(gl.int64) * num_heads + head
         l_half = gl.convert_layout(l_safe, gl.SliceLayout(1, half_layout))
@@ -445,16 +491,42 @@ def _wait_for_producers():
     this one have finished and their writes are visible, then let the next kernel's programs launch. Safe without
     programmatic dependent launch (the kernels before have finished then), so the partitions call it as they are."""
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
 
 
 @gluon.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
-def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
-                          cu_seqlens_q, q_start, pages, deltas, valid, starts, firsts, num_pages,
-                          batch_size, total_q, max_position, stride_qt, stride_qh, stride_table, qk_scale,
-                          GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, APPLY_DELTA: gl.constexpr,
-                          INTERLEAVED: gl.constexpr, HAS_FIRST: gl.constexpr, USE_PDL: gl.constexpr):
+def _short_prefill_kernel(
+    Q,
+    k_desc,
+    v_desc,
+    WsO,
+    WsLse,
+    Cos,
+    Sin,
+    cu_seqlens_q,
+    q_start,
+    pages,
+    deltas,
+    valid,
+    starts,
+    firsts,
+    num_pages,
+    batch_size,
+    total_q,
+    max_position,
+    stride_qt,
+    stride_qh,
+    stride_table,
+    qk_scale,
+    GROUP: gl.constexpr,
+    NUM_HEADS: gl.constexpr,
+    APPLY_DELTA: gl.constexpr,
+    INTERLEAVED: gl.constexpr,
+    HAS_FIRST: gl.constexpr,
+    USE_PDL: gl.constexpr,
+):
     QB: gl.constexpr = _KROWS // GROUP  # query positions per program
     scan_b: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -498,31 +570,113 @@ def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,
     # The two consumer warpgroups run the same function on their own halves (literal tuples: concatenating tuples in a
     # kernel turns their constexprs into plain ints, which a partition's arguments cannot carry).
     deltas_row, valid_row, starts_row, firsts_row = deltas + table, valid + table, starts + table, firsts + table
-    low = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(0), q_raw.index(0),
-           k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
-           max_position, stride_qt, stride_qh, qk_scale,
-           GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(0))
-    high = (Q, WsO, WsLse, Cos, Sin, deltas_row, valid_row, starts_row, firsts_row, q_smem.index(1), q_raw.index(1),
-            k_bufs, v_bufs, ready, empty, row0, first_row, q_len, pos0, kv_head, split, page_lo, n_tiles, total_q,
-            max_position, stride_qt, stride_qh, qk_scale,
-            GROUP, NUM_HEADS, APPLY_DELTA.value, INTERLEAVED.value, HAS_FIRST.value, gl.constexpr(1))
+    low = (
+        Q,
+        WsO,
+        WsLse,
+        Cos,
+        Sin,
+        deltas_row,
+        valid_row,
+        starts_row,
+        firsts_row,
+        q_smem.index(0),
+        q_raw.index(0),
+        k_bufs,
+        v_bufs,
+        ready,
+        empty,
+        row0,
+        first_row,
+        q_len,
+        pos0,
+        kv_head,
+        split,
+        page_lo,
+        n_tiles,
+        total_q,
+        max_position,
+        stride_qt,
+        stride_qh,
+        qk_scale,
+        GROUP,
+        NUM_HEADS,
+        APPLY_DELTA.value,
+        INTERLEAVED.value,
+        HAS_FIRST.value,
+        gl.constexpr(0),
+    )
+    high = (
+        Q,
+        WsO,
+        WsLse,
+        Cos,
+        Sin,
+        deltas_row,
+        valid_row,
+        starts_row,
+        firsts_row,
+        q_smem.index(1),
+        q_raw.index(1),
+        k_bufs,
+        v_bufs,
+        ready,
+        empty,
+        row0,
+        first_row,
+        q_len,
+        pos0,
+        kv_head,
+        split,
+        page_lo,
+        n_tiles,
+        total_q,
+        max_position,
+        stride_qt,
+        stride_qh,
+        qk_scale,
+        GROUP,
+        NUM_HEADS,
+        APPLY_DELTA.value,
+        INTERLEAVED.value,
+        HAS_FIRST.value,
+        gl.constexpr(1),
+    )
     loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
-    gl.warp_specialize([(_consume, low), (_consume, high), (_load_tiles, loads)],
-                       [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS])
+    gl.warp_specialize(
+        [(_consume, low), (_consume, high), (_load_tiles, loads)], [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS]
+    )
 
 
-def short_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                            tables: RopeTables | None, scale: float, num_splits: int, *, apply_delta: bool = True,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+def short_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    scale: float,
+    num_splits: int,
+    *,
+    apply_delta: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """prefill.prefill_attention's result for a call `supports` accepts: partials of `num_splits` balanced page
     ranges, merged by prefill's combine kernel (also for one split)."""
     ws_o, ws_lse = split_partials(q, k_cache, v_cache, batch, tables, scale, num_splits, apply_delta=apply_delta)
     return merge_partials(ws_o, ws_lse, torch.empty_like(q) if out is None else out)
 
 
-def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                   tables: RopeTables | None, scale: float, num_splits: int, *,
-                   apply_delta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def split_partials(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: PagedBatch,
+    tables: RopeTables | None,
+    scale: float,
+    num_splits: int,
+    *,
+    apply_delta: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch alone: each split's normalised output [splits, rows, heads, head_dim] and log2-sum-exp
     [splits, rows, heads], fp32 (a split without pages leaves its output unwritten and its log2-sum-exp -inf)."""
     total_q, q_heads, head_dim = q.shape
@@ -535,20 +689,47 @@ def split_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     cos, sin = (tables.cos, tables.sin) if tables is not None else _identity_rotation(head_dim, q.device)
     grid = (query_slots(total_q, batch.batch_size, ROWS // group), kv_heads, num_splits)
     _short_prefill_kernel[grid](
-        q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,
-        batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
-        batch.valid if batch.firsts is None else batch.firsts, batch.num_pages, batch.batch_size, total_q,
-        cos.shape[0], q.stride(0), q.stride(1), batch.pages.stride(0), scale * LOG2E,
-        GROUP=group, NUM_HEADS=q_heads, APPLY_DELTA=apply, INTERLEAVED=apply and tables.interleaved,
-        HAS_FIRST=batch.firsts is not None, num_warps=4, maxnreg=_MAXNREG, **pdl_options(q.device, "attention"))
+        q,
+        _descriptor(k_cache),
+        _descriptor(v_cache),
+        ws_o,
+        ws_lse,
+        cos,
+        sin,
+        batch.cu_seqlens_q,
+        batch.q_start,
+        batch.pages,
+        batch.deltas,
+        batch.valid,
+        batch.starts,
+        batch.valid if batch.firsts is None else batch.firsts,
+        batch.num_pages,
+        batch.batch_size,
+        total_q,
+        cos.shape[0],
+        q.stride(0),
+        q.stride(1),
+        batch.pages.stride(0),
+        scale * LOG2E,
+        GROUP=group,
+        NUM_HEADS=q_heads,
+        APPLY_DELTA=apply,
+        INTERLEAVED=apply and tables.interleaved,
+        HAS_FIRST=batch.firsts is not None,
+        num_warps=4,
+        maxnreg=_MAXNREG,
+        **pdl_options(q.device, "attention"),
+    )
     return ws_o, ws_lse
 
 
 @functools.lru_cache(maxsize=8)
 def _identity_rotation(head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of one position, 0: the rotation that leaves q as it is."""
-    return (torch.ones(1, head_dim // 2, dtype=torch.float32, device=device),
-            torch.zeros(1, head_dim // 2, dtype=torch.float32, device=device))
+    return (
+        torch.ones(1, head_dim // 2, dtype=torch.float32, device=device),
+        torch.zeros(1, head_dim // 2, dtype=torch.float32, device=device),
+    )
 
 
 def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -561,8 +742,18 @@ def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) 
     one warp, 39.8-42.1 with four (what prefill.py's longer calls keep), 34.0-37.0 with no merge at all; one warp
     merging 8 or 4 splits a step, 37.7-39.1 (benchmarks/results/engine_perf/s18/README.md, calls 2 and 3)."""
     num_splits, total_q, q_heads, head_dim = ws_o.shape
-    _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, num_splits, out.stride(0),
-                                          out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
-                                          BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=1,
-                                          **pdl_options(out.device, "attention"))
+    _combine_kernel[(total_q * q_heads,)](
+        ws_o,
+        ws_lse,
+        out,
+        total_q * q_heads,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=q_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
+        num_warps=1,
+        **pdl_options(out.device, "attention"),
+    )
     return out

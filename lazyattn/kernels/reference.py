@@ -40,9 +40,7 @@ def gather_keys(
     return k, v, pos
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Softmax attention in fp32 with GQA. q [M, Hq, D], k/v [N, Hkv, D], mask [M, N] (True = visible)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)

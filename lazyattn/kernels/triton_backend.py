@@ -36,12 +36,14 @@ class TritonBackend(AttentionBackend):
         if runs and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):
             # Hopper: the warp-specialised kernel rotates Q per document itself, so the RoPE launch writes no copies.
             q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
-            splits = fb.attn.num_splits or prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device,
-                                                                     fb.attn.batch_size, fb.attn.max_q)
+            splits = fb.attn.num_splits or prefill_hopper.num_splits(
+                q.shape[0], q.shape[1], k_cache.shape[2], q.device, fb.attn.batch_size, fb.attn.max_q
+            )
             return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, splits)
         if runs:
-            q, q_rot = rope_write_kv_runs(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables,
-                                          fb.attn, runs)
+            q, q_rot = rope_write_kv_runs(
+                q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables, fb.attn, runs
+            )
             return prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, rotated_q=q_rot)
         q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
         if fb.is_decode:

@@ -96,12 +96,15 @@ def apply_adapter(lm: torch.nn.Module, adapter: LoraAdapter) -> None:
     params = dict(lm.named_parameters())
     for name in adapter.factors:
         if name not in wanted:
-            raise CheckpointError(f"adapter {adapter.path} adapts {name!r}, which the base model "
-                                  f"{adapter.base!r} does not have")
+            raise CheckpointError(
+                f"adapter {adapter.path} adapts {name!r}, which the base model {adapter.base!r} does not have"
+            )
         pname, lo, hi = wanted[name]
         dst = params[pname].data.narrow(0, lo, hi - lo)
         delta = adapter.delta(name).to(dst.device)
         if tuple(delta.shape) != tuple(dst.shape):
-            raise CheckpointError(f"adapter {adapter.path}: {name!r} update has shape {tuple(delta.shape)}, "
-                                  f"the base weight {tuple(dst.shape)}")
+            raise CheckpointError(
+                f"adapter {adapter.path}: {name!r} update has shape {tuple(delta.shape)}, "
+                f"the base weight {tuple(dst.shape)}"
+            )
         dst.copy_((dst.float() + delta).to(dst.dtype))

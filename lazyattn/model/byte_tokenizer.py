@@ -41,7 +41,7 @@ class ByteTokenizer(TokenizerBase):
         ids: list[int] = [256] if add_special_tokens else []
         pos = 0
         for m in self._special_re.finditer(text):
-            ids.extend(text[pos:m.start()].encode("utf-8"))
+            ids.extend(text[pos : m.start()].encode("utf-8"))
             ids.append(self._special_ids[m.group()])
             pos = m.end()
         ids.extend(text[pos:].encode("utf-8"))

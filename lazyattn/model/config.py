@@ -19,10 +19,19 @@ from lazyattn.kernels.rope import RopeConfig, RopeConfigError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Older or hand-written config.json files may only carry model_type.
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-           "bfloat16": torch.bfloat16}
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 @dataclass(frozen=True)
@@ -145,8 +154,9 @@ class ModelConfig:
         except (RopeConfigError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source}: {e}") from e
         if num_heads % num_kv_heads:
-            raise CheckpointError(f"{source}: num_attention_heads {num_heads} is not a multiple of "
-                                  f"num_key_value_heads {num_kv_heads}")
+            raise CheckpointError(
+                f"{source}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
+            )
         _check_sliding_window(cfg, arch, max_position, source)
         attention_bias = bool(cfg.get("attention_bias", False))
         eos = cfg.get("eos_token_id")
@@ -182,8 +192,9 @@ def _architecture(cfg: dict[str, Any], source: str) -> str:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch
     found = ", ".join(archs) or f"model_type {cfg.get('model_type')!r}"
-    raise CheckpointError(f"{source}: unsupported architecture ({found}); supported: "
-                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    raise CheckpointError(
+        f"{source}: unsupported architecture ({found}); supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
 
 
 def _check_sliding_window(cfg: dict[str, Any], arch: str, max_position: int, source: str) -> None:

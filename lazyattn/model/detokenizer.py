@@ -24,14 +24,21 @@ class IncrementalDecoder:
     # How many of the prompt's last ids give the first output tokens their left context.
     _CONTEXT = 5
 
-    def __init__(self, tokenizer: TokenizerBase, *, skip_special_tokens: bool = True,
-                 stop: Sequence[str] = (), min_tokens: int = 0, prompt_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: TokenizerBase,
+        *,
+        skip_special_tokens: bool = True,
+        stop: Sequence[str] = (),
+        min_tokens: int = 0,
+        prompt_token_ids: Sequence[int] = (),
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
         self._min_tokens = min_tokens
         # The prompt's last ids only provide left context; they are never emitted.
-        self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT:])
+        self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT :])
         self._prefix_offset = 0  # window start
         self._read_offset = len(self._ids)  # ids before this are already in `_raw`
         self._raw = ""  # all decoded output text (may run past a stop string)
@@ -51,11 +58,11 @@ class IncrementalDecoder:
             return ""
         self._ids.append(int(token_id))
         self.num_tokens += 1
-        window = self._ids[self._prefix_offset:]
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        window = self._ids[self._prefix_offset :]
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(window)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            self._append(full_text[len(prefix_text):])
+            self._append(full_text[len(prefix_text) :])
             # The ids just decoded become the next window's left context.
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
@@ -65,9 +72,9 @@ class IncrementalDecoder:
         """End of generation: decode whatever is pending (an incomplete character becomes U+FFFD) and release
         the held-back tail."""
         if self.stopped is None and self._read_offset < len(self._ids):
-            prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-            full_text = self._decode(self._ids[self._prefix_offset:])
-            self._append(full_text[len(prefix_text):])
+            prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+            full_text = self._decode(self._ids[self._prefix_offset :])
+            self._append(full_text[len(prefix_text) :])
             self._prefix_offset = self._read_offset = len(self._ids)
         return self._release(final=True)
 
@@ -96,7 +103,7 @@ class IncrementalDecoder:
             end -= self._stop_prefix_len()
         if end <= self._emitted:
             return ""
-        out = self.text[self._emitted:end]
+        out = self.text[self._emitted : end]
         self._emitted = end
         return out
 

@@ -29,15 +29,21 @@ from lazyattn.model.config import ModelConfig
 # GGUF `general.architecture` -> the Hugging Face architecture it was converted from.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # Tensor types dequantised at load; every one is checked against transformers' own GGUF loader in tests.
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                   "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -78,8 +84,9 @@ class GGUFFile:
         self.tensors = {t.name: t for t in self.reader.tensors}
         arch = self.get("general.architecture")
         if arch not in ARCHITECTURES:
-            raise CheckpointError(f"{self.path.name}: GGUF architecture {arch!r} is not supported; supported: "
-                                  f"{', '.join(ARCHITECTURES)}")
+            raise CheckpointError(
+                f"{self.path.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+            )
         self.arch: str = arch
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -99,8 +106,10 @@ class GGUFFile:
 
         t = self.tensors[name]
         if t.tensor_type.name not in SUPPORTED_TYPES:
-            raise CheckpointError(f"{self.path.name}: tensor {name!r} is stored as {t.tensor_type.name}, which "
-                                  f"lazyattn does not dequantise; supported: {', '.join(SUPPORTED_TYPES)}")
+            raise CheckpointError(
+                f"{self.path.name}: tensor {name!r} is stored as {t.tensor_type.name}, which "
+                f"lazyattn does not dequantise; supported: {', '.join(SUPPORTED_TYPES)}"
+            )
         values = quants.dequantize(t.data, GGMLQuantizationType(t.tensor_type))
         # Unquantised tensors come back as views of the read-only file mapping: copy those.
         values = np.array(values, dtype=np.float32, copy=not values.flags.writeable)
@@ -118,11 +127,14 @@ def hf_config(f: GGUFFile) -> dict[str, Any]:
     """The metadata as a Hugging Face config.json dict."""
     unsupported = sorted({t.tensor_type.name for t in f.tensors.values()} - set(SUPPORTED_TYPES))
     if unsupported:
-        raise CheckpointError(f"{f.path.name}: quantisation type(s) {', '.join(unsupported)} are not supported; "
-                              f"supported: {', '.join(SUPPORTED_TYPES)}")
+        raise CheckpointError(
+            f"{f.path.name}: quantisation type(s) {', '.join(unsupported)} are not supported; "
+            f"supported: {', '.join(SUPPORTED_TYPES)}"
+        )
     if f.arch_get("expert_count"):
-        raise CheckpointError(f"{f.path.name}: mixture-of-experts models (expert_count="
-                              f"{f.arch_get('expert_count')}) are not supported")
+        raise CheckpointError(
+            f"{f.path.name}: mixture-of-experts models (expert_count={f.arch_get('expert_count')}) are not supported"
+        )
     if "token_embd.weight" not in f.tensors:
         raise CheckpointError(f"{f.path.name}: no token_embd.weight tensor")
     try:
@@ -225,8 +237,9 @@ def _rope_scaling(f: GGUFFile, base: float, head_dim: int) -> dict[str, Any] | N
             if (value := f.arch_get(f"rope.scaling.{gguf_key}")) is not None:
                 scaling[hf_key] = float(value)
         return scaling
-    raise CheckpointError(f"{f.path.name}: RoPE scaling type {kind!r} is not supported (linear, yarn, or "
-                          "Llama-3 rope_freqs)")
+    raise CheckpointError(
+        f"{f.path.name}: RoPE scaling type {kind!r} is not supported (linear, yarn, or Llama-3 rope_freqs)"
+    )
 
 
 def llama3_scaling(divisors: np.ndarray, base: float, head_dim: int, source: str) -> dict[str, Any] | None:
@@ -243,8 +256,9 @@ def llama3_scaling(divisors: np.ndarray, base: float, head_dim: int, source: str
 
     divisors = divisors.astype(np.float64)
     if len(divisors) != head_dim // 2:
-        raise CheckpointError(f"{source}: rope_freqs has {len(divisors)} entries, expected head_dim / 2 = "
-                              f"{head_dim // 2}")
+        raise CheckpointError(
+            f"{source}: rope_freqs has {len(divisors)} entries, expected head_dim / 2 = {head_dim // 2}"
+        )
     if np.allclose(divisors, 1.0):
         return None
     factor = float(divisors.max())
@@ -264,11 +278,23 @@ def llama3_scaling(divisors: np.ndarray, base: float, head_dim: int, source: str
         below = wavelen[divisors < 1 + 1e-6].max(initial=0.0) * high
         above = wavelen[divisors >= factor * (1 - 1e-6)].min()
         orig = (below + above) / 2
-    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": float(high),
-               "original_max_position_embeddings": int(round(orig))}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": int(round(orig)),
+    }
     try:
-        rope = RopeConfig(head_dim=head_dim, base=base, rope_type="llama3", factor=factor, low_freq_factor=1.0,
-                          high_freq_factor=float(high), original_max_position=int(round(orig)))
+        rope = RopeConfig(
+            head_dim=head_dim,
+            base=base,
+            rope_type="llama3",
+            factor=factor,
+            low_freq_factor=1.0,
+            high_freq_factor=float(high),
+            original_max_position=int(round(orig)),
+        )
         ok = torch.allclose(inv_freq(rope), torch.from_numpy(freq / divisors).float(), rtol=1e-4, atol=0)
     except (ValueError, ZeroDivisionError):
         ok = False

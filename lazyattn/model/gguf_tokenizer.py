@@ -29,10 +29,14 @@ from lazyattn.model.tokenizer import Tokenizer
 _CONTROL, _USER_DEFINED = 3, 4
 
 # Split regexes of the byte-level pre-tokenizers, by `tokenizer.ggml.pre`.
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _GPT2 = ("default", "gpt2")
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact")  # every digit alone, then GPT-2's split
 _LLAMA3 = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3")
@@ -62,10 +66,12 @@ def write_tokenizer_files(f: GGUFFile, directory: Path) -> None:
     else:
         raise CheckpointError(f"{f.path.name}: tokenizer model {kind!r} is not supported (gpt2 or llama)")
     # Control tokens (<|im_start|>, <s>) are matched whole in text, as special; user-defined ones whole too.
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == _CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == _CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _USER_DEFINED]
+    )
     tok.save(str(directory / "tokenizer.json"))
 
     def token(key: str) -> str | None:
@@ -75,8 +81,10 @@ def write_tokenizer_files(f: GGUFFile, directory: Path) -> None:
     # llama.cpp's default when the flag is absent: BOS for SentencePiece vocabularies, none for byte-level.
     add_bos = f.get("tokenizer.ggml.add_bos_token")
     config: dict[str, Any] = {
-        "bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
-        "unk_token": token("unknown_token_id"), "pad_token": token("padding_token_id"),
+        "bos_token": token("bos_token_id"),
+        "eos_token": token("eos_token_id"),
+        "unk_token": token("unknown_token_id"),
+        "pad_token": token("padding_token_id"),
         "add_bos_token": bool(kind == "llama" if add_bos is None else add_bos),
     }
     if (template := f.get("tokenizer.chat_template")) is not None:
@@ -88,8 +96,9 @@ def write_tokenizer_files(f: GGUFFile, directory: Path) -> None:
 def _byte_level_bpe(f: GGUFFile, tokens: list[str]) -> HFTokenizer:
     pre = f.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
-        raise CheckpointError(f"{f.path.name}: pre-tokenizer {pre!r} is not supported; supported: "
-                              f"{', '.join(PRE_TOKENIZERS)}")
+        raise CheckpointError(
+            f"{f.path.name}: pre-tokenizer {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZERS)}"
+        )
     merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges") or []]
     vocab = {t: i for i, t in enumerate(tokens)}
     # Llama 3 looks a whole pre-token up in the vocabulary before merging (its tokenizer.json says so).
@@ -97,13 +106,17 @@ def _byte_level_bpe(f: GGUFFile, tokens: list[str]) -> HFTokenizer:
     if pre in _GPT2:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif pre in _DIGITS_THEN_GPT2:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     else:
         split = _LLAMA3_SPLIT if pre in _LLAMA3 else _QWEN2_SPLIT
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                              use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         if pre in _QWEN2:
             tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
@@ -118,11 +131,19 @@ def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int]) -> HFTo
     merges = f.get("tokenizer.ggml.merges")
     pairs = [tuple(m.split(" ", 1)) for m in merges] if merges else _merges_from_scores(tokens, scores, types)
     unk = f.get("tokenizer.ggml.unknown_token_id")
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None if unk is None else tokens[int(unk)],
-                                 fuse_unk=True, byte_fallback=True))
+    tok = HFTokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=pairs,
+            unk_token=None if unk is None else tokens[int(unk)],
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
     prefix = f.get("tokenizer.ggml.add_space_prefix", True)
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first" if prefix else "never",
-                                                 split=False)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="first" if prefix else "never", split=False
+    )
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1))

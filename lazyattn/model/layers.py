@@ -79,8 +79,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        act = (fused.silu_mul(gate_up, self.interleaved) if _fusable(gate_up)
-               else fused.silu_mul_reference(gate_up, self.interleaved))
+        act = (
+            fused.silu_mul(gate_up, self.interleaved)
+            if _fusable(gate_up)
+            else fused.silu_mul_reference(gate_up, self.interleaved)
+        )
         out = self.down_proj(act)
         return out if self.tp is None else self.tp.all_reduce(out)
 
@@ -142,8 +145,9 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.add_forward(x, residual)
         return self.mlp(x), residual
 
-    def decode_forward(self, stream: torch.Tensor, squares: torch.Tensor, fb: ForwardBatch,
-                       backend: AttentionBackend, plan: DecodePlan) -> torch.Tensor:
+    def decode_forward(
+        self, stream: torch.Tensor, squares: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend, plan: DecodePlan
+    ) -> torch.Tensor:
         """The fused decode path (docs/design.md, "Decode fusion"): `stream` is the residual stream [T, hidden],
         updated in place; `squares` its rows' sums of squares by parts. The norms' scales are folded into qkv and
         gate_up (CausalLM.fold_norms): each norm is the 1/rms the next product applies to its sums, and each residual
@@ -155,6 +159,13 @@ class DecoderLayer(nn.Module):
         qkv = gemv.gemv_normed(stream, squares, eps, attn.qkv_proj.weight, attn.qkv_proj.bias, plan.qkv)
         out = attn.attend(qkv, fb, backend)
         squares = gemv.gemv_into_residual(out, attn.o_proj.weight, stream, attn.o_proj.bias, plan.o)
-        act = gemv.gemv_normed(stream, squares, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
-                               mlp.gate_up_proj.bias, plan.gate_up, gated=True)
+        act = gemv.gemv_normed(
+            stream,
+            squares,
+            self.post_attention_layernorm.eps,
+            mlp.gate_up_proj.weight,
+            mlp.gate_up_proj.bias,
+            plan.gate_up,
+            gated=True,
+        )
         return gemv.gemv_into_residual(act, mlp.down_proj.weight, stream, mlp.down_proj.bias, plan.down)

@@ -27,8 +27,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TensorParallelGroup | None = None,
-                 full_vocab_size: int | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, tp: TensorParallelGroup | None = None, full_vocab_size: int | None = None
+    ) -> None:
         """Under tensor parallelism, `config` is the rank's shard (parallel/group.py, shard_config): the embedding
         and the LM head hold rows [rank * vocab_size, (rank + 1) * vocab_size) of the `full_vocab_size` ones."""
         super().__init__()
@@ -40,8 +41,8 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied checkpoints reuse the embedding matrix as the output projection.
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False
+        self.lm_head = (
+            None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.norms_folded = False
 
@@ -80,8 +81,10 @@ class CausalLM(nn.Module):
         if self.norms_folded:
             return
         for layer in self.layers:
-            for norm, linear in ((layer.input_layernorm, layer.self_attn.qkv_proj),
-                                 (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
+            for norm, linear in (
+                (layer.input_layernorm, layer.self_attn.qkv_proj),
+                (layer.post_attention_layernorm, layer.mlp.gate_up_proj),
+            ):
                 linear.weight.copy_(linear.weight.float() * norm.weight.float()[None, :])
                 norm.weight.fill_(1.0)
             gate_up = layer.mlp.gate_up_proj
@@ -160,13 +163,16 @@ class CausalLM(nn.Module):
             if hf_name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: some tied checkpoints still store a copy of the embedding
             if hf_name not in wanted:
-                raise CheckpointError(f"unexpected tensor {hf_name!r} in a {self.config.architecture} "
-                                      f"checkpoint (does config.json match the weights?)")
+                raise CheckpointError(
+                    f"unexpected tensor {hf_name!r} in a {self.config.architecture} "
+                    f"checkpoint (does config.json match the weights?)"
+                )
             name, lo, hi = wanted[hf_name]
             dst = params[name].data.narrow(0, lo, hi - lo)
             if tuple(tensor.shape) != tuple(dst.shape):
-                raise CheckpointError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
-                                      f"config.json implies {tuple(dst.shape)}")
+                raise CheckpointError(
+                    f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, config.json implies {tuple(dst.shape)}"
+                )
             dst.copy_(tensor)
             seen.add(hf_name)
         missing = sorted(set(wanted) - seen)

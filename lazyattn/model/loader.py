@@ -51,8 +51,10 @@ def load_model(
     random_init = random_init or model == "tiny"
     tp = tensor_parallel
     if tp is not None and adapter is not None:
-        raise CheckpointError("LoRA adapters are not supported with tensor parallelism: merge the adapter into "
-                              "the weights first (lazyattn finetune --merge)")
+        raise CheckpointError(
+            "LoRA adapters are not supported with tensor parallelism: merge the adapter into "
+            "the weights first (lazyattn finetune --merge)"
+        )
     dtype = dtype or cfg.dtype
     files: list[Path] = []
     if random_init:
@@ -60,8 +62,10 @@ def load_model(
         weights_id = f"random:{seed}" + ("" if init_device.type == "cpu" else f":{init_device.type}")
     else:
         files = [Path(model)] if is_gguf else weight_files(Path(model))
-        weights_id = str(Path(model).resolve()) + "|" + ";".join(
-            f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files
+        weights_id = (
+            str(Path(model).resolve())
+            + "|"
+            + ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
         )
     if adapter is not None:
         weights_id += "|" + adapter.weights_id
@@ -77,8 +81,11 @@ def load_model(
     elif tp is None:
         lm.load_weights(gguf.read_weights(model) if is_gguf else _read_tensors(files, device))
     else:
-        lm.load_weights(sharding.shard_weights(gguf.read_weights(model), cfg, tp) if is_gguf
-                        else sharding.read_shards(files, device, cfg, tp))
+        lm.load_weights(
+            sharding.shard_weights(gguf.read_weights(model), cfg, tp)
+            if is_gguf
+            else sharding.read_shards(files, device, cfg, tp)
+        )
     if tp is not None:
         sharding.add_biases_once(lm, tp)
     if adapter is not None:
@@ -130,8 +137,11 @@ def weight_files(path: Path) -> list[Path]:
     if others:
         return others
     legacy = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
-    hint = f" (found {', '.join(legacy)}: only safetensors weights are supported; pass a .gguf file itself as the " \
-        "model)" if legacy else ""
+    hint = (
+        f" (found {', '.join(legacy)}: only safetensors weights are supported; pass a .gguf file itself as the model)"
+        if legacy
+        else ""
+    )
     raise CheckpointError(f"no weight files in {str(path)!r}: expected {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
@@ -158,8 +168,9 @@ def _read_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str
 
 
 @torch.no_grad()
-def random_weights(lm: CausalLM, seed: int, init_device: torch.device | str = "cpu",
-                   full_config: ModelConfig | None = None) -> None:
+def random_weights(
+    lm: CausalLM, seed: int, init_device: torch.device | str = "cpu", full_config: ModelConfig | None = None
+) -> None:
     """Deterministic random weights, scaled so activations stay O(1) at any size.
 
     Matrices are N(0, 1/fan_in): each projection of a normalised input has unit-scale outputs, so logits

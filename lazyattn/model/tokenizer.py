@@ -41,8 +41,11 @@ def check_text(text: str, param: str | None = None) -> None:
     """Raise InvalidRequestError if `text` cannot be encoded as UTF-8 (a lone surrogate)."""
     m = _SURROGATE.search(text)
     if m is not None:
-        raise InvalidRequestError(f"{param or 'the text'} is not valid Unicode: a lone surrogate "
-                                  f"(U+{ord(m.group()):04X}) at character {m.start()}", param=param)
+        raise InvalidRequestError(
+            f"{param or 'the text'} is not valid Unicode: a lone surrogate "
+            f"(U+{ord(m.group()):04X}) at character {m.start()}",
+            param=param,
+        )
 
 
 def special_pattern(tokens: Sequence[str]) -> re.Pattern[str] | None:
@@ -93,8 +96,13 @@ class TokenizerBase(ABC):
             at += len(text)
         joined = "".join(text for text, _ in spans)
         pattern = self.special_token_pattern
-        if pattern is None or not untrusted or not any(
-                start < m.end() and m.start() < end for m in pattern.finditer(joined) for start, end in untrusted):
+        if (
+            pattern is None
+            or not untrusted
+            or not any(
+                start < m.end() and m.start() < end for m in pattern.finditer(joined) for start, end in untrusted
+            )
+        ):
             return self.encode(joined)
         return self._encode_with_plain_specials(spans)
 
@@ -140,8 +148,12 @@ class TokenizerBase(ABC):
                 "this model has no chat template; send a plain prompt to /v1/completions instead", param="messages"
             )
         template = compile_chat_template(self.chat_template)
-        special = {"bos_token": self.bos_token, "eos_token": self.eos_token,
-                   "pad_token": self.pad_token, "unk_token": self.unk_token}
+        special = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "unk_token": self.unk_token,
+        }
         context = {k: v for k, v in special.items() if v is not None}
         context.update(extra)
         context["messages"] = list(messages)
@@ -153,8 +165,9 @@ class TokenizerBase(ABC):
         except (TypeError, KeyError, AttributeError, ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
             # What a template's own expressions raise on values it did not expect (a kwarg of the wrong type,
             # sandbox limits such as range()'s): the request's values, not the server, are at fault.
-            raise InvalidRequestError(f"the chat template could not render these messages: {e}",
-                                      param="messages") from e
+            raise InvalidRequestError(
+                f"the chat template could not render these messages: {e}", param="messages"
+            ) from e
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,8 +286,7 @@ class Tokenizer(TokenizerBase):
         for text, trusted in spans:
             if variant.key in text:  # a random per-process key: only reachable by guessing 64 bits
                 raise InvalidRequestError("the text contains a sequence reserved by the tokenizer")
-            pieces.append(self.special_token_pattern.sub(lambda m: variant.alias[m.group()], text) if trusted
-                          else text)
+            pieces.append(self.special_token_pattern.sub(lambda m: variant.alias[m.group()], text) if trusted else text)
         ids = variant.tokenizer.encode("".join(pieces), add_special_tokens=False).ids
         return [variant.original_id.get(i, i) for i in ids]
 
@@ -364,10 +376,19 @@ class _PlainSpecials:
         specials = {i: t for i, t in tok.get_added_tokens_decoder().items() if t.special}
         # Private-use characters around the key: nothing a normalizer or pre-tokenizer rewrites.
         self.alias = {t.content: f"\ue000{self.key}-{i}\ue001" for i, t in specials.items()}
-        self.tokenizer.add_tokens([
-            tokenizers.AddedToken(self.alias[t.content], single_word=t.single_word, lstrip=t.lstrip,
-                                  rstrip=t.rstrip, normalized=t.normalized, special=False)
-            for t in specials.values()])
+        self.tokenizer.add_tokens(
+            [
+                tokenizers.AddedToken(
+                    self.alias[t.content],
+                    single_word=t.single_word,
+                    lstrip=t.lstrip,
+                    rstrip=t.rstrip,
+                    normalized=t.normalized,
+                    special=False,
+                )
+                for t in specials.values()
+            ]
+        )
         self.original_id = {self.tokenizer.token_to_id(self.alias[t.content]): i for i, t in specials.items()}
 
 
@@ -388,4 +409,3 @@ def load_tokenizer(path: str | Path) -> TokenizerBase:
     if not Path(path).is_dir():
         raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint or 'tiny')")
     return Tokenizer(path)
-

@@ -129,8 +129,9 @@ def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[Sy
         if not _every_rank(ok, device) and ok:
             symm, ok, reason = None, False, "unavailable on another rank"
     if not ok and wanted == "symm_mem":
-        raise InvalidRequestError(f"{SETTING_ENV}=symm_mem, but symmetric memory is unavailable ({reason})",
-                                  SETTING_ENV)
+        raise InvalidRequestError(
+            f"{SETTING_ENV}=symm_mem, but symmetric memory is unavailable ({reason})", SETTING_ENV
+        )
     return symm, reason
 
 

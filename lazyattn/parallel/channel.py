@@ -91,5 +91,13 @@ class DispatchTrace:
             return {"median_us": 1e6 * statistics.median(ordered), "p90_us": 1e6 * ordered[int(0.9 * len(ordered))]}
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"steps": len(self.launched), "send_to_arrival": summary(self.arrived),
-                                         "send_to_launch": summary(self.launched)}, indent=1))
+        self.path.write_text(
+            json.dumps(
+                {
+                    "steps": len(self.launched),
+                    "send_to_arrival": summary(self.arrived),
+                    "send_to_launch": summary(self.launched),
+                },
+                indent=1,
+            )
+        )

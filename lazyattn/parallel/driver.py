@@ -61,16 +61,23 @@ class TensorParallelRunner:
         if device.type == "cuda":
             visible = torch.cuda.device_count()
             if size > visible:
-                raise InvalidRequestError(f"tensor_parallel_size {size} needs {size} GPUs; {visible} visible",
-                                          "tensor_parallel_size")
+                raise InvalidRequestError(
+                    f"tensor_parallel_size {size} needs {size} GPUs; {visible} visible", "tensor_parallel_size"
+                )
             if device.index not in (None, 0):
-                raise InvalidRequestError("with tensor parallelism ranks run on GPUs 0 … N-1: pass device 'cuda' "
-                                          "(CUDA_VISIBLE_DEVICES picks the GPUs)", "device")
+                raise InvalidRequestError(
+                    "with tensor parallelism ranks run on GPUs 0 … N-1: pass device 'cuda' "
+                    "(CUDA_VISIBLE_DEVICES picks the GPUs)",
+                    "device",
+                )
         if torch.distributed.is_initialized():
             gc.collect()  # an engine dropped without shutdown leaves the group when it is collected
         if torch.distributed.is_initialized():
-            raise InvalidRequestError("another tensor-parallel engine is running in this process: shut it down "
-                                      "first (LLM.shutdown, or a `with LLM(...)` block)", "tensor_parallel_size")
+            raise InvalidRequestError(
+                "another tensor-parallel engine is running in this process: shut it down "
+                "first (LLM.shutdown, or a `with LLM(...)` block)",
+                "tensor_parallel_size",
+            )
         self.device = worker.rank_device(config, 0)
         self._failure: str | None = None
         self._stopping = False
@@ -85,8 +92,12 @@ class TensorParallelRunner:
         try:
             for rank in range(1, size):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=worker.main, args=(rank, size, config, self._store.port, child), daemon=True,
-                                   name=f"lazyattn-tp-{rank}")
+                proc = ctx.Process(
+                    target=worker.main,
+                    args=(rank, size, config, self._store.port, child),
+                    daemon=True,
+                    name=f"lazyattn-tp-{rank}",
+                )
                 proc.start()
                 child.close()
                 self.conns.append(parent)
@@ -94,11 +105,17 @@ class TensorParallelRunner:
             self._expect("hello")
             self.tp = join(self._store, 0, size, self.device)
             self._group.append(torch.distributed.group.WORLD)
-            threading.Thread(target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True,
-                             name="lazyattn-tp-watch").start()
+            threading.Thread(
+                target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True, name="lazyattn-tp-watch"
+            ).start()
             self.model, self.model_config = load_model(
-                config.model, dtype=config.torch_dtype, device=self.device, seed=config.seed,
-                random_init=config.random_weights, tensor_parallel=self.tp)
+                config.model,
+                dtype=config.torch_dtype,
+                device=self.device,
+                seed=config.seed,
+                random_init=config.random_weights,
+                tensor_parallel=self.tp,
+            )
         except BaseException:
             self.shutdown()
             raise
@@ -290,5 +307,6 @@ def _leave_with_workers() -> None:
     if leaving.is_alive():
         frame = sys._current_frames().get(leaving.ident)
         where = "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
-        logger.warning("the driver could not leave the tensor-parallel group in %.0f s; it waits in:\n%s",
-                       STOP_TIMEOUT_S, where)
+        logger.warning(
+            "the driver could not leave the tensor-parallel group in %.0f s; it waits in:\n%s", STOP_TIMEOUT_S, where
+        )

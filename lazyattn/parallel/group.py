@@ -90,8 +90,9 @@ def serve_store(size: int) -> dist.TCPStore:
     port = listener.getsockname()[1]
     fd = listener.detach()  # the store owns the socket from here
     try:
-        return dist.TCPStore(HOST, port, world_size=size, is_master=True, timeout=TIMEOUT, wait_for_workers=False,
-                             master_listen_fd=fd)
+        return dist.TCPStore(
+            HOST, port, world_size=size, is_master=True, timeout=TIMEOUT, wait_for_workers=False, master_listen_fd=fd
+        )
     except BaseException:
         os.close(fd)
         raise
@@ -113,8 +114,12 @@ def join(store: dist.Store, rank: int, size: int, device: torch.device) -> Tenso
     symmetric, reason = symmetric_all_reduce(device, rank, size)
     if rank == 0:
         if symmetric is not None:
-            logger.info("tensor-parallel all-reduce: torch symmetric memory up to %d KiB (one-shot up to %d KiB), "
-                        "%s above", BUFFER_BYTES // 1024, ONE_SHOT_MAX_BYTES // 1024, dist.get_backend())
+            logger.info(
+                "tensor-parallel all-reduce: torch symmetric memory up to %d KiB (one-shot up to %d KiB), %s above",
+                BUFFER_BYTES // 1024,
+                ONE_SHOT_MAX_BYTES // 1024,
+                dist.get_backend(),
+            )
         else:
             logger.info("tensor-parallel all-reduce: %s only (%s)", dist.get_backend(), reason)
     return TensorParallelGroup(rank, size, symmetric)
@@ -134,17 +139,26 @@ def leave() -> None:
 
 def check_divisible(cfg: ModelConfig, size: int) -> None:
     """Heads and MLP rows must split evenly (the vocabulary is padded instead)."""
-    for field, n in (("num_attention_heads", cfg.num_heads), ("num_key_value_heads", cfg.num_kv_heads),
-                     ("intermediate_size", cfg.intermediate_size)):
+    for field, n in (
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
         if n % size:
             raise InvalidRequestError(
                 f"tensor_parallel_size {size} does not divide the model's {field} ({n}): each rank must hold the "
-                f"same share; pick a size that divides {field}", "tensor_parallel_size")
+                f"same share; pick a size that divides {field}",
+                "tensor_parallel_size",
+            )
 
 
 def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
     """The config of one rank's shard: its heads, MLP rows and (padded) vocabulary block."""
     check_divisible(cfg, size)
-    return dataclasses.replace(cfg, num_heads=cfg.num_heads // size, num_kv_heads=cfg.num_kv_heads // size,
-                               intermediate_size=cfg.intermediate_size // size,
-                               vocab_size=cdiv(cfg.vocab_size, size))
+    return dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // size,
+        num_kv_heads=cfg.num_kv_heads // size,
+        intermediate_size=cfg.intermediate_size // size,
+        vocab_size=cdiv(cfg.vocab_size, size),
+    )

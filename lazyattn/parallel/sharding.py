@@ -56,18 +56,23 @@ def _pad_rows(rows: torch.Tensor, block: int) -> torch.Tensor:
     return torch.cat([rows, rows.new_zeros(block - rows.shape[0], *rows.shape[1:])])
 
 
-def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
-                  tp: TensorParallelGroup) -> Iterator[tuple[str, torch.Tensor]]:
+def shard_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, tp: TensorParallelGroup
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, this rank's part) for every whole tensor of `weights` (a GGUF file's, say)."""
     for name, tensor in weights:
         yield name, _part(tensor, _how(name), tp, cfg.vocab_size)
 
 
-def read_shards(files: list[Path], device: torch.device, cfg: ModelConfig,
-                tp: TensorParallelGroup) -> Iterator[tuple[str, torch.Tensor]]:
+def read_shards(
+    files: list[Path], device: torch.device, cfg: ModelConfig, tp: TensorParallelGroup
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, this rank's part) of every safetensors tensor, reading only that part from the file."""
-    where = f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}" \
-        if device.type == "cuda" else "cpu"
+    where = (
+        f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+        if device.type == "cuda"
+        else "cpu"
+    )
     try:
         for f in files:
             with safe_open(str(f), framework="pt", device=where) as h:

@@ -36,8 +36,9 @@ def rank_device(config: EngineConfig, rank: int) -> torch.device:
     return torch.device("cuda", rank) if config.device.startswith("cuda") else torch.device("cpu")
 
 
-def build_runner(model, config: EngineConfig, max_model_len: int, device: torch.device,
-                 tp: TensorParallelGroup) -> ModelRunner:
+def build_runner(
+    model, config: EngineConfig, max_model_len: int, device: torch.device, tp: TensorParallelGroup
+) -> ModelRunner:
     """This rank's runner. Page ids are decided by the driver for every rank, so every pool holds the same count:
     the fewest any rank can hold (kv_cache_gb is the budget of all ranks together)."""
     import dataclasses
@@ -47,8 +48,9 @@ def build_runner(model, config: EngineConfig, max_model_len: int, device: torch.
 
     mc = model.config  # this rank's shard: its kv heads
     page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, config.torch_dtype)
-    share = config if config.kv_cache_gb is None else dataclasses.replace(config,
-                                                                          kv_cache_gb=config.kv_cache_gb / tp.size)
+    share = (
+        config if config.kv_cache_gb is None else dataclasses.replace(config, kv_cache_gb=config.kv_cache_gb / tp.size)
+    )
     num_pages = tp.min(pool_pages(share, device, page_bytes), device)
     return ModelRunner(model, mc, config, max_model_len, device, num_pages=num_pages)
 
@@ -65,8 +67,14 @@ def main(rank: int, size: int, config: EngineConfig, store_port: int, conn: Conn
             torch.set_num_threads(1)  # the driver's process has the others
         conn.send(("hello", None))
         tp = join(connect_store(store_port, size), rank, size, device)
-        model, _ = load_model(config.model, dtype=config.torch_dtype, device=device, seed=config.seed,
-                              random_init=config.random_weights, tensor_parallel=tp)
+        model, _ = load_model(
+            config.model,
+            dtype=config.torch_dtype,
+            device=device,
+            seed=config.seed,
+            random_init=config.random_weights,
+            tensor_parallel=tp,
+        )
         runner = relay = None
         trace = DispatchTrace(rank)
         spin_s = SPIN_S if device.type == "cuda" else 0.0  # a CPU worker's core runs the model

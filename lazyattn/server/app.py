@@ -68,8 +68,9 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
     engine_loop = engine_loop if engine_loop is not None else EngineLoop(engine)
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: len(registry))
     engine_loop.observer = metrics
-    renderer = Renderer(engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size,
-                        engine.max_new_tokens)
+    renderer = Renderer(
+        engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size, engine.max_new_tokens
+    )
     serving = OpenAIServing(engine_loop, renderer, registry, config.model_name, config.max_request_sequences)
     documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)
@@ -114,22 +115,29 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
         return DocumentList(data=[document_object(d) for d in registry.list(cache_scope(t, cache_salt))])
 
     @app.get("/v1/documents/{doc_id}", responses=error_responses(401, 404))
-    async def get_document(doc_id: str, cache_salt: str | None = Query(None),
-                           t: str = Depends(tenant)) -> DocumentContent:
+    async def get_document(
+        doc_id: str, cache_salt: str | None = Query(None), t: str = Depends(tenant)
+    ) -> DocumentContent:
         doc = registry.get(cache_scope(t, cache_salt), doc_id)
         return DocumentContent(**document_object(doc).model_dump(), text=doc.text)
 
     @app.delete("/v1/documents/{doc_id}", responses=error_responses(401, 404, 503))
-    async def delete_document(doc_id: str, cache_salt: str | None = Query(None),
-                              t: str = Depends(tenant)) -> DocumentDeleted:
+    async def delete_document(
+        doc_id: str, cache_salt: str | None = Query(None), t: str = Depends(tenant)
+    ) -> DocumentDeleted:
         return DocumentDeleted(id=(await documents.delete(cache_scope(t, cache_salt), doc_id)).id)
 
     # -- service ----------------------------------------------------------------------------------------------
 
     @app.get("/v1/models", responses=error_responses(401))
     async def models(t: str = Depends(tenant)) -> ModelList:
-        return ModelList(data=[ModelCard(id=config.model_name, created=started, max_model_len=engine.max_model_len,
-                                         mode=engine.mode.name)])
+        return ModelList(
+            data=[
+                ModelCard(
+                    id=config.model_name, created=started, max_model_len=engine.max_model_len, mode=engine.mode.name
+                )
+            ]
+        )
 
     @app.get("/health", responses={200: {"model": HealthStatus}, 503: {"model": HealthStatus}})
     async def health() -> Response:

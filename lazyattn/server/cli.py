@@ -16,43 +16,91 @@ LAYOUTS = {"block-attention": "DEFAULT_LAYOUT", "tulu3-block-ft": "TULU3_BLOCK_F
 API_KEYS_ENV = "LAZYATTN_API_KEYS"
 
 
-def add_serve_parser(sub: argparse._SubParsersAction, engine_args: Callable[[argparse.ArgumentParser], None],
-                     engine_options: Callable[[argparse.Namespace], dict]) -> None:
+def add_serve_parser(
+    sub: argparse._SubParsersAction,
+    engine_args: Callable[[argparse.ArgumentParser], None],
+    engine_options: Callable[[argparse.Namespace], dict],
+) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with documents as inputs")
     engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    p.add_argument("--api-key", action="append", default=[],
-                   help=f"require this key (repeatable; several keys: one tenant each, with separate document "
-                        f"caches). Also read from ${API_KEYS_ENV}, comma-separated")
-    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model "
-                   "directory's name, or 'tiny')")
-    p.add_argument("--max-waiting", type=int, default=1024,
-                   help="waiting-queue limit in sequences (prompts x n); requests past it get 429 with Retry-After")
-    p.add_argument("--max-request-sequences", type=int, default=256,
-                   help="sequences one request may ask for (prompts x n); more is a 400")
-    p.add_argument("--shutdown-timeout", type=float, default=5.0,
-                   help="on SIGTERM, seconds to let running requests finish before the rest are aborted")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help=f"require this key (repeatable; several keys: one tenant each, with separate document "
+        f"caches). Also read from ${API_KEYS_ENV}, comma-separated",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients send (default: the model directory's name, or 'tiny')",
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=1024,
+        help="waiting-queue limit in sequences (prompts x n); requests past it get 429 with Retry-After",
+    )
+    p.add_argument(
+        "--max-request-sequences",
+        type=int,
+        default=256,
+        help="sequences one request may ask for (prompts x n); more is a 400",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, seconds to let running requests finish before the rest are aborted",
+    )
     p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
-    p.add_argument("--prompt-layout", choices=sorted(LAYOUTS), default="block-attention",
-                   help="where documents go in the prompt; tulu3-block-ft for that checkpoint")
-    p.add_argument("--parse-special-tokens", action="store_true",
-                   help="read special-token text in messages, documents and prompts as control tokens (only for "
-                        "trusted clients: a user could forge turns); by default it is plain text")
-    p.add_argument("--no-warm-up", action="store_true",
-                   help="skip the start-up warm-up (CUDA: kernel compilation and graph capture)")
+    p.add_argument(
+        "--prompt-layout",
+        choices=sorted(LAYOUTS),
+        default="block-attention",
+        help="where documents go in the prompt; tulu3-block-ft for that checkpoint",
+    )
+    p.add_argument(
+        "--parse-special-tokens",
+        action="store_true",
+        help="read special-token text in messages, documents and prompts as control tokens (only for "
+        "trusted clients: a user could forge turns); by default it is plain text",
+    )
+    p.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip the start-up warm-up (CUDA: kernel compilation and graph capture)",
+    )
     r = p.add_argument_group("replicas (Ray Serve; pip install 'lazyattn[cluster]'; docs/server.md, Replicas)")
-    r.add_argument("--replicas", type=int, default=0,
-                   help="run N engine replicas on Ray Serve behind one ingress (default: one engine, no Ray)")
-    r.add_argument("--router", default="document-affinity",
-                   choices=["document-affinity", "prefix-affinity", "least-loaded", "round-robin"],
-                   help="how requests are routed to replicas (default: document-affinity)")
-    r.add_argument("--load-margin", type=int, default=2,
-                   help="affinity routing skips a replica this many requests above the least loaded (default: 2)")
-    r.add_argument("--ray-address", default=None,
-                   help="an existing Ray cluster to join (default: start a local Ray instance)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (default: info)")
+    r.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="run N engine replicas on Ray Serve behind one ingress (default: one engine, no Ray)",
+    )
+    r.add_argument(
+        "--router",
+        default="document-affinity",
+        choices=["document-affinity", "prefix-affinity", "least-loaded", "round-robin"],
+        help="how requests are routed to replicas (default: document-affinity)",
+    )
+    r.add_argument(
+        "--load-margin",
+        type=int,
+        default=2,
+        help="affinity routing skips a replica this many requests above the least loaded (default: 2)",
+    )
+    r.add_argument(
+        "--ray-address", default=None, help="an existing Ray cluster to join (default: start a local Ray instance)"
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default: info)",
+    )
     p.set_defaults(func=lambda args: serve(args, engine_options))
 
 
@@ -73,10 +121,16 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
     options = engine_options(args)
     options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
-    layout = dataclasses.replace(getattr(prompt, LAYOUTS[args.prompt_layout]),
-                                 parse_special_tokens=args.parse_special_tokens)
-    server = dict(model_name=args.served_model_name or served_model_name(args.model), api_keys=tuple(keys),
-                  layout=layout, max_documents=args.max_documents, max_request_sequences=args.max_request_sequences)
+    layout = dataclasses.replace(
+        getattr(prompt, LAYOUTS[args.prompt_layout]), parse_special_tokens=args.parse_special_tokens
+    )
+    server = dict(
+        model_name=args.served_model_name or served_model_name(args.model),
+        api_keys=tuple(keys),
+        layout=layout,
+        max_documents=args.max_documents,
+        max_request_sequences=args.max_request_sequences,
+    )
     if args.replicas:
         from lazyattn.cluster.cli import serve_replicas
 
@@ -84,11 +138,20 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     start = time.monotonic()
     engine = LLMEngine(EngineConfig(**options))
     stats, mc = engine.stats(), engine.model_config
-    print(f"lazyattn serve: {args.model} ({mc.architecture}, {mc.num_layers} layers, {engine.config.torch_dtype}) on "
-          f"{engine.device}, {engine.mode.name} mode; KV pool {stats.num_pages} pages x {engine.config.page_size} "
-          f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
-          f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
-          f"{time.monotonic() - start:.1f} s; listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(engine, ServerConfig(**server)), host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.shutdown_timeout)
+    print(
+        f"lazyattn serve: {args.model} ({mc.architecture}, {mc.num_layers} layers, {engine.config.torch_dtype}) on "
+        f"{engine.device}, {engine.mode.name} mode; KV pool {stats.num_pages} pages x {engine.config.page_size} "
+        f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
+        f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
+        f"{time.monotonic() - start:.1f} s; listening on http://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(engine, ServerConfig(**server)),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    )
     return 0

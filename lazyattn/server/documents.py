@@ -108,8 +108,10 @@ class DocumentService:
         as_input = {"text": text} if title is None else {"title": title, "text": text}
         token_ids = await run_in_threadpool(encode_document, self.tokenizer, as_input, self.layout, "document")
         if len(token_ids) > self.max_model_len:
-            raise ContextTooLongError(f"the document has {len(token_ids)} tokens, over the context limit of "
-                                      f"{self.max_model_len}", param="text")
+            raise ContextTooLongError(
+                f"the document has {len(token_ids)} tokens, over the context limit of {self.max_model_len}",
+                param="text",
+            )
         existed = self.registry.contains(scope, self.registry.document_id(scope, title, text))
         doc = self.registry.add(scope, title, text, token_ids)
         if self.encodes:

@@ -135,8 +135,14 @@ class EngineLoop:
 
     # -- called from the event loop -------------------------------------------------------------------------------
 
-    async def submit(self, requests: list[tuple[str, RenderedPrompt, SamplingParams | None]], *,
-                     cache_salt: str | None, arrival: float, relink_tokens: int | None = None) -> OutputStream:
+    async def submit(
+        self,
+        requests: list[tuple[str, RenderedPrompt, SamplingParams | None]],
+        *,
+        cache_salt: str | None,
+        arrival: float,
+        relink_tokens: int | None = None,
+    ) -> OutputStream:
         """Add requests to the engine, all or none; raises the engine's validation errors. Params None: a
         prefill-only request (documents encoded ahead)."""
         loop = asyncio.get_running_loop()
@@ -147,8 +153,9 @@ class EngineLoop:
             added: list[str] = []
             try:
                 for rid, prompt, params in requests:
-                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival,
-                                            relink_tokens=relink_tokens)
+                    self.engine.add_request(
+                        rid, prompt, params, cache_salt=cache_salt, arrival=arrival, relink_tokens=relink_tokens
+                    )
                     added.append(rid)
                     self._streams[rid] = stream
             except BaseException as e:
@@ -196,8 +203,12 @@ class EngineLoop:
             self._cv.notify()
 
     @staticmethod
-    def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, error: BaseException | None,
-                 on_cancelled: Callable[[], None] | None = None) -> None:
+    def _resolve(
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future,
+        error: BaseException | None,
+        on_cancelled: Callable[[], None] | None = None,
+    ) -> None:
         """Settle an event-loop future from the engine thread."""
 
         def settle() -> None:
@@ -279,4 +290,3 @@ class EngineLoop:
             except Exception:
                 logger.exception("engine command failed")
         self._fail_all(EngineStoppedError("the server is shutting down"))
-

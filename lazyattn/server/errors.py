@@ -42,8 +42,14 @@ _CODES: list[tuple[type[LazyAttnError], str]] = [
     (QueueFullError, "queue_full"),
 ]
 
-_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error"}
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+}
 
 
 def error_body(e: BaseException) -> dict[str, Any]:

@@ -63,8 +63,9 @@ class Renderer:
         bos = self.tokenizer.bos_token_id if want_bos else None
         return _from_token_ids(ids, docs, bos, self.vocab_size)
 
-    def max_tokens(self, requested: int | None, prompt: RenderedPrompt, n: int, param: str,
-                   relink_tokens: int | None = None) -> int:
+    def max_tokens(
+        self, requested: int | None, prompt: RenderedPrompt, n: int, param: str, relink_tokens: int | None = None
+    ) -> int:
         """OpenAI's default is "as many as fit": what is left of the context after the prompt, and what the KV
         pool can hold for `n` samples (the engine's own page count)."""
         if requested is not None:
@@ -73,12 +74,15 @@ class Renderer:
         if room < 1:
             raise ContextTooLongError(
                 f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
-                f"generate within the context limit of {self.max_model_len} tokens and the KV pool", param=param)
+                f"generate within the context limit of {self.max_model_len} tokens and the KV pool",
+                param=param,
+            )
         return room
 
 
-def resolve_documents(items: list[DocumentInput] | None, registry: DocumentRegistry,
-                      scope: str | None) -> list[Document]:
+def resolve_documents(
+    items: list[DocumentInput] | None, registry: DocumentRegistry, scope: str | None
+) -> list[Document]:
     """Inline documents as they are; registered ones (by id, in the caller's scope) as their stored text."""
     out: list[Document] = []
     for i, item in enumerate(items or []):
@@ -91,8 +95,9 @@ def resolve_documents(items: list[DocumentInput] | None, registry: DocumentRegis
     return out
 
 
-def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int,
-                    logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: ChatCompletionRequest | CompletionRequest, max_tokens: int, logprobs: int | None
+) -> SamplingParams:
     """The engine's params; ranges are checked by SamplingParams.validate when the engine adds the request.
     The neutral-only fields (penalties, logit_bias) are held to their neutral values by the schema."""
     stop = () if body.stop is None else body.stop

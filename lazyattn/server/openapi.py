@@ -24,8 +24,7 @@ def install_openapi(app: FastAPI, *, vocab_size: int, keyed: bool) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                                 routes=app.routes)
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             app.openapi_schema = make_true(schema, vocab_size=vocab_size, keyed=keyed)
         return app.openapi_schema
 
@@ -37,8 +36,11 @@ def make_true(schema: dict[str, Any], *, vocab_size: int, keyed: bool) -> dict[s
         for operation in operations.values():
             operation.get("responses", {}).pop("422", None)
             # The key travels in Authorization, declared below as a security scheme, not as a parameter.
-            params = [p for p in operation.get("parameters", [])
-                      if not (p.get("in") == "header" and p.get("name", "").lower() == "authorization")]
+            params = [
+                p
+                for p in operation.get("parameters", [])
+                if not (p.get("in") == "header" and p.get("name", "").lower() == "authorization")
+            ]
             if params:
                 operation["parameters"] = params
             else:
@@ -49,9 +51,13 @@ def make_true(schema: dict[str, Any], *, vocab_size: int, keyed: bool) -> dict[s
     for unused in ("HTTPValidationError", "ValidationError"):
         components.get("schemas", {}).pop(unused, None)
     if keyed:
-        components["securitySchemes"] = {BEARER: {
-            "type": "http", "scheme": "bearer",
-            "description": "One of the server's API keys (`--api-key`); /health and /metrics need none."}}
+        components["securitySchemes"] = {
+            BEARER: {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "One of the server's API keys (`--api-key`); /health and /metrics need none.",
+            }
+        }
     _hoist_defs(schema, components.setdefault("schemas", {}))
     maxima = {"vocab_size": vocab_size, "token_id": vocab_size - 1}
     _fill_limits(schema, maxima)

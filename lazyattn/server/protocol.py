@@ -29,7 +29,6 @@ from lazyattn.engine.sampling import (
 LIMIT = "x-lazyattn-maximum"
 
 
-
 def _integral(value: Any) -> Any:
     # JSON has one number type: 5.0 is an integer to JSON Schema (and to OpenAI), only 5.5 is not.
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -90,9 +89,12 @@ def _document_kind(value: Any) -> str | None:
 # A plain string is a document without a title.
 DocumentInput = Annotated[
     Annotated[NonEmptyText, Tag(_TEXT)] | Annotated[DocumentText, Tag(_INLINE)] | Annotated[DocumentRef, Tag(_REF)],
-    Discriminator(_document_kind, custom_error_type="document_type",
-                  custom_error_message="a document is a non-empty string, an object with 'text' (and 'title'), or "
-                                       "an object with the 'id' of a registered document"),
+    Discriminator(
+        _document_kind,
+        custom_error_type="document_type",
+        custom_error_message="a document is a non-empty string, an object with 'text' (and 'title'), or "
+        "an object with the 'id' of a registered document",
+    ),
 ]
 
 
@@ -121,14 +123,18 @@ class _GenerationRequest(_Strict):
     documents: list[DocumentInput] | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     relink_tokens: json_int(ge=0, le=1024) | None = Field(
-        None, description="lazy mode: recompute the first k tokens of each placed document in this request's "
-                          "context (docs/design.md, Relink); default: the server's --relink-tokens")
+        None,
+        description="lazy mode: recompute the first k tokens of each placed document in this request's "
+        "context (docs/design.md, Relink); default: the server's --relink-tokens",
+    )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(
-        -1, description="-1 or 0: off; at most the vocabulary size.")
+        -1, description="-1 or 0: off; at most the vocabulary size."
+    )
     min_p: float = Field(0.0, ge=0, le=1)
-    min_tokens: json_int(ge=0) = Field(0, description="EOS and stop_token_ids cannot end a choice before this many "
-                                                 "tokens (past max_tokens: never).")
+    min_tokens: json_int(ge=0) = Field(
+        0, description="EOS and stop_token_ids cannot end a choice before this many tokens (past max_tokens: never)."
+    )
     ignore_eos: bool = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
@@ -154,14 +160,18 @@ class ChatCompletionRequest(_GenerationRequest):
     top_logprobs: Logprobs | None = Field(None, description="Used only with logprobs: true.")
     # e.g. {"enable_thinking": false} for Qwen3; the renderer's own variables are not the client's to set.
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, json_schema_extra={"propertyNames": {"not": {"enum": sorted(TEMPLATE_VARIABLES)}}})
+        None, json_schema_extra={"propertyNames": {"not": {"enum": sorted(TEMPLATE_VARIABLES)}}}
+    )
 
 
 class CompletionRequest(_GenerationRequest):
     # One prompt, a batch of prompts, or token ids (one list, or one per prompt).
-    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)]
-             | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
+    prompt: (
+        NonEmptyText
+        | Annotated[list[NonEmptyText], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    )
     max_tokens: PositiveInt | None = 16  # OpenAI's default for completions
     logprobs: Logprobs | None = None
     echo: bool = Field(False, description="Not supported: only false.", json_schema_extra={"enum": [False]})
@@ -319,7 +329,7 @@ class HealthStatus(BaseModel):
 
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request: its schema or a value's range, or (code `context_length_exceeded`) a prompt and "
-         "max_tokens that do not fit the context or the KV pool.",
+    "max_tokens that do not fit the context or the KV pool.",
     401: "Missing or invalid API key (when the server has keys).",
     404: "Unknown model or document id.",
     503: "At capacity (waiting queue or document registry full) or shutting down; retry later.",
@@ -337,12 +347,31 @@ def generation_responses(model: type[BaseModel], chunk: type[BaseModel]) -> dict
     # Refs point at components: server/openapi.py moves the `$defs` this schema carries there.
     chunk_schema = chunk.model_json_schema(ref_template="#/components/schemas/{model}")
     definitions = {chunk.__name__: chunk_schema, **chunk_schema.pop("$defs", {})}
-    event = {"type": "object", "required": ["data"], "$defs": definitions, "properties": {"data": {"anyOf": [
-        {"const": "[DONE]"},
-        {"contentMediaType": "application/json", "contentSchema": {"anyOf": [
-            {"$ref": f"#/components/schemas/{chunk.__name__}"}, {"$ref": "#/components/schemas/ErrorResponse"}]}},
-    ]}}}
-    ok = {"model": model, "description": "The response; with stream: true, server-sent events "
-                                          "(`data: {chunk}` per event, then `data: [DONE]`).",
-          "content": {"text/event-stream": {"schema": event}}}
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "$defs": definitions,
+        "properties": {
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "contentMediaType": "application/json",
+                        "contentSchema": {
+                            "anyOf": [
+                                {"$ref": f"#/components/schemas/{chunk.__name__}"},
+                                {"$ref": "#/components/schemas/ErrorResponse"},
+                            ]
+                        },
+                    },
+                ]
+            }
+        },
+    }
+    ok = {
+        "model": model,
+        "description": "The response; with stream: true, server-sent events "
+        "(`data: {chunk}` per event, then `data: [DONE]`).",
+        "content": {"text/event-stream": {"schema": event}},
+    }
     return {200: ok, **error_responses(400, 401, 404, 503)}

@@ -28,8 +28,12 @@ def usage(outputs: list[RequestOutput]) -> Usage:
         if out.metrics is not None:
             # With n > 1 each sample counts its own hits; the prompt is cached at most once.
             cached += min(out.metrics.cached_tokens, n_prompt)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 class TokenText:
@@ -64,15 +68,20 @@ def chat_logprobs(c: CompletionOutput, start: int, top: int, text: TokenText) ->
     for token_id, entry in zip(c.token_ids[start:], c.logprobs[start:]):
         best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
         token = text(token_id)
-        content.append(TokenLogprob(
-            token=token, logprob=entry[token_id], bytes=text.bytes_of(token_id),
-            top_logprobs=[TopLogprob(token=text(t), logprob=lp, bytes=text.bytes_of(t)) for t, lp in best],
-        ))
+        content.append(
+            TokenLogprob(
+                token=token,
+                logprob=entry[token_id],
+                bytes=text.bytes_of(token_id),
+                top_logprobs=[TopLogprob(token=text(t), logprob=lp, bytes=text.bytes_of(t)) for t, lp in best],
+            )
+        )
     return ChatLogprobs(content=content)
 
 
-def completion_logprobs(c: CompletionOutput, start: int, top: int, text: TokenText,
-                        offset: int) -> CompletionLogprobs | None:
+def completion_logprobs(
+    c: CompletionOutput, start: int, top: int, text: TokenText, offset: int
+) -> CompletionLogprobs | None:
     """Tokens [start:] in the legacy completions format; `offset` is the text length before them."""
     if c.logprobs is None:
         return None
@@ -84,8 +93,9 @@ def completion_logprobs(c: CompletionOutput, start: int, top: int, text: TokenTe
         top_logprobs.append({text(t): lp for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:top]})
         offsets.append(offset)
         offset += len(token)
-    return CompletionLogprobs(tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top_logprobs,
-                              text_offset=offsets)
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top_logprobs, text_offset=offsets
+    )
 
 
 @dataclass
@@ -116,7 +126,7 @@ class StreamState:
             progress = self.choices.setdefault(index, ChoiceProgress())
             if progress.done:
                 continue
-            new_text = c.text[progress.chars:]
+            new_text = c.text[progress.chars :]
             first_token = progress.tokens
             if not new_text and len(c.token_ids) == first_token and not c.finished:
                 continue

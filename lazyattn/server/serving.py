@@ -54,8 +54,14 @@ _CLIENT_GONE = 499
 
 
 class OpenAIServing:
-    def __init__(self, engine_loop: EngineLoop, renderer: Renderer, registry: DocumentRegistry,
-                 model_name: str, max_request_sequences: int = 256) -> None:
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        renderer: Renderer,
+        registry: DocumentRegistry,
+        model_name: str,
+        max_request_sequences: int = 256,
+    ) -> None:
         self.engine_loop = engine_loop
         self.max_request_sequences = max_request_sequences
         self.renderer = renderer
@@ -77,8 +83,9 @@ class OpenAIServing:
         max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", body.relink_tokens)
         params = sampling_params(body, max_tokens, logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self.engine_loop.submit([(rid, prompt, params)], cache_salt=scope, arrival=arrival,
-                                               relink_tokens=body.relink_tokens)
+        stream = await self.engine_loop.submit(
+            [(rid, prompt, params)], cache_salt=scope, arrival=arrival, relink_tokens=body.relink_tokens
+        )
         created = int(time.time())
         top = logprobs or 0
         if body.stream:
@@ -90,15 +97,21 @@ class OpenAIServing:
             return Response(status_code=_CLIENT_GONE)
         out = finals[rid]
         choices = [
-            ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
-                       logprobs=chat_logprobs(c, 0, top, self.token_text))
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                finish_reason=c.finish_reason,
+                logprobs=chat_logprobs(c, 0, top, self.token_text),
+            )
             for c in out.outputs
         ]
-        return _json(ChatCompletionResponse(id=rid, created=created, model=self.model_name, choices=choices,
-                                            usage=usage([out])))
+        return _json(
+            ChatCompletionResponse(id=rid, created=created, model=self.model_name, choices=choices, usage=usage([out]))
+        )
 
-    async def _chat_events(self, stream: OutputStream, rid: str, created: int, n: int, top: int,
-                           include_usage: bool) -> AsyncIterator[str]:
+    async def _chat_events(
+        self, stream: OutputStream, rid: str, created: int, n: int, top: int, include_usage: bool
+    ) -> AsyncIterator[str]:
         def chunk(choices: list[ChatChunkChoice], usage_: Usage | None = None) -> str:
             c = ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=choices, usage=usage_)
             return c.model_dump_json(exclude=None if include_usage else {"usage"})
@@ -112,8 +125,9 @@ class OpenAIServing:
                 for index, c, text, first in state.deltas(out):
                     delta = {"content": text} if text else {}
                     logprobs = chat_logprobs(c, first, top, self.token_text)
-                    yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
-                                                 finish_reason=c.finish_reason)])
+                    yield chunk(
+                        [ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=c.finish_reason)]
+                    )
         if include_usage:
             yield chunk([], usage(list(state.finals.values())))
 
@@ -134,8 +148,9 @@ class OpenAIServing:
             max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt", body.relink_tokens)
             params = sampling_params(body, max_tokens, body.logprobs)
             requests.append((f"{cid}-{i}", prompt, params))
-        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival,
-                                               relink_tokens=body.relink_tokens)
+        stream = await self.engine_loop.submit(
+            requests, cache_salt=scope, arrival=arrival, relink_tokens=body.relink_tokens
+        )
         created = int(time.time())
         prompt_index = {rid: i for i, (rid, _, _) in enumerate(requests)}
         top = body.logprobs or 0
@@ -149,15 +164,29 @@ class OpenAIServing:
         choices = []
         for rid, _, _ in requests:
             for c in finals[rid].outputs:
-                choices.append(CompletionChoice(
-                    index=prompt_index[rid] * body.n + c.index, text=c.text, finish_reason=c.finish_reason,
-                    logprobs=completion_logprobs(c, 0, top, self.token_text, 0)))
+                choices.append(
+                    CompletionChoice(
+                        index=prompt_index[rid] * body.n + c.index,
+                        text=c.text,
+                        finish_reason=c.finish_reason,
+                        logprobs=completion_logprobs(c, 0, top, self.token_text, 0),
+                    )
+                )
         ordered = [finals[rid] for rid, _, _ in requests]
-        return _json(CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices,
-                                        usage=usage(ordered)))
+        return _json(
+            CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices, usage=usage(ordered))
+        )
 
-    async def _completion_events(self, stream: OutputStream, cid: str, created: int, n: int, top: int,
-                                 prompt_index: dict[str, int], include_usage: bool) -> AsyncIterator[str]:
+    async def _completion_events(
+        self,
+        stream: OutputStream,
+        cid: str,
+        created: int,
+        n: int,
+        top: int,
+        prompt_index: dict[str, int],
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
         def chunk(choices: list[CompletionChoice], usage_: Usage | None = None) -> str:
             c = CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices, usage=usage_)
             return c.model_dump_json(exclude=None if include_usage else {"usage"})
@@ -167,8 +196,9 @@ class OpenAIServing:
             for out in outs:
                 for index, c, text, first in state.deltas(out):
                     logprobs = completion_logprobs(c, first, top, self.token_text, len(c.text) - len(text))
-                    yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                                  finish_reason=c.finish_reason)])
+                    yield chunk(
+                        [CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason)]
+                    )
         if include_usage:
             yield chunk([], usage(list(state.finals.values())))
 
@@ -178,8 +208,11 @@ class OpenAIServing:
         """Bound what one request can queue: a batch of prompts x n is that many sequences."""
         total = prompts * (n or 1)
         if total > self.max_request_sequences:
-            raise InvalidRequestError(f"this request asks for {prompts} prompt(s) x n = {n} = {total} sequences; "
-                                      f"the limit is {self.max_request_sequences}", param="n")
+            raise InvalidRequestError(
+                f"this request asks for {prompts} prompt(s) x n = {n} = {total} sequences; "
+                f"the limit is {self.max_request_sequences}",
+                param="n",
+            )
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -10,17 +10,44 @@ import pytest
 
 from lazyattn.cli import main
 
-ARGS = ["bench", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--num-docs", "10", "--doc-len", "48",
-        "--docs-per-request", "4", "--question-len", "8", "--output-len", "4", "--num-requests", "12",
-        "--zipf", "1.5", "--rate", "40,inf", "--warmup-requests", "2", "--no-progress"]
+ARGS = [
+    "bench",
+    "--model",
+    "tiny",
+    "--device",
+    "cpu",
+    "--page-size",
+    "16",
+    "--num-docs",
+    "10",
+    "--doc-len",
+    "48",
+    "--docs-per-request",
+    "4",
+    "--question-len",
+    "8",
+    "--output-len",
+    "4",
+    "--num-requests",
+    "12",
+    "--zipf",
+    "1.5",
+    "--rate",
+    "40,inf",
+    "--warmup-requests",
+    "2",
+    "--no-progress",
+]
 MODES = ("lazy", "block", "prefix", "full")
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    code = main(ARGS + ["--out", str(out), "--kv-budgets", "0.0001,0.001,0.01", "--alphas", "1.1,uniform",
-                        "--hit-requests", "40"])
+    code = main(
+        ARGS
+        + ["--out", str(out), "--kv-budgets", "0.0001,0.001,0.01", "--alphas", "1.1,uniform", "--hit-requests", "40"]
+    )
     return code, out, json.loads((out / "bench.json").read_text())
 
 
@@ -67,14 +94,19 @@ def test_hit_ratio_sweep_in_the_json(bench):
     _, _, data = bench
     rows = data["hit_ratio"]["rows"]
     assert data["hit_ratio"]["simulated"] is True
-    assert {(r["policy"], r["mode"]) for r in rows} == {(p, m) for p in ("pool", "pool_plus_request")
-                                                        for m in ("lazy", "block", "prefix")}
+    assert {(r["policy"], r["mode"]) for r in rows} == {
+        (p, m) for p in ("pool", "pool_plus_request") for m in ("lazy", "block", "prefix")
+    }
     assert any(r["doc_hit_ratio"] is None for r in rows)  # 0.0001 GB cannot hold one request
     feasible = [r for r in rows if r["doc_hit_ratio"] is not None]
     big = [r for r in feasible if r["budget_gb"] == 0.01 and r["mode"] == "lazy"]
     small = [r for r in feasible if r["budget_gb"] == 0.001 and r["mode"] == "lazy"]
-    assert all(b["doc_hit_ratio"] >= s["doc_hit_ratio"] for b in big for s in small if b["alpha"] == s["alpha"]
-               and b["policy"] == s["policy"])
+    assert all(
+        b["doc_hit_ratio"] >= s["doc_hit_ratio"]
+        for b in big
+        for s in small
+        if b["alpha"] == s["alpha"] and b["policy"] == s["policy"]
+    )
 
 
 def test_one_mode_and_bad_modes(capsys):
@@ -86,8 +118,29 @@ def test_one_mode_and_bad_modes(capsys):
 
 
 def test_hit_ratio_only_loads_no_model(tmp_path, capsys):
-    assert main(["bench", "--model", "tiny", "--doc-len", "64", "--num-docs", "10", "--kv-budgets", "0.001",
-                 "--alphas", "2.1", "--hit-requests", "20", "--hit-ratio-only", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "tiny",
+                "--doc-len",
+                "64",
+                "--num-docs",
+                "10",
+                "--kv-budgets",
+                "0.001",
+                "--alphas",
+                "2.1",
+                "--hit-requests",
+                "20",
+                "--hit-ratio-only",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["points"] == [] and len(data["hit_ratio"]["rows"]) == 2 * 3
     assert "Serving Benchmark Result" not in capsys.readouterr().out

@@ -12,14 +12,17 @@ from lazyattn.bench.replay import kv_budget, make_engine, replay
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace, token_space
 
 PAGE = 16
-SPEC = WorkloadSpec(num_docs=16, doc_len=40, docs_per_request=3, zipf_alpha=1.1, question_len=8, output_len=3,
-                    num_requests=30, seed=5)
+SPEC = WorkloadSpec(
+    num_docs=16, doc_len=40, docs_per_request=3, zipf_alpha=1.1, question_len=8, output_len=3, num_requests=30, seed=5
+)
 
 
 @pytest.fixture(scope="module")
 def engines():
-    return {mode: make_engine(dict(model="tiny", device="cpu", page_size=PAGE), mode)
-            for mode in ("lazy", "block", "prefix")}
+    return {
+        mode: make_engine(dict(model="tiny", device="cpu", page_size=PAGE), mode)
+        for mode in ("lazy", "block", "prefix")
+    }
 
 
 @pytest.mark.parametrize("mode", ["lazy", "block", "prefix"])

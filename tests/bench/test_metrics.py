@@ -21,15 +21,37 @@ REQUESTS = [
 
 
 def records() -> list[RequestRecord]:
-    out = [RequestRecord(i, a, list(t), context_tokens=100, num_docs=5, doc_hits=i, cached_tokens=10 * i,
-                         prefilled_tokens=7, finished=True) for i, (a, t) in enumerate(REQUESTS)]
-    out.append(RequestRecord(4, 1.5, [2.5], context_tokens=100, num_docs=5, doc_hits=5, cached_tokens=100,
-                             prefilled_tokens=3, finished=False))
+    out = [
+        RequestRecord(
+            i,
+            a,
+            list(t),
+            context_tokens=100,
+            num_docs=5,
+            doc_hits=i,
+            cached_tokens=10 * i,
+            prefilled_tokens=7,
+            finished=True,
+        )
+        for i, (a, t) in enumerate(REQUESTS)
+    ]
+    out.append(
+        RequestRecord(
+            4,
+            1.5,
+            [2.5],
+            context_tokens=100,
+            num_docs=5,
+            doc_hits=5,
+            cached_tokens=100,
+            prefilled_tokens=3,
+            finished=False,
+        )
+    )
     return out
 
 
-COUNTERS = EngineCounters(rows_computed=500, preemptions=1, evictions=2, peak_kv_bytes=3 * 2**29,
-                          pool_bytes=2**31)
+COUNTERS = EngineCounters(rows_computed=500, preemptions=1, evictions=2, peak_kv_bytes=3 * 2**29, pool_bytes=2**31)
 
 
 def ms(x):
@@ -81,11 +103,22 @@ def test_summary_survives_a_json_round_trip():
     assert back == s
 
 
-@pytest.mark.parametrize("mode, cached, hits", [
-    ("lazy", 0, 0), ("lazy", 1, 0), ("lazy", 1 + 2 * 64, 2), ("lazy", 3 * 64, 3), ("block", 1 + 5 * 64, 5),
-    ("prefix", 0, 0), ("prefix", 1 + 32, 0.5), ("prefix", 1 + 64, 1), ("prefix", 1 + 3 * 64 + 16, 3.25),
-    ("prefix", 1 + 5 * 64 + 30, 5), ("full", 0, 0),
-])
+@pytest.mark.parametrize(
+    "mode, cached, hits",
+    [
+        ("lazy", 0, 0),
+        ("lazy", 1, 0),
+        ("lazy", 1 + 2 * 64, 2),
+        ("lazy", 3 * 64, 3),
+        ("block", 1 + 5 * 64, 5),
+        ("prefix", 0, 0),
+        ("prefix", 1 + 32, 0.5),
+        ("prefix", 1 + 64, 1),
+        ("prefix", 1 + 3 * 64 + 16, 3.25),
+        ("prefix", 1 + 5 * 64 + 30, 5),
+        ("full", 0, 0),
+    ],
+)
 def test_document_hits_from_cached_tokens(mode, cached, hits):
     assert make_mode(mode).reused_documents(cached, system_len=1, doc_len=64, num_docs=5) == pytest.approx(hits)
 
@@ -103,13 +136,28 @@ def test_result_block_has_vllm_layout():
 
 def test_comparison_ratios_are_against_lazy():
     fast = summarize(records(), COUNTERS)
-    slow_records = [RequestRecord(r.index, r.arrival, [t * 2 - r.arrival for t in r.token_times], r.context_tokens,
-                                  r.num_docs, r.doc_hits, r.cached_tokens, r.prefilled_tokens, r.finished)
-                    for r in records()]
+    slow_records = [
+        RequestRecord(
+            r.index,
+            r.arrival,
+            [t * 2 - r.arrival for t in r.token_times],
+            r.context_tokens,
+            r.num_docs,
+            r.doc_hits,
+            r.cached_tokens,
+            r.prefilled_tokens,
+            r.finished,
+        )
+        for r in records()
+    ]
     slow = summarize(slow_records, COUNTERS)
-    rows = comparison_rows([PointResult("g", "lazy", "sat", None, None, fast),
-                            PointResult("g", "block", "sat", None, None, slow),
-                            PointResult.failed("g", "full", "sat", "boom")])
+    rows = comparison_rows(
+        [
+            PointResult("g", "lazy", "sat", None, None, fast),
+            PointResult("g", "block", "sat", None, None, slow),
+            PointResult.failed("g", "full", "sat", "boom"),
+        ]
+    )
     assert rows[0]["ttft_vs_lazy"] == pytest.approx(1.0)
     assert rows[1]["ttft_vs_lazy"] == pytest.approx(slow.ttft.mean / fast.ttft.mean)
     assert rows[1]["thr_vs_lazy"] == pytest.approx(slow.request_throughput / fast.request_throughput)

@@ -14,8 +14,9 @@ PAGE = 16
 
 def _trace(order: list[int], gap_s: float = 10.0) -> Trace:
     """One document per request, in `order`, each arriving long after the last finished (loads stay 0)."""
-    spec = WorkloadSpec(num_docs=2, doc_len=64, docs_per_request=1, question_len=4, output_len=2,
-                        num_requests=len(order))
+    spec = WorkloadSpec(
+        num_docs=2, doc_len=64, docs_per_request=1, question_len=4, output_len=2, num_requests=len(order)
+    )
     documents = [[1] * 64, [2] * 64]
     requests = [TraceRequest(i, (d,), [3, 3, 3, 3], i * gap_s) for i, d in enumerate(order)]
     return Trace(spec, Load(rate=1 / gap_s) if gap_s else Load(), [], documents, requests)
@@ -71,12 +72,21 @@ def _keys_routes(trace: Trace):
 def test_sweep_document_affinity_beats_round_robin_on_the_paper_workload_shape():
     spec = WorkloadSpec(num_docs=40, doc_len=128, docs_per_request=3, num_requests=300, question_len=8, output_len=4)
     acct = PageAccounting(PAGE, PAGE * 1024)  # 1 KiB per token: 1 MiB holds 1024 tokens, 8 documents
-    rows = sweep_replicas(spec, ["paper", "uniform"], [1, 4], ["round-robin", "document-affinity"], 1 / 1024,
-                          acct, vocab_high=1000, bos=999)
+    rows = sweep_replicas(
+        spec,
+        ["paper", "uniform"],
+        [1, 4],
+        ["round-robin", "document-affinity"],
+        1 / 1024,
+        acct,
+        vocab_high=1000,
+        bos=999,
+    )
     by = {(r["variant"], r["replicas"], r["policy"]): r for r in rows}
     for variant in ("paper", "uniform"):
-        hit = {(n, p): by[(variant, n, p)]["doc_hit_ratio"]
-               for n in (1, 4) for p in ("round-robin", "document-affinity")}
+        hit = {
+            (n, p): by[(variant, n, p)]["doc_hit_ratio"] for n in (1, 4) for p in ("round-robin", "document-affinity")
+        }
         assert hit[(1, "round-robin")] == hit[(1, "document-affinity")]
         assert hit[(4, "document-affinity")] > hit[(4, "round-robin")]
         # No router beats one engine holding the cluster's whole KV.

@@ -8,8 +8,9 @@ import pytest
 from lazyattn.bench.replay import make_engine, replay
 from lazyattn.bench.workload import Load, WorkloadSpec, make_trace, token_space
 
-SPEC = WorkloadSpec(num_docs=6, doc_len=40, docs_per_request=3, zipf_alpha=1.1, question_len=8, output_len=2,
-                    num_requests=6, seed=2)
+SPEC = WorkloadSpec(
+    num_docs=6, doc_len=40, docs_per_request=3, zipf_alpha=1.1, question_len=8, output_len=2, num_requests=6, seed=2
+)
 
 
 @pytest.mark.parametrize("mode", ["lazy", "block"])

@@ -19,8 +19,9 @@ from lazyattn.bench.workload import (
     warmup_trace,
 )
 
-SPEC = WorkloadSpec(num_docs=30, doc_len=40, docs_per_request=4, zipf_alpha=2.1, question_len=6, output_len=3,
-                    num_requests=200, seed=3)
+SPEC = WorkloadSpec(
+    num_docs=30, doc_len=40, docs_per_request=4, zipf_alpha=2.1, question_len=6, output_len=3, num_requests=200, seed=3
+)
 VOCAB, BOS = 256, 256
 
 
@@ -35,8 +36,9 @@ def doc_counts(t) -> Counter:
 def test_same_seed_same_trace_and_other_seed_differs():
     a, b = trace(), trace()
     assert a.documents == b.documents and a.system == b.system
-    assert [(r.doc_ids, r.question, r.arrival) for r in a.requests] == \
-        [(r.doc_ids, r.question, r.arrival) for r in b.requests]
+    assert [(r.doc_ids, r.question, r.arrival) for r in a.requests] == [
+        (r.doc_ids, r.question, r.arrival) for r in b.requests
+    ]
     c = trace(replace(SPEC, seed=4))
     assert c.documents != a.documents and [r.doc_ids for r in c.requests] != [r.doc_ids for r in a.requests]
 

@@ -30,8 +30,13 @@ def cached_unreferenced(cache: DocumentCache, key: str, n_tokens: int) -> Segmen
 
 # -- keys ----------------------------------------------------------------------------------------------
 
-BASE = dict(model_fingerprint="llama-3.1-8b@abc", rope_fingerprint="rope:500000", salt="tenant-a",
-            token_ids=[1, 2, 3], parent=None)
+BASE = dict(
+    model_fingerprint="llama-3.1-8b@abc",
+    rope_fingerprint="rope:500000",
+    salt="tenant-a",
+    token_ids=[1, 2, 3],
+    parent=None,
+)
 
 
 def test_key_is_deterministic_hex_and_ignores_the_container_type():
@@ -80,20 +85,31 @@ def test_parent_chains_page_keys():
 def _expected_key(model: str, rope: str, salt: str | None, ids: list[int], parent: str | None, width: int) -> str:
     """The documented layout, written out by hand: version, four length-prefixed string fields (a 0 byte for
     None), the id count (8 bytes LE), the width byte, the ids as LE int32 or int64."""
+
     def field(s):
         return b"\x00" if s is None else b"\x01" + struct.pack("<Q", len(s.encode())) + s.encode()
 
     body = b"".join(struct.pack("<i" if width == 4 else "<q", t) for t in ids)
-    blob = (b"lazyattn-segment-key-v2\x00" + field(model) + field(rope) + field(salt) + field(parent)
-            + struct.pack("<Q", len(ids)) + bytes([width]) + body)
+    blob = (
+        b"lazyattn-segment-key-v2\x00"
+        + field(model)
+        + field(rope)
+        + field(salt)
+        + field(parent)
+        + struct.pack("<Q", len(ids))
+        + bytes([width])
+        + body
+    )
     return hashlib.sha256(blob).hexdigest()
 
 
-@pytest.mark.parametrize("ids, width", [([1, 2, 3], 4), ([128000, 0, -5, 2**31 - 1], 4), ([1, 2**31], 8),
-                                        ([-(2**31) - 1], 8), ([], 4)])
+@pytest.mark.parametrize(
+    "ids, width", [([1, 2, 3], 4), ([128000, 0, -5, 2**31 - 1], 4), ([1, 2**31], 8), ([-(2**31) - 1], 8), ([], 4)]
+)
 def test_key_matches_its_documented_byte_layout(ids, width):
-    assert segment_key("m@1", "rope:500000", "t", ids, None) == _expected_key("m@1", "rope:500000", "t", ids, None,
-                                                                               width)
+    assert segment_key("m@1", "rope:500000", "t", ids, None) == _expected_key(
+        "m@1", "rope:500000", "t", ids, None, width
+    )
     assert segment_key("m@1", "r", None, ids, "p" * 64) == _expected_key("m@1", "r", None, ids, "p" * 64, width)
 
 
@@ -160,6 +176,7 @@ def test_key_memo_is_bounded_least_recently_used_first():
 
 # -- acquire / release ---------------------------------------------------------------------------------
 
+
 def test_miss_allocates_whole_pages_then_hit_shares_them():
     cache = make()
     for n, pages in ((1, 1), (PAGE, 1), (PAGE + 1, 2), (3 * PAGE, 3)):
@@ -205,6 +222,7 @@ def test_lookup_changes_nothing():
 
 
 # -- eviction -------------------------------------------------------------------------------------------
+
 
 def test_lru_order_follows_last_release():
     cache = make()
@@ -274,6 +292,7 @@ def test_allocate_for_the_engine_evicts_only_what_it_needs():
 
 # -- pending segments: shared prefill, abort -----------------------------------------------------------
 
+
 def test_pending_segment_is_shared_by_concurrent_acquirers():
     cache = make()
     enc, new_a = cache.acquire("doc", 6)
@@ -325,6 +344,7 @@ def test_abort_a_ready_segment_is_an_error():
 
 
 # -- remove / clear -----------------------------------------------------------------------------------
+
 
 def test_remove_unreferenced_frees_now():
     cache = make()
@@ -486,8 +506,21 @@ class Driver:
         assert self.cache.pool.num_free == NUM_PAGES and self.cache.stats().pages_in_use == 0
 
 
-OPS = ["acquire", "acquire", "acquire", "ready", "ready", "release", "release", "abort", "evict",
-       "remove", "allocate", "free", "clear"]
+OPS = [
+    "acquire",
+    "acquire",
+    "acquire",
+    "ready",
+    "ready",
+    "release",
+    "release",
+    "abort",
+    "evict",
+    "remove",
+    "allocate",
+    "free",
+    "clear",
+]
 
 
 @pytest.mark.parametrize("seed", range(20))

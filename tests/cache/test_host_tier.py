@@ -171,6 +171,7 @@ def test_set_capacity_below_the_grown_pool_withholds_and_stops_growth():
 
 # -- the page mover ---------------------------------------------------------------------------------------------
 
+
 def test_runs_groups_consecutive_page_ids():
     assert _runs([4, 5, 6, 2, 9, 10]) == [(0, 3, 4), (3, 1, 2), (4, 2, 9)]
     assert _runs([]) == []

@@ -144,12 +144,15 @@ def test_allocate_kv_gives_the_logical_shape_zeroed_in_either_order(layout):
 
 def test_both_layouts_hold_the_same_values_at_the_same_logical_places():
     values = torch.randn(2, 2, 3, 4, 2, 3)  # [layers, 2, pages, slots, heads, dim]
-    token, head = (allocate_kv(2, 3, 4, 2, 3, torch.float32, "cpu", layout).copy_(values)
-                   for layout in ("token", "head"))
+    token, head = (
+        allocate_kv(2, 3, 4, 2, 3, torch.float32, "cpu", layout).copy_(values) for layout in ("token", "head")
+    )
     assert torch.equal(token, values) and torch.equal(head, values)
     # what lies in memory: token's storage is the logical order, head's [layers, 2, pages, heads, slots, dim]
-    stored = {name: torch.frombuffer(bytearray(kv.untyped_storage()), dtype=torch.float32)
-              for name, kv in (("token", token), ("head", head))}
+    stored = {
+        name: torch.frombuffer(bytearray(kv.untyped_storage()), dtype=torch.float32)
+        for name, kv in (("token", token), ("head", head))
+    }
     assert torch.equal(stored["token"], values.flatten())
     assert torch.equal(stored["head"], values.transpose(3, 4).contiguous().flatten())
 

@@ -42,10 +42,14 @@ def cluster():
         server = dict(model_name="tiny", layout=DEFAULT_LAYOUT)
         # Half a CPU each: four engine replicas fit the two CPUs this instance is given (CI has two cores).
         common = dict(engine_options=ENGINE, replicas=2, cpus_per_replica=0.5)
-        serve.run(build_app(ClusterConfig(server={**server, "api_keys": KEYS}, policy="document-affinity", **common)),
-                  name="affinity", route_prefix="/affinity")
-        serve.run(build_app(ClusterConfig(server=server, policy="round-robin", **common)),
-                  name="rr", route_prefix="/rr")
+        serve.run(
+            build_app(ClusterConfig(server={**server, "api_keys": KEYS}, policy="document-affinity", **common)),
+            name="affinity",
+            route_prefix="/affinity",
+        )
+        serve.run(
+            build_app(ClusterConfig(server=server, policy="round-robin", **common)), name="rr", route_prefix="/rr"
+        )
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -78,7 +82,8 @@ def test_same_answers_as_one_engine(cluster):
             assert body["usage"]["prompt_tokens"] == want.num_document_tokens + len(want.prompt_token_ids)
     # Streaming through the ingress: the same text, in chunks, ending with [DONE].
     with client(cluster, "affinity", KEYS[0]).stream(
-            "POST", "/v1/completions", json={"prompt": "Answer:", "documents": DOCS, "stream": True, **GREEDY}) as r:
+        "POST", "/v1/completions", json={"prompt": "Answer:", "documents": DOCS, "stream": True, **GREEDY}
+    ) as r:
         assert r.status_code == 200 and r.headers[REPLICA_HEADER]
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -125,8 +130,14 @@ def test_registry_and_tenants_hold_across_replicas(cluster):
 
 
 def _stream(base: str, out: dict, i: int, started: threading.Event) -> None:
-    body = {"prompt": f"Request {i}:", "documents": DOCS, "stream": True, "max_tokens": 400, "temperature": 0.0,
-            "ignore_eos": True}
+    body = {
+        "prompt": f"Request {i}:",
+        "documents": DOCS,
+        "stream": True,
+        "max_tokens": 400,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     with client(base, "rr").stream("POST", "/v1/completions", json=body) as r:
         out[i] = {"replica": r.headers.get(REPLICA_HEADER), "events": []}
         for line in r.iter_lines():
@@ -144,14 +155,15 @@ def test_killed_replica_fails_its_requests_cleanly_and_the_rest_serve_on(cluster
     for e in started:
         assert e.wait(60)
     victim = out[0]["replica"]
-    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["name"].endswith(f"#{victim}"))
+    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"#{victim}"))
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     for t in threads:
         t.join(120)
         assert not t.is_alive()
-    assert {o["replica"] for o in out.values()} == {victim, next(o["replica"] for o in out.values()
-                                                                 if o["replica"] != victim)}
+    assert {o["replica"] for o in out.values()} == {
+        victim,
+        next(o["replica"] for o in out.values() if o["replica"] != victim),
+    }
     for o in out.values():
         assert o["events"][-1] == "[DONE]"
         last = json.loads(o["events"][-2])

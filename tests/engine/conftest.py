@@ -19,11 +19,15 @@ def write_tokenizer(directory, vocab_size: int = 300) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - 8, special_tokens=["<pad>", "<s>", "</s>"],
+        vocab_size=vocab_size - 8,
+        special_tokens=["<pad>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    text = ["the quick brown fox jumps over the lazy dog", "documents are cached once and placed anywhere",
-            "rotary position embeddings rotate queries and keys"] * 20
+    text = [
+        "the quick brown fox jumps over the lazy dog",
+        "documents are cached once and placed anywhere",
+        "rotary position embeddings rotate queries and keys",
+    ] * 20
     tok.train_from_iterator(text, trainer)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
@@ -44,6 +48,7 @@ def checkpoint(tmp_path_factory):
 
     return get
 
+
 @pytest.fixture(scope="module")
 def llama3(tmp_path_factory) -> Tokenizer:
     return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("llama3")))
@@ -51,5 +56,4 @@ def llama3(tmp_path_factory) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory) -> Tokenizer:
-    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML_TEMPLATE, bos=None,
-                                        eos="<|im_end|>"))
+    return Tokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML_TEMPLATE, bos=None, eos="<|im_end|>"))

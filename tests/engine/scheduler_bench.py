@@ -51,8 +51,9 @@ class SchedulerBench:
         """The cached (lazy/block) segment of a document, pending or ready; None if not indexed."""
         return self.cache.lookup(self.key(toks))
 
-    def add(self, name: str, docs: list[list[int]], prompt: list[int], max_tokens: int = 4,
-            salt: str | None = None) -> Sequence:
+    def add(
+        self, name: str, docs: list[list[int]], prompt: list[int], max_tokens: int = 4, salt: str | None = None
+    ) -> Sequence:
         """Queue a sequence named `name` (its request id): documents, then the prompt."""
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         seq = Sequence(next(self._ids), name, 0, [list(d) for d in docs], list(prompt), params, salt=salt)
@@ -93,12 +94,14 @@ class SchedulerBench:
         return [(self.label(w), w.lo, w.hi) for w in batch.works]
 
 
-def make_bench(mode: str, *, num_pages: int = 64, max_num_batched_tokens: int = 8192,
-               max_num_seqs: int = 256) -> SchedulerBench:
+def make_bench(
+    mode: str, *, num_pages: int = 64, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+) -> SchedulerBench:
     pool = PagePool(num_pages)
     cache = DocumentCache(pool, PAGE)
-    config = EngineConfig(mode=mode, page_size=PAGE, max_num_batched_tokens=max_num_batched_tokens,
-                          max_num_seqs=max_num_seqs)
+    config = EngineConfig(
+        mode=mode, page_size=PAGE, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs
+    )
 
     def keyer(toks: list[int], salt: str | None, parent: str | None) -> str:
         return segment_key("scheduler-test-model", "rope:test", salt, toks, parent)

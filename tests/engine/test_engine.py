@@ -43,9 +43,11 @@ def token_bos(llm: LLM) -> int | None:
 
 
 def generate(llm: LLM, requests=REQUESTS, params=None):
-    return llm.generate(prompt_token_ids=[p for _, p in requests],
-                        document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
-                        sampling_params=params or greedy(logprobs=20))
+    return llm.generate(
+        prompt_token_ids=[p for _, p in requests],
+        document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
+        sampling_params=params or greedy(logprobs=20),
+    )
 
 
 def hf_rollout(model, segments: list[list[int]], prompt: list[int], block: bool) -> list[torch.Tensor]:
@@ -154,8 +156,15 @@ def test_the_prompt_lists_come_back_unchanged(checkpoint, mode):
 
 def test_lru_eviction_under_a_small_pool_keeps_outputs(checkpoint):
     """Requests one after another over more distinct documents than the pool holds."""
-    sequence = [(["a"], [40]), (["d"], [41]), (["e", "b"], [42]), (["f"], [43]), (["g", "h"], [44]),
-                (["a", "f"], [45]), (["c", "d"], [46])]
+    sequence = [
+        (["a"], [40]),
+        (["d"], [41]),
+        (["e", "b"], [42]),
+        (["f"], [43]),
+        (["g", "h"], [44]),
+        (["a", "f"], [45]),
+        (["c", "d"], [46]),
+    ]
     roomy = make_llm(checkpoint, "llama", "lazy")
     page_bytes = roomy.stats().page_bytes
     tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=16 * page_bytes / 2**30)
@@ -192,8 +201,12 @@ def test_request_output_reads_its_first_sample_as_the_readme_shows(checkpoint):
     llm = make_llm(checkpoint, "llama", "lazy")
     out = generate(llm, REQUESTS[:1], SamplingParams(max_tokens=4, temperature=1.0, seed=3, n=2, logprobs=2))[0]
     first, second = out.outputs
-    assert (out.text, out.token_ids, out.finish_reason, out.logprobs) == \
-        (first.text, first.token_ids, first.finish_reason, first.logprobs)
+    assert (out.text, out.token_ids, out.finish_reason, out.logprobs) == (
+        first.text,
+        first.token_ids,
+        first.finish_reason,
+        first.logprobs,
+    )
     assert len(out.logprobs) == len(out.token_ids) == 4 and all(len(lp) >= 2 for lp in out.logprobs)
     assert [next(iter(lp)) for lp in out.logprobs] == out.token_ids  # the chosen token first
     assert second.logprobs is not first.logprobs
@@ -275,14 +288,17 @@ def test_warm_up_leaves_no_trace(checkpoint):
     assert [o.token_ids for o in generate(llm, REQUESTS)] == [o.token_ids for o in want]
 
 
-@pytest.mark.parametrize("mode, segments, n, pages_for_tokens", [
-    # 16-token pages, a 20-page budget, a 10-token final segment; hand-counted pages besides the run's own:
-    ("lazy", [50], 1, lambda m: 4 + -(-(10 + m) // 16)),  # the document's 4 pages, shared
-    ("lazy", [50], 2, lambda m: 4 + 2 * -(-(10 + m) // 16)),  # each sample has its own run
-    ("block", [50, 30], 1, lambda m: 6 + 2 + -(-(10 + m) // 16)),  # + a private copy of the moved document
-    ("prefix", [50, 30], 1, lambda m: -(-(90 + m) // 16)),  # one causal sequence
-    ("full", [50], 2, lambda m: 2 * -(-(60 + m) // 16)),
-])
+@pytest.mark.parametrize(
+    "mode, segments, n, pages_for_tokens",
+    [
+        # 16-token pages, a 20-page budget, a 10-token final segment; hand-counted pages besides the run's own:
+        ("lazy", [50], 1, lambda m: 4 + -(-(10 + m) // 16)),  # the document's 4 pages, shared
+        ("lazy", [50], 2, lambda m: 4 + 2 * -(-(10 + m) // 16)),  # each sample has its own run
+        ("block", [50, 30], 1, lambda m: 6 + 2 + -(-(10 + m) // 16)),  # + a private copy of the moved document
+        ("prefix", [50, 30], 1, lambda m: -(-(90 + m) // 16)),  # one causal sequence
+        ("full", [50], 2, lambda m: 2 * -(-(60 + m) // 16)),
+    ],
+)
 def test_max_new_tokens_is_the_most_that_fits(checkpoint, mode, segments, n, pages_for_tokens):
     llm = make_llm(checkpoint, "llama", mode)
     llm.engine.set_kv_budget(20)

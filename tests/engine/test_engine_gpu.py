@@ -96,8 +96,15 @@ def test_lazy_and_block_match_transformers_at_8b_shapes(tmp_path_factory, dtype,
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     logits = {}
     for mode in ("lazy", "block"):
-        llm = LLM(model=str(directory), mode=mode, device="cuda", dtype=dtype, random_weights=True,
-                  kv_cache_gb=4, progress=False)
+        llm = LLM(
+            model=str(directory),
+            mode=mode,
+            device="cuda",
+            dtype=dtype,
+            random_weights=True,
+            kv_cache_gb=4,
+            progress=False,
+        )
         seen = capture_logits(llm)
         run_once(llm, [prompt], params)
         logits[mode] = seen[-1][0]
@@ -107,15 +114,20 @@ def test_lazy_and_block_match_transformers_at_8b_shapes(tmp_path_factory, dtype,
             mask = block_mask([len(s) for s in prompt.segments], len(final), "cuda")
             additive = torch.zeros(mask.shape, device="cuda", dtype=torch_dtype).masked_fill(~mask, float("-inf"))
             with torch.inference_mode():
-                out = hf(input_ids=torch.tensor([tokens], device="cuda"),
-                         position_ids=torch.arange(len(tokens), device="cuda")[None],
-                         attention_mask=additive[None, None], use_cache=False)
+                out = hf(
+                    input_ids=torch.tensor([tokens], device="cuda"),
+                    position_ids=torch.arange(len(tokens), device="cuda")[None],
+                    attention_mask=additive[None, None],
+                    use_cache=False,
+                )
             logits["hf"] = out.logits[0, -1].float().cpu()
             del hf, out
         llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
-    print(f"\n8B shapes, {dtype}, {layers} layers: |lazy-hf|/|hf| = {rel(logits['lazy'], logits['hf']):.2e}, "
-          f"|block-hf|/|hf| = {rel(logits['block'], logits['hf']):.2e}, "
-          f"|lazy-block|/|block| = {rel(logits['lazy'], logits['block']):.2e}")
+    print(
+        f"\n8B shapes, {dtype}, {layers} layers: |lazy-hf|/|hf| = {rel(logits['lazy'], logits['hf']):.2e}, "
+        f"|block-hf|/|hf| = {rel(logits['block'], logits['hf']):.2e}, "
+        f"|lazy-block|/|block| = {rel(logits['lazy'], logits['block']):.2e}"
+    )
     assert rel(logits["lazy"], logits["hf"]) < tol
     assert rel(logits["block"], logits["hf"]) < tol
     assert rel(logits["lazy"], logits["block"]) < tol
@@ -130,13 +142,13 @@ def test_throughput_smoke_lazy_vs_block():
     prompts = []
     for i in range(16):
         order = torch.randperm(8, generator=g)[:5].tolist()
-        prompts.append(RenderedPrompt(segments=[[128000]] + [pool[j] for j in order],
-                                      final=random_docs(1, 32, seed=100 + i)[0]))
+        prompts.append(
+            RenderedPrompt(segments=[[128000]] + [pool[j] for j in order], final=random_docs(1, 32, seed=100 + i)[0])
+        )
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     tokens = {}
     for mode in ("lazy", "block"):
-        llm = LLM(model=str(CONFIG_8B), mode=mode, device="cuda", random_weights=True, kv_cache_gb=20,
-                  progress=False)
+        llm = LLM(model=str(CONFIG_8B), mode=mode, device="cuda", random_weights=True, kv_cache_gb=20, progress=False)
         # Warm-up at the timed batch's shape, so that no kernel compiles or autotunes inside the timed run
         # (autotuning is per process: without this the first mode measured would pay for both).
         run_all(llm, [RenderedPrompt(p.segments, p.final[::-1]) for p in prompts], params)
@@ -147,8 +159,10 @@ def test_throughput_smoke_lazy_vs_block():
         elapsed = time.perf_counter() - start
         tokens[mode] = [outs[f"r{r}"].token_ids for r in range(len(prompts))]
         ttft = sum(o.metrics.ttft for o in outs.values()) / len(outs)
-        print(f"\n{mode}: {len(prompts) / elapsed:.2f} req/s, {16 * len(prompts) / elapsed:.1f} output tok/s, "
-              f"mean TTFT {1e3 * ttft:.1f} ms, KV pages high water {llm.stats().pages_high_water}")
+        print(
+            f"\n{mode}: {len(prompts) / elapsed:.2f} req/s, {16 * len(prompts) / elapsed:.1f} output tok/s, "
+            f"mean TTFT {1e3 * ttft:.1f} ms, KV pages high water {llm.stats().pages_high_water}"
+        )
         llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
     # Greedy tokens are not compared: with random bf16 weights, rounding flips near-ties (the fp32 test
     # is where lazy == block is shown). Every request must have finished with its 16 tokens.
@@ -159,8 +173,15 @@ def test_throughput_smoke_lazy_vs_block():
 def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
     """Do CUDA graphs pay for decode? Only if the CPU takes longer to issue a step than the GPU to run it.
     Prints both for batch 1 and 16 at 8B shapes, eager and with graphs (recorded in docs/benchmarks.md)."""
-    llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=8,
-              progress=False, cuda_graphs=cuda_graphs)
+    llm = LLM(
+        model=str(CONFIG_8B),
+        mode="lazy",
+        device="cuda",
+        random_weights=True,
+        kv_cache_gb=8,
+        progress=False,
+        cuda_graphs=cuda_graphs,
+    )
     runner = llm.engine.runner
     timings: list[tuple[int, float, float]] = []
     run = runner.run
@@ -180,14 +201,18 @@ def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
     docs = random_docs(4, 1024, seed=5)
     for batch_size in (1, 16):
         timings.clear()
-        prompts = [RenderedPrompt(segments=[[128000]] + docs, final=random_docs(1, 32, seed=200 + r)[0])
-                   for r in range(batch_size)]
+        prompts = [
+            RenderedPrompt(segments=[[128000]] + docs, final=random_docs(1, 32, seed=200 + r)[0])
+            for r in range(batch_size)
+        ]
         run_once(llm, prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
         steady = [t for t in timings if t[0] == batch_size][4:]
         issue = sum(t[1] for t in steady) / len(steady)
         total = sum(t[2] for t in steady) / len(steady)
-        print(f"\ndecode batch {batch_size}, cuda_graphs={cuda_graphs}: CPU issues a step in {1e3 * issue:.2f} ms,"
-              f" the step completes in {1e3 * total:.2f} ms ({len(steady)} steps)")
+        print(
+            f"\ndecode batch {batch_size}, cuda_graphs={cuda_graphs}: CPU issues a step in {1e3 * issue:.2f} ms,"
+            f" the step completes in {1e3 * total:.2f} ms ({len(steady)} steps)"
+        )
         assert total >= issue
     llm.shutdown()
 
@@ -195,13 +220,24 @@ def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
 def test_cuda_graph_decode_equals_eager():
     """fp32, 8B shapes: the same tokens and logits (within kernel rounding) with and without graphs."""
     docs = random_docs(3, 300, seed=6)
-    prompts = [RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 8, seed=300 + i)[0])
-               for i in range(3)]
+    prompts = [
+        RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 8, seed=300 + i)[0])
+        for i in range(3)
+    ]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     results = {}
     for graphs in (False, True):
-        llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", dtype="float32", random_weights=True,
-                  kv_cache_gb=2, progress=False, cuda_graphs=graphs, max_model_len=4096)
+        llm = LLM(
+            model=str(CONFIG_8B),
+            mode="lazy",
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=2,
+            progress=False,
+            cuda_graphs=graphs,
+            max_model_len=4096,
+        )
         seen = capture_logits(llm)
         results[graphs] = (run_once(llm, prompts, params), torch.cat(seen))
         llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
@@ -218,15 +254,27 @@ def test_cuda_graph_prefill_equals_eager():
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     results = {}
     for graphs in (False, True):
-        llm = LLM(model=str(CONFIG_8B), mode="lazy", device="cuda", dtype="float32", random_weights=True,
-                  kv_cache_gb=2, progress=False, cuda_graphs=graphs, max_model_len=4096)
+        llm = LLM(
+            model=str(CONFIG_8B),
+            mode="lazy",
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=2,
+            progress=False,
+            cuda_graphs=graphs,
+            max_model_len=4096,
+        )
         llm.engine.add_request("documents", RenderedPrompt(segments=segments, final=[]), None)  # cache them
         while llm.engine.has_unfinished():
             llm.engine.step()
         seen = capture_logits(llm)
         tokens = [run_once(llm, [RenderedPrompt(segments=segments, final=f)], params)["r0"] for f in finals]
-        together = run_once(llm, [RenderedPrompt(segments=segments[:1] + docs[i:] + docs[:i], final=finals[i][:7])
-                                  for i in range(3)], params)
+        together = run_once(
+            llm,
+            [RenderedPrompt(segments=segments[:1] + docs[i:] + docs[:i], final=finals[i][:7]) for i in range(3)],
+            params,
+        )
         # A mixed step: one request decoding while the next one's question is prefilled beside it.
         engine = llm.engine
         engine.add_request("first", RenderedPrompt(segments=segments, final=finals[0]), params)
@@ -239,8 +287,10 @@ def test_cuda_graph_prefill_equals_eager():
         prefill = engine.runner.prefill_graphs
         results[graphs] = ((tokens, mixed), together, torch.cat(seen), 0 if prefill is None else prefill.replays)
         llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
-    print(f"\nprefill graph replays: {results[True][3]}, |graphs-eager|/|eager| = "
-          f"{rel(results[True][2], results[False][2]):.2e}")
+    print(
+        f"\nprefill graph replays: {results[True][3]}, |graphs-eager|/|eager| = "
+        f"{rel(results[True][2], results[False][2]):.2e}"
+    )
     assert results[False][3] == 0 and results[True][3] >= 5
     assert results[False][:2] == results[True][:2]
     assert rel(results[True][2], results[False][2]) < 1e-5
@@ -250,8 +300,9 @@ def test_shutdown_gives_the_gpu_memory_back():
     """A second engine in the same process (a notebook, this suite) must not find the first one's memory held."""
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    with LLM(model=str(CONFIG_8B), mode="block", device="cuda", random_weights=True, kv_cache_gb=4,
-             progress=False) as llm:
+    with LLM(
+        model=str(CONFIG_8B), mode="block", device="cuda", random_weights=True, kv_cache_gb=4, progress=False
+    ) as llm:
         capture_logits(llm)  # a patched runner.run: the reference cycle that kept engines alive
         docs = random_docs(2, 256, seed=7)
         run_once(llm, [RenderedPrompt([[128000]] + docs, [5, 6, 7])], SamplingParams(max_tokens=4, temperature=0.0))

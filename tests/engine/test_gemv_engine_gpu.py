@@ -44,8 +44,10 @@ def test_greedy_tokens_match_f_linear(tmp_path, monkeypatch, mode):
     cfg["num_hidden_layers"] = 4
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     g = torch.Generator().manual_seed(0)
-    prompts = [RenderedPrompt(segments=[], final=[128000] + torch.randint(1000, 120000, (n,), generator=g).tolist())
-               for n in (5, 17, 40)]
+    prompts = [
+        RenderedPrompt(segments=[], final=[128000] + torch.randint(1000, 120000, (n,), generator=g).tolist())
+        for n in (5, 17, 40)
+    ]
     monkeypatch.setenv("LAZYATTN_GEMV", "0")
     expected, expected_logits = generate(tmp_path, prompts)
     monkeypatch.setenv("LAZYATTN_GEMV", mode)

@@ -17,12 +17,20 @@ PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
 
 def engine(mode: str, host_cache_gb: float, device: str = "cpu") -> LLM:
-    llm = LLM(model="tiny", mode=mode, device=device, page_size=PAGE, progress=False, kv_cache_gb=0.05,
-              host_cache_gb=host_cache_gb)
+    llm = LLM(
+        model="tiny",
+        mode=mode,
+        device=device,
+        page_size=PAGE,
+        progress=False,
+        kv_cache_gb=0.05,
+        host_cache_gb=host_cache_gb,
+    )
     # A pool of the largest request's pages plus room for about two documents: most documents get evicted.
     e = llm.engine
-    need = max(e.mode.pages_needed([len(s) for s in prompt(llm, r).segments], 3 + PARAMS.max_tokens, 1, PAGE)
-               for r in REQUESTS)
+    need = max(
+        e.mode.pages_needed([len(s) for s in prompt(llm, r).segments], 3 + PARAMS.max_tokens, 1, PAGE) for r in REQUESTS
+    )
     e.set_kv_budget(need + 8)
     return llm
 
@@ -111,8 +119,10 @@ def test_options_and_the_host_budget():
         LLM(model="tiny", device="cpu", host_cache_gb=-1)
     cpu_default = LLM(model="tiny", device="cpu", progress=False, kv_cache_gb=0.05)
     assert cpu_default.engine.tier is None and cpu_default.engine.stats().host is None  # off on the CPU
-    assert LLM(model="tiny", mode="full", device="cpu", progress=False, kv_cache_gb=0.05,
-               host_cache_gb=0.01).engine.tier is None  # nothing cached, nothing to demote
+    assert (
+        LLM(model="tiny", mode="full", device="cpu", progress=False, kv_cache_gb=0.05, host_cache_gb=0.01).engine.tier
+        is None
+    )  # nothing cached, nothing to demote
     llm = engine("lazy", 0.01)
     pages = llm.engine.tier.num_pages
     assert pages == int(0.01 * 2**30) // llm.engine.runner.page_bytes
@@ -131,7 +141,9 @@ def test_written_pages_are_the_rows_of_each_work_and_the_copies():
 
     run = Run(list(range(70)), 0, [7, 3, 9, 12, 5])  # 70 tokens over pages of 16
     other = Run(list(range(20)), 0, [30, 31])
-    batch = ScheduledBatch([Work(run, 17, 40, EntryPages([], [], [])), Work(other, 16, 17, EntryPages([], [], []))],
-                           [Copy(0, [1, 2], [44, 45], [5, 5])])
+    batch = ScheduledBatch(
+        [Work(run, 17, 40, EntryPages([], [], [])), Work(other, 16, 17, EntryPages([], [], []))],
+        [Copy(0, [1, 2], [44, 45], [5, 5])],
+    )
     # rows 17..39 sit in pages 1 and 2 of the run (3, 9); row 16 of the other in its page 1 (31)
     assert batch.written_pages(16) == {3, 9, 31, 44, 45}

@@ -45,6 +45,7 @@ def poison_runner(when):
             return real(batch)
 
         e.runner.run = run
+
     return install
 
 

@@ -18,8 +18,13 @@ from lazyattn.engine.prompt import from_token_ids
 from lazyattn.errors import InvalidRequestError
 
 DOCS = {"x": [5] * 20 + [6] * 7, "y": [(3 * i) % 200 + 9 for i in range(33)], "z": [11] * 18 + [12] * 9}
-PROMPTS = {"a": (["x", "y"], [1, 2, 3]), "b": (["y", "z"], [1, 2, 4]), "c": (["z"], [7, 8]),
-           "d": (["x"], [13, 14, 15, 16]), "e": (["y", "x", "z"], [20])}
+PROMPTS = {
+    "a": (["x", "y"], [1, 2, 3]),
+    "b": (["y", "z"], [1, 2, 4]),
+    "c": (["z"], [7, 8]),
+    "d": (["x"], [13, 14, 15, 16]),
+    "e": (["y", "x", "z"], [20]),
+}
 
 
 def greedy(max_tokens: int = 8, **kw) -> SamplingParams:
@@ -27,15 +32,28 @@ def greedy(max_tokens: int = 8, **kw) -> SamplingParams:
 
 
 def engine(overlap: bool, mode: str = "lazy", **kw) -> LLMEngine:
-    config = EngineConfig(model="tiny", mode=mode, device="cpu", page_size=16, progress=False,
-                          async_scheduling=overlap, **kw)
+    config = EngineConfig(
+        model="tiny", mode=mode, device="cpu", page_size=16, progress=False, async_scheduling=overlap, **kw
+    )
     return LLMEngine(config)
 
 
 def snapshot(out) -> tuple:
-    return (out.finished, out.error, tuple((c.index, c.text, tuple(c.token_ids), c.finish_reason, c.stop_reason,
-                                            None if c.logprobs is None else tuple(map(_rounded, c.logprobs)))
-                                           for c in out.outputs))
+    return (
+        out.finished,
+        out.error,
+        tuple(
+            (
+                c.index,
+                c.text,
+                tuple(c.token_ids),
+                c.finish_reason,
+                c.stop_reason,
+                None if c.logprobs is None else tuple(map(_rounded, c.logprobs)),
+            )
+            for c in out.outputs
+        ),
+    )
 
 
 def _rounded(entry: dict) -> tuple:
@@ -93,8 +111,11 @@ SAMPLING = {
 def test_streams_match_the_synchronous_engine(mode):
     """Greedy with logprobs, seeded top-p and top-k (n = 2), min_tokens, max_tokens; requests arriving while
     others decode."""
-    script = {0: [("add", "a1", SAMPLING["a1"]), ("add", "b1", SAMPLING["b1"])],
-              3: [("add", "c1", SAMPLING["c1"])], 6: [("add", "d1", SAMPLING["d1"]), ("add", "e1", SAMPLING["e1"])]}
+    script = {
+        0: [("add", "a1", SAMPLING["a1"]), ("add", "b1", SAMPLING["b1"])],
+        3: [("add", "c1", SAMPLING["c1"])],
+        6: [("add", "d1", SAMPLING["d1"]), ("add", "e1", SAMPLING["e1"])],
+    }
     expected, got, sync, over = both(script, mode)
     assert got == expected
     assert all(s[-1][0] for s in got.values())  # every request finished
@@ -109,8 +130,13 @@ def test_stop_tokens_and_strings_end_where_the_synchronous_engine_does():
     free = drive(engine(False), {0: [("add", "a1", greedy(12))]})["a1"][-1][2][0]
     text, tokens = free[1], free[2]
     stop_id = tokens[3]
-    script = {0: [("add", "a1", greedy(12, stop_token_ids=[stop_id])), ("add", "b1", greedy(12)),
-                  ("add", "c1", greedy(12, stop=[text[4:6]] if len(text) >= 6 else []))]}
+    script = {
+        0: [
+            ("add", "a1", greedy(12, stop_token_ids=[stop_id])),
+            ("add", "b1", greedy(12)),
+            ("add", "c1", greedy(12, stop=[text[4:6]] if len(text) >= 6 else [])),
+        ]
+    }
     expected, got, _, over = both(script)
     assert got == expected
     assert got["a1"][-1][2][0][2] == tokens[: tokens.index(stop_id) + 1]
@@ -140,8 +166,12 @@ def test_pages_of_a_sequence_ended_in_flight_wait_for_the_step_after_it():
 
 def test_aborts_mid_stream_leave_the_others_unchanged():
     seeded = SamplingParams(max_tokens=20, temperature=1.0, seed=3, n=2, ignore_eos=True)
-    script = {0: [("add", "a1", greedy(20)), ("add", "b1", greedy(20)), ("add", "c1", seeded)],
-              5: [("abort", "b1")], 7: [("abort", "c1")], 9: [("add", "d1", greedy(6))]}
+    script = {
+        0: [("add", "a1", greedy(20)), ("add", "b1", greedy(20)), ("add", "c1", seeded)],
+        5: [("abort", "b1")],
+        7: [("abort", "c1")],
+        9: [("add", "d1", greedy(6))],
+    }
     expected, got, _, over = both(script)
     for name in ("a1", "d1"):
         assert got[name] == expected[name]
@@ -166,8 +196,11 @@ def test_aborting_everything_retires_the_step_in_flight():
 def test_a_tight_pool_preempts_and_keeps_the_tokens(mode):
     page_bytes = engine(False, mode).stats().page_bytes
     tight = dict(kv_cache_gb=16 * page_bytes / 2**30, max_num_batched_tokens=40)
-    script = {0: [("add", name + "1", greedy(32)) for name in "abc"], 2: [("add", "d1", greedy(32))],
-              4: [("add", "e1", greedy(32))]}
+    script = {
+        0: [("add", name + "1", greedy(32)) for name in "abc"],
+        2: [("add", "d1", greedy(32))],
+        4: [("add", "e1", greedy(32))],
+    }
     expected, got, sync, over = both(script, mode, **tight)
     assert got == expected
     assert sync.stats().preemptions > 0 and over.stats().preemptions > 0
@@ -177,13 +210,15 @@ def test_a_tight_pool_preempts_and_keeps_the_tokens(mode):
 def test_a_failing_request_ends_alone_and_the_others_go_on():
     """A forward pass that fails on one request, in an overlapped step too: that request ends with its error,
     the others are unchanged."""
+
     def poison(e):
         real = e.runner.run
 
         def run(batch):
             # from the step that feeds b1's third token on: a row of the run, the same in both engines
-            if any(w.seq is not None and w.seq.request_id == "b1" and w.lo >= w.run.prefill_len + 2
-                   for w in batch.works):
+            if any(
+                w.seq is not None and w.seq.request_id == "b1" and w.lo >= w.run.prefill_len + 2 for w in batch.works
+            ):
                 raise RuntimeError("poisoned part")
             return real(batch)
 
@@ -230,8 +265,9 @@ def test_the_option_defaults_to_where_it_helps():
         EngineConfig(async_scheduling="yes")
 
 
-@pytest.mark.parametrize("flag, value", [([], None), (["--async-scheduling"], True),
-                                         (["--no-async-scheduling"], False)])
+@pytest.mark.parametrize(
+    "flag, value", [([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False)]
+)
 def test_the_cli_flag_reaches_the_engine(flag, value):
     args = build_parser().parse_args(["generate", "hello", "--device", "cpu"] + flag)
     assert isinstance(args, argparse.Namespace) and engine_options(args)["async_scheduling"] is value

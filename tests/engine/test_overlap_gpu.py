@@ -14,16 +14,30 @@ pytestmark = pytest.mark.gpu
 
 
 def run(directory, overlap: bool, prompts: list[RenderedPrompt], params: list[SamplingParams]):
-    llm = LLM(model=str(directory), mode="lazy", device="cuda", random_weights=True, kv_cache_gb=2,
-              max_model_len=4096, progress=False, async_scheduling=overlap)
+    llm = LLM(
+        model=str(directory),
+        mode="lazy",
+        device="cuda",
+        random_weights=True,
+        kv_cache_gb=2,
+        max_model_len=4096,
+        progress=False,
+        async_scheduling=overlap,
+    )
     assert llm.engine.async_scheduling is overlap and llm.engine.runner.graphs is not None
-    outs = llm.generate(sampling_params=params, prompt_token_ids=[p.final for p in prompts],
-                        document_token_ids=[p.segments for p in prompts])
+    outs = llm.generate(
+        sampling_params=params,
+        prompt_token_ids=[p.final for p in prompts],
+        document_token_ids=[p.segments for p in prompts],
+    )
     engine = llm.engine
     stats = engine.stats()
     assert stats.running == 0 and stats.pages_used == stats.cache.pages_in_use
-    result = ([[(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs] for o in outs],
-              engine.overlapped_steps, sorted(engine.runner.graphs.graphs))
+    result = (
+        [[(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs] for o in outs],
+        engine.overlapped_steps,
+        sorted(engine.runner.graphs.graphs),
+    )
     llm.shutdown()
     return result
 
@@ -31,12 +45,16 @@ def run(directory, overlap: bool, prompts: list[RenderedPrompt], params: list[Sa
 def test_overlapped_steps_equal_synchronous_ones_with_graphs(tmp_path_factory):
     directory = config_dir(tmp_path_factory, 2)
     docs = random_docs(3, 300, seed=8)
-    prompts = [RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 8, seed=400 + i)[0])
-               for i in range(6)]
+    prompts = [
+        RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 8, seed=400 + i)[0])
+        for i in range(6)
+    ]
     # max_tokens staggered, so that sequences end while others decode (the pipeline drains and refills)
     params = [SamplingParams(max_tokens=5 + 3 * i, temperature=0.0, ignore_eos=True, logprobs=2) for i in range(4)]
-    params += [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=21, n=2, ignore_eos=True),
-               SamplingParams(max_tokens=9, temperature=1.0, top_k=50, seed=4, ignore_eos=True, logprobs=1)]
+    params += [
+        SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=21, n=2, ignore_eos=True),
+        SamplingParams(max_tokens=9, temperature=1.0, top_k=50, seed=4, ignore_eos=True, logprobs=1),
+    ]
     sync, steps_off, _ = run(directory, False, prompts, params)
     over, steps_on, graphs = run(directory, True, prompts, params)
     assert steps_off == 0 and steps_on > 0 and graphs

@@ -41,9 +41,13 @@ def step_of(runs: list[tuple[EntryPages, list[int], int, list[int], bool]]) -> S
 
 
 def eager_inputs(step: StepInputs) -> tuple[torch.Tensor, ForwardBatch]:
-    fb = ForwardBatch(torch.tensor(step.positions), torch.tensor(step.slots),
-                      PagedBatch.build(step.entries, step.q_lens, step.q_starts), step.is_decode,
-                      torch.tensor(step.logits_rows, dtype=torch.int64))
+    fb = ForwardBatch(
+        torch.tensor(step.positions),
+        torch.tensor(step.slots),
+        PagedBatch.build(step.entries, step.q_lens, step.q_starts),
+        step.is_decode,
+        torch.tensor(step.logits_rows, dtype=torch.int64),
+    )
     return torch.tensor(step.tokens), fb
 
 
@@ -62,26 +66,34 @@ def rag_step(vocab: int) -> StepInputs:
     tok = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()  # noqa: E731
     q0 = EntryPages([0, 1, 2], [0, 0, 20], [16, 4, 11]).then([5], [8])
     first0 = 31 + 3
-    return step_of([
-        (q0, tok(5), first0, [5 * PAGE + 3 + i for i in range(5)], True),
-        (EntryPages([], [], []).then([6], page_fill(9, PAGE)), tok(9), 0, [6 * PAGE + i for i in range(9)], False),
-        (EntryPages([], [], []).then([6], [11]), tok(2), 9, [6 * PAGE + 9, 6 * PAGE + 10], True),
-    ])
+    return step_of(
+        [
+            (q0, tok(5), first0, [5 * PAGE + 3 + i for i in range(5)], True),
+            (EntryPages([], [], []).then([6], page_fill(9, PAGE)), tok(9), 0, [6 * PAGE + i for i in range(9)], False),
+            (EntryPages([], [], []).then([6], [11]), tok(2), 9, [6 * PAGE + 9, 6 * PAGE + 10], True),
+        ]
+    )
 
 
 def test_fill_tables_writes_what_paged_batch_builds():
     """The graphs' entry-major tables hold PagedBatch.build's tables (an independent construction), also when
     the buffer held a longer step before (stale columns are cleared)."""
-    entries = [EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5], [0, 2, 0]), EntryPages([9], [0], [12]),
-               EntryPages([2, 6], [5, 0], [16, 1])]
+    entries = [
+        EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5], [0, 2, 0]),
+        EntryPages([9], [0], [12]),
+        EntryPages([2, 6], [5, 0], [16, 1]),
+    ]
     tables = torch.full((6, TABLES, WIDTH), 99, dtype=torch.int32)
     fill_tables(tables.numpy(), [EntryPages(list(range(WIDTH)), [1] * WIDTH, [16] * WIDTH, [1] * WIDTH)] * 6)
     fill_tables(tables.numpy(), entries)
     built = PagedBatch.build(entries, [1, 1, 1], [0, 0, 0])
     width = built.max_pages
     got = table_views(tables[:3])
-    for name, mine, want in zip(("pages", "deltas", "valid", "starts", "firsts"), got,
-                                (built.pages, built.deltas, built.valid, built.starts, built.firsts)):
+    for name, mine, want in zip(
+        ("pages", "deltas", "valid", "starts", "firsts"),
+        got,
+        (built.pages, built.deltas, built.valid, built.starts, built.firsts),
+    ):
         assert torch.equal(mine[:, :width], want), name
     pages, deltas, valid, starts, firsts = (t[:, width:] for t in got)
     assert not (pages.any() or deltas.any() or valid.any() or firsts.any())
@@ -96,8 +108,10 @@ def test_pick_bucket_takes_the_smallest_fitting_bucket():
     seven = step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 7)
     assert pick_bucket(seven, WIDTH) == (16, 8)
     assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 8), WIDTH) == (16, 16)
-    mixed = step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 40 + [(EntryPages([0], [0], [16]), [1] * 30,
-                                                                             0, [-1] * 30, True)])
+    mixed = step_of(
+        [(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 40
+        + [(EntryPages([0], [0], [16]), [1] * 30, 0, [-1] * 30, True)]
+    )
     assert pick_bucket(mixed, WIDTH) == (128, 64)  # decode rows beside a new request's question
     assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 64), WIDTH) is None
     assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 129, 0, [-1] * 129, True)]), WIDTH) is None
@@ -164,8 +178,9 @@ def test_padded_step_gives_the_eager_logits_through_the_model(bucket):
     assert torch.equal(pools[0], pools[1])  # padding rows store nothing
 
 
-@pytest.mark.parametrize(("bucket", "num_splits", "plan_splits"), [((32, 4), None, 0), ((32, 8), 3, 0), ((32, 8), 3, 4),
-                                                                  ((32, 4), 5, 8)])
+@pytest.mark.parametrize(
+    ("bucket", "num_splits", "plan_splits"), [((32, 4), None, 0), ((32, 8), 3, 0), ((32, 8), 3, 4), ((32, 4), 5, 8)]
+)
 def test_padded_step_gives_the_eager_rows_through_the_prefill_kernel(bucket, num_splits, plan_splits):
     """Padded and split (the kernel's own chunks, or the host's plan that fill writes: 3 splits over entry 0's
     three runs, 5 over them and the padding entry's page) or not, the real rows are the eager call's."""

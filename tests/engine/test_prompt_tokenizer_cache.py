@@ -36,8 +36,12 @@ DOCS = [
     "short",  # under the cache's minimum: tokenised every time
     LONG * 40,
 ]
-LAYOUTS = [PromptLayout(), PromptLayout(parse_special_tokens=True), TULU3_BLOCK_FT_LAYOUT,
-           PromptLayout(document_format="[{title}] {text}", untitled_document_format="[] {text}")]
+LAYOUTS = [
+    PromptLayout(),
+    PromptLayout(parse_special_tokens=True),
+    TULU3_BLOCK_FT_LAYOUT,
+    PromptLayout(document_format="[{title}] {text}", untitled_document_format="[] {text}"),
+]
 
 
 @pytest.fixture(scope="module", params=["bytes", "bpe"])
@@ -55,8 +59,11 @@ def tokenizers(request, tmp_path_factory) -> tuple[TokenizerBase, TokenizerBase]
 def expected(plain: TokenizerBase, document, layout: PromptLayout) -> list[int]:
     """The tokenizer's own ids for the document's text, formatted here by hand."""
     title, text = (None, document) if isinstance(document, str) else (document.get("title"), document["text"])
-    formatted = (layout.document_format.format(title=title, text=text) if title
-                 else layout.untitled_document_format.format(text=text))
+    formatted = (
+        layout.document_format.format(title=title, text=text)
+        if title
+        else layout.untitled_document_format.format(text=text)
+    )
     return plain.encode(formatted) if layout.parse_special_tokens else plain.encode_plain(formatted)
 
 
@@ -82,8 +89,9 @@ def test_rendered_requests_are_the_same_with_and_without_the_cache(tokenizers):
     question = [{"role": "user", "content": "What do the documents say?"}]
     for _ in range(2):
         for layout in LAYOUTS:
-            assert render_completion(cached, "Answer:", DOCS, layout) == render_completion(plain, "Answer:", DOCS,
-                                                                                         layout)
+            assert render_completion(cached, "Answer:", DOCS, layout) == render_completion(
+                plain, "Answer:", DOCS, layout
+            )
             if plain.chat_template is not None:
                 assert render_chat(cached, question, DOCS, layout) == render_chat(plain, question, DOCS, layout)
 

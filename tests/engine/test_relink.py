@@ -45,7 +45,7 @@ def relinked_layout(segments: list[list[int]], k: int, tail: list[int]):
     def context(upto: int) -> list[int]:  # what segment `upto`'s recomputed rows (or the final) read before them
         seen = list(standalone[0])
         for j in range(1, upto):
-            seen += recomputed[j] + standalone[j][ks[j]:]
+            seen += recomputed[j] + standalone[j][ks[j] :]
         return seen
 
     for i in range(1, len(segments)):
@@ -88,9 +88,12 @@ def test_relink_matches_transformers(checkpoint, name, k):
         outs = generate(llm)
     else:
         llm = make_llm(checkpoint, name, "lazy")
-        outs = llm.generate(prompt_token_ids=[p for _, p in REQUESTS],
-                            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
-                            sampling_params=greedy(logprobs=20), relink_tokens=k)
+        outs = llm.generate(
+            prompt_token_ids=[p for _, p in REQUESTS],
+            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
+            sampling_params=greedy(logprobs=20),
+            relink_tokens=k,
+        )
     assert_relinked_matches(outs, checkpoint(name)[1], REQUESTS, token_bos(llm), k)
 
 
@@ -113,8 +116,11 @@ def test_relink_zero_is_plain_lazy(checkpoint):
     plain = generate(make_llm(checkpoint, "qwen2", "lazy"))
     zero = generate(make_llm(checkpoint, "qwen2", "lazy", relink_tokens=0))
     per_request = make_llm(checkpoint, "qwen2", "lazy", relink_tokens=4).generate(
-        prompt_token_ids=[p for _, p in REQUESTS], document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
-        sampling_params=greedy(logprobs=20), relink_tokens=0)
+        prompt_token_ids=[p for _, p in REQUESTS],
+        document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
+        sampling_params=greedy(logprobs=20),
+        relink_tokens=0,
+    )
     for a, b, c in zip(plain, zero, per_request):
         assert a.token_ids == b.token_ids == c.token_ids
         assert a.outputs[0].logprobs == b.outputs[0].logprobs == c.outputs[0].logprobs
@@ -128,8 +134,12 @@ def test_shared_copy_is_untouched_by_a_relinked_request(checkpoint):
     before = generate(llm, REQUESTS[1:2])
     kv = llm.engine.runner.backend.kv
     cached = kv.clone()
-    relinked = llm.generate(prompt_token_ids=[REQUESTS[1][1]], document_token_ids=[[DOCS[d] for d in REQUESTS[1][0]]],
-                            sampling_params=greedy(logprobs=20), relink_tokens=20)
+    relinked = llm.generate(
+        prompt_token_ids=[REQUESTS[1][1]],
+        document_token_ids=[[DOCS[d] for d in REQUESTS[1][0]]],
+        sampling_params=greedy(logprobs=20),
+        relink_tokens=20,
+    )
     segments = from_token_ids([40], [DOCS[d] for d in REQUESTS[1][0]], token_bos(llm)).segments
     shared = [p for s in segments for p in llm.engine.cache.lookup(llm.engine.keyer(s, None, None)).pages]
     assert torch.equal(kv[:, :, shared], cached[:, :, shared])
@@ -164,7 +174,8 @@ def test_page_count_includes_the_private_rows(checkpoint):
     lens = [len(s) for s in rendered.segments]
     plain = engine.mode.pages_needed(lens, 1 + 5, 2, 16)
     assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, relink_tokens=20) - plain == 2 * sum(
-        -(-min(20, n) // 16) for n in lens[1:])
+        -(-min(20, n) // 16) for n in lens[1:]
+    )
     page_bytes = llm.stats().page_bytes
     tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=plain * page_bytes / 2**30)
     params = SamplingParams(max_tokens=5, n=2, temperature=0.5, seed=0)
@@ -179,9 +190,12 @@ def test_tiny_pool_preempts_relinked_requests_and_stays_correct(checkpoint):
     requests = (REQUESTS + [(["d", "e"], [80, 81, 82]), (["e", "b", "d"], [83])]) * 2
 
     def run(llm):
-        return llm.generate(prompt_token_ids=[p for _, p in requests],
-                            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
-                            sampling_params=greedy(), relink_tokens=20)
+        return llm.generate(
+            prompt_token_ids=[p for _, p in requests],
+            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
+            sampling_params=greedy(),
+            relink_tokens=20,
+        )
 
     roomy = run(make_llm(checkpoint, "llama", "lazy"))
     page_bytes = make_llm(checkpoint, "llama", "lazy").stats().page_bytes
@@ -198,8 +212,9 @@ def test_relink_outside_lazy_mode_is_refused(checkpoint, mode):
         make_llm(checkpoint, "llama", mode, relink_tokens=4)
     llm = make_llm(checkpoint, "llama", mode)
     with pytest.raises(InvalidRequestError, match="relink_tokens"):
-        generate_relinked = llm.generate(prompt_token_ids=[[40]], document_token_ids=[[DOCS["a"]]],
-                                         sampling_params=greedy(), relink_tokens=4)
+        generate_relinked = llm.generate(
+            prompt_token_ids=[[40]], document_token_ids=[[DOCS["a"]]], sampling_params=greedy(), relink_tokens=4
+        )
         del generate_relinked
     assert not llm.engine.has_unfinished()
     assert len(generate(llm, REQUESTS[:1])[0].token_ids) == GEN  # relink 0 is fine in any mode
@@ -215,12 +230,21 @@ def test_bad_relink_values_are_refused(checkpoint):
 
 # --- GPU: the Triton kernels end to end, fp32, against the same reference -----------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["llama31", "qwen3"])
 def test_gpu_relink_matches_transformers(checkpoint, name):
     directory, model = checkpoint(name)
-    llm = LLM(model=str(directory), mode="lazy", device="cuda", dtype="float32", page_size=16, progress=False,
-              kv_cache_gb=0.05, relink_tokens=20)
+    llm = LLM(
+        model=str(directory),
+        mode="lazy",
+        device="cuda",
+        dtype="float32",
+        page_size=16,
+        progress=False,
+        kv_cache_gb=0.05,
+        relink_tokens=20,
+    )
     outs = generate(llm)
     assert_relinked_matches(outs, model, REQUESTS, token_bos(llm), 20, atol=1e-3)
     llm.shutdown()

@@ -34,8 +34,13 @@ def sample(x: torch.Tensor, params: SamplingParams | list[SamplingParams], gener
 def test_greedy_is_argmax_and_equivalents():
     x = logits(16)
     expected = x.argmax(-1)
-    for params in (SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(top_p=1e-6),
-                   SamplingParams(top_k=1, temperature=5.0), SamplingParams(min_p=1.0)):
+    for params in (
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=1e-6),
+        SamplingParams(top_k=1, temperature=5.0),
+        SamplingParams(min_p=1.0),
+    ):
         torch.manual_seed(1)
         assert torch.equal(sample(x, params).token_ids, expected), params
 
@@ -124,8 +129,11 @@ def test_seeded_rows_reproducible_and_independent_of_the_batch():
 
 def test_mixed_batch_each_row_follows_its_params():
     x = logits(3)
-    params = [SamplingParams(temperature=0.0), SamplingParams(top_k=1, temperature=3.0),
-              SamplingParams(temperature=1.0, top_k=2)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1, temperature=3.0),
+        SamplingParams(temperature=1.0, top_k=2),
+    ]
     out = sample(x, params).token_ids
     assert out[0] == x[0].argmax() and out[1] == x[1].argmax()
     assert int(out[2]) in x[2].topk(2).indices.tolist()
@@ -133,8 +141,13 @@ def test_mixed_batch_each_row_follows_its_params():
 
 def test_logprobs_are_log_softmax_of_raw_logits():
     x = logits(5)
-    params = [SamplingParams(temperature=0.5, top_k=3, logprobs=4), SamplingParams(temperature=0.0),
-              SamplingParams(logprobs=0), SamplingParams(top_p=0.5, logprobs=20), SamplingParams(logprobs=1)]
+    params = [
+        SamplingParams(temperature=0.5, top_k=3, logprobs=4),
+        SamplingParams(temperature=0.0),
+        SamplingParams(logprobs=0),
+        SamplingParams(top_p=0.5, logprobs=20),
+        SamplingParams(logprobs=1),
+    ]
     result = sample(x, params)
     reference = torch.log_softmax(x, dim=-1)
     assert torch.allclose(result.logprobs, reference.gather(1, result.token_ids[:, None]).squeeze(1))
@@ -164,13 +177,23 @@ def test_sampling_params_normalises_stop_and_is_hashable():
     assert hash(p) == hash(SamplingParams(stop=["\n"], stop_token_ids=(5, 6)))
     assert SamplingParams(temperature=0).greedy and not SamplingParams().greedy
     SamplingParams().validate(V)
-    SamplingParams(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, n=4, logprobs=20, min_tokens=1,
-                   seed=0, stop_token_ids=[V - 1]).validate(V)
+    SamplingParams(
+        max_tokens=1,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        n=4,
+        logprobs=20,
+        min_tokens=1,
+        seed=0,
+        stop_token_ids=[V - 1],
+    ).validate(V)
 
 
 def test_validation_accepts_the_edges_of_every_range():
-    SamplingParams(top_k=V, seed=2**63 - 1, stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS,
-                   stop_token_ids=[0] * MAX_STOP_TOKEN_IDS).validate(V)
+    SamplingParams(
+        top_k=V, seed=2**63 - 1, stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS, stop_token_ids=[0] * MAX_STOP_TOKEN_IDS
+    ).validate(V)
     SamplingParams(top_k=-1, seed=-(2**63)).validate(V)
     # min_tokens past max_tokens only means EOS is held back until the length limit ends the sequence.
     SamplingParams(max_tokens=4, min_tokens=100).validate(V)

@@ -472,8 +472,14 @@ def test_abort_while_waiting_changes_nothing(mode):
 #   prefix: 97 tokens, pages 0-5 cacheable; [0-32] [32-64] [64-96] [96-97] [decode]  keeps 4, then 6
 #   full:   [0-32] ... [decode]                                                  keeps 0
 ABORT_CASES = [
-    ("lazy", "prefill", 2, 5), ("block", "prefill", 3, 5), ("prefix", "prefill", 2, 4), ("full", "prefill", 1, 0),
-    ("lazy", "decode", 5, 5), ("block", "decode", 5, 5), ("prefix", "decode", 5, 6), ("full", "decode", 5, 0),
+    ("lazy", "prefill", 2, 5),
+    ("block", "prefill", 3, 5),
+    ("prefix", "prefill", 2, 4),
+    ("full", "prefill", 1, 0),
+    ("lazy", "decode", 5, 5),
+    ("block", "decode", 5, 5),
+    ("prefix", "decode", 5, 6),
+    ("full", "decode", 5, 0),
 ]
 
 
@@ -549,8 +555,12 @@ def test_aborting_a_preempted_sequence_frees_nothing_more():
 def test_finished_requests_leave_only_ready_unreferenced_documents(mode):
     b = make_bench(mode, num_pages=32, max_num_batched_tokens=48)
     a, bb, c = b.doc("A", 37, 1), b.doc("B", 20, 2), b.doc("C", 16, 3)
-    seqs = [b.add("s1", [a, bb], tokens(9, 50), 3), b.add("s2", [bb, a, c], tokens(5, 51), 5),
-            b.add("s3", [c], tokens(12, 52), 2), b.add("s4", [a, bb], tokens(9, 50), 4)]
+    seqs = [
+        b.add("s1", [a, bb], tokens(9, 50), 3),
+        b.add("s2", [bb, a, c], tokens(5, 51), 5),
+        b.add("s3", [c], tokens(12, 52), 2),
+        b.add("s4", [a, bb], tokens(9, 50), 4),
+    ]
     for _ in range(40):
         b.step()
     assert all(s.is_finished for s in seqs)

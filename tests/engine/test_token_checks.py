@@ -16,8 +16,7 @@ PARAMS = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
 def make_llm(mode: str) -> LLM:
-    return LLM(model="tiny", mode=mode, device="cpu", page_size=16, kv_cache_gb=0.01, max_model_len=512,
-               progress=False)
+    return LLM(model="tiny", mode=mode, device="cpu", page_size=16, kv_cache_gb=0.01, max_model_len=512, progress=False)
 
 
 def run(llm: LLM, prompt: RenderedPrompt, params: SamplingParams | None = PARAMS) -> None:
@@ -35,21 +34,36 @@ def warm(request) -> LLM:
 
 
 def with_bad(ids: list[int], at: int, value) -> list:
-    return ids[:at] + [value] + ids[at + 1:]
+    return ids[:at] + [value] + ids[at + 1 :]
 
 
 BAD_CASES = {
     # name: (prompt, param, message)
-    "prompt after cached docs": (RenderedPrompt([SYSTEM, *DOCS], [80, VOCAB]), "prompt",
-                                 rf"token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)"),
-    "new doc beside cached ones": (RenderedPrompt([SYSTEM, DOCS[0], [90, -1, 91]], [80]), "documents",
-                                   rf"token id -1 is outside the vocabulary \[0, {VOCAB}\)"),
-    "a cached doc with one id changed": (RenderedPrompt([SYSTEM, with_bad(DOCS[0], 7, 999), DOCS[1]], [80]),
-                                         "documents", "token id 999 is outside"),
-    "system segment": (RenderedPrompt([with_bad(SYSTEM, 2, VOCAB + 5), *DOCS], [80]), "documents",
-                       f"token id {VOCAB + 5} is outside"),
-    "an id past int64": (RenderedPrompt([SYSTEM, with_bad(DOCS[1], 0, 2**70)], [80]), "documents",
-                         f"token id {2**70} is outside"),
+    "prompt after cached docs": (
+        RenderedPrompt([SYSTEM, *DOCS], [80, VOCAB]),
+        "prompt",
+        rf"token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)",
+    ),
+    "new doc beside cached ones": (
+        RenderedPrompt([SYSTEM, DOCS[0], [90, -1, 91]], [80]),
+        "documents",
+        rf"token id -1 is outside the vocabulary \[0, {VOCAB}\)",
+    ),
+    "a cached doc with one id changed": (
+        RenderedPrompt([SYSTEM, with_bad(DOCS[0], 7, 999), DOCS[1]], [80]),
+        "documents",
+        "token id 999 is outside",
+    ),
+    "system segment": (
+        RenderedPrompt([with_bad(SYSTEM, 2, VOCAB + 5), *DOCS], [80]),
+        "documents",
+        f"token id {VOCAB + 5} is outside",
+    ),
+    "an id past int64": (
+        RenderedPrompt([SYSTEM, with_bad(DOCS[1], 0, 2**70)], [80]),
+        "documents",
+        f"token id {2**70} is outside",
+    ),
 }
 
 
@@ -69,8 +83,9 @@ def test_prefill_only_and_generate_paths_refuse_bad_ids(warm):
             warm.engine.add_request("reg", RenderedPrompt([SYSTEM, DOCS[0], [1, VOCAB]], []), None)
         assert info.value.param == "documents"
     with pytest.raises(InvalidRequestError, match=f"token id {VOCAB + 1} is outside"):
-        warm.generate(prompt_token_ids=[[80, 81]], document_token_ids=[[DOCS[0], DOCS[1] + [VOCAB + 1]]],
-                      sampling_params=PARAMS)
+        warm.generate(
+            prompt_token_ids=[[80, 81]], document_token_ids=[[DOCS[0], DOCS[1] + [VOCAB + 1]]], sampling_params=PARAMS
+        )
     assert not warm.engine.has_unfinished()
 
 

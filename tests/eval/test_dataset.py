@@ -18,11 +18,14 @@ def _titles(item: QAItem) -> list[str]:
     return [d["title"] for d in item.documents]
 
 
-@pytest.mark.parametrize("position, expected", [
-    ("first", ["t0", "t1", "t2", "t3", "t4"]),
-    ("middle", ["t1", "t2", "t0", "t3", "t4"]),
-    ("last", ["t1", "t2", "t3", "t4", "t0"]),
-])
+@pytest.mark.parametrize(
+    "position, expected",
+    [
+        ("first", ["t0", "t1", "t2", "t3", "t4"]),
+        ("middle", ["t1", "t2", "t0", "t3", "t4"]),
+        ("last", ["t1", "t2", "t3", "t4", "t0"]),
+    ],
+)
 def test_one_gold_document_placed(position, expected):
     shown = arrange(_item(5, [0]), 5, position)
     assert _titles(shown) == expected
@@ -56,9 +59,20 @@ def test_too_few_documents_for_the_gold_ones():
 
 
 def test_jsonl_round_trip_keeps_extra_fields(tmp_path):
-    items = [_item(3, [2]), QAItem.from_dict({"id": "x", "question": "Who?", "answers": ["Ann", "Anne"],
-                                              "documents": ["plain text doc", {"title": "T", "text": "x"}],
-                                              "gold": [1], "type": "two-hop", "source": {"k": 1}})]
+    items = [
+        _item(3, [2]),
+        QAItem.from_dict(
+            {
+                "id": "x",
+                "question": "Who?",
+                "answers": ["Ann", "Anne"],
+                "documents": ["plain text doc", {"title": "T", "text": "x"}],
+                "gold": [1],
+                "type": "two-hop",
+                "source": {"k": 1},
+            }
+        ),
+    ]
     write_jsonl(tmp_path / "d.jsonl", items)
     back = read_jsonl(tmp_path / "d.jsonl")
     assert back == items
@@ -75,16 +89,19 @@ def test_missing_ids_come_from_line_numbers(tmp_path):
     assert items[0].answers == ("a",)
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"question": "q", "answers": ["a"], "documents": ["d"]}', "line 1: missing field 'gold'"),
-    ('{"question": "q", "answers": ["a"], "documents": ["d"], "gold": [1]}', "gold index 1 is outside"),
-    ('{"question": "q", "answers": [], "documents": ["d"], "gold": [0]}', "'answers' must be"),
-    ('{"question": "q", "answers": ["a"], "documents": [{"title": "t"}], "gold": [0]}', r"documents\[0\]"),
-    ('{"question": "q", "answers": ["a"], "documents": ["d", "e"], "gold": [0, 0]}', "repeats"),
-    ('{"question": "q", "answers": ["a"], "documents": ["d"], "gold": [true]}', "document indices"),
-    ('{"question": "q",', "not valid JSON"),
-    ('[1, 2]', "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"question": "q", "answers": ["a"], "documents": ["d"]}', "line 1: missing field 'gold'"),
+        ('{"question": "q", "answers": ["a"], "documents": ["d"], "gold": [1]}', "gold index 1 is outside"),
+        ('{"question": "q", "answers": [], "documents": ["d"], "gold": [0]}', "'answers' must be"),
+        ('{"question": "q", "answers": ["a"], "documents": [{"title": "t"}], "gold": [0]}', r"documents\[0\]"),
+        ('{"question": "q", "answers": ["a"], "documents": ["d", "e"], "gold": [0, 0]}', "repeats"),
+        ('{"question": "q", "answers": ["a"], "documents": ["d"], "gold": [true]}', "document indices"),
+        ('{"question": "q",', "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
 def test_bad_lines_are_reported_with_their_line(tmp_path, line, message):
     (tmp_path / "bad.jsonl").write_text(line + "\n")
     with pytest.raises(DatasetError, match=message):

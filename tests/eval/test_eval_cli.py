@@ -13,8 +13,20 @@ from lazyattn.eval.harness import CellResult, RunSpec
 from lazyattn.eval.metrics import Scores
 from lazyattn.eval.synthetic import generate
 
-ARGS = ["eval", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--limit", "2", "--max-tokens", "4",
-        "--no-progress"]
+ARGS = [
+    "eval",
+    "--model",
+    "tiny",
+    "--device",
+    "cpu",
+    "--page-size",
+    "16",
+    "--limit",
+    "2",
+    "--max-tokens",
+    "4",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -90,20 +102,24 @@ def test_run_options_reach_the_engine(capsys):
     assert "page_size must be a power of two" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--modes", "fast"], "unknown mode 'fast'"),
-    (["--gold-position", "top"], "--gold-position: unknown top"),
-    (["--num-docs", "0"], "--num-docs: expected positive"),
-    (["--num-docs", "all"], "needs a dataset file"),
-    (["--dataset", "builtin:huge"], "unknown built-in size"),
-    (["--engine-option", "page_size"], "not key=value"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--modes", "fast"], "unknown mode 'fast'"),
+        (["--gold-position", "top"], "--gold-position: unknown top"),
+        (["--num-docs", "0"], "--num-docs: expected positive"),
+        (["--num-docs", "all"], "needs a dataset file"),
+        (["--dataset", "builtin:huge"], "unknown built-in size"),
+        (["--engine-option", "page_size"], "not key=value"),
+    ],
+)
 def test_bad_arguments_are_clear_errors(capsys, extra, message):
     assert main(ARGS + extra) == 2
     assert message in capsys.readouterr().err
 
 
 def test_run_spec_parsing():
-    assert RunSpec.parse("lazy:relink_tokens=16:tag=x") == RunSpec("lazy:relink_tokens=16:tag=x", "lazy",
-                                                                   {"relink_tokens": 16, "tag": "x"})
+    assert RunSpec.parse("lazy:relink_tokens=16:tag=x") == RunSpec(
+        "lazy:relink_tokens=16:tag=x", "lazy", {"relink_tokens": 16, "tag": "x"}
+    )
     assert RunSpec.parse(" full ") == RunSpec("full", "full", {})

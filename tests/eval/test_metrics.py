@@ -7,13 +7,16 @@ import pytest
 from lazyattn.eval.metrics import Scores, accuracy, exact_match, normalize_answer, token_f1
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The  Quick, brown fox!", "quick brown fox"),
-    ("An apple a day", "apple day"),
-    ("Theatre of Anna", "theatre of anna"),  # articles only as whole words
-    ("  Brostus-Group.\n", "brostusgroup"),  # punctuation is deleted, not turned into a space
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The  Quick, brown fox!", "quick brown fox"),
+        ("An apple a day", "apple day"),
+        ("Theatre of Anna", "theatre of anna"),  # articles only as whole words
+        ("  Brostus-Group.\n", "brostusgroup"),  # punctuation is deleted, not turned into a space
+        ("", ""),
+    ],
+)
 def test_normalize_answer(text, expected):
     assert normalize_answer(text) == expected
 

@@ -21,9 +21,11 @@ def _digest(items) -> str:
 
 def test_same_arguments_same_items_in_another_process():
     here = _digest(generate(12, 6, "middle", seed=3))
-    code = ("import hashlib, json; from lazyattn.eval.synthetic import generate; "
-            "print(hashlib.sha256(json.dumps([i.to_dict() for i in generate(12, 6, 'middle', seed=3)])"
-            ".encode()).hexdigest())")
+    code = (
+        "import hashlib, json; from lazyattn.eval.synthetic import generate; "
+        "print(hashlib.sha256(json.dumps([i.to_dict() for i in generate(12, 6, 'middle', seed=3)])"
+        ".encode()).hexdigest())"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # str hashing differs between the processes
     there = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert there.stdout.strip() == here
@@ -86,12 +88,15 @@ def test_documents_stay_short():
     assert max(words) <= 30
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(split="test"), "split must be"),
-    (dict(num_docs=1), r"num_docs must be in \[2"),
-    (dict(num_docs=MAX_DOCS + 1), "num_docs must be"),
-    (dict(hops=(3,)), "hops"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(split="test"), "split must be"),
+        (dict(num_docs=1), r"num_docs must be in \[2"),
+        (dict(num_docs=MAX_DOCS + 1), "num_docs must be"),
+        (dict(hops=(3,)), "hops"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(DatasetError, match=message):
         generate(2, **kwargs)

@@ -20,11 +20,21 @@ from lazyattn.model.hub import resolve_model
 GEN = 4
 # Short documents: the byte tokenizer spends one token per character, and CPU time is scarce.
 ITEMS = [
-    {"question": f"Where does {name} live?", "answers": [town],
-     "documents": [{"title": name, "text": f"{name} lives in {town}."},
-                   {"title": other, "text": f"{other} lives in {far}."}], "gold": [0]}
-    for name, town, other, far in [("Ana", "Oslo", "Bo", "Rome"), ("Cy", "Lima", "Di", "Kyiv"),
-                                   ("Ed", "Baku", "Flo", "Doha"), ("Gus", "Riga", "Hal", "Nice")]
+    {
+        "question": f"Where does {name} live?",
+        "answers": [town],
+        "documents": [
+            {"title": name, "text": f"{name} lives in {town}."},
+            {"title": other, "text": f"{other} lives in {far}."},
+        ],
+        "gold": [0],
+    }
+    for name, town, other, far in [
+        ("Ana", "Oslo", "Bo", "Rome"),
+        ("Cy", "Lima", "Di", "Kyiv"),
+        ("Ed", "Baku", "Flo", "Doha"),
+        ("Gus", "Riga", "Hal", "Nice"),
+    ]
 ]
 
 
@@ -49,9 +59,11 @@ def test_training_rows_compute_what_the_engine_serves(tiny, mode):
     logical positions for lazy, causal for full), and the two semantics really differ."""
     llm = LLM(model="tiny", mode=mode, device="cpu", page_size=16)
     item = ITEMS[0]
-    out = llm.chat([{"role": "user", "content": item["question"]}],
-                   SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=5),
-                   documents=[item["documents"]])[0]
+    out = llm.chat(
+        [{"role": "user", "content": item["question"]}],
+        SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=5),
+        documents=[item["documents"]],
+    )[0]
     rendered = llm.render_chat([{"role": "user", "content": item["question"]}], item["documents"])
     generated = out.outputs[0].token_ids
     example = Example(rendered.segments, rendered.final, list(generated))
@@ -97,9 +109,22 @@ def test_builtin_training_items_come_from_the_training_split():
 def test_finetune_tiny_lowers_the_loss_and_saves_loadable_checkpoints(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in ITEMS))
-    cfg = FinetuneConfig(model="tiny", out=str(tmp_path / "out"), data=str(data), examples=None, steps=16,
-                         batch_size=4, lr=3e-3, warmup_steps=2, full_share=0.0, lora_rank=4, merge=True,
-                         save_dtype="float32", progress=False, device="cpu")
+    cfg = FinetuneConfig(
+        model="tiny",
+        out=str(tmp_path / "out"),
+        data=str(data),
+        examples=None,
+        steps=16,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=2,
+        full_share=0.0,
+        lora_rank=4,
+        merge=True,
+        save_dtype="float32",
+        progress=False,
+        device="cpu",
+    )
     result = finetune(cfg)
     assert sum(result.losses[-3:]) / 3 < 0.7 * sum(result.losses[:3]) / 3
 

@@ -6,7 +6,11 @@ ROPE_CASES = {
     "default": dict(base=10000.0),
     "linear": dict(base=10000.0, rope_type="linear", factor=4.0),
     "llama3": dict(
-        base=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        base=500000.0,
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
         original_max_position=64,
     ),
     "ntk": dict(base=10000.0, rope_type="ntk", factor=2.0),

@@ -19,16 +19,28 @@ ROOT = Path(__file__).resolve().parents[2]
 # Short questions (every variant: graph/eager, plan, relinked, rotation in prefill or in the kernel, no deltas), a
 # call past the up-front rotation without splits, decode with and without splits, block mode's copy, fused ops,
 # the greedy pick, and gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue) and residual forms.
-CASES = ["prefill 8B page64 rag T=32 B=1", "prefill 8B page64 rag T=512", "decode 8B page64", "copy_rotate 8B page64",
-         "fused 8B (", "gemv N=28672 K=4096 M=1 ", "short prefill (Gluon)"]
+CASES = [
+    "prefill 8B page64 rag T=32 B=1",
+    "prefill 8B page64 rag T=512",
+    "decode 8B page64",
+    "copy_rotate 8B page64",
+    "fused 8B (",
+    "gemv N=28672 K=4096 M=1 ",
+    "short prefill (Gluon)",
+]
 
 
 @pytest.mark.parametrize("only", CASES)
 def test_kernels_compile_for_sm90(only: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check.py"), "--only", only],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compile_check.py"), "--only", only],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     lines = [line for line in done.stdout.splitlines() if not line.startswith("#")]
     assert done.returncode == 0, done.stdout + done.stderr
     # Every launch of the cases compiled to a cubin (one line each, OK or FAIL).

@@ -27,11 +27,29 @@ def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def scenario(rope="default", heads=(4, 1), head_dim=64, page_size=16, dtype=torch.float32, seed=0,
-             docs=DOCS, requests=REQUESTS, device="cpu") -> Scenario:
-    return make_scenario(docs, requests, q_heads=heads[0], kv_heads=heads[1], head_dim=head_dim,
-                         page_size=page_size, tables=tables(rope, head_dim, device=device), dtype=dtype,
-                         seed=seed, device=device)
+def scenario(
+    rope="default",
+    heads=(4, 1),
+    head_dim=64,
+    page_size=16,
+    dtype=torch.float32,
+    seed=0,
+    docs=DOCS,
+    requests=REQUESTS,
+    device="cpu",
+) -> Scenario:
+    return make_scenario(
+        docs,
+        requests,
+        q_heads=heads[0],
+        kv_heads=heads[1],
+        head_dim=head_dim,
+        page_size=page_size,
+        tables=tables(rope, head_dim, device=device),
+        dtype=dtype,
+        seed=seed,
+        device=device,
+    )
 
 
 def dense_decode(s: Scenario) -> torch.Tensor:
@@ -84,7 +102,7 @@ def test_rotation_of_each_split():
         for deltas, n in zip(batch.deltas.tolist(), batch.num_pages.tolist()):
             per = -(-n // num_splits)
             for lo in range(0, n, per):
-                seen.add(min(3, len(set(deltas[lo:min(n, lo + per)]))))
+                seen.add(min(3, len(set(deltas[lo : min(n, lo + per)]))))
         out, ref = run(s, num_splits=num_splits)
         assert rel_err(out, ref) < 1e-5
     assert seen == {1, 2, 3}, "the scenario must give splits of one, two and three or more deltas"
@@ -195,8 +213,12 @@ def test_copy_engine_rule(monkeypatch):
     assert not decode.copy_engine_tiles(torch.device("cpu"))
     monkeypatch.setattr(launch, "interpreting", lambda: False)
     gpu = torch.device("cuda", 0)
-    for capability, env, want in (((9, 0), None, True), ((10, 0), "1", True), ((9, 0), "0", False),
-                                  ((8, 0), None, False)):
+    for capability, env, want in (
+        ((9, 0), None, True),
+        ((10, 0), "1", True),
+        ((9, 0), "0", False),
+        ((8, 0), None, False),
+    ):
         monkeypatch.setattr(launch, "_capability_of", lambda index, c=capability: c)
         if env is None:
             monkeypatch.delenv(decode.TMA_ENV, raising=False)
@@ -213,12 +235,20 @@ def test_copy_engine_falls_back_where_strides_do_not_allow_it():
     assert rel_err(out, ref) < 1e-5
     s = scenario("llama3", heads=(4, 2), seed=3)
     v_wide = torch.zeros(*s.v_cache.shape[:-1], 2 * s.v_cache.shape[-1])
-    v_wide[..., :s.v_cache.shape[-1]] = s.v_cache
-    v = v_wide[..., :s.v_cache.shape[-1]]
+    v_wide[..., : s.v_cache.shape[-1]] = s.v_cache
+    v = v_wide[..., : s.v_cache.shape[-1]]
     assert decode.tile_descriptors(s.k_cache, v, 16) is None
     q, batch = s.decode()
-    out = decode_attention(q, s.k_cache, v, batch, s.tables, s.scale, num_splits=2,
-                           config=DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=2))
+    out = decode_attention(
+        q,
+        s.k_cache,
+        v,
+        batch,
+        s.tables,
+        s.scale,
+        num_splits=2,
+        config=DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=2),
+    )
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
@@ -281,9 +311,15 @@ def widened(batch, width: int):
     def grow(t):
         return torch.nn.functional.pad(t, (0, pad))
 
-    return dataclasses.replace(batch, pages=grow(batch.pages), deltas=grow(batch.deltas), valid=grow(batch.valid),
-                               starts=grow(batch.starts), max_kv=width * 16,
-                               firsts=None if batch.firsts is None else grow(batch.firsts))
+    return dataclasses.replace(
+        batch,
+        pages=grow(batch.pages),
+        deltas=grow(batch.deltas),
+        valid=grow(batch.valid),
+        starts=grow(batch.starts),
+        max_kv=width * 16,
+        firsts=None if batch.firsts is None else grow(batch.firsts),
+    )
 
 
 def test_wide_grid_splits_each_entry_by_its_own_pages():
@@ -335,9 +371,18 @@ def test_arrival_counters_grow_zeroed():
 
 
 def gpu_scenario(docs, requests, page_size=64, dtype=torch.bfloat16) -> Scenario:
-    return make_scenario(docs, requests, q_heads=32, kv_heads=8, head_dim=128, page_size=page_size,
-                         tables=tables("llama3", 128, max_position=40000, device="cuda"), dtype=dtype,
-                         device="cuda", seed=12)
+    return make_scenario(
+        docs,
+        requests,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=page_size,
+        tables=tables("llama3", 128, max_position=40000, device="cuda"),
+        dtype=dtype,
+        device="cuda",
+        seed=12,
+    )
 
 
 @pytest.mark.gpu

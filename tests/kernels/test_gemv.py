@@ -50,7 +50,7 @@ def test_16_bit_rounds_like_f_linear(dtype, m):
     out = gemv(x, w, b, GemvConfig(32, 64, 2))
     exact = reference(x, w, b)
     rounded = exact.to(dtype)
-    ulp = (rounded.double().abs() * (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10)).clamp_min(1e-30)
+    ulp = (rounded.double().abs() * (2.0**-7 if dtype == torch.bfloat16 else 2.0**-10)).clamp_min(1e-30)
     assert out.dtype == dtype
     assert ((out.double() - exact).abs() <= ulp).all()
     # The interpreter converts fp32 to bf16 by truncation (numpy has no bf16), the GPU rounds to nearest.
@@ -117,9 +117,11 @@ class FakeCuda:
 def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
     """pick() on a CUDA tensor, faked: the decision of the smallest measured M >= m, None past the table."""
     cfg = GemvConfig(64, 128, 4)
-    entries = [table_entry("GPU X", torch.bfloat16, 96, 64, 1, cfg), table_entry("GPU X", torch.bfloat16, 96, 64, 4,
-                                                                                   None),
-               table_entry("GPU X", torch.bfloat16, 96, 64, 8, cfg)]
+    entries = [
+        table_entry("GPU X", torch.bfloat16, 96, 64, 1, cfg),
+        table_entry("GPU X", torch.bfloat16, 96, 64, 4, None),
+        table_entry("GPU X", torch.bfloat16, 96, 64, 8, cfg),
+    ]
     path = tmp_path / "table.json"
     monkeypatch.setenv("LAZYATTN_GEMV_TABLE", str(path))
     monkeypatch.setattr(gemv_module, "_device_name", lambda index: "GPU X")
@@ -140,10 +142,12 @@ def test_fused_path_takes_configs_a_little_slower_than_linear(tmp_path, monkeypa
     """The table keeps the tuned config where F.linear won: plain products keep F.linear there, the fused decode
     path takes the kernel up to FUSED_SLOWDOWN; entries of the older format (config only where it won) still load."""
     cfg, slow = GemvConfig(64, 128, 1), GemvConfig(64, 128, 2)
-    entries = [table_entry("GPU X", torch.bfloat16, 96, 64, 1, cfg, 0.9),
-               table_entry("GPU X", torch.bfloat16, 96, 64, 2, slow, FUSED_SLOWDOWN - 0.01, dispatch=False),
-               table_entry("GPU X", torch.bfloat16, 96, 64, 4, slow, FUSED_SLOWDOWN + 0.01, dispatch=False),
-               table_entry("GPU X", torch.bfloat16, 96, 64, 8, None)]
+    entries = [
+        table_entry("GPU X", torch.bfloat16, 96, 64, 1, cfg, 0.9),
+        table_entry("GPU X", torch.bfloat16, 96, 64, 2, slow, FUSED_SLOWDOWN - 0.01, dispatch=False),
+        table_entry("GPU X", torch.bfloat16, 96, 64, 4, slow, FUSED_SLOWDOWN + 0.01, dispatch=False),
+        table_entry("GPU X", torch.bfloat16, 96, 64, 8, None),
+    ]
     entries.append({"device": "GPU X", "dtype": "bfloat16", "n": 96, "k": 64, "m": 16, "config": asdict(cfg)})
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"entries": entries}))

@@ -22,10 +22,17 @@ def test_default_is_every_family_except_where_measured_slower():
     assert launch.pdl_families("NVIDIA H200") == ALL - {"gemv"}
 
 
-@pytest.mark.parametrize("value, want", [
-    ("auto", ALL - {"gemv"}), ("", ALL - {"gemv"}), ("1", ALL), ("0", frozenset()),
-    ("attention", frozenset({"attention"})), (" Attention , rope, ", frozenset({"attention", "rope"})),
-])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ("auto", ALL - {"gemv"}),
+        ("", ALL - {"gemv"}),
+        ("1", ALL),
+        ("0", frozenset()),
+        ("attention", frozenset({"attention"})),
+        (" Attention , rope, ", frozenset({"attention", "rope"})),
+    ],
+)
 def test_environment_forms(monkeypatch, value, want):
     monkeypatch.setenv(launch.PDL_ENV, value)
     assert launch.pdl_families("NVIDIA H200") == want

@@ -35,8 +35,9 @@ def run(s, q, batch, tables=None, **kw):
     out = torch.full_like(q, float("nan"))
     if kw.get("config") is not None:
         kw["config"] = PrefillConfig(*kw["config"])
-    got = prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables if tables is None else tables, s.scale,
-                            out=out, **kw)
+    got = prefill_attention(
+        q, s.k_cache, s.v_cache, batch, s.tables if tables is None else tables, s.scale, out=out, **kw
+    )
     assert got.data_ptr() == out.data_ptr()
     assert not out.isnan().any(), "some output element was not written"
     return out
@@ -54,19 +55,22 @@ LAYOUTS = [(4, 1, 64, 16), (2, 2, 128, 32)]
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["gqa4-d64-p16", "mha-d128-p32"])
 def test_final_prefill_matches_reference_and_dense(rope, layout):
     hq, hkv, d, ps = layout
-    s = make_scenario(DOCS, REQUESTS, q_heads=hq, kv_heads=hkv, head_dim=d, page_size=ps,
-                      tables=tables(rope, d), seed=1)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=hq, kv_heads=hkv, head_dim=d, page_size=ps, tables=tables(rope, d), seed=1
+    )
     q, batch = s.final_prefill()
     out = run(s, q, batch)
     assert rel_err(out, ref(s, q, batch)) < 1e-5
     assert rel_err(out, torch.cat([s.dense_final(r) for r in s.requests])) < 1e-5
 
 
-@pytest.mark.parametrize("rope,dtype", [("default", torch.bfloat16), ("interleaved", torch.bfloat16),
-                                        ("llama3", torch.float16)])
+@pytest.mark.parametrize(
+    "rope,dtype", [("default", torch.bfloat16), ("interleaved", torch.bfloat16), ("llama3", torch.float16)]
+)
 def test_16bit_within_rounding(rope, dtype):
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables(rope, 64), dtype=dtype, seed=2)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables(rope, 64), dtype=dtype, seed=2
+    )
     q, batch = s.final_prefill()
     out = run(s, q, batch)
     assert out.dtype == dtype
@@ -76,8 +80,9 @@ def test_16bit_within_rounding(rope, dtype):
 
 def test_chunked_final_prefill_and_empty_entry():
     """Chunks starting mid-final-segment, a whole one, and an entry with no query rows."""
-    s = make_scenario([40, 23], [([1, 0], 30), ([0], 12), ([1], 7)], head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=3)
+    s = make_scenario(
+        [40, 23], [([1, 0], 30), ([0], 12), ([1], 7)], head_dim=64, page_size=16, tables=tables("llama3", 64), seed=3
+    )
     chunks = [(11, 27), (0, 12), (5, 5)]
     q, batch = s.final_prefill(chunks)
     out = run(s, q, batch)
@@ -88,8 +93,9 @@ def test_chunked_final_prefill_and_empty_entry():
 
 def test_doc_prefill_chunks_and_no_delta_path():
     """Encoding documents alone (delta 0 everywhere), from their start and from mid-document."""
-    s = make_scenario([40, 23, 70], [([0], 4)], q_heads=4, kv_heads=2, head_dim=64, page_size=32,
-                      tables=tables("default", 64), seed=4)
+    s = make_scenario(
+        [40, 23, 70], [([0], 4)], q_heads=4, kv_heads=2, head_dim=64, page_size=32, tables=tables("default", 64), seed=4
+    )
     chunks = [(0, 17, 40), (1, 0, 23), (2, 33, 70)]
     q, batch = s.doc_prefill(chunks)
     out = run(s, q, batch)
@@ -111,8 +117,9 @@ def test_split_kv_matches_reference(splits, config):
     """Split-KV (fewer splits than runs: balanced page ranges; more: one chunk per split; more splits than
     some entries have pages: empty splits) and the merge, also with tiles of two pages (splits and runs
     starting at odd pages)."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("ntk", 64), seed=6)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("ntk", 64), seed=6
+    )
     q, batch = s.final_prefill()
     out = run(s, q, batch, num_splits=splits, config=config)
     assert rel_err(out, ref(s, q, batch)) < 1e-5
@@ -124,8 +131,9 @@ def test_one_piece_per_split(splits, rotated):
     """Splits planned as one piece of one run each (_plan_piece), Q rotated up front or in the kernel: fewer
     splits than some entry's runs (that entry falls back to walking runs), as many, and more than the pieces
     (splits left without pages); partial pages, several entries, GQA 4:1, deltas per document."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=14)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=14
+    )
     q, batch = s.final_prefill()
     want = ref(s, q, batch)
     planned = run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=True)
@@ -138,8 +146,9 @@ def test_plan_falls_back_past_its_run_limit(monkeypatch):
     from lazyattn.kernels import prefill
 
     monkeypatch.setattr(prefill, "_PLAN_RUNS", 2)
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("default", 64), seed=15)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("default", 64), seed=15
+    )
     q, batch = s.final_prefill()
     assert rel_err(run(s, q, batch, num_splits=5, plan_pieces=True), ref(s, q, batch)) < 1e-5
 
@@ -149,8 +158,9 @@ def test_plan_falls_back_past_its_run_limit(monkeypatch):
 def test_host_plan_matches_reference(splits, switch, rotated):
     """Splits that take the host's plan (split_plan): programs of one piece and of several (a Q tile per run, up
     front or rotated in the kernel), splits without pages, partial pages, three entries of other runs."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=16)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=16
+    )
     q, batch = s.final_prefill()
     planned = with_plan(batch, splits, switch)
     assert planned.plan.shape == (3, splits, PLAN_WIDTH) and (planned.plan[:, :, 0] >= 0).all()
@@ -160,8 +170,9 @@ def test_host_plan_matches_reference(splits, switch, rotated):
 def test_host_plan_of_minus_one_falls_back_to_the_kernels_chunks():
     """An entry whose records say -1 (more runs than a record holds) finds its chunks itself, beside entries that
     follow their plan; chunked rows see only their causal pages of a planned entry."""
-    s = make_scenario([40, 23], [([1, 0], 30), ([0], 12), ([1], 7)], head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=17)
+    s = make_scenario(
+        [40, 23], [([1, 0], 30), ([0], 12), ([1], 7)], head_dim=64, page_size=16, tables=tables("llama3", 64), seed=17
+    )
     chunks = [(11, 27), (0, 12), (5, 5)]
     q, batch = s.final_prefill(chunks)
     planned = with_plan(batch, 3)
@@ -176,8 +187,10 @@ def pieces_of(plan):
     return [[tuple(r[1 + 3 * j : 4 + 3 * j]) for j in range(r[0])] for r in records]
 
 
-@pytest.mark.parametrize("lengths,splits", [((1, 32, 32, 32, 32, 32, 1), 16), ((7,), 4), ((3, 1, 1, 9, 2), 2),
-                                            ((5,) * 12, 4), ((40, 1), 3), ((2,), 16)])
+@pytest.mark.parametrize(
+    "lengths,splits",
+    [((1, 32, 32, 32, 32, 32, 1), 16), ((7,), 4), ((3, 1, 1, 9, 2), 2), ((5,) * 12, 4), ((40, 1), 3), ((2,), 16)],
+)
 @pytest.mark.parametrize("switch", [0, 2, 100])
 def test_plan_runs_deals_every_page_once_in_one_run_per_piece(lengths, splits, switch):
     bounds = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
@@ -205,8 +218,9 @@ def test_plan_runs_gives_up_past_what_records_hold():
 def test_runs_rotated_up_front_in_the_kernel_or_both(rotated, splits):
     """Q rotated per run before the attention kernel (8: every run), in it (0), or both in one call (2: the first
     request's delta-5 run comes rotated, its delta-42 run is rotated in the kernel)."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=12)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=12
+    )
     q, batch = s.final_prefill()
     assert rel_err(run(s, q, batch, num_splits=splits, rotated_runs=rotated), ref(s, q, batch)) < 1e-5
 
@@ -218,8 +232,9 @@ def test_rotated_runs_are_the_query_at_its_position_minus_delta(rope):
     from lazyattn.kernels.prefill import _rotate_runs
     from lazyattn.kernels.rope import apply_rope
 
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables(rope, 64), seed=13)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables(rope, 64), seed=13
+    )
     q, batch = s.final_prefill()
     copies = _rotate_runs(q, batch, s.tables, 4)
     cu = batch.cu_seqlens_q.tolist()
@@ -231,7 +246,7 @@ def test_rotated_runs_are_the_query_at_its_position_minus_delta(rope):
         for i, delta in enumerate(runs[:4]):
             if delta:
                 want = apply_rope(r.final.q, pos - delta, s.tables)
-                assert rel_err(copies[i, cu[e]:cu[e + 1]], want) < 1e-6
+                assert rel_err(copies[i, cu[e] : cu[e + 1]], want) < 1e-6
                 checked += 1
     assert checked == 3  # deltas 5 and 42 of the first request, 16 of the second
 
@@ -240,8 +255,16 @@ def test_rotated_runs_are_the_query_at_its_position_minus_delta(rope):
 def test_block_shapes_and_uneven_head_group(config):
     """Tiles smaller than a page or of two pages, a head group of 3 (rows of the M tile left over),
     several q blocks."""
-    s = make_scenario([45, 20], [([0, 1], 50), ([1], 33)], q_heads=6, kv_heads=2, head_dim=64, page_size=32,
-                      tables=tables("yarn", 64), seed=7)
+    s = make_scenario(
+        [45, 20],
+        [([0, 1], 50), ([1], 33)],
+        q_heads=6,
+        kv_heads=2,
+        head_dim=64,
+        page_size=32,
+        tables=tables("yarn", 64),
+        seed=7,
+    )
     q, batch = s.final_prefill()
     out = run(s, q, batch, config=config)
     assert rel_err(out, ref(s, q, batch)) < 1e-5
@@ -263,8 +286,9 @@ def test_scans_longer_than_one_block(monkeypatch):
 @pytest.mark.parametrize("config", [(64, 16), (64, 32)])
 def test_page_padding_is_never_read(config):
     """NaN in every slot past a page's valid keys (and in unlisted pages) must not reach the output."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=11)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=11
+    )
     q, batch = s.final_prefill()
     want = ref(s, q, batch)
     s.poison_unlisted(batch)
@@ -274,8 +298,9 @@ def test_page_padding_is_never_read(config):
 
 def test_strided_pool_view():
     """k/v caches as views of a [layers, 2, pages, page_size, Hkv, D] pool."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16,
-                      tables=tables("linear", 64), seed=8)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16, tables=tables("linear", 64), seed=8
+    )
     q, batch = s.final_prefill()
     pool = torch.randn(3, 2, *s.k_cache.shape)
     pool[1, 0], pool[1, 1] = s.k_cache, s.v_cache
@@ -296,8 +321,14 @@ def test_large_deltas():
 
 
 def test_prefill_config_fits_the_call():
-    for fp32, head_dim, group, page_size in [(False, 128, 4, 64), (False, 128, 4, 16), (False, 256, 8, 32),
-                                            (True, 64, 1, 16), (False, 64, 32, 128), (False, 128, 4, 256)]:
+    for fp32, head_dim, group, page_size in [
+        (False, 128, 4, 64),
+        (False, 128, 4, 16),
+        (False, 256, 8, 32),
+        (True, 64, 1, 16),
+        (False, 64, 32, 128),
+        (False, 128, 4, 256),
+    ]:
         cfg = prefill_config(fp32, head_dim, group, page_size)
         m, n, warps, stages = cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages
         # A tile is part of one page or two whole pages.
@@ -318,10 +349,21 @@ def test_rejects_unsupported_shapes():
 
 # --- GPU: real shapes (Llama-3.1-8B heads), run by the lead on the device ----------------------------
 
+
 def gpu_scenario(doc_lens, requests, dtype=torch.bfloat16, page_size=64, seed=0):
     t = tables("llama3", 128, max_position=32768, device="cuda")
-    return make_scenario(doc_lens, requests, q_heads=32, kv_heads=8, head_dim=128, page_size=page_size,
-                         tables=t, dtype=dtype, device="cuda", seed=seed)
+    return make_scenario(
+        doc_lens,
+        requests,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=page_size,
+        tables=t,
+        dtype=dtype,
+        device="cuda",
+        seed=seed,
+    )
 
 
 @pytest.mark.gpu

@@ -21,8 +21,17 @@ def test_a_cpu_call_is_turned_away():
 def make_small_cpu_scenario():
     from tests.kernels.rope_cases import tables
     from tests.kernels.scenario import make_scenario
-    return make_scenario([70], [([0], 5)], q_heads=8, kv_heads=2, head_dim=128, page_size=64,
-                         tables=tables("llama3", 128, max_position=512), dtype=torch.bfloat16)
+
+    return make_scenario(
+        [70],
+        [([0], 5)],
+        q_heads=8,
+        kv_heads=2,
+        head_dim=128,
+        page_size=64,
+        tables=tables("llama3", 128, max_position=512),
+        dtype=torch.bfloat16,
+    )
 
 
 def hopper() -> bool:
@@ -42,8 +51,9 @@ def test_gpu_rag_case_matches_reference(splits):
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
     assert rel_err(out, expected) < 1e-2
     # Without the deltas the result is another function: the rotation is really applied.
-    plain = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits,
-                                                   apply_delta=False)
+    plain = prefill_hopper.short_prefill_attention(
+        q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits, apply_delta=False
+    )
     assert rel_err(plain, expected) > 5e-2
 
 
@@ -55,11 +65,14 @@ def test_split_rule_fills_the_sms_once(monkeypatch, rows, splits):
     assert prefill_hopper.num_splits(rows, 32, 8, torch.device("cuda")) == splits
 
 
-@pytest.mark.parametrize(("rows", "entries", "max_q", "splits"), [
-    (64, 4, 16, 4),  # 4 entries of 16 positions: a block of 32 each -> 132 // 32 (Session 18's rule counted 2 -> 8)
-    (48, 2, 40, 5),  # entries of 40 and 8: min(cdiv(48, 32) + 1, 2 * cdiv(40, 32)) = 3 blocks -> 132 // 24
-    (96, 3, 32, 5),  # 3 entries of 32: 3 blocks, as the rows alone count
-])
+@pytest.mark.parametrize(
+    ("rows", "entries", "max_q", "splits"),
+    [
+        (64, 4, 16, 4),  # 4 entries of 16 positions: a block of 32 each -> 132 // 32 (Session 18's rule counted 2 -> 8)
+        (48, 2, 40, 5),  # entries of 40 and 8: min(cdiv(48, 32) + 1, 2 * cdiv(40, 32)) = 3 blocks -> 132 // 24
+        (96, 3, 32, 5),  # 3 entries of 32: 3 blocks, as the rows alone count
+    ],
+)
 def test_split_rule_counts_each_entrys_blocks(monkeypatch, rows, entries, max_q, splits):
     """Blocks are counted per entry (an entry's positions round up to whole blocks of 32 under 4-head groups),
     hand-computed for 132 SMs and 8 kv heads."""
@@ -102,9 +115,18 @@ def test_gpu_every_tile_a_new_document(rope, splits):
     from tests.kernels.rope_cases import tables
     from tests.kernels.scenario import make_scenario
 
-    s = make_scenario([64] * 9 + [40], [(list(range(10)), 32), ([9, 3, 1, 7], 20)], q_heads=32, kv_heads=8,
-                      head_dim=128, page_size=64, tables=tables(rope, 128, max_position=32768, device="cuda"),
-                      dtype=torch.bfloat16, device="cuda", seed=11)
+    s = make_scenario(
+        [64] * 9 + [40],
+        [(list(range(10)), 32), ([9, 3, 1, 7], 20)],
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=64,
+        tables=tables(rope, 128, max_position=32768, device="cuda"),
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=11,
+    )
     q, batch = s.final_prefill()
     assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
     expected = ref(s, q, batch)
@@ -136,9 +158,19 @@ def test_gpu_relinked_documents_match_reference(k):
     from tests.kernels.rope_cases import tables
     from tests.kernels.scenario import make_scenario
 
-    s = make_scenario([2048, 700, 130], [([0, 1, 2], 32), ([2, 0], 20)], q_heads=32, kv_heads=8, head_dim=128,
-                      page_size=64, tables=tables("llama3", 128, max_position=32768, device="cuda"),
-                      dtype=torch.bfloat16, device="cuda", seed=5, relink=k)
+    s = make_scenario(
+        [2048, 700, 130],
+        [([0, 1, 2], 32), ([2, 0], 20)],
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=64,
+        tables=tables("llama3", 128, max_position=32768, device="cuda"),
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=5,
+        relink=k,
+    )
     for q, batch in (s.final_prefill(), s.relink_prefill()):
         assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
         expected = ref(s, q, batch)

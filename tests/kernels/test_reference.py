@@ -17,8 +17,14 @@ def rel_err(a, b):
 @pytest.mark.parametrize("heads", [(4, 1), (2, 2)])
 def test_paged_lazy_equals_dense_block_mask(rope, heads):
     s = make_scenario(
-        [37, 16, 5], [([2, 0, 1], 9), ([1, 2], 20), ([0], 1)],
-        q_heads=heads[0], kv_heads=heads[1], head_dim=32, page_size=16, tables=tables(rope, 32), seed=1,
+        [37, 16, 5],
+        [([2, 0, 1], 9), ([1, 2], 20), ([0], 1)],
+        q_heads=heads[0],
+        kv_heads=heads[1],
+        head_dim=32,
+        page_size=16,
+        tables=tables(rope, 32),
+        seed=1,
     )
     q, batch = s.final_prefill()
     out = reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
@@ -79,10 +85,16 @@ def test_rope_matches_transformers():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
-    hf_cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=512,
-                         rope_theta=500000.0, rope_scaling=scaling)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    hf_cfg = LlamaConfig(
+        hidden_size=128, num_attention_heads=2, max_position_embeddings=512, rope_theta=500000.0, rope_scaling=scaling
+    )
     ours = RopeConfig.from_hf(hf_cfg.to_dict(), head_dim=64)
     assert ours.rope_type == "llama3" and ours.base == 500000.0
     rot = LlamaRotaryEmbedding(hf_cfg)
@@ -95,8 +107,9 @@ def test_rope_matches_transformers():
 
 
 def test_yarn_mscale_and_dynamic_rejected():
-    cfg = RopeConfig.from_hf({"rope_scaling": {"rope_type": "yarn", "factor": 4.0},
-                              "max_position_embeddings": 128}, head_dim=32)
+    cfg = RopeConfig.from_hf(
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "max_position_embeddings": 128}, head_dim=32
+    )
     t = RopeTables.build(cfg, 256)
     assert abs(t.mscale - (0.1 * torch.log(torch.tensor(4.0)).item() + 1)) < 1e-6
     with pytest.raises(ValueError, match="dynamic"):

@@ -23,8 +23,17 @@ def rel_err(a, b):
 
 
 def scenario(k, rope="llama3", seed=0, heads=(4, 1), page_size=16):
-    return make_scenario(DOCS, REQUESTS, q_heads=heads[0], kv_heads=heads[1], head_dim=64, page_size=page_size,
-                         tables=tables(rope, 64), seed=seed, relink=k)
+    return make_scenario(
+        DOCS,
+        REQUESTS,
+        q_heads=heads[0],
+        kv_heads=heads[1],
+        head_dim=64,
+        page_size=page_size,
+        tables=tables(rope, 64),
+        seed=seed,
+        relink=k,
+    )
 
 
 def prefill(s, q, batch, **kw):
@@ -52,8 +61,11 @@ def test_reference_follows_the_relinked_concatenation(k):
 
 
 @pytest.mark.parametrize("k", [3, 20])
-@pytest.mark.parametrize("config,splits", [(None, None), ((64, 32), None), ((16, 16), 3), (None, 5)],
-                         ids=["default", "two-page-tiles", "small-tiles-split", "split"])
+@pytest.mark.parametrize(
+    "config,splits",
+    [(None, None), ((64, 32), None), ((16, 16), 3), (None, 5)],
+    ids=["default", "two-page-tiles", "small-tiles-split", "split"],
+)
 def test_prefill_kernel_with_offsets(k, config, splits):
     """Final segments and the recomputed rows themselves, over tiles of part of a page and of two pages, with
     and without split-KV; skipped slots hold NaN, so reading one shows."""
@@ -86,8 +98,18 @@ def test_skipping_the_first_rows_changes_the_result():
     s = scenario(3, seed=4)
     q, batch = s.final_prefill()
     shifted = torch.zeros_like(batch.firsts)
-    plain = PagedBatch(batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
-                       batch.num_pages, batch.max_q, batch.max_kv, shifted)
+    plain = PagedBatch(
+        batch.cu_seqlens_q,
+        batch.q_start,
+        batch.pages,
+        batch.deltas,
+        batch.valid,
+        batch.starts,
+        batch.num_pages,
+        batch.max_q,
+        batch.max_kv,
+        shifted,
+    )
     assert rel_err(prefill(s, q, plain), dense_final(s)) > 1e-2
 
 
@@ -98,8 +120,18 @@ def test_zero_offsets_are_the_contract_without_them_bit_for_bit():
 
     def with_zero_offsets(batch):
         assert batch.firsts is None
-        return PagedBatch(batch.cu_seqlens_q, batch.q_start, batch.pages, batch.deltas, batch.valid, batch.starts,
-                          batch.num_pages, batch.max_q, batch.max_kv, torch.zeros_like(batch.pages))
+        return PagedBatch(
+            batch.cu_seqlens_q,
+            batch.q_start,
+            batch.pages,
+            batch.deltas,
+            batch.valid,
+            batch.starts,
+            batch.num_pages,
+            batch.max_q,
+            batch.max_kv,
+            torch.zeros_like(batch.pages),
+        )
 
     q, batch = s.final_prefill()
     zeros = with_zero_offsets(batch)
@@ -108,8 +140,10 @@ def test_zero_offsets_are_the_contract_without_them_bit_for_bit():
         assert torch.equal(prefill(s, q, zeros, config=config), prefill(s, q, batch, config=config))
     q, batch = s.decode()
     zeros = with_zero_offsets(batch)
-    assert torch.equal(decode_attention(q, s.k_cache, s.v_cache, zeros, s.tables, s.scale, num_splits=2),
-                       decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=2))
+    assert torch.equal(
+        decode_attention(q, s.k_cache, s.v_cache, zeros, s.tables, s.scale, num_splits=2),
+        decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=2),
+    )
 
 
 def test_build_rejects_bad_offsets():
@@ -119,14 +153,26 @@ def test_build_rejects_bad_offsets():
 
 # --- GPU: 8B heads, bf16 -------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [4, 32])
 def test_gpu_relinked_rag_case(k):
     """5 documents x 2048 relinked (the serving shape) in prefill, split-KV prefill and decode."""
     t = tables("llama3", 128, max_position=32768, device="cuda")
     orders = [[(i + j) % 5 for j in range(5)] for i in range(3)]
-    s = make_scenario([2048] * 5, [(o, 32) for o in orders], q_heads=32, kv_heads=8, head_dim=128, page_size=64,
-                      tables=t, dtype=torch.bfloat16, device="cuda", seed=7, relink=k)
+    s = make_scenario(
+        [2048] * 5,
+        [(o, 32) for o in orders],
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=64,
+        tables=t,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=7,
+        relink=k,
+    )
     for q, batch in (s.final_prefill(), s.relink_prefill()):
         want = ref(s, q, batch)
         for splits in (None, 1, 7):

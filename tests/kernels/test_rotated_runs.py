@@ -55,8 +55,9 @@ def test_folded_copies_are_the_separate_launch_bit_for_bit(rope, dtype, runs, co
     from lazyattn.kernels import cache_ops
 
     monkeypatch.setattr(cache_ops, "_COPY_PROGRAMS_MAX_TOKENS", 1 << 20 if copy_programs else 0)
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16,
-                      tables=tables(rope, 64), dtype=dtype, seed=21)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16, tables=tables(rope, 64), dtype=dtype, seed=21
+    )
     q_raw, positions, batch, q, q_rot = fold(s, runs)
     k = torch.cat([r.final.k for r in s.requests])
     v = torch.cat([r.final.v for r in s.requests])
@@ -81,12 +82,12 @@ def test_folded_copies_are_the_separate_launch_bit_for_bit(rope, dtype, runs, co
 def test_attention_over_folded_copies_matches_reference(runs, splits):
     """prefill_attention fed the folded copies equals the call that rotates them itself, bit for bit, and the
     reference; runs past the last copy are rotated in the attention kernel."""
-    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16,
-                      tables=tables("llama3", 64), seed=22)
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=22
+    )
     _, _, batch, q, q_rot = fold(s, runs)
     got = prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=splits, rotated_q=q_rot)
-    alone = prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=splits,
-                              rotated_runs=runs)
+    alone = prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, num_splits=splits, rotated_runs=runs)
     assert torch.equal(got, alone)
     want = reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
     assert rel_err(got, want) < 1e-5
@@ -95,8 +96,9 @@ def test_attention_over_folded_copies_matches_reference(runs, splits):
 
 def test_relinked_entries_with_delta_zero_runs_between_documents():
     """Relinked documents put private rows (delta 0) between shared pages: runs of delta 0 in the middle."""
-    s = make_scenario([40, 23, 30], [([0, 1, 2], 7)], head_dim=64, page_size=16, tables=tables("default", 64),
-                      seed=23, relink=5)
+    s = make_scenario(
+        [40, 23, 30], [([0, 1, 2], 7)], head_dim=64, page_size=16, tables=tables("default", 64), seed=23, relink=5
+    )
     _, _, batch, q, q_rot = fold(s, 8)
     assert 0 in run_deltas(batch, 0, 8)[1:]
     got = prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, rotated_q=q_rot)
@@ -111,8 +113,18 @@ def test_rejects_bad_copies():
     with pytest.raises(ValueError, match="rotated_q must be contiguous"):
         prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, rotated_q=q_rot.double())
     with pytest.raises(ValueError, match="runs must be >= 1"):
-        rope_write_kv_runs(q, q[:, :1], q[:, :1], torch.zeros(4, dtype=torch.int64),
-                           torch.full((4,), -1), s.k_cache, s.v_cache, s.tables, batch, 0)
+        rope_write_kv_runs(
+            q,
+            q[:, :1],
+            q[:, :1],
+            torch.zeros(4, dtype=torch.int64),
+            torch.full((4,), -1),
+            s.k_cache,
+            s.v_cache,
+            s.tables,
+            batch,
+            0,
+        )
 
 
 @pytest.mark.gpu
@@ -120,8 +132,18 @@ def test_gpu_folded_copies_llama8b_rag():
     """8B heads, 5 x 2048 cached documents + a 32-token question: the folded copies against the separate launch
     (FMA contraction may move a last bit on the GPU) and the attention against the reference."""
     t = tables("llama3", 128, max_position=32768, device="cuda")
-    s = make_scenario([2048] * 5, [([0, 1, 2, 3, 4], 32), ([4, 2, 0, 1, 3], 32)], q_heads=32, kv_heads=8,
-                      head_dim=128, page_size=64, tables=t, dtype=torch.bfloat16, device="cuda", seed=25)
+    s = make_scenario(
+        [2048] * 5,
+        [([0, 1, 2, 3, 4], 32), ([4, 2, 0, 1, 3], 32)],
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=64,
+        tables=t,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=25,
+    )
     _, positions, batch, q, q_rot = fold(s, 8)
     separate = _rotate_runs(q, batch, s.tables, 8)
     for r in range(1, 5):  # runs 1-4 (deltas 2048 ... 8192) of both entries; run 0 is at delta 0

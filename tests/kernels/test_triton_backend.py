@@ -66,18 +66,31 @@ def test_triton_backend_matches_reference(rope, layout):
     a_alone = EntryPages(doc_a, [0, 0], [16, 5])
 
     # Encode both documents alone, at local positions.
-    run_both(backends, forward_batch([
-        (a_alone, 0, 21, slots_of(doc_a, 0, 21)),
-        (EntryPages(doc_b, [0], [11]), 0, 11, slots_of(doc_b, 0, 11)),
-    ]), seed=1)
+    run_both(
+        backends,
+        forward_batch(
+            [
+                (a_alone, 0, 21, slots_of(doc_a, 0, 21)),
+                (EntryPages(doc_b, [0], [11]), 0, 11, slots_of(doc_b, 0, 11)),
+            ]
+        ),
+        seed=1,
+    )
     # Final segment after [B, A] (A at delta 11, final from position 32): 5 rows, then one decode step.
     pages, deltas = doc_b + doc_a + final, [0, 11, 11, 0]
-    run_both(backends, forward_batch([(EntryPages(pages, deltas, [11, 16, 5, 5]), 32, 5, slots_of(final, 0, 5))]),
-             seed=2)
-    run_both(backends, forward_batch([
-        (EntryPages(pages, deltas, [11, 16, 5, 6]), 37, 1, slots_of(final, 5, 6)),
-        (a_alone, 20, 1, [-1]),  # a second decode entry whose key is already cached
-    ]), seed=3)
+    run_both(
+        backends, forward_batch([(EntryPages(pages, deltas, [11, 16, 5, 5]), 32, 5, slots_of(final, 0, 5))]), seed=2
+    )
+    run_both(
+        backends,
+        forward_batch(
+            [
+                (EntryPages(pages, deltas, [11, 16, 5, 6]), 37, 1, slots_of(final, 5, 6)),
+                (a_alone, 20, 1, [-1]),  # a second decode entry whose key is already cached
+            ]
+        ),
+        seed=3,
+    )
     # Block mode: A's private copy rotated by its delta, for every layer.
     src = torch.tensor(doc_a, device=DEVICE)
     dst = torch.tensor(copies, device=DEVICE)

@@ -11,14 +11,25 @@ import torch
 
 # transformers parameter name (after "model.layers.N.") -> llama.cpp tensor name (after "blk.N.")
 _LAYER = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-        "Qwen3ForCausalLM": "qwen3"}
+ARCH = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -34,8 +45,13 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: torch.nn.Module, path: Path, qtype: str | dict[str, str] = "F32",
-               tokenizer: dict | None = None, extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+def write_gguf(
+    model: torch.nn.Module,
+    path: Path,
+    qtype: str | dict[str, str] = "F32",
+    tokenizer: dict | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
     """Write `model` (a transformers CausalLM) as a GGUF file.
 
     qtype: one type for every 2-D weight, or {gguf name suffix: type} (first match wins, default F32);

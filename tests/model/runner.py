@@ -42,8 +42,7 @@ def page_fill(n: int, page_size: int) -> list[int]:
 class PagedRunner:
     def __init__(self, model: CausalLM, cfg: ModelConfig, page_size: int = 8, num_pages: int = 64) -> None:
         self.model, self.cfg, self.page_size = model, cfg, page_size
-        kv = torch.zeros(cfg.num_layers, 2, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
-                         dtype=cfg.dtype)
+        kv = torch.zeros(cfg.num_layers, 2, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype=cfg.dtype)
         self.backend = ReferenceBackend(kv, RopeTables.build(cfg.rope, 1024), cfg.attn_scale)
         self.next_page = 0
 

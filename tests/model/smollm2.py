@@ -8,6 +8,7 @@ from lazyattn.demo import DOCS, QUESTIONS
 GEN = 6
 VELTRIA, HARP, RIVER = DOCS[0], DOCS[1], DOCS[2]
 # The second request places two of the first one's documents in new slots (lazy mode reuses them shifted).
-REQUESTS = [([{"role": "user", "content": QUESTIONS[0][0]}], [HARP, VELTRIA, RIVER]),
-            ([{"role": "user", "content": QUESTIONS[1][0]}], [RIVER, HARP])]
-
+REQUESTS = [
+    ([{"role": "user", "content": QUESTIONS[0][0]}], [HARP, VELTRIA, RIVER]),
+    ([{"role": "user", "content": QUESTIONS[1][0]}], [RIVER, HARP]),
+]

@@ -8,8 +8,15 @@ import torch
 from lazyattn.errors import CheckpointError
 from lazyattn.model import SUPPORTED_ARCHITECTURES, ModelConfig
 
-BASE = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+BASE = {
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
 
 
 def parse(arch: str, **fields) -> ModelConfig:
@@ -17,16 +24,26 @@ def parse(arch: str, **fields) -> ModelConfig:
 
 
 def test_transformers4_layout():
-    cfg = parse("LlamaForCausalLM", rope_theta=500000.0, torch_dtype="bfloat16", eos_token_id=5,
-                rope_scaling={"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64})
+    cfg = parse(
+        "LlamaForCausalLM",
+        rope_theta=500000.0,
+        torch_dtype="bfloat16",
+        eos_token_id=5,
+        rope_scaling={"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64},
+    )
     assert cfg.rope.base == 500000.0 and cfg.rope.rope_type == "llama3" and cfg.rope.factor == 8.0
     assert cfg.dtype == torch.bfloat16 and cfg.eos_token_ids == (5,)
     assert cfg.head_dim == 16 and cfg.num_kv_heads == 2 and cfg.rope.head_dim == 16
 
 
 def test_transformers5_layout():
-    cfg = parse("LlamaForCausalLM", dtype="float16", eos_token_id=[7, 8], bos_token_id=6,
-                rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
+    cfg = parse(
+        "LlamaForCausalLM",
+        dtype="float16",
+        eos_token_id=[7, 8],
+        bos_token_id=6,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+    )
     assert (cfg.rope.rope_type, cfg.rope.factor, cfg.rope.base) == ("linear", 2.0, 1e6)
     assert cfg.dtype == torch.float16 and cfg.eos_token_ids == (7, 8) and cfg.bos_token_id == 6
 
@@ -60,13 +77,16 @@ def test_sliding_window():
         parse("Qwen2ForCausalLM", sliding_window=64, use_sliding_window=True)
 
 
-@pytest.mark.parametrize("fields, match", [
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"quantization_config": {"quant_method": "awq"}}, "quantized"),
-    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "dynamic"),
-    ({"num_key_value_heads": 3}, "multiple"),
-    ({"dtype": "int8"}, "dtype"),
-])
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"quantization_config": {"quant_method": "awq"}}, "quantized"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "dynamic"),
+        ({"num_key_value_heads": 3}, "multiple"),
+        ({"dtype": "int8"}, "dtype"),
+    ],
+)
 def test_bad_configs(fields, match):
     with pytest.raises(CheckpointError, match=match):
         parse("LlamaForCausalLM", **fields)
@@ -78,8 +98,13 @@ def test_fingerprint_tracks_what_changes_kv():
     tiny = ModelConfig.tiny()
     fp = tiny.fingerprint()
     assert fp == ModelConfig.tiny().fingerprint() and len(fp) == 16
-    for change in ({"weights_id": "random:1"}, {"dtype": torch.bfloat16}, {"num_kv_heads": 4},
-                   {"rope": dataclasses.replace(tiny.rope, base=5e5)}, {"qk_norm": True}):
+    for change in (
+        {"weights_id": "random:1"},
+        {"dtype": torch.bfloat16},
+        {"num_kv_heads": 4},
+        {"rope": dataclasses.replace(tiny.rope, base=5e5)},
+        {"qk_norm": True},
+    ):
         assert dataclasses.replace(tiny, **change).fingerprint() != fp, change
     for change in ({"eos_token_ids": (1, 2)}, {"bos_token_id": 0}, {"max_position": 8192}):
         assert dataclasses.replace(tiny, **change).fingerprint() == fp, change

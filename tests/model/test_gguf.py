@@ -35,7 +35,8 @@ def our_logits(path, tokens=TOKENS) -> torch.Tensor:
 def transformers_gguf(path) -> torch.nn.Module:
     """transformers' own reading of the file: its dequantisation, names, q/k un-permutation and config."""
     return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager").eval()
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def llama3_divisors(config) -> np.ndarray:
@@ -61,8 +62,9 @@ def test_unquantised_file_is_the_original_model(name, tmp_path):
     assert rel_err(our_logits(path), hf_logits(hf, TOKENS)) < TOL
 
 
-@pytest.mark.parametrize(("name", "qtype"), [("llama", "Q8_0"), ("llama", "Q4_0"), ("tied", "Q4_1"),
-                                              ("qwen2", "F16"), ("mistral", "BF16")])
+@pytest.mark.parametrize(
+    ("name", "qtype"), [("llama", "Q8_0"), ("llama", "Q4_0"), ("tied", "Q4_1"), ("qwen2", "F16"), ("mistral", "BF16")]
+)
 def test_quantised_file_matches_transformers_gguf_loader(name, qtype, tmp_path):
     hf = hf_model(name)
     path = write_gguf(hf, tmp_path / f"{name}-{qtype}.gguf", qtype)
@@ -73,14 +75,19 @@ def test_quantised_file_matches_transformers_gguf_loader(name, qtype, tmp_path):
 
 def test_k_quants_match_transformers_gguf_loader(tmp_path):
     """Q2_K..Q6_K blocks (random bytes: gguf cannot quantise to them) on one layer of K-quant-sized rows."""
-    cfg = transformers.LlamaConfig(**{**SMALL, "hidden_size": 256, "intermediate_size": 512,
-                                      "num_hidden_layers": 1})
+    cfg = transformers.LlamaConfig(**{**SMALL, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1})
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    shapes = {"attn_q": (256, "Q4_K"), "attn_k": (128, "Q5_K"), "attn_v": (128, "Q6_K"),
-              "attn_output": (256, "Q2_K"), "ffn_gate": (512, "Q3_K")}
-    raw = {f"blk.0.{n}.weight": (random_blocks(rows, 256, t, seed=i), t) for i, (n, (rows, t)) in
-           enumerate(shapes.items())}
+    shapes = {
+        "attn_q": (256, "Q4_K"),
+        "attn_k": (128, "Q5_K"),
+        "attn_v": (128, "Q6_K"),
+        "attn_output": (256, "Q2_K"),
+        "ffn_gate": (512, "Q3_K"),
+    }
+    raw = {
+        f"blk.0.{n}.weight": (random_blocks(rows, 256, t, seed=i), t) for i, (n, (rows, t)) in enumerate(shapes.items())
+    }
     path = write_gguf(hf.eval(), tmp_path / "kquants.gguf", "F32", extra_tensors=raw)
     got, want = our_logits(path), hf_logits(transformers_gguf(path), TOKENS)
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
@@ -108,13 +115,26 @@ def test_types_transformers_cannot_read_stay_within_their_step(qtype, tmp_path):
 
 def test_llama31_rope_freqs_give_back_the_scaling():
     """Llama-3.1-8B's RoPE (head_dim 128, θ 5e5, factor 8, original context 8192) recovered from its divisors."""
-    cfg = transformers.LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500000.0,
-                                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0,
-                                                 "original_max_position_embeddings": 8192})
+    cfg = transformers.LlamaConfig(
+        hidden_size=4096,
+        num_attention_heads=32,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     got = llama3_scaling(llama3_divisors(cfg), 500000.0, 128, "test")
-    assert got == {"rope_type": "llama3", "factor": pytest.approx(8.0), "low_freq_factor": 1.0,
-                   "high_freq_factor": pytest.approx(4.0, rel=1e-3), "original_max_position_embeddings": 8192}
+    assert got == {
+        "rope_type": "llama3",
+        "factor": pytest.approx(8.0),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": pytest.approx(4.0, rel=1e-3),
+        "original_max_position_embeddings": 8192,
+    }
     assert llama3_scaling(np.ones(64, dtype=np.float32), 500000.0, 128, "test") is None
     with pytest.raises(CheckpointError, match="rope_freqs"):
         llama3_scaling(np.linspace(1, 3, 64).astype(np.float32)[::-1], 500000.0, 128, "test")
@@ -127,7 +147,7 @@ def test_unsupported_architecture_type_and_file(tmp_path):
     path = write_gguf(hf, tmp_path / "ok.gguf", "F32")
     blob = bytearray(path.read_bytes())
     at = blob.find(b"llama")  # general.architecture's value is the first "llama" in the file
-    blob[at:at + 5] = b"gemma"
+    blob[at : at + 5] = b"gemma"
     (tmp_path / "gemma.gguf").write_bytes(bytes(blob))
     with pytest.raises(CheckpointError, match="'gemma' is not supported"):
         load_model(tmp_path / "gemma.gguf")
@@ -148,10 +168,19 @@ def test_unsupported_architecture_type_and_file(tmp_path):
 # --- tokenizers --------------------------------------------------------------------------------------------
 
 NUMBERS = ["In 2026 there were 12345 requests, 678 of them at 3.14159 ms; it's what we'll see, isn't it?"]
-TEXTS = CORPUS + NUMBERS + ["<|im_start|>user\nHi 12345 there!<|im_end|>\n", "  leading spaces and\n\nnewlines\t tabs",
-                  "Numbers 3.14159 and 2026, MIXED case WORDS"]
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+TEXTS = (
+    CORPUS
+    + NUMBERS
+    + [
+        "<|im_start|>user\nHi 12345 there!<|im_end|>\n",
+        "  leading spaces and\n\nnewlines\t tabs",
+        "Numbers 3.14159 and 2026, MIXED case WORDS",
+    ]
+)
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def byte_level_vocab() -> dict:
@@ -161,15 +190,26 @@ def byte_level_vocab() -> dict:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=LLAMA3_SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=LLAMA3_SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator((CORPUS + NUMBERS) * 10, trainer)
     vocab = tok.get_vocab()
     tokens = sorted(vocab, key=vocab.get)
     merges = [" ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
-    return {"model": "gpt2", "tokens": tokens, "types": [3 if t in LLAMA3_SPECIALS else 1 for t in tokens],
-            "merges": merges, "bos": vocab["<|begin_of_text|>"], "eos": vocab["<|im_end|>"], "add_bos": False,
-            "chat_template": CHATML}
+    return {
+        "model": "gpt2",
+        "tokens": tokens,
+        "types": [3 if t in LLAMA3_SPECIALS else 1 for t in tokens],
+        "merges": merges,
+        "bos": vocab["<|begin_of_text|>"],
+        "eos": vocab["<|im_end|>"],
+        "add_bos": False,
+        "chat_template": CHATML,
+    }
 
 
 def sentencepiece_vocab() -> dict:
@@ -201,8 +241,9 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(pre, tmp_path):
     assert ours.add_bos_token == (pre == "sentencepiece")  # llama.cpp's default for each vocabulary kind
     if pre != "sentencepiece":
         messages = [{"role": "user", "content": "Who wrote it?"}]
-        assert ours.apply_chat_template(messages) == theirs.apply_chat_template(messages, tokenize=False,
-                                                                                 add_generation_prompt=True)
+        assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
 
 
 def test_unknown_pre_tokenizer_is_refused(tmp_path):

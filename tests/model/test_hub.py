@@ -34,9 +34,17 @@ def build_wheel(directory: Path, payload: bytes = PAYLOAD) -> Path:
 
 
 def spec_for(wheel: Path, payload: bytes = PAYLOAD, **changes) -> hub.PackagedModel:
-    fields = dict(name="test-model", package="lazyattn-test-model", version="1.0", wheel=wheel.name,
-                  wheel_sha256=sha256(wheel.read_bytes()), member="lazyattn_test_model/model.gguf",
-                  sha256=sha256(payload), size=len(payload), description="a test file")
+    fields = dict(
+        name="test-model",
+        package="lazyattn-test-model",
+        version="1.0",
+        wheel=wheel.name,
+        wheel_sha256=sha256(wheel.read_bytes()),
+        member="lazyattn_test_model/model.gguf",
+        sha256=sha256(payload),
+        size=len(payload),
+        description="a test file",
+    )
     return hub.PackagedModel(**{**fields, **changes})
 
 

@@ -64,8 +64,15 @@ def test_missing_unexpected_and_misshapen_tensors(llama_dir):
     edit_tensors(llama_dir, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(CheckpointError, match="missing tensor.*model.layers.1.mlp.up_proj.weight"):
         load_model(llama_dir)
-    edit_tensors(llama_dir, lambda t: t.update({"model.layers.1.mlp.up_proj.weight": torch.zeros(160, 64),
-                                                "model.layers.0.self_attn.extra.weight": torch.zeros(2)}))
+    edit_tensors(
+        llama_dir,
+        lambda t: t.update(
+            {
+                "model.layers.1.mlp.up_proj.weight": torch.zeros(160, 64),
+                "model.layers.0.self_attn.extra.weight": torch.zeros(2),
+            }
+        ),
+    )
     with pytest.raises(CheckpointError, match="unexpected tensor 'model.layers.0.self_attn.extra.weight'"):
         load_model(llama_dir)
     edit_tensors(llama_dir, lambda t: t.pop("model.layers.0.self_attn.extra.weight"))
@@ -134,8 +141,16 @@ def test_tiny_bf16_tracks_fp32():
 
 
 def test_random_init_keeps_activations_sane_at_depth():
-    cfg = dataclasses.replace(ModelConfig.tiny(), hidden_size=256, intermediate_size=704, num_layers=16,
-                              num_heads=4, head_dim=64, rope=RopeConfig(head_dim=64), dtype=torch.bfloat16)
+    cfg = dataclasses.replace(
+        ModelConfig.tiny(),
+        hidden_size=256,
+        intermediate_size=704,
+        num_layers=16,
+        num_heads=4,
+        head_dim=64,
+        rope=RopeConfig(head_dim=64),
+        dtype=torch.bfloat16,
+    )
     with torch.device("meta"):
         model = CausalLM(cfg)
     model = model.to(dtype=torch.bfloat16).to_empty(device="cpu")

@@ -27,24 +27,31 @@ transformers.logging.set_verbosity_error()
 def reference(smollm2_gguf):
     """transformers' model (fp32, eager attention) and tokenizer, both read from the GGUF file itself."""
     kw = dict(gguf_file=smollm2_gguf.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, dtype=torch.float32,
-                                                              attn_implementation="eager", **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, dtype=torch.float32, attn_implementation="eager", **kw
+    )
     return model.eval(), transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, **kw)
 
 
 def test_tokenizer_and_chat_template_match_transformers(smollm2_gguf, reference):
     _, theirs = reference
     ours = load_tokenizer(smollm2_gguf)
-    texts = [d["text"] for d in DOCS] + [q for q, _ in QUESTIONS] + [
-        "<|im_start|>user\nDigits 1234567 and 3.14<|im_end|>", "  spaced\n\n\ttext — naïve café 😀"]
+    texts = (
+        [d["text"] for d in DOCS]
+        + [q for q, _ in QUESTIONS]
+        + ["<|im_start|>user\nDigits 1234567 and 3.14<|im_end|>", "  spaced\n\n\ttext — naïve café 😀"]
+    )
     for text in texts:
         ids = ours.encode(text)
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
-    for messages in ([{"role": "user", "content": "Hi"}],
-                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]):
-        assert ours.apply_chat_template(messages) == theirs.apply_chat_template(messages, tokenize=False,
-                                                                                 add_generation_prompt=True)
+    for messages in (
+        [{"role": "user", "content": "Hi"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    ):
+        assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
     assert (ours.bos_token, ours.eos_token, ours.add_bos_token) == ("<|im_start|>", "<|im_end|>", False)
     assert ours.eos_token_ids == [theirs.eos_token_id]
 
@@ -59,14 +66,15 @@ def test_greedy_tokens_and_logits_match_transformers(mode, smollm2_gguf, referen
     seen = capture_logits(llm)
     for messages, docs in REQUESTS:
         first = len(seen)
-        out = llm.chat(messages, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True),
-                       documents=[docs], use_tqdm=False)[0]
+        out = llm.chat(
+            messages, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True), documents=[docs], use_tqdm=False
+        )[0]
         got = torch.cat([rows for rows in seen[first:] if rows.shape[0]])  # one row per generated token
         rendered = llm.render_chat(messages, docs)
         tokens = rendered.token_ids + out.token_ids
         visible = block_mask([len(s) for s in rendered.segments], len(rendered.final) + GEN) if block else None
         positions = list(range(len(tokens))) if block else None
-        want = hf_logits(model, tokens, positions, visible)[len(rendered.token_ids) - 1: -1]
+        want = hf_logits(model, tokens, positions, visible)[len(rendered.token_ids) - 1 : -1]
         assert out.token_ids == want.argmax(-1).tolist()
         assert (got - want).abs().max() < 1e-4
     if block:
@@ -82,22 +90,24 @@ def test_chat_through_the_server_returns_the_models_answer(smollm2_gguf, referen
 
     model, theirs = reference
     messages, docs = [{"role": "user", "content": QUESTIONS[0][0]}], [HARP, VELTRIA, RIVER]
-    server = start_server({"model": str(smollm2_gguf), "mode": "full", "page_size": 16, "kv_cache_gb": 0.05},
-                          ServerConfig(model_name="smollm2"))
+    server = start_server(
+        {"model": str(smollm2_gguf), "mode": "full", "page_size": 16, "kv_cache_gb": 0.05},
+        ServerConfig(model_name="smollm2"),
+    )
     try:
         with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
-            r = client.chat.completions.create(model="smollm2", messages=messages, temperature=0.0, max_tokens=32,
-                                               extra_body={"documents": docs})
+            r = client.chat.completions.create(
+                model="smollm2", messages=messages, temperature=0.0, max_tokens=32, extra_body={"documents": docs}
+            )
     finally:
         stop_server(server)
     prompt = render_chat(load_tokenizer(smollm2_gguf), messages, docs).token_ids
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
-    expected = theirs.decode(out[0, len(prompt):], skip_special_tokens=True)
+    expected = theirs.decode(out[0, len(prompt) :], skip_special_tokens=True)
     answer = r.choices[0].message.content
     assert answer == expected and r.choices[0].finish_reason == "stop"
     assert "Oskarn" in answer
-
 
 
 def test_the_block_adapted_model_answers_in_lazy_mode(smollm2_gguf):

@@ -17,14 +17,23 @@ pytestmark = pytest.mark.gpu
 
 def engine_run(path: Path, mode: str, device: str, dtype: str) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens and the logits each was drawn from, per request of REQUESTS, one request at a time."""
-    llm = LLM(model=str(path), mode=mode, device=device, dtype=dtype, page_size=16, kv_cache_gb=1,
-              warm_up=False, progress=False)
+    llm = LLM(
+        model=str(path),
+        mode=mode,
+        device=device,
+        dtype=dtype,
+        page_size=16,
+        kv_cache_gb=1,
+        warm_up=False,
+        progress=False,
+    )
     seen = capture_logits(llm)
     tokens, logits = [], []
     for messages, docs in REQUESTS:
         first = len(seen)
-        out = llm.chat(messages, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True),
-                       documents=[docs], use_tqdm=False)[0]
+        out = llm.chat(
+            messages, SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True), documents=[docs], use_tqdm=False
+        )[0]
         tokens.append(out.token_ids)
         logits.append(torch.cat([rows.cpu() for rows in seen[first:] if rows.shape[0]]))
     return tokens, logits
@@ -45,8 +54,10 @@ def test_triton_path_matches_the_cpu_reference(mode, smollm2_gguf):
             rows = slice(0, min(same + 1, GEN))  # a step's logits are comparable while the tokens before agree
             abs_err = (got[rows] - want[rows]).abs().max().item()
             rel_err = ((got[rows] - want[rows]).norm() / want[rows].norm()).item()
-            print(f"\nsmollm2 {mode} {dtype}: max |Δlogit| {abs_err:.2e}, relative {rel_err:.2e}, "
-                  f"tokens equal for {same}/{GEN} steps")
+            print(
+                f"\nsmollm2 {mode} {dtype}: max |Δlogit| {abs_err:.2e}, relative {rel_err:.2e}, "
+                f"tokens equal for {same}/{GEN} steps"
+            )
             if dtype == "float32":
                 assert got_t == want_t and abs_err < 1e-3
             else:

@@ -13,8 +13,15 @@ from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.model.detokenizer import IncrementalDecoder
 from lazyattn.model.tokenizer import Tokenizer, load_tokenizer
 
-LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                   "<|eot_id|>", "<|im_start|>", "<|im_end|>"]
+LLAMA3_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|im_start|>",
+    "<|im_end|>",
+]
 
 # Llama-3-like: BOS written by the template, whitespace control on both sides, trim, raise_exception,
 # strftime_now, and block tags on their own lines (what trim_blocks/lstrip_blocks exist for).
@@ -45,9 +52,14 @@ CORPUS = [
 ]
 
 
-def write_hf_tokenizer(directory: Path, chat_template: str | list | None = LLAMA3_TEMPLATE,
-                       bos: str | None = "<|begin_of_text|>", eos: str = "<|eot_id|>",
-                       generation_eos: list[int] | None = None, add_bos_post_processor: bool = True) -> Path:
+def write_hf_tokenizer(
+    directory: Path,
+    chat_template: str | list | None = LLAMA3_TEMPLATE,
+    bos: str | None = "<|begin_of_text|>",
+    eos: str = "<|eot_id|>",
+    generation_eos: list[int] | None = None,
+    add_bos_post_processor: bool = True,
+) -> Path:
     """A byte-level BPE tokenizer directory laid out like a Hugging Face checkpoint."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
@@ -55,12 +67,17 @@ def write_hf_tokenizer(directory: Path, chat_template: str | list | None = LLAMA
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=LLAMA3_SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=LLAMA3_SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS * 10, trainer)
     if add_bos_post_processor and bos is not None:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     config: dict = {"bos_token": bos, "eos_token": eos}
@@ -113,7 +130,8 @@ def test_byte_tokenizer_chat_template():
     text = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert text == "<s><|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
     assert not tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=False).endswith(
-        "<|assistant|>\n")
+        "<|assistant|>\n"
+    )
     with pytest.raises(InvalidRequestError, match="unknown role") as e:
         tok.apply_chat_template([{"role": "wizard", "content": "x"}])
     assert e.value.param == "messages"
@@ -215,8 +233,10 @@ def test_chat_template_sources_and_errors(tmp_path):
 
 
 def test_chat_template_environment_helpers(tmp_path):
-    template = ("{% generation %}{{ messages[0] | tojson }}{% endgeneration %}|{{ extra_var }}|"
-                "{% for i in range(5) %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ eos_token }}")
+    template = (
+        "{% generation %}{{ messages[0] | tojson }}{% endgeneration %}|{{ extra_var }}|"
+        "{% for i in range(5) %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ eos_token }}"
+    )
     tok = Tokenizer(write_hf_tokenizer(tmp_path, template))
     out = tok.apply_chat_template([{"role": "user", "content": "<é>"}], extra_var="X")
     # tojson neither escapes HTML nor non-ASCII; extra kwargs reach the template; loop controls work.
@@ -241,7 +261,7 @@ def test_incremental_decoder_never_splits_a_character():
     assert all("\ufffd" not in d for d in deltas)
     # The 4 bytes of the emoji produce nothing until the last one, which produces the whole character.
     start = len("héllo ".encode())
-    assert deltas[start:start + 4] == ["", "", "", "😀"]
+    assert deltas[start : start + 4] == ["", "", "", "😀"]
 
 
 def test_incremental_decoder_matches_full_decode_with_bpe(tmp_path):
@@ -302,8 +322,9 @@ def write_metaspace_tokenizer(directory: Path) -> Path:
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.train_from_iterator(CORPUS * 10, trainers.BpeTrainer(vocab_size=300, special_tokens=MISTRAL_SPECIALS,
-                                                             show_progress=False))
+    tok.train_from_iterator(
+        CORPUS * 10, trainers.BpeTrainer(vocab_size=300, special_tokens=MISTRAL_SPECIALS, show_progress=False)
+    )
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
@@ -319,18 +340,27 @@ def test_encode_spans_is_encode_when_no_untrusted_span_holds_special_text(tmp_pa
     does: forced on spans without such text, it gives `encode`'s ids, for a byte-level BPE and for a
     position-dependent Metaspace one (where encoding piece by piece would not)."""
     cases = {
-        "llama3": (Tokenizer(write_hf_tokenizer(tmp_path / "l")), [
-            [("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", True),
-             ("the quick brown fox", False), ("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", True)],
-            [("lazy dog", False), (" jumps over<|eot_id|>", True), (" the lazy", False)],
-            [("héllo wörld 😀 ", False), ("<|im_start|>", True), ("naïve café", False)],
-            [("documents are cach", False), ("ed once<|eot_id|>", True)],  # a span boundary inside a word
-        ]),
-        "metaspace": (Tokenizer(write_metaspace_tokenizer(tmp_path / "m")), [
-            [("<s>[INST] ", True), ("the quick brown fox", False), (" [/INST]", True)],
-            [("documents are", False), ("[INST]", True), (" cached once", False), ("</s>", True)],
-            [("<s>", True), ("the lazy dog", False)],
-        ]),
+        "llama3": (
+            Tokenizer(write_hf_tokenizer(tmp_path / "l")),
+            [
+                [
+                    ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", True),
+                    ("the quick brown fox", False),
+                    ("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", True),
+                ],
+                [("lazy dog", False), (" jumps over<|eot_id|>", True), (" the lazy", False)],
+                [("héllo wörld 😀 ", False), ("<|im_start|>", True), ("naïve café", False)],
+                [("documents are cach", False), ("ed once<|eot_id|>", True)],  # a span boundary inside a word
+            ],
+        ),
+        "metaspace": (
+            Tokenizer(write_metaspace_tokenizer(tmp_path / "m")),
+            [
+                [("<s>[INST] ", True), ("the quick brown fox", False), (" [/INST]", True)],
+                [("documents are", False), ("[INST]", True), (" cached once", False), ("</s>", True)],
+                [("<s>", True), ("the lazy dog", False)],
+            ],
+        ),
     }
     for name, (tok, span_lists) in cases.items():
         differs_piecewise = False

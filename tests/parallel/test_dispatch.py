@@ -20,16 +20,19 @@ from lazyattn.parallel.group import connect_store, serve_store
 BF16 = 2
 
 
-@pytest.mark.parametrize(("rows", "hidden", "expected"), [
-    (1, 4096, "one_shot"),  # an 8B decode row: 8 KiB
-    (16, 8192, "one_shot"),  # a 70B batch-16 decode step
-    (128, 4096, "one_shot"),  # 1 MiB, the one-shot limit: the largest 8B prefill bucket
-    (129, 4096, "two_shot"),  # just past it
-    (128, 8192, "two_shot"),  # the largest prefill bucket at 70B: 2 MiB
-    (512, 8192, "two_shot"),  # 8 MiB: the buffer, exactly
-    (513, 8192, "nccl"),  # a long prefill chunk: past the buffer
-    (8192, 4096, "nccl"),
-])
+@pytest.mark.parametrize(
+    ("rows", "hidden", "expected"),
+    [
+        (1, 4096, "one_shot"),  # an 8B decode row: 8 KiB
+        (16, 8192, "one_shot"),  # a 70B batch-16 decode step
+        (128, 4096, "one_shot"),  # 1 MiB, the one-shot limit: the largest 8B prefill bucket
+        (129, 4096, "two_shot"),  # just past it
+        (128, 8192, "two_shot"),  # the largest prefill bucket at 70B: 2 MiB
+        (512, 8192, "two_shot"),  # 8 MiB: the buffer, exactly
+        (513, 8192, "nccl"),  # a long prefill chunk: past the buffer
+        (8192, 4096, "nccl"),
+    ],
+)
 def test_small_messages_take_symmetric_memory_large_ones_nccl(rows, hidden, expected):
     assert ONE_SHOT_MAX_BYTES == 2**20 and BUFFER_BYTES == 8 * 2**20  # the sizes the table above assumes
     assert route(rows * hidden * BF16, torch.bfloat16, symmetric=True) == expected
@@ -77,10 +80,22 @@ def test_a_setting_the_cpu_cannot_honour_is_refused_before_start(monkeypatch, va
 
 
 def test_a_step_survives_its_message():
-    step = StepInputs([5, 6, 7], [10, 11, 3], [170, 171, 51], [
-        EntryPages([10, 2], [0, -7], [16, 2]),
-        EntryPages([3, 4, 9], [5, 5, 0], [16, 16, 1], firsts=[0, 4, 0]),
-    ], [2, 1], [10, 3], [1, 2], False, copy_src=[1, 2], copy_dst=[8, 9], copy_deltas=[-3, -3])
+    step = StepInputs(
+        [5, 6, 7],
+        [10, 11, 3],
+        [170, 171, 51],
+        [
+            EntryPages([10, 2], [0, -7], [16, 2]),
+            EntryPages([3, 4, 9], [5, 5, 0], [16, 16, 1], firsts=[0, 4, 0]),
+        ],
+        [2, 1],
+        [10, 3],
+        [1, 2],
+        False,
+        copy_src=[1, 2],
+        copy_dst=[8, 9],
+        copy_deltas=[-3, -3],
+    )
     a, b = mp.Pipe()
     a.send_bytes(encode(("step", pack_step(step), 1.5)))
     command, packed, sent = receive(b, spin_s=0.01)

@@ -24,9 +24,11 @@ def run(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens of REQUESTS and every logits row the engine sampled from."""
     seen = capture_logits(llm)
     try:
-        outs = llm.generate(prompt_token_ids=[p for _, p in REQUESTS],
-                            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
-                            sampling_params=greedy())
+        outs = llm.generate(
+            prompt_token_ids=[p for _, p in REQUESTS],
+            document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
+            sampling_params=greedy(),
+        )
     finally:
         llm.shutdown()
     return [o.token_ids for o in outs], seen
@@ -48,8 +50,10 @@ def test_two_ranks_match_one_every_mode(checkpoint, mode):
     assert_same(one, two)
 
 
-@pytest.mark.parametrize(("name", "mode"), [("qwen2", "block"), ("qwen3", "lazy"), ("mistral", "prefix"),
-                                            ("llama_bias", "lazy"), ("tied", "full")])
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [("qwen2", "block"), ("qwen3", "lazy"), ("mistral", "prefix"), ("llama_bias", "lazy"), ("tied", "full")],
+)
 def test_two_ranks_match_one_every_architecture(checkpoint, name, mode):
     """Qwen2 (q/k/v biases), Qwen3 (per-head q/k norms, head_dim != hidden / heads), Mistral, Llama with o/MLP
     biases (added once after the all-reduce), tied embeddings (the vocabulary-parallel embedding is the LM head)."""
@@ -62,8 +66,14 @@ def test_two_ranks_match_one_every_architecture(checkpoint, name, mode):
 def odd_vocab(tmp_path_factory):
     """A config.json only (random weights) whose vocabulary does not split in two: the last rank's block is padded."""
     d = tmp_path_factory.mktemp("odd-vocab")
-    cfg = {**SMALL, "vocab_size": 301, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-           "num_hidden_layers": 2, "torch_dtype": "float32"}
+    cfg = {
+        **SMALL,
+        "vocab_size": 301,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "torch_dtype": "float32",
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     return d
 
@@ -73,8 +83,14 @@ def test_random_weights_shard_the_one_rank_model(odd_vocab):
     prompt = RenderedPrompt(segments=[[1, 5, 6, 7], list(range(250, 301))], final=[300, 299, 12, 13])
     results = []
     for size in (1, 2):
-        llm = LLM(model=str(odd_vocab), device="cpu", page_size=16, progress=False, random_weights=True,
-                  tensor_parallel_size=size)
+        llm = LLM(
+            model=str(odd_vocab),
+            device="cpu",
+            page_size=16,
+            progress=False,
+            random_weights=True,
+            tensor_parallel_size=size,
+        )
         try:
             logits = capture_logits(llm)
             llm.engine.add_request("r", prompt, greedy())
@@ -188,8 +204,26 @@ def test_generate_command_on_two_ranks(capsys):
 
     outputs = []
     for size in ("1", "2"):
-        assert main(["generate", "Who wrote it?", "-d", "a document", "--model", "tiny", "--device", "cpu",
-                     "--max-tokens", "6", "--json", "--tensor-parallel-size", size]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    "Who wrote it?",
+                    "-d",
+                    "a document",
+                    "--model",
+                    "tiny",
+                    "--device",
+                    "cpu",
+                    "--max-tokens",
+                    "6",
+                    "--json",
+                    "--tensor-parallel-size",
+                    size,
+                ]
+            )
+            == 0
+        )
         outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
     assert outputs[1] == outputs[0]
     assert len(outputs[0]) == 6
@@ -202,13 +236,19 @@ def test_two_ranks_overlapped_match_one_synchronous(mode):
     stop token that ends one sequence while the next step is in flight (later steps feed back a subset of rows)."""
     from tests.engine.test_overlap import SAMPLING, drive, engine
 
-    script = {0: [("add", "a1", SAMPLING["a1"]), ("add", "b1", SAMPLING["b1"])],
-              3: [("add", "c1", SAMPLING["c1"])], 6: [("add", "d1", SAMPLING["d1"]), ("add", "e1", SAMPLING["e1"])]}
+    script = {
+        0: [("add", "a1", SAMPLING["a1"]), ("add", "b1", SAMPLING["b1"])],
+        3: [("add", "c1", SAMPLING["c1"])],
+        6: [("add", "d1", SAMPLING["d1"]), ("add", "e1", SAMPLING["e1"])],
+    }
     one = engine(False, mode)
     expected = drive(one, script)
     stop_at = expected["a1"][-1][2][0][2][4]  # a1's fifth token ends it early
-    script[0][0] = ("add", "a1", SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=3,
-                                                stop_token_ids=[stop_at]))
+    script[0][0] = (
+        "add",
+        "a1",
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=3, stop_token_ids=[stop_at]),
+    )
     expected = drive(engine(False, mode), script)
     two = engine(True, mode, tensor_parallel_size=2)
     try:

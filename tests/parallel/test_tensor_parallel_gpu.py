@@ -11,15 +11,19 @@ from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.errors import InvalidRequestError
 from tests.engine.test_engine_gpu import CONFIG_8B, capture_logits, config_dir, random_docs, rel
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 
 
 def rag_prompts(n: int) -> list[RenderedPrompt]:
     docs = random_docs(4, 600, seed=11)
     docs[2] = docs[2][:333]  # a partial last page
-    return [RenderedPrompt(segments=[[128000] + docs[(i + 3) % 4], docs[i % 4], docs[(i + 1) % 4]],
-                           final=random_docs(1, 24, seed=20 + i)[0]) for i in range(n)]
+    return [
+        RenderedPrompt(
+            segments=[[128000] + docs[(i + 3) % 4], docs[i % 4], docs[(i + 1) % 4]],
+            final=random_docs(1, 24, seed=20 + i)[0],
+        )
+        for i in range(n)
+    ]
 
 
 def generate(llm: LLM, prompts: list[RenderedPrompt], max_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -49,14 +53,25 @@ def test_symmetric_memory_all_reduce_matches_nccl(tmp_path_factory, monkeypatch)
     runs = {}
     for path in ("nccl", "symm_mem"):
         monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", path)  # the workers inherit it when spawned
-        llm = LLM(model=str(directory), device="cuda", dtype="float32", random_weights=True, kv_cache_gb=4,
-                  max_num_seqs=4, warm_up=False, progress=False, tensor_parallel_size=2)
+        llm = LLM(
+            model=str(directory),
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=4,
+            max_num_seqs=4,
+            warm_up=False,
+            progress=False,
+            tensor_parallel_size=2,
+        )
         assert llm.engine.parallel.tp.all_reduce_path == path
         runs[path] = generate(llm, prompts, max_tokens=6)
     (tokens_nccl, logits_nccl), (tokens_symm, logits_symm) = runs["nccl"], runs["symm_mem"]
     worst = max(rel(b, a) for a, b in zip(logits_nccl, logits_symm))
-    print(f"\n8B shapes, fp32, TP=2, symmetric memory vs NCCL: tokens {tokens_symm == tokens_nccl}, "
-          f"worst |Δ|/|logits| {worst:.2e} over {len(logits_nccl)} rows")
+    print(
+        f"\n8B shapes, fp32, TP=2, symmetric memory vs NCCL: tokens {tokens_symm == tokens_nccl}, "
+        f"worst |Δ|/|logits| {worst:.2e} over {len(logits_nccl)} rows"
+    )
     assert tokens_symm == tokens_nccl
     assert worst < 1e-5
 
@@ -68,14 +83,25 @@ def test_fp32_two_ranks_match_one_at_8b_shapes(tmp_path_factory):
     prompts = rag_prompts(2)
     runs = {}
     for size in (1, 2):
-        llm = LLM(model=str(directory), device="cuda", dtype="float32", random_weights=True, kv_cache_gb=4,
-                  max_num_seqs=4, warm_up=False, progress=False, tensor_parallel_size=size)
+        llm = LLM(
+            model=str(directory),
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=4,
+            max_num_seqs=4,
+            warm_up=False,
+            progress=False,
+            tensor_parallel_size=size,
+        )
         runs[size] = generate(llm, prompts, max_tokens=6)
     (tokens1, logits1), (tokens2, logits2) = runs[1], runs[2]
     worst = max(rel(b, a) for a, b in zip(logits1, logits2))
     diff = max((a - b).abs().max().item() for a, b in zip(logits1, logits2))
-    print(f"\n8B shapes, fp32, 4 layers, TP=2 vs TP=1: tokens {tokens2 == tokens1}, max |Δlogit| {diff:.2e}, "
-          f"worst |Δ|/|logits| {worst:.2e} over {len(logits1)} rows")
+    print(
+        f"\n8B shapes, fp32, 4 layers, TP=2 vs TP=1: tokens {tokens2 == tokens1}, max |Δlogit| {diff:.2e}, "
+        f"worst |Δ|/|logits| {worst:.2e} over {len(logits1)} rows"
+    )
     assert tokens2 == tokens1
     assert worst < 1e-5
 
@@ -90,8 +116,17 @@ def test_bf16_two_ranks_lazy_equals_block_at_8b_shapes():
     prompts, steps = rag_prompts(3), 8
     runs = {}
     for mode in ("lazy", "block"):
-        llm = LLM(model=str(CONFIG_8B), mode=mode, device="cuda", random_weights=True, kv_cache_gb=8,
-                  max_num_seqs=4, warm_up=False, progress=False, tensor_parallel_size=2)
+        llm = LLM(
+            model=str(CONFIG_8B),
+            mode=mode,
+            device="cuda",
+            random_weights=True,
+            kv_cache_gb=8,
+            max_num_seqs=4,
+            warm_up=False,
+            progress=False,
+            tensor_parallel_size=2,
+        )
         runs[mode] = generate(llm, prompts, max_tokens=steps)
     (tokens_lazy, logits_lazy), (tokens_block, logits_block) = runs["lazy"], runs["block"]
     compared = []
@@ -104,8 +139,10 @@ def test_bf16_two_ranks_lazy_equals_block_at_8b_shapes():
                 print(f"request {r} diverges at step {j}: top-2 margin {(top2[0] - top2[1]).item():.3f}")
                 assert (top2[0] - top2[1]).item() < NEAR_TIE, "lazy and block differ where there is no near-tie"
                 break
-    print(f"\n8B shapes, bf16, TP=2: lazy {tokens_lazy}\nblock {tokens_block}\n"
-          f"worst |lazy-block|/|block| over {len(compared)} steps {max(compared):.2e}")
+    print(
+        f"\n8B shapes, bf16, TP=2: lazy {tokens_lazy}\nblock {tokens_block}\n"
+        f"worst |lazy-block|/|block| over {len(compared)} steps {max(compared):.2e}"
+    )
     assert max(compared) < 3e-2
 
 
@@ -117,12 +154,20 @@ def test_overlapped_scheduling_on_two_ranks_matches_synchronous(tmp_path_factory
     prompts = rag_prompts(3)
     runs = {}
     for overlap in (False, True):
-        llm = LLM(model=str(directory), device="cuda", dtype="float32", random_weights=True, kv_cache_gb=4,
-                  max_num_seqs=4, progress=False, tensor_parallel_size=2, async_scheduling=overlap)
+        llm = LLM(
+            model=str(directory),
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=4,
+            max_num_seqs=4,
+            progress=False,
+            tensor_parallel_size=2,
+            async_scheduling=overlap,
+        )
         try:
             for i, (prompt, n) in enumerate(zip(prompts, (12, 5, 12))):
-                llm.engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0,
-                                                                       ignore_eos=True))
+                llm.engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
             tokens = {}
             while llm.engine.has_unfinished():
                 tokens.update((o.request_id, o.token_ids) for o in llm.engine.step() if o.finished)
@@ -137,4 +182,3 @@ def test_overlapped_scheduling_on_two_ranks_matches_synchronous(tmp_path_factory
 def test_more_ranks_than_gpus_are_refused():
     with pytest.raises(InvalidRequestError, match=f"needs 4 GPUs; {torch.cuda.device_count()} visible"):
         LLM(model=str(CONFIG_8B), device="cuda", random_weights=True, tensor_parallel_size=4)
-

@@ -52,16 +52,23 @@ class RunningServer:
             if predicate(m):
                 return m
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; metrics: "
-                                     f"{ {k[0]: v for k, v in m.items() if 'bucket' not in k[0]} }")
+                raise AssertionError(
+                    f"timed out waiting for {what}; metrics: "
+                    f"{ {k[0]: v for k, v in m.items() if 'bucket' not in k[0]} }"
+                )
             time.sleep(0.05)
 
     def idle(self, timeout: float = 20.0) -> dict:
         """Wait until nothing runs or waits and every allocated page belongs to the document cache."""
-        return self.wait_for(lambda m: m[("lazyattn:num_requests_running", ())] == 0
-                             and m[("lazyattn:num_requests_waiting", ())] == 0
-                             and m[("lazyattn:kv_cache_pages_used", ())] == m[("lazyattn:document_cache_pages", ())],
-                             timeout, "an idle engine with only cached pages allocated")
+        return self.wait_for(
+            lambda m: (
+                m[("lazyattn:num_requests_running", ())] == 0
+                and m[("lazyattn:num_requests_waiting", ())] == 0
+                and m[("lazyattn:kv_cache_pages_used", ())] == m[("lazyattn:document_cache_pages", ())]
+            ),
+            timeout,
+            "an idle engine with only cached pages allocated",
+        )
 
 
 def start_server(engine_options: dict, config: ServerConfig) -> RunningServer:
@@ -100,7 +107,6 @@ def server():
 
 @pytest.fixture(scope="session")
 def keyed_server():
-    s = start_server({**_ENGINE, "max_num_seqs": 1, "max_waiting": 1},
-                     ServerConfig(model_name="tiny", api_keys=KEYS))
+    s = start_server({**_ENGINE, "max_num_seqs": 1, "max_waiting": 1}, ServerConfig(model_name="tiny", api_keys=KEYS))
     yield s
     stop_server(s)

@@ -22,9 +22,28 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
     """`lazyattn serve --model tiny` on a free local port with `args`; returns once /health answers 200."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "lazyattn.cli", "serve", "--model", "tiny", "--device", "cpu", "--host", "127.0.0.1",
-           "--port", str(port), "--kv-cache-gb", "0.05", "--page-size", "16", "--no-warm-up", "--log-level",
-           "warning", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lazyattn.cli",
+        "serve",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kv-cache-gb",
+        "0.05",
+        "--page-size",
+        "16",
+        "--no-warm-up",
+        "--log-level",
+        "warning",
+        *args,
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while True:
@@ -41,16 +60,26 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
 
 
 def test_serve_command():
-    proc, url = start_serve("--api-key", "k1", "--max-waiting", "4", "--prompt-layout", "tulu3-block-ft",
-                            env={**os.environ, "LAZYATTN_API_KEYS": "k2"})
+    proc, url = start_serve(
+        "--api-key",
+        "k1",
+        "--max-waiting",
+        "4",
+        "--prompt-layout",
+        "tulu3-block-ft",
+        env={**os.environ, "LAZYATTN_API_KEYS": "k2"},
+    )
     try:
         assert httpx.get(f"{url}/v1/models").status_code == 401
         for key in ("k1", "k2"):  # from the flag and from the environment
             r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
-        r = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": "Bearer k1"}, timeout=60,
-                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                             "documents": ["a document"]})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"Authorization": "Bearer k1"},
+            timeout=60,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "documents": ["a document"]},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
     finally:
         proc.send_signal(signal.SIGTERM)

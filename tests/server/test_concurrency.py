@@ -10,8 +10,7 @@ import pytest
 from openai import OpenAI
 
 POOL = [f"Shared document number {i}: " + "lorem ipsum " * (3 + i) for i in range(4)]
-LONG = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 1000, "ignore_eos": True,
-        "temperature": 0.0}
+LONG = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 1000, "ignore_eos": True, "temperature": 0.0}
 
 
 def test_concurrent_clients(server):
@@ -19,8 +18,13 @@ def test_concurrent_clients(server):
 
     def one(i: int) -> tuple[int, str, str | None]:
         docs = [POOL[i % 4], POOL[(i + 1) % 4]]
-        kw = dict(model="tiny", max_tokens=3, temperature=0.0, extra_body={"documents": docs, "ignore_eos": True},
-                  messages=[{"role": "user", "content": f"Question {i}?"}])
+        kw = dict(
+            model="tiny",
+            max_tokens=3,
+            temperature=0.0,
+            extra_body={"documents": docs, "ignore_eos": True},
+            messages=[{"role": "user", "content": f"Question {i}?"}],
+        )
         if i % 2:
             chunks = list(client.chat.completions.create(stream=True, **kw))
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -25,57 +25,78 @@ def assert_error(r: httpx.Response, status: int, type_: str, param: str | None =
 
 
 def test_malformed_json(server):
-    r = post(server.url, "/v1/chat/completions", content=b'{"messages": [',
-             headers={"content-type": "application/json"})
+    r = post(
+        server.url, "/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"}
+    )
     assert "not valid JSON" in assert_error(r, 400, "invalid_request_error")["message"]
 
 
 def test_body_not_sent_as_json(server):
-    r = post(server.url, "/v1/chat/completions", content=b'{"messages": []}',
-             headers={"content-type": "application/x-www-form-urlencoded"})
+    r = post(
+        server.url,
+        "/v1/chat/completions",
+        content=b'{"messages": []}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert "Content-Type: application/json" in assert_error(r, 400, "invalid_request_error")["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"messages": MESSAGES, "max_tokens": 2, "frobnicate": 1}, "frobnicate"),  # unknown field
-    ({"messages": MESSAGES, "tools": []}, "tools"),  # an OpenAI feature this server does not have
-    ({"messages": [{"role": "user", "content": "hi", "extra": 1}]}, "messages[0].extra"),
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": []}, "messages"),
-    ({}, "messages"),
-    ({"messages": MESSAGES, "max_tokens": "many"}, "max_tokens"),
-    ({"messages": MESSAGES, "documents": [{"id": "x", "text": "both"}]}, "documents[0].text"),  # an id takes no text
-    ({"messages": MESSAGES, "documents": "not a list"}, "documents"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": MESSAGES, "max_tokens": 2, "frobnicate": 1}, "frobnicate"),  # unknown field
+        ({"messages": MESSAGES, "tools": []}, "tools"),  # an OpenAI feature this server does not have
+        ({"messages": [{"role": "user", "content": "hi", "extra": 1}]}, "messages[0].extra"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": []}, "messages"),
+        ({}, "messages"),
+        ({"messages": MESSAGES, "max_tokens": "many"}, "max_tokens"),
+        (
+            {"messages": MESSAGES, "documents": [{"id": "x", "text": "both"}]},
+            "documents[0].text",
+        ),  # an id takes no text
+        ({"messages": MESSAGES, "documents": "not a list"}, "documents"),
+    ],
+)
 def test_schema_errors(server, body, param):
     assert_error(post(server.url, "/v1/chat/completions", json=body), 400, "invalid_request_error", param)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"temperature": -1.0}, "temperature"),
-    ({"temperature": 2.5}, "temperature"),  # OpenAI's range is [0, 2]
-    ({"top_p": 0.0}, "top_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": "5"}, "max_tokens"),  # strict types, as the schema says
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
-    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
-    ({"documents": [{"text": ""}]}, "documents[0].text"),
-    ({"stop": ["x"] * 17}, "stop"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),  # OpenAI's range is [0, 2]
+        ({"top_p": 0.0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),  # strict types, as the schema says
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"documents": [{"text": ""}]}, "documents[0].text"),
+        ({"stop": ["x"] * 17}, "stop"),
+    ],
+)
 def test_value_errors(server, body, param):
     r = post(server.url, "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **body})
     assert_error(r, 400, "invalid_request_error", param)
 
 
-@pytest.mark.parametrize("document, param, message", [
-    ("", "documents[0]", "documents[0]: String should have at least 1 character"),
-    ({"title": "t"}, "documents[0].text", "documents[0].text: Field required"),
-    ({"text": "x", "extra": 1}, "documents[0].extra", "documents[0].extra: unknown field"),
-    ({"id": 3}, "documents[0].id", "documents[0].id: Input should be a valid string"),
-    (5, "documents[0]", "documents[0]: a document is a non-empty string, an object with 'text' (and 'title'), or an "
-                        "object with the 'id' of a registered document"),
-])
+@pytest.mark.parametrize(
+    "document, param, message",
+    [
+        ("", "documents[0]", "documents[0]: String should have at least 1 character"),
+        ({"title": "t"}, "documents[0].text", "documents[0].text: Field required"),
+        ({"text": "x", "extra": 1}, "documents[0].extra", "documents[0].extra: unknown field"),
+        ({"id": 3}, "documents[0].id", "documents[0].id: Input should be a valid string"),
+        (
+            5,
+            "documents[0]",
+            "documents[0]: a document is a non-empty string, an object with 'text' (and 'title'), or an "
+            "object with the 'id' of a registered document",
+        ),
+    ],
+)
 def test_a_bad_document_is_reported_in_the_form_it_has(server, document, param, message):
     """A document's JSON shape picks its form (string, inline object, registered id): the error names that form's
     field, not every alternative of the union."""
@@ -86,11 +107,16 @@ def test_a_bad_document_is_reported_in_the_form_it_has(server, document, param, 
 
 def test_completion_value_errors(server):
     assert_error(post(server.url, "/v1/completions", json={"prompt": []}), 400, "invalid_request_error", "prompt")
-    assert_error(post(server.url, "/v1/completions", json={"prompt": "x", "echo": True}), 400,
-                 "invalid_request_error", "echo")
+    assert_error(
+        post(server.url, "/v1/completions", json={"prompt": "x", "echo": True}), 400, "invalid_request_error", "echo"
+    )
     assert_error(post(server.url, "/v1/completions", json={"prompt": ""}), 400, "invalid_request_error", "prompt")
-    assert_error(post(server.url, "/v1/completions", json={"prompt": [1, 2, 99999]}), 400,
-                 "invalid_request_error", "prompt_token_ids")
+    assert_error(
+        post(server.url, "/v1/completions", json={"prompt": [1, 2, 99999]}),
+        400,
+        "invalid_request_error",
+        "prompt_token_ids",
+    )
 
 
 def test_context_too_long(server):

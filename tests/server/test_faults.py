@@ -44,12 +44,17 @@ def stream_chat(url: str, body: dict) -> tuple[int, list[dict]]:
 
 
 def test_a_poison_request_fails_alone_beside_concurrent_streams(poisoned):
-    good = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "ignore_eos": True,
-            "documents": ["a document", "another one"]}
+    good = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "documents": ["a document", "another one"],
+    }
     bad = {**good, "temperature": 1.0, "top_k": POISON_TOP_K}
     results: dict[int, tuple[int, list[dict]]] = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, stream_chat(poisoned.url, good)))
-               for i in range(4)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, stream_chat(poisoned.url, good))) for i in range(4)
+    ]
     threads.append(threading.Thread(target=lambda: results.__setitem__(-1, stream_chat(poisoned.url, bad))))
     for t in threads:
         t.start()
@@ -67,8 +72,7 @@ def test_a_poison_request_fails_alone_beside_concurrent_streams(poisoned):
 
 def test_a_dropped_huge_batch_does_not_stall_the_next_request(poisoned):
     url = poisoned.url
-    body = {"prompt": [f"prompt {i}" for i in range(64)], "n": 4, "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {"prompt": [f"prompt {i}" for i in range(64)], "n": 4, "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         next(r.iter_lines())  # it runs; then the client goes away with 256 sequences in flight or waiting
@@ -82,8 +86,9 @@ def test_sigterm_under_load_exits_within_10_s():
     proc, url = start_serve("--shutdown-timeout", "2")
     try:
         body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "ignore_eos": True}
-        load = [threading.Thread(target=lambda: _quietly(lambda: stream_chat(url, body)), daemon=True)
-                for _ in range(6)]
+        load = [
+            threading.Thread(target=lambda: _quietly(lambda: stream_chat(url, body)), daemon=True) for _ in range(6)
+        ]
         for t in load:
             t.start()
         time.sleep(1.0)

@@ -8,8 +8,10 @@ from openai import OpenAI
 
 from lazyattn import LLM, SamplingParams
 
-DOCS = [{"title": "Lazy attention", "text": "Each document is cached once and placed at any position."},
-        "Rotary embeddings make attention scores depend on relative positions only."]
+DOCS = [
+    {"title": "Lazy attention", "text": "Each document is cached once and placed at any position."},
+    "Rotary embeddings make attention scores depend on relative positions only.",
+]
 MESSAGES = [{"role": "user", "content": "Where is a document placed?"}]
 GREEDY = dict(temperature=0.0, max_tokens=4, extra_body={"documents": DOCS, "ignore_eos": True})
 
@@ -46,8 +48,9 @@ def test_chat_with_documents_second_request_hits_cache(server, client):
 
 def test_streaming_chat_equals_non_streaming(server, client):
     full = client.chat.completions.create(model="tiny", messages=MESSAGES, **GREEDY)
-    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY)
+    stream = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **GREEDY
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -84,8 +87,17 @@ def test_relink_tokens_per_request_match_the_offline_engine(server, client):
 
 
 def test_chat_logprobs_and_n(client):
-    r = client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, logprobs=True, top_logprobs=3,
-                                       temperature=1.0, seed=7, max_tokens=3, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        n=2,
+        logprobs=True,
+        top_logprobs=3,
+        temperature=1.0,
+        seed=7,
+        max_tokens=3,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.index for c in r.choices] == [0, 1]
     for c in r.choices:
         assert len(c.logprobs.content) == 3
@@ -115,8 +127,9 @@ def test_completions_batch_streamed_and_not(client):
 
 
 def test_completion_from_token_ids_with_logprobs(client):
-    r = client.completions.create(model="tiny", prompt=[104, 105, 33], max_tokens=2, logprobs=2, temperature=0.0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="tiny", prompt=[104, 105, 33], max_tokens=2, logprobs=2, temperature=0.0, extra_body={"ignore_eos": True}
+    )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == 2 and len(lp.token_logprobs) == 2 and len(lp.top_logprobs) == 2
     assert r.usage.prompt_tokens == 4  # BOS + the three ids

@@ -29,23 +29,50 @@ def small_server():
     """Keyed, with a context and a KV pool small enough that no schema-valid request generates for long (an n of
     128 samples does not fit: a 400 with code context_length_exceeded, which schemathesis is told to expect),
     and a short layout so that requests with documents fit."""
-    s = start_server(dict(page_size=16, kv_cache_gb=0.004, max_model_len=64),
-                     ServerConfig(model_name="tiny", api_keys=(KEY,),
-                                  layout=PromptLayout(system_prompt="Documents:", question_format="{question}")))
+    s = start_server(
+        dict(page_size=16, kv_cache_gb=0.004, max_model_len=64),
+        ServerConfig(
+            model_name="tiny",
+            api_keys=(KEY,),
+            layout=PromptLayout(system_prompt="Documents:", question_format="{question}"),
+        ),
+    )
     yield s
     stop_server(s)
 
 
 def test_schemathesis_finds_no_mismatch(small_server, tmp_path):
     command = [
-        sys.executable, "-m", "schemathesis.cli", "run", f"{small_server.url}/openapi.json",
-        "--checks", "all", "--exclude-checks", "positive_data_acceptance",  # replaced by the hook's version
-        "-H", f"Authorization: Bearer {KEY}", "--seed", "0", "--max-examples", "5", "--workers", "1",
-        "--request-timeout", "60", "--generation-database", "none", "--suppress-health-check", "all",
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        f"{small_server.url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",  # replaced by the hook's version
+        "-H",
+        f"Authorization: Bearer {KEY}",
+        "--seed",
+        "0",
+        "--max-examples",
+        "5",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "60",
+        "--generation-database",
+        "none",
+        "--suppress-health-check",
+        "all",
         "--no-color",
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "SCHEMATHESIS_HOOKS": "tests.server.schemathesis_hooks"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "SCHEMATHESIS_HOOKS": "tests.server.schemathesis_hooks",
+    }
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert "No issues found" in run.stdout, run.stdout[-3000:]
@@ -66,12 +93,16 @@ def test_errors_are_documented_as_openai_bodies_and_400_not_422(small_server):
             for status, response in responses.items():
                 if status != "200" and path.startswith("/v1/"):
                     assert response["content"]["application/json"]["schema"] == {
-                        "$ref": "#/components/schemas/ErrorResponse"}
+                        "$ref": "#/components/schemas/ErrorResponse"
+                    }
             assert all(p["name"].lower() != "authorization" for p in operation.get("parameters", []))
     for path in ("/v1/chat/completions", "/v1/completions"):
         assert {"400", "404", "503"} <= set(s["paths"][path]["post"]["responses"])
-    assert s["components"]["securitySchemes"]["bearerAuth"] == {**s["components"]["securitySchemes"]["bearerAuth"],
-                                                                "type": "http", "scheme": "bearer"}
+    assert s["components"]["securitySchemes"]["bearerAuth"] == {
+        **s["components"]["securitySchemes"]["bearerAuth"],
+        "type": "http",
+        "scheme": "bearer",
+    }
     assert "HTTPValidationError" not in s["components"]["schemas"]
 
 

@@ -51,8 +51,13 @@ def test_registry_is_scoped_and_idempotent():
 
 def test_default_max_tokens_is_the_engines_room():
     room = {10: 40, 20: 0}  # final-segment length -> what the engine says fits
-    r = Renderer(ByteTokenizer(), DEFAULT_LAYOUT, max_model_len=1000, vocab_size=320,
-                 max_new_tokens=lambda prompt, n, relink_tokens=None: room[len(prompt.final)] // n)
+    r = Renderer(
+        ByteTokenizer(),
+        DEFAULT_LAYOUT,
+        max_model_len=1000,
+        vocab_size=320,
+        max_new_tokens=lambda prompt, n, relink_tokens=None: room[len(prompt.final)] // n,
+    )
     prompt = RenderedPrompt([[1] * 50], [2] * 10)
     assert r.max_tokens(7, prompt, 1, "prompt") == 7  # asked for: the engine validates it
     assert r.max_tokens(None, prompt, 1, "prompt") == 40 and r.max_tokens(None, prompt, 4, "prompt") == 10

@@ -27,8 +27,12 @@ def chat(url: str, key: str, **body) -> httpx.Response:
 def test_missing_or_wrong_key_is_401(keyed_server):
     url = keyed_server.url
     for headers in ({}, auth("nope"), {"Authorization": "key-a"}, {"Authorization": "Basic a2V5LWE6"}):
-        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/v1/documents"),
-                             ("POST", "/v1/documents")):
+        for method, path in (
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/v1/models"),
+            ("GET", "/v1/documents"),
+            ("POST", "/v1/documents"),
+        ):
             r = httpx.request(method, f"{url}{path}", headers=headers, json={"messages": QUESTION})
             assert r.status_code == 401, (headers, path, r.text)
             assert r.json()["error"]["type"] == "authentication_error"
@@ -41,11 +45,14 @@ def test_missing_or_wrong_key_is_401(keyed_server):
 def test_openai_client_with_key(keyed_server):
     with OpenAI(base_url=f"{keyed_server.url}/v1", api_key=KEYS[1], max_retries=0, timeout=60) as client:
         assert [m.id for m in client.models.list().data] == ["tiny"]
-        r = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2,
-                                           extra_body={"documents": ["keyed"], "ignore_eos": True})
+        r = client.chat.completions.create(
+            model="tiny", messages=QUESTION, max_tokens=2, extra_body={"documents": ["keyed"], "ignore_eos": True}
+        )
         assert r.usage.completion_tokens == 2
-    with OpenAI(base_url=f"{keyed_server.url}/v1", api_key="wrong", max_retries=0, timeout=60) as client, \
-            pytest.raises(openai.AuthenticationError):
+    with (
+        OpenAI(base_url=f"{keyed_server.url}/v1", api_key="wrong", max_retries=0, timeout=60) as client,
+        pytest.raises(openai.AuthenticationError),
+    ):
         client.models.list()
 
 
@@ -87,8 +94,10 @@ def test_full_waiting_queue_is_429_with_retry_after(keyed_server):
     """One running sequence and one waiting slot: a third request is refused until the first leaves."""
     url, key = keyed_server.url, KEYS[0]
     long = {"messages": QUESTION, "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as http, \
-            http.stream("POST", f"{url}/v1/chat/completions", json=long, headers=auth(key)) as running:
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{url}/v1/chat/completions", json=long, headers=auth(key)) as running,
+    ):
         assert running.status_code == 200
         keyed_server.wait_for(lambda m: m[("lazyattn:num_requests_running", ())] == 1, what="one running")
 
