@@ -2,7 +2,7 @@
 memory one-shot and two-shot, for the row blocks the model sums (decode batches, small prefill buckets, long chunks),
 eagerly and captured in a CUDA graph; and each route's sum checked against NCCL's (fp32, exact).
 
-    python benchmarks/tp_allreduce.py --out OUT.json [--hidden 4096,8192] [--rows 1,16,64,128,256,512,2048]
+    python -m benchmarks.tp_allreduce --out OUT.json [--hidden 4096,8192] [--rows 1,16,64,128,256,512,2048]
 
 Needs two CUDA GPUs (NCCL_NVLS_ENABLE=0 etc. are set by lazyattn.parallel.group). Prints one line per message
 size; writes the table as JSON.
@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lazyattn.parallel import group as tp_group  # noqa: E402
 from lazyattn.parallel.all_reduce import BUFFER_BYTES  # noqa: E402
