@@ -1,4 +1,4 @@
-"""The host tier against GPU-only caching (issue 12; docs/benchmarks.md, "Host tier"), one command:
+"""The host tier against GPU-only caching (docs/benchmarks.md, "Host tier"), one command:
 
     python -m benchmarks.host_tier --plan h100 --out OUT/host_tier/          # on the GPU, ~5 minutes
     python -m benchmarks.host_tier --plan cpu --out /tmp/host_tier/                     # tiny model, a smoke run

@@ -554,7 +554,7 @@ def read_ceiling(b: Bench, nbytes: int) -> float | None:
 
 
 def section_targets(b: Bench) -> list[dict]:
-    """Issue 10's attention targets, each against the copy bandwidth measured in this run: time per layer as the
+    """The request path's attention targets, each against the copy bandwidth measured in this run: time per layer as the
     engine's CUDA graphs run it (graph_us: 32 launches per graph, inputs rotated past L2, no L2 flush), KV bytes
     read per second, and that as % of copy. Short-query prefill: the RAG case (5 x 2048 cached documents at
     their deltas + a 32-token question), target >= 70 %; "attention" is the attention launch(es) the engine runs
