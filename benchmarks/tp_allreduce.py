@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -85,9 +83,9 @@ def _chain_check(symm, device: torch.device, rank: int) -> bool:
     return ok
 
 
-def _rank(rank: int, size: int, init: str, rows: list[int], hidden: list[int], out: str) -> None:
+def _rank(rank: int, size: int, port: int, rows: list[int], hidden: list[int], out: str) -> None:
     device = torch.device("cuda", rank)
-    tp = tp_group.join(init, rank, size, device)
+    tp = tp_group.join(tp_group.connect_store(port, size), rank, size, device)
     symm = tp.symmetric
     table = {"all_reduce_path": tp.all_reduce_path}
     for h in hidden:
@@ -133,8 +131,8 @@ def main() -> None:
     args = p.parse_args()
     rows = [int(v) for v in args.rows.split(",")]
     hidden = [int(v) for v in args.hidden.split(",")]
-    store = os.path.join(tempfile.mkdtemp(prefix="lazyattn-ar-"), "store")
-    mp.spawn(_rank, args=(2, f"file://{store}", rows, hidden, args.out), nprocs=2)
+    store = tp_group.serve_store(2)  # the ranks meet through this process's loopback TCP store, as the engine's do
+    mp.spawn(_rank, args=(2, store.port, rows, hidden, args.out), nprocs=2)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -167,3 +168,13 @@ def test_tune_kernels_quick_jobs_are_small_and_numbered():
     full = tune.all_jobs({"prefill", "decode"}, quick=False)
     assert min(j["n"] for j in full if "n" in j) == 4096 and max(j.get("ctx", 0) for j in full) == 32768
     assert tune.all_jobs({"decode"}, quick=True) and not tune.all_jobs(set(), quick=True)
+
+
+@pytest.mark.parametrize("script", ["serving.sh", "tensor_parallel.sh"])
+def test_shell_scripts_parse_and_call_existing_modules(script):
+    path = ROOT / "benchmarks" / script
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    modules = set(re.findall(r"python3? -m benchmarks\.(\w+)", path.read_text()))
+    assert modules, script
+    for name in modules:
+        assert name in SCRIPTS and (ROOT / "benchmarks" / f"{name}.py").is_file(), name
