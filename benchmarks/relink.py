@@ -1,7 +1,7 @@
 """Relink's cost on the GPU (docs/quality.md, "Relink"): TTFT and throughput per relink_tokens k beside block and
 full, at Llama-3.1-8B shapes (random bf16 weights), the serving benchmark's request shape, warm document cache.
 
-    python benchmarks/relink.py OUT_DIR [--ks 0,4,16,32] [--requests 16] [--smoke]
+    python -m benchmarks.relink OUT_DIR [--ks 0,4,16,32] [--requests 16] [--smoke]
 
 Workload: a pool of 8 documents x 2048 tokens, 5 per request in seeded random order after a BOS segment, a
 32-token question, 16 output tokens (EOS ignored). Every document is encoded before timing (warm cache), so
