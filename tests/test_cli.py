@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,32 @@ def test_cpu_threads_sets_torchs_threads(capsys):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_finetune_summary_reports_where_the_loss_went(monkeypatch, tmp_path, capsys):
+    from lazyattn.finetune import cli as finetune_cli
+    from lazyattn.finetune import train
+
+    assert finetune_cli.first_and_last_loss([7.0, 6.0, 5.0, 4.0, 3.0]) == (6.5, 3.5)  # halves; the middle step out
+    assert finetune_cli.first_and_last_loss([float(i) for i in range(30, 0, -1)]) == (25.5, 5.5)  # 10 and 10
+    assert finetune_cli.first_and_last_loss([2.0]) == (2.0, 2.0)
+    losses = [7.0, 6.0, 5.0, 4.0, 3.0, 3.0]
+    monkeypatch.setattr(train, "finetune", lambda cfg, command: train.FinetuneResult(tmp_path, losses, 600, 2.0))
+    assert main(["finetune", "--model", "tiny", "--out", str(tmp_path), "--steps", "6"]) == 0
+    assert capsys.readouterr().out.startswith("loss 6.000 -> 3.333 over 6 steps, 600 tokens in 2 s")
+
+
+def test_ctrl_c_is_one_line_and_exit_code_130():
+    cmd = [sys.executable, "-m", "lazyattn", "demo", "--model", "tiny", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("lazyattn: warning: --model tiny"), first
+        first = proc.stderr.readline()  # the demo is under way: loading its first engine
+        assert first.startswith("lazyattn demo: lazy mode: loading"), first
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(60) == 130
+    finally:
+        proc.kill()
+    assert rest.splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest

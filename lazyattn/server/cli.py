@@ -37,7 +37,7 @@ def add_serve_parser(
     p.add_argument(
         "--served-model-name",
         default=None,
-        help="the model id clients send (default: the model directory's name, or 'tiny')",
+        help="the model id clients send (default: a named model's name, else the checkpoint's directory or file name)",
     )
     p.add_argument(
         "--max-waiting",
