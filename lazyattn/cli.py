@@ -179,7 +179,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.sampling_seed,
     )
-    if has_template if args.chat is None else args.chat:
+    chat = has_template if args.chat is None else args.chat
+    if chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params, documents=[documents])[0]
     else:
         out = llm.generate([args.prompt], params, documents=[documents])[0]
@@ -231,7 +232,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help=COMMANDS["demo"])
-    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cpu)")
     add_tensor_parallel_arg(p)
     p.set_defaults(func=cmd_demo)
