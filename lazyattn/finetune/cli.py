@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 
@@ -91,10 +92,19 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     result = finetune(cfg, command="lazyattn finetune " + shlex.join(sys.argv[2:]))
-    first, last = result.losses[:10], result.losses[-10:]
+    first, last = first_and_last_loss(result.losses)
     print(
-        f"loss {sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} over {len(result.losses)} steps, "
+        f"loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps, "
         f"{result.tokens:,} tokens in {result.seconds:.0f} s ({result.tokens / result.seconds:,.0f} tok/s); "
         f"saved to {result.out}"
     )
     return 0
+
+
+def first_and_last_loss(losses: list[float]) -> tuple[float, float]:
+    """The mean loss of the first and of the last steps: 10 each, or with 20 steps or fewer each half (the two
+    never share a step, so a short run shows where its loss went)."""
+    if not losses:
+        return math.nan, math.nan
+    k = max(1, min(10, len(losses) // 2))
+    return sum(losses[:k]) / k, sum(losses[-k:]) / k
