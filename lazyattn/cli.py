@@ -25,7 +25,7 @@ def _add_engine_option(p: argparse.ArgumentParser, f: dataclasses.Field) -> None
     cli = f.metadata["cli"]
     kind = str(f.type).replace(" | None", "")
     shown = cli["shown"] if cli["shown"] is not None else "%(default)s"
-    default = cli["default"] if "default" in cli else f.default
+    default = cli.get("default", f.default)
     kw: dict = {"default": default, "help": f"{cli['help']} (default: {shown})"}
     if kind == "bool":
         kw["action"] = argparse.BooleanOptionalAction
