@@ -93,8 +93,10 @@ def _pdl(name: str, raw: str) -> str:
     if value in ("auto", "1", "0"):
         return value
     names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names or any(n not in PDL_FAMILIES for n in names):
-        raise _bad(name, raw, f"auto, 1, 0 or a comma-separated list of {', '.join(PDL_FAMILIES)}")
+    unknown = [n for n in names if n not in PDL_FAMILIES]
+    if not names or unknown:
+        why = f" ({', '.join(unknown)}: no such kernel family)" if unknown and len(names) > 1 else ""
+        raise _bad(name, raw, f"auto, 1, 0 or a comma-separated list of {', '.join(PDL_FAMILIES)}{why}")
     return ",".join(names)
 
 

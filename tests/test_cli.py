@@ -69,3 +69,41 @@ def test_a_missing_document_file_is_a_one_line_error(tmp_path, capsys):
 def test_generate_reads_special_token_text_as_plain_text_unless_asked(capsys, flags, prompt_tokens):
     assert main(["generate", *TINY, "--json", "--max-tokens", "1", *flags, "<|end|>"]) == 0
     assert json.loads(capsys.readouterr().out)["prompt_tokens"] == prompt_tokens  # <s> + bytes, or <s> <|end|>
+
+
+def test_engine_option_defaults_are_engine_configs():
+    """Every subcommand's engine options, parsed from nothing, give EngineConfig's defaults field by field; only the
+    device differs by design: the CLI takes the GPU where one is present (bench and eval pick their modes: no
+    --mode of the engine's there)."""
+    import dataclasses
+
+    import torch
+
+    from lazyattn.cli import engine_options
+    from lazyattn.engine.config import EngineConfig
+
+    defaults = EngineConfig()
+    for name in ("generate", "serve", "bench", "eval"):
+        parser = _subcommands()[name]
+        required = ["q"] if name == "generate" else []
+        options = engine_options(parser.parse_args(required))
+        assert options.pop("device") == ("cuda" if torch.cuda.is_available() else "cpu")
+        offered = {a.option_strings[0][2:].replace("-", "_") for a in parser._actions if a.option_strings}
+        engine = {f.name for f in dataclasses.fields(EngineConfig)}
+        compared = set(options) & offered
+        assert len(compared) >= 14 and set(options) <= engine, name
+        for field in compared:
+            assert options[field] == getattr(defaults, field), f"lazyattn {name} --{field.replace('_', '-')}"
+
+
+def test_dtype_help_states_the_engines_default():
+    """The engine takes bfloat16 on CUDA and float32 on the CPU when no dtype is given; --help says so."""
+    import torch
+
+    from lazyattn.engine.config import EngineConfig
+
+    assert EngineConfig(device="cpu").torch_dtype == torch.float32
+    assert EngineConfig(device="cuda").torch_dtype == torch.bfloat16
+    text = " ".join(_subcommands()["generate"].format_help().split())
+    assert "(default: bfloat16 on CUDA, float32 on the CPU)" in text
+    assert "checkpoint's" not in text
