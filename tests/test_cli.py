@@ -107,3 +107,12 @@ def test_dtype_help_states_the_engines_default():
     text = " ".join(_subcommands()["generate"].format_help().split())
     assert "(default: bfloat16 on CUDA, float32 on the CPU)" in text
     assert "checkpoint's" not in text
+
+
+def test_mode_choices_are_the_one_list_and_each_has_an_implementation():
+    from lazyattn.engine.config import MODES
+    from lazyattn.engine.modes import MODE_CLASSES, make_mode
+
+    mode = next(a for a in _subcommands()["generate"]._actions if "--mode" in a.option_strings)
+    assert tuple(mode.choices) == MODES == ("lazy", "block", "prefix", "full")
+    assert tuple(MODE_CLASSES) == MODES and all(make_mode(m).name == m for m in MODES)
