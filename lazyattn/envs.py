@@ -274,6 +274,15 @@ def read_var(var: Var, environ: Mapping[str, str] | None = None) -> Any:
     return _parse(var, os.environ if environ is None else environ)
 
 
+def changed(before: EnvSettings, after: EnvSettings) -> list[str]:
+    """The variables whose settings differ, as NAME=value of `after`."""
+    return [
+        f"{f.metadata['var'].name}={getattr(after, f.name)!r}"
+        for f in dataclasses.fields(EnvSettings)
+        if getattr(before, f.name) != getattr(after, f.name)
+    ]
+
+
 _active: EnvSettings | None = None
 
 

@@ -190,3 +190,10 @@ def test_settings_pickle_for_the_tensor_parallel_workers():
 
     settings = dataclasses.replace(read_env({}), gemv="0", tp_trace="/tmp/x")
     assert pickle.loads(pickle.dumps(settings)) == settings
+
+
+def test_changed_names_the_variables_that_differ():
+    before = read_env({})
+    after = read_env({"LAZYATTN_GEMV": "0", "LAZYATTN_PDL": "auto", "LAZYATTN_KV_LAYOUT": "head"})
+    assert envs.changed(before, after) == ["LAZYATTN_KV_LAYOUT='head'", "LAZYATTN_GEMV='0'"]
+    assert envs.changed(after, after) == []

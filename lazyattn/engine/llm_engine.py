@@ -77,7 +77,13 @@ class LLMEngine:
         self.config = config
         # The kernels' toggles are this engine's settings from here on, before the model loads, warms up and is
         # captured: graphs and eager steps launch the same kernels (lazyattn/envs.py, the invariant).
-        envs.activate(config.env)
+        previous = envs.activate(config.env)
+        if previous is not None and previous != config.env:
+            logger.warning(
+                "LAZYATTN_* settings differ from the previous engine's in this process (%s): an engine still running "
+                "launches by the new ones outside its captured graphs",
+                ", ".join(envs.changed(previous, config.env)),
+            )
         self.mode = make_mode(config.mode)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():

@@ -25,7 +25,6 @@ def build(n_kernels: int, kind: str) -> torch.cuda.CUDAGraph:
 
         def body():
             torch.mm(a, w.t(), out=o)
-
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

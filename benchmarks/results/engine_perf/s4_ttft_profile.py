@@ -33,9 +33,8 @@ def sync() -> None:
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    shapes = dataclasses.replace(
-        eb.Shapes() if CUDA else eb.QUICK, batches=(1,), sections=("cache_documents", "ttft_rag")
-    )
+    shapes = dataclasses.replace(eb.Shapes() if CUDA else eb.QUICK, batches=(1,),
+                                 sections=("cache_documents", "ttft_rag"))
     bench = eb.Bench(shapes, torch.device("cuda" if CUDA else "cpu"), 3e12)
     bench.cache_documents()
     bench.drain()
@@ -59,14 +58,8 @@ def main(out: Path) -> None:
     for s in range(3):
         one(900 + s)
     plain = [one(1000 + s) for s in range(10)]
-    print(
-        "plain: add ms median",
-        statistics.median(p[0] for p in plain),
-        "steps ms",
-        statistics.median(p[1] for p in plain),
-        "nsteps",
-        plain[0][2],
-    )
+    print("plain: add ms median", statistics.median(p[0] for p in plain), "steps ms",
+          statistics.median(p[1] for p in plain), "nsteps", plain[0][2])
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
     with torch.profiler.profile(activities=activities) as prof:
         for s in range(3):
@@ -75,29 +68,17 @@ def main(out: Path) -> None:
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
     trace.unlink()
-    marks = sorted(
-        (
-            e
-            for e in events
-            if e.get("name", "").startswith("ttft_") and e.get("ph") == "X" and e.get("cat") == "user_annotation"
-        ),
-        key=lambda e: e["ts"],
-    )
+    marks = sorted((e for e in events if e.get("name", "").startswith("ttft_") and e.get("ph") == "X"
+                    and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     gpu_cats = ("kernel", "gpu_memcpy", "gpu_memset")
     device = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in gpu_cats), key=lambda e: e["ts"])
     for m in marks:
         a, b = m["ts"], m["ts"] + m["dur"]
         ks = [k for k in device if a <= k["ts"] <= b + 20000]
-        print(
-            {
-                "name": m["name"],
-                "dur_us": m["dur"],
-                "n_gpu": len(ks),
-                "first_gpu_after_us": (ks[0]["ts"] - a) if ks else None,
-                "last_gpu_end_before_end_us": (b - max(k["ts"] + k["dur"] for k in ks)) if ks else None,
-                "gpu_busy_us": sum(k["dur"] for k in ks),
-            }
-        )
+        print({"name": m["name"], "dur_us": m["dur"], "n_gpu": len(ks),
+               "first_gpu_after_us": (ks[0]["ts"] - a) if ks else None,
+               "last_gpu_end_before_end_us": (b - max(k["ts"] + k["dur"] for k in ks)) if ks else None,
+               "gpu_busy_us": sum(k["dur"] for k in ks)})
     host_cats = ("cpu_op", "cuda_runtime", "cuda_driver")
     host = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in host_cats), key=lambda e: -e["dur"])
     print("longest cpu/runtime events:", [(e["name"][:50], e["dur"]) for e in host[:25]])

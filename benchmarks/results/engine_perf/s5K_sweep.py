@@ -60,57 +60,24 @@ def main() -> int:
         for config in configs:
             for splits in split_counts:
                 for name, kw in variants.items():
-                    for plan in (True, False) if splits in (16, 2) and config is None and name == "rotq" else (True,):
-                        calls = [
-                            lambda q=q, k=k, v=v, pb=pb, r=r, n=splits, kw=kw, c=config, pl=plan: (
-                                prefill.prefill_attention(
-                                    q,
-                                    k,
-                                    v,
-                                    pb,
-                                    tables,
-                                    b.scale,
-                                    num_splits=n or None,
-                                    config=c,
-                                    plan_pieces=pl,
-                                    **(kw if kw is not None else {"rotated_q": r}),
-                                )
-                            )
-                            for (q, k, v, pb), r in zip(inputs, rotated)
-                        ]
+                    for plan in ((True, False) if splits in (16, 2) and config is None and name == "rotq" else (True,)):
+                        calls = [lambda q=q, k=k, v=v, pb=pb, r=r, n=splits, kw=kw, c=config, pl=plan:
+                                 prefill.prefill_attention(q, k, v, pb, tables, b.scale, num_splits=n or None,
+                                                           config=c, plan_pieces=pl,
+                                                           **(kw if kw is not None else {"rotated_q": r}))
+                                 for (q, k, v, pb), r in zip(inputs, rotated)]
                         try:
                             us = asp.graph_us(calls, device)
                         except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded
-                            record(
-                                dict(
-                                    kind="prefill",
-                                    batch=batch,
-                                    cfg=str(config),
-                                    splits=splits,
-                                    q=name,
-                                    error=str(e)[-300:],
-                                )
-                            )
+                            record(dict(kind="prefill", batch=batch, cfg=str(config), splits=splits, q=name,
+                                        error=str(e)[-300:]))
                             continue
-                        record(
-                            dict(
-                                kind="prefill",
-                                batch=batch,
-                                docs=shp.n_docs,
-                                cfg=str(config),
-                                splits=splits,
-                                plan=plan,
-                                q=name,
-                                us=round(us, 2),
-                                bw_pct=pct(kv_bytes, us),
-                            )
-                        )
+                        record(dict(kind="prefill", batch=batch, docs=shp.n_docs, cfg=str(config), splits=splits,
+                                    plan=plan, q=name, us=round(us, 2), bw_pct=pct(kv_bytes, us)))
         if shp.n_docs == s.n_docs:
             from lazyattn.kernels.cache_ops import rope_write_kv, rope_write_kv_runs
             from lazyattn.kernels.prefill import rotated_runs_for
-
             for runs in (0, rotated_runs_for(batch * s.question)):
-
                 def rope(q, k, v, pb, runs=runs, bb=bb):
                     t = q.shape[0]
                     kv = torch.randn(t, 2, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device=device)
@@ -119,7 +86,6 @@ def main() -> int:
                     if runs:
                         return lambda: rope_write_kv_runs(*args, pb, runs)
                     return lambda: rope_write_kv(*args)
-
                 us = asp.graph_us([rope(*i) for i in inputs], device)
                 record(dict(kind="rope", batch=batch, runs=runs, us=round(us, 2)))
         del inputs, rotated
@@ -127,34 +93,26 @@ def main() -> int:
     # Decode at batch 1: split counts x tiles at 10 304 keys; then context length with the default.
     gen = torch.Generator().manual_seed(0)
     D = decode.DecodeConfig
-    for ctx, split_counts, configs in (
-        (10304, (12, 16, 20, 24, 33), (None, D(64, 4, 3, 168), D(64, 4, 5, 168), D(64, 8, 4, None), D(32, 4, 4, 168))),
-        (2048, (0,), (None,)),
-        (4096, (0,), (None,)),
-        (20480, (0,), (None,)),
-    ):
+    for ctx, split_counts, configs in ((10304, (12, 16, 20, 24, 33),
+                                        (None, D(64, 4, 3, 168), D(64, 4, 5, 168), D(64, 8, 4, None),
+                                         D(32, 4, 4, 168))),
+                                       (2048, (0,), (None,)), (4096, (0,), (None,)), (20480, (0,), (None,))):
         inputs, nbytes = kb.decode_case(b, 1, ctx, gen)
         while len(inputs) < 4:
             inputs += kb.decode_case(b, 1, ctx, gen)[0]
         for config in configs:
             for splits in split_counts:
                 counters = decode.ArrivalCounters()
-                calls = [
-                    lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, a=counters: decode.decode_attention(
-                        q, k, v, pb, tables, b.scale, counters=a, num_splits=n or None, config=c
-                    )
-                    for q, k, v, pb in inputs
-                ]
+                calls = [lambda q=q, k=k, v=v, pb=pb, c=config, n=splits, a=counters: decode.decode_attention(
+                    q, k, v, pb, tables, b.scale, counters=a, num_splits=n or None, config=c)
+                    for q, k, v, pb in inputs]
                 try:
                     us = asp.graph_us(calls, device)
                 except Exception as e:  # noqa: BLE001 - a config that does not fit is recorded, the sweep goes on
                     record(dict(kind="decode", ctx=ctx, splits=splits, cfg=str(config), error=str(e)[:200]))
                     continue
-                record(
-                    dict(
-                        kind="decode", ctx=ctx, splits=splits, cfg=str(config), us=round(us, 2), bw_pct=pct(nbytes, us)
-                    )
-                )
+                record(dict(kind="decode", ctx=ctx, splits=splits, cfg=str(config), us=round(us, 2),
+                            bw_pct=pct(nbytes, us)))
         del inputs
         torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)

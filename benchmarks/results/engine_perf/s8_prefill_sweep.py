@@ -17,19 +17,9 @@ import kernels as kb  # noqa: E402  (benchmarks/kernels.py)
 
 from lazyattn.kernels.prefill import PrefillConfig, prefill_attention  # noqa: E402
 
-CONFIGS = [None] + [
-    PrefillConfig(m, n, w, st)
-    for m, n, w, st in (
-        (64, 64, 4, 2),
-        (64, 64, 4, 3),
-        (64, 64, 4, 4),
-        (64, 64, 8, 3),
-        (64, 32, 4, 3),
-        (32, 64, 4, 3),
-        (32, 64, 4, 2),
-        (128, 64, 4, 3),
-    )
-]
+CONFIGS = [None] + [PrefillConfig(m, n, w, st) for m, n, w, st in (
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3), (64, 32, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
+    (128, 64, 4, 3))]
 SPLITS = (8, 12, 16, 24, 32)
 
 
@@ -41,22 +31,16 @@ def main() -> None:
     ref = prefill_attention(*inputs[0], b.tables, b.scale, rotated_q=rotated[0])
     rows = []
     for cfg in CONFIGS:
-        for splits in (16,) if cfg is None else SPLITS:
-            row = {
-                "config": None if cfg is None else [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
-                "splits": splits,
-            }
+        for splits in ((16,) if cfg is None else SPLITS):
+            row = {"config": None if cfg is None else [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
+                   "splits": splits}
             try:
-                got = prefill_attention(
-                    *inputs[0], b.tables, b.scale, rotated_q=rotated[0], config=cfg, num_splits=splits
-                )
+                got = prefill_attention(*inputs[0], b.tables, b.scale, rotated_q=rotated[0], config=cfg,
+                                        num_splits=splits)
                 row["max_err"] = (got.float() - ref.float()).abs().max().item()
-                calls = [
-                    lambda i=i, r=r, cfg=cfg, splits=splits: prefill_attention(
-                        *i, b.tables, b.scale, rotated_q=r, config=cfg, num_splits=splits
-                    )
-                    for i, r in zip(inputs, rotated)
-                ]
+                calls = [lambda i=i, r=r, cfg=cfg, splits=splits: prefill_attention(
+                    *i, b.tables, b.scale, rotated_q=r, config=cfg, num_splits=splits)
+                    for i, r in zip(inputs, rotated)]
                 us = kb.graph_us(b, calls)
                 row.update(us=us, pct_of_copy=100 * kv_bytes / us / 1e3 / copy)
             except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded and skipped
@@ -66,10 +50,8 @@ def main() -> None:
     out.write_text(json.dumps({"copy_gbps": copy, "kv_bytes": kv_bytes, "rows": rows}, indent=1))
     ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
     for r in ok[:8]:
-        print(
-            f"best: {r['config']} splits {r['splits']}: {r['us']:.1f} us ({r['pct_of_copy']:.1f} %), "
-            f"max err {r['max_err']:.2e}"
-        )
+        print(f"best: {r['config']} splits {r['splits']}: {r['us']:.1f} us ({r['pct_of_copy']:.1f} %), "
+              f"max err {r['max_err']:.2e}")
 
 
 if __name__ == "__main__":

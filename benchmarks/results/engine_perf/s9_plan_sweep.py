@@ -61,16 +61,16 @@ def main() -> None:
             def call(i, pb, r, splits=splits, delta=delta):
                 if delta:
                     return prefill_attention(i[0], i[1], i[2], pb, b.tables, b.scale, rotated_q=r, num_splits=splits)
-                return prefill_attention(i[0], i[1], i[2], pb, b.tables, b.scale, apply_delta=False, num_splits=splits)
+                return prefill_attention(i[0], i[1], i[2], pb, b.tables, b.scale, apply_delta=False,
+                                         num_splits=splits)
 
             try:
                 if delta:
                     row["max_err"] = (call(inputs[0], batches[0], rotated[0]).float() - ref.float()).abs().max().item()
                 if kind == "plan":
                     row["pieces"] = batches[0].plan[0, :, 0].tolist()
-                us = kb.graph_us(
-                    b, [lambda i=i, pb=pb, r=r: call(i, pb, r) for i, pb, r in zip(inputs, batches, rotated)]
-                )
+                us = kb.graph_us(b, [lambda i=i, pb=pb, r=r: call(i, pb, r)
+                                     for i, pb, r in zip(inputs, batches, rotated)])
                 row.update(us=us, pct_of_copy=100 * kv_bytes / us / 1e3 / copy)
             except Exception as e:  # noqa: BLE001 - recorded and skipped
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -80,10 +80,8 @@ def main() -> None:
     for name in layouts:
         ok = sorted((r for r in rows if "us" in r and r["layout"] == name and r["delta"]), key=lambda r: r["us"])
         for r in ok[:5]:
-            print(
-                f"{name} best: {r['kind']} splits {r['splits']} switch {r['switch']}: {r['us']:.1f} us "
-                f"({r['pct_of_copy']:.1f} %), max err {r.get('max_err', 0):.2e}"
-            )
+            print(f"{name} best: {r['kind']} splits {r['splits']} switch {r['switch']}: {r['us']:.1f} us "
+                  f"({r['pct_of_copy']:.1f} %), max err {r.get('max_err', 0):.2e}")
 
 
 if __name__ == "__main__":

@@ -36,29 +36,20 @@ def main() -> None:
         ours = prefill_hopper.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
         triton_out = prefill_attention(q, k, v, pb, b.tables, b.scale, rotated_q=rotated[0])
         ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale) if batch == 1 else None
-        row = {
-            "batch": batch,
-            "splits": splits,
-            "max_abs_vs_triton": (ours.float() - triton_out.float()).abs().max().item(),
-            "max_abs_triton_vs_ref": None if ref is None else (triton_out.float() - ref).abs().max().item(),
-            "max_abs_gluon_vs_ref": None if ref is None else (ours.float() - ref).abs().max().item(),
-        }
+        row = {"batch": batch, "splits": splits,
+               "max_abs_vs_triton": (ours.float() - triton_out.float()).abs().max().item(),
+               "max_abs_triton_vs_ref": None if ref is None else (triton_out.float() - ref).abs().max().item(),
+               "max_abs_gluon_vs_ref": None if ref is None else (ours.float() - ref).abs().max().item()}
         calls = {
-            "triton, deltas": [
-                lambda i=i, r=r: prefill_attention(*i, b.tables, b.scale, rotated_q=r) for i, r in zip(inputs, rotated)
-            ],
-            "triton, no deltas": [
-                lambda i=i: prefill_attention(*i, b.tables, b.scale, apply_delta=False) for i in inputs
-            ],
-            "gluon, deltas": [
-                lambda i=i, n=splits: prefill_hopper.short_prefill_attention(*i, b.tables, b.scale, n) for i in inputs
-            ],
-            "gluon, no deltas": [
-                lambda i=i, n=splits: prefill_hopper.short_prefill_attention(
-                    *i, b.tables, b.scale, n, apply_delta=False
-                )
-                for i in inputs
-            ],
+            "triton, deltas": [lambda i=i, r=r: prefill_attention(*i, b.tables, b.scale, rotated_q=r)
+                               for i, r in zip(inputs, rotated)],
+            "triton, no deltas": [lambda i=i: prefill_attention(*i, b.tables, b.scale, apply_delta=False)
+                                  for i in inputs],
+            "gluon, deltas": [lambda i=i, n=splits: prefill_hopper.short_prefill_attention(*i, b.tables, b.scale, n)
+                              for i in inputs],
+            "gluon, no deltas": [lambda i=i, n=splits: prefill_hopper.short_prefill_attention(*i, b.tables, b.scale, n,
+                                                                                   apply_delta=False)
+                                 for i in inputs],
         }
         for rnd in range(2):  # alternated rounds
             for name, fns in calls.items():

@@ -57,15 +57,8 @@ def main() -> None:
         q, k, v, pb = inputs[0]
         ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale) if batch <= 2 else None
         row = {"batch": batch, "engine_splits": pb.plan.shape[1] if pb.plan is not None else 1}
-        calls = {
-            "triton (engine's splits)": (
-                [
-                    lambda i=i, r=r: prefill_attention(*i, b.tables, b.scale, rotated_q=r)
-                    for i, r in zip(inputs, rotated)
-                ],
-                False,
-            )
-        }
+        calls = {"triton (engine's splits)": ([lambda i=i, r=r: prefill_attention(*i, b.tables, b.scale, rotated_q=r)
+                                              for i, r in zip(inputs, rotated)], False)}
         if batch == 1:
             calls["triton, old grid"] = (calls["triton (engine's splits)"][0], True)
         for n in gluon_splits:

@@ -48,7 +48,7 @@ from lazyattn.kernels.reference import paged_attention  # noqa: E402
 def folded(pb, keep: int = 20):
     """pb with its page ids folded onto its first `keep` pages (tiles that stay in L2)."""
     reps = cdiv(pb.pages.shape[1], keep)
-    return replace(pb, pages=pb.pages[:, :keep].repeat(1, reps)[:, : pb.pages.shape[1]].contiguous())
+    return replace(pb, pages=pb.pages[:, :keep].repeat(1, reps)[:, :pb.pages.shape[1]].contiguous())
 
 
 def prefill_row(b, batch: int, copy_gbps: float) -> dict:
@@ -59,12 +59,8 @@ def prefill_row(b, batch: int, copy_gbps: float) -> dict:
     q, k, v, pb = inputs[0]
     ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
     got = prefill_hopper.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
-    row = {
-        "batch": batch,
-        "splits": splits,
-        "kv_bytes": kv_bytes,
-        "max_abs_vs_ref": (got.float() - ref).abs().max().item(),
-    }
+    row = {"batch": batch, "splits": splits, "kv_bytes": kv_bytes,
+           "max_abs_vs_ref": (got.float() - ref).abs().max().item()}
     kv_new = torch.randn(batch * s.question, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
     slots = torch.full((batch * s.question,), -1, dtype=torch.int64, device=b.device)
     positions = rag_positions(b, pb)

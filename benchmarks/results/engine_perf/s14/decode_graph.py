@@ -47,28 +47,15 @@ def main() -> None:
         kq = torch.randn(1, s.kv_heads, s.head_dim, dtype=q.dtype, device=device)
         pos = pb.q_start.long()
         slot = torch.full((1,), -1, dtype=torch.int64, device=device)  # rotates, stores nothing
-        return lambda: fn(
-            cache_ops.rope_write_kv(q, kq, kq, pos, slot, k_cache, v_cache, b.tables),
-            k_cache,
-            v_cache,
-            pb,
-            b.tables,
-            b.scale,
-        )
+        return lambda: fn(cache_ops.rope_write_kv(q, kq, kq, pos, slot, k_cache, v_cache, b.tables), k_cache,
+                          v_cache, pb, b.tables, b.scale)
 
     layered = kb.graph_us(b, [layer(i) for i in inputs])
     copy = b.copy_bandwidth() or float("nan")
-    row = {
-        "label": label,
-        "pdl": os.environ.get("LAZYATTN_PDL", "1"),
-        "prefetch": os.environ.get("LAZYATTN_DECODE_PREFETCH", "0"),
-        "alone_us": alone,
-        "layer_us": layered,
-        "alone_%_of_copy": 100 * nbytes / alone / 1e3 / copy,
-        "layer_%_of_copy": 100 * nbytes / layered / 1e3 / copy,
-        "copy_GBps": copy,
-        "gpu": torch.cuda.get_device_name() if gpu else "cpu",
-    }
+    row = {"label": label, "pdl": os.environ.get("LAZYATTN_PDL", "1"),
+           "prefetch": os.environ.get("LAZYATTN_DECODE_PREFETCH", "0"), "alone_us": alone, "layer_us": layered,
+           "alone_%_of_copy": 100 * nbytes / alone / 1e3 / copy, "layer_%_of_copy": 100 * nbytes / layered / 1e3 / copy,
+           "copy_GBps": copy, "gpu": torch.cuda.get_device_name() if gpu else "cpu"}
     rows = json.loads(out.read_text()) if out.exists() else []
     out.write_text(json.dumps(rows + [row], indent=1))
     print(json.dumps(row))

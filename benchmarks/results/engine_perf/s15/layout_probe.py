@@ -67,23 +67,9 @@ def decode_inputs(b: kb.Bench, ctx: int, ordered: bool, gen: torch.Generator) ->
 
 
 @triton.jit
-def _stream_pages(
-    q_ptr,
-    k_src,
-    v_src,
-    pages_ptr,
-    out_ptr,
-    n_pages,
-    per_split,
-    stride_kp,
-    stride_kt,
-    stride_kh,
-    HEADS: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr,
-    TMA: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    D: tl.constexpr,
-):
+def _stream_pages(q_ptr, k_src, v_src, pages_ptr, out_ptr, n_pages, per_split, stride_kp, stride_kt, stride_kh,
+                  HEADS: tl.constexpr, HEAD_MAJOR: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr,
+                  D: tl.constexpr):
     """decode.py's tile loop with nothing around it: program (split, kv head) walks its pages' K and V tiles. TMA:
     k_src and v_src are tensor descriptors whose boxes are (page, kv head) tiles (one copy-engine load per tile on
     Hopper), else the caches, read by per-thread asynchronous copies as decode.py reads them."""
@@ -131,50 +117,19 @@ def tile_descriptor(cache: torch.Tensor):
     return TensorDescriptor(flat, [rows, cols], [cols, 1], [slots, dim]), head_major
 
 
-def stream_tma(
-    q16: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pages: torch.Tensor,
-    splits: int,
-    out: torch.Tensor,
-    num_stages: int = 3,
-) -> torch.Tensor:
+def stream_tma(q16: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, splits: int,
+               out: torch.Tensor, num_stages: int = 3) -> torch.Tensor:
     return stream(q16, k, v, pages, splits, out, num_stages, tma=True)
 
 
-def stream(
-    q16: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pages: torch.Tensor,
-    splits: int,
-    out: torch.Tensor,
-    num_stages: int = 3,
-    tma: bool = False,
-) -> torch.Tensor:
+def stream(q16: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, splits: int,
+           out: torch.Tensor, num_stages: int = 3, tma: bool = False) -> torch.Tensor:
     n_pages = pages.numel()
     per = cdiv(n_pages, splits)
     (k_src, head_major), (v_src, _) = (tile_descriptor(k), tile_descriptor(v)) if tma else ((k, False), (v, False))
     _stream_pages[(cdiv(n_pages, per), k.shape[2])](
-        q16,
-        k_src,
-        v_src,
-        pages,
-        out,
-        n_pages,
-        per,
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        HEADS=k.shape[2],
-        HEAD_MAJOR=head_major,
-        TMA=tma,
-        BLOCK_N=k.shape[1],
-        D=k.shape[3],
-        num_warps=4,
-        num_stages=num_stages,
-    )
+        q16, k_src, v_src, pages, out, n_pages, per, k.stride(0), k.stride(1), k.stride(2), HEADS=k.shape[2],
+        HEAD_MAJOR=head_major, TMA=tma, BLOCK_N=k.shape[1], D=k.shape[3], num_warps=4, num_stages=num_stages)
     return out
 
 
@@ -194,11 +149,8 @@ def main() -> None:
     def record(row: dict) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
-        out.write_text(
-            json.dumps(
-                {"copy_GBps": copy, "gpu": torch.cuda.get_device_name() if gpu else "cpu", "rows": rows}, indent=1
-            )
-        )
+        out.write_text(json.dumps({"copy_GBps": copy, "gpu": torch.cuda.get_device_name() if gpu else "cpu",
+                                   "rows": rows}, indent=1))
 
     def pct(us: float, n: float = nbytes) -> float:
         return 100 * n / us / 1e3 / copy
@@ -217,44 +169,28 @@ def main() -> None:
         kq = torch.randn(1, s.kv_heads, s.head_dim, dtype=q.dtype, device=device)
         pos = pb.q_start.long()
         slot = torch.full((1,), -1, dtype=torch.int64, device=device)  # rotates, stores nothing
-        return lambda: fn(
-            cache_ops.rope_write_kv(q, kq, kq, pos, slot, k_cache, v_cache, b.tables),
-            k_cache,
-            v_cache,
-            pb,
-            b.tables,
-            b.scale,
-            **kw,
-        )
+        return lambda: fn(cache_ops.rope_write_kv(q, kq, kq, pos, slot, k_cache, v_cache, b.tables), k_cache, v_cache,
+                          pb, b.tables, b.scale, **kw)
 
     def decode_row(inputs, ref, **kw) -> dict:
         got = [fn(*i, b.tables, b.scale, **kw) for i in inputs]
         alone = kb.graph_us(b, [lambda i=i: fn(*i, b.tables, b.scale, **kw) for i in inputs])
         layered = kb.graph_us(b, [layer(i, **kw) for i in inputs])
-        return {
-            "bit_equal": all(torch.equal(x, y) for x, y in zip(got, ref)),
-            "alone_us": alone,
-            "layer_us": layered,
-            "alone_%": pct(alone),
-            "layer_%": pct(layered),
-        }
+        return {"bit_equal": all(torch.equal(x, y) for x, y in zip(got, ref)), "alone_us": alone,
+                "layer_us": layered, "alone_%": pct(alone), "layer_%": pct(layered)}
 
     def stream_row(inputs: list[tuple], splits: int, stages: int, launcher=stream) -> dict:
         q16 = torch.randn(16, s.head_dim, dtype=kb.DTYPE, device=device)
         scratch = torch.zeros(s.kv_heads * splits * 16, s.head_dim, dtype=torch.float32, device=device)
-        calls = [
-            functools.partial(launcher, q16, k, v, pb.pages[0, : pb.max_pages], splits, scratch, stages)
-            for _, k, v, pb in inputs
-        ]
+        calls = [functools.partial(launcher, q16, k, v, pb.pages[0, : pb.max_pages], splits, scratch, stages)
+                 for _, k, v, pb in inputs]
         # The same sums as the plain loop over the first input (other instructions: equal within rounding).
-        want = stream(
-            q16, *inputs[0][1:3], inputs[0][3].pages[0, : inputs[0][3].max_pages], splits, torch.zeros_like(scratch)
-        )
+        want = stream(q16, *inputs[0][1:3], inputs[0][3].pages[0, : inputs[0][3].max_pages], splits,
+                      torch.zeros_like(scratch))
         got = calls[0]()
         # (equal_nan: the CPU interpreter multiplies bf16 dot operands as raw bits, triton issue #11584.)
-        close = bool(
-            torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.nan_to_num().abs().max()), equal_nan=True)
-        )
+        close = bool(torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.nan_to_num().abs().max()),
+                                    equal_nan=True))
         us = kb.graph_us(b, calls)
         return {"matches_stream": close, "alone_us": us, "alone_%": pct(us)}
 
@@ -263,15 +199,10 @@ def main() -> None:
         inputs, _ = kb.rag_case(b, batch, False, copies=max(2, kb.copies_for(kv_bytes, b.l2_bytes())))
         inputs = [kb.engine_split(b, *i) for i in inputs]
         rotated = [kb.rope_runs(b, *i) for i in inputs]
-        calls = {
-            name: [
-                functools.partial(prefill_attention, *i, b.tables, b.scale, rotated_q=r) for i, r in zip(ins, rotated)
-            ]
-            for name, ins in (
-                ("token", inputs),
-                ("head", [(q, head_major(k), head_major(v), pb) for q, k, v, pb in inputs]),
-            )
-        }
+        calls = {name: [functools.partial(prefill_attention, *i, b.tables, b.scale, rotated_q=r)
+                        for i, r in zip(ins, rotated)]
+                 for name, ins in (("token", inputs),
+                                   ("head", [(q, head_major(k), head_major(v), pb) for q, k, v, pb in inputs]))}
         ref = [call() for call in calls["token"]]
 
         def timed(fns, check: bool = True) -> dict:
@@ -293,38 +224,24 @@ def main() -> None:
             for splits in (None, 8, 24, 32, 48):
                 ref = [fn(*i, b.tables, b.scale, num_splits=splits) for i in base]
                 for name, inputs in layouts.items():
-                    guarded(
-                        {"kind": "decode", "layout": name, "ordered": ordered, "splits": splits or "rule"},
-                        lambda inputs=inputs, ref=ref, splits=splits: decode_row(inputs, ref, num_splits=splits),
-                    )
+                    guarded({"kind": "decode", "layout": name, "ordered": ordered, "splits": splits or "rule"},
+                            lambda inputs=inputs, ref=ref, splits=splits: decode_row(inputs, ref, num_splits=splits))
         if "configs" in sections and not ordered:
             ref = [fn(*i, b.tables, b.scale) for i in base]
             for warps, stages in ((4, 4), (4, 5), (8, 3), (8, 4)):
                 config = DecodeConfig(block_n=s.page_size, num_warps=warps, num_stages=stages, maxnreg=None)
                 for name, inputs in layouts.items():
-                    guarded(
-                        {
-                            "kind": f"decode {warps} warps, {stages} stages",
-                            "layout": name,
-                            "ordered": ordered,
-                            "splits": "rule",
-                        },
-                        lambda inputs=inputs, ref=ref, config=config: decode_row(inputs, ref, config=config),
-                    )
+                    guarded({"kind": f"decode {warps} warps, {stages} stages", "layout": name, "ordered": ordered,
+                             "splits": "rule"},
+                            lambda inputs=inputs, ref=ref, config=config: decode_row(inputs, ref, config=config))
         if "stream" in sections:
             for splits in (15, 16):  # the rule's 15 x 11 pages; 16 x 10 pages + 1
                 for name, inputs in layouts.items():
                     for launcher, stage_counts in ((stream, (3, 4)), (stream_tma, (3, 4, 6))):
                         for stages in stage_counts:
-                            guarded(
-                                {
-                                    "kind": f"{launcher.__name__}, {stages} stages",
-                                    "layout": name,
-                                    "ordered": ordered,
-                                    "splits": splits,
-                                },
-                                functools.partial(stream_row, inputs, splits, stages, launcher),
-                            )
+                            guarded({"kind": f"{launcher.__name__}, {stages} stages", "layout": name,
+                                     "ordered": ordered, "splits": splits},
+                                    functools.partial(stream_row, inputs, splits, stages, launcher))
         del base, layouts
         kb.free_memory()
 
@@ -338,11 +255,8 @@ def main() -> None:
         if "error" in r:
             cells += ["ERROR", "", ""]
         else:
-            cells += [
-                r.get("bit_equal", r.get("matches_stream", "")),
-                f"{r['alone_us']:.2f} ({r['alone_%']:.1f})",
-                f"{r['layer_us']:.2f} ({r['layer_%']:.1f})" if "layer_us" in r else "",
-            ]
+            cells += [r.get("bit_equal", r.get("matches_stream", "")), f"{r['alone_us']:.2f} ({r['alone_%']:.1f})",
+                      f"{r['layer_us']:.2f} ({r['layer_%']:.1f})" if "layer_us" in r else ""]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     print(f"copy {copy:.0f} GB/s")
 

@@ -31,27 +31,16 @@ class Batch1:
 
     def after_rope(self, q, k, v, pb, **kw):
         """Decode of q after a RoPE launch that rotates it (and stores nothing: slot -1)."""
-        return self.fn(
-            rope_write_kv(q, self.kv, self.kv, pb.q_start.long(), self.slot, k, v, self.b.tables),
-            k,
-            v,
-            pb,
-            self.b.tables,
-            self.b.scale,
-            **kw,
-        )
+        return self.fn(rope_write_kv(q, self.kv, self.kv, pb.q_start.long(), self.slot, k, v, self.b.tables), k, v,
+                       pb, self.b.tables, self.b.scale, **kw)
 
 
 def batch1() -> Batch1:
     gpu = torch.cuda.is_available()
     s = kb.Shapes() if gpu else kb.QUICK
     device = torch.device("cuda" if gpu else "cpu")
-    b = kb.Bench(
-        argparse.Namespace(warmup=25, rep=100, seed=0, argv=[]),
-        s,
-        device,
-        kb.llama31_tables(s.head_dim, 4 * 32768, device),
-    )
+    b = kb.Bench(argparse.Namespace(warmup=25, rep=100, seed=0, argv=[]), s, device,
+                 kb.llama31_tables(s.head_dim, 4 * 32768, device))
     gen = torch.Generator().manual_seed(2)
     inputs, nbytes = kb.decode_case(b, 1, s.target_decode_context, gen)
     while len(inputs) < 4:

@@ -32,7 +32,7 @@ from lazyattn.kernels.paged import cdiv  # noqa: E402
 def folded(pb, keep: int = 20):
     """pb with its page ids folded onto its first `keep` pages (tiles that stay in L2)."""
     reps = cdiv(pb.pages.shape[1], keep)
-    return replace(pb, pages=pb.pages[:, :keep].repeat(1, reps)[:, : pb.pages.shape[1]].contiguous())
+    return replace(pb, pages=pb.pages[:, :keep].repeat(1, reps)[:, :pb.pages.shape[1]].contiguous())
 
 
 def main() -> None:
@@ -53,13 +53,8 @@ def main() -> None:
     for _ in range(2):
         for name, fns in calls.items():
             rows[name].append(kb.graph_us(b, fns))
-    result = {
-        "gpu": torch.cuda.get_device_name() if c.gpu else "cpu",
-        "copy_GBps": copy,
-        "bytes": nbytes,
-        "us": rows,
-        "%copy": {k: [100 * nbytes / u / 1e3 / copy for u in v] for k, v in rows.items()},
-    }
+    result = {"gpu": torch.cuda.get_device_name() if c.gpu else "cpu", "copy_GBps": copy, "bytes": nbytes,
+              "us": rows, "%copy": {k: [100 * nbytes / u / 1e3 / copy for u in v] for k, v in rows.items()}}
     out.write_text(json.dumps(result, indent=1))
     print("| variant | µs, round 1 / 2 | % of copy |\n|---|---|---|")
     for name, us in rows.items():

@@ -34,11 +34,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(2)
     fn = kb.attention(True)
     copy = b.copy_bandwidth() or float("nan")
-    cases = (
-        [(1, s.target_decode_context), (1, 32768), (2, s.target_decode_context), (1, 2080)]
-        if gpu
-        else [(1, s.target_decode_context), (2, s.target_decode_context)]
-    )
+    cases = [(1, s.target_decode_context), (1, 32768), (2, s.target_decode_context), (1, 2080)] if gpu else \
+        [(1, s.target_decode_context), (2, s.target_decode_context)]
     rows = []
     for batch, ctx in cases:
         inputs, nbytes = kb.decode_case(b, batch, ctx, gen)
@@ -46,10 +43,8 @@ def main() -> None:
             inputs += kb.decode_case(b, batch, ctx, gen)[0]
         variants = {"one lane": {"lanes": 1}, "two lanes": {"lanes": 2}}
         if batch == 1 and ctx == s.target_decode_context:
-            variants |= {
-                "one lane, 24 splits": {"lanes": 1, "num_splits": 24},
-                "one lane, 32 splits": {"lanes": 1, "num_splits": 32},
-            }
+            variants |= {"one lane, 24 splits": {"lanes": 1, "num_splits": 24},
+                         "one lane, 32 splits": {"lanes": 1, "num_splits": 32}}
         q0, k0, v0, pb0 = inputs[0]
         want = reference.paged_attention(q0, k0, v0, pb0, b.tables, b.scale).float()
         for name, kw in variants.items():
@@ -62,41 +57,22 @@ def main() -> None:
                 kq = torch.randn(batch, s.kv_heads, s.head_dim, dtype=q.dtype, device=device)
                 pos = pb.q_start.long()
                 slot = torch.full((batch,), -1, dtype=torch.int64, device=device)  # rotates, stores nothing
-                return lambda: fn(
-                    cache_ops.rope_write_kv(q, kq, kq, pos, slot, k_cache, v_cache, b.tables),
-                    k_cache,
-                    v_cache,
-                    pb,
-                    b.tables,
-                    b.scale,
-                    **kw,
-                )
+                return lambda: fn(cache_ops.rope_write_kv(q, kq, kq, pos, slot, k_cache, v_cache, b.tables), k_cache,
+                                  v_cache, pb, b.tables, b.scale, **kw)
 
             layered = kb.graph_us(b, [layer(i) for i in inputs])
-            row = {
-                "batch": batch,
-                "context": ctx,
-                "variant": name,
-                "rel_err": err,
-                "alone_us": alone,
-                "layer_us": layered,
-                "alone_%": 100 * nbytes / alone / 1e3 / copy,
-                "layer_%": 100 * nbytes / layered / 1e3 / copy,
-                "copy_GBps": copy,
-                "gpu": torch.cuda.get_device_name() if gpu else "cpu",
-            }
+            row = {"batch": batch, "context": ctx, "variant": name, "rel_err": err, "alone_us": alone,
+                   "layer_us": layered, "alone_%": 100 * nbytes / alone / 1e3 / copy,
+                   "layer_%": 100 * nbytes / layered / 1e3 / copy, "copy_GBps": copy,
+                   "gpu": torch.cuda.get_device_name() if gpu else "cpu"}
             rows.append(row)
             print(json.dumps(row), flush=True)
     out.write_text(json.dumps(rows, indent=1))
-    print(
-        "\n| batch x context | variant | rel. err. | alone / us (% copy) | after RoPE / us (% copy) |\n"
-        "|---|---|---|---|---|"
-    )
+    print("\n| batch x context | variant | rel. err. | alone / us (% copy) | after RoPE / us (% copy) |\n"
+          "|---|---|---|---|---|")
     for r in rows:
-        print(
-            f"| {r['batch']} x {r['context']} | {r['variant']} | {r['rel_err']:.1e} | {r['alone_us']:.2f} "
-            f"({r['alone_%']:.1f}) | {r['layer_us']:.2f} ({r['layer_%']:.1f}) |"
-        )
+        print(f"| {r['batch']} x {r['context']} | {r['variant']} | {r['rel_err']:.1e} | {r['alone_us']:.2f} "
+              f"({r['alone_%']:.1f}) | {r['layer_us']:.2f} ({r['layer_%']:.1f}) |")
 
 
 if __name__ == "__main__":

@@ -28,21 +28,10 @@ def main() -> None:
     s, b, inputs, fn, nbytes, copy, gpu = c.s, c.b, c.inputs, c.fn, c.nbytes, c.copy, c.gpu
     block = min(64, s.page_size)
     variants = {"rule (4 warps)": {}}
-    for warps, stages, splits in [
-        (1, 3, 16),
-        (1, 3, 32),
-        (1, 3, 48),
-        (1, 3, 64),
-        (2, 3, 16),
-        (2, 3, 32),
-        (2, 3, 48),
-        (1, 2, 64),
-        (2, 2, 64),
-    ]:
+    for warps, stages, splits in [(1, 3, 16), (1, 3, 32), (1, 3, 48), (1, 3, 64), (2, 3, 16), (2, 3, 32), (2, 3, 48),
+                                  (1, 2, 64), (2, 2, 64)]:
         variants[f"{warps} warps, {stages} stages, {splits} splits"] = {
-            "config": DecodeConfig(block_n=block, num_warps=warps, num_stages=stages),
-            "num_splits": splits,
-        }
+            "config": DecodeConfig(block_n=block, num_warps=warps, num_stages=stages), "num_splits": splits}
     q0, k0, v0, pb0 = inputs[0]
     want = reference.paged_attention(q0, k0, v0, pb0, b.tables, b.scale).float()
     rows = []
@@ -56,18 +45,9 @@ def main() -> None:
         err = ((got - want).norm() / want.norm()).item()
         alone = kb.graph_us(b, [lambda i=i, kw=kw: fn(*i, b.tables, b.scale, **kw) for i in inputs])
         layered = kb.graph_us(b, [lambda i=i, kw=kw: c.after_rope(*i, **kw) for i in inputs])
-        rows.append(
-            {
-                "variant": name,
-                "rel_err": err,
-                "alone_us": alone,
-                "layer_us": layered,
-                "alone_%": 100 * nbytes / alone / 1e3 / copy,
-                "layer_%": 100 * nbytes / layered / 1e3 / copy,
-                "copy_GBps": copy,
-                "gpu": torch.cuda.get_device_name() if gpu else "cpu",
-            }
-        )
+        rows.append({"variant": name, "rel_err": err, "alone_us": alone, "layer_us": layered,
+                     "alone_%": 100 * nbytes / alone / 1e3 / copy, "layer_%": 100 * nbytes / layered / 1e3 / copy,
+                     "copy_GBps": copy, "gpu": torch.cuda.get_device_name() if gpu else "cpu"})
         print(json.dumps(rows[-1]), flush=True)
     out.write_text(json.dumps(rows, indent=1))
     print("| variant | rel. err. | alone / us (% copy) | after RoPE / us (% copy) |\n|---|---|---|---|")
@@ -75,10 +55,8 @@ def main() -> None:
         if "error" in r:
             print(f"| {r['variant']} | {r['error'][:80]} | | |")
             continue
-        print(
-            f"| {r['variant']} | {r['rel_err']:.1e} | {r['alone_us']:.2f} ({r['alone_%']:.1f}) | "
-            f"{r['layer_us']:.2f} ({r['layer_%']:.1f}) |"
-        )
+        print(f"| {r['variant']} | {r['rel_err']:.1e} | {r['alone_us']:.2f} ({r['alone_%']:.1f}) | "
+              f"{r['layer_us']:.2f} ({r['layer_%']:.1f}) |")
 
 
 if __name__ == "__main__":

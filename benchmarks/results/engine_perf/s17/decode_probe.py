@@ -40,14 +40,8 @@ from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 from lazyattn.kernels.reference import paged_attention  # noqa: E402
 
 VARIANTS: dict[str, dict | None] = {
-    "s16": {"tma": 0},
-    "default": {},
-    "tma 1 (K)": {"tma": 1},
-    "tma 2 (K, V)": {"tma": 2},
-    "tma 3 (K, V unmasked)": {"tma": 3},
-    "8 warps": {"num_warps": 8},
-    "tma 2, 8 warps": {"tma": 2, "num_warps": 8},
-}
+    "s16": {"tma": 0}, "default": {}, "tma 1 (K)": {"tma": 1}, "tma 2 (K, V)": {"tma": 2},
+    "tma 3 (K, V unmasked)": {"tma": 3}, "8 warps": {"num_warps": 8}, "tma 2, 8 warps": {"tma": 2, "num_warps": 8}}
 _config = decode.decode_config
 
 
@@ -81,43 +75,23 @@ def splits_section(out: Path) -> None:
     fn = launcher()
 
     def after_rope(q, k, v, pb, n):
-        return fn(
-            rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables),
-            k,
-            v,
-            pb,
-            b.tables,
-            b.scale,
-            num_splits=n,
-        )
+        return fn(rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables), k, v, pb, b.tables,
+                  b.scale, num_splits=n)
 
     rows: dict[str, dict[str, list[float]]] = {}
     for _ in range(2):
         for n in (16, 24, 32):
             row = rows.setdefault(f"{n} splits", {})
-            row.setdefault("alone", []).append(
-                kb.graph_us(b, [functools.partial(fn, *i, b.tables, b.scale, num_splits=n) for i in c.inputs])
-            )
-            row.setdefault("after RoPE", []).append(
-                kb.graph_us(b, [functools.partial(after_rope, *i, n) for i in c.inputs])
-            )
-    out.write_text(
-        json.dumps(
-            {
-                "gpu": torch.cuda.get_device_name() if c.gpu else "cpu",
-                "copy_GBps": c.copy,
-                "bytes": c.nbytes,
-                "us": rows,
-            },
-            indent=1,
-        )
-    )
+            row.setdefault("alone", []).append(kb.graph_us(
+                b, [functools.partial(fn, *i, b.tables, b.scale, num_splits=n) for i in c.inputs]))
+            row.setdefault("after RoPE", []).append(kb.graph_us(
+                b, [functools.partial(after_rope, *i, n) for i in c.inputs]))
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name() if c.gpu else "cpu", "copy_GBps": c.copy,
+                               "bytes": c.nbytes, "us": rows}, indent=1))
     print("| batch 1 x 10304, µs, round 1 / 2 | alone | after RoPE |\n|---|---|---|")
     for name, row in rows.items():
-        print(
-            f"| {name} | {row['alone'][0]:.2f} / {row['alone'][1]:.2f} | "
-            f"{row['after RoPE'][0]:.2f} / {row['after RoPE'][1]:.2f} |"
-        )
+        print(f"| {name} | {row['alone'][0]:.2f} / {row['alone'][1]:.2f} | "
+              f"{row['after RoPE'][0]:.2f} / {row['after RoPE'][1]:.2f} |")
 
 
 def main() -> None:
@@ -135,25 +109,21 @@ def main() -> None:
     launchers = {name: launcher() for name in VARIANTS}
 
     def after_rope(fn, q, k, v, pb):
-        return fn(rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables), k, v, pb, b.tables, b.scale)
+        return fn(rope_write_kv(q, c.kv, c.kv, pb.q_start.long(), c.slot, k, v, b.tables), k, v, pb, b.tables,
+                  b.scale)
 
     def measure(name: str, fn) -> dict[str, float]:
-        row = {
-            shape: kb.graph_us(b, [functools.partial(fn, *i, b.tables, b.scale) for i in inputs])
-            for shape, inputs in shapes.items()
-        }
+        row = {shape: kb.graph_us(b, [functools.partial(fn, *i, b.tables, b.scale) for i in inputs])
+               for shape, inputs in shapes.items()}
         row["1 x 10304 after RoPE"] = kb.graph_us(b, [functools.partial(after_rope, fn, *i) for i in c.inputs])
         row["1 x 10304 no deltas"] = kb.graph_us(
-            b, [functools.partial(fn, *i, b.tables, b.scale, apply_delta=False) for i in c.inputs]
-        )
+            b, [functools.partial(fn, *i, b.tables, b.scale, apply_delta=False) for i in c.inputs])
         return row
 
     def check(name: str, fn) -> dict[str, float]:
         """The variant's output on each shape's first input against the fp32 reference (kernels/reference.py)."""
-        return {
-            shape: (fn(*inputs[0], b.tables, b.scale).float() - refs[shape]).abs().max().item()
-            for shape, inputs in shapes.items()
-        }
+        return {shape: (fn(*inputs[0], b.tables, b.scale).float() - refs[shape]).abs().max().item()
+                for shape, inputs in shapes.items()}
 
     refs = {shape: reference(b, *inputs[0]) for shape, inputs in shapes.items()}
     errors = {name: with_variant(name, check, launchers[name]) for name in VARIANTS}
@@ -162,13 +132,8 @@ def main() -> None:
         for name in VARIANTS:
             for shape, us in with_variant(name, measure, launchers[name]).items():
                 rows[name].setdefault(shape, []).append(us)
-    result = {
-        "gpu": torch.cuda.get_device_name() if c.gpu else "cpu",
-        "copy_GBps": c.copy,
-        "bytes_1x10304": c.nbytes,
-        "us": rows,
-        "max_abs_err_vs_reference": errors,
-    }
+    result = {"gpu": torch.cuda.get_device_name() if c.gpu else "cpu", "copy_GBps": c.copy,
+              "bytes_1x10304": c.nbytes, "us": rows, "max_abs_err_vs_reference": errors}
     out.write_text(json.dumps(result, indent=1))
     cols = list(next(iter(rows.values())))
     print("| µs per layer, round 1 / 2 | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))

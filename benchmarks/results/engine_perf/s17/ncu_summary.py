@@ -44,7 +44,7 @@ def main() -> None:
         part[1] += samples
         part[2] += executed
         for h in stalls:
-            reasons[h[len("stall_") :]] += float(r[col[h]] or 0)
+            reasons[h[len("stall_"):]] += float(r[col[h]] or 0)
         if region(executed) == "loop":
             text = r[1].strip()
             op = (text.split(None, 1)[1] if text.startswith("@") else text).split()[0].split(".")[0]

@@ -55,7 +55,6 @@ def session17_kernel():
     which kept every name it uses)."""
     return module_from(BASE / "lazyattn" / "kernels" / "prefill_hopper.py", "prefill_hopper_s17")
 
-
 # The merge section's (warps, splits per step) of the combine launch; 0 warps: no combine. Call 2 timed 4, 2 and 1
 # warps at 16 splits per step (all of them) and none.
 MERGE_FORMS = ((4, 16), (1, 16), (1, 8), (1, 4), (0, 16))
@@ -78,29 +77,18 @@ def merge_section(b, out_path: str) -> None:
         ws_o, ws_lse = prefill_hopper.split_partials(rq, k, v, pb, b.tables, b.scale, splits)
         if warps:
             n, total_q, q_heads, head_dim = ws_o.shape
-            _combine_kernel[(total_q * q_heads,)](
-                ws_o,
-                ws_lse,
-                out,
-                total_q * q_heads,
-                n,
-                out.stride(0),
-                out.stride(1),
-                NUM_HEADS=q_heads,
-                HEAD_DIM=head_dim,
-                BLOCK_S=block_s,
-                num_warps=warps,
-                **pdl_options(out.device, "attention"),
-            )
+            _combine_kernel[(total_q * q_heads,)](ws_o, ws_lse, out, total_q * q_heads, n, out.stride(0),
+                                                  out.stride(1), NUM_HEADS=q_heads, HEAD_DIM=head_dim,
+                                                  BLOCK_S=block_s, num_warps=warps,
+                                                  **pdl_options(out.device, "attention"))
         return out
 
     row = {"batch": 1, "splits": splits}
     for rnd in range(4):
         for warps, block_s in MERGE_FORMS:
             name = f"combine {warps} warps, BLOCK_S {block_s}" if warps else "no combine"
-            row[f"{name} r{rnd} us"] = graph_us(
-                b, [functools.partial(layer, *i, o, warps, block_s) for i, o in zip(inputs, outs)]
-            )
+            row[f"{name} r{rnd} us"] = graph_us(b, [functools.partial(layer, *i, o, warps, block_s)
+                                                     for i, o in zip(inputs, outs)])
     print(json.dumps(row), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))
 
@@ -131,8 +119,7 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
         for form, fn in (("attention", attend), ("layer", layer)):
             for deltas in (True, False):
                 calls[f"{name} {form}{'' if deltas else ', no deltas'}"] = [
-                    functools.partial(fn, module, *i, deltas) for i in inputs
-                ]
+                    functools.partial(fn, module, *i, deltas) for i in inputs]
     row.update(graph_rounds(b, calls, ROUNDS, kv_bytes, copy_gbps))
     return row
 
@@ -143,12 +130,8 @@ def main() -> None:
         merge_section(rag_sweep_bench()[0], out_path)
         return
     b, copy_gbps, _, _ = rag_sweep_bench()
-    probe_rows(
-        out_path,
-        {"copy_gbps": copy_gbps},
-        [int(x) for x in sys.argv[2:]] or [1, 8],
-        lambda batch: batch_row(b, batch, copy_gbps),
-    )
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, [int(x) for x in sys.argv[2:]] or [1, 8],
+               lambda batch: batch_row(b, batch, copy_gbps))
 
 
 if __name__ == "__main__":

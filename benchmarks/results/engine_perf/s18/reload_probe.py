@@ -33,10 +33,8 @@ from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 TEST = "        if delta != held:\n"
 # Run-time conditions: one Triton folds (`delta != delta`) fails to compile under Triton 3.6.
-REWRITES = {
-    "never": "        if (delta != held) & (n_tiles < 0):\n",
-    "every tile": "        if (delta != held) | (n_tiles > 0):\n",
-}
+REWRITES = {"never": "        if (delta != held) & (n_tiles < 0):\n",
+            "every tile": "        if (delta != held) | (n_tiles > 0):\n"}
 
 
 def variant(name: str, source: str, folder: Path):
@@ -68,9 +66,8 @@ def batch_row(b, batch: int, modules: dict) -> dict:
     for rnd in range(4):
         for name, (module, apply_delta) in forms.items():
             for form, fn in (("attention", attend), ("layer", layer)):
-                row[f"{name} {form} r{rnd} us"] = graph_us(
-                    b, [functools.partial(fn, module, apply_delta, *i) for i in inputs]
-                )
+                row[f"{name} {form} r{rnd} us"] = graph_us(b, [functools.partial(fn, module, apply_delta, *i)
+                                                                for i in inputs])
     return row
 
 

@@ -86,12 +86,8 @@ def batch_row(b, batch: int, copy_gbps: float) -> dict:
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    probe_rows(
-        out_path,
-        {"copy_gbps": copy_gbps},
-        [int(x) for x in sys.argv[2:]] or [1],
-        lambda batch: batch_row(b, batch, copy_gbps),
-    )
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, [int(x) for x in sys.argv[2:]] or [1],
+               lambda batch: batch_row(b, batch, copy_gbps))
 
 
 if __name__ == "__main__":

@@ -58,17 +58,13 @@ def sweep(out_path: str, configs_of, seed: int, read_us: bool = True) -> None:
 
 
 def main() -> None:
-    sweep(
-        sys.argv[1],
-        lambda base: {
-            "default": base,
-            "8 warps": dataclasses.replace(base, num_warps=8),
-            "3 buffers": dataclasses.replace(base, num_stages=base.num_stages + 1),
-            "tiles of 32, 4 buffers": dataclasses.replace(base, block_n=32, num_stages=5),
-            "tiles of 32, 3 buffers": dataclasses.replace(base, block_n=32, num_stages=4),
-        },
-        seed=7,
-    )
+    sweep(sys.argv[1], lambda base: {
+        "default": base,
+        "8 warps": dataclasses.replace(base, num_warps=8),
+        "3 buffers": dataclasses.replace(base, num_stages=base.num_stages + 1),
+        "tiles of 32, 4 buffers": dataclasses.replace(base, block_n=32, num_stages=5),
+        "tiles of 32, 3 buffers": dataclasses.replace(base, block_n=32, num_stages=4),
+    }, seed=7)
 
 
 if __name__ == "__main__":

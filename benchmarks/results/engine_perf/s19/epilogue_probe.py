@@ -60,16 +60,10 @@ def batch_row(b, batch: int, copy_gbps: float, modules: dict) -> dict:
 def main() -> None:
     out_path = sys.argv[1]
     b, copy_gbps, _, _ = rag_sweep_bench()
-    modules = {
-        "base": module_from(BASE / "lazyattn" / "kernels" / "prefill_hopper.py", "prefill_hopper_base"),
-        "this": prefill_hopper,
-    }
-    probe_rows(
-        out_path,
-        {"copy_gbps": copy_gbps},
-        [int(x) for x in sys.argv[2:]] or [1, 8],
-        lambda batch: batch_row(b, batch, copy_gbps, modules),
-    )
+    modules = {"base": module_from(BASE / "lazyattn" / "kernels" / "prefill_hopper.py", "prefill_hopper_base"),
+               "this": prefill_hopper}
+    probe_rows(out_path, {"copy_gbps": copy_gbps}, [int(x) for x in sys.argv[2:]] or [1, 8],
+               lambda batch: batch_row(b, batch, copy_gbps, modules))
 
 
 if __name__ == "__main__":

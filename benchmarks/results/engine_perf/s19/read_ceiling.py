@@ -65,8 +65,7 @@ def main() -> None:
     big = [torch.randn(4 * n, dtype=torch.bfloat16, device=b.device) for _ in range(2)]
     for mult, warps in ((4, 8), (8, 8), (16, 8)):
         variants[f"4x bytes: sum {mult * sms} x {warps}, PDL"] = [
-            lambda x=x, p=mult * sms, w=warps: summed(x, p, w, True, BLOCK, 4 * n) for x in big
-        ]
+            lambda x=x, p=mult * sms, w=warps: summed(x, p, w, True, BLOCK, 4 * n) for x in big]
     variants["torch sum"] = [lambda x=x: x.sum() for x in xs]
     for rnd in range(ROUNDS):
         for name, fns in variants.items():

@@ -43,13 +43,8 @@ ROUNDS = 3
 def s18_splits(total_q: int, s, device) -> int:
     """Session 18's prefill_hopper.num_splits: one program per SM over cdiv(total_q, 32) blocks, at most 16."""
     blocks = cdiv(total_q, 128 // (s.q_heads // s.kv_heads))
-    return max(
-        1,
-        min(
-            prefill_hopper.MAX_SPLITS,
-            torch.cuda.get_device_properties(device).multi_processor_count // (blocks * s.kv_heads),
-        ),
-    )
+    return max(1, min(prefill_hopper.MAX_SPLITS, torch.cuda.get_device_properties(device).multi_processor_count
+                      // (blocks * s.kv_heads)))
 
 
 def case_row(b0, question: int, batch: int, copy_gbps: float) -> dict:
@@ -59,11 +54,8 @@ def case_row(b0, question: int, batch: int, copy_gbps: float) -> dict:
     inputs, _ = rag_case(b, batch, False, copies=6)
     total_q = batch * question
     rule = functools.partial(prefill_hopper.num_splits, total_q, s.q_heads, s.kv_heads, b.device, batch, question)
-    splits = {
-        "rows": rule(key_split=False),
-        "rows, s18 rule": s18_splits(total_q, s, b.device),
-        "keys": rule(key_split=True),
-    }
+    splits = {"rows": rule(key_split=False), "rows, s18 rule": s18_splits(total_q, s, b.device),
+              "keys": rule(key_split=True)}
     row = {"question": question, "batch": batch, "kv_bytes": kv_bytes, "splits": splits}
     q, k, v, pb = inputs[0]
     ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
@@ -72,9 +64,8 @@ def case_row(b0, question: int, batch: int, copy_gbps: float) -> dict:
     positions = rag_positions(b, pb)
 
     def attend(name, q, k, v, pb):
-        return prefill_hopper.short_prefill_attention(
-            q, k, v, pb, b.tables, b.scale, splits[name], key_split=name == "keys"
-        )
+        return prefill_hopper.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits[name],
+                                                      key_split=name == "keys")
 
     def layer(name, q, k, v, pb):
         rq = rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables)

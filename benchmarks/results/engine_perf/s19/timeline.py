@@ -40,7 +40,7 @@ from lazyattn.kernels import prefill_hopper  # noqa: E402
 from lazyattn.kernels.cache_ops import rope_write_kv  # noqa: E402
 
 SLOTS = 10  # per program: 0-6 clock64 at K0 E0 E1 E2 E3 E4 E5, 7 globaltimer at K0, 8 at E5
-STAMP = """
+STAMP = '''
 
 @gluon.jit
 def _stamp(Stamps, pid, slot, pred, GLOBAL: gl.constexpr = False):
@@ -53,45 +53,29 @@ def _stamp(Stamps, pid, slot, pred, GLOBAL: gl.constexpr = False):
         t = gl.inline_asm_elementwise("mov.u64 $0, %clock64; // $1", "=l,r", [offs], dtype=gl.int64,
                                       is_pure=False, pack=1)
     gl.store(Stamps + pid.to(gl.int64) * 10 + slot + offs * 0, t, mask=(offs == 0) & pred)
-"""
+'''
 PATCHES = [
-    (
-        "def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,",
-        "def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Stamps, Cos, Sin,",
-    ),
-    (
-        "q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,",
-        "q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, STAMPS[0], cos, sin,",
-    ),
+    ("def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Cos, Sin,",
+     "def _short_prefill_kernel(Q, k_desc, v_desc, WsO, WsLse, Stamps, Cos, Sin,"),
+    ("q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, cos, sin,",
+     "q, _descriptor(k_cache), _descriptor(v_cache), ws_o, ws_lse, STAMPS[0], cos, sin,"),
     ("Q, WsO, WsLse, Cos, Sin,", "Q, WsO, WsLse, Stamps, Cos, Sin,"),  # _consume's signature and both tuples
-    (
-        "    split = gl.program_id(2)\n",
-        "    split = gl.program_id(2)\n    kpid = split * gl.num_programs(1) + kv_head\n"
-        "    _stamp(Stamps, kpid, 0, True)\n    _stamp(Stamps, kpid, 7, True, True)\n",
-    ),
-    (
-        "    # Row identities in each layout that uses them.\n",
-        "    cpid = split * gl.num_programs(1) + kv_head\n    mine0 = half == 0\n    _stamp(Stamps, cpid, 1, mine0)\n"
-        "    # Row identities in each layout that uses them.\n",
-    ),
-    (
-        "    _wait_for_producers()\n    # q as the RoPE launch left it",
-        "    _wait_for_producers()\n    _stamp(Stamps, cpid, 2, mine0)\n    # q as the RoPE launch left it",
-    ),
-    (
-        "    _store_q(q_smem, q_in, cos, sin, interleaved)\n    mbarrier.wait(ready.index(0), 0, pred=has_tiles)\n",
-        "    _store_q(q_smem, q_in, cos, sin, interleaved)\n    _stamp(Stamps, cpid, 3, mine0)\n"
-        "    mbarrier.wait(ready.index(0), 0, pred=has_tiles)\n    _stamp(Stamps, cpid, 4, mine0)\n",
-    ),
-    (
-        "    # The partial, from the blocked layout of the loads",
-        "    _stamp(Stamps, cpid, 5, mine0)\n    # The partial, from the blocked layout of the loads",
-    ),
-    (
-        "        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])\n",
-        "        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])\n"
-        "    _stamp(Stamps, cpid, 6, mine0)\n    _stamp(Stamps, cpid, 8, mine0, True)\n",
-    ),
+    ("    split = gl.program_id(2)\n",
+     "    split = gl.program_id(2)\n    kpid = split * gl.num_programs(1) + kv_head\n"
+     "    _stamp(Stamps, kpid, 0, True)\n    _stamp(Stamps, kpid, 7, True, True)\n"),
+    ("    # Row identities in each layout that uses them.\n",
+     "    cpid = split * gl.num_programs(1) + kv_head\n    mine0 = half == 0\n    _stamp(Stamps, cpid, 1, mine0)\n"
+     "    # Row identities in each layout that uses them.\n"),
+    ("    _wait_for_producers()\n    # q as the RoPE launch left it",
+     "    _wait_for_producers()\n    _stamp(Stamps, cpid, 2, mine0)\n    # q as the RoPE launch left it"),
+    ("    _store_q(q_smem, q_in, cos, sin, interleaved)\n    mbarrier.wait(ready.index(0), 0, pred=has_tiles)\n",
+     "    _store_q(q_smem, q_in, cos, sin, interleaved)\n    _stamp(Stamps, cpid, 3, mine0)\n"
+     "    mbarrier.wait(ready.index(0), 0, pred=has_tiles)\n    _stamp(Stamps, cpid, 4, mine0)\n"),
+    ("    # The partial, from the blocked layout of the loads",
+     "    _stamp(Stamps, cpid, 5, mine0)\n    # The partial, from the blocked layout of the loads"),
+    ("        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])\n",
+     "        gl.store(WsO + mine[:, None] * _KHEAD_DIM + dims[None, :], out, mask=ok_load[:, None])\n"
+     "    _stamp(Stamps, cpid, 6, mine0)\n    _stamp(Stamps, cpid, 8, mine0, True)\n"),
 ]
 PHASES = ("entry -> consumer", "consumer -> after wait", "-> q stored", "-> first tile", "-> loop end", "-> end")
 

@@ -32,39 +32,27 @@ from lazyattn.kernels import decode  # noqa: E402
 
 ROUNDS = 3
 CONTEXT = 10304
-MERGE = (
-    '        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:\n',
-    '        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits + (1 << 30):\n',
-)
-SOFTMAX = (
-    """        m_new = tl.maximum(m_i, tl.max(s, 1))
+MERGE = ('        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:\n',
+         '        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits + (1 << 30):\n')
+SOFTMAX = ("""        m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         prob = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(prob, 1)
         p_dot = prob.to(kv_ty).to(DOT_TY)
-""",
-    """        m_new = m_i
+""", """        m_new = m_i
         alpha = m_i * 0 + 1.0
         p_dot = s.to(kv_ty).to(DOT_TY)
-""",
-)
-TABLES = (
-    """        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
+""")
+TABLES = ("""        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
                             q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
         if APPLY_DELTA:
             delta = tl.load(deltas_ptr + entry * stride_deltas + p)
-""",
-    """        n_keys = q_pos * 0 + TILES_PER_PAGE * BLOCK_N
+""", """        n_keys = q_pos * 0 + TILES_PER_PAGE * BLOCK_N
         if APPLY_DELTA:
             delta = cur_delta
-""",
-)
-VARIANTS = {
-    "no merge": [MERGE],
-    "no softmax": [SOFTMAX],
-    "no tables": [TABLES],
-    "no softmax, no tables, no merge": [SOFTMAX, TABLES, MERGE],
-}
+""")
+VARIANTS = {"no merge": [MERGE], "no softmax": [SOFTMAX], "no tables": [TABLES],
+            "no softmax, no tables, no merge": [SOFTMAX, TABLES, MERGE]}
 
 
 def patched(folder: Path, name: str, patches: list[tuple[str, str]]):

@@ -41,7 +41,7 @@ from lazyattn.kernels import decode  # noqa: E402
 CONTEXT = 10304
 SLOTS = 10  # per program: 0-4 clock64 at entry, after wait, loop end, counted, merged; 5 its SM; 7-9 globaltimer at
 # 0, 3, 4
-STAMP = """
+STAMP = '''
 
 @triton.jit
 def _stamp(Stamps, pid, slot, pred, GLOBAL: tl.constexpr = False, SMID: tl.constexpr = False):
@@ -55,45 +55,27 @@ def _stamp(Stamps, pid, slot, pred, GLOBAL: tl.constexpr = False, SMID: tl.const
         t = tl.inline_asm_elementwise("mov.u64 $0, %clock64; // $1", "=l,r", [pid], dtype=tl.int64,
                                       is_pure=False, pack=1)
     tl.store(Stamps + pid.to(tl.int64) * 10 + slot, t, mask=pred)
-"""
+'''
 PATCHES = [
     # the scratch pointers of the kernel's and _decode_split's signatures and the call between them
-    (
-        "q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,",
-        "q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr, Stamps,",
-        3,
-    ),
-    (
-        "q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,",
-        "q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals, STAMPS[0],",
-        1,
-    ),
-    (
-        "    per_split = tl.cdiv(n_pages, splits)\n",
-        "    spid = kv_head * num_splits + split\n    _stamp(Stamps, spid, 0, True)\n"
-        "    _stamp(Stamps, spid, 7, True, True)\n    _stamp(Stamps, spid, 5, True, False, True)\n"
-        "    per_split = tl.cdiv(n_pages, splits)\n",
-        1,
-    ),
-    (
-        "    wait_for_producers(USE_PDL)\n\n    heads = kv_head",
-        "    wait_for_producers(USE_PDL)\n    _stamp(Stamps, spid, 1, True)\n\n    heads = kv_head",
-        1,
-    ),
+    ("q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,",
+     "q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr, Stamps,", 3),
+    ("q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,",
+     "q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals, STAMPS[0],", 1),
+    ("    per_split = tl.cdiv(n_pages, splits)\n",
+     "    spid = kv_head * num_splits + split\n    _stamp(Stamps, spid, 0, True)\n"
+     "    _stamp(Stamps, spid, 7, True, True)\n    _stamp(Stamps, spid, 5, True, False, True)\n"
+     "    per_split = tl.cdiv(n_pages, splits)\n", 1),
+    ("    wait_for_producers(USE_PDL)\n\n    heads = kv_head",
+     "    wait_for_producers(USE_PDL)\n    _stamp(Stamps, spid, 1, True)\n\n    heads = kv_head", 1),
     ("    if DIRECT or splits == 1:\n", "    _stamp(Stamps, spid, 2, True)\n    if DIRECT or splits == 1:\n", 1),
-    (
-        '        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:\n',
-        '        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")\n'
-        "        _stamp(Stamps, spid, 3, True)\n        _stamp(Stamps, spid, 8, True, True)\n"
-        "        if arrived == splits - 1:\n",
-        1,
-    ),
-    (
-        "            tl.store(counter, 0)\n",
-        "            tl.store(counter, 0)\n            _stamp(Stamps, spid, 4, True)\n"
-        "            _stamp(Stamps, spid, 9, True, True)\n",
-        1,
-    ),
+    ("        if tl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\") == splits - 1:\n",
+     "        arrived = tl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")\n"
+     "        _stamp(Stamps, spid, 3, True)\n        _stamp(Stamps, spid, 8, True, True)\n"
+     "        if arrived == splits - 1:\n", 1),
+    ("            tl.store(counter, 0)\n",
+     "            tl.store(counter, 0)\n            _stamp(Stamps, spid, 4, True)\n"
+     "            _stamp(Stamps, spid, 9, True, True)\n", 1),
 ]
 PHASES = ("entry -> after wait", "-> loop end", "-> counted", "-> merged (merger)")
 
@@ -144,13 +126,8 @@ def main() -> None:
     grid_splits = rule.unrounded(n_pages)
     stamps = torch.zeros(grid_splits * s.kv_heads, SLOTS, dtype=torch.int64, device=b.device)
     rope_then = decode_layer(b, 1)
-    result = {
-        "copy_gbps": copy_gbps,
-        "bytes": nbytes,
-        "pages": n_pages,
-        "grid splits": grid_splits,
-        "splits": rule.splits(n_pages),
-    }
+    result = {"copy_gbps": copy_gbps, "bytes": nbytes, "pages": n_pages, "grid splits": grid_splits,
+              "splits": rule.splits(n_pages)}
     with tempfile.TemporaryDirectory() as tmp:
         module = stamped_module(Path(tmp))
         module.STAMPS = [stamps]

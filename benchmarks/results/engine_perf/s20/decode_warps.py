@@ -49,152 +49,34 @@ SUB_N = 16  # keys a sub-tile
 
 
 @triton.jit
-def _warps_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    k_desc,
-    v_desc,
-    out_ptr,
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    counters_ptr,
-    pages_ptr,
-    deltas_ptr,
-    valid_ptr,
-    starts_ptr,
-    num_pages_ptr,
-    q_start_ptr,
-    cos_ptr,
-    sin_ptr,
-    stride_qb,
-    stride_qh,
-    stride_kp,
-    stride_kt,
-    stride_kh,
-    stride_ob,
-    stride_oh,
-    stride_pages,
-    stride_tab,
-    qk_scale,
-    num_splits,
-    min_pages,
-    short_pages,
-    short_cap,
-    HQ: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    SUB: tl.constexpr,
-    SUB_N: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    TMA: tl.constexpr,
-    DOT_TY: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+def _warps_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+                  pages_ptr, deltas_ptr, valid_ptr, starts_ptr, num_pages_ptr, q_start_ptr, cos_ptr, sin_ptr,
+                  stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_ob, stride_oh,
+                  stride_pages, stride_tab, qk_scale, num_splits, min_pages, short_pages, short_cap,
+                  HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+                  SUB: tl.constexpr, SUB_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+                  TMA: tl.constexpr, DOT_TY: tl.constexpr, USE_PDL: tl.constexpr):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     entry = tl.program_id(2).to(tl.int64)
     n_pages = tl.load(num_pages_ptr + entry)
     splits = _entry_splits(n_pages, num_splits, min_pages, short_pages, short_cap)
     if split < splits:
-        _warps_split(
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            k_desc,
-            v_desc,
-            out_ptr,
-            acc_ptr,
-            m_ptr,
-            l_ptr,
-            counters_ptr,
-            pages_ptr,
-            deltas_ptr,
-            valid_ptr,
-            starts_ptr,
-            q_start_ptr,
-            cos_ptr,
-            sin_ptr,
-            stride_qb,
-            stride_qh,
-            stride_kp,
-            stride_kt,
-            stride_kh,
-            stride_ob,
-            stride_oh,
-            stride_pages,
-            stride_tab,
-            qk_scale,
-            num_splits,
-            split,
-            kv_head,
-            entry,
-            n_pages,
-            splits,
-            HQ,
-            GROUP,
-            HEAD_DIM,
-            BLOCK_G,
-            SUB,
-            SUB_N,
-            BLOCK_H,
-            BLOCK_S,
-            TMA,
-            DOT_TY,
-            USE_PDL,
-        )
+        _warps_split(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+                     pages_ptr, deltas_ptr, valid_ptr, starts_ptr, q_start_ptr, cos_ptr, sin_ptr,
+                     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_ob, stride_oh,
+                     stride_pages, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
+                     HQ, GROUP, HEAD_DIM, BLOCK_G, SUB, SUB_N, BLOCK_H, BLOCK_S, TMA, DOT_TY, USE_PDL)
 
 
 @triton.jit
-def _warps_split(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    k_desc,
-    v_desc,
-    out_ptr,
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    counters_ptr,
-    pages_ptr,
-    deltas_ptr,
-    valid_ptr,
-    starts_ptr,
-    q_start_ptr,
-    cos_ptr,
-    sin_ptr,
-    stride_qb,
-    stride_qh,
-    stride_kp,
-    stride_kt,
-    stride_kh,
-    stride_ob,
-    stride_oh,
-    stride_pages,
-    stride_tab,
-    qk_scale,
-    num_splits,
-    split,
-    kv_head,
-    entry,
-    n_pages,
-    splits,
-    HQ: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    SUB: tl.constexpr,
-    SUB_N: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    TMA: tl.constexpr,
-    DOT_TY: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+def _warps_split(q_ptr, k_ptr, v_ptr, k_desc, v_desc, out_ptr, acc_ptr, m_ptr, l_ptr, counters_ptr,
+                 pages_ptr, deltas_ptr, valid_ptr, starts_ptr, q_start_ptr, cos_ptr, sin_ptr,
+                 stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_ob, stride_oh,
+                 stride_pages, stride_tab, qk_scale, num_splits, split, kv_head, entry, n_pages, splits,
+                 HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+                 SUB: tl.constexpr, SUB_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+                 TMA: tl.constexpr, DOT_TY: tl.constexpr, USE_PDL: tl.constexpr):
     per_split = tl.cdiv(n_pages, splits)
     page_lo = split * per_split
     page_hi = tl.minimum(page_lo + per_split, n_pages)
@@ -230,21 +112,8 @@ def _warps_split(
         n_keys = tl.minimum(tl.load(valid_ptr + row + p), q_pos + 1 - tl.load(starts_ptr + row + p))
         delta = tl.load(deltas_ptr + row + p)
         if delta != cur_delta:
-            q_dot = (
-                _derotate(
-                    q.to(tl.float32),
-                    q_partner.to(tl.float32),
-                    cos_ptr,
-                    sin_ptr,
-                    stride_tab,
-                    delta,
-                    pair,
-                    sign,
-                    d < HEAD_DIM,
-                )
-                .to(kv_ty)
-                .to(DOT_TY)
-            )
+            q_dot = _derotate(q.to(tl.float32), q_partner.to(tl.float32), cos_ptr, sin_ptr, stride_tab, delta, pair,
+                              sign, d < HEAD_DIM).to(kv_ty).to(DOT_TY)
             cur_delta = delta
         key_mask = slot < n_keys
         if TMA:
@@ -288,21 +157,9 @@ def _warps_split(
         tl.debug_barrier()
         counter = counters_ptr + entry * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _merge_group(
-                acc_ptr,
-                m_ptr,
-                l_ptr,
-                (entry * HQ + kv_head * GROUP) * num_splits,
-                num_splits,
-                splits,
-                out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh,
-                stride_oh,
-                GROUP,
-                HEAD_DIM,
-                BLOCK_H,
-                BLOCK_S,
-                HEAD_DIM,
-            )
+            _merge_group(acc_ptr, m_ptr, l_ptr, (entry * HQ + kv_head * GROUP) * num_splits, num_splits, splits,
+                         out_ptr + entry * stride_ob + (kv_head * GROUP).to(tl.int64) * stride_oh, stride_oh,
+                         GROUP, HEAD_DIM, BLOCK_H, BLOCK_S, HEAD_DIM)
             tl.store(counter, 0)
 
 
@@ -320,20 +177,8 @@ def descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor):
     return one(k_cache), one(v_cache)
 
 
-def decode_warps(
-    q,
-    k_cache,
-    v_cache,
-    batch,
-    tables,
-    scale,
-    counters,
-    tma: bool,
-    num_stages: int = 3,
-    num_warps: int = SUB,
-    maxnreg: int | None = None,
-    out=None,
-):
+def decode_warps(q, k_cache, v_cache, batch, tables, scale, counters, tma: bool, num_stages: int = 3,
+                 num_warps: int = SUB, maxnreg: int | None = None, out=None):
     bsz, hq, head_dim = q.shape
     hkv = k_cache.shape[2]
     rule = _default_rule(q, hkv)
@@ -347,51 +192,14 @@ def decode_warps(
     group = hq // hkv
     block_h = triton.next_power_of_2(group)
     _warps_kernel[(num_splits, hkv, bsz)](
-        q,
-        k_cache,
-        v_cache,
-        k_desc,
-        v_desc,
-        out,
-        acc,
-        m,
-        l,
-        arrivals,
-        batch.pages,
-        batch.deltas,
-        batch.valid,
-        batch.starts,
-        batch.num_pages,
-        batch.q_start,
-        tables.cos,
-        tables.sin,
-        q.stride(0),
-        q.stride(1),
-        *k_cache.stride()[:3],
-        out.stride(0),
-        out.stride(1),
-        batch.pages.stride(0),
-        tables.cos.stride(0),
-        scale * LOG2E,
-        num_splits,
-        rule.min_pages,
-        rule.short_pages,
-        rule.short_cap,
-        HQ=hq,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        SUB=SUB,
-        SUB_N=SUB_N,
-        BLOCK_H=block_h,
-        BLOCK_S=min(max(1, 64 // block_h), triton.next_power_of_2(num_splits)),
-        TMA=tma,
-        DOT_TY=tl.float32 if interpreting() else tl.bfloat16,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
-        **pdl_options(q.device, "attention"),
-    )
+        q, k_cache, v_cache, k_desc, v_desc, out, acc, m, l, arrivals,
+        batch.pages, batch.deltas, batch.valid, batch.starts, batch.num_pages, batch.q_start, tables.cos, tables.sin,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], out.stride(0), out.stride(1), batch.pages.stride(0),
+        tables.cos.stride(0), scale * LOG2E, num_splits, rule.min_pages, rule.short_pages, rule.short_cap,
+        HQ=hq, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)), SUB=SUB, SUB_N=SUB_N,
+        BLOCK_H=block_h, BLOCK_S=min(max(1, 64 // block_h), triton.next_power_of_2(num_splits)), TMA=tma,
+        DOT_TY=tl.float32 if interpreting() else tl.bfloat16, num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_options(q.device, "attention"))
     return out
 
 
@@ -405,20 +213,13 @@ def main() -> None:
     b, copy_gbps, _, _ = rag_sweep_bench()
     inputs, nbytes = decode_inputs(b, 1, CONTEXT, 2)
     counters = ArrivalCounters()
-    forms = {
-        "warps, tma, 3 stages": dict(tma=True),
-        "warps, tma, 4 stages": dict(tma=True, num_stages=4),
-        "warps, copies, 3 stages": dict(tma=False),
-        "warps, copies, 4 stages": dict(tma=False, num_stages=4),
-    }
+    forms = {"warps, tma, 3 stages": dict(tma=True), "warps, tma, 4 stages": dict(tma=True, num_stages=4),
+             "warps, copies, 3 stages": dict(tma=False), "warps, copies, 4 stages": dict(tma=False, num_stages=4)}
     q, k, v, pb = inputs[0]
     ref = paged_attention(q.float(), k.float(), v.float(), pb, b.tables, b.scale)
     fn = attention(True)
-    row = {
-        "copy_gbps": copy_gbps,
-        "bytes": nbytes,
-        "engine max_abs_vs_ref": (fn(q, k, v, pb, b.tables, b.scale).float() - ref).abs().max().item(),
-    }
+    row = {"copy_gbps": copy_gbps, "bytes": nbytes,
+           "engine max_abs_vs_ref": (fn(q, k, v, pb, b.tables, b.scale).float() - ref).abs().max().item()}
     calls = {"decode (engine)": [lambda i=i: fn(*i, b.tables, b.scale) for i in inputs]}
     for name, kw in forms.items():
         try:

@@ -22,18 +22,12 @@ from kernels import module_from  # noqa: E402
 
 
 def main() -> None:
-    module_from(HERE.parent / "s19" / "decode_sweep.py", "s19_decode_sweep").sweep(
-        sys.argv[1],
-        lambda base: {
-            "default": base,
-            "2 warps": dataclasses.replace(base, num_warps=2, maxnreg=None),
-            "2 warps, tiles of 32": dataclasses.replace(
-                base, num_warps=2, maxnreg=None, block_n=32, num_stages=base.num_stages + 1
-            ),
-        },
-        seed=5,
-        read_us=False,
-    )
+    module_from(HERE.parent / "s19" / "decode_sweep.py", "s19_decode_sweep").sweep(sys.argv[1], lambda base: {
+        "default": base,
+        "2 warps": dataclasses.replace(base, num_warps=2, maxnreg=None),
+        "2 warps, tiles of 32": dataclasses.replace(base, num_warps=2, maxnreg=None, block_n=32,
+                                                    num_stages=base.num_stages + 1),
+    }, seed=5, read_us=False)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,8 @@ if os.environ.get("NO_DECODE_ROPE") == "1":
         if not fb.is_decode:
             return attend(self, layer, q, k, v, fb)
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
-        return triton_backend.decode_attention(
-            q, k_cache, v_cache, fb.attn, self.tables, self.scale, counters=self.counters
-        )
+        return triton_backend.decode_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale,
+                                               counters=self.counters)
 
     triton_backend.TritonBackend.attend = without_rope
 

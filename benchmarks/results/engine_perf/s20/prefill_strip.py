@@ -34,20 +34,15 @@ from kernels import forms_rounds, patched_module, rag_sweep_bench, short_prefill
 from lazyattn.kernels import prefill_hopper  # noqa: E402
 
 ROUNDS = 3
-SOFTMAX = (
-    "        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, "
-    "qk_scale,\n                                               Q.dtype.element_ty, p_layout)\n"
-)
+SOFTMAX = ("        p_op, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, "
+           "qk_scale,\n                                               Q.dtype.element_ty, p_layout)\n")
 RESCALE = "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]\n"
-PRODUCTS = (
-    "        s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, "
-    "is_async=True)\n"
-    "        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)\n"
-    "        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))\n"
-    + SOFTMAX
-    + "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))\n"
-    "        mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read\n" + RESCALE
-)
+PRODUCTS = ("        s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, "
+            "is_async=True)\n"
+            "        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)\n"
+            "        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))\n" + SOFTMAX +
+            "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))\n"
+            "        mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read\n" + RESCALE)
 TABLES = """        delta_next = gl.load(deltas_row + page + 1, mask=t + 2 < n_tiles, other=0) * apply_delta
         if delta != held:
             cos, sin = _rotation(Cos, Sin, delta, max_position, interleaved, load_layout)
@@ -81,10 +76,8 @@ def main() -> None:
 
     row = {"copy_gbps": copy_gbps, "bytes": kv_bytes, "splits": splits}
     with tempfile.TemporaryDirectory() as tmp:
-        forms = {
-            "kernel": functools.partial(full, prefill_hopper),
-            "no merge": functools.partial(partials, prefill_hopper),
-        }
+        forms = {"kernel": functools.partial(full, prefill_hopper),
+                 "no merge": functools.partial(partials, prefill_hopper)}
         for name, patches in VARIANTS.items():
             forms[name] = functools.partial(partials, patched(Path(tmp), name, patches))
         row.update(forms_rounds(b, forms, inputs, layer, ROUNDS, kv_bytes, copy_gbps))

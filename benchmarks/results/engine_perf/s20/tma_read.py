@@ -52,19 +52,8 @@ def _issue(k_desc, v_desc, pages, f, pred, n_pages, bar, k_buf, v_buf):
 
 
 @gluon.jit
-def tma_read_kernel(
-    k_desc,
-    v_desc,
-    pages,
-    Out,
-    n_pages,
-    kv_heads,
-    splits,
-    FLAT: gl.constexpr,
-    STAGES: gl.constexpr,
-    WARPS: gl.constexpr,
-    USE_PDL: gl.constexpr,
-):
+def tma_read_kernel(k_desc, v_desc, pages, Out, n_pages, kv_heads, splits, FLAT: gl.constexpr, STAGES: gl.constexpr,
+                    WARPS: gl.constexpr, USE_PDL: gl.constexpr):
     pid = gl.program_id(0)
     if FLAT:
         total = n_pages * kv_heads
@@ -89,17 +78,8 @@ def tma_read_kernel(
     for t in range(n):
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        _issue(
-            k_desc,
-            v_desc,
-            pages,
-            lo + t + STAGES,
-            t + STAGES < n,
-            n_pages,
-            ready.index(slot),
-            k_bufs.index(slot),
-            v_bufs.index(slot),
-        )
+        _issue(k_desc, v_desc, pages, lo + t + STAGES, t + STAGES < n, n_pages, ready.index(slot),
+               k_bufs.index(slot), v_bufs.index(slot))
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     one = gl.arange(0, 32 * WARPS, layout=layout)
     gl.store(Out + pid + one * 0, n + one * 0, mask=one == 0)
@@ -118,27 +98,13 @@ def main() -> None:
     def read(d, programs, splits, flat, stages, warps=4, pdl=True):
         k_desc, v_desc, pages = d
         extra = {"launch_pdl": True} if pdl else {}
-        tma_read_kernel[(programs,)](
-            k_desc,
-            v_desc,
-            pages,
-            out,
-            n_pages,
-            s.kv_heads,
-            splits,
-            FLAT=flat,
-            STAGES=stages,
-            WARPS=warps,
-            USE_PDL=pdl,
-            num_warps=warps,
-            **extra,
-        )
+        tma_read_kernel[(programs,)](k_desc, v_desc, pages, out, n_pages, s.kv_heads, splits, FLAT=flat,
+                                     STAGES=stages, WARPS=warps, USE_PDL=pdl, num_warps=warps, **extra)
 
     calls = {}
     for stages in (2, 4, 6):
         calls[f"tma heads 16 x 8, {stages} stages"] = [
-            lambda d=d, st=stages: read(d, 16 * s.kv_heads, 16, False, st) for d in descs
-        ]
+            lambda d=d, st=stages: read(d, 16 * s.kv_heads, 16, False, st) for d in descs]
     for stages in (4, 6):
         calls[f"tma flat {sms}, {stages} stages"] = [lambda d=d, st=stages: read(d, sms, 1, True, st) for d in descs]
     calls["tma flat 132, 6 stages, 1 warp"] = [lambda d=d: read(d, sms, 1, True, 6, warps=1) for d in descs]
@@ -147,13 +113,8 @@ def main() -> None:
     calls["tma heads 33 x 8, 3 stages"] = [lambda d=d: read(d, 33 * s.kv_heads, 33, False, 3) for d in descs]
     fn = attention(True)
     calls["decode (engine)"] = [lambda i=i: fn(*i, b.tables, b.scale) for i in inputs]
-    row = {
-        "copy_gbps": copy_gbps,
-        "bytes": nbytes,
-        "sms": sms,
-        "pages": n_pages,
-        "read_kernel ceiling us": read_ceiling(b, nbytes),
-    }
+    row = {"copy_gbps": copy_gbps, "bytes": nbytes, "sms": sms, "pages": n_pages,
+           "read_kernel ceiling us": read_ceiling(b, nbytes)}
     row.update(graph_rounds(b, calls, ROUNDS, nbytes, copy_gbps))
     print(json.dumps(row, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(row, indent=1))

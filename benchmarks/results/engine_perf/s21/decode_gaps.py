@@ -49,37 +49,24 @@ def main() -> None:
             walls.append(1e6 * (time.perf_counter() - t0))
     bench.drain()
     events = prof.events()
-    gpu = sorted(
-        (
-            (e.time_range.start, e.time_range.end, e.name)
-            for e in events
-            if e.device_type == torch.autograd.DeviceType.CUDA
-        ),
-        key=lambda k: k[0],
-    )
+    gpu = sorted(((e.time_range.start, e.time_range.end, e.name) for e in events
+                  if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
     span = gpu[-1][1] - gpu[0][0]
     busy = sum(end - start for start, end, _ in gpu)
     gaps = []
     for i in range(len(gpu) - 1):
         idle = gpu[i + 1][0] - gpu[i][1]
         if idle > 5:
-            gaps.append(
-                {"idle_us": idle, "after": gpu[i][2][:70], "before": gpu[i + 1][2][:70], "at_us": gpu[i][1] - gpu[0][0]}
-            )
+            gaps.append({"idle_us": idle, "after": gpu[i][2][:70], "before": gpu[i + 1][2][:70],
+                         "at_us": gpu[i][1] - gpu[0][0]})
     host: dict[str, float] = {}
     for e in events:
         if e.device_type == torch.autograd.DeviceType.CPU and not e.name.startswith("aten::"):
             host[e.name] = host.get(e.name, 0.0) + e.time_range.elapsed_us()
     top_host = sorted(host.items(), key=lambda kv: -kv[1])[:25]
-    result = {
-        "steps": STEPS,
-        "wall_us_per_step": walls,
-        "gpu_span_us_per_step": span / STEPS,
-        "gpu_busy_us_per_step": busy / STEPS,
-        "gpu_events": len(gpu),
-        "gaps_over_5us": gaps,
-        "host_ranges_us_per_step": [[name[:80], us / STEPS] for name, us in top_host],
-    }
+    result = {"steps": STEPS, "wall_us_per_step": walls, "gpu_span_us_per_step": span / STEPS,
+              "gpu_busy_us_per_step": busy / STEPS, "gpu_events": len(gpu), "gaps_over_5us": gaps,
+              "host_ranges_us_per_step": [[name[:80], us / STEPS] for name, us in top_host]}
     print(json.dumps(result, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(result, indent=1))
     bench.llm.shutdown()

@@ -49,14 +49,9 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             bench.engine.step()
             eng.sync(device)
-        kernels = sorted(
-            (
-                (e.time_range.start, e.time_range.end, e.name)
-                for e in prof.events()
-                if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
-            ),
-            key=lambda k: k[0],
-        )
+        kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                          if e.device_type == torch.autograd.DeviceType.CUDA
+                          and not e.name.startswith(("Memcpy", "Memset"))), key=lambda k: k[0])
         steps.append(kernels)
     bench.drain()
     kernels = steps[-1]
@@ -69,29 +64,14 @@ def main() -> None:
     per_position = []
     for pos in range(width):
         times = [layer[pos][1] - layer[pos][0] for layer in layers]
-        per_position.append(
-            {
-                "position": pos,
-                "kernel": layers[0][pos][2][:60],
-                "median_us": statistics.median(times),
-                "min_us": min(times),
-                "max_us": max(times),
-            }
-        )
-    head = [{"kernel": name[:60], "us": end - start} for start, end, name in kernels[: marks[0]]] if marks else []
-    tail = [{"kernel": name[:60], "us": end - start} for start, end, name in kernels[marks[-1] :]] if marks else []
-    result = {
-        "pdl": pdl_on(device),
-        "bandwidth_gbs": bandwidth / 1e9,
-        "kernels": len(kernels),
-        "span_us": span,
-        "busy_us": busy,
-        "gaps_us": gaps,
-        "spans_us_all_steps": [s[-1][1] - s[0][0] for s in steps],
-        "before_first_attention": head,
-        "layer_positions": per_position,
-        "last_layer_and_after": tail,
-    }
+        per_position.append({"position": pos, "kernel": layers[0][pos][2][:60], "median_us": statistics.median(times),
+                             "min_us": min(times), "max_us": max(times)})
+    head = [{"kernel": name[:60], "us": end - start} for start, end, name in kernels[:marks[0]]] if marks else []
+    tail = [{"kernel": name[:60], "us": end - start} for start, end, name in kernels[marks[-1]:]] if marks else []
+    result = {"pdl": pdl_on(device), "bandwidth_gbs": bandwidth / 1e9, "kernels": len(kernels),
+              "span_us": span, "busy_us": busy, "gaps_us": gaps,
+              "spans_us_all_steps": [s[-1][1] - s[0][0] for s in steps],
+              "before_first_attention": head, "layer_positions": per_position, "last_layer_and_after": tail}
     print(json.dumps(result, indent=1), flush=True)
     Path(out_path).write_text(json.dumps(result, indent=1))
     bench.llm.shutdown()

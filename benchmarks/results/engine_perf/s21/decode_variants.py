@@ -41,31 +41,23 @@ from lazyattn.kernels.reference import paged_attention  # noqa: E402
 ROUNDS = 3
 CONTEXT = 10304
 SUM_ONCE = [
-    (
-        "    l_i = tl.zeros([BLOCK_G], tl.float32)\n",
-        "    l_i = tl.zeros([BLOCK_G], tl.float32)\n    l_acc = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)\n",
-    ),
+    ("    l_i = tl.zeros([BLOCK_G], tl.float32)\n",
+     "    l_i = tl.zeros([BLOCK_G], tl.float32)\n    l_acc = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)\n"),
     ("        l_i = l_i * alpha + tl.sum(prob, 1)\n", "        l_acc = l_acc * alpha[:, None] + prob\n"),
-    (
-        "        m_i = m_new\n\n    if DIRECT or splits == 1:",
-        "        m_i = m_new\n    l_i = tl.sum(l_acc, 1)\n\n    if DIRECT or splits == 1:",
-    ),
+    ("        m_i = m_new\n\n    if DIRECT or splits == 1:",
+     "        m_i = m_new\n    l_i = tl.sum(l_acc, 1)\n\n    if DIRECT or splits == 1:"),
 ]
 AHEAD = [
-    (
-        "    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)\n",
-        """    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
+    ("    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)\n",
+     """    page_next = tl.load(pages_ptr + entry * stride_pages + page_lo, mask=page_lo < page_hi, other=0)
     valid_next = tl.load(valid_ptr + entry * stride_valid + page_lo, mask=page_lo < page_hi, other=0)
     start_next = tl.load(starts_ptr + entry * stride_starts + page_lo, mask=page_lo < page_hi, other=0)
     delta_next = tl.load(deltas_ptr + entry * stride_deltas + page_lo, mask=page_lo < page_hi, other=0)
     first_next = tl.load(firsts_ptr + entry * stride_firsts + page_lo, mask=page_lo < page_hi, other=0)
-""",
-    ),
-    (
-        """        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
+"""),
+    ("""        n_keys = tl.minimum(tl.load(valid_ptr + entry * stride_valid + p),
                             q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p))
-""",
-        """        n_keys = tl.minimum(valid_next, q_pos + 1 - start_next)
+""", """        n_keys = tl.minimum(valid_next, q_pos + 1 - start_next)
         delta_p = delta_next
         first_p = first_next
         ahead = t + 1 < t_hi
@@ -73,8 +65,7 @@ AHEAD = [
         start_next = tl.load(starts_ptr + entry * stride_starts + p_next, mask=ahead, other=0)
         delta_next = tl.load(deltas_ptr + entry * stride_deltas + p_next, mask=ahead, other=0)
         first_next = tl.load(firsts_ptr + entry * stride_firsts + p_next, mask=ahead, other=0)
-""",
-    ),
+"""),
     ("            delta = tl.load(deltas_ptr + entry * stride_deltas + p)\n", "            delta = delta_p\n"),
     ("            first = tl.load(firsts_ptr + entry * stride_firsts + p)\n", "            first = first_p\n"),
 ]
@@ -88,8 +79,7 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     modules = {"kernel": decode} | {
         name: patched_module(Path(decode.__file__), Path(tmp.name), "decode_" + name.replace(" ", "_"), patches)
-        for name, patches in VARIANTS.items()
-    }
+        for name, patches in VARIANTS.items()}
 
     def row(batch: int) -> dict:
         inputs, nbytes = decode_inputs(b, batch, CONTEXT, 21 + batch)

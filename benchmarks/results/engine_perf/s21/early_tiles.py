@@ -31,18 +31,14 @@ from lazyattn.kernels import prefill_hopper  # noqa: E402
 
 ROUNDS = 3
 EARLY = [
-    (
-        """def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles):""",
-        """def _load_tiles(k_desc, v_desc, pages_row, starts_row, valid_row, pos0, k_bufs, v_bufs, ready, empty, kv_head,
-                page_lo, n_tiles):""",
-    ),
-    (
-        """    page_next = gl.load(pages_row + page_lo, mask=n_tiles > 0, other=0)
+    ("""def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles):""",
+     """def _load_tiles(k_desc, v_desc, pages_row, starts_row, valid_row, pos0, k_bufs, v_bufs, ready, empty, kv_head,
+                page_lo, n_tiles):"""),
+    ("""    page_next = gl.load(pages_row + page_lo, mask=n_tiles > 0, other=0)
     _wait_for_producers()
     for t in range(n_tiles):
         page = page_next
-""",
-        """    early = gl.minimum(n_tiles, STAGE_COUNT)
+""", """    early = gl.minimum(n_tiles, STAGE_COUNT)
     t0 = 0
     go = early > 0
     while go:
@@ -59,13 +55,10 @@ EARLY = [
     _wait_for_producers()
     for t in range(t0, n_tiles):
         page = page_next
-""",
-    ),
-    (
-        """    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)""",
-        """    loads = (k_desc, v_desc, pages + table, starts_row, valid_row, pos0, k_bufs, v_bufs, ready, empty, kv_head,
-             page_lo, n_tiles)""",
-    ),
+"""),
+    ("""    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)""",
+     """    loads = (k_desc, v_desc, pages + table, starts_row, valid_row, pos0, k_bufs, v_bufs, ready, empty, kv_head,
+             page_lo, n_tiles)"""),
 ]
 
 

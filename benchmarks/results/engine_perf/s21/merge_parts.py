@@ -37,17 +37,13 @@ from lazyattn.kernels.decode import ArrivalCounters  # noqa: E402
 
 ROUNDS = 3
 ONE_ROUND = ("CHUNK=max(4, 64 // block_s)", "CHUNK=max(4, 128 // block_s)")
-BF16 = (
-    "    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)\n",
-    "    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=q.dtype, device=q.device)\n",
-)
+BF16 = ("    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=torch.float32, device=q.device)\n",
+        "    ws_o = torch.empty(num_splits, total_q, q_heads, head_dim, dtype=q.dtype, device=q.device)\n")
 VARIANTS = {
-    "fused, wait only": [
-        ("    for c in gl.static_range((PER + CHUNK - 1) // CHUNK):\n", "    for c in gl.static_range(0):\n")
-    ],
-    "fused, no wait": [
-        ("    _wait_count(counter + lanes * 0, gl.full([128], 2 * SPLITS, gl.int32, lane_layout))\n", "")
-    ],
+    "fused, wait only": [("    for c in gl.static_range((PER + CHUNK - 1) // CHUNK):\n",
+                          "    for c in gl.static_range(0):\n")],
+    "fused, no wait": [("    _wait_count(counter + lanes * 0, gl.full([128], 2 * SPLITS, gl.int32, lane_layout))\n",
+                        "")],
     "fused, one round": [ONE_ROUND],
     "fused, one round, bf16 partials": [ONE_ROUND, BF16],
 }
@@ -67,14 +63,11 @@ def main() -> None:
 
     row = {"copy_gbps": copy_gbps, "bytes": kv_bytes, "splits": splits}
     with tempfile.TemporaryDirectory() as tmp:
-        forms = {
-            "combine": functools.partial(attend, prefill_hopper, False),
-            "fused": functools.partial(attend, prefill_hopper, True),
-        }
+        forms = {"combine": functools.partial(attend, prefill_hopper, False),
+                 "fused": functools.partial(attend, prefill_hopper, True)}
         for name, patches in VARIANTS.items():
-            mod = patched_module(
-                Path(prefill_hopper.__file__), Path(tmp), "ph_" + name.replace(", ", "_").replace(" ", "_"), patches
-            )
+            mod = patched_module(Path(prefill_hopper.__file__), Path(tmp), "ph_" + name.replace(", ", "_").replace(
+                " ", "_"), patches)
             forms[name] = functools.partial(attend, mod, True)
         forms["no merge"] = partials
         combine = forms["combine"](*inputs[0])

@@ -57,9 +57,8 @@ def main() -> None:
         grid = prefill_hopper._grid(q0, k0, pb0, splits)
 
         def attend(mod, fused, q, k, v, pb):
-            return mod.short_prefill_attention(
-                q, k, v, pb, b.tables, b.scale, splits, counters=counters if fused else None
-            )
+            return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits,
+                                               counters=counters if fused else None)
 
         def partials(q, k, v, pb):
             return prefill_hopper.split_partials(q, k, v, pb, b.tables, b.scale, splits)
@@ -67,21 +66,13 @@ def main() -> None:
         combine = attend(prefill_hopper, False, *inputs[0])
         fused = attend(prefill_hopper, True, *inputs[0])
         again = attend(prefill_hopper, True, *inputs[0])
-        result = {
-            "batch": batch,
-            "splits": splits,
-            "grid": list(grid),
-            "fused taken": prefill_hopper.fused_merge(grid, b.device),
-            "max |fused - combine|": (fused.float() - combine.float()).abs().max().item(),
-            "fused twice, same bits": bool(torch.equal(fused, again)),
-            "bytes": kv_bytes * batch,
-            "copy_gbps": copy_gbps,
-        }
-        forms = {
-            "combine": functools.partial(attend, prefill_hopper, False),
-            "fused": functools.partial(attend, prefill_hopper, True),
-            "no merge": partials,
-        }
+        result = {"batch": batch, "splits": splits, "grid": list(grid),
+                  "fused taken": prefill_hopper.fused_merge(grid, b.device),
+                  "max |fused - combine|": (fused.float() - combine.float()).abs().max().item(),
+                  "fused twice, same bits": bool(torch.equal(fused, again)),
+                  "bytes": kv_bytes * batch, "copy_gbps": copy_gbps}
+        forms = {"combine": functools.partial(attend, prefill_hopper, False),
+                 "fused": functools.partial(attend, prefill_hopper, True), "no merge": partials}
         try:
             coop_out = attend(coop, True, *inputs[0])
             result["max |fused coop - combine|"] = (coop_out.float() - combine.float()).abs().max().item()

@@ -120,56 +120,21 @@ def fi_decode(mod, s, scale: float, q, k, v, pb, graph_plan: bool = True):
 
     lay, ws = Layout.of(pb, s.page_size), Workspace(q.device)
     empty_q, empty_kv = torch.empty(0, dtype=q.dtype), torch.empty(0, dtype=k.dtype)
-    plan = mod.plan(
-        ws.float,
-        ws.int,
-        ws.pinned,
-        lay.indptr_host,
-        q.shape[0],
-        s.q_heads,
-        s.kv_heads,
-        s.page_size,
-        graph_plan,
-        -1,
-        0.0,
-        s.head_dim,
-        s.head_dim,
-        empty_q,
-        empty_kv,
-    )
+    plan = mod.plan(ws.float, ws.int, ws.pinned, lay.indptr_host, q.shape[0], s.q_heads, s.kv_heads, s.page_size,
+                    graph_plan, -1, 0.0, s.head_dim, s.head_dim, empty_q, empty_kv)
     out = torch.empty_like(q)
 
     def call(pdl: bool):
         with tvm_ffi.use_torch_stream():
-            mod.run(
-                ws.float,
-                ws.int,
-                plan,
-                q,
-                k,
-                v,
-                lay.indptr,
-                lay.indices,
-                lay.last_len,
-                out,
-                None,
-                NHD,
-                -1,
-                pdl,
-                None,
-                0.0,
-                scale,
-                1.0,
-                1e-4,
-            )
+            mod.run(ws.float, ws.int, plan, q, k, v, lay.indptr, lay.indices, lay.last_len, out, None, NHD, -1, pdl,
+                    None, 0.0, scale, 1.0, 1e-4)
         return out
 
     return call
 
 
-def fi_prefill(
-    mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int], causal: bool, graph_plan: bool = True
-):
+def fi_prefill(mod, backend: str, s, scale: float, q, k, v, pb, q_lens: list[int], causal: bool,
+               graph_plan: bool = True):
     """FlashInfer's paged prefill (fa2 or fa3 backend) over pb's pages, q packed by q_lens, planned for CUDA graphs
     or not: call(pdl) -> output."""
     import tvm_ffi
@@ -178,23 +143,8 @@ def fi_prefill(
     qo_host = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32)
     qo = qo_host.to(q.device)
     batch = len(q_lens)
-    args = [
-        ws.float,
-        ws.int,
-        ws.pinned,
-        qo_host,
-        lay.indptr_host,
-        lay.kv_lens_host,
-        q.shape[0],
-        batch,
-        s.q_heads,
-        s.kv_heads,
-        s.page_size,
-        graph_plan,
-        s.head_dim,
-        s.head_dim,
-        causal,
-    ]
+    args = [ws.float, ws.int, ws.pinned, qo_host, lay.indptr_host, lay.kv_lens_host, q.shape[0], batch, s.q_heads,
+            s.kv_heads, s.page_size, graph_plan, s.head_dim, s.head_dim, causal]
     if backend == "fa2":
         args += [-1, -1, False, 0, 0]  # window_left, fixed_split_size, disable_split_kv, colocated CTAs, uniform q
     else:
@@ -206,64 +156,12 @@ def fi_prefill(
     def call(pdl: bool):
         with tvm_ffi.use_torch_stream():
             if backend == "fa2":
-                mod.paged_run(
-                    ws.float,
-                    ws.int,
-                    plan,
-                    q,
-                    k,
-                    v,
-                    qo,
-                    lay.indptr,
-                    lay.indices,
-                    lay.last_len,
-                    out,
-                    None,
-                    mask,
-                    NHD,
-                    -1,
-                    pdl,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    0.0,
-                    scale,
-                    1.0,
-                    1e-4,
-                    0,
-                )
+                mod.paged_run(ws.float, ws.int, plan, q, k, v, qo, lay.indptr, lay.indices, lay.last_len, out, None,
+                              mask, NHD, -1, pdl, None, None, None, None, None, None, None, None, 0.0, scale, 1.0,
+                              1e-4, 0)
             else:
-                mod.paged_run(
-                    ws.float,
-                    ws.int,
-                    plan,
-                    q,
-                    k,
-                    v,
-                    qo,
-                    lay.indptr,
-                    lay.indices,
-                    lay.last_len,
-                    out,
-                    None,
-                    mask,
-                    NHD,
-                    -1,
-                    pdl,
-                    None,
-                    None,
-                    None,
-                    None,
-                    0.0,
-                    scale,
-                    1.0,
-                    0,
-                )
+                mod.paged_run(ws.float, ws.int, plan, q, k, v, qo, lay.indptr, lay.indices, lay.last_len, out, None,
+                              mask, NHD, -1, pdl, None, None, None, None, 0.0, scale, 1.0, 0)
         return out
 
     return call
@@ -295,34 +193,9 @@ def fi_xqa(mod, s, q, k, v, pb, q_len: int = 1):
 
     def call(pdl: bool):
         with tvm_ffi.use_torch_stream():
-            mod.xqa_wrapper(
-                False,
-                sms,
-                s.kv_heads,
-                0,
-                1.0,
-                None,
-                out.view(shape),
-                1.0,
-                q.view(shape),
-                None,
-                k,
-                v,
-                None,
-                None,
-                table,
-                table.shape[1] * s.page_size,
-                lens,
-                batch,
-                1.0,
-                None,
-                q_len,
-                None,
-                mask,
-                semaphores,
-                scratch,
-                pdl,
-            )
+            mod.xqa_wrapper(False, sms, s.kv_heads, 0, 1.0, None, out.view(shape), 1.0, q.view(shape), None, k, v,
+                            None, None, table, table.shape[1] * s.page_size, lens, batch, 1.0, None, q_len, None, mask,
+                            semaphores, scratch, pdl)
         return out
 
     return call
@@ -350,13 +223,8 @@ def main() -> None:
 
     def decode_row(batch: int) -> dict:
         inputs, nbytes = decode_inputs(b, batch, CONTEXT, 22 + batch)
-        result = {
-            "case": "decode",
-            "batch": batch,
-            "bytes": nbytes,
-            "copy_gbps": copy_gbps,
-            "read_us": read_ceiling(b, nbytes),
-        }
+        result = {"case": "decode", "batch": batch, "bytes": nbytes, "copy_gbps": copy_gbps,
+                  "read_us": read_ceiling(b, nbytes)}
         ours = attention(True)
         calls = {"ours": [functools.partial(ours, *i, b.tables, b.scale) for i in inputs]}
         check(result, "ours", calls["ours"][0]().float(), paged_attention(*inputs[0], b.tables, b.scale).float())
@@ -372,9 +240,8 @@ def main() -> None:
         if "decode" in mods:
             eager["fi decode eager-plan"] = [fi_decode(mods["decode"], s, b.scale, *i, False) for i in inputs]
         if "fa2" in mods:
-            eager["fi decode tc eager-plan"] = [
-                fi_prefill(mods["fa2"], "fa2", s, b.scale, *i, [1] * batch, False, False) for i in inputs
-            ]
+            eager["fi decode tc eager-plan"] = [fi_prefill(mods["fa2"], "fa2", s, b.scale, *i, [1] * batch, False,
+                                                           False) for i in inputs]
         for name, fns in [*fis.items(), *eager.items()]:
             check(result, name, fns[0](False), expected)
             for pdl in (False, True) if name in fis else (True,):
@@ -385,13 +252,8 @@ def main() -> None:
     def prefill_row(batch: int) -> dict:
         kv_bytes = batch * rag_bytes
         inputs, _ = rag_case(b, batch, False, copies=4)
-        result = {
-            "case": "short prefill",
-            "batch": batch,
-            "bytes": kv_bytes,
-            "copy_gbps": copy_gbps,
-            "read_us": read_ceiling(b, kv_bytes),
-        }
+        result = {"case": "short prefill", "batch": batch, "bytes": kv_bytes, "copy_gbps": copy_gbps,
+                  "read_us": read_ceiling(b, kv_bytes)}
         split = [engine_split(b, *i) for i in inputs]
         calls = {"ours": [functools.partial(engine_attention, b, *i) for i in split]}
         check(result, "ours", calls["ours"][0]().float(), paged_attention(*inputs[0], b.tables, b.scale).float())

@@ -38,26 +38,9 @@ def main() -> None:
         spec.build()
         shutil.copy(spec.get_library_path(), dest / "ops" / f"{name}.so")
         print(f"{name}: {spec.name} built in {time.time() - t0:.0f} s", flush=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            "--implementation",
-            "cp",
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "-d",
-            str(dest / "whl"),
-            TVM_FFI,
-        ],
-        check=True,
-    )
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "-d", str(dest / "whl"),
+                    TVM_FFI], check=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """The bf16 TP test's first engine, outside pytest, with variants: what makes the symmetric-memory rendezvous hang,
 and how long the shutdown takes with each way of leaving the group."""
-
 import argparse
 import faulthandler
 import logging
@@ -30,39 +29,23 @@ if __name__ == "__main__":
 
     import lazyattn.parallel.driver as drv
     from lazyattn import LLM, SamplingParams
-
     if a.leave == "destroy":
         drv.leave = lambda: dist.destroy_process_group()
     elif a.leave == "none":
         drv.leave = lambda: None
     elif a.leave == "sync_abort":
-
         def _l():
             torch.cuda.synchronize()
             dist.distributed_c10d._abort_process_group()
-
         drv.leave = _l
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
     t = time.time()
-    llm = LLM(
-        model="benchmarks/models/llama-3.1-8b",
-        mode="lazy",
-        device="cuda",
-        random_weights=True,
-        kv_cache_gb=8,
-        max_num_seqs=4,
-        warm_up=False,
-        progress=False,
-        tensor_parallel_size=2,
-    )
+    llm = LLM(model="benchmarks/models/llama-3.1-8b", mode="lazy", device="cuda", random_weights=True, kv_cache_gb=8,
+              max_num_seqs=4, warm_up=False, progress=False, tensor_parallel_size=2)
     print("started in", round(time.time() - t, 1), "s; path", llm.engine.parallel.tp.all_reduce_path, flush=True)
     from lazyattn.engine.prompt import RenderedPrompt
-
-    llm.engine.add_request(
-        "r0",
-        RenderedPrompt(segments=[[128000] + list(range(100, 700))], final=list(range(5, 29))),
-        SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-    )
+    llm.engine.add_request("r0", RenderedPrompt(segments=[[128000] + list(range(100, 700))], final=list(range(5, 29))),
+                           SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     while llm.engine.has_unfinished():
         for o in llm.engine.step():
             if o.finished:
