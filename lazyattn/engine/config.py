@@ -30,16 +30,23 @@ def check_relink(mode: str, relink_tokens: int) -> None:
         raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
+_SAME = object()  # _option's cli_default when the CLI's default is the field's
+
+
 def _option(
-    default, help: str, shown: str | None = None, flags: tuple[str, ...] = (), choices: tuple[str, ...] = (), **cli
+    default,
+    help: str,
+    shown: str | None = None,
+    flags: tuple[str, ...] = (),
+    choices: tuple[str, ...] = (),
+    cli_default=_SAME,
 ):
     """A field the CLI offers as an option (cli.py generates it) and its metadata: the help, the words for the
     default where the value says nothing (None; otherwise the value is shown), extra flags, the accepted values,
-    and `cli_default=` where the CLI's default differs (None: decided by cli.engine_options)."""
+    and `cli_default` where the CLI's default differs (None: decided by cli.engine_options)."""
     meta = {"help": help, "shown": shown, "flags": flags, "choices": choices}
-    if "cli_default" in cli:
-        meta["default"] = cli.pop("cli_default")
-    assert not cli, cli
+    if cli_default is not _SAME:
+        meta["default"] = cli_default
     return field(default=default, metadata={"cli": meta})
 
 
