@@ -53,7 +53,6 @@ from lazyattn import LLM, SamplingParams  # noqa: E402
 from lazyattn.engine.llm_engine import LLMEngine  # noqa: E402
 from lazyattn.engine.prompt import RenderedPrompt  # noqa: E402
 from lazyattn.kernels.launch import pdl_on  # noqa: E402
-from lazyattn.model.llama import decode_fusion_enabled  # noqa: E402
 
 CONFIG_8B = Path(__file__).resolve().parent / "models" / "llama-3.1-8b"
 BOS = 128000
@@ -365,7 +364,7 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         "weight_bytes": bench.weight_bytes,
         "kv_bytes_per_token": bench.kv_bytes_per_token,
         "pdl": pdl_on(device),
-        "decode_fusion": decode_fusion_enabled(),
+        "decode_fusion": bench.engine.config.env.decode_fusion,
     }
     if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
         results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path

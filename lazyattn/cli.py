@@ -7,6 +7,7 @@ Only the command being run is imported (its module, and torch if it runs a model
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -15,7 +16,26 @@ from pathlib import Path
 from lazyattn import __version__
 from lazyattn.engine.config import EngineConfig
 
-MODES = ["lazy", "block", "prefix", "full"]
+
+def _engine_fields() -> dict[str, dataclasses.Field]:
+    """EngineConfig's fields the CLI offers (those with `cli` metadata), by name."""
+    return {f.name: f for f in dataclasses.fields(EngineConfig) if "cli" in f.metadata}
+
+
+def _add_engine_option(p: argparse.ArgumentParser, f: dataclasses.Field) -> None:
+    """The option of one EngineConfig field: its flag, type, default and help from the field (engine/config.py)."""
+    cli = f.metadata["cli"]
+    kind = str(f.type).replace(" | None", "")
+    shown = cli["shown"] if cli["shown"] is not None else "%(default)s"
+    default = cli.get("default", f.default)
+    kw: dict = {"default": default, "help": f"{cli['help']} (default: {shown})"}
+    if kind == "bool":
+        kw["action"] = argparse.BooleanOptionalAction
+    else:
+        kw["type"] = {"int": int, "float": float, "str": str}[kind]
+    if cli["choices"]:
+        kw["choices"] = list(cli["choices"])
+    p.add_argument("--" + f.name.replace("_", "-"), *cli["flags"], **kw)
 
 # One line per command, for `lazyattn -h` (each command's parser repeats its own; tests check they agree).
 COMMANDS = {
@@ -42,108 +62,28 @@ MODEL_HELP = (
 
 
 def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
-    """The engine's options, shared by generate, serve, bench and eval (bench and eval pick their modes: mode=False)."""
-    p.add_argument(
-        "--model",
-        default="tiny",
-        help="'tiny' (built in, random weights), 'smollm2' (fetched once), a "
-        "Hugging Face checkpoint directory or a .gguf file",
-    )
-    if mode:
-        p.add_argument(
-            "--mode", default="lazy", choices=MODES, help="how documents are placed (default: lazy; see docs/design.md)"
-        )
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16", "float16"],
-        help="weights and KV cache dtype (default: the checkpoint's; float32 on the CPU)",
-    )
-    p.add_argument("--page-size", type=int, default=64, help="tokens per KV page (default: 64)")
-    p.add_argument("--kv-cache-gb", type=float, default=None, help="KV budget (default: from free GPU memory)")
-    p.add_argument(
-        "--host-cache-gb",
-        type=float,
-        default=None,
-        help="host-memory tier for documents evicted from the GPU, GiB; 0: off (default: off on the CPU, "
-        "on CUDA a quarter of available host memory, at most 64; docs/design.md)",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="share of GPU memory the engine may use, KV included (default: 0.9)",
-    )
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=8192,
-        help="prompt tokens prefilled per step, at most (default: 8192)",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together, at most (default: 256)")
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="context limit in tokens, documents included (default: the model's)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling (default: 0)")
-    p.add_argument(
-        "--relink-tokens",
-        type=int,
-        default=0,
-        help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)",
-    )
-    p.add_argument(
-        "--async-scheduling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="schedule the next step while the GPU runs this one (default: on CUDA, also with tensor "
-        "parallelism; docs/design.md, Overlapped scheduling)",
-    )
-    p.add_argument(
-        "--tokenizer-cache-tokens",
-        type=int,
-        default=EngineConfig.tokenizer_cache_tokens,
-        help="documents' token ids kept so that a recurring document is tokenised once, in tokens "
-        "(~36 bytes each); 0: off (default: %(default)s)",
-    )
-    add_tensor_parallel_arg(p)
+    """The engine's options, shared by generate, serve, bench and eval (bench and eval pick their modes: mode=False),
+    one per EngineConfig field with `cli` metadata."""
+    for name, f in _engine_fields().items():
+        if name != "mode" or mode:
+            _add_engine_option(p, f)
 
 
 def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tensor-parallel-size",
-        "--tp",
-        type=int,
-        default=1,
-        help="GPUs one engine spans, one worker process each (default: 1; docs/design.md, Tensor parallelism)",
-    )
+    _add_engine_option(p, _engine_fields()["tensor_parallel_size"])
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    import torch
+    """EngineConfig's keyword arguments from parsed engine options; a field the parser did not offer keeps its
+    default. The device is the GPU where one is present unless --device says otherwise."""
+    options = {
+        name: getattr(args, name, f.metadata["cli"].get("default", f.default)) for name, f in _engine_fields().items()
+    }
+    if options["device"] is None:
+        import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return dict(
-        model=args.model,
-        mode=getattr(args, "mode", "lazy"),
-        device=device,
-        dtype=args.dtype,
-        page_size=args.page_size,
-        kv_cache_gb=args.kv_cache_gb,
-        host_cache_gb=args.host_cache_gb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-        relink_tokens=getattr(args, "relink_tokens", 0),
-        tensor_parallel_size=args.tensor_parallel_size,
-        async_scheduling=getattr(args, "async_scheduling", None),
-        tokenizer_cache_tokens=args.tokenizer_cache_tokens,
-    )
+        options["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    return options
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ QUESTIONS = [
     ("What is sorrel bread baked with?", 4),
 ]
 WARM_UP_DOC = {"title": "Warm-up", "text": "This passage only warms the engine up; no question is about it."}
-MODES = ("lazy", "block", "prefix", "full")
+from lazyattn.engine.config import MODES  # noqa: E402
 NAMES = {
     "smollm2": "SmolLM2-135M-Instruct",
     "tiny": "tiny (random weights)",

@@ -213,3 +213,53 @@ def test_ctrl_c_is_one_line_and_exit_code_130():
     finally:
         proc.kill()
     assert rest.splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest
+
+
+def test_engine_option_defaults_are_engine_configs():
+    """Every subcommand's engine options, parsed from nothing, give EngineConfig's defaults field by field; only the
+    device differs by design: the CLI takes the GPU where one is present (bench and eval pick their modes: no
+    --mode of the engine's there)."""
+    import dataclasses
+
+    import torch
+
+    from lazyattn.cli import engine_options
+    from lazyattn.engine.config import EngineConfig
+
+    defaults = EngineConfig()
+    for name in ("generate", "serve", "bench", "eval"):
+        parser = _subcommands()[name]
+        required = ["q"] if name == "generate" else []
+        options = engine_options(parser.parse_args(required))
+        assert options.pop("device") == ("cuda" if torch.cuda.is_available() else "cpu")
+        # --model differs by design too: commands that answer questions default to a real model (tested above).
+        assert options.pop("model") == ("tiny" if name == "bench" else DEFAULT_MODEL)
+        offered = {a.option_strings[0][2:].replace("-", "_") for a in parser._actions if a.option_strings}
+        engine = {f.name for f in dataclasses.fields(EngineConfig)}
+        compared = set(options) & offered
+        assert len(compared) >= 13 and set(options) <= engine, name
+        for field in compared:
+            assert options[field] == getattr(defaults, field), f"lazyattn {name} --{field.replace('_', '-')}"
+
+
+def test_dtype_help_states_the_engines_default():
+    """The engine takes bfloat16 on CUDA and float32 on the CPU when no dtype is given; --help says so."""
+    import torch
+
+    from lazyattn.engine.config import EngineConfig
+
+    assert EngineConfig(device="cpu").torch_dtype == torch.float32
+    assert EngineConfig(device="cuda").torch_dtype == torch.bfloat16
+    text = " ".join(_subcommands()["generate"].format_help().split())
+    assert "(default: bfloat16 on CUDA, float32 on the CPU)" in text
+    (dtype,) = [a for a in _subcommands()["generate"]._actions if "--dtype" in a.option_strings]
+    assert "checkpoint's" not in dtype.help
+
+
+def test_mode_choices_are_the_one_list_and_each_has_an_implementation():
+    from lazyattn.engine.config import MODES
+    from lazyattn.engine.modes import MODE_CLASSES, make_mode
+
+    mode = next(a for a in _subcommands()["generate"]._actions if "--mode" in a.option_strings)
+    assert tuple(mode.choices) == MODES == ("lazy", "block", "prefix", "full")
+    assert tuple(MODE_CLASSES) == MODES and all(make_mode(m).name == m for m in MODES)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lazyattn import envs
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
@@ -74,6 +75,15 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # The kernels' toggles are this engine's settings from here on, before the model loads, warms up and is
+        # captured: graphs and eager steps launch the same kernels (lazyattn/envs.py, the invariant).
+        previous = envs.activate(config.env)
+        if previous is not None and previous != config.env:
+            logger.warning(
+                "LAZYATTN_* settings differ from the previous engine's in this process (%s): an engine still running "
+                "launches by the new ones outside its captured graphs",
+                ", ".join(envs.changed(previous, config.env)),
+            )
         self.mode = make_mode(config.mode)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -91,6 +101,7 @@ class LLMEngine:
                 device=self.device,
                 seed=config.seed,
                 random_init=config.random_weights,
+                decode_fusion=config.env.decode_fusion,
             )
         try:
             self.tokenizer = self._tokenizer(config)

@@ -45,14 +45,16 @@ class ModelRunner:
         self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
         self.num_pages = pool_pages(config, device, self.page_bytes) if num_pages is None else num_pages
         # Zeroed, so that never-written page tails hold finite values (masked scores times V stay 0).
-        kv = allocate_kv(mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device)
+        kv = allocate_kv(
+            mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device, config.env.kv_layout
+        )
         self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
         self.graphs = None  # decode steps replay CUDA graphs when set
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
             self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
-            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device)
+            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device, plan=config.env.prefill_plan)
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""

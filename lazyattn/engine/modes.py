@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lazyattn.engine.config import MODES
 from lazyattn.engine.sequence import Part, Run, Sequence
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
@@ -220,11 +221,12 @@ class FullMode(_CausalMode):
         return Run(seq.all_tokens, start_pos=0)
 
 
-MODES: dict[str, type[Mode]] = {m.name: m for m in (LazyMode, BlockMode, PrefixMode, FullMode)}
+# The implementation of each of config.MODES (the one list of mode names), by name.
+MODE_CLASSES: dict[str, type[Mode]] = {m.name: m for m in (LazyMode, BlockMode, PrefixMode, FullMode)}
 
 
 def make_mode(name: str) -> Mode:
     try:
-        return MODES[name]()
+        return MODE_CLASSES[name]()
     except KeyError:
         raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {name!r}", "mode") from None

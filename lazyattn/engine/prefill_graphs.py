@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -222,7 +221,10 @@ class PrefillGraphs:
         device: torch.device,
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
         entry_buckets: Sequence[int] = ENTRY_BUCKETS,
+        plan: bool = True,
     ) -> None:
+        """`plan` (LAZYATTN_PREFILL_PLAN, the engine's config.env): the host fills a split plan per step where
+        prefill.py's kernel reads one."""
         self.model = model
         self.backend = backend
         self.width = width
@@ -237,7 +239,7 @@ class PrefillGraphs:
         self.splits = {bucket: splits for bucket, (splits, _) in choice.items()}
         # The host fills a plan per step only where prefill.py's kernel reads it.
         planned = [splits for splits, plan in choice.values() if plan]
-        plan_splits = max(planned, default=0) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
+        plan_splits = max(planned, default=0) if plan else 0
         self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size, plan_splits)
         self.static = self.layout.buffers(device)
         self.staging = self.layout.buffers("cpu", pin=True)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lazyattn.engine.config import MODES
+
 # --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
 # "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
 # (docs/quality.md); the others are the engine's published layouts.
@@ -47,7 +49,7 @@ def add_eval_parser(
         "--modes",
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
-        "(e.g. lazy:relink_tokens=16); default full,prefix,block,lazy",
+        f"(e.g. lazy:relink_tokens=16); default {','.join(reversed(MODES))}",
     )
     p.add_argument(
         "--engine-option",
@@ -189,9 +191,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         return 0
     runs = [
         RunSpec.parse(t)
-        for t in (
-            args.modes.split(",") if args.modes else [args.mode] if args.mode else ["full", "prefix", "block", "lazy"]
-        )
+        for t in (args.modes.split(",") if args.modes else [args.mode] if args.mode else list(reversed(MODES)))
     ]
     options = engine_options(args)
     options.pop("mode")

@@ -44,13 +44,13 @@ each (docs/kernels.md, "Session 20").
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from lazyattn import envs
 from lazyattn.kernels.launch import (
     LOG2E,
     hopper_or_later,
@@ -710,13 +710,10 @@ def _check(
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
-TMA_ENV = "LAZYATTN_DECODE_TMA"  # 0: decode's K/V tiles always by per-thread copies
-
-
 def copy_engine_tiles(device: torch.device) -> bool:
     """Whether decode_config may choose copy-engine tiles on `device`: a Hopper-or-later GPU (tensor-memory
     accelerator), not the interpreter, and LAZYATTN_DECODE_TMA not 0."""
-    return os.environ.get(TMA_ENV, "1") != "0" and hopper_or_later(device)
+    return envs.active().decode_tma and hopper_or_later(device)
 
 
 def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):

@@ -35,7 +35,7 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
 from lazyattn.parallel import worker
-from lazyattn.parallel.all_reduce import SETTING_ENV, probe_timeout, setting
+from lazyattn.parallel.all_reduce import SETTING_ENV
 from lazyattn.parallel.channel import DispatchTrace, encode, pack_step
 from lazyattn.parallel.fed_back import FedBackRelay
 from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave, serve_store
@@ -54,9 +54,8 @@ class TensorParallelRunner:
         self.size = size
         self.config = config
         check_divisible(model_config(config.model), size)
-        # Bad settings raise here, before any process starts.
-        probe_timeout()
-        if setting() == "symm_mem" and device.type != "cuda":
+        # Bad settings raised when the config read them (lazyattn/envs.py), before any process starts.
+        if config.env.tp_allreduce == "symm_mem" and device.type != "cuda":
             raise InvalidRequestError(f"{SETTING_ENV}=symm_mem needs CUDA GPUs", SETTING_ENV)
         if device.type == "cuda":
             visible = torch.cuda.device_count()
@@ -103,7 +102,7 @@ class TensorParallelRunner:
                 self.conns.append(parent)
                 self.procs.append(proc)
             self._expect("hello")
-            self.tp = join(self._store, 0, size, self.device)
+            self.tp = join(self._store, 0, size, self.device, config.env)
             self._group.append(torch.distributed.group.WORLD)
             threading.Thread(
                 target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True, name="lazyattn-tp-watch"
@@ -114,13 +113,14 @@ class TensorParallelRunner:
                 device=self.device,
                 seed=config.seed,
                 random_init=config.random_weights,
+                decode_fusion=config.env.decode_fusion,
                 tensor_parallel=self.tp,
             )
         except BaseException:
             self.shutdown()
             raise
         self.local = None
-        self._trace = DispatchTrace(0)
+        self._trace = DispatchTrace(0, config.env.tp_trace)
 
     def build(self, max_model_len: int) -> TensorParallelRunner:
         """Every rank builds its KV pool (the same page count) and its runner; returns self, now a runner."""

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import argparse
 import errno
-import os
 import socket
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lazyattn import envs
+
 # --prompt-layout names -> lazyattn.engine.prompt layouts (resolved at start: importing them here would load
 # the engine for every CLI command).
 LAYOUTS = {"block-attention": "DEFAULT_LAYOUT", "tulu3-block-ft": "TULU3_BLOCK_FT_LAYOUT"}
 # Keys given on the command line show up in `ps`; this variable (comma-separated) keeps them out of it.
-API_KEYS_ENV = "LAZYATTN_API_KEYS"
+API_KEYS_ENV = envs.API_KEYS.name
 
 
 def add_serve_parser(
@@ -127,7 +128,7 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     from lazyattn.engine.llm_engine import LLMEngine
     from lazyattn.server.app import ServerConfig, create_app
 
-    keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+    keys = list(args.api_key) + list(envs.read_var(envs.API_KEYS))
     options = engine_options(args)
     options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
     layout = dataclasses.replace(
