@@ -196,9 +196,9 @@ def build_questions(
     out: list[Question] = []
     seen: set[str] = set()
     for number, (where, question, answers) in enumerate(questions):
-        if question in seen:
-            raise DatasetError(f"question {question!r} is repeated")
-        seen.add(question)
+        if normalize_answer(question) in seen:
+            raise DatasetError(f"question {question!r} is repeated (up to case and punctuation)")
+        seen.add(normalize_answer(question))
         gold = resolve(passages, where, answers[0], question)
         for a in answers:
             # the scorer looks for the normalised answer inside the output: "j" or "**" would prove nothing
