@@ -16,6 +16,7 @@ SmolLM2 / Llama BPE tokenizers); every passage is kept within 100..1,000 estimat
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
@@ -154,14 +155,24 @@ def numpy_passages() -> list[Passage]:
 
 def states(text: str, answer: str) -> bool:
     """Whether `text` holds `answer` literally: case-insensitive, any run of whitespace matching any other."""
-    return " ".join(answer.lower().split()) in " ".join(text.lower().split())
+    return " ".join(answer.lower().split()) in _flat(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _flat(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def contains(text: str, answer: str) -> bool:
     """Whether `text` states `answer`: case-insensitive, or as the scorer tests an output (the normalised answer
     inside the normalised text), so that an answer quoting a distractor could never be scored correct."""
     a = normalize_answer(answer)
-    return states(text, answer) or (bool(a) and a in normalize_answer(text))
+    return states(text, answer) or (bool(a) and a in _normalized(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized(text: str) -> str:
+    return normalize_answer(text)  # each passage is searched for every question's answers: normalise it once
 
 
 def resolve(passages: Sequence[Passage], where: str, answer: str, question: str = "") -> Passage:

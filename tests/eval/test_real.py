@@ -38,6 +38,14 @@ def test_passage_lengths_within_100_to_1000_estimated_tokens(shipped):
     assert min(lengths) >= 100 and max(lengths) <= 1000
 
 
+def _states(doc, answers):
+    """Independent of real.contains: lower-case substring (whitespace runs as one space) for each answer, and
+    the scorer's own test (an output quoting the document would count as correct)."""
+    flat = " ".join(doc["text"].lower().split())
+    stated = [" ".join(a.lower().split()) in flat for a in answers]
+    return stated, accuracy(f"{doc['title']}\n{doc['text']}", answers) == 1.0
+
+
 def test_answer_in_gold_and_in_no_distractor_of_any_cell(shipped):
     _, _, passages, questions = shipped
     for q in questions:
@@ -47,23 +55,20 @@ def test_answer_in_gold_and_in_no_distractor_of_any_cell(shipped):
         assert len(set(q.distractors)) == len(q.distractors) and q.gold not in q.distractors
         for a in q.answers:
             assert 1 <= len(a.split()) <= 5, (q.id, a)
+        # every document a cell can show: the gold one states every answer, no distractor any
+        stated, _ = _states(item.documents[0], q.answers)
+        assert all(stated), (q.id, q.answers)
+        for doc in item.documents[1:]:
+            stated, scored = _states(doc, q.answers)
+            assert not any(stated) and not scored, (q.id, q.answers, doc["title"])
+        # and each cell shows the gold document where asked, the rest from those distractors
         for n in (5, 10, 20):
-            for position in ("first", "middle", "last"):
+            for position, expected in (("first", 0), ("middle", (n - 1) // 2), ("last", n - 1)):
                 cell = arrange(item, n, position)
-                assert len(cell.documents) == n
-                (g,) = cell.gold
-                for i, doc in enumerate(cell.documents):
-                    text = f"{doc['title']}\n{doc['text']}"
-                    # independent of real.contains: lower-case substring (whitespace runs as one space),
-                    # and the scorer's own test
-                    # (an output quoting the document would count as correct)
-                    flat = " ".join(doc["text"].lower().split())
-                    stated = [" ".join(a.lower().split()) in flat for a in q.answers]
-                    scored = accuracy(text, q.answers) == 1.0
-                    if i == g:
-                        assert all(stated), (q.id, q.answers)
-                    else:
-                        assert not any(stated) and not scored, (q.id, q.answers, n, position, i)
+                assert len(cell.documents) == n and cell.gold == (expected,)
+                assert cell.documents[expected] == item.documents[0]
+                others = [d for i, d in enumerate(cell.documents) if i != expected]
+                assert others == list(item.documents[1:n])
 
 
 def test_the_shipped_file_is_what_the_builder_makes_now():
