@@ -171,7 +171,7 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
         return items, meta, num_docs, positions
     if size not in synthetic.SIZES:
         choices = ", ".join([*synthetic.SIZES, *real.SETS])
-        raise DatasetError(f"unknown built-in set {size!r}; choose from {choices}")
+        raise DatasetError(f"unknown built-in size {size!r}; choose from {choices}")
     if None in num_docs:
         raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")
     n = min(args.limit, synthetic.SIZES[size]) if args.limit else synthetic.SIZES[size]
