@@ -179,7 +179,7 @@ QUESTIONS: list[tuple[str, str, list[str]]] = [
         "Which package optimizes contraction order for einsum-like expressions in a backend-agnostic manner?",
         ["opt_einsum"],
     ),
-    ("einsum", "np.einsum('ii', a) is equivalent to which NumPy function?", ["np.trace(a)"]),
+    ("einsum", "np.einsum('ii', a) is equivalent to which NumPy function?", ["np.trace"]),
     ("einsum", "Since which NumPy version does einsum_path insertion allow reusing a contraction path?", ["1.12.0"]),
     ("einsum", "On which processor were the einsum timings benchmarked?", ["3.1GHz Intel i5"]),
     ("einsum", "Basic einsum in the benchmark took about how long?", ["~1520ms"]),

@@ -31,7 +31,7 @@ QUESTIONS: list[tuple[str, str, list[str]]] = [
     ("for", "Which built-in type can be used to iterate over a sequence of numbers?", ["range"]),
     ("with", "Which method of the context manager is called on entry to a with statement?", ["__enter__"]),
     ("with", "Which PEP introduced the with statement?", ["PEP 343"]),
-    ("try", "Which clause of a try statement always runs on the way out?", ["finally"]),
+    ("try#7", "Which clause of a try statement always runs on the way out?", ["finally"]),
     ("try", "Which exception type must the matched exceptions of except* derive from?", ["BaseExceptionGroup"]),
     ("lambda", "Lambda expressions are used to create what kind of functions?", ["anonymous functions", "anonymous"]),
     ("exceptions", "What kind of error handling does Python use, according to the reference?", ["termination"]),
