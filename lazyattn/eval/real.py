@@ -49,7 +49,7 @@ SOURCES = {
     "real-heldout": {
         "source": "docstrings of public NumPy functions (numpy package)",
         "license": "BSD-3-Clause (NumPy license)",
-        "copyright": "Copyright (c) 2005, NumPy Developers. All rights reserved.",
+        "copyright": "Copyright (c) 2005-2025, NumPy Developers. All rights reserved.",
     },
 }
 
