@@ -106,6 +106,6 @@ def test_paired_difference_hand_cases():
     d = paired_bootstrap_diff(a, c)
     assert d.mean == pytest.approx(0.01) and d.low <= 0 <= d.high and not d.significant
     assert "no significant difference" in d.describe()
-    # pairing matters: the same two score lists, unpaired shuffles would vary far more than the paired flips
+    # pairs need both runs' scores of the same questions
     with pytest.raises(ValueError):
         paired_bootstrap_diff([1.0], [1.0, 0.0])

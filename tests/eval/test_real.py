@@ -90,7 +90,7 @@ def test_the_shipped_file_is_what_the_builder_makes_now():
 
 def test_builder_rejects_bad_questions():
     ps = [
-        real.Passage("a#0", "A", "The frobnicate keyword starts a block. " * 20),
+        real.Passage("a#0", "A", "The frobnicate keyword starts block number one. " * 20),
         *[real.Passage(f"d{i}#0", "D", f"Other text number {i}. " * 30) for i in range(real.MAX_DISTRACTORS)],
     ]
     (q,) = real.build_questions(ps, [("a", "Which keyword starts a block?", ["frobnicate"])], 0, "t")
@@ -99,7 +99,7 @@ def test_builder_rejects_bad_questions():
         ("a", "Which keyword is missing?", ["absent"]),  # not in the gold passage
         ("a", "Which frobnicate keyword?", ["frobnicate"]),  # the question gives it away
         ("a", "Which letter?", ["k"]),  # too short to score
-        ("a", "Which word do all passages share?", ["text"]),  # not enough distractors lack it... and gold lacks
+        ("a", "Which word do all passages share?", ["number"]),  # no passage is left to distract
     ]
     for entry in bad:
         with pytest.raises(DatasetError):
