@@ -37,6 +37,7 @@ def _add_engine_option(p: argparse.ArgumentParser, f: dataclasses.Field) -> None
         kw["choices"] = list(cli["choices"])
     p.add_argument("--" + f.name.replace("_", "-"), *cli["flags"], **kw)
 
+
 # One line per command, for `lazyattn -h` (each command's parser repeats its own; tests check they agree).
 COMMANDS = {
     "demo": "a small RAG workload through every mode, side by side",

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from lazyattn.engine.config import MODES
 from lazyattn.engine.llm import LLM
 from lazyattn.engine.sampling import SamplingParams
 
@@ -53,7 +54,6 @@ QUESTIONS = [
     ("What is sorrel bread baked with?", 4),
 ]
 WARM_UP_DOC = {"title": "Warm-up", "text": "This passage only warms the engine up; no question is about it."}
-from lazyattn.engine.config import MODES  # noqa: E402
 NAMES = {
     "smollm2": "SmolLM2-135M-Instruct",
     "tiny": "tiny (random weights)",
