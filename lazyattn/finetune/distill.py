@@ -78,11 +78,12 @@ def teacher_examples(
     device: torch.device,
     layout: PromptLayout = DEFAULT_LAYOUT,
     max_tokens: int | None = None,
-    batch_size: int = 16,
+    batch_tokens: int = 32768,
 ) -> list[Example]:
     """Distillation examples: each prompt rendered as the engine renders it, its answer the teacher's greedy
     continuation under full attention (ended by the end-of-turn token when the teacher ended it) unless the
-    prompt carries one. Prompts longer than `max_tokens` with their answer are dropped."""
+    prompt carries one. Prompts longer than `max_tokens` with their answer are dropped. Generation batches hold
+    at most `batch_tokens` padded prompt tokens (eager attention keeps a batch x heads x length² score tensor)."""
     rendered = [render_chat(tokenizer, [{"role": "user", "content": p.question}], p.documents, layout) for p in prompts]
     eos = tokenizer.eos_token_ids
     answers: list[list[int] | None] = [
@@ -92,8 +93,11 @@ def teacher_examples(
     if max_tokens is not None:
         todo = [i for i in todo if rendered[i].num_tokens + answer_tokens <= max_tokens]
     todo.sort(key=lambda i: rendered[i].num_tokens)  # similar lengths together: little padding
-    for start in range(0, len(todo), batch_size):
-        chunk = todo[start : start + batch_size]
+    while todo:
+        rows = 1  # ascending lengths: the last row of a batch is its longest
+        while rows < len(todo) and (rows + 1) * (rendered[todo[rows]].num_tokens + answer_tokens) <= batch_tokens:
+            rows += 1
+        chunk, todo = todo[:rows], todo[rows:]
         for i, answer in zip(chunk, greedy(model, [rendered[i].token_ids for i in chunk], answer_tokens, eos, device)):
             answers[i] = answer
     examples = [Example(r.segments, r.final, a, distill=True) for r, a in zip(rendered, answers) if a]

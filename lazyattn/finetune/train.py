@@ -136,7 +136,7 @@ class Objective:
     def __init__(self, model: torch.nn.Module, cfg: FinetuneConfig, frozen: torch.nn.Module | None = None) -> None:
         self.model = model
         self.distill = cfg.distill  # None: labelled rows only
-        self.frozen = frozen  # the teacher of a full fine-tune (no adapter to disable)
+        self.frozen = frozen  # the teacher of a full fine-tune (no adapter to disable); a plain model is its own
 
     def __call__(self, examples: Sequence[Example], blocks: Sequence[bool], device: torch.device) -> LossTerms:
         batch = make_batch(examples, blocks, device)
@@ -166,7 +166,7 @@ class Objective:
         span = span[:, : batch["input_ids"].shape[1]]
         if self.frozen is not None:
             context, model = contextlib.nullcontext(), self.frozen
-        elif self.distill.teacher == "base":
+        elif self.distill.teacher == "base" and hasattr(self.model, "disable_adapter"):
             context, model = self.model.disable_adapter(), self.model
         else:
             context, model = contextlib.nullcontext(), self.model

@@ -163,7 +163,7 @@ def reference_greedy(model, tokens: list[int], n: int, eos: list[int]) -> list[i
 def test_made_prompts_put_the_question_after_the_documents_and_the_teacher_answers(tiny, corpus):
     cfg = DistillConfig(documents=str(corpus), prompts=5, docs_per_prompt=(2, 3))
     prompts = load_prompts(cfg, seed=1)
-    examples = teacher_examples(tiny.model, tiny.tokenizer, prompts, 3, CPU, SHORT, batch_size=3)
+    examples = teacher_examples(tiny.model, tiny.tokenizer, prompts, 3, CPU, SHORT, batch_tokens=600)
     assert len(examples) == 5
     titles = {f"{name}": TEXTS[name] for name in TEXTS}
     for prompt, e in zip(prompts, examples):
