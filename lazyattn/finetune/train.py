@@ -237,9 +237,11 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     model.train()
     start = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc="finetune", unit="step", disable=not cfg.progress, file=sys.stderr)
+    share = cfg.labelled_rows
     for _ in bar:
-        kinds = ["labelled" if rng.random() < cfg.labelled_rows else "distill" for _ in range(cfg.batch_size)]
-        picked = [pools[k].next() for k in kinds]
+        # A row's source is drawn only when mixing, so a labelled-only run keeps its data order.
+        mixed = [0.0 < share < 1.0 and rng.random() < share for _ in range(cfg.batch_size)]
+        picked = [pools["labelled" if share == 1.0 or m else "distill"].next() for m in mixed]
         blocks = [e.distill or rng.random() >= cfg.full_share for e in picked]
         step = objective(picked, blocks, device)
         loss = step.total(cfg.labelled_weight)

@@ -14,6 +14,7 @@ from lazyattn.cli import main
 from lazyattn.engine.llm import LLM
 from lazyattn.engine.prompt import PromptLayout, encode_document
 from lazyattn.engine.sampling import SamplingParams
+from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune.base import load_base
 from lazyattn.finetune.corpus import passages, read_documents, stdlib_docstrings
 from lazyattn.finetune.data import Example, encode_item
@@ -115,6 +116,7 @@ def test_labelled_rows_keep_the_transformers_loss(tiny):
         want = model(**make_batch([labelled], [True]), use_cache=False).loss
     assert terms.ce.item() == pytest.approx(want.item(), rel=1e-5)
     assert terms.kl.item() > 0
+    assert terms.total(0.5).item() == pytest.approx(0.5 * terms.ce.item() + terms.kl.item(), rel=1e-6)
 
 
 def test_documents_from_a_folder_a_jsonl_and_questions_by_id(tmp_path, corpus):
@@ -229,3 +231,31 @@ def test_cli_distill_writes_an_adapter_lazyattn_loads(tmp_path, corpus):
 def test_cli_rejects_documents_without_distill(tmp_path, corpus, capsys):
     assert main(["finetune", "--model", "tiny", "--out", str(tmp_path), "--documents", str(corpus)]) == 2
     assert "--distill" in capsys.readouterr().err
+
+
+def test_labelled_rows_mix_with_distillation_rows(tmp_path, corpus):
+    data = tmp_path / "labelled.jsonl"
+    data.write_text(json.dumps({**ITEM, "gold": [2]}) + "\n")
+    distill = DistillConfig(documents=str(corpus), prompts=3, docs_per_prompt=(2,), answer_tokens=2, held_out=0)
+    cfg = FinetuneConfig(
+        model="tiny",
+        out=str(tmp_path / "out"),
+        data=str(data),
+        examples=None,
+        steps=3,
+        batch_size=4,
+        lora_rank=4,
+        progress=False,
+        device="cpu",
+        layout=SHORT,
+        distill=distill,
+        labelled_share=0.5,
+        labelled_weight=0.5,
+    )
+    result = finetune(cfg)
+    assert len(result.losses) == 3 and result.terms["ce"] and result.terms["kl"]
+    assert len(result.terms["ce"]) + len(result.terms["kl"]) > 3  # some step mixed both kinds of rows
+    recipe = json.loads((tmp_path / "out" / "finetune.json").read_text())
+    assert (recipe["examples"], recipe["distill_examples"]) == (1, 3)
+    with pytest.raises(InvalidRequestError):
+        FinetuneConfig(labelled_share=0.5)  # mixing needs distillation
