@@ -1,4 +1,5 @@
-"""The training loop: block rows and full rows mixed, loss on the answer tokens, LoRA (peft) or every weight.
+"""The training loop: block rows and full rows mixed, loss on the answer tokens, LoRA (peft) or every weight;
+with distillation (distill.py), block rows that match the full-attention teacher (KL), alone or mixed in.
 
 Recipe (defaults of FinetuneConfig, docs/finetune.md): Block-Attention's — the same examples are trained with
 the served block semantics and, for a share of rows (`full_share`), with ordinary causal attention, so one
