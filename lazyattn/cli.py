@@ -70,6 +70,13 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
         default=0,
         help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)",
     )
+    for name, what in (("temperature", "T (sharpened by 1/T)"), ("scale", "S (weight times S)")):
+        p.add_argument(
+            f"--ape-{name}",
+            type=float,
+            default=1.0,
+            help=f"lazy/block mode: the final segment's attention {what} on the documents (docs/design.md, APE)",
+        )
     p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
@@ -115,6 +122,8 @@ def engine_options(args: argparse.Namespace) -> dict:
         max_model_len=args.max_model_len,
         seed=args.seed,
         relink_tokens=getattr(args, "relink_tokens", 0),
+        ape_temperature=getattr(args, "ape_temperature", 1.0),
+        ape_scale=getattr(args, "ape_scale", 1.0),
         tensor_parallel_size=args.tensor_parallel_size,
         async_scheduling=getattr(args, "async_scheduling", None),
         tokenizer_cache_tokens=args.tokenizer_cache_tokens,

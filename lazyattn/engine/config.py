@@ -27,6 +27,21 @@ def check_relink(mode: str, relink_tokens: int) -> None:
         raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
+def check_ape(mode: str, temperature: float, scale: float) -> None:
+    """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
+    lazy and block mode; prefix and full attend to every document in context already."""
+    for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
+    if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
+        param = "ape_temperature" if temperature != 1 else "ape_scale"
+        raise InvalidRequestError(
+            f"ape_temperature={temperature}, ape_scale={scale} need mode 'lazy' or 'block': {mode} mode attends "
+            "to every document in context already",
+            param,
+        )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "tiny"
@@ -46,6 +61,10 @@ class EngineConfig:
     warm_up: bool = True  # on CUDA: compile/tune kernels and capture graphs before the first request
     progress: bool = True  # progress bars (loading, generate)
     relink_tokens: int = 0  # lazy mode: default recomputed rows per placed document (docs/design.md, "Relink")
+    # lazy and block mode: the final segment's scores against document keys become s / T + ln S (docs/design.md,
+    # "APE"); 1.0: off. T < 1 sharpens the attention to the documents, S > 1 gives them more weight in total.
+    ape_temperature: float = 1.0  # T: attention temperature on the documents after the first segment
+    ape_scale: float = 1.0  # S: attention scale on the documents after the first segment
     # Host tier for evicted documents (docs/design.md, "The host tier"); 0: off; None: off on the CPU, on CUDA a
     # quarter of the available host memory, at most 64 GiB.
     host_cache_gb: float | None = None
@@ -73,6 +92,7 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
+        check_ape(self.mode, self.ape_temperature, self.ape_scale)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(
@@ -93,6 +113,11 @@ class EngineConfig:
                 "every rank would need its own tier",
                 "host_cache_gb",
             )
+
+    @property
+    def ape_on(self) -> bool:
+        """Whether requests default to a temperature or scale on the documents (CUDA graphs then carry them)."""
+        return self.ape_temperature != 1 or self.ape_scale != 1
 
     @property
     def async_scheduling_on(self) -> bool:

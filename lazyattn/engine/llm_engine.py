@@ -24,7 +24,7 @@ from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation, overlap
 from lazyattn.engine.batch import ScheduledBatch
-from lazyattn.engine.config import EngineConfig, check_relink
+from lazyattn.engine.config import EngineConfig, check_ape, check_relink
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
@@ -159,14 +159,19 @@ class LLMEngine:
         cache_salt: str | None = None,
         arrival: float | None = None,
         relink_tokens: int | None = None,
+        ape_temperature: float | None = None,
+        ape_scale: float | None = None,
     ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
         `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
-        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's."""
+        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's.
+        `ape_temperature`, `ape_scale`: T and S on the final segment's attention to the documents after the first
+        (lazy and block mode, docs/design.md "APE"); None: the engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         relink_tokens = self.relink_tokens(relink_tokens) if params is not None else 0
+        ape = self.ape(ape_temperature, ape_scale) if params is not None else (1.0, 1.0)
         keys = self._segment_keys(prompt, cache_salt)
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
         # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
@@ -193,6 +198,7 @@ class LLMEngine:
                 salt=cache_salt,
                 segment_keys=keys,
                 relink_tokens=relink_tokens,
+                ape=ape,
             )
             for i in range(params.n if params is not None else 1)
         ]
@@ -454,6 +460,13 @@ class LLMEngine:
         k = self.config.relink_tokens if requested is None else requested
         check_relink(self.mode.name, k)
         return k
+
+    def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
+        """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
+        t = self.config.ape_temperature if temperature is None else temperature
+        s = self.config.ape_scale if scale is None else scale
+        check_ape(self.mode.name, t, s)
+        return float(t), float(s)
 
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
         """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with

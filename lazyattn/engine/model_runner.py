@@ -51,8 +51,10 @@ class ModelRunner:
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
-            self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
-            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device)
+            # With a temperature or scale on documents by default the graphs carry their tables (engine/cuda_graphs.py)
+            ape = config.ape_on
+            self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device, ape)
+            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device, ape=ape)
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""

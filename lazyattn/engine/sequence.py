@@ -101,6 +101,7 @@ class Sequence:
     salt: str | None = None
     segment_keys: list[str] | None = None  # the segments' cache keys (lazy/block), computed once at add_request
     relink_tokens: int = 0  # lazy mode: recompute the first k rows of each placed document (docs/design.md)
+    ape: tuple[float, float] = (1.0, 1.0)  # (T, S) on the final segment's scores against documents (docs/design.md)
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     status: Status = Status.WAITING
