@@ -9,11 +9,17 @@ import math
 import pytest
 import torch
 
+from lazyattn import LLM, SamplingParams
 from lazyattn.engine.config import EngineConfig
-from lazyattn.engine.prompt import from_token_ids
+from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has_ape, table_count, table_views
+from lazyattn.engine.prefill_graphs import StepLayout
+from lazyattn.engine.prompt import RenderedPrompt, from_token_ids
 from lazyattn.errors import InvalidRequestError
+from lazyattn.kernels import reference
+from lazyattn.kernels.paged import EntryPages, PagedBatch
 from lazyattn.kernels.reference import block_mask
 from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm, token_bos
+from tests.engine.test_engine_gpu import capture_logits, config_dir, hf_model_with_weights_of, random_docs, rel, run_all
 from tests.model.checkpoints import hf_logits
 
 # What the registered attention function applies to the forward in progress: visibility [T, T] and, per
@@ -47,9 +53,15 @@ def ape_logits(model, segments: list[list[int]], tail: list[int], t: float, s: f
     log = torch.zeros(len(tokens), len(tokens), dtype=torch.float32)
     inv[n_ctx:, first:n_ctx] = 1.0 / t
     log[n_ctx:, first:n_ctx] = math.log(s)
-    _LAYOUT.update(inv_temp=inv, log_scale=log, visible=block_mask([len(x) for x in segments], len(tail)))
+    visible = block_mask([len(x) for x in segments], len(tail))
+    dev = next(model.parameters()).device
+    _LAYOUT.update(inv_temp=inv.to(dev), log_scale=log.to(dev), visible=visible.to(dev))
     model.set_attn_implementation(_register())
     try:
+        if dev.type != "cpu":
+            with torch.inference_mode():
+                ids, pos = torch.tensor([tokens], device=dev), torch.arange(len(tokens), device=dev)[None]
+                return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float().cpu()
         return hf_logits(model, tokens, list(range(len(tokens))))
     finally:
         model.set_attn_implementation("eager")
@@ -153,3 +165,121 @@ def test_rejects_bad_values(bad):
         EngineConfig(ape_temperature=bad)
     with pytest.raises(InvalidRequestError, match="must be a finite number > 0"):
         EngineConfig(ape_scale=bad)
+
+
+# --- CUDA-graph inputs (engine/graph_inputs.py), on the CPU -----------------------------------------------------
+
+
+def _ape_entries() -> list[EntryPages]:
+    return [
+        EntryPages([3, 1, 4, 7], [0, 7, 7, 0], [16, 16, 5, 3], None, [1.0, 0.5, 0.5, 1.0], [0.0, 0.7, 0.7, 0.0]),
+        EntryPages([9], [0], [12]),  # no temperature: 1 and 0 in the tables
+        EntryPages([2, 6, 5], [5, 0, 0], [16, 1, 2], [0, 3, 0], [2.0, 1.0, 1.0], [-0.3, 0.0, 0.0]),
+    ]
+
+
+def test_graph_tables_hold_what_paged_batch_builds():
+    """The 7-table records' float views hold PagedBatch.build's inv_temps and log_scales (an independent
+    construction), over a buffer a longer step left other values in; the kernels' gap is one table's width."""
+    width = 6
+    tables = torch.full((4, table_count(True), width), 99, dtype=torch.int32)
+    stale = EntryPages([0] * width, [1] * width, [16] * width, None, [3.0] * width, [9.0] * width)
+    fill_tables(tables.numpy(), [stale] * 4)
+    entries = _ape_entries()
+    fill_tables(tables.numpy(), entries)
+    built = PagedBatch.build(entries, [1, 1, 1], [0, 0, 0])
+    inv_temps, log_scales = ape_views(tables[:3])
+    n = built.max_pages
+    for b, e in enumerate(entries):
+        m = len(e.pages)
+        assert torch.equal(inv_temps[b, :m], built.inv_temps[b, :m])
+        assert torch.equal(log_scales[b, :m], built.log_scales[b, :m])
+    assert torch.equal(table_views(tables[:3])[0][:, :n], built.pages)
+    view = PagedBatch(
+        built.cu_seqlens_q, built.q_start, *table_views(tables[:3])[:4], built.num_pages, 1, 64,
+        firsts=table_views(tables[:3])[4], inv_temps=inv_temps, log_scales=log_scales,
+    )  # fmt: skip
+    assert view.ape_gap == width
+    assert ape_views(torch.zeros(2, table_count(False), width, dtype=torch.int32)) == (None, None)
+    assert has_ape(entries) and not has_ape(entries[1:2])
+
+
+def test_prefill_graph_layout_gives_the_eager_attention():
+    """A step with temperatures padded to a bucket of the 7-table layout: the reference attention over the views
+    equals the one over PagedBatch.build (the eager path) on the real rows."""
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.randn(2, 10, 16, 2, 32, generator=gen).unbind(0)
+    entries = [e.then([8], [4]) for e in _ape_entries()]
+    q_lens, q_starts = [2, 3, 1], [38, 10, 19]
+    n = sum(q_lens)
+    step = StepInputs(list(range(n)), [0] * n, [-1] * n, entries, q_lens, q_starts, [1, 4, 5], False)
+    layout = StepLayout(16, 8, 6, 16, ape=True)
+    buffers = layout.buffers("cpu")
+    layout.fill(buffers, step, 16, 4)
+    _, fb = layout.views(buffers, 16, 4)
+    q = torch.randn(16, 4, 32, generator=gen)
+    padded = reference.paged_attention(q, k_cache, v_cache, fb.attn, None, 0.2)
+    eager = reference.paged_attention(q[:n], k_cache, v_cache, PagedBatch.build(entries, q_lens, q_starts), None, 0.2)
+    assert torch.allclose(padded[:n], eager, atol=1e-6)
+    plain = [EntryPages(e.pages, e.deltas, e.valid, e.firsts) for e in entries]
+    assert not torch.allclose(
+        eager, reference.paged_attention(q[:n], k_cache, v_cache, PagedBatch.build(plain, q_lens, q_starts), None, 0.2)
+    )
+
+
+# --- GPU: Llama-3.1-8B shapes (random weights), run by the lead on the device ----------------------------------
+
+
+def _gpu_llm(directory, **kw):
+    return LLM(
+        model=str(directory),
+        mode="lazy",
+        device="cuda",
+        dtype="float32",
+        random_weights=True,
+        kv_cache_gb=2,
+        progress=False,
+        max_model_len=4096,
+        **kw,
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_ape_matches_transformers_and_graphs_equal_eager(tmp_path_factory):
+    """fp32, 4 layers of the 8B shapes: the Triton kernels with (T, S) == the transformers reference (first token);
+    decode and prefill CUDA graphs that carry the tables give the eager tokens and logits; a request's own (T, S)
+    on an engine without a default (graphs without the tables: its steps run eagerly) gives the same tokens."""
+    directory = config_dir(tmp_path_factory, 4)
+    docs = random_docs(3, 300, seed=11)
+    prompts = [
+        RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 8 + 9 * i, seed=500 + i)[0])
+        for i in range(3)
+    ]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    t, s = 0.7, 1.6
+    results = {}
+    for name, kw in (("eager", dict(cuda_graphs=False)), ("graphs", {}), ("per_request", {})):
+        llm = _gpu_llm(directory, **kw, **({} if name == "per_request" else dict(ape_temperature=t, ape_scale=s)))
+        seen = capture_logits(llm)
+        if name == "eager":  # prompt 0 alone first: its one sampled row against the transformers reference
+            run_all(llm, prompts[:1], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+            hf = hf_model_with_weights_of(llm, directory, torch.float32)
+            want = ape_logits(hf, prompts[0].segments, prompts[0].final, t, s)[-1]
+            print(f"\nAPE, 8B shapes, 4 layers, fp32: |engine-hf|/|hf| = {rel(seen[-1][0], want):.2e}")
+            assert rel(seen[-1][0], want) < 1e-4
+            del hf
+            seen.clear()
+        if name == "per_request":
+            for i, p in enumerate(prompts):
+                llm.engine.add_request(f"r{i}", p, params, ape_temperature=t, ape_scale=s)
+            outs = {}
+            while llm.engine.has_unfinished():
+                outs.update({o.request_id: o.token_ids for o in llm.engine.step() if o.finished})
+        else:
+            outs = {rid: o.token_ids for rid, o in run_all(llm, prompts, params).items()}
+        results[name] = (outs, torch.cat(seen))
+        if name == "graphs":
+            assert llm.engine.runner.prefill_graphs.replays > 0
+        llm.shutdown()
+    assert results["eager"][0] == results["graphs"][0] == results["per_request"][0]
+    assert rel(results["graphs"][1], results["eager"][1]) < 1e-5
