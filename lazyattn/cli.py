@@ -78,6 +78,12 @@ def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
             help=f"lazy/block mode: the final segment's attention {what} on the documents (docs/design.md, APE)",
         )
     p.add_argument(
+        "--ape-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="lazy mode: encode each document after the first segment, its shared attention sink (docs/design.md, APE)",
+    )
+    p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -124,6 +130,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         relink_tokens=getattr(args, "relink_tokens", 0),
         ape_temperature=getattr(args, "ape_temperature", 1.0),
         ape_scale=getattr(args, "ape_scale", 1.0),
+        ape_prefix=getattr(args, "ape_prefix", False),
         tensor_parallel_size=args.tensor_parallel_size,
         async_scheduling=getattr(args, "async_scheduling", None),
         tokenizer_cache_tokens=args.tokenizer_cache_tokens,

@@ -27,9 +27,18 @@ def check_relink(mode: str, relink_tokens: int) -> None:
         raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
-def check_ape(mode: str, temperature: float, scale: float) -> None:
+def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
     """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
-    lazy and block mode; prefix and full attend to every document in context already."""
+    lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
+    encoded after the first segment) is lazy mode's: block mode's private copies are rotated from position 0."""
+    if not isinstance(prefix, bool):
+        raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
+    if prefix and mode != "lazy":
+        raise InvalidRequestError(
+            f"ape_prefix needs mode 'lazy': {mode} mode "
+            + ("copies documents encoded at position 0" if mode == "block" else "attends to everything in context"),
+            "ape_prefix",
+        )
     for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
@@ -65,6 +74,9 @@ class EngineConfig:
     # "APE"); 1.0: off. T < 1 sharpens the attention to the documents, S > 1 gives them more weight in total.
     ape_temperature: float = 1.0  # T: attention temperature on the documents after the first segment
     ape_scale: float = 1.0  # S: attention scale on the documents after the first segment
+    # lazy mode: encode each document after the first segment with that segment visible (its shared attention sink),
+    # cached once per (first segment, document) and read at any slot (docs/design.md, "APE")
+    ape_prefix: bool = False
     # Host tier for evicted documents (docs/design.md, "The host tier"); 0: off; None: off on the CPU, on CUDA a
     # quarter of the available host memory, at most 64 GiB.
     host_cache_gb: float | None = None
@@ -92,7 +104,7 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
-        check_ape(self.mode, self.ape_temperature, self.ape_scale)
+        check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(

@@ -67,14 +67,17 @@ class LLM:
         relink_tokens: int | None = None,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
+        ape_prefix: bool | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
         relink_tokens: lazy mode's recomputed rows per placed document (docs/design.md); None: the engine's.
         ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first
-        (lazy and block mode, docs/design.md "APE"); None: the engine's."""
+        (lazy and block mode, docs/design.md "APE"); ape_prefix: documents encoded after the first segment (lazy
+        mode); None: the engine's."""
         rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, (ape_temperature, ape_scale))
+        ape = (ape_temperature, ape_scale, ape_prefix)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, ape)
 
     def chat(
         self,
@@ -87,6 +90,7 @@ class LLM:
         relink_tokens: int | None = None,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
+        ape_prefix: bool | None = None,
     ) -> list[RequestOutput]:
         """Chat conversations rendered with the model's chat template, documents as segments."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -94,7 +98,8 @@ class LLM:
         if len(docs) != len(convs):
             raise InvalidRequestError("documents must have one list per conversation", "documents")
         rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, (ape_temperature, ape_scale))
+        ape = (ape_temperature, ape_scale, ape_prefix)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, ape)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -128,7 +133,7 @@ class LLM:
         cache_salt,
         use_tqdm,
         relink_tokens: int | None = None,
-        ape: tuple[float | None, float | None] = (None, None),
+        ape: tuple[float | None, float | None, bool | None] = (None, None, None),
     ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -140,7 +145,8 @@ class LLM:
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
         self.engine.relink_tokens(relink_tokens)
-        self.engine.ape(*ape)
+        self.engine.ape(*ape[:2])
+        self.engine.ape_prefix(ape[2])
         ids = [f"gen-{next(self._ids)}" for _ in rendered]
         added: list[str] = []
         try:
@@ -153,6 +159,7 @@ class LLM:
                     relink_tokens=relink_tokens,
                     ape_temperature=ape[0],
                     ape_scale=ape[1],
+                    ape_prefix=ape[2],
                 )
                 added.append(rid)
         except Exception:

@@ -69,7 +69,7 @@ class _DocumentMode(Mode):
     caches_documents = True
 
     def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys)
+        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(
@@ -140,7 +140,7 @@ class LazyMode(_DocumentMode):
             for p in seq.parts[:upto]:
                 fill = page_fill(p.length, page_size)
                 pages += p.segment.pages
-                deltas += [p.start] * len(fill)
+                deltas += [p.start - p.rotated_at] * len(fill)
                 valid += fill
             return EntryPages(pages, deltas, valid)
         entry = EntryPages([], [], [], [])
@@ -154,7 +154,7 @@ class LazyMode(_DocumentMode):
                 first = min(max(skip - m * page_size, 0), fill)  # pages wholly inside the first k rows drop out
                 if fill > first:
                     entry.pages.append(page)
-                    entry.deltas.append(p.start)
+                    entry.deltas.append(p.start - p.rotated_at)
                     entry.valid.append(fill - first)
                     entry.firsts.append(first)
         return entry

@@ -28,10 +28,19 @@ _LAYOUT: dict[str, torch.Tensor] = {}
 
 
 def _ape_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention with per-(query, key) temperature and scale; query [B, H, T, D], key/value [B, Hkv, T, D]."""
+    """Eager attention with per-(query, key) temperature and scale; query [B, H, T, D], key/value [B, Hkv, T, D].
+    With ape_prefix, the final rows read document i's keys (rotated at their encoding positions L_0 + j) moved on to
+    their logical positions s_i + j: rotated further by s_i - L_0 with transformers' own RoPE."""
     group = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if "shift" in _LAYOUT:
+        from transformers.models.llama.modeling_llama import rotate_half
+
+        cos, sin = _LAYOUT["rotary"](value, _LAYOUT["shift"][None])
+        moved = key * cos[:, None] + rotate_half(key) * sin[:, None]
+        final = _LAYOUT["final_rows"][:, None]
+        scores = torch.where(final, torch.matmul(query, moved.transpose(2, 3)) * scaling, scores)
     scores = scores * _LAYOUT["inv_temp"] + _LAYOUT["log_scale"]
     scores = scores.masked_fill(~_LAYOUT["visible"], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
@@ -45,42 +54,56 @@ def _register() -> str:
     return "ape_reference"
 
 
-def ape_logits(model, segments: list[list[int]], tail: list[int], t: float, s: float) -> torch.Tensor:
-    """transformers' logits of the final rows under block attention with (T, S) on the documents after the first."""
+def ape_logits(model, segments: list[list[int]], tail: list[int], t: float, s: float, prefix: bool = False):
+    """transformers' logits over the concatenation under block attention with (T, S) on the documents after the
+    first segment. prefix (ape_prefix): each document's rows see the first segment and sit at positions from its
+    length (as encoded once for every slot); the final rows see each document's keys at their logical positions."""
     tokens = [x for seg in segments for x in seg] + tail
-    n_ctx, first = len(tokens) - len(tail), len(segments[0])
-    inv = torch.ones(len(tokens), len(tokens), dtype=torch.float32)
-    log = torch.zeros(len(tokens), len(tokens), dtype=torch.float32)
+    n, n_ctx, first = len(tokens), len(tokens) - len(tail), len(segments[0])
+    inv = torch.ones(n, n, dtype=torch.float32)
+    log = torch.zeros(n, n, dtype=torch.float32)
     inv[n_ctx:, first:n_ctx] = 1.0 / t
     log[n_ctx:, first:n_ctx] = math.log(s)
     visible = block_mask([len(x) for x in segments], len(tail))
+    positions = list(range(n))
+    shift = torch.zeros(n, dtype=torch.long)
+    if prefix:
+        start = first
+        for seg in segments[1:]:
+            positions[start : start + len(seg)] = range(first, first + len(seg))
+            shift[start : start + len(seg)] = start - first
+            visible[start : start + len(seg), :first] = True
+            start += len(seg)
     dev = next(model.parameters()).device
     _LAYOUT.update(inv_temp=inv.to(dev), log_scale=log.to(dev), visible=visible.to(dev))
+    if prefix:
+        final_rows = torch.arange(n) >= n_ctx
+        _LAYOUT.update(shift=shift.to(dev), final_rows=final_rows.to(dev), rotary=model.model.rotary_emb)
     model.set_attn_implementation(_register())
     try:
         if dev.type != "cpu":
             with torch.inference_mode():
-                ids, pos = torch.tensor([tokens], device=dev), torch.arange(len(tokens), device=dev)[None]
+                ids, pos = torch.tensor([tokens], device=dev), torch.tensor([positions], device=dev)
                 return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float().cpu()
-        return hf_logits(model, tokens, list(range(len(tokens))))
+        return hf_logits(model, tokens, positions)
     finally:
         model.set_attn_implementation("eager")
         _LAYOUT.clear()
 
 
-def hf_ape_rollout(model, segments, prompt, t: float, s: float) -> list[torch.Tensor]:
+def hf_ape_rollout(model, segments, prompt, t: float, s: float, prefix: bool = False) -> list[torch.Tensor]:
     tail, out = list(prompt), []
     for _ in range(GEN):
-        lp = torch.log_softmax(ape_logits(model, segments, tail, t, s)[-1].double(), -1)
+        lp = torch.log_softmax(ape_logits(model, segments, tail, t, s, prefix)[-1].double(), -1)
         out.append(lp)
         tail.append(int(lp.argmax()))
     return out
 
 
-def assert_ape_matches(outs, model, bos, t, s, requests=REQUESTS, atol=2e-4):
+def assert_ape_matches(outs, model, bos, t, s, requests=REQUESTS, atol=2e-4, prefix=False):
     for out, (docs, prompt) in zip(outs, requests):
         rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
-        want = hf_ape_rollout(model, rendered.segments, rendered.final, t, s)
+        want = hf_ape_rollout(model, rendered.segments, rendered.final, t, s, prefix)
         assert out.token_ids == [int(lp.argmax()) for lp in want]
         for got, lp in zip(out.outputs[0].logprobs, want):
             ids = torch.tensor(list(got))
@@ -165,6 +188,69 @@ def test_rejects_bad_values(bad):
         EngineConfig(ape_temperature=bad)
     with pytest.raises(InvalidRequestError, match="must be a finite number > 0"):
         EngineConfig(ape_scale=bad)
+
+
+# --- shared prefix (ape_prefix) ----------------------------------------------------------------------------------
+
+PREFIX_REQUESTS = [(["a", "b"], [40, 41, 42]), (["b", "a", "c"], [50, 51]), (["c"], [60, 61, 62, 63])]
+
+
+@pytest.mark.parametrize("name", ["llama", "llama31", "qwen3"])
+@pytest.mark.parametrize("ape", [(1.0, 1.0), (0.6, 2.5)])
+def test_prefix_matches_transformers(checkpoint, name, ape):
+    """Documents encoded after the first segment (a system segment here, so that the prefix is more than BOS),
+    with and without the temperature and scale: the engine (CPU, fp32) == transformers."""
+    llm = make_llm(checkpoint, name, "lazy", ape_prefix=True, ape_temperature=ape[0], ape_scale=ape[1])
+    bos = token_bos(llm)
+    system = ([] if bos is None else [bos]) + [5, 6, 7, 8, 9]  # starts with BOS: the first segment as given
+    requests = [(["sys"] + docs, prompt) for docs, prompt in PREFIX_REQUESTS]
+    DOCS["sys"] = system
+    try:
+        outs = generate(llm, requests, greedy(logprobs=20))
+        assert_ape_matches(outs, checkpoint(name)[1], bos, *ape, requests=requests, prefix=True)
+    finally:
+        del DOCS["sys"]
+
+
+def test_prefix_reference_differs_from_plain_block(checkpoint):
+    model = checkpoint("llama")[1]
+    segments = from_token_ids([50, 51], [[5, 6, 7], DOCS["b"], DOCS["a"]], 1).segments
+    plain = ape_logits(model, segments, [50, 51], 1.0, 1.0)
+    assert (ape_logits(model, segments, [50, 51], 1.0, 1.0, prefix=True)[-1] - plain[-1]).abs().max() > 1e-3
+    # the first segment's rows are the same either way
+    n0 = len(segments[0])
+    assert torch.allclose(ape_logits(model, segments, [50, 51], 1.0, 1.0, prefix=True)[:n0], plain[:n0], atol=1e-5)
+
+
+def test_prefix_documents_are_shared_per_first_segment(checkpoint):
+    """A document encoded after a first segment is one cached copy read at any slot by requests with that first
+    segment (hits), a separate one under another first segment (a miss), and apart from plain lazy's copy."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    bos = [] if token_bos(llm) is None else [token_bos(llm)]
+    sys_a, sys_b = bos + [5, 6, 7], bos + [8, 9]  # the first segment as given (README, token-level input)
+    kw = dict(sampling_params=greedy())
+
+    def run(system, docs, **extra):
+        documents = [[system] + [DOCS[d] for d in docs]]
+        llm.generate(prompt_token_ids=[[40, 41]], document_token_ids=documents, **kw, **extra)
+        return llm.stats().cache
+
+    base = run(sys_a, ["a", "b"], ape_prefix=True)
+    hits = run(sys_a, ["b", "a", "c"], ape_prefix=True)
+    assert hits.misses == base.misses + 1  # only "c" is new: "a" and "b" are read at other slots
+    other = run(sys_b, ["a"], ape_prefix=True)
+    assert other.misses == hits.misses + 2  # sys_b itself, and "a" after sys_b
+    plain = run(sys_a, ["a"])
+    assert plain.misses == other.misses + 1  # "a" encoded alone is another copy
+
+
+@pytest.mark.parametrize("mode", ["block", "prefix", "full"])
+def test_prefix_is_lazy_only(checkpoint, mode):
+    with pytest.raises(InvalidRequestError, match="ape_prefix needs mode 'lazy'"):
+        EngineConfig(mode=mode, ape_prefix=True)
+    llm = make_llm(checkpoint, "llama", mode)
+    with pytest.raises(InvalidRequestError, match="ape_prefix needs mode 'lazy'"):
+        llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), ape_prefix=True)
 
 
 # --- CUDA-graph inputs (engine/graph_inputs.py), on the CPU -----------------------------------------------------
