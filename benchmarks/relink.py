@@ -2,7 +2,7 @@
 full, at Llama-3.1-8B shapes (random bf16 weights), the serving benchmark's request shape, warm document cache.
 With --ape T,S also the attention temperature and scale on documents (docs/design.md, "APE"), zero-copy.
 
-    python benchmarks/relink.py OUT_DIR [--ks 0,4,16,32] [--requests 16] [--ape 0.7,1.5] [--smoke]
+    python benchmarks/relink.py OUT_DIR [--ks 0,4,16,32] [--requests 16] [--ape 0.7,1.5 [--ape-prefix]] [--smoke]
 
 Workload: a pool of 8 documents x 2048 tokens, 5 per request in seeded random order after a BOS segment, a
 32-token question, 16 output tokens (EOS ignored). Every document is encoded before timing (warm cache), so
@@ -20,6 +20,8 @@ fresh engine of that mode would be, without reloading 16 GB of weights. Per-requ
 the temperature tables (engine/cuda_graphs.py), measured twice: "lazy ape" with (T, S), and "lazy ape-graphs
 T=S=1" (per-request 1, 1: the same graphs and kernels over tables of 1 and 0, which isolates the cost of reading
 the tables from the cost of the values); compare both with "lazy k=0" of the first engine (graphs without tables).
+--ape-prefix: that engine also encodes documents after the first segment (here BOS alone), which changes what a
+document's encode attends to, not the request's work.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def main() -> None:
     ap.add_argument("--ks", default="0,4,16,32")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--ape", default=None, help="T,S: also measure APE's temperature and scale (module docstring)")
+    ap.add_argument("--ape-prefix", action="store_true", help="with --ape: documents encoded after the first segment")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU: the script's structure")
     args = ap.parse_args()
     out = Path(args.out)
@@ -182,7 +185,7 @@ def main() -> None:
         t, s = (float(x) for x in args.ape.split(","))
         engine.shutdown()
         del engine
-        engine = LLMEngine(dataclasses.replace(cfg, ape_temperature=t, ape_scale=s))
+        engine = LLMEngine(dataclasses.replace(cfg, ape_temperature=t, ape_scale=s, ape_prefix=args.ape_prefix))
         for ape, label in (((t, s), f"lazy ape T={t} S={s}"), ((1.0, 1.0), "lazy ape-graphs T=S=1")):
             row = measure(engine, "lazy", 0, ape, pool, params, args.requests, n_idle, question_len, bos, label)
             results.append(row)
