@@ -4,6 +4,8 @@ warm-up, and the turning of a scheduled batch into one forward pass (packed toke
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lazyattn.cache.page_pool import allocate_kv, bytes_per_page, pages_for_budget, pages_from_free_memory
@@ -159,6 +161,10 @@ class ModelRunner:
             [0] * len(documents[0].pages) + [doc_len] * len(documents[1].pages),
             page_fill(doc_len, ps) + page_fill(short_len, ps),
         )
+        if self.config.ape_on:  # the kernels' variants that read the temperature tables (docs/design.md, "APE")
+            n0, n1 = len(documents[0].pages), len(documents[1].pages)
+            context.inv_temps = [1.0] * n0 + [1.0 / self.config.ape_temperature] * n1
+            context.log_scales = [0.0] * n0 + [math.log(self.config.ape_scale)] * n1
         start = doc_len + short_len
         finals = [Run([(11 * i + j) % vocab for j in range(final_len)], start, [next(free)]) for i in range(max_batch)]
         n = 1
