@@ -50,6 +50,30 @@ def _option(
     return field(default=default, metadata={"cli": meta})
 
 
+def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
+    """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
+    lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
+    encoded after the first segment) is lazy mode's: block mode's private copies are rotated from position 0."""
+    if not isinstance(prefix, bool):
+        raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
+    if prefix and mode != "lazy":
+        raise InvalidRequestError(
+            f"ape_prefix needs mode 'lazy': {mode} mode "
+            + ("copies documents encoded at position 0" if mode == "block" else "attends to everything in context"),
+            "ape_prefix",
+        )
+    for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
+    if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
+        param = "ape_temperature" if temperature != 1 else "ape_scale"
+        raise InvalidRequestError(
+            f"ape_temperature={temperature}, ape_scale={scale} need mode 'lazy' or 'block': {mode} mode attends "
+            "to every document in context already",
+            param,
+        )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine's settings. Fields with `cli` metadata are `lazyattn generate/serve/bench/eval` options of the
@@ -84,6 +108,20 @@ class EngineConfig:
     progress: bool = True  # progress bars (loading, generate)
     relink_tokens: int = _option(
         0, "lazy mode: recompute the first K rows of each placed document in context (docs/design.md, Relink)"
+    )
+    # lazy and block mode: the final segment's scores against document keys become s / T + ln S (docs/design.md,
+    # "APE"); 1.0: off. T < 1 sharpens the attention to the documents, S > 1 gives them more weight in total.
+    ape_temperature: float = _option(
+        1.0, "lazy/block mode: the question's attention temperature T on the documents, 1: off (docs/design.md, APE)"
+    )
+    ape_scale: float = _option(
+        1.0, "lazy/block mode: the question's attention scale S on the documents, 1: off (docs/design.md, APE)"
+    )
+    # lazy mode: encode each document after the first segment with that segment visible (its shared attention sink),
+    # cached once per (first segment, document) and read at any slot (docs/design.md, "APE")
+    ape_prefix: bool = _option(
+        False,
+        "lazy mode: encode each document after the first segment, its shared attention sink (docs/design.md, APE)",
     )
     # Host tier for evicted documents (docs/design.md, "The host tier"); 0: off; None: off on the CPU, on CUDA a
     # quarter of the available host memory, at most 64 GiB.
@@ -130,6 +168,7 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
+        check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(
@@ -150,6 +189,11 @@ class EngineConfig:
                 "every rank would need its own tier",
                 "host_cache_gb",
             )
+
+    @property
+    def ape_on(self) -> bool:
+        """Whether requests default to a temperature or scale on the documents (CUDA graphs then carry them)."""
+        return self.ape_temperature != 1 or self.ape_scale != 1
 
     @property
     def async_scheduling_on(self) -> bool:

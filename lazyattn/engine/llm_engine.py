@@ -25,14 +25,14 @@ from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation, overlap
 from lazyattn.engine.batch import ScheduledBatch
-from lazyattn.engine.config import EngineConfig, check_relink
+from lazyattn.engine.config import EngineConfig, check_ape, check_relink
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
-from lazyattn.engine.scheduler import Scheduler
+from lazyattn.engine.scheduler import Scheduler, segment_keys
 from lazyattn.engine.sequence import Sequence, Status
 from lazyattn.errors import (
     CheckpointError,
@@ -170,15 +170,23 @@ class LLMEngine:
         cache_salt: str | None = None,
         arrival: float | None = None,
         relink_tokens: int | None = None,
+        ape_temperature: float | None = None,
+        ape_scale: float | None = None,
+        ape_prefix: bool | None = None,
     ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
         `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
-        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's."""
+        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's.
+        `ape_temperature`, `ape_scale`: T and S on the final segment's attention to the documents after the first
+        (lazy and block mode, docs/design.md "APE"); `ape_prefix`: documents encoded after the first segment (lazy
+        mode, docs/design.md "APE"), also for a prefill-only request; None: the engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         relink_tokens = self.relink_tokens(relink_tokens) if params is not None else 0
-        keys = self._segment_keys(prompt, cache_salt)
+        ape = self.ape(ape_temperature, ape_scale) if params is not None else (1.0, 1.0)
+        prefix = self.ape_prefix(ape_prefix)
+        keys = self._segment_keys(prompt, cache_salt, prefix)
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
         # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
         cached = [self.cache.contains(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
@@ -204,6 +212,8 @@ class LLMEngine:
                 salt=cache_salt,
                 segment_keys=keys,
                 relink_tokens=relink_tokens,
+                ape=ape,
+                ape_prefix=prefix,
             )
             for i in range(params.n if params is not None else 1)
         ]
@@ -466,6 +476,19 @@ class LLMEngine:
         check_relink(self.mode.name, k)
         return k
 
+    def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
+        """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
+        t = self.config.ape_temperature if temperature is None else temperature
+        s = self.config.ape_scale if scale is None else scale
+        check_ape(self.mode.name, t, s)
+        return float(t), float(s)
+
+    def ape_prefix(self, requested: bool | None = None) -> bool:
+        """Whether a request's documents are encoded after its first segment: its own choice, or the engine's."""
+        prefix = self.config.ape_prefix if requested is None else requested
+        check_ape(self.mode.name, 1.0, 1.0, prefix)
+        return prefix
+
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
         """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with
         the request's peak pages (its mode's count) within the pool. 0 when nothing fits."""
@@ -480,13 +503,13 @@ class LLMEngine:
                 hi = mid - 1
         return max(lo, 0)
 
-    def _segment_keys(self, prompt: RenderedPrompt, salt: str | None) -> list[str] | None:
+    def _segment_keys(self, prompt: RenderedPrompt, salt: str | None, prefix: bool = False) -> list[str] | None:
         """The segments' document-cache keys (lazy/block), computed once per request: the scheduler takes them
         from the sequences. None in modes that do not cache documents, or for an id that is no int64."""
         if not self.mode.caches_documents:
             return None
         try:
-            return [self.keyer(s, salt, None) for s in prompt.segments]
+            return segment_keys(self.keyer, prompt.segments, salt, prefix)
         except (struct.error, OverflowError, TypeError):
             return None  # _validate names an out-of-range id; add_request refuses anything else
 
