@@ -233,23 +233,39 @@ def evaluate(
     with tqdm(total=total, desc="eval", disable=not progress, dynamic_ncols=True) as bar:
         for run in runs:
             llm = make_llm(run)
-            for cell, items in cells:
-                bar.set_description(f"{run.label}, {cell.label}")
-                result = answer_cell(llm, run, cell, items, params, batch_size, bar.update)
-                results.append(result)
-                s = result.summary()
-                bar.set_postfix_str(f"acc {100 * s['accuracy']:.0f}%" if s["accuracy"] is not None else "")
-                # one line per finished cell, also where the bar is off or lost in a log file
-                done = len(results)
-                acc = "-" if s["accuracy"] is None else f"{100 * s['accuracy']:.1f}%"
-                ci = s["accuracy_ci"]
-                acc += "" if ci is None else f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-                tqdm.write(
-                    f"[{done}/{len(runs) * len(cells)} cells, {sum(len(r.items) for r in results)}/{total} answers, "
-                    f"{time.monotonic() - start:.0f} s] "
-                    f"{run.label}, {cell.label}: accuracy {acc} over {s['n']} questions",
-                    file=sys.stdout,
-                )
-            del llm
-            gc.collect()
+            try:
+                _answer_run(llm, run, cells, params, batch_size, bar, results, total, start, len(runs))
+            finally:
+                # The next run's engine sizes its KV pool from free GPU memory: this one's must be given back
+                # now, not whenever the garbage collector gets to it.
+                shutdown = getattr(llm, "shutdown", None)
+                if shutdown is not None:
+                    shutdown()
+                del llm
+                gc.collect()
     return results
+
+
+def _answer_run(
+    llm, run, cells, params, batch_size, bar, results: list[CellResult], total: int, start: float, n_runs: int
+) -> None:
+    """One run over every cell, a line printed per finished cell."""
+    from tqdm import tqdm
+
+    for cell, items in cells:
+        bar.set_description(f"{run.label}, {cell.label}")
+        result = answer_cell(llm, run, cell, items, params, batch_size, bar.update)
+        results.append(result)
+        s = result.summary()
+        bar.set_postfix_str(f"acc {100 * s['accuracy']:.0f}%" if s["accuracy"] is not None else "")
+        # one line per finished cell, also where the bar is off or lost in a log file
+        done = len(results)
+        acc = "-" if s["accuracy"] is None else f"{100 * s['accuracy']:.1f}%"
+        ci = s["accuracy_ci"]
+        acc += "" if ci is None else f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+        tqdm.write(
+            f"[{done}/{n_runs * len(cells)} cells, {sum(len(r.items) for r in results)}/{total} answers, "
+            f"{time.monotonic() - start:.0f} s] "
+            f"{run.label}, {cell.label}: accuracy {acc} over {s['n']} questions",
+            file=sys.stdout,
+        )
