@@ -9,13 +9,15 @@ from typing import Any
 from lazyattn.bench.plots import MODE_STYLE
 from lazyattn.bench.report import markdown_table, text_table, write_json
 from lazyattn.eval.harness import Cell, CellResult
-from lazyattn.eval.metrics import CONFIDENCE, Difference, paired_bootstrap_diff
+from lazyattn.eval.metrics import CONFIDENCE, Difference, bootstrap_ci, paired_bootstrap_diff
 
 __all__ = [
     "comparisons",
     "differences_markdown",
     "markdown_table",
     "pivot_markdown",
+    "position_means",
+    "position_means_markdown",
     "pivots",
     "plot_accuracy",
     "rows",
@@ -121,7 +123,83 @@ def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = 
     for t in dict.fromkeys(t for r in results for t in r.summary().get("accuracy_by_type", {})):
         text += f"\n\nAccuracy, {t} questions (%) [{ci}]\n\n{pivot_markdown(results, aliases, key=t)}"
     diffs = differences_markdown(results, aliases)
-    return f"{text}\n\n{diffs}" if diffs else text
+    text = f"{text}\n\n{diffs}" if diffs else text
+    means = position_means_markdown(results)
+    return f"{text}\n\n{means}" if means else text
+
+
+def _per_question_mean(cells: Sequence[CellResult]) -> dict[str, float]:
+    """Each question's accuracy averaged over `cells` (the same questions at several gold positions); only the
+    questions every cell answered."""
+    scores = [{i.id: i.scores.accuracy for i in c.items} for c in cells]
+    common = [q for q in scores[0] if all(q in s for s in scores[1:])]
+    return {q: sum(s[q] for s in scores) / len(scores) for q in common}
+
+
+def position_means(results: Sequence[CellResult]) -> list[dict[str, Any]]:
+    """Per run and document count, accuracy averaged over the gold positions that ran (where more than one did):
+    the mean with its bootstrap interval, resampling questions (each question's mean over the positions is one
+    sample), and the paired difference from the baseline run. Reported targets are stated this way."""
+    base = baseline_run(results)
+    groups: dict[tuple[str, int | None], list[CellResult]] = {}
+    for r in results:
+        groups.setdefault((r.run.label, r.cell.num_docs), []).append(r)
+    out = []
+    for (run, docs), cells in groups.items():
+        if len(cells) < 2:
+            continue
+        mine = _per_question_mean(cells)
+        low, high = bootstrap_ci(list(mine.values())) or (None, None)
+        row: dict[str, Any] = {
+            "run": run,
+            "num_docs": docs,
+            "positions": [c.cell.position for c in cells],
+            "n": len(mine),
+            "accuracy": sum(mine.values()) / len(mine) if mine else None,
+            "accuracy_ci": None if low is None else [low, high],
+        }
+        theirs = groups.get((base, docs))
+        if run != base and theirs is not None and len(theirs) == len(cells):
+            ref = _per_question_mean(theirs)
+            common = [q for q in mine if q in ref]
+            d = paired_bootstrap_diff([ref[q] for q in common], [mine[q] for q in common])
+            if d is not None:
+                row["baseline"] = base
+                row["diff"] = {"mean": d.mean, "ci": [d.low, d.high], "significant": d.significant}
+        out.append(row)
+    return out
+
+
+def position_means_markdown(results: Sequence[CellResult]) -> str:
+    """`position_means` as a table: runs down, document counts across; empty where no count ran at several gold
+    positions."""
+    means = position_means(results)
+    if not means:
+        return ""
+    docs = list(dict.fromkeys(m["num_docs"] for m in means))
+    runs = list(dict.fromkeys(m["run"] for m in means))
+    by_key = {(m["run"], m["num_docs"]): m for m in means}
+
+    def text(run: str, n: int | None) -> str:
+        m = by_key.get((run, n))
+        if m is None or m["accuracy"] is None:
+            return "-"
+        out = f"{100 * m['accuracy']:.1f} [{100 * m['accuracy_ci'][0]:.1f}, {100 * m['accuracy_ci'][1]:.1f}]"
+        if "diff" in m:
+            d = m["diff"]
+            out += "; " + Difference(d["mean"], d["ci"][0], d["ci"][1], m["n"]).describe()
+        return out
+
+    head = [f"{'all' if n is None else n} docs" for n in docs]
+    lines = [
+        f"Accuracy (%) averaged over gold positions [{CONFIDENCE:.0%} bootstrap CI]; difference from "
+        f"{baseline_run(results)} in points [paired CI]",
+        "",
+        "| run | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(docs),
+    ]
+    lines += [f"| {run} | " + " | ".join(text(run, n) for n in docs) + " |" for run in runs]
+    return "\n".join(lines)
 
 
 def baseline_run(results: Sequence[CellResult]) -> str | None:
