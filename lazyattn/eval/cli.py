@@ -1,6 +1,6 @@
 """`lazyattn eval`: RAG question-answering accuracy per attention mode (docs/quality.md).
 
-    lazyattn eval                                        # tiny model, built-in set: a smoke run
+    lazyattn eval --model tiny --num-docs 2 --limit 8    # offline smoke run (random weights)
     lazyattn eval --model /models/SmolLM2-135M-Instruct --modes full,prefix,block,lazy \\
         --num-docs 2,5,10 --gold-position first,middle,last --limit 48 --out results/quality
     lazyattn eval --model M --dataset my_hotpotqa.jsonl --num-docs 10 --gold-position original

@@ -8,9 +8,8 @@ import shlex
 import sys
 
 from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.config import DEFAULT_TARGETS, SPANS, TEACHERS, DistillConfig, FinetuneConfig
 from lazyattn.finetune.corpus import STDLIB_DOCSTRINGS
-from lazyattn.finetune.distill import SPANS, TEACHERS, DistillConfig
-from lazyattn.finetune.train import DEFAULT_TARGETS, FinetuneConfig
 
 
 def add_finetune_parser(sub) -> None:

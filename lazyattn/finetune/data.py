@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, render_chat
 from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.config import BUILTIN
 from lazyattn.model.tokenizer import TokenizerBase
 
-BUILTIN = "builtin"
 # The built-in mixture: every document count the evaluation uses and more, the gold block anywhere.
 BUILTIN_NUM_DOCS = (2, 3, 4, 5, 6, 8, 10)
 BUILTIN_POSITIONS = ("first", "middle", "last")

@@ -14,46 +14,18 @@ before training by the frozen checkpoint (a questions file may give them instead
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, render_chat
 from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.config import SPANS as SPANS  # the settings live in config.py, torch-free
+from lazyattn.finetune.config import TEACHERS as TEACHERS
+from lazyattn.finetune.config import DistillConfig as DistillConfig
 from lazyattn.finetune.corpus import passages, read_documents
 from lazyattn.finetune.data import Example
 from lazyattn.finetune.prompts import Prompt, make_prompts, read_questions
 from lazyattn.model.tokenizer import TokenizerBase
-
-TEACHERS = ("base", "self")
-SPANS = ("question+answer", "answer")
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    documents: str | None = None  # a folder, a JSONL of documents, or "stdlib-docstrings"
-    questions: str | None = None  # a JSONL of questions; None: made from the documents
-    prompts: int = 2000  # prompts made from the documents (ignored with `questions`)
-    docs_per_prompt: Sequence[int] = (2, 3, 4, 5, 6, 8)
-    passage_chars: int = 1500  # longer documents are cut into passages of about this size
-    answer_tokens: int = 48  # the teacher's greedy answer, at most this long
-    temperature: float = 1.0
-    teacher: str = "base"
-    span: str = "question+answer"  # positions whose next-token distributions are matched
-    kinds: Sequence[str] = field(default=("about", "continue", "quote", "summary"))
-    held_out: int = 64  # prompts kept out of training to measure the KL before and after (when there are enough)
-
-    def __post_init__(self) -> None:
-        if self.documents is None and self.questions is None:
-            raise InvalidRequestError("distillation needs --documents or --questions", param="documents")
-        if self.teacher not in TEACHERS:
-            raise InvalidRequestError(f"teacher must be one of {', '.join(TEACHERS)}", param="teacher")
-        if self.span not in SPANS:
-            raise InvalidRequestError(f"span must be one of {', '.join(SPANS)}", param="span")
-        if self.temperature <= 0 or self.answer_tokens <= 0 or self.prompts <= 0:
-            raise InvalidRequestError("temperature, answer_tokens and prompts must be positive", param="distill")
-        if not self.docs_per_prompt or min(self.docs_per_prompt) <= 0:
-            raise InvalidRequestError("docs_per_prompt must hold positive counts", param="docs_per_prompt")
 
 
 def kl_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """The training loop: block rows and full rows mixed, loss on the answer tokens, LoRA (peft) or every weight;
 with distillation (distill.py), block rows that match the full-attention teacher (KL), alone or mixed in.
 
-Recipe (defaults of FinetuneConfig, docs/finetune.md): Block-Attention's — the same examples are trained with
-the served block semantics and, for a share of rows (`full_share`), with ordinary causal attention, so one
+Recipe (FinetuneConfig's defaults, config.py; docs/finetune.md): Block-Attention's — the same examples are trained
+with the served block semantics and, for a share of rows (`full_share`), with ordinary causal attention, so one
 checkpoint serves `lazy`/`block` and keeps working in `full`/`prefix`. AdamW, linear warm-up then cosine decay,
 gradient clipping at 1; bf16 autocast on CUDA (fp32 master weights), fp32 on the CPU.
 """
@@ -23,71 +23,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
+from lazyattn.engine.prompt import DEFAULT_LAYOUT
 from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune import distill, masks
 from lazyattn.finetune.base import Base, load_base
-from lazyattn.finetune.data import BUILTIN, Example, encode_items, load_items
-from lazyattn.finetune.distill import DistillConfig
+from lazyattn.finetune.config import DEFAULT_TARGETS as DEFAULT_TARGETS  # the settings live in config.py, torch-free
+from lazyattn.finetune.config import FinetuneConfig as FinetuneConfig
+from lazyattn.finetune.data import Example, encode_items, load_items
 from lazyattn.model.adapter import read_adapter
 
-# Every projection of a Llama-family block: attention and MLP.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RECIPE_FILE = "finetune.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class FinetuneConfig:
-    model: str = "smollm2"
-    out: str = "finetuned"
-    data: str = BUILTIN  # or the path of a JSONL file in the `lazyattn eval` format
-    examples: int | None = 4000  # items drawn from the built-in set (a file: the first N, None = all)
-    steps: int = 400
-    batch_size: int = 16
-    lr: float | None = None  # None: 5e-4 for LoRA, 2e-5 for full fine-tuning
-    warmup_steps: int = 20
-    full_share: float = 0.25  # share of rows trained with causal attention (keeps `full` mode working)
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: Sequence[str] = DEFAULT_TARGETS
-    full_finetune: bool = False  # train every weight instead of LoRA adapters
-    merge: bool = False  # also fold the adapter into the weights (out/ = merged model, out/adapter/ = adapter)
-    device: str | None = None  # default: cuda if available
-    seed: int = 0
-    max_tokens: int = 4096  # longer examples are dropped
-    max_seconds: float | None = None  # stop after this much training time (then save as usual)
-    save_dtype: str = "bfloat16"
-    progress: bool = True
-    layout: PromptLayout = field(default=DEFAULT_LAYOUT, repr=False)
-    distill: DistillConfig | None = None  # distil from full attention on these documents / questions
-    labelled_share: float | None = None  # share of rows from `data` when distilling (None: 0 with distill)
-    labelled_weight: float = 1.0  # weight of the cross-entropy term beside the KL term
-
-    def __post_init__(self) -> None:
-        for name in ("full_share", "labelled_share"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise InvalidRequestError(f"{name} must be in [0, 1], got {value}", param=name)
-        if self.labelled_share is not None and self.distill is None and self.labelled_share < 1.0:
-            raise InvalidRequestError("labelled_share below 1 needs distillation (--distill)", param="labelled_share")
-        for name in ("steps", "batch_size", "lora_rank"):
-            if getattr(self, name) <= 0:
-                raise InvalidRequestError(f"{name} must be positive, got {getattr(self, name)}", param=name)
-        if self.save_dtype not in _DTYPES:
-            raise InvalidRequestError(f"save_dtype must be one of {', '.join(_DTYPES)}", param="save_dtype")
-
-    @property
-    def labelled_rows(self) -> float:
-        """Probability that a row is drawn from the labelled set (else from the distillation set)."""
-        if self.distill is None:
-            return 1.0
-        return self.labelled_share or 0.0
-
-    @property
-    def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else (2e-5 if self.full_finetune else 5e-4)
 
 
 @dataclass
@@ -208,15 +154,16 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     base = load_base(cfg.model)
     model = base.model.to(device)
     labelled: list[Example] = []
+    layout = cfg.layout if cfg.layout is not None else DEFAULT_LAYOUT
     if cfg.labelled_rows > 0:
         items = load_items(cfg.data, cfg.examples, cfg.seed)
-        labelled = encode_items(base.tokenizer, items, cfg.layout, cfg.max_tokens)
+        labelled = encode_items(base.tokenizer, items, layout, cfg.max_tokens)
     distilled: list[Example] = []
     held_out: list[Example] = []
     if cfg.distill is not None:
         prompts = distill.load_prompts(cfg.distill, cfg.seed)
         distilled = distill.teacher_examples(
-            model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, cfg.layout, cfg.max_tokens
+            model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, layout, cfg.max_tokens
         )
         if len(distilled) > 2 * cfg.distill.held_out:
             held_out, distilled = distilled[: cfg.distill.held_out], distilled[cfg.distill.held_out :]
