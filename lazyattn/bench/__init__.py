@@ -5,6 +5,6 @@ replay.py    one engine per mode, identical warm-up, real-time replay of a trace
 metrics.py   TTFT / TPOT / ITL / E2EL, throughput, hit ratio, prefill and KV memory of one point
 hitratio.py  hit ratio vs KV budget, simulated through the engine's own cache and page pool
 report.py    vLLM-style result blocks, the comparison table, JSON;  plots.py  the PNGs
-summary.py   the markdown summary of a device run (benchmarks/serving.py)
+summary.py   the markdown summary of a device run (`python -m benchmarks.serving`)
 cli.py       the `lazyattn bench` command
 """

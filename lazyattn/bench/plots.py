@@ -155,8 +155,8 @@ def plot_shared_document(results: Sequence[PointResult], path: str | Path, title
 
 
 def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> None:
-    """benchmarks/host_tier.py rows: effective hit ratio (left) and mean TTFT (right, p99 dashed) against the GPU
-    KV budget, one color per workload, hollow markers GPU-only, filled with the host tier."""
+    """`python -m benchmarks.host_tier` rows: effective hit ratio (left) and mean TTFT (right, p99 dashed) against
+    the GPU KV budget, one color per workload, hollow markers GPU-only, filled with the host tier."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     colors = dict(zip(workloads, ["tab:blue", "tab:orange", "tab:green", "tab:purple"]))
     plt = _pyplot()

@@ -95,7 +95,7 @@ def replay(
     """Serve `trace` on `engine` in real time. Requests still running after `max_seconds` are aborted and
     left unfinished (the run is marked timed out). The document cache starts `cold` (empty), `warm` (as one
     unmeasured pass of the same trace left it) or `as_is` (whatever it holds: documents registered ahead,
-    benchmarks/host_tier.py)."""
+    `python -m benchmarks.host_tier`)."""
     if cache not in ("cold", "warm", "as_is"):
         raise ValueError(f"cache must be 'cold', 'warm' or 'as_is', not {cache!r}")
     if cache != "as_is":

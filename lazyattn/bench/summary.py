@@ -1,4 +1,4 @@
-"""The markdown summary of a device run (benchmarks/serving.py): goals first, then one table per experiment.
+"""The markdown summary of a device run (`python -m benchmarks.serving`): goals first, then one table per experiment.
 
 Input is the run's JSON document, so a summary can be rebuilt from a saved serving.json:
 `python -c "import json,sys; from lazyattn.bench.summary import summary_markdown; print(summary_markdown(

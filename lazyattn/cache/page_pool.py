@@ -8,8 +8,8 @@ Layout. Every kernel and copy takes the KV tensor's strides, so its memory order
 (LAZYATTN_KV_LAYOUT): `token` (the default) stores a page slot by slot, each slot holding every kv head, so one
 (page, kv head) tile, what an attention program reads, is page_size rows of head_dim values at a stride of
 kv_heads * head_dim; `head` stores each such tile as one contiguous block. Both show the same logical shape and
-give the same results; which one the GPU reads faster is measured by
-benchmarks/results/engine_perf/s15/layout_probe.py (docs/kernels.md). The Hopper prefill kernel's copy-engine
+give the same results; head-major pages read no faster on the GPU (within the spread in decode, slower in
+prefill: docs/kernels.md, "Tried and dropped"), so `token` stays the default. The Hopper prefill kernel's copy-engine
 descriptor is built for `token` pages (kernels/prefill_hopper.py `takes_layout`): with `head` pages the engine's
 short prefill calls run prefill.py's kernel.
 """

@@ -29,9 +29,8 @@ from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _
 from lazyattn.kernels.rope import RopeTables
 
 # rope_write_kv_runs launches a program per (token, run copy) up to this many tokens, and one per token, writing
-# every copy, beyond: measured on an H100 (benchmarks/results/engine_perf/s5K_summary.md), the engine's RAG
-# question (32 tokens) took 4.6 instead of 7.9 us per layer, while 256 tokens (RAG at batch 8) were slower
-# with 2304 programs each scanning its entry's pages.
+# every copy, beyond: measured on an H100, the engine's RAG question (32 tokens) took 4.6 instead of 7.9 us per
+# layer, while 256 tokens (RAG at batch 8) were slower with 2304 programs each scanning its entry's pages.
 _COPY_PROGRAMS_MAX_TOKENS = 64
 
 
@@ -679,7 +678,7 @@ def copy_rotate(
     page. Equals `reference.copy_rotate` provided no dst page is another entry's src (the kernel streams
     page by page; the reference gathers everything first). dst == src (rotating in place) is fine.
 
-    block_rows/num_warps are launch knobs, swept by benchmarks/kernels.py. Default: 64 rows x 128 channels
+    block_rows/num_warps are launch knobs, swept by `python -m benchmarks.kernels`. Default: 64 rows x 128 channels
     x 2 bytes = 16 KiB of K plus 16 KiB of V in flight per program (136 registers/thread, no spills on
     sm_90: 3 programs, ~96 KiB in flight per SM), thousands of programs for a handful of pages.
     """

@@ -29,16 +29,15 @@ come by tensor-descriptor loads (tile_descriptors) instead of per-thread asynchr
 copies' address and mask arithmetic (a third of the tile loop's instructions are integer work; one warp per
 scheduler at batch 1 issues every ~7 cycles, so instructions are time). Such a load reads page padding too, which
 the contract lets hold NaN: masked scores are -inf whatever K holds, and a tile with masked slots takes its P·V
-again over masked per-thread loads of V. Measured on an H100 (docs/kernels.md, Session 17): batch 8 and 32 10-12 %
-faster, batch 1 over 10K keys 5-7 %.
+again over masked per-thread loads of V. Measured on an H100 against per-thread copies: batch 8 and 32 10-12 %
+faster, batch 1 over 10K keys 5-7 % (decode_config below has the figures).
 
 Programmatic dependent launch (kernels/launch.py): the page count, the split's page range, the query position, the
 first page id, and the deltas of the split's first and last pages with their cos/sin rows are the host's tables
 (kernels/paged.py, rope.py), read before the wait, while the kernel before this one finishes; q and the step's own
 keys, the RoPE launch's writes, after it. At batch 1 over 10K keys the wait placed after those loads and the one-load
-merge took a layer from 30.6 to 26.0 us on an H100 (docs/kernels.md, Session 14). The rotation rows moved before the
-wait in Session 20: the same bits; the decode step over the cached documents 5.98 against 6.00-6.01 ms in two rounds
-each (docs/kernels.md, "Session 20").
+merge took a layer from 30.6 to 26.0 us on an H100. Reading the rotation rows before the wait rather than in the
+loop gives the same bits, and the decode step over the cached documents 5.98 against 6.00-6.01 ms (two runs each).
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ class DecodeConfig:
     num_stages: int
     maxnreg: int | None = None  # register cap per thread (ptxas .maxnreg); None leaves it to the compiler
     # Tiles by copy-engine loads where the caches' strides allow it (tile_descriptors): 1 K, 2 K and V (3: K and V
-    # with page padding left in V, wrong where it holds NaN: a probe's, s17/decode_probe.py); 0 per-thread copies.
+    # with page padding left in V, wrong where it holds NaN: only for probing); 0 per-thread copies.
     tma: int = 0
 
 
@@ -99,11 +98,11 @@ def decode_config(
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
 
     copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM, K and V tiles come by
-    copy-engine loads (tma=2). Measured on an H100 (benchmarks/results/engine_perf/s17/, c7, per layer in CUDA
-    graphs): batch 8 x 4K 50.4-50.7 against 56.4 us, 32 x 4K 178.5-178.7 against 203-204, batch 1 x 10K after a
-    RoPE launch 26.2-26.9 against 28.2. With four programs per SM (64 x 2K) they measured equal, and V's partial-tile
-    buffer (82 KiB of shared memory in all at pages of 64) leaves room for two programs per SM instead of three, so
-    larger grids, not measured, keep per-thread copies.
+    copy-engine loads (tma=2). Measured on an H100 (per layer in CUDA graphs): batch 8 x 4K 50.4-50.7 against
+    56.4 us, 32 x 4K 178.5-178.7 against 203-204, batch 1 x 10K after a RoPE launch 26.2-26.9 against 28.2. With
+    four programs per SM (64 x 2K) they measured equal, and V's partial-tile buffer (82 KiB of shared memory in all
+    at pages of 64) leaves room for two programs per SM instead of three, so larger grids, not measured, keep
+    per-thread copies.
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
@@ -185,9 +184,9 @@ def split_rule(
 
     A handful of (entry, kv head) pairs (batch 1-2) over a context that one program per SM covers in short
     splits (at most _SHORT_SPLIT_PAGES pages each) takes one program per SM. Measured on an H100, batch
-    1 x 10 304 keys in CUDA graphs (benchmarks/results/engine_perf/s5K_sweep.json): 16 splits 28.4 us, 20 29.7,
-    24 32.4, 33 (two per SM) 33.1: each program's fixed cost (prologue, partial store, merge) outweighs the
-    overlap a second program per SM buys. Longer contexts (not measured against this) keep two per SM.
+    1 x 10 304 keys in CUDA graphs: 16 splits 28.4 us, 20 29.7, 24 32.4, 33 (two per SM) 33.1: each program's
+    fixed cost (prologue, partial store, merge) outweighs the overlap a second program per SM buys. Longer contexts
+    (not measured against this) keep two per SM.
     """
     base = max(1, batch_size * kv_heads)
     per_sm_one = sm_count // base
@@ -501,7 +500,7 @@ def _decode_split(
         # The deltas of the split's first and last pages and their cos/sin rows. A split holds one document or the
         # end of one and the start of the next, so these two rotations are all most programs need (a third delta,
         # from documents shorter than a split, loads its rows in the loop). Loaded in the loop, each was a round trip
-        # to L2 on the program's critical path (docs/kernels.md, "Session 20").
+        # to L2 on the program's critical path.
         partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         has_pages = page_lo < page_hi
         delta_lo = tl.load(deltas_ptr + entry * stride_deltas + page_lo, mask=has_pages, other=0)

@@ -22,8 +22,8 @@ every run gives the same bits, and the step stays one launch (cuBLAS's split-K t
 Rounding matches F.linear: fp32 sum of products, plus the bias in fp32, rounded once.
 
 `linear` is what the model calls: it runs this kernel only where a measured table (gemv_table.json, written by
-benchmarks/gemv.py on the GPU named there) says it beats F.linear for that (N, K, M) and dtype, and F.linear
-everywhere else (the CPU, other GPUs, shapes or batch sizes not measured, M above DISPATCH_MAX_ROWS).
+`python -m benchmarks.gemv` on the GPU named there) says it beats F.linear for that (N, K, M) and dtype, and
+F.linear everywhere else (the CPU, other GPUs, shapes or batch sizes not measured, M above DISPATCH_MAX_ROWS).
 LAZYATTN_GEMV=0 turns it off, LAZYATTN_GEMV=force uses it for every CUDA product of at most 64 rows (for tests),
 LAZYATTN_GEMV_TABLE=path reads another table, LAZYATTN_GEMV_MAX_M=m moves the cap (lazyattn/envs.py: the engine
 activates them at construction).
@@ -48,10 +48,10 @@ from lazyattn.kernels.launch import interpreting, pdl_options, sm_count, wait_fo
 from lazyattn.kernels.paged import cdiv
 
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
-# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M's default). Session 4 capped it at 8: batches of
-# 16 and 64 came out slower with the kernel inside the engine. Measured again with PDL and the decode fusion (H100,
-# benchmarks/results/engine_perf/s7): a cap of 64 is faster everywhere, batch 16 7.53 vs 7.82 ms a step, batch 64
-# 11.70 vs 12.07 ms, the cached RAG request's first token 8.16 vs 8.93 ms, batch 1 unchanged.
+# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M's default). Without PDL and the decode fusion,
+# batches of 16 and 64 came out slower with the kernel inside the engine (a cap of 8 suited that). With both (H100,
+# `python -m benchmarks.engine`), a cap of 64 is faster everywhere against a cap of 8: batch 16 7.53 vs 7.82 ms a
+# step, batch 64 11.70 vs 12.07 ms, the cached RAG request's first token 8.16 vs 8.93 ms, batch 1 unchanged.
 DISPATCH_MAX_ROWS = envs.EnvSettings.gemv_max_m  # 64, declared in lazyattn/envs.py
 # The fused decode path (DecodePlan) takes the kernel where it is at most this much slower than F.linear alone: there
 # its epilogues carry the residual add and the next norm, two launches a layer that the plain path runs on their own.
@@ -550,8 +550,8 @@ def table_entry(
     vs_linear: float | None = None,
     dispatch: bool | None = None,
 ) -> dict:
-    """One row of gemv_table.json (benchmarks/gemv.py writes them): the best config, its time over F.linear's, and
-    whether plain products take it (by default: when it is faster, or nothing was compared)."""
+    """One row of gemv_table.json (`python -m benchmarks.gemv` writes them): the best config, its time over
+    F.linear's, and whether plain products take it (by default: when it is faster, or nothing was compared)."""
     if dispatch is None:
         dispatch = vs_linear is None or vs_linear < 1.0
     dispatch = dispatch and config is not None

@@ -30,13 +30,12 @@ from lazyattn.envs import PDL_FAMILIES
 
 # The kernel families a launcher names to pdl_options (PDL_FAMILIES, declared with LAZYATTN_PDL in lazyattn/envs.py).
 # Devices where PDL is measured slower for some families: the families that keep it there (every other device keeps
-# it for all). Measured with `python benchmarks/engine.py` and LAZYATTN_PDL set per family (docs/design.md, "Decode
-# fusion", and benchmarks/results/engine_perf/s16/README.md).
+# it for all). Measured with `python -m benchmarks.engine` and LAZYATTN_PDL set per family (docs/design.md, "Decode
+# fusion"; docs/kernels.md, "What the kernels do").
 _PDL_BY_DEVICE: dict[str, frozenset[str]] = {
     # H200, torch 2.11 / Triton 3.6, Llama-3.1-8B shapes: with the skinny GEMMs under PDL a decode step at batch 1
     # takes 5.02 ms, without 4.23 ms (all other families on), and without PDL at all 4.30 ms; batch 16 6.12 vs
-    # 5.46 ms (benchmarks/results/engine_perf/s16/c5). The H100 gains from PDL in every family: with the GEMMs under
-    # it 5.48 ms, without 5.58 ms (s16/c7).
+    # 5.46 ms. The H100 gains from PDL in every family: with the GEMMs under it 5.48 ms, without 5.58 ms.
     "NVIDIA H200": frozenset({"attention", "rope", "norm", "sampling"}),
 }
 

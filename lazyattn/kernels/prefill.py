@@ -91,7 +91,7 @@ Grid, tiling, GQA
   aims at one wave of equal programs: the slowest program is the kernel's time.
 - Softmax in fp32 with exp2 (log2 e folded into the scale); bf16/fp16 dots accumulate in fp32, fp32 dots
   use ieee precision. Tiles and split counts: prefill_config and _default_splits, measured on an H200 with
-  benchmarks/tune_kernels.py; small fixed tiles under TRITON_INTERPRET. Both are launch parameters of
+  `python -m benchmarks.tune_kernels`; small fixed tiles under TRITON_INTERPRET. Both are launch parameters of
   prefill_attention (num_splits, config) for tests and benchmarks.
 """
 
@@ -123,7 +123,7 @@ _ROTATE_MAX_ROWS = 256
 # many runs (and no more than splits); beyond, splits take balanced page ranges and walk the runs in them.
 _PLAN_RUNS = 16
 # Below this many splits (RAG at batch 8: 2) entries hold more runs than splits, the plan never applies, and its
-# scan only costs (H100, benchmarks/results/engine_perf/s5K_sweep.json: 177 against 169 us).
+# scan only costs (H100: 177 against 169 us).
 _PLAN_MIN_SPLITS = 4
 # A piece may be this many pages longer than a balanced range: what a second run in a program costs (its scan,
 # Q load and pipeline refill), about 3 tiles on an H100 (RAG bs 1, 16 splits: 37.1 us planned at 11 pages
@@ -135,9 +135,8 @@ _PLAN_SLACK = tl.constexpr(2)
 PLAN_WIDTH = 16
 PLAN_MAX_PIECES = (PLAN_WIDTH - 1) // 3
 # What a second piece in a program costs, in pages of work: its Q tile load and the pipeline's refill. Measured on
-# an H100 (benchmarks/results/engine_perf/s9): the engine's prefill graph of the cached RAG request took
-# 6966/6961 us at 4 against 6995/6984 at 2, alternated in one call (the kernel alone varies more from machine to
-# machine than between these).
+# an H100: the engine's prefill graph of the cached RAG request took 6966/6961 us at 4 against 6995/6984 at 2,
+# alternated in one call (the kernel alone varies more from machine to machine than between these).
 SWITCH_PAGES = 4
 
 
@@ -1579,7 +1578,7 @@ class PrefillConfig:
 
 
 def prefill_config(fp32: bool, head_dim: int, group: int, page_size: int) -> PrefillConfig:
-    """Tiles of a call, measured on an H200 (benchmarks/tune_kernels.py).
+    """Tiles of a call, measured on an H200 (`python -m benchmarks.tune_kernels`).
 
     16-bit, head_dim <= 128: 128 x 64 tiles, 8 warps, 3 stages (K/V prefetched 2 tiles ahead); 4 stages
     measured the same. Pages of >= 128: 128 x 128 tiles (455 TFLOP/s against 378 for 128 x 64 at 16K
@@ -1605,9 +1604,8 @@ def _default_config(q: torch.Tensor, group: int, page_size: int) -> PrefillConfi
 def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int, block_m: int) -> int:
     """Split the KV walk when (query blocks x kv heads) leaves SMs idle: one program holds an SM (8 warps,
     ~230 registers each) and split programs get equal page ranges, so the aim is one wave of at most one
-    program per SM. Measured on an H200 (benchmarks/results/engine_perf/attention_splits_s3q_after.json),
-    RAG 5 x 2048 + 32 with deltas: batch 1 -> 16 splits (47.8 us against 50.3 at 12 and 64.3 at 20, a second
-    wave), batch 8 -> 2 splits (174.6 us against 225.5 at 3)."""
+    program per SM. Measured on an H200, RAG 5 x 2048 + 32 with deltas: batch 1 -> 16 splits (47.8 us against
+    50.3 at 12 and 64.3 at 20, a second wave), batch 8 -> 2 splits (174.6 us against 225.5 at 3)."""
     if not q.is_cuda or interpreting():
         return 1
     return _split_count(
@@ -1684,9 +1682,8 @@ def prefill_attention(
     plan_pieces=True gives each split one piece of one run where it can (_plan_piece); off by default: on an
     H100 it took the benchmark's RAG case at batch 1 (6 runs) from 41.4 to 36.9 us per layer, but in the
     engine's step (7 runs: a system segment too) the plan falls back to the run walk and the kernel took 39.3
-    instead of 33.5 us per layer (docs/kernels.md, "Session 5"). The split
-    partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's allocator, in
-    the graph's pool under CUDA graphs).
+    instead of 33.5 us per layer. The split partials and rotated copies live in scratch allocated per call
+    (stream-ordered by PyTorch's allocator, in the graph's pool under CUDA graphs).
     """
     tables = tables if apply_delta else None
     _check_inputs(q, k_cache, v_cache, tables, batch, out)

@@ -1,7 +1,7 @@
-"""benchmarks/compile_check.py on Llama-3.1-8B's launch configurations with pages of 64: the installed Triton
+"""`python -m benchmarks.compile_check` on Llama-3.1-8B's launch configurations with pages of 64: the installed Triton
 compiles them for sm_90 (H100/H200) on a machine without a GPU. The CPU tests run the kernels in the interpreter,
 which executes them as Python and so never sees what only the compiler rejects (an `if` on a local Python False
-whose body uses names it does not define: benchmarks/results/compile_check/README.md). A separate process: the
+whose body uses names it does not define: benchmarks/results/compile_check_sm90.md). A separate process: the
 check must run the real compiler, not the interpreter these tests run under."""
 
 from __future__ import annotations

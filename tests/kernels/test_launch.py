@@ -19,7 +19,7 @@ def _fresh_env(kernel_settings):
 def test_default_is_every_family_except_where_measured_slower():
     assert launch.pdl_families("NVIDIA H100 80GB HBM3") == ALL
     assert launch.pdl_families("some future GPU") == ALL
-    # The H200 keeps PDL for everything but the skinny GEMMs (Session 16's measurements).
+    # The H200 keeps PDL for everything but the skinny GEMMs (measured slower there: docs/design.md, "Decode fusion").
     assert launch.pdl_families("NVIDIA H200") == ALL - {"gemv"}
 
 

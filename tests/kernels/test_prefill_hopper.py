@@ -68,7 +68,7 @@ def test_split_rule_fills_the_sms_once(monkeypatch, rows, splits):
 @pytest.mark.parametrize(
     ("rows", "entries", "max_q", "splits"),
     [
-        (64, 4, 16, 4),  # 4 entries of 16 positions: a block of 32 each -> 132 // 32 (Session 18's rule counted 2 -> 8)
+        (64, 4, 16, 4),  # 4 entries of 16 positions: a block of 32 each -> 132 // 32 (counting rows alone: 2 -> 8)
         (48, 2, 40, 5),  # entries of 40 and 8: min(cdiv(48, 32) + 1, 2 * cdiv(40, 32)) = 3 blocks -> 132 // 24
         (96, 3, 32, 5),  # 3 entries of 32: 3 blocks, as the rows alone count
     ],
@@ -83,8 +83,8 @@ def test_split_rule_counts_each_entrys_blocks(monkeypatch, rows, entries, max_q,
 def test_the_prefill_graphs_calls_are_taken(monkeypatch):
     """A CUDA graph bucket the kernel takes by its shapes (`shape_supported`, which is what the prefill graphs decide
     their split count and plan by) gives calls `supports` accepts: the graphs pass first-slot offsets (zeros where
-    nothing is relinked) and views of one input buffer, and the pages of the pool. Session 12's `supports` turned
-    every such call away for its offsets, so the graphs ran prefill.py's kernel with no plan."""
+    nothing is relinked) and views of one input buffer, and the pages of the pool. A `supports` that turned such
+    calls away for their offsets would leave the graphs on prefill.py's kernel with no plan."""
     from lazyattn.engine.prefill_graphs import StepLayout
 
     monkeypatch.setattr(prefill_hopper, "shape_supported", lambda *args: True)
@@ -183,7 +183,7 @@ def test_gpu_relinked_documents_match_reference(k):
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
 def test_gpu_without_tables_is_attention_without_rotation():
-    """tables=None: no rotation at all (Session 17's launcher read its cos and sin from the uninitialised partials)."""
+    """tables=None: no rotation at all (a launcher that read cos and sin from the uninitialised partials fails)."""
     s = gpu_scenario([2048, 300], [([0, 1], 32), ([1], 9)])
     q, batch = s.final_prefill()
     from lazyattn.kernels import reference
