@@ -159,7 +159,7 @@ class Bench:
         cfg = self.engine.model_config
         self.vocab = cfg.vocab_size
         self.bos = cfg.bos_token_id if cfg.bos_token_id is not None else BOS
-        model = self.engine.model  # under tensor parallelism: the driver's shard, the size of every rank's
+        model = self.engine.executor.model  # under tensor parallelism: the driver's shard, the size of every rank's
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         if model.lm_head is not None:  # untied: a step reads only its rows of the embedding table
             weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
@@ -370,8 +370,8 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         "pdl": pdl_on(device),
         "decode_fusion": decode_fusion_enabled(),
     }
-    if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
-        results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path
+    if bench.engine.config.tensor_parallel_size > 1:  # which all-reduce the ranks use (parallel/all_reduce.py)
+        results["all_reduce_path"] = bench.engine.executor.tp.all_reduce_path
     sections: list[tuple[str, Callable[[], dict]]] = [
         (
             "decode_short",
@@ -403,7 +403,7 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         results["ttft_rag"]["of_decode_step"] = results["ttft_rag"]["ttft_ms"] / results["decode_rag"]["step_ms"]
     results["async_scheduling"] = bench.engine.async_scheduling
     results["overlapped_steps"] = bench.engine.overlapped_steps
-    graphs = bench.engine.runner.graphs
+    graphs = bench.engine.executor.runner.graphs
     results["cuda_graph_batch_sizes"] = sorted(graphs.graphs) if graphs is not None else []  # captured
     bench.llm.shutdown()
     return results

@@ -1,5 +1,5 @@
 """How long a tensor-parallel step's message takes from the driver's send to a worker holding the step as
-StepInputs (parallel/channel.py), for decode batches of 1, 16 and 64 rows over 2K-token contexts: the way before
+StepInputs (engine/executor/channel.py), for decode batches of 1, 16 and 64 rows over 2K-token contexts: the way before
 (`Connection.send(StepInputs)`, a blocking `recv`) and now (plain lists pickled once, the worker spinning on its pipe).
 Host work only: runs on any machine (the device's CPUs are what matter).
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lazyattn.engine.executor.channel import SPIN_S, encode, pack_step, receive, unpack_step  # noqa: E402
 from lazyattn.engine.graph_inputs import StepInputs  # noqa: E402
 from lazyattn.kernels.paged import EntryPages  # noqa: E402
-from lazyattn.parallel.channel import SPIN_S, encode, pack_step, receive, unpack_step  # noqa: E402
 
 PAGE = 16
 

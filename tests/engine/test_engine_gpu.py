@@ -27,14 +27,14 @@ def random_docs(n: int, length: int, seed: int, vocab: int = 128_000) -> list[li
 def capture_logits(llm: LLM) -> list[torch.Tensor]:
     """Record the logits rows the engine samples from."""
     seen: list[torch.Tensor] = []
-    run = llm.engine.runner.run
+    run = llm.engine.executor.runner.run
 
     def recording(batch):
         logits = run(batch)
         seen.append(logits.detach().to("cpu", torch.float32, copy=True))  # a copy: graph outputs are reused
         return logits
 
-    llm.engine.runner.run = recording
+    llm.engine.executor.runner.run = recording
     return seen
 
 
@@ -58,7 +58,7 @@ def hf_model_with_weights_of(llm: LLM, directory: Path, dtype: torch.dtype):
         hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
     hf_params = dict(hf.named_parameters())
     with torch.no_grad():
-        for hf_name, tensor in llm.engine.model.hf_tensors().items():
+        for hf_name, tensor in llm.engine.executor.model.hf_tensors().items():
             hf_params[hf_name].copy_(tensor)
     return hf.eval()
 
@@ -182,7 +182,7 @@ def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
         progress=False,
         cuda_graphs=cuda_graphs,
     )
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     timings: list[tuple[int, float, float]] = []
     run = runner.run
 
@@ -284,7 +284,7 @@ def test_cuda_graph_prefill_equals_eager():
         while engine.has_unfinished():
             for out in engine.step():
                 mixed[out.request_id] = list(out.outputs[0].token_ids)
-        prefill = engine.runner.prefill_graphs
+        prefill = engine.executor.runner.prefill_graphs
         results[graphs] = ((tokens, mixed), together, torch.cat(seen), 0 if prefill is None else prefill.replays)
         llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
     print(
