@@ -38,8 +38,9 @@ from lazyattn.engine.executor.channel import DispatchTrace, encode, pack_step
 from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
+from lazyattn.model.sharding import check_divisible
 from lazyattn.parallel.all_reduce import SETTING_ENV, probe_timeout, setting
-from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave, serve_store
+from lazyattn.parallel.group import NCCL_ENV, join, leave, serve_store
 
 logger = logging.getLogger("lazyattn.parallel")
 START_TIMEOUT_S = 600.0  # a worker's start: importing torch, then loading its shard (70B: a minute or so)
