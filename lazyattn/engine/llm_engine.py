@@ -25,10 +25,11 @@ from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation
 from lazyattn.engine.batch import ScheduledBatch
-from lazyattn.engine.config import EngineConfig, check_relink
+from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
 from lazyattn.engine.executor.local import LocalExecutor
 from lazyattn.engine.executor.tensor_parallel import TensorParallelExecutor
+from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import RequestOutput
@@ -40,7 +41,6 @@ from lazyattn.engine.sequence import Sequence
 from lazyattn.engine.step_pipeline import LaunchedStep, Picked, StepPipeline, SyncPipeline, launched
 from lazyattn.errors import (
     CheckpointError,
-    ContextTooLongError,
     InvalidRequestError,
     QueueFullError,
     TensorParallelError,
@@ -94,6 +94,9 @@ class LLMEngine:
                     f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {mc.max_position}",
                     "max_model_len",
                 )
+            self.limits = RequestLimits(
+                self.mode, config.page_size, config.relink_tokens, self.max_model_len, mc.vocab_size
+            )
             self.executor.build(self.max_model_len)
         except BaseException:
             self.executor.shutdown()
@@ -159,7 +162,7 @@ class LLMEngine:
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
         # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
         cached = [self.cache.contains(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
-        self._validate(prompt, params, relink_tokens, cached)
+        self.limits.check(prompt, params, relink_tokens, cached, self.num_pages)
         if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
             raise InvalidRequestError("a document holds a value that is not an integer token id", "documents")
         limit = self.config.max_waiting
@@ -377,27 +380,15 @@ class LLMEngine:
             tokenizer_cache=self.tokenizer.cache.stats() if self.tokenizer.cache is not None else None,
         )
 
-    # -- validation -------------------------------------------------------------------------------------------
+    # -- limits ---------------------------------------------------------------------------------------------
 
     def relink_tokens(self, requested: int | None) -> int:
         """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
-        k = self.config.relink_tokens if requested is None else requested
-        check_relink(self.mode.name, k)
-        return k
+        return self.limits.relink_tokens(requested)
 
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with
-        the request's peak pages (its mode's count) within the pool. 0 when nothing fits."""
-        lens = [len(s) for s in prompt.segments]
-        k = self.config.relink_tokens if relink_tokens is None else relink_tokens
-        lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
-        while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
-            mid = (lo + hi + 1) // 2
-            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.config.page_size, k) <= self.num_pages:
-                lo = mid
-            else:
-                hi = mid - 1
-        return max(lo, 0)
+        """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""
+        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
 
     def _segment_keys(self, prompt: RenderedPrompt, salt: str | None) -> list[str] | None:
         """The segments' document-cache keys (lazy/block), computed once per request: the scheduler takes them
@@ -408,49 +399,3 @@ class LLMEngine:
             return [self.keyer(s, salt, None) for s in prompt.segments]
         except (struct.error, OverflowError, TypeError):
             return None  # _validate names an out-of-range id; add_request refuses anything else
-
-    def _validate(
-        self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int, cached: list[bool]
-    ) -> None:
-        vocab = self.model_config.vocab_size
-        if params is None:
-            if prompt.final or not prompt.segments:
-                raise InvalidRequestError("a prefill-only request has documents and no final segment", "prompt")
-            if not self.mode.caches_documents:
-                raise InvalidRequestError(
-                    f"{self.mode.name} mode does not cache documents: nothing to encode ahead", "documents"
-                )
-        else:
-            params.validate(vocab)
-            if not prompt.final:
-                raise InvalidRequestError("the prompt is empty: the final segment needs at least one token", "prompt")
-        for i, seg in enumerate(prompt.segments):
-            if not seg:
-                raise InvalidRequestError(f"segment {i} (a document or the system prompt) is empty", "documents")
-        unchecked = [s for s, hit in zip(prompt.segments, cached) if not hit]  # cached: checked when encoded
-        for name, ids in [("prompt", prompt.final)] + [("documents", s) for s in unchecked]:
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", name)
-        context = sum(len(s) for s in prompt.segments) + len(prompt.final)
-        max_tokens = params.max_tokens if params is not None else 0
-        if context + max_tokens > self.max_model_len:
-            raise ContextTooLongError(
-                f"this request needs {context} prompt tokens + {max_tokens} max_tokens = "
-                f"{context + max_tokens} tokens, over the context limit of {self.max_model_len}",
-                "prompt",
-            )
-        samples = params.n if params is not None else 0
-        need = self.mode.pages_needed(
-            [len(s) for s in prompt.segments],
-            len(prompt.final) + max_tokens,
-            samples,
-            self.config.page_size,
-            relink_tokens,
-        )
-        if need > self.num_pages:
-            raise ContextTooLongError(
-                f"this request needs {need} KV pages but the pool has {self.num_pages}; raise kv_cache_gb "
-                f"or shorten the request",
-                "prompt",
-            )
