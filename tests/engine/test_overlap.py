@@ -212,7 +212,7 @@ def test_a_failing_request_ends_alone_and_the_others_go_on():
     the others are unchanged."""
 
     def poison(e):
-        real = e.executor.runner.run
+        real = e.executor.run
 
         def run(batch):
             # from the step that feeds b1's third token on: a row of the run, the same in both engines
@@ -222,7 +222,7 @@ def test_a_failing_request_ends_alone_and_the_others_go_on():
                 raise RuntimeError("poisoned part")
             return real(batch)
 
-        e.executor.runner.run = run
+        e.executor.run = run
 
     script = {0: [("add", "a1", greedy(10)), ("add", "b1", greedy(10)), ("add", "c1", greedy(10))]}
     sync, over = engine(False), engine(True)
