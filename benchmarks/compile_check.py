@@ -1,8 +1,8 @@
 """Compile every Triton kernel of lazyattn for a GPU that is not there: does the installed Triton build them?
 
-    python benchmarks/compile_check.py                # sm_90 (H100/H200), every configuration below
-    python benchmarks/compile_check.py --arch 90 --only prefill
-    python benchmarks/compile_check.py --only decode --dump /tmp/ir   # also keep each kernel's TTGIR and PTX
+    python -m benchmarks.compile_check                # sm_90 (H100/H200), every configuration below
+    python -m benchmarks.compile_check --arch 90 --only prefill
+    python -m benchmarks.compile_check --only decode --dump /tmp/ir   # also keep each kernel's TTGIR and PTX
 
 prints one line per kernel launch configuration, `OK` (with the compile time, the shared memory, registers and
 stack per thread the kernel takes) or `FAIL` and the error, and exits 1 if any failed. It needs no GPU and no
@@ -53,8 +53,6 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime import jit  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, prefill, prefill_hopper  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402

@@ -6,7 +6,7 @@ question, rendered with SmolLM2's tokenizer through `render_completion` and `ren
 a cache); "on" is the engine's default cache after the first request stored the documents. The two alternate,
 round by round, in one process, so that both see the same machine state.
 
-    python benchmarks/document_tokens.py [--rounds 15] [--repeats 20] [--out FILE.json]
+    python -m benchmarks.document_tokens [--rounds 15] [--repeats 20] [--out FILE.json]
 
 prints the median ms per request of each path, off and on, and their ratio; also the first request with the
 cache on (it misses, then stores), and the host memory the cache holds per stored token (tracemalloc).
@@ -19,12 +19,9 @@ import json
 import platform
 import random
 import statistics
-import sys
 import time
 import tracemalloc
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's lazyattn
 
 from lazyattn.demo import DOCS, QUESTIONS  # noqa: E402
 from lazyattn.engine.config import EngineConfig  # noqa: E402

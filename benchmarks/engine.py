@@ -2,7 +2,7 @@
 
 On the GPU (about 1–2 minutes on an H100; Llama-3.1-8B shapes, random bf16 weights, lazy mode, CUDA graphs on):
 
-    python benchmarks/engine.py --out benchmarks/results/engine_h100
+    python -m benchmarks.engine --out OUT/engine_h100
 
 writes engine_h100.json and engine_h100.md and prints the table. `--quick` runs the built-in tiny model with
 small shapes (on a CPU too: a smoke test of the script, its numbers mean nothing).
@@ -49,14 +49,10 @@ import torch
 if not torch.cuda.is_available():  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# This checkout's lazyattn, whatever else is installed: the numbers must be of the code beside the script.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from lazyattn import LLM, SamplingParams  # noqa: E402
 from lazyattn.engine.llm_engine import LLMEngine  # noqa: E402
 from lazyattn.engine.prompt import RenderedPrompt  # noqa: E402
 from lazyattn.kernels.launch import pdl_on  # noqa: E402
-from lazyattn.model.llama import decode_fusion_enabled  # noqa: E402
 
 CONFIG_8B = Path(__file__).resolve().parent / "models" / "llama-3.1-8b"
 BOS = 128000
@@ -74,7 +70,7 @@ class Shapes:
     batches: tuple[int, ...] = (16, 64)
     decode_steps: int = 48  # timed decode steps at batch 1
     batch_tokens: int = 64  # max_tokens per sequence of the batched runs
-    ttft_repeats: int = 40  # TTFT's median moved ±0.4 ms between runs of 10 (s7)
+    ttft_repeats: int = 40  # with 10 the median moved ±0.4 ms between runs
     kv_cache_gb: float = 24.0
     max_model_len: int = 16384
     copy_mib: int = 2048
@@ -270,9 +266,9 @@ class Bench:
     def ttft(self) -> dict:
         """The cached RAG request on an idle engine: add_request until `step` returns its first token, median.
 
-        Until session 7 the clock stopped after a device synchronize that followed the last step (`ttft_synced_ms`,
-        still reported): the token is on the host when `step` returns it and the GPU is idle by then, so that
-        synchronize timed only its own call (~65 µs on the H100's host, docs/benchmarks.md)."""
+        `ttft_synced_ms` also reports the clock stopped after a device synchronize that follows the step: the token
+        is on the host when `step` returns it and the GPU is idle by then, so that synchronize times only its own
+        call (~65 µs on an H100's host)."""
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         times, synced = [], []
         for r in range(self.s.ttft_repeats + 1):
@@ -368,7 +364,7 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         "weight_bytes": bench.weight_bytes,
         "kv_bytes_per_token": bench.kv_bytes_per_token,
         "pdl": pdl_on(device),
-        "decode_fusion": decode_fusion_enabled(),
+        "decode_fusion": bench.engine.config.env.decode_fusion,
     }
     if bench.engine.config.tensor_parallel_size > 1:  # which all-reduce the ranks use (parallel/all_reduce.py)
         results["all_reduce_path"] = bench.engine.executor.tp.all_reduce_path
@@ -402,7 +398,7 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         results["ttft_rag"]["decode_step_ms"] = results["decode_rag"]["step_ms"]
         results["ttft_rag"]["of_decode_step"] = results["ttft_rag"]["ttft_ms"] / results["decode_rag"]["step_ms"]
     results["async_scheduling"] = bench.engine.async_scheduling
-    results["overlapped_steps"] = bench.engine.overlapped_steps
+    results["overlapped_steps"] = bench.engine.pipeline.overlapped_steps
     graphs = bench.engine.executor.runner.graphs
     results["cuda_graph_batch_sizes"] = sorted(graphs.graphs) if graphs is not None else []  # captured
     bench.llm.shutdown()

@@ -1,7 +1,7 @@
 """Decode linears against the weight-read limit: lazyattn's skinny kernel (kernels/gemv.py) vs F.linear (cuBLAS) and
 what else torch offers for the same product, per weight shape and batch size M. On the GPU (~1 minute on an H100):
 
-    python benchmarks/gemv.py --out benchmarks/results/engine_perf/s4C_gemv --table lazyattn/kernels/gemv_table.json
+    python -m benchmarks.gemv --out OUT/gemv --table lazyattn/kernels/gemv_table.json
 
 writes OUT.json and OUT.md and prints the table; `--table` also writes the dispatch table kernels/gemv.py reads:
 for each (N, K, M) the tuned config where the kernel beat F.linear by at least --margin, else F.linear.
@@ -30,12 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.engine import copy_bandwidth  # noqa: E402  (the same measurement in every table)
 from lazyattn.kernels.gemv import GemvConfig, gemv, table_entry  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine import copy_bandwidth  # noqa: E402  (benchmarks/engine.py: the same measurement in every table)
 
 MS = (1, 2, 4, 8, 16, 32, 64)
 L2_BYTES = 50 * 2**20
@@ -73,9 +69,9 @@ TILES = {
         (128, 256, 8, 3),
         (32, 256, 4, 4),
     ],
-    # Session 8 tried nine more at M = 32 (deeper pipelines, 8 warps, 32- to 256-wide tiles): alone each shape got
-    # 0-12 % faster, but in the engine's fused prefill step the new configs were slower (TTFT +0.1-0.5 ms, decode at
-    # batch 32 +0.2-0.7 ms; benchmarks/results/engine_perf/s8), so the list stays as measured in the engine.
+    # Nine more at M = 32 (deeper pipelines, 8 warps, 32- to 256-wide tiles) made each shape 0-12 % faster alone,
+    # but the engine's fused prefill step slower (TTFT +0.1-0.5 ms, decode at batch 32 +0.2-0.7 ms on an H100), so
+    # the list stays as measured in the engine.
     32: [(64, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3)],
     64: [(64, 128, 4, 4), (128, 128, 8, 4), (64, 128, 4, 3)],
 }
@@ -305,7 +301,7 @@ def main() -> None:
         rows += r
         entries += e
         log(f"  [{time.perf_counter() - t0:.0f} s]")
-    command = "python benchmarks/gemv.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.gemv " + " ".join(sys.argv[1:])
     result = {
         "command": command,
         "device": torch.cuda.get_device_name(device),

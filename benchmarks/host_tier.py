@@ -1,7 +1,7 @@
-"""The host tier against GPU-only caching (issue 12; docs/benchmarks.md, "Host tier"), one command:
+"""The host tier against GPU-only caching (docs/benchmarks.md, "Host tier"), one command:
 
-    python benchmarks/host_tier.py --plan h100 --out benchmarks/results/host_tier/      # on the GPU, ~5 minutes
-    python benchmarks/host_tier.py --plan cpu --out /tmp/host_tier/                     # tiny model, a smoke run
+    python -m benchmarks.host_tier --plan h100 --out OUT/host_tier/          # on the GPU, ~5 minutes
+    python -m benchmarks.host_tier --plan cpu --out /tmp/host_tier/                     # tiny model, a smoke run
 
 One engine (lazy mode, Llama-3.1-8B shapes, random bf16 weights); its KV pool is cut to each GPU budget with
 `set_kv_budget` and its host tier to 0 or the plan's size with `set_host_budget`. Every point starts the same way:
@@ -27,8 +27,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from lazyattn.bench.plots import plot_host_tier  # noqa: E402
 from lazyattn.bench.replay import replay  # noqa: E402
 from lazyattn.bench.report import write_json  # noqa: E402
@@ -365,7 +363,7 @@ def plot(results: Path) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", choices=sorted(PLANS), default="h100")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/host_tier"))
+    p.add_argument("--out", default=str(ROOT / "out/host_tier"))
     p.add_argument("--budgets", default=None, help="GPU budgets (GiB, comma-separated) instead of the plan's")
     p.add_argument("--host-gb", type=float, default=None, help="host tier instead of the plan's")
     p.add_argument("--workloads", default=None, help="workload names to run (comma-separated; default: all)")

@@ -9,7 +9,7 @@ between the graph's end and the first token being returned, less the few CUDA ca
 CPU cannot make. The model is a small random Llama with a 4096-token vocabulary: the host code does not depend on
 the model's size, and sampling a small vocabulary keeps the CPU's arithmetic out of the numbers.
 
-    python benchmarks/host_ttft.py [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT]
+    python -m benchmarks.host_ttft [--repeats 200] [--profile] [--out FILE.json] [--compare OTHER_CHECKOUT]
                                    [--fresh-ints]
 
 prints the median µs of each phase (PHASES: what the host does before the launch, after it while a GPU would run
@@ -37,10 +37,7 @@ from pathlib import Path
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
-# This checkout's lazyattn, or the one `--tree` names (--compare runs this script over another checkout).
-TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv[:-1] else Path(__file__).parents[1]
-sys.path.insert(0, str(TREE.resolve()))
-
+import lazyattn  # noqa: E402
 from lazyattn import SamplingParams  # noqa: E402
 from lazyattn.engine.config import EngineConfig  # noqa: E402
 from lazyattn.engine.graph_inputs import StepInputs  # noqa: E402
@@ -212,9 +209,12 @@ def compare(other: Path, repeats: int, rounds: int, fresh_ints: bool = False) ->
     runs: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
     for _ in range(rounds):
         for name, tree in (("this", Path(__file__).resolve().parents[1]), ("other", other)):
+            # PYTHONPATH puts the tree's lazyattn ahead of any installed one in the child process.
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
             out = subprocess.run(
-                [sys.executable, __file__, "--tree", str(tree), "--repeats", str(repeats), "--json"]
+                [sys.executable, __file__, "--repeats", str(repeats), "--json"]
                 + (["--fresh-ints"] if fresh_ints else []),
+                env=env,
                 check=True,
                 capture_output=True,
                 text=True,
@@ -245,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     parser.add_argument("--compare", type=Path, help="another checkout to measure against (before/after)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating processes per checkout (--compare)")
-    parser.add_argument("--tree", type=Path, help="measure the lazyattn of this checkout (see TREE)")
     parser.add_argument("--json", action="store_true", help="print the medians as one JSON line")
     parser.add_argument(
         "--fresh-ints",
@@ -270,10 +269,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.out is not None:
         meta = {
-            "command": " ".join(["python", "benchmarks/host_ttft.py"] + (argv if argv is not None else sys.argv[1:])),
+            "command": " ".join(
+                ["python", "-m", "benchmarks.host_ttft"] + (argv if argv is not None else sys.argv[1:])
+            ),
             "cpu": cpu_name(),
             "python": platform.python_version(),
-            "tree": str(TREE.resolve()),
+            "lazyattn": str(Path(lazyattn.__file__).resolve().parent),
         }
         args.out.write_text(json.dumps({"meta": meta, "host_us": results}, indent=2) + "\n")
     return 0

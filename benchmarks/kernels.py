@@ -3,7 +3,7 @@ the attention targets of the request path (`targets`: each beside the copy bandw
 
 On the GPU (all sections, about 5 minutes on an H100; Llama-3.1-8B heads: 32 q, 8 kv, head_dim 128, bf16):
 
-    python benchmarks/kernels.py --out benchmarks/results/kernels_h100
+    python -m benchmarks.kernels --out OUT/kernels_h100
 
 writes kernels_h100.json and kernels_h100.md and prints the tables. `--sections overhead,decode` picks
 sections; `--quick` runs tiny shapes (on a CPU: the Triton interpreter, SDPA and copy bandwidth skipped)
@@ -37,9 +37,6 @@ import torch
 
 if not torch.cuda.is_available():  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# This checkout's lazyattn, whatever else is installed: the numbers must be of the code beside the script.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -457,146 +454,6 @@ def graph_us(b: Bench, calls: list[Callable[[], object]], layers: int = 32, repl
     return statistics.median(times)
 
 
-def module_from(path: Path, name: str):
-    """The Python file at `path` imported as module `name` (the session probes' other trees and rewritten kernels:
-    Gluon and Triton read a kernel's source from its file)."""
-    import importlib.util
-
-    if not path.exists():
-        raise SystemExit(f"{path} is missing (the probe's docstring says how to make it)")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def patched_module(path: Path, folder: Path, name: str, patches: list[tuple]):
-    """A copy of the Python file at `path` with text patches, (old, new) or (old, new, count): each `old` must occur
-    exactly once (or `count` times); written to folder/name.py and imported as module `name` (the session probes'
-    kernels with work taken out or clock stamps put in)."""
-    source = path.read_text()
-    for old, new, *count in patches:
-        want = count[0] if count else 1
-        if source.count(old) != want:
-            raise SystemExit(f"{path.name} holds {source.count(old)} of a patched passage, not {want}: {old[:80]!r}")
-        source = source.replace(old, new)
-    target = folder / f"{name}.py"
-    target.write_text(source)
-    return module_from(target, name)
-
-
-def decode_inputs(b: Bench, batch: int, ctx: int, seed: int, copies: int = 4) -> tuple[list[tuple], int]:
-    """At least `copies` input copies of `decode_case` (graph_us cycles them past L2) from one seeded generator, and
-    the bytes a call reads."""
-    gen = torch.Generator().manual_seed(seed)
-    inputs, nbytes = decode_case(b, batch, ctx, gen)
-    while len(inputs) < copies:
-        inputs += decode_case(b, batch, ctx, gen)[0]
-    return inputs, nbytes
-
-
-def decode_layer(b: Bench, batch: int) -> Callable:
-    """layer(attend, q, k, v, pb): the engine's decode layer for a probe's attention launcher `attend(q, k, v, pb)`,
-    the RoPE/KV-write launch first (the step's keys count as cached: slots -1)."""
-    s = b.s
-    kv_new = torch.randn(batch, 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((batch,), -1, dtype=torch.int64, device=b.device)
-
-    def layer(attend: Callable, q, k, v, pb):
-        return attend(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], pb.q_start.long(), slots, k, v, b.tables), k, v, pb)
-
-    return layer
-
-
-def short_prefill_case(b: Bench, batch: int, copies: int) -> tuple[list[tuple], int, Callable]:
-    """The session probes' short prefill case: at least `copies` input copies of `rag_case` at `batch`, the split
-    count the engine takes for it (prefill_hopper.num_splits), and layer(attend, q, k, v, pb), the engine's layer for
-    an attention launcher `attend(q, k, v, pb)`: the RoPE/KV-write launch first (the question's K/V count as cached:
-    slots -1)."""
-    from lazyattn.kernels import prefill_hopper
-
-    s = b.s
-    inputs, _ = rag_case(b, batch, False, copies=copies)
-    q0, _, _, pb0 = inputs[0]
-    splits = prefill_hopper.num_splits(q0.shape[0], s.q_heads, s.kv_heads, b.device, pb0.batch_size, pb0.max_q)
-    kv_new = torch.randn(q0.shape[0], 2, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
-    slots = torch.full((q0.shape[0],), -1, dtype=torch.int64, device=b.device)
-    positions = rag_positions(b, pb0)
-
-    def layer(attend: Callable, q, k, v, pb):
-        return attend(rope_write_kv(q, kv_new[:, 0], kv_new[:, 1], positions, slots, k, v, b.tables), k, v, pb)
-
-    return inputs, splits, layer
-
-
-def forms_rounds(
-    b: Bench,
-    forms: dict[str, Callable],
-    inputs: list[tuple],
-    layer: Callable,
-    rounds: int,
-    nbytes: float,
-    copy_gbps: float | None,
-) -> dict:
-    """`graph_rounds` of each named attention launcher `attend(q, k, v, pb)` over the input copies, in the session
-    probes' two forms: alone ("NAME, attention") and in `layer` (decode_layer's or short_prefill_case's: "NAME,
-    layer")."""
-    calls = {}
-    for name, attend in forms.items():
-        calls[f"{name}, attention"] = [functools.partial(attend, *i) for i in inputs]
-        calls[f"{name}, layer"] = [functools.partial(layer, attend, *i) for i in inputs]
-    return graph_rounds(b, calls, rounds, nbytes, copy_gbps)
-
-
-def short_prefill_ab(
-    b: Bench, batch: int, copies: int, modules: dict, rounds: int, kv_bytes: int, copy_gbps: float | None
-) -> tuple[dict, dict[str, torch.Tensor], tuple]:
-    """The session probes' comparison of short prefill kernels: each module's short_prefill_attention over
-    `short_prefill_case` at `batch`, its output on the first inputs (fp32), then `forms_rounds`. Returns the row
-    (batch, splits, bytes, copy bandwidth, timings), the outputs by name and the first inputs."""
-    inputs, splits, layer = short_prefill_case(b, batch, copies)
-
-    def attend(mod, q, k, v, pb):
-        return mod.short_prefill_attention(q, k, v, pb, b.tables, b.scale, splits)
-
-    forms = {name: functools.partial(attend, mod) for name, mod in modules.items()}
-    outs = {name: fn(*inputs[0]).float() for name, fn in forms.items()}
-    row = {"batch": batch, "splits": splits, "bytes": kv_bytes * batch, "copy_gbps": copy_gbps}
-    row.update(forms_rounds(b, forms, inputs, layer, rounds, kv_bytes * batch, copy_gbps))
-    return row, outs, inputs[0]
-
-
-def probe_rows(out_path: str, head: dict, cases: list, row: Callable[[object], dict]) -> None:
-    """The session probes' output: head plus {"rows": [row(case) for each case]}, each row printed as it comes and
-    memory freed between cases, written as JSON to out_path."""
-    result = {**head, "rows": []}
-    for case in cases:
-        result["rows"].append(row(case))
-        print(json.dumps(result["rows"][-1]), flush=True)
-        free_memory()
-    Path(out_path).write_text(json.dumps(result, indent=1))
-
-
-def graph_rounds(
-    b: Bench,
-    calls: dict[str, list[Callable[[], object]]],
-    rounds: int,
-    nbytes: float | None = None,
-    copy_gbps: float | None = None,
-) -> dict:
-    """`graph_us` of each named list of calls, the names alternated within each of `rounds` rounds (the session
-    probes' form): {"NAME rR us"} and, given the bytes a call reads and the copy bandwidth, {"NAME rR %copy"}."""
-    row = {}
-    for rnd in range(rounds):
-        for name, fns in calls.items():
-            us = graph_us(b, fns)
-            row[f"{name} r{rnd} us"] = us
-            if nbytes is not None and copy_gbps:
-                row[f"{name} r{rnd} %copy"] = 100 * nbytes / us / 1e3 / copy_gbps
-    return row
-
-
 @triton.jit
 def read_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """Sum one contiguous chunk of x (16-bit) into out[program]: a launch that does nothing but read."""
@@ -612,10 +469,10 @@ def read_kernel(x_ptr, out_ptr, per_program, n, BLOCK: tl.constexpr, USE_PDL: tl
 
 
 # (programs per SM, warps) of the register reads read_ceiling tries: the fastest four of a sweep of 1-8 programs per
-# SM, 4-16 warps and steps of 16-64 KiB on an H100 and an H200 (benchmarks/results/engine_perf/s19/, calls 2-5).
+# SM, 4-16 warps and steps of 16-64 KiB on an H100 and an H200.
 _READ_FORMS = ((3, 8), (4, 8), (6, 4), (8, 8))
 _READ_STEP = 8192  # elements a program reads a step: 16 KiB
-# (programs per SM, ring slots) of the copy-engine reads (Hopper on): s20/tma_read.py (call 1) read the batch-1 decode
+# (programs per SM, ring slots) of the copy-engine reads (Hopper on): a sweep read the batch-1 decode
 # case's tiles fastest with one program per SM and two to four 32 KiB slots.
 _TMA_FORMS = ((1, 2), (1, 4), (2, 2))
 _TMA_BOX = 128  # rows of 128 16-bit elements a copy: 32 KiB
@@ -656,7 +513,7 @@ def read_ceiling(b: Bench, nbytes: int) -> float | None:
     graph, 4 input copies past L2, PDL as the engine launches): a streaming sum into registers over _READ_FORMS' grids
     and, on Hopper GPUs, copy-engine reads into shared memory over _TMA_FORMS'. A launch has a ramp and a tail that
     1 GiB copies spread thin. On an H100 the register read of the decode target's 42 MB reaches ~79 % of copy
-    bandwidth (s19, call 5), the copy-engine read of the same tiles 86-88 % (s20, call 1), with one program per SM,
+    bandwidth, the copy-engine read of the same tiles 86-91 %, with one program per SM,
     as the attention kernels run. The attention targets are printed against both yardsticks."""
     if not b.gpu:
         return None
@@ -697,7 +554,7 @@ def read_ceiling(b: Bench, nbytes: int) -> float | None:
 
 
 def section_targets(b: Bench) -> list[dict]:
-    """Issue 10's attention targets, each against the copy bandwidth measured in this run: time per layer as the
+    """The request path's attention targets, each against the copy bandwidth measured in this run: time per layer as the
     engine's CUDA graphs run it (graph_us: 32 launches per graph, inputs rotated past L2, no L2 flush), KV bytes
     read per second, and that as % of copy. Short-query prefill: the RAG case (5 x 2048 cached documents at
     their deltas + a 32-token question), target >= 70 %; "attention" is the attention launch(es) the engine runs
@@ -769,18 +626,6 @@ def section_targets(b: Bench) -> list[dict]:
     run_case(rows, {"target": f"decode bs 1 x {s.target_decode_context}", "deltas": True}, decode_row)
     rows.append({"target": "copy", "GB/s": copy_gbps})
     return rows
-
-
-def rag_sweep_bench() -> tuple[Bench, float | None, int, int]:
-    """What the session sweeps of the RAG batch-1 prefill (benchmarks/results/engine_perf/s*_sweep.py) start from: a
-    Bench on the GPU at the default shapes, the copy bandwidth, the KV bytes of one call and the input copies that
-    keep consecutive calls out of L2."""
-    args = argparse.Namespace(warmup=25, rep=100, seed=0)
-    s = Shapes()
-    device = torch.device("cuda")
-    b = Bench(args, s, device, llama31_tables(s.head_dim, 4 * 16384, device))
-    kv_bytes = (s.n_docs * s.doc_len + s.question) * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
-    return b, b.copy_bandwidth(), kv_bytes, max(2, copies_for(kv_bytes, b.l2_bytes()))
 
 
 def hopper_takes(q, k_cache, v_cache, pb: PagedBatch) -> bool:
@@ -1074,7 +919,7 @@ def environment(args: argparse.Namespace, device: torch.device) -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
-        "command": "python benchmarks/kernels.py " + " ".join(args.argv),
+        "command": "python -m benchmarks.kernels " + " ".join(args.argv),
         "dtype": str(DTYPE),
     }
 

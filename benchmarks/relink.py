@@ -1,7 +1,8 @@
 """Relink's cost on the GPU (docs/quality.md, "Relink"): TTFT and throughput per relink_tokens k beside block and
 full, at Llama-3.1-8B shapes (random bf16 weights), the serving benchmark's request shape, warm document cache.
+With --ape T,S also the attention temperature and scale on documents (docs/design.md, "APE"), zero-copy.
 
-    python benchmarks/relink.py OUT_DIR [--ks 0,4,16,32] [--requests 16] [--smoke]
+    python -m benchmarks.relink OUT_DIR [--ks 0,4,16,32] [--requests 16] [--ape 0.7,1.5 [--ape-prefix]] [--smoke]
 
 Workload: a pool of 8 documents x 2048 tokens, 5 per request in seeded random order after a BOS segment, a
 32-token question, 16 output tokens (EOS ignored). Every document is encoded before timing (warm cache), so
@@ -14,11 +15,19 @@ the whole 10K-token prompt. Two points per configuration:
 One engine (weights and KV pool loaded once); the mode is switched between configurations by pointing the
 engine at a new mode with an empty cache (LLMEngine.reset_cache rebuilds the scheduler for it), which is what a
 fresh engine of that mode would be, without reloading 16 GB of weights. Per-request relink_tokens picks k.
+
+--ape: a second engine (the first one shut down) whose requests default to (T, S), so that its CUDA graphs carry
+the temperature tables (engine/cuda_graphs.py), measured twice: "lazy ape" with (T, S), and "lazy ape-graphs
+T=S=1" (per-request 1, 1: the same graphs and kernels over tables of 1 and 0, which isolates the cost of reading
+the tables from the cost of the values); compare both with "lazy k=0" of the first engine (graphs without tables).
+--ape-prefix: that engine also encodes documents after the first segment (here BOS alone), which changes what a
+document's encode attends to, not the request's work.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -57,13 +66,27 @@ def prompts(
 
 
 def run_all(
-    engine: LLMEngine, batch: list[RenderedPrompt], params: SamplingParams | None, relink: int, tag: str
+    engine: LLMEngine,
+    batch: list[RenderedPrompt],
+    params: SamplingParams | None,
+    relink: int,
+    tag: str,
+    ape: tuple[float, float] | None = None,
 ) -> tuple[float, list]:
-    """Submit every prompt at once and step until all finish: (wall seconds, finished outputs)."""
+    """Submit every prompt at once and step until all finish: (wall seconds, finished outputs). ape: the requests'
+    (T, S); None: the engine's."""
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     start = time.perf_counter()
+    t, s = ape if ape is not None and params is not None else (None, None)
     for i, p in enumerate(batch):
-        engine.add_request(f"{tag}-{i}", p, params, relink_tokens=relink if params is not None else None)
+        engine.add_request(
+            f"{tag}-{i}",
+            p,
+            params,
+            relink_tokens=relink if params is not None else None,
+            ape_temperature=t,
+            ape_scale=s,
+        )
     done = []
     while engine.has_unfinished():
         done += [o for o in engine.step() if o.finished]
@@ -76,11 +99,59 @@ def switch_mode(engine: LLMEngine, mode: str) -> None:
     engine.reset_cache()
 
 
+def measure(
+    engine: LLMEngine,
+    mode: str,
+    k: int,
+    ape: tuple[float, float] | None,
+    pool: list[list[int]],
+    params: SamplingParams,
+    requests: int,
+    n_idle: int,
+    question_len: int,
+    bos: int,
+    label: str | None = None,
+) -> dict:
+    """One configuration's idle TTFT and saturation throughput (module docstring), warm document cache."""
+    vocab = engine.model_config.vocab_size
+    output_len = params.max_tokens
+    if engine.mode.name != mode:
+        switch_mode(engine, mode)
+    label = label or (mode if mode != "lazy" else f"lazy k={k}")
+    if mode != "full":  # warm cache: every document encoded ahead (a prefill-only request)
+        run_all(engine, [RenderedPrompt([[bos]] + pool, [])], None, 0, f"{label}-docs")
+    warm = prompts(pool, 2, 5, question_len, 99, bos, vocab)  # compiles any shape left, untimed
+    run_all(engine, warm, params, k, f"{label}-warm", ape)
+    idle = []
+    for i, p in enumerate(prompts(pool, n_idle, 5, question_len, 7, bos, vocab)):
+        _, done = run_all(engine, [p], params, k, f"{label}-idle{i}", ape)
+        idle.append(done[0].metrics.ttft)
+    batch = prompts(pool, requests, 5, question_len, 11, bos, vocab)
+    before = engine.stats().prefilled_tokens
+    wall, done = run_all(engine, batch, params, k, f"{label}-sat", ape)
+    prefilled = engine.stats().prefilled_tokens - before
+    row = dict(
+        config=label,
+        mode=mode,
+        relink_tokens=k,
+        ape=ape,
+        idle_ttft_ms=1e3 * sum(idle[1:]) / max(1, len(idle) - 1),
+        sat_requests_per_s=len(batch) / wall,
+        sat_output_tok_per_s=len(batch) * output_len / wall,
+        sat_mean_ttft_ms=1e3 * sum(o.metrics.ttft for o in done) / len(done),
+        prefill_rows_per_request=prefilled / len(batch),
+    )  # the counter excludes decode rows
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--ks", default="0,4,16,32")
     ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--ape", default=None, help="T,S: also measure APE's temperature and scale (module docstring)")
+    ap.add_argument("--ape-prefix", action="store_true", help="with --ape: documents encoded after the first segment")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU: the script's structure")
     args = ap.parse_args()
     out = Path(args.out)
@@ -105,36 +176,19 @@ def main() -> None:
     bos = engine.tokenizer.bos_token_id or 1
     pool = random_tokens(8, doc_len, 1, vocab)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    configs = [("lazy", int(k)) for k in args.ks.split(",")] + [("block", 0), ("full", 0)]
-    results = []
-    for mode, k in configs:
-        if engine.mode.name != mode:
-            switch_mode(engine, mode)
-        label = mode if mode != "lazy" else f"lazy k={k}"
-        if mode != "full":  # warm cache: every document encoded ahead (a prefill-only request)
-            run_all(engine, [RenderedPrompt([[bos]] + pool, [])], None, 0, f"{label}-docs")
-        warm = prompts(pool, 2, 5, question_len, 99, bos, vocab)  # compiles any shape left, untimed
-        run_all(engine, warm, params, k, f"{label}-warm")
-        idle = []
-        for i, p in enumerate(prompts(pool, n_idle, 5, question_len, 7, bos, vocab)):
-            _, done = run_all(engine, [p], params, k, f"{label}-idle{i}")
-            idle.append(done[0].metrics.ttft)
-        batch = prompts(pool, args.requests, 5, question_len, 11, bos, vocab)
-        before = engine.stats().prefilled_tokens
-        wall, done = run_all(engine, batch, params, k, f"{label}-sat")
-        prefilled = engine.stats().prefilled_tokens - before
-        row = dict(
-            config=label,
-            mode=mode,
-            relink_tokens=k,
-            idle_ttft_ms=1e3 * sum(idle[1:]) / max(1, len(idle) - 1),
-            sat_requests_per_s=len(batch) / wall,
-            sat_output_tok_per_s=len(batch) * output_len / wall,
-            sat_mean_ttft_ms=1e3 * sum(o.metrics.ttft for o in done) / len(done),
-            prefill_rows_per_request=prefilled / len(batch),
-        )  # the counter excludes decode rows
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    configs = [("lazy", int(k), None) for k in args.ks.split(",")] + [("block", 0, None), ("full", 0, None)]
+    results = [
+        measure(engine, mode, k, ape, pool, params, args.requests, n_idle, question_len, bos)
+        for mode, k, ape in configs
+    ]
+    if args.ape:
+        t, s = (float(x) for x in args.ape.split(","))
+        engine.shutdown()
+        del engine
+        engine = LLMEngine(dataclasses.replace(cfg, ape_temperature=t, ape_scale=s, ape_prefix=args.ape_prefix))
+        for ape, label in (((t, s), f"lazy ape T={t} S={s}"), ((1.0, 1.0), "lazy ape-graphs T=S=1")):
+            row = measure(engine, "lazy", 0, ape, pool, params, args.requests, n_idle, question_len, bos, label)
+            results.append(row)
     full = next(r for r in results if r["mode"] == "full")
     lines = [
         "| config | idle TTFT ms | vs full | saturation req/s | output tok/s | sat. mean TTFT ms | "

@@ -1,14 +1,14 @@
 """Replicas on real GPUs: 1 vs 2 engine replicas, round-robin vs document-affinity routing, the paper workload.
 
 **Two engine processes, not Ray Serve.** The device machine has no package index and Ray Serve with its
-dependencies does not fit this session's device budget, so this runs the same routing policy objects the Ray
+dependencies is not installed there, so this runs the same routing policy objects the Ray
 Serve router runs (`lazyattn.cluster.policy`, fed `cluster.keys.route_key`s and in-flight counts exactly as
 `cluster/router.py` feeds them) in a driver process, over one engine process per GPU (`CUDA_VISIBLE_DEVICES`),
 talking through pipes. What it measures is routing and the engines; Serve's own per-request overhead (an actor
 call, a few hundred microseconds) is not in it.
 
-    python benchmarks/replicas.py --out $OUT/replicas            # on nvidia-h200-x2 (two GPUs), ~2-3 minutes
-    python benchmarks/replicas.py --quick --out /tmp/replicas    # tiny model on the CPU: a smoke test only
+    python -m benchmarks.replicas --out $OUT/replicas            # two GPUs (e.g. two H200s), ~2-3 minutes
+    python -m benchmarks.replicas --quick --out /tmp/replicas    # tiny model on the CPU: a smoke test only
 
 Configurations, one seeded trace replayed through each, every one from an empty document cache after the same
 warm-up (bench/replay.warm_up):

@@ -10,5 +10,5 @@ out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
 # The device image has torch, triton, numpy, matplotlib and tqdm but not lazyattn installed: run from the tree.
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python3 benchmarks/serving.py "$out" "$@" 2>&1 | tee "$out/serving.log"
+python3 -m benchmarks.serving "$out" "$@" 2>&1 | tee "$out/serving.log"
 exit "${PIPESTATUS[0]}"

@@ -41,7 +41,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.d
 "NCCL", torch.cuda.nccl.version())' 2>&1 | tee -a "$log"
 nvidia-smi topo -m 2>&1 | tee -a "$log"
 # The all-reduce routes (parallel/all_reduce.py): NCCL vs symmetric memory by message size, sums checked.
-stage allreduce_routes 30 python3 benchmarks/tp_allreduce.py --rows 1,16,64,128,512,2048 --out "$out/allreduce_routes.json"
+stage allreduce_routes 30 python3 -m benchmarks.tp_allreduce --rows 1,16,64,128,512,2048 --out "$out/allreduce_routes.json"
 # TESTS_K / TESTS_S: a pytest -k filter and time limit for the tests, when the budget is short
 stage gpu_tests "${TESTS_S:-100}" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/parallel ${TESTS_K:+-k "$TESTS_K"}
 tests_rc=$?
@@ -51,8 +51,8 @@ if ((tests_rc == 124)); then  # a hang: measure the engines without CUDA graphs 
 fi
 # This GPU's skinny-GEMM dispatch table (kernels/gemv.py; the 8B and 70B shapes and their TP halves), written into
 # this tree's table so that the engines below use it; commit the table to keep it.
-stage gemv_table 150 python3 benchmarks/gemv.py --out "$out/gemv" --table lazyattn/kernels/gemv_table.json
-engine=(python3 benchmarks/engine.py --sections decode_short,ttft_rag --batches 16)
+stage gemv_table 150 python3 -m benchmarks.gemv --out "$out/gemv" --table lazyattn/kernels/gemv_table.json
+engine=(python3 -m benchmarks.engine --sections decode_short,ttft_rag --batches 16)
 stage engine_8b_tp1 60 "${engine[@]}" --out "$out/engine_8b_tp1"
 stage engine_8b_tp2 75 "${engine[@]}" --tensor-parallel-size 2 "${graphs[@]}" --out "$out/engine_8b_tp2" \
     --sections decode_short,ttft_rag,launches  # + rank 0's kernels per step

@@ -2,7 +2,7 @@
 memory one-shot and two-shot, for the row blocks the model sums (decode batches, small prefill buckets, long chunks),
 eagerly and captured in a CUDA graph; and each route's sum checked against NCCL's (fp32, exact).
 
-    python benchmarks/tp_allreduce.py --out OUT.json [--hidden 4096,8192] [--rows 1,16,64,128,256,512,2048]
+    python -m benchmarks.tp_allreduce --out OUT.json [--hidden 4096,8192] [--rows 1,16,64,128,256,512,2048]
 
 Needs two CUDA GPUs (NCCL_NVLS_ENABLE=0 etc. are set by lazyattn.parallel.group). Prints one line per message
 size; writes the table as JSON.
@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lazyattn.parallel import group as tp_group  # noqa: E402
 from lazyattn.parallel.all_reduce import BUFFER_BYTES  # noqa: E402
@@ -88,9 +83,9 @@ def _chain_check(symm, device: torch.device, rank: int) -> bool:
     return ok
 
 
-def _rank(rank: int, size: int, init: str, rows: list[int], hidden: list[int], out: str) -> None:
+def _rank(rank: int, size: int, port: int, rows: list[int], hidden: list[int], out: str) -> None:
     device = torch.device("cuda", rank)
-    tp = tp_group.join(init, rank, size, device)
+    tp = tp_group.join(tp_group.connect_store(port, size), rank, size, device)
     symm = tp.symmetric
     table = {"all_reduce_path": tp.all_reduce_path}
     for h in hidden:
@@ -136,8 +131,8 @@ def main() -> None:
     args = p.parse_args()
     rows = [int(v) for v in args.rows.split(",")]
     hidden = [int(v) for v in args.hidden.split(",")]
-    store = os.path.join(tempfile.mkdtemp(prefix="lazyattn-ar-"), "store")
-    mp.spawn(_rank, args=(2, f"file://{store}", rows, hidden, args.out), nprocs=2)
+    store = tp_group.serve_store(2)  # the ranks meet through this process's loopback TCP store, as the engine's do
+    mp.spawn(_rank, args=(2, store.port, rows, hidden, args.out), nprocs=2)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Measurements in one process, each printed as a table and written to OUT.json:
 - `waits`: TTFT with the host waiting for the token as the engine does (`Event.synchronize`, the CUDA driver's
   wait) and by a bare `Event.query` loop from Python, alternated.
 
-    python benchmarks/ttft_anatomy.py --out OUT [--sections graphs,engine_graphs,phases,host_calls,gc,waits]  # GPU
+    python -m benchmarks.ttft_anatomy --out OUT [--sections graphs,engine_graphs,phases,host_calls,gc,waits]  # GPU
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import functools
 import gc
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,9 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine as eb  # noqa: E402  (benchmarks/engine.py: the shapes and the RAG request)
-
+from benchmarks import engine as eb  # the shapes and the RAG request
 from lazyattn import SamplingParams  # noqa: E402
 from lazyattn.engine import llm_engine, model_runner, overlap, prefill_graphs, scheduler  # noqa: E402
 from lazyattn.kernels.launch import pdl_options, wait_for_producers  # noqa: E402

@@ -1,7 +1,7 @@
 """Kernel tuning sweep for one device call: prefill tiles / splits / deferred-RoPE overhead, decode splits / tiles.
 
-    python3 benchmarks/tune_kernels.py --out $OUT/tune            # on the GPU, about 3 minutes
-    python3 benchmarks/tune_kernels.py --out /tmp/tune --quick    # CPU smoke test (Triton interpreter)
+    python -m benchmarks.tune_kernels --out $OUT/tune            # on the GPU, about 3 minutes
+    python -m benchmarks.tune_kernels --out /tmp/tune --quick    # CPU smoke test (Triton interpreter)
 
 Phase 1 compiles every kernel variant once in parallel worker processes (they fill triton's disk cache) while
 the GPU-marked kernel tests run beside them; phase 2 times every job one by one in this process
@@ -39,11 +39,7 @@ import torch
 if not torch.cuda.is_available():  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kernels as kb  # noqa: E402  (benchmarks/kernels.py: layouts and measurement helpers)
-
+from benchmarks import kernels as kb  # noqa: E402  (layouts and measurement helpers)
 from lazyattn.kernels import decode as new_decode  # noqa: E402
 from lazyattn.kernels import prefill as new_prefill  # noqa: E402
 from lazyattn.kernels.paged import cdiv  # noqa: E402
@@ -489,7 +485,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = kb.environment(SimpleNamespace(argv=sys.argv[1:]), device)
-    env["command"] = "python3 benchmarks/tune_kernels.py " + " ".join(sys.argv[1:])
+    env["command"] = "python -m benchmarks.tune_kernels " + " ".join(sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1, default=str))
     table = ["| case | impl | ms | ms_off | overhead % | TFLOP/s | GB/s | diff |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -1,124 +1,90 @@
-"""`lazyattn demo | generate | serve | bench | eval | finetune` (also `python -m lazyattn ...`)."""
+"""`lazyattn demo | generate | serve | bench | eval | finetune | models` (also `python -m lazyattn ...`).
+
+Only the command being run is imported (its module, and torch if it runs a model), so `lazyattn --version` and
+`lazyattn -h`, and the help of the commands that run no model at import, answer at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+from pathlib import Path
 
 from lazyattn import __version__
-from lazyattn.bench.cli import add_bench_parser
 from lazyattn.engine.config import EngineConfig
-from lazyattn.eval.cli import add_eval_parser
-from lazyattn.finetune.cli import add_finetune_parser
-from lazyattn.server.cli import add_serve_parser
 
-MODES = ["lazy", "block", "prefix", "full"]
+
+def _engine_fields() -> dict[str, dataclasses.Field]:
+    """EngineConfig's fields the CLI offers (those with `cli` metadata), by name."""
+    return {f.name: f for f in dataclasses.fields(EngineConfig) if "cli" in f.metadata}
+
+
+def _add_engine_option(p: argparse.ArgumentParser, f: dataclasses.Field) -> None:
+    """The option of one EngineConfig field: its flag, type, default and help from the field (engine/config.py)."""
+    cli = f.metadata["cli"]
+    kind = str(f.type).replace(" | None", "")
+    shown = cli["shown"] if cli["shown"] is not None else "%(default)s"
+    default = cli.get("default", f.default)
+    kw: dict = {"default": default, "help": f"{cli['help']} (default: {shown})"}
+    if kind == "bool":
+        kw["action"] = argparse.BooleanOptionalAction
+    else:
+        kw["type"] = {"int": int, "float": float, "str": str}[kind]
+    if cli["choices"]:
+        kw["choices"] = list(cli["choices"])
+    p.add_argument("--" + f.name.replace("_", "-"), *cli["flags"], **kw)
+
+
+# One line per command, for `lazyattn -h` (each command's parser repeats its own; tests check they agree).
+COMMANDS = {
+    "demo": "a small RAG workload through every mode, side by side",
+    "generate": "one answer (or completion) with documents",
+    "serve": "OpenAI-compatible HTTP server with documents as inputs",
+    "bench": "RAG serving benchmark: one seeded trace replayed through every mode",
+    "eval": "RAG question-answering accuracy per attention mode",
+    "finetune": "adapt a checkpoint to block attention (LoRA by default)",
+    "models": "the named models that --model takes",
+}
+# The commands that answer questions share one default model, a real one: tiny's random weights answer with noise.
+ANSWERING = ("demo", "generate", "serve", "eval")
+DEFAULT_MODEL = "smollm2"
+RUNS_A_MODEL = (*ANSWERING, "bench", "finetune")
+# `--model`'s help names the models of lazyattn/model/hub.py without importing it (that would import torch);
+# a test checks that it names every one.
+MODEL_HELP = (
+    "a named model: smollm2 (SmolLM2-135M-Instruct, fetched once), smollm2-block (smollm2 with the shipped "
+    "block-attention adapter), tiny (built in, random weights: noise; tests and benchmarks); `lazyattn models` "
+    "lists them. Or a path: a Hugging Face checkpoint directory, a .gguf file, an adapter folder from `lazyattn "
+    "finetune`; a path that exists wins over a name (default: %(default)s)"
+)
 
 
 def _engine_args(p: argparse.ArgumentParser, mode: bool = True) -> None:
-    """The engine's options, shared by generate, serve, bench and eval (bench and eval pick their modes: mode=False)."""
-    p.add_argument(
-        "--model",
-        default="tiny",
-        help="'tiny' (built in, random weights), 'smollm2' (fetched once), a "
-        "Hugging Face checkpoint directory or a .gguf file",
-    )
-    if mode:
-        p.add_argument(
-            "--mode", default="lazy", choices=MODES, help="how documents are placed (default: lazy; see docs/design.md)"
-        )
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16", "float16"],
-        help="weights and KV cache dtype (default: the checkpoint's; float32 on the CPU)",
-    )
-    p.add_argument("--page-size", type=int, default=64, help="tokens per KV page (default: 64)")
-    p.add_argument("--kv-cache-gb", type=float, default=None, help="KV budget (default: from free GPU memory)")
-    p.add_argument(
-        "--host-cache-gb",
-        type=float,
-        default=None,
-        help="host-memory tier for documents evicted from the GPU, GiB; 0: off (default: off on the CPU, "
-        "on CUDA a quarter of available host memory, at most 64; docs/design.md)",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="share of GPU memory the engine may use, KV included (default: 0.9)",
-    )
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=8192,
-        help="prompt tokens prefilled per step, at most (default: 8192)",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together, at most (default: 256)")
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="context limit in tokens, documents included (default: the model's)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling (default: 0)")
-    p.add_argument(
-        "--relink-tokens",
-        type=int,
-        default=0,
-        help="lazy mode: recompute the first K rows of each placed document in context (docs/design.md)",
-    )
-    p.add_argument(
-        "--async-scheduling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="schedule the next step while the GPU runs this one (default: on CUDA, also with tensor "
-        "parallelism; docs/design.md, Overlapped scheduling)",
-    )
-    p.add_argument(
-        "--tokenizer-cache-tokens",
-        type=int,
-        default=EngineConfig.tokenizer_cache_tokens,
-        help="documents' token ids kept so that a recurring document is tokenised once, in tokens "
-        "(~36 bytes each); 0: off (default: %(default)s)",
-    )
-    add_tensor_parallel_arg(p)
+    """The engine's options, shared by generate, serve, bench and eval (bench and eval pick their modes: mode=False),
+    one per EngineConfig field with `cli` metadata."""
+    for name, f in _engine_fields().items():
+        if name != "mode" or mode:
+            _add_engine_option(p, f)
 
 
 def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tensor-parallel-size",
-        "--tp",
-        type=int,
-        default=1,
-        help="GPUs one engine spans, one worker process each (default: 1; docs/design.md, Tensor parallelism)",
-    )
+    _add_engine_option(p, _engine_fields()["tensor_parallel_size"])
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    import torch
+    """EngineConfig's keyword arguments from parsed engine options; a field the parser did not offer keeps its
+    default. The device is the GPU where one is present unless --device says otherwise."""
+    options = {
+        name: getattr(args, name, f.metadata["cli"].get("default", f.default)) for name, f in _engine_fields().items()
+    }
+    if options["device"] is None:
+        import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return dict(
-        model=args.model,
-        mode=getattr(args, "mode", "lazy"),
-        device=device,
-        dtype=args.dtype,
-        page_size=args.page_size,
-        kv_cache_gb=args.kv_cache_gb,
-        host_cache_gb=args.host_cache_gb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-        relink_tokens=getattr(args, "relink_tokens", 0),
-        tensor_parallel_size=args.tensor_parallel_size,
-        async_scheduling=getattr(args, "async_scheduling", None),
-        tokenizer_cache_tokens=args.tokenizer_cache_tokens,
-    )
+        options["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    return options
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -143,6 +109,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             return 2
     layout = PromptLayout(parse_special_tokens=args.parse_special_tokens)
     llm = LLM(**engine_options(args), layout=layout)
+    has_template = llm.tokenizer.chat_template is not None
+    if args.chat and not has_template:
+        print(f"error: --chat: {args.model} has no chat template; --no-chat sends the prompt as is", file=sys.stderr)
+        return 2
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -150,7 +120,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.sampling_seed,
     )
-    out = llm.generate([args.prompt], params, documents=[documents])[0]
+    chat = has_template if args.chat is None else args.chat
+    if chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, documents=[documents])[0]
+    else:
+        out = llm.generate([args.prompt], params, documents=[documents])[0]
     if args.json:
         m = out.metrics
         print(
@@ -170,31 +144,62 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lazyattn", description="RAG inference with deferred RoPE")
-    parser.add_argument("--version", action="version", version=f"lazyattn {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_models(args: argparse.Namespace) -> int:
+    from lazyattn.model import hub
 
-    p = sub.add_parser("demo", help="a small RAG workload through every mode, side by side")
-    p.add_argument(
-        "--model",
-        default="smollm2",
-        help="smollm2 (fetched once, then cached), tiny (offline, random "
-        "weights), a checkpoint directory or a .gguf file",
+    rows = [("tiny", "built in: random weights, offline; its answers are noise (tests, benchmarks)")]
+    for name, spec in hub.NAMED_MODELS.items():
+        where = hub.cached_path(spec)
+        state = f"cached at {where}" if where.is_file() else f"fetched on first use ({spec.size / 1e6:.0f} MB)"
+        rows.append((name, f"{spec.description}; {state}"))
+    for name, folder in hub.NAMED_ADAPTERS.items():
+        rows.append(
+            (
+                name,
+                f"{_adapter_base(name)} with the shipped block-attention LoRA adapter (docs/finetune.md); "
+                f"{hub.ADAPTERS_DIR / folder}",
+            )
+        )
+    width = max(len(name) for name, _ in rows)
+    print("Named models (--model NAME):")
+    for name, text in rows:
+        print(f"  {name:<{width}}  {text}")
+    print(
+        "Or a path: a Hugging Face checkpoint directory, a .gguf file, or an adapter folder from `lazyattn finetune`. "
+        "A path that exists wins over a name."
     )
+    return 0
+
+
+def add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help=COMMANDS["demo"])
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cpu)")
     add_tensor_parallel_arg(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("generate", help="one completion with documents")
+
+def add_generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help=COMMANDS["generate"])
     _engine_args(p)
-    p.add_argument("prompt", help="the text that follows the documents (no chat template)")
+    p.add_argument(
+        "prompt",
+        help="the question or instruction: a user turn of the model's chat template (see --chat), or with "
+        "--no-chat the raw text that follows the documents",
+    )
     p.add_argument("--document", "-d", action="append", default=[], help="document text (repeatable)")
     p.add_argument(
         "--document-file",
         action="append",
         default=[],
         help="a UTF-8 file whose text is a document, titled with its path (repeatable)",
+    )
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send the prompt as a user message through the checkpoint's chat template (as LLM.chat); --no-chat: "
+        "a raw completion of the prompt text (default: chat when the checkpoint has a chat template)",
     )
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate, at most (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -214,22 +219,126 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_generate)
 
-    add_serve_parser(sub, _engine_args, engine_options)
-    add_bench_parser(sub, _engine_args, engine_options)
-    add_eval_parser(sub, _engine_args, engine_options)
-    add_finetune_parser(sub)
+
+def add_models_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help=COMMANDS["models"])
+    p.set_defaults(func=cmd_models)
+
+
+def _add_command(sub: argparse._SubParsersAction, name: str) -> None:
+    """Add the full parser of command `name`, importing its module."""
+    if name == "demo":
+        add_demo_parser(sub)
+    elif name == "generate":
+        add_generate_parser(sub)
+    elif name == "models":
+        add_models_parser(sub)
+    elif name == "serve":
+        from lazyattn.server.cli import add_serve_parser
+
+        add_serve_parser(sub, _engine_args, engine_options)
+    elif name == "bench":
+        from lazyattn.bench.cli import add_bench_parser
+
+        add_bench_parser(sub, _engine_args, engine_options)
+    elif name == "eval":
+        from lazyattn.eval.cli import add_eval_parser
+
+        add_eval_parser(sub, _engine_args, engine_options)
+    elif name == "finetune":
+        from lazyattn.finetune.cli import add_finetune_parser
+
+        add_finetune_parser(sub)
+    else:
+        raise ValueError(name)
+    p = sub.choices[name]
+    model = next((a for a in p._actions if "--model" in a.option_strings), None)
+    if model is not None and name != "finetune":  # finetune's --model is the base it trains
+        model.help = MODEL_HELP
+        if name in ANSWERING:
+            model.default = DEFAULT_MODEL
+    if name in RUNS_A_MODEL and "cpu_threads" not in {a.dest for a in p._actions}:  # eval has its own
+        threads = p.get_default("cpu_threads")  # None, or the command's own (bench: 1)
+        p.add_argument(
+            "--cpu-threads",
+            type=int,
+            help="torch's CPU threads (torch.set_num_threads); on a busy host fewer can be faster "
+            f"(default: {threads or 'torch chooses, one per core'})",
+        )
+
+
+def build_parser(commands: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `lazyattn` parser, with the full parsers of `commands` (None: all) and the one-line help of the rest."""
+    parser = argparse.ArgumentParser(prog="lazyattn", description="RAG inference with deferred RoPE")
+    parser.add_argument("--version", action="version", version=f"lazyattn {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in COMMANDS.items():
+        if commands is None or name in commands:
+            _add_command(sub, name)
+        else:
+            sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
+def local_or_named(model: str) -> str:
+    """`model` as the loader should read it: a path that exists is that path, also where a named model has the
+    same name (e.g. the `--out smollm2-block` of a fine-tune beside the shipped `smollm2-block`)."""
+    from lazyattn.model import hub
+
+    named = model == "tiny" or model in hub.NAMED_MODELS or model in hub.NAMED_ADAPTERS
+    return str(Path(model).resolve()) if named and os.path.exists(model) else model
+
+
+def say_which_model(command: str, given: str, model: str) -> None:
+    """One line on stderr naming what `--model given` loads, where that is not just the path the user typed."""
+    from lazyattn.model import hub
+
+    if model != given:
+        text = f"the local {'directory' if os.path.isdir(model) else 'file'} {model} (not the named model {given})"
+    elif model in hub.NAMED_ADAPTERS:
+        text = f"{_adapter_base(model)} with the shipped adapter {hub.ADAPTERS_DIR / hub.NAMED_ADAPTERS[model]}"
+    elif model in hub.NAMED_MODELS:
+        text = f"{hub.NAMED_MODELS[model].description}"
+    elif model == "tiny" and command in ANSWERING:
+        text = "built in, random weights: its answers are noise (--model smollm2 answers questions)"
+        print(f"lazyattn: warning: --model tiny is {text}", file=sys.stderr, flush=True)
+        return
+    else:
+        return
+    print(f"lazyattn: --model {given}: {text}", file=sys.stderr, flush=True)
+
+
+def _adapter_base(name: str) -> str:
+    from lazyattn.model import hub
+    from lazyattn.model.adapter import CONFIG_FILE
+
+    config = json.loads((hub.ADAPTERS_DIR / hub.NAMED_ADAPTERS[name] / CONFIG_FILE).read_text(encoding="utf-8"))
+    return config["base_model_name_or_path"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The first word that is no option names the command (the top level's options take no values).
+    command = next((a for a in argv if not a.startswith("-")), None)
     from lazyattn.errors import LazyAttnError
 
     try:
+        args = build_parser([command] if command in COMMANDS else []).parse_args(argv)
+        if getattr(args, "model", None):
+            given = args.model
+            args.model = local_or_named(given)
+            say_which_model(args.command, given, args.model)
+        if getattr(args, "cpu_threads", None):
+            import torch
+
+            torch.set_num_threads(args.cpu_threads)
         return args.func(args)
     except LazyAttnError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

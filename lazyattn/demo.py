@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
+from collections.abc import Callable
 
+from lazyattn.engine.config import MODES
 from lazyattn.engine.llm import LLM
 from lazyattn.engine.sampling import SamplingParams
 
@@ -51,7 +54,6 @@ QUESTIONS = [
     ("What is sorrel bread baked with?", 4),
 ]
 WARM_UP_DOC = {"title": "Warm-up", "text": "This passage only warms the engine up; no question is about it."}
-MODES = ("lazy", "block", "prefix", "full")
 NAMES = {
     "smollm2": "SmolLM2-135M-Instruct",
     "tiny": "tiny (random weights)",
@@ -73,12 +75,29 @@ def workload(seed: int = 0, docs_per_request: int = 3) -> list[tuple[list[dict[s
     return requests
 
 
-def run_mode(model: str, mode: str, device: str, max_tokens: int, **options) -> dict:
+def quiet(message: str) -> None:
+    pass
+
+
+def to_stderr(message: str) -> None:
+    """A progress line (the report itself goes to stdout, flushed first so that the two stay in order)."""
+    sys.stdout.flush()
+    print(f"lazyattn demo: {message}", file=sys.stderr, flush=True)
+
+
+def run_mode(
+    model: str, mode: str, device: str, max_tokens: int, say: Callable[[str], None] = quiet, **options
+) -> dict:
+    start = time.monotonic()
+    say(f"{mode} mode: loading {NAMES.get(model, model)}")
     llm = LLM(model=model, mode=mode, device=device, progress=False, **options)
+    say(f"{mode} mode: a warm-up request, the {len(QUESTIONS)} questions one at a time, then all together")
     try:
-        return _run_mode(llm, max_tokens)
+        result = _run_mode(llm, max_tokens)
     finally:
         llm.shutdown()  # a tensor-parallel engine's workers hold GPUs: the next mode needs them
+    say(f"{mode} mode: done in {time.monotonic() - start:.0f} s")
+    return result
 
 
 def _run_mode(llm: LLM, max_tokens: int) -> dict:
@@ -107,8 +126,10 @@ def _run_mode(llm: LLM, max_tokens: int) -> dict:
     }
 
 
-def run_demo(model: str = "smollm2", device: str = "cpu", max_tokens: int = 32, **options) -> dict[str, dict]:
-    return {mode: run_mode(model, mode, device, max_tokens, **options) for mode in MODES}
+def run_demo(
+    model: str = "smollm2", device: str = "cpu", max_tokens: int = 32, say: Callable[[str], None] = quiet, **options
+) -> dict[str, dict]:
+    return {mode: run_mode(model, mode, device, max_tokens, say, **options) for mode in MODES}
 
 
 def main(model: str = "smollm2", device: str = "cpu", tensor_parallel_size: int = 1) -> int:
@@ -119,7 +140,7 @@ def main(model: str = "smollm2", device: str = "cpu", tensor_parallel_size: int 
     )
     start = time.monotonic()
     tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
-    results = run_demo(model, device, max_tokens=8 if model == "tiny" else 32, **tp)
+    results = run_demo(model, device, max_tokens=8 if model == "tiny" else 32, say=to_stderr, **tp)
     for i, (question, _) in enumerate(QUESTIONS):
         print(f"Q: {question}")
         print(f"   lazy/block  (documents encoded alone): {results['lazy']['texts'][i]}")
@@ -140,14 +161,14 @@ def main(model: str = "smollm2", device: str = "cpu", tensor_parallel_size: int 
     else:
         print(f"{name} was not fine-tuned for block attention, so lazy/block answers may differ from full attention's")
     if model in ADAPTED:
-        show_adapted(ADAPTED[model], device, max_tokens=32)  # an adapter: one device (no tensor parallelism)
+        show_adapted(ADAPTED[model], device, max_tokens=32, say=to_stderr)  # an adapter: one device (no TP)
     print(f"({time.monotonic() - start:.0f} s)")
     return 0 if same_block and same_causal else 1
 
 
-def show_adapted(model: str, device: str, max_tokens: int, **options) -> None:
+def show_adapted(model: str, device: str, max_tokens: int, say: Callable[[str], None] = quiet, **options) -> None:
     """The same questions on the model fine-tuned for block attention: lazy mode beside full attention."""
-    results = {mode: run_mode(model, mode, device, max_tokens, **options) for mode in ("lazy", "full")}
+    results = {mode: run_mode(model, mode, device, max_tokens, say, **options) for mode in ("lazy", "full")}
     print(f"\n{NAMES.get(model, model)}, the same questions:")
     for i, (question, _) in enumerate(QUESTIONS):
         print(f"Q: {question}")

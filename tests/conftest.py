@@ -15,3 +15,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def kernel_settings():
+    """`use(VAR=value, ...)` activates the kernels' settings parsed from those variables alone (lazyattn/envs.py), as
+    an engine made with them in the environment would; the previous settings come back after the test."""
+    from lazyattn import envs
+
+    previous = envs.activate(envs.read_env({}))
+
+    def use(**variables: str):
+        envs.activate(envs.read_env(variables))
+        return envs.active()
+
+    yield use
+    envs.activate(previous)

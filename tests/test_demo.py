@@ -7,7 +7,11 @@ from lazyattn import demo
 
 
 def test_demo_modes_agree_and_reuse_what_they_promise():
-    results = demo.run_demo("tiny", max_tokens=3)
+    progress = []
+    results = demo.run_demo("tiny", max_tokens=3, say=progress.append)
+    assert [line.split(":")[0] for line in progress] == [f"{m} mode" for m in demo.MODES for _ in range(3)]
+    assert all(line.startswith(f"{m} mode: loading tiny") for line, m in zip(progress[::3], demo.MODES))
+    assert all(" mode: done in " in line for line in progress[2::3])
     assert results["lazy"]["tokens"] == results["block"]["tokens"]
     assert results["prefix"]["tokens"] == results["full"]["tokens"]
     assert all(len(t) == 3 for r in results.values() for t in r["tokens"])
@@ -32,9 +36,11 @@ def test_workload_puts_each_answer_among_shuffled_documents():
 
 def test_main_prints_answers_and_the_table(capsys):
     assert demo.main("tiny") == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     for question, _ in demo.QUESTIONS:
         assert f"Q: {question}" in out
     for mode in demo.MODES:
         assert f"\n{mode} " in out
     assert "lazy == block (same tokens, one cached copy vs private re-rotated copies): True" in out
+    progress = err.splitlines()  # as it goes, on stderr: the report on stdout stays clean
+    assert len(progress) == 3 * len(demo.MODES) and all(line.startswith("lazyattn demo: ") for line in progress)

@@ -105,8 +105,10 @@ def add_bench_parser(
     o.add_argument("--out", default=None, help="directory for bench.json and the plots")
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
     o.add_argument("--max-seconds", type=float, default=math.inf, help="abort a load point after this long")
-    o.add_argument("--cpu-threads", type=int, default=1, help="torch intra-op threads when the device is the CPU")
-    p.set_defaults(func=lambda args: cmd_bench(args, engine_options))
+    # --cpu-threads is every model command's (lazyattn/cli.py); bench's default is 1: small models' ops gain nothing
+    # from intra-op threads, and on a busy CPU the threads stall each other (a tiny-model replay measured 80x slower
+    # with two threads than with one on a loaded box).
+    p.set_defaults(func=lambda args: cmd_bench(args, engine_options), cpu_threads=1)
 
 
 def _floats(text: str) -> list[float]:
@@ -126,12 +128,6 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
 
     options = engine_options(args)
     options.pop("mode")
-    if options["device"] == "cpu":
-        import torch
-
-        # Small models' ops gain nothing from intra-op threads, and on a busy CPU the threads stall each
-        # other (a tiny-model replay measured 80x slower with two threads than with one on a loaded box).
-        torch.set_num_threads(args.cpu_threads)
     options["random_weights"] = args.random_weights
     modes = args.modes.split(",") if args.modes else list(MODES)
     bad = [m for m in modes if m not in MODES]

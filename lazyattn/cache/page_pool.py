@@ -16,7 +16,6 @@ short prefill calls run prefill.py's kernel.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -35,19 +34,7 @@ MIN_PAGES = 16
 DEFAULT_RESERVE_BYTES = 1 * GiB
 
 
-KV_LAYOUT_ENV = "LAZYATTN_KV_LAYOUT"
 KV_LAYOUTS = ("token", "head")
-
-
-def kv_layout() -> str:
-    """The KV tensor's memory order: LAZYATTN_KV_LAYOUT, `token` unless set (the module docstring)."""
-    layout = os.environ.get(KV_LAYOUT_ENV, "token").strip().lower() or "token"
-    if layout not in KV_LAYOUTS:
-        raise InvalidRequestError(
-            f"{KV_LAYOUT_ENV}={os.environ[KV_LAYOUT_ENV]!r} is not a KV layout: use one of {', '.join(KV_LAYOUTS)}",
-            param=KV_LAYOUT_ENV,
-        )
-    return layout
 
 
 def allocate_kv(
@@ -58,12 +45,12 @@ def allocate_kv(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str,
-    layout: str | None = None,
+    layout: str = "token",
 ) -> torch.Tensor:
     """The engine's KV tensor [num_layers, 2, num_pages, page_size, kv_heads, head_dim], zeroed (never-written page
-    tails then hold finite values), stored in `layout` order (None: kv_layout()). A `head` tensor is a view of
-    [num_layers, 2, num_pages, kv_heads, page_size, head_dim] storage: each (page, kv head) tile is contiguous."""
-    layout = kv_layout() if layout is None else layout
+    tails then hold finite values), stored in `layout` order (the engine passes LAZYATTN_KV_LAYOUT's,
+    lazyattn/envs.py). A `head` tensor is a view of [num_layers, 2, num_pages, kv_heads, page_size, head_dim]
+    storage: each (page, kv head) tile is contiguous."""
     if layout == "token":
         return torch.zeros(num_layers, 2, num_pages, page_size, kv_heads, head_dim, dtype=dtype, device=device)
     if layout == "head":

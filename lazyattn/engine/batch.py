@@ -17,6 +17,9 @@ class SegmentJob:
 
     segment: Segment
     run: Run
+    # ape_prefix: the first segment this document is encoded after (visible to its rows, at delta 0); its
+    # run then starts at that segment's length
+    prefix: Segment | None = None
 
 
 @dataclass

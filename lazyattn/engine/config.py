@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lazyattn.envs import EnvSettings, read_env
 from lazyattn.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     import torch
 
+# How documents are placed (docs/design.md, Modes): the one list the CLI, the server, eval and bench check against.
 MODES = ("lazy", "block", "prefix", "full")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_relink(mode: str, relink_tokens: int) -> None:
@@ -27,37 +30,129 @@ def check_relink(mode: str, relink_tokens: int) -> None:
         raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
+_SAME = object()  # _option's cli_default when the CLI's default is the field's
+
+
+def _option(
+    default,
+    help: str,
+    shown: str | None = None,
+    flags: tuple[str, ...] = (),
+    choices: tuple[str, ...] = (),
+    cli_default=_SAME,
+):
+    """A field the CLI offers as an option (cli.py generates it) and its metadata: the help, the words for the
+    default where the value says nothing (None; otherwise the value is shown), extra flags, the accepted values,
+    and `cli_default` where the CLI's default differs (None: decided by cli.engine_options)."""
+    meta = {"help": help, "shown": shown, "flags": flags, "choices": choices}
+    if cli_default is not _SAME:
+        meta["default"] = cli_default
+    return field(default=default, metadata={"cli": meta})
+
+
+def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
+    """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
+    lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
+    encoded after the first segment) is lazy mode's: block mode's private copies are rotated from position 0."""
+    if not isinstance(prefix, bool):
+        raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
+    if prefix and mode != "lazy":
+        raise InvalidRequestError(
+            f"ape_prefix needs mode 'lazy': {mode} mode "
+            + ("copies documents encoded at position 0" if mode == "block" else "attends to everything in context"),
+            "ape_prefix",
+        )
+    for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
+    if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
+        param = "ape_temperature" if temperature != 1 else "ape_scale"
+        raise InvalidRequestError(
+            f"ape_temperature={temperature}, ape_scale={scale} need mode 'lazy' or 'block': {mode} mode attends "
+            "to every document in context already",
+            param,
+        )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "tiny"
-    mode: str = "lazy"
-    device: str = "cpu"
-    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
-    page_size: int = 64
-    kv_cache_gb: float | None = None  # explicit KV budget; otherwise sized from free GPU memory
-    gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int = 8192  # tokens per forward step (chunked prefill budget)
-    max_num_seqs: int = 256  # sequences running at once
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    """The engine's settings. Fields with `cli` metadata are `lazyattn generate/serve/bench/eval` options of the
+    same name (cli.py), their defaults and help written here once."""
+
+    model: str = _option(
+        "tiny",
+        "'tiny' (built in, random weights), 'smollm2' (fetched once), a Hugging Face checkpoint directory or a .gguf "
+        "file",
+    )
+    mode: str = _option("lazy", "how documents are placed (see docs/design.md)", choices=MODES)
+    # The CLI's default is the GPU where one is present (cli.engine_options); the Python API's is the CPU.
+    device: str = _option("cpu", "cuda or cpu", shown="cuda if available", cli_default=None)
+    dtype: str | None = _option(
+        None,
+        "weights and KV cache dtype",
+        shown="bfloat16 on CUDA, float32 on the CPU",
+        choices=DTYPES,
+    )
+    page_size: int = _option(64, "tokens per KV page")
+    kv_cache_gb: float | None = _option(None, "KV budget, GiB", shown="from free GPU memory")
+    gpu_memory_utilization: float = _option(0.9, "share of GPU memory the engine may use, KV included")
+    # tokens per forward step (chunked prefill budget)
+    max_num_batched_tokens: int = _option(8192, "prompt tokens prefilled per step, at most")
+    max_num_seqs: int = _option(256, "sequences decoded together, at most")
+    max_model_len: int | None = _option(None, "context limit in tokens, documents included", shown="the model's")
     max_waiting: int | None = None  # waiting-queue limit (the server answers 503 past it)
-    seed: int = 0
+    seed: int = _option(0, "seed of random weights and unseeded sampling")
     random_weights: bool = False  # read only config.json and draw weights from `seed` (benchmarks)
     cuda_graphs: bool = True  # capture decode steps on CUDA
     warm_up: bool = True  # on CUDA: compile/tune kernels and capture graphs before the first request
     progress: bool = True  # progress bars (loading, generate)
-    relink_tokens: int = 0  # lazy mode: default recomputed rows per placed document (docs/design.md, "Relink")
+    relink_tokens: int = _option(
+        0, "lazy mode: recompute the first K rows of each placed document in context (docs/design.md, Relink)"
+    )
+    # lazy and block mode: the final segment's scores against document keys become s / T + ln S (docs/design.md,
+    # "APE"); 1.0: off. T < 1 sharpens the attention to the documents, S > 1 gives them more weight in total.
+    ape_temperature: float = _option(
+        1.0, "lazy/block mode: the question's attention temperature T on the documents, 1: off (docs/design.md, APE)"
+    )
+    ape_scale: float = _option(
+        1.0, "lazy/block mode: the question's attention scale S on the documents, 1: off (docs/design.md, APE)"
+    )
+    # lazy mode: encode each document after the first segment with that segment visible (its shared attention sink),
+    # cached once per (first segment, document) and read at any slot (docs/design.md, "APE")
+    ape_prefix: bool = _option(
+        False,
+        "lazy mode: encode each document after the first segment, its shared attention sink (docs/design.md, APE)",
+    )
     # Host tier for evicted documents (docs/design.md, "The host tier"); 0: off; None: off on the CPU, on CUDA a
     # quarter of the available host memory, at most 64 GiB.
-    host_cache_gb: float | None = None
-    tensor_parallel_size: int = 1  # GPUs (ranks) one engine spans (docs/design.md, "Tensor parallelism")
+    host_cache_gb: float | None = _option(
+        None,
+        "host-memory tier for documents evicted from the GPU, GiB; 0: off (docs/design.md, The host tier)",
+        shown="off on the CPU, on CUDA a quarter of available host memory, at most 64",
+    )
+    tensor_parallel_size: int = _option(
+        1,
+        "GPUs one engine spans, one worker process each (docs/design.md, Tensor parallelism)",
+        flags=("--tp",),
+    )
     # Schedule step N+1 while the GPU runs step N (docs/design.md, "Overlapped scheduling"); None: on CUDA,
     # with or without tensor parallelism, off on the CPU, where the host is the device and nothing overlaps.
-    async_scheduling: bool | None = None
+    async_scheduling: bool | None = _option(
+        None,
+        "schedule the next step while the GPU runs this one (docs/design.md, Overlapped scheduling)",
+        shown="on CUDA, also with tensor parallelism; off on the CPU",
+    )
     # Documents' token ids kept by the tokenizer, so that a recurring document is tokenised once (docs/design.md,
     # "Document token ids"); 0: off. A stored token costs at most ~36 bytes of host memory (a Python int and its
     # tuple slot; ids below 257 are shared ints: ~27 bytes measured with SmolLM2), so the default 2**22 (~4M tokens,
     # ~150 MB at most, plus the texts) covers more documents than a GPU's KV pool usually holds at little cost.
-    tokenizer_cache_tokens: int = 2**22
+    tokenizer_cache_tokens: int = _option(
+        2**22,
+        "documents' token ids kept so that a recurring document is tokenised once, in tokens (~36 bytes each); 0: off",
+    )
+    # The LAZYATTN_* environment variables, read once when the config is made (lazyattn/envs.py): the engine passes
+    # them down and activates the kernels' toggles at construction, so captured graphs and eager steps agree.
+    env: EnvSettings = field(default_factory=read_env)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,6 +168,7 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
+        check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(
@@ -95,6 +191,11 @@ class EngineConfig:
             )
 
     @property
+    def ape_on(self) -> bool:
+        """Whether requests default to a temperature or scale on the documents (CUDA graphs then carry them)."""
+        return self.ape_temperature != 1 or self.ape_scale != 1
+
+    @property
     def async_scheduling_on(self) -> bool:
         """Whether the engine overlaps scheduling: as asked, or by default where it helps (CUDA, with or without
         tensor parallelism)."""
@@ -106,7 +207,6 @@ class EngineConfig:
 
         if self.dtype is None:
             return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        try:
-            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
-        except KeyError:
-            raise InvalidRequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}") from None
+        if self.dtype not in DTYPES:
+            raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}", "dtype")
+        return getattr(torch, self.dtype)

@@ -9,14 +9,16 @@ over in three copies (engine/graph_inputs.py): the host work left between two re
 
 Padding rows are harmless: they store nothing (slot -1), list no pages, and their logits are dropped.
 The graphs read per-page first-slot offsets (all 0 unless a row is relinked, docs/design.md "Relink"), so one
-graph serves relinked and plain rows: one more scalar load per K/V tile.
+graph serves relinked and plain rows: one more scalar load per K/V tile. Where the engine's requests default to a
+temperature or scale on their documents (docs/design.md, "APE"), the graphs read each page's 1/T and ln S too (two
+more loads per tile); without, a step that carries them (a request's own choice) runs eagerly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
+from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has_ape, table_count, table_views
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import PagedBatch
 from lazyattn.model.llama import CausalLM
@@ -29,9 +31,16 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self, model: CausalLM, backend: AttentionBackend, max_batch: int, max_pages: int, device: torch.device
+        self,
+        model: CausalLM,
+        backend: AttentionBackend,
+        max_batch: int,
+        max_pages: int,
+        device: torch.device,
+        ape: bool = False,
     ) -> None:
         self.model = model
+        self.ape = ape  # the graphs read the temperature and scale tables
         self.backend = backend
         self.sizes = graph_batch_sizes(max_batch)
         self.max_pages = max_pages
@@ -41,7 +50,7 @@ class DecodeGraphs:
         self.static = (
             torch.zeros(3 * n, dtype=torch.int64, device=device),
             torch.zeros(2 * n, dtype=torch.int32, device=device),
-            torch.zeros(n, TABLES, max_pages, dtype=torch.int32, device=device),
+            torch.zeros(n, table_count(ape), max_pages, dtype=torch.int32, device=device),
         )
         self.staging = tuple(torch.zeros_like(t, device="cpu").pin_memory() for t in self.static)
         self.copied = torch.cuda.Event()  # the staging buffers are free again once their copies ran
@@ -58,6 +67,7 @@ class DecodeGraphs:
             step.is_decode
             and len(step.tokens) <= self.sizes[-1]
             and all(len(e.pages) <= self.max_pages for e in step.entries)
+            and (self.ape or not has_ape(step.entries))
         )
 
     def run(self, step: StepInputs) -> torch.Tensor:
@@ -100,6 +110,7 @@ class DecodeGraphs:
         n = self.sizes[-1]
         i64, head, tables = self.static
         pages, deltas, valid, starts, firsts = table_views(tables[:size])
+        inv_temps, log_scales = ape_views(tables[:size])
         attn = PagedBatch(
             self.cu[: size + 1],
             head[:size],
@@ -111,6 +122,8 @@ class DecodeGraphs:
             max_q=1,
             max_kv=self.max_pages * self.backend.page_size,
             firsts=firsts,
+            inv_temps=inv_temps,
+            log_scales=log_scales,
         )
         return i64[:size], ForwardBatch(i64[n : n + size], i64[2 * n : 2 * n + size], attn, True, self.rows[:size])
 

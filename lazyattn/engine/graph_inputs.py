@@ -8,7 +8,9 @@ copies (engine/cuda_graphs.py), or one where the three buffers are views of one 
 
 Tables are entry-major, [entries, 5, width]: the pages, deltas, valid, starts and firsts of an entry are one
 contiguous record, so the first b entries of a batch are one prefix of the buffer, and the five [entries,
-width] views share one row stride, as the attention kernels take it (kernels/paged.py).
+width] views share one row stride, as the attention kernels take it (kernels/paged.py). Graphs of an engine whose
+requests default to a temperature or scale on their documents (docs/design.md, "APE") carry two more tables,
+[entries, 7, width]: each page's 1/T and ln S as float32 bits, read through float32 views of the same buffer.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ import torch
 from lazyattn.kernels.paged import EntryPages
 
 TABLES = 5  # pages, deltas, valid, starts, firsts
+APE_TABLES = 7  # and inv_temps, log_scales (float32 bits)
+
+
+def table_count(ape: bool) -> int:
+    """Tables per entry record: with the temperature and scale tables or without."""
+    return APE_TABLES if ape else TABLES
 
 
 @dataclass
@@ -70,6 +78,20 @@ def table_views(tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(tables[:, k] for k in range(TABLES))
 
 
+def ape_views(tables: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """inv_temps, log_scales: float32 [E, W] views of an [E, 7, W] buffer; None, None for [E, 5, W]."""
+    if tables.shape[1] < APE_TABLES:
+        return None, None
+    floats = tables.view(torch.float32)
+    return floats[:, TABLES], floats[:, TABLES + 1]
+
+
+def has_ape(entries: Sequence[EntryPages]) -> bool:
+    """Whether a step's page tables carry a temperature or scale other than 1 (CUDA graphs without the tables
+    leave such steps to eager launches)."""
+    return any(e.inv_temps is not None and e.has_ape for e in entries)
+
+
 def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
     """Write each entry's page table into rows [0, len(entries)) of an [E, 5, W] int32 array; the rest of those
     rows is zeroed, `starts` is the exclusive running sum of `valid` (kernels/paged.py), past the last page too."""
@@ -86,5 +108,10 @@ def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
         record[2, :m] = e.valid
         if e.firsts is not None:
             record[4, :m] = e.firsts
+        if len(record) > TABLES:
+            floats = record[TABLES:].view(np.float32)
+            floats[0, :m] = 1.0 if e.inv_temps is None else e.inv_temps
+            if e.log_scales is not None:
+                floats[1, :m] = e.log_scales
     # starts[:, 0] stays 0; starts[:, j] = valid[:, :j].sum(), written in place
     np.add.accumulate(rows[:, 2, :-1], axis=1, out=rows[:, 3, 1:])

@@ -1,11 +1,12 @@
-"""What one request may ask of an engine: token ids within the vocabulary, a context within `max_model_len`, and
-its peak pages (its mode's count) within the pool. The engine checks a request here before queueing it, so that
-a bad one raises a specific error and changes nothing; the server asks `max_new_tokens` for its default.
+"""What one request may ask of an engine: token ids within the vocabulary, a context within `max_model_len`, its
+peak pages (its mode's count) within the pool, and relink rows and APE options its mode allows. The engine checks a
+request here before queueing it, so that a bad one raises a specific error and changes nothing; the server asks
+`max_new_tokens` for its default.
 """
 
 from __future__ import annotations
 
-from lazyattn.engine.config import check_relink
+from lazyattn.engine.config import check_ape, check_relink
 from lazyattn.engine.modes import Mode
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SamplingParams
@@ -13,21 +14,47 @@ from lazyattn.errors import ContextTooLongError, InvalidRequestError
 
 
 class RequestLimits:
-    """An engine's limits: its mode, page size, default relink rows, context limit and vocabulary. The pool's page
-    count is passed per call (`LLMEngine.set_kv_budget` changes it)."""
+    """An engine's limits: its mode, page size, default relink rows, context limit, vocabulary and default APE
+    options. The pool's page count is passed per call (`LLMEngine.set_kv_budget` changes it)."""
 
-    def __init__(self, mode: Mode, page_size: int, relink_tokens: int, max_model_len: int, vocab_size: int) -> None:
+    def __init__(
+        self,
+        mode: Mode,
+        page_size: int,
+        relink_tokens: int,
+        max_model_len: int,
+        vocab_size: int,
+        *,
+        ape_temperature: float = 1.0,
+        ape_scale: float = 1.0,
+        ape_prefix: bool = False,
+    ) -> None:
         self.mode = mode
         self.page_size = page_size
         self.default_relink_tokens = relink_tokens
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.default_ape = (ape_temperature, ape_scale)
+        self.default_ape_prefix = ape_prefix
 
     def relink_tokens(self, requested: int | None) -> int:
         """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
         k = self.default_relink_tokens if requested is None else requested
         check_relink(self.mode.name, k)
         return k
+
+    def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
+        """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
+        t = self.default_ape[0] if temperature is None else temperature
+        s = self.default_ape[1] if scale is None else scale
+        check_ape(self.mode.name, t, s)
+        return float(t), float(s)
+
+    def ape_prefix(self, requested: bool | None = None) -> bool:
+        """Whether a request's documents are encoded after its first segment: its own choice, or the engine's."""
+        prefix = self.default_ape_prefix if requested is None else requested
+        check_ape(self.mode.name, 1.0, 1.0, prefix)
+        return prefix
 
     def max_new_tokens(self, prompt: RenderedPrompt, n: int, relink_tokens: int | None, num_pages: int) -> int:
         """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with

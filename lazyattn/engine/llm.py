@@ -65,12 +65,19 @@ class LLM:
         cache_salt: str | None = None,
         use_tqdm: bool | None = None,
         relink_tokens: int | None = None,
+        ape_temperature: float | None = None,
+        ape_scale: float | None = None,
+        ape_prefix: bool | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
-        relink_tokens: lazy mode's recomputed rows per placed document (docs/design.md); None: the engine's."""
+        relink_tokens: lazy mode's recomputed rows per placed document (docs/design.md); None: the engine's.
+        ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first
+        (lazy and block mode, docs/design.md "APE"); ape_prefix: documents encoded after the first segment (lazy
+        mode); None: the engine's."""
         rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens)
+        ape = (ape_temperature, ape_scale, ape_prefix)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, ape)
 
     def chat(
         self,
@@ -81,6 +88,9 @@ class LLM:
         cache_salt: str | None = None,
         use_tqdm: bool | None = None,
         relink_tokens: int | None = None,
+        ape_temperature: float | None = None,
+        ape_scale: float | None = None,
+        ape_prefix: bool | None = None,
     ) -> list[RequestOutput]:
         """Chat conversations rendered with the model's chat template, documents as segments."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -88,7 +98,8 @@ class LLM:
         if len(docs) != len(convs):
             raise InvalidRequestError("documents must have one list per conversation", "documents")
         rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens)
+        ape = (ape_temperature, ape_scale, ape_prefix)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, ape)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -116,7 +127,13 @@ class LLM:
         return [self.render(p, d) for p, d in zip(prompts, docs)]
 
     def _run(
-        self, rendered: list[RenderedPrompt], sampling_params, cache_salt, use_tqdm, relink_tokens: int | None = None
+        self,
+        rendered: list[RenderedPrompt],
+        sampling_params,
+        cache_salt,
+        use_tqdm,
+        relink_tokens: int | None = None,
+        ape: tuple[float | None, float | None, bool | None] = (None, None, None),
     ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -128,11 +145,22 @@ class LLM:
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
         self.engine.relink_tokens(relink_tokens)
+        self.engine.ape(*ape[:2])
+        self.engine.ape_prefix(ape[2])
         ids = [f"gen-{next(self._ids)}" for _ in rendered]
         added: list[str] = []
         try:
             for rid, r, p in zip(ids, rendered, params):
-                self.engine.add_request(rid, r, p, cache_salt=cache_salt, relink_tokens=relink_tokens)
+                self.engine.add_request(
+                    rid,
+                    r,
+                    p,
+                    cache_salt=cache_salt,
+                    relink_tokens=relink_tokens,
+                    ape_temperature=ape[0],
+                    ape_scale=ape[1],
+                    ape_prefix=ape[2],
+                )
                 added.append(rid)
         except Exception:
             for rid in added:

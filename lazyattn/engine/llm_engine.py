@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lazyattn import envs
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
@@ -36,7 +37,7 @@ from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
-from lazyattn.engine.scheduler import Scheduler
+from lazyattn.engine.scheduler import Scheduler, segment_keys
 from lazyattn.engine.sequence import Sequence
 from lazyattn.engine.step_pipeline import LaunchedStep, Picked, StepPipeline, SyncPipeline, launched
 from lazyattn.errors import (
@@ -78,6 +79,15 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # The kernels' toggles are this engine's settings from here on, before the model loads, warms up and is
+        # captured: graphs and eager steps launch the same kernels (lazyattn/envs.py, the invariant).
+        previous = envs.activate(config.env)
+        if previous is not None and previous != config.env:
+            logger.warning(
+                "LAZYATTN_* settings differ from the previous engine's in this process (%s): an engine still running "
+                "launches by the new ones outside its captured graphs",
+                ", ".join(envs.changed(previous, config.env)),
+            )
         self.mode = make_mode(config.mode)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -95,7 +105,14 @@ class LLMEngine:
                     "max_model_len",
                 )
             self.limits = RequestLimits(
-                self.mode, config.page_size, config.relink_tokens, self.max_model_len, mc.vocab_size
+                self.mode,
+                config.page_size,
+                config.relink_tokens,
+                self.max_model_len,
+                mc.vocab_size,
+                ape_temperature=config.ape_temperature,
+                ape_scale=config.ape_scale,
+                ape_prefix=config.ape_prefix,
             )
             self.executor.build(self.max_model_len)
         except BaseException:
@@ -150,15 +167,23 @@ class LLMEngine:
         cache_salt: str | None = None,
         arrival: float | None = None,
         relink_tokens: int | None = None,
+        ape_temperature: float | None = None,
+        ape_scale: float | None = None,
+        ape_prefix: bool | None = None,
     ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
         `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
-        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's."""
+        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's.
+        `ape_temperature`, `ape_scale`: T and S on the final segment's attention to the documents after the first
+        (lazy and block mode, docs/design.md "APE"); `ape_prefix`: documents encoded after the first segment (lazy
+        mode, docs/design.md "APE"), also for a prefill-only request; None: the engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         relink_tokens = self.relink_tokens(relink_tokens) if params is not None else 0
-        keys = self._segment_keys(prompt, cache_salt)
+        ape = self.ape(ape_temperature, ape_scale) if params is not None else (1.0, 1.0)
+        prefix = self.ape_prefix(ape_prefix)
+        keys = self._segment_keys(prompt, cache_salt, prefix)
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
         # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
         cached = [self.cache.contains(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
@@ -184,6 +209,8 @@ class LLMEngine:
                 salt=cache_salt,
                 segment_keys=keys,
                 relink_tokens=relink_tokens,
+                ape=ape,
+                ape_prefix=prefix,
             )
             for i in range(params.n if params is not None else 1)
         ]
@@ -386,16 +413,24 @@ class LLMEngine:
         """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
         return self.limits.relink_tokens(requested)
 
+    def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
+        """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
+        return self.limits.ape(temperature, scale)
+
+    def ape_prefix(self, requested: bool | None = None) -> bool:
+        """Whether a request's documents are encoded after its first segment: its own choice, or the engine's."""
+        return self.limits.ape_prefix(requested)
+
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
         """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""
         return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
 
-    def _segment_keys(self, prompt: RenderedPrompt, salt: str | None) -> list[str] | None:
+    def _segment_keys(self, prompt: RenderedPrompt, salt: str | None, prefix: bool = False) -> list[str] | None:
         """The segments' document-cache keys (lazy/block), computed once per request: the scheduler takes them
         from the sequences. None in modes that do not cache documents, or for an id that is no int64."""
         if not self.mode.caches_documents:
             return None
         try:
-            return [self.keyer(s, salt, None) for s in prompt.segments]
+            return segment_keys(self.keyer, prompt.segments, salt, prefix)
         except (struct.error, OverflowError, TypeError):
             return None  # _validate names an out-of-range id; add_request refuses anything else

@@ -4,6 +4,8 @@ warm-up, and the turning of a scheduled batch into one forward pass (packed toke
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lazyattn.cache.page_pool import allocate_kv, bytes_per_page, pages_for_budget, pages_from_free_memory
@@ -45,14 +47,20 @@ class ModelRunner:
         self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
         self.num_pages = pool_pages(config, device, self.page_bytes) if num_pages is None else num_pages
         # Zeroed, so that never-written page tails hold finite values (masked scores times V stay 0).
-        kv = allocate_kv(mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device)
+        kv = allocate_kv(
+            mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device, config.env.kv_layout
+        )
         self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
         self.graphs = None  # decode steps replay CUDA graphs when set
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
-            self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device)
-            self.prefill_graphs = PrefillGraphs(model, self.backend, widest, device)
+            # With a temperature or scale on documents by default the graphs carry their tables (engine/cuda_graphs.py)
+            ape = config.ape_on
+            self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device, ape)
+            self.prefill_graphs = PrefillGraphs(
+                model, self.backend, widest, device, plan=config.env.prefill_plan, ape=ape
+            )
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
@@ -157,6 +165,10 @@ class ModelRunner:
             [0] * len(documents[0].pages) + [doc_len] * len(documents[1].pages),
             page_fill(doc_len, ps) + page_fill(short_len, ps),
         )
+        if self.config.ape_on:  # the kernels' variants that read the temperature tables (docs/design.md, "APE")
+            n0, n1 = len(documents[0].pages), len(documents[1].pages)
+            context.inv_temps = [1.0] * n0 + [1.0 / self.config.ape_temperature] * n1
+            context.log_scales = [0.0] * n0 + [math.log(self.config.ape_scale)] * n1
         start = doc_len + short_len
         finals = [Run([(11 * i + j) % vocab for j in range(final_len)], start, [next(free)]) for i in range(max_batch)]
         n = 1

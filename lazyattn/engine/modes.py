@@ -11,13 +11,17 @@ are the same for all four. Everything mode-specific is here:
 - `caches_documents`: whether a request's segments are cached documents (so they can be encoded ahead of time
   and hits count in whole documents);
 - relink (lazy only): the recomputed first rows of each placed document, private to the sequence
-  (docs/design.md, "Relink").
+  (docs/design.md, "Relink");
+- APE (lazy and block): the final segment's attention temperature and scale on the pages of every segment after
+  the first, carried by its page table (`with_ape`; docs/design.md, "APE").
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from lazyattn.engine.config import MODES
 from lazyattn.engine.sequence import Part, Run, Sequence
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
@@ -66,7 +70,7 @@ class _DocumentMode(Mode):
     caches_documents = True
 
     def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys)
+        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(
@@ -82,6 +86,20 @@ class _DocumentMode(Mode):
     def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
         # cached = (system_len if the system segment hit) + hits * doc_len, and system_len < doc_len.
         return min(cached_tokens // doc_len, num_docs)
+
+
+def with_ape(entry: EntryPages, seq: Sequence, page_size: int) -> EntryPages:
+    """The final segment's context with the sequence's temperature T and scale S on the pages of the segments after
+    the first (docs/design.md, "APE"): 1/T and ln S per page (kernels/paged.py). The first segment's pages (the
+    system prompt and BOS, the attention sink) come first in every context and stay as they are."""
+    t, s = seq.ape
+    if (t, s) == (1.0, 1.0) or not seq.parts:
+        return entry
+    first = len(page_fill(seq.parts[0].length, page_size))
+    rest = len(entry.pages) - first
+    entry.inv_temps = [1.0] * first + [1.0 / t] * rest
+    entry.log_scales = [0.0] * first + [math.log(s)] * rest
+    return entry
 
 
 def relink_rows(segment_lens: list[int], relink_tokens: int) -> list[int]:
@@ -112,6 +130,10 @@ class LazyMode(_DocumentMode):
     def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
         """The pages of the segments before `upto` (default: all): the run's context, or, for `upto` = i, the
         context of segment i's recomputed rows."""
+        entry = self._context(seq, page_size, upto)
+        return with_ape(entry, seq, page_size) if upto is None else entry
+
+    def _context(self, seq: Sequence, page_size: int, upto: int | None) -> EntryPages:
         if not seq.relinks:
             pages: list[int] = []
             deltas: list[int] = []
@@ -119,7 +141,7 @@ class LazyMode(_DocumentMode):
             for p in seq.parts[:upto]:
                 fill = page_fill(p.length, page_size)
                 pages += p.segment.pages
-                deltas += [p.start] * len(fill)
+                deltas += [p.start - p.rotated_at] * len(fill)
                 valid += fill
             return EntryPages(pages, deltas, valid)
         entry = EntryPages([], [], [], [])
@@ -133,7 +155,7 @@ class LazyMode(_DocumentMode):
                 first = min(max(skip - m * page_size, 0), fill)  # pages wholly inside the first k rows drop out
                 if fill > first:
                     entry.pages.append(page)
-                    entry.deltas.append(p.start)
+                    entry.deltas.append(p.start - p.rotated_at)
                     entry.valid.append(fill - first)
                     entry.firsts.append(first)
         return entry
@@ -159,7 +181,7 @@ class BlockMode(_DocumentMode):
             fill = page_fill(p.length, page_size)
             pages += [next(copies) for _ in fill] if p.start > 0 else p.segment.pages
             valid += fill
-        return EntryPages(pages, [0] * len(pages), valid)
+        return with_ape(EntryPages(pages, [0] * len(pages), valid), seq, page_size)
 
     def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
         return sum(cdiv(length, page_size) for length in segment_lens[1:])
@@ -220,11 +242,12 @@ class FullMode(_CausalMode):
         return Run(seq.all_tokens, start_pos=0)
 
 
-MODES: dict[str, type[Mode]] = {m.name: m for m in (LazyMode, BlockMode, PrefixMode, FullMode)}
+# The implementation of each of config.MODES (the one list of mode names), by name.
+MODE_CLASSES: dict[str, type[Mode]] = {m.name: m for m in (LazyMode, BlockMode, PrefixMode, FullMode)}
 
 
 def make_mode(name: str) -> Mode:
     try:
-        return MODES[name]()
+        return MODE_CLASSES[name]()
     except KeyError:
         raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {name!r}", "mode") from None

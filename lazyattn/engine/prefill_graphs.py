@@ -17,6 +17,10 @@ Real rows never see padding rows: attention is by entry and the padding writes n
 fixed per bucket (PagedBatch.num_splits), the one an eager launch picks for T rows in E - 1 entries over a long
 context; the kernel cuts the actual pages of each entry at run time, so any context length is served.
 
+With a temperature or scale on documents by default (docs/design.md, "APE"), the tables carry each page's 1/T and
+ln S and every bucket takes prefill.py's kernel (the Hopper kernel has no such tables); without, a step that carries
+them runs eagerly.
+
 Inputs travel in three views of one buffer (Buffers; the tables as engine/graph_inputs.py lays them out): the host
 fills a pinned copy (StepLayout.fill) and one copy moves it to the static device buffer the graphs read.
 """
@@ -25,13 +29,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
+from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has_ape, table_count, table_views
 from lazyattn.kernels import prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
@@ -76,7 +79,7 @@ class Buffers:
         # Each view starts on a 256-byte boundary, as a buffer of its own would (the kernels' pointer alignment).
         head_at = _aligned(8 * n64)
         self.tables_at = _aligned(head_at + 4 * n32)
-        table_ints = TABLES * layout.w
+        table_ints = table_count(layout.ape) * layout.w
         record_ints = table_ints + layout.plan_splits * PLAN_WIDTH
         self.record_bytes = 4 * record_ints
         self.raw = torch.zeros(
@@ -85,7 +88,7 @@ class Buffers:
         self.i64 = self.raw[: 8 * n64].view(torch.int64)
         self.head = self.raw[head_at : head_at + 4 * n32].view(torch.int32)
         records = self.raw[self.tables_at :].view(torch.int32).view(layout.e, record_ints)
-        self.tables = records[:, :table_ints].view(layout.e, TABLES, layout.w)
+        self.tables = records[:, :table_ints].view(layout.e, table_count(layout.ape), layout.w)
         self.plan = records[:, table_ints:].view(layout.e, layout.plan_splits, PLAN_WIDTH)
         # numpy views of a host buffer, made once: the host writes a step through them (~2 µs a view per step)
         self.arrays = (
@@ -105,9 +108,12 @@ class StepLayout:
     pages lives (Buffers; the page tables as in engine/graph_inputs.py), and the views of one bucket over such
     buffers."""
 
-    def __init__(self, max_tokens: int, max_entries: int, width: int, page_size: int, plan_splits: int = 0) -> None:
+    def __init__(
+        self, max_tokens: int, max_entries: int, width: int, page_size: int, plan_splits: int = 0, ape: bool = False
+    ) -> None:
         self.t, self.e, self.w, self.page_size = max_tokens, max_entries, width, page_size
         self.plan_splits = plan_splits  # the most splits a bucket's attention is planned over (0: no plans)
+        self.ape = ape  # the page tables carry the temperature and scale tables (engine/graph_inputs.py)
 
     def buffers(self, device: torch.device | str, pin: bool = False) -> Buffers:
         return Buffers(self, device, pin)
@@ -120,6 +126,7 @@ class StepLayout:
         i64, head, tables = buffers.i64, buffers.head, buffers.tables
         t, e = self.t, self.e
         pages, deltas, valid, starts, firsts = table_views(tables[:entries])
+        inv_temps, log_scales = ape_views(tables[:entries])
         plan = buffers.plan[:entries, :num_splits] if self.planned(num_splits) else None
         attn = PagedBatch(
             head[: entries + 1],
@@ -134,6 +141,8 @@ class StepLayout:
             firsts=firsts,
             num_splits=num_splits,
             plan=plan,
+            inv_temps=inv_temps,
+            log_scales=log_scales,
         )
         fb = ForwardBatch(i64[t : t + tokens], i64[2 * t : 2 * t + tokens], attn, False, i64[3 * t : 3 * t + entries])
         return i64[:tokens], fb
@@ -200,13 +209,13 @@ _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that paddi
 
 
 def _bucket_splits(
-    tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device
+    tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device, ape: bool = False
 ) -> tuple[int, bool]:
     """The split count a bucket's graph fixes and whether the host plans those splits: the Hopper kernel's rule
-    where it takes the bucket's calls (kernels/prefill_hopper.py; it splits pages evenly itself, no plan), else what
-    an eager launch of prefill.py's kernel picks, planned."""
+    where it takes the bucket's calls (kernels/prefill_hopper.py; it splits pages evenly itself, no plan; never with
+    the temperature tables), else what an eager launch of prefill.py's kernel picks, planned."""
     shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend.kv.dtype, backend.page_size, device)
-    if prefill_hopper.shape_supported(tokens, *shape) and prefill_hopper.takes_layout(backend.kv[0, 0]):
+    if not ape and prefill_hopper.shape_supported(tokens, *shape) and prefill_hopper.takes_layout(backend.kv[0, 0]):
         return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device), False
     return graph_num_splits(tokens, entries - 1, *shape), True
 
@@ -222,23 +231,30 @@ class PrefillGraphs:
         device: torch.device,
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
         entry_buckets: Sequence[int] = ENTRY_BUCKETS,
+        plan: bool = True,
+        ape: bool = False,
     ) -> None:
+        """`plan` (LAZYATTN_PREFILL_PLAN, the engine's config.env): the host fills a split plan per step where
+        prefill.py's kernel reads one."""
         self.model = model
+        self.ape = ape  # the graphs read the temperature and scale tables
         self.backend = backend
         self.width = width
         self.device = device
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
         cfg = model.config
         choice = {
-            (t, e): _bucket_splits(t, e, cfg, backend, device)
+            (t, e): _bucket_splits(t, e, cfg, backend, device, ape)
             for t in self.token_buckets
             for e in _reachable(self.entry_buckets, t)
         }
         self.splits = {bucket: splits for bucket, (splits, _) in choice.items()}
         # The host fills a plan per step only where prefill.py's kernel reads it.
         planned = [splits for splits, plan in choice.values() if plan]
-        plan_splits = max(planned, default=0) if os.environ.get("LAZYATTN_PREFILL_PLAN", "1") != "0" else 0
-        self.layout = StepLayout(self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size, plan_splits)
+        plan_splits = max(planned, default=0) if plan else 0
+        self.layout = StepLayout(
+            self.token_buckets[-1], self.entry_buckets[-1], width, backend.page_size, plan_splits, ape
+        )
         self.static = self.layout.buffers(device)
         self.staging = self.layout.buffers("cpu", pin=True)
         self.empty = self.layout.buffers("cpu")  # an empty step: what the graphs are captured over
@@ -251,6 +267,8 @@ class PrefillGraphs:
         self.replays = 0  # steps served by a graph (tests check that graphs actually ran)
 
     def bucket(self, step: StepInputs) -> tuple[int, int] | None:
+        if not self.ape and has_ape(step.entries):
+            return None
         return pick_bucket(step, self.width, self.token_buckets, self.entry_buckets)
 
     def run(self, step: StepInputs, bucket: tuple[int, int]) -> torch.Tensor:

@@ -28,9 +28,19 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import BlockMode, Mode
 from lazyattn.engine.sequence import Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
-from lazyattn.kernels.paged import EntryPages, cdiv
+from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
 Keyer = Callable[[list[int], "str | None", "str | None"], str]  # (tokens, salt, parent) -> key
+
+
+def segment_keys(keyer: Keyer, segments: list[list[int]], salt: str | None, prefix: bool = False) -> list[str]:
+    """The segments' document-cache keys. With prefix (ape_prefix), a segment after the first is encoded after it:
+    its key includes the first segment's key (the encoding depends on it), and a marker that sets it apart from the
+    keys of prefix mode's page chains."""
+    keys = [keyer(s, salt, None) for s in segments]
+    if prefix and keys:
+        keys[1:] = [keyer(s, salt, "ape-prefix:" + keys[0]) for s in segments[1:]]
+    return keys
 
 
 class Scheduler:
@@ -203,18 +213,26 @@ class Scheduler:
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
     def acquire_documents(
-        self, segments: list[list[int]], salt: str | None, acquired: list[Part], keys: list[str] | None = None
+        self,
+        segments: list[list[int]],
+        salt: str | None,
+        acquired: list[Part],
+        keys: list[str] | None = None,
+        prefix: bool = False,
     ) -> None:
         """Acquire each segment as a cached document at its logical start, queueing an encode job for each one
         the cache does not hold yet (one job however many sequences wait on it). `keys`: the segments' keys if
-        already computed (LLMEngine.add_request)."""
+        already computed (LLMEngine.add_request). prefix (ape_prefix): the segments after the first are encoded
+        after it, at positions from its length, under keys that include its key (`segment_keys`)."""
+        keys = keys if keys is not None else segment_keys(self.keyer, segments, salt, prefix)
         start = 0
         for i, tokens in enumerate(segments):
-            key = keys[i] if keys is not None else self.keyer(tokens, salt, None)
-            segment, is_new = self.cache.acquire(key, len(tokens))
-            acquired.append(Part(segment, start, len(tokens), hit=not is_new))
+            after = len(segments[0]) if prefix and i else 0
+            segment, is_new = self.cache.acquire(keys[i], len(tokens))
+            acquired.append(Part(segment, start, len(tokens), hit=not is_new, rotated_at=after))
             if is_new:
-                self.jobs[key] = SegmentJob(segment, Run(list(tokens), 0, list(segment.pages)))
+                run = Run(list(tokens), after, list(segment.pages))
+                self.jobs[keys[i]] = SegmentJob(segment, run, acquired[0].segment if after else None)
             start += len(tokens)
 
     # -- per-step helpers -------------------------------------------------------------------------
@@ -227,9 +245,15 @@ class Scheduler:
                 continue
             if any(w.run is job.run for w in batch.works) or budget <= 0:
                 continue
+            context = EntryPages([], [], [])
+            if job.prefix is not None:  # ape_prefix: the first segment's rows, written before (or in) this step
+                if not (job.prefix.ready or job.prefix.key in job_done):
+                    continue
+                fill = page_fill(job.run.start_pos, self.page_size)
+                context = EntryPages(list(job.prefix.pages), [0] * len(fill), fill)
             chunk = min(job.run.pending, budget)
             hi = job.run.num_computed + chunk
-            batch.works.append(Work(job.run, job.run.num_computed, hi, EntryPages([], [], []), job=job))
+            batch.works.append(Work(job.run, job.run.num_computed, hi, context, job=job))
             budget -= chunk
             if hi == len(job.run.tokens):
                 job_done.add(part.segment.key)

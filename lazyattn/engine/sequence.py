@@ -61,6 +61,9 @@ class Part:
     start: int
     length: int
     owned: bool = False  # computed by this sequence's own run (prefix mode)
+    # Position its keys were cached rotated from: 0, or the first segment's length for a document encoded after it
+    # (ape_prefix). The part's delta is start - rotated_at.
+    rotated_at: int = 0
     hit: bool = False  # found in the cache at admission (pending or ready)
 
 
@@ -101,6 +104,8 @@ class Sequence:
     salt: str | None = None
     segment_keys: list[str] | None = None  # the segments' cache keys (lazy/block), computed once at add_request
     relink_tokens: int = 0  # lazy mode: recompute the first k rows of each placed document (docs/design.md)
+    ape: tuple[float, float] = (1.0, 1.0)  # (T, S) on the final segment's scores against documents (docs/design.md)
+    ape_prefix: bool = False  # lazy mode: documents encoded after the first segment (docs/design.md, "APE")
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     status: Status = Status.WAITING

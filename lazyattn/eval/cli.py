@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lazyattn.engine.config import MODES
+
 # --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
 # "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
 # (docs/quality.md); the others are the engine's published layouts.
@@ -47,7 +49,7 @@ def add_eval_parser(
         "--modes",
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
-        "(e.g. lazy:relink_tokens=16); default full,prefix,block,lazy",
+        f"(e.g. lazy:relink_tokens=16); default {','.join(reversed(MODES))}",
     )
     p.add_argument(
         "--engine-option",
@@ -60,8 +62,9 @@ def add_eval_parser(
     d.add_argument(
         "--dataset",
         default="builtin",
-        help="'builtin' or 'builtin:SIZE' (small 60, medium 300, large 1500 questions), or a JSONL file "
-        "of {question, answers, documents, gold}",
+        help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
+        "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings, for final "
+        "reporting only), or a JSONL file of {question, answers, documents, gold}",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
     d.add_argument(
@@ -146,7 +149,7 @@ def _ints_or_all(text: str, name: str) -> list[int | None]:
 
 def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
     """The items, a description of where they came from, the document counts and the gold positions."""
-    from lazyattn.eval import synthetic
+    from lazyattn.eval import real, synthetic
     from lazyattn.eval.dataset import POSITIONS, DatasetError, read_jsonl
 
     builtin = args.dataset == "builtin" or args.dataset.startswith("builtin:")
@@ -161,8 +164,16 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
         items = read_jsonl(args.dataset, args.limit)
         return items, {"file": str(Path(args.dataset).resolve()), "questions": len(items)}, num_docs, positions
     size = args.dataset.partition(":")[2] or "small"
+    if size in real.SETS:
+        header, items = real.load(size, args.limit)
+        too_many = [n for n in num_docs if n is not None and n > real.MAX_DISTRACTORS + 1]
+        if too_many:
+            raise DatasetError(f"--num-docs: builtin:{size} has {real.MAX_DISTRACTORS + 1} documents per question")
+        meta = {"builtin": size, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
+        return items, meta, num_docs, positions
     if size not in synthetic.SIZES:
-        raise DatasetError(f"unknown built-in size {size!r}; choose from {', '.join(synthetic.SIZES)}")
+        choices = ", ".join([*synthetic.SIZES, *real.SETS])
+        raise DatasetError(f"unknown built-in size {size!r}; choose from {choices}")
     if None in num_docs:
         raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")
     n = min(args.limit, synthetic.SIZES[size]) if args.limit else synthetic.SIZES[size]
@@ -189,9 +200,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         return 0
     runs = [
         RunSpec.parse(t)
-        for t in (
-            args.modes.split(",") if args.modes else [args.mode] if args.mode else ["full", "prefix", "block", "lazy"]
-        )
+        for t in (args.modes.split(",") if args.modes else [args.mode] if args.mode else list(reversed(MODES)))
     ]
     options = engine_options(args)
     options.pop("mode")
@@ -246,6 +255,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
                 "dataset": dataset_meta,
                 "runs": [{"label": r.label, "mode": r.mode, "options": r.options} for r in runs],
                 "aliases": {c.label: a.label for c, a in aliases.items()},
+                "comparisons": report.comparisons(results),
                 "cells": [r.to_dict() for r in results],
             },
         )
@@ -260,6 +270,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
 
 def _describe(meta: dict[str, Any]) -> str:
+    if "source" in meta:
+        return f"built-in {meta['builtin']} ({meta['source']}, {meta['license']}), {meta['questions']} questions"
     if "builtin" in meta:
         return f"built-in {meta['builtin']}, seed {meta['seed']}, {meta['questions']} questions"
     return f"{meta['file']}, {meta['questions']} questions"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import json
 import statistics
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.dataset import QAItem, arrange
-from lazyattn.eval.metrics import Scores
+from lazyattn.eval.metrics import Scores, bootstrap_ci
 
 
 def parse_option(text: str) -> tuple[str, Any]:
@@ -129,7 +131,8 @@ class CellResult:
     items: list[ItemResult]
 
     def summary(self) -> dict[str, Any]:
-        """Means over items: scores in [0, 1], TTFT in ms; per question type when there are several."""
+        """Means over items: scores in [0, 1] (accuracy with its 95 % bootstrap interval), TTFT in ms; per
+        question type when there are several."""
 
         def mean(xs: list[float]) -> float | None:
             return statistics.fmean(xs) if xs else None
@@ -142,6 +145,8 @@ class CellResult:
             "position": self.cell.position,
             "n": len(self.items),
             "accuracy": mean([r.scores.accuracy for r in self.items]),
+            # 95 % percentile bootstrap over the questions (metrics.bootstrap_ci); None without items
+            "accuracy_ci": bootstrap_ci([r.scores.accuracy for r in self.items]),
             "exact_match": mean([r.scores.exact_match for r in self.items]),
             "f1": mean([r.scores.f1 for r in self.items]),
             "ttft_ms_mean": mean(ttfts),
@@ -152,6 +157,9 @@ class CellResult:
         types = sorted({r.type for r in self.items})
         if len(types) > 1:
             out["accuracy_by_type"] = {t: mean([r.scores.accuracy for r in self.items if r.type == t]) for t in types}
+            out["accuracy_ci_by_type"] = {
+                t: bootstrap_ci([r.scores.accuracy for r in self.items if r.type == t]) for t in types
+            }
             out["n_by_type"] = {t: sum(r.type == t for r in self.items) for t in types}
         return out
 
@@ -221,15 +229,43 @@ def evaluate(
 
     total = len(runs) * sum(len(items) for _, items in cells)
     results: list[CellResult] = []
+    start = time.monotonic()
     with tqdm(total=total, desc="eval", disable=not progress, dynamic_ncols=True) as bar:
         for run in runs:
             llm = make_llm(run)
-            for cell, items in cells:
-                bar.set_description(f"{run.label}, {cell.label}")
-                result = answer_cell(llm, run, cell, items, params, batch_size, bar.update)
-                results.append(result)
-                s = result.summary()
-                bar.set_postfix_str(f"acc {100 * s['accuracy']:.0f}%" if s["accuracy"] is not None else "")
-            del llm
-            gc.collect()
+            try:
+                _answer_run(llm, run, cells, params, batch_size, bar, results, total, start, len(runs))
+            finally:
+                # The next run's engine sizes its KV pool from free GPU memory: this one's must be given back
+                # now, not whenever the garbage collector gets to it.
+                shutdown = getattr(llm, "shutdown", None)
+                if shutdown is not None:
+                    shutdown()
+                del llm
+                gc.collect()
     return results
+
+
+def _answer_run(
+    llm, run, cells, params, batch_size, bar, results: list[CellResult], total: int, start: float, n_runs: int
+) -> None:
+    """One run over every cell, a line printed per finished cell."""
+    from tqdm import tqdm
+
+    for cell, items in cells:
+        bar.set_description(f"{run.label}, {cell.label}")
+        result = answer_cell(llm, run, cell, items, params, batch_size, bar.update)
+        results.append(result)
+        s = result.summary()
+        bar.set_postfix_str(f"acc {100 * s['accuracy']:.0f}%" if s["accuracy"] is not None else "")
+        # one line per finished cell, also where the bar is off or lost in a log file
+        done = len(results)
+        acc = "-" if s["accuracy"] is None else f"{100 * s['accuracy']:.1f}%"
+        ci = s["accuracy_ci"]
+        acc += "" if ci is None else f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+        tqdm.write(
+            f"[{done}/{n_runs * len(cells)} cells, {sum(len(r.items) for r in results)}/{total} answers, "
+            f"{time.monotonic() - start:.0f} s] "
+            f"{run.label}, {cell.label}: accuracy {acc} over {s['n']} questions",
+            file=sys.stdout,
+        )

@@ -61,3 +61,62 @@ class Scores:
     @staticmethod
     def of(output: str, answers: Sequence[str]) -> Scores:
         return Scores(accuracy(output, answers), exact_match(output, answers), token_f1(output, answers))
+
+
+# Confidence intervals: percentile bootstrap over questions. Seeded, so a report reprints the same numbers.
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+def bootstrap_ci(
+    values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of the mean of `values` (one score per question): resample the questions
+    with replacement `resamples` times and take the (1 - confidence) / 2 and (1 + confidence) / 2 quantiles of
+    the resampled means. None for no values."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Mean of b - a over paired questions, with its paired-bootstrap interval."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes 0: anything else is "no significant difference", never a gain or a loss."""
+        return self.low > 0 or self.high < 0
+
+    def describe(self, scale: float = 100.0) -> str:
+        text = f"{scale * self.mean:+.1f} [{scale * self.low:+.1f}, {scale * self.high:+.1f}]"
+        return text if self.significant else f"{text} no significant difference"
+
+
+def paired_bootstrap_diff(
+    a: Sequence[float],
+    b: Sequence[float],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> Difference | None:
+    """b - a where a[i] and b[i] score the same question under two runs: the questions are resampled together,
+    so what varies between questions (some are just hard) cancels. None for no pairs."""
+    if len(a) != len(b):
+        raise ValueError(f"paired scores need equal lengths, got {len(a)} and {len(b)}")
+    if not a:
+        return None
+    d = [y - x for x, y in zip(a, b)]
+    lo, hi = bootstrap_ci(d, resamples, confidence, seed)  # type: ignore[misc]
+    return Difference(sum(d) / len(d), lo, hi, len(d))

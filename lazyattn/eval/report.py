@@ -9,8 +9,11 @@ from typing import Any
 from lazyattn.bench.plots import MODE_STYLE
 from lazyattn.bench.report import markdown_table, text_table, write_json
 from lazyattn.eval.harness import Cell, CellResult
+from lazyattn.eval.metrics import CONFIDENCE, Difference, paired_bootstrap_diff
 
 __all__ = [
+    "comparisons",
+    "differences_markdown",
     "markdown_table",
     "pivot_markdown",
     "pivots",
@@ -26,6 +29,11 @@ def _pct(x: float | None) -> float | None:
     return None if x is None else 100 * x
 
 
+def _ci(ci: Sequence[float] | None) -> str | None:
+    """A 95 % interval in percent, "[lo, hi]"."""
+    return None if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
 def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
     """One table row per (run, cell), scores in percent."""
     out = []
@@ -37,6 +45,7 @@ def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
             "gold": s["position"],
             "n": s["n"],
             "acc": _pct(s["accuracy"]),
+            "acc_ci": _ci(s["accuracy_ci"]),
             "em": _pct(s["exact_match"]),
             "f1": _pct(s["f1"]),
             "ttft": s["ttft_ms_mean"],
@@ -45,6 +54,7 @@ def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
         }
         for t, acc in s.get("accuracy_by_type", {}).items():
             row[f"acc:{t}"] = _pct(acc)
+            row[f"ci:{t}"] = _ci(s["accuracy_ci_by_type"][t])
         out.append(row)
     return out
 
@@ -58,8 +68,9 @@ def table_columns(table_rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
             ("gold", "gold", "{}"),
             ("n", "n", "{}"),
             ("accuracy %", "acc", "{:.1f}"),
+            (f"{CONFIDENCE:.0%} CI", "acc_ci", "{}"),
         ]
-        + [(f"acc {t[4:]} %", t, "{:.1f}") for t in types]
+        + [c for t in types for c in ((f"acc {t[4:]} %", t, "{:.1f}"), (f"{t[4:]} CI", f"ci:{t[4:]}", "{}"))]
         + [
             ("EM %", "em", "{:.1f}"),
             ("F1 %", "f1", "{:.1f}"),
@@ -73,8 +84,9 @@ def table_columns(table_rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
 def pivot_markdown(
     results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None, key: str = "accuracy"
 ) -> str:
-    """Runs down, cells across ("5 docs / middle"), `key` of the summary in percent. A cell left out as equal
-    to another shows that one's value, marked "=" (e.g. middle of two documents is first)."""
+    """Runs down, cells across ("5 docs / middle"), `key` of the summary in percent with its 95 % bootstrap
+    interval where the summary has one. A cell left out as equal to another shows that one's value, marked "="
+    (e.g. middle of two documents is first)."""
     aliases = dict(aliases or {})
     runs = list(dict.fromkeys(r.run.label for r in results))
     value = {(r.run.label, r.cell): r.summary() for r in results}
@@ -85,8 +97,11 @@ def pivot_markdown(
         s = value.get((run, aliases.get(cell, cell)))
         if s is None:
             return "-"
-        v = s[key] if key in s else s.get("accuracy_by_type", {}).get(key)
-        text = "-" if v is None else f"{100 * v:.1f}"
+        if key in s:
+            v, ci = s[key], s.get(f"{key}_ci")
+        else:
+            v, ci = s.get("accuracy_by_type", {}).get(key), s.get("accuracy_ci_by_type", {}).get(key)
+        text = "-" if v is None else f"{100 * v:.1f}" + (f" {_ci(ci)}" if ci is not None else "")
         return f"= {text}" if cell in aliases else text
 
     head = [f"{'all' if c.num_docs is None else c.num_docs} docs / {c.position}" for c in cells]
@@ -99,11 +114,85 @@ _POSITION_ORDER = {"first": 0, "middle": 1, "last": 2, "original": 3}
 
 
 def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None) -> str:
-    """The accuracy pivot, then one per question type when there are several (markdown, titled)."""
-    text = f"Accuracy (%)\n\n{pivot_markdown(results, aliases)}"
+    """The accuracy pivot, then one per question type when there are several, then the differences from the
+    baseline run when there are several runs (markdown, titled)."""
+    ci = f"{CONFIDENCE:.0%} bootstrap CI"
+    text = f"Accuracy (%) [{ci}]\n\n{pivot_markdown(results, aliases)}"
     for t in dict.fromkeys(t for r in results for t in r.summary().get("accuracy_by_type", {})):
-        text += f"\n\nAccuracy, {t} questions (%)\n\n{pivot_markdown(results, aliases, key=t)}"
-    return text
+        text += f"\n\nAccuracy, {t} questions (%) [{ci}]\n\n{pivot_markdown(results, aliases, key=t)}"
+    diffs = differences_markdown(results, aliases)
+    return f"{text}\n\n{diffs}" if diffs else text
+
+
+def baseline_run(results: Sequence[CellResult]) -> str | None:
+    """The run others are compared with: "full" when it ran, else the first run."""
+    runs = list(dict.fromkeys(r.run.label for r in results))
+    return None if not runs else "full" if "full" in runs else runs[0]
+
+
+def comparisons(results: Sequence[CellResult]) -> list[dict[str, Any]]:
+    """Each run against the baseline run in each cell: accuracy difference (run - baseline, in [-1, 1]) over the
+    questions both answered, with its paired-bootstrap 95 % interval; `significant` is False where the interval
+    holds 0 ("no significant difference")."""
+    base = baseline_run(results)
+    by_key = {(r.run.label, r.cell): r for r in results}
+    out = []
+    for r in results:
+        other = by_key.get((base, r.cell))
+        if r.run.label == base or other is None:
+            continue
+        d = _paired(other, r)
+        if d is None:
+            continue
+        out.append(
+            {
+                "run": r.run.label,
+                "baseline": base,
+                "num_docs": r.cell.num_docs,
+                "position": r.cell.position,
+                "n": d.n,
+                "accuracy_diff": d.mean,
+                "ci": [d.low, d.high],
+                "significant": d.significant,
+            }
+        )
+    return out
+
+
+def _paired(a: CellResult, b: CellResult) -> Difference | None:
+    """b - a over the questions (by id) both cells answered."""
+    scores_a = {i.id: i.scores.accuracy for i in a.items}
+    common = [i for i in b.items if i.id in scores_a]
+    return paired_bootstrap_diff([scores_a[i.id] for i in common], [i.scores.accuracy for i in common])
+
+
+def differences_markdown(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None) -> str:
+    """Runs down, cells across: accuracy of each run minus the baseline's, in points, with the paired-bootstrap
+    95 % interval; an interval holding 0 reads "no significant difference". Empty with a single run."""
+    base = baseline_run(results)
+    runs = [label for label in dict.fromkeys(r.run.label for r in results) if label != base]
+    if not runs:
+        return ""
+    by_key = {(r.run.label, r.cell): r for r in results}
+    cells = sorted(
+        {r.cell for r in results},
+        key=lambda c: (c.num_docs is None, c.num_docs or 0, _POSITION_ORDER.get(c.position, 9)),
+    )
+
+    def cell_text(run: str, cell: Cell) -> str:
+        a, b = by_key.get((base, cell)), by_key.get((run, cell))
+        d = _paired(a, b) if a is not None and b is not None else None
+        return "-" if d is None else d.describe()
+
+    head = [f"{'all' if c.num_docs is None else c.num_docs} docs / {c.position}" for c in cells]
+    lines = [
+        f"Accuracy difference from {base} (points) [paired {CONFIDENCE:.0%} bootstrap CI]",
+        "",
+        "| run | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(cells),
+    ]
+    lines += [f"| {run} | " + " | ".join(cell_text(run, c) for c in cells) + " |" for run in runs]
+    return "\n".join(lines)
 
 
 def plot_accuracy(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 
+from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.corpus import STDLIB_DOCSTRINGS
+from lazyattn.finetune.distill import SPANS, TEACHERS, DistillConfig
 from lazyattn.finetune.train import DEFAULT_TARGETS, FinetuneConfig
 
 
@@ -61,7 +65,79 @@ def add_finetune_parser(sub) -> None:
         help="dtype of the saved adapter or merged weights (default: %(default)s)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_distill_arguments(p)
     p.set_defaults(func=cmd_finetune)
+
+
+def _add_distill_arguments(p: argparse.ArgumentParser) -> None:
+    d = DistillConfig(documents="-")
+    g = p.add_argument_group("distillation (docs/finetune.md, Distillation)")
+    g.add_argument(
+        "--distill",
+        action="store_true",
+        help="train block attention to match the checkpoint's own full attention (KL) on your documents",
+    )
+    g.add_argument(
+        "--documents",
+        default=None,
+        help=f"a folder of .txt/.md files, a JSONL of {{'text', 'title'}} documents, or '{STDLIB_DOCSTRINGS}'",
+    )
+    g.add_argument(
+        "--questions", default=None, help="a JSONL of {'question', 'documents', 'answers'?}; default: made from docs"
+    )
+    g.add_argument("--prompts", type=int, default=d.prompts, help="prompts made from the documents (%(default)s)")
+    g.add_argument(
+        "--docs-per-prompt",
+        default=",".join(map(str, d.docs_per_prompt)),
+        help="documents per made prompt, drawn from this list (default: %(default)s)",
+    )
+    g.add_argument(
+        "--passage-chars", type=int, default=d.passage_chars, help="cut longer documents (default: %(default)s)"
+    )
+    g.add_argument(
+        "--answer-tokens", type=int, default=d.answer_tokens, help="teacher's greedy answer length (%(default)s)"
+    )
+    g.add_argument("--kl-temperature", type=float, default=d.temperature, help="softens both distributions")
+    g.add_argument(
+        "--teacher",
+        default=d.teacher,
+        choices=TEACHERS,
+        help="base: the frozen checkpoint (adapter off); self: the model being trained, full attention, no gradient",
+    )
+    g.add_argument("--distill-span", default=d.span, choices=SPANS, help="positions distilled (%(default)s)")
+    g.add_argument("--held-out", type=int, default=d.held_out, help="prompts kept out to report the KL (%(default)s)")
+    g.add_argument(
+        "--labelled-share",
+        type=float,
+        default=None,
+        help="with --distill: share of rows from --data, the labelled recipe (default: 0)",
+    )
+    g.add_argument(
+        "--labelled-weight", type=float, default=1.0, help="weight of the labelled loss beside the KL (default: 1)"
+    )
+
+
+def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
+    if not args.distill:
+        if args.documents or args.questions:
+            raise InvalidRequestError("--documents and --questions are read only with --distill", param="distill")
+        return None
+    try:
+        docs_per_prompt = tuple(int(k) for k in args.docs_per_prompt.split(",") if k)
+    except ValueError as e:
+        raise InvalidRequestError("--docs-per-prompt takes counts like 2,3,5", param="docs_per_prompt") from e
+    return DistillConfig(
+        documents=args.documents,
+        questions=args.questions,
+        prompts=args.prompts,
+        docs_per_prompt=docs_per_prompt,
+        passage_chars=args.passage_chars,
+        answer_tokens=args.answer_tokens,
+        temperature=args.kl_temperature,
+        teacher=args.teacher,
+        span=args.distill_span,
+        held_out=args.held_out,
+    )
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
@@ -89,12 +165,26 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         save_dtype=args.save_dtype,
         max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
         progress=not args.no_progress,
+        distill=_distill_config(args),
+        labelled_share=args.labelled_share,
+        labelled_weight=args.labelled_weight,
     )
     result = finetune(cfg, command="lazyattn finetune " + shlex.join(sys.argv[2:]))
-    first, last = result.losses[:10], result.losses[-10:]
+    first, last = first_and_last_loss(result.losses)
     print(
-        f"loss {sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} over {len(result.losses)} steps, "
+        f"loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps, "
         f"{result.tokens:,} tokens in {result.seconds:.0f} s ({result.tokens / result.seconds:,.0f} tok/s); "
         f"saved to {result.out}"
     )
+    if result.held_out_kl_before is not None:
+        print(f"distillation KL on held-out prompts {result.held_out_kl_before:.4f} -> {result.held_out_kl_after:.4f}")
     return 0
+
+
+def first_and_last_loss(losses: list[float]) -> tuple[float, float]:
+    """The mean loss of the first and of the last steps: 10 each, or with 20 steps or fewer each half (the two
+    never share a step, so a short run shows where its loss went)."""
+    if not losses:
+        return math.nan, math.nan
+    k = max(1, min(10, len(losses) // 2))
+    return sum(losses[:k]) / k, sum(losses[-k:]) / k

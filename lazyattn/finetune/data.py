@@ -31,6 +31,7 @@ class Example:
     segments: list[list[int]]  # system, then one per document: each attends to itself only (block rows)
     final: list[int]  # end of the system turn, the question, the assistant header
     answer: list[int]  # the target: loss is taken on these tokens only
+    distill: bool = False  # True: the loss is the KL to the teacher (distill.py), not cross-entropy on `answer`
 
     @property
     def tokens(self) -> list[int]:

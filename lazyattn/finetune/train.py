@@ -1,4 +1,5 @@
-"""The training loop: block rows and full rows mixed, loss on the answer tokens, LoRA (peft) or every weight.
+"""The training loop: block rows and full rows mixed, loss on the answer tokens, LoRA (peft) or every weight;
+with distillation (distill.py), block rows that match the full-attention teacher (KL), alone or mixed in.
 
 Recipe (defaults of FinetuneConfig, docs/finetune.md): Block-Attention's — the same examples are trained with
 the served block semantics and, for a share of rows (`full_share`), with ordinary causal attention, so one
@@ -8,6 +9,8 @@ gradient clipping at 1; bf16 autocast on CUDA (fp32 master weights), fp32 on the
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
 import random
@@ -22,9 +25,10 @@ from tqdm import tqdm
 
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
 from lazyattn.errors import InvalidRequestError
-from lazyattn.finetune import masks
+from lazyattn.finetune import distill, masks
 from lazyattn.finetune.base import Base, load_base
 from lazyattn.finetune.data import BUILTIN, Example, encode_items, load_items
+from lazyattn.finetune.distill import DistillConfig
 from lazyattn.model.adapter import read_adapter
 
 # Every projection of a Llama-family block: attention and MLP.
@@ -57,15 +61,29 @@ class FinetuneConfig:
     save_dtype: str = "bfloat16"
     progress: bool = True
     layout: PromptLayout = field(default=DEFAULT_LAYOUT, repr=False)
+    distill: DistillConfig | None = None  # distil from full attention on these documents / questions
+    labelled_share: float | None = None  # share of rows from `data` when distilling (None: 0 with distill)
+    labelled_weight: float = 1.0  # weight of the cross-entropy term beside the KL term
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.full_share <= 1.0:
-            raise InvalidRequestError(f"full_share must be in [0, 1], got {self.full_share}", param="full_share")
+        for name in ("full_share", "labelled_share"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise InvalidRequestError(f"{name} must be in [0, 1], got {value}", param=name)
+        if self.labelled_share is not None and self.distill is None and self.labelled_share < 1.0:
+            raise InvalidRequestError("labelled_share below 1 needs distillation (--distill)", param="labelled_share")
         for name in ("steps", "batch_size", "lora_rank"):
             if getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name} must be positive, got {getattr(self, name)}", param=name)
         if self.save_dtype not in _DTYPES:
             raise InvalidRequestError(f"save_dtype must be one of {', '.join(_DTYPES)}", param="save_dtype")
+
+    @property
+    def labelled_rows(self) -> float:
+        """Probability that a row is drawn from the labelled set (else from the distillation set)."""
+        if self.distill is None:
+            return 1.0
+        return self.labelled_share or 0.0
 
     @property
     def learning_rate(self) -> float:
@@ -75,16 +93,20 @@ class FinetuneConfig:
 @dataclass
 class FinetuneResult:
     out: Path
-    losses: list[float]  # per step, mean over the batch's answer tokens
+    losses: list[float]  # per step: labelled_weight x cross-entropy (answer tokens) + KL (distilled tokens)
     tokens: int  # tokens fed (padding excluded)
     seconds: float
+    terms: dict[str, list[float]] = field(default_factory=dict)  # "ce", "kl": per step where the batch had it
+    held_out_kl_before: float | None = None  # distillation loss on held-out prompts, before and after training
+    held_out_kl_after: float | None = None
 
 
 def make_batch(
     examples: Sequence[Example], blocks: Sequence[bool], device: torch.device | str = "cpu", pad_id: int = 0
 ) -> dict[str, torch.Tensor]:
     """transformers inputs for rows of examples: right-padded ids, logical `position_ids`, the 4-D additive
-    mask (block or causal per row), and labels = the answer tokens (-100 elsewhere; transformers shifts)."""
+    mask (block or causal per row), and labels = the answer tokens of labelled rows (-100 elsewhere, and on
+    distillation rows; transformers shifts)."""
     length = max(e.num_tokens for e in examples)
     ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     labels = torch.full_like(ids, -100)
@@ -92,7 +114,8 @@ def make_batch(
     for i, (e, block) in enumerate(zip(examples, blocks)):
         tokens = e.tokens
         ids[i, : len(tokens)] = torch.tensor(tokens)
-        labels[i, len(tokens) - len(e.answer) : len(tokens)] = torch.tensor(e.answer)
+        if not e.distill:
+            labels[i, len(tokens) - len(e.answer) : len(tokens)] = torch.tensor(e.answer)
         rows.append(masks.visible([len(s) for s in e.segments], len(e.final) + len(e.answer), block))
     mask = masks.additive(masks.padded(rows, length))
     positions = torch.arange(length).expand(len(examples), length)
@@ -104,53 +127,148 @@ def make_batch(
     }
 
 
+class Objective:
+    """One step's loss for a mixed batch: cross-entropy on the labelled rows' answer tokens (weight
+    `labelled_weight`) plus the KL to the full-attention teacher on the distillation rows (distill.py).
+
+    Logits are computed only where a loss needs them (the vocabulary projection of every document token would
+    cost more than the rest of a small model)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: FinetuneConfig, frozen: torch.nn.Module | None = None) -> None:
+        self.model = model
+        self.distill = cfg.distill  # None: labelled rows only
+        self.frozen = frozen  # the teacher of a full fine-tune (no adapter to disable); a plain model is its own
+
+    def __call__(self, examples: Sequence[Example], blocks: Sequence[bool], device: torch.device) -> LossTerms:
+        batch = make_batch(examples, blocks, device)
+        labels = batch.pop("labels")
+        lm = _causal_lm(self.model)
+        terms = LossTerms()
+        with _autocast(device):
+            hidden = lm.model(**batch, use_cache=False).last_hidden_state
+            targets = labels[:, 1:] != -100
+            if targets.any():
+                logits = lm.lm_head(hidden[:, :-1][targets]).float()
+                terms.ce = torch.nn.functional.cross_entropy(logits, labels[:, 1:][targets])
+            rows = [e.distill for e in examples]
+            if any(rows):
+                span = distill.span_mask(examples, hidden.shape[1], self.distill.span).to(device)
+                student = lm.lm_head(hidden[span])
+                teacher = self.teacher_logits([e for e in examples if e.distill], span[rows])
+                terms.kl = distill.kl_loss(student, teacher, self.distill.temperature)
+        return terms
+
+    @torch.no_grad()
+    def teacher_logits(self, examples: Sequence[Example], span: torch.Tensor) -> torch.Tensor:
+        """The teacher's logits at `span` ([rows, >= length] bool): full attention over the same tokens."""
+        device = span.device
+        batch = make_batch(examples, [False] * len(examples), device)
+        batch.pop("labels")
+        span = span[:, : batch["input_ids"].shape[1]]
+        if self.frozen is not None:
+            context, model = contextlib.nullcontext(), self.frozen
+        elif self.distill.teacher == "base" and hasattr(self.model, "disable_adapter"):
+            context, model = self.model.disable_adapter(), self.model
+        else:
+            context, model = contextlib.nullcontext(), self.model
+        lm = _causal_lm(model)
+        was_training = model.training
+        model.eval()
+        with context, _autocast(device):
+            logits = lm.lm_head(lm.model(**batch, use_cache=False).last_hidden_state[span])
+        model.train(was_training)
+        return logits
+
+    @torch.no_grad()
+    def mean_kl(self, examples: Sequence[Example], device: torch.device, batch_size: int = 8) -> float:
+        """The distillation loss over `examples` (block rows), weighted by token count; no gradient."""
+        total = count = 0.0
+        for start in range(0, len(examples), batch_size):
+            rows = examples[start : start + batch_size]
+            n = int(distill.span_mask(rows, max(e.num_tokens for e in rows), self.distill.span).sum())
+            total += self(rows, [True] * len(rows), device).kl.item() * n
+            count += n
+        return total / count
+
+
+@dataclass
+class LossTerms:
+    ce: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+
+    def total(self, labelled_weight: float) -> torch.Tensor:
+        if self.ce is None:
+            return self.kl
+        return labelled_weight * self.ce if self.kl is None else labelled_weight * self.ce + self.kl
+
+
 def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(cfg.seed)
     base = load_base(cfg.model)
-    items = load_items(cfg.data, cfg.examples, cfg.seed)
-    examples = encode_items(base.tokenizer, items, cfg.layout, cfg.max_tokens)
     model = base.model.to(device)
+    labelled: list[Example] = []
+    if cfg.labelled_rows > 0:
+        items = load_items(cfg.data, cfg.examples, cfg.seed)
+        labelled = encode_items(base.tokenizer, items, cfg.layout, cfg.max_tokens)
+    distilled: list[Example] = []
+    held_out: list[Example] = []
+    if cfg.distill is not None:
+        prompts = distill.load_prompts(cfg.distill, cfg.seed)
+        distilled = distill.teacher_examples(
+            model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, cfg.layout, cfg.max_tokens
+        )
+        if len(distilled) > 2 * cfg.distill.held_out:
+            held_out, distilled = distilled[: cfg.distill.held_out], distilled[cfg.distill.held_out :]
+    frozen = None
+    if cfg.full_finetune and cfg.distill is not None and cfg.distill.teacher == "base":
+        frozen = copy.deepcopy(model).eval().requires_grad_(False)
     if not cfg.full_finetune:
         model = _with_lora(model, cfg)
+    objective = Objective(model, cfg, frozen)
+    kl_before = objective.mean_kl(held_out, device) if held_out else None
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg.warmup_steps, cfg.steps))
     rng = random.Random(cfg.seed)
-    order: list[int] = []
+    pools = {"labelled": _Pool(labelled, rng), "distill": _Pool(distilled, rng)}
     losses: list[float] = []
+    terms: dict[str, list[float]] = {"ce": [], "kl": []}
     tokens = 0
     model.train()
     start = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc="finetune", unit="step", disable=not cfg.progress, file=sys.stderr)
+    share = cfg.labelled_rows
     for _ in bar:
-        picked = []
-        while len(picked) < cfg.batch_size:
-            if not order:
-                order = rng.sample(range(len(examples)), len(examples))
-            picked.append(examples[order.pop()])
-        blocks = [rng.random() >= cfg.full_share for _ in picked]
-        batch = make_batch(picked, blocks, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model(**batch, use_cache=False).loss
+        # A row's source is drawn only when mixing, so a labelled-only run keeps its data order.
+        mixed = [0.0 < share < 1.0 and rng.random() < share for _ in range(cfg.batch_size)]
+        picked = [pools["labelled" if share == 1.0 or m else "distill"].next() for m in mixed]
+        blocks = [e.distill or rng.random() >= cfg.full_share for e in picked]
+        step = objective(picked, blocks, device)
+        loss = step.total(cfg.labelled_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        for name in terms:
+            if (value := getattr(step, name)) is not None:
+                terms[name].append(value.item())
         tokens += sum(e.num_tokens for e in picked)
         elapsed = time.perf_counter() - start
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens / elapsed:,.0f}")
         if cfg.max_seconds is not None and elapsed > cfg.max_seconds:
             break
     seconds = time.perf_counter() - start
-    out = Path(cfg.out)
     model.eval()
+    kl_after = objective.mean_kl(held_out, device) if held_out else None
+    out = Path(cfg.out)
     recipe = {
         "command": command,
         "config": {k: v for k, v in asdict(cfg).items() if k != "layout"},
-        "examples": len(examples),
+        "examples": len(labelled),
+        "distill_examples": len(distilled),
         "steps_done": len(losses),
         "tokens": tokens,
         "seconds": round(seconds, 1),
@@ -159,6 +277,12 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
         "loss_last_10": _mean(losses[-10:]),
         "loss_per_50_steps": [_mean(losses[i : i + 50]) for i in range(0, len(losses), 50)],
     }
+    for name, values in terms.items():
+        if values:
+            recipe[f"{name}_per_50_steps"] = [_mean(values[i : i + 50]) for i in range(0, len(values), 50)]
+    if held_out:
+        recipe["held_out_kl"] = {"prompts": len(held_out), "before": round(kl_before, 4), "after": round(kl_after, 4)}
+        recipe["distill_samples"] = [_sample(base.tokenizer, e) for e in distilled[:5]]
     if cfg.full_finetune:
         _save_model(model, base, out, cfg.save_dtype)
     else:
@@ -168,7 +292,7 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
         if cfg.merge:
             merge_adapter(adapter_dir, out, cfg.save_dtype, base=_unwrapped(model, base))
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
-    return FinetuneResult(out, losses, tokens, seconds)
+    return FinetuneResult(out, losses, tokens, seconds, terms, kl_before, kl_after)
 
 
 def merge_adapter(
@@ -204,6 +328,31 @@ def _with_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+class _Pool:
+    """Examples drawn in a fresh random order each pass."""
+
+    def __init__(self, examples: list[Example], rng: random.Random) -> None:
+        self.examples, self.rng, self.order = examples, rng, []
+
+    def next(self) -> Example:
+        if not self.order:
+            self.order = self.rng.sample(range(len(self.examples)), len(self.examples))
+        return self.examples[self.order.pop()]
+
+
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers CausalLM under a peft wrapper (its LoRA layers are injected in place)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def _sample(tokenizer, e: Example) -> dict[str, str]:
+    return {"prompt_end": tokenizer.decode(e.final)[-200:], "teacher_answer": tokenizer.decode(e.answer)}
 
 
 def _unwrapped(model: torch.nn.Module, base: Base) -> Base:

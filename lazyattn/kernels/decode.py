@@ -44,13 +44,13 @@ each (docs/kernels.md, "Session 20").
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from lazyattn import envs
 from lazyattn.kernels.launch import (
     LOG2E,
     hopper_or_later,
@@ -281,6 +281,7 @@ def _decode_split_kernel(
     valid_ptr,
     starts_ptr,
     firsts_ptr,
+    ape_ptr,
     num_pages_ptr,
     q_start_ptr,
     cos_ptr,
@@ -300,6 +301,7 @@ def _decode_split_kernel(
     stride_valid,
     stride_starts,
     stride_firsts,
+    ape_gap,
     stride_tab,
     qk_scale,
     num_splits,
@@ -321,6 +323,7 @@ def _decode_split_kernel(
     DOT_TY: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     TMA: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -351,6 +354,7 @@ def _decode_split_kernel(
             valid_ptr,
             starts_ptr,
             firsts_ptr,
+            ape_ptr,
             q_start_ptr,
             cos_ptr,
             sin_ptr,
@@ -369,6 +373,7 @@ def _decode_split_kernel(
             stride_valid,
             stride_starts,
             stride_firsts,
+            ape_gap,
             stride_tab,
             qk_scale,
             num_splits,
@@ -392,6 +397,7 @@ def _decode_split_kernel(
             DOT_TY,
             DOT_PRECISION,
             HAS_FIRST,
+            HAS_APE,
             TMA,
             USE_PDL,
         )
@@ -423,6 +429,7 @@ def _decode_split(
     valid_ptr,
     starts_ptr,
     firsts_ptr,
+    ape_ptr,
     q_start_ptr,
     cos_ptr,
     sin_ptr,
@@ -441,6 +448,7 @@ def _decode_split(
     stride_valid,
     stride_starts,
     stride_firsts,
+    ape_gap,
     stride_tab,
     qk_scale,
     num_splits,
@@ -464,6 +472,7 @@ def _decode_split(
     DOT_TY: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     TMA: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -567,6 +576,11 @@ def _decode_split(
         else:
             v = _masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
         s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_APE:
+            # The page's temperature and scale (kernels/paged.py): s / T + ln S, in log2 units like s. Masked
+            # scores stay -inf below (1/T > 0).
+            ape = ape_ptr + entry * stride_firsts + p
+            s = s * tl.load(ape) + tl.load(ape + ape_gap) * 1.4426950408889634
         s = tl.where(key_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -710,13 +724,10 @@ def _check(
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
 
 
-TMA_ENV = "LAZYATTN_DECODE_TMA"  # 0: decode's K/V tiles always by per-thread copies
-
-
 def copy_engine_tiles(device: torch.device) -> bool:
     """Whether decode_config may choose copy-engine tiles on `device`: a Hopper-or-later GPU (tensor-memory
     accelerator), not the interpreter, and LAZYATTN_DECODE_TMA not 0."""
-    return os.environ.get(TMA_ENV, "1") != "0" and hopper_or_later(device)
+    return envs.active().decode_tma and hopper_or_later(device)
 
 
 def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):
@@ -829,6 +840,9 @@ def decode_attention(
     descriptors = tile_descriptors(k_cache, v_cache, config.block_n) if config.tma else None
     k_desc, v_desc = descriptors or (k_cache, v_cache)  # placeholders when the tiles come by per-thread copies
     firsts = batch.starts if batch.firsts is None else batch.firsts  # a placeholder pointer without offsets
+    ape = batch.starts if batch.inv_temps is None else batch.inv_temps  # a placeholder without temperatures
+    if batch.inv_temps is not None and batch.inv_temps.stride(0) != firsts.stride(0):
+        raise ValueError("PagedBatch inv_temps need the row stride of firsts (of starts without firsts)")
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
     block_h = triton.next_power_of_2(group)
@@ -852,6 +866,7 @@ def decode_attention(
         batch.valid,
         batch.starts,
         firsts,
+        ape,
         batch.num_pages,
         batch.q_start,
         cos,
@@ -867,6 +882,7 @@ def decode_attention(
         batch.valid.stride(0),
         batch.starts.stride(0),
         firsts.stride(0),
+        batch.ape_gap,
         cos.stride(0),
         scale * LOG2E,
         num_splits,
@@ -888,6 +904,7 @@ def decode_attention(
         DOT_TY=dot_ty,
         DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
         HAS_FIRST=batch.firsts is not None,
+        HAS_APE=batch.inv_temps is not None,
         TMA=config.tma if descriptors is not None else 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

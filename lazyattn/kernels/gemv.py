@@ -25,14 +25,14 @@ Rounding matches F.linear: fp32 sum of products, plus the bias in fp32, rounded 
 benchmarks/gemv.py on the GPU named there) says it beats F.linear for that (N, K, M) and dtype, and F.linear
 everywhere else (the CPU, other GPUs, shapes or batch sizes not measured, M above DISPATCH_MAX_ROWS).
 LAZYATTN_GEMV=0 turns it off, LAZYATTN_GEMV=force uses it for every CUDA product of at most 64 rows (for tests),
-LAZYATTN_GEMV_TABLE=path reads another table, LAZYATTN_GEMV_MAX_M=m moves the cap.
+LAZYATTN_GEMV_TABLE=path reads another table, LAZYATTN_GEMV_MAX_M=m moves the cap (lazyattn/envs.py: the engine
+activates them at construction).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,17 +41,18 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from lazyattn import envs
 from lazyattn.kernels.decode import ArrivalCounters
 from lazyattn.kernels.fused import silu_times
 from lazyattn.kernels.launch import interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.paged import cdiv
 
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
-# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M overrides). Session 4 capped it at 8: batches of
+# The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M's default). Session 4 capped it at 8: batches of
 # 16 and 64 came out slower with the kernel inside the engine. Measured again with PDL and the decode fusion (H100,
 # benchmarks/results/engine_perf/s7): a cap of 64 is faster everywhere, batch 16 7.53 vs 7.82 ms a step, batch 64
 # 11.70 vs 12.07 ms, the cached RAG request's first token 8.16 vs 8.93 ms, batch 1 unchanged.
-DISPATCH_MAX_ROWS = 64
+DISPATCH_MAX_ROWS = envs.EnvSettings.gemv_max_m  # 64, declared in lazyattn/envs.py
 # The fused decode path (DecodePlan) takes the kernel where it is at most this much slower than F.linear alone: there
 # its epilogues carry the residual add and the next norm, two launches a layer that the plain path runs on their own.
 FUSED_SLOWDOWN = 1.10
@@ -291,7 +292,7 @@ def _prefetch_l2(ptrs):
 
 def _prefetch_lines() -> int:
     """LAZYATTN_GEMV_PREFETCH: 128-byte lines of each weight row a program prefetches before it waits under PDL."""
-    return int(os.environ.get("LAZYATTN_GEMV_PREFETCH", "0"))
+    return envs.active().gemv_prefetch
 
 
 def gemv(
@@ -471,10 +472,6 @@ def _launch(
 # dispatch
 
 
-def _mode() -> str:
-    return os.environ.get("LAZYATTN_GEMV", "auto").lower()
-
-
 @dataclass(frozen=True)
 class Measured:
     """One (shape, M) row of gemv_table.json: the sweep's best config for that block of M (None: none ran), its
@@ -515,18 +512,19 @@ def pick(x: torch.Tensor, weight: torch.Tensor, fused: bool = False) -> GemvConf
     The table holds the sweep's M values (1, 2, 4, …): a batch of m rows takes the decision measured at the
     smallest listed M >= m, the same block of x rows padded the same way. `fused`: for the fused decode path, which
     takes the kernel up to FUSED_SLOWDOWN times F.linear's time (its epilogues save two launches a layer)."""
-    mode = _mode()
+    settings = envs.active()
+    mode = settings.gemv
     m = x.numel() // max(1, x.shape[-1])
-    if mode in ("0", "off") or not x.is_cuda or m > MAX_ROWS or weight.dim() != 2 or weight.stride(1) != 1:
+    if mode == "0" or not x.is_cuda or m > MAX_ROWS or weight.dim() != 2 or weight.stride(1) != 1:
         return None
     n, k = weight.shape
     if mode == "force":
         return default_config(n, k, x.device)
-    if m > int(os.environ.get("LAZYATTN_GEMV_MAX_M", DISPATCH_MAX_ROWS)):
+    if m > settings.gemv_max_m:
         return None
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     key = (_device_name(index), str(x.dtype).removeprefix("torch."), n, k)
-    rows = _load_table(os.environ.get("LAZYATTN_GEMV_TABLE", str(TABLE_PATH))).get(key, [])
+    rows = _load_table(settings.gemv_table or str(TABLE_PATH)).get(key, [])
     for measured_m, measured in rows:
         if measured_m >= m:
             takes = measured.vs_linear <= FUSED_SLOWDOWN if fused else measured.dispatch

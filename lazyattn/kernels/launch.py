@@ -25,9 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-PDL_ENV = "LAZYATTN_PDL"  # which kernel families launch with PDL: pdl_families
-# The kernel families a launcher names to pdl_options.
-PDL_FAMILIES = ("gemv", "attention", "rope", "norm", "sampling")
+from lazyattn import envs
+from lazyattn.envs import PDL_FAMILIES
+
+# The kernel families a launcher names to pdl_options (PDL_FAMILIES, declared with LAZYATTN_PDL in lazyattn/envs.py).
 # Devices where PDL is measured slower for some families: the families that keep it there (every other device keeps
 # it for all). Measured with `python benchmarks/engine.py` and LAZYATTN_PDL set per family (docs/design.md, "Decode
 # fusion", and benchmarks/results/engine_perf/s16/README.md).
@@ -76,32 +77,22 @@ def pdl_on(device: torch.device) -> list[str]:
 
 
 def pdl_families(device_name: str) -> frozenset[str]:
-    """The kernel families that launch with PDL on a device of this name. LAZYATTN_PDL: unset or `auto`, the
+    """The kernel families that launch with PDL on a device of this name. LAZYATTN_PDL (the settings the engine
+    activated, lazyattn/envs.py, which checked the names): `auto`, the
     device's measured default (every family, except where _PDL_BY_DEVICE says fewer); `1` every family; `0` none;
     or a comma-separated list of families (PDL_FAMILIES) for those only."""
-    return _parse_families(os.environ.get(PDL_ENV, "auto"), device_name)
+    return _parse_families(envs.active().pdl, device_name)
 
 
 @functools.lru_cache(maxsize=64)
 def _parse_families(value: str, device_name: str) -> frozenset[str]:
-    value = value.strip().lower()
-    if value in ("", "auto"):
+    if value == "auto":
         return _PDL_BY_DEVICE.get(device_name, frozenset(PDL_FAMILIES))
     if value == "1":
         return frozenset(PDL_FAMILIES)
     if value == "0":
         return frozenset()
-    names = frozenset(v.strip() for v in value.split(",") if v.strip())
-    unknown = sorted(names - set(PDL_FAMILIES))
-    if unknown:
-        from lazyattn.errors import InvalidRequestError
-
-        raise InvalidRequestError(
-            f"{PDL_ENV}={value!r}: unknown kernel famil{'ies' if len(unknown) > 1 else 'y'} "
-            f"{', '.join(unknown)}; use auto, 1, 0 or a comma-separated list of "
-            f"{', '.join(PDL_FAMILIES)}"
-        )
-    return names
+    return frozenset(value.split(","))
 
 
 def _index(device: torch.device) -> int:

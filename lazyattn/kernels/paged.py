@@ -21,6 +21,14 @@ pages from the first one holding a row it did not recompute, with `first` = that
 copy's first k rows are skipped for that entry only. `firsts=None` (every entry's firsts all 0) is the
 contract without offsets, and the kernels compile the offset out for it.
 
+Attention temperature and scale (docs/design.md, "APE"): page i of entry b may carry `inv_temps[b, i]` (1/T) and
+`log_scales[b, i]` (ln S). A query's score against a key of that page, s = scale * q.k, becomes
+s * inv_temps + log_scales: the key's softmax weight is multiplied by S and sharpened by 1/T. The engine sets them on
+the document pages of a final segment's entries; 1 and 0 leave a page as it is. `inv_temps=None` (then
+`log_scales` is None too) is the contract without them, compiled out by the kernels. Both are float32 [B, P] views
+of one buffer with the row stride of `pages`: the kernels take `inv_temps` and find `log_scales` `ape_gap`
+elements further.
+
 Invariant the kernels rely on: the keys of the queries themselves are written to the cache before the
 attention call, so every query row sees at least one key.
 
@@ -57,13 +65,29 @@ class EntryPages:
     deltas: Sequence[int]
     valid: Sequence[int]
     firsts: Sequence[int] | None = None  # first key slot per page; None: all 0
+    inv_temps: Sequence[float] | None = None  # 1/T per page (module docstring); None: all 1
+    log_scales: Sequence[float] | None = None  # ln S per page; None: all 0 (given with inv_temps)
 
     def then(self, pages: Sequence[int], valid: Sequence[int]) -> EntryPages:
         """These pages followed by `pages` holding `valid` keys each from slot 0, at delta 0 (a run's own)."""
         n = len(pages)
         firsts = None if self.firsts is None else list(self.firsts) + [0] * n
+        inv_temps = None if self.inv_temps is None else list(self.inv_temps) + [1.0] * n
+        log_scales = None if self.log_scales is None else list(self.log_scales) + [0.0] * n
         return EntryPages(
-            list(self.pages) + list(pages), list(self.deltas) + [0] * n, list(self.valid) + list(valid), firsts
+            list(self.pages) + list(pages),
+            list(self.deltas) + [0] * n,
+            list(self.valid) + list(valid),
+            firsts,
+            inv_temps,
+            log_scales,
+        )
+
+    @property
+    def has_ape(self) -> bool:
+        """Whether any page changes its scores (a temperature or a scale other than 1)."""
+        return self.inv_temps is not None and (
+            any(t != 1.0 for t in self.inv_temps) or any(s != 0.0 for s in self.log_scales or ())
         )
 
 
@@ -85,6 +109,20 @@ class PagedBatch:
     # [B, num_splits, PLAN_WIDTH] int32: the host's plan of each entry's pages over the splits
     # (kernels/prefill.py, split_plan); None: the kernel finds each split's pages itself
     plan: torch.Tensor | None = None
+    inv_temps: torch.Tensor | None = None  # [B, P] float32, 1/T of each page; None: all 1 (compiled out)
+    log_scales: torch.Tensor | None = None  # [B, P] float32, ln S of each page, in inv_temps' buffer
+
+    @property
+    def ape_gap(self) -> int:
+        """Elements from inv_temps to log_scales in their shared buffer (what the kernels take)."""
+        if self.inv_temps is None or self.log_scales is None:
+            return 0
+        if self.log_scales.stride() != self.inv_temps.stride() or self.inv_temps.stride(0) != self.pages.stride(0):
+            raise ValueError("inv_temps and log_scales need the row stride of pages")
+        gap, rest = divmod(self.log_scales.data_ptr() - self.inv_temps.data_ptr(), self.inv_temps.element_size())
+        if rest or self.inv_temps.untyped_storage().data_ptr() != self.log_scales.untyped_storage().data_ptr():
+            raise ValueError("inv_temps and log_scales must be views of one buffer")
+        return gap
 
     @property
     def batch_size(self) -> int:
@@ -109,6 +147,7 @@ class PagedBatch:
         deltas = torch.zeros(b, width, dtype=torch.int32)
         valid = torch.zeros(b, width, dtype=torch.int32)
         firsts = None
+        ape = None  # [2, B, W]: inv_temps, log_scales
         for i, e in enumerate(entries):
             if not (len(e.pages) == len(e.deltas) == len(e.valid)):
                 raise ValueError(f"entry {i}: pages, deltas and valid differ in length")
@@ -121,6 +160,16 @@ class PagedBatch:
                     raise ValueError(f"entry {i}: firsts must be one slot >= 0 per page")
                 firsts = torch.zeros(b, width, dtype=torch.int32) if firsts is None else firsts
                 firsts[i, :n] = torch.tensor(list(e.firsts), dtype=torch.int32)
+            if e.has_ape:
+                if len(e.inv_temps) != n or len(e.log_scales) != n:
+                    raise ValueError(f"entry {i}: inv_temps and log_scales need one value per page")
+                if min(e.inv_temps) <= 0:
+                    raise ValueError(f"entry {i}: inv_temps must be > 0")
+                if ape is None:
+                    ape = torch.zeros(2, b, width, dtype=torch.float32)
+                    ape[0] = 1.0
+                ape[0, i, :n] = torch.tensor(list(e.inv_temps), dtype=torch.float32)
+                ape[1, i, :n] = torch.tensor(list(e.log_scales), dtype=torch.float32)
         starts = torch.cumsum(valid, dim=1, dtype=torch.int32) - valid
         cu = torch.zeros(b + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(list(q_lens), dtype=torch.int32), 0)
@@ -136,4 +185,5 @@ class PagedBatch:
             max_q=max(q_lens, default=0),
             max_kv=int(valid.sum(1).max()) if b else 0,
             firsts=None if firsts is None else firsts.to(dev),
+            **({} if ape is None else dict(zip(("inv_temps", "log_scales"), ape.to(dev).unbind(0)))),
         )

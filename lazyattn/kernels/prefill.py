@@ -530,6 +530,8 @@ def _attend_pages(
     valid_row,
     starts_row,
     firsts_row,
+    ape_row,
+    ape_gap,
     page_lo,
     page_hi,
     stride_kp,
@@ -543,6 +545,7 @@ def _attend_pages(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
 ):
     """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2).
 
@@ -616,10 +619,31 @@ def _attend_pages(
         if t_masked:
             visible = in_page[None, :] & (key_pos[None, :] <= q_pos[:, None])
             qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
-        # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(qk * qk_scale - m_ref[:, None])
+        if HAS_APE:
+            # The pages' temperature and scale (kernels/paged.py): s / T + ln S, in log2 units. Masked scores
+            # stay -inf (1/T > 0). Scalar loads from the entry's row, which stays in L1.
+            if BLOCK_N <= PAGE_SIZE:
+                ap = page_lo + t // (PAGE_SIZE // BLOCK_N)
+                inv_temp = tl.load(ape_row + ap)
+                bias = tl.load(ape_row + ape_gap + ap) * 1.4426950408889634
+            else:
+                ap = page_lo + 2 * t
+                second = ap + 1 < page_hi
+                in_first = n < PAGE_SIZE
+                log_row = ape_row + ape_gap
+                inv_temp = tl.where(in_first, tl.load(ape_row + ap), tl.load(ape_row + ap + 1, mask=second, other=1.0))
+                bias = tl.where(in_first, tl.load(log_row + ap), tl.load(log_row + ap + 1, mask=second, other=0.0))
+                inv_temp = inv_temp[None, :]
+                bias = bias[None, :] * 1.4426950408889634
+            s = qk * (qk_scale * inv_temp) + bias
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_ref[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
+            # Rows with nothing visible yet keep m = -inf; subtracting 0 instead avoids inf - inf = NaN.
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(qk * qk_scale - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
@@ -688,6 +712,8 @@ def _attend_chunk(
     valid,
     starts,
     firsts,
+    ape,
+    ape_gap,
     table,
     page_lo,
     page_hi,
@@ -703,6 +729,7 @@ def _attend_chunk(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -741,6 +768,8 @@ def _attend_chunk(
         valid + table,
         starts + table,
         firsts + table,
+        ape + table,
+        ape_gap,
         page_lo,
         page_hi,
         stride_kp,
@@ -754,6 +783,7 @@ def _attend_chunk(
         DOT_PRECISION,
         UPCAST,
         HAS_FIRST,
+        HAS_APE,
     )
 
 
@@ -779,6 +809,8 @@ def _walk_chunks(
     valid,
     starts,
     firsts,
+    ape,
+    ape_gap,
     table,
     first,
     last,
@@ -796,6 +828,7 @@ def _walk_chunks(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -836,6 +869,8 @@ def _walk_chunks(
             valid,
             starts,
             firsts,
+            ape,
+            ape_gap,
             table,
             page_lo,
             page_hi,
@@ -851,6 +886,7 @@ def _walk_chunks(
             DOT_PRECISION,
             UPCAST,
             HAS_FIRST,
+            HAS_APE,
             APPLY_DELTA,
             INTERLEAVED,
             ROTATED_RUNS,
@@ -883,6 +919,8 @@ def _kernel_chunks(
     valid,
     starts,
     firsts,
+    ape,
+    ape_gap,
     table,
     n_vis,
     split,
@@ -897,6 +935,7 @@ def _kernel_chunks(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -968,6 +1007,8 @@ def _kernel_chunks(
                     valid,
                     starts,
                     firsts,
+                    ape,
+                    ape_gap,
                     table,
                     piece_lo,
                     piece_hi,
@@ -983,6 +1024,7 @@ def _kernel_chunks(
                     DOT_PRECISION,
                     UPCAST,
                     HAS_FIRST,
+                    HAS_APE,
                     APPLY_DELTA,
                     INTERLEAVED,
                     ROTATED_RUNS,
@@ -1009,6 +1051,8 @@ def _kernel_chunks(
                 valid,
                 starts,
                 firsts,
+                ape,
+                ape_gap,
                 table,
                 first,
                 last,
@@ -1026,6 +1070,7 @@ def _kernel_chunks(
                 DOT_PRECISION,
                 UPCAST,
                 HAS_FIRST,
+                HAS_APE,
                 APPLY_DELTA,
                 INTERLEAVED,
                 ROTATED_RUNS,
@@ -1053,6 +1098,8 @@ def _kernel_chunks(
             valid,
             starts,
             firsts,
+            ape,
+            ape_gap,
             table,
             first,
             last,
@@ -1070,6 +1117,7 @@ def _kernel_chunks(
             DOT_PRECISION,
             UPCAST,
             HAS_FIRST,
+            HAS_APE,
             APPLY_DELTA,
             INTERLEAVED,
             ROTATED_RUNS,
@@ -1102,6 +1150,8 @@ def _planned_chunks(
     valid,
     starts,
     firsts,
+    ape,
+    ape_gap,
     table,
     n_vis,
     stride_kp,
@@ -1115,6 +1165,7 @@ def _planned_chunks(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -1149,6 +1200,8 @@ def _planned_chunks(
                 valid,
                 starts,
                 firsts,
+                ape,
+                ape_gap,
                 table,
                 lo,
                 hi,
@@ -1164,6 +1217,7 @@ def _planned_chunks(
                 DOT_PRECISION,
                 UPCAST,
                 HAS_FIRST,
+                HAS_APE,
                 APPLY_DELTA,
                 INTERLEAVED,
                 ROTATED_RUNS,
@@ -1191,6 +1245,8 @@ def _prefill_kernel(
     valid,
     starts,
     firsts,
+    ape,
+    ape_gap,
     num_pages,
     Plan,
     batch_size,
@@ -1218,6 +1274,7 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
+    HAS_APE: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -1307,6 +1364,8 @@ def _prefill_kernel(
                     valid,
                     starts,
                     firsts,
+                    ape,
+                    ape_gap,
                     table,
                     n_vis,
                     stride_kp,
@@ -1320,6 +1379,7 @@ def _prefill_kernel(
                     DOT_PRECISION,
                     UPCAST,
                     HAS_FIRST,
+                    HAS_APE,
                     APPLY_DELTA,
                     INTERLEAVED,
                     ROTATED_RUNS,
@@ -1347,6 +1407,8 @@ def _prefill_kernel(
                     valid,
                     starts,
                     firsts,
+                    ape,
+                    ape_gap,
                     table,
                     n_vis,
                     split,
@@ -1361,6 +1423,7 @@ def _prefill_kernel(
                     DOT_PRECISION,
                     UPCAST,
                     HAS_FIRST,
+                    HAS_APE,
                     APPLY_DELTA,
                     INTERLEAVED,
                     ROTATED_RUNS,
@@ -1392,6 +1455,8 @@ def _prefill_kernel(
                 valid,
                 starts,
                 firsts,
+                ape,
+                ape_gap,
                 table,
                 n_vis,
                 split,
@@ -1406,6 +1471,7 @@ def _prefill_kernel(
                 DOT_PRECISION,
                 UPCAST,
                 HAS_FIRST,
+                HAS_APE,
                 APPLY_DELTA,
                 INTERLEAVED,
                 ROTATED_RUNS,
@@ -1430,6 +1496,8 @@ def _prefill_kernel(
             valid + table,
             starts + table,
             firsts + table,
+            ape + table,
+            ape_gap,
             0,
             n_vis,
             stride_kp,
@@ -1443,6 +1511,7 @@ def _prefill_kernel(
             DOT_PRECISION,
             UPCAST,
             HAS_FIRST,
+            HAS_APE,
         )
 
     if SPLIT_KV:
@@ -1761,6 +1830,8 @@ def _kernel_args(
         batch.valid,
         batch.starts,
         batch.starts if batch.firsts is None else batch.firsts,  # a placeholder pointer without offsets
+        batch.starts if batch.inv_temps is None else batch.inv_temps,  # a placeholder without temperatures
+        batch.ape_gap,
         batch.num_pages,
         batch.pages if plan is None else plan,  # a placeholder pointer without a plan
         batch.batch_size,
@@ -1790,6 +1861,7 @@ def _kernel_args(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=interpreting() and q.dtype == torch.bfloat16,
         HAS_FIRST=batch.firsts is not None,
+        HAS_APE=batch.inv_temps is not None,
         BLOCK_B=_BLOCK_B,
         BLOCK_P=_BLOCK_P,
         HOST_PLAN=plan is not None,
@@ -1836,5 +1908,6 @@ def _check_inputs(
     if out is not None and out.data_ptr() == q.data_ptr():
         raise ValueError("out must not be q itself: the kernel keeps rotated copies of q in out's rows")
     rows = (batch.pages, batch.deltas, batch.valid, batch.starts) + (() if batch.firsts is None else (batch.firsts,))
+    rows += () if batch.inv_temps is None else (batch.inv_temps, batch.log_scales)
     if any(t.stride(1) != 1 or t.stride(0) != batch.pages.stride(0) for t in rows):
         raise ValueError("PagedBatch tables must be contiguous [B, P] int32 tensors of one shape")

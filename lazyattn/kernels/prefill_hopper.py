@@ -60,7 +60,6 @@ Session 19 (the partial stored through the freed Q buffers, docs/kernels.md, "Se
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -75,6 +74,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from lazyattn import envs
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.prefill import _combine_kernel, query_slots
@@ -86,7 +86,6 @@ PAGE_SIZE = 64  # one K/V tile is one page
 STAGES = 4  # K/V tiles in flight per program (32 KiB each)
 MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
 MAX_SPLITS = 16
-GLUON_ENV = "LAZYATTN_GLUON_PREFILL"  # 0: the engine's short prefill calls run prefill.py's kernel
 _BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 # Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
@@ -98,8 +97,9 @@ _MAXNREG = 168
 
 
 def enabled() -> bool:
-    """The engine's short prefill calls take this kernel where it `supports` them, unless LAZYATTN_GLUON_PREFILL=0."""
-    return os.environ.get(GLUON_ENV, "1") != "0"
+    """The engine's short prefill calls take this kernel where it `supports` them, unless LAZYATTN_GLUON_PREFILL=0
+    (the settings the engine activated, lazyattn/envs.py)."""
+    return envs.active().gluon_prefill
 
 
 def shape_supported(

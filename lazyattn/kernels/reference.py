@@ -40,12 +40,33 @@ def gather_keys(
     return k, v, pos
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Softmax attention in fp32 with GQA. q [M, Hq, D], k/v [N, Hkv, D], mask [M, N] (True = visible)."""
+def key_ape(batch: PagedBatch, entry: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The entry's per-key 1/T and ln S (kernels/paged.py), in gather_keys' key order; None without them."""
+    if batch.inv_temps is None:
+        return None
+    n = int(batch.num_pages[entry])
+    valid = batch.valid[entry, :n].long()
+    inv_temp = batch.inv_temps[entry, :n].float().repeat_interleave(valid)
+    log_scale = batch.log_scales[entry, :n].float().repeat_interleave(valid)
+    return inv_temp, log_scale
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    ape: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Softmax attention in fp32 with GQA. q [M, Hq, D], k/v [N, Hkv, D], mask [M, N] (True = visible);
+    ape: per-key 1/T and ln S [N] (scores become scores / T + ln S)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("mhd,nhd->hmn", q.float(), k) * scale
+    if ape is not None:
+        scores = scores * ape[0] + ape[1]
     scores = scores.masked_fill(~mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hmn,nhd->mhd", probs, v)
@@ -73,7 +94,8 @@ def paged_attention(
         k, v, kpos = gather_keys(k_cache, v_cache, batch, b, tables)
         qpos = int(batch.q_start[b]) + torch.arange(hi - lo, device=q.device)
         mask = kpos[None, :] <= qpos[:, None]
-        out[lo:hi] = attend(q[lo:hi], k, v, mask, scale).to(q.dtype)
+        ape = key_ape(batch, b)
+        out[lo:hi] = attend(q[lo:hi], k, v, mask, scale, ape).to(q.dtype)
     return out
 
 

@@ -33,7 +33,8 @@ class TritonBackend(AttentionBackend):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
         runs = 0 if fb.is_decode else rotated_runs_for(q.shape[0])
-        if runs and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):
+        # The Hopper kernel has no per-page temperature or scale (kernels/paged.py): such batches take the Triton one.
+        if runs and fb.attn.inv_temps is None and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):
             # Hopper: the warp-specialised kernel rotates Q per document itself, so the RoPE launch writes no copies.
             q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
             splits = fb.attn.num_splits or prefill_hopper.num_splits(

@@ -26,9 +26,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from lazyattn import envs
 from lazyattn.errors import CheckpointError
 
-CACHE_ENV = "LAZYATTN_CACHE"
+CACHE_ENV = envs.CACHE.name
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ NAMED_ADAPTERS: dict[str, str] = {"smollm2-block": "smollm2-block"}  # name -> f
 
 
 def cache_dir() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
+    chosen = envs.read_var(envs.CACHE)
+    if chosen:
+        return Path(chosen).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "lazyattn"
 

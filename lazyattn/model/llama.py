@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 
 # Hugging Face keeps q/k/v and gate/up as separate matrices; we stack them by rows into one matmul each.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-FUSION_ENV = "LAZYATTN_DECODE_FUSION"  # 0: keep the norms and adds as kernels of their own (docs/design.md)
 # Buffers some checkpoints carry that we recompute (RoPE lives in the attention backend).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -180,8 +178,3 @@ class CausalLM(nn.Module):
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             names = ", ".join(map(repr, missing[:5]))
             raise CheckpointError(f"checkpoint is missing tensor(s) {names}{more}")
-
-
-def decode_fusion_enabled() -> bool:
-    """LAZYATTN_DECODE_FUSION (default 1): fold the norms and run the fused decode path where it applies."""
-    return os.environ.get(FUSION_ENV, "1") != "0"

@@ -18,7 +18,7 @@ from lazyattn.model import adapter as lora
 from lazyattn.model import gguf, sharding
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
-from lazyattn.model.llama import CausalLM, decode_fusion_enabled
+from lazyattn.model.llama import CausalLM
 from lazyattn.parallel.group import TensorParallelGroup
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -36,6 +36,7 @@ def load_model(
     seed: int = 0,
     random_init: bool = False,
     tensor_parallel: TensorParallelGroup | None = None,
+    decode_fusion: bool = True,
 ) -> tuple[CausalLM, ModelConfig]:
     """The model and its config. `model`: "tiny", a checkpoint directory, a .gguf file or a named model
     (hub.NAMED_MODELS, fetched on first use); dtype None keeps the checkpoint's.
@@ -43,7 +44,8 @@ def load_model(
     With random_init (implied by "tiny"), only config.json is read and weights are drawn from `seed`.
     The returned config carries the runtime dtype and the weights' identity (see ModelConfig.fingerprint).
     With `tensor_parallel`, the model is this rank's shard (model/sharding.py: only its part of each tensor is
-    read or kept) and the returned config is still the whole model's.
+    read or kept) and the returned config is still the whole model's. `decode_fusion` (LAZYATTN_DECODE_FUSION, the
+    engine's config.env): on CUDA without tensor parallelism, fold the norms so that the fused decode path runs.
     """
     device = torch.device(device)
     model, adapter, is_gguf, cfg = _resolve(model)
@@ -89,7 +91,7 @@ def load_model(
         sharding.add_biases_once(lm, tp)
     if adapter is not None:
         lora.apply_adapter(lm, adapter)
-    if device.type == "cuda" and tp is None and decode_fusion_enabled():
+    if device.type == "cuda" and tp is None and decode_fusion:
         lm.fold_norms()  # the fused decode path needs them folded (docs/design.md, "Decode fusion")
     lm.eval().requires_grad_(False)
     return lm, cfg

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from lazyattn.envs import EnvSettings
 from lazyattn.errors import InvalidRequestError
 
 logger = logging.getLogger("lazyattn.parallel")
 
-SETTING_ENV = "LAZYATTN_TP_ALLREDUCE"
-SETTINGS = ("auto", "nccl", "symm_mem")
+SETTING_ENV = "LAZYATTN_TP_ALLREDUCE"  # auto, nccl or symm_mem (lazyattn/envs.py)
 # One-shot: each rank reads every peer's whole message (the fewest steps; the cheapest up to 1 MiB on two H200s:
 # 6.3 / 10.7 / 14.6 µs at 8 KiB / 512 KiB / 1 MiB in a graph, two-shot 9.9 / 12.9 / 15.3, NCCL 15.4 / 17.3 / 21.7).
 # Two-shot (reduce a 1/N share, then gather the shares) above it, up to the buffer (2 MiB: 19.1 µs vs one-shot
@@ -41,29 +40,6 @@ SETTINGS = ("auto", "nccl", "symm_mem")
 ONE_SHOT_MAX_BYTES = 2**20
 BUFFER_BYTES = 8 * 2**20  # 70B shapes: 512 rows of 8192 bf16 values
 ALIGNMENT = 16  # the kernels' vector width: messages are whole multiples of it
-PROBE_TIMEOUT_ENV = "LAZYATTN_TP_PROBE_TIMEOUT_S"
-
-
-def setting() -> str:
-    """LAZYATTN_TP_ALLREDUCE: auto (symmetric memory where available, else NCCL), nccl, or symm_mem (required)."""
-    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise InvalidRequestError(f"{SETTING_ENV}={value!r}: expected one of {', '.join(SETTINGS)}", SETTING_ENV)
-    return value
-
-
-def probe_timeout() -> timedelta:
-    """LAZYATTN_TP_PROBE_TIMEOUT_S (default 60): how long the buffer's rendezvous may wait for the peers before
-    this rank gives up on symmetric memory and NCCL serves. Seconds in practice; with a file store it was seen to
-    wait for ever under pytest (docs/design.md, "Tensor parallelism")."""
-    value = os.environ.get(PROBE_TIMEOUT_ENV, "60").strip() or "60"
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise InvalidRequestError(f"{PROBE_TIMEOUT_ENV}={value!r}: expected a number of seconds > 0", PROBE_TIMEOUT_ENV)
-    return timedelta(seconds=seconds)
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the symmetric-memory kernels are built for (not fp16)
@@ -104,10 +80,16 @@ class SymmetricAllReduce:
         return self._two_shot_out(staged, "sum", self.group_name, out)
 
 
-def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[SymmetricAllReduce | None, str]:
+def symmetric_all_reduce(
+    device: torch.device, rank: int, size: int, env: EnvSettings
+) -> tuple[SymmetricAllReduce | None, str]:
     """Set up the symmetric-memory all-reduce if the setting allows it and it works on every rank (a collective:
-    every rank calls it at the same point): (the all-reduce or None, why, for the log line)."""
-    wanted = setting()
+    every rank calls it at the same point): (the all-reduce or None, why, for the log line). `env`: the engine's
+    settings, LAZYATTN_TP_ALLREDUCE (auto: symmetric memory where available, else NCCL; nccl; or symm_mem, required)
+    and LAZYATTN_TP_PROBE_TIMEOUT_S (how long the buffer's rendezvous may wait for the peers before this rank gives
+    up on symmetric memory and NCCL serves: seconds in practice; with a file store it was seen to wait for ever under
+    pytest, docs/design.md, "Tensor parallelism")."""
+    wanted = env.tp_allreduce
     if wanted == "nccl":
         return None, f"{SETTING_ENV}=nccl"
     symm, ok = None, False
@@ -120,7 +102,7 @@ def symmetric_all_reduce(device: torch.device, rank: int, size: int) -> tuple[Sy
         reason = "symmetric memory was already set up in this process, for an earlier engine's group"
     else:
         try:
-            symm = _probe(device, rank, size)
+            symm = _probe(device, rank, size, env.tp_probe_timeout_s)
             ok, reason = True, ""
         except Exception as error:  # noqa: BLE001 (any failure means: not here; NCCL serves)
             reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
@@ -163,7 +145,7 @@ def _fresh_group_name() -> bool:
     return dist.group.WORLD.group_name not in getattr(symm_mem, "_group_name_to_store", {})
 
 
-def _probe(device: torch.device, rank: int, size: int) -> SymmetricAllReduce:
+def _probe(device: torch.device, rank: int, size: int, timeout_s: float) -> SymmetricAllReduce:
     """Build the buffer and check one sum of each route and dtype against the known answer."""
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -173,7 +155,7 @@ def _probe(device: torch.device, rank: int, size: int) -> SymmetricAllReduce:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             enable(group_name)
-    with _store_timeout(probe_timeout()):
+    with _store_timeout(timedelta(seconds=timeout_s)):
         symm = SymmetricAllReduce(device, group_name)
     expected = size * (size + 1) / 2
     for dtype in (torch.float32, torch.bfloat16):

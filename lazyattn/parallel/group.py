@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from lazyattn.envs import EnvSettings
 from lazyattn.parallel.all_reduce import (
     BUFFER_BYTES,
     ONE_SHOT_MAX_BYTES,
@@ -92,8 +93,9 @@ def connect_store(port: int, size: int) -> dist.TCPStore:
     return dist.TCPStore(HOST, port, world_size=size, is_master=False, timeout=TIMEOUT)
 
 
-def join(store: dist.Store, rank: int, size: int, device: torch.device) -> TensorParallelGroup:
-    """Join the group (blocks until every rank has): NCCL for a CUDA device, gloo for the CPU."""
+def join(store: dist.Store, rank: int, size: int, device: torch.device, env: EnvSettings) -> TensorParallelGroup:
+    """Join the group (blocks until every rank has): NCCL for a CUDA device, gloo for the CPU. `env`: the engine's
+    settings (its all-reduce, symmetric_all_reduce)."""
     for key, value in NCCL_ENV.items():
         os.environ.setdefault(key, value)
     if device.type == "cuda":
@@ -101,7 +103,7 @@ def join(store: dist.Store, rank: int, size: int, device: torch.device) -> Tenso
         dist.init_process_group("nccl", store=store, rank=rank, world_size=size, timeout=TIMEOUT, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
-    symmetric, reason = symmetric_all_reduce(device, rank, size)
+    symmetric, reason = symmetric_all_reduce(device, rank, size, env)
     if rank == 0:
         if symmetric is not None:
             logger.info(

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
+import errno
+import socket
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lazyattn import envs
+
 # --prompt-layout names -> lazyattn.engine.prompt layouts (resolved at start: importing them here would load
 # the engine for every CLI command).
 LAYOUTS = {"block-attention": "DEFAULT_LAYOUT", "tulu3-block-ft": "TULU3_BLOCK_FT_LAYOUT"}
 # Keys given on the command line show up in `ps`; this variable (comma-separated) keeps them out of it.
-API_KEYS_ENV = "LAZYATTN_API_KEYS"
+API_KEYS_ENV = envs.API_KEYS.name
 
 
 def add_serve_parser(
@@ -35,7 +38,7 @@ def add_serve_parser(
     p.add_argument(
         "--served-model-name",
         default=None,
-        help="the model id clients send (default: the model directory's name, or 'tiny')",
+        help="the model id clients send (default: a named model's name, else the checkpoint's directory or file name)",
     )
     p.add_argument(
         "--max-waiting",
@@ -109,6 +112,13 @@ def served_model_name(model: str) -> str:
 
 
 def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    try:  # before torch and the model load: a port in use fails now, not after minutes of loading
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        busy = " (another server is listening there; --port picks another)" if e.errno == errno.EADDRINUSE else ""
+        print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}{busy}", file=sys.stderr)
+        return 1
+
     import dataclasses
 
     import uvicorn
@@ -118,7 +128,7 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     from lazyattn.engine.llm_engine import LLMEngine
     from lazyattn.server.app import ServerConfig, create_app
 
-    keys = list(args.api_key) + [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+    keys = list(args.api_key) + list(envs.read_var(envs.API_KEYS))
     options = engine_options(args)
     options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
     layout = dataclasses.replace(
@@ -134,9 +144,14 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     if args.replicas:
         from lazyattn.cluster.cli import serve_replicas
 
+        sock.close()  # Ray Serve binds the port itself
         return serve_replicas(args, options, server)
     start = time.monotonic()
-    engine = LLMEngine(EngineConfig(**options))
+    try:
+        engine = LLMEngine(EngineConfig(**options))
+    except BaseException:
+        sock.close()
+        raise
     stats, mc = engine.stats(), engine.model_config
     print(
         f"lazyattn serve: {args.model} ({mc.architecture}, {mc.num_layers} layers, {engine.config.torch_dtype}) on "
@@ -147,11 +162,26 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(engine, ServerConfig(**server)),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
-    return 0
+    app_server = uvicorn.Server(config)
+    app_server.run(sockets=[sock])
+    return 0 if app_server.started else 1
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not listening yet: until the server starts, connections are refused),
+    set up as uvicorn sets up its own."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -194,8 +194,9 @@ class _EngineCollector(Collector):
         yield from self._tiers(s)
 
     def _tiers(self, s: EngineStats) -> Iterator[Metric]:
-        """Per tier of the document cache (docs/design.md, "The host tier"): `tier` is gpu or host; the host series
-        only when the engine has a host tier."""
+        """Per tier of the document cache (docs/design.md, "The host tier"): `tier` is device (the engine's device
+        memory: the GPU's, or the host's on a CPU engine) or host (the host tier, present only when the engine has
+        one)."""
         h = s.host
         per_tier = [
             (
@@ -227,9 +228,9 @@ class _EngineCollector(Collector):
                 h and h.page_bytes,
             ),
         ]
-        for family, name, doc, gpu, host in per_tier:
+        for family, name, doc, device, host in per_tier:
             m = family(f"lazyattn:{name}", doc, labels=["model_name", "tier"])
-            m.add_metric([self._model_name, "gpu"], gpu)
+            m.add_metric([self._model_name, "device"], device)
             if h is not None:
                 m.add_metric([self._model_name, "host"], host)
             yield m

@@ -1,23 +1,5 @@
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_script(name: str) -> Iterator[ModuleType]:
-    """A script under benchmarks/ imported as a module for the length of a fixture."""
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
 
 
 @pytest.fixture(autouse=True, scope="package")

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
+from benchmarks import engine as engine_script
 from lazyattn.model.config import ModelConfig
-from tests.bench.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def engine_bench():
-    yield from load_script("engine")
+    return engine_script
 
 
 def test_quick_run_writes_every_section(engine_bench, tmp_path):

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks import serving as serving_script
 from lazyattn.bench.workload import WorkloadSpec
-from tests.bench.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def serving():
-    yield from load_script("serving")
+    return serving_script
 
 
 @pytest.fixture(scope="module")

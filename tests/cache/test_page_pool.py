@@ -4,16 +4,15 @@ import pytest
 import torch
 
 from lazyattn.cache.page_pool import (
-    KV_LAYOUT_ENV,
     GiB,
     MiB,
     PagePool,
     allocate_kv,
     bytes_per_page,
-    kv_layout,
     pages_for_budget,
     pages_from_free_memory,
 )
+from lazyattn.envs import read_env
 from lazyattn.errors import InvalidRequestError, OutOfPagesError
 
 
@@ -157,15 +156,13 @@ def test_both_layouts_hold_the_same_values_at_the_same_logical_places():
     assert torch.equal(stored["head"], values.transpose(3, 4).contiguous().flatten())
 
 
-def test_kv_layout_reads_the_environment_and_refuses_unknown_names(monkeypatch):
-    monkeypatch.delenv(KV_LAYOUT_ENV, raising=False)
-    assert kv_layout() == "token"
-    monkeypatch.setenv(KV_LAYOUT_ENV, " Head ")
-    assert kv_layout() == "head" and allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu")[0, 0, 0].stride(0) == 2
-    monkeypatch.setenv(KV_LAYOUT_ENV, "nhd")
-    wanted = "LAZYATTN_KV_LAYOUT='nhd' is not a KV layout: use one of token, head"
+def test_kv_layout_is_read_once_and_unknown_names_refused():
+    assert read_env({}).kv_layout == "token"
+    layout = read_env({"LAZYATTN_KV_LAYOUT": " Head "}).kv_layout
+    assert layout == "head" and allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu", layout)[0, 0, 0].stride(0) == 2
+    wanted = "LAZYATTN_KV_LAYOUT='nhd': expected one of token, head"
     with pytest.raises(InvalidRequestError, match=wanted) as error:
-        kv_layout()
-    assert error.value.param == KV_LAYOUT_ENV
+        read_env({"LAZYATTN_KV_LAYOUT": "nhd"})
+    assert error.value.param == "LAZYATTN_KV_LAYOUT"
     with pytest.raises(ValueError, match="unknown KV layout 'hnd'"):
         allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu", "hnd")

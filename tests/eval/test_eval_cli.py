@@ -123,3 +123,32 @@ def test_run_spec_parsing():
         "lazy:relink_tokens=16:tag=x", "lazy", {"relink_tokens": 16, "tag": "x"}
     )
     assert RunSpec.parse(" full ") == RunSpec("full", "full", {})
+
+
+def test_every_accuracy_has_its_bootstrap_interval_and_runs_are_compared_pairwise(run):
+    _, out, data = run
+    for c in data["cells"]:
+        lo, hi = c["accuracy_ci"]
+        assert 0.0 <= lo <= c["accuracy"] <= hi <= 1.0
+    by_cell = {(c["run"], c["num_docs"], c["position"]): c for c in data["cells"]}
+    comps = data["comparisons"]
+    assert {(d["run"], d["baseline"]) for d in comps} == {(m, "full") for m in ("prefix", "block", "lazy")}
+    for d in comps:
+        a = by_cell[("full", d["num_docs"], d["position"])]["accuracy"]
+        b = by_cell[(d["run"], d["num_docs"], d["position"])]["accuracy"]
+        assert d["accuracy_diff"] == pytest.approx(b - a)
+        assert d["significant"] == (d["ci"][0] > 0 or d["ci"][1] < 0)
+    md = (out / "eval.md").read_text()
+    assert "95% bootstrap CI" in md and "Accuracy difference from full" in md
+
+
+def test_limit_applies_to_the_real_set(tmp_path, capsys):
+    path = tmp_path / "real.jsonl"
+    assert (
+        main(["eval", "--dataset", "builtin:real", "--limit", "7", "--num-docs", "10", "--write-dataset", str(path)])
+        == 0
+    )
+    items = read_jsonl(path)
+    assert len(items) == 7 and all(len(i.documents) == 10 and i.gold == (0,) for i in items)
+    code = main(["eval", "--dataset", "builtin:real", "--num-docs", "21", "--write-dataset", str(path)])
+    assert code != 0 and "20 documents" in capsys.readouterr().err

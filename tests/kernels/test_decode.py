@@ -204,7 +204,7 @@ def test_copy_engine_tiles(tma, layout):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-def test_copy_engine_rule(monkeypatch):
+def test_copy_engine_rule(monkeypatch, kernel_settings):
     """decode_config takes copy-engine tiles below two programs per SM where the launcher allows them: a Hopper GPU
     (capability >= 9.0), not the interpreter, LAZYATTN_DECODE_TMA not 0."""
     for per_sm, want in ((0.97, 2), (1.94, 2), (2.0, 0), (3.9, 0)):
@@ -220,10 +220,7 @@ def test_copy_engine_rule(monkeypatch):
         ((8, 0), None, False),
     ):
         monkeypatch.setattr(launch, "_capability_of", lambda index, c=capability: c)
-        if env is None:
-            monkeypatch.delenv(decode.TMA_ENV, raising=False)
-        else:
-            monkeypatch.setenv(decode.TMA_ENV, env)
+        kernel_settings() if env is None else kernel_settings(LAZYATTN_DECODE_TMA=env)
         assert decode.copy_engine_tiles(gpu) == want
 
 

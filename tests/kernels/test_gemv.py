@@ -92,8 +92,8 @@ def test_bad_inputs_are_refused():
         gemv(torch.randn(1, 8).half(), torch.randn(4, 8))
 
 
-def test_dispatch_keeps_f_linear_on_the_cpu(monkeypatch):
-    monkeypatch.setenv("LAZYATTN_GEMV", "force")
+def test_dispatch_keeps_f_linear_on_the_cpu(kernel_settings):
+    kernel_settings(LAZYATTN_GEMV="force")
     x, w = torch.randn(1, 8), torch.randn(4, 8)
     assert pick(x, w) is None
     layer = Linear(8, 4, bias=True)
@@ -114,7 +114,7 @@ class FakeCuda:
         return self.shape[0] * 64
 
 
-def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
+def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch, kernel_settings):
     """pick() on a CUDA tensor, faked: the decision of the smallest measured M >= m, None past the table."""
     cfg = GemvConfig(64, 128, 4)
     entries = [
@@ -123,22 +123,22 @@ def test_table_lookup_takes_the_next_measured_batch(tmp_path, monkeypatch):
         table_entry("GPU X", torch.bfloat16, 96, 64, 8, cfg),
     ]
     path = tmp_path / "table.json"
-    monkeypatch.setenv("LAZYATTN_GEMV_TABLE", str(path))
+    kernel_settings(LAZYATTN_GEMV_TABLE=str(path))
     monkeypatch.setattr(gemv_module, "_device_name", lambda index: "GPU X")
 
     entries.append(table_entry("GPU X", torch.bfloat16, 96, 64, 16, cfg))
     path.write_text(json.dumps({"entries": entries}))
     w = torch.empty(96, 64, dtype=torch.bfloat16)
     assert [pick(FakeCuda(m), w) for m in (1, 2, 4, 5, 8, 9, 16, 17)] == [cfg, None, None, cfg, cfg, cfg, cfg, None]
-    monkeypatch.setenv("LAZYATTN_GEMV_MAX_M", "8")  # a lower cap than the engine's default of 64 rows
+    kernel_settings(LAZYATTN_GEMV_TABLE=str(path), LAZYATTN_GEMV_MAX_M="8")  # a lower cap than the default 64 rows
     assert [pick(FakeCuda(m), w) for m in (8, 9, 16, 17)] == [cfg, None, None, None]
     assert pick(FakeCuda(1), torch.empty(97, 64, dtype=torch.bfloat16)) is None  # shape not measured
-    monkeypatch.setenv("LAZYATTN_GEMV", "0")
+    kernel_settings(LAZYATTN_GEMV_TABLE=str(path), LAZYATTN_GEMV="0")
     assert pick(FakeCuda(1), w) is None
     assert linear(torch.ones(1, 64), torch.ones(3, 64)).tolist() == [[64.0] * 3]
 
 
-def test_fused_path_takes_configs_a_little_slower_than_linear(tmp_path, monkeypatch):
+def test_fused_path_takes_configs_a_little_slower_than_linear(tmp_path, monkeypatch, kernel_settings):
     """The table keeps the tuned config where F.linear won: plain products keep F.linear there, the fused decode
     path takes the kernel up to FUSED_SLOWDOWN; entries of the older format (config only where it won) still load."""
     cfg, slow = GemvConfig(64, 128, 1), GemvConfig(64, 128, 2)
@@ -151,7 +151,7 @@ def test_fused_path_takes_configs_a_little_slower_than_linear(tmp_path, monkeypa
     entries.append({"device": "GPU X", "dtype": "bfloat16", "n": 96, "k": 64, "m": 16, "config": asdict(cfg)})
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"entries": entries}))
-    monkeypatch.setenv("LAZYATTN_GEMV_TABLE", str(path))
+    kernel_settings(LAZYATTN_GEMV_TABLE=str(path))
     monkeypatch.setattr(gemv_module, "_device_name", lambda index: "GPU X")
     w = torch.empty(96, 64, dtype=torch.bfloat16)
     rows = [1, 2, 4, 8, 16]

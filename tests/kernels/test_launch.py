@@ -4,6 +4,7 @@ per-device defaults, checked by hand (no GPU needed: the choice is host logic)."
 import pytest
 import torch
 
+from lazyattn.envs import read_env
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels import launch
 
@@ -11,8 +12,8 @@ ALL = frozenset(launch.PDL_FAMILIES)
 
 
 @pytest.fixture(autouse=True)
-def _fresh_env(monkeypatch):
-    monkeypatch.delenv(launch.PDL_ENV, raising=False)
+def _fresh_env(kernel_settings):
+    kernel_settings()  # LAZYATTN_PDL unset
 
 
 def test_default_is_every_family_except_where_measured_slower():
@@ -33,18 +34,17 @@ def test_default_is_every_family_except_where_measured_slower():
         (" Attention , rope, ", frozenset({"attention", "rope"})),
     ],
 )
-def test_environment_forms(monkeypatch, value, want):
-    monkeypatch.setenv(launch.PDL_ENV, value)
+def test_environment_forms(kernel_settings, value, want):
+    kernel_settings(LAZYATTN_PDL=value)
     assert launch.pdl_families("NVIDIA H200") == want
 
 
-def test_unknown_family_is_named(monkeypatch):
-    monkeypatch.setenv(launch.PDL_ENV, "gemv,decoder")
-    with pytest.raises(InvalidRequestError, match="unknown kernel family decoder; use auto, 1, 0 or"):
-        launch.pdl_families("NVIDIA H100 80GB HBM3")
+def test_unknown_family_is_named():
+    with pytest.raises(InvalidRequestError, match="LAZYATTN_PDL='gemv,decoder': expected auto, 1, 0 or a comma-sep"):
+        read_env({"LAZYATTN_PDL": "gemv,decoder"})
 
 
-def test_never_on_a_cpu(monkeypatch):
-    monkeypatch.setenv(launch.PDL_ENV, "1")
+def test_never_on_a_cpu(kernel_settings):
+    kernel_settings(LAZYATTN_PDL="1")
     assert launch.pdl_options(torch.device("cpu"), "gemv") == {"USE_PDL": False}
     assert launch.pdl_on(torch.device("cpu")) == []

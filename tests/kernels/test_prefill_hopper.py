@@ -96,10 +96,10 @@ def test_the_prefill_graphs_calls_are_taken(monkeypatch):
     assert prefill_hopper.supports(q, kv[1, 0], kv[1, 1], fb.attn)
 
 
-def test_the_switch_and_the_cpu_turn_the_kernel_away(monkeypatch):
+def test_the_switch_and_the_cpu_turn_the_kernel_away(kernel_settings):
     args = (32, 32, 8, 128, torch.bfloat16, 64)
     assert not prefill_hopper.shape_supported(*args, torch.device("cpu"))
-    monkeypatch.setenv(prefill_hopper.GLUON_ENV, "0")
+    kernel_settings(LAZYATTN_GLUON_PREFILL="0")
     assert not prefill_hopper.enabled()
     assert not prefill_hopper.shape_supported(*args, torch.device("cuda"))
 

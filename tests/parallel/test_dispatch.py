@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
-from datetime import timedelta
 
 import pytest
 import torch
@@ -12,9 +11,10 @@ import torch
 from lazyattn import LLM
 from lazyattn.engine.executor.channel import encode, pack_step, receive, unpack_step
 from lazyattn.engine.graph_inputs import StepInputs
+from lazyattn.envs import read_env
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages
-from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, probe_timeout, route, setting
+from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, route
 from lazyattn.parallel.group import connect_store, serve_store
 
 BF16 = 2
@@ -47,25 +47,20 @@ def test_messages_the_kernels_cannot_take_go_to_nccl():
     assert route(4096 * 2, torch.float16, symmetric=True) == "nccl"  # built for fp32 and bf16 only
 
 
-def test_the_setting_is_read_and_checked(monkeypatch):
-    monkeypatch.delenv("LAZYATTN_TP_ALLREDUCE", raising=False)
-    assert setting() == "auto"
-    monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", " NCCL ")
-    assert setting() == "nccl"
-    monkeypatch.setenv("LAZYATTN_TP_ALLREDUCE", "ring")
+def test_the_setting_is_read_and_checked():
+    assert read_env({}).tp_allreduce == "auto"
+    assert read_env({"LAZYATTN_TP_ALLREDUCE": " NCCL "}).tp_allreduce == "nccl"
     with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_ALLREDUCE='ring': expected one of auto, nccl"):
-        setting()
+        read_env({"LAZYATTN_TP_ALLREDUCE": "ring"})
 
 
 def test_the_probe_timeout_is_read_and_checked(monkeypatch):
-    monkeypatch.delenv("LAZYATTN_TP_PROBE_TIMEOUT_S", raising=False)
-    assert probe_timeout() == timedelta(seconds=60)
-    monkeypatch.setenv("LAZYATTN_TP_PROBE_TIMEOUT_S", " 2.5 ")
-    assert probe_timeout() == timedelta(seconds=2.5)
+    assert read_env({}).tp_probe_timeout_s == 60
+    assert read_env({"LAZYATTN_TP_PROBE_TIMEOUT_S": " 2.5 "}).tp_probe_timeout_s == 2.5
     for bad in ("soon", "0", "-3", "nan"):
-        monkeypatch.setenv("LAZYATTN_TP_PROBE_TIMEOUT_S", bad)
         with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_PROBE_TIMEOUT_S=.*seconds > 0"):
-            probe_timeout()
+            read_env({"LAZYATTN_TP_PROBE_TIMEOUT_S": bad})
+    monkeypatch.setenv("LAZYATTN_TP_PROBE_TIMEOUT_S", "soon")
     with pytest.raises(InvalidRequestError, match="LAZYATTN_TP_PROBE_TIMEOUT_S"):  # before any process starts
         LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
     assert not [p for p in mp.active_children() if p.name.startswith("lazyattn-tp")]

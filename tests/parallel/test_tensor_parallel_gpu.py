@@ -171,7 +171,7 @@ def test_overlapped_scheduling_on_two_ranks_matches_synchronous(tmp_path_factory
             tokens = {}
             while llm.engine.has_unfinished():
                 tokens.update((o.request_id, o.token_ids) for o in llm.engine.step() if o.finished)
-            runs[overlap] = ([tokens[f"r{i}"] for i in range(3)], llm.engine.overlapped_steps)
+            runs[overlap] = ([tokens[f"r{i}"] for i in range(3)], llm.engine.pipeline.overlapped_steps)
         finally:
             llm.shutdown()
     print(f"\nTP=2 overlap on: {runs[True][1]} overlapped steps; tokens equal {runs[True][0] == runs[False][0]}")

@@ -92,3 +92,18 @@ def test_serve_command():
     output = proc.stdout.read()
     assert proc.returncode in (0, -signal.SIGTERM), output
     assert "Traceback" not in output, output
+
+
+def test_a_busy_port_fails_before_the_model_loads():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # A model that does not exist: the port is checked first, so the error is the port's.
+        cmd = [sys.executable, "-m", "lazyattn", "serve", "--model", "/nonexistent/model", "--device", "cpu"]
+        run = subprocess.run(
+            [*cmd, "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=120
+        )
+    assert run.returncode == 1, run.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in run.stderr
+    assert "listening on http" not in run.stderr and "Traceback" not in run.stderr

@@ -23,16 +23,18 @@ def test_tier_series_match_the_engine_stats():
     s = llm.engine.stats()
     got = samples(ServerMetrics("tiny", llm.engine.stats, lambda: 0))
     assert s.cache.host_hits > 0 and s.host.demotions > 0
-    gpu, host = (("tier", "gpu"),), (("tier", "host"),)
-    assert got[("lazyattn:document_cache_tier_hits_total", gpu)] == s.cache.hits - s.cache.host_hits
+    device, host = (("tier", "device"),), (("tier", "host"),)
+    assert got[("lazyattn:document_cache_tier_hits_total", device)] == s.cache.hits - s.cache.host_hits
     assert got[("lazyattn:document_cache_tier_hits_total", host)] == s.cache.host_hits
     assert got[("lazyattn:document_cache_tier_pages_used", host)] == s.host.pages_used
-    assert got[("lazyattn:document_cache_tier_pages_total", gpu)] == s.num_pages
+    assert got[("lazyattn:document_cache_tier_pages_total", device)] == s.num_pages
     assert got[("lazyattn:document_cache_tier_pages_total", host)] == s.host.num_pages
     assert got[("lazyattn:host_cache_promotions_total", ())] == s.host.promotions
     assert got[("lazyattn:host_cache_demotions_total", ())] == s.host.demotions
     assert got[("lazyattn:host_cache_bytes_total", (("direction", "to_device"),))] == s.host.bytes_to_device
     assert got[("lazyattn:host_cache_bytes_total", (("direction", "to_host"),))] == s.host.bytes_to_host
+    # A CPU engine: its pool is the device tier, not a "gpu" one.
+    assert llm.engine.device.type == "cpu" and not any(labels == (("tier", "gpu"),) for _, labels in got)
     locked = got[("lazyattn:host_cache_locked_bytes", ())]
     assert locked == s.host.locked_pages * s.host.page_bytes and 0 < locked <= s.host.num_pages * s.host.page_bytes
 
@@ -40,5 +42,5 @@ def test_tier_series_match_the_engine_stats():
 def test_no_host_series_without_a_tier():
     llm = engine("lazy", 0)
     got = samples(ServerMetrics("tiny", llm.engine.stats, lambda: 0))
-    assert ("lazyattn:document_cache_tier_pages_total", (("tier", "gpu"),)) in got
+    assert ("lazyattn:document_cache_tier_pages_total", (("tier", "device"),)) in got
     assert not any(labels == (("tier", "host"),) or name.startswith("lazyattn:host_cache") for name, labels in got)

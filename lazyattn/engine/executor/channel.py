@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
 import statistics
 import time
@@ -28,7 +27,6 @@ from lazyattn.engine.graph_inputs import StepInputs
 from lazyattn.kernels.paged import EntryPages
 
 SPIN_S = 0.05  # long enough to span the driver's host work between two decode steps
-TRACE_ENV = "LAZYATTN_TP_TRACE"
 
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepInputs))
 _ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(EntryPages))
@@ -66,10 +64,10 @@ def receive(conn: Connection, spin_s: float) -> tuple:
 
 
 class DispatchTrace:
-    """Per step: driver send -> arrival, and -> launch, on one rank (LAZYATTN_TP_TRACE)."""
+    """Per step: driver send -> arrival, and -> launch, on one rank, written to `directory` (LAZYATTN_TP_TRACE, the
+    engine's config.env) when it stops; None: off."""
 
-    def __init__(self, rank: int) -> None:
-        directory = os.environ.get(TRACE_ENV)
+    def __init__(self, rank: int, directory: str | None) -> None:
         self.path = None if not directory else Path(directory) / f"dispatch_rank{rank}.json"
         self.arrived: list[float] = []
         self.launched: list[float] = []

@@ -21,6 +21,7 @@ class LocalExecutor(Executor):
             device=device,
             seed=config.seed,
             random_init=config.random_weights,
+            decode_fusion=config.env.decode_fusion,
         )
         self.runner = None
 

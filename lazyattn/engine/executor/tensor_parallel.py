@@ -39,7 +39,7 @@ from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
 from lazyattn.model.sharding import check_divisible
-from lazyattn.parallel.all_reduce import SETTING_ENV, probe_timeout, setting
+from lazyattn.parallel.all_reduce import SETTING_ENV
 from lazyattn.parallel.group import NCCL_ENV, join, leave, serve_store
 
 logger = logging.getLogger("lazyattn.parallel")
@@ -55,9 +55,8 @@ class TensorParallelExecutor(Executor):
         self.size = size
         self.config = config
         check_divisible(model_config(config.model), size)
-        # Bad settings raise here, before any process starts.
-        probe_timeout()
-        if setting() == "symm_mem" and device.type != "cuda":
+        # Bad settings raised when the config read them (lazyattn/envs.py), before any process starts.
+        if config.env.tp_allreduce == "symm_mem" and device.type != "cuda":
             raise InvalidRequestError(f"{SETTING_ENV}=symm_mem needs CUDA GPUs", SETTING_ENV)
         if device.type == "cuda":
             visible = torch.cuda.device_count()
@@ -104,7 +103,7 @@ class TensorParallelExecutor(Executor):
                 self.conns.append(parent)
                 self.procs.append(proc)
             self._expect("hello")
-            self.tp = join(self._store, 0, size, self.device)
+            self.tp = join(self._store, 0, size, self.device, config.env)
             self._group.append(torch.distributed.group.WORLD)
             threading.Thread(
                 target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True, name="lazyattn-tp-watch"
@@ -115,13 +114,14 @@ class TensorParallelExecutor(Executor):
                 device=self.device,
                 seed=config.seed,
                 random_init=config.random_weights,
+                decode_fusion=config.env.decode_fusion,
                 tensor_parallel=self.tp,
             )
         except BaseException:
             self.shutdown()
             raise
         self.local = None
-        self._trace = DispatchTrace(0)
+        self._trace = DispatchTrace(0, config.env.tp_trace)
 
     def build(self, max_model_len: int) -> None:
         """Every rank builds its KV pool (the same page count) and its runner."""

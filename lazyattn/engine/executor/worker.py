@@ -20,16 +20,13 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from lazyattn import envs
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.channel import SPIN_S, DispatchTrace, receive, unpack_step
 from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.loader import load_model
 from lazyattn.parallel.group import TensorParallelGroup, connect_store, join, leave
-
-# Seconds after which a starting worker prints every thread's stack to stderr, and again every as many seconds,
-# until its runner is built (0: never). For a start that hangs.
-STACKS_ENV = "LAZYATTN_TP_STACKS_AFTER_S"
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
@@ -58,7 +55,10 @@ def build_runner(
 def main(rank: int, size: int, config: EngineConfig, store_port: int, conn: Connection) -> None:
     """Entry point of a spawned worker process."""
     _exit_with_parent()
-    stacks_after = float(os.environ.get(STACKS_ENV, "0") or 0)
+    envs.activate(config.env)  # the driver's settings: this process's kernels launch as the driver's do
+    # LAZYATTN_TP_STACKS_AFTER_S: seconds after which a starting worker prints every thread's stack to stderr, and
+    # again every as many seconds, until its runner is built (0: never). For a start that hangs.
+    stacks_after = config.env.tp_stacks_after_s
     if stacks_after > 0:  # a start that hangs says where, on stderr (the driver has pytest's faulthandler_timeout)
         faulthandler.dump_traceback_later(stacks_after, repeat=True)
     try:
@@ -66,17 +66,18 @@ def main(rank: int, size: int, config: EngineConfig, store_port: int, conn: Conn
         if device.type == "cpu":
             torch.set_num_threads(1)  # the driver's process has the others
         conn.send(("hello", None))
-        tp = join(connect_store(store_port, size), rank, size, device)
+        tp = join(connect_store(store_port, size), rank, size, device, config.env)
         model, _ = load_model(
             config.model,
             dtype=config.torch_dtype,
             device=device,
             seed=config.seed,
             random_init=config.random_weights,
+            decode_fusion=config.env.decode_fusion,
             tensor_parallel=tp,
         )
         runner = relay = None
-        trace = DispatchTrace(rank)
+        trace = DispatchTrace(rank, config.env.tp_trace)
         spin_s = SPIN_S if device.type == "cuda" else 0.0  # a CPU worker's core runs the model
         while True:
             command, arg, *extra = receive(conn, spin_s)

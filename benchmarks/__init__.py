@@ -1,0 +1,1 @@
+"""Maintained benchmark scripts; run each from the repository root as `python -m benchmarks.<name>`."""

@@ -1,0 +1,337 @@
+"""The realistic evaluation sets: real reference prose, hand-written questions (docs/quality.md).
+
+`builtin:real`: passages of the Python Language Reference as the standard library ships it
+(`pydoc_data.topics.topics`, Python Software Foundation License 2.0); `builtin:real-heldout`: passages of
+NumPy's function docstrings (BSD-3-Clause), used only for final reporting, never for tuning.
+
+Each question has a short answer (a keyword, a name, a number) that its gold passage states; the distractors
+are other passages of the same source that do not contain any of the answers (case-insensitive, also after
+the scorer's normalisation). The passages and questions are frozen into `data/<name>.jsonl.gz` so the sets do
+not change with the Python or NumPy version installed; `python -m lazyattn.eval.real` rebuilds those files
+from the question lists in `real_questions.py` / `real_heldout_questions.py` and the installed sources.
+
+Token counts are estimated as UTF-8 bytes / 4 (English prose and code run about 4 bytes per token under the
+SmolLM2 / Llama BPE tokenizers); every passage is kept within 100..1,000 estimated tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lazyattn.eval.dataset import DatasetError, QAItem
+from lazyattn.eval.metrics import normalize_answer
+
+DATA_DIR = Path(__file__).parent / "data"
+SETS = ("real", "real-heldout")
+MIN_TOKENS, MAX_TOKENS = 100, 1000
+# Passages are cut near this many estimated tokens: 20 documents plus the prompt stay inside an 8k context.
+TARGET_TOKENS = 300
+MAX_DISTRACTORS = 19  # cells of up to 20 documents
+# A 20-document cell stays within this many estimated tokens (SmolLM2's context is 8,192, the prompt and the
+# answer need the rest), so distractors are passages of at most MAX_DISTRACTOR_TOKENS.
+MAX_CELL_TOKENS = 6500
+MAX_DISTRACTOR_TOKENS = 450
+
+SOURCES = {
+    "real": {
+        "source": "Python Language Reference, as shipped in the standard library (pydoc_data.topics.topics)",
+        "license": "Python Software Foundation License Version 2",
+        "copyright": "Copyright (c) 2001 Python Software Foundation. All rights reserved.",
+    },
+    "real-heldout": {
+        "source": "docstrings of public NumPy functions (numpy package)",
+        "license": "BSD-3-Clause (NumPy license)",
+        "copyright": "Copyright (c) 2005-2025, NumPy Developers. All rights reserved.",
+    },
+}
+
+
+def estimate_tokens(text: str) -> int:
+    """UTF-8 bytes / 4, rounded up: the documented estimate for SmolLM2 / Llama-style BPE tokenizers."""
+    return -(-len(text.encode("utf-8")) // 4)
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: str  # "<topic>#<index>"
+    title: str
+    text: str
+
+
+def split_passages(key: str, title: str, text: str, target: int = TARGET_TOKENS) -> list[Passage]:
+    """Consecutive paragraphs (blank-line separated) packed into passages of about `target` estimated tokens;
+    a paragraph longer than MAX_TOKENS is cut at line breaks. A short tail joins the passage before it."""
+    paragraphs: list[str] = []
+    for para in re.split(r"\n\s*\n", text.strip()):
+        para = para.strip("\n")
+        if not para.strip():
+            continue
+        while estimate_tokens(para) > MAX_TOKENS * 0.9:
+            lines = para.split("\n")
+            head: list[str] = []
+            while lines and estimate_tokens("\n".join([*head, lines[0]])) <= target * 2:
+                head.append(lines.pop(0))
+            if not head:  # a single huge line: cut it at a space
+                cut = para.rfind(" ", 0, target * 8)
+                head, lines = [para[:cut]], [para[cut + 1 :]]
+            paragraphs.append("\n".join(head))
+            para = "\n".join(lines)
+        if para.strip():
+            paragraphs.append(para)
+    chunks: list[list[str]] = [[]]
+    for para in paragraphs:
+        if chunks[-1] and estimate_tokens("\n\n".join([*chunks[-1], para])) > target:
+            chunks.append([])
+        chunks[-1].append(para)
+    if len(chunks) > 1 and estimate_tokens("\n\n".join(chunks[-1])) < MIN_TOKENS:
+        tail = chunks.pop()
+        chunks[-1].extend(tail)
+    out = []
+    for i, chunk in enumerate(chunks):
+        body = "\n\n".join(chunk)
+        if estimate_tokens(body) < MIN_TOKENS or estimate_tokens(body) > MAX_TOKENS:
+            continue  # too short to be a passage (a one-line topic), or an unsplittable block
+        out.append(Passage(f"{key}#{i}", title, body))
+    return out
+
+
+def _dedent(text: str) -> str:
+    lines = text.split("\n")
+    return "\n".join(line[3:] if line.startswith("   ") else line for line in lines)
+
+
+def python_reference_passages() -> list[Passage]:
+    from pydoc_data.topics import topics
+
+    out: list[Passage] = []
+    for key in sorted(topics):
+        text = _dedent(topics[key])
+        first = text.strip().split("\n", 1)[0].strip()
+        out.extend(split_passages(key, f"Python reference: {first}", text))
+    return out
+
+
+# Public NumPy functions whose docstrings make the held-out passages (a fixed list: the set must not change
+# with what a NumPy release adds).
+# fmt: off
+NUMPY_FUNCTIONS = (
+    "all", "any", "append", "arange", "argmax", "argmin", "argsort", "argwhere", "around", "array", "array_equal",
+    "array_split", "atleast_2d", "average", "bincount", "broadcast_to", "clip", "column_stack", "concatenate",
+    "convolve", "copy", "corrcoef", "count_nonzero", "cov", "cross", "cumprod", "cumsum", "delete", "diag",
+    "diagonal", "diff", "digitize", "dot", "einsum", "empty", "expand_dims", "eye", "flatnonzero", "flip", "full",
+    "gradient", "histogram", "hstack", "identity", "insert", "interp", "intersect1d", "isclose", "isin", "kron",
+    "lexsort", "linspace", "logspace", "meshgrid", "moveaxis", "nan_to_num", "nanmean", "nanmedian", "nonzero",
+    "ones", "outer", "pad", "partition", "percentile", "polyfit", "put", "ravel", "repeat", "reshape", "resize",
+    "roll", "rot90", "searchsorted", "sort", "split", "squeeze", "stack", "swapaxes", "take", "tile", "trace",
+    "transpose", "trapezoid", "tril", "triu", "trim_zeros", "union1d", "unique", "unravel_index", "vander",
+    "vstack", "where", "zeros",
+)
+# fmt: on
+
+
+def numpy_passages() -> list[Passage]:
+    import numpy as np
+
+    out: list[Passage] = []
+    for name in NUMPY_FUNCTIONS:
+        fn = getattr(np, name, None)
+        doc = getattr(fn, "__doc__", None)
+        if not doc:
+            continue
+        lines = doc.strip("\n").split("\n")
+        indent = min((len(x) - len(x.lstrip()) for x in lines[1:] if x.strip()), default=0)
+        text = "\n".join([lines[0].strip(), *(x[indent:] for x in lines[1:])]).strip()
+        out.extend(split_passages(name, f"NumPy documentation: numpy.{name}", text))
+    return out
+
+
+def states(text: str, answer: str) -> bool:
+    """Whether `text` holds `answer` literally: case-insensitive, any run of whitespace matching any other."""
+    return " ".join(answer.lower().split()) in _flat(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _flat(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def contains(text: str, answer: str) -> bool:
+    """Whether `text` states `answer`: case-insensitive, or as the scorer tests an output (the normalised answer
+    inside the normalised text), so that an answer quoting a distractor could never be scored correct."""
+    a = normalize_answer(answer)
+    return states(text, answer) or (bool(a) and a in _normalized(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized(text: str) -> str:
+    return normalize_answer(text)  # each passage is searched for every question's answers: normalise it once
+
+
+def resolve(passages: Sequence[Passage], where: str, answer: str, question: str = "") -> Passage:
+    """The passage `where` names: "<topic>#<index>", or "<topic>" for the first passage of that topic that
+    states `answer` (other passages of the topic never serve as its distractors)."""
+    if "#" in where:
+        found = [p for p in passages if p.id == where]
+    else:
+        found = [p for p in passages if p.id.split("#")[0] == where and states(p.text, answer)]
+    if not found:
+        raise DatasetError(f"question {question!r}: no passage {where!r} states {answer!r}")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    gold: str  # passage id
+    distractors: tuple[str, ...]  # passage ids, in the order cells take them
+
+
+def build_questions(
+    passages: Sequence[Passage], questions: Sequence[tuple[str, str, Sequence[str]]], seed: int, prefix: str
+) -> list[Question]:
+    """One question per (passage, question, answers) (`resolve` finds the passage), with MAX_DISTRACTORS
+    passages of other topics that contain none of the answers, in a seeded random order (a cell of n
+    documents shows the first n - 1). Raises on an answer its gold passage does not state, one too short to
+    score, one the question gives away, and a repeated question."""
+    rng = random.Random(seed)
+    out: list[Question] = []
+    seen: set[str] = set()
+    for number, (where, question, answers) in enumerate(questions):
+        if normalize_answer(question) in seen:
+            raise DatasetError(f"question {question!r} is repeated (up to case and punctuation)")
+        seen.add(normalize_answer(question))
+        gold = resolve(passages, where, answers[0], question)
+        for a in answers:
+            # the scorer looks for the normalised answer inside the output: "j" or "**" would prove nothing
+            if len(normalize_answer(a)) < 2:
+                raise DatasetError(f"question {question!r}: answer {a!r} is too short to score")
+            if contains(question, a):
+                raise DatasetError(f"question {question!r}: gives its answer {a!r} away")
+            if not states(gold.text, a):
+                raise DatasetError(f"question {question!r}: passage {gold.id} does not state {a!r}")
+        topic = gold.id.split("#")[0]
+        pool = [
+            p
+            for p in passages
+            if p.id.split("#")[0] != topic
+            and estimate_tokens(p.text) <= MAX_DISTRACTOR_TOKENS
+            and not any(contains(f"{p.title}\n{p.text}", a) for a in answers)
+        ]
+        if len(pool) < MAX_DISTRACTORS:
+            raise DatasetError(f"question {question!r}: only {len(pool)} passages lack its answer")
+        while True:  # seeded, so the same lists give the same draws
+            drawn = rng.sample(pool, MAX_DISTRACTORS)
+            if estimate_tokens(gold.text) + sum(estimate_tokens(p.text) for p in drawn) <= MAX_CELL_TOKENS:
+                break
+        distractors = tuple(p.id for p in drawn)
+        out.append(Question(f"{prefix}-{number:03d}", question, tuple(answers), gold.id, distractors))
+    return out
+
+
+def to_item(q: Question, passages: dict[str, Passage]) -> QAItem:
+    """The QA item of a question: gold passage first, then its distractors (`arrange` moves the gold one)."""
+    docs = tuple({"title": passages[i].title, "text": passages[i].text} for i in (q.gold, *q.distractors))
+    return QAItem(q.question, q.answers, docs, (0,), q.id, {"passage": q.gold, "type": "single-hop"})
+
+
+def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
+    """(header, passages, questions) of a set, from the installed sources and the question lists."""
+    if name == "real":
+        from lazyattn.eval.real_questions import QUESTIONS
+
+        passages, seed = python_reference_passages(), 1
+    elif name == "real-heldout":
+        from lazyattn.eval.real_heldout_questions import QUESTIONS
+
+        passages, seed = numpy_passages(), 2
+    else:
+        raise DatasetError(f"unknown real set {name!r}; choose from {', '.join(SETS)}")
+    questions = build_questions(passages, QUESTIONS, seed, name)
+    used = {i for q in questions for i in (q.gold, *q.distractors)}
+    passages = [p for p in passages if p.id in used]
+    header = {
+        "name": name,
+        **SOURCES[name],
+        "passages": len(passages),
+        "questions": len(questions),
+        "token_estimate": "UTF-8 bytes / 4",
+        "distractors_per_question": MAX_DISTRACTORS,
+    }
+    return header, passages, questions
+
+
+def source_meta(header: dict[str, Any]) -> dict[str, Any]:
+    """Where a set's passages come from, for reports."""
+    return {k: header[k] for k in ("source", "license")}
+
+
+def data_path(name: str) -> Path:
+    return DATA_DIR / f"{name}.jsonl.gz"
+
+
+def write(name: str, path: Path | None = None) -> Path:
+    """The file: a header line, one line per passage {"passage", "title", "text"}, one per question
+    {"id", "question", "answers", "gold", "distractors"} (passage ids)."""
+    header, passages, questions = build(name)
+    path = path or data_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"header": header}, ensure_ascii=False)]
+    lines += [json.dumps({"passage": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) for p in passages]
+    lines += [
+        json.dumps(
+            {
+                "id": q.id,
+                "question": q.question,
+                "answers": list(q.answers),
+                "gold": q.gold,
+                "distractors": list(q.distractors),
+            },
+            ensure_ascii=False,
+        )
+        for q in questions
+    ]
+    # mtime=0: the same content gives the same bytes
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8"), mtime=0))
+    return path
+
+
+def read(name: str) -> tuple[dict[str, Any], dict[str, Passage], list[Question]]:
+    """(header, passages by id, questions) of a shipped set."""
+    if name not in SETS:
+        raise DatasetError(f"unknown real set {name!r}; choose from {', '.join(SETS)}")
+    passages: dict[str, Passage] = {}
+    questions: list[Question] = []
+    with gzip.open(data_path(name), "rt", encoding="utf-8") as f:
+        header = json.loads(f.readline())["header"]
+        for line in f:
+            d = json.loads(line)
+            if "passage" in d:
+                passages[d["passage"]] = Passage(d["passage"], d["title"], d["text"])
+            else:
+                questions.append(
+                    Question(d["id"], d["question"], tuple(d["answers"]), d["gold"], tuple(d["distractors"]))
+                )
+    return header, passages, questions
+
+
+def load(name: str, limit: int | None = None) -> tuple[dict[str, Any], list[QAItem]]:
+    """(header, the first `limit` questions as QA items) of a shipped set."""
+    header, passages, questions = read(name)
+    return header, [to_item(q, passages) for q in questions[:limit]]
+
+
+if __name__ == "__main__":
+    import sys
+
+    for set_name in sys.argv[1:] or SETS:
+        print(f"wrote {write(set_name)}")

@@ -1,0 +1,153 @@
+"""Distillation from full attention (docs/finetune.md, Distillation): no labels, the model teaches itself.
+
+Teacher: the same checkpoint reading the concatenated prompt with ordinary causal attention, frozen — with
+LoRA, the model with its adapter disabled (`teacher="base"`, the default); optionally the model being trained,
+adapter on, under full attention and without gradient (`teacher="self"`: a moving target that follows what
+the labelled rows teach full mode). Student: the block row (masks.py) with the adapter. Loss: forward
+KL(teacher ‖ student) of the next-token distributions at the question and answer positions (optionally the
+answer positions only), both softened by `temperature` and scaled by temperature² so gradients keep their size.
+
+The answers are the teacher's own: greedy, under full attention, up to `answer_tokens` tokens, generated once
+before training by the frozen checkpoint (a questions file may give them instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, render_chat
+from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.corpus import passages, read_documents
+from lazyattn.finetune.data import Example
+from lazyattn.finetune.prompts import Prompt, make_prompts, read_questions
+from lazyattn.model.tokenizer import TokenizerBase
+
+TEACHERS = ("base", "self")
+SPANS = ("question+answer", "answer")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    documents: str | None = None  # a folder, a JSONL of documents, or "stdlib-docstrings"
+    questions: str | None = None  # a JSONL of questions; None: made from the documents
+    prompts: int = 2000  # prompts made from the documents (ignored with `questions`)
+    docs_per_prompt: Sequence[int] = (2, 3, 4, 5, 6, 8)
+    passage_chars: int = 1500  # longer documents are cut into passages of about this size
+    answer_tokens: int = 48  # the teacher's greedy answer, at most this long
+    temperature: float = 1.0
+    teacher: str = "base"
+    span: str = "question+answer"  # positions whose next-token distributions are matched
+    kinds: Sequence[str] = field(default=("about", "continue", "quote", "summary"))
+    held_out: int = 64  # prompts kept out of training to measure the KL before and after (when there are enough)
+
+    def __post_init__(self) -> None:
+        if self.documents is None and self.questions is None:
+            raise InvalidRequestError("distillation needs --documents or --questions", param="documents")
+        if self.teacher not in TEACHERS:
+            raise InvalidRequestError(f"teacher must be one of {', '.join(TEACHERS)}", param="teacher")
+        if self.span not in SPANS:
+            raise InvalidRequestError(f"span must be one of {', '.join(SPANS)}", param="span")
+        if self.temperature <= 0 or self.answer_tokens <= 0 or self.prompts <= 0:
+            raise InvalidRequestError("temperature, answer_tokens and prompts must be positive", param="distill")
+        if not self.docs_per_prompt or min(self.docs_per_prompt) <= 0:
+            raise InvalidRequestError("docs_per_prompt must hold positive counts", param="docs_per_prompt")
+
+
+def kl_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Mean over positions of KL(softmax(teacher/T) ‖ softmax(student/T)) · T²; logits [N, V], computed in fp32."""
+    log_q = torch.log_softmax(student.float() / temperature, -1)
+    log_p = torch.log_softmax(teacher.float() / temperature, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).mean() * temperature**2
+
+
+def load_prompts(cfg: DistillConfig, seed: int = 0) -> list[Prompt]:
+    docs = read_documents(cfg.documents) if cfg.documents is not None else []
+    if cfg.questions is not None:
+        return read_questions(cfg.questions, docs)
+    return make_prompts(passages(docs, cfg.passage_chars), cfg.prompts, cfg.docs_per_prompt, seed, cfg.kinds)
+
+
+def teacher_examples(
+    model: torch.nn.Module,
+    tokenizer: TokenizerBase,
+    prompts: Sequence[Prompt],
+    answer_tokens: int,
+    device: torch.device,
+    layout: PromptLayout = DEFAULT_LAYOUT,
+    max_tokens: int | None = None,
+    batch_tokens: int = 32768,
+) -> list[Example]:
+    """Distillation examples: each prompt rendered as the engine renders it, its answer the teacher's greedy
+    continuation under full attention (ended by the end-of-turn token when the teacher ended it) unless the
+    prompt carries one. Prompts longer than `max_tokens` with their answer are dropped. Generation batches hold
+    at most `batch_tokens` padded prompt tokens (eager attention keeps a batch x heads x length² score tensor)."""
+    rendered = [render_chat(tokenizer, [{"role": "user", "content": p.question}], p.documents, layout) for p in prompts]
+    eos = tokenizer.eos_token_ids
+    answers: list[list[int] | None] = [
+        tokenizer.encode(p.answer) + eos[:1] if p.answer is not None else None for p in prompts
+    ]
+    todo = [i for i, a in enumerate(answers) if a is None]
+    if max_tokens is not None:
+        todo = [i for i in todo if rendered[i].num_tokens + answer_tokens <= max_tokens]
+    todo.sort(key=lambda i: rendered[i].num_tokens)  # similar lengths together: little padding
+    while todo:
+        rows = 1  # ascending lengths: the last row of a batch is its longest
+        while rows < len(todo) and (rows + 1) * (rendered[todo[rows]].num_tokens + answer_tokens) <= batch_tokens:
+            rows += 1
+        chunk, todo = todo[:rows], todo[rows:]
+        for i, answer in zip(chunk, greedy(model, [rendered[i].token_ids for i in chunk], answer_tokens, eos, device)):
+            answers[i] = answer
+    examples = [Example(r.segments, r.final, a, distill=True) for r, a in zip(rendered, answers) if a]
+    if max_tokens is not None:
+        examples = [e for e in examples if e.num_tokens <= max_tokens]
+    if not examples:
+        raise InvalidRequestError(f"no distillation prompt fits in {max_tokens} tokens", param="max_tokens")
+    return examples
+
+
+@torch.no_grad()
+def greedy(
+    model: torch.nn.Module, prompts: Sequence[list[int]], max_new: int, eos: Sequence[int], device: torch.device
+) -> list[list[int]]:
+    """Greedy continuations under ordinary causal attention (left-padded batch, KV cache); each ends with its
+    first end-of-sequence token, or after `max_new` tokens."""
+    length = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, length - len(p) :] = torch.tensor(p)
+        mask[i, length - len(p) :] = 1
+    was_training = model.training
+    model.eval()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=eos[0] if eos else 0,
+            eos_token_id=list(eos) or None,
+        )
+    model.train(was_training)
+    answers = []
+    for row in out[:, length:].tolist():
+        ends = [k for k, t in enumerate(row) if t in eos]
+        answers.append(row[: ends[0] + 1] if ends else row)
+    return answers
+
+
+def span_mask(examples: Sequence[Example], length: int, span: str = "question+answer") -> torch.Tensor:
+    """[B, length] bool: positions whose logits are distilled — from the first final-segment token (or the last
+    prompt token, for `answer`) to the token before the last one, i.e. the logits that predict the rest of the
+    question and the answer."""
+    out = torch.zeros(len(examples), length, dtype=torch.bool)
+    for i, e in enumerate(examples):
+        if not e.distill:
+            continue
+        end = e.num_tokens - 1
+        start = end - len(e.answer) if span == "answer" else end - len(e.answer) - len(e.final) + 1
+        out[i, start:end] = True
+    return out

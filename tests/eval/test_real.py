@@ -1,0 +1,121 @@
+"""The shipped realistic sets (lazyattn/eval/real.py): every answer in its gold passage and in no distractor of
+any cell, passage lengths, sizes, no repeated questions; and the CLI loads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from lazyattn.eval import real
+from lazyattn.eval.dataset import DatasetError, arrange
+from lazyattn.eval.metrics import accuracy, normalize_answer
+
+MIN_QUESTIONS = {"real": 300, "real-heldout": 100}
+
+
+def _shipped(name):
+    if not real.data_path(name).exists():
+        pytest.fail(f"{real.data_path(name)} is missing: run python -m lazyattn.eval.real {name}")
+    return real.read(name)
+
+
+@pytest.fixture(scope="module", params=real.SETS)
+def shipped(request):
+    return request.param, *_shipped(request.param)
+
+
+def test_sizes_and_no_repeated_questions(shipped):
+    name, header, passages, questions = shipped
+    assert len(questions) >= MIN_QUESTIONS[name]
+    assert header["questions"] == len(questions)
+    texts = [normalize_answer(q.question) for q in questions]
+    assert len(set(texts)) == len(texts)
+    assert len({q.id for q in questions}) == len(questions)
+
+
+def test_passage_lengths_within_100_to_1000_estimated_tokens(shipped):
+    _, _, passages, _ = shipped
+    lengths = [real.estimate_tokens(p.text) for p in passages.values()]
+    assert min(lengths) >= 100 and max(lengths) <= 1000
+
+
+def _states(doc, answers):
+    """Independent of real.contains: lower-case substring (whitespace runs as one space) for each answer, and
+    the scorer's own test (an output quoting the document would count as correct)."""
+    flat = " ".join(doc["text"].lower().split())
+    stated = [" ".join(a.lower().split()) in flat for a in answers]
+    return stated, accuracy(f"{doc['title']}\n{doc['text']}", answers) == 1.0
+
+
+def test_answer_in_gold_and_in_no_distractor_of_any_cell(shipped):
+    _, _, passages, questions = shipped
+    for q in questions:
+        item = real.to_item(q, passages)
+        assert len(item.documents) == real.MAX_DISTRACTORS + 1
+        assert sum(real.estimate_tokens(d["text"]) for d in item.documents) <= real.MAX_CELL_TOKENS
+        assert len(set(q.distractors)) == len(q.distractors) and q.gold not in q.distractors
+        for a in q.answers:
+            assert 1 <= len(a.split()) <= 5, (q.id, a)
+        # every document a cell can show: the gold one states every answer, no distractor any
+        stated, _ = _states(item.documents[0], q.answers)
+        assert all(stated), (q.id, q.answers)
+        for doc in item.documents[1:]:
+            stated, scored = _states(doc, q.answers)
+            assert not any(stated) and not scored, (q.id, q.answers, doc["title"])
+        # and each cell shows the gold document where asked, the rest from those distractors
+        for n in (5, 10, 20):
+            for position, expected in (("first", 0), ("middle", (n - 1) // 2), ("last", n - 1)):
+                cell = arrange(item, n, position)
+                assert len(cell.documents) == n and cell.gold == (expected,)
+                assert cell.documents[expected] == item.documents[0]
+                others = [d for i, d in enumerate(cell.documents) if i != expected]
+                assert others == list(item.documents[1:n])
+
+
+def test_the_shipped_file_is_what_the_builder_makes_now():
+    """The frozen data matches the question lists (passages can only be compared on the Python / NumPy they
+    were cut from, so this compares questions, answers and gold passage texts)."""
+    for name in real.SETS:
+        header, passages, questions = _shipped(name)
+        try:
+            _, built_passages, built = real.build(name)
+        except DatasetError as e:  # another Python or NumPy version: the sources themselves differ
+            pytest.skip(str(e))
+        by_id = {p.id: p for p in built_passages}
+        if any(by_id.get(q.gold) != passages[q.gold] for q in questions):
+            pytest.skip("the installed sources differ from those the set was cut from")
+        assert [(q.question, q.answers, q.gold, q.distractors) for q in questions] == [
+            (q.question, q.answers, q.gold, q.distractors) for q in built
+        ]
+
+
+def test_builder_rejects_bad_questions():
+    ps = [
+        real.Passage("a#0", "A", "The frobnicate keyword starts block number one. " * 20),
+        *[real.Passage(f"d{i}#0", "D", f"Other text number {i}. " * 30) for i in range(real.MAX_DISTRACTORS)],
+    ]
+    (q,) = real.build_questions(ps, [("a", "Which keyword starts a block?", ["frobnicate"])], 0, "t")
+    assert q.gold == "a#0" and set(q.distractors) == {f"d{i}#0" for i in range(real.MAX_DISTRACTORS)}
+    bad = [
+        ("a", "Which keyword is missing?", ["absent"]),  # not in the gold passage
+        ("a", "Which frobnicate keyword?", ["frobnicate"]),  # the question gives it away
+        ("a", "Which letter?", ["k"]),  # too short to score
+        ("a", "Which word do all passages share?", ["number"]),  # no passage is left to distract
+    ]
+    for entry in bad:
+        with pytest.raises(DatasetError):
+            real.build_questions(ps, [entry], 0, "t")
+    with pytest.raises(DatasetError, match="repeated"):
+        real.build_questions(ps, [("a", "Q?", ["frobnicate"])] * 2, 0, "t")
+
+
+def test_split_passages_respects_the_token_bounds():
+    text = "\n\n".join(f"Paragraph {i} " + "word " * (20 + 13 * (i % 7)) for i in range(40))
+    ps = real.split_passages("t", "T", text)
+    assert len(ps) > 3
+    assert all(real.MIN_TOKENS <= real.estimate_tokens(p.text) <= real.MAX_TOKENS for p in ps)
+    assert " ".join(p.text for p in ps).split() == text.split()  # nothing lost, order kept
+
+
+def test_estimate_tokens_is_bytes_over_four():
+    assert real.estimate_tokens("abcd") == 1 and real.estimate_tokens("abcde") == 2
+    assert real.estimate_tokens("é" * 4) == 2  # two bytes each

@@ -1,0 +1,261 @@
+"""`lazyattn finetune --distill` on the built-in `tiny` model: the KL loss against a kl_div reference, zero where
+block and full attention coincide, made prompts rendered as the engine renders them and answered by the
+teacher's greedy decoding, a short run lowering the KL, and the CLI writing an adapter lazyattn loads."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from lazyattn.cli import main
+from lazyattn.engine.llm import LLM
+from lazyattn.engine.prompt import PromptLayout, encode_document
+from lazyattn.engine.sampling import SamplingParams
+from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.base import load_base
+from lazyattn.finetune.corpus import passages, read_documents, stdlib_docstrings
+from lazyattn.finetune.data import Example, encode_item
+from lazyattn.finetune.distill import DistillConfig, kl_loss, load_prompts, teacher_examples
+from lazyattn.finetune.prompts import read_questions
+from lazyattn.finetune.train import FinetuneConfig, Objective, _with_lora, finetune, make_batch
+from lazyattn.model.adapter import is_adapter_dir, read_adapter
+
+# A short layout keeps rows a few dozen byte tokens long (the default system prompt alone is ~250).
+SHORT = PromptLayout(system_prompt="S", question_format="Q: {question}")
+CPU = torch.device("cpu")
+TEXTS = {
+    "alder": "Alder trees grow by rivers. Their cones stay all winter long.",
+    "basalt": "Basalt cools fast from lava. It forms columns near the sea.",
+    "cobalt": "Cobalt paints glass a deep blue colour. Potters mix it in glaze.",
+    "dunlin": "Dunlins are small wading birds. They feed on mud flats in flocks.",
+}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    for i, (name, text) in enumerate(TEXTS.items()):
+        (folder / ("sub" if i % 2 else "") / f"{name}.txt").write_text(text + "\n")
+    (folder / "notes.json").write_text("{}")  # not a document
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_base("tiny")
+
+
+def lora(model, seed: int | None = None):
+    """A LoRA-wrapped copy; `seed` draws non-zero B matrices so the adapter changes the outputs."""
+    import copy
+
+    model = _with_lora(copy.deepcopy(model), FinetuneConfig(lora_rank=4))
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.data = 0.05 * torch.randn(p.shape, generator=g)
+    return model
+
+
+def test_kl_loss_matches_kl_div_and_a_hand_computation():
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(7, 11, generator=g), torch.randn(7, 11, generator=g)
+    for t in (1.0, 2.5):
+        want = torch.nn.functional.kl_div(
+            torch.log_softmax(student / t, -1),
+            torch.log_softmax(teacher / t, -1),
+            log_target=True,
+            reduction="batchmean",
+        )
+        assert torch.allclose(kl_loss(student, teacher, t), want * t * t, atol=1e-6)
+    # teacher (1/2, 1/2), student (3/4, 1/4): 1/2 log(2/3) + 1/2 log 2 = 1/2 log(4/3); forward, not reverse, KL
+    got = kl_loss(torch.tensor([[math.log(3.0), 0.0]]), torch.tensor([[0.0, 0.0]]))
+    assert got.item() == pytest.approx(0.5 * math.log(4 / 3), abs=1e-6)
+    assert kl_loss(teacher, teacher).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def distill_example(tokenizer, item, one_segment: bool) -> Example:
+    e = encode_item(tokenizer, item, SHORT)
+    segments = [[t for s in e.segments for t in s]] if one_segment else e.segments
+    return Example(segments, e.final, e.answer, distill=True)
+
+
+ITEM = {
+    "question": "What colour?",
+    "answers": ["blue"],
+    "documents": [{"title": n, "text": t} for n, t in list(TEXTS.items())[:3]],
+}
+
+
+def test_kl_is_zero_exactly_where_block_and_full_attention_coincide(tiny):
+    """One segment before the question: the block row is the causal row, so a student with the teacher's weights
+    matches it; with three documents it does not. teacher="self" uses the adapter's weights, "base" drops them."""
+    one, three = (distill_example(tiny.tokenizer, ITEM, flag) for flag in (True, False))
+    for model, teacher in ((lora(tiny.model), "base"), (lora(tiny.model, seed=1), "self")):
+        cfg = FinetuneConfig(model="tiny", distill=DistillConfig(documents="-", teacher=teacher))
+        objective = Objective(model.eval(), cfg)
+        assert objective.mean_kl([one], CPU) == pytest.approx(0.0, abs=1e-6)
+        assert objective.mean_kl([three], CPU) > 1e-4
+    cfg = FinetuneConfig(model="tiny", distill=DistillConfig(documents="-", teacher="base"))
+    assert Objective(lora(tiny.model, seed=1).eval(), cfg).mean_kl([one], CPU) > 1e-4
+
+
+def test_labelled_rows_keep_the_transformers_loss(tiny):
+    """Mixed batch: cross-entropy over the labelled rows equals transformers' own loss on those rows alone."""
+    labelled = encode_item(tiny.tokenizer, ITEM, SHORT)
+    mixed = [labelled, distill_example(tiny.tokenizer, ITEM, False)]
+    cfg = FinetuneConfig(model="tiny", distill=DistillConfig(documents="-"))
+    model = lora(tiny.model, seed=2).eval()
+    with torch.no_grad():
+        terms = Objective(model, cfg)(mixed, [True, True], CPU)
+        want = model(**make_batch([labelled], [True]), use_cache=False).loss
+    assert terms.ce.item() == pytest.approx(want.item(), rel=1e-5)
+    assert terms.kl.item() > 0
+    assert terms.total(0.5).item() == pytest.approx(0.5 * terms.ce.item() + terms.kl.item(), rel=1e-6)
+
+
+def test_documents_from_a_folder_a_jsonl_and_questions_by_id(tmp_path, corpus):
+    docs = read_documents(str(corpus))
+    assert [d.id for d in docs] == ["alder.txt", "cobalt.txt", "sub/basalt.txt", "sub/dunlin.txt"]
+    assert docs[0].title == "alder" and docs[0].text == TEXTS["alder"]
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"text": "one two", "title": "T", "id": "a"}\n\n{"text": "three"}\n')
+    assert [(d.id, d.title, d.text) for d in read_documents(str(jsonl))] == [
+        ("a", "T", "one two"),
+        ("2", None, "three"),
+    ]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "Q?", "documents": ["a", "inline text", {"title": "X", "text": "y"}]}))
+    (prompt,) = read_questions(questions, read_documents(str(jsonl)))
+    assert prompt.documents == [{"title": "T", "text": "one two"}, "inline text", {"title": "X", "text": "y"}]
+    assert prompt.answer is None
+    parts = passages(docs[:1], 30)
+    assert [p.text for p in parts] == ["Alder trees grow by rivers.", "Their cones stay all winter", "long."]
+    assert [(p.id, p.title) for p in parts][1] == ("alder.txt#2", "alder (part 2)")
+
+
+def test_stdlib_corpus_leaves_out_the_evaluation_texts():
+    from pydoc_data.topics import topics
+
+    docs = stdlib_docstrings()
+    assert len(docs) > 300
+    assert not [d for d in docs if d.id.split(".")[0] in ("pydoc_data", "pydoc", "builtins")]
+    evaluated = set(topics.values())
+    assert not [d for d in docs if d.text in evaluated]
+    assert "json.dumps" in {d.id for d in docs}
+
+
+def reference_greedy(model, tokens: list[int], n: int, eos: list[int]) -> list[int]:
+    """Greedy decoding by full forward passes of the unpadded prompt (no cache, no batching)."""
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=torch.tensor([tokens + out]), use_cache=False).logits[0, -1]
+            out.append(int(logits.argmax()))
+            if out[-1] in eos:
+                break
+    return out
+
+
+def test_made_prompts_put_the_question_after_the_documents_and_the_teacher_answers(tiny, corpus):
+    cfg = DistillConfig(documents=str(corpus), prompts=5, docs_per_prompt=(2, 3))
+    prompts = load_prompts(cfg, seed=1)
+    examples = teacher_examples(tiny.model, tiny.tokenizer, prompts, 3, CPU, SHORT, batch_tokens=600)
+    assert len(examples) == 5
+    titles = {f"{name}": TEXTS[name] for name in TEXTS}
+    for prompt, e in zip(prompts, examples):
+        assert 2 <= len(prompt.documents) <= 3 and len({d["title"] for d in prompt.documents}) == len(prompt.documents)
+        assert all(titles[d["title"]] == d["text"] for d in prompt.documents)
+        assert f'"{prompt.documents[prompt.gold]["title"]}"' in prompt.question
+        # segments: system, then each document alone in prompt order; the question only in the final segment
+        assert e.segments[1:] == [encode_document(tiny.tokenizer, d, SHORT) for d in prompt.documents]
+        assert prompt.question in tiny.tokenizer.decode(e.final)
+        assert not any(prompt.question in tiny.tokenizer.decode(s) for s in e.segments)
+        assert e.distill and e.tokens[: -len(e.answer)] == [t for s in e.segments for t in s] + e.final
+        assert e.answer == reference_greedy(tiny.model, e.tokens[: -len(e.answer)], 3, tiny.tokenizer.eos_token_ids)
+
+
+def test_a_short_distillation_lowers_the_kl_on_its_prompts(tmp_path, tiny, corpus):
+    from peft import PeftModel
+
+    distill = DistillConfig(documents=str(corpus), prompts=6, docs_per_prompt=(2, 3), answer_tokens=3, held_out=0)
+    cfg = FinetuneConfig(
+        model="tiny",
+        out=str(tmp_path / "out"),
+        steps=12,
+        batch_size=3,
+        lr=5e-3,
+        warmup_steps=1,
+        lora_rank=4,
+        save_dtype="float32",
+        progress=False,
+        device="cpu",
+        layout=SHORT,
+        distill=distill,
+    )
+    result = finetune(cfg)
+    assert result.terms["kl"] and not result.terms["ce"]
+    examples = teacher_examples(tiny.model, tiny.tokenizer, load_prompts(distill, 0), 3, CPU, SHORT)
+    before = Objective(lora(tiny.model).eval(), cfg).mean_kl(examples, CPU)
+    trained = PeftModel.from_pretrained(load_base("tiny").model, str(tmp_path / "out")).eval()
+    after = Objective(trained, cfg).mean_kl(examples, CPU)
+    assert before > 1e-3 and after < 0.7 * before
+
+
+def test_cli_distill_writes_an_adapter_lazyattn_loads(tmp_path, corpus):
+    out = tmp_path / "adapter"
+    argv = ["finetune", "--model", "tiny", "--out", str(out), "--distill", "--documents", str(corpus)]
+    argv += ["--prompts", "2", "--held-out", "0", "--steps", "1", "--batch-size", "1", "--answer-tokens", "2"]
+    argv += ["--docs-per-prompt", "1", "--device", "cpu", "--no-progress", "--save-dtype", "float32", "--lr", "1e-2"]
+    assert main(argv) == 0
+    assert is_adapter_dir(out) and read_adapter(out).base == "tiny"
+    recipe = json.loads((out / "finetune.json").read_text())
+    assert recipe["config"]["distill"]["documents"] == str(corpus) and recipe["distill_examples"] == 2
+    assert recipe["examples"] == 0  # no labelled rows unless --labelled-share
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=1)
+    docs = [[{"title": "alder", "text": TEXTS["alder"]}]]
+    stock, tuned = (
+        LLM(model=m, mode="lazy", device="cpu", page_size=16).generate(["Q?"], params, documents=docs)[0].outputs[0]
+        for m in ("tiny", str(out))
+    )
+    assert len(tuned.token_ids) == 3
+    first = stock.token_ids[0]
+    assert tuned.logprobs[0].get(first) != stock.logprobs[0][first]  # the trained adapter was folded in
+
+
+def test_cli_rejects_documents_without_distill(tmp_path, corpus, capsys):
+    assert main(["finetune", "--model", "tiny", "--out", str(tmp_path), "--documents", str(corpus)]) == 2
+    assert "--distill" in capsys.readouterr().err
+
+
+def test_labelled_rows_mix_with_distillation_rows(tmp_path, corpus):
+    data = tmp_path / "labelled.jsonl"
+    data.write_text(json.dumps({**ITEM, "gold": [2]}) + "\n")
+    distill = DistillConfig(documents=str(corpus), prompts=3, docs_per_prompt=(2,), answer_tokens=2, held_out=0)
+    cfg = FinetuneConfig(
+        model="tiny",
+        out=str(tmp_path / "out"),
+        data=str(data),
+        examples=None,
+        steps=3,
+        batch_size=4,
+        lora_rank=4,
+        progress=False,
+        device="cpu",
+        layout=SHORT,
+        distill=distill,
+        labelled_share=0.5,
+        labelled_weight=0.5,
+    )
+    result = finetune(cfg)
+    assert len(result.losses) == 3 and result.terms["ce"] and result.terms["kl"]
+    assert len(result.terms["ce"]) + len(result.terms["kl"]) > 3  # some step mixed both kinds of rows
+    recipe = json.loads((tmp_path / "out" / "finetune.json").read_text())
+    assert (recipe["examples"], recipe["distill_examples"]) == (1, 3)
+    with pytest.raises(InvalidRequestError):
+        FinetuneConfig(labelled_share=0.5)  # mixing needs distillation
