@@ -182,7 +182,7 @@ class Bench:
     def timed_step(self) -> tuple[float, list]:
         # Overlapped: a call queues the next step and returns the previous one's outputs, waiting for its tokens,
         # so in a steady phase the time between calls is the step period; a device sync would undo the overlap.
-        overlapped = self.engine.async_scheduling
+        overlapped = self.engine.config.async_scheduling_on
         if not overlapped:
             sync(self.device)
         t0 = time.perf_counter()
@@ -397,7 +397,7 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     if "ttft_ms" in results.get("ttft_rag", {}) and "step_ms" in results.get("decode_rag", {}):
         results["ttft_rag"]["decode_step_ms"] = results["decode_rag"]["step_ms"]
         results["ttft_rag"]["of_decode_step"] = results["ttft_rag"]["ttft_ms"] / results["decode_rag"]["step_ms"]
-    results["async_scheduling"] = bench.engine.async_scheduling
+    results["async_scheduling"] = bench.engine.config.async_scheduling_on
     results["overlapped_steps"] = bench.engine.pipeline.overlapped_steps
     graphs = bench.engine.executor.runner.graphs
     results["cuda_graph_batch_sizes"] = sorted(graphs.graphs) if graphs is not None else []  # captured
