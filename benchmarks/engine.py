@@ -155,7 +155,7 @@ class Bench:
         cfg = self.engine.model_config
         self.vocab = cfg.vocab_size
         self.bos = cfg.bos_token_id if cfg.bos_token_id is not None else BOS
-        model = self.engine.model  # under tensor parallelism: the driver's shard, the size of every rank's
+        model = self.engine.executor.model  # under tensor parallelism: the driver's shard, the size of every rank's
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         if model.lm_head is not None:  # untied: a step reads only its rows of the embedding table
             weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
@@ -182,7 +182,7 @@ class Bench:
     def timed_step(self) -> tuple[float, list]:
         # Overlapped: a call queues the next step and returns the previous one's outputs, waiting for its tokens,
         # so in a steady phase the time between calls is the step period; a device sync would undo the overlap.
-        overlapped = self.engine.async_scheduling
+        overlapped = self.engine.config.async_scheduling_on
         if not overlapped:
             sync(self.device)
         t0 = time.perf_counter()
@@ -366,8 +366,8 @@ def run(shapes: Shapes, device: torch.device) -> dict:
         "pdl": pdl_on(device),
         "decode_fusion": bench.engine.config.env.decode_fusion,
     }
-    if bench.engine.parallel is not None:  # which all-reduce the ranks use (parallel/all_reduce.py)
-        results["all_reduce_path"] = bench.engine.parallel.tp.all_reduce_path
+    if bench.engine.config.tensor_parallel_size > 1:  # which all-reduce the ranks use (parallel/all_reduce.py)
+        results["all_reduce_path"] = bench.engine.executor.tp.all_reduce_path
     sections: list[tuple[str, Callable[[], dict]]] = [
         (
             "decode_short",
@@ -397,9 +397,9 @@ def run(shapes: Shapes, device: torch.device) -> dict:
     if "ttft_ms" in results.get("ttft_rag", {}) and "step_ms" in results.get("decode_rag", {}):
         results["ttft_rag"]["decode_step_ms"] = results["decode_rag"]["step_ms"]
         results["ttft_rag"]["of_decode_step"] = results["ttft_rag"]["ttft_ms"] / results["decode_rag"]["step_ms"]
-    results["async_scheduling"] = bench.engine.async_scheduling
-    results["overlapped_steps"] = bench.engine.overlapped_steps
-    graphs = bench.engine.runner.graphs
+    results["async_scheduling"] = bench.engine.config.async_scheduling_on
+    results["overlapped_steps"] = bench.engine.pipeline.overlapped_steps
+    graphs = bench.engine.executor.runner.graphs
     results["cuda_graph_batch_sizes"] = sorted(graphs.graphs) if graphs is not None else []  # captured
     bench.llm.shutdown()
     return results

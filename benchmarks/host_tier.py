@@ -226,7 +226,7 @@ def point(
 ) -> dict:
     """One point; `profile`: run the replay under torch.profiler, write its tables there and time the first
     steps (the diagnosis of the first requests' stall, docs/benchmarks.md)."""
-    engine.set_kv_budget(int(budget_gb * GiB) // engine.runner.page_bytes)
+    engine.set_kv_budget(int(budget_gb * GiB) // engine.executor.page_bytes)
     engine.set_host_budget(None if host_gb else 0)
     pin0 = engine.tier.mover.pin_seconds if engine.tier is not None and engine.tier.mover is not None else 0.0
     registered_s = register(engine, trace)
@@ -417,7 +417,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "plan": asdict(plan),
         "engine_build_s": time.monotonic() - built,
-        "page_bytes": engine.runner.page_bytes,
+        "page_bytes": engine.executor.page_bytes,
         "host_pages": engine.tier.num_pages,
         "device_name": plan.device,
         "pin_s_at_build": engine.tier.mover.pin_seconds,

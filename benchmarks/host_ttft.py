@@ -89,7 +89,7 @@ class HostOnly:
     layout (what PrefillGraphs.run does before its copies and replay), return fixed logits."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        self.width = min(cdiv(MAX_MODEL_LEN, engine.config.page_size), engine.runner.num_pages)
+        self.width = min(cdiv(MAX_MODEL_LEN, engine.config.page_size), engine.executor.num_pages)
         try:  # the split plan's host share: on an H100 the question's bucket splits 16 ways (kernels/prefill.py)
             self.layout = StepLayout(128, 64, self.width, engine.config.page_size, PLAN_SPLITS)
             self.splits: tuple[int, ...] = (PLAN_SPLITS,)
@@ -125,7 +125,7 @@ def build(config_dir: Path) -> tuple[LLMEngine, HostOnly]:
         )
     )
     host = HostOnly(engine)
-    engine.runner.execute = host  # the forward pass is the GPU's: out of the host's numbers
+    engine.executor.runner.execute = host  # the forward pass is the GPU's: out of the host's numbers
     return engine, host
 
 

@@ -312,7 +312,7 @@ def run_mode(run: Run, plan: Plan, mode: str, weight: float, weights_left: float
     until = run.clock.mode_deadline(weight, weights_left)
     run.log(
         f"{mode}: engine built and warmed up in {time.monotonic() - t:.1f} s ({engine.num_pages} pages "
-        f"of {engine.runner.page_bytes / 2**20:g} MiB); {until - time.monotonic():.0f} s for its points"
+        f"of {engine.executor.page_bytes / 2**20:g} MiB); {until - time.monotonic():.0f} s for its points"
     )
 
     tasks = []  # (label, expected seconds or None, callable), in priority order

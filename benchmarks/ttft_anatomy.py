@@ -148,7 +148,7 @@ def engine_graphs(bench: eb.Bench, repeats: int = 20) -> dict:
     while bench.engine.has_unfinished():
         bench.engine.step()
     torch.cuda.synchronize()
-    runner = bench.engine.runner
+    runner = bench.engine.executor.runner
     out = {}
     picks = {"decode_b1": runner.graphs.graphs[1][0]}
     # the RAG request's bucket: its prefill step is one entry (the question over the placed documents) + padding
@@ -176,7 +176,7 @@ def engine_graphs(bench: eb.Bench, repeats: int = 20) -> dict:
 def host_calls(bench: eb.Bench, repeats: int = 200) -> dict:
     """Host µs of the CUDA-side calls the prefill-graph path makes before its replay (PrefillGraphs.run), on an idle
     GPU, median of `repeats`: the event wait, the two buffer views, the staging copy, the event record."""
-    pg = bench.engine.runner.prefill_graphs
+    pg = bench.engine.executor.runner.prefill_graphs
     entries = 2
     times: dict[str, list[float]] = {}
 

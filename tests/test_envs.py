@@ -133,12 +133,13 @@ def test_settings_in_the_environment_at_construction_reach_the_engine(monkeypatc
     its kernels see gemv 0, later changes to the environment do not reach it, and its outputs are the default
     engine's."""
     with LLM(model="tiny", device="cpu", page_size=16, progress=False) as llm:
-        assert llm.engine.runner.backend.kv.stride(-2) == llm.engine.model_config.head_dim  # token: heads adjacent
+        # token layout: heads adjacent
+        assert llm.engine.executor.runner.backend.kv.stride(-2) == llm.engine.model_config.head_dim
         expected = _generate(llm)
     monkeypatch.setenv("LAZYATTN_KV_LAYOUT", "head")
     monkeypatch.setenv("LAZYATTN_GEMV", "0")
     with LLM(model="tiny", device="cpu", page_size=16, progress=False) as llm:
-        kv = llm.engine.runner.backend.kv  # [layers, 2, pages, page_size, kv_heads, head_dim] as a view
+        kv = llm.engine.executor.runner.backend.kv  # [layers, 2, pages, page_size, kv_heads, head_dim] as a view
         assert kv.stride(-2) == kv.shape[3] * kv.shape[5]  # head: a kv head's rows are one block
         assert envs.active() is llm.engine.config.env and envs.active().gemv == "0"
         monkeypatch.setenv("LAZYATTN_GEMV", "force")  # read once: the running engine keeps its settings
@@ -149,16 +150,16 @@ def test_settings_in_the_environment_at_construction_reach_the_engine(monkeypatc
 def test_decode_fusion_setting_reaches_the_loader(monkeypatch, kernel_settings):
     """LAZYATTN_DECODE_FUSION=0 at construction: the engine asks the loader for the unfused model (folded norms are
     decided there, on CUDA), and its outputs on the CPU equal the default engine's."""
-    from lazyattn.engine import llm_engine
+    from lazyattn.engine.executor import local
 
     asked = []
-    load = llm_engine.load_model
-    monkeypatch.setattr(llm_engine, "load_model", lambda *a, **kw: asked.append(kw["decode_fusion"]) or load(*a, **kw))
+    load = local.load_model
+    monkeypatch.setattr(local, "load_model", lambda *a, **kw: asked.append(kw["decode_fusion"]) or load(*a, **kw))
     with LLM(model="tiny", device="cpu", page_size=16, progress=False) as llm:
         expected = _generate(llm)
     monkeypatch.setenv("LAZYATTN_DECODE_FUSION", "0")
     with LLM(model="tiny", device="cpu", page_size=16, progress=False) as llm:
-        assert not llm.engine.model.norms_folded
+        assert not llm.engine.executor.model.norms_folded
         assert _generate(llm) == expected
     assert asked == [True, False]
 
@@ -175,11 +176,11 @@ def test_decode_fusion_off_runs_the_unfused_model_on_cuda(monkeypatch, kernel_se
     the greedy tokens of the two agree."""
     options = dict(model="tiny", device="cuda", dtype="float32", page_size=16, progress=False)
     with LLM(**options) as llm:
-        assert llm.engine.model.norms_folded
+        assert llm.engine.executor.model.norms_folded
         expected = _generate(llm)
     monkeypatch.setenv("LAZYATTN_DECODE_FUSION", "0")
     with LLM(**options) as llm:
-        assert not llm.engine.model.norms_folded
+        assert not llm.engine.executor.model.norms_folded
         assert _generate(llm) == expected
     torch.cuda.empty_cache()
 

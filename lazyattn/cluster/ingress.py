@@ -32,6 +32,7 @@ from lazyattn.cluster.keys import route_key
 from lazyattn.cluster.replica import EngineInfo, EngineJob, ReplicaUpdate
 from lazyattn.cluster.routing_log import ROUTING_LOG
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.outputs import RequestOutput
@@ -64,12 +65,12 @@ class EngineFacade:
         self.max_model_len = info.max_model_len
         self.model_config = SimpleNamespace(vocab_size=info.vocab_size)
         self.mode = make_mode(info.mode)
-        self.config = SimpleNamespace(page_size=info.page_size, relink_tokens=info.relink_tokens)
         self.num_pages = info.num_pages
+        # The engine's own limits (replicas are alike).
+        self.limits = RequestLimits(self.mode, info.page_size, info.relink_tokens, info.max_model_len, info.vocab_size)
 
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        # The engine's own bound (LLMEngine.max_new_tokens reads only the attributes above); replicas are alike.
-        return LLMEngine.max_new_tokens(self, prompt, n, relink_tokens)  # type: ignore[arg-type]
+        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
 
 
 # Set per HTTP request by `RouteHeaders`; `RemoteEngineLoop.submit` fills it in.

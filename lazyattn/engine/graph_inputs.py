@@ -45,7 +45,7 @@ class StepInputs:
     logits_rows: list[int]
     is_decode: bool
     # block mode's copies (docs/design.md, Modes), one element per page; with the rest, what a tensor-parallel
-    # driver sends every other rank (parallel/driver.py)
+    # driver sends every other rank (engine/executor/tensor_parallel.py)
     copy_src: list[int] = field(default_factory=list)
     copy_dst: list[int] = field(default_factory=list)
     copy_deltas: list[int] = field(default_factory=list)

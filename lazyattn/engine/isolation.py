@@ -17,7 +17,6 @@ import torch
 
 from lazyattn.cache.document_cache import DocumentCache
 from lazyattn.engine.batch import ScheduledBatch, Work
-from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.engine.sampling import SampleResult
 from lazyattn.engine.sequence import Sequence
 
@@ -25,7 +24,11 @@ logger = logging.getLogger("lazyattn.engine")
 
 
 def forward_parts(
-    runner: ModelRunner, batch: ScheduledBatch, running: list[Sequence], cache: DocumentCache, failed: dict[str, str]
+    run: Callable[[ScheduledBatch], torch.Tensor],
+    batch: ScheduledBatch,
+    running: list[Sequence],
+    cache: DocumentCache,
+    failed: dict[str, str],
 ) -> torch.Tensor:
     """Logits of the batch's sampling works that survive, in batch order; failed works leave `batch.works` (and
     a failed document encode is aborted in the cache), so that completing the batch marks nothing of theirs."""
@@ -34,7 +37,7 @@ def forward_parts(
         if culprits <= failed.keys():  # nobody left who needs it
             return None
         try:
-            return runner.run(part)
+            return run(part)
         except Exception as error:
             for request_id in culprits:
                 failed.setdefault(request_id, f"the engine failed on this request: {error}")

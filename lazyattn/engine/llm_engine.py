@@ -1,8 +1,9 @@
 """The engine: requests in, one forward pass per `step`, outputs out.
 
-`add_request → step → scheduler.schedule → model_runner.run → sampler → output_processor` is the whole call
-path. A request with documents and no final segment (`params=None`) is prefill-only: it encodes its documents
-into the cache and finishes once they are cached (the server's document registration).
+`add_request → step → scheduler.schedule → executor.run → sampler → output_processor` is the whole call path;
+the step pipeline (engine/step_pipeline.py) orders a step's launch and the reading of its tokens. A request with
+documents and no final segment (`params=None`) is prefill-only: it encodes its documents into the cache and
+finishes once they are cached (the server's document registration).
 
 Threading: not thread-safe. One thread drives an engine — the caller of `LLM.generate`, or the server's engine
 thread (server/engine_loop.py), which is the only one that touches it.
@@ -23,26 +24,29 @@ from lazyattn import envs
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
-from lazyattn.engine import isolation, overlap
+from lazyattn.engine import isolation
 from lazyattn.engine.batch import ScheduledBatch
-from lazyattn.engine.config import EngineConfig, check_ape, check_relink
-from lazyattn.engine.model_runner import ModelRunner
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.executor.base import Executor
+from lazyattn.engine.executor.local import LocalExecutor
+from lazyattn.engine.executor.tensor_parallel import TensorParallelExecutor
+from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import RequestOutput
+from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
 from lazyattn.engine.scheduler import Scheduler, segment_keys
-from lazyattn.engine.sequence import Sequence, Status
+from lazyattn.engine.sequence import Sequence
+from lazyattn.engine.step_pipeline import LaunchedStep, Picked, StepPipeline, SyncPipeline, launched
 from lazyattn.errors import (
     CheckpointError,
-    ContextTooLongError,
     InvalidRequestError,
     QueueFullError,
     TensorParallelError,
 )
 from lazyattn.model.byte_tokenizer import ByteTokenizer
-from lazyattn.model.loader import load_model
 from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
 from lazyattn.model.tokenizer_cache import TokenizerCache, TokenizerCacheStats
 
@@ -88,43 +92,37 @@ class LLMEngine:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidRequestError("device 'cuda' was asked for but no CUDA GPU is available", "device")
-        self.parallel = None  # tensor parallelism: the runner that drives the other ranks (parallel/driver.py)
-        if config.tensor_parallel_size > 1:
-            from lazyattn.parallel.driver import TensorParallelRunner
-
-            self.parallel = TensorParallelRunner(config, self.device)
-            self.model, self.model_config = self.parallel.model, self.parallel.model_config
-        else:
-            self.model, self.model_config = load_model(
-                config.model,
-                dtype=config.torch_dtype,
-                device=self.device,
-                seed=config.seed,
-                random_init=config.random_weights,
-                decode_fusion=config.env.decode_fusion,
-            )
+        # One process, or a driver and a worker per other rank (tensor parallelism): both load the model here.
+        executor = TensorParallelExecutor if config.tensor_parallel_size > 1 else LocalExecutor
+        self.executor: Executor = executor(config, self.device)
+        self.model_config = mc = self.executor.model_config
         try:
             self.tokenizer = self._tokenizer(config)
-            mc = self.model_config
             self.max_model_len = config.max_model_len or mc.max_position
             if self.max_model_len > mc.max_position:
                 raise InvalidRequestError(
                     f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {mc.max_position}",
                     "max_model_len",
                 )
-            self.runner = (
-                ModelRunner(self.model, mc, config, self.max_model_len, self.device)
-                if self.parallel is None
-                else self.parallel.build(self.max_model_len)
+            self.limits = RequestLimits(
+                self.mode,
+                config.page_size,
+                config.relink_tokens,
+                self.max_model_len,
+                mc.vocab_size,
+                ape_temperature=config.ape_temperature,
+                ape_scale=config.ape_scale,
+                ape_prefix=config.ape_prefix,
             )
+            self.executor.build(self.max_model_len)
         except BaseException:
-            if self.parallel is not None:
-                self.parallel.shutdown()
+            self.executor.shutdown()
             raise
-        self.pool = PagePool(self.runner.num_pages)
+        self.pool = PagePool(self.executor.num_pages)
         self.keyer = SegmentKeyer(mc.fingerprint(), repr(mc.rope))
-        # The host tier copies the driver's pool only: not under tensor parallelism (EngineConfig refuses it).
-        self.tier = make_host_tier(config, self.runner.backend.kv) if self.parallel is None else None
+        # The host tier copies a whole pool: not under tensor parallelism (EngineConfig refuses it).
+        kv = self.executor.local_kv
+        self.tier = make_host_tier(config, kv) if kv is not None else None
         self.cache = DocumentCache(self.pool, config.page_size, self.tier)
         self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
         self.sampler = Sampler()
@@ -132,16 +130,15 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._withheld: list[int] = []  # pages taken out of use by set_kv_budget
-        # Overlapped scheduling (engine/overlap.py): the step left running on the device, whether a step is being
-        # scheduled and launched, and the sequences that ended meanwhile, whose pages wait for it.
-        self.async_scheduling = config.async_scheduling_on
-        self._in_flight: overlap.LaunchedStep | None = None
-        self._building = False
-        self._finished: list[Sequence] = []
-        self.overlapped_steps = 0  # steps scheduled while the one before them ran
+        # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
+        self.pipeline: StepPipeline = (
+            OverlappedPipeline(self._launch, self.max_model_len)
+            if config.async_scheduling_on
+            else SyncPipeline(self._launch)
+        )
         if self.device.type == "cuda" and config.warm_up:
             try:
-                self.runner.warm_up()
+                self.executor.warm_up()
             except BaseException:
                 self.shutdown()
                 raise
@@ -190,7 +187,7 @@ class LLMEngine:
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
         # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
         cached = [self.cache.contains(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
-        self._validate(prompt, params, relink_tokens, cached)
+        self.limits.check(prompt, params, relink_tokens, cached, self.num_pages)
         if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
             raise InvalidRequestError("a document holds a value that is not an integer token id", "documents")
         limit = self.config.max_waiting
@@ -233,10 +230,8 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.is_finished:
                 self._finish(seq, "abort")
-        if not self.requests and self._in_flight is not None:  # nobody left to read the step in flight
-            last, self._in_flight = self._in_flight, None
-            last.wait()
-            self._release_finished()
+        if not self.requests:  # nobody left to read the step in flight
+            self.pipeline.drain(self.scheduler)
         return self.outputs.output(req.request_id, req.prompt, req.seqs)
 
     def drop_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> int:
@@ -251,7 +246,7 @@ class LLMEngine:
     @property
     def step_in_flight(self) -> bool:
         """A launched step waits on the device for the next `step` to read it (overlapped scheduling)."""
-        return self._in_flight is not None
+        return self.pipeline.in_flight is not None
 
     # -- one step ---------------------------------------------------------------------------------------------
 
@@ -266,52 +261,9 @@ class LLMEngine:
         """
         touched: dict[str, _Request] = {}
         failed: dict[str, str] = {}
-        prev, self._in_flight = self._in_flight, None
-        running = overlap.continuation(prev, self.scheduler, self.max_model_len) if prev is not None else None
-        if running is not None:
-            self._building = True  # pages of sequences prev finishes stay held: this step uses them too
-            try:
-                batch = overlap.schedule_continuation(prev, self.scheduler, running)
-                launched = None
-                if batch.fed_back is not None:
-                    self.overlapped_steps += 1
-                    try:
-                        launched = self._launch(batch)
-                    except TensorParallelError:
-                        raise
-                    except Exception as error:  # isolation redoes it below, once the tokens are on the host
-                        logger.warning("an overlapped step failed (%s); redoing it synchronously", error)
-                if launched is None:
-                    self._process(prev, touched, failed)  # the placeholders get their tokens
-                    prev = None
-                    batch.fed_back = None
-                    launched = self._launch(batch)
-            finally:
-                self._building = False
-            self._in_flight = launched
-            if prev is not None:
-                self._process(prev, touched, failed)
-        else:
-            if prev is not None:
-                self._process(prev, touched, failed)
-            # Nothing to schedule once prev has ended every sequence (a request's last token, its first too when
-            # max_tokens is 1): its outputs go back now, without an empty step's bookkeeping on the way.
-            if self.scheduler.running or self.scheduler.num_waiting:
-                batch = self.scheduler.schedule()
-                self._building = True
-                try:
-                    launched = self._launch(batch)
-                finally:
-                    self._building = False
-                if self.async_scheduling and batch.works and not launched.failed:
-                    self._in_flight = launched
-                else:
-                    self._process(launched, touched, failed)
-        if self._in_flight is not None and not self.requests:  # every sequence in it has ended: retire it
-            last, self._in_flight = self._in_flight, None
-            self._process(last, touched, failed)
-        if self._in_flight is None:
-            self._release_finished()
+        self.pipeline.step(self.scheduler, lambda step: self._read(step, touched, failed))
+        if not self.requests:  # every sequence of a step still in flight has ended: nobody will read it
+            self.pipeline.drain(self.scheduler)
         outputs = [
             self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched.values()
         ]
@@ -320,20 +272,18 @@ class LLMEngine:
                 self.requests.pop(out.request_id, None)
         return outputs
 
-    def _launch(self, batch: ScheduledBatch) -> overlap.LaunchedStep:
+    def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
         """Queue the batch's forward pass and sampling, and the copies of the sampled tokens to the host."""
         failed: dict[str, str] = {}
-        picked: overlap.Picked = []
+        picked: Picked = []
         if batch.works:
             logits = self._forward(batch, failed)
             to_sample = self.scheduler.complete(batch)
             picked = self._sample(logits, to_sample, failed)
-        return overlap.launched(batch, picked, failed, self.device)
+        return launched(batch, picked, failed, self.device)
 
-    def _process(self, step: overlap.LaunchedStep, touched: dict[str, _Request], failed: dict[str, str]) -> None:
-        """Wait for a launched step's tokens and append them; finish the sequences they end."""
-        step.wait()
-        self._release_finished()  # finished before the step after this one was scheduled: out of it, done with
+    def _read(self, step: LaunchedStep, touched: dict[str, _Request], failed: dict[str, str]) -> None:
+        """Append a completed step's tokens; finish the sequences they end."""
         failed.update(step.failed)
         now = time.monotonic()
         for seq, sampled in step.picked:
@@ -359,14 +309,14 @@ class LLMEngine:
         if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
             self.tier.mover.before_forward(batch.written_pages(self.config.page_size))
         try:
-            return self.runner.run(batch)
+            return self.executor.run(batch)
         except TensorParallelError:
             raise  # a rank is gone: nothing to isolate
         except Exception as error:
             if batch.fed_back is not None:
                 raise  # the caller redoes the step once its input tokens are on the host
             logger.warning("a step failed (%s); redoing its parts one by one", error)
-            return isolation.forward_parts(self.runner, batch, self.scheduler.running, self.cache, failed)
+            return isolation.forward_parts(self.executor.run, batch, self.scheduler.running, self.cache, failed)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[str, str]):
         seqs = [s for s in seqs if s.request_id not in failed]
@@ -383,17 +333,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str | None = None) -> None:
         self.outputs.finish(seq, reason)
-        if seq.status is Status.RUNNING and (self._in_flight is not None or self._building):
-            self.scheduler.finish(seq, release=False)  # a step in flight may still use its pages
-            self._finished.append(seq)
-        else:
-            self.scheduler.finish(seq)
-
-    def _release_finished(self) -> None:
-        """Release the pages of sequences that ended while a step was in flight, once it has completed."""
-        finished, self._finished = self._finished, []
-        for seq in finished:
-            self.scheduler.release(seq)
+        self.pipeline.end(self.scheduler, seq)
 
     # -- state ------------------------------------------------------------------------------------------------
 
@@ -402,9 +342,8 @@ class LLMEngine:
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
-        if self.parallel is not None:
-            self.parallel.shutdown()
-        self.runner = self.model = self.scheduler = self.cache = self.tier = None  # type: ignore[assignment]
+        self.executor.shutdown()
+        self.scheduler = self.cache = self.tier = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -458,7 +397,7 @@ class LLMEngine:
             num_pages=self.num_pages,
             pages_used=self.pool.num_used - withheld,
             pages_high_water=self.pool.high_water - withheld,
-            page_bytes=self.runner.page_bytes,
+            page_bytes=self.executor.page_bytes,
             prefilled_tokens=self.scheduler.prefilled_tokens,
             decoded_tokens=self.scheduler.decoded_tokens,
             preemptions=self.scheduler.num_preemptions,
@@ -468,40 +407,23 @@ class LLMEngine:
             tokenizer_cache=self.tokenizer.cache.stats() if self.tokenizer.cache is not None else None,
         )
 
-    # -- validation -------------------------------------------------------------------------------------------
+    # -- limits ---------------------------------------------------------------------------------------------
 
     def relink_tokens(self, requested: int | None) -> int:
         """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
-        k = self.config.relink_tokens if requested is None else requested
-        check_relink(self.mode.name, k)
-        return k
+        return self.limits.relink_tokens(requested)
 
     def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
         """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
-        t = self.config.ape_temperature if temperature is None else temperature
-        s = self.config.ape_scale if scale is None else scale
-        check_ape(self.mode.name, t, s)
-        return float(t), float(s)
+        return self.limits.ape(temperature, scale)
 
     def ape_prefix(self, requested: bool | None = None) -> bool:
         """Whether a request's documents are encoded after its first segment: its own choice, or the engine's."""
-        prefix = self.config.ape_prefix if requested is None else requested
-        check_ape(self.mode.name, 1.0, 1.0, prefix)
-        return prefix
+        return self.limits.ape_prefix(requested)
 
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with
-        the request's peak pages (its mode's count) within the pool. 0 when nothing fits."""
-        lens = [len(s) for s in prompt.segments]
-        k = self.config.relink_tokens if relink_tokens is None else relink_tokens
-        lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
-        while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
-            mid = (lo + hi + 1) // 2
-            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.config.page_size, k) <= self.num_pages:
-                lo = mid
-            else:
-                hi = mid - 1
-        return max(lo, 0)
+        """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""
+        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
 
     def _segment_keys(self, prompt: RenderedPrompt, salt: str | None, prefix: bool = False) -> list[str] | None:
         """The segments' document-cache keys (lazy/block), computed once per request: the scheduler takes them
@@ -512,49 +434,3 @@ class LLMEngine:
             return segment_keys(self.keyer, prompt.segments, salt, prefix)
         except (struct.error, OverflowError, TypeError):
             return None  # _validate names an out-of-range id; add_request refuses anything else
-
-    def _validate(
-        self, prompt: RenderedPrompt, params: SamplingParams | None, relink_tokens: int, cached: list[bool]
-    ) -> None:
-        vocab = self.model_config.vocab_size
-        if params is None:
-            if prompt.final or not prompt.segments:
-                raise InvalidRequestError("a prefill-only request has documents and no final segment", "prompt")
-            if not self.mode.caches_documents:
-                raise InvalidRequestError(
-                    f"{self.mode.name} mode does not cache documents: nothing to encode ahead", "documents"
-                )
-        else:
-            params.validate(vocab)
-            if not prompt.final:
-                raise InvalidRequestError("the prompt is empty: the final segment needs at least one token", "prompt")
-        for i, seg in enumerate(prompt.segments):
-            if not seg:
-                raise InvalidRequestError(f"segment {i} (a document or the system prompt) is empty", "documents")
-        unchecked = [s for s, hit in zip(prompt.segments, cached) if not hit]  # cached: checked when encoded
-        for name, ids in [("prompt", prompt.final)] + [("documents", s) for s in unchecked]:
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", name)
-        context = sum(len(s) for s in prompt.segments) + len(prompt.final)
-        max_tokens = params.max_tokens if params is not None else 0
-        if context + max_tokens > self.max_model_len:
-            raise ContextTooLongError(
-                f"this request needs {context} prompt tokens + {max_tokens} max_tokens = "
-                f"{context + max_tokens} tokens, over the context limit of {self.max_model_len}",
-                "prompt",
-            )
-        samples = params.n if params is not None else 0
-        need = self.mode.pages_needed(
-            [len(s) for s in prompt.segments],
-            len(prompt.final) + max_tokens,
-            samples,
-            self.config.page_size,
-            relink_tokens,
-        )
-        if need > self.num_pages:
-            raise ContextTooLongError(
-                f"this request needs {need} KV pages but the pool has {self.num_pages}; raise kv_cache_gb "
-                f"or shorten the request",
-                "prompt",
-            )

@@ -21,57 +21,103 @@ handed out again while a step in flight may read or write it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+import contextlib
+import logging
 
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.graph_inputs import FedBack
-from lazyattn.engine.sampling import SampleResult
 from lazyattn.engine.scheduler import Scheduler
-from lazyattn.engine.sequence import PLACEHOLDER, Sequence
+from lazyattn.engine.sequence import PLACEHOLDER, Sequence, Status
+from lazyattn.engine.step_pipeline import Launch, LaunchedStep, Read, StepPipeline
+from lazyattn.errors import TensorParallelError
 from lazyattn.kernels.paged import cdiv
 
-Picked = list[tuple[Sequence, "tuple[SampleResult, int] | None"]]
+logger = logging.getLogger("lazyattn.engine")
 
 
-@dataclass
-class LaunchedStep:
-    """A step whose forward pass and sampling are queued on the device, its results on their way to the host."""
+class OverlappedPipeline(StepPipeline):
+    """A step is left in flight; the next `step` launches the step after it first, when that one only continues
+    it (`continuation`), and reads it afterwards. Anything else drains: the step in flight is read first."""
 
-    batch: ScheduledBatch
-    picked: Picked  # (sequence, (host result, row)) per sampling sequence; None: its row could not be sampled
-    failed: dict[str, str]  # request id -> why, from failure isolation (engine/isolation.py)
-    sampled_ids: torch.Tensor | None  # every row's sampled id on the device, when one result holds them all
-    rows: dict[int, int]  # seq_id -> row of sampled_ids
-    done: torch.cuda.Event | None  # recorded after the copies to the host (None on the CPU: already done)
+    def __init__(self, launch: Launch, max_model_len: int) -> None:
+        super().__init__(launch)
+        self.max_model_len = max_model_len
+        self.building = False  # a step is being scheduled and launched
 
-    def wait(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
+    def step(self, scheduler: Scheduler, read: Read) -> None:
+        prev, self.in_flight = self.in_flight, None
+        running = continuation(prev, scheduler, self.max_model_len) if prev is not None else None
+        if running is not None:
+            self._continue(prev, running, scheduler, read)
+        else:
+            if prev is not None:
+                self._read(prev, scheduler, read)
+            # Nothing to schedule once prev has ended every sequence (a request's last token, its first too when
+            # max_tokens is 1): its outputs go back now, without an empty step's bookkeeping on the way.
+            if scheduler.running or scheduler.num_waiting:
+                batch = scheduler.schedule()
+                with self._building():
+                    step = self.launch(batch)
+                if batch.works and not step.failed:
+                    self.in_flight = step
+                else:
+                    self._read(step, scheduler, read)
+        if self.in_flight is None:
+            self._release(scheduler)
 
+    def _continue(self, prev: LaunchedStep, running: list[Sequence], scheduler: Scheduler, read: Read) -> None:
+        """Launch the step that continues `prev` from its sampled ids on the device, then read `prev`."""
+        with self._building():  # pages of sequences prev finishes stay held: this step uses them too
+            batch = schedule_continuation(prev, scheduler, running)
+            step = None
+            if batch.fed_back is not None:
+                self.overlapped_steps += 1
+                try:
+                    step = self.launch(batch)
+                except TensorParallelError:
+                    raise
+                except Exception as error:  # isolation redoes it below, once the tokens are on the host
+                    logger.warning("an overlapped step failed (%s); redoing it synchronously", error)
+            if step is None:
+                self._read(prev, scheduler, read)  # the placeholders get their tokens
+                prev = None
+                batch.fed_back = None
+                step = self.launch(batch)
+        self.in_flight = step
+        if prev is not None:
+            self._read(prev, scheduler, read)
 
-def launched(batch: ScheduledBatch, picked: Picked, failed: dict[str, str], device: torch.device) -> LaunchedStep:
-    """Queue the copies of the step's sampled results to the host and record the event that says they landed."""
-    host: dict[int, SampleResult] = {}
-    on_host: Picked = []
-    for seq, sampled in picked:
-        if sampled is None:
-            on_host.append((seq, None))
-            continue
-        result, row = sampled
-        if id(result) not in host:
-            host[id(result)] = result.to_host()
-        on_host.append((seq, (host[id(result)], row)))
-    results = {id(s[0]): s[0] for _, s in picked if s is not None}
-    whole = len(results) == 1 and all(s is not None for _, s in picked)  # not sampled row by row (isolation)
-    sampled_ids = next(iter(results.values())).token_ids if whole else None
-    rows = {seq.seq_id: s[1] for seq, s in picked if s is not None} if whole else {}
-    done = None
-    if device.type == "cuda":
-        done = torch.cuda.Event()
-        done.record()
-    return LaunchedStep(batch, on_host, failed, sampled_ids, rows, done)
+    def _read(self, step: LaunchedStep, scheduler: Scheduler, read: Read) -> None:
+        step.wait()
+        self._release(scheduler)  # ended before the step after this one was scheduled: out of it, done with
+        read(step)
+
+    def end(self, scheduler: Scheduler, seq: Sequence) -> None:
+        if seq.status is Status.RUNNING and (self.in_flight is not None or self.building):
+            scheduler.finish(seq, release=False)  # a step in flight may still use its pages
+            self.ended.append(seq)
+        else:
+            scheduler.finish(seq)
+
+    def drain(self, scheduler: Scheduler) -> None:
+        if self.in_flight is not None:
+            last, self.in_flight = self.in_flight, None
+            last.wait()
+            self._release(scheduler)
+
+    def _release(self, scheduler: Scheduler) -> None:
+        """Release the pages of sequences that ended while a step was in flight, once it has completed."""
+        ended, self.ended = self.ended, []
+        for seq in ended:
+            scheduler.release(seq)
+
+    @contextlib.contextmanager
+    def _building(self):
+        self.building = True
+        try:
+            yield
+        finally:
+            self.building = False
 
 
 def continuation(prev: LaunchedStep, scheduler: Scheduler, max_model_len: int) -> list[Sequence] | None:

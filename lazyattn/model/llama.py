@@ -28,7 +28,7 @@ class CausalLM(nn.Module):
     def __init__(
         self, config: ModelConfig, tp: TensorParallelGroup | None = None, full_vocab_size: int | None = None
     ) -> None:
-        """Under tensor parallelism, `config` is the rank's shard (parallel/group.py, shard_config): the embedding
+        """Under tensor parallelism, `config` is the rank's shard (model/sharding.py, shard_config): the embedding
         and the LM head hold rows [rank * vocab_size, (rank + 1) * vocab_size) of the `full_vocab_size` ones."""
         super().__init__()
         self.config = config

@@ -15,12 +15,11 @@ from tqdm import tqdm
 
 from lazyattn.errors import CheckpointError
 from lazyattn.model import adapter as lora
-from lazyattn.model import gguf
+from lazyattn.model import gguf, sharding
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
 from lazyattn.model.llama import CausalLM
-from lazyattn.parallel import sharding
-from lazyattn.parallel.group import TensorParallelGroup, shard_config
+from lazyattn.parallel.group import TensorParallelGroup
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -44,7 +43,7 @@ def load_model(
 
     With random_init (implied by "tiny"), only config.json is read and weights are drawn from `seed`.
     The returned config carries the runtime dtype and the weights' identity (see ModelConfig.fingerprint).
-    With `tensor_parallel`, the model is this rank's shard (parallel/sharding.py: only its part of each tensor is
+    With `tensor_parallel`, the model is this rank's shard (model/sharding.py: only its part of each tensor is
     read or kept) and the returned config is still the whole model's. `decode_fusion` (LAZYATTN_DECODE_FUSION, the
     engine's config.env): on CUDA without tensor parallelism, fold the norms so that the fused decode path runs.
     """
@@ -76,7 +75,7 @@ def load_model(
     # Build on the meta device, then allocate uninitialised storage in the target dtype: no throw-away
     # default init, and no fp32 copy of a bf16 model.
     with torch.device("meta"):
-        lm = CausalLM(cfg) if tp is None else CausalLM(shard_config(cfg, tp.size), tp, cfg.vocab_size)
+        lm = CausalLM(cfg) if tp is None else CausalLM(sharding.shard_config(cfg, tp.size), tp, cfg.vocab_size)
     lm = lm.to(dtype=dtype).to_empty(device=device)
     if random_init:
         random_weights(lm, seed, init_device, full_config=cfg)

@@ -1,5 +1,4 @@
-"""Tensor parallelism: one engine across the GPUs of a host (docs/design.md, "Tensor parallelism").
-
-`group.py` holds the collectives and the shard arithmetic, `sharding.py` cuts weights per rank, `worker.py` is the
-process of every rank but the driver, and `driver.py` is the runner the engine drives in the user's process.
+"""Tensor parallelism's lower floor: the group of ranks and its collectives (`group.py`, `all_reduce.py`), used by
+the model (each rank's part of it: model/sharding.py). The driver and the workers that run an engine over the
+ranks are an executor of the engine (engine/executor/tensor_parallel.py; docs/design.md, "Tensor parallelism").
 """

@@ -1,10 +1,6 @@
-"""The tensor-parallel group of one rank: its collectives (torch.distributed: NCCL on GPUs, gloo on the CPU; the
-small all-reduces of decode through torch's symmetric memory, parallel/all_reduce.py) and the shard arithmetic of
-the model config.
-
-Column-parallel layers (q/k/v, gate/up) keep rank r's share of heads or intermediate rows; row-parallel layers
-(o, down) keep the matching input columns and all-reduce their outputs; the embedding and the LM head keep a
-contiguous block of vocabulary rows, padded so that every rank holds the same number.
+"""The tensor-parallel group of one rank: its rendezvous and its collectives (torch.distributed: NCCL on GPUs,
+gloo on the CPU; the small all-reduces of decode through torch's symmetric memory, parallel/all_reduce.py). Which
+part of the model each rank holds is the model's business (model/sharding.py).
 """
 
 from __future__ import annotations
@@ -15,14 +11,11 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from lazyattn.envs import EnvSettings
-from lazyattn.errors import InvalidRequestError
-from lazyattn.kernels.paged import cdiv
 from lazyattn.parallel.all_reduce import (
     BUFFER_BYTES,
     ONE_SHOT_MAX_BYTES,
@@ -30,9 +23,6 @@ from lazyattn.parallel.all_reduce import (
     route,
     symmetric_all_reduce,
 )
-
-if TYPE_CHECKING:  # the model package imports this module
-    from lazyattn.model.config import ModelConfig
 
 logger = logging.getLogger("lazyattn.parallel")
 
@@ -137,30 +127,3 @@ def leave() -> None:
         dist.distributed_c10d._abort_process_group()  # also forgets the group
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def check_divisible(cfg: ModelConfig, size: int) -> None:
-    """Heads and MLP rows must split evenly (the vocabulary is padded instead)."""
-    for field, n in (
-        ("num_attention_heads", cfg.num_heads),
-        ("num_key_value_heads", cfg.num_kv_heads),
-        ("intermediate_size", cfg.intermediate_size),
-    ):
-        if n % size:
-            raise InvalidRequestError(
-                f"tensor_parallel_size {size} does not divide the model's {field} ({n}): each rank must hold the "
-                f"same share; pick a size that divides {field}",
-                "tensor_parallel_size",
-            )
-
-
-def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
-    """The config of one rank's shard: its heads, MLP rows and (padded) vocabulary block."""
-    check_divisible(cfg, size)
-    return dataclasses.replace(
-        cfg,
-        num_heads=cfg.num_heads // size,
-        num_kv_heads=cfg.num_kv_heads // size,
-        intermediate_size=cfg.intermediate_size // size,
-        vocab_size=cdiv(cfg.vocab_size, size),
-    )

@@ -369,7 +369,7 @@ def test_gpu_ape_matches_transformers_and_graphs_equal_eager(tmp_path_factory, p
             outs = {rid: o.token_ids for rid, o in run_all(llm, prompts, params).items()}
         results[name] = (outs, torch.cat(seen))
         if name == "graphs":
-            assert llm.engine.runner.prefill_graphs.replays > 0
+            assert llm.engine.executor.runner.prefill_graphs.replays > 0
         llm.shutdown()
     assert results["eager"][0] == results["graphs"][0] == results["per_request"][0]
     assert rel(results["graphs"][1], results["eager"][1]) < 1e-5

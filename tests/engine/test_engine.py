@@ -281,10 +281,10 @@ def test_warm_up_leaves_no_trace(checkpoint):
     """The start-up warm-up (run on CUDA before serving) touches no cache, page or counter and zeroes the KV."""
     llm = make_llm(checkpoint, "llama", "lazy", max_num_seqs=8, max_num_batched_tokens=256)
     want = generate(make_llm(checkpoint, "llama", "lazy"), REQUESTS)
-    llm.engine.runner.warm_up()
+    llm.engine.executor.runner.warm_up()
     stats = llm.stats()
     assert stats.cache.lookups == 0 and stats.pages_used == 0 and stats.prefilled_tokens == 0
-    assert not llm.engine.runner.backend.kv.any()
+    assert not llm.engine.executor.runner.backend.kv.any()
     assert [o.token_ids for o in generate(llm, REQUESTS)] == [o.token_ids for o in want]
 
 

@@ -27,14 +27,14 @@ def random_docs(n: int, length: int, seed: int, vocab: int = 128_000) -> list[li
 def capture_logits(llm: LLM) -> list[torch.Tensor]:
     """Record the logits rows the engine samples from."""
     seen: list[torch.Tensor] = []
-    run = llm.engine.runner.run
+    run = llm.engine.executor.run
 
     def recording(batch):
         logits = run(batch)
         seen.append(logits.detach().to("cpu", torch.float32, copy=True))  # a copy: graph outputs are reused
         return logits
 
-    llm.engine.runner.run = recording
+    llm.engine.executor.run = recording
     return seen
 
 
@@ -58,7 +58,7 @@ def hf_model_with_weights_of(llm: LLM, directory: Path, dtype: torch.dtype):
         hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
     hf_params = dict(hf.named_parameters())
     with torch.no_grad():
-        for hf_name, tensor in llm.engine.model.hf_tensors().items():
+        for hf_name, tensor in llm.engine.executor.model.hf_tensors().items():
             hf_params[hf_name].copy_(tensor)
     return hf.eval()
 
@@ -122,7 +122,7 @@ def test_lazy_and_block_match_transformers_at_8b_shapes(tmp_path_factory, dtype,
                 )
             logits["hf"] = out.logits[0, -1].float().cpu()
             del hf, out
-        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
+        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (executor.run is patched: a cycle)
     print(
         f"\n8B shapes, {dtype}, {layers} layers: |lazy-hf|/|hf| = {rel(logits['lazy'], logits['hf']):.2e}, "
         f"|block-hf|/|hf| = {rel(logits['block'], logits['hf']):.2e}, "
@@ -163,7 +163,7 @@ def test_throughput_smoke_lazy_vs_block():
             f"\n{mode}: {len(prompts) / elapsed:.2f} req/s, {16 * len(prompts) / elapsed:.1f} output tok/s, "
             f"mean TTFT {1e3 * ttft:.1f} ms, KV pages high water {llm.stats().pages_high_water}"
         )
-        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
+        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (executor.run is patched: a cycle)
     # Greedy tokens are not compared: with random bf16 weights, rounding flips near-ties (the fp32 test
     # is where lazy == block is shown). Every request must have finished with its 16 tokens.
     assert all(len(t) == 16 for mode in tokens for t in tokens[mode])
@@ -182,9 +182,9 @@ def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
         progress=False,
         cuda_graphs=cuda_graphs,
     )
-    runner = llm.engine.runner
+    executor = llm.engine.executor
     timings: list[tuple[int, float, float]] = []
-    run = runner.run
+    run = executor.run
 
     def timed(batch):
         torch.cuda.synchronize()
@@ -197,7 +197,7 @@ def test_decode_step_cpu_issue_time_vs_gpu_time(cuda_graphs):
             timings.append((len(batch.works), t1 - t0, t2 - t0))
         return logits
 
-    runner.run = timed
+    executor.run = timed
     docs = random_docs(4, 1024, seed=5)
     for batch_size in (1, 16):
         timings.clear()
@@ -240,7 +240,7 @@ def test_cuda_graph_decode_equals_eager():
         )
         seen = capture_logits(llm)
         results[graphs] = (run_once(llm, prompts, params), torch.cat(seen))
-        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
+        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (executor.run is patched: a cycle)
     assert results[False][0] == results[True][0]
     assert rel(results[True][1], results[False][1]) < 1e-5
 
@@ -284,9 +284,9 @@ def test_cuda_graph_prefill_equals_eager():
         while engine.has_unfinished():
             for out in engine.step():
                 mixed[out.request_id] = list(out.outputs[0].token_ids)
-        prefill = engine.runner.prefill_graphs
+        prefill = engine.executor.runner.prefill_graphs
         results[graphs] = ((tokens, mixed), together, torch.cat(seen), 0 if prefill is None else prefill.replays)
-        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (runner.run is patched: a cycle)
+        llm.shutdown()  # frees the KV pool and graphs now, not at the next gc (executor.run is patched: a cycle)
     print(
         f"\nprefill graph replays: {results[True][3]}, |graphs-eager|/|eager| = "
         f"{rel(results[True][2], results[False][2]):.2e}"
@@ -303,7 +303,7 @@ def test_shutdown_gives_the_gpu_memory_back():
     with LLM(
         model=str(CONFIG_8B), mode="block", device="cuda", random_weights=True, kv_cache_gb=4, progress=False
     ) as llm:
-        capture_logits(llm)  # a patched runner.run: the reference cycle that kept engines alive
+        capture_logits(llm)  # a patched executor.run: the reference cycle that kept engines alive
         docs = random_docs(2, 256, seed=7)
         run_once(llm, [RenderedPrompt([[128000]] + docs, [5, 6, 7])], SamplingParams(max_tokens=4, temperature=0.0))
         held = torch.cuda.memory_allocated() - before

@@ -84,7 +84,7 @@ def test_a_head_major_pool_gives_the_same_tokens(mode, monkeypatch):
     expected = run_all(engine(mode, 0), batched=True)
     monkeypatch.setenv("LAZYATTN_KV_LAYOUT", "head")
     tiered = engine(mode, 0.01)
-    kv = tiered.engine.runner.backend.kv
+    kv = tiered.engine.executor.runner.backend.kv
     assert kv[0, 0, 0, :, 0].is_contiguous() and not kv[0, 0, 0].is_contiguous()  # head-major tiles
     assert run_all(tiered, batched=True) == expected
     assert tiered.engine.stats().cache.host_hits > 0
@@ -125,7 +125,7 @@ def test_options_and_the_host_budget():
     )  # nothing cached, nothing to demote
     llm = engine("lazy", 0.01)
     pages = llm.engine.tier.num_pages
-    assert pages == int(0.01 * 2**30) // llm.engine.runner.page_bytes
+    assert pages == int(0.01 * 2**30) // llm.engine.executor.page_bytes
     llm.engine.set_host_budget(3)
     assert llm.engine.stats().host.num_pages == 3
     llm.engine.set_host_budget(None)

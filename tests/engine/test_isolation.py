@@ -37,14 +37,14 @@ def alone(name, mode="lazy"):
 
 def poison_runner(when):
     def install(e):
-        real = e.runner.run
+        real = e.executor.run
 
         def run(batch):
             if any(when(w) for w in batch.works):
                 raise RuntimeError("poisoned part")
             return real(batch)
 
-        e.runner.run = run
+        e.executor.run = run
 
     return install
 

@@ -85,7 +85,7 @@ def drive(e: LLMEngine, script: dict[int, list[tuple]], calls: int = 300) -> dic
 def assert_clean(e: LLMEngine) -> None:
     """Idle: only cached documents hold pages, and none once the cache is cleared."""
     s = e.stats()
-    assert s.running == 0 and s.waiting == 0 and not e._finished and e._in_flight is None
+    assert s.running == 0 and s.waiting == 0 and not e.pipeline.ended and e.pipeline.in_flight is None
     assert s.pages_used == s.cache.pages_in_use
     e.cache.clear()
     assert e.pool.num_used == 0
@@ -94,7 +94,7 @@ def assert_clean(e: LLMEngine) -> None:
 def both(script, mode="lazy", **kw):
     sync, over = engine(False, mode, **kw), engine(True, mode, **kw)
     expected, got = drive(sync, script), drive(over, script)
-    assert sync.overlapped_steps == 0 and over.overlapped_steps > 0
+    assert sync.pipeline.overlapped_steps == 0 and over.pipeline.overlapped_steps > 0
     return expected, got, sync, over
 
 
@@ -153,13 +153,13 @@ def test_pages_of_a_sequence_ended_in_flight_wait_for_the_step_after_it():
         outs = {o.request_id: o for o in e.step()}
         if "a1" in outs and outs["a1"].finished:
             break
-    ended = e._finished
+    ended = e.pipeline.ended
     assert [s.request_id for s in ended] == ["a1"]  # the step launched before a1's stop token was read has it
-    assert e._in_flight is not None and any(w.seq is ended[0] for w in e._in_flight.batch.works)
+    assert e.pipeline.in_flight is not None and any(w.seq is ended[0] for w in e.pipeline.in_flight.batch.works)
     pages = list(ended[0].run.pages)
     assert pages and all(e.pool._in_use[p] for p in pages)
     e.step()
-    assert not e._finished and not any(e.pool._in_use[p] for p in pages)
+    assert not e.pipeline.ended and not any(e.pool._in_use[p] for p in pages)
     drive(e, {})
     assert_clean(e)
 
@@ -186,9 +186,9 @@ def test_aborting_everything_retires_the_step_in_flight():
     e.add_request("a1", from_token_ids([1, 2, 3], [DOCS["x"]]), greedy(20))
     for _ in range(4):
         e.step()
-    assert e._in_flight is not None
+    assert e.pipeline.in_flight is not None
     e.abort("a1")
-    assert e._in_flight is None and not e.has_unfinished()
+    assert e.pipeline.in_flight is None and not e.has_unfinished()
     assert_clean(e)
 
 
@@ -212,7 +212,7 @@ def test_a_failing_request_ends_alone_and_the_others_go_on():
     the others are unchanged."""
 
     def poison(e):
-        real = e.runner.run
+        real = e.executor.run
 
         def run(batch):
             # from the step that feeds b1's third token on: a row of the run, the same in both engines
@@ -222,7 +222,7 @@ def test_a_failing_request_ends_alone_and_the_others_go_on():
                 raise RuntimeError("poisoned part")
             return real(batch)
 
-        e.runner.run = run
+        e.executor.run = run
 
     script = {0: [("add", "a1", greedy(10)), ("add", "b1", greedy(10)), ("add", "c1", greedy(10))]}
     sync, over = engine(False), engine(True)
@@ -232,7 +232,7 @@ def test_a_failing_request_ends_alone_and_the_others_go_on():
     assert got == expected
     assert got["b1"][-1][1] is not None and "poisoned part" in got["b1"][-1][1]
     assert got["a1"][-1][2][0][3] == "length" and len(got["a1"][-1][2][0][2]) == 10
-    assert over.overlapped_steps > 0
+    assert over.pipeline.overlapped_steps > 0
     assert_clean(over)
 
 

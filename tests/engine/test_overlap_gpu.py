@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lazyattn import LLM, SamplingParams
+from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
 from tests.engine.test_engine_gpu import config_dir, random_docs
 
@@ -24,7 +25,9 @@ def run(directory, overlap: bool, prompts: list[RenderedPrompt], params: list[Sa
         progress=False,
         async_scheduling=overlap,
     )
-    assert llm.engine.async_scheduling is overlap and llm.engine.runner.graphs is not None
+    assert (
+        isinstance(llm.engine.pipeline, OverlappedPipeline) is overlap and llm.engine.executor.runner.graphs is not None
+    )
     outs = llm.generate(
         sampling_params=params,
         prompt_token_ids=[p.final for p in prompts],
@@ -35,8 +38,8 @@ def run(directory, overlap: bool, prompts: list[RenderedPrompt], params: list[Sa
     assert stats.running == 0 and stats.pages_used == stats.cache.pages_in_use
     result = (
         [[(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs] for o in outs],
-        engine.overlapped_steps,
-        sorted(engine.runner.graphs.graphs),
+        engine.pipeline.overlapped_steps,
+        sorted(engine.executor.runner.graphs.graphs),
     )
     llm.shutdown()
     return result

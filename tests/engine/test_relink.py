@@ -132,7 +132,7 @@ def test_shared_copy_is_untouched_by_a_relinked_request(checkpoint):
     llm = make_llm(checkpoint, "llama", "lazy")
     generate(llm, REQUESTS[1:2])  # documents cached: later runs have the same batch shapes (same rounding)
     before = generate(llm, REQUESTS[1:2])
-    kv = llm.engine.runner.backend.kv
+    kv = llm.engine.executor.runner.backend.kv
     cached = kv.clone()
     relinked = llm.generate(
         prompt_token_ids=[REQUESTS[1][1]],

@@ -1,4 +1,4 @@
-"""The all-reduce route rule (parallel/all_reduce.py) and the step messages (parallel/channel.py), on the CPU."""
+"""The all-reduce route rule (parallel/all_reduce.py) and the step messages (engine/executor/channel.py), on the CPU."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from lazyattn import LLM
+from lazyattn.engine.executor.channel import encode, pack_step, receive, unpack_step
 from lazyattn.engine.graph_inputs import StepInputs
 from lazyattn.envs import read_env
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages
 from lazyattn.parallel.all_reduce import BUFFER_BYTES, ONE_SHOT_MAX_BYTES, route
-from lazyattn.parallel.channel import encode, pack_step, receive, unpack_step
 from lazyattn.parallel.group import connect_store, serve_store
 
 BF16 = 2

@@ -121,11 +121,11 @@ def test_sizes_that_do_not_divide_are_refused(checkpoint):
 def test_more_ranks_than_gpus_are_refused(monkeypatch):
     """Checked before any process starts (the CPU machine pretends to have one GPU)."""
     from lazyattn.engine.config import EngineConfig
-    from lazyattn.parallel.driver import TensorParallelRunner
+    from lazyattn.engine.executor.tensor_parallel import TensorParallelExecutor
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(InvalidRequestError, match="needs 2 GPUs; 1 visible"):
-        TensorParallelRunner(EngineConfig(model="tiny", device="cuda", tensor_parallel_size=2), torch.device("cuda"))
+        TensorParallelExecutor(EngineConfig(model="tiny", device="cuda", tensor_parallel_size=2), torch.device("cuda"))
 
 
 def test_a_dead_worker_is_an_error_not_a_hang():
@@ -134,7 +134,7 @@ def test_a_dead_worker_is_an_error_not_a_hang():
         params = greedy()
         first = llm.generate(prompt_token_ids=[[256, 10, 11, 12]], sampling_params=params)[0].token_ids
         assert len(first) == params.max_tokens
-        worker = llm.engine.parallel.procs[0]
+        worker = llm.engine.executor.procs[0]
         worker.kill()
         worker.join()
         with pytest.raises(TensorParallelError, match="worker 1"):
@@ -149,7 +149,7 @@ def test_a_failed_step_on_the_driver_ends_the_engine():
     """No per-request isolation across ranks: after a failed step they may be out of step."""
     llm = LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
     try:
-        local = llm.engine.parallel.local
+        local = llm.engine.executor.runner
         execute = local.execute
 
         def failing(step):
@@ -161,17 +161,17 @@ def test_a_failed_step_on_the_driver_ends_the_engine():
             llm.generate(prompt_token_ids=[[256, 10, 11]], sampling_params=greedy())
     finally:
         llm.shutdown()
-    assert [p.exitcode for p in llm.engine.parallel.procs] == [0]
+    assert [p.exitcode for p in llm.engine.executor.procs] == [0]
 
 
 def test_shutdown_stops_the_workers_and_frees_the_group():
     with LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2) as llm:
-        procs = list(llm.engine.parallel.procs)
+        procs = list(llm.engine.executor.procs)
         assert all(p.is_alive() for p in procs)
     assert [p.exitcode for p in procs] == [0]
     # A dropped engine (no shutdown) stops its workers when collected, so a new one can start.
     llm = LLM(model="tiny", device="cpu", progress=False, tensor_parallel_size=2)
-    procs = list(llm.engine.parallel.procs)
+    procs = list(llm.engine.executor.procs)
     del llm
     gc.collect()
     assert all(not p.is_alive() for p in procs)
@@ -231,9 +231,10 @@ def test_generate_command_on_two_ranks(capsys):
 
 @pytest.mark.parametrize("mode", ["lazy", "block"])
 def test_two_ranks_overlapped_match_one_synchronous(mode):
-    """Overlapped scheduling on two ranks (the fed-back ids broadcast from the driver, parallel/fed_back.py) streams
-    what one synchronous rank does: greedy with logprobs, seeded sampling, n = 2, arrivals while others decode, and a
-    stop token that ends one sequence while the next step is in flight (later steps feed back a subset of rows)."""
+    """Overlapped scheduling on two ranks (the fed-back ids broadcast from the driver, engine/executor/fed_back.py)
+    streams what one synchronous rank does: greedy with logprobs, seeded sampling, n = 2, arrivals while others
+    decode, and a stop token that ends one sequence while the next step is in flight (later steps feed back a subset
+    of rows)."""
     from tests.engine.test_overlap import SAMPLING, drive, engine
 
     script = {
@@ -253,7 +254,7 @@ def test_two_ranks_overlapped_match_one_synchronous(mode):
     two = engine(True, mode, tensor_parallel_size=2)
     try:
         got = drive(two, script)
-        overlapped = two.overlapped_steps
+        overlapped = two.pipeline.overlapped_steps
     finally:
         two.shutdown()
     assert got == expected

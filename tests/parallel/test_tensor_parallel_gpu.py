@@ -64,7 +64,7 @@ def test_symmetric_memory_all_reduce_matches_nccl(tmp_path_factory, monkeypatch)
             progress=False,
             tensor_parallel_size=2,
         )
-        assert llm.engine.parallel.tp.all_reduce_path == path
+        assert llm.engine.executor.tp.all_reduce_path == path
         runs[path] = generate(llm, prompts, max_tokens=6)
     (tokens_nccl, logits_nccl), (tokens_symm, logits_symm) = runs["nccl"], runs["symm_mem"]
     worst = max(rel(b, a) for a, b in zip(logits_nccl, logits_symm))
@@ -147,9 +147,9 @@ def test_bf16_two_ranks_lazy_equals_block_at_8b_shapes():
 
 
 def test_overlapped_scheduling_on_two_ranks_matches_synchronous(tmp_path_factory):
-    """Overlapped scheduling under TP = 2 (the fed-back ids broadcast from the driver's GPU, parallel/fed_back.py)
-    gives the synchronous engine's tokens: three requests decoding together in graphs, one ending early (max_tokens)
-    so the steps after it feed back a subset of rows."""
+    """Overlapped scheduling under TP = 2 (the fed-back ids broadcast from the driver's GPU,
+    engine/executor/fed_back.py) gives the synchronous engine's tokens: three requests decoding together in graphs,
+    one ending early (max_tokens) so the steps after it feed back a subset of rows."""
     directory = config_dir(tmp_path_factory, 4)
     prompts = rag_prompts(3)
     runs = {}
@@ -171,7 +171,7 @@ def test_overlapped_scheduling_on_two_ranks_matches_synchronous(tmp_path_factory
             tokens = {}
             while llm.engine.has_unfinished():
                 tokens.update((o.request_id, o.token_ids) for o in llm.engine.step() if o.finished)
-            runs[overlap] = ([tokens[f"r{i}"] for i in range(3)], llm.engine.overlapped_steps)
+            runs[overlap] = ([tokens[f"r{i}"] for i in range(3)], llm.engine.pipeline.overlapped_steps)
         finally:
             llm.shutdown()
     print(f"\nTP=2 overlap on: {runs[True][1]} overlapped steps; tokens equal {runs[True][0] == runs[False][0]}")

@@ -2,7 +2,7 @@
 count as every rank), then runs whatever the driver sends, in the driver's order, until told to stop.
 
 Messages from the driver: ("build", max_model_len), ("warm_up", None), ("step", packed StepInputs, send time,
-fed-back rows), ("stop", None) (parallel/channel.py: how a step travels fast; parallel/fed_back.py: the fed-back
+fed-back rows), ("stop", None) (executor/channel.py: how a step travels fast; executor/fed_back.py: the fed-back
 rows' ids). Replies: ("hello", None) once started, ("ready", num_pages), ("done", None) after a warm-up, ("error",
 traceback) before exiting on any failure. Steps get no reply: the collectives of the forward pass keep the ranks
 in step.
@@ -22,10 +22,10 @@ import torch
 
 from lazyattn import envs
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.executor.channel import SPIN_S, DispatchTrace, receive, unpack_step
+from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.loader import load_model
-from lazyattn.parallel.channel import SPIN_S, DispatchTrace, receive, unpack_step
-from lazyattn.parallel.fed_back import FedBackRelay
 from lazyattn.parallel.group import TensorParallelGroup, connect_store, join, leave
 
 

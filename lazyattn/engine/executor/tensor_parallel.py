@@ -1,14 +1,14 @@
-"""TensorParallelRunner: the engine's model runner when `tensor_parallel_size` > 1 (docs/design.md, "Tensor
+"""TensorParallelExecutor: the engine's executor when `tensor_parallel_size` > 1 (docs/design.md, "Tensor
 parallelism").
 
 The driver is rank 0, in the user's process: the engine's scheduler, document cache and sampler run there once.
 Each step is decided there, turned into StepInputs (packed ids, positions, slots, page tables, copies) and sent to
-every other rank's worker process (parallel/worker.py), which runs the same forward pass on its shard with its own
+every other rank's worker process (executor/worker.py), which runs the same forward pass on its shard with its own
 KV pool; the collectives inside the model sum the partial results, and the driver samples from the gathered
-logits. Control messages go through one pipe per worker; tensors never do (parallel/channel.py: a step's message
+logits. Control messages go through one pipe per worker; tensors never do (executor/channel.py: a step's message
 is pickled once, as plain lists, and the workers spin on their pipes between steps). With overlapped scheduling a
 decode step's input tokens are still on the driver's GPU when it is sent: they follow by broadcast
-(parallel/fed_back.py).
+(executor/fed_back.py).
 
 A worker that dies is noticed by a watcher thread, which aborts the process group so that a rank blocked in a
 collective returns; the next (or current) step then raises TensorParallelError with the worker's traceback.
@@ -32,22 +32,23 @@ import torch
 
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.executor import worker
+from lazyattn.engine.executor.base import Executor
+from lazyattn.engine.executor.channel import DispatchTrace, encode, pack_step
+from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.errors import InvalidRequestError, TensorParallelError
 from lazyattn.model.loader import load_model, model_config
-from lazyattn.parallel import worker
+from lazyattn.model.sharding import check_divisible
 from lazyattn.parallel.all_reduce import SETTING_ENV
-from lazyattn.parallel.channel import DispatchTrace, encode, pack_step
-from lazyattn.parallel.fed_back import FedBackRelay
-from lazyattn.parallel.group import NCCL_ENV, check_divisible, join, leave, serve_store
+from lazyattn.parallel.group import NCCL_ENV, join, leave, serve_store
 
 logger = logging.getLogger("lazyattn.parallel")
 START_TIMEOUT_S = 600.0  # a worker's start: importing torch, then loading its shard (70B: a minute or so)
 STOP_TIMEOUT_S = 10.0
 
 
-class TensorParallelRunner:
-    """Loads the driver's shard and starts the workers (construction), then, after `build`, is the engine's runner:
-    run, warm_up, num_pages, page_bytes (a page id's bytes over all ranks), shutdown."""
+class TensorParallelExecutor(Executor):
+    """Loads the driver's shard and starts the workers (construction); `build` has every rank build its runner."""
 
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         size = config.tensor_parallel_size
@@ -122,8 +123,8 @@ class TensorParallelRunner:
         self.local = None
         self._trace = DispatchTrace(0, config.env.tp_trace)
 
-    def build(self, max_model_len: int) -> TensorParallelRunner:
-        """Every rank builds its KV pool (the same page count) and its runner; returns self, now a runner."""
+    def build(self, max_model_len: int) -> None:
+        """Every rank builds its KV pool (the same page count) and its runner."""
         try:
             self._send(("build", max_model_len))
             self.local = worker.build_runner(self.model, self.config, max_model_len, self.device, self.tp)
@@ -133,30 +134,25 @@ class TensorParallelRunner:
             self.shutdown()
             raise
         assert all(n == self.local.num_pages for n in counts), "ranks disagree on the pool size"
-        return self
 
-    # -- the runner's interface ------------------------------------------------------------------------------
+    # -- the executor's interface ----------------------------------------------------------------------------
 
     @property
-    def num_pages(self) -> int:
-        return self.local.num_pages
+    def runner(self):
+        return self.local  # the driver's
 
     @property
     def page_bytes(self) -> int:
         return self.local.page_bytes * self.size
 
     @property
-    def backend(self):
-        return self.local.backend
-
-    @property
-    def graphs(self):
-        return self.local.graphs
+    def local_kv(self) -> None:
+        return None  # each rank holds its share of every page
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch on every rank; the gathered fp32 logits [n, vocab] of the works that sample."""
         step = self.local.describe(batch)
-        fed, step.fed_back = step.fed_back, None  # a device tensor: it travels by broadcast (parallel/fed_back.py)
+        fed, step.fed_back = step.fed_back, None  # a device tensor: it travels by broadcast (executor/fed_back.py)
         rows = 0 if fed is None else len(fed.index)
         sent = time.perf_counter()
         self._send(("step", pack_step(step), sent, rows))

@@ -1,5 +1,6 @@
-"""Each rank's part of the weights: cut from a checkpoint's tensors (reading only that part of each safetensors
-tensor), or drawn as random weights exactly equal to the matching part of the one-rank model's.
+"""Each rank's part of the model under tensor parallelism: its shard's config (`shard_config`), and its part of the
+weights, cut from a checkpoint's tensors (reading only that part of each safetensors tensor), or drawn as random
+weights exactly equal to the matching part of the one-rank model's.
 
 Which part: rows of the column-parallel projections (q/k/v, gate/up, and their biases), columns of the row-parallel
 ones (o, down), a block of vocabulary rows of the embedding and the LM head (zero-padded so that every rank holds
@@ -9,13 +10,14 @@ biases are zeroed off rank 0 so that the all-reduce adds them once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from lazyattn.errors import CheckpointError
+from lazyattn.errors import CheckpointError, InvalidRequestError
 from lazyattn.kernels.paged import cdiv
 from lazyattn.model.config import ModelConfig
 from lazyattn.parallel.group import TensorParallelGroup
@@ -24,6 +26,33 @@ _ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # Hugging Face n
 _COLUMNS = ("o_proj.weight", "down_proj.weight")
 _VOCAB = ("embed_tokens.weight", "lm_head.weight")
 _ONCE = ("o_proj.bias", "down_proj.bias")  # added after the all-reduce: on rank 0 only
+
+
+def check_divisible(cfg: ModelConfig, size: int) -> None:
+    """Heads and MLP rows must split evenly (the vocabulary is padded instead)."""
+    for field, n in (
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
+        if n % size:
+            raise InvalidRequestError(
+                f"tensor_parallel_size {size} does not divide the model's {field} ({n}): each rank must hold the "
+                f"same share; pick a size that divides {field}",
+                "tensor_parallel_size",
+            )
+
+
+def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
+    """The config of one rank's shard: its heads, MLP rows and (padded) vocabulary block."""
+    check_divisible(cfg, size)
+    return dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // size,
+        num_kv_heads=cfg.num_kv_heads // size,
+        intermediate_size=cfg.intermediate_size // size,
+        vocab_size=cdiv(cfg.vocab_size, size),
+    )
 
 
 def _how(name: str) -> str | None:

@@ -1,0 +1,56 @@
+"""What runs the engine's forward passes: an `Executor` loads the model, builds the KV pool(s) and the model
+runner(s), and runs each scheduled batch. The engine picks one from its config and sees only this interface.
+
+`LocalExecutor` (executor/local.py): one process, one device. `TensorParallelExecutor` (executor/tensor_parallel.py):
+the driver in the engine's process and a worker process per other rank (docs/design.md, "Tensor parallelism").
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.model_runner import ModelRunner
+from lazyattn.model.config import ModelConfig
+from lazyattn.model.llama import CausalLM
+
+
+class Executor(ABC):
+    """Construction loads the weights; `build` sizes the KV pool(s) once the engine knows its context limit; then
+    `run` per step. `shutdown` gives the device memory (and any processes) back; idempotent."""
+
+    model: CausalLM | None  # this process's model (the driver's shard under tensor parallelism)
+    model_config: ModelConfig  # the whole model's config
+    runner: ModelRunner | None  # this process's runner, once built: its KV pool and CUDA graphs
+
+    @abstractmethod
+    def build(self, max_model_len: int) -> None:
+        """Allocate the KV pool(s), the same page count on every rank, and the runner(s)."""
+
+    @abstractmethod
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
+
+    @abstractmethod
+    def warm_up(self) -> None:
+        """Compile and tune kernels and capture graphs (CUDA), leaving the KV pool zeroed."""
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    @property
+    def num_pages(self) -> int:
+        """Page ids of the pool (every rank holds this many)."""
+        return self.runner.num_pages
+
+    @property
+    def page_bytes(self) -> int:
+        """A page id's bytes, over all ranks."""
+        return self.runner.page_bytes
+
+    @property
+    def local_kv(self) -> torch.Tensor | None:
+        """The whole KV pool, when it lies in this process (the host tier copies its pages); else None."""
+        return self.runner.backend.kv

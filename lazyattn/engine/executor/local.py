@@ -1,0 +1,38 @@
+"""The engine's executor on one device: the model and its runner live in the engine's process."""
+
+from __future__ import annotations
+
+import torch
+
+from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.executor.base import Executor
+from lazyattn.engine.model_runner import ModelRunner
+from lazyattn.model.loader import load_model
+
+
+class LocalExecutor(Executor):
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.model, self.model_config = load_model(
+            config.model,
+            dtype=config.torch_dtype,
+            device=device,
+            seed=config.seed,
+            random_init=config.random_weights,
+            decode_fusion=config.env.decode_fusion,
+        )
+        self.runner = None
+
+    def build(self, max_model_len: int) -> None:
+        self.runner = ModelRunner(self.model, self.model_config, self.config, max_model_len, self.device)
+
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        return self.runner.run(batch)
+
+    def warm_up(self) -> None:
+        self.runner.warm_up()
+
+    def shutdown(self) -> None:
+        self.runner = self.model = None
