@@ -150,11 +150,11 @@ def test_settings_in_the_environment_at_construction_reach_the_engine(monkeypatc
 def test_decode_fusion_setting_reaches_the_loader(monkeypatch, kernel_settings):
     """LAZYATTN_DECODE_FUSION=0 at construction: the engine asks the loader for the unfused model (folded norms are
     decided there, on CUDA), and its outputs on the CPU equal the default engine's."""
-    from lazyattn.engine.executor import local
+    from lazyattn.engine.executor import base
 
     asked = []
-    load = local.load_model
-    monkeypatch.setattr(local, "load_model", lambda *a, **kw: asked.append(kw["decode_fusion"]) or load(*a, **kw))
+    load = base.load_model
+    monkeypatch.setattr(base, "load_model", lambda *a, **kw: asked.append(kw["decode_fusion"]) or load(*a, **kw))
     with LLM(model="tiny", device="cpu", page_size=16, progress=False) as llm:
         expected = _generate(llm)
     monkeypatch.setenv("LAZYATTN_DECODE_FUSION", "0")

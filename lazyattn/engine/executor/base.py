@@ -12,9 +12,28 @@ from abc import ABC, abstractmethod
 import torch
 
 from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
+from lazyattn.model.loader import load_model
+from lazyattn.parallel.group import TensorParallelGroup
+
+
+def load_engine_model(
+    config: EngineConfig, device: torch.device, tensor_parallel: TensorParallelGroup | None = None
+) -> tuple[CausalLM, ModelConfig]:
+    """The model `config` names, on `device`, as every executor and worker loads it (this rank's shard under tensor
+    parallelism; decode fusion as the engine's settings say)."""
+    return load_model(
+        config.model,
+        dtype=config.torch_dtype,
+        device=device,
+        seed=config.seed,
+        random_init=config.random_weights,
+        decode_fusion=config.env.decode_fusion,
+        tensor_parallel=tensor_parallel,
+    )
 
 
 class Executor(ABC):

@@ -6,23 +6,15 @@ import torch
 
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
-from lazyattn.engine.executor.base import Executor
+from lazyattn.engine.executor.base import Executor, load_engine_model
 from lazyattn.engine.model_runner import ModelRunner
-from lazyattn.model.loader import load_model
 
 
 class LocalExecutor(Executor):
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         self.config = config
         self.device = device
-        self.model, self.model_config = load_model(
-            config.model,
-            dtype=config.torch_dtype,
-            device=device,
-            seed=config.seed,
-            random_init=config.random_weights,
-            decode_fusion=config.env.decode_fusion,
-        )
+        self.model, self.model_config = load_engine_model(config, device)
         self.runner = None
 
     def build(self, max_model_len: int) -> None:

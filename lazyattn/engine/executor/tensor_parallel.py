@@ -33,11 +33,11 @@ import torch
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor import worker
-from lazyattn.engine.executor.base import Executor
+from lazyattn.engine.executor.base import Executor, load_engine_model
 from lazyattn.engine.executor.channel import DispatchTrace, encode, pack_step
 from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.errors import InvalidRequestError, TensorParallelError
-from lazyattn.model.loader import load_model, model_config
+from lazyattn.model.loader import model_config
 from lazyattn.model.sharding import check_divisible
 from lazyattn.parallel.all_reduce import SETTING_ENV
 from lazyattn.parallel.group import NCCL_ENV, join, leave, serve_store
@@ -108,15 +108,7 @@ class TensorParallelExecutor(Executor):
             threading.Thread(
                 target=_watch, args=(weakref.ref(self), list(self.procs)), daemon=True, name="lazyattn-tp-watch"
             ).start()
-            self.model, self.model_config = load_model(
-                config.model,
-                dtype=config.torch_dtype,
-                device=self.device,
-                seed=config.seed,
-                random_init=config.random_weights,
-                decode_fusion=config.env.decode_fusion,
-                tensor_parallel=self.tp,
-            )
+            self.model, self.model_config = load_engine_model(config, self.device, self.tp)
         except BaseException:
             self.shutdown()
             raise

@@ -22,10 +22,10 @@ import torch
 
 from lazyattn import envs
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.executor.base import load_engine_model
 from lazyattn.engine.executor.channel import SPIN_S, DispatchTrace, receive, unpack_step
 from lazyattn.engine.executor.fed_back import FedBackRelay
 from lazyattn.engine.model_runner import ModelRunner
-from lazyattn.model.loader import load_model
 from lazyattn.parallel.group import TensorParallelGroup, connect_store, join, leave
 
 
@@ -67,15 +67,7 @@ def main(rank: int, size: int, config: EngineConfig, store_port: int, conn: Conn
             torch.set_num_threads(1)  # the driver's process has the others
         conn.send(("hello", None))
         tp = join(connect_store(store_port, size), rank, size, device, config.env)
-        model, _ = load_model(
-            config.model,
-            dtype=config.torch_dtype,
-            device=device,
-            seed=config.seed,
-            random_init=config.random_weights,
-            decode_fusion=config.env.decode_fusion,
-            tensor_parallel=tp,
-        )
+        model, _ = load_engine_model(config, device, tp)
         runner = relay = None
         trace = DispatchTrace(rank, config.env.tp_trace)
         spin_s = SPIN_S if device.type == "cuda" else 0.0  # a CPU worker's core runs the model
