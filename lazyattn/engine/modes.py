@@ -3,9 +3,11 @@
 A mode decides what a sequence reuses and how it reads it; the scheduler, the cache, the model and the kernels
 are the same for all four. Everything mode-specific is here:
 
-- `admit`: which cached parts a sequence acquires and which run of tokens it computes itself;
+- `admit`: which cached parts a sequence acquires (through a `DocumentSource`, the scheduler) and which run of
+  tokens it computes itself;
 - `context`: the page table its run attends to before its own pages (physical page, delta, valid tokens);
-- `copies`: whether it reads private re-rotated copies of placed documents (block), made before its first chunk;
+- `copies_needed`, `copy_sources`, `set_copies`: the private re-rotated copies of placed documents a sequence
+  reads (block), made by the scheduler before its first chunk;
 - `pages_needed`: the one page-count formula (validation, admission, the server's default max_tokens, the
   hit-ratio simulation all use it);
 - `caches_documents`: whether a request's segments are cached documents (so they can be encoded ahead of time
@@ -19,7 +21,7 @@ are the same for all four. Everything mode-specific is here:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lazyattn.engine.config import MODES
 from lazyattn.engine.sequence import Part, Run, Sequence
@@ -27,7 +29,32 @@ from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
 if TYPE_CHECKING:
-    from lazyattn.engine.scheduler import Scheduler
+    from lazyattn.cache.document_cache import Segment
+
+
+class DocumentSource(Protocol):
+    """What a mode's `admit` may ask of the engine's cache (the scheduler implements it): acquire documents or
+    single pages under keys, and the page size. Every acquired part is the caller's to release."""
+
+    page_size: int
+
+    def acquire_documents(
+        self, segments: list[list[int]], salt: str | None, acquired: list[Part], keys: list[str] | None, prefix: bool
+    ) -> None:
+        """Acquire each segment as a cached document at its logical start, appending its Part to `acquired`."""
+        ...
+
+    def chain_key(self, tokens: list[int], salt: str | None, parent: str | None) -> str:
+        """The cache key of `tokens` hanging from the key `parent` (None: a document's own key)."""
+        ...
+
+    def holds(self, key: str) -> bool:
+        """Whether the cache holds `key`, without acquiring it."""
+        ...
+
+    def acquire_key(self, key: str, num_tokens: int) -> tuple[Segment, bool]:
+        """Acquire `key` (created empty if new, to be computed by the caller); (segment, is_new)."""
+        ...
 
 
 class Mode:
@@ -38,7 +65,7 @@ class Mode:
     # the K/V of every row in the batch before any row attends. Not so for copies, made before the forward pass.
     reads_documents_in_same_step: bool = True
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         """Acquire the sequence's cached parts into `acquired` (in order) and return the run it computes.
         Raises OutOfPagesError; the caller then releases what was acquired."""
         raise NotImplementedError
@@ -46,6 +73,17 @@ class Mode:
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         """The pages the sequence's run attends to before its own."""
         raise NotImplementedError
+
+    def copies_needed(self, seq: Sequence) -> bool:
+        """Whether the sequence still needs private copies made before its first chunk (`copy_sources`)."""
+        return False
+
+    def copy_sources(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """The pages to copy privately for the sequence and the delta each is re-rotated by."""
+        return [], []
+
+    def set_copies(self, seq: Sequence, pages: list[int]) -> None:
+        """The sequence's private copies were allocated (as `pages`, in `copy_sources` order) and are in a batch."""
 
     def pages_needed(
         self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
@@ -69,8 +107,8 @@ class _DocumentMode(Mode):
 
     caches_documents = True
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+        source.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(
@@ -117,8 +155,8 @@ class LazyMode(_DocumentMode):
 
     name = "lazy"
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        run = super().admit(scheduler, seq, acquired)
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+        run = super().admit(source, seq, acquired)
         if seq.relink_tokens and not seq.prefill_only:
             rows = relink_rows([len(s) for s in seq.segments], seq.relink_tokens)
             seq.relinks = [
@@ -173,6 +211,16 @@ class BlockMode(_DocumentMode):
         """The parts that need a copy: a segment at position 0 is already where its keys were rotated."""
         return [p for p in seq.parts if p.start > 0]
 
+    def copies_needed(self, seq: Sequence) -> bool:
+        return not seq.copied
+
+    def copy_sources(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        moved = self.moved_parts(seq)
+        return [page for p in moved for page in p.segment.pages], [p.start for p in moved for _ in p.segment.pages]
+
+    def set_copies(self, seq: Sequence, pages: list[int]) -> None:
+        seq.copies, seq.copied = pages, True
+
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         pages: list[int] = []
         valid: list[int] = []
@@ -208,17 +256,17 @@ class PrefixMode(_CausalMode):
 
     name = "prefix"
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         tokens = seq.all_tokens
-        ps = scheduler.page_size
+        ps = source.page_size
         parent = None
         first_owned = None
         # The last token is never cached: its logits are needed, so the sequence computes it.
         for b in range((len(tokens) - 1) // ps):
-            key = scheduler.keyer(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
-            if first_owned is not None and scheduler.cache.contains(key):
+            key = source.chain_key(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
+            if first_owned is not None and source.holds(key):
                 break  # an orphan left after its parent was evicted: keep the rest private
-            segment, is_new = scheduler.cache.acquire(key, ps)
+            segment, is_new = source.acquire_key(key, ps)
             acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
             if is_new and first_owned is None:
                 first_owned = b
@@ -238,7 +286,7 @@ class FullMode(_CausalMode):
 
     name = "full"
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         return Run(seq.all_tokens, start_pos=0)
 
 

@@ -4,7 +4,7 @@ Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py e
 step: running sequences that decode (one token each), then, in admission order, the document encodes a
 sequence waits on, followed by that sequence's own prefill chunk, all under a per-step token budget.
 What a sequence reuses and how it reads it is its mode's (engine/modes.py); the scheduler keeps the queues,
-the budget, the shared document encodes (*jobs*), block mode's copies and preemption.
+the budget, the shared document encodes (*jobs*), the private copies a mode asks for (block) and preemption.
 
 A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
 for its documents like any other sequence and is done once they are cached.
@@ -22,10 +22,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from lazyattn.cache.document_cache import DocumentCache
+from lazyattn.cache.document_cache import DocumentCache, Segment
 from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
 from lazyattn.engine.config import EngineConfig
-from lazyattn.engine.modes import BlockMode, Mode
+from lazyattn.engine.modes import Mode
 from lazyattn.engine.sequence import Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
@@ -113,7 +113,7 @@ class Scheduler:
                 continue
             if budget <= 0 or not self._parts_ready(seq, job_done):
                 continue
-            if self.mode.copies and not seq.copied:
+            if self.mode.copies_needed(seq):
                 if not self._make_copies(seq, batch):
                     self._starved = True
                     continue
@@ -235,6 +235,17 @@ class Scheduler:
                 self.jobs[keys[i]] = SegmentJob(segment, run, acquired[0].segment if after else None)
             start += len(tokens)
 
+    # -- the document source of the modes (modes.DocumentSource) ---------------------------------
+
+    def chain_key(self, tokens: list[int], salt: str | None, parent: str | None) -> str:
+        return self.keyer(tokens, salt, parent)
+
+    def holds(self, key: str) -> bool:
+        return self.cache.contains(key)
+
+    def acquire_key(self, key: str, num_tokens: int) -> tuple[Segment, bool]:
+        return self.cache.acquire(key, num_tokens)
+
     # -- per-step helpers -------------------------------------------------------------------------
 
     def _schedule_jobs(self, parts: list[Part], batch: ScheduledBatch, budget: int, job_done: set[str]) -> int:
@@ -271,18 +282,15 @@ class Scheduler:
         return True
 
     def _make_copies(self, seq: Sequence, batch: ScheduledBatch) -> bool:
-        """Block mode: private re-rotated copies of the documents placed after position 0."""
-        assert isinstance(self.mode, BlockMode)
-        moved = self.mode.moved_parts(seq)
-        n = sum(len(p.segment.pages) for p in moved)
+        """The sequence's private re-rotated copies its mode asks for (block: the documents placed after
+        position 0), into the batch before its first chunk."""
+        src, deltas = self.mode.copy_sources(seq)
         try:
-            dst = self.cache.allocate(n)
+            dst = self.cache.allocate(len(src))
         except OutOfPagesError:
             return False
-        src = [page for p in moved for page in p.segment.pages]
-        deltas = [p.start for p in moved for _ in p.segment.pages]
         batch.copies.append(Copy(seq.seq_id, src, dst, deltas))
-        seq.copies, seq.copied = dst, True
+        self.mode.set_copies(seq, dst)
         return True
 
     def _schedule_relinks(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
