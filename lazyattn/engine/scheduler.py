@@ -96,52 +96,68 @@ class Scheduler:
             self._admit_waiting(budget)
         self.cache.poll()  # promotions from the host tier that landed (on the CPU: those just started) are ready
         self._starved = False
-        scheduled: set[int] = set()
+        scheduled: set[int] = set()  # sequences with work in this batch: never preemption victims
         job_done: set[str] = set()  # jobs whose last chunk is in this batch
-        for seq in sorted(self.running, key=lambda s: s.run.pending != 1):
+        for seq in sorted(self.running, key=lambda s: s.run.pending != 1):  # decodes first
             if budget <= 0:
                 break
-            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
-                continue
-            if any(p.segment.failed for p in seq.parts if not p.owned):
-                self._preempt(seq)  # its encoder gave up: start over, now as the encoder
-                continue
-            budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
-            if seq.prefill_only:
-                if all(p.segment.ready or p.segment.key in job_done for p in seq.parts):
-                    batch.encoded.append(seq)
-                continue
-            if budget <= 0 or not self._parts_ready(seq, job_done):
-                continue
-            if self.mode.copies_needed(seq):
-                if not self._make_copies(seq, batch):
-                    self._starved = True
-                    continue
-                scheduled.add(seq.seq_id)  # its copies are in this batch: never a preemption victim
-            if any(r.pending for r in seq.relinks):
-                budget = self._schedule_relinks(seq, batch, budget, scheduled)
-                if budget <= 0 or any(r.pending for r in seq.relinks):
-                    continue
-            chunk = min(seq.run.pending, budget)
-            if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
+            if seq.status is Status.RUNNING:  # not preempted earlier in this loop
+                budget = self._schedule_sequence(seq, batch, budget, scheduled, job_done)
+        self._when_nothing_runs(batch)
+        self._batch = None
+        return batch
+
+    def _schedule_sequence(
+        self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int], job_done: set[str]
+    ) -> int:
+        """One running sequence's work in this step, stage by stage: the encodes of the documents it waits on,
+        its private copies, its recomputed rows, then its own chunk. Returns the budget left."""
+        if any(p.segment.failed for p in seq.parts if not p.owned):
+            self._preempt(seq)  # its encoder gave up: start over, now as the encoder
+            return budget
+        budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
+        if seq.prefill_only:
+            if all(p.segment.ready or p.segment.key in job_done for p in seq.parts):
+                batch.encoded.append(seq)
+            return budget
+        if budget <= 0 or not self._parts_ready(seq, job_done):
+            return budget
+        if self.mode.copies_needed(seq):
+            if not self._make_copies(seq, batch):
                 self._starved = True
-                continue
-            hi = seq.run.num_computed + chunk
-            context = self.mode.context(seq, self.page_size)
-            batch.works.append(Work(seq.run, seq.run.num_computed, hi, context, seq, samples=hi == len(seq.run.tokens)))
-            scheduled.add(seq.seq_id)
-            budget -= chunk
-            if seq.metrics.scheduled is None:
-                seq.metrics.scheduled = time.monotonic()
-        if not batch.works and not batch.encoded and self.cache.promoting:
+                return budget
+            scheduled.add(seq.seq_id)  # its copies are in this batch
+        if any(r.pending for r in seq.relinks):
+            budget = self._schedule_relinks(seq, batch, budget, scheduled)
+            if budget <= 0 or any(r.pending for r in seq.relinks):
+                return budget
+        return self._schedule_chunk(seq, batch, budget, scheduled)
+
+    def _schedule_chunk(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
+        """The sequence's own next chunk of its run, as much as the budget allows."""
+        chunk = min(seq.run.pending, budget)
+        if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
+            self._starved = True
+            return budget
+        hi = seq.run.num_computed + chunk
+        context = self.mode.context(seq, self.page_size)
+        batch.works.append(Work(seq.run, seq.run.num_computed, hi, context, seq, samples=hi == len(seq.run.tokens)))
+        scheduled.add(seq.seq_id)
+        if seq.metrics.scheduled is None:
+            seq.metrics.scheduled = time.monotonic()
+        return budget - chunk
+
+    def _when_nothing_runs(self, batch: ScheduledBatch) -> None:
+        """A step with no work: wait for the host tier's copies, or free the newest sequence if pages ran out."""
+        if batch.works or batch.encoded:
+            return
+        if self.cache.promoting:
             self.cache.poll(wait=True)  # only copies from the host tier are left to wait for: wait here, not spin
-        elif not batch.works and not batch.encoded and self.running and not self.jobs:
+        elif self.running and not self.jobs:
             # Nothing could run (pages exhausted by sequences that each wait for more): free the newest.
             batch.copies.clear()
             self._preempt(self.running[-1])
             self._starved = True
-        self._batch = None
-        return batch
 
     def complete(self, batch: ScheduledBatch) -> list[Sequence]:
         """Advance runs after the forward pass; returns the sequences that sample now, in batch order."""
