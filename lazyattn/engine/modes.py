@@ -21,10 +21,11 @@ are the same for all four. Everything mode-specific is here:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from lazyattn.engine.config import MODES
-from lazyattn.engine.sequence import Part, Run, Sequence
+from lazyattn.engine.sequence import ModeState, Part, Run, Sequence
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
@@ -146,11 +147,36 @@ def relink_rows(segment_lens: list[int], relink_tokens: int) -> list[int]:
     return [0] + [min(relink_tokens, n) for n in segment_lens[1:]] if relink_tokens else [0] * len(segment_lens)
 
 
+@dataclass
+class LazyState(ModeState):
+    """A relinked sequence's recomputed first rows of segments[1:], one run per segment, in private pages."""
+
+    relinks: list[Run] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[Run]:
+        return self.relinks
+
+    def private_pages(self) -> list[list[int]]:
+        return [r.pages for r in self.relinks]
+
+
+@dataclass
+class BlockState(ModeState):
+    """A sequence's private re-rotated copies of its documents placed after position 0, once made."""
+
+    copies: list[int] = field(default_factory=list)
+    copied: bool = False
+
+    def private_pages(self) -> list[list[int]]:
+        return [self.copies] if self.copies else []
+
+
 class LazyMode(_DocumentMode):
     """One cached copy of each document, read in place at delta = its logical start (deferred RoPE).
 
     Relink (docs/design.md): a sequence with relink_tokens = k recomputes the first k rows of each segment after
-    the first at their logical positions, in context, into private pages (`seq.relinks`, one run per segment),
+    the first at their logical positions, in context, into private pages (`LazyState.relinks`, one run per segment),
     and reads the rest of each document from the shared copy, whose first k slots its page table skips."""
 
     name = "lazy"
@@ -159,10 +185,11 @@ class LazyMode(_DocumentMode):
         run = super().admit(source, seq, acquired)
         if seq.relink_tokens and not seq.prefill_only:
             rows = relink_rows([len(s) for s in seq.segments], seq.relink_tokens)
-            seq.relinks = [
+            relinks = [
                 Run(list(segment[:n]), start_pos=part.start)
                 for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])
             ]
+            seq.mode_state = LazyState(relinks)
         return run
 
     def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
@@ -172,7 +199,8 @@ class LazyMode(_DocumentMode):
         return with_ape(entry, seq, page_size) if upto is None else entry
 
     def _context(self, seq: Sequence, page_size: int, upto: int | None) -> EntryPages:
-        if not seq.relinks:
+        relinks = seq.mode_state.runs
+        if not relinks:
             pages: list[int] = []
             deltas: list[int] = []
             valid: list[int] = []
@@ -186,7 +214,7 @@ class LazyMode(_DocumentMode):
         for i, p in enumerate(seq.parts[:upto]):
             skip = 0
             if i:  # the recomputed rows first, at their logical positions (delta 0), then the shared rest
-                own = seq.relinks[i - 1]
+                own = relinks[i - 1]
                 skip = len(own.tokens)
                 entry = entry.then(own.pages, page_fill(skip, page_size))
             for m, (page, fill) in enumerate(zip(p.segment.pages, page_fill(p.length, page_size))):
@@ -211,20 +239,31 @@ class BlockMode(_DocumentMode):
         """The parts that need a copy: a segment at position 0 is already where its keys were rotated."""
         return [p for p in seq.parts if p.start > 0]
 
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+        run = super().admit(source, seq, acquired)
+        seq.mode_state = BlockState()
+        return run
+
     def copies_needed(self, seq: Sequence) -> bool:
-        return not seq.copied
+        return not self._state(seq).copied
 
     def copy_sources(self, seq: Sequence) -> tuple[list[int], list[int]]:
         moved = self.moved_parts(seq)
         return [page for p in moved for page in p.segment.pages], [p.start for p in moved for _ in p.segment.pages]
 
     def set_copies(self, seq: Sequence, pages: list[int]) -> None:
-        seq.copies, seq.copied = pages, True
+        state = self._state(seq)
+        state.copies, state.copied = pages, True
+
+    @staticmethod
+    def _state(seq: Sequence) -> BlockState:
+        assert isinstance(seq.mode_state, BlockState), "a block-mode sequence is admitted by BlockMode"
+        return seq.mode_state
 
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         pages: list[int] = []
         valid: list[int] = []
-        copies = iter(seq.copies)
+        copies = iter(self._state(seq).copies)
         for p in seq.parts:
             fill = page_fill(p.length, page_size)
             pages += [next(copies) for _ in fill] if p.start > 0 else p.segment.pages

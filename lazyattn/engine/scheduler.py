@@ -26,7 +26,7 @@ from lazyattn.cache.document_cache import DocumentCache, Segment
 from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import Mode
-from lazyattn.engine.sequence import Part, Run, Sequence, Status
+from lazyattn.engine.sequence import ModeState, Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
@@ -127,9 +127,9 @@ class Scheduler:
                 self._starved = True
                 return budget
             scheduled.add(seq.seq_id)  # its copies are in this batch
-        if any(r.pending for r in seq.relinks):
+        if any(r.pending for r in seq.mode_state.runs):
             budget = self._schedule_relinks(seq, batch, budget, scheduled)
-            if budget <= 0 or any(r.pending for r in seq.relinks):
+            if budget <= 0 or any(r.pending for r in seq.mode_state.runs):
                 return budget
         return self._schedule_chunk(seq, batch, budget, scheduled)
 
@@ -223,7 +223,7 @@ class Scheduler:
             for part in reversed(acquired):
                 self._drop_part(part)
             self._drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
-            seq.relinks = []
+            seq.mode_state = ModeState()
             raise
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
@@ -312,7 +312,7 @@ class Scheduler:
     def _schedule_relinks(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
         """A relinked sequence's recomputed rows, in document order: document i's rows attend to the documents
         before it as this sequence reads them, so its entry follows theirs (same step or later)."""
-        missing = [r for r in seq.relinks if not r.pages]
+        missing = [r for r in seq.mode_state.runs if not r.pages]
         pages = self._allocate(seq, sum(cdiv(len(r.tokens), self.page_size) for r in missing), scheduled)
         if pages is None:
             self._starved = True
@@ -320,7 +320,7 @@ class Scheduler:
         for r in missing:
             n = cdiv(len(r.tokens), self.page_size)
             r.pages, pages = pages[:n], pages[n:]
-        for i, r in enumerate(seq.relinks, start=1):
+        for i, r in enumerate(seq.mode_state.runs, start=1):
             if not r.pending:
                 continue
             if budget <= 0:
@@ -381,11 +381,9 @@ class Scheduler:
         run = seq.run
         if run is not None:
             self.cache.pool.free(run.pages[run.owned :])
-        for relink in seq.relinks:
-            self.cache.pool.free(relink.pages)
-        if seq.copies:
-            self.cache.pool.free(seq.copies)
-        seq.parts, seq.run, seq.relinks, seq.copies, seq.copied = [], None, [], [], False
+        for pages in seq.mode_state.private_pages():
+            self.cache.pool.free(pages)
+        seq.parts, seq.run, seq.mode_state = [], None, ModeState()
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""
