@@ -3,9 +3,11 @@
 A mode decides what a sequence reuses and how it reads it; the scheduler, the cache, the model and the kernels
 are the same for all four. Everything mode-specific is here:
 
-- `admit`: which cached parts a sequence acquires and which run of tokens it computes itself;
+- `admit`: which cached parts a sequence acquires (through a `DocumentSource`, the scheduler) and which run of
+  tokens it computes itself;
 - `context`: the page table its run attends to before its own pages (physical page, delta, valid tokens);
-- `copies`: whether it reads private re-rotated copies of placed documents (block), made before its first chunk;
+- `copies_needed`, `copy_sources`, `set_copies`: the private re-rotated copies of placed documents a sequence
+  reads (block), made by the scheduler before its first chunk;
 - `pages_needed`: the one page-count formula (validation, admission, the server's default max_tokens, the
   hit-ratio simulation all use it);
 - `caches_documents`: whether a request's segments are cached documents (so they can be encoded ahead of time
@@ -19,15 +21,41 @@ are the same for all four. Everything mode-specific is here:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from lazyattn.engine.config import MODES
-from lazyattn.engine.sequence import Part, Run, Sequence
+from lazyattn.engine.sequence import ModeState, Part, Run, Sequence
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
 if TYPE_CHECKING:
-    from lazyattn.engine.scheduler import Scheduler
+    from lazyattn.cache.document_cache import Segment
+
+
+class DocumentSource(Protocol):
+    """What a mode's `admit` may ask of the engine's cache (the scheduler implements it): acquire documents or
+    single pages under keys, and the page size. Every acquired part is the caller's to release."""
+
+    page_size: int
+
+    def acquire_documents(
+        self, segments: list[list[int]], salt: str | None, acquired: list[Part], keys: list[str] | None, prefix: bool
+    ) -> None:
+        """Acquire each segment as a cached document at its logical start, appending its Part to `acquired`."""
+        ...
+
+    def chain_key(self, tokens: list[int], salt: str | None, parent: str | None) -> str:
+        """The cache key of `tokens` hanging from the key `parent` (None: a document's own key)."""
+        ...
+
+    def holds(self, key: str) -> bool:
+        """Whether the cache holds `key`, without acquiring it."""
+        ...
+
+    def acquire_key(self, key: str, num_tokens: int) -> tuple[Segment, bool]:
+        """Acquire `key` (created empty if new, to be computed by the caller); (segment, is_new)."""
+        ...
 
 
 class Mode:
@@ -38,7 +66,7 @@ class Mode:
     # the K/V of every row in the batch before any row attends. Not so for copies, made before the forward pass.
     reads_documents_in_same_step: bool = True
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         """Acquire the sequence's cached parts into `acquired` (in order) and return the run it computes.
         Raises OutOfPagesError; the caller then releases what was acquired."""
         raise NotImplementedError
@@ -46,6 +74,17 @@ class Mode:
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         """The pages the sequence's run attends to before its own."""
         raise NotImplementedError
+
+    def copies_needed(self, seq: Sequence) -> bool:
+        """Whether the sequence still needs private copies made before its first chunk (`copy_sources`)."""
+        return False
+
+    def copy_sources(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """The pages to copy privately for the sequence and the delta each is re-rotated by."""
+        return [], []
+
+    def set_copies(self, seq: Sequence, pages: list[int]) -> None:
+        """The sequence's private copies were allocated (as `pages`, in `copy_sources` order) and are in a batch."""
 
     def pages_needed(
         self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
@@ -69,8 +108,8 @@ class _DocumentMode(Mode):
 
     caches_documents = True
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        scheduler.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+        source.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(
@@ -108,23 +147,49 @@ def relink_rows(segment_lens: list[int], relink_tokens: int) -> list[int]:
     return [0] + [min(relink_tokens, n) for n in segment_lens[1:]] if relink_tokens else [0] * len(segment_lens)
 
 
+@dataclass
+class LazyState(ModeState):
+    """A relinked sequence's recomputed first rows of segments[1:], one run per segment, in private pages."""
+
+    relinks: list[Run] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[Run]:
+        return self.relinks
+
+    def private_pages(self) -> list[list[int]]:
+        return [r.pages for r in self.relinks]
+
+
+@dataclass
+class BlockState(ModeState):
+    """A sequence's private re-rotated copies of its documents placed after position 0, once made."""
+
+    copies: list[int] = field(default_factory=list)
+    copied: bool = False
+
+    def private_pages(self) -> list[list[int]]:
+        return [self.copies] if self.copies else []
+
+
 class LazyMode(_DocumentMode):
     """One cached copy of each document, read in place at delta = its logical start (deferred RoPE).
 
     Relink (docs/design.md): a sequence with relink_tokens = k recomputes the first k rows of each segment after
-    the first at their logical positions, in context, into private pages (`seq.relinks`, one run per segment),
+    the first at their logical positions, in context, into private pages (`LazyState.relinks`, one run per segment),
     and reads the rest of each document from the shared copy, whose first k slots its page table skips."""
 
     name = "lazy"
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
-        run = super().admit(scheduler, seq, acquired)
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+        run = super().admit(source, seq, acquired)
         if seq.relink_tokens and not seq.prefill_only:
             rows = relink_rows([len(s) for s in seq.segments], seq.relink_tokens)
-            seq.relinks = [
+            relinks = [
                 Run(list(segment[:n]), start_pos=part.start)
                 for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])
             ]
+            seq.mode_state = LazyState(relinks)
         return run
 
     def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
@@ -134,7 +199,8 @@ class LazyMode(_DocumentMode):
         return with_ape(entry, seq, page_size) if upto is None else entry
 
     def _context(self, seq: Sequence, page_size: int, upto: int | None) -> EntryPages:
-        if not seq.relinks:
+        relinks = seq.mode_state.runs
+        if not relinks:
             pages: list[int] = []
             deltas: list[int] = []
             valid: list[int] = []
@@ -148,7 +214,7 @@ class LazyMode(_DocumentMode):
         for i, p in enumerate(seq.parts[:upto]):
             skip = 0
             if i:  # the recomputed rows first, at their logical positions (delta 0), then the shared rest
-                own = seq.relinks[i - 1]
+                own = relinks[i - 1]
                 skip = len(own.tokens)
                 entry = entry.then(own.pages, page_fill(skip, page_size))
             for m, (page, fill) in enumerate(zip(p.segment.pages, page_fill(p.length, page_size))):
@@ -173,10 +239,31 @@ class BlockMode(_DocumentMode):
         """The parts that need a copy: a segment at position 0 is already where its keys were rotated."""
         return [p for p in seq.parts if p.start > 0]
 
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+        run = super().admit(source, seq, acquired)
+        seq.mode_state = BlockState()
+        return run
+
+    def copies_needed(self, seq: Sequence) -> bool:
+        return not self._state(seq).copied
+
+    def copy_sources(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        moved = self.moved_parts(seq)
+        return [page for p in moved for page in p.segment.pages], [p.start for p in moved for _ in p.segment.pages]
+
+    def set_copies(self, seq: Sequence, pages: list[int]) -> None:
+        state = self._state(seq)
+        state.copies, state.copied = pages, True
+
+    @staticmethod
+    def _state(seq: Sequence) -> BlockState:
+        assert isinstance(seq.mode_state, BlockState), "a block-mode sequence is admitted by BlockMode"
+        return seq.mode_state
+
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         pages: list[int] = []
         valid: list[int] = []
-        copies = iter(seq.copies)
+        copies = iter(self._state(seq).copies)
         for p in seq.parts:
             fill = page_fill(p.length, page_size)
             pages += [next(copies) for _ in fill] if p.start > 0 else p.segment.pages
@@ -208,17 +295,17 @@ class PrefixMode(_CausalMode):
 
     name = "prefix"
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         tokens = seq.all_tokens
-        ps = scheduler.page_size
+        ps = source.page_size
         parent = None
         first_owned = None
         # The last token is never cached: its logits are needed, so the sequence computes it.
         for b in range((len(tokens) - 1) // ps):
-            key = scheduler.keyer(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
-            if first_owned is not None and scheduler.cache.contains(key):
+            key = source.chain_key(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
+            if first_owned is not None and source.holds(key):
                 break  # an orphan left after its parent was evicted: keep the rest private
-            segment, is_new = scheduler.cache.acquire(key, ps)
+            segment, is_new = source.acquire_key(key, ps)
             acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
             if is_new and first_owned is None:
                 first_owned = b
@@ -238,7 +325,7 @@ class FullMode(_CausalMode):
 
     name = "full"
 
-    def admit(self, scheduler: Scheduler, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         return Run(seq.all_tokens, start_pos=0)
 
 

@@ -4,7 +4,7 @@ Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py e
 step: running sequences that decode (one token each), then, in admission order, the document encodes a
 sequence waits on, followed by that sequence's own prefill chunk, all under a per-step token budget.
 What a sequence reuses and how it reads it is its mode's (engine/modes.py); the scheduler keeps the queues,
-the budget, the shared document encodes (*jobs*), block mode's copies and preemption.
+the budget, the shared document encodes (*jobs*), the private copies a mode asks for (block) and preemption.
 
 A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
 for its documents like any other sequence and is done once they are cached.
@@ -22,11 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from lazyattn.cache.document_cache import DocumentCache
+from lazyattn.cache.document_cache import DocumentCache, Segment
 from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
 from lazyattn.engine.config import EngineConfig
-from lazyattn.engine.modes import BlockMode, Mode
-from lazyattn.engine.sequence import Part, Run, Sequence, Status
+from lazyattn.engine.modes import Mode
+from lazyattn.engine.sequence import ModeState, Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
@@ -96,52 +96,68 @@ class Scheduler:
             self._admit_waiting(budget)
         self.cache.poll()  # promotions from the host tier that landed (on the CPU: those just started) are ready
         self._starved = False
-        scheduled: set[int] = set()
+        scheduled: set[int] = set()  # sequences with work in this batch: never preemption victims
         job_done: set[str] = set()  # jobs whose last chunk is in this batch
-        for seq in sorted(self.running, key=lambda s: s.run.pending != 1):
+        for seq in sorted(self.running, key=lambda s: s.run.pending != 1):  # decodes first
             if budget <= 0:
                 break
-            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
-                continue
-            if any(p.segment.failed for p in seq.parts if not p.owned):
-                self._preempt(seq)  # its encoder gave up: start over, now as the encoder
-                continue
-            budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
-            if seq.prefill_only:
-                if all(p.segment.ready or p.segment.key in job_done for p in seq.parts):
-                    batch.encoded.append(seq)
-                continue
-            if budget <= 0 or not self._parts_ready(seq, job_done):
-                continue
-            if self.mode.copies and not seq.copied:
-                if not self._make_copies(seq, batch):
-                    self._starved = True
-                    continue
-                scheduled.add(seq.seq_id)  # its copies are in this batch: never a preemption victim
-            if any(r.pending for r in seq.relinks):
-                budget = self._schedule_relinks(seq, batch, budget, scheduled)
-                if budget <= 0 or any(r.pending for r in seq.relinks):
-                    continue
-            chunk = min(seq.run.pending, budget)
-            if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
+            if seq.status is Status.RUNNING:  # not preempted earlier in this loop
+                budget = self._schedule_sequence(seq, batch, budget, scheduled, job_done)
+        self._when_nothing_runs(batch)
+        self._batch = None
+        return batch
+
+    def _schedule_sequence(
+        self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int], job_done: set[str]
+    ) -> int:
+        """One running sequence's work in this step, stage by stage: the encodes of the documents it waits on,
+        its private copies, its recomputed rows, then its own chunk. Returns the budget left."""
+        if any(p.segment.failed for p in seq.parts if not p.owned):
+            self._preempt(seq)  # its encoder gave up: start over, now as the encoder
+            return budget
+        budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
+        if seq.prefill_only:
+            if all(p.segment.ready or p.segment.key in job_done for p in seq.parts):
+                batch.encoded.append(seq)
+            return budget
+        if budget <= 0 or not self._parts_ready(seq, job_done):
+            return budget
+        if self.mode.copies_needed(seq):
+            if not self._make_copies(seq, batch):
                 self._starved = True
-                continue
-            hi = seq.run.num_computed + chunk
-            context = self.mode.context(seq, self.page_size)
-            batch.works.append(Work(seq.run, seq.run.num_computed, hi, context, seq, samples=hi == len(seq.run.tokens)))
-            scheduled.add(seq.seq_id)
-            budget -= chunk
-            if seq.metrics.scheduled is None:
-                seq.metrics.scheduled = time.monotonic()
-        if not batch.works and not batch.encoded and self.cache.promoting:
+                return budget
+            scheduled.add(seq.seq_id)  # its copies are in this batch
+        if any(r.pending for r in seq.mode_state.runs):
+            budget = self._schedule_relinks(seq, batch, budget, scheduled)
+            if budget <= 0 or any(r.pending for r in seq.mode_state.runs):
+                return budget
+        return self._schedule_chunk(seq, batch, budget, scheduled)
+
+    def _schedule_chunk(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
+        """The sequence's own next chunk of its run, as much as the budget allows."""
+        chunk = min(seq.run.pending, budget)
+        if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
+            self._starved = True
+            return budget
+        hi = seq.run.num_computed + chunk
+        context = self.mode.context(seq, self.page_size)
+        batch.works.append(Work(seq.run, seq.run.num_computed, hi, context, seq, samples=hi == len(seq.run.tokens)))
+        scheduled.add(seq.seq_id)
+        if seq.metrics.scheduled is None:
+            seq.metrics.scheduled = time.monotonic()
+        return budget - chunk
+
+    def _when_nothing_runs(self, batch: ScheduledBatch) -> None:
+        """A step with no work: wait for the host tier's copies, or free the newest sequence if pages ran out."""
+        if batch.works or batch.encoded:
+            return
+        if self.cache.promoting:
             self.cache.poll(wait=True)  # only copies from the host tier are left to wait for: wait here, not spin
-        elif not batch.works and not batch.encoded and self.running and not self.jobs:
+        elif self.running and not self.jobs:
             # Nothing could run (pages exhausted by sequences that each wait for more): free the newest.
             batch.copies.clear()
             self._preempt(self.running[-1])
             self._starved = True
-        self._batch = None
-        return batch
 
     def complete(self, batch: ScheduledBatch) -> list[Sequence]:
         """Advance runs after the forward pass; returns the sequences that sample now, in batch order."""
@@ -207,7 +223,7 @@ class Scheduler:
             for part in reversed(acquired):
                 self._drop_part(part)
             self._drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
-            seq.relinks = []
+            seq.mode_state = ModeState()
             raise
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
@@ -234,6 +250,17 @@ class Scheduler:
                 run = Run(list(tokens), after, list(segment.pages))
                 self.jobs[keys[i]] = SegmentJob(segment, run, acquired[0].segment if after else None)
             start += len(tokens)
+
+    # -- the document source of the modes (modes.DocumentSource) ---------------------------------
+
+    def chain_key(self, tokens: list[int], salt: str | None, parent: str | None) -> str:
+        return self.keyer(tokens, salt, parent)
+
+    def holds(self, key: str) -> bool:
+        return self.cache.contains(key)
+
+    def acquire_key(self, key: str, num_tokens: int) -> tuple[Segment, bool]:
+        return self.cache.acquire(key, num_tokens)
 
     # -- per-step helpers -------------------------------------------------------------------------
 
@@ -271,24 +298,21 @@ class Scheduler:
         return True
 
     def _make_copies(self, seq: Sequence, batch: ScheduledBatch) -> bool:
-        """Block mode: private re-rotated copies of the documents placed after position 0."""
-        assert isinstance(self.mode, BlockMode)
-        moved = self.mode.moved_parts(seq)
-        n = sum(len(p.segment.pages) for p in moved)
+        """The sequence's private re-rotated copies its mode asks for (block: the documents placed after
+        position 0), into the batch before its first chunk."""
+        src, deltas = self.mode.copy_sources(seq)
         try:
-            dst = self.cache.allocate(n)
+            dst = self.cache.allocate(len(src))
         except OutOfPagesError:
             return False
-        src = [page for p in moved for page in p.segment.pages]
-        deltas = [p.start for p in moved for _ in p.segment.pages]
         batch.copies.append(Copy(seq.seq_id, src, dst, deltas))
-        seq.copies, seq.copied = dst, True
+        self.mode.set_copies(seq, dst)
         return True
 
     def _schedule_relinks(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
         """A relinked sequence's recomputed rows, in document order: document i's rows attend to the documents
         before it as this sequence reads them, so its entry follows theirs (same step or later)."""
-        missing = [r for r in seq.relinks if not r.pages]
+        missing = [r for r in seq.mode_state.runs if not r.pages]
         pages = self._allocate(seq, sum(cdiv(len(r.tokens), self.page_size) for r in missing), scheduled)
         if pages is None:
             self._starved = True
@@ -296,7 +320,7 @@ class Scheduler:
         for r in missing:
             n = cdiv(len(r.tokens), self.page_size)
             r.pages, pages = pages[:n], pages[n:]
-        for i, r in enumerate(seq.relinks, start=1):
+        for i, r in enumerate(seq.mode_state.runs, start=1):
             if not r.pending:
                 continue
             if budget <= 0:
@@ -357,11 +381,9 @@ class Scheduler:
         run = seq.run
         if run is not None:
             self.cache.pool.free(run.pages[run.owned :])
-        for relink in seq.relinks:
-            self.cache.pool.free(relink.pages)
-        if seq.copies:
-            self.cache.pool.free(seq.copies)
-        seq.parts, seq.run, seq.relinks, seq.copies, seq.copied = [], None, [], [], False
+        for pages in seq.mode_state.private_pages():
+            self.cache.pool.free(pages)
+        seq.parts, seq.run, seq.mode_state = [], None, ModeState()
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""

@@ -67,6 +67,20 @@ class Part:
     hit: bool = False  # found in the cache at admission (pending or ready)
 
 
+class ModeState:
+    """A sequence's state private to its mode, created by the mode at admission (engine/modes.py: LazyState,
+    BlockState); this one when its mode keeps none. The scheduler sees only the runs the sequence computes
+    before its own run (`runs`, in order) and the private pages to free when it ends (`private_pages`)."""
+
+    @property
+    def runs(self) -> list[Run]:
+        return []
+
+    def private_pages(self) -> list[list[int]]:
+        """The private pages the sequence holds through its mode, one list per allocation, in order."""
+        return []
+
+
 @dataclass
 class Metrics:
     arrival: float = field(default_factory=time.monotonic)
@@ -117,9 +131,7 @@ class Sequence:
     # while running
     parts: list[Part] = field(default_factory=list)
     run: Run | None = None
-    relinks: list[Run] = field(default_factory=list)  # recomputed first rows of segments[1:], private pages
-    copies: list[int] = field(default_factory=list)  # block mode's private re-rotated pages
-    copied: bool = False
+    mode_state: ModeState = field(default_factory=ModeState)  # what its mode keeps for it (engine/modes.py)
     detokenizer: object | None = None  # model.detokenizer.IncrementalDecoder
 
     @property

@@ -71,7 +71,7 @@ NAMED_MODELS: dict[str, PackagedModel] = {
 
 
 # Named fine-tunes shipped inside the package: LoRA adapter directories over a named base (docs/finetune.md).
-ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "finetune" / "adapters"
+ADAPTERS_DIR = Path(__file__).resolve().parent / "adapters"
 NAMED_ADAPTERS: dict[str, str] = {"smollm2-block": "smollm2-block"}  # name -> folder under ADAPTERS_DIR
 
 

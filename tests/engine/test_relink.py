@@ -158,7 +158,7 @@ def test_private_pages_are_freed_after_finish_and_abort(checkpoint):
     engine.add_request("abort-me", rendered, greedy())
     engine.step()  # documents encoded and relinked rows computed: private pages held
     seq = engine.requests["abort-me"].seqs[0]
-    assert seq.relinks and all(r.pages for r in seq.relinks)
+    assert seq.mode_state.runs and all(r.pages for r in seq.mode_state.runs)
     assert engine.pool.num_used > engine.cache.stats().pages_in_use
     engine.abort("abort-me")
     assert engine.pool.num_used == engine.cache.stats().pages_in_use

@@ -495,10 +495,11 @@ def test_abort_returns_every_page_but_the_ready_cached_ones(mode, stage, n_steps
         assert len(s1.output) == 2
     # Pages that must come free: the run's private pages, block's copies, prefix pages not yet computed.
     unfinished = [p for part in s1.parts if part.owned and not part.segment.ready for p in part.segment.pages]
-    transient = s1.run.pages[s1.run.owned :] + s1.copies + unfinished
+    private = [p for pages in s1.mode_state.private_pages() for p in pages]
+    transient = s1.run.pages[s1.run.owned :] + private + unfinished
     assert transient and all(b.pool.is_used(p) for p in transient)
     if mode == "block":
-        assert len(s1.copies) == 2
+        assert len(s1.mode_state.copies) == 2
 
     b.abort(s1)
     assert not b.scheduler.running and not b.scheduler.jobs
