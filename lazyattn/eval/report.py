@@ -106,13 +106,22 @@ def pivot_markdown(
         text = "-" if v is None else f"{100 * v:.1f}" + (f" {_ci(ci)}" if ci is not None else "")
         return f"= {text}" if cell in aliases else text
 
-    head = [f"{'all' if c.num_docs is None else c.num_docs} docs / {c.position}" for c in cells]
-    lines = ["| run | " + " | ".join(head) + " |", "|---|" + "---|" * len(cells)]
-    lines += [f"| {run} | " + " | ".join(cell_text(run, c) for c in cells) + " |" for run in runs]
-    return "\n".join(lines)
+    return _grid(runs, cells, [_cell_head(c) for c in cells], cell_text)
 
 
 _POSITION_ORDER = {"first": 0, "middle": 1, "last": 2, "original": 3}
+
+
+def _cell_head(c: Cell) -> str:
+    return f"{'all' if c.num_docs is None else c.num_docs} docs / {c.position}"
+
+
+def _grid(runs: Sequence[str], columns: Sequence[Any], head: Sequence[str], text, title: str = "") -> str:
+    """Runs down, `columns` across under `head`, each cell `text(run, column)`; a title line above where given."""
+    lines = [title, ""] if title else []
+    lines += ["| run | " + " | ".join(head) + " |", "|---|" + "---|" * len(columns)]
+    lines += [f"| {run} | " + " | ".join(text(run, c) for c in columns) + " |" for run in runs]
+    return "\n".join(lines)
 
 
 def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None) -> str:
@@ -190,16 +199,11 @@ def position_means_markdown(results: Sequence[CellResult]) -> str:
             out += "; " + Difference(d["mean"], d["ci"][0], d["ci"][1], m["n"]).describe()
         return out
 
-    head = [f"{'all' if n is None else n} docs" for n in docs]
-    lines = [
+    title = (
         f"Accuracy (%) averaged over gold positions [{CONFIDENCE:.0%} bootstrap CI]; difference from "
-        f"{baseline_run(results)} in points [paired CI]",
-        "",
-        "| run | " + " | ".join(head) + " |",
-        "|---|" + "---|" * len(docs),
-    ]
-    lines += [f"| {run} | " + " | ".join(text(run, n) for n in docs) + " |" for run in runs]
-    return "\n".join(lines)
+        f"{baseline_run(results)} in points [paired CI]"
+    )
+    return _grid(runs, docs, [f"{'all' if n is None else n} docs" for n in docs], text, title)
 
 
 def baseline_run(results: Sequence[CellResult]) -> str | None:
@@ -262,15 +266,8 @@ def differences_markdown(results: Sequence[CellResult], aliases: Mapping[Cell, C
         d = _paired(a, b) if a is not None and b is not None else None
         return "-" if d is None else d.describe()
 
-    head = [f"{'all' if c.num_docs is None else c.num_docs} docs / {c.position}" for c in cells]
-    lines = [
-        f"Accuracy difference from {base} (points) [paired {CONFIDENCE:.0%} bootstrap CI]",
-        "",
-        "| run | " + " | ".join(head) + " |",
-        "|---|" + "---|" * len(cells),
-    ]
-    lines += [f"| {run} | " + " | ".join(cell_text(run, c) for c in cells) + " |" for run in runs]
-    return "\n".join(lines)
+    title = f"Accuracy difference from {base} (points) [paired {CONFIDENCE:.0%} bootstrap CI]"
+    return _grid(runs, cells, [_cell_head(c) for c in cells], cell_text, title)
 
 
 def plot_accuracy(
