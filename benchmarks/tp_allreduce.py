@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from lazyattn.envs import read_env  # noqa: E402
 from lazyattn.parallel import group as tp_group  # noqa: E402
 from lazyattn.parallel.all_reduce import BUFFER_BYTES  # noqa: E402
 
@@ -85,7 +86,7 @@ def _chain_check(symm, device: torch.device, rank: int) -> bool:
 
 def _rank(rank: int, size: int, port: int, rows: list[int], hidden: list[int], out: str) -> None:
     device = torch.device("cuda", rank)
-    tp = tp_group.join(tp_group.connect_store(port, size), rank, size, device)
+    tp = tp_group.join(tp_group.connect_store(port, size), rank, size, device, read_env())
     symm = tp.symmetric
     table = {"all_reduce_path": tp.all_reduce_path}
     for h in hidden:

@@ -139,10 +139,19 @@ def _every_rank(ok: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
+# Group names this process has set up symmetric memory for (or tried to). torch keeps a group's rendezvous state
+# (its store among it) per name for the life of the process, and a new process group of the same name (the next
+# engine's world group is named "0" again) would rendezvous through the old, closed store: the peers wait for keys
+# that never come (seen on two H200s under torch 2.11: every engine after the first in a process waited the probe's
+# whole timeout). Such a rank takes NCCL at once instead.
+_SET_UP: set[str] = set()
+
+
 def _fresh_group_name() -> bool:
     import torch.distributed._symmetric_memory as symm_mem
 
-    return dist.group.WORLD.group_name not in getattr(symm_mem, "_group_name_to_store", {})
+    name = dist.group.WORLD.group_name
+    return name not in _SET_UP and name not in getattr(symm_mem, "_group_name_to_store", {})
 
 
 def _probe(device: torch.device, rank: int, size: int, timeout_s: float) -> SymmetricAllReduce:
@@ -150,6 +159,7 @@ def _probe(device: torch.device, rank: int, size: int, timeout_s: float) -> Symm
     import torch.distributed._symmetric_memory as symm_mem
 
     group_name = dist.group.WORLD.group_name
+    _SET_UP.add(group_name)
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None and getattr(enable, "__deprecated__", None) is None:  # needed before torch deprecated it
         with warnings.catch_warnings():
