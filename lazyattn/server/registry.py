@@ -37,7 +37,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from lazyattn.errors import QueueFullError, RegistryError, UnknownDocumentError
 
@@ -254,6 +254,8 @@ _PG_LOCK_KEY = int.from_bytes(b"lazyattn", "big") & (2**63 - 1)
 
 
 def _key(scope: str | None) -> str:
+    if scope == "":  # would read as no scope
+        raise ValueError("a registry scope is None or a non-empty string (tenancy.cache_scope)")
     return "" if scope is None else scope
 
 
@@ -284,6 +286,8 @@ def _unavailable(url: str) -> Iterator[None]:
     try:
         yield
     except DBAPIError as e:
+        if not (isinstance(e, OperationalError) or e.connection_invalidated):
+            raise  # a bug here, not the database's state: a 500
         raise RegistryError(f"the document registry at {safe_url(url)} is unavailable: {e.orig}") from e
 
 
