@@ -38,6 +38,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from lazyattn.errors import QueueFullError, RegistryError, UnknownDocumentError
 
@@ -282,9 +283,12 @@ def safe_url(url: str) -> str:
 
 @contextlib.contextmanager
 def _unavailable(url: str) -> Iterator[None]:
-    """A database error (unreachable server, locked file, full disk) as a RegistryError: a 503 the client retries."""
+    """A database that cannot serve now (unreachable server, a file locked for 30 s, a full disk, every pooled
+    connection busy for 30 s) as a RegistryError: a 503 the client retries."""
     try:
         yield
+    except PoolTimeoutError as e:
+        raise RegistryError(f"the document registry at {safe_url(url)} is busy: no connection free for 30 s") from e
     except DBAPIError as e:
         if not (isinstance(e, OperationalError) or e.connection_invalidated):
             raise  # a bug here, not the database's state: a 500

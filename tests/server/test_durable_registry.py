@@ -4,11 +4,13 @@ two servers on one registry (a SQLite file, a PostgreSQL database)."""
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -184,3 +186,29 @@ def test_serve_refuses_a_registry_from_a_newer_release_before_loading(tmp_path):
     assert run.returncode == 1, run.stderr
     assert f"has schema version {SCHEMA_VERSION + 1}, newer than this lazyattn knows" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_locked_database_does_not_stall_the_server(tmp_path):
+    # Registry calls run in worker threads: while another process holds the SQLite write lock, a registration waits
+    # for it and everything else is served meanwhile.
+    path = tmp_path / "registry.sqlite"
+    s = start_server(
+        dict(page_size=16, kv_cache_gb=0.05), ServerConfig(model_name="tiny", registry_url=f"sqlite:///{path}")
+    )
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, as a second server in a long write would hold it
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, f"{s.url}/v1/documents", json={"text": "waits for the lock"}, timeout=60)
+            time.sleep(1.0)  # time to tokenise, encode and reach the lock
+            assert httpx.get(f"{s.url}/health", timeout=10).status_code == 200
+            assert httpx.get(f"{s.url}/v1/documents", timeout=10).json()["data"] == []  # readers do not wait (WAL)
+            assert answer(chat(s.url, ["an inline document"]))
+            assert not pending.done()  # it cannot commit while the lock is held
+            holder.execute("COMMIT")
+            r = pending.result(60)
+        assert r.status_code == 200, r.text
+        assert [d["id"] for d in httpx.get(f"{s.url}/v1/documents").json()["data"]] == [r.json()["id"]]
+    finally:
+        holder.close()
+        stop_server(s)
