@@ -53,8 +53,9 @@ class DocumentService:
         doc = await run_in_threadpool(self.registry.remove, scope, doc_id)
         if self.encodes:
             # Free its KV now rather than wait for LRU: a deleted document should not stay readable by timing. Its
-            # token ids as this server encodes them (the entry may come from a server with another tokenizer).
-            token_ids = await self._tokenize(doc.as_input())
+            # token ids as this server encodes them (the entry may come from a server with another tokenizer; one
+            # over this server's context limit was never cached here, and dropping it is a no-op).
+            token_ids = await run_in_threadpool(encode_document, self.tokenizer, doc.as_input(), self.layout)
             await self.engine_loop.drop_documents([token_ids], scope)
         return doc
 
