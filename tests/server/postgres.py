@@ -2,8 +2,10 @@
 
 Candidates, in order: the server that the `pgserver` wheel ships (in the `test` extra, so CI has it), then the
 system's (`initdb` on PATH, /usr/lib/postgresql/*/bin). PostgreSQL refuses to run as root, so as root it runs as
-`nobody`, from a data directory under the system's temp directory (pytest's own is private to root). It listens on
-127.0.0.1 only, on a free port, with fsync off (the tests stop it; they never test PostgreSQL's own durability).
+`nobody`, from a data directory under the system's temp directory (pytest's own is private to root); where nobody
+cannot reach the wheel's binaries (a virtual environment under /root), a copy of them is made there too. It
+listens on 127.0.0.1 only, on a free port, with fsync off (the tests stop it; they never test PostgreSQL's own
+durability).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(bindir: Path) -> Postgres:
+def _start(bindir: Path, copy: bool = False) -> Postgres:
     root = Path(tempfile.mkdtemp(prefix="lazyattn-pg-"))
     as_user: dict = {}
     if os.geteuid() == 0:
@@ -76,6 +78,15 @@ def _start(bindir: Path) -> Postgres:
         as_user = dict(user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
     data = root / "data"
     try:
+        if copy:
+            # The layout the binaries find their files by: pginstall/{bin,lib,share}, and the wheel's bundled
+            # libraries in site-packages/pgserver.libs (their rpath is $ORIGIN/../../../pgserver.libs).
+            site, copied = bindir.parents[2], root / "site"
+            for part in ("bin", "lib", "share"):
+                shutil.copytree(bindir.parent / part, copied / "pgserver" / "pginstall" / part, symlinks=True)
+            if (site / "pgserver.libs").is_dir():
+                shutil.copytree(site / "pgserver.libs", copied / "pgserver.libs", symlinks=True)
+            bindir = copied / "pgserver" / "pginstall" / "bin"
         init = subprocess.run(
             [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
             capture_output=True,
@@ -128,11 +139,14 @@ def start_postgres() -> tuple[Postgres | None, str]:
     if not bindirs:
         return None, "no PostgreSQL server binaries: neither pgserver (pip install 'lazyattn[test]') nor the system's"
     failures = []
-    for bindir in bindirs:
+    attempts = [(bindir, False) for bindir in bindirs]
+    if os.geteuid() == 0 and "pginstall" in bindirs[0].parts:
+        attempts.insert(1, (bindirs[0], True))
+    for bindir, copy in attempts:
         try:
-            return _start(bindir), ""
+            return _start(bindir, copy), ""
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            failures.append(f"{bindir}: {e}")
+            failures.append(f"{bindir}{' (copied)' if copy else ''}: {e}")
     return None, "PostgreSQL could not start: " + "; ".join(failures)
 
 
