@@ -236,7 +236,8 @@ CACHE = Var(
     "LAZYATTN_CACHE",
     "path",
     None,
-    "Model cache directory (fetched checkpoints, GGUF files).",
+    "Cache directory: fetched checkpoints and GGUF files, and `lazyattn serve`'s state (state/: the document "
+    "registry).",
     _text,
     "`$XDG_CACHE_HOME/lazyattn`, else `~/.cache/lazyattn`",
 )

@@ -65,3 +65,11 @@ class TensorParallelError(LazyAttnError):
 
     status_code = 500
     error_type = "internal_error"
+
+
+class RegistryError(LazyAttnError):
+    """The document registry's database cannot be used: unreachable or locked, a bad URL, or written by a newer
+    lazyattn (a schema version this one does not know). HTTP 503 while serving; at start-up the server exits."""
+
+    status_code = 503
+    error_type = "registry_unavailable"

@@ -100,6 +100,7 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     """For a Serve config file: `args` are `lazyattn serve` option names with underscores (docs/serve.yaml)."""
     from lazyattn.engine import prompt
     from lazyattn.server.cli import LAYOUTS, served_model_name
+    from lazyattn.server.registry import resolve_registry_url
 
     args = dict(args)
     engine_keys = (
@@ -129,6 +130,9 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
         "layout": layout,
         "max_documents": args.pop("max_documents", None),
         "max_request_sequences": args.pop("max_request_sequences", 256),
+        # Resolved here, where the application is built: the ingress may run on another node of the cluster, where
+        # a SQLite path is another file (several nodes: a postgresql:// URL).
+        "registry_url": resolve_registry_url(args.pop("registry_url", None), args.pop("state_dir", None)),
     }
     cluster_keys = ("replicas", "policy", "load_margin", "max_ongoing_requests", "gpus_per_replica", "cpus_per_replica")
     cluster = {k: args.pop(k) for k in cluster_keys if k in args}

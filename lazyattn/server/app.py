@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
-from lazyattn.server.documents import DocumentRegistry, DocumentService, RegisteredDocument
+from lazyattn.errors import RegistryError
+from lazyattn.server.documents import DocumentService
 from lazyattn.server.engine_loop import EngineLoop
 from lazyattn.server.errors import install_error_handlers
 from lazyattn.server.inputs import Renderer
@@ -44,6 +45,7 @@ from lazyattn.server.protocol import (
     error_responses,
     generation_responses,
 )
+from lazyattn.server.registry import MEMORY, DocumentRegistry, RegisteredDocument
 from lazyattn.server.serving import OpenAIServing
 from lazyattn.server.tenancy import Authenticator, cache_scope
 
@@ -58,15 +60,25 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # several: each key is a tenant with its own cache salt
     layout: PromptLayout = DEFAULT_LAYOUT
     max_documents: int | None = None  # registry capacity (all tenants); None: unbounded
+    # Where registered documents are kept (server/registry.py): "memory" (lost at exit), sqlite:///PATH or
+    # postgresql://... `lazyattn serve` defaults to a SQLite file in the state directory.
+    registry_url: str = MEMORY
     max_request_sequences: int = 256  # prompts x n of one request
+
+
+def _registered(registry: DocumentRegistry) -> float:
+    try:
+        return registry.count()
+    except RegistryError:  # the database is down: /metrics still answers, the gauge says it does not know
+        return float("nan")
 
 
 def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop | None = None) -> FastAPI:
     """`engine_loop`: what drives the engine; default its own thread. Replicas (cluster/ingress.py) pass a loop
     over remote engines, with `engine` a facade that has the tokenizer, limits and mode."""
-    registry = DocumentRegistry(config.max_documents)
+    registry = DocumentRegistry(config.registry_url, config.max_documents)
     engine_loop = engine_loop if engine_loop is not None else EngineLoop(engine)
-    metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: len(registry))
+    metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: _registered(registry))
     engine_loop.observer = metrics
     renderer = Renderer(
         engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size, engine.max_new_tokens
@@ -83,6 +95,7 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
             yield
         finally:
             await run_in_threadpool(engine_loop.stop)
+            registry.close()
 
     app = FastAPI(title="lazyattn", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
@@ -104,21 +117,22 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
     # -- documents --------------------------------------------------------------------------------------------
 
     def document_object(doc: RegisteredDocument) -> DocumentObject:
-        return DocumentObject(id=doc.id, title=doc.title, num_tokens=len(doc.token_ids), created=doc.created)
+        return DocumentObject(id=doc.id, title=doc.title, num_tokens=doc.num_tokens, created=doc.created)
 
     @app.post("/v1/documents", responses=error_responses(400, 401, 503))
     async def create_document(body: DocumentCreateRequest, t: str = Depends(tenant)) -> DocumentObject:
         return document_object(await documents.register(cache_scope(t, body.cache_salt), body.title, body.text))
 
-    @app.get("/v1/documents", responses=error_responses(401))
+    @app.get("/v1/documents", responses=error_responses(401, 503))
     async def list_documents(cache_salt: str | None = Query(None), t: str = Depends(tenant)) -> DocumentList:
-        return DocumentList(data=[document_object(d) for d in registry.list(cache_scope(t, cache_salt))])
+        docs = await run_in_threadpool(registry.list, cache_scope(t, cache_salt))
+        return DocumentList(data=[document_object(d) for d in docs])
 
-    @app.get("/v1/documents/{doc_id}", responses=error_responses(401, 404))
+    @app.get("/v1/documents/{doc_id}", responses=error_responses(401, 404, 503))
     async def get_document(
         doc_id: str, cache_salt: str | None = Query(None), t: str = Depends(tenant)
     ) -> DocumentContent:
-        doc = registry.get(cache_scope(t, cache_salt), doc_id)
+        doc = await run_in_threadpool(registry.get, cache_scope(t, cache_salt), doc_id)
         return DocumentContent(**document_object(doc).model_dump(), text=doc.text)
 
     @app.delete("/v1/documents/{doc_id}", responses=error_responses(401, 404, 503))
@@ -150,6 +164,7 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
-        return Response(metrics.exposition(), media_type=metrics.content_type)
+        # In the thread pool: the registered-documents gauge counts the registry's rows.
+        return Response(await run_in_threadpool(metrics.exposition), media_type=metrics.content_type)
 
     return app

@@ -60,6 +60,19 @@ def add_serve_parser(
     )
     p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
     p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the server keeps its state, the document registry (registry.sqlite) (default: state/ under "
+        f"the cache directory, ${envs.CACHE.name})",
+    )
+    p.add_argument(
+        "--registry-url",
+        default=None,
+        help="the document registry's database instead: sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB (one "
+        "registry for several servers), or memory (kept nowhere)",
+    )
+    p.add_argument(
         "--prompt-layout",
         choices=sorted(LAYOUTS),
         default="block-attention",
@@ -119,6 +132,17 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}{busy}", file=sys.stderr)
         return 1
 
+    from lazyattn.errors import RegistryError
+    from lazyattn.server.registry import DocumentRegistry, resolve_registry_url, safe_url
+
+    registry = resolve_registry_url(args.registry_url, args.state_dir)
+    try:  # the same: an unreachable database or one from a newer release fails before the model loads
+        DocumentRegistry(registry).close()
+    except RegistryError as e:
+        sock.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
     import dataclasses
 
     import uvicorn
@@ -140,6 +164,7 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         layout=layout,
         max_documents=args.max_documents,
         max_request_sequences=args.max_request_sequences,
+        registry_url=registry,
     )
     if args.replicas:
         from lazyattn.cluster.cli import serve_replicas
@@ -158,7 +183,8 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         f"{engine.device}, {engine.mode.name} mode; KV pool {stats.num_pages} pages x {engine.config.page_size} "
         f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
         f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
-        f"{time.monotonic() - start:.1f} s; listening on http://{args.host}:{args.port}",
+        f"{time.monotonic() - start:.1f} s; document registry {safe_url(registry)}; listening on "
+        f"http://{args.host}:{args.port}",
         file=sys.stderr,
         flush=True,
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.concurrency import run_in_threadpool
+
 from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document, render_chat, render_completion
 from lazyattn.engine.prompt import from_token_ids as _from_token_ids
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import ContextTooLongError, InvalidRequestError
 from lazyattn.model.tokenizer import TokenizerBase
-from lazyattn.server.documents import DocumentRegistry
 from lazyattn.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -22,6 +23,7 @@ from lazyattn.server.protocol import (
     DocumentRef,
     DocumentText,
 )
+from lazyattn.server.registry import DocumentRegistry
 
 Document = str | dict[str, str]
 
@@ -80,14 +82,22 @@ class Renderer:
         return room
 
 
-def resolve_documents(
+async def resolve_documents(
     items: list[DocumentInput] | None, registry: DocumentRegistry, scope: str | None
 ) -> list[Document]:
-    """Inline documents as they are; registered ones (by id, in the caller's scope) as their stored text."""
+    """Inline documents as they are; registered ones (by id, in the caller's scope) as their stored text, read from
+    the registry in one query, in the thread pool (it blocks on the database)."""
+    items = items or []
+    refs = [(i, item.id) for i, item in enumerate(items) if isinstance(item, DocumentRef)]
+    found = {}
+    if refs:
+        ids, params = [doc_id for _, doc_id in refs], [f"documents[{i}].id" for i, _ in refs]
+        docs = await run_in_threadpool(registry.get_many, scope, ids, params)
+        found = {i: doc for (i, _), doc in zip(refs, docs)}
     out: list[Document] = []
-    for i, item in enumerate(items or []):
-        if isinstance(item, DocumentRef):
-            out.append(registry.get(scope, item.id, param=f"documents[{i}].id").as_input())
+    for i, item in enumerate(items):
+        if i in found:
+            out.append(found[i].as_input())
         elif isinstance(item, DocumentText):
             out.append(item.model_dump(exclude_none=True))
         else:

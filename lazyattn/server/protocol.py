@@ -332,7 +332,8 @@ _ERROR_DESCRIPTIONS = {
     "max_tokens that do not fit the context or the KV pool.",
     401: "Missing or invalid API key (when the server has keys).",
     404: "Unknown model or document id.",
-    503: "At capacity (waiting queue or document registry full) or shutting down; retry later.",
+    503: "At capacity (waiting queue or document registry full), the document registry's database unavailable, or "
+    "shutting down; retry later.",
 }
 
 

@@ -21,7 +21,6 @@ from starlette.responses import Response, StreamingResponse
 
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.errors import InvalidRequestError, LazyAttnError
-from lazyattn.server.documents import DocumentRegistry
 from lazyattn.server.engine_loop import EngineLoop, OutputStream
 from lazyattn.server.errors import ModelNotFoundError, error_body
 from lazyattn.server.inputs import (
@@ -43,6 +42,7 @@ from lazyattn.server.protocol import (
     CompletionResponse,
     Usage,
 )
+from lazyattn.server.registry import DocumentRegistry
 from lazyattn.server.responses import StreamState, TokenText, chat_logprobs, completion_logprobs, usage
 from lazyattn.server.tenancy import cache_scope
 
@@ -77,7 +77,7 @@ class OpenAIServing:
         self._check_sequences(1, body.n)
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
-        documents = resolve_documents(body.documents, self.registry, scope)
+        documents = await resolve_documents(body.documents, self.registry, scope)
         prompt = await run_in_threadpool(self.renderer.chat, body, documents)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", body.relink_tokens)
@@ -140,7 +140,7 @@ class OpenAIServing:
         self._check_sequences(len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1, body.n)
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
-        documents = resolve_documents(body.documents, self.registry, scope)
+        documents = await resolve_documents(body.documents, self.registry, scope)
         prompts = await run_in_threadpool(self.renderer.completions, body, documents)
         cid = f"cmpl-{uuid.uuid4().hex}"
         requests = []

@@ -34,7 +34,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def registry_url(tmp_path_factory) -> str:
+    """The round-robin application's registry: a SQLite file, as `lazyattn serve --replicas` keeps by default."""
+    return f"sqlite:///{tmp_path_factory.mktemp('state')}/registry.sqlite"
+
+
+@pytest.fixture(scope="module")
+def cluster(registry_url):
     port = _free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
@@ -48,7 +54,9 @@ def cluster():
             route_prefix="/affinity",
         )
         serve.run(
-            build_app(ClusterConfig(server=server, policy="round-robin", **common)), name="rr", route_prefix="/rr"
+            build_app(ClusterConfig(server={**server, "registry_url": registry_url}, policy="round-robin", **common)),
+            name="rr",
+            route_prefix="/rr",
         )
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -107,10 +115,15 @@ def test_affinity_hits_where_round_robin_misses(cluster):
     assert cached(rr[2]) == cached(aff[1])  # back on the replica that encoded it
 
 
-def test_registry_and_tenants_hold_across_replicas(cluster):
+def test_registry_and_tenants_hold_across_replicas(cluster, registry_url):
+    from lazyattn.server.registry import DocumentRegistry
+
     text = "Registered once, readable from every replica. " * 20
     rr = client(cluster, "rr")
     doc = rr.post("/v1/documents", json={"text": text}).json()
+    stored = DocumentRegistry(registry_url)  # the ingress keeps it in the database it was given
+    assert stored.get(None, doc["id"]).text == text
+    stored.close()
     served = {complete(rr, [{"id": doc["id"]}]).headers[REPLICA_HEADER] for _ in range(2)}
     assert len(served) == 2  # the id worked on both replicas
 

@@ -110,3 +110,21 @@ def keyed_server():
     s = start_server({**_ENGINE, "max_num_seqs": 1, "max_waiting": 1}, ServerConfig(model_name="tiny", api_keys=KEYS))
     yield s
     stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server the tests start themselves (tests/server/postgres.py); skips only where none can start."""
+    from tests.server.postgres import postgres_server
+
+    with postgres_server() as (server, reason):
+        yield server, reason
+
+
+@pytest.fixture
+def postgres_url(postgres) -> str:
+    """A fresh database on that server."""
+    server, reason = postgres
+    if server is None:
+        pytest.skip(reason)
+    return server.new_database()

@@ -19,8 +19,11 @@ def _free_port() -> int:
 
 
 def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`lazyattn serve --model tiny` on a free local port with `args`; returns once /health answers 200."""
+    """`lazyattn serve --model tiny` on a free local port with `args`; returns once /health answers 200. The
+    document registry is kept in memory unless `args` say where."""
     port = _free_port()
+    if "--state-dir" not in args and "--registry-url" not in args:
+        args = (*args, "--registry-url", "memory")
     url = f"http://127.0.0.1:{port}"
     cmd = [
         sys.executable,

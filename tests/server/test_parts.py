@@ -1,13 +1,12 @@
-"""The server's pieces without a server: keys, scopes, the registry, defaults, error formatting."""
+"""The server's pieces without a server: keys, scopes, defaults, error formatting (the registry: test_registry.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, RenderedPrompt
-from lazyattn.errors import AuthenticationError, ContextTooLongError, UnknownDocumentError
+from lazyattn.errors import AuthenticationError, ContextTooLongError
 from lazyattn.model.byte_tokenizer import ByteTokenizer
-from lazyattn.server.documents import DocumentRegistry
 from lazyattn.server.errors import _param
 from lazyattn.server.inputs import Renderer
 from lazyattn.server.tenancy import Authenticator, cache_scope
@@ -31,22 +30,6 @@ def test_cache_scopes_never_collide():
     assert cache_scope("", None) is None
     scopes = {cache_scope(t, s) for t in ("", "t1", "t2") for s in (None, "", "x", '", "', "t1")}
     assert len(scopes) == 15
-
-
-def test_registry_is_scoped_and_idempotent():
-    reg = DocumentRegistry(max_documents=2)
-    a = reg.add("s1", "T", "text", [1, 2])
-    assert reg.add("s1", "T", "text", [1, 2]) is a
-    b = reg.add("s2", "T", "text", [1, 2])
-    assert a.id != b.id and len(reg) == 2
-    with pytest.raises(UnknownDocumentError) as e:
-        reg.get("s2", a.id, param="documents[3].id")
-    assert e.value.param == "documents[3].id" and e.value.status_code == 404
-    assert [d.id for d in reg.list("s1")] == [a.id]
-    with pytest.raises(Exception, match="registry is full"):
-        reg.add("s1", None, "another", [3])
-    reg.remove("s1", a.id)
-    assert reg.list("s1") == [] and a.as_input() == {"title": "T", "text": "text"}
 
 
 def test_default_max_tokens_is_the_engines_room():
