@@ -64,7 +64,7 @@ def run_modes(
             engine.reset_cache()
             entry["startup_s"] = time.monotonic() - t_load
             run = _ModeRun(engine, trace, vocab_high, entry, data, out, search_cfg)
-            if cold_start is not None:
+            if cold_start is not None and mode_deadline - time.monotonic() >= min_point_s:
                 run.cold_start(*cold_start, deadline=mode_deadline)
             if search_cfg is not None:
                 result = search(

@@ -189,6 +189,7 @@ def run_point(
     token_times: list[tuple[float, int]] = []
     result = PointResult(engine.mode.name, rate, shortened=shortened)
     window_start = 0.0 if not phases.warmup else math.inf
+    first_in_window = 0  # index of the first request arriving in the window
     window_end = math.inf
     window_len = phases.window_length(rate)
     high_water = engine.stats().pages_high_water
@@ -204,13 +205,13 @@ def run_point(
                 if not waiting or now > window_end + phases.drain_s:
                     break
             elif window_start < math.inf:
-                arrived = sum(1 for r in records.values() if r.arrival >= window_start)
+                arrived = upcoming.index - first_in_window
                 if now - window_start >= window_len and arrived >= phases.window_requests:
                     window_end = now
             elif now >= phases.warmup_max_s or (
                 now >= phases.warmup_min_s and steady_block(done_hits, phases.warmup_block, phases.warmup_tol)
             ):
-                window_start = now
+                window_start, first_in_window = now, upcoming.index
                 result.warmup_steady = now < phases.warmup_max_s
                 result.warmup_s = now
             while upcoming.arrival <= now:
@@ -252,8 +253,8 @@ def run_point(
     result.wall_s = wall
     result.peak_kv_gb = (max(stats.pages_high_water, high_water)) * stats.page_bytes / 2**30
     result.preemptions = stats.preemptions - preemptions
-    if window_start == math.inf:
-        return result  # the deadline came during the warm-up: no window
+    if window_start == math.inf or not records:
+        return result  # the deadline came before the window (or before any arrival): no window
     if window_end == math.inf:
         window_end = min(wall, max(r.arrival for r in records.values()) + 1e-9)
         result.shortened = True

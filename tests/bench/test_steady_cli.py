@@ -1,0 +1,64 @@
+"""`lazyattn bench --smoke` end to end on the CPU (the tiny model, two modes in their own runs, a small budget),
+then `--merge` of the two runs: what the lead's per-GPU commands and merge command do, at tiny shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lazyattn.cli import main
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("steady")
+    # The first run's budget also covers the process's first engine start (seconds on a busy CPU).
+    for mode, budget in (("lazy", "10"), ("block", "6")):
+        out = str(root / mode)
+        code = main(["bench", "--smoke", "--modes", mode, "--budget-s", budget, "--out", out, "--no-progress"])
+        assert code == 0
+    code = main(["bench", "--merge", str(root / "lazy"), str(root / "block" / "steady.json"), "--out", str(root / "m")])
+    assert code == 0
+    return root
+
+
+def test_each_run_records_its_search_points_and_cold_start(runs):
+    for mode in ("lazy", "block"):
+        data = json.loads((runs / mode / "steady.json").read_text())
+        assert data["workload"]["name"] == "paper" and data["budget_s"] in (10, 6)
+        entry = data["modes"][mode]
+        assert "error" not in entry
+        points = entry["points"]
+        assert points and points[0]["rate"] == data["search"]["start"]
+        # Rates follow the search: growth from the start, or a descent, or a bisection between measured rates.
+        assert all(p["window_requests"] > 0 for p in points[:1])
+        assert [r["target_ms"] for r in entry["sustainable"]] == [100.0, 1000.0]
+        for row in entry["sustainable"]:
+            if row["rate"]:
+                assert row["rate"] in [p["rate"] for p in points]
+        assert entry["converged"] or entry["stopped"]
+        cold = entry["cold_start"]
+        assert cold["bins"] and sum(b["requests"] for b in cold["bins"]) > 0
+        assert cold["bins"][0]["t_s"] == 0
+
+
+def test_merge_puts_the_modes_side_by_side(runs):
+    merged = json.loads((runs / "m" / "steady.json").read_text())
+    assert list(merged["modes"]) == ["lazy", "block"]
+    md = (runs / "m" / "steady.md").read_text()
+    assert "| TTFT p99 target | lazy: req/s (goodput) | block: req/s (goodput) | lazy ÷ block |" in md
+    assert (runs / "m" / "cold_start_paper.png").exists()
+    lazy = {r["target_ms"]: r["rate"] for r in merged["modes"]["lazy"]["sustainable"]}
+    block = {r["target_ms"]: r["rate"] for r in merged["modes"]["block"]["sustainable"]}
+    row = next(line for line in md.splitlines() if line.startswith("| 100 ms"))
+    if lazy[100.0] and block[100.0]:
+        assert f"{lazy[100.0] / block[100.0]:.2f}×" in row
+
+
+def test_merge_refuses_runs_of_different_workloads(runs, tmp_path):
+    doc = json.loads((runs / "block" / "steady.json").read_text())
+    doc["workload"]["name"] = "wide"
+    (tmp_path / "steady.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="workload"):
+        main(["bench", "--merge", str(runs / "lazy"), str(tmp_path)])
