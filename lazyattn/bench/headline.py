@@ -180,6 +180,9 @@ def sustainable_table(data: dict) -> str:
                 cells.append("-")
                 continue
             rates[m] = row["rate"]
+            if row.get("unreachable"):
+                cells.append("0 (unreachable)")
+                continue
             at_least = "≥ " if row["first_failing_rate"] is None else ""
             star = "" if row["converged"] else " *"
             cells.append(f"{at_least}{row['rate']:.3g} ({row['goodput']:.3g}){star}")
@@ -280,7 +283,8 @@ def summary_markdown(data: dict) -> str:
         "",
         "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
         f"(≥ {100 * data.get('search', {}).get('keep_up', 0.95):g} %); goodput: window requests answered within "
-        "the target per second. ≥: the highest rate tried passed; *: the search did not converge.",
+        "the target per second. ≥: the highest rate tried passed; *: the search did not converge; unreachable: even "
+        "the fastest request of a window the server kept up with missed the target.",
         "",
         sustainable_table(data),
         "",

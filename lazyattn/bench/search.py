@@ -4,8 +4,10 @@ A rate passes a target when the window's p99 TTFT is within it and completions k
 (steady.PointResult.meets). Every measured point answers every target at once; the next rate is chosen for the
 target whose bracket is widest: x `growth` while some target has not failed yet, / `growth` while some target has
 not passed yet, else the geometric middle of [highest pass, lowest fail] until lowest fail / highest pass <= 1 + tol.
-The budget planner splits the time left over the points the search may still need, shortening windows (recorded
-per point) and stopping the search, unconverged, when too little is left for a point worth measuring.
+A target that even the fastest request of a window missed, at a rate the server kept up with, is unreachable at any
+rate (its sustainable rate is 0) and gets no more points. The budget planner splits the time left over the points
+the search may still need, shortening windows (recorded per point) and stopping the search, unconverged, when too
+little is left for a point worth measuring.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class Bracket:
 
     target_ms: float
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
+    # Even the fastest request of a window that kept up took longer than the target: a request that finds the
+    # server idle takes about that long, so no rate meets the target (prefix and full mode at 100 ms).
+    unreachable: bool = False
 
     def update(self, rate: float, ok: bool) -> None:
         self.outcomes.append((rate, ok))
@@ -40,6 +45,8 @@ class Bracket:
         return max((r for r, ok in self.outcomes if ok and r < self.failed), default=0.0)
 
     def resolved(self, tol: float, min_rate: float, max_rate: float) -> bool:
+        if self.unreachable:
+            return True
         if self.failed == math.inf:
             return self.passed >= max_rate
         if self.passed == 0.0:
@@ -101,6 +108,7 @@ class SearchResult:
                     "window_s": at.window_s if at else None,
                     "window_requests": at.window_requests if at else None,
                     "converged": self.converged,
+                    "unreachable": b.unreachable,
                 }
             )
         return rows
@@ -166,8 +174,12 @@ def search(
         if point.window_requests == 0:
             result.stopped = "budget (a point ended without a window)"
             break
+        fastest = min(point.window_ttfts_ms, default=math.inf)
         for b in result.brackets:
-            b.update(rate, point.meets(b.target_ms, cfg.keep_up))
+            ok = point.meets(b.target_ms, cfg.keep_up)
+            b.update(rate, ok)
+            if not ok and b.passed == 0.0 and fastest > b.target_ms and point.keep_up >= cfg.keep_up:
+                b.unreachable = True
         if on_point is not None:
             on_point(result)
     return result

@@ -13,8 +13,8 @@ from lazyattn.bench.steady import PhaseConfig, PointResult
 
 
 def fake_server(capacity: float, base_ms: float = 10.0):
-    """An M/M/1-like queue: p99 TTFT grows as base / (1 - rate / capacity); past capacity the queue grows
-    (completions fall behind arrivals)."""
+    """An M/M/1-like queue: p99 TTFT grows as base / (1 - rate / capacity), an idle server answers in base; past
+    capacity the queue grows (completions fall behind arrivals)."""
     calls = []
 
     def measure(rate: float, phases: PhaseConfig, shortened: bool, deadline: float) -> PointResult:
@@ -32,7 +32,7 @@ def fake_server(capacity: float, base_ms: float = 10.0):
             offered_rate=rate,
             achieved_rate=achieved,
             ttft_ms={"p50": p99 / 2, "p90": p99 / 1.5, "p99": p99},
-            window_ttfts_ms=[p99] * n,
+            window_ttfts_ms=[base_ms] + [p99] * (n - 1),  # the luckiest request found the server idle
         )
 
     return measure, calls
@@ -113,3 +113,16 @@ def test_a_pass_above_a_failure_does_not_move_the_bracket_past_it():
     for rate, ok in ((10, True), (40, False), (20, True), (50, True), (30, False)):
         b.update(rate, ok)
     assert (b.passed, b.failed) == (20, 30)
+
+
+def test_a_target_below_the_idle_service_time_is_unreachable():
+    # Every request takes at least 300 ms even at light load: a 100 ms target is met at no rate, and the search
+    # says so after one point instead of descending to min_rate; the 1 s target is still searched.
+    measure, calls = fake_server(10.0, base_ms=300.0)
+    cfg = SearchConfig(targets_ms=(100.0, 1000.0), start=2.0, tol=0.1)
+    result = search(measure, "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
+    assert result.converged
+    fast, slow = result.brackets
+    assert fast.unreachable and fast.passed == 0.0 and min(r for r, _, _ in calls) == 2.0
+    assert slow.passed <= true_rate(10.0, 1000.0, 300.0) < slow.failed
+    assert result.sustainable()[0]["unreachable"] and result.sustainable()[0]["rate"] == 0.0
