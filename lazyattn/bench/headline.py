@@ -283,8 +283,8 @@ def summary_markdown(data: dict) -> str:
         "",
         "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
         f"(≥ {100 * data.get('search', {}).get('keep_up', 0.95):g} %); goodput: window requests answered within "
-        "the target per second. ≥: the highest rate tried passed; *: the search did not converge; unreachable: even "
-        "the fastest request of a window the server kept up with missed the target.",
+        "the target per second. ≥: the highest rate tried passed; *: the search did not converge; unreachable: the "
+        "fastest requests of the two lowest rates missed the target by the same time (an idle server's TTFT).",
         "",
         sustainable_table(data),
         "",

@@ -4,10 +4,10 @@ A rate passes a target when the window's p99 TTFT is within it and completions k
 (steady.PointResult.meets). Every measured point answers every target at once; the next rate is chosen for the
 target whose bracket is widest: x `growth` while some target has not failed yet, / `growth` while some target has
 not passed yet, else the geometric middle of [highest pass, lowest fail] until lowest fail / highest pass <= 1 + tol.
-A target that even the fastest request of a window missed, at a rate the server kept up with, is unreachable at any
-rate (its sustainable rate is 0) and gets no more points. The budget planner splits the time left over the points
-the search may still need, shortening windows (recorded per point) and stopping the search, unconverged, when too
-little is left for a point worth measuring.
+A target that the fastest requests of the two lowest rates' windows both missed by about the same time (the idle
+server's TTFT) is unreachable at any rate (its sustainable rate is 0) and gets no more points. The budget planner
+splits the time left over the points the search may still need, shortening windows (recorded per point) and
+stopping the search, unconverged, when too little is left for a point worth measuring.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from lazyattn.bench.steady import PhaseConfig, PointResult
+
+MIN_WINDOW_REQUESTS = 10  # a window the budget shortened still waits for this many arrivals (low rates)
 
 
 @dataclass
@@ -116,8 +118,8 @@ class SearchResult:
 
 def plan_phases(phases: PhaseConfig, rate: float, time_left: float, points_left: int) -> tuple[PhaseConfig, bool]:
     """The point's phases within its share of the time left: (phases, shortened). The share goes to warm-up (at
-    most 30 %), window (at least 50 %) and drain (at most 20 %); a window shorter than asked drops the request
-    count condition and says so."""
+    most 30 %), window (at least 50 %) and drain (at most 20 %); a window shorter than asked keeps only
+    MIN_WINDOW_REQUESTS of the request count condition, and says so."""
     if time_left == math.inf:
         return phases, False
     share = time_left / max(points_left, 1)
@@ -131,7 +133,7 @@ def plan_phases(phases: PhaseConfig, rate: float, time_left: float, points_left:
         replace(
             phases,
             window_s=window,
-            window_requests=0,
+            window_requests=min(phases.window_requests, MIN_WINDOW_REQUESTS),
             warmup_max_s=warmup_max,
             warmup_min_s=min(phases.warmup_min_s, warmup_max),
             drain_s=drain,
@@ -174,23 +176,35 @@ def search(
         if point.window_requests == 0:
             result.stopped = "budget (a point ended without a window)"
             break
-        fastest = min(point.window_ttfts_ms, default=math.inf)
         for b in result.brackets:
-            ok = point.meets(b.target_ms, cfg.keep_up)
-            b.update(rate, ok)
-            if not ok and b.passed == 0.0 and fastest > b.target_ms and point.keep_up >= cfg.keep_up:
-                b.unreachable = True
+            b.update(rate, point.meets(b.target_ms, cfg.keep_up))
+            b.unreachable = b.passed == 0.0 and _at_floor(result.points, b.target_ms, cfg)
         if on_point is not None:
             on_point(result)
     return result
 
 
+def _at_floor(points: list[PointResult], target_ms: float, cfg: SearchConfig) -> bool:
+    """The two lowest rates measured both kept up, and their fastest window requests both missed the target by
+    about the same time (within 10 %): lowering the rate no longer shortens the fastest TTFT, which is then the
+    idle server's, so no rate meets the target."""
+    low = sorted(points, key=lambda p: p.rate)[:2]
+    if len(low) < 2 or any(p.keep_up < cfg.keep_up for p in low):
+        return False
+    fastest = [min(p.window_ttfts_ms, default=math.inf) for p in low]
+    return min(fastest) > target_ms and min(fastest) >= 0.9 * max(fastest)
+
+
 def _points_left(result: SearchResult, cfg: SearchConfig) -> int:
-    """The planner's guess of the points still to come: growth steps to the first failure, then bisection steps
-    to the tolerance, capped by max_points."""
+    """The planner's guess of the points still to come: per open bracket, its bisection steps to the tolerance
+    (two more steps and a full bisection while it is open on one side), capped by max_points."""
+    full = math.ceil(math.log2(math.log(cfg.growth) / math.log1p(cfg.tol)))
     steps = 0
-    bisect = math.ceil(math.log2(math.log(cfg.growth) / math.log1p(cfg.tol)))
-    if any(b.failed == math.inf for b in result.brackets):
-        steps += 3
-    steps += bisect * min(len(result.brackets), 2)
+    for b in result.brackets:
+        if b.resolved(cfg.tol, cfg.min_rate, cfg.max_rate):
+            continue
+        if b.failed == math.inf or b.passed == 0.0:
+            steps += 2 + full
+        else:
+            steps += max(1, math.ceil(math.log2(math.log(b.failed / b.passed) / math.log1p(cfg.tol))))
     return max(1, min(steps, cfg.max_points - len(result.points)))

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from lazyattn.bench.search import Bracket, SearchConfig, plan_phases, search
+from lazyattn.bench.search import MIN_WINDOW_REQUESTS, Bracket, SearchConfig, plan_phases, search
 from lazyattn.bench.steady import PhaseConfig, PointResult
 
 
@@ -89,12 +89,12 @@ def test_budget_stops_the_search_unconverged_and_shortens_windows():
 
     phases = PhaseConfig()  # 60 s / 1000 requests windows
     result = search(
-        timed, "fake", phases, SearchConfig(start=4.0), deadline=200.0, min_point_s=20.0, clock=lambda: now[0]
+        timed, "fake", phases, SearchConfig(start=4.0, tol=0.02), deadline=200.0, min_point_s=20.0, clock=lambda: now[0]
     )
     assert not result.converged and result.stopped.startswith("budget")
     assert now[0] <= 200.0 + 1e-6
     assert all(shortened for _, _, shortened in calls)
-    assert all(ph.window_s < phases.window_s and ph.window_requests == 0 for _, ph, _ in calls)
+    assert all(ph.window_s < phases.window_s and ph.window_requests == MIN_WINDOW_REQUESTS for _, ph, _ in calls)
 
 
 def test_plan_phases_keeps_the_full_window_when_time_allows():
@@ -106,6 +106,7 @@ def test_plan_phases_keeps_the_full_window_when_time_allows():
     assert not shortened and planned.window_length(10.0) == 100.0
     planned, shortened = plan_phases(phases, rate=10.0, time_left=100.0, points_left=2)
     assert shortened and planned.window_s == pytest.approx(50 - 15 - 10)
+    assert planned.window_requests == MIN_WINDOW_REQUESTS
 
 
 def test_a_pass_above_a_failure_does_not_move_the_bracket_past_it():
@@ -116,8 +117,9 @@ def test_a_pass_above_a_failure_does_not_move_the_bracket_past_it():
 
 
 def test_a_target_below_the_idle_service_time_is_unreachable():
-    # Every request takes at least 300 ms even at light load: a 100 ms target is met at no rate, and the search
-    # says so after one point instead of descending to min_rate; the 1 s target is still searched.
+    # Every request takes at least 300 ms even at light load: a 100 ms target is met at no rate. The two lowest
+    # rates (2 and 4 req/s) show the same fastest TTFT, so the search says so instead of descending to min_rate;
+    # the 1 s target is still searched.
     measure, calls = fake_server(10.0, base_ms=300.0)
     cfg = SearchConfig(targets_ms=(100.0, 1000.0), start=2.0, tol=0.1)
     result = search(measure, "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
@@ -126,3 +128,25 @@ def test_a_target_below_the_idle_service_time_is_unreachable():
     assert fast.unreachable and fast.passed == 0.0 and min(r for r, _, _ in calls) == 2.0
     assert slow.passed <= true_rate(10.0, 1000.0, 300.0) < slow.failed
     assert result.sustainable()[0]["unreachable"] and result.sustainable()[0]["rate"] == 0.0
+
+
+def test_a_fastest_ttft_that_falls_with_the_rate_is_not_a_floor():
+    # Light load answers within 50 ms, but the search starts where even the fastest request queues (fastest TTFT
+    # 400 ms at 8 req/s, 200 ms at 4): the 100 ms target must be searched downwards, not declared unreachable.
+    def measure(rate, phases, shortened, deadline):
+        fastest = 50.0 * rate
+        return PointResult(
+            "fake",
+            rate,
+            window_s=10.0,
+            window_requests=100,
+            offered_rate=10.0,
+            achieved_rate=10.0,
+            ttft_ms={"p99": 2 * fastest},
+            window_ttfts_ms=[fastest] * 100,
+        )
+
+    result = search(measure, "fake", PhaseConfig(), SearchConfig(targets_ms=(100.0,), start=8.0, tol=0.1))
+    b = result.brackets[0]
+    assert result.converged and not b.unreachable
+    assert b.passed <= 1.0 < b.failed
