@@ -330,6 +330,8 @@ def merge(paths: list[str], out: Path | None) -> dict:
         elif doc["workload"] != merged["workload"]:
             raise ValueError(f"{p}: workload {doc['workload']} differs from {merged['workload']}")
         for mode, entry in doc["modes"].items():
+            if mode in merged["modes"]:
+                raise ValueError(f"{p}: mode {mode} is already in an earlier run")
             merged["modes"][mode] = entry
         merged["merged_from"].append({"path": str(p), "command": doc.get("meta", {}).get("command")})
     if merged is None:

@@ -268,11 +268,14 @@ def plot_steady(data: dict, path: str | Path, targets_ms: Sequence[float] = ()) 
         clip = lambda v: v if math.isfinite(v) else top  # noqa: E731
         ax.plot(rates, [clip(p.ttft_ms["p50"]) for p in pts], color=color, marker=marker, label=f"{mode} p50")
         ax.plot(rates, [clip(p.ttft_ms["p99"]) for p in pts], color=color, marker=marker, ls="--", mfc="none")
-    for t in targets_ms:
-        ax.axhline(t, color="grey", lw=0.8, ls=":")
-        ax.annotate(f"p99 target {t:g} ms", (ax.get_xlim()[0], t), fontsize=7, color="grey", va="bottom")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for t in targets_ms:
+        ax.axhline(t, color="grey", lw=0.8, ls=":")
+        ax.text(0.01, t, f"p99 target {t:g} ms", transform=ax.get_yaxis_transform(), fontsize=7, color="grey")
+    plain = plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
     ax.set_ylim(top=top * 1.05)
     ax.set_xlabel("offered request rate (req/s, Poisson)")
     ax.set_ylabel("TTFT in the steady window (ms): p50, p99 dashed")
