@@ -121,7 +121,7 @@ class _ModeRun:
             self.engine, self.trace, rate, phases, self.vocab_high, point=n, deadline=deadline, shortened=shortened
         )
         self.entry["points"].append(p.to_dict())
-        print(_point_line(p, self.search_cfg.targets_ms if self.search_cfg else ()), flush=True)
+        print(_point_line(p, self.search_cfg), flush=True)
         _checkpoint(self.data, self.out)
         return p
 
@@ -141,8 +141,9 @@ def _checkpoint(data: dict, out: Path | None) -> None:
         report.write_json(out / "steady.json", data)
 
 
-def _point_line(p: PointResult, targets: tuple[float, ...]) -> str:
-    verdict = " ".join(f"{t:g}ms:{'pass' if p.meets(t, 0.95) else 'fail'}" for t in targets)
+def _point_line(p: PointResult, search_cfg: SearchConfig | None) -> str:
+    targets = search_cfg.targets_ms if search_cfg else ()
+    verdict = " ".join(f"{t:g}ms:{'pass' if p.meets(t, search_cfg.keep_up) else 'fail'}" for t in targets)
     return (
         f"{p.mode:>6} rate {p.rate:8.3f}  window {p.window_s:6.1f} s / {p.window_requests:5d} req"
         f"{' (shortened)' if p.shortened else ''}  warm-up {p.warmup_s:5.1f} s{'' if p.warmup_steady else ' (cap)'}"
@@ -277,19 +278,22 @@ def summary_markdown(data: dict) -> str:
         parts.append(f"Budget: {data['budget_s']:g} s per run (windows shortened to fit are marked short)  ")
     stops = {m: e.get("stopped") or ("converged" if e.get("converged") else "") for m, e in data["modes"].items()}
     errors = {m: e["error"] for m, e in data["modes"].items() if e.get("error")}
-    parts += [
-        "",
-        "## Sustainable rate at each TTFT target",
-        "",
-        "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
-        f"(≥ {100 * data.get('search', {}).get('keep_up', 0.95):g} %); goodput: window requests answered within "
-        "the target per second. ≥: the highest rate tried passed; *: the search did not converge; unreachable: the "
-        "fastest requests of the two lowest rates missed the target by the same time (an idle server's TTFT).",
-        "",
-        sustainable_table(data),
-        "",
-        "Search: " + ", ".join(f"{m} {s or '-'}" for m, s in stops.items()),
-    ]
+    if data.get("search"):
+        parts += [
+            "",
+            "## Sustainable rate at each TTFT target",
+            "",
+            "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
+            f"(≥ {100 * data['search']['keep_up']:g} %); goodput: window requests answered within the target per "
+            "second. ≥: the highest rate tried passed; *: the search did not converge; unreachable: the fastest "
+            "requests of the two lowest rates missed the target by the same time (an idle server's TTFT).",
+            "",
+            sustainable_table(data),
+            "",
+            "Search: " + ", ".join(f"{m} {s or '-'}" for m, s in stops.items()),
+        ]
+    else:
+        parts += ["", "(no rate search in these results: the points at the listed rates follow)"]
     if errors:
         parts += ["", "Errors: " + "; ".join(f"{m}: {e}" for m, e in errors.items())]
     parts += ["", "## Every point (ms unless said)", "", report.markdown_table(point_rows(data), POINT_COLUMNS)]

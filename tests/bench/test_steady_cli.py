@@ -62,3 +62,23 @@ def test_merge_refuses_runs_of_different_workloads(runs, tmp_path):
     (tmp_path / "steady.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="workload"):
         main(["bench", "--merge", str(runs / "lazy"), str(tmp_path)])
+
+
+def test_merge_refuses_a_mode_given_twice(runs):
+    with pytest.raises(ValueError, match="mode lazy"):
+        main(["bench", "--merge", str(runs / "lazy"), str(runs / "lazy" / "steady.json")])
+
+
+def test_steady_at_listed_rates_without_a_search(tmp_path):
+    code = main(
+        ["bench", "--smoke", "--steady", "--rate", "4,8", "--modes", "lazy", "--budget-s", "6"]
+        + ["--cold-start-s", "0.5", "--out", str(tmp_path), "--no-progress"]
+    )
+    assert code == 0
+    data = json.loads((tmp_path / "steady.json").read_text())
+    assert data["search"] is None
+    entry = data["modes"]["lazy"]
+    rates = [p["rate"] for p in entry["points"]]
+    assert rates == [4.0, 8.0][: len(rates)] and rates  # in the order given, as many as the budget allowed
+    assert entry["sustainable"] == []
+    assert "no rate search" in (tmp_path / "steady.md").read_text()
