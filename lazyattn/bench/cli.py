@@ -7,6 +7,13 @@
     lazyattn bench --kv-budgets 1,10,50 --alphas 1.1,1.5,2.1 ...   # + simulated hit ratio vs KV budget
     lazyattn bench --hit-ratio-only --replicas-sim 1,2,4,8,16,32,64 ...  # + replicas behind each router, simulated
 
+The steady state (bench/headline.py): per mode, the highest Poisson rate meeting each p99 TTFT target, each point
+a warm-up until the document hit ratio holds steady then a measured window; steady.{json,md} and plots in --out.
+    lazyattn bench --smoke                           # the whole protocol on the CPU, tiny model, seconds a mode
+    lazyattn bench --model benchmarks/models/llama-3.1-8b --random-weights --workload paper --rate-search \
+        --modes lazy --budget-s 470 --out results/lazy      # one mode per GPU; also --cold-start, --steady --rate
+    lazyattn bench --merge results/lazy results/block --out results/merged
+
 Prints vLLM's result block per mode and load, then one comparison table with ratios against lazy; with --out,
 writes bench.json, ttft_vs_rate.png (several loads), hit_ratio_vs_budget.png (with --kv-budgets) and
 replicas.png (with --replicas-sim).

@@ -16,6 +16,7 @@ from lazyattn.bench.steady import (
     PointResult,
     _window_stats,
     base_trace,
+    cold_start_bins,
     percentile,
     request_stream,
     run_point,
@@ -138,3 +139,18 @@ def test_an_overloaded_point_fails_its_target(engine):
     assert p.unanswered > 0.01 * p.window_requests
     assert p.ttft_ms["p99"] == math.inf and not p.meets(1e9, 0.0)
     assert p.keep_up < 0.95
+
+
+def test_cold_start_bins_by_hand():
+    p = PointResult("lazy", 2.0)
+    p.timeline = {
+        "arrival_s": [0.0, 0.4, 1.1, 1.6, 2.2],
+        "ttft_ms": [100.0, 40.0, 20.0, None, 10.0],
+        "hit_ratio": [0.0, 0.5, 1.0, None, 1.0],
+    }
+    rows = cold_start_bins(p, 1.0)
+    assert [r["t_s"] for r in rows] == [0.0, 1.0, 2.0]
+    assert [r["requests"] for r in rows] == [2, 2, 1]
+    assert rows[0]["ttft_p50_ms"] == 40.0 and rows[0]["ttft_p99_ms"] == 100.0 and rows[0]["hit_ratio"] == 0.25
+    assert rows[1]["ttft_p50_ms"] == 20.0 and rows[1]["ttft_p99_ms"] == math.inf  # one never answered
+    assert rows[1]["hit_ratio"] == 1.0 and rows[2]["ttft_p99_ms"] == 10.0
