@@ -1,6 +1,6 @@
 """`lazyattn bench`: the RAG serving benchmark of docs/design.md, Benchmark protocol.
 
-workload.py  the seeded trace (document pool, popularity, order, arrivals)
+workload.py  the seeded trace (document pool, popularity, order, arrivals); workloads.py the named ones
 replay.py    one engine per mode, identical warm-up, real-time replay of a trace
 metrics.py   TTFT / TPOT / ITL / E2EL, throughput, hit ratio, prefill and KV memory of one point
 hitratio.py  hit ratio vs KV budget, simulated through the engine's own cache and page pool

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from lazyattn.bench.workload import named_workload, workload_names
+from lazyattn.bench.workloads import named_workload, workload_names
 from lazyattn.engine.config import MODES, EngineConfig
 
 SMALL = dict(num_docs=20, doc_len=128, num_requests=16)  # the tiny model's context is 4096 tokens
@@ -411,7 +411,8 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
     from lazyattn.bench import headline
     from lazyattn.bench.hitratio import page_accounting
     from lazyattn.bench.search import SearchConfig
-    from lazyattn.bench.workload import MEMBOUND, membound_kv_gb, token_space
+    from lazyattn.bench.workload import token_space
+    from lazyattn.bench.workloads import MEMBOUND, membound_kv_gb
     from lazyattn.model.config import ModelConfig
 
     smoke = args.smoke

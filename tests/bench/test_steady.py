@@ -22,7 +22,8 @@ from lazyattn.bench.steady import (
     run_point,
     steady_block,
 )
-from lazyattn.bench.workload import WorkloadSpec, membound_kv_gb, named_workload, popularity_weights, token_space
+from lazyattn.bench.workload import WorkloadSpec, popularity_weights, token_space
+from lazyattn.bench.workloads import membound_kv_gb, named_workload
 
 
 def test_nearest_rank_percentile():
