@@ -176,8 +176,9 @@ def run_point(
     shortened: bool = False,
 ) -> PointResult:
     """Serve Poisson traffic at `rate` on `engine` as it stands (its cache is not reset) through warm-up, window and
-    drain; abort whatever is left. Question tokens are drawn below `vocab_high` (workload.token_space);
-    `deadline` (time.monotonic()) ends the point early, window or not."""
+    drain; abort whatever is left. Question tokens are drawn below `vocab_high` (workload.token_space).
+    `deadline` (time.monotonic()) ends the point early: the window closes `drain_s` before it (marked shortened),
+    so that its last requests get the same time to answer as in a full point."""
     spec = trace.spec
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
     stream = request_stream(spec, rate, vocab_high, point)
@@ -192,9 +193,10 @@ def run_point(
     first_in_window = 0  # index of the first request arriving in the window
     window_end = math.inf
     window_len = phases.window_length(rate)
-    high_water = engine.stats().pages_high_water
+    engine.pool.reset_high_water()  # this point's peak: the cache carried in, plus what its traffic adds
     preemptions = engine.stats().preemptions
     t0 = time.monotonic()
+    window_deadline = deadline - t0 - phases.drain_s
     try:
         while True:
             now = time.monotonic() - t0
@@ -208,6 +210,8 @@ def run_point(
                 arrived = upcoming.index - first_in_window
                 if now - window_start >= window_len and arrived >= phases.window_requests:
                     window_end = now
+                elif now >= window_deadline:  # close early, so that the window's requests get their drain
+                    window_end, result.shortened = now, True
             elif now >= phases.warmup_max_s or (
                 now >= phases.warmup_min_s and steady_block(done_hits, phases.warmup_block, phases.warmup_tol)
             ):
@@ -251,7 +255,7 @@ def run_point(
     wall = time.monotonic() - t0
     stats = engine.stats()
     result.wall_s = wall
-    result.peak_kv_gb = (max(stats.pages_high_water, high_water)) * stats.page_bytes / 2**30
+    result.peak_kv_gb = stats.pages_high_water * stats.page_bytes / 2**30
     result.preemptions = stats.preemptions - preemptions
     if window_start == math.inf or not records:
         return result  # the deadline came before the window (or before any arrival): no window

@@ -5,6 +5,7 @@ model (a light one fully answered, an overloaded one whose unanswered requests f
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -155,3 +156,14 @@ def test_cold_start_bins_by_hand():
     assert rows[0]["ttft_p50_ms"] == 40.0 and rows[0]["ttft_p99_ms"] == 100.0 and rows[0]["hit_ratio"] == 0.25
     assert rows[1]["ttft_p50_ms"] == 20.0 and rows[1]["ttft_p99_ms"] == math.inf  # one never answered
     assert rows[1]["hit_ratio"] == 1.0 and rows[2]["ttft_p99_ms"] == 10.0
+
+
+def test_a_deadline_closes_the_window_early_and_leaves_its_drain(engine):
+    vocab_high, bos = token_space(engine.model_config)
+    trace = base_trace(SPEC, vocab_high, bos)
+    phases = PhaseConfig(window_s=60.0, window_requests=1000, warmup=False, drain_s=1.0)
+    start = time.monotonic()
+    p = run_point(engine, trace, 10.0, phases, vocab_high, deadline=start + 2.0)
+    assert time.monotonic() - start < 2.0 + 0.5
+    assert p.shortened and 0.5 < p.window_s <= 1.2 and p.window_requests > 0
+    assert p.unanswered == 0  # light load: the drain was enough for every window request
