@@ -194,6 +194,8 @@ def sustainable_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+# offered: the Poisson rate asked for; arrived: the window's arrivals over its length (Poisson noise around it);
+# achieved: completions over the window's length (any request: the queue does not grow when achieved ~ arrived).
 POINT_COLUMNS = [
     ("mode", "mode", "{}"),
     ("offered req/s", "rate", "{:.3g}"),
@@ -208,6 +210,7 @@ POINT_COLUMNS = [
     ("p99", "tpot_p99", "{:.2f}"),
     ("E2EL p50", "e2el_p50", "{:.1f}"),
     ("p99", "e2el_p99", "{:.1f}"),
+    ("arrived req/s", "arrived", "{:.3g}"),
     ("achieved req/s", "achieved", "{:.3g}"),
     ("keep-up %", "keep_up", "{:.1f}"),
     ("out tok/s", "tok_s", "{:.1f}"),
@@ -231,6 +234,7 @@ def point_rows(data: dict) -> list[dict]:
                     **{f"ttft_{q}": p.ttft_ms.get(q) for q in ("p50", "p90", "p99")},
                     **{f"tpot_{q}": p.tpot_ms.get(q) for q in ("p50", "p99")},
                     **{f"e2el_{q}": p.e2el_ms.get(q) for q in ("p50", "p99")},
+                    "arrived": p.offered_rate,
                     "achieved": p.achieved_rate,
                     "keep_up": 100 * p.keep_up,
                     "tok_s": p.output_throughput,
