@@ -379,7 +379,7 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="total time, model load included: shared over the modes, windows shortened to fit (recorded), the search "
-        "stopped unconverged when too little is left (smoke: 6 per mode; default: none)",
+        "stopped unconverged when too little is left (smoke: 8 per mode; default: none)",
     )
     s.add_argument("--search-start", type=float, default=None, help="first rate of the search, req/s (4; smoke: 8)")
     s.add_argument(
@@ -438,7 +438,7 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
     if args.steady and not rates:
         print("error: --steady needs --rate (finite Poisson rates)", file=sys.stderr)
         return 2
-    budget = args.budget_s if args.budget_s is not None else (6.0 * len(modes) if smoke else None)
+    budget = args.budget_s if args.budget_s is not None else (8.0 * len(modes) if smoke else None)
     cold = None
     if args.cold_start or smoke:
         cold = (

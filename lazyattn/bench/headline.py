@@ -184,8 +184,12 @@ def sustainable_table(data: dict) -> str:
             if row.get("unreachable"):
                 cells.append("0 (unreachable)")
                 continue
-            at_least = "≥ " if row["first_failing_rate"] is None else ""
             star = "" if row["converged"] else " *"
+            failed = row["first_failing_rate"]
+            if not row["rate"]:  # nothing passed: say below what, or that nothing was measured
+                cells.append("not measured" if failed is None else f"< {failed:.3g}{star}")
+                continue
+            at_least = "≥ " if failed is None else ""
             cells.append(f"{at_least}{row['rate']:.3g} ({row['goodput']:.3g}){star}")
         for other, _ in ratios:
             a, b = rates.get("lazy"), rates.get(other)
@@ -289,8 +293,9 @@ def summary_markdown(data: dict) -> str:
             "",
             "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
             f"(≥ {100 * data['search']['keep_up']:g} %); goodput: window requests answered within the target per "
-            "second. ≥: the highest rate tried passed; *: the search did not converge; unreachable: the fastest "
-            "requests of the two lowest rates missed the target by the same time (an idle server's TTFT).",
+            "second. ≥: the highest rate tried passed; < r: nothing passed, r the lowest failing rate; *: the search "
+            "did not converge; unreachable: the fastest requests of the two lowest rates missed the target by the "
+            "same time (an idle server's TTFT).",
             "",
             sustainable_table(data),
             "",
