@@ -86,6 +86,7 @@ def run_modes(
         except Exception as e:  # a mode that fails is reported, the others still run
             traceback.print_exc()
             entry["error"] = repr(e)
+        entry["elapsed_s"] = time.monotonic() - t_load
         _checkpoint(data, out)
         engine = run = None
         free_device_memory()
@@ -299,7 +300,13 @@ def summary_markdown(data: dict) -> str:
             "",
             sustainable_table(data),
             "",
-            "Search: " + ", ".join(f"{m} {s or '-'}" for m, s in stops.items()),
+            "Search: " + ", ".join(f"{m} {s or '-'}" for m, s in stops.items()) + "  ",
+            "Time: "
+            + ", ".join(
+                f"{m} {_fmt(e.get('startup_s'), '{:.0f}')} s start-up (model load, warm-up), "
+                f"{_fmt(e.get('elapsed_s'), '{:.0f}')} s in all"
+                for m, e in data["modes"].items()
+            ),
         ]
     else:
         parts += ["", "(no rate search in these results: the points at the listed rates follow)"]
