@@ -7,6 +7,13 @@
     lazyattn bench --kv-budgets 1,10,50 --alphas 1.1,1.5,2.1 ...   # + simulated hit ratio vs KV budget
     lazyattn bench --hit-ratio-only --replicas-sim 1,2,4,8,16,32,64 ...  # + replicas behind each router, simulated
 
+The steady state (bench/headline.py): per mode, the highest Poisson rate meeting each p99 TTFT target, each point
+a warm-up until the document hit ratio holds steady then a measured window; steady.{json,md} and plots in --out.
+    lazyattn bench --smoke                           # the whole protocol on the CPU, tiny model, seconds a mode
+    lazyattn bench --model benchmarks/models/llama-3.1-8b --random-weights --workload paper --rate-search \
+        --modes lazy --budget-s 470 --out results/lazy      # one mode per GPU; also --cold-start, --steady --rate
+    lazyattn bench --merge results/lazy results/block --out results/merged
+
 Prints vLLM's result block per mode and load, then one comparison table with ratios against lazy; with --out,
 writes bench.json, ttft_vs_rate.png (several loads), hit_ratio_vs_budget.png (with --kv-budgets) and
 replicas.png (with --replicas-sim).
@@ -21,9 +28,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from lazyattn.bench.workloads import named_workload, workload_names
 from lazyattn.engine.config import MODES, EngineConfig
 
 SMALL = dict(num_docs=20, doc_len=128, num_requests=16)  # the tiny model's context is 4096 tokens
@@ -54,14 +62,22 @@ def add_bench_parser(
     )
     w.add_argument("--num-docs", type=int, default=None, help="document pool size (100; tiny: 20)")
     w.add_argument("--doc-len", type=int, default=None, help="tokens per document (2048; tiny: 128)")
-    w.add_argument("--docs-per-request", type=int, default=5, help="documents each request retrieves (5)")
+    w.add_argument("--docs-per-request", type=int, default=None, help="documents each request retrieves (5)")
     skew = w.add_mutually_exclusive_group()
-    skew.add_argument("--zipf", type=float, default=2.1, help="Zipf alpha of document popularity (2.1)")
+    skew.add_argument("--zipf", type=float, default=None, help="Zipf alpha of document popularity (2.1)")
     skew.add_argument("--uniform", action="store_true", help="uniform document popularity")
     w.add_argument("--no-shuffle", action="store_true", help="documents in pool order, not shuffled per request")
     w.add_argument("--system-len", type=int, default=0, help="system prompt tokens after BOS")
-    w.add_argument("--question-len", type=int, default=32, help="question tokens after the documents (32)")
-    w.add_argument("--output-len", type=int, default=16, help="exact output length (EOS ignored)")
+    w.add_argument(
+        "--workload",
+        choices=workload_names(),
+        default=None,
+        help="a named workload (docs/benchmarks.md): paper 100 x 2048 tokens, 5 per request, Zipf 2.1; wide 200 x "
+        "512, 10, Zipf 1.5; long 20 x 16384, 2, Zipf 2.1; -membound: a KV budget that holds a quarter of the pool "
+        "plus 4 requests (overrides --kv-cache-gb). Explicit --num-docs etc. override its shapes",
+    )
+    w.add_argument("--question-len", type=int, default=None, help="question tokens after the documents (32)")
+    w.add_argument("--output-len", type=int, default=None, help="exact output length, EOS ignored (16)")
     w.add_argument("--num-requests", type=int, default=None, help="requests per load point (60; tiny: 16)")
     w.add_argument("--rate", default=None, help="Poisson req/s, comma-separated; inf = all at t=0 (saturation)")
     w.add_argument("--concurrency", default=None, help="closed loop: requests kept in flight, comma-separated")
@@ -71,6 +87,7 @@ def add_bench_parser(
         action="store_true",
         help="measure each point on the document cache an unmeasured pass of its trace left (default: cold)",
     )
+    add_steady_args(p)
     h = p.add_argument_group("hit ratio vs KV budget (simulated through the engine's cache, no model run)")
     h.add_argument("--kv-budgets", default=None, help="GB, comma-separated, e.g. 1,10,50")
     h.add_argument("--alphas", default="1.1,1.5,2.1", help="Zipf alphas ('uniform' allowed)")
@@ -111,6 +128,33 @@ def add_bench_parser(
     p.set_defaults(func=lambda args: cmd_bench(args, engine_options), cpu_threads=1)
 
 
+def workload_spec(args: argparse.Namespace, tiny: bool):
+    """The workload: --workload's shapes (smoke shapes with --smoke), each overridden by an explicit option; without
+    --workload the protocol's defaults (tiny: a smaller pool and documents)."""
+    from lazyattn.bench.workload import WorkloadSpec
+
+    if args.workload:
+        num_docs, doc_len, per_request, alpha = named_workload(args.workload, smoke=args.smoke)
+    elif args.smoke:
+        num_docs, doc_len, per_request, alpha = named_workload("paper", smoke=True)
+    else:
+        num_docs, doc_len = (SMALL["num_docs"], SMALL["doc_len"]) if tiny else (100, 2048)
+        per_request, alpha = 5, 2.1
+    pick = lambda v, default: default if v is None else v  # noqa: E731
+    return WorkloadSpec(
+        num_docs=pick(args.num_docs, num_docs),
+        doc_len=pick(args.doc_len, doc_len),
+        docs_per_request=pick(args.docs_per_request, per_request),
+        zipf_alpha=None if args.uniform else pick(args.zipf, alpha),
+        shuffle=not args.no_shuffle,
+        question_len=pick(args.question_len, 8 if args.smoke else 32),
+        output_len=pick(args.output_len, 4 if args.smoke else 16),
+        num_requests=args.num_requests or (SMALL["num_requests"] if tiny else 60),
+        system_len=args.system_len,
+        seed=args.seed,
+    )
+
+
 def _floats(text: str) -> list[float]:
     return [math.inf if t.strip().lower() in ("inf", "sat", "saturation") else float(t) for t in text.split(",")]
 
@@ -120,33 +164,31 @@ def parse_alphas(text: str) -> list[float | None]:
 
 
 def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    t_start = time.monotonic()  # --budget-s counts from here: model load and warm-up included
     from lazyattn.bench import plots, report
     from lazyattn.bench.hitratio import HIT_COLUMNS, HOST_HIT_COLUMNS, page_accounting, pivot, sweep
     from lazyattn.bench.replay import free_device_memory, make_engine, replay, warm_up
-    from lazyattn.bench.workload import Load, WorkloadSpec, make_trace, token_space, warmup_trace
+    from lazyattn.bench.workload import Load, make_trace, token_space, warmup_trace
     from lazyattn.model.config import ModelConfig
 
+    if args.merge:
+        return cmd_merge(args)
+    if args.smoke:
+        args.model, args.device = "tiny", "cpu"
     options = engine_options(args)
     options.pop("mode")
     options["random_weights"] = args.random_weights
+    if args.smoke:
+        options["page_size"] = 16
     modes = args.modes.split(",") if args.modes else list(MODES)
     bad = [m for m in modes if m not in MODES]
     if bad:
         print(f"error: unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
     tiny = args.model == "tiny"
-    spec = WorkloadSpec(
-        num_docs=args.num_docs or (SMALL["num_docs"] if tiny else 100),
-        doc_len=args.doc_len or (SMALL["doc_len"] if tiny else 2048),
-        docs_per_request=args.docs_per_request,
-        zipf_alpha=None if args.uniform else args.zipf,
-        shuffle=not args.no_shuffle,
-        question_len=args.question_len,
-        output_len=args.output_len,
-        num_requests=args.num_requests or (SMALL["num_requests"] if tiny else 60),
-        system_len=args.system_len,
-        seed=args.seed,
-    )
+    spec = workload_spec(args, tiny)
+    if args.rate_search or args.steady or args.cold_start or args.smoke:
+        return cmd_steady(args, options, spec, modes, t_start)
     loads = [Load(rate=r) for r in _floats(args.rate)] if args.rate else []
     loads += [Load(concurrency=int(c)) for c in args.concurrency.split(",")] if args.concurrency else []
     loads = loads or [Load()]
@@ -305,3 +347,152 @@ def _meta(args: argparse.Namespace, options: dict) -> dict:
     except ImportError:
         pass
     return meta
+
+
+# -- the steady-state headline (bench/headline.py) --------------------------------------------------------------
+
+
+def add_steady_args(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group(
+        "steady state (docs/benchmarks.md): open-loop Poisson points, each a warm-up until the document hit ratio "
+        "holds steady then a measured window; the rate search; the cold-start curve; writes steady.{json,md} + PNGs"
+    )
+    s.add_argument(
+        "--rate-search",
+        action="store_true",
+        help="per mode, the highest rate meeting each --ttft-target (x2 growth, then bisection to --search-tol)",
+    )
+    s.add_argument("--steady", action="store_true", help="the steady-state protocol at each --rate (no search)")
+    s.add_argument("--ttft-target", default="100,1000", help="p99 TTFT targets, ms, comma-separated (100,1000)")
+    s.add_argument("--window-s", type=float, default=None, help="least measured window, s (60; smoke: 0.8)")
+    s.add_argument("--window-requests", type=int, default=None, help="least arrivals in the window (1000; smoke: 10)")
+    s.add_argument("--warmup-min-s", type=float, default=None, help="least warm-up, s (10; smoke: 0.2)")
+    s.add_argument("--warmup-max-s", type=float, default=None, help="most warm-up, s (120; smoke: 1)")
+    s.add_argument(
+        "--warmup-block",
+        type=int,
+        default=None,
+        help="requests per hit-ratio block of the steadiness test (100; smoke: 5)",
+    )
+    s.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="total time, model load included: shared over the modes, windows shortened to fit (recorded), the search "
+        "stopped unconverged when too little is left (smoke: 8 per mode; default: none)",
+    )
+    s.add_argument("--search-start", type=float, default=None, help="first rate of the search, req/s (4; smoke: 8)")
+    s.add_argument(
+        "--search-tol", type=float, default=None, help="stop at lowest fail / highest pass <= 1 + tol (0.1; smoke: 0.5)"
+    )
+    s.add_argument("--max-rate", type=float, default=1e4, help="the search's highest rate, req/s")
+    s.add_argument("--max-points", type=int, default=12, help="the search's most points per mode (12)")
+    s.add_argument("--keep-up", type=float, default=0.95, help="achieved / offered rate a pass needs (0.95)")
+    s.add_argument("--min-point-s", type=float, default=None, help="no new point with less left, s (20; smoke: 1)")
+    s.add_argument("--cold-start", action="store_true", help="also the cold-start curve (empty cache) per mode")
+    s.add_argument("--cold-start-rate", type=float, default=None, help="its rate, req/s (10; smoke: 4)")
+    s.add_argument("--cold-start-s", type=float, default=None, help="its length, s (120; smoke: 1)")
+    s.add_argument("--cold-start-bin-s", type=float, default=None, help="its time bins, s (10; smoke: 0.5)")
+    s.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the whole steady-state run on the CPU with the tiny model in seconds (smoke shapes, short windows)",
+    )
+    s.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="RUN",
+        help="no model: merge runs' steady.json (directories or files, one mode each) into --out",
+    )
+
+
+def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], t_start: float) -> int:
+    from lazyattn.bench import headline
+    from lazyattn.bench.hitratio import page_accounting
+    from lazyattn.bench.search import SearchConfig
+    from lazyattn.bench.workload import token_space
+    from lazyattn.bench.workloads import MEMBOUND, membound_kv_gb
+    from lazyattn.model.config import ModelConfig
+
+    smoke = args.smoke
+    model_cfg = ModelConfig.tiny() if args.model == "tiny" else ModelConfig.from_dir(args.model)
+    vocab_high, bos = token_space(model_cfg)
+    name = args.workload or ("paper" if smoke else "custom")
+    if name.endswith(MEMBOUND):
+        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+        options["kv_cache_gb"] = membound_kv_gb(spec, acct.token_bytes, options["page_size"])
+    phases = headline.phases_from_args(args, smoke)
+    targets = tuple(float(t) for t in args.ttft_target.split(","))
+    search_cfg = None
+    if args.rate_search or (smoke and not args.steady):
+        search_cfg = SearchConfig(
+            targets_ms=targets,
+            start=args.search_start or (8.0 if smoke else 4.0),
+            tol=args.search_tol if args.search_tol is not None else (0.5 if smoke else 0.1),
+            max_rate=args.max_rate,
+            keep_up=args.keep_up,
+            max_points=args.max_points,
+        )
+    rates = [r for r in _floats(args.rate) if math.isfinite(r)] if args.rate else []
+    if args.steady and not rates:
+        print("error: --steady needs --rate (finite Poisson rates)", file=sys.stderr)
+        return 2
+    budget = args.budget_s if args.budget_s is not None else (8.0 * len(modes) if smoke else None)
+    cold = None
+    if args.cold_start or smoke:
+        cold = (
+            args.cold_start_rate or (4.0 if smoke else 10.0),
+            args.cold_start_s or (1.0 if smoke else 120.0),
+            args.cold_start_bin_s or (0.5 if smoke else 10.0),
+        )
+    data = {
+        "meta": _meta(args, options),
+        "workload": {
+            "name": name,
+            "spec": spec.to_dict(),
+            "kv_cache_gb": options.get("kv_cache_gb"),
+            "host_cache_gb": options.get("host_cache_gb"),
+        },
+        "phases": headline.phases_dict(phases),
+        "search": None if search_cfg is None else asdict(search_cfg),
+        "budget_s": budget,
+    }
+    print(
+        f"lazyattn bench (steady state): model {args.model} on {options['device']}, modes {','.join(modes)}, "
+        f"workload {name} ({spec.num_docs} x {spec.doc_len}, {spec.docs_per_request} per request, {spec.popularity}), "
+        f"KV {options.get('kv_cache_gb') or 'auto'} GiB, host tier {options.get('host_cache_gb')}, "
+        f"budget {budget or 'none'} s\n",
+        flush=True,
+    )
+    out = Path(args.out) if args.out else None
+    headline.run_modes(
+        modes=modes,
+        options=options,
+        spec=spec,
+        vocab_high=vocab_high,
+        bos=bos,
+        phases=phases,
+        search_cfg=search_cfg,
+        rates=rates,
+        cold_start=cold,
+        deadline=t_start + budget if budget is not None else math.inf,
+        min_point_s=args.min_point_s if args.min_point_s is not None else (1.0 if smoke else 20.0),
+        warmup_requests=args.warmup_requests,
+        data=data,
+        out=out,
+    )
+    print("\n" + headline.summary_markdown(data), flush=True)
+    if out is not None:
+        print("wrote " + ", ".join(str(p) for p in headline.write_outputs(data, out)))
+    return 1 if any(e.get("error") for e in data["modes"].values()) else 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from lazyattn.bench import headline
+
+    data = headline.merge(args.merge, Path(args.out) if args.out else None)
+    print(headline.summary_markdown(data))
+    if args.out:
+        print(f"wrote {args.out}/steady.json, steady.md and the plots")
+    return 0

@@ -243,3 +243,74 @@ def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_steady(data: dict, path: str | Path, targets_ms: Sequence[float] = ()) -> bool:
+    """Steady-state TTFT (p50 solid, p99 dashed) against offered rate, one line pair per mode, the TTFT targets
+    as grey lines; an unanswered share over 1 % puts p99 at the top edge. False if no mode has two points."""
+    from lazyattn.bench.steady import PointResult
+
+    series = {}
+    for mode, entry in data["modes"].items():
+        pts = sorted((PointResult.from_dict(d) for d in entry.get("points", [])), key=lambda p: p.rate)
+        pts = [p for p in pts if p.window_requests]
+        if pts:
+            series[mode] = pts
+    if not any(len(p) >= 2 for p in series.values()):
+        return False
+    finite = [v for pts in series.values() for p in pts for v in p.ttft_ms.values() if math.isfinite(v) and v > 0]
+    top = max(finite + list(targets_ms) + [1.0]) * 3
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for mode, pts in series.items():
+        color, marker = MODE_STYLE.get(mode, ("black", "x"))
+        rates = [p.rate for p in pts]
+        clip = lambda v: v if math.isfinite(v) else top  # noqa: E731
+        ax.plot(rates, [clip(p.ttft_ms["p50"]) for p in pts], color=color, marker=marker, label=f"{mode} p50")
+        ax.plot(rates, [clip(p.ttft_ms["p99"]) for p in pts], color=color, marker=marker, ls="--", mfc="none")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for t in targets_ms:
+        ax.axhline(t, color="grey", lw=0.8, ls=":")
+        ax.text(0.01, t, f"p99 target {t:g} ms", transform=ax.get_yaxis_transform(), fontsize=7, color="grey")
+    plain = plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_ylim(top=top * 1.05)
+    ax.set_xlabel("offered request rate (req/s, Poisson)")
+    ax.set_ylabel("TTFT in the steady window (ms): p50, p99 dashed")
+    ax.grid(alpha=0.3, which="both")
+    _legend(ax, fontsize=8)
+    w = data["workload"]
+    ax.set_title(f"{w['name']}: {data.get('meta', {}).get('model', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_cold_start(data: dict, path: str | Path) -> bool:
+    """The cold-start curve: TTFT p50 / p99 (left) and document hit ratio (right) per time bin, per mode."""
+    curves = {m: e["cold_start"]["bins"] for m, e in data["modes"].items() if e.get("cold_start")}
+    if not curves:
+        return False
+    plt = _pyplot()
+    fig, (ttft_ax, hit_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for mode, bins in curves.items():
+        color, marker = MODE_STYLE.get(mode, ("black", "x"))
+        ts = [b["t_s"] for b in bins]
+        ttft_ax.plot(ts, [b["ttft_p50_ms"] for b in bins], color=color, marker=marker, label=f"{mode} p50")
+        ttft_ax.plot(ts, [b["ttft_p99_ms"] for b in bins], color=color, ls="--", alpha=0.6)
+        hit_ax.plot(ts, [100 * (b["hit_ratio"] or 0) for b in bins], color=color, marker=marker, label=mode)
+    ttft_ax.set_yscale("log")
+    ttft_ax.set_ylabel("TTFT (ms): p50, p99 dashed")
+    hit_ax.set_ylabel("document hit ratio (%)")
+    for ax in (ttft_ax, hit_ax):
+        ax.set_xlabel("seconds since the first request (empty cache)")
+        ax.grid(alpha=0.3)
+        _legend(ax, fontsize=8)
+    fig.suptitle(f"{data['workload']['name']}: cold start", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,379 @@
+"""The steady-state headline of `lazyattn bench --rate-search | --steady | --cold-start | --merge`.
+
+Per mode: one engine, the protocol's discarded warm-up requests, then (with --cold-start) the cold-start curve from
+an empty cache, then the steady-state points, either the listed --rate values or the rate search (search.py), the
+cache carried from point to point (each point's warm-up waits for its own steady hit ratio). steady.json is
+rewritten after every point, so a run stopped from outside keeps what it measured; steady.md and the plots are
+written at the end, and rebuilt from several runs' steady.json by --merge (modes run on separate GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from lazyattn.bench import report
+from lazyattn.bench.search import SearchConfig, SearchResult, search
+from lazyattn.bench.steady import PhaseConfig, PointResult, base_trace, cold_start_bins, run_point
+
+SMOKE_PHASES = PhaseConfig(
+    window_s=0.8, window_requests=10, warmup_min_s=0.2, warmup_max_s=1.0, warmup_block=5, warmup_tol=0.1, drain_s=1.0
+)
+
+
+def run_modes(
+    *,
+    modes: list[str],
+    options: dict,
+    spec,
+    vocab_high: int,
+    bos: int | None,
+    phases: PhaseConfig,
+    search_cfg: SearchConfig | None,
+    rates: list[float],
+    cold_start: tuple[float, float, float] | None,  # (rate, seconds, bin seconds)
+    deadline: float,
+    min_point_s: float,
+    warmup_requests: int,
+    data: dict,
+    out: Path | None,
+) -> dict:
+    """Measure every mode into data["modes"]; the deadline (time.monotonic()) is shared out evenly over the modes
+    still to run."""
+    from lazyattn.bench.replay import free_device_memory, make_engine, warm_up
+    from lazyattn.bench.workload import warmup_trace
+
+    trace = base_trace(spec, vocab_high, bos)
+    warm = warmup_trace(spec, warmup_requests, vocab_high, bos)
+    data.setdefault("modes", {})
+    for k, mode in enumerate(modes):
+        mode_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(modes) - k)
+        entry: dict = {"points": [], "converged": None, "stopped": "", "sustainable": [], "cold_start": None}
+        data["modes"][mode] = entry
+        t_load = time.monotonic()
+        engine = None
+        try:
+            engine = make_engine(options, mode)
+            if warm.requests:
+                warm_up(engine, warm)
+            engine.reset_cache()
+            entry["startup_s"] = time.monotonic() - t_load
+            run = _ModeRun(engine, trace, vocab_high, entry, data, out, search_cfg)
+            if cold_start is not None and mode_deadline - time.monotonic() >= min_point_s:
+                run.cold_start(*cold_start, deadline=mode_deadline)
+            if search_cfg is not None:
+                result = search(
+                    run.measure,
+                    mode,
+                    phases,
+                    search_cfg,
+                    deadline=mode_deadline,
+                    min_point_s=min_point_s,
+                    on_point=run.searched,
+                )
+                run.searched(result)
+            else:
+                for rate in rates:
+                    if mode_deadline - time.monotonic() < min_point_s:
+                        entry["stopped"] = "budget"
+                        break
+                    run.measure(rate, phases, False, mode_deadline)
+        except Exception as e:  # a mode that fails is reported, the others still run
+            traceback.print_exc()
+            entry["error"] = repr(e)
+        entry["elapsed_s"] = time.monotonic() - t_load
+        _checkpoint(data, out)
+        engine = run = None
+        free_device_memory()
+    return data
+
+
+class _ModeRun:
+    """One mode's engine and its entry of the result document, checkpointed after every point."""
+
+    def __init__(self, engine, trace, vocab_high: int, entry: dict, data: dict, out, search_cfg) -> None:
+        self.engine, self.trace, self.vocab_high = engine, trace, vocab_high
+        self.entry, self.data, self.out, self.search_cfg = entry, data, out, search_cfg
+
+    def cold_start(self, rate: float, seconds: float, bin_s: float, *, deadline: float) -> None:
+        phases = PhaseConfig(window_s=seconds, window_requests=0, drain_s=max(2.0, seconds / 4), warmup=False)
+        left = deadline - time.monotonic()
+        if left < seconds + phases.drain_s:  # the budget's share: 80 % traffic, 20 % for the last answers
+            phases = PhaseConfig(window_s=0.8 * left, window_requests=0, drain_s=0.2 * left, warmup=False)
+        self.engine.reset_cache()
+        point = run_point(self.engine, self.trace, rate, phases, self.vocab_high, point=10_000, deadline=deadline)
+        self.entry["cold_start"] = {
+            "rate": rate,
+            "seconds": point.window_s,
+            "bin_s": bin_s,
+            "bins": cold_start_bins(point, bin_s),
+            "point": point.to_dict(timeline=True),
+        }
+        _checkpoint(self.data, self.out)
+
+    def measure(self, rate: float, phases: PhaseConfig, shortened: bool, deadline: float) -> PointResult:
+        n = len(self.entry["points"])
+        p = run_point(
+            self.engine, self.trace, rate, phases, self.vocab_high, point=n, deadline=deadline, shortened=shortened
+        )
+        self.entry["points"].append(p.to_dict())
+        print(_point_line(p, self.search_cfg), flush=True)
+        _checkpoint(self.data, self.out)
+        return p
+
+    def searched(self, result: SearchResult) -> None:
+        _fill_search(self.entry, result)
+        _checkpoint(self.data, self.out)
+
+
+def _fill_search(entry: dict, result: SearchResult) -> None:
+    entry["converged"] = result.converged
+    entry["stopped"] = result.stopped
+    entry["sustainable"] = result.sustainable()
+
+
+def _checkpoint(data: dict, out: Path | None) -> None:
+    if out is not None:
+        report.write_json(out / "steady.json", data)
+
+
+def _point_line(p: PointResult, search_cfg: SearchConfig | None) -> str:
+    targets = search_cfg.targets_ms if search_cfg else ()
+    verdict = " ".join(f"{t:g}ms:{'pass' if p.meets(t, search_cfg.keep_up) else 'fail'}" for t in targets)
+    return (
+        f"{p.mode:>6} rate {p.rate:8.3f}  window {p.window_s:6.1f} s / {p.window_requests:5d} req"
+        f"{' (shortened)' if p.shortened else ''}  warm-up {p.warmup_s:5.1f} s{'' if p.warmup_steady else ' (cap)'}"
+        f"  hit {100 * p.hit_ratio:5.1f} %  TTFT p50/p99 {p.ttft_ms.get('p50', math.nan):8.1f} /"
+        f" {p.ttft_ms.get('p99', math.nan):8.1f} ms  keep-up {100 * p.keep_up:5.1f} %  {verdict}"
+    )
+
+
+# -- report --------------------------------------------------------------------------------------------------
+
+
+def _fmt(v, f: str = "{:.1f}") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞"
+    return f.format(v)
+
+
+def sustainable_table(data: dict) -> str:
+    """Markdown: per TTFT target, each mode's sustainable rate (goodput there), and lazy's ratios."""
+    modes = list(data["modes"])
+    targets = sorted({row["target_ms"] for m in modes for row in data["modes"][m].get("sustainable", [])})
+    if not targets:
+        return "(no rate search in these results)"
+    ratios = [(other, f"lazy ÷ {other}") for other in ("block", "prefix") if other in modes and "lazy" in modes]
+    head = ["TTFT p99 target"] + [f"{m}: req/s (goodput)" for m in modes] + [label for _, label in ratios]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in targets:
+        rates = {}
+        cells = [f"{t:g} ms"]
+        for m in modes:
+            row = next((r for r in data["modes"][m].get("sustainable", []) if r["target_ms"] == t), None)
+            if row is None:
+                cells.append("-")
+                continue
+            rates[m] = row["rate"]
+            if row.get("unreachable"):
+                cells.append("0 (unreachable)")
+                continue
+            star = "" if row["converged"] else " *"
+            failed = row["first_failing_rate"]
+            if not row["rate"]:  # nothing passed: say below what, or that nothing was measured
+                cells.append("not measured" if failed is None else f"< {failed:.3g}{star}")
+                continue
+            at_least = "≥ " if failed is None else ""
+            cells.append(f"{at_least}{row['rate']:.3g} ({row['goodput']:.3g}){star}")
+        for other, _ in ratios:
+            a, b = rates.get("lazy"), rates.get(other)
+            cells.append(_fmt(a / b, "{:.2f}×") if a and b else ("∞" if a and b == 0 else "-"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# offered: the Poisson rate asked for; arrived: the window's arrivals over its length (Poisson noise around it);
+# achieved: completions over the window's length (any request: the queue does not grow when achieved ~ arrived).
+POINT_COLUMNS = [
+    ("mode", "mode", "{}"),
+    ("offered req/s", "rate", "{:.3g}"),
+    ("window s", "window_s", "{:.1f}"),
+    ("window req", "window_requests", "{}"),
+    ("warm-up s", "warmup", "{}"),
+    ("hit %", "hit", "{:.1f}"),
+    ("TTFT p50", "ttft_p50", "{:.1f}"),
+    ("p90", "ttft_p90", "{:.1f}"),
+    ("p99", "ttft_p99", "{:.1f}"),
+    ("TPOT p50", "tpot_p50", "{:.2f}"),
+    ("p99", "tpot_p99", "{:.2f}"),
+    ("E2EL p50", "e2el_p50", "{:.1f}"),
+    ("p99", "e2el_p99", "{:.1f}"),
+    ("arrived req/s", "arrived", "{:.3g}"),
+    ("achieved req/s", "achieved", "{:.3g}"),
+    ("keep-up %", "keep_up", "{:.1f}"),
+    ("out tok/s", "tok_s", "{:.1f}"),
+    ("peak KV GiB", "peak_kv_gb", "{:.3g}"),
+]
+
+
+def point_rows(data: dict) -> list[dict]:
+    rows = []
+    for mode, entry in data["modes"].items():
+        for d in sorted(entry.get("points", []), key=lambda d: d["rate"]):
+            p = PointResult.from_dict(d)
+            rows.append(
+                {
+                    "mode": mode,
+                    "rate": p.rate,
+                    "window_s": p.window_s,
+                    "window_requests": f"{p.window_requests}{' (short)' if p.shortened else ''}",
+                    "warmup": f"{p.warmup_s:.1f}{'' if p.warmup_steady else ' (cap)'}",
+                    "hit": 100 * p.hit_ratio,
+                    **{f"ttft_{q}": p.ttft_ms.get(q) for q in ("p50", "p90", "p99")},
+                    **{f"tpot_{q}": p.tpot_ms.get(q) for q in ("p50", "p99")},
+                    **{f"e2el_{q}": p.e2el_ms.get(q) for q in ("p50", "p99")},
+                    "arrived": p.offered_rate,
+                    "achieved": p.achieved_rate,
+                    "keep_up": 100 * p.keep_up,
+                    "tok_s": p.output_throughput,
+                    "peak_kv_gb": p.peak_kv_gb,
+                }
+            )
+    return rows
+
+
+def cold_start_table(data: dict) -> str | None:
+    rows = []
+    for mode, entry in data["modes"].items():
+        cold = entry.get("cold_start")
+        for b in (cold or {}).get("bins", []):
+            rows.append({"mode": mode, **b, "hit_pct": None if b["hit_ratio"] is None else 100 * b["hit_ratio"]})
+    if not rows:
+        return None
+    cols = [
+        ("mode", "mode", "{}"),
+        ("t s", "t_s", "{:g}"),
+        ("requests", "requests", "{}"),
+        ("TTFT p50 ms", "ttft_p50_ms", "{:.1f}"),
+        ("TTFT p99 ms", "ttft_p99_ms", "{:.1f}"),
+        ("hit %", "hit_pct", "{:.1f}"),
+    ]
+    return report.markdown_table(rows, cols)
+
+
+def summary_markdown(data: dict) -> str:
+    w = data["workload"]
+    meta = data.get("meta", {})
+    parts = [
+        f"# Steady state: {w['name']}",
+        "",
+        f"Command: `{meta.get('command', '')}`  ",
+        f"Device: {meta.get('gpu') or meta.get('engine_options', {}).get('device', '?')}, "
+        f"model {meta.get('model', '?')}, KV {_fmt(w.get('kv_cache_gb'), '{:.3g}')} GiB, "
+        f"host tier {_fmt(w.get('host_cache_gb'), '{:g}')} GiB  ",
+        f"Workload: {w['spec']['num_docs']} docs x {w['spec']['doc_len']} tokens, {w['spec']['docs_per_request']} "
+        f"per request, {_popularity(w['spec']['zipf_alpha'])}, question {w['spec']['question_len']}, "
+        f"output {w['spec']['output_len']}  ",
+        "Phases: " + ", ".join(f"{k} {v}" for k, v in data["phases"].items()) + "  ",
+    ]
+    if data.get("budget_s") is not None:
+        parts.append(f"Budget: {data['budget_s']:g} s per run (windows shortened to fit are marked short)  ")
+    stops = {m: e.get("stopped") or ("converged" if e.get("converged") else "") for m, e in data["modes"].items()}
+    errors = {m: e["error"] for m, e in data["modes"].items() if e.get("error")}
+    if data.get("search"):
+        parts += [
+            "",
+            "## Sustainable rate at each TTFT target",
+            "",
+            "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
+            f"(≥ {100 * data['search']['keep_up']:g} %); goodput: window requests answered within the target per "
+            "second. ≥: the highest rate tried passed; < r: nothing passed, r the lowest failing rate; *: the search "
+            "did not converge; unreachable: the fastest requests of the two lowest rates missed the target by the "
+            "same time (an idle server's TTFT).",
+            "",
+            sustainable_table(data),
+            "",
+            "Search: " + ", ".join(f"{m} {s or '-'}" for m, s in stops.items()) + "  ",
+            "Time: "
+            + ", ".join(
+                f"{m} {_fmt(e.get('startup_s'), '{:.0f}')} s start-up (model load, warm-up), "
+                f"{_fmt(e.get('elapsed_s'), '{:.0f}')} s in all"
+                for m, e in data["modes"].items()
+            ),
+        ]
+    else:
+        parts += ["", "(no rate search in these results: the points at the listed rates follow)"]
+    if errors:
+        parts += ["", "Errors: " + "; ".join(f"{m}: {e}" for m, e in errors.items())]
+    parts += ["", "## Every point (ms unless said)", "", report.markdown_table(point_rows(data), POINT_COLUMNS)]
+    cold = cold_start_table(data)
+    if cold:
+        parts += ["", "## Cold start (empty cache, the first seconds of traffic)", "", cold]
+    return "\n".join(parts) + "\n"
+
+
+def _popularity(alpha: float | None) -> str:
+    return "uniform" if alpha is None else f"Zipf {alpha:g}"
+
+
+def write_outputs(data: dict, out: Path) -> list[Path]:
+    from lazyattn.bench import plots
+
+    report.write_json(out / "steady.json", data)
+    (out / "steady.md").write_text(summary_markdown(data))
+    written = [out / "steady.json", out / "steady.md"]
+    name = data["workload"]["name"]
+    targets = sorted({r["target_ms"] for e in data["modes"].values() for r in e.get("sustainable", [])})
+    if plots.plot_steady(data, out / f"ttft_vs_rate_{name}.png", targets):
+        written.append(out / f"ttft_vs_rate_{name}.png")
+    if plots.plot_cold_start(data, out / f"cold_start_{name}.png"):
+        written.append(out / f"cold_start_{name}.png")
+    return written
+
+
+def merge(paths: list[str], out: Path | None) -> dict:
+    """One document from several runs' steady.json (a directory holding one, or the file): their modes side by
+    side. The runs must share a workload."""
+    merged: dict | None = None
+    for p in paths:
+        path = Path(p)
+        doc = json.loads((path / "steady.json" if path.is_dir() else path).read_text())
+        if merged is None:
+            merged = {**doc, "modes": {}, "merged_from": []}
+        elif doc["workload"] != merged["workload"]:
+            raise ValueError(f"{p}: workload {doc['workload']} differs from {merged['workload']}")
+        for mode, entry in doc["modes"].items():
+            if mode in merged["modes"]:
+                raise ValueError(f"{p}: mode {mode} is already in an earlier run")
+            merged["modes"][mode] = entry
+        merged["merged_from"].append({"path": str(p), "command": doc.get("meta", {}).get("command")})
+    if merged is None:
+        raise ValueError("--merge needs at least one steady.json")
+    if out is not None:
+        write_outputs(merged, out)
+    return merged
+
+
+def phases_from_args(args: argparse.Namespace, smoke: bool) -> PhaseConfig:
+    base = SMOKE_PHASES if smoke else PhaseConfig()
+    pick = lambda name, default: default if getattr(args, name) is None else getattr(args, name)  # noqa: E731
+    return PhaseConfig(
+        window_s=pick("window_s", base.window_s),
+        window_requests=pick("window_requests", base.window_requests),
+        warmup_min_s=pick("warmup_min_s", base.warmup_min_s),
+        warmup_max_s=pick("warmup_max_s", base.warmup_max_s),
+        warmup_block=pick("warmup_block", base.warmup_block),
+        warmup_tol=base.warmup_tol,
+        drain_s=base.drain_s,
+    )
+
+
+def phases_dict(phases: PhaseConfig) -> dict:
+    return asdict(phases)

@@ -1,0 +1,210 @@
+"""The highest rate a mode sustains at each TTFT target: exponential growth, then bisection, inside a time budget.
+
+A rate passes a target when the window's p99 TTFT is within it and completions keep up with arrivals
+(steady.PointResult.meets). Every measured point answers every target at once; the next rate is chosen for the
+target whose bracket is widest: x `growth` while some target has not failed yet, / `growth` while some target has
+not passed yet, else the geometric middle of [highest pass, lowest fail] until lowest fail / highest pass <= 1 + tol.
+A target that the fastest requests of the two lowest rates' windows both missed by about the same time (the idle
+server's TTFT) is unreachable at any rate (its sustainable rate is 0) and gets no more points. The budget planner
+splits the time left over the points the search may still need, shortening windows (recorded per point) and
+stopping the search, unconverged, when too little is left for a point worth measuring.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from lazyattn.bench.steady import PhaseConfig, PointResult
+
+MIN_WINDOW_REQUESTS = 10  # a window the budget shortened still waits for this many arrivals (low rates)
+
+
+@dataclass
+class Bracket:
+    """What the measured points say about one target: the lowest failing rate, and the highest passing rate below
+    it (a pass above a failure, noise near the edge, does not move the bracket past that failure)."""
+
+    target_ms: float
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)
+    # Even the fastest request of a window that kept up took longer than the target: a request that finds the
+    # server idle takes about that long, so no rate meets the target (prefix and full mode at 100 ms).
+    unreachable: bool = False
+
+    def update(self, rate: float, ok: bool) -> None:
+        self.outcomes.append((rate, ok))
+
+    @property
+    def failed(self) -> float:
+        """inf: nothing failed (yet)."""
+        return min((r for r, ok in self.outcomes if not ok), default=math.inf)
+
+    @property
+    def passed(self) -> float:
+        """0: nothing passed (yet)."""
+        return max((r for r, ok in self.outcomes if ok and r < self.failed), default=0.0)
+
+    def resolved(self, tol: float, min_rate: float, max_rate: float) -> bool:
+        if self.unreachable:
+            return True
+        if self.failed == math.inf:
+            return self.passed >= max_rate
+        if self.passed == 0.0:
+            return self.failed <= min_rate
+        return self.failed / self.passed <= 1 + tol
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    targets_ms: tuple[float, ...] = (100.0, 1000.0)
+    start: float = 4.0  # first rate, req/s
+    growth: float = 2.0
+    tol: float = 0.1  # stop when lowest fail / highest pass <= 1 + tol
+    min_rate: float = 0.05
+    max_rate: float = 1e4
+    keep_up: float = 0.95  # achieved / offered rate a pass needs
+    max_points: int = 12  # also the planner's estimate of the points still to come
+
+
+def next_rate(brackets: list[Bracket], measured: list[float], cfg: SearchConfig) -> float | None:
+    """The next rate to measure, or None when every target's bracket is resolved."""
+    open_ = [b for b in brackets if not b.resolved(cfg.tol, cfg.min_rate, cfg.max_rate)]
+    if not open_:
+        return None
+    if not measured:
+        return cfg.start
+    if any(b.failed == math.inf for b in open_):
+        top = max(r for r in measured)
+        return min(top * cfg.growth, cfg.max_rate)
+    if any(b.passed == 0.0 for b in open_):
+        low = min(b.failed for b in open_ if b.passed == 0.0)
+        return max(low / cfg.growth, cfg.min_rate)
+    widest = max(open_, key=lambda b: b.failed / b.passed)
+    return math.sqrt(widest.failed * widest.passed)
+
+
+@dataclass
+class SearchResult:
+    mode: str
+    points: list[PointResult] = field(default_factory=list)
+    brackets: list[Bracket] = field(default_factory=list)
+    converged: bool = False
+    stopped: str = ""  # why the search ended before converging (budget, max_points)
+
+    def sustainable(self) -> list[dict]:
+        """Per target: the highest passing rate, the point measured there (goodput, p99), the bracket."""
+        rows = []
+        for b in self.brackets:
+            at = next((p for p in self.points if p.rate == b.passed), None)
+            rows.append(
+                {
+                    "mode": self.mode,
+                    "target_ms": b.target_ms,
+                    "rate": b.passed,
+                    "first_failing_rate": None if b.failed == math.inf else b.failed,
+                    "goodput": at.goodput(b.target_ms) if at else 0.0,
+                    "ttft_p99_ms": at.ttft_ms.get("p99") if at else None,
+                    "hit_ratio": at.hit_ratio if at else None,
+                    "window_s": at.window_s if at else None,
+                    "window_requests": at.window_requests if at else None,
+                    "converged": self.converged,
+                    "unreachable": b.unreachable,
+                }
+            )
+        return rows
+
+
+def plan_phases(phases: PhaseConfig, rate: float, time_left: float, points_left: int) -> tuple[PhaseConfig, bool]:
+    """The point's phases within its share of the time left: (phases, shortened). The share goes to warm-up (at
+    most 30 %), window (at least 50 %) and drain (at most 20 %); a window shorter than asked keeps only
+    MIN_WINDOW_REQUESTS of the request count condition, and says so."""
+    if time_left == math.inf:
+        return phases, False
+    share = time_left / max(points_left, 1)
+    want = phases.window_length(rate)
+    warmup_max = min(phases.warmup_max_s, 0.3 * share)
+    drain = min(phases.drain_s, 0.2 * share)
+    window = share - warmup_max - drain
+    if window >= want:
+        return replace(phases, warmup_max_s=warmup_max, drain_s=drain), False
+    return (
+        replace(
+            phases,
+            window_s=window,
+            window_requests=min(phases.window_requests, MIN_WINDOW_REQUESTS),
+            warmup_max_s=warmup_max,
+            warmup_min_s=min(phases.warmup_min_s, warmup_max),
+            drain_s=drain,
+        ),
+        True,
+    )
+
+
+def search(
+    measure: Callable[[float, PhaseConfig, bool, float], PointResult],
+    mode: str,
+    phases: PhaseConfig,
+    cfg: SearchConfig,
+    *,
+    deadline: float = math.inf,
+    min_point_s: float = 0.0,
+    on_point: Callable[[SearchResult], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> SearchResult:
+    """Run the search: `measure(rate, phases, shortened, deadline)` serves one point. `deadline` is on `clock`;
+    a point is not started with less than `min_point_s` left."""
+    result = SearchResult(mode, brackets=[Bracket(t) for t in cfg.targets_ms])
+    while True:
+        rate = next_rate(result.brackets, [p.rate for p in result.points], cfg)
+        if rate is None:
+            result.converged = True
+            break
+        if len(result.points) >= cfg.max_points:
+            result.stopped = f"max_points ({cfg.max_points})"
+            break
+        left = deadline - clock()
+        if left < min_point_s:
+            result.stopped = f"budget ({left:.1f} s left, a point needs {min_point_s:g} s)"
+            break
+        # Never plan more points than the time left gives min_point_s each: fewer, longer points.
+        points_left = min(_points_left(result, cfg), max(1, int(left // min_point_s)) if min_point_s > 0 else 1 << 30)
+        point_phases, shortened = plan_phases(phases, rate, left, points_left)
+        point = measure(rate, point_phases, shortened, deadline)
+        result.points.append(point)
+        if point.window_requests == 0:
+            result.stopped = "budget (a point ended without a window)"
+            break
+        for b in result.brackets:
+            b.update(rate, point.meets(b.target_ms, cfg.keep_up))
+            b.unreachable = b.passed == 0.0 and _at_floor(result.points, b.target_ms, cfg)
+        if on_point is not None:
+            on_point(result)
+    return result
+
+
+def _at_floor(points: list[PointResult], target_ms: float, cfg: SearchConfig) -> bool:
+    """The two lowest rates measured both kept up, and their fastest window requests both missed the target by
+    about the same time (within 10 %): lowering the rate no longer shortens the fastest TTFT, which is then the
+    idle server's, so no rate meets the target."""
+    low = sorted(points, key=lambda p: p.rate)[:2]
+    if len(low) < 2 or any(p.keep_up < cfg.keep_up for p in low):
+        return False
+    fastest = [min(p.window_ttfts_ms, default=math.inf) for p in low]
+    return min(fastest) > target_ms and min(fastest) >= 0.9 * max(fastest)
+
+
+def _points_left(result: SearchResult, cfg: SearchConfig) -> int:
+    """The planner's guess of the points still to come: per open bracket, its bisection steps to the tolerance
+    (two more steps and a full bisection while it is open on one side), capped by max_points."""
+    full = math.ceil(math.log2(math.log(cfg.growth) / math.log1p(cfg.tol)))
+    steps = 0
+    for b in result.brackets:
+        if b.resolved(cfg.tol, cfg.min_rate, cfg.max_rate):
+            continue
+        if b.failed == math.inf or b.passed == 0.0:
+            steps += 2 + full
+        else:
+            steps += max(1, math.ceil(math.log2(math.log(b.failed / b.passed) / math.log1p(cfg.tol))))
+    return max(1, min(steps, cfg.max_points - len(result.points)))

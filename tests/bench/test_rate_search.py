@@ -1,0 +1,152 @@
+"""The rate search (bench/search.py) against a fake server whose p99 TTFT is a known function of the rate: the
+search must bracket each target's true sustainable rate within its tolerance, descend when the first rate already
+fails, and stop unconverged, saying why, when the budget runs out."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lazyattn.bench.search import MIN_WINDOW_REQUESTS, Bracket, SearchConfig, plan_phases, search
+from lazyattn.bench.steady import PhaseConfig, PointResult
+
+
+def fake_server(capacity: float, base_ms: float = 10.0):
+    """An M/M/1-like queue: p99 TTFT grows as base / (1 - rate / capacity), an idle server answers in base; past
+    capacity the queue grows (completions fall behind arrivals)."""
+    calls = []
+
+    def measure(rate: float, phases: PhaseConfig, shortened: bool, deadline: float) -> PointResult:
+        calls.append((rate, phases, shortened))
+        load = rate / capacity
+        p99 = base_ms / (1 - load) if load < 1 else math.inf
+        window_s = phases.window_length(rate)
+        n = max(int(rate * window_s), 1)
+        achieved = rate if load < 1 else capacity
+        return PointResult(
+            "fake",
+            rate,
+            window_s=window_s,
+            window_requests=n,
+            offered_rate=rate,
+            achieved_rate=achieved,
+            ttft_ms={"p50": p99 / 2, "p90": p99 / 1.5, "p99": p99},
+            window_ttfts_ms=[base_ms] + [p99] * (n - 1),  # the luckiest request found the server idle
+        )
+
+    return measure, calls
+
+
+def true_rate(capacity: float, target_ms: float, base_ms: float = 10.0) -> float:
+    # base / (1 - r/c) <= target  <=>  r <= c (1 - base/target)
+    return capacity * (1 - base_ms / target_ms)
+
+
+@pytest.mark.parametrize("capacity,start", [(50.0, 4.0), (3.0, 4.0), (700.0, 1.0)])
+def test_search_brackets_every_target_within_tolerance(capacity, start):
+    measure, calls = fake_server(capacity)
+    cfg = SearchConfig(targets_ms=(20.0, 100.0), start=start, tol=0.05, max_points=40)
+    result = search(measure, "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
+    assert result.converged and result.stopped == ""
+    assert calls[0][0] == start
+    for b, row in zip(result.brackets, result.sustainable()):
+        truth = true_rate(capacity, b.target_ms)
+        assert b.passed <= truth < b.failed
+        assert b.failed / b.passed <= 1.05
+        assert row["rate"] == b.passed and row["first_failing_rate"] == b.failed
+        # A 1 s window holds int(rate) requests, every one within the target.
+        assert row["goodput"] == pytest.approx(int(b.passed))
+
+
+def test_keep_up_failure_counts_even_with_low_latency():
+    # A server that answers fast but completes only 80 % of arrivals above 10 req/s: the search must not pass it.
+    def measure(rate, phases, shortened, deadline):
+        n = 1000
+        return PointResult(
+            "fake",
+            rate,
+            window_s=n / rate,
+            window_requests=n,
+            offered_rate=rate,
+            achieved_rate=rate if rate <= 10 else 0.8 * rate,
+            ttft_ms={"p99": 1.0},
+        )
+
+    result = search(measure, "fake", PhaseConfig(), SearchConfig(targets_ms=(100.0,), start=1.0, tol=0.02))
+    assert result.converged
+    assert result.brackets[0].passed <= 10 < result.brackets[0].failed
+
+
+def test_budget_stops_the_search_unconverged_and_shortens_windows():
+    now = [0.0]
+    measure, calls = fake_server(50.0)
+
+    def timed(rate, phases, shortened, deadline):
+        # Each point takes what its phases plan (warm-up cap + window + drain).
+        now[0] += phases.warmup_max_s + phases.window_length(rate) + phases.drain_s
+        return measure(rate, phases, shortened, deadline)
+
+    phases = PhaseConfig()  # 60 s / 1000 requests windows
+    result = search(
+        timed, "fake", phases, SearchConfig(start=4.0, tol=0.02), deadline=200.0, min_point_s=20.0, clock=lambda: now[0]
+    )
+    assert not result.converged and result.stopped.startswith("budget")
+    assert now[0] <= 200.0 + 1e-6
+    assert all(shortened for _, _, shortened in calls)
+    assert all(ph.window_s < phases.window_s and ph.window_requests == MIN_WINDOW_REQUESTS for _, ph, _ in calls)
+
+
+def test_plan_phases_keeps_the_full_window_when_time_allows():
+    phases = PhaseConfig(window_s=60, window_requests=1000)
+    planned, shortened = plan_phases(phases, rate=10.0, time_left=math.inf, points_left=5)
+    assert planned == phases and not shortened
+    # 100 s window wanted at 10 req/s (1000 requests); 5 points in 1000 s: 200 s each, enough.
+    planned, shortened = plan_phases(phases, rate=10.0, time_left=1000.0, points_left=5)
+    assert not shortened and planned.window_length(10.0) == 100.0
+    planned, shortened = plan_phases(phases, rate=10.0, time_left=100.0, points_left=2)
+    assert shortened and planned.window_s == pytest.approx(50 - 15 - 10)
+    assert planned.window_requests == MIN_WINDOW_REQUESTS
+
+
+def test_a_pass_above_a_failure_does_not_move_the_bracket_past_it():
+    b = Bracket(100.0)
+    for rate, ok in ((10, True), (40, False), (20, True), (50, True), (30, False)):
+        b.update(rate, ok)
+    assert (b.passed, b.failed) == (20, 30)
+
+
+def test_a_target_below_the_idle_service_time_is_unreachable():
+    # Every request takes at least 300 ms even at light load: a 100 ms target is met at no rate. The two lowest
+    # rates (2 and 4 req/s) show the same fastest TTFT, so the search says so instead of descending to min_rate;
+    # the 1 s target is still searched.
+    measure, calls = fake_server(10.0, base_ms=300.0)
+    cfg = SearchConfig(targets_ms=(100.0, 1000.0), start=2.0, tol=0.1)
+    result = search(measure, "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
+    assert result.converged
+    fast, slow = result.brackets
+    assert fast.unreachable and fast.passed == 0.0 and min(r for r, _, _ in calls) == 2.0
+    assert slow.passed <= true_rate(10.0, 1000.0, 300.0) < slow.failed
+    assert result.sustainable()[0]["unreachable"] and result.sustainable()[0]["rate"] == 0.0
+
+
+def test_a_fastest_ttft_that_falls_with_the_rate_is_not_a_floor():
+    # Light load answers within 50 ms, but the search starts where even the fastest request queues (fastest TTFT
+    # 400 ms at 8 req/s, 200 ms at 4): the 100 ms target must be searched downwards, not declared unreachable.
+    def measure(rate, phases, shortened, deadline):
+        fastest = 50.0 * rate
+        return PointResult(
+            "fake",
+            rate,
+            window_s=10.0,
+            window_requests=100,
+            offered_rate=10.0,
+            achieved_rate=10.0,
+            ttft_ms={"p99": 2 * fastest},
+            window_ttfts_ms=[fastest] * 100,
+        )
+
+    result = search(measure, "fake", PhaseConfig(), SearchConfig(targets_ms=(100.0,), start=8.0, tol=0.1))
+    b = result.brackets[0]
+    assert result.converged and not b.unreachable
+    assert b.passed <= 1.0 < b.failed
