@@ -215,8 +215,6 @@ class DocumentCache:
 
     def _promote(self, tier: LowerTier, key: str, n_tokens: int) -> Segment | None:
         """Fill new GPU pages from `tier`'s copy of key; None if the tier refuses its copy (a miss)."""
-        if tier.n_tokens(key) != n_tokens:
-            raise ValueError(f"segment {key[:16]} has {tier.n_tokens(key)} tokens, acquired with {n_tokens}")
         n = self.pages_for(n_tokens)
         if n > self.pool.num_free + self._evictable:  # checked before the tier is touched: a raise changes nothing
             raise OutOfPagesError(
@@ -224,7 +222,7 @@ class DocumentCache:
                 f"{self.pool.num_free} free and {self._evictable} evictable of {self.pool.num_pages}; the rest is "
                 "held by running requests"
             )
-        handle = tier.claim(key)  # first, so that the demotions this allocation causes cannot evict it
+        handle = tier.claim(key, n_tokens)  # first, so that the demotions this allocation causes cannot evict it
         if handle is None:
             return None
         pages = self.allocate(n)

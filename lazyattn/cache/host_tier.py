@@ -254,7 +254,9 @@ class HostTier:
 
     # -- the lower-tier interface (cache/tiers.py) -------------------------------------------------------------
 
-    def claim(self, key: str) -> HostEntry:
+    def claim(self, key: str, n_tokens: int) -> HostEntry:
+        if self._index[key].n_tokens != n_tokens:
+            raise ValueError(f"segment {key[:16]} has {self._index[key].n_tokens} tokens, acquired with {n_tokens}")
         return self.take(key)
 
     def fill(self, entry: HostEntry, segment: Segment) -> None:

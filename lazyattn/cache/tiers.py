@@ -10,10 +10,10 @@ The DocumentCache calls every lower tier the same way, top tier first:
 - `encoded(segment)`: the segment's KV was just computed (the disk tier writes it through);
 - `evicted(segment)`: the GPU evicts the segment; the tier may copy its pages before they are freed (the host tier
   demotes it; the copy is ordered before any later write of those pages);
-- on a GPU miss, the first tier whose `contains(key)` is true: `n_tokens(key)`, then `claim(key)` (a handle, or None
-  if the tier refuses its copy: the disk tier checks the file, and a refused file is a miss), then, with GPU pages
-  allocated, `fill(handle, segment)`; the segment is ready once `finished()` hands it back (`in_flight` counts those
-  not handed back yet). Until then the fill holds a reference of its own on the segment;
+- on a GPU miss, the first tier whose `contains(key)` is true: `claim(key, n_tokens)` (a handle, or None if the tier
+  refuses its copy: the disk tier checks the file, and a refused file is a miss), then, with GPU pages allocated,
+  `fill(handle, segment)`; the segment is ready once `finished()` hands it back (`in_flight` counts those not
+  handed back yet). Until then the fill holds a reference of its own on the segment;
 - `discard(key)` (the document was deleted) and `clear()` (forget everything).
 """
 
@@ -33,9 +33,7 @@ class LowerTier(Protocol):
 
     def contains(self, key: str) -> bool: ...
 
-    def n_tokens(self, key: str) -> int: ...
-
-    def claim(self, key: str) -> Any | None: ...
+    def claim(self, key: str, n_tokens: int) -> Any | None: ...
 
     def fill(self, handle: Any, segment: Segment) -> None: ...
 
