@@ -17,11 +17,11 @@ same host or a shared filesystem do. Two writers of one document write the same 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import struct
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +31,8 @@ FORMAT_VERSION = 1
 HEADER_BYTES = 4096
 CHUNK_BYTES = 16 << 20
 TMP_SUFFIX = ".tmp"
+SUFFIX = ".kv"
+STALE_TMP_SECONDS = 600  # a temporary file this old was left by a writer that died
 
 _threads = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="lazyattn-disk-io")
 
@@ -110,8 +112,7 @@ def write_atomic(path: str, header: Header, payload: memoryview) -> None:
             os.fsync(f.fileno())
         os.rename(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        unlink(tmp)
         raise
     dfd = os.open(directory, os.O_RDONLY)
     try:
@@ -148,3 +149,50 @@ def read_verified(path: str, key: str, layout: str, n_tokens: int, page_bytes: i
     if _combine(len(into), digests) != h.checksum:
         raise RefusedFile("checksum mismatch (corrupt)")
     return h
+
+
+# -- the directory ---------------------------------------------------------------------------------------------------
+
+
+def kv_names(directory: str) -> list[str]:
+    """The finished files of a directory (not the writers' hidden temporary ones)."""
+    try:
+        return [n for n in os.listdir(directory) if n.endswith(SUFFIX) and not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def unlink(path: str) -> bool:
+    """Remove a file; False if it was gone already (another engine removed it)."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def enforce_budget(directory: str, budget_bytes: int) -> tuple[int, int]:
+    """Remove the least recently used (oldest mtime) files until the directory's files fit `budget_bytes`, and
+    temporary files left by writers that died. Tolerates files that vanish meanwhile. Returns (bytes left, files
+    removed)."""
+    files, now = [], time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        entries = []
+    for e in entries:
+        try:
+            st = e.stat()
+        except FileNotFoundError:
+            continue  # removed meanwhile by another engine
+        if e.name.endswith(SUFFIX) and not e.name.startswith("."):
+            files.append((st.st_mtime, st.st_size, e.path))
+        elif e.name.endswith(TMP_SUFFIX) and now - st.st_mtime > STALE_TMP_SECONDS:
+            unlink(e.path)
+    used, removed = sum(size for _, size, _ in files), 0
+    for _, size, path in sorted(files):
+        if used <= budget_bytes:
+            break
+        removed += unlink(path)
+        used -= size
+    return used, removed

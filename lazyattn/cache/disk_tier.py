@@ -34,11 +34,14 @@ import torch
 
 from lazyattn.cache.disk_format import (
     HEADER_BYTES,
-    TMP_SUFFIX,
+    SUFFIX,
     Header,
     RefusedFile,
     checksum,
+    enforce_budget,
+    kv_names,
     read_verified,
+    unlink,
     write_atomic,
 )
 from lazyattn.cache.page_pool import GiB
@@ -51,8 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("lazyattn.cache")
 
-SUFFIX = ".kv"
-STALE_TMP_SECONDS = 600  # a temporary file this old was left by a writer that died
 DEFAULT_PENDING_BYTES = 4 * GiB  # host memory of writes waiting for the disk: ~16 documents of 2048 tokens at 8B
 
 
@@ -164,7 +165,7 @@ class DiskTier:
         except (RefusedFile, OSError) as e:
             self._refused += 1
             logger.warning("disk tier: refusing %s (%s); the document is encoded again", path, e)
-            _unlink(path)
+            unlink(path)
             return None
         finally:
             self._read_seconds += time.perf_counter() - start
@@ -225,12 +226,12 @@ class DiskTier:
     def discard(self, key: str) -> bool:
         """Remove key's file (the document was deleted), after any write of it still queued."""
         self.flush()
-        return _unlink(self.path(key))
+        return unlink(self.path(key))
 
     def clear(self) -> int:
         """Remove every file of this directory (every engine's that shares it). Returns how many."""
         self.flush()
-        n = sum(_unlink(os.path.join(self.directory, name)) for name in _kv_names(self.directory))
+        n = sum(unlink(os.path.join(self.directory, name)) for name in kv_names(self.directory))
         self._bytes_used = 0
         return n
 
@@ -275,50 +276,14 @@ class DiskTier:
                 self._queue.task_done()
 
     def _scan(self) -> None:
-        """Measure the directory and remove the least recently used files beyond the budget, and temporary files
-        left by writers that died."""
-        files, now = [], time.time()
-        try:
-            entries = list(os.scandir(self.directory))
-        except FileNotFoundError:
-            entries = []
-        for e in entries:
-            try:
-                st = e.stat()
-            except FileNotFoundError:
-                continue  # removed meanwhile by another engine
-            if e.name.endswith(SUFFIX) and not e.name.startswith("."):
-                files.append((st.st_mtime, st.st_size, e.path))
-            elif e.name.endswith(TMP_SUFFIX) and now - st.st_mtime > STALE_TMP_SECONDS:
-                _unlink(e.path)
-        used = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if used <= self.budget_bytes:
-                break
-            if _unlink(path):
-                self._evictions += 1
-            used -= size
+        used, evicted = enforce_budget(self.directory, self.budget_bytes)
         self._bytes_used = used
+        self._evictions += evicted
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, without a copy."""
     return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
-
-
-def _kv_names(directory: str) -> list[str]:
-    try:
-        return [n for n in os.listdir(directory) if n.endswith(SUFFIX) and not n.startswith(".")]
-    except FileNotFoundError:
-        return []
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def make_disk_tier(
