@@ -34,7 +34,10 @@ TMP_SUFFIX = ".tmp"
 SUFFIX = ".kv"
 STALE_TMP_SECONDS = 600  # a temporary file this old was left by a writer that died
 
-_threads = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="lazyattn-disk-io")
+# Reads (on a request's path) and writes (in the background) hash on threads of their own: a read never queues
+# behind a write's chunks.
+_read_threads = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="lazyattn-disk-read")
+_write_threads = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="lazyattn-disk-write")
 
 
 class RefusedFile(Exception):
@@ -65,7 +68,7 @@ def _digest(chunk: memoryview) -> bytes:
 
 def checksum(payload: memoryview) -> str:
     """The payload's checksum: blake2b over its size and its chunks' blake2b digests (chunks hashed in parallel)."""
-    digests = _threads.map(lambda r: _digest(payload[r[0] : r[1]]), _chunks(len(payload)))
+    digests = _write_threads.map(lambda r: _digest(payload[r[0] : r[1]]), _chunks(len(payload)))
     return _combine(len(payload), list(digests))
 
 
@@ -145,7 +148,7 @@ def read_verified(path: str, key: str, layout: str, n_tokens: int, page_bytes: i
                 view = view[got:]
             return _digest(into[a:b])
 
-        digests = list(_threads.map(read_and_hash, _chunks(len(into))))
+        digests = list(_read_threads.map(read_and_hash, _chunks(len(into))))
     if _combine(len(into), digests) != h.checksum:
         raise RefusedFile("checksum mismatch (corrupt)")
     return h

@@ -21,11 +21,11 @@ SEGMENTS = len(DOCS) + 1  # the documents and the first segment (BOS)
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
 
-def engine(mode="lazy", disk=None, **kw) -> LLM:
+def engine(mode="lazy", disk=None, device="cpu", **kw) -> LLM:
     return LLM(
         model="tiny",
         mode=mode,
-        device="cpu",
+        device=device,
         page_size=PAGE,
         progress=False,
         kv_cache_gb=0.05,
