@@ -165,7 +165,8 @@ class DiskTier:
         except (RefusedFile, OSError) as e:
             self._refused += 1
             logger.warning("disk tier: refusing %s (%s); the document is encoded again", path, e)
-            unlink(path)
+            with contextlib.suppress(OSError):  # a directory we may not write to: the file stays, never served
+                unlink(path)
             return None
         finally:
             self._read_seconds += time.perf_counter() - start
