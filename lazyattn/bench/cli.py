@@ -99,6 +99,12 @@ def add_bench_parser(
         default=0.0,
         help="host tier (GiB) behind every KV budget: adds GPU / host / effective hit columns (0: none)",
     )
+    h.add_argument(
+        "--disk-gb",
+        type=float,
+        default=0.0,
+        help="disk tier (GiB) below the host tier, lazy and block mode: adds a disk hit column (0: none)",
+    )
     r = p.add_argument_group(
         "replicas behind a router (simulated: the routing policies of lazyattn serve "
         "--replicas over the engine's cache, no model run; bench/replicas.py)"
@@ -166,7 +172,7 @@ def parse_alphas(text: str) -> list[float | None]:
 def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     t_start = time.monotonic()  # --budget-s counts from here: model load and warm-up included
     from lazyattn.bench import plots, report
-    from lazyattn.bench.hitratio import HIT_COLUMNS, HOST_HIT_COLUMNS, page_accounting, pivot, sweep
+    from lazyattn.bench.hitratio import DISK_HIT_COLUMNS, HIT_COLUMNS, HOST_HIT_COLUMNS, page_accounting, pivot, sweep
     from lazyattn.bench.replay import free_device_memory, make_engine, replay, warm_up
     from lazyattn.bench.workload import Load, make_trace, token_space, warmup_trace
     from lazyattn.model.config import ModelConfig
@@ -252,12 +258,22 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
         hit_spec = replace(spec, num_requests=args.hit_requests)
         budgets = _floats(args.kv_budgets)
-        hit_rows = sweep(hit_spec, parse_alphas(args.alphas), budgets, acct, vocab_high, bos, host_gb=args.host_gb)
+        hit_rows = sweep(
+            hit_spec,
+            parse_alphas(args.alphas),
+            budgets,
+            acct,
+            vocab_high,
+            bos,
+            host_gb=args.host_gb,
+            disk_gb=args.disk_gb,
+        )
         host = f", host tier {args.host_gb:g} GiB" if args.host_gb else ""
+        host += f", disk tier {args.disk_gb:g} GiB" if args.disk_gb else ""
+        columns = DISK_HIT_COLUMNS if args.disk_gb else HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS
         print(
             f"\nDocument hit ratio vs KV budget (simulated, {args.hit_requests} requests one at a time, "
-            f"{acct.token_bytes / 1024:g} KiB of KV per token{host})\n"
-            + report.text_table(pivot(hit_rows), HOST_HIT_COLUMNS if args.host_gb else HIT_COLUMNS),
+            f"{acct.token_bytes / 1024:g} KiB of KV per token{host})\n" + report.text_table(pivot(hit_rows), columns),
             flush=True,
         )
         data["hit_ratio"] = {
@@ -265,6 +281,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
             "requests": args.hit_requests,
             "page_bytes": acct.page_bytes,
             "host_gb": args.host_gb,
+            "disk_gb": args.disk_gb,
             "rows": hit_rows,
         }
     if args.replicas_sim:

@@ -19,6 +19,8 @@ serve a single request. Two readings, both with the same pool for every mode (on
 
 With a host tier (`host_gb`, docs/design.md "The host tier") evicted segments demote to host memory and a miss
 that finds them there is a host hit: the hit ratio is then the effective one (GPU + host), split in the rows.
+With a disk tier (`disk_gb`, docs/design.md "The disk tier"; lazy and block mode, as in the engine) every encoded
+document is also written to disk, and a miss on the GPU and the host that finds it there is a disk hit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from lazyattn.bench.disk_sim import SimulatedDiskTier
 from lazyattn.bench.workload import Load, Trace, WorkloadSpec, make_trace
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
 from lazyattn.cache.host_tier import HostTier
@@ -82,10 +85,12 @@ class SimResult:
     evictions: int
     host_pages: int = 0
     host_doc_hits: float = 0.0  # of doc_hits, those served by the host tier
+    disk_pages: int = 0
+    disk_doc_hits: float = 0.0  # of doc_hits, those served by the disk tier
 
     @property
     def doc_hit_ratio(self) -> float:
-        """Documents reused, from either tier."""
+        """Documents reused, from any tier."""
         return self.doc_hits / self.docs if self.docs else 0.0
 
     @property
@@ -93,8 +98,12 @@ class SimResult:
         return self.host_doc_hits / self.docs if self.docs else 0.0
 
     @property
+    def disk_hit_ratio(self) -> float:
+        return self.disk_doc_hits / self.docs if self.docs else 0.0
+
+    @property
     def gpu_hit_ratio(self) -> float:
-        return self.doc_hit_ratio - self.host_hit_ratio
+        return self.doc_hit_ratio - self.host_hit_ratio - self.disk_hit_ratio
 
     @property
     def token_reuse_ratio(self) -> float:
@@ -107,6 +116,7 @@ class SimResult:
             "token_reuse_ratio": self.token_reuse_ratio,
             "gpu_hit_ratio": self.gpu_hit_ratio,
             "host_hit_ratio": self.host_hit_ratio,
+            "disk_hit_ratio": self.disk_hit_ratio,
         }
 
 
@@ -140,33 +150,45 @@ class TraceKeys:
 
 
 def simulate(
-    trace: Trace, mode: str, num_pages: int, page_size: int, keys: TraceKeys | None = None, host_pages: int = 0
+    trace: Trace,
+    mode: str,
+    num_pages: int,
+    page_size: int,
+    keys: TraceKeys | None = None,
+    host_pages: int = 0,
+    disk_pages: int = 0,
 ) -> SimResult:
     """Replay `trace` one request at a time through a cache of `num_pages` pages, with a host tier of `host_pages`
-    pages behind it (0: none)."""
+    pages behind it and a disk tier of `disk_pages` pages below that (0: none; lazy and block mode only)."""
     if mode not in SIM_MODES:
         raise ValueError(f"mode must be one of {SIM_MODES}, got {mode!r}")
     m = make_mode(mode)
     keys = keys if keys is not None and keys.page_size == page_size else TraceKeys(trace, page_size)
     pool = PagePool(num_pages)
     # Bookkeeping only (no mover): a promotion lands at the next poll. Bytes are not reported here.
-    cache = DocumentCache(pool, page_size, HostTier(host_pages, page_bytes=1) if host_pages else None)
+    disk_pages = disk_pages if m.caches_documents else 0  # the engine's disk tier holds position-free KV only
+    disk = SimulatedDiskTier(disk_pages) if disk_pages else None
+    cache = DocumentCache(pool, page_size, HostTier(host_pages, page_bytes=1) if host_pages else None, disk)
     spec = trace.spec
     fed_back = spec.output_len - 1  # output tokens fed back as decode rows (the last one is not)
     docs = context = cached_total = 0
-    hits = host_hits = 0.0
+    hits = host_hits = disk_hits = 0.0
     for i, req in enumerate(trace.requests):
-        host_before = cache.stats().host_tokens_reused
+        before = cache.stats()
         if m.caches_documents:
             cached = _segment_request(cache, pool, keys.segments[i], spec.question_len + fed_back, m.copies)
         else:
             cached = _prefix_request(cache, pool, keys.pages[i], keys.prompt_len[i], fed_back)
-        from_host = cache.stats().host_tokens_reused - host_before
+        after = cache.stats()
+        from_host = after.host_tokens_reused - before.host_tokens_reused
+        from_disk = after.disk_tokens_reused - before.disk_tokens_reused
         n = len(req.doc_ids)
         reused = m.reused_documents(cached, trace.system_len, spec.doc_len, n)
+        below_gpu = m.reused_documents(cached - from_host, trace.system_len, spec.doc_len, n)
         docs += n
         hits += reused
-        host_hits += reused - m.reused_documents(cached - from_host, trace.system_len, spec.doc_len, n)
+        host_hits += reused - below_gpu
+        disk_hits += below_gpu - m.reused_documents(cached - from_host - from_disk, trace.system_len, spec.doc_len, n)
         context += keys.prompt_len[i]
         cached_total += cached
     return SimResult(
@@ -180,6 +202,8 @@ def simulate(
         cache.stats().evictions,
         host_pages,
         host_hits,
+        disk_pages,
+        disk_hits,
     )
 
 
@@ -240,11 +264,14 @@ def sweep(
     modes: Sequence[str] = SIM_MODES,
     policies: Sequence[str] = POLICIES,
     host_gb: float = 0.0,
+    disk_gb: float = 0.0,
 ) -> list[dict]:
     """Simulated hit ratio of every (policy, alpha, budget, mode); one trace per alpha (None: uniform).
-    GB are GiB (2**30 bytes), as the engine's kv_cache_gb; `host_gb` is the host tier behind every GPU budget.
+    GB are GiB (2**30 bytes), as the engine's kv_cache_gb; `host_gb` is the host tier behind every GPU budget,
+    `disk_gb` the disk tier below it.
     A pool too small for one request: ratio None."""
     host_pages = int(host_gb * 2**30) // acct.page_bytes
+    disk_pages = int(disk_gb * 2**30) // acct.page_bytes
     rows = []
     for alpha in alphas:
         trace = make_trace(replace(spec, zipf_alpha=alpha), Load(concurrency=1), vocab_high, bos)
@@ -259,14 +286,16 @@ def sweep(
                         "budget_gb": budget,
                         "pool_gb": pages * acct.page_bytes / 2**30,
                         "host_gb": host_gb,
+                        "disk_gb": disk_gb,
                         "mode": mode,
                         "doc_hit_ratio": None,
                         "token_reuse_ratio": None,
                         "gpu_hit_ratio": None,
                         "host_hit_ratio": None,
+                        "disk_hit_ratio": None,
                     }
                     if pages >= working_set_pages(mode, spec, trace.system_len, acct.page_size):
-                        row.update(simulate(trace, mode, pages, acct.page_size, keys, host_pages).to_dict())
+                        row.update(simulate(trace, mode, pages, acct.page_size, keys, host_pages, disk_pages).to_dict())
                     rows.append(row)
     return rows
 
@@ -285,7 +314,12 @@ def pivot(rows: Sequence[dict], modes: Sequence[str] = SIM_MODES) -> list[dict]:
             },
         )
         row["pool_gb"] = r["pool_gb"]
-        for column, field in (("hit", "doc_hit_ratio"), ("gpu", "gpu_hit_ratio"), ("host", "host_hit_ratio")):
+        for column, field in (
+            ("hit", "doc_hit_ratio"),
+            ("gpu", "gpu_hit_ratio"),
+            ("host", "host_hit_ratio"),
+            ("disk", "disk_hit_ratio"),
+        ):
             value = r.get(field)
             row[f"{r['mode']}_{column}"] = None if value is None else 100 * value
     return list(out.values())
@@ -302,4 +336,10 @@ HOST_HIT_COLUMNS = HIT_COLUMNS[:4] + [
     (f"{m} {what} %", f"{m}_{key}", "{:.2f}")
     for m in SIM_MODES
     for what, key in (("GPU", "gpu"), ("host", "host"), ("eff", "hit"))
+]
+# With a disk tier too: per mode the GPU, host and disk hits and the effective ratio.
+DISK_HIT_COLUMNS = HIT_COLUMNS[:4] + [
+    (f"{m} {what} %", f"{m}_{key}", "{:.2f}")
+    for m in SIM_MODES
+    for what, key in (("GPU", "gpu"), ("host", "host"), ("disk", "disk"), ("eff", "hit"))
 ]

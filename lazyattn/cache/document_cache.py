@@ -1,8 +1,8 @@
 """The content-addressed segment cache, shared by every mode (docs/design.md, The document cache).
 
-A segment's KV is cached under a key that hashes everything its KV depends on: the model's weights,
-the RoPE configuration, the tenant's salt and the token ids (plus, in prefix mode, the key of the page
-before it). The cache keeps page ids and refcounts only; the KV itself lives in the engine's page pool.
+A segment's KV is cached under its key (cache/keys.py). The cache keeps page ids and refcounts only; the KV itself
+lives in the engine's page pool. It is the GPU tier: the tiers below it (host memory, disk) plug in through one
+interface (cache/tiers.py).
 
 Life of a segment, as seen by the engine:
 
@@ -15,212 +15,34 @@ Life of a segment, as seen by the engine:
     ... attend to seg.pages ...
     cache.release(seg)                           # refcount -= 1; at 0 a ready segment becomes evictable
 
-With a host tier (cache/host_tier.py), an evicted segment is demoted to host memory, and an acquire that misses
-on the GPU but finds the key on the host *promotes* it: a hit (is_new False) on a pending segment that becomes
-ready when its copy lands, which `poll` notices. The copy holds a reference of its own until then, so a
-promoted segment is never freed or evicted under a copy that still writes into it.
+With lower tiers, an acquire that misses on the GPU but finds the key in a lower tier *fills* GPU pages from it:
+a hit (is_new False) on a pending segment that becomes ready when its copy lands, which `poll` notices. The fill
+holds a reference of its own until then, so a filled segment is never freed or evicted under a copy that still
+writes into it.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import struct
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from lazyattn.cache.keys import KEY_MEMO_TOKENS, KeyMemo, SegmentKeyer, segment_key, token_bytes
 from lazyattn.cache.page_pool import PagePool
+from lazyattn.cache.segment import CacheStats, Segment
+from lazyattn.cache.tiers import LowerTier
 from lazyattn.errors import OutOfPagesError
 
-if TYPE_CHECKING:
-    from lazyattn.cache.host_tier import HostTier
+__all__ = [
+    "KEY_MEMO_TOKENS",
+    "CacheStats",
+    "DocumentCache",
+    "KeyMemo",
+    "Segment",
+    "SegmentKeyer",
+    "segment_key",
+    "token_bytes",
+]
 
-_KEY_VERSION = b"lazyattn-segment-key-v2\x00"
-
-
-def _field(s: str | None) -> bytes:
-    # A presence byte tells None from "", a length prefix keeps field boundaries unambiguous.
-    if s is None:
-        return b"\x00"
-    b = s.encode("utf-8")
-    return b"\x01" + len(b).to_bytes(8, "little") + b
-
-
-@functools.lru_cache(maxsize=64)  # one compiled format per id count (a miss costs ~0.1 us)
-def _packer(n: int, code: str) -> struct.Struct:
-    return struct.Struct(f"<{n}{code}")
-
-
-def token_bytes(token_ids: Sequence[int]) -> tuple[bytes, bytes]:
-    """The key's encoding of token ids, as (header, body), hashed one after the other: their count, a width byte,
-    then each id as a little-endian int32 when all fit (every vocabulary id does), else as int64, so the encoding
-    is one-to-one on int64 sequences whatever the host. Raises struct.error for a value that is no int64 (or no
-    integer).
-
-    Why not int64 throughout: hashing is about half of a key's time (~10 us for 2048 ids), and half the bytes
-    halve it. Why struct: from a Python list it is ~3x faster than array or numpy."""
-    n = len(token_ids)
-    try:
-        return n.to_bytes(8, "little") + b"\x04", _packer(n, "i").pack(*token_ids)
-    except struct.error:
-        return n.to_bytes(8, "little") + b"\x08", _packer(n, "q").pack(*token_ids)
-
-
-# Token ids the keyer's memo holds (KeyMemo): ~8 MiB of list slots, 512 documents of 2048 tokens.
-KEY_MEMO_TOKENS = 1 << 20
-_MEMO_MIN_TOKENS = 256  # shorter segments (prefix mode's pages, system prompts) key in a few µs: not worth a slot
-_MEMO_PROBES = 32  # ids sampled, evenly spaced, for a slot's probe
-
-
-class KeyMemo:
-    """Keys of recently keyed segments, so that a document which recurs is not packed and hashed again.
-
-    A slot is found by a cheap probe (salt, length, a hash of ~32 evenly spaced ids) and holds a copy of the ids
-    its key was computed from; it answers only if that copy equals the ids asked about, element by element, so a
-    probe collision costs a comparison and a miss, never a wrong key. The comparison is what makes it pay: list
-    equality checks identity before value, so ids whose int objects are the ones the slot holds (the same
-    document list passed again, or lists copied from one) compare in ~2 µs, against ~18 µs to pack and hash 2048
-    ids (this CPU; docs/benchmarks.md has the GPU host's). Fresh int objects of equal value compare in about the
-    time a key takes: the memo then neither gains nor costs much. A value that equals an int without being one
-    (np.int64(7)) is that token id and gets its key, as struct would give it.
-
-    Least recently used slots go first once the copies exceed `max_tokens`. Not thread-safe: the engine's thread
-    owns it, as it owns the keyer."""
-
-    def __init__(self, max_tokens: int = KEY_MEMO_TOKENS) -> None:
-        self.max_tokens = max_tokens
-        self.tokens = 0  # ids held by the slots
-        self.hits = 0
-        self._slots: OrderedDict[tuple, tuple[list[int], str]] = OrderedDict()
-
-    def probe(self, token_ids: Sequence[int], salt: str | None) -> tuple | None:
-        """The slot a segment maps to; None for segments the memo does not keep (short ones, or not lists)."""
-        n = len(token_ids)
-        if n < _MEMO_MIN_TOKENS or n > self.max_tokens or type(token_ids) is not list:
-            return None
-        return salt, n, hash(tuple(token_ids[:: n // _MEMO_PROBES]))
-
-    def get(self, probe: tuple, token_ids: list[int]) -> str | None:
-        slot = self._slots.get(probe)
-        if slot is None or slot[0] != token_ids:
-            return None
-        self._slots.move_to_end(probe)
-        self.hits += 1
-        return slot[1]
-
-    def put(self, probe: tuple, token_ids: list[int], key: str) -> None:
-        old = self._slots.pop(probe, None)
-        if old is not None:
-            self.tokens -= len(old[0])
-        self._slots[probe] = (list(token_ids), key)
-        self.tokens += len(token_ids)
-        while self.tokens > self.max_tokens:
-            _, (ids, _) = self._slots.popitem(last=False)
-            self.tokens -= len(ids)
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-
-class SegmentKeyer:
-    """`segment_key` for one model: (token ids, salt, parent) -> key. The model and RoPE fields, then each salt,
-    are hashed once here and the hash state copied per key; the engine keys every segment of every request
-    (~10K tokens for five documents) before it can schedule it, all on the time to first token, so documents
-    keyed recently are remembered too (KeyMemo; `memo_tokens=0` turns that off)."""
-
-    def __init__(self, model_fingerprint: str, rope_fingerprint: str, memo_tokens: int = KEY_MEMO_TOKENS) -> None:
-        self._model = hashlib.sha256(_KEY_VERSION)  # sha256 over blake2b: SHA-NI makes it ~2x faster here
-        self._model.update(_field(model_fingerprint) + _field(rope_fingerprint))
-        self._salted: dict[str | None, hashlib._Hash] = {}  # the state after (salt, no parent), per recent salt
-        self.memo = KeyMemo(memo_tokens)
-
-    def __call__(self, token_ids: Sequence[int], salt: str | None, parent: str | None = None) -> str:
-        probe = self.memo.probe(token_ids, salt) if parent is None else None
-        if probe is not None:
-            key = self.memo.get(probe, token_ids)  # type: ignore[arg-type]  (probe says: a list)
-            if key is not None:
-                return key
-        header, body = token_bytes(token_ids)
-        h = self._state(salt, parent)
-        h.update(header)
-        h.update(body)
-        key = h.hexdigest()
-        if probe is not None:
-            self.memo.put(probe, token_ids, key)  # type: ignore[arg-type]
-        return key
-
-    def _state(self, salt: str | None, parent: str | None) -> hashlib._Hash:
-        """A copy of the hash state after the model fields, the salt and the parent."""
-        if parent is None:
-            base = self._salted.get(salt)
-            if base is None:
-                if len(self._salted) >= 1024:  # one state per tenant salt, not one per salt ever seen
-                    self._salted.clear()
-                base = self._salted[salt] = self._model.copy()
-                base.update(_field(salt) + _field(None))
-            return base.copy()
-        h = self._model.copy()
-        h.update(_field(salt) + _field(parent))
-        return h
-
-
-def segment_key(
-    model_fingerprint: str,
-    rope_fingerprint: str,
-    salt: str | None,
-    token_ids: Sequence[int],
-    parent: str | None = None,
-) -> str:
-    """Hex sha256 over (version, model, rope, salt, parent, token ids): each string field length-prefixed, the ids
-    as `token_bytes` encodes them.
-
-    `parent` is the key of the previous page in prefix mode (vLLM-style chained page hashes), so a page
-    key covers the whole prefix; None for block/lazy segments, which are position-independent.
-    """
-    return SegmentKeyer(model_fingerprint, rope_fingerprint, memo_tokens=0)(token_ids, salt, parent)
-
-
-@dataclass(eq=False, slots=True)
-class Segment:
-    """One cached segment: its own whole pages (never shared with another segment).
-
-    The last page holds `n_tokens - (len(pages) - 1) * page_size` keys; its tail is masked.
-    States: pending (`ready` False: its encoder has not finished), ready, failed (aborted while pending).
-    `cached` is True while new acquires of `key` hit this segment; once False (aborted or removed) the
-    segment lives on only for its current holders and its pages are freed on the last release.
-    """
-
-    key: str
-    n_tokens: int
-    pages: tuple[int, ...]
-    refcount: int = 1
-    ready: bool = False
-    failed: bool = False
-    cached: bool = True
-    last_use: int = 0  # cache tick of the last acquire or release
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    lookups: int  # acquire calls that returned (a failed OutOfPagesError acquire is not counted)
-    hits: int  # including hits on a pending segment (its prefill is shared) and on the host tier
-    misses: int
-    evictions: int  # segments evicted for room (acquire, allocate, evict); not remove/clear
-    tokens_reused: int  # tokens of hit segments
-    pages_in_use: int  # pages held by the cache's segments, including removed/aborted ones still held
-    segments: int  # segments in the index (pending or ready)
-    host_hits: int = 0  # hits found on the host tier (promoted), a part of `hits`
-    host_tokens_reused: int = 0  # tokens of those, a part of `tokens_reused`
-
-    @property
-    def gpu_hits(self) -> int:
-        return self.hits - self.host_hits
-
-    @property
-    def hit_ratio(self) -> float:
-        return self.hits / self.lookups if self.lookups else 0.0
+_WHERE = {"host": "host memory", "disk": "disk"}
 
 
 class DocumentCache:
@@ -238,19 +60,21 @@ class DocumentCache:
     the pages it hangs from.
     """
 
-    def __init__(self, pool: PagePool, page_size: int, tier: HostTier | None = None) -> None:
+    def __init__(self, pool: PagePool, page_size: int, *tiers: LowerTier | None) -> None:
+        """`tiers`: the lower tiers, top first (host, then disk); None entries are skipped."""
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
         self.pool = pool
         self.page_size = page_size
-        self.tier = tier
+        self.tiers: tuple[LowerTier, ...] = tuple(t for t in tiers if t is not None)
         self._index: dict[str, Segment] = {}
         self._lru: OrderedDict[str, Segment] = OrderedDict()
         self._evictable = 0  # pages of the segments in _lru
         self._held = 0  # pages of every live segment, indexed or not
         self._tick = 0
         self._lookups = self._hits = self._misses = self._evictions = self._tokens_reused = 0
-        self._host_hits = self._host_tokens_reused = 0
+        self._tier_hits = {t.name: 0 for t in self.tiers}
+        self._tier_tokens = {t.name: 0 for t in self.tiers}
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -259,13 +83,13 @@ class DocumentCache:
         return self._index.get(key)
 
     def contains(self, key: str) -> bool:
-        """Whether an acquire of key would hit, on the GPU or on the host tier."""
-        return key in self._index or (self.tier is not None and self.tier.contains(key))
+        """Whether an acquire of key would hit, on the GPU or a lower tier (a disk file may still be refused)."""
+        return key in self._index or any(t.contains(key) for t in self.tiers)
 
     @property
     def promoting(self) -> int:
-        """Promotions from the host tier not yet seen to land."""
-        return self.tier.in_flight if self.tier is not None else 0
+        """Fills from lower tiers not yet seen to land."""
+        return sum(t.in_flight for t in self.tiers)
 
     def evictable_pages(self) -> int:
         """Pages that eviction could free now (unreferenced ready segments)."""
@@ -287,8 +111,10 @@ class DocumentCache:
             tokens_reused=self._tokens_reused,
             pages_in_use=self._held,
             segments=len(self._index),
-            host_hits=self._host_hits,
-            host_tokens_reused=self._host_tokens_reused,
+            host_hits=self._tier_hits.get("host", 0),
+            host_tokens_reused=self._tier_tokens.get("host", 0),
+            disk_hits=self._tier_hits.get("disk", 0),
+            disk_tokens_reused=self._tier_tokens.get("disk", 0),
         )
 
     def __len__(self) -> int:
@@ -318,8 +144,11 @@ class DocumentCache:
             return seg, False
         if n_tokens <= 0:
             raise ValueError(f"a segment needs at least one token, got {n_tokens}")
-        if self.tier is not None and self.tier.contains(key):
-            return self._promote(key, n_tokens), False
+        for tier in self.tiers:
+            if tier.contains(key):
+                seg = self._promote(tier, key, n_tokens)
+                if seg is not None:
+                    return seg, False
         pages = self.allocate(self.pages_for(n_tokens))
         seg = Segment(key, n_tokens, tuple(pages), last_use=self._next_tick())
         self._index[key] = seg
@@ -335,6 +164,8 @@ class DocumentCache:
         if seg.refcount <= 0:
             raise ValueError(f"segment {seg.key[:16]} is not held; only a holder can mark it ready")
         seg.ready = True
+        for tier in self.tiers:
+            tier.encoded(seg)
 
     def release(self, seg: Segment) -> None:
         """Drop one reference. At 0: a ready indexed segment becomes evictable (most recently used);
@@ -370,38 +201,41 @@ class DocumentCache:
             seg.cached = False
 
     def poll(self, wait: bool = False) -> int:
-        """Make the segments whose promotion has landed ready, and drop the promotions' own references (a segment
-        nobody else holds becomes evictable). wait: block until every promotion in flight has landed.
+        """Make the segments whose fill from a lower tier has landed ready, and drop the fills' own references (a
+        segment nobody else holds becomes evictable). wait: block until every fill in flight has landed.
         Returns how many became ready."""
-        if self.tier is None:
-            return 0
-        done = self.tier.finished(wait)
-        for seg in done:
-            seg.ready = True
-            self.release(seg)
-        return len(done)
+        n = 0
+        for tier in self.tiers:
+            done = tier.finished(wait)
+            for seg in done:
+                seg.ready = True
+                self.release(seg)
+            n += len(done)
+        return n
 
-    def _promote(self, key: str, n_tokens: int) -> Segment:
-        if self.tier.n_tokens(key) != n_tokens:
-            raise ValueError(f"segment {key[:16]} has {self.tier.n_tokens(key)} tokens, acquired with {n_tokens}")
+    def _promote(self, tier: LowerTier, key: str, n_tokens: int) -> Segment | None:
+        """Fill new GPU pages from `tier`'s copy of key; None if the tier refuses its copy (a miss)."""
         n = self.pages_for(n_tokens)
         if n > self.pool.num_free + self._evictable:  # checked before the tier is touched: a raise changes nothing
             raise OutOfPagesError(
-                f"need {n} KV pages to bring a document back from host memory: {self.pool.num_free} free and "
-                f"{self._evictable} evictable of {self.pool.num_pages}; the rest is held by running requests"
+                f"need {n} KV pages to bring a document back from {_WHERE.get(tier.name, tier.name)}: "
+                f"{self.pool.num_free} free and {self._evictable} evictable of {self.pool.num_pages}; the rest is "
+                "held by running requests"
             )
-        entry = self.tier.take(key)  # first, so that the demotions this allocation causes cannot evict it
+        handle = tier.claim(key, n_tokens)  # first, so that the demotions this allocation causes cannot evict it
+        if handle is None:
+            return None
         pages = self.allocate(n)
-        # refcount 2: the caller's reference and the promotion's, dropped by poll once the copy has landed.
+        # refcount 2: the caller's reference and the fill's, dropped by poll once the copy has landed.
         seg = Segment(key, n_tokens, tuple(pages), refcount=2, last_use=self._next_tick())
-        self.tier.promote(entry, seg)
+        tier.fill(handle, seg)
         self._index[key] = seg
         self._held += n
         self._lookups += 1
         self._hits += 1
-        self._host_hits += 1
+        self._tier_hits[tier.name] += 1
         self._tokens_reused += n_tokens
-        self._host_tokens_reused += n_tokens
+        self._tier_tokens[tier.name] += n_tokens
         return seg
 
     # -- making room -------------------------------------------------------------------------------
@@ -430,19 +264,19 @@ class DocumentCache:
             self._evictable -= len(seg.pages)
             self._evictions += 1
             freed += len(seg.pages)
-            if self.tier is not None:
-                self.tier.demote(seg)  # the mover orders every later write of these pages after the copy
+            for tier in self.tiers:
+                tier.evicted(seg)  # a copy it starts is ordered before every later write of these pages
             self._free(seg)
         return freed
 
     def remove(self, key: str) -> bool:
         """Delete key's segment (e.g. a document unregistered). Unreferenced: freed now. Referenced:
-        unindexed now (no new acquire hits it), freed on its last release. A host copy is dropped too.
-        False if neither tier held it."""
-        on_host = self.tier is not None and self.tier.discard(key)
+        unindexed now (no new acquire hits it), freed on its last release. Lower tiers' copies are dropped too.
+        False if no tier held it."""
+        below = [t.discard(key) for t in self.tiers]
         seg = self._index.pop(key, None)
         if seg is None:
-            return on_host
+            return any(below)
         seg.cached = False
         if seg.refcount == 0:
             del self._lru[key]
@@ -451,10 +285,10 @@ class DocumentCache:
         return True
 
     def clear(self) -> int:
-        """Drop every unreferenced segment and every host copy; referenced ones stay. Returns the GPU pages
-        freed."""
-        if self.tier is not None:
-            self.tier.clear()
+        """Drop every unreferenced segment and every lower tier's copy (the disk tier's files too); referenced
+        ones stay. Returns the GPU pages freed."""
+        for tier in self.tiers:
+            tier.clear()
         freed = 0
         while self._lru:
             _, seg = self._lru.popitem(last=False)

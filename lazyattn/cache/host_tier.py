@@ -33,8 +33,8 @@ from lazyattn.cache.page_pool import GiB, PagePool
 if TYPE_CHECKING:
     import torch
 
-    from lazyattn.cache.document_cache import Segment
     from lazyattn.cache.kv_transfer import PageMover, Transfer
+    from lazyattn.cache.segment import Segment
     from lazyattn.engine.config import EngineConfig
 
 # The default host tier on CUDA (docs/design.md): a quarter of the host memory available at start-up, at most this.
@@ -103,6 +103,10 @@ class HostTierStats:
 
 
 class HostTier:
+    """The host tier, one of the document cache's lower tiers (cache/tiers.py): exclusive, filled by demotion."""
+
+    name = "host"
+
     def __init__(
         self, num_pages: int, page_bytes: int, mover: PageMover | None = None, chunk_pages: int | None = None
     ) -> None:
@@ -247,6 +251,22 @@ class HostTier:
             if p.transfer is not None and self.mover is not None:
                 self._seconds_to_device += self.mover.seconds(p.transfer)
         return [p.segment for p in done]
+
+    # -- the lower-tier interface (cache/tiers.py) -------------------------------------------------------------
+
+    def claim(self, key: str, n_tokens: int) -> HostEntry:
+        if self._index[key].n_tokens != n_tokens:
+            raise ValueError(f"segment {key[:16]} has {self._index[key].n_tokens} tokens, acquired with {n_tokens}")
+        return self.take(key)
+
+    def fill(self, entry: HostEntry, segment: Segment) -> None:
+        self.promote(entry, segment)
+
+    def encoded(self, segment: Segment) -> None:
+        """Nothing: the host holds only what the GPU evicted."""
+
+    def evicted(self, segment: Segment) -> None:
+        self.demote(segment)
 
     # -- dropping ----------------------------------------------------------------------------------------------
 

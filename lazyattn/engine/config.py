@@ -130,6 +130,15 @@ class EngineConfig:
         "host-memory tier for documents evicted from the GPU, GiB; 0: off (docs/design.md, The host tier)",
         shown="off on the CPU, on CUDA a quarter of available host memory, at most 64",
     )
+    # Disk tier for documents' KV (docs/design.md, "The disk tier"): written through when a document is encoded, read
+    # back on a GPU and host miss, kept across restarts and shared by the engines that name the same directory. Off
+    # unless a directory is given: it writes every encoded document, so the operator picks the volume.
+    disk_cache_dir: str | None = _option(
+        None,
+        "directory of the disk tier for documents' KV, kept across restarts (docs/design.md, The disk tier)",
+        shown="off",
+    )
+    disk_cache_gb: float = _option(64.0, "disk tier budget, GiB; least recently used files go first")
     tensor_parallel_size: int = _option(
         1,
         "GPUs one engine spans, one worker process each (docs/design.md, Tensor parallelism)",
@@ -165,6 +174,8 @@ class EngineConfig:
             raise InvalidRequestError("kv_cache_gb must be positive", "kv_cache_gb")
         if self.host_cache_gb is not None and not self.host_cache_gb >= 0:
             raise InvalidRequestError(f"host_cache_gb must be >= 0, got {self.host_cache_gb}", "host_cache_gb")
+        if not self.disk_cache_gb > 0:
+            raise InvalidRequestError(f"disk_cache_gb must be > 0, got {self.disk_cache_gb}", "disk_cache_gb")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
@@ -188,6 +199,13 @@ class EngineConfig:
                 "host_cache_gb (the host tier) is not supported with tensor parallelism yet: "
                 "every rank would need its own tier",
                 "host_cache_gb",
+            )
+
+        if tp > 1 and self.disk_cache_dir is not None:
+            raise InvalidRequestError(
+                "disk_cache_dir (the disk tier) is not supported with tensor parallelism yet: every rank holds part "
+                "of each page",
+                "disk_cache_dir",
             )
 
     @property

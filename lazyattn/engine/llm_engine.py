@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from lazyattn import envs
+from lazyattn.cache.disk_tier import DiskTierStats, make_disk_tier
 from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
@@ -66,6 +67,7 @@ class EngineStats:
     running: int
     waiting: int
     host: HostTierStats | None = None  # the host tier's, when the engine has one
+    disk: DiskTierStats | None = None  # the disk tier's, when the engine has one
     tokenizer_cache: TokenizerCacheStats | None = None  # documents' token ids, when the tokenizer keeps them
 
 
@@ -123,7 +125,8 @@ class LLMEngine:
         # The host tier copies a whole pool: not under tensor parallelism (EngineConfig refuses it).
         kv = self.executor.local_kv
         self.tier = make_host_tier(config, kv) if kv is not None else None
-        self.cache = DocumentCache(self.pool, config.page_size, self.tier)
+        self.disk = make_disk_tier(config, kv, mc.fingerprint(), self._before_fill) if kv is not None else None
+        self.cache = DocumentCache(self.pool, config.page_size, self.tier, self.disk)
         self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
@@ -337,13 +340,20 @@ class LLMEngine:
 
     # -- state ------------------------------------------------------------------------------------------------
 
+    def _before_fill(self, pages: list[int]) -> None:
+        """The disk tier writes these GPU pages: after the host tier's copies still reading them."""
+        if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
+            self.tier.mover.before_forward(set(pages))
+
     def shutdown(self) -> None:
         """Abort what is in flight and give the device memory back (weights, KV pool, CUDA graphs) now, rather
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
         self.executor.shutdown()
-        self.scheduler = self.cache = self.tier = None  # type: ignore[assignment]
+        if self.disk is not None:
+            self.disk.close()  # the writes still queued land
+        self.scheduler = self.cache = self.tier = self.disk = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -355,9 +365,10 @@ class LLMEngine:
             raise InvalidRequestError("reset_cache needs an idle engine; requests are still in flight")
         self.cache.poll(wait=True)  # promotions of aborted requests still hold their segments
         self.cache.clear()
-        if self.tier is not None:
-            self.tier.reset_stats()
-        self.cache = DocumentCache(self.pool, self.config.page_size, self.tier)
+        for tier in (self.tier, self.disk):
+            if tier is not None:
+                tier.reset_stats()
+        self.cache = DocumentCache(self.pool, self.config.page_size, self.tier, self.disk)
         self.scheduler = Scheduler(self.config, self.mode, self.cache, self.keyer)
         self.pool.reset_high_water()
 
@@ -404,6 +415,7 @@ class LLMEngine:
             running=len(self.scheduler.running),
             waiting=self.scheduler.num_waiting,
             host=self.tier.stats() if self.tier is not None else None,
+            disk=self.disk.stats() if self.disk is not None else None,
             tokenizer_cache=self.tokenizer.cache.stats() if self.tokenizer.cache is not None else None,
         )
 

@@ -192,6 +192,7 @@ class _EngineCollector(Collector):
             m.add_metric([self._model_name], value)
             yield m
         yield from self._tiers(s)
+        yield from self._disk(s)
 
     def _tiers(self, s: EngineStats) -> Iterator[Metric]:
         """Per tier of the document cache (docs/design.md, "The host tier"): `tier` is device (the engine's device
@@ -262,3 +263,36 @@ class _EngineCollector(Collector):
         )
         locked.add_metric([self._model_name], h.locked_pages * h.page_bytes)
         yield locked
+
+    def _disk(self, s: EngineStats) -> Iterator[Metric]:
+        """The disk tier's series (docs/design.md, "The disk tier"), present only when the engine has one."""
+        d = s.disk
+        if d is None:
+            return
+        for name, doc, value in [
+            ("disk_cache_hits", "GPU and host misses served from a disk-tier file.", s.cache.disk_hits),
+            ("disk_cache_refused", "Disk-tier files refused (truncated, corrupt, foreign) and re-encoded.", d.refused),
+            ("disk_cache_writes", "Documents written to the disk tier.", d.writes),
+            (
+                "disk_cache_write_skipped",
+                "Encoded documents not written (writes backed up, or over budget).",
+                d.write_skipped,
+            ),
+            ("disk_cache_evictions", "Disk-tier files this engine removed for the budget.", d.evictions),
+            ("disk_cache_read_bytes", "Bytes read from disk-tier files.", d.bytes_read),
+            ("disk_cache_written_bytes", "Bytes written to disk-tier files.", d.bytes_written),
+        ]:
+            m = CounterMetricFamily(f"lazyattn:{name}", doc, labels=["model_name"])
+            m.add_metric([self._model_name], value)
+            yield m
+        for name, doc, value in [
+            (
+                "disk_cache_used_bytes",
+                "Bytes of the disk tier's directory at the last scan (every engine's).",
+                d.bytes_used,
+            ),
+            ("disk_cache_budget_bytes", "The disk tier's budget.", d.budget_bytes),
+        ]:
+            m = GaugeMetricFamily(f"lazyattn:{name}", doc, labels=["model_name"])
+            m.add_metric([self._model_name], value)
+            yield m

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every script with a main(); compile_check swaps Triton's interpreter for the real compiler when imported, so it is
 # checked in its own process below.
 SCRIPTS = [
+    "disk_tier",
     "document_tokens",
     "engine",
     "gemv",
@@ -135,6 +136,24 @@ def test_kernels_input_copies_clear_l2():
 def test_host_tier_plans_cover_the_cpu_smoke_run():
     host_tier = importlib.import_module("benchmarks.host_tier")
     assert {"cpu", "h100"} <= set(host_tier.PLANS)
+
+
+def test_disk_tier_cpu_plan_runs_end_to_end(tmp_path, monkeypatch):
+    """Each state is served from the tier it names (the lookups say so), and the restarted engine reads its first
+    request's documents from disk."""
+    disk_tier = importlib.import_module("benchmarks.disk_tier")
+    monkeypatch.setattr(sys, "argv", ["disk_tier", "--plan", "cpu", "--out", str(tmp_path), "--repeats", "1"])
+    assert disk_tier.main() == 0
+    result = json.loads((tmp_path / "disk_tier.json").read_text())
+    segments = disk_tier.PLANS["cpu"].docs_per_request + 1  # and the first segment (BOS)
+    lookups = {state: r["lookups"][0] for state, r in result["ttft"].items()}
+    assert lookups["encode"] == {"misses": segments - 1, "gpu": 1, "host": 0, "disk": 0}  # BOS: cached already
+    assert lookups["gpu"] == {"misses": 0, "gpu": segments, "host": 0, "disk": 0}
+    assert lookups["host"] == {"misses": 0, "gpu": 0, "host": segments, "disk": 0}
+    assert lookups["disk"] == lookups["disk_warm"] == {"misses": 0, "gpu": 0, "host": 0, "disk": segments}
+    assert result["restart"]["disk_hits"] == segments and result["restart"]["misses"] == 0
+    assert result["bandwidth"]["read_only_gbps"] > 0 and "Restart" in (tmp_path / "disk_tier.md").read_text()
+    assert not (tmp_path / "kv").exists()  # removed without --keep
 
 
 def test_relink_prompts_are_seeded_and_well_formed():

@@ -80,3 +80,28 @@ def test_pool_policies_and_infeasible_budgets():
         roomy = [r for r in rows if r["alpha"] == alpha and r["budget_gb"] == 0.01 and r["mode"] != "prefix"]
         assert len(roomy) == 4 and all(r["evictions"] == 0 for r in roomy)
         assert all(r["doc_hit_ratio"] == pytest.approx(1 - len(set(refs)) / len(refs)) for r in roomy)
+
+
+def test_disk_tier_serves_every_reference_after_the_first_and_leaves_the_gpu_alone():
+    """A disk tier holding every document: only a document's first reference is encoded. A fill takes GPU pages as
+    an encode does, so the GPU hits are those of the run without the tier; the rest of the reuse comes from disk
+    (lazy, block) or not at all (prefix: no disk tier in the engine either). A disk of half the documents serves
+    less."""
+    small = WorkloadSpec(
+        num_docs=12, doc_len=128, docs_per_request=3, zipf_alpha=None, question_len=8, output_len=2, num_requests=40
+    )
+    trace = make_trace(small, Load(concurrency=1), 250, 256)
+    refs = [d for r in trace.requests for d in r.doc_ids]
+    keys = TraceKeys(trace, 16)
+    pages = working_set_pages("block", small, trace.system_len, 16) + 4  # most documents are evicted
+    for mode in ("lazy", "block", "prefix"):
+        plain = simulate(trace, mode, pages, 16, keys)
+        tiered = simulate(trace, mode, pages, 16, keys, disk_pages=10**6)
+        tight = simulate(trace, mode, pages, 16, keys, disk_pages=6 * 8)  # 6 of the 12 documents (8 pages each)
+        assert tiered.gpu_hit_ratio == pytest.approx(plain.gpu_hit_ratio) and plain.disk_hit_ratio == 0
+        if mode == "prefix":
+            assert tiered.disk_hit_ratio == 0 and tiered.doc_hit_ratio == pytest.approx(plain.doc_hit_ratio)
+            continue
+        assert plain.doc_hit_ratio < tiered.doc_hit_ratio == pytest.approx(1 - len(set(refs)) / len(refs))
+        assert 0 < tight.disk_hit_ratio < tiered.disk_hit_ratio
+        assert tight.gpu_hit_ratio == pytest.approx(plain.gpu_hit_ratio)

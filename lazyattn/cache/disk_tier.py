@@ -1,0 +1,301 @@
+"""The disk tier: documents' position-free KV in files, below the host tier (docs/design.md, "The disk tier").
+
+Inclusive and written through: when a document is encoded (`encoded`, from DocumentCache.mark_ready) its pages are
+gathered on the compute stream, copied to host memory on a side stream and written by a background thread, one file
+per document (cache/disk_format.py). So an acknowledged document survives a crash or restart, and a GPU eviction
+costs nothing here. A GPU and host miss whose file exists reads it whole, checks it, and copies it into the new GPU
+pages (`claim`, `fill`) before the request goes on; a file that fails the check is removed and the document is
+encoded again (a miss).
+
+The directory is the index: a file's name is a hash of (layout, segment key), its mtime its last use (a hit touches
+it). After each write the writer scans the directory and removes the least recently used files beyond the budget.
+Several engines on one host or on a shared filesystem may share a directory: files appear by atomic rename, a
+reader holds an open file even when another engine removes it, and every step tolerates a file that vanished.
+
+Writes are best effort: documents waiting to be written hold their KV in host memory (pinned on CUDA), at most
+`max_pending_bytes` of it; an encode beyond that is not written (`write_skipped`), so a slow disk never stalls
+serving and never takes more host memory than that. (On CUDA each also holds a GPU staging copy until its copy to
+the host has landed, a few milliseconds.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from lazyattn.cache.disk_format import (
+    HEADER_BYTES,
+    SUFFIX,
+    Header,
+    RefusedFile,
+    checksum,
+    enforce_budget,
+    kv_names,
+    read_verified,
+    unlink,
+    write_atomic,
+)
+from lazyattn.cache.page_pool import GiB
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lazyattn.cache.segment import Segment
+    from lazyattn.engine.config import EngineConfig
+
+logger = logging.getLogger("lazyattn.cache")
+
+DEFAULT_PENDING_BYTES = 4 * GiB  # host memory of writes waiting for the disk: ~16 documents of 2048 tokens at 8B
+
+
+@dataclass(frozen=True)
+class DiskTierStats:
+    budget_bytes: int
+    bytes_used: int  # files in the directory at the last scan (every engine's), plus this engine's writes since
+    hits: int  # GPU and host misses served from a file
+    refused: int  # files found truncated, corrupt or foreign: removed, the document encoded again
+    writes: int  # documents written
+    write_skipped: int  # encodes not written: too many writes pending, or larger than the budget
+    evictions: int  # files this engine removed for the budget
+    bytes_read: int
+    bytes_written: int
+    read_seconds: float  # reading and checking files (hits and refusals)
+    write_seconds: float  # writer thread: checksum, write, fsync, rename
+
+    @property
+    def read_gbps(self) -> float:
+        return self.bytes_read / self.read_seconds / 1e9 if self.read_seconds else 0.0
+
+
+def layout_id(model_fingerprint: str, device_kv: torch.Tensor) -> str:
+    """What a file's bytes mean: the model, the dtype and the page shape, in the payload's page-major order."""
+    layers, two, _, page_size, heads, head_dim = device_kv.shape
+    return (
+        f"model={model_fingerprint} dtype={str(device_kv.dtype).removeprefix('torch.')} "
+        f"page=[layers={layers},kv={two},tokens={page_size},kv_heads={heads},head_dim={head_dim}]"
+    )
+
+
+class DiskTier:
+    """The document cache's lowest tier (cache/tiers.py): files in `directory`, at most `budget_bytes` of them."""
+
+    name = "disk"
+
+    def __init__(
+        self,
+        directory: str,
+        budget_bytes: int,
+        device_kv: torch.Tensor,
+        layout: str,
+        before_write: Callable[[list[int]], None] | None = None,
+        max_pending_bytes: int = DEFAULT_PENDING_BYTES,
+    ) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self.budget_bytes = budget_bytes
+        self.device_kv = device_kv
+        self.layout = layout
+        self.before_write = before_write  # orders a fill after copies still reading its GPU pages (the host tier's)
+        self.max_pending_bytes = max_pending_bytes
+        self.page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
+        self._filled: list[Segment] = []
+        self._pending: dict[str, int] = {}  # keys queued for writing: their bytes
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._stream = torch.cuda.Stream(device_kv.device) if device_kv.is_cuda else None
+        self._bytes_used = 0
+        self.reset_stats()
+        self._scan()
+        self._writer = threading.Thread(target=self._write_loop, name="lazyattn-disk-writer", daemon=True)
+        self._writer.start()
+
+    def reset_stats(self) -> None:
+        self._hits = self._refused = self._writes = self._skipped = self._evictions = 0
+        self._bytes_read = self._bytes_written = 0
+        self._read_seconds = self._write_seconds = 0.0
+
+    def stats(self) -> DiskTierStats:
+        return DiskTierStats(
+            self.budget_bytes,
+            self._bytes_used,
+            self._hits,
+            self._refused,
+            self._writes,
+            self._skipped,
+            self._evictions,
+            self._bytes_read,
+            self._bytes_written,
+            self._read_seconds,
+            self._write_seconds,
+        )
+
+    def path(self, key: str) -> str:
+        name = hashlib.sha256(f"{self.layout}\x00{key}".encode()).hexdigest()[:40]
+        return os.path.join(self.directory, name + SUFFIX)
+
+    # -- the lower-tier interface (cache/tiers.py) -------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._filled)
+
+    def contains(self, key: str) -> bool:
+        return os.path.exists(self.path(key))
+
+    def claim(self, key: str, n_tokens: int) -> torch.Tensor | None:
+        """key's pages read from its file and checked, page-major; None if the file is gone or refused (removed)."""
+        n_pages = -(-n_tokens // self.device_kv.shape[3])
+        shape = (n_pages, *self.device_kv.shape[:2], *self.device_kv.shape[3:])
+        buf = torch.empty(shape, dtype=self.device_kv.dtype, pin_memory=self.device_kv.is_cuda)
+        path = self.path(key)
+        start = time.perf_counter()
+        try:
+            read_verified(path, key, self.layout, n_tokens, self.page_bytes, _bytes(buf))
+        except FileNotFoundError:
+            return None  # removed by another engine's eviction since `contains`
+        except (RefusedFile, OSError) as e:
+            self._refused += 1
+            logger.warning("disk tier: refusing %s (%s); the document is encoded again", path, e)
+            with contextlib.suppress(OSError):  # a directory we may not write to: the file stays, never served
+                unlink(path)
+            return None
+        finally:
+            self._read_seconds += time.perf_counter() - start
+        self._hits += 1
+        self._bytes_read += HEADER_BYTES + n_pages * self.page_bytes
+        with contextlib.suppress(OSError):
+            os.utime(path)  # its last use, for LRU eviction
+        return buf
+
+    def fill(self, buf: torch.Tensor, segment: Segment) -> None:
+        """Copy claimed pages into the segment's GPU pages, queued on the current stream: the forward passes that
+        read them are queued after it, so the segment is ready at the next poll."""
+        if buf.shape[0] != len(segment.pages):
+            raise ValueError(f"filling {len(segment.pages)} GPU pages from {buf.shape[0]} pages read from disk")
+        pages = list(segment.pages)
+        if self.before_write is not None:
+            self.before_write(pages)
+        index = self._index(pages)
+        src = buf.to(self.device_kv.device, non_blocking=True)  # pinned: torch keeps it until the copy is done
+        self.device_kv.index_copy_(2, index, src.permute(1, 2, 0, 3, 4, 5))
+        self._filled.append(segment)
+
+    def finished(self, wait: bool = False) -> list[Segment]:
+        done, self._filled = self._filled, []
+        return done
+
+    def encoded(self, segment: Segment) -> None:
+        """Queue the segment's KV for writing, unless a file or a write of it exists or too many writes wait."""
+        size = HEADER_BYTES + len(segment.pages) * self.page_bytes
+        with self._lock:
+            if segment.key in self._pending:
+                return
+            if sum(self._pending.values()) + size > self.max_pending_bytes or size > self.budget_bytes:
+                self._skipped += 1
+                return
+        path = self.path(segment.key)
+        if os.path.exists(path):
+            return
+        index = self._index(list(segment.pages))
+        staged = self.device_kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5).contiguous()  # in stream order
+        event = None
+        if self._stream is not None:
+            host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device_kv.device))
+            with torch.cuda.stream(self._stream):
+                host.copy_(staged, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            staged.record_stream(self._stream)
+            staged = host
+        with self._lock:
+            self._pending[segment.key] = size
+        self._queue.put((segment.key, segment.n_tokens, path, staged, event))
+
+    def evicted(self, segment: Segment) -> None:
+        """Nothing: the file was written when the document was encoded."""
+
+    def discard(self, key: str) -> bool:
+        """Remove key's file (the document was deleted), after any write of it still queued."""
+        self.flush()
+        return unlink(self.path(key))
+
+    def clear(self) -> int:
+        """Remove every file of this directory (every engine's that shares it). Returns how many."""
+        self.flush()
+        n = sum(unlink(os.path.join(self.directory, name)) for name in kv_names(self.directory))
+        self._bytes_used = 0
+        return n
+
+    def _index(self, pages: list[int]) -> torch.Tensor:
+        index = torch.tensor(pages, dtype=torch.int64)
+        if not self.device_kv.is_cuda:
+            return index
+        # Through pinned memory: a copy from pageable memory would block the host until the stream has drained.
+        return index.pin_memory().to(self.device_kv.device, non_blocking=True)
+
+    # -- writing -------------------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Wait until every queued write is on disk."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(None)
+        self._writer.join()
+
+    def _write_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            key, n_tokens, path, pages, event = item
+            try:
+                if event is not None:
+                    event.synchronize()
+                start = time.perf_counter()
+                payload = _bytes(pages)
+                header = Header(key, self.layout, n_tokens, pages.shape[0], self.page_bytes, checksum(payload))
+                write_atomic(path, header, payload)
+                self._write_seconds += time.perf_counter() - start
+                self._writes += 1
+                self._bytes_written += HEADER_BYTES + len(payload)
+                self._bytes_used += HEADER_BYTES + len(payload)
+                self._scan()
+            except Exception:
+                logger.exception("disk tier: could not write %s", path)
+            finally:
+                with self._lock:
+                    self._pending.pop(key, None)
+                self._queue.task_done()
+
+    def _scan(self) -> None:
+        used, evicted = enforce_budget(self.directory, self.budget_bytes)
+        self._bytes_used = used
+        self._evictions += evicted
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes, without a copy."""
+    return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
+
+
+def make_disk_tier(
+    config: EngineConfig,
+    device_kv: torch.Tensor,
+    model_fingerprint: str,
+    before_write: Callable[[list[int]], None] | None = None,
+) -> DiskTier | None:
+    """The engine's disk tier (`disk_cache_dir`, `disk_cache_gb`), or None: off, or a mode whose cached KV is not
+    position-free (prefix mode's pages hold absolute positions; full mode caches nothing)."""
+    if config.disk_cache_dir is None or config.mode not in ("lazy", "block"):
+        return None
+    budget = int(config.disk_cache_gb * GiB)
+    return DiskTier(config.disk_cache_dir, budget, device_kv, layout_id(model_fingerprint, device_kv), before_write)

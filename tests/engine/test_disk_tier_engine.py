@@ -1,0 +1,119 @@
+"""The disk tier end to end on the CPU: a fresh engine over the same directory (a restart) serves documents from disk
+with the same greedy tokens as an engine without the tier; a torn, corrupt or foreign file is refused and the
+document encoded again with the same tokens; two live engines share one directory; with the host tier too, under
+eviction pressure, the tokens do not change."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lazyattn import LLM, SamplingParams
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.prompt import from_token_ids
+from lazyattn.errors import InvalidRequestError
+
+PAGE = 16
+DOCS = [[(7 * k * i + 3 * k) % 250 + 10 for i in range(26 + 7 * k)] for k in range(1, 5)]  # 2 to 4 pages each
+REQUESTS = [([0, 1], [40, 41]), ([2, 0], [42, 43]), ([3, 2], [44])]
+SEGMENTS = len(DOCS) + 1  # the documents and the first segment (BOS)
+PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+
+def engine(mode="lazy", disk=None, device="cpu", **kw) -> LLM:
+    return LLM(
+        model="tiny",
+        mode=mode,
+        device=device,
+        page_size=PAGE,
+        progress=False,
+        kv_cache_gb=0.05,
+        disk_cache_dir=disk,
+        **kw,
+    )
+
+
+def run_all(llm: LLM) -> list[list[int]]:
+    bos = llm.tokenizer.bos_token_id
+    outs = []
+    for docs, final in REQUESTS:
+        outs += llm._run([from_token_ids(final, [DOCS[d] for d in docs], bos)], PARAMS, None, False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return {mode: run_all(engine(mode)) for mode in ("lazy", "block")}
+
+
+def kv_files(d) -> list[str]:
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".kv"))
+
+
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+def test_a_restarted_engine_serves_documents_from_disk_with_the_same_tokens(tmp_path, expected, mode):
+    first = engine(mode, str(tmp_path))
+    assert run_all(first) == expected[mode]
+    first.engine.shutdown()  # its queued writes land
+    assert len(kv_files(tmp_path)) == SEGMENTS
+    second = engine(mode, str(tmp_path))
+    assert run_all(second) == expected[mode]
+    s = second.engine.stats()
+    assert s.cache.misses == 0 and s.cache.disk_hits == SEGMENTS  # each document read once, then on the GPU
+    assert s.disk.refused == 0 and s.disk.writes == 0
+
+
+def test_torn_corrupt_and_foreign_files_are_refused_and_reencoded(tmp_path, expected):
+    first = engine("lazy", str(tmp_path))
+    run_all(first)
+    first.engine.shutdown()
+    torn, flipped, foreign = kv_files(tmp_path)[:3]
+    os.truncate(torn, os.path.getsize(torn) // 2)  # a write torn by a crash that bypassed the rename, or bad media
+    with open(flipped, "r+b") as f:
+        f.seek(-100, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x80]))
+    other = engine("lazy", str(tmp_path / "other"), seed=1)  # another model (other random weights) ...
+    run_all(other)
+    other.engine.shutdown()
+    os.replace(kv_files(tmp_path / "other")[0], foreign)  # ... its file under this model's name
+    second = engine("lazy", str(tmp_path))
+    assert run_all(second) == expected["lazy"]
+    s = second.engine.stats()
+    assert s.disk.refused == 3 and s.cache.misses == 3 and s.cache.disk_hits == SEGMENTS - 3
+    second.engine.disk.flush()
+    assert second.engine.stats().disk.writes == 3  # encoded again, written again
+    third = engine("lazy", str(tmp_path))
+    assert run_all(third) == expected["lazy"] and third.engine.stats().cache.misses == 0
+
+
+def test_two_live_engines_share_a_directory(tmp_path, expected):
+    a, b = engine("lazy", str(tmp_path)), engine("lazy", str(tmp_path))
+    assert run_all(a) == expected["lazy"]
+    a.engine.disk.flush()
+    assert run_all(b) == expected["lazy"]
+    assert b.engine.stats().cache.misses == 0 and b.engine.stats().disk.writes == 0
+
+
+def test_with_the_host_tier_under_eviction_the_tokens_do_not_change(tmp_path, expected):
+    llm = engine("lazy", str(tmp_path), host_cache_gb=0.0002)  # ~4 pages
+    e = llm.engine
+    need = max(e.mode.pages_needed([1] + [len(DOCS[d]) for d in docs], 2 + 3, 1, PAGE) for docs, _ in REQUESTS)
+    e.set_kv_budget(need + 2)  # most documents leave the GPU, few fit the host
+    assert run_all(llm) == expected["lazy"]
+    e.disk.flush()
+    e.cache.evict(10**6)
+    assert run_all(llm) == expected["lazy"]
+    s = e.stats()
+    assert s.cache.disk_hits > 0 and s.cache.host_hits > 0 and s.host.demotions > 0
+    assert s.cache.misses == SEGMENTS  # every document encoded once, whatever tier it came back from
+
+
+def test_prefix_mode_and_tensor_parallelism_have_no_disk_tier(tmp_path):
+    assert engine("prefix", str(tmp_path)).engine.disk is None
+    with pytest.raises(InvalidRequestError, match="disk_cache_dir"):
+        EngineConfig(model="tiny", disk_cache_dir=str(tmp_path), tensor_parallel_size=2)
+    with pytest.raises(InvalidRequestError, match="disk_cache_gb"):
+        EngineConfig(model="tiny", disk_cache_gb=0)
