@@ -25,6 +25,7 @@ log="$out/tensor_parallel.log"
 
 read -r gpus gpu_gb < <(python3 -c 'import torch; n = torch.cuda.device_count()
 print(n, min((torch.cuda.get_device_properties(i).total_memory >> 30 for i in range(n)), default=0))')
+gpus=${gpus:-0} gpu_gb=${gpu_gb:-0}
 need=(1 0)  # what the next stage needs: GPUs, GiB per GPU (set with `needs N GB` just before it)
 needs() { need=("$1" "$2"); }
 
