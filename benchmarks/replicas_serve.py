@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,6 +103,7 @@ async def one_request(session, url: str, body: dict, t0: float) -> dict:
             if r.status != 200:
                 rec["error"] = f"HTTP {r.status}: {(await r.text())[:200]}"
                 return rec
+            rec["replica"] = r.headers.get("x-lazyattn-replica")  # cluster/ingress.py's route header
             async for raw in r.content:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -169,6 +171,7 @@ def summarize(records: list[dict]) -> dict:
         "output_token_throughput": sum(r["tokens"] for r in ok) / span,
         "ttft_ms": {"mean": float(ttft.mean()), "p50": float(np.median(ttft)), "p99": float(np.percentile(ttft, 99))},
         "hit_ratio": cached / prompt if prompt else 0.0,
+        "requests_per_replica": sorted(Counter(r.get("replica") or "-" for r in ok).values(), reverse=True),
     }
 
 
@@ -182,6 +185,7 @@ async def run_config(
     import aiohttp
 
     port = free_port()
+    print(f"[{name}] starting: lazyattn serve {' '.join(server_args)}", flush=True)
     slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
     server = Server(server_args, port, out / f"{slug}.log")
     try:
@@ -266,7 +270,7 @@ def main() -> int:
         plan.append((f"1 engine, {top}x KV (no Ray)", top, engine + ["--kv-cache-gb", str(kv_gb * top)]))
     for name, n, server_args in plan:
         left = args.budget_s - (time.monotonic() - began)
-        if left < args.point_s:
+        if left < args.point_s + 30:  # no time to start a server and run the point
             print(f"[{name}] skipped: {left:.0f} s of the budget left", flush=True)
             results[name] = {"skipped": f"{left:.0f} s of the budget left"}
             write()
@@ -281,6 +285,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 (recorded; the next configuration runs)
             r = {"error": f"{type(e).__name__}: {e}"}
         r["replicas"] = n if not name.startswith("1 engine") else 1
+        r["trace_requests"] = n * spec.num_requests
         results[name] = r
         print(f"[{name}] {json.dumps(r)}", flush=True)
         write()
@@ -292,21 +297,23 @@ def main() -> int:
         f"KV {meta['kv_gb_per_replica']} GiB a replica",
         "",
         "| configuration | requests | req/s | vs 1 replica | TTFT mean / p50 / p99 ms | hit ratio | vs one engine "
-        "with the total KV | start s | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "with the total KV | requests per replica | start s | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         if "request_throughput" not in r:
-            lines.append(f"| {name} | — | — | — | — | — | — | — | {r.get('skipped') or r.get('error') or r} |")
+            lines.append(f"| {name} | — | — | — | — | — | — | — | — | {r.get('skipped') or r.get('error') or r} |")
             continue
         vs = r["request_throughput"] / base["request_throughput"] if base.get("request_throughput") else float("nan")
-        hit = f"{100 * (r['hit_ratio'] - ref['hit_ratio']):+.1f} points" if ref.get("hit_ratio") is not None else "—"
+        hit = "—"  # the reference replays the largest configuration's trace: compared with that one only
+        if ref.get("hit_ratio") is not None and r["trace_requests"] == ref["trace_requests"]:
+            hit = "reference" if r is ref else f"{100 * (r['hit_ratio'] - ref['hit_ratio']):+.1f} points"
         t = r["ttft_ms"]
         r["throughput_vs_1"] = vs
         lines.append(
             f"| {name} | {r['completed']}/{r['requests']} | {r['request_throughput']:.2f} | {vs:.2f}x | "
             f"{t['mean']:.0f} / {t['p50']:.0f} / {t['p99']:.0f} | {100 * r['hit_ratio']:.1f} % | {hit} | "
-            f"{r['startup_s']:.0f} | {r['errors']} |"
+            f"{', '.join(map(str, r['requests_per_replica']))} | {r['startup_s']:.0f} | {r['errors']} |"
         )
     write()
     (out / "replicas_serve.md").write_text("\n".join(lines) + "\n")
