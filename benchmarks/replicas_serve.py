@@ -209,8 +209,8 @@ def main() -> int:
     p.add_argument("--requests-per-replica", type=int, default=200)
     p.add_argument("--no-reference", action="store_true", help="skip one engine with the cluster's total KV")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting configurations after this long")
-    p.add_argument("--point-s", type=float, default=90.0, help="time limit of one configuration's requests")
-    p.add_argument("--start-s", type=float, default=240.0, help="time limit of one server start")
+    p.add_argument("--point-s", type=float, default=60.0, help="time limit of one configuration's requests")
+    p.add_argument("--start-s", type=float, default=180.0, help="time limit of one server start")
     p.add_argument("--quick", action="store_true", help="tiny model on the CPU, replicas 1,2, a small trace")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -268,9 +268,11 @@ def main() -> int:
     top = max(counts)
     if not args.no_reference and top > 1:  # the hit-ratio reference: one engine holding the cluster's KV
         plan.append((f"1 engine, {top}x KV (no Ray)", top, engine + ["--kv-cache-gb", str(kv_gb * top)]))
+    took: list[float] = []  # seconds each configuration took, start to stop
     for name, n, server_args in plan:
         left = args.budget_s - (time.monotonic() - began)
-        if left < args.point_s + 30:  # no time to start a server and run the point
+        # no time to start a server and run the point: as long as the slowest configuration so far, and a margin
+        if left < max([args.point_s, *took]) + 30:
             print(f"[{name}] skipped: {left:.0f} s of the budget left", flush=True)
             results[name] = {"skipped": f"{left:.0f} s of the budget left"}
             write()
@@ -278,12 +280,14 @@ def main() -> int:
         trace = make_trace(replace(spec, num_requests=n * spec.num_requests), Load(rate=float("inf")), high, None)
         # a few requests per replica on other documents first (Serve's paths, the router's first decisions)
         warm = make_trace(replace(spec, num_requests=4 * n, seed=spec.seed + 1), Load(rate=float("inf")), high, None)
+        config_start = time.monotonic()
         try:
             r = asyncio.run(
                 run_config(name, server_args, trace, warm, out, args.point_s, min(args.start_s, left - args.point_s))
             )
         except Exception as e:  # noqa: BLE001 (recorded; the next configuration runs)
             r = {"error": f"{type(e).__name__}: {e}"}
+        took.append(time.monotonic() - config_start)
         r["replicas"] = n if not name.startswith("1 engine") else 1
         r["trace_requests"] = n * spec.num_requests
         results[name] = r
