@@ -227,7 +227,8 @@ def main() -> int:
     else:
         spec = WorkloadSpec(num_requests=args.requests_per_replica)
         kv_gb = args.kv_gb
-        engine = ["--model", args.model, "--random-weights", "--device", "cuda", "--page-size", "64"]
+        model = str(Path(args.model).resolve())
+        engine = ["--model", model, "--random-weights", "--device", "cuda", "--page-size", "64"]
     if 1 not in counts:
         counts.insert(0, 1)
     engine += ["--max-waiting", "100000"]
