@@ -214,6 +214,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny model on the CPU, replicas 1,2, a small trace")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    # SIGTERM (e.g. from `timeout`) unwinds like an error, so that the running server and its Ray are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
