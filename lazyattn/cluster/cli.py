@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 
 def serve_replicas(args: argparse.Namespace, engine_options: dict, server: dict) -> int:
@@ -22,6 +23,9 @@ def serve_replicas(args: argparse.Namespace, engine_options: dict, server: dict)
         return 2
     from lazyattn.cluster.app import ClusterConfig, build_app
 
+    model = engine_options.get("model")
+    if model and Path(model).exists():  # by absolute path: actors of a cluster at --ray-address may run elsewhere
+        engine_options = {**engine_options, "model": str(Path(model).resolve())}
     config = ClusterConfig(
         engine_options=engine_options,
         server=server,

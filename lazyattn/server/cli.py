@@ -89,6 +89,12 @@ def add_serve_parser(
         action="store_true",
         help="skip the start-up warm-up (CUDA: kernel compilation and graph capture)",
     )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="read only config.json and draw the weights (benchmarks at real shapes; a directory without a "
+        "tokenizer reads text as bytes)",
+    )
     r = p.add_argument_group("replicas (Ray Serve; pip install 'lazyattn[cluster]'; docs/server.md, Replicas)")
     r.add_argument(
         "--replicas",
@@ -154,7 +160,9 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
 
     keys = list(args.api_key) + list(envs.read_var(envs.API_KEYS))
     options = engine_options(args)
-    options.update(max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up)
+    options.update(
+        max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up, random_weights=args.random_weights
+    )
     layout = dataclasses.replace(
         getattr(prompt, LAYOUTS[args.prompt_layout]), parse_special_tokens=args.parse_special_tokens
     )

@@ -110,3 +110,41 @@ def test_a_busy_port_fails_before_the_model_loads():
     assert run.returncode == 1, run.stderr
     assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in run.stderr
     assert "listening on http" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_random_weights_read_only_the_config(tmp_path):
+    """--random-weights: a directory with nothing but config.json serves (the benchmarks' real shapes); without a
+    tokenizer there, text is read as bytes, one token each."""
+    import transformers
+
+    from tests.model.checkpoints import SMALL
+
+    transformers.LlamaConfig(**{**SMALL, "vocab_size": 512}).to_json_file(tmp_path / "config.json")
+    cmd = [sys.executable, "-m", "lazyattn.cli", "serve", "--model", str(tmp_path), "--device", "cpu"]
+    cmd += ["--port", str(_free_port()), "--kv-cache-gb", "0.05", "--no-warm-up"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "no weight files" in refused.stderr  # and not asked to draw them
+    cmd[cmd.index("--port") + 1] = str(port := _free_port())
+    proc = subprocess.Popen([*cmd, "--random-weights", "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "lazyattn serve --random-weights did not come up"
+            time.sleep(0.2)
+        usage = []
+        for doc in ("abcdefghij" * 3, "abcdefghij" * 4):
+            body = {"prompt": "Q?", "documents": [doc], "max_tokens": 2, "temperature": 0.0}
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            usage.append(r.json()["usage"]["prompt_tokens"])
+        assert usage[1] - usage[0] == 10  # ten more characters, ten more tokens
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
