@@ -125,7 +125,7 @@ class LLMEngine:
         self.tier = make_host_tier(config, kv) if kv is not None else None
         self.cache = DocumentCache(self.pool, config.page_size, self.tier)
         self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
-        self.sampler = Sampler()
+        self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
