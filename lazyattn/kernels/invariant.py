@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.cache_ops import _load_pairs, _rotate
+from lazyattn.kernels.launch import interpreting
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
@@ -44,9 +45,17 @@ ATTN_BLOCK_M = 16
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: the triton 3.9 interpreter multiplies bf16 as raw uint16 bits; exact products in fp32 instead.
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
 def _precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: fp32 operands multiply in full fp32 (never tf32); others as they are."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """tl.dot's input precision: fp32 operands multiply in full fp32 (never tf32); others the default."""
+    return "ieee" if dtype == torch.float32 else None
 
 
 def rowwise(fn: Callable[..., torch.Tensor], *rows: torch.Tensor) -> torch.Tensor:
@@ -75,6 +84,7 @@ def _matmul_kernel(
     s_ym,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -90,7 +100,7 @@ def _matmul_kernel(
         kk = k0 + rk
         x = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         w = tl.load(w_ptr + rn[None, :] * s_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+        acc = _dot(x, w, acc, PRECISION, UPCAST)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -127,6 +137,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             y.stride(0),
             HAS_BIAS=bias is not None,
             PRECISION=_precision(x.dtype),
+            UPCAST=interpreting() and x.dtype != torch.float32,
             BLOCK_M=MATMUL_BLOCK_M,
             BLOCK_N=MATMUL_BLOCK_N,
             BLOCK_K=MATMUL_BLOCK_K,
@@ -196,6 +207,7 @@ def _attention_kernel(
     HAS_FIRSTS: tl.constexpr,
     HAS_APE: tl.constexpr,
     PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
@@ -244,8 +256,8 @@ def _attention_kernel(
                 sin = tl.load(sin_ptr + delta * s_tab + j, mask=j < HALF, other=0.0)[None, :]
                 ra, rb = _rotate(ka, kb, cos, sin)
                 ka, kb = ra.to(ty), rb.to(ty)
-            s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
-            s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
+            s = _dot(qa, tl.trans(ka), tl.zeros([BLOCK_M * BLOCK_G, PAGE], tl.float32), PRECISION, UPCAST)
+            s = _dot(qb, tl.trans(kb), s, PRECISION, UPCAST)
             s = s * scale
             if HAS_APE:
                 inv_temp = tl.load(inv_temp_ptr + row + i)
@@ -265,7 +277,7 @@ def _attention_kernel(
                 other=0.0,
             )
             # p is rounded to the KV dtype for the product with V (fp32 caches keep it whole)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
             m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_rows = out_ptr + (lo + tok).to(tl.int64)[:, None] * s_ot + (kvh * GROUP + g).to(tl.int64)[:, None] * s_oh
@@ -336,6 +348,7 @@ def paged_attention(
         HAS_FIRSTS=batch.firsts is not None,
         HAS_APE=ape,
         PRECISION=_precision(q.dtype),
+        UPCAST=interpreting() and q.dtype != torch.float32,
         num_warps=4,
     )
     return out
