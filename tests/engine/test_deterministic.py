@@ -21,6 +21,15 @@ PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs
 SEEDED = SamplingParams(max_tokens=5, temperature=0.9, top_p=0.95, seed=7, ignore_eos=True, logprobs=3)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_cpu_thread():
+    """The tiny model's row-by-row products are far too small to split across threads (tests/bench/conftest.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make(mode: str, device: str = "cpu", **kw) -> LLM:
     kw = {"page_size": 16, "progress": False, "deterministic": True, **kw}
     return LLM(model="tiny", mode=mode, device=device, **kw)
