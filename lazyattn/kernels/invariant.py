@@ -204,7 +204,6 @@ def _attention_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr,
     INTERLEAVED: tl.constexpr,
-    HAS_FIRSTS: tl.constexpr,
     HAS_APE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -243,9 +242,7 @@ def _attention_kernel(
             page = tl.load(pages_ptr + row + i).to(tl.int64)
             delta = tl.load(deltas_ptr + row + i).to(tl.int64)
             valid = tl.load(valid_ptr + row + i)
-            first = 0
-            if HAS_FIRSTS:
-                first = tl.load(firsts_ptr + row + i)
+            first = tl.load(firsts_ptr + row + i)
             key_ok = (slot >= first) & (slot < first + valid)
             kpos = start + slot - first
             k_rows = k_ptr + page * s_kp + slot.to(tl.int64)[:, None] * s_ks + kvh * s_kh
@@ -309,6 +306,12 @@ def paged_attention(
         cos, sin, interleaved = tables.cos, tables.sin, tables.interleaved
     if batch.pages.stride(1) != 1:
         raise ValueError("the page tables need a unit last stride")
+    # Always read (zeros where the batch has none): eager steps and CUDA graphs, which always carry them, then run
+    # the same compiled kernel.
+    firsts = batch.firsts if batch.firsts is not None else torch.zeros_like(batch.pages)
+    for name, t in (("deltas", batch.deltas), ("valid", batch.valid), ("starts", batch.starts), ("firsts", firsts)):
+        if t.stride() != batch.pages.stride():
+            raise ValueError(f"{name} needs the strides of pages")
     ape = batch.inv_temps is not None
     grid = (batch.batch_size, cdiv(max(batch.max_q, 1), ATTN_BLOCK_M), hkv)
     _attention_kernel[grid](
@@ -322,7 +325,7 @@ def paged_attention(
         batch.deltas,
         batch.valid,
         batch.starts,
-        batch.firsts if batch.firsts is not None else batch.pages,
+        firsts,
         batch.num_pages,
         batch.inv_temps if ape else cos,
         cos,
@@ -345,7 +348,6 @@ def paged_attention(
         BLOCK_HALF=triton.next_power_of_2(dim // 2),
         BLOCK_D=triton.next_power_of_2(dim),
         INTERLEAVED=interleaved,
-        HAS_FIRSTS=batch.firsts is not None,
         HAS_APE=ape,
         PRECISION=_precision(q.dtype),
         UPCAST=interpreting() and q.dtype != torch.float32,

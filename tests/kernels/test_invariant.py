@@ -97,6 +97,15 @@ def test_triton_attention_matches_the_invariant_reference(dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+def test_triton_attention_with_relinked_first_slots_matches_the_reference():
+    """Relinked entries list shared pages from a first slot other than 0 (kernels/paged.py)."""
+    sc = make_scenario(DOCS, REQUESTS, q_heads=6, kv_heads=2, head_dim=32, tables=tables_for(32), relink=5)
+    for q, batch in (sc.relink_prefill(), sc.final_prefill()):
+        got = invariant.paged_attention(q, sc.k_cache, sc.v_cache, batch, sc.tables, sc.scale)
+        want = reference.paged_attention(q, sc.k_cache, sc.v_cache, batch, sc.tables, sc.scale, invariant=True)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_lazy_reads_the_same_keys_as_a_block_copy(backend):
     """In the deterministic paths a page read at delta d gives the same bits as block mode's private copy of it
