@@ -118,3 +118,13 @@ def test_gpu_batches_1_to_64_and_chunked_prefill(mode):
         assert first(llm, [TARGET] + others[:n]) == alone, n
     chunked = make(mode, "cuda", dtype="bfloat16", kv_cache_gb=1.0, max_num_batched_tokens=16)
     assert first(chunked, [TARGET] + others[:8]) == alone
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_lazy_and_block_agree_exactly():
+    """On CUDA, lazy's kernel rounds a moved key as block's copy kernel (cache_ops.copy_rotate) does."""
+    requests = [TARGET] + OTHERS
+    lazy = first(make("lazy", "cuda", dtype="bfloat16", kv_cache_gb=1.0), requests)
+    block = first(make("block", "cuda", dtype="bfloat16", kv_cache_gb=1.0), requests)
+    assert lazy == block
