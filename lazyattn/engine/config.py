@@ -152,7 +152,7 @@ class EngineConfig:
     )
     # Batch-invariant numerics (docs/design.md, "Deterministic mode"): a request's token ids and logprobs do not
     # depend on what shares its batch, on how its prefill is chunked, or on preemption; one fixed-tile path for
-    # every linear and for attention, at a throughput cost (docs/benchmarks.md).
+    # every linear and for attention, at a throughput cost.
     deterministic: bool = _option(
         False,
         "batch-invariant numerics: the same tokens and logprobs whatever shares the batch, however the prefill "
