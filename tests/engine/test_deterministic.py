@@ -128,3 +128,17 @@ def test_gpu_lazy_and_block_agree_exactly():
     lazy = first(make("lazy", "cuda", dtype="bfloat16", kv_cache_gb=1.0), requests)
     block = first(make("block", "cuda", dtype="bfloat16", kv_cache_gb=1.0), requests)
     assert lazy == block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_deterministic_sampler_gives_greedy_rows_the_log_softmax_logprob():
+    """An all-greedy batch without logprobs takes the greedy kernel by default; in the deterministic mode it takes
+    log_softmax, the path of every other batch, so a row's logprob does not depend on its neighbours' parameters."""
+    from lazyattn.engine.sampling import Sampler
+
+    logits = torch.randn(4, 128256, generator=torch.Generator().manual_seed(0)).cuda()
+    params = [SamplingParams(temperature=0.0)] * 4
+    got = Sampler(deterministic=True).sample(logits, params, [None] * 4)
+    want = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+    assert torch.equal(got.token_ids, logits.argmax(-1)) and torch.equal(got.logprobs, want)
