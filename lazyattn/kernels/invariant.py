@@ -5,10 +5,11 @@ that recomputes it. Floating-point sums give different bits in a different order
 computed by one fixed sequence of operations that depends only on that row's own inputs:
 
 - `linear`: y = x · Wᵀ (+ bias) by one Triton kernel with one tile config for every number of rows (prefill and
-  decode alike): a program owns a BLOCK_M x BLOCK_N tile of y and walks K from 0 in BLOCK_K steps, accumulating in
-  fp32 (a tensor-core MMA sums each row's products in an order fixed by the instruction, whatever the other rows
-  hold). No split-K, no per-M table (kernels/gemv.py) and no cuBLAS, whose kernel choice follows M. Off CUDA, each
-  row is its own F.linear call of shape [1, K]: the same call whatever the batch.
+  decode alike; the config depends on the weight's shape only): a program owns a BLOCK_M x BLOCK_N tile of y and
+  walks K from 0 in BLOCK_K steps, accumulating in fp32 (a tensor-core MMA sums each row's products in an order
+  fixed by the instruction, whatever the other rows hold). No split-K, no per-M table (kernels/gemv.py) and no
+  cuBLAS, whose kernel choice follows M. Off CUDA, each row is its own F.linear call of shape [1, K]: the same call
+  whatever the batch.
 - `paged_attention`: one kernel for prefill and decode. A program owns BLOCK_M query tokens of one entry and one
   kv head (its GQA group of query heads as rows) and walks the entry's pages in order, a page being one tile of
   keys at fixed logical positions, with an online softmax in fp32. A query row's result is then the same whether
@@ -38,8 +39,11 @@ from lazyattn.kernels.launch import interpreting
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
-# The one tile config of `linear` (every M): 64 x 64 tiles of y, K in steps of 64, 4 warps.
-MATMUL_BLOCK_M, MATMUL_BLOCK_N, MATMUL_BLOCK_K = 64, 64, 64
+# The tile config of `linear`, one for every M: 64-row tiles of y, K in steps of 64, 4 warps. The tile width depends on
+# the weight's N only (never on M): 64 columns where that still gives >= 128 programs at one row block, else 32, so
+# that a decode step's products (N = 4096 at 8B: 64 programs of 64 columns) spread over an H100's 132 SMs.
+MATMUL_BLOCK_M, MATMUL_BLOCK_K = 64, 64
+_WIDE_N_PROGRAMS = 128
 # Query tokens per attention program (every call: a decode step's single row is padded to it).
 ATTN_BLOCK_M = 16
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -110,6 +114,11 @@ def _matmul_kernel(
     )
 
 
+def matmul_block_n(n: int) -> int:
+    """The tile width for a weight of N rows (a function of N alone, so never of the batch)."""
+    return 64 if cdiv(n, 64) >= _WIDE_N_PROGRAMS else 32
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] · weight[N, K]ᵀ (+ bias) in the fixed-tile Triton kernel; fp32 sums, rounded once to x's dtype
     (F.linear's rounding); fp32 inputs multiply in full fp32, never tf32."""
@@ -122,8 +131,9 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     m, k = x2.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_n = matmul_block_n(n)
     if m:
-        grid = (cdiv(m, MATMUL_BLOCK_M), cdiv(n, MATMUL_BLOCK_N))
+        grid = (cdiv(m, MATMUL_BLOCK_M), cdiv(n, block_n))
         _matmul_kernel[grid](
             x2,
             weight,
@@ -139,7 +149,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             PRECISION=_precision(x.dtype),
             UPCAST=interpreting() and x.dtype != torch.float32,
             BLOCK_M=MATMUL_BLOCK_M,
-            BLOCK_N=MATMUL_BLOCK_N,
+            BLOCK_N=block_n,
             BLOCK_K=MATMUL_BLOCK_K,
             num_warps=4,
             num_stages=3,
