@@ -142,3 +142,14 @@ def test_gpu_deterministic_sampler_gives_greedy_rows_the_log_softmax_logprob():
     got = Sampler(deterministic=True).sample(logits, params, [None] * 4)
     want = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
     assert torch.equal(got.token_ids, logits.argmax(-1)) and torch.equal(got.logprobs, want)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama31"])
+@pytest.mark.parametrize("mode", ["lazy", "full"])
+def test_deterministic_outputs_match_transformers(checkpoint, name, mode):
+    """The invariant paths compute the same function: tokens and logprobs of transformers' forward (Qwen3's per-head
+    q/k norms run row by row too)."""
+    from tests.engine.test_engine import REQUESTS, assert_matches, generate, make_llm, token_bos
+
+    llm = make_llm(checkpoint, name, mode, deterministic=True)
+    assert_matches(generate(llm), checkpoint(name)[1], REQUESTS, token_bos(llm), block=mode == "lazy")
