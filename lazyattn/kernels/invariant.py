@@ -169,7 +169,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # --- attention -------------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["batch_size"])
+# Arguments that vary with the batch are not specialised (value 1, divisibility by 16): one compiled kernel a shape.
+@triton.jit(do_not_specialize=["batch_size", "s_tab_row", "ape_gap"])
 def _attention_kernel(
     q_ptr,
     k_ptr,
