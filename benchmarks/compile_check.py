@@ -54,7 +54,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime import jit  # noqa: E402
 
-from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, prefill, prefill_hopper  # noqa: E402
+from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, invariant, prefill, prefill_hopper  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 
@@ -348,6 +348,18 @@ def _decode(heads: Heads, page_size: int, batch: PagedBatch, pdl: bool = False) 
         )
 
 
+def _invariant_attention(heads: Heads, page_size: int, batch: PagedBatch, tokens: int) -> None:
+    """The deterministic mode's attention (kernels/invariant.py), prefill and decode alike."""
+    kv = _pool(heads, page_size)
+    q, _, _ = _qkv(heads, tokens)
+    invariant.paged_attention(q, kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim**-0.5)
+
+
+def _invariant_matmul(n: int, k: int, m: int) -> None:
+    x = _cuda_looking(torch.zeros(m, k, dtype=BF16))
+    invariant.matmul(x, torch.zeros(n, k, dtype=BF16))
+
+
 def _copy_rotate(heads: Heads, page_size: int) -> None:
     kv = _pool(heads, page_size)
     idx = torch.arange(4, dtype=torch.int32)
@@ -509,6 +521,23 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))
+    for heads in (LLAMA_8B, LLAMA_70B_TP2):
+        for ps in (64, 16):
+            out.append(
+                (
+                    f"invariant attention {heads.label} page{ps} rag T=64 B=2",
+                    lambda heads=heads, ps=ps: _invariant_attention(heads, ps, _rag_batch(ps, 32, 2), 64),
+                )
+            )
+            out.append(
+                (
+                    f"invariant attention {heads.label} page{ps} decode B=4",
+                    lambda heads=heads, ps=ps: _invariant_attention(heads, ps, _decode_batch(ps, 4, 4096), 4),
+                )
+            )
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)):
+        for m in (1, 64, 300):
+            out.append((f"invariant matmul N={n} K={k} M={m}", lambda n=n, k=k, m=m: _invariant_matmul(n, k, m)))
     out.append(("fused 8B (hidden 4096, intermediate 14336)", lambda: _fused(4096, 14336, 4)))
     out.append(("fused 8B/TP2 (hidden 4096, intermediate 7168)", lambda: _fused(4096, 7168, 4)))
     out.append(("fused 70B/TP2 (hidden 8192, intermediate 14336)", lambda: _fused(8192, 14336, 4)))

@@ -11,6 +11,8 @@ Tensor parallelism (docs/design.md): `--tensor-parallel-size 2` spreads the engi
 then one GPU's share of the bytes (its weight shard, its KV heads) over the slowest GPU's measured bandwidth: the
 weight-read roofline of the group, collectives not counted. `--model benchmarks/models/llama-3.1-70b` runs the 70B
 shapes; `--sections` and `--batches` pick what to measure (e.g. `--sections decode_short,ttft_rag --batches 16`).
+`--deterministic` runs the engine in its batch-invariant mode: the same command with and without it gives the
+mode's cost per section (docs/design.md, "Deterministic mode").
 
 What is measured (docs/design.md, Goals; each beside its limit measured in the same run):
 
@@ -79,6 +81,7 @@ class Shapes:
     cuda_graphs: bool = True
     async_scheduling: bool | None = None  # None: the engine's default (on CUDA: on)
     sections: tuple[str, ...] | None = None  # None: every section
+    deterministic: bool = False  # the batch-invariant mode (docs/design.md, "Deterministic mode")
 
 
 QUICK = Shapes(
@@ -150,6 +153,7 @@ class Bench:
             tensor_parallel_size=shapes.tensor_parallel_size,
             cuda_graphs=shapes.cuda_graphs,
             async_scheduling=shapes.async_scheduling,
+            deterministic=shapes.deterministic,
         )
         self.engine: LLMEngine = self.llm.engine
         cfg = self.engine.model_config
@@ -491,6 +495,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="synchronous steps: the host schedules the next step only after reading this one's tokens",
     )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="the batch-invariant mode (docs/design.md, Deterministic mode): run once with and once without to "
+        "read its cost",
+    )
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else Shapes()
     shapes = replace(
@@ -499,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graphs=not args.no_cuda_graphs,
         async_scheduling=False if args.no_async_scheduling else None,
         sections=tuple(args.sections.split(",")) if args.sections else None,
+        deterministic=args.deterministic,
     )
     if args.model:
         shapes = replace(shapes, model=args.model)

@@ -159,6 +159,14 @@ class EngineConfig:
         2**22,
         "documents' token ids kept so that a recurring document is tokenised once, in tokens (~36 bytes each); 0: off",
     )
+    # Batch-invariant numerics (docs/design.md, "Deterministic mode"): a request's token ids and logprobs do not
+    # depend on what shares its batch, on how its prefill is chunked, or on preemption; one fixed-tile path for
+    # every linear and for attention, at a throughput cost.
+    deterministic: bool = _option(
+        False,
+        "batch-invariant numerics: the same tokens and logprobs whatever shares the batch, however the prefill "
+        "is chunked (docs/design.md, Deterministic mode)",
+    )
     # The LAZYATTN_* environment variables, read once when the config is made (lazyattn/envs.py): the engine passes
     # them down and activates the kernels' toggles at construction, so captured graphs and eager steps agree.
     env: EnvSettings = field(default_factory=read_env)

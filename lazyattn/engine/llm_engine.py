@@ -128,7 +128,7 @@ class LLMEngine:
         self.disk = make_disk_tier(config, kv, mc.fingerprint(), self._before_fill) if kv is not None else None
         self.cache = DocumentCache(self.pool, config.page_size, self.tier, self.disk)
         self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
-        self.sampler = Sampler()
+        self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()

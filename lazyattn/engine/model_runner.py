@@ -50,7 +50,10 @@ class ModelRunner:
         kv = allocate_kv(
             mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device, config.env.kv_layout
         )
-        self.backend = make_backend(kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale)
+        model.set_deterministic(config.deterministic)
+        self.backend = make_backend(
+            kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale, config.deterministic
+        )
         self.graphs = None  # decode steps replay CUDA graphs when set
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
@@ -58,9 +61,12 @@ class ModelRunner:
             # With a temperature or scale on documents by default the graphs carry their tables (engine/cuda_graphs.py)
             ape = config.ape_on
             self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device, ape)
-            self.prefill_graphs = PrefillGraphs(
-                model, self.backend, widest, device, plan=config.env.prefill_plan, ape=ape
-            )
+            # Deterministic mode: no prefill graphs (their buckets fix split counts for the prefill kernels, which that
+            # mode does not run); decode graphs replay the same batch-invariant kernels, padding rows apart.
+            if not config.deterministic:
+                self.prefill_graphs = PrefillGraphs(
+                    model, self.backend, widest, device, plan=config.env.prefill_plan, ape=ape
+                )
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""

@@ -171,7 +171,16 @@ def _on(device: torch.device, values: list) -> torch.Tensor:
 
 
 class Sampler:
-    """Picks the next token of every row of a batch of logits, each row under its own SamplingParams."""
+    """Picks the next token of every row of a batch of logits, each row under its own SamplingParams.
+
+    Every step is per row (log_softmax, argmax, the truncations, a seeded row's own generator), so a row's token and
+    logprob do not depend on its neighbours, except for one shortcut: an all-greedy batch on CUDA takes the greedy
+    kernel (kernels/greedy.py), whose log Σ exp is summed in another order than log_softmax's. `deterministic`
+    (docs/design.md, "Deterministic mode") turns it off, so that a row's logprob never depends on whether a
+    neighbour asked for logprobs or samples."""
+
+    def __init__(self, deterministic: bool = False) -> None:
+        self.deterministic = deterministic
 
     def sample(
         self,
@@ -187,6 +196,7 @@ class Sampler:
             raise ValueError(f"{batch} rows of logits but {len(params)} params and {len(generators)} generators")
         if (
             logits.is_cuda
+            and not self.deterministic
             and all(p.greedy and p.logprobs is None for p in params)
             and not (suppress_token_ids is not None and any(suppress_token_ids))
         ):

@@ -40,10 +40,12 @@ class AttentionBackend(ABC):
     Slots of -1 are not stored (tokens whose K/V is already cached).
     """
 
-    def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float) -> None:
+    def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float, deterministic: bool = False) -> None:
         self.kv = kv
         self.tables = tables
         self.scale = scale
+        # Batch-invariant attention (kernels/invariant.py): one path for prefill and decode, fixed key tiles.
+        self.deterministic = deterministic
 
     @property
     def page_size(self) -> int:
@@ -66,7 +68,9 @@ class ReferenceBackend(AttentionBackend):
         q = apply_rope(q, fb.positions, self.tables)
         k = apply_rope(k, fb.positions, self.tables)
         reference.write_kv(k, v, fb.slot_mapping, k_cache, v_cache)
-        return reference.paged_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)
+        return reference.paged_attention(
+            q, k_cache, v_cache, fb.attn, self.tables, self.scale, invariant=self.deterministic
+        )
 
     def copy_rotate(self, src, dst, deltas):
         reference.copy_rotate(self.kv, src, dst, deltas, self.tables)

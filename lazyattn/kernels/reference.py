@@ -19,8 +19,11 @@ def gather_keys(
     batch: PagedBatch,
     entry: int,
     tables: RopeTables | None,
+    round_rotated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Entry's keys moved to their logical positions (fp32), values (fp32), positions [N] (int64)."""
+    """Entry's keys moved to their logical positions (fp32), values (fp32), positions [N] (int64), in page order
+    (ascending positions). `round_rotated`: a moved key is rounded to the cache's dtype, as block mode's private
+    copy is (`copy_rotate`): the deterministic mode's choice (docs/design.md, "Deterministic mode")."""
     n = int(batch.num_pages[entry])
     pages = batch.pages[entry, :n].long()
     valid = batch.valid[entry, :n].long()
@@ -37,6 +40,8 @@ def gather_keys(
         if bool((delta < 0).any()):
             raise ValueError("negative page deltas are not part of the contract")
         k = rotate(k, tables.cos[d][:, None, :], tables.sin[d][:, None, :], tables.interleaved)
+        if round_rotated:
+            k = k.to(k_cache.dtype).float()
     return k, v, pos
 
 
@@ -79,11 +84,17 @@ def paged_attention(
     batch: PagedBatch,
     tables: RopeTables | None,
     scale: float,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """q [total_q, Hq, D] (packed by batch.cu_seqlens_q) -> out [total_q, Hq, D] in q's dtype.
 
     Serves prefill (any query runs, incl. chunks) and decode (one row per entry) alike. `tables` may be
     None when every delta is 0.
+
+    `invariant` (the deterministic mode, docs/design.md): each query row attends on its own to exactly the keys
+    it sees (a prefix of the entry's keys in page order), so its result is one computation of the same shapes
+    whether the row comes in a prefill chunk, a whole prefill or a decode step; moved keys are rounded to the
+    cache's dtype as block mode's copies are (gather_keys).
     """
     out = torch.empty_like(q)
     cu = batch.cu_seqlens_q.tolist()
@@ -91,10 +102,19 @@ def paged_attention(
         lo, hi = cu[b], cu[b + 1]
         if hi == lo:
             continue
-        k, v, kpos = gather_keys(k_cache, v_cache, batch, b, tables)
+        k, v, kpos = gather_keys(k_cache, v_cache, batch, b, tables, round_rotated=invariant)
         qpos = int(batch.q_start[b]) + torch.arange(hi - lo, device=q.device)
-        mask = kpos[None, :] <= qpos[:, None]
         ape = key_ape(batch, b)
+        if invariant:
+            seen = torch.searchsorted(kpos, qpos, right=True).tolist()  # keys at positions <= each query's
+            for i, n in enumerate(seen):
+                row_ape = None if ape is None else (ape[0][:n], ape[1][:n])
+                visible = torch.ones(1, n, dtype=torch.bool, device=q.device)
+                out[lo + i : lo + i + 1] = attend(q[lo + i : lo + i + 1], k[:n], v[:n], visible, scale, row_ape).to(
+                    q.dtype
+                )
+            continue
+        mask = kpos[None, :] <= qpos[:, None]
         out[lo:hi] = attend(q[lo:hi], k, v, mask, scale, ape).to(q.dtype)
     return out
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from lazyattn.kernels import prefill_hopper
+from lazyattn.kernels import invariant, prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
@@ -26,12 +26,15 @@ from lazyattn.kernels.rope import RopeTables
 class TritonBackend(AttentionBackend):
     """Triton kernels; runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (tests)."""
 
-    def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float) -> None:
-        super().__init__(kv, tables, scale)
+    def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float, deterministic: bool = False) -> None:
+        super().__init__(kv, tables, scale, deterministic)
         self.counters = ArrivalCounters()
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+        if self.deterministic:  # one batch-invariant kernel for prefill and decode (kernels/invariant.py)
+            q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
+            return invariant.paged_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)
         runs = 0 if fb.is_decode else rotated_runs_for(q.shape[0])
         # The Hopper kernel has no per-page temperature or scale (kernels/paged.py): such batches take the Triton one.
         if runs and fb.attn.inv_temps is None and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):

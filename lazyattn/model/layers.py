@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from lazyattn.kernels import fused, gemv
+from lazyattn.kernels import fused, gemv, invariant
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
 
@@ -36,13 +36,23 @@ def _fusable(x: torch.Tensor) -> bool:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose product takes the skinny decode kernel where it was measured faster (kernels/gemv.py)."""
+    """nn.Linear whose product takes the skinny decode kernel where it was measured faster (kernels/gemv.py), or,
+    in the deterministic mode, the batch-invariant one (kernels/invariant.py)."""
+
+    deterministic = False  # set per model by CausalLM.set_deterministic
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.deterministic:
+            return invariant.linear(x, self.weight, self.bias)
         return gemv.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
+    """Per row. On CUDA the fused kernels are row-local already (one program a row, a fixed reduction order); the
+    deterministic mode runs the CPU's PyTorch definition row by row (invariant.rowwise)."""
+
+    deterministic = False  # set per model by CausalLM.set_deterministic
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -53,12 +63,17 @@ class RMSNorm(nn.Module):
         # round the same way.
         if _fusable(x):
             return fused.rms_norm(x, self.weight, self.eps)
+        if self.deterministic:
+            return invariant.rowwise(lambda row: fused.rms_norm_reference(row, self.weight, self.eps), x)
         return fused.rms_norm_reference(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual add fused into the norm."""
         if _fusable(x) and _fusable(residual) and x.shape == residual.shape:
             return fused.add_rms_norm(x, residual, self.weight, self.eps)
+        if self.deterministic:
+            total = x + residual  # elementwise: exact whatever the batch
+            return self.forward(total), total
         return fused.add_rms_norm_reference(x, residual, self.weight, self.eps)
 
 
@@ -77,13 +92,16 @@ class MLP(nn.Module):
         # run, so that the fused decode path's gate_up product can apply SiLU·mul in its epilogue.
         self.interleaved = False
 
+    deterministic = False  # set per model by CausalLM.set_deterministic
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        act = (
-            fused.silu_mul(gate_up, self.interleaved)
-            if _fusable(gate_up)
-            else fused.silu_mul_reference(gate_up, self.interleaved)
-        )
+        if _fusable(gate_up):
+            act = fused.silu_mul(gate_up, self.interleaved)
+        elif self.deterministic:  # the CPU's SiLU takes another exp where a row ends a vector: one call per row
+            act = invariant.rowwise(lambda row: fused.silu_mul_reference(row, self.interleaved), gate_up)
+        else:
+            act = fused.silu_mul_reference(gate_up, self.interleaved)
         out = self.down_proj(act)
         return out if self.tp is None else self.tp.all_reduce(out)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lazyattn.errors import CheckpointError
-from lazyattn.kernels import gemv
+from lazyattn.kernels import gemv, invariant
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.layers import DecodePlan, DecoderLayer, RMSNorm
@@ -43,6 +43,15 @@ class CausalLM(nn.Module):
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.norms_folded = False
+        self.deterministic = False
+
+    def set_deterministic(self, on: bool) -> None:
+        """Batch-invariant numerics (docs/design.md, "Deterministic mode"): every linear through
+        kernels/invariant.py, the norms and SiLU row by row off CUDA, no fused decode path."""
+        self.deterministic = on
+        for module in self.modules():
+            if hasattr(type(module), "deterministic") and module is not self:
+                module.deterministic = on
 
     def forward(self, input_ids: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """input_ids [T] (packed entries, as fb describes them) -> final hidden states [T, hidden]."""
@@ -61,8 +70,9 @@ class CausalLM(nn.Module):
 
     def decode_plan(self, x: torch.Tensor) -> DecodePlan | None:
         """The fused decode path's configs for these rows, or None where it does not apply: norms not folded, tensor
-        parallelism, or a linear the skinny kernel does not take at this batch size (kernels/gemv.py, `pick`)."""
-        if not self.norms_folded or self.tp is not None:
+        parallelism, the deterministic mode, or a linear the skinny kernel does not take at this batch size
+        (kernels/gemv.py, `pick`)."""
+        if not self.norms_folded or self.tp is not None or self.deterministic:
             return None
         layer = self.layers[0]
         linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
@@ -98,7 +108,7 @@ class CausalLM(nn.Module):
         The matmul runs in the model dtype, like Hugging Face; only the result is widened for sampling.
         """
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = gemv.linear(hidden, weight)
+        logits = invariant.linear(hidden, weight) if self.deterministic else gemv.linear(hidden, weight)
         if self.tp is not None:
             logits = self.tp.gather_vocab(logits, self.full_vocab_size)
         return logits.float()

@@ -51,3 +51,22 @@ def test_quick_run_writes_every_section(engine_bench, tmp_path):
     table = out.with_suffix(".md").read_text()
     assert "decode TPOT, batch 1, short" in table and "| prefill |" in table
     assert results["async_scheduling"] is False and "Overlapped scheduling off" in table  # the CPU default
+
+
+def test_deterministic_switch_runs_the_engine_in_that_mode(engine_bench, tmp_path, monkeypatch):
+    """`--deterministic` (the mode's cost, read against a run without it): the engine it builds has the option on."""
+    built = []
+    real = engine_bench.LLM
+
+    def spy(*args, **kw):
+        built.append(kw.get("deterministic"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine_bench, "LLM", spy)
+    out = tmp_path / "engine_det"
+    args = ["--quick", "--device", "cpu", "--deterministic", "--sections", "decode_short", "--out", str(out)]
+    assert engine_bench.main(args) == 0
+    assert built == [True]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["meta"]["shapes"]["deterministic"] is True
+    assert data["results"]["decode_short"]["step_ms"] > 0

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Short questions (every variant: graph/eager, plan, relinked, rotation in prefill or in the kernel, no deltas), a
 # call past the up-front rotation without splits, decode with and without splits, block mode's copy, fused ops,
-# the greedy pick, and gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue) and residual forms.
+# the greedy pick, gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue) and residual forms, and
+# the deterministic mode's attention (prefill and decode) and matmul (one compile for every M).
 CASES = [
     "prefill 8B page64 rag T=32 B=1",
     "prefill 8B page64 rag T=512",
@@ -27,6 +28,8 @@ CASES = [
     "fused 8B (",
     "gemv N=28672 K=4096 M=1 ",
     "short prefill (Gluon)",
+    "invariant attention 8B page64",
+    "invariant matmul N=6144 K=4096",
 ]
 
 

@@ -53,15 +53,20 @@ def run_both(backends, fb: ForwardBatch, seed: int) -> None:
     torch.testing.assert_close(backends[0].kv, backends[1].kv, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize(("rope", "layout"), [("llama3", "token"), ("interleaved", "token"), ("llama3", "head")])
-def test_triton_backend_matches_reference(rope, layout):
+def test_triton_backend_matches_reference(rope, layout, deterministic):
     """layout: the Triton backend's pool in that memory order (cache/page_pool.py), the reference's in the default
-    one: every kernel (RoPE/KV write, prefill over per-run Q copies, decode, copy_rotate) goes by strides."""
+    one: every kernel (RoPE/KV write, prefill over per-run Q copies, decode, copy_rotate) goes by strides.
+    deterministic: both backends' batch-invariant paths (kernels/invariant.py, the reference's per-row one)."""
     tab = tables(rope, DIM, max_position=256, device=DEVICE)
     gen = torch.Generator().manual_seed(0)
     kv = torch.randn(LAYERS, 2, 12, PAGE, HKV, DIM, generator=gen).to(DEVICE)
     triton_kv = allocate_kv(LAYERS, 12, PAGE, HKV, DIM, kv.dtype, DEVICE, layout).copy_(kv)
-    backends = (TritonBackend(triton_kv, tab, DIM**-0.5), ReferenceBackend(kv.clone(), tab, DIM**-0.5))
+    backends = (
+        TritonBackend(triton_kv, tab, DIM**-0.5, deterministic),
+        ReferenceBackend(kv.clone(), tab, DIM**-0.5, deterministic),
+    )
     doc_a, doc_b, final, copies = [7, 2], [10], [4], [0, 11]  # doc A: 21 tokens, doc B: 11, final: 5 + 1
     a_alone = EntryPages(doc_a, [0, 0], [16, 5])
 
