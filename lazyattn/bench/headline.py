@@ -75,8 +75,9 @@ def run_modes(
             run = _ModeRun(engine, trace, vocab_high, entry, data, out, search_cfg)
             if cold_start is not None and mode_deadline - time.monotonic() >= min_point_s:
                 run.cold_start(*cold_start, deadline=mode_deadline)
-            if prime and (search_cfg is not None or rates):
-                run.prime(deadline=mode_deadline)
+            # Priming stops a point's time before the deadline, so that the first point still gets measured.
+            if prime and (search_cfg is not None or rates) and mode_deadline - time.monotonic() >= 2 * min_point_s:
+                run.prime(deadline=mode_deadline - min_point_s)
             if search_cfg is not None:
                 result = search(
                     run.measure,

@@ -81,3 +81,25 @@ def test_a_point_from_the_primed_cache_finds_every_document(engine):
     assert primed.documents == SPEC.num_docs  # the whole pool fits the default KV
     warm = run_point(engine, trace, 20.0, phases, vocab_high)
     assert warm.window_requests >= 4 and warm.unanswered == 0 and warm.hit_ratio == 1.0
+
+
+def test_run_modes_primes_before_the_first_point_and_says_so():
+    import math
+
+    from lazyattn.bench import headline
+
+    spec = WorkloadSpec(num_docs=8, doc_len=32, docs_per_request=2, question_len=4, output_len=2, seed=2)
+    options = dict(model="tiny", device="cpu", page_size=PAGE)
+    vocab_high, bos = token_space(make_engine(options, "lazy").model_config)
+    data = {"workload": {"name": "t", "spec": spec.to_dict()}, "phases": {}}
+    phases = PhaseConfig(window_s=0.3, window_requests=3, warmup=False, drain_s=5.0)
+    common = dict(spec=spec, vocab_high=vocab_high, bos=bos, phases=phases, search_cfg=None, rates=[10.0])
+    common |= dict(cold_start=None, deadline=math.inf, min_point_s=0.0, warmup_requests=0, out=None)
+    headline.run_modes(modes=["lazy"], options=options, data=data, **common)
+    entry = data["modes"]["lazy"]
+    assert entry["primed"]["documents"] == 8 and not entry["primed"]["timed_out"]
+    assert entry["points"][0]["hit_ratio"] == 1.0  # no warm-up: the window's first request found its documents
+    assert "points start from a primed cache" in headline.summary_markdown(data)
+    headline.run_modes(modes=["lazy"], options=options, data=data, prime=False, **common)
+    assert data["modes"]["lazy"]["primed"] is None and data["modes"]["lazy"]["points"][0]["hit_ratio"] < 1
+    assert "Cache: not primed" in headline.summary_markdown(data)
