@@ -2,8 +2,8 @@
 
 Per mode: one engine, the protocol's discarded warm-up requests, then (with --cold-start) the cold-start curve from
 an empty cache, then the cache primed to a long-running server's state (prime.py; not with --no-prime), then the
-steady-state points, either the listed --rate values or the rate search (search.py), the
-cache carried from point to point (each point's warm-up waits for its own steady hit ratio). steady.json is
+steady-state points, either the listed --rate values or the rate search (search.py), the cache carried from point
+to point (each point's warm-up waits for its own steady hit ratio). steady.json is
 rewritten after every point, so a run stopped from outside keeps what it measured; steady.md and the plots are
 written at the end, and rebuilt from several runs' steady.json by --merge (modes run on separate GPUs).
 """
@@ -348,7 +348,10 @@ def summary_markdown(data: dict) -> str:
 def _primed_line(data: dict) -> str:
     primed = {m: e["primed"] for m, e in data["modes"].items() if e.get("primed")}
     if not primed:
-        return "Cache: not primed, the first point starts from the cache the engine's warm-up (or the cold start) left"
+        return (
+            "Cache: not primed (--no-prime, or too little budget): the first point starts from an empty cache (or the "
+            "cold start's)"
+        )
     return (
         "Cache: points start from a primed cache (the pool's most popular documents that fit, served unmeasured at "
         "saturation before the first point): "
