@@ -406,6 +406,12 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-points", type=int, default=12, help="the search's most points per mode (12)")
     s.add_argument("--keep-up", type=float, default=0.95, help="achieved / offered rate a pass needs (0.95)")
     s.add_argument("--min-point-s", type=float, default=None, help="no new point with less left, s (20; smoke: 1)")
+    s.add_argument(
+        "--no-prime",
+        action="store_true",
+        help="do not prime the document cache before the first point (by default the pool's most popular documents "
+        "that fit are served once, unmeasured, so the first point starts from a long-running server's cache)",
+    )
     s.add_argument("--cold-start", action="store_true", help="also the cold-start curve (empty cache) per mode")
     s.add_argument("--cold-start-rate", type=float, default=None, help="its rate, req/s (10; smoke: 4)")
     s.add_argument("--cold-start-s", type=float, default=None, help="its length, s (120; smoke: 1)")
@@ -498,6 +504,7 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
         warmup_requests=args.warmup_requests,
         data=data,
         out=out,
+        prime=not args.no_prime,
     )
     print("\n" + headline.summary_markdown(data), flush=True)
     if out is not None:

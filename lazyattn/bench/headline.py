@@ -1,8 +1,9 @@
 """The steady-state headline of `lazyattn bench --rate-search | --steady | --cold-start | --merge`.
 
 Per mode: one engine, the protocol's discarded warm-up requests, then (with --cold-start) the cold-start curve from
-an empty cache, then the steady-state points, either the listed --rate values or the rate search (search.py), the
-cache carried from point to point (each point's warm-up waits for its own steady hit ratio). steady.json is
+an empty cache, then the cache primed to a long-running server's state (prime.py; not with --no-prime), then the
+steady-state points, either the listed --rate values or the rate search (search.py), the cache carried from point
+to point (each point's warm-up waits for its own steady hit ratio). steady.json is
 rewritten after every point, so a run stopped from outside keeps what it measured; steady.md and the plots are
 written at the end, and rebuilt from several runs' steady.json by --merge (modes run on separate GPUs).
 """
@@ -42,6 +43,7 @@ def run_modes(
     warmup_requests: int,
     data: dict,
     out: Path | None,
+    prime: bool = True,
 ) -> dict:
     """Measure every mode into data["modes"]; the deadline (time.monotonic()) is shared out evenly over the modes
     still to run."""
@@ -53,7 +55,14 @@ def run_modes(
     data.setdefault("modes", {})
     for k, mode in enumerate(modes):
         mode_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(modes) - k)
-        entry: dict = {"points": [], "converged": None, "stopped": "", "sustainable": [], "cold_start": None}
+        entry: dict = {
+            "points": [],
+            "converged": None,
+            "stopped": "",
+            "sustainable": [],
+            "cold_start": None,
+            "primed": None,
+        }
         data["modes"][mode] = entry
         t_load = time.monotonic()
         engine = None
@@ -66,6 +75,9 @@ def run_modes(
             run = _ModeRun(engine, trace, vocab_high, entry, data, out, search_cfg)
             if cold_start is not None and mode_deadline - time.monotonic() >= min_point_s:
                 run.cold_start(*cold_start, deadline=mode_deadline)
+            # Priming stops a point's time before the deadline, so that the first point still gets measured.
+            if prime and (search_cfg is not None or rates) and mode_deadline - time.monotonic() >= 2 * min_point_s:
+                run.prime(deadline=mode_deadline - min_point_s)
             if search_cfg is not None:
                 result = search(
                     run.measure,
@@ -114,6 +126,19 @@ class _ModeRun:
             "bins": cold_start_bins(point, bin_s),
             "point": point.to_dict(timeline=True),
         }
+        _checkpoint(self.data, self.out)
+
+    def prime(self, *, deadline: float) -> None:
+        """The cache as a long-running server keeps it, before the first point (prime.py)."""
+        from lazyattn.bench.prime import prime_cache
+
+        primed = prime_cache(self.engine, self.trace, self.vocab_high, deadline=deadline)
+        self.entry["primed"] = primed.to_dict()
+        print(
+            f"{self.engine.mode.name:>6} primed {primed.documents} documents ({primed.requests} requests) in "
+            f"{primed.seconds:.1f} s: cache {primed.kv_gib:.3g} GiB{' (timed out)' if primed.timed_out else ''}",
+            flush=True,
+        )
         _checkpoint(self.data, self.out)
 
     def measure(self, rate: float, phases: PhaseConfig, shortened: bool, deadline: float) -> PointResult:
@@ -282,6 +307,7 @@ def summary_markdown(data: dict) -> str:
         f"per request, {_popularity(w['spec']['zipf_alpha'])}, question {w['spec']['question_len']}, "
         f"output {w['spec']['output_len']}  ",
         "Phases: " + ", ".join(f"{k} {v}" for k, v in data["phases"].items()) + "  ",
+        _primed_line(data) + "  ",
     ]
     if data.get("budget_s") is not None:
         parts.append(f"Budget: {data['budget_s']:g} s per run (windows shortened to fit are marked short)  ")
@@ -317,6 +343,24 @@ def summary_markdown(data: dict) -> str:
     if cold:
         parts += ["", "## Cold start (empty cache, the first seconds of traffic)", "", cold]
     return "\n".join(parts) + "\n"
+
+
+def _primed_line(data: dict) -> str:
+    primed = {m: e["primed"] for m, e in data["modes"].items() if e.get("primed")}
+    if not primed:
+        return (
+            "Cache: not primed (--no-prime, or too little budget): the first point starts from an empty cache (or the "
+            "cold start's)"
+        )
+    return (
+        "Cache: points start from a primed cache (the pool's most popular documents that fit, served unmeasured at "
+        "saturation before the first point): "
+        + ", ".join(
+            f"{m} {p['documents']} documents, {p['kv_gib']:.3g} GiB in {p['seconds']:.1f} s"
+            + (" (timed out)" if p.get("timed_out") else "")
+            for m, p in primed.items()
+        )
+    )
 
 
 def _popularity(alpha: float | None) -> str:

@@ -246,13 +246,15 @@ def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> No
 
 
 def plot_steady(data: dict, path: str | Path, targets_ms: Sequence[float] = ()) -> bool:
-    """Steady-state TTFT (p50 solid, p99 dashed) against offered rate, one line pair per mode, the TTFT targets
-    as grey lines; an unanswered share over 1 % puts p99 at the top edge. False if no mode has two points."""
+    """Steady-state TTFT (p50 solid, p99 dashed) against offered rate, one line pair per mode (a rate measured twice:
+    its latest point), the TTFT targets as grey lines; an unanswered share over 1 % puts p99 at the top edge. False
+    if no mode has two points."""
     from lazyattn.bench.steady import PointResult
 
     series = {}
     for mode, entry in data["modes"].items():
-        pts = sorted((PointResult.from_dict(d) for d in entry.get("points", [])), key=lambda p: p.rate)
+        latest = {d["rate"]: d for d in entry.get("points", [])}  # a rate the search measured again: its latest
+        pts = sorted((PointResult.from_dict(d) for d in latest.values()), key=lambda p: p.rate)
         pts = [p for p in pts if p.window_requests]
         if pts:
             series[mode] = pts

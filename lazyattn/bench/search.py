@@ -4,6 +4,8 @@ A rate passes a target when the window's p99 TTFT is within it and completions k
 (steady.PointResult.meets). Every measured point answers every target at once; the next rate is chosen for the
 target whose bracket is widest: x `growth` while some target has not failed yet, / `growth` while some target has
 not passed yet, else the geometric middle of [highest pass, lowest fail] until lowest fail / highest pass <= 1 + tol.
+A failure below a rate that passed the same target contradicts a monotone system: one of the two points is noise, so
+the failing rate is measured once more, before anything else, and its latest outcome counts (Bracket.suspect).
 A target that the fastest requests of the two lowest rates' windows both missed by about the same time (the idle
 server's TTFT) is unreachable at any rate (its sustainable rate is 0) and gets no more points. The budget planner
 splits the time left over the points the search may still need, shortening windows (recorded per point) and
@@ -25,7 +27,8 @@ MIN_WINDOW_REQUESTS = 10  # a window the budget shortened still waits for this m
 @dataclass
 class Bracket:
     """What the measured points say about one target: the lowest failing rate, and the highest passing rate below
-    it (a pass above a failure, noise near the edge, does not move the bracket past that failure)."""
+    it (a pass above a failure, noise near the edge, does not move the bracket past that failure). A rate measured
+    twice counts as its latest outcome."""
 
     target_ms: float
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
@@ -36,15 +39,29 @@ class Bracket:
     def update(self, rate: float, ok: bool) -> None:
         self.outcomes.append((rate, ok))
 
+    def _latest(self) -> dict[float, bool]:
+        return dict(self.outcomes)  # a later outcome at a rate replaces the earlier one
+
     @property
     def failed(self) -> float:
         """inf: nothing failed (yet)."""
-        return min((r for r, ok in self.outcomes if not ok), default=math.inf)
+        return min((r for r, ok in self._latest().items() if not ok), default=math.inf)
 
     @property
     def passed(self) -> float:
         """0: nothing passed (yet)."""
-        return max((r for r, ok in self.outcomes if ok and r < self.failed), default=0.0)
+        failed = self.failed
+        return max((r for r, ok in self._latest().items() if ok and r < failed), default=0.0)
+
+    def suspect(self) -> float | None:
+        """The lowest rate that failed in its only measurement while a higher rate passed: in a monotone system one
+        of the two is noise (a cold cache, a stall). Measured again, it either passes (the failure was the noise)
+        or fails again (the pass above it was, and stays ignored); either way, one outlier no longer moves the
+        bracket. None: no such rate."""
+        latest = self._latest()
+        top_pass = max((r for r, ok in latest.items() if ok), default=0.0)
+        once = [r for r, ok in latest.items() if not ok and r < top_pass and sum(q == r for q, _ in self.outcomes) == 1]
+        return min(once, default=None)
 
     def resolved(self, tol: float, min_rate: float, max_rate: float) -> bool:
         if self.unreachable:
@@ -97,7 +114,7 @@ class SearchResult:
         """Per target: the highest passing rate, the point measured there (goodput, p99), the bracket."""
         rows = []
         for b in self.brackets:
-            at = next((p for p in self.points if p.rate == b.passed), None)
+            at = next((p for p in reversed(self.points) if p.rate == b.passed), None)  # the latest, if re-measured
             rows.append(
                 {
                     "mode": self.mode,
@@ -157,7 +174,8 @@ def search(
     a point is not started with less than `min_point_s` left."""
     result = SearchResult(mode, brackets=[Bracket(t) for t in cfg.targets_ms])
     while True:
-        rate = next_rate(result.brackets, [p.rate for p in result.points], cfg)
+        recheck = [r for b in result.brackets if (r := b.suspect()) is not None]
+        rate = min(recheck) if recheck else next_rate(result.brackets, [p.rate for p in result.points], cfg)
         if rate is None:
             result.converged = True
             break
@@ -188,7 +206,8 @@ def _at_floor(points: list[PointResult], target_ms: float, cfg: SearchConfig) ->
     """The two lowest rates measured both kept up, and their fastest window requests both missed the target by
     about the same time (within 10 %): lowering the rate no longer shortens the fastest TTFT, which is then the
     idle server's, so no rate meets the target."""
-    low = sorted(points, key=lambda p: p.rate)[:2]
+    latest = {p.rate: p for p in points}  # one point per rate: the latest, if re-measured
+    low = sorted(latest.values(), key=lambda p: p.rate)[:2]
     if len(low) < 2 or any(p.keep_up < cfg.keep_up for p in low):
         return False
     fastest = [min(p.window_ttfts_ms, default=math.inf) for p in low]

@@ -150,3 +150,62 @@ def test_a_fastest_ttft_that_falls_with_the_rate_is_not_a_floor():
     b = result.brackets[0]
     assert result.converged and not b.unreachable
     assert b.passed <= 1.0 < b.failed
+
+
+def noisy(measure, rate: float, p99_ms: float):
+    """`measure` with one outlier: the first point at `rate` reports p99 `p99_ms` (the window kept up)."""
+    left = [1]
+
+    def measured(r, phases, shortened, deadline):
+        p = measure(r, phases, shortened, deadline)
+        if r == rate and left[0]:
+            left[0] = 0
+            p.ttft_ms = {**p.ttft_ms, "p99": p99_ms}
+            p.achieved_rate = p.offered_rate
+        return p
+
+    return measured
+
+
+def test_one_noisy_failure_below_a_pass_is_measured_again():
+    # The first point (16 req/s) fails the 100 ms target once, as a point measured on a cache still filling did;
+    # 32 req/s then passes it. The search measures 16 again at once, believes the second measurement, and brackets
+    # the true sustainable rate (180 req/s) instead of settling below 16.
+    measure, calls = fake_server(200.0)
+    cfg = SearchConfig(targets_ms=(100.0, 1000.0), start=16.0, tol=0.05, max_points=40)
+    result = search(noisy(measure, 16.0, 150.0), "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
+    rates = [r for r, _, _ in calls]
+    assert rates[:3] == [16.0, 32.0, 16.0] and rates.count(16.0) == 2
+    assert result.converged
+    for b in result.brackets:
+        assert b.passed <= true_rate(200.0, b.target_ms) < b.failed and b.failed / b.passed <= 1.05
+    # The row's point is the latest measurement at the rate.
+    assert all(p.rate != 16.0 or p.ttft_ms["p99"] < 100 for p in result.points[2:])
+
+
+def test_a_failure_measured_again_keeps_a_noisy_pass_above_it_ignored():
+    # 32 req/s truly fails the 20 ms target (true rate 30); the first point at 64 req/s, past capacity, passes by
+    # noise. The failure at 32 is measured again, fails again, and the 20 ms bracket stays below it. (The 1 s
+    # target, which no point fails below 64, cannot tell the outlier from the truth: no rule measuring each rate
+    # once could.)
+    measure, calls = fake_server(60.0)
+    cfg = SearchConfig(targets_ms=(20.0, 1000.0), start=32.0, tol=0.05, max_points=40)
+    result = search(noisy(measure, 64.0, 5.0), "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
+    rates = [r for r, _, _ in calls]
+    assert rates[:3] == [32.0, 64.0, 32.0] and rates.count(32.0) == 2
+    b = result.brackets[0]
+    assert b.passed <= true_rate(60.0, 20.0) < b.failed <= 32.0 and b.failed / b.passed <= 1.05
+
+
+def test_a_re_measured_rate_counts_as_its_latest_outcome():
+    b = Bracket(100.0)
+    for rate, ok in ((16, False), (32, True)):
+        b.update(rate, ok)
+    assert (b.passed, b.failed, b.suspect()) == (0.0, 16, 16)
+    b.update(16, True)
+    assert (b.passed, b.failed, b.suspect()) == (32, math.inf, None)
+    b.update(64, False)
+    b.update(128, True)  # a pass above 64: 64 gets its one re-measurement, which confirms it
+    assert b.suspect() == 64
+    b.update(64, False)
+    assert (b.passed, b.failed, b.suspect()) == (32, 64, None)

@@ -43,6 +43,12 @@ def test_each_run_records_its_search_points_and_cold_start(runs):
         cold = entry["cold_start"]
         assert cold["bins"] and sum(b["requests"] for b in cold["bins"]) > 0
         assert cold["bins"][0]["t_s"] == 0
+        # After the cold start and before the first point, the whole pool (it fits the KV) was primed, when the
+        # budget left two points' time for it (a busy CPU may not; test_prime.py covers it without a budget).
+        primed = entry["primed"]
+        if primed is not None:
+            assert primed["documents"] == data["workload"]["spec"]["num_docs"] and primed["kv_gib"] > 0
+            assert "points start from a primed cache" in (runs / mode / "steady.md").read_text()
 
 
 def test_merge_puts_the_modes_side_by_side(runs):
@@ -74,7 +80,7 @@ def test_merge_refuses_a_mode_given_twice(runs):
 def test_steady_at_listed_rates_without_a_search(tmp_path):
     code = main(
         ["bench", "--smoke", "--steady", "--rate", "4,8", "--modes", "lazy", "--budget-s", "4"]
-        + ["--cold-start-s", "0.5", "--out", str(tmp_path), "--no-progress"]
+        + ["--cold-start-s", "0.5", "--out", str(tmp_path), "--no-progress", "--no-prime"]
     )
     assert code == 0
     data = json.loads((tmp_path / "steady.json").read_text())
@@ -82,8 +88,9 @@ def test_steady_at_listed_rates_without_a_search(tmp_path):
     entry = data["modes"]["lazy"]
     rates = [p["rate"] for p in entry["points"]]
     assert rates == [4.0, 8.0][: len(rates)] and rates  # in the order given, as many as the budget allowed
-    assert entry["sustainable"] == []
-    assert "no rate search" in (tmp_path / "steady.md").read_text()
+    assert entry["sustainable"] == [] and entry["primed"] is None
+    md = (tmp_path / "steady.md").read_text()
+    assert "no rate search" in md and "Cache: not primed" in md
 
 
 def test_serving_steady_script_runs_a_mode_and_merges(tmp_path):
