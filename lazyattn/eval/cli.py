@@ -55,6 +55,11 @@ def add_eval_parser(
         f"(e.g. lazy:relink_tokens=16); default {','.join(reversed(MODES))}",
     )
     p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="read only the checkpoint's config.json and draw the weights (a fidelity probe at a model's shapes)",
+    )
+    p.add_argument(
         "--engine-option",
         action="append",
         default=[],
@@ -232,6 +237,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     ]
     options = engine_options(args)
     options.pop("mode")
+    options["random_weights"] = args.random_weights
     options.update(parse_option(o) for o in args.engine_option)
     if options["device"] == "cpu":
         import torch
@@ -330,6 +336,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
     prompts = [fidelity.Prompt(messages_for(item), list(item.documents)) for _, shown in cells for item in shown]
     options = engine_options(args)
     options.pop("mode")
+    options["random_weights"] = args.random_weights
     options.update(parse_option(o) for o in args.engine_option)
     device = options["device"]
     if device == "cpu":
