@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import CONFIDENCE, bootstrap_ci
 
 # The pairs of modes that compute the same semantics (docs/design.md, Modes).
@@ -148,8 +149,14 @@ def use_reference_attention(llm: Any) -> None:
     pool. The CPU engine runs it already."""
     from lazyattn.kernels.backend import ReferenceBackend
 
+    if llm.config.tensor_parallel_size > 1:
+        raise InvalidRequestError(
+            "the float32 reference swaps the attention backend of one device's model: run --fidelity without "
+            "tensor parallelism",
+            "tensor_parallel_size",
+        )
     runner = llm.engine.executor.runner
-    if runner is None or isinstance(runner.backend, ReferenceBackend):
+    if type(runner.backend) is ReferenceBackend:
         return
     b = runner.backend
     runner.backend = ReferenceBackend(b.kv, b.tables, b.scale)
@@ -176,8 +183,6 @@ def answer(llm: Any, prompts: Sequence[Prompt], params: Any, batch_size: int) ->
 
 def batch_sizes(text: str, n: int) -> list[int]:
     """ "1,8,all" -> sorted distinct sizes, each at most n ("all": n)."""
-    from lazyattn.errors import InvalidRequestError
-
     sizes = set()
     for t in text.split(","):
         t = t.strip()

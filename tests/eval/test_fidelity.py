@@ -120,3 +120,27 @@ def test_cli_writes_the_report(tmp_path):
     md = (tmp_path / "fidelity.md").read_text()
     assert "| compared | run | against |" in md and "| dtype | prefix float16, batch 3 |" in md
     assert md.startswith("# Fidelity: tiny") and "Device: CPU" in md
+
+
+def test_the_reference_attention_takes_over_the_engines_page_pool():
+    """On CUDA the engine's Triton backend gives way to the PyTorch reference on the same pool: here a stand-in
+    backend, whose answers the swap must restore to the reference's."""
+    from lazyattn.kernels.backend import ReferenceBackend
+
+    class Skewed(ReferenceBackend):
+        def attend(self, layer, q, k, v, fb):
+            return 1.5 * super().attend(layer, q, k, v, fb)
+
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, first_token_logprobs=True)
+    llm = LLM("tiny", page_size=16, progress=False)
+    want = fidelity.answer(llm, _prompts(2), params, 2)
+    runner = llm.engine.executor.runner
+    kv = runner.backend.kv
+    runner.backend = Skewed(runner.backend.kv, runner.backend.tables, runner.backend.scale)
+    skewed = fidelity.answer(llm, _prompts(2), params, 2)
+    assert any(not torch.equal(a, b) for a, b in zip(skewed.first_logprobs, want.first_logprobs))
+    fidelity.use_reference_attention(llm)
+    assert type(runner.backend) is ReferenceBackend and runner.backend.kv is kv
+    got = fidelity.answer(llm, _prompts(2), params, 2)
+    assert got.token_ids == want.token_ids
+    assert all(torch.equal(a, b) for a, b in zip(got.first_logprobs, want.first_logprobs))
