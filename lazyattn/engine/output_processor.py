@@ -45,8 +45,10 @@ class OutputProcessor:
     def append(self, seq: Sequence, result: SampleResult, i: int, now: float) -> bool:
         """Append row i of the sampled result to the sequence; returns whether the sequence is done."""
         token = result.ids[i]
-        if not seq.output and seq.params.first_token_logprobs and result.rows is not None:
-            seq.first_token_logprobs = result.rows[i].clone()  # a copy: the row must not hold the whole batch's
+        if not seq.output and seq.params.first_token_logprobs and result.full_logprobs is not None:
+            seq.first_token_logprobs = result.full_logprobs[
+                i
+            ].clone()  # a copy: the row must not hold the whole batch's
         seq.output.append(token)
         if seq.run.tokens[-1] == PLACEHOLDER:  # the next step already fed it back on the device
             seq.run.tokens[-1] = token

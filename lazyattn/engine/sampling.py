@@ -137,7 +137,7 @@ class SampleResult:
     top_ids: torch.Tensor | None = None
     top_counts: list[int | None] = field(default_factory=list)
     # Every row's whole log-softmax row [B, V], only when some row's params ask for first_token_logprobs.
-    rows: torch.Tensor | None = None
+    full_logprobs: torch.Tensor | None = None
 
     @cached_property
     def ids(self) -> list[int]:
@@ -170,7 +170,7 @@ class SampleResult:
             host(self.top_values),
             host(self.top_ids),
             self.top_counts,
-            host(self.rows),
+            host(self.full_logprobs),
         )
 
 
@@ -222,12 +222,12 @@ class Sampler:
             token_ids[rows] = self._draw(probs, [generators[i] for i in random_rows])
 
         chosen = logprobs_all.gather(1, token_ids[:, None]).squeeze(1)
-        rows = logprobs_all if any(p.first_token_logprobs for p in params) else None
+        full = logprobs_all if any(p.first_token_logprobs for p in params) else None
         if all(p.logprobs is None for p in params):
-            return SampleResult(token_ids, chosen, rows=rows)
+            return SampleResult(token_ids, chosen, full_logprobs=full)
         k = min(max(p.logprobs or 0 for p in params), vocab)
         values, ids = logprobs_all.topk(k, dim=-1)
-        return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params], rows)
+        return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params], full)
 
     @staticmethod
     def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

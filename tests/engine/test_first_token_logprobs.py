@@ -47,7 +47,7 @@ def test_sampler_returns_the_rows_only_when_a_row_asks():
     logits = torch.randn(3, 50)
     asked = [SamplingParams(temperature=0.0, first_token_logprobs=True), SamplingParams(temperature=0.0)]
     result = Sampler().sample(logits[:2], asked, [None, None])
-    assert torch.allclose(result.rows, torch.log_softmax(logits[:2].double(), -1).float(), atol=1e-6)
+    assert torch.allclose(result.full_logprobs, torch.log_softmax(logits[:2].double(), -1).float(), atol=1e-6)
     assert result.ids == logits[:2].argmax(-1).tolist()
     plain = Sampler().sample(logits, [SamplingParams(temperature=0.0)] * 3, [None] * 3)
-    assert plain.rows is None
+    assert plain.full_logprobs is None
