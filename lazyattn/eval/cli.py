@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -382,7 +383,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
     if args.out:
         out = Path(args.out)
         meta = {
-            "command": " ".join(sys.argv),
+            "command": "lazyattn " + shlex.join(sys.argv[1:]),
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "model": args.model,
             "device": _device_name(device),
