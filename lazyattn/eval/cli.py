@@ -70,10 +70,11 @@ def add_eval_parser(
     d = p.add_argument_group("questions")
     d.add_argument(
         "--dataset",
-        default="builtin",
+        default=None,
         help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
         "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings, for final "
-        "reporting only), or a JSONL file of {question, answers, documents, gold}",
+        "reporting only), or a JSONL file of {question, answers, documents, gold} (default: builtin; with "
+        "--fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
     d.add_argument(
@@ -224,6 +225,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     if args.fidelity:
         return cmd_fidelity(args, engine_options)
+    args.dataset = args.dataset or "builtin"
     items, dataset_meta, num_docs, positions = load_questions(args)
     cells, aliases = plan_cells(items, num_docs, positions)
     if args.write_dataset:
@@ -332,6 +334,9 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
     from lazyattn.eval import fidelity
     from lazyattn.eval.harness import messages_for, parse_option, plan_cells
 
+    if args.dataset is None:  # numerics, not accuracy: real prose, and the gold position changes nothing
+        args.dataset = "builtin:real"
+        args.gold_position = args.gold_position or "first"
     items, dataset_meta, num_docs, positions = load_questions(args)
     cells, _ = plan_cells(items, num_docs, positions)
     prompts = [fidelity.Prompt(messages_for(item), list(item.documents)) for _, shown in cells for item in shown]

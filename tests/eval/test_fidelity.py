@@ -106,7 +106,7 @@ def test_float32_against_its_reference_is_identical_and_bfloat16_is_caught():
 
 def test_cli_writes_the_report(tmp_path):
     args = ["eval", "--fidelity", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--limit", "3"]
-    args += ["--num-docs", "2", "--gold-position", "first", "--max-tokens", "3", "--modes", "prefix,full"]
+    args += ["--num-docs", "1", "--max-tokens", "3", "--modes", "prefix,full"]
     args += ["--dtypes", "float32,float16", "--batch-sizes", "1,all", "--no-progress", "--out", str(tmp_path)]
     assert main(args) == 0
     data = json.loads((tmp_path / "fidelity.json").read_text())
@@ -120,6 +120,8 @@ def test_cli_writes_the_report(tmp_path):
     md = (tmp_path / "fidelity.md").read_text()
     assert "| compared | run | against |" in md and "| dtype | prefix float16, batch 3 |" in md
     assert md.startswith("# Fidelity: tiny") and "Device: CPU" in md
+    # by default the realistic set, each question once (gold first)
+    assert data["dataset"]["builtin"] == "real" and data["dataset"]["questions"] == 3
 
 
 def test_the_reference_attention_takes_over_the_engines_page_pool():
