@@ -140,7 +140,7 @@ def reference_options(device: str) -> dict[str, Any]:
         return {"dtype": "float32"}
     from lazyattn.envs import read_env
 
-    env = replace(read_env(), gemv="0", decode_fusion=False)
+    env = replace(read_env(), gemv="0", decode_fusion=False, kv_layout="token")  # the reference's page layout
     return {"dtype": "float32", "cuda_graphs": False, "warm_up": False, "env": env}
 
 
