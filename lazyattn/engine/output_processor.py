@@ -45,6 +45,10 @@ class OutputProcessor:
     def append(self, seq: Sequence, result: SampleResult, i: int, now: float) -> bool:
         """Append row i of the sampled result to the sequence; returns whether the sequence is done."""
         token = result.ids[i]
+        if not seq.output and seq.params.first_token_logprobs and result.full_logprobs is not None:
+            seq.first_token_logprobs = result.full_logprobs[
+                i
+            ].clone()  # a copy: the row must not hold the whole batch's
         seq.output.append(token)
         if seq.run.tokens[-1] == PLACEHOLDER:  # the next step already fed it back on the device
             seq.run.tokens[-1] = token
@@ -95,7 +99,15 @@ class OutputProcessor:
             # seq.text only grows by what the detokenizer released: streamed text never retracts.
             logprobs = list(seq.logprobs) if seq.params is not None and seq.params.logprobs is not None else None
             outs.append(
-                CompletionOutput(seq.index, seq.text, list(seq.output), seq.finish_reason, seq.stop_reason, logprobs)
+                CompletionOutput(
+                    seq.index,
+                    seq.text,
+                    list(seq.output),
+                    seq.finish_reason,
+                    seq.stop_reason,
+                    logprobs,
+                    seq.first_token_logprobs,
+                )
             )
         m = seqs[0].metrics
         end = max((s.metrics.finished or 0.0) for s in seqs) or None

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -24,6 +28,8 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length", "abort"; None while running
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     logprobs: list[dict[int, float]] | None = None  # per token: {token id: logprob}, chosen one first
+    # fp32 [vocab]: log-softmax of the first generated token's distribution (SamplingParams.first_token_logprobs)
+    first_token_logprobs: torch.Tensor | None = None
 
     @property
     def finished(self) -> bool:

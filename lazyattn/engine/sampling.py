@@ -50,6 +50,10 @@ class SamplingParams:
     # EOS and stop_token_ids are suppressed until this many tokens exist (above max_tokens: through the end)
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    # The whole log-softmax row (fp32, every token of the vocabulary) of the first generated token's distribution,
+    # returned as CompletionOutput.first_token_logprobs: what `lazyattn eval --fidelity` compares between dtypes,
+    # batch sizes and modes. It takes the sampler off the fused greedy path for the request's steps.
+    first_token_logprobs: bool = False
 
     def __post_init__(self) -> None:
         # Accept a single stop string (OpenAI allows it) and any sequence; store tuples so params stay hashable.
@@ -81,7 +85,7 @@ class SamplingParams:
             _int("seed", self.seed, low=SEED_MIN, high=SEED_MAX)
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "first_token_logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be true or false", param=name)
         if not isinstance(self.stop, tuple):
@@ -132,6 +136,8 @@ class SampleResult:
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     top_counts: list[int | None] = field(default_factory=list)
+    # Every row's whole log-softmax row [B, V], only when some row's params ask for first_token_logprobs.
+    full_logprobs: torch.Tensor | None = None
 
     @cached_property
     def ids(self) -> list[int]:
@@ -159,7 +165,12 @@ class SampleResult:
             return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
         return SampleResult(
-            host(self.token_ids), host(self.logprobs), host(self.top_values), host(self.top_ids), self.top_counts
+            host(self.token_ids),
+            host(self.logprobs),
+            host(self.top_values),
+            host(self.top_ids),
+            self.top_counts,
+            host(self.full_logprobs),
         )
 
 
@@ -197,7 +208,7 @@ class Sampler:
         if (
             logits.is_cuda
             and not self.deterministic
-            and all(p.greedy and p.logprobs is None for p in params)
+            and all(p.greedy and p.logprobs is None and not p.first_token_logprobs for p in params)
             and not (suppress_token_ids is not None and any(suppress_token_ids))
         ):
             from lazyattn.kernels.greedy import greedy_pick  # Triton is imported only where CUDA runs
@@ -221,11 +232,12 @@ class Sampler:
             token_ids[rows] = self._draw(probs, [generators[i] for i in random_rows])
 
         chosen = logprobs_all.gather(1, token_ids[:, None]).squeeze(1)
+        full = logprobs_all if any(p.first_token_logprobs for p in params) else None
         if all(p.logprobs is None for p in params):
-            return SampleResult(token_ids, chosen)
+            return SampleResult(token_ids, chosen, full_logprobs=full)
         k = min(max(p.logprobs or 0 for p in params), vocab)
         values, ids = logprobs_all.topk(k, dim=-1)
-        return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params])
+        return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params], full)
 
     @staticmethod
     def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

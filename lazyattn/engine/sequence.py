@@ -122,6 +122,7 @@ class Sequence:
     ape_prefix: bool = False  # lazy mode: documents encoded after the first segment (docs/design.md, "APE")
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
+    first_token_logprobs: torch.Tensor | None = None  # SamplingParams.first_token_logprobs: the first token's row
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None

@@ -6,22 +6,26 @@
     lazyattn eval --model M --dataset my_hotpotqa.jsonl --num-docs 10 --gold-position original
     lazyattn eval --modes lazy,lazy:relink_tokens=16 ...  # a mode plus engine options, compared side by side
     lazyattn eval --dataset builtin:medium --num-docs 10 --write-dataset eval.jsonl   # just write the set
+    lazyattn eval --fidelity --model smollm2 --dataset builtin:real --num-docs 5 --gold-position first --limit 40 \\
+        --max-tokens 16 --out results/fidelity       # numerics: dtypes, batch sizes, modes (docs/quality.md)
 
 Prints one row per run and cell (accuracy, exact match, token F1, TTFT) and an accuracy pivot; with --out,
-writes eval.json (every answer), eval.md (the tables) and accuracy.png.
+writes eval.json (every answer), eval.md (the tables) and accuracy.png. With --fidelity: one row per comparison
+(identical answers, first differing position, KL at the first token); --out writes fidelity.json and fidelity.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lazyattn.engine.config import MODES
+from lazyattn.engine.config import DTYPES, MODES
 
 # --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
 # "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
@@ -52,6 +56,11 @@ def add_eval_parser(
         f"(e.g. lazy:relink_tokens=16); default {','.join(reversed(MODES))}",
     )
     p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="read only the checkpoint's config.json and draw the weights (a fidelity probe at a model's shapes)",
+    )
+    p.add_argument(
         "--engine-option",
         action="append",
         default=[],
@@ -61,10 +70,11 @@ def add_eval_parser(
     d = p.add_argument_group("questions")
     d.add_argument(
         "--dataset",
-        default="builtin",
+        default=None,
         help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
         "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings, for final "
-        "reporting only), or a JSONL file of {question, answers, documents, gold}",
+        "reporting only), or a JSONL file of {question, answers, documents, gold} (default: builtin; with "
+        "--fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
     d.add_argument(
@@ -104,6 +114,29 @@ def add_eval_parser(
         type=int,
         default=1,
         help="questions per generate call (1: each TTFT is the request's own, nothing queued)",
+    )
+    f = p.add_argument_group("fidelity (lazyattn/eval/fidelity.py)")
+    f.add_argument(
+        "--fidelity",
+        action="store_true",
+        help="compare greedy answers and first-token distributions across dtypes (against each mode's float32 "
+        "reference), batch sizes and modes, instead of scoring accuracy",
+    )
+    f.add_argument(
+        "--dtypes",
+        default=",".join(DTYPES),
+        help=f"dtypes compared with the float32 reference (default: {','.join(DTYPES)})",
+    )
+    f.add_argument(
+        "--batch-sizes",
+        default="1,8,all",
+        help="prompts per generate call, compared with the first (alone); the largest also serves the dtype and "
+        "mode comparisons (default: 1,8,all)",
+    )
+    f.add_argument(
+        "--batch-dtypes",
+        default=None,
+        help="dtypes also run at every batch size (default: the engine's, bfloat16 on CUDA, float32 on the CPU)",
     )
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for eval.json, eval.md and accuracy.png")
@@ -190,6 +223,9 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
 def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     from lazyattn.eval.harness import RunSpec, evaluate, parse_option, plan_cells
 
+    if args.fidelity:
+        return cmd_fidelity(args, engine_options)
+    args.dataset = args.dataset or "builtin"
     items, dataset_meta, num_docs, positions = load_questions(args)
     cells, aliases = plan_cells(items, num_docs, positions)
     if args.write_dataset:
@@ -204,6 +240,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     ]
     options = engine_options(args)
     options.pop("mode")
+    options["random_weights"] = args.random_weights
     options.update(parse_option(o) for o in args.engine_option)
     if options["device"] == "cpu":
         import torch
@@ -276,3 +313,118 @@ def _describe(meta: dict[str, Any]) -> str:
     if "builtin" in meta:
         return f"built-in {meta['builtin']}, seed {meta['seed']}, {meta['questions']} questions"
     return f"{meta['file']}, {meta['questions']} questions"
+
+
+def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    from lazyattn.errors import InvalidRequestError
+
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise InvalidRequestError(
+            f"--{flag}: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(allowed)}"
+        )
+    return names
+
+
+def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    """`lazyattn eval --fidelity` (lazyattn/eval/fidelity.py): every mode and dtype, the float32 references, the
+    batch sizes; one comparison per row."""
+    from lazyattn.bench.report import write_json
+    from lazyattn.eval import fidelity
+    from lazyattn.eval.harness import messages_for, parse_option, plan_cells
+
+    if args.dataset is None:  # numerics, not accuracy: real prose, and the gold position changes nothing
+        args.dataset = "builtin:real"
+        args.gold_position = args.gold_position or "first"
+    items, dataset_meta, num_docs, positions = load_questions(args)
+    cells, _ = plan_cells(items, num_docs, positions)
+    prompts = [fidelity.Prompt(messages_for(item), list(item.documents)) for _, shown in cells for item in shown]
+    options = engine_options(args)
+    options.pop("mode")
+    options["random_weights"] = args.random_weights
+    options.update(parse_option(o) for o in args.engine_option)
+    device = options["device"]
+    if device == "cpu":
+        import torch
+
+        torch.set_num_threads(args.cpu_threads)
+    modes = _names(args.modes, MODES, "modes") if args.modes else [args.mode] if args.mode else list(MODES)
+    dtypes = _names(args.dtypes, DTYPES, "dtypes")
+    default_dtype = options.get("dtype") or ("float32" if device == "cpu" else "bfloat16")
+    batch_dtypes = _names(args.batch_dtypes or default_dtype, DTYPES, "batch-dtypes")
+    plan = fidelity.Plan(
+        modes,
+        list(dict.fromkeys(dtypes + batch_dtypes)),
+        batch_dtypes,
+        fidelity.batch_sizes(args.batch_sizes, len(prompts)),
+    )
+    options.pop("dtype", None)
+    layout = _layout(args)
+
+    from lazyattn import LLM, SamplingParams
+
+    def make_llm(engine: fidelity.Engine):
+        extra = fidelity.reference_options(device) if engine.reference else {"dtype": engine.dtype}
+        llm = LLM(**{**options, **extra, "mode": engine.mode, "layout": layout, "progress": False})
+        if engine.reference:
+            fidelity.use_reference_attention(llm)
+        return llm
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, first_token_logprobs=True)
+    print(
+        f"lazyattn eval --fidelity: model {args.model} on {device}, modes {', '.join(modes)}, dtypes "
+        f"{', '.join(plan.dtypes)} (batch sizes {', '.join(map(str, plan.sizes))} for {', '.join(batch_dtypes)})\n"
+        f"prompts: {len(prompts)} ({_describe(dataset_meta)}; {'; '.join(c.label for c, _ in cells)}); "
+        f"layout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens\n",
+        flush=True,
+    )
+    start = time.monotonic()
+    results = fidelity.run_plan(plan, prompts, make_llm, params)
+    wall = time.monotonic() - start
+    comps = fidelity.comparisons(plan, results)
+    table_rows = fidelity.rows(comps)
+    print(f"\n{fidelity.text_table(table_rows)}\n\n{len(results)} passes in {wall:.0f} s", flush=True)
+    if args.out:
+        out = Path(args.out)
+        meta = {
+            "command": "lazyattn " + shlex.join(sys.argv[1:]),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "model": args.model,
+            "device": _device_name(device),
+            "engine_options": {k: v for k, v in options.items() if k != "env"},
+            "layout": vars(layout),
+            "max_tokens": args.max_tokens,
+            "modes": modes,
+            "dtypes": plan.dtypes,
+            "batch_dtypes": batch_dtypes,
+            "batch_sizes": plan.sizes,
+            "wall_s": wall,
+            "python": platform.python_version(),
+            "host": platform.node(),
+        }
+        fidelity_json = {
+            "meta": meta,
+            "dataset": dataset_meta,
+            "comparisons": [
+                {**c.summary(), "identical_each": c.identical, "kl_each": c.kl, "divergence_each": c.divergence}
+                for c in comps
+            ],
+            "answers": {f"{e.label}, batch {size}": a.token_ids for (e, size), a in results.items()},
+        }
+        write_json(out / "fidelity.json", fidelity_json)
+        (out / "fidelity.md").write_text(
+            f"# Fidelity: {Path(args.model).name}, {_describe(dataset_meta)}\n\n"
+            f"Device: {meta['device']}. Greedy, {args.max_tokens} tokens at most, layout {args.prompt_layout}.\n\n"
+            f"```bash\n{meta['command']}\n```\n\n{fidelity.markdown_table(table_rows)}\n"
+        )
+        print(f"wrote {out / 'fidelity.json'}, {out / 'fidelity.md'}")
+    return 0
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}"
