@@ -6,6 +6,8 @@ are the same for all four. Everything mode-specific is here:
 - `admit`: which cached parts a sequence acquires (through a `DocumentSource`, the scheduler) and which run of
   tokens it computes itself;
 - `context`: the page table its run attends to before its own pages (physical page, delta, valid tokens);
+- per-sequence state (`ModeState`, engine/sequence.py): what a sequence keeps through its mode (relinks, copies,
+  the cache pages its own run fills);
 - `copies_needed`, `copy_sources`, `set_copies`: the private re-rotated copies of placed documents a sequence
   reads (block), made by the scheduler before its first chunk;
 - `pages_needed`: the one page-count formula (validation, admission, the server's default max_tokens, the
@@ -284,9 +286,19 @@ class _CausalMode(Mode):
 
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         # Cached prefix pages this sequence did not compute itself; delta 0: keys sit at absolute positions.
-        shared = [p for p in seq.parts if not p.owned]
-        pages = [page for p in shared for page in p.segment.pages]
+        pages = [page for p in seq.parts for page in p.segment.pages]
         return EntryPages(pages, [0] * len(pages), [page_size] * len(pages))
+
+
+@dataclass
+class PrefixState(ModeState):
+    """The pages of a sequence's prompt that it missed in the cache, cached under their chained keys as its own run
+    computes them (the run's first pages, in order)."""
+
+    segments: list[Segment] = field(default_factory=list)
+
+    def filled_segments(self) -> list[Segment]:
+        return self.segments
 
 
 class PrefixMode(_CausalMode):
@@ -298,20 +310,21 @@ class PrefixMode(_CausalMode):
     def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         tokens = seq.all_tokens
         ps = source.page_size
+        state = seq.mode_state = PrefixState()  # set first: a failed admission lets go of what it filled so far
         parent = None
-        first_owned = None
         # The last token is never cached: its logits are needed, so the sequence computes it.
         for b in range((len(tokens) - 1) // ps):
             key = source.chain_key(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
-            if first_owned is not None and source.holds(key):
+            if state.segments and source.holds(key):
                 break  # an orphan left after its parent was evicted: keep the rest private
             segment, is_new = source.acquire_key(key, ps)
-            acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
-            if is_new and first_owned is None:
-                first_owned = b
+            if is_new:  # this and every page after it: computed by the sequence's own run
+                state.segments.append(segment)
+            else:
+                acquired.append(Part(segment, b * ps, ps, hit=True))
             parent = key
-        start = (first_owned if first_owned is not None else len(acquired)) * ps
-        pages = [page for p in acquired if p.owned for page in p.segment.pages]
+        start = len(acquired) * ps
+        pages = [page for segment in state.segments for page in segment.pages]
         return Run(tokens[start:], start_pos=start, pages=pages, owned=len(pages))
 
     def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:

@@ -112,7 +112,7 @@ class Scheduler:
     ) -> int:
         """One running sequence's work in this step, stage by stage: the encodes of the documents it waits on,
         its private copies, its recomputed rows, then its own chunk. Returns the budget left."""
-        if any(p.segment.failed for p in seq.parts if not p.owned):
+        if any(p.segment.failed for p in seq.parts):
             self._preempt(seq)  # its encoder gave up: start over, now as the encoder
             return budget
         budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
@@ -173,7 +173,7 @@ class Scheduler:
                     self.jobs.pop(w.job.segment.key, None)
                 continue
             w.seq.metrics.prefilled_tokens += w.hi - w.lo
-            self._mark_owned_ready(w.seq)
+            self._mark_filled_ready(w.seq)
             if w.samples:
                 to_sample.append(w.seq)
         return to_sample
@@ -205,7 +205,7 @@ class Scheduler:
         acquired: list[Part] = []
         try:
             run = self.mode.admit(self, seq, acquired)
-            held = sum(len(p.segment.pages) for p in acquired) + len(run.pages) - run.owned
+            held = sum(len(p.segment.pages) for p in acquired) + len(run.pages)
             samples = 0 if seq.prefill_only else 1
             need = (
                 self.mode.pages_needed(
@@ -220,8 +220,7 @@ class Scheduler:
             if self.cache.available_pages() < need:
                 raise OutOfPagesError("not enough room for this sequence's prefill yet")
         except OutOfPagesError:
-            for part in reversed(acquired):
-                self._drop_part(part)
+            self._let_go(acquired, seq.mode_state)
             self._drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
             seq.mode_state = ModeState()
             raise
@@ -287,10 +286,10 @@ class Scheduler:
         return budget
 
     def _parts_ready(self, seq: Sequence, job_done: set[str]) -> bool:
-        """A sequence's own chunk may run once every part it did not compute is (or becomes, within this
-        batch, for lazy: K/V of all rows is written before any row attends) ready."""
+        """A sequence's own chunk may run once every part it reads is (or becomes, within this batch, for lazy: K/V
+        of all rows is written before any row attends) ready."""
         for p in seq.parts:
-            if p.owned or p.segment.ready:
+            if p.segment.ready:
                 continue
             if self.mode.reads_documents_in_same_step and p.segment.key in job_done:
                 continue
@@ -353,15 +352,11 @@ class Scheduler:
                 self._preempt(victims[-1])
         return []
 
-    def _mark_owned_ready(self, seq: Sequence) -> None:
-        done_pages = seq.run.num_computed // self.page_size
-        i = 0
-        for p in seq.parts:
-            if not p.owned:
-                continue
-            if i < done_pages and not p.segment.ready:
-                self.cache.mark_ready(p.segment)
-            i += 1
+    def _mark_filled_ready(self, seq: Sequence) -> None:
+        """The cache segments the sequence's run fills (prefix mode) are ready once it has computed their pages."""
+        for segment in seq.mode_state.filled_segments()[: seq.run.num_computed // self.page_size]:
+            if not segment.ready:
+                self.cache.mark_ready(segment)
 
     # -- releasing ---------------------------------------------------------------------------------
 
@@ -369,15 +364,18 @@ class Scheduler:
         """Release what a sequence finished with `finish(seq, release=False)` still holds."""
         self._release(seq)
 
-    def _drop_part(self, part: Part) -> None:
-        if part.owned and not part.segment.ready and not part.segment.failed:
-            self.cache.abort(part.segment)
-        self.cache.release(part.segment)
+    def _let_go(self, parts: list[Part], state: ModeState) -> None:
+        """Release a sequence's cached parts and the segments its run fills, last to first, so that LRU evicts the
+        tail of a prefix chain before what it hangs from. A filled segment not computed yet is aborted."""
+        for segment in reversed(state.filled_segments()):
+            if not segment.ready and not segment.failed:
+                self.cache.abort(segment)
+            self.cache.release(segment)
+        for part in reversed(parts):
+            self.cache.release(part.segment)
 
     def _release(self, seq: Sequence) -> None:
-        # Last-to-first, so that LRU evicts the tail of a prefix chain before what it hangs from.
-        for part in reversed(seq.parts):
-            self._drop_part(part)
+        self._let_go(seq.parts, seq.mode_state)
         run = seq.run
         if run is not None:
             self.cache.pool.free(run.pages[run.owned :])
