@@ -25,6 +25,7 @@ from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeye
 from lazyattn.cache.host_tier import HostTierStats, make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine import isolation
+from lazyattn.engine.admission import segment_keys
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
@@ -37,7 +38,7 @@ from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
-from lazyattn.engine.scheduler import Scheduler, segment_keys
+from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
 from lazyattn.engine.step_pipeline import LaunchedStep, Picked, StepPipeline, SyncPipeline, launched
 from lazyattn.errors import (

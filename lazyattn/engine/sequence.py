@@ -67,7 +67,7 @@ class Part:
 
 
 class ModeState:
-    """A sequence's state private to its mode, created by the mode at admission (engine/modes.py: LazyState,
+    """A sequence's state private to its mode, created by the mode at admission (engine/modes/: LazyState,
     BlockState, PrefixState); this one when its mode keeps none. The scheduler sees only the runs the sequence
     computes before its own run (`runs`, in order), the private pages to free when it ends (`private_pages`) and
     the cache segments its own run fills (`filled_segments`)."""
@@ -137,7 +137,7 @@ class Sequence:
     # while running
     parts: list[Part] = field(default_factory=list)
     run: Run | None = None
-    mode_state: ModeState = field(default_factory=ModeState)  # what its mode keeps for it (engine/modes.py)
+    mode_state: ModeState = field(default_factory=ModeState)  # what its mode keeps for it (engine/modes/)
     detokenizer: object | None = None  # model.detokenizer.IncrementalDecoder
 
     @property
