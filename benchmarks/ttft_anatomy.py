@@ -38,7 +38,16 @@ import triton.language as tl
 
 from benchmarks import engine as eb  # the shapes and the RAG request
 from lazyattn import SamplingParams  # noqa: E402
-from lazyattn.engine import llm_engine, model_runner, overlap, prefill_graphs, scheduler  # noqa: E402
+from lazyattn.engine import (  # noqa: E402
+    intake,
+    limits,
+    llm_engine,
+    model_runner,
+    overlap,
+    prefill_graphs,
+    scheduler,
+    step_launch,
+)
 from lazyattn.kernels.launch import pdl_options, wait_for_producers  # noqa: E402
 
 
@@ -304,19 +313,19 @@ def phases(bench: eb.Bench, repeats: int) -> dict:
     tl_ = Timeline()
     for owner, attr, name in (
         (llm_engine.LLMEngine, "add_request", "add_request"),
-        (llm_engine.LLMEngine, "_segment_keys", "segment_keys"),
-        (llm_engine.LLMEngine, "_validate", "validate"),
+        (intake.RequestIntake, "_segment_keys", "segment_keys"),
+        (limits.RequestLimits, "check", "validate"),
         (scheduler.Scheduler, "schedule", "schedule"),
         (model_runner.ModelRunner, "describe", "describe"),
         (prefill_graphs.StepLayout, "fill", "fill"),
         (torch.cuda.CUDAGraph, "replay", "replay"),
         (prefill_graphs.PrefillGraphs, "run", "prefill_graphs.run"),
-        (llm_engine.LLMEngine, "_sample", "sample"),
-        (overlap, "launched", "launched"),
+        (step_launch.StepLauncher, "_sample", "sample"),
+        (step_launch, "launched", "launched"),
         (overlap.LaunchedStep, "wait", "wait"),
-        (llm_engine.LLMEngine, "_process", "process"),
+        (llm_engine.LLMEngine, "_read", "process"),
         (llm_engine.LLMEngine, "_finish", "finish"),
-        (llm_engine.LLMEngine, "_release_finished", "release_finished"),
+        (type(bench.engine.pipeline), "end", "release_finished"),
         (scheduler.Scheduler, "finish", "scheduler.finish"),
         (bench.engine.outputs, "finish", "outputs.finish"),
         (torch.cuda, "synchronize", "cuda.synchronize"),

@@ -1,7 +1,8 @@
 """The engine: requests in, one forward pass per `step`, outputs out.
 
-`add_request → step → scheduler.schedule → executor.run → sampler → output_processor` is the whole call path;
-the step pipeline (engine/step_pipeline.py) orders a step's launch and the reading of its tokens. A request with
+`add_request → step → scheduler.schedule → executor.run → sampler → output_processor` is the whole call path:
+a request becomes sequences (engine/intake.py), the step pipeline (engine/step_pipeline.py) orders a step's launch
+(engine/step_launch.py) and the reading of its tokens (`_read`). A request with
 documents and no final segment (`params=None`) is prefill-only: it encodes its documents into the cache and
 finishes once they are cached (the server's document registration).
 
@@ -12,70 +13,42 @@ thread (server/engine_loop.py), which is the only one that touches it.
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
-import struct
 import time
-from dataclasses import dataclass
 
 import torch
 
 from lazyattn import envs
-from lazyattn.cache.disk_tier import DiskTierStats, make_disk_tier
-from lazyattn.cache.document_cache import CacheStats, DocumentCache, SegmentKeyer
-from lazyattn.cache.host_tier import HostTierStats, make_host_tier
+from lazyattn.cache.disk_tier import make_disk_tier
+from lazyattn.cache.document_cache import DocumentCache, SegmentKeyer
+from lazyattn.cache.host_tier import make_host_tier
 from lazyattn.cache.page_pool import PagePool
-from lazyattn.engine import isolation
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
 from lazyattn.engine.executor.local import LocalExecutor
 from lazyattn.engine.executor.tensor_parallel import TensorParallelExecutor
+from lazyattn.engine.intake import Request, RequestIntake
 from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
-from lazyattn.engine.outputs import RequestOutput
+from lazyattn.engine.outputs import EngineStats, RequestOutput
 from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
-from lazyattn.engine.sampling import Sampler, SampleResult, SamplingParams
-from lazyattn.engine.scheduler import Scheduler, segment_keys
+from lazyattn.engine.sampling import Sampler, SamplingParams
+from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
-from lazyattn.engine.step_pipeline import LaunchedStep, Picked, StepPipeline, SyncPipeline, launched
+from lazyattn.engine.step_launch import StepLauncher
+from lazyattn.engine.step_pipeline import LaunchedStep, StepPipeline, SyncPipeline
 from lazyattn.errors import (
     CheckpointError,
     InvalidRequestError,
-    QueueFullError,
-    TensorParallelError,
 )
 from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
-from lazyattn.model.tokenizer_cache import TokenizerCache, TokenizerCacheStats
+from lazyattn.model.tokenizer_cache import TokenizerCache
 
 logger = logging.getLogger("lazyattn.engine")
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    cache: CacheStats
-    num_pages: int
-    pages_used: int
-    pages_high_water: int
-    page_bytes: int
-    prefilled_tokens: int  # prefill rows computed (documents, prompts, recomputation after preemption)
-    decoded_tokens: int  # decode rows computed (one per generated token fed back)
-    preemptions: int
-    running: int
-    waiting: int
-    host: HostTierStats | None = None  # the host tier's, when the engine has one
-    disk: DiskTierStats | None = None  # the disk tier's, when the engine has one
-    tokenizer_cache: TokenizerCacheStats | None = None  # documents' token ids, when the tokenizer keeps them
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: RenderedPrompt
-    seqs: list[Sequence]
 
 
 class LLMEngine:
@@ -122,6 +95,7 @@ class LLMEngine:
             raise
         self.pool = PagePool(self.executor.num_pages)
         self.keyer = SegmentKeyer(mc.fingerprint(), repr(mc.rope))
+        self.intake = RequestIntake(self.mode, self.limits, self.keyer, config.max_waiting)
         # The host tier copies a whole pool: not under tensor parallelism (EngineConfig refuses it).
         kv = self.executor.local_kv
         self.tier = make_host_tier(config, kv) if kv is not None else None
@@ -130,8 +104,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
         self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
-        self.requests: dict[str, _Request] = {}
-        self._seq_ids = itertools.count()
+        self.launcher = StepLauncher(
+            self.executor, self.sampler, self.outputs, self.tier, config.page_size, self.device
+        )
+        self.requests: dict[str, Request] = {}
         self._withheld: list[int] = []  # pages taken out of use by set_kv_budget
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
         self.pipeline: StepPipeline = (
@@ -183,47 +159,26 @@ class LLMEngine:
         mode, docs/design.md "APE"), also for a prefill-only request; None: the engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        relink_tokens = self.relink_tokens(relink_tokens) if params is not None else 0
-        ape = self.ape(ape_temperature, ape_scale) if params is not None else (1.0, 1.0)
-        prefix = self.ape_prefix(ape_prefix)
-        keys = self._segment_keys(prompt, cache_salt, prefix)
-        # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
-        # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
-        cached = [self.cache.contains(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
-        self.limits.check(prompt, params, relink_tokens, cached, self.num_pages)
-        if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
-            raise InvalidRequestError("a document holds a value that is not an integer token id", "documents")
-        limit = self.config.max_waiting
-        samples = params.n if params is not None else 1
-        if limit is not None and self.scheduler.num_waiting + samples > limit:
-            raise QueueFullError(
-                f"the waiting queue is full ({self.scheduler.num_waiting} of {limit} sequences); retry later"
-            )
-        # The sequences share the prompt's lists (nothing in the engine changes them): copying ~10K cached ids per
-        # request, and freeing the copies when it ends, cost ~30 µs of an H100 host's time (docs/benchmarks.md).
-        seqs = [
-            Sequence(
-                next(self._seq_ids),
-                request_id,
-                i,
-                prompt.segments,
-                prompt.final,
-                params,
-                salt=cache_salt,
-                segment_keys=keys,
-                relink_tokens=relink_tokens,
-                ape=ape,
-                ape_prefix=prefix,
-            )
-            for i in range(params.n if params is not None else 1)
-        ]
-        for seq in seqs:
+        req = self.intake.request(
+            request_id,
+            prompt,
+            params,
+            cached=self.cache.contains,
+            num_pages=self.num_pages,
+            num_waiting=self.scheduler.num_waiting,
+            cache_salt=cache_salt,
+            relink_tokens=relink_tokens,
+            ape_temperature=ape_temperature,
+            ape_scale=ape_scale,
+            ape_prefix=ape_prefix,
+        )
+        for seq in req.seqs:
             if arrival is not None:
                 seq.metrics.arrival = arrival
             if params is not None:
                 self.outputs.start(seq)
             self.scheduler.add(seq)
-        self.requests[request_id] = _Request(request_id, prompt, seqs)
+        self.requests[request_id] = req
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its pages. Unknown or finished ids are ignored."""
@@ -262,7 +217,7 @@ class LLMEngine:
         With overlapped scheduling (engine/overlap.py) a step is left running on the device and its outputs are
         returned by the next call, after that call has queued the step that follows it.
         """
-        touched: dict[str, _Request] = {}
+        touched: dict[str, Request] = {}
         failed: dict[str, str] = {}
         self.pipeline.step(self.scheduler, lambda step: self._read(step, touched, failed))
         if not self.requests:  # every sequence of a step still in flight has ended: nobody will read it
@@ -276,16 +231,9 @@ class LLMEngine:
         return outputs
 
     def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
-        """Queue the batch's forward pass and sampling, and the copies of the sampled tokens to the host."""
-        failed: dict[str, str] = {}
-        picked: Picked = []
-        if batch.works:
-            logits = self._forward(batch, failed)
-            to_sample = self.scheduler.complete(batch)
-            picked = self._sample(logits, to_sample, failed)
-        return launched(batch, picked, failed, self.device)
+        return self.launcher.launch(self.scheduler, batch)
 
-    def _read(self, step: LaunchedStep, touched: dict[str, _Request], failed: dict[str, str]) -> None:
+    def _read(self, step: LaunchedStep, touched: dict[str, Request], failed: dict[str, str]) -> None:
         """Append a completed step's tokens; finish the sequences they end."""
         failed.update(step.failed)
         now = time.monotonic()
@@ -307,32 +255,6 @@ class LLMEngine:
                     if not seq.is_finished:
                         self._finish(seq, "abort")
                 touched[request_id] = req
-
-    def _forward(self, batch: ScheduledBatch, failed: dict[str, str]) -> torch.Tensor:
-        if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
-            self.tier.mover.before_forward(batch.written_pages(self.config.page_size))
-        try:
-            return self.executor.run(batch)
-        except TensorParallelError:
-            raise  # a rank is gone: nothing to isolate
-        except Exception as error:
-            if batch.fed_back is not None:
-                raise  # the caller redoes the step once its input tokens are on the host
-            logger.warning("a step failed (%s); redoing its parts one by one", error)
-            return isolation.forward_parts(self.executor.run, batch, self.scheduler.running, self.cache, failed)
-
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[str, str]):
-        seqs = [s for s in seqs if s.request_id not in failed]
-
-        def sample(rows: torch.Tensor, part: list[Sequence]) -> SampleResult:
-            return self.sampler.sample(
-                rows,
-                [s.params for s in part],
-                [s.generator for s in part],
-                suppress_token_ids=[self.outputs.suppressed(s) for s in part],
-            )
-
-        return isolation.sample_rows(sample, logits, seqs, failed)
 
     def _finish(self, seq: Sequence, reason: str | None = None) -> None:
         self.outputs.finish(seq, reason)
@@ -436,13 +358,3 @@ class LLMEngine:
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
         """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""
         return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
-
-    def _segment_keys(self, prompt: RenderedPrompt, salt: str | None, prefix: bool = False) -> list[str] | None:
-        """The segments' document-cache keys (lazy/block), computed once per request: the scheduler takes them
-        from the sequences. None in modes that do not cache documents, or for an id that is no int64."""
-        if not self.mode.caches_documents:
-            return None
-        try:
-            return segment_keys(self.keyer, prompt.segments, salt, prefix)
-        except (struct.error, OverflowError, TypeError):
-            return None  # _validate names an out-of-range id; add_request refuses anything else

@@ -1,4 +1,4 @@
-"""What `generate` returns and the server streams."""
+"""What `generate` returns and the server streams, and what the engine's `stats` reports."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+    from lazyattn.cache.disk_tier import DiskTierStats
+    from lazyattn.cache.document_cache import CacheStats
+    from lazyattn.cache.host_tier import HostTierStats
+    from lazyattn.model.tokenizer_cache import TokenizerCacheStats
 
 
 @dataclass
@@ -64,3 +69,22 @@ class RequestOutput:
     @property
     def logprobs(self) -> list[dict[int, float]] | None:
         return self.outputs[0].logprobs
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's counters and gauges at one moment (LLMEngine.stats)."""
+
+    cache: CacheStats
+    num_pages: int
+    pages_used: int
+    pages_high_water: int
+    page_bytes: int
+    prefilled_tokens: int  # prefill rows computed (documents, prompts, recomputation after preemption)
+    decoded_tokens: int  # decode rows computed (one per generated token fed back)
+    preemptions: int
+    running: int
+    waiting: int
+    host: HostTierStats | None = None  # the host tier's, when the engine has one
+    disk: DiskTierStats | None = None  # the disk tier's, when the engine has one
+    tokenizer_cache: TokenizerCacheStats | None = None  # documents' token ids, when the tokenizer keeps them

@@ -3,8 +3,10 @@
 Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py entries). Order within a
 step: running sequences that decode (one token each), then, in admission order, the document encodes a
 sequence waits on, followed by that sequence's own prefill chunk, all under a per-step token budget.
-What a sequence reuses and how it reads it is its mode's (engine/modes.py); the scheduler keeps the queues,
-the budget, the shared document encodes (*jobs*), the private copies a mode asks for (block) and preemption.
+What a sequence reuses and how it reads it is its mode's (engine/modes/); what it holds in the cache is acquired
+at admission and given back at its end (engine/admission.py, which also queues the shared document encodes, *jobs*).
+The scheduler keeps the queues, the budget, the order of a step's work, the private copies a mode asks for (block)
+and preemption.
 
 A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
 for its documents like any other sequence and is done once they are cached.
@@ -20,27 +22,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 
-from lazyattn.cache.document_cache import DocumentCache, Segment
+from lazyattn.cache.document_cache import DocumentCache
+from lazyattn.engine.admission import Admission, Keyer
 from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import Mode
-from lazyattn.engine.sequence import ModeState, Part, Run, Sequence, Status
+from lazyattn.engine.sequence import Part, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
-
-Keyer = Callable[[list[int], "str | None", "str | None"], str]  # (tokens, salt, parent) -> key
-
-
-def segment_keys(keyer: Keyer, segments: list[list[int]], salt: str | None, prefix: bool = False) -> list[str]:
-    """The segments' document-cache keys. With prefix (ape_prefix), a segment after the first is encoded after it:
-    its key includes the first segment's key (the encoding depends on it), and a marker that sets it apart from the
-    keys of prefix mode's page chains."""
-    keys = [keyer(s, salt, None) for s in segments]
-    if prefix and keys:
-        keys[1:] = [keyer(s, salt, "ape-prefix:" + keys[0]) for s in segments[1:]]
-    return keys
 
 
 class Scheduler:
@@ -49,13 +39,12 @@ class Scheduler:
         self.mode = mode
         self.cache = cache
         self.page_size = cache.page_size
-        self.keyer = keyer
+        self.admission = Admission(mode, cache, keyer)
         # Waiting sequences in admission order. An aborted one is only marked finished and skipped when it reaches
         # the front, so that aborting is O(1) however long the queue (a client that drops a huge batch).
         self._waiting: deque[Sequence] = deque()
         self.num_waiting = 0
         self.running: list[Sequence] = []
-        self.jobs: dict[str, SegmentJob] = {}
         self.num_preemptions = 0
         self.prefilled_tokens = 0  # prefill rows computed by forward passes (documents, prompts, recomputation)
         self.decoded_tokens = 0  # decode rows (one per sampled token that was fed back)
@@ -63,6 +52,11 @@ class Scheduler:
         # A running sequence lacked pages in the last step: admit nobody until it has moved on, or a
         # preempted sequence re-admitted first would take the very pages the older one waits for.
         self._starved = False
+
+    @property
+    def jobs(self) -> dict[str, SegmentJob]:
+        """The pending encode of each document being encoded, by key (engine/admission.py queues them)."""
+        return self.admission.jobs
 
     # -- queue ------------------------------------------------------------------------------------
 
@@ -80,7 +74,7 @@ class Scheduler:
         them, engine/overlap.py)."""
         if seq.status is Status.RUNNING:
             if release:
-                self._release(seq)
+                self.admission.release(seq)
             self.running.remove(seq)
         elif seq.status is Status.WAITING:
             self.num_waiting -= 1
@@ -89,7 +83,7 @@ class Scheduler:
     # -- one step ---------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
-        self._drop_dead_jobs()
+        self.admission.drop_dead_jobs()
         batch = self._batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         if not self._starved or not self.running:
@@ -112,7 +106,7 @@ class Scheduler:
     ) -> int:
         """One running sequence's work in this step, stage by stage: the encodes of the documents it waits on,
         its private copies, its recomputed rows, then its own chunk. Returns the budget left."""
-        if any(p.segment.failed for p in seq.parts if not p.owned):
+        if any(p.segment.failed for p in seq.parts):
             self._preempt(seq)  # its encoder gave up: start over, now as the encoder
             return budget
         budget = self._schedule_jobs(seq.parts, batch, budget, job_done)
@@ -173,7 +167,7 @@ class Scheduler:
                     self.jobs.pop(w.job.segment.key, None)
                 continue
             w.seq.metrics.prefilled_tokens += w.hi - w.lo
-            self._mark_owned_ready(w.seq)
+            self.admission.mark_filled_ready(w.seq)
             if w.samples:
                 to_sample.append(w.seq)
         return to_sample
@@ -189,7 +183,7 @@ class Scheduler:
                 self._waiting.popleft()
                 continue
             try:
-                self._admit(seq)
+                self.admission.admit(seq)
             except OutOfPagesError:
                 if not self.running and not self.jobs:
                     raise  # cannot happen for a validated request; never spin silently
@@ -199,68 +193,6 @@ class Scheduler:
             self.running.append(seq)
             seq.status = Status.RUNNING
             backlog += seq.run.pending
-
-    def _admit(self, seq: Sequence) -> None:
-        """Acquire the sequence's cached parts (creating jobs for missing documents) and its run."""
-        acquired: list[Part] = []
-        try:
-            run = self.mode.admit(self, seq, acquired)
-            held = sum(len(p.segment.pages) for p in acquired) + len(run.pages) - run.owned
-            samples = 0 if seq.prefill_only else 1
-            need = (
-                self.mode.pages_needed(
-                    [len(s) for s in seq.segments],
-                    len(seq.prompt) + len(seq.output),
-                    samples,
-                    self.page_size,
-                    seq.relink_tokens,
-                )
-                - held
-            )
-            if self.cache.available_pages() < need:
-                raise OutOfPagesError("not enough room for this sequence's prefill yet")
-        except OutOfPagesError:
-            for part in reversed(acquired):
-                self._drop_part(part)
-            self._drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
-            seq.mode_state = ModeState()
-            raise
-        seq.parts, seq.run = acquired, run
-        seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
-
-    def acquire_documents(
-        self,
-        segments: list[list[int]],
-        salt: str | None,
-        acquired: list[Part],
-        keys: list[str] | None = None,
-        prefix: bool = False,
-    ) -> None:
-        """Acquire each segment as a cached document at its logical start, queueing an encode job for each one
-        the cache does not hold yet (one job however many sequences wait on it). `keys`: the segments' keys if
-        already computed (LLMEngine.add_request). prefix (ape_prefix): the segments after the first are encoded
-        after it, at positions from its length, under keys that include its key (`segment_keys`)."""
-        keys = keys if keys is not None else segment_keys(self.keyer, segments, salt, prefix)
-        start = 0
-        for i, tokens in enumerate(segments):
-            after = len(segments[0]) if prefix and i else 0
-            segment, is_new = self.cache.acquire(keys[i], len(tokens))
-            acquired.append(Part(segment, start, len(tokens), hit=not is_new, rotated_at=after))
-            if is_new:
-                run = Run(list(tokens), after, list(segment.pages))
-                self.jobs[keys[i]] = SegmentJob(segment, run, acquired[0].segment if after else None)
-            start += len(tokens)
-
-    # -- the document source of the modes (modes.DocumentSource) ---------------------------------
-
-    def chain_key(self, tokens: list[int], salt: str | None, parent: str | None) -> str:
-        return self.keyer(tokens, salt, parent)
-
-    def holds(self, key: str) -> bool:
-        return self.cache.contains(key)
-
-    def acquire_key(self, key: str, num_tokens: int) -> tuple[Segment, bool]:
-        return self.cache.acquire(key, num_tokens)
 
     # -- per-step helpers -------------------------------------------------------------------------
 
@@ -287,10 +219,10 @@ class Scheduler:
         return budget
 
     def _parts_ready(self, seq: Sequence, job_done: set[str]) -> bool:
-        """A sequence's own chunk may run once every part it did not compute is (or becomes, within this
-        batch, for lazy: K/V of all rows is written before any row attends) ready."""
+        """A sequence's own chunk may run once every part it reads is (or becomes, within this batch, for lazy: K/V
+        of all rows is written before any row attends) ready."""
         for p in seq.parts:
-            if p.owned or p.segment.ready:
+            if p.segment.ready:
                 continue
             if self.mode.reads_documents_in_same_step and p.segment.key in job_done:
                 continue
@@ -353,54 +285,23 @@ class Scheduler:
                 self._preempt(victims[-1])
         return []
 
-    def _mark_owned_ready(self, seq: Sequence) -> None:
-        done_pages = seq.run.num_computed // self.page_size
-        i = 0
-        for p in seq.parts:
-            if not p.owned:
-                continue
-            if i < done_pages and not p.segment.ready:
-                self.cache.mark_ready(p.segment)
-            i += 1
-
     # -- releasing ---------------------------------------------------------------------------------
 
     def release(self, seq: Sequence) -> None:
         """Release what a sequence finished with `finish(seq, release=False)` still holds."""
-        self._release(seq)
-
-    def _drop_part(self, part: Part) -> None:
-        if part.owned and not part.segment.ready and not part.segment.failed:
-            self.cache.abort(part.segment)
-        self.cache.release(part.segment)
-
-    def _release(self, seq: Sequence) -> None:
-        # Last-to-first, so that LRU evicts the tail of a prefix chain before what it hangs from.
-        for part in reversed(seq.parts):
-            self._drop_part(part)
-        run = seq.run
-        if run is not None:
-            self.cache.pool.free(run.pages[run.owned :])
-        for pages in seq.mode_state.private_pages():
-            self.cache.pool.free(pages)
-        seq.parts, seq.run, seq.mode_state = [], None, ModeState()
+        self.admission.release(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""
-        self._release(seq)
+        self.admission.release(seq)
         self.running.remove(seq)
         if self._batch is not None:
             # Pages just freed may be handed out again in this very step: nothing in the batch may still
             # write to them (encodes of documents nobody holds any more, this sequence's copies).
             self._batch.works = [w for w in self._batch.works if w.job is None or w.job.segment.refcount]
             self._batch.copies = [c for c in self._batch.copies if c.seq_id != seq.seq_id]
-            self._drop_dead_jobs()
+            self.admission.drop_dead_jobs()
         seq.status = Status.WAITING
         self._waiting.appendleft(seq)
         self.num_waiting += 1
         self.num_preemptions += 1
-
-    def _drop_dead_jobs(self) -> None:
-        """A document nobody waits for any more was dropped by the cache: stop encoding it."""
-        for key in [k for k, j in self.jobs.items() if j.segment.refcount == 0 or j.segment.failed]:
-            del self.jobs[key]

@@ -60,7 +60,6 @@ class Part:
     segment: Segment
     start: int
     length: int
-    owned: bool = False  # computed by this sequence's own run (prefix mode)
     # Position its keys were cached rotated from: 0, or the first segment's length for a document encoded after it
     # (ape_prefix). The part's delta is start - rotated_at.
     rotated_at: int = 0
@@ -68,9 +67,10 @@ class Part:
 
 
 class ModeState:
-    """A sequence's state private to its mode, created by the mode at admission (engine/modes.py: LazyState,
-    BlockState); this one when its mode keeps none. The scheduler sees only the runs the sequence computes
-    before its own run (`runs`, in order) and the private pages to free when it ends (`private_pages`)."""
+    """A sequence's state private to its mode, created by the mode at admission (engine/modes/: LazyState,
+    BlockState, PrefixState); this one when its mode keeps none. The scheduler sees only the runs the sequence
+    computes before its own run (`runs`, in order), the private pages to free when it ends (`private_pages`) and
+    the cache segments its own run fills (`filled_segments`)."""
 
     @property
     def runs(self) -> list[Run]:
@@ -78,6 +78,12 @@ class ModeState:
 
     def private_pages(self) -> list[list[int]]:
         """The private pages the sequence holds through its mode, one list per allocation, in order."""
+        return []
+
+    def filled_segments(self) -> list[Segment]:
+        """The cache segments the sequence's own run fills, one per page of its run from the first, in order: it
+        holds them, they are ready once the run has computed their page, and one not computed yet is aborted when
+        the sequence lets go of it. They are not among its parts (what it reads as others computed it)."""
         return []
 
 
@@ -132,7 +138,7 @@ class Sequence:
     # while running
     parts: list[Part] = field(default_factory=list)
     run: Run | None = None
-    mode_state: ModeState = field(default_factory=ModeState)  # what its mode keeps for it (engine/modes.py)
+    mode_state: ModeState = field(default_factory=ModeState)  # what its mode keeps for it (engine/modes/)
     detokenizer: object | None = None  # model.detokenizer.IncrementalDecoder
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from lazyattn.model.tokenizer import TokenizerBase, check_text, special_pattern
+from lazyattn.model.tokenizer_base import TokenizerBase, check_text, special_pattern
 
 _BYTE_SPECIALS = ("<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<pad>")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lazyattn.model.tokenizer import TokenizerBase
+from lazyattn.model.tokenizer_base import TokenizerBase
 
 
 class IncrementalDecoder:

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from lazyattn.errors import CheckpointError
 from lazyattn.model.gguf import GGUFFile, eos_token_ids, open_gguf
-from lazyattn.model.tokenizer import Tokenizer
+from lazyattn.model.hf_tokenizer import Tokenizer
 
 # llama.cpp token types
 _CONTROL, _USER_DEFINED = 3, 4

@@ -45,7 +45,7 @@ class SchedulerBench:
         return toks
 
     def key(self, toks: list[int], salt: str | None = None, parent: str | None = None) -> str:
-        return self.scheduler.keyer(toks, salt, parent)
+        return self.scheduler.admission.keyer(toks, salt, parent)
 
     def segment(self, toks: list[int]) -> Segment | None:
         """The cached (lazy/block) segment of a document, pending or ready; None if not indexed."""

@@ -494,7 +494,7 @@ def test_abort_returns_every_page_but_the_ready_cached_ones(mode, stage, n_steps
     else:
         assert len(s1.output) == 2
     # Pages that must come free: the run's private pages, block's copies, prefix pages not yet computed.
-    unfinished = [p for part in s1.parts if part.owned and not part.segment.ready for p in part.segment.pages]
+    unfinished = [p for seg in s1.mode_state.filled_segments() if not seg.ready for p in seg.pages]
     private = [p for pages in s1.mode_state.private_pages() for p in pages]
     transient = s1.run.pages[s1.run.owned :] + private + unfinished
     assert transient and all(b.pool.is_used(p) for p in transient)

@@ -107,7 +107,7 @@ def test_each_document_is_keyed_once_per_request():
         keyed.append(len(tokens))
         return keyer(tokens, salt, parent)
 
-    engine.keyer = engine.scheduler.keyer = counting
+    engine.keyer = engine.intake.keyer = engine.scheduler.admission.keyer = counting
     run(llm, RenderedPrompt([SYSTEM, *DOCS], [80, 81]))  # encodes all three
     run(llm, RenderedPrompt([SYSTEM, *DOCS], [83]))  # hits all three
     assert keyed == [len(SYSTEM), len(DOCS[0]), len(DOCS[1])] * 2

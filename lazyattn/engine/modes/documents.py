@@ -1,17 +1,7 @@
-"""The four modes of docs/design.md, one small class each, chosen once per engine.
+"""lazy and block: each segment is a cached document, encoded alone at local positions; the run is the final
+segment. They differ in how a sequence reads a document placed after position 0: in place, at delta = its logical
+start (lazy), or through a private re-rotated copy (block).
 
-A mode decides what a sequence reuses and how it reads it; the scheduler, the cache, the model and the kernels
-are the same for all four. Everything mode-specific is here:
-
-- `admit`: which cached parts a sequence acquires (through a `DocumentSource`, the scheduler) and which run of
-  tokens it computes itself;
-- `context`: the page table its run attends to before its own pages (physical page, delta, valid tokens);
-- `copies_needed`, `copy_sources`, `set_copies`: the private re-rotated copies of placed documents a sequence
-  reads (block), made by the scheduler before its first chunk;
-- `pages_needed`: the one page-count formula (validation, admission, the server's default max_tokens, the
-  hit-ratio simulation all use it);
-- `caches_documents`: whether a request's segments are cached documents (so they can be encoded ahead of time
-  and hits count in whole documents);
 - relink (lazy only): the recomputed first rows of each placed document, private to the sequence
   (docs/design.md, "Relink");
 - APE (lazy and block): the final segment's attention temperature and scale on the pages of every segment after
@@ -22,89 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
-from lazyattn.engine.config import MODES
+from lazyattn.engine.modes.base import DocumentSource, Mode
 from lazyattn.engine.sequence import ModeState, Part, Run, Sequence
-from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
-
-if TYPE_CHECKING:
-    from lazyattn.cache.document_cache import Segment
-
-
-class DocumentSource(Protocol):
-    """What a mode's `admit` may ask of the engine's cache (the scheduler implements it): acquire documents or
-    single pages under keys, and the page size. Every acquired part is the caller's to release."""
-
-    page_size: int
-
-    def acquire_documents(
-        self, segments: list[list[int]], salt: str | None, acquired: list[Part], keys: list[str] | None, prefix: bool
-    ) -> None:
-        """Acquire each segment as a cached document at its logical start, appending its Part to `acquired`."""
-        ...
-
-    def chain_key(self, tokens: list[int], salt: str | None, parent: str | None) -> str:
-        """The cache key of `tokens` hanging from the key `parent` (None: a document's own key)."""
-        ...
-
-    def holds(self, key: str) -> bool:
-        """Whether the cache holds `key`, without acquiring it."""
-        ...
-
-    def acquire_key(self, key: str, num_tokens: int) -> tuple[Segment, bool]:
-        """Acquire `key` (created empty if new, to be computed by the caller); (segment, is_new)."""
-        ...
-
-
-class Mode:
-    name: str
-    caches_documents: bool = False
-    copies: bool = False
-    # A sequence's chunk may run in the same step as the last chunk of a document it reads: each layer writes
-    # the K/V of every row in the batch before any row attends. Not so for copies, made before the forward pass.
-    reads_documents_in_same_step: bool = True
-
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        """Acquire the sequence's cached parts into `acquired` (in order) and return the run it computes.
-        Raises OutOfPagesError; the caller then releases what was acquired."""
-        raise NotImplementedError
-
-    def context(self, seq: Sequence, page_size: int) -> EntryPages:
-        """The pages the sequence's run attends to before its own."""
-        raise NotImplementedError
-
-    def copies_needed(self, seq: Sequence) -> bool:
-        """Whether the sequence still needs private copies made before its first chunk (`copy_sources`)."""
-        return False
-
-    def copy_sources(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """The pages to copy privately for the sequence and the delta each is re-rotated by."""
-        return [], []
-
-    def set_copies(self, seq: Sequence, pages: list[int]) -> None:
-        """The sequence's private copies were allocated (as `pages`, in `copy_sources` order) and are in a batch."""
-
-    def pages_needed(
-        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
-    ) -> int:
-        """Pages a request holds at its peak: segments of `segment_lens` tokens, then `n` samples whose runs reach
-        `run_tokens` tokens each (the final segment plus what they generate), and, relinked, their private
-        recomputed rows."""
-        raise NotImplementedError
-
-    def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
-        """Documents of a request found in the cache, from the engine's count of cached context tokens
-        (requests of a system segment and `num_docs` documents of `doc_len` tokens)."""
-        return 0.0
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 class _DocumentMode(Mode):
-    """lazy and block: each segment is a cached document, encoded alone; the run is the final segment."""
+    """What lazy and block share: the documents acquired (and encoded if missing), the run, the page count."""
 
     caches_documents = True
 
@@ -272,69 +187,3 @@ class BlockMode(_DocumentMode):
 
     def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
         return sum(cdiv(length, page_size) for length in segment_lens[1:])
-
-
-class _CausalMode(Mode):
-    """prefix and full: ordinary causal attention over the concatenated prompt."""
-
-    def pages_needed(
-        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
-    ) -> int:
-        return n * cdiv(sum(segment_lens) + run_tokens, page_size)
-
-    def context(self, seq: Sequence, page_size: int) -> EntryPages:
-        # Cached prefix pages this sequence did not compute itself; delta 0: keys sit at absolute positions.
-        shared = [p for p in seq.parts if not p.owned]
-        pages = [page for p in shared for page in p.segment.pages]
-        return EntryPages(pages, [0] * len(pages), [page_size] * len(pages))
-
-
-class PrefixMode(_CausalMode):
-    """vLLM-style prefix caching: the prompt's full pages are cached under chained keys and reused only for an
-    exact token prefix; the sequence computes the pages it misses itself (and caches them)."""
-
-    name = "prefix"
-
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        tokens = seq.all_tokens
-        ps = source.page_size
-        parent = None
-        first_owned = None
-        # The last token is never cached: its logits are needed, so the sequence computes it.
-        for b in range((len(tokens) - 1) // ps):
-            key = source.chain_key(tokens[b * ps : (b + 1) * ps], seq.salt, parent)
-            if first_owned is not None and source.holds(key):
-                break  # an orphan left after its parent was evicted: keep the rest private
-            segment, is_new = source.acquire_key(key, ps)
-            acquired.append(Part(segment, b * ps, ps, owned=is_new, hit=not is_new))
-            if is_new and first_owned is None:
-                first_owned = b
-            parent = key
-        start = (first_owned if first_owned is not None else len(acquired)) * ps
-        pages = [page for p in acquired if p.owned for page in p.segment.pages]
-        return Run(tokens[start:], start_pos=start, pages=pages, owned=len(pages))
-
-    def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:
-        # A reused prefix is whole pages and may end inside a document (always, once BOS shifts documents off
-        # page boundaries): the reused share of the document tokens, in documents.
-        return max(0.0, min(float(num_docs), (cached_tokens - system_len) / doc_len))
-
-
-class FullMode(_CausalMode):
-    """No caching: every request computes its whole prompt."""
-
-    name = "full"
-
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        return Run(seq.all_tokens, start_pos=0)
-
-
-# The implementation of each of config.MODES (the one list of mode names), by name.
-MODE_CLASSES: dict[str, type[Mode]] = {m.name: m for m in (LazyMode, BlockMode, PrefixMode, FullMode)}
-
-
-def make_mode(name: str) -> Mode:
-    try:
-        return MODE_CLASSES[name]()
-    except KeyError:
-        raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {name!r}", "mode") from None
