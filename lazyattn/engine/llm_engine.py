@@ -275,7 +275,8 @@ class LLMEngine:
         self.executor.shutdown()
         if self.disk is not None:
             self.disk.close()  # the writes still queued land
-        self.scheduler = self.cache = self.tier = self.disk = None  # type: ignore[assignment]
+        # Everything that holds a tier or the executor's buffers goes with them (the engine object may outlive this).
+        self.scheduler = self.cache = self.tier = self.disk = self.launcher = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -147,3 +147,25 @@ def test_written_pages_are_the_rows_of_each_work_and_the_copies():
     )
     # rows 17..39 sit in pages 1 and 2 of the run (3, 9); row 16 of the other in its page 1 (31)
     assert batch.written_pages(16) == {3, 9, 31, 44, 45}
+
+
+def test_shutdown_lets_go_of_the_tier(tmp_path):
+    """After shutdown nothing the engine object still holds keeps the host or disk tier (and their buffers) alive:
+    the object may outlive the shutdown (a `with` block's name, a notebook)."""
+    import gc
+    import weakref
+
+    llm = LLM(
+        model="tiny",
+        mode="lazy",
+        device="cpu",
+        progress=False,
+        kv_cache_gb=0.05,
+        host_cache_gb=0.01,
+        disk_cache_dir=str(tmp_path),
+    )
+    run_all(llm, batched=True)
+    tiers = [weakref.ref(llm.engine.tier), weakref.ref(llm.engine.disk)]
+    llm.engine.shutdown()
+    gc.collect()
+    assert [t() for t in tiers] == [None, None]
