@@ -63,7 +63,9 @@ class Plan:
 
 
 PLANS = {
-    "h100": Plan(str(ROOT / "benchmarks/models/llama-3.1-8b"), "cuda", kv_gb=16.0, host_gb=8.0),
+    "h100": Plan(
+        str(ROOT / "benchmarks/models/llama-3.1-8b"), "cuda", kv_gb=16.0, host_gb=8.0, options={"random_weights": True}
+    ),
     "cpu": Plan(
         "tiny",
         "cpu",
