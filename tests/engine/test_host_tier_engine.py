@@ -165,7 +165,7 @@ def test_shutdown_lets_go_of_the_tier(tmp_path):
         disk_cache_dir=str(tmp_path),
     )
     run_all(llm, batched=True)
-    tiers = [weakref.ref(llm.engine.tier), weakref.ref(llm.engine.disk)]
+    held = [weakref.ref(llm.engine.tier), weakref.ref(llm.engine.disk), weakref.ref(llm.engine.executor.local_kv)]
     llm.engine.shutdown()
     gc.collect()
-    assert [t() for t in tiers] == [None, None]
+    assert [t() for t in held] == [None, None, None]  # the tiers, and the KV pool they copy from
