@@ -29,13 +29,15 @@ from lazyattn.server.inputs import Renderer
 from lazyattn.server.metrics import ServerMetrics
 from lazyattn.server.openapi import install_openapi
 from lazyattn.server.protocol import (
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
+    DocumentCreateRequest,
+)
+from lazyattn.server.protocol_responses import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
     CompletionResponse,
     DocumentContent,
-    DocumentCreateRequest,
     DocumentDeleted,
     DocumentList,
     DocumentObject,

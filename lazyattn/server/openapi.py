@@ -3,7 +3,7 @@
 FastAPI's generated schema is close but not true here: it documents 422 for schema errors (this server answers
 400 with OpenAI's error body, `errors.py`), it lists the Authorization header as a plain optional parameter
 instead of a bearer security scheme, and it cannot know the model's vocabulary, which bounds `top_k` and token
-ids. The routes declare their own responses (`protocol.error_responses`); this module fixes the rest once,
+ids. The routes declare their own responses (`protocol_responses.error_responses`); this module fixes the rest once,
 when the schema is first asked for. `tests/server/test_openapi.py` holds the server to it with schemathesis.
 """
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from lazyattn.engine.outputs import CompletionOutput, RequestOutput
 from lazyattn.model.tokenizer import TokenizerBase
-from lazyattn.server.protocol import (
+from lazyattn.server.protocol_responses import (
     ChatLogprobs,
     CompletionLogprobs,
     PromptTokensDetails,

@@ -31,14 +31,16 @@ from lazyattn.server.inputs import (
     sampling_params,
 )
 from lazyattn.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from lazyattn.server.protocol_responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionChoice,
-    CompletionRequest,
     CompletionResponse,
     Usage,
 )
