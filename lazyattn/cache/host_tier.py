@@ -126,7 +126,6 @@ class HostTier:
         self.mover = mover
         self._index: OrderedDict[str, HostEntry] = OrderedDict()  # LRU: oldest demotion first
         self._promotions: list[_Promotion] = []
-        self._withheld: list[int] = []
         self._indexed_pages = 0  # pages of the indexed entries (what LRU eviction could free)
         self.reset_stats()
 
@@ -146,7 +145,7 @@ class HostTier:
     @property
     def num_pages(self) -> int:
         """Host pages the tier may use (grow to)."""
-        return max(self._ceiling(), self.pool.num_pages) - len(self._withheld)
+        return max(self._ceiling(), self.pool.num_pages) - self.pool.num_withheld
 
     def _ceiling(self) -> int:
         """Pages the pool may grow to: the budget, within what the mover could lock."""
@@ -163,7 +162,7 @@ class HostTier:
     def stats(self) -> HostTierStats:
         return HostTierStats(
             num_pages=self.num_pages,
-            pages_used=self.pool.num_used - len(self._withheld),
+            pages_used=self.pool.num_used - self.pool.num_withheld,
             entries=len(self._index),
             hits=self._hits,
             promotions=self._promotions_done,
@@ -174,7 +173,7 @@ class HostTier:
             bytes_to_device=self._bytes_to_device,
             seconds_to_device=self._seconds_to_device,
             page_bytes=self.page_bytes,
-            locked_pages=self.pool.num_pages - len(self._withheld),
+            locked_pages=self.pool.num_pages - self.pool.num_withheld,
         )
 
     # -- moving documents --------------------------------------------------------------------------------------
@@ -296,11 +295,8 @@ class HostTier:
         if num_pages is not None and not 0 <= num_pages <= self.capacity:
             raise ValueError(f"a host budget of {num_pages} pages does not fit the tier of {self.capacity}")
         self.clear()
-        self.pool.free(self._withheld)
-        self._withheld = []
         self._budget = self.capacity if num_pages is None else num_pages
-        if self.pool.num_pages > self._budget:
-            self._withheld = self.pool.allocate(self.pool.num_pages - self._budget)
+        self.pool.set_budget(self._budget)
 
     def _free(self, entry: HostEntry) -> None:
         """Free an entry just taken out of the index."""

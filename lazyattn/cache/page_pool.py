@@ -131,6 +131,7 @@ class PagePool:
         self._free = list(range(num_pages - 1, -1, -1))
         self._in_use = bytearray(num_pages)
         self._high_water = 0
+        self._withheld: list[int] = []  # pages taken out of use by set_budget
 
     @property
     def num_pages(self) -> int:
@@ -193,6 +194,21 @@ class PagePool:
         self._num_pages += n
         self._in_use.extend(bytes(n))
         self._free[:0] = range(self._num_pages - 1, old - 1, -1)
+
+    def set_budget(self, num_pages: int | None) -> None:
+        """Use only `num_pages` of the pool's pages (None: all of them), exactly as if it were that small: the
+        pages beyond are allocated here and held until the next call (benchmarks' budget sweeps, without
+        reallocating memory). The caller checks the budget's range and that nothing else holds pages it cares
+        about; a pool that grows later (the host tier's) grows past the cut only by another call."""
+        self.free(self._withheld)
+        self._withheld = []
+        if num_pages is not None and self._num_pages > num_pages:
+            self._withheld = self.allocate(self._num_pages - num_pages)
+
+    @property
+    def num_withheld(self) -> int:
+        """Pages set_budget holds out of use (counted in num_used)."""
+        return len(self._withheld)
 
     def is_used(self, page: int) -> bool:
         return 0 <= page < self._num_pages and bool(self._in_use[page])

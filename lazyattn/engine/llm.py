@@ -144,9 +144,9 @@ class LLM:
             raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
-        self.engine.relink_tokens(relink_tokens)
-        self.engine.ape(*ape[:2])
-        self.engine.ape_prefix(ape[2])
+        self.engine.limits.relink_tokens(relink_tokens)
+        self.engine.limits.ape(*ape[:2])
+        self.engine.limits.ape_prefix(ape[2])
         ids = [f"gen-{next(self._ids)}" for _ in rendered]
         added: list[str] = []
         try:

@@ -108,7 +108,6 @@ class LLMEngine:
             self.executor, self.sampler, self.outputs, self.tier, config.page_size, self.device
         )
         self.requests: dict[str, Request] = {}
-        self._withheld: list[int] = []  # pages taken out of use by set_kv_budget
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
         self.pipeline: StepPipeline = (
             OverlappedPipeline(self._launch, self.max_model_len)
@@ -299,14 +298,11 @@ class LLMEngine:
         """Use only `num_pages` pages of the pool (None: all of it), exactly as if the pool were that small, without
         loading the model again (the serving benchmark's KV-budget sweep). Empties the cache; idle engine only."""
         self.reset_cache()
-        self.pool.free(self._withheld)
-        self._withheld = []
-        if num_pages is not None:
-            if not 0 < num_pages <= self.pool.num_pages:
-                raise InvalidRequestError(
-                    f"a budget of {num_pages} pages does not fit the pool of {self.pool.num_pages}", "num_pages"
-                )
-            self._withheld = self.pool.allocate(self.pool.num_pages - num_pages)
+        if num_pages is not None and not 0 < num_pages <= self.pool.num_pages:
+            raise InvalidRequestError(
+                f"a budget of {num_pages} pages does not fit the pool of {self.pool.num_pages}", "num_pages"
+            )
+        self.pool.set_budget(num_pages)
         self.pool.reset_high_water()
 
     def set_host_budget(self, num_pages: int | None) -> None:
@@ -322,10 +318,10 @@ class LLMEngine:
     @property
     def num_pages(self) -> int:
         """Pages requests and the cache may use."""
-        return self.pool.num_pages - len(self._withheld)
+        return self.pool.num_pages - self.pool.num_withheld
 
     def stats(self) -> EngineStats:
-        withheld = len(self._withheld)
+        withheld = self.pool.num_withheld
         return EngineStats(
             cache=self.cache.stats(),
             num_pages=self.num_pages,
@@ -342,19 +338,7 @@ class LLMEngine:
             tokenizer_cache=self.tokenizer.cache.stats() if self.tokenizer.cache is not None else None,
         )
 
-    # -- limits ---------------------------------------------------------------------------------------------
-
-    def relink_tokens(self, requested: int | None) -> int:
-        """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
-        return self.limits.relink_tokens(requested)
-
-    def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
-        """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
-        return self.limits.ape(temperature, scale)
-
-    def ape_prefix(self, requested: bool | None = None) -> bool:
-        """Whether a request's documents are encoded after its first segment: its own choice, or the engine's."""
-        return self.limits.ape_prefix(requested)
+    # -- limits (the checks themselves: self.limits, engine/limits.py) -----------------------------------------
 
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
         """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""

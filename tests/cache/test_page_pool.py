@@ -166,3 +166,20 @@ def test_kv_layout_is_read_once_and_unknown_names_refused():
     assert error.value.param == "LAZYATTN_KV_LAYOUT"
     with pytest.raises(ValueError, match="unknown KV layout 'hnd'"):
         allocate_kv(1, 1, 2, 2, 2, torch.float32, "cpu", "hnd")
+
+
+def test_a_budget_withholds_the_pages_beyond_it_until_lifted():
+    pool = PagePool(10)
+    held = pool.allocate(3)
+    pool.set_budget(6)  # 4 withheld: 3 free pages left
+    assert (pool.num_withheld, pool.num_free, pool.num_used) == (4, 3, 7)
+    with pytest.raises(OutOfPagesError):
+        pool.allocate(4)
+    pool.set_budget(8)  # the cut moves: 2 withheld
+    assert (pool.num_withheld, pool.num_free) == (2, 5)
+    pool.set_budget(None)
+    assert (pool.num_withheld, pool.num_free) == (0, 7)
+    pool.free(held)
+    assert pool.num_free == 10
+    pool.set_budget(12)  # a budget above the pool withholds nothing
+    assert pool.num_withheld == 0
