@@ -29,7 +29,7 @@ def test_the_skipped_slow_series_counts_the_guards_misses(tmp_path):
     first = engine("lazy", str(tmp_path))
     run_all(first)
     first.engine.shutdown()
-    llm = engine("lazy", str(tmp_path), disk_read_gbps=1e-6, disk_always_read=False)  # a disk far slower than any encode
+    llm = engine("lazy", str(tmp_path), disk_read_gbps=1e-6, disk_always_read=False)  # a very slow disk
     llm.engine.disk.observe_encode(1000, 1.0)
     run_all(llm)
     got = samples(ServerMetrics("tiny", llm.engine.stats, lambda: 0))
