@@ -199,13 +199,12 @@ class DiskTier:
         return os.path.exists(self.path(key))
 
     def claim(self, key: str, n_tokens: int) -> _Read | None:
-        """A read of key's file, if it pays (the guard) and its staging memory fits; None: a miss (the file is gone,
-        the read is expected slower than an encode, or too many reads are queued)."""
+        """A read of key's file (`contains` just saw it), if it pays (the guard) and its staging memory fits; None:
+        a miss (the read is expected slower than an encode, or too many reads are queued). A file that vanishes
+        before the read gets to it comes back `failed` from `finished`, like a refused one."""
         n_pages = -(-n_tokens // self.device_kv.shape[3])
         nbytes = HEADER_BYTES + n_pages * self.page_bytes
         queued = self._staging()
-        if not os.path.exists(self.path(key)):
-            return None  # removed by another engine's eviction since `contains`
         if not self.always_read and (
             (queued and queued + nbytes > self.max_staging_bytes) or not self._pays(queued + nbytes, n_tokens)
         ):

@@ -5,6 +5,7 @@ only where the read is expected to be no slower than encoding it, and the stagin
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -146,3 +147,15 @@ def test_the_queue_counts_against_a_read_and_the_staging_budget_bounds_it(tmp_pa
     gate.set()
     cache.poll(wait=True)
     assert a2.ready and a2 is not a and disk.stats().staging_bytes == 0
+
+
+def test_a_file_that_vanishes_before_its_read_is_encoded_again(tmp_path, gate):
+    cache, disk, _, _ = on_disk(tmp_path, {"A": 9})
+    seg, is_new = cache.acquire("A", 9)
+    assert not is_new
+    os.unlink(file_of(disk, "A"))  # another engine's eviction, before the reader thread opens it
+    gate.set()
+    assert cache.poll(wait=True) == 0 and seg.failed and disk.stats().refused == 0
+    cache.release(seg)
+    again, is_new = cache.acquire("A", 9)
+    assert is_new and cache.stats().misses == 1 and cache.stats().disk_hits == 0
