@@ -282,6 +282,7 @@ def main() -> int:
         kv_cache_gb=plan.kv_gb,
         host_cache_gb=plan.host_gb,
         disk_cache_dir=disk_dir,
+        disk_always_read=True,  # measures the read path; the guard's estimates are in disk_stats (read_bps, encode_tps)
         max_model_len=plan.docs_per_request * plan.doc_len + plan.question_len + 64,
         progress=False,
         **plan.options,

@@ -3,9 +3,18 @@
 Inclusive and written through: when a document is encoded (`encoded`, from DocumentCache.mark_ready) its pages are
 gathered on the compute stream, copied to host memory on a side stream and written by a background thread, one file
 per document (cache/disk_format.py). So an acknowledged document survives a crash or restart, and a GPU eviction
-costs nothing here. A GPU and host miss whose file exists reads it whole, checks it, and copies it into the new GPU
-pages (`claim`, `fill`) before the request goes on; a file that fails the check is removed and the document is
-encoded again (a miss).
+costs nothing here. A GPU and host miss whose file exists is read back in the background: `claim` decides whether
+the read pays (the guard below), `fill` queues the read and check of the file into pinned staging memory on the
+reader thread, and `finished` (the scheduler's poll) copies each read that landed into the segment's GPU pages on
+the compute stream; the requests that need the document wait for it as for an encode, the others keep running. A
+file that fails the check is removed and its segment comes back `failed`: the waiting requests start over and the
+document is encoded again.
+
+The guard: a read is taken only where it is expected to be no slower than encoding the document. The tier keeps a
+running estimate of its read bandwidth (bytes/s of its completed reads; seeded by `read_gbps`, else by the first
+read) and is told the engine's encode throughput (`observe_encode`: prefill tokens/s of its steps); a lookup whose
+expected read time (the reads queued before it, plus its own bytes) exceeds the expected encode time is a miss,
+counted in `skipped_slow`. With `always_read` every file is read (a restart where compute is the bottleneck).
 
 The directory is the index: a file's name is a hash of (layout, segment key), its mtime its last use (a hit touches
 it). After each write the writer scans the directory and removes the least recently used files beyond the budget.
@@ -27,6 +36,8 @@ import os
 import queue
 import threading
 import time
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,6 +66,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("lazyattn.cache")
 
 DEFAULT_PENDING_BYTES = 4 * GiB  # host memory of writes waiting for the disk: ~16 documents of 2048 tokens at 8B
+# Pinned staging memory of reads queued, in flight or landed but not yet copied to the GPU: ~4 documents of 2048
+# tokens at 8B. A read beyond it is a miss (skipped_slow), except when no other read is queued.
+DEFAULT_STAGING_BYTES = 1 * GiB
+# One read at a time: each read already spreads its chunks over several threads (disk_format.read_verified), so one
+# read keeps the disk busy, and a read's own bytes/s then measures the disk, which is what the guard needs.
+READS_IN_FLIGHT = 1
+ESTIMATE_WEIGHT = 0.3  # weight of the newest measurement in the running estimates (read bandwidth, encode rate)
 
 
 @dataclass(frozen=True)
@@ -68,8 +86,12 @@ class DiskTierStats:
     evictions: int  # files this engine removed for the budget
     bytes_read: int
     bytes_written: int
-    read_seconds: float  # reading and checking files (hits and refusals)
+    read_seconds: float  # reading and checking files (hits and refusals), on the reader thread
     write_seconds: float  # writer thread: checksum, write, fsync, rename
+    skipped_slow: int = 0  # files not read: expected slower than encoding (the guard), or staging memory full
+    read_bps: float = 0.0  # the guard's estimate of read bandwidth, bytes/s (0: none yet)
+    encode_tps: float = 0.0  # the guard's estimate of encode throughput, tokens/s (0: none yet)
+    staging_bytes: int = 0  # pinned memory held by reads not yet copied to the GPU
 
     @property
     def read_gbps(self) -> float:
@@ -85,6 +107,18 @@ def layout_id(model_fingerprint: str, device_kv: torch.Tensor) -> str:
     )
 
 
+@dataclass(eq=False)
+class _Read:
+    """One file read back: claimed (bytes reserved), queued by `fill`, done when `future` is."""
+
+    key: str
+    n_tokens: int
+    n_pages: int
+    nbytes: int  # header and payload
+    segment: Segment | None = None
+    future: Future | None = None  # the pinned staging buffer, or None if the file was gone or refused
+
+
 class DiskTier:
     """The document cache's lowest tier (cache/tiers.py): files in `directory`, at most `budget_bytes` of them."""
 
@@ -98,6 +132,9 @@ class DiskTier:
         layout: str,
         before_write: Callable[[list[int]], None] | None = None,
         max_pending_bytes: int = DEFAULT_PENDING_BYTES,
+        read_gbps: float | None = None,
+        always_read: bool = False,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
@@ -107,7 +144,11 @@ class DiskTier:
         self.before_write = before_write  # orders a fill after copies still reading its GPU pages (the host tier's)
         self.max_pending_bytes = max_pending_bytes
         self.page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
-        self._filled: list[Segment] = []
+        self.always_read = always_read
+        self.max_staging_bytes = staging_bytes
+        self._seed_bps = read_gbps * 1e9 if read_gbps else 0.0
+        self._reads: list[_Read] = []  # claimed and not handed back by `finished`, oldest first
+        self._readers = ThreadPoolExecutor(READS_IN_FLIGHT, thread_name_prefix="lazyattn-disk-reader")
         self._pending: dict[str, int] = {}  # keys queued for writing: their bytes
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -119,9 +160,11 @@ class DiskTier:
         self._writer.start()
 
     def reset_stats(self) -> None:
-        self._hits = self._refused = self._writes = self._skipped = self._evictions = 0
+        self._hits = self._refused = self._writes = self._skipped = self._evictions = self._skipped_slow = 0
         self._bytes_read = self._bytes_written = 0
         self._read_seconds = self._write_seconds = 0.0
+        self._read_bps = self._seed_bps
+        self._encode_tps = 0.0
 
     def stats(self) -> DiskTierStats:
         return DiskTierStats(
@@ -136,6 +179,10 @@ class DiskTier:
             self._bytes_written,
             self._read_seconds,
             self._write_seconds,
+            self._skipped_slow,
+            self._read_bps,
+            self._encode_tps,
+            self._staging(),
         )
 
     def path(self, key: str) -> str:
@@ -146,22 +193,84 @@ class DiskTier:
 
     @property
     def in_flight(self) -> int:
-        return len(self._filled)
+        return len(self._reads)
 
     def contains(self, key: str) -> bool:
         return os.path.exists(self.path(key))
 
-    def claim(self, key: str, n_tokens: int) -> torch.Tensor | None:
-        """key's pages read from its file and checked, page-major; None if the file is gone or refused (removed)."""
+    def claim(self, key: str, n_tokens: int) -> _Read | None:
+        """A read of key's file (`contains` just saw it), if it pays (the guard) and its staging memory fits; None:
+        a miss (the read is expected slower than an encode, or too many reads are queued). A file that vanishes
+        before the read gets to it comes back `failed` from `finished`, like a refused one."""
         n_pages = -(-n_tokens // self.device_kv.shape[3])
-        shape = (n_pages, *self.device_kv.shape[:2], *self.device_kv.shape[3:])
+        nbytes = HEADER_BYTES + n_pages * self.page_bytes
+        queued = self._staging()
+        if not self.always_read and (
+            (queued and queued + nbytes > self.max_staging_bytes) or not self._pays(queued + nbytes, n_tokens)
+        ):
+            self._skipped_slow += 1
+            return None
+        return _Read(key, n_tokens, n_pages, nbytes)
+
+    def _pays(self, nbytes: int, n_tokens: int) -> bool:
+        """Whether reading `nbytes` (this file and the reads queued before it) is expected to take no longer than
+        encoding `n_tokens`. Without both estimates it is taken: the read measures the disk."""
+        if not self._read_bps or not self._encode_tps:
+            return True
+        return nbytes / self._read_bps <= n_tokens / self._encode_tps
+
+    def observe_encode(self, n_tokens: int, seconds: float) -> None:
+        """The engine computed `n_tokens` prefill tokens in `seconds` (one step): the guard's encode throughput."""
+        if n_tokens > 0 and seconds > 0:
+            self._encode_tps = _blend(self._encode_tps, n_tokens / seconds)
+
+    def fill(self, read: _Read, segment: Segment) -> None:
+        """Queue the claimed read for the segment's GPU pages; `finished` copies it in once it has landed."""
+        if read.n_pages != len(segment.pages):
+            raise ValueError(f"filling {len(segment.pages)} GPU pages from {read.n_pages} pages of a file")
+        read.segment = segment
+        read.future = self._readers.submit(self._read, read)
+        self._reads.append(read)
+
+    def finished(self, wait: bool = False) -> list[Segment]:
+        """The segments whose read has landed, oldest first: verified ones copied into their GPU pages on the current
+        stream (the forward passes that read them are queued after it), refused ones `failed`. wait: block until
+        every read queued has landed."""
+        if wait and self._reads:
+            futures.wait([r.future for r in self._reads])
+        done, pending = [], []
+        for r in self._reads:
+            (done if r.future.done() else pending).append(r)
+        self._reads = pending
+        for r in done:
+            buf = r.future.result()
+            if buf is None:
+                r.segment.failed = True  # the cache unindexes it; its waiters start over and encode it
+            else:
+                self._copy_in(buf, r.segment)
+        return [r.segment for r in done]
+
+    def _copy_in(self, buf: torch.Tensor, segment: Segment) -> None:
+        pages = list(segment.pages)
+        if self.before_write is not None:
+            self.before_write(pages)
+        index = self._index(pages)
+        src = buf.to(self.device_kv.device, non_blocking=True)  # pinned: torch keeps it until the copy is done
+        self.device_kv.index_copy_(2, index, src.permute(1, 2, 0, 3, 4, 5))
+
+    def _staging(self) -> int:
+        return sum(r.nbytes for r in self._reads)
+
+    def _read(self, read: _Read) -> torch.Tensor | None:
+        """Reader thread: the file read and checked into pinned memory, or None (gone, or refused and removed)."""
+        shape = (read.n_pages, *self.device_kv.shape[:2], *self.device_kv.shape[3:])
         buf = torch.empty(shape, dtype=self.device_kv.dtype, pin_memory=self.device_kv.is_cuda)
-        path = self.path(key)
+        path = self.path(read.key)
         start = time.perf_counter()
         try:
-            read_verified(path, key, self.layout, n_tokens, self.page_bytes, _bytes(buf))
+            read_verified(path, read.key, self.layout, read.n_tokens, self.page_bytes, _bytes(buf))
         except FileNotFoundError:
-            return None  # removed by another engine's eviction since `contains`
+            return None  # removed by another engine's eviction since `claim`
         except (RefusedFile, OSError) as e:
             self._refused += 1
             logger.warning("disk tier: refusing %s (%s); the document is encoded again", path, e)
@@ -170,28 +279,14 @@ class DiskTier:
             return None
         finally:
             self._read_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if seconds > 0:
+            self._read_bps = _blend(self._read_bps, read.nbytes / seconds)
         self._hits += 1
-        self._bytes_read += HEADER_BYTES + n_pages * self.page_bytes
+        self._bytes_read += read.nbytes
         with contextlib.suppress(OSError):
             os.utime(path)  # its last use, for LRU eviction
         return buf
-
-    def fill(self, buf: torch.Tensor, segment: Segment) -> None:
-        """Copy claimed pages into the segment's GPU pages, queued on the current stream: the forward passes that
-        read them are queued after it, so the segment is ready at the next poll."""
-        if buf.shape[0] != len(segment.pages):
-            raise ValueError(f"filling {len(segment.pages)} GPU pages from {buf.shape[0]} pages read from disk")
-        pages = list(segment.pages)
-        if self.before_write is not None:
-            self.before_write(pages)
-        index = self._index(pages)
-        src = buf.to(self.device_kv.device, non_blocking=True)  # pinned: torch keeps it until the copy is done
-        self.device_kv.index_copy_(2, index, src.permute(1, 2, 0, 3, 4, 5))
-        self._filled.append(segment)
-
-    def finished(self, wait: bool = False) -> list[Segment]:
-        done, self._filled = self._filled, []
-        return done
 
     def encoded(self, segment: Segment) -> None:
         """Queue the segment's KV for writing, unless a file or a write of it exists or too many writes wait."""
@@ -250,6 +345,7 @@ class DiskTier:
         self._queue.join()
 
     def close(self) -> None:
+        self._readers.shutdown(wait=True)
         self.flush()
         self._queue.put(None)
         self._writer.join()
@@ -282,6 +378,10 @@ class DiskTier:
         self._evictions += evicted
 
 
+def _blend(estimate: float, measured: float) -> float:
+    return measured if not estimate else (1 - ESTIMATE_WEIGHT) * estimate + ESTIMATE_WEIGHT * measured
+
+
 def _bytes(t: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, without a copy."""
     return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
@@ -298,4 +398,12 @@ def make_disk_tier(
     if config.disk_cache_dir is None or config.mode not in ("lazy", "block"):
         return None
     budget = int(config.disk_cache_gb * GiB)
-    return DiskTier(config.disk_cache_dir, budget, device_kv, layout_id(model_fingerprint, device_kv), before_write)
+    return DiskTier(
+        config.disk_cache_dir,
+        budget,
+        device_kv,
+        layout_id(model_fingerprint, device_kv),
+        before_write,
+        read_gbps=config.disk_read_gbps,
+        always_read=config.disk_always_read,
+    )

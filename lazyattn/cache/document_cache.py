@@ -202,16 +202,31 @@ class DocumentCache:
 
     def poll(self, wait: bool = False) -> int:
         """Make the segments whose fill from a lower tier has landed ready, and drop the fills' own references (a
-        segment nobody else holds becomes evictable). wait: block until every fill in flight has landed.
+        segment nobody else holds becomes evictable). A fill the tier could not complete (a disk file refused by
+        the background read) comes back `failed`: it is unindexed and no longer counted as a hit, and its waiters
+        start over (the next acquire misses and encodes it). wait: block until every fill in flight has landed.
         Returns how many became ready."""
         n = 0
         for tier in self.tiers:
-            done = tier.finished(wait)
-            for seg in done:
-                seg.ready = True
+            for seg in tier.finished(wait):
+                if seg.failed:
+                    self._unclaim(tier, seg)
+                else:
+                    seg.ready = True
+                    n += 1
                 self.release(seg)
-            n += len(done)
         return n
+
+    def _unclaim(self, tier: LowerTier, seg: Segment) -> None:
+        """A fill that failed: out of the index, and its hit taken back (the acquire that encodes it is the miss)."""
+        if seg.cached:
+            del self._index[seg.key]
+            seg.cached = False
+        self._lookups -= 1
+        self._hits -= 1
+        self._tier_hits[tier.name] -= 1
+        self._tokens_reused -= seg.n_tokens
+        self._tier_tokens[tier.name] -= seg.n_tokens
 
     def _promote(self, tier: LowerTier, key: str, n_tokens: int) -> Segment | None:
         """Fill new GPU pages from `tier`'s copy of key; None if the tier refuses its copy (a miss)."""

@@ -13,7 +13,9 @@ The DocumentCache calls every lower tier the same way, top tier first:
 - on a GPU miss, the first tier whose `contains(key)` is true: `claim(key, n_tokens)` (a handle, or None if the tier
   refuses its copy: the disk tier checks the file, and a refused file is a miss), then, with GPU pages allocated,
   `fill(handle, segment)`; the segment is ready once `finished()` hands it back (`in_flight` counts those not
-  handed back yet). Until then the fill holds a reference of its own on the segment;
+  handed back yet), unless the tier set its `failed` flag (a disk file refused by the read in the background):
+  then the cache unindexes it and its waiters start over, encoding it. Until then the fill holds a reference of
+  its own on the segment;
 - `discard(key)` (the document was deleted) and `clear()` (forget everything).
 """
 

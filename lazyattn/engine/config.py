@@ -139,6 +139,16 @@ class EngineConfig:
         shown="off",
     )
     disk_cache_gb: float = _option(64.0, "disk tier budget, GiB; least recently used files go first")
+    # The disk tier reads a file only where that is expected to be no slower than encoding the document: it keeps
+    # estimates of its read bandwidth (seeded here, else by its first read) and of the engine's encode throughput.
+    disk_read_gbps: float | None = _option(
+        None,
+        "disk tier's read bandwidth to assume until reads measure it, GB/s (docs/design.md, The disk tier)",
+        shown="measured by the first read",
+    )
+    disk_always_read: bool = _option(
+        False, "read every disk-tier hit, even where encoding is expected to be faster (compute-bound restarts)"
+    )
     tensor_parallel_size: int = _option(
         1,
         "GPUs one engine spans, one worker process each (docs/design.md, Tensor parallelism)",
@@ -184,6 +194,8 @@ class EngineConfig:
             raise InvalidRequestError(f"host_cache_gb must be >= 0, got {self.host_cache_gb}", "host_cache_gb")
         if not self.disk_cache_gb > 0:
             raise InvalidRequestError(f"disk_cache_gb must be > 0, got {self.disk_cache_gb}", "disk_cache_gb")
+        if self.disk_read_gbps is not None and not self.disk_read_gbps > 0:
+            raise InvalidRequestError(f"disk_read_gbps must be > 0, got {self.disk_read_gbps}", "disk_read_gbps")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)

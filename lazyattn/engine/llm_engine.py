@@ -218,7 +218,10 @@ class LLMEngine:
         """
         touched: dict[str, Request] = {}
         failed: dict[str, str] = {}
+        prefilled, start = self.scheduler.prefilled_tokens, time.perf_counter()
         self.pipeline.step(self.scheduler, lambda step: self._read(step, touched, failed))
+        if self.disk is not None:  # the disk tier's guard weighs a read against an encode at this rate
+            self.disk.observe_encode(self.scheduler.prefilled_tokens - prefilled, time.perf_counter() - start)
         if not self.requests:  # every sequence of a step still in flight has ended: nobody will read it
             self.pipeline.drain(self.scheduler)
         outputs = [

@@ -278,6 +278,11 @@ class _EngineCollector(Collector):
                 "Encoded documents not written (writes backed up, or over budget).",
                 d.write_skipped,
             ),
+            (
+                "disk_cache_skipped_slow",
+                "Disk-tier files not read: expected slower than encoding the document, or read staging full.",
+                d.skipped_slow,
+            ),
             ("disk_cache_evictions", "Disk-tier files this engine removed for the budget.", d.evictions),
             ("disk_cache_read_bytes", "Bytes read from disk-tier files.", d.bytes_read),
             ("disk_cache_written_bytes", "Bytes written to disk-tier files.", d.bytes_written),

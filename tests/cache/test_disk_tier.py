@@ -44,7 +44,7 @@ def read_back(cache, kv, key, n_tokens):
     """Acquire key expecting a hit from disk; returns its pages' KV once the fill has landed."""
     seg, is_new = cache.acquire(key, n_tokens)
     assert not is_new and not seg.ready
-    cache.poll()
+    cache.poll(wait=True)  # the read runs in the background
     assert seg.ready
     out = torch.stack([kv[:, :, p].clone() for p in seg.pages])
     cache.release(seg)
@@ -88,11 +88,13 @@ def refused_and_reencoded(tmp_path, damage):
     damage(file_of(disk, "A"))
     cache2, disk2, kv2 = make(tmp_path)
     seg, is_new = cache2.acquire("A", 9)
-    assert is_new  # the file was refused: a miss, this caller encodes it
+    assert not is_new and not seg.ready  # a hit until the background read has checked the file
+    assert cache2.poll(wait=True) == 0
+    assert seg.failed and not seg.ready and cache2.lookup("A") is None  # refused: never served
     assert disk2.stats().refused == 1 and disk2.stats().hits == 0 and cache2.stats().disk_hits == 0
-    assert not os.path.exists(file_of(disk2, "A"))  # removed, never served
-    cache2.abort(seg)
-    cache2.release(seg)
+    assert not os.path.exists(file_of(disk2, "A"))  # removed
+    cache2.release(seg)  # the waiter starts over: now a miss, and it encodes the document
+    assert cache2.pool.num_free == SHAPE[2] and cache2.stats().lookups == cache2.stats().hits == 0
     again = encode(cache2, kv2, "A", 9, 1)  # encoded again, written again
     disk2.flush()
     cache3, _, kv3 = make(tmp_path)
@@ -140,8 +142,9 @@ def test_a_file_of_another_model_or_dtype_is_refused(tmp_path, other):
     cache2, disk2, kv2 = make(tmp_path / "ours")
     shutil.copy(file_of(disk, "A"), file_of(disk2, "A"))
     assert cache2.contains("A")
-    seg, is_new = cache2.acquire("A", 8)
-    assert is_new and disk2.stats().refused == 1 and not os.path.exists(file_of(disk2, "A"))
+    seg, _ = cache2.acquire("A", 8)
+    cache2.poll(wait=True)
+    assert seg.failed and disk2.stats().refused == 1 and not os.path.exists(file_of(disk2, "A"))
     assert file_of(disk, "A") != file_of(disk2, "A")  # in a shared directory, they would not even meet
 
 

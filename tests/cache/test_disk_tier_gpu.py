@@ -31,7 +31,7 @@ def test_write_through_and_read_back_on_cuda(tmp_path):
     cache2 = DocumentCache(PagePool(8), 16, disk)
     seg2, is_new = cache2.acquire("A", 40)
     assert not is_new
-    cache2.poll()
+    cache2.poll(wait=True)  # the read runs in the background
     torch.cuda.synchronize()
     assert torch.equal(kv[:, :, list(seg2.pages)], expected)
     disk.close()

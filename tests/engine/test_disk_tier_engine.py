@@ -6,6 +6,7 @@ eviction pressure, the tokens do not change."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -21,7 +22,9 @@ SEGMENTS = len(DOCS) + 1  # the documents and the first segment (BOS)
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
 
-def engine(mode="lazy", disk=None, device="cpu", **kw) -> LLM:
+def engine(mode="lazy", disk=None, device="cpu", disk_always_read=True, **kw) -> LLM:
+    """The guard aside unless a test asks for it: on the CPU, with files of a few pages, whether a read beats an
+    encode depends on timing."""
     return LLM(
         model="tiny",
         mode=mode,
@@ -30,6 +33,7 @@ def engine(mode="lazy", disk=None, device="cpu", **kw) -> LLM:
         progress=False,
         kv_cache_gb=0.05,
         disk_cache_dir=disk,
+        disk_always_read=disk_always_read,
         **kw,
     )
 
@@ -117,3 +121,98 @@ def test_prefix_mode_and_tensor_parallelism_have_no_disk_tier(tmp_path):
         EngineConfig(model="tiny", disk_cache_dir=str(tmp_path), tensor_parallel_size=2)
     with pytest.raises(InvalidRequestError, match="disk_cache_gb"):
         EngineConfig(model="tiny", disk_cache_gb=0)
+
+
+LONG = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+FRESH_DOC = [(11 * i + 5) % 240 + 12 for i in range(40)]  # on no disk: encoded
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Disk reads wait on the reader thread while the gate is closed (it starts open)."""
+    import lazyattn.cache.disk_tier as disk_tier
+
+    opened = threading.Event()
+    opened.set()
+    real = disk_tier.read_verified
+
+    def held(*args, **kw):
+        assert opened.wait(20), "the test never let the read go"
+        return real(*args, **kw)
+
+    monkeypatch.setattr(disk_tier, "read_verified", held)
+    yield opened
+    opened.set()
+
+
+def test_a_disk_read_in_flight_does_not_stall_another_request(tmp_path, expected, gate):
+    first = engine("lazy", str(tmp_path))
+    run_all(first)
+    first.engine.shutdown()
+    alone = engine("lazy")
+    bos = alone.tokenizer.bos_token_id
+    busy = from_token_ids([50, 51], [FRESH_DOC], bos)
+    busy_tokens = alone._run([busy], LONG, None, False)[0].outputs[0].token_ids
+
+    e = engine("lazy", str(tmp_path)).engine
+    e.add_request("busy", busy, LONG)
+    tokens: dict[str, list[int]] = {}
+
+    def step():
+        for out in e.step():
+            tokens[out.request_id] = out.outputs[0].token_ids
+
+    while not tokens.get("busy"):  # its BOS segment read from disk, its document encoded
+        step()
+    gate.clear()  # from now on reads wait
+    docs, final = REQUESTS[0]
+    e.add_request("disk", from_token_ids(final, [DOCS[d] for d in docs], bos), PARAMS)
+    before = len(tokens["busy"])
+    for _ in range(4):
+        step()
+    assert e.cache.promoting == 2  # the documents' reads wait on the reader thread ...
+    assert len(tokens["busy"]) == before + 4  # ... while the other request decodes a token each step
+    assert not tokens.get("disk")
+    gate.set()
+    while e.has_unfinished():
+        step()
+    assert tokens["busy"] == busy_tokens and tokens["disk"] == expected["lazy"][0]
+    s = e.stats()
+    assert s.cache.disk_hits == 3 and s.cache.misses == 1 and s.disk.staging_bytes == 0
+
+
+def test_aborting_a_request_while_its_documents_load_leaks_nothing(tmp_path, expected, gate):
+    first = engine("lazy", str(tmp_path))
+    run_all(first)
+    first.engine.shutdown()
+    llm = engine("lazy", str(tmp_path))
+    e, bos = llm.engine, llm.tokenizer.bos_token_id
+    free = e.pool.num_free
+    e.add_request("busy", from_token_ids([50, 51], [FRESH_DOC], bos), LONG)  # keeps steps from waiting on reads
+    e.step()
+    gate.clear()
+    docs, final = REQUESTS[1]
+    e.add_request("r", from_token_ids(final, [DOCS[d] for d in docs], bos), PARAMS)
+    e.step()
+    assert e.cache.promoting == 2
+    e.abort("r")
+    gate.set()
+    while e.has_unfinished():
+        e.step()
+    e.cache.poll(wait=True)
+    assert e.cache.promoting == 0 and e.stats().disk.staging_bytes == 0
+    assert e.pool.num_free + e.cache.evictable_pages() == free  # what landed is cached, nothing is held
+    assert run_all(llm) == expected["lazy"]
+
+
+def test_the_guard_skips_a_slow_disk_and_always_read_overrides_it(tmp_path, expected):
+    first = engine("lazy", str(tmp_path))
+    run_all(first)
+    first.engine.shutdown()
+    for always, hits in [(False, 0), (True, SEGMENTS)]:
+        llm = engine("lazy", str(tmp_path), disk_read_gbps=1e-6, disk_always_read=always)
+        llm.engine.disk.observe_encode(1000, 1.0)  # any encode beats a disk at 1 kB/s
+        assert run_all(llm) == expected["lazy"]
+        s = llm.engine.stats()
+        assert s.cache.disk_hits == hits and s.disk.skipped_slow == SEGMENTS - hits
+        assert s.cache.misses == SEGMENTS - hits
