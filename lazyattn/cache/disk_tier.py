@@ -21,10 +21,7 @@ it). After each write the writer scans the directory and removes the least recen
 Several engines on one host or on a shared filesystem may share a directory: files appear by atomic rename, a
 reader holds an open file even when another engine removes it, and every step tolerates a file that vanished.
 
-Writes are best effort: documents waiting to be written hold their KV in host memory (pinned on CUDA), at most
-`max_pending_bytes` of it; an encode beyond that is not written (`write_skipped`), so a slow disk never stalls
-serving and never takes more host memory than that. (On CUDA each also holds a GPU staging copy until its copy to
-the host has landed, a few milliseconds.)
+Writing is cache/disk_writer.py's: best effort, within a bound on the host memory of pending writes.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import queue
-import threading
 import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,18 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lazyattn.cache.disk_format import (
-    HEADER_BYTES,
-    SUFFIX,
-    Header,
-    RefusedFile,
-    checksum,
-    enforce_budget,
-    kv_names,
-    read_verified,
-    unlink,
-    write_atomic,
-)
+from lazyattn.cache.disk_format import HEADER_BYTES, SUFFIX, RefusedFile, kv_names, read_verified, unlink
+from lazyattn.cache.disk_writer import DiskWriter, as_bytes, page_index
 from lazyattn.cache.page_pool import GiB
 
 if TYPE_CHECKING:
@@ -142,43 +127,36 @@ class DiskTier:
         self.device_kv = device_kv
         self.layout = layout
         self.before_write = before_write  # orders a fill after copies still reading its GPU pages (the host tier's)
-        self.max_pending_bytes = max_pending_bytes
         self.page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
         self.always_read = always_read
         self.max_staging_bytes = staging_bytes
         self._seed_bps = read_gbps * 1e9 if read_gbps else 0.0
         self._reads: list[_Read] = []  # claimed and not handed back by `finished`, oldest first
         self._readers = ThreadPoolExecutor(READS_IN_FLIGHT, thread_name_prefix="lazyattn-disk-reader")
-        self._pending: dict[str, int] = {}  # keys queued for writing: their bytes
-        self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
-        self._stream = torch.cuda.Stream(device_kv.device) if device_kv.is_cuda else None
-        self._bytes_used = 0
+        self.writer = DiskWriter(directory, budget_bytes, device_kv, layout, max_pending_bytes)
         self.reset_stats()
-        self._scan()
-        self._writer = threading.Thread(target=self._write_loop, name="lazyattn-disk-writer", daemon=True)
-        self._writer.start()
 
     def reset_stats(self) -> None:
-        self._hits = self._refused = self._writes = self._skipped = self._evictions = self._skipped_slow = 0
-        self._bytes_read = self._bytes_written = 0
-        self._read_seconds = self._write_seconds = 0.0
+        self.writer.reset_stats()
+        self._hits = self._refused = self._skipped_slow = 0
+        self._bytes_read = 0
+        self._read_seconds = 0.0
         self._read_bps = self._seed_bps
         self._encode_tps = 0.0
 
     def stats(self) -> DiskTierStats:
         return DiskTierStats(
             self.budget_bytes,
-            self._bytes_used,
+            self.writer.bytes_used,
             self._hits,
             self._refused,
-            self._writes,
-            self._skipped,
-            self._evictions,
+            self.writer.writes,
+            self.writer.skipped,
+            self.writer.evictions,
             self._bytes_read,
-            self._bytes_written,
+            self.writer.bytes_written,
             self._read_seconds,
-            self._write_seconds,
+            self.writer.seconds,
             self._skipped_slow,
             self._read_bps,
             self._encode_tps,
@@ -254,7 +232,7 @@ class DiskTier:
         pages = list(segment.pages)
         if self.before_write is not None:
             self.before_write(pages)
-        index = self._index(pages)
+        index = page_index(pages, self.device_kv)
         src = buf.to(self.device_kv.device, non_blocking=True)  # pinned: torch keeps it until the copy is done
         self.device_kv.index_copy_(2, index, src.permute(1, 2, 0, 3, 4, 5))
 
@@ -268,7 +246,7 @@ class DiskTier:
         path = self.path(read.key)
         start = time.perf_counter()
         try:
-            read_verified(path, read.key, self.layout, read.n_tokens, self.page_bytes, _bytes(buf))
+            read_verified(path, read.key, self.layout, read.n_tokens, self.page_bytes, as_bytes(buf))
         except FileNotFoundError:
             return None  # removed by another engine's eviction since `claim`
         except (RefusedFile, OSError) as e:
@@ -289,32 +267,8 @@ class DiskTier:
         return buf
 
     def encoded(self, segment: Segment) -> None:
-        """Queue the segment's KV for writing, unless a file or a write of it exists or too many writes wait."""
-        size = HEADER_BYTES + len(segment.pages) * self.page_bytes
-        with self._lock:
-            if segment.key in self._pending:
-                return
-            if sum(self._pending.values()) + size > self.max_pending_bytes or size > self.budget_bytes:
-                self._skipped += 1
-                return
-        path = self.path(segment.key)
-        if os.path.exists(path):
-            return
-        index = self._index(list(segment.pages))
-        staged = self.device_kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5).contiguous()  # in stream order
-        event = None
-        if self._stream is not None:
-            host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
-            self._stream.wait_stream(torch.cuda.current_stream(self.device_kv.device))
-            with torch.cuda.stream(self._stream):
-                host.copy_(staged, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            staged.record_stream(self._stream)
-            staged = host
-        with self._lock:
-            self._pending[segment.key] = size
-        self._queue.put((segment.key, segment.n_tokens, path, staged, event))
+        """Queue the segment's KV for writing (cache/disk_writer.py)."""
+        self.writer.write(segment, self.path(segment.key))
 
     def evicted(self, segment: Segment) -> None:
         """Nothing: the file was written when the document was encoded."""
@@ -328,63 +282,20 @@ class DiskTier:
         """Remove every file of this directory (every engine's that shares it). Returns how many."""
         self.flush()
         n = sum(unlink(os.path.join(self.directory, name)) for name in kv_names(self.directory))
-        self._bytes_used = 0
+        self.writer.bytes_used = 0
         return n
-
-    def _index(self, pages: list[int]) -> torch.Tensor:
-        index = torch.tensor(pages, dtype=torch.int64)
-        if not self.device_kv.is_cuda:
-            return index
-        # Through pinned memory: a copy from pageable memory would block the host until the stream has drained.
-        return index.pin_memory().to(self.device_kv.device, non_blocking=True)
-
-    # -- writing -------------------------------------------------------------------------------------------------
 
     def flush(self) -> None:
         """Wait until every queued write is on disk."""
-        self._queue.join()
+        self.writer.flush()
 
     def close(self) -> None:
         self._readers.shutdown(wait=True)
-        self.flush()
-        self._queue.put(None)
-        self._writer.join()
-
-    def _write_loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            key, n_tokens, path, pages, event = item
-            try:
-                if event is not None:
-                    event.synchronize()
-                start = time.perf_counter()
-                payload = _bytes(pages)
-                header = Header(key, self.layout, n_tokens, pages.shape[0], self.page_bytes, checksum(payload))
-                write_atomic(path, header, payload)
-                self._write_seconds += time.perf_counter() - start
-                self._writes += 1
-                self._bytes_written += HEADER_BYTES + len(payload)
-                self._bytes_used += HEADER_BYTES + len(payload)
-                self._scan()
-            except Exception:
-                logger.exception("disk tier: could not write %s", path)
-            finally:
-                with self._lock:
-                    self._pending.pop(key, None)
-                self._queue.task_done()
-
-    def _scan(self) -> None:
-        used, evicted = enforce_budget(self.directory, self.budget_bytes)
-        self._bytes_used = used
-        self._evictions += evicted
+        self.writer.close()
 
 
 def _blend(estimate: float, measured: float) -> float:
     return measured if not estimate else (1 - ESTIMATE_WEIGHT) * estimate + ESTIMATE_WEIGHT * measured
-
-
-def _bytes(t: torch.Tensor) -> memoryview:
-    """A contiguous CPU tensor's bytes, without a copy."""
-    return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
 
 
 def make_disk_tier(
