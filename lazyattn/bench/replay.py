@@ -149,18 +149,8 @@ def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, 
             if not in_flight:
                 time.sleep(max(0.0, min(pending[0].arrival, max_seconds) - now))
                 continue
-            outs = engine.step()
-            t = time.monotonic() - t0
-            for out in outs:
-                i = in_flight.get(out.request_id)
-                if i is None:
-                    continue
-                rec = records[i]
-                rec.token_times += [t] * (len(out.outputs[0].token_ids) - len(rec.token_times))
-                if out.finished:
-                    _settle(rec, out, mode, trace)
-                    del in_flight[out.request_id]
-                    bar.update(1)
+            _, read = step_records(engine, t0, in_flight, records, trace)
+            bar.update(sum(finished for _, _, finished in read))
     except BaseException:
         for rid in in_flight:
             engine.abort(rid)
@@ -177,6 +167,29 @@ def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, 
         pool_bytes=after.num_pages * after.page_bytes,
     )
     return PointRun(mode.name, spec, load, list(records.values()), counters, wall, timed_out)
+
+
+def step_records(
+    engine: LLMEngine, t0: float, in_flight: dict[str, int], records: dict[int, RequestRecord], trace: Trace
+) -> tuple[float, list[tuple[RequestRecord, int, bool]]]:
+    """One engine step, read into the records of the requests in flight (request id -> record index): each one's new
+    tokens stamped with the step's end (seconds since t0), finished ones settled and taken out of `in_flight`.
+    Returns that time and (record, new tokens, finished) per request the step answered."""
+    outs = engine.step()
+    t = time.monotonic() - t0
+    read = []
+    for out in outs:
+        i = in_flight.get(out.request_id)
+        if i is None:
+            continue
+        rec = records[i]
+        new = len(out.outputs[0].token_ids) - len(rec.token_times)
+        rec.token_times += [t] * new
+        if out.finished:
+            _settle(rec, out, engine.mode, trace)
+            del in_flight[out.request_id]
+        read.append((rec, new, out.finished))
+    return t, read
 
 
 def _settle(rec: RequestRecord, out: RequestOutput | None, mode: Mode, trace: Trace) -> None:

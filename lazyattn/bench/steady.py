@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from lazyattn.bench.metrics import RequestRecord
-from lazyattn.bench.replay import _settle
+from lazyattn.bench.replay import _settle, step_records
 from lazyattn.bench.workload import (
     Trace,
     TraceRequest,
@@ -233,19 +233,10 @@ def run_point(
             if not in_flight:
                 time.sleep(max(0.0, min(upcoming.arrival - now, 0.05)))
                 continue
-            outs = engine.step()
-            t = time.monotonic() - t0
-            for out in outs:
-                i = in_flight.get(out.request_id)
-                if i is None:
-                    continue
-                rec = records[i]
-                new = len(out.outputs[0].token_ids) - len(rec.token_times)
-                rec.token_times += [t] * new
+            t, read = step_records(engine, t0, in_flight, records, trace)
+            for rec, new, finished in read:
                 token_times.append((t, new))
-                if out.finished:
-                    _settle(rec, out, engine.mode, trace)
-                    del in_flight[out.request_id]
+                if finished:
                     completions.append(t)
                     if rec.arrival < window_start:
                         done_hits.append(rec.doc_hits / rec.num_docs)

@@ -21,7 +21,6 @@ never reading documents that a neighbouring prompt's batch encoded.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 
 from lazyattn.errors import InvalidRequestError
+from lazyattn.eval.harness import one_engine
 from lazyattn.eval.metrics import CONFIDENCE, bootstrap_ci
 
 # The pairs of modes that compute the same semantics (docs/design.md, Modes).
@@ -223,17 +223,10 @@ def run_plan(
     results: dict[tuple[Engine, int], Answers] = {}
     start = time.monotonic()
     for engine, sizes in plan.engines():
-        llm = make_llm(engine)
-        try:
+        with one_engine(make_llm, engine) as llm:
             for size in sorted(sizes, reverse=True):
                 results[engine, size] = answer(llm, prompts, params, size)
                 log(f"[{time.monotonic() - start:.0f} s] {engine.label}, batch {size}: {len(prompts)} answers")
-        finally:
-            shutdown = getattr(llm, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
-            del llm
-            gc.collect()
     return results
 
 

@@ -8,12 +8,13 @@ decoding, so the runs differ only in attention semantics.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,18 +233,24 @@ def evaluate(
     start = time.monotonic()
     with tqdm(total=total, desc="eval", disable=not progress, dynamic_ncols=True) as bar:
         for run in runs:
-            llm = make_llm(run)
-            try:
+            with one_engine(make_llm, run) as llm:
                 _answer_run(llm, run, cells, params, batch_size, bar, results, total, start, len(runs))
-            finally:
-                # The next run's engine sizes its KV pool from free GPU memory: this one's must be given back
-                # now, not whenever the garbage collector gets to it.
-                shutdown = getattr(llm, "shutdown", None)
-                if shutdown is not None:
-                    shutdown()
-                del llm
-                gc.collect()
     return results
+
+
+@contextlib.contextmanager
+def one_engine(make_llm: Callable[[Any], Any], what: Any) -> Iterator[Any]:
+    """`make_llm(what)`, shut down when the block ends: the next engine sizes its KV pool from free GPU memory, so
+    this one's must be given back then, not whenever the garbage collector gets to it."""
+    llm = make_llm(what)
+    try:
+        yield llm
+    finally:
+        shutdown = getattr(llm, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        del llm
+        gc.collect()
 
 
 def _answer_run(
