@@ -70,7 +70,7 @@ def idle_evidence(points: list[PointResult], target_ms: float, keep_up: float) -
     ttfts = sorted(t for p in points if p.keeps_up(keep_up) for t in p.idle_ttfts_ms)
     if not ttfts:
         return IdleEvidence()
-    return IdleEvidence(len(ttfts), sum(t > target_ms for t in ttfts), percentile(ttfts, 50))
+    return IdleEvidence(len(ttfts), int(sum(t > target_ms for t in ttfts)), float(percentile(ttfts, 50)))
 
 
 @dataclass
