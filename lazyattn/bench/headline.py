@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lazyattn.bench import report
-from lazyattn.bench.search import SearchConfig, SearchResult, search
+from lazyattn.bench.search import ALLOWED_MISS, FLOOR_ALPHA, MIN_IDLE_REQUESTS, SearchConfig, SearchResult, search
 from lazyattn.bench.steady import PhaseConfig, PointResult, base_trace, cold_start_bins, percentile, run_point
 
 SMOKE_PHASES = PhaseConfig(
@@ -342,7 +342,8 @@ def summary_markdown(data: dict) -> str:
             "second. ≥: the highest rate tried passed; < r: nothing passed, r the lowest failing rate; *: the search "
             "did not converge; unreachable: the window requests that had the server to themselves (idle req: nothing "
             "else in flight from arrival to first token, a floor under every rate's TTFT) missed the target clearly "
-            "more often than 1 % (an exact binomial test, at least 10 idle requests), so no rate meets it.",
+            f"more often than {100 * ALLOWED_MISS:g} % (at least {MIN_IDLE_REQUESTS} idle requests, and under a "
+            f"{100 * FLOOR_ALPHA:g} % chance of that many misses at that share), so no rate meets it.",
             "",
             sustainable_table(data),
         ]
