@@ -19,8 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lazyattn.bench import report
-from lazyattn.bench.search import SearchConfig, SearchResult, search
-from lazyattn.bench.steady import PhaseConfig, PointResult, base_trace, cold_start_bins, run_point
+from lazyattn.bench.search import ALLOWED_MISS, FLOOR_ALPHA, MIN_IDLE_REQUESTS, SearchConfig, SearchResult, search
+from lazyattn.bench.steady import PhaseConfig, PointResult, base_trace, cold_start_bins, percentile, run_point
 
 SMOKE_PHASES = PhaseConfig(
     window_s=0.8, window_requests=10, warmup_min_s=0.2, warmup_max_s=1.0, warmup_block=5, warmup_tol=0.1, drain_s=1.0
@@ -174,7 +174,8 @@ def _point_line(p: PointResult, search_cfg: SearchConfig | None) -> str:
         f"{p.mode:>6} rate {p.rate:8.3f}  window {p.window_s:6.1f} s / {p.window_requests:5d} req"
         f"{' (shortened)' if p.shortened else ''}  warm-up {p.warmup_s:5.1f} s{'' if p.warmup_steady else ' (cap)'}"
         f"  hit {100 * p.hit_ratio:5.1f} %  TTFT p50/p99 {p.ttft_ms.get('p50', math.nan):8.1f} /"
-        f" {p.ttft_ms.get('p99', math.nan):8.1f} ms  keep-up {100 * p.keep_up:5.1f} %  {verdict}"
+        f" {p.ttft_ms.get('p99', math.nan):8.1f} ms  keep-up {100 * p.keep_up:5.1f} %  idle {len(p.idle_ttfts_ms):4d}"
+        f" (p50 {percentile(p.idle_ttfts_ms, 50):8.1f} ms)  {verdict}"
     )
 
 
@@ -208,7 +209,7 @@ def sustainable_table(data: dict) -> str:
                 continue
             rates[m] = row["rate"]
             if row.get("unreachable"):
-                cells.append("0 (unreachable)")
+                cells.append(_unreachable_cell(row))
                 continue
             star = "" if row["converged"] else " *"
             failed = row["first_failing_rate"]
@@ -222,6 +223,14 @@ def sustainable_table(data: dict) -> str:
             cells.append(_fmt(a / b, "{:.2f}×") if a and b else ("∞" if a and b == 0 else "-"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _unreachable_cell(row: dict) -> str:
+    """The evidence behind an unreachable target (search.IdleEvidence); results without it say only the verdict."""
+    if not row.get("idle_requests"):
+        return "0 (unreachable)"
+    p50 = _fmt(row.get("idle_ttft_p50_ms"), "{:.0f}")
+    return f"0 (unreachable: {row['idle_missed']} of {row['idle_requests']} idle requests missed, median {p50} ms)"
 
 
 # offered: the Poisson rate asked for; arrived: the window's arrivals over its length (Poisson noise around it);
@@ -243,6 +252,8 @@ POINT_COLUMNS = [
     ("arrived req/s", "arrived", "{:.3g}"),
     ("achieved req/s", "achieved", "{:.3g}"),
     ("keep-up %", "keep_up", "{:.1f}"),
+    ("idle req", "idle", "{}"),
+    ("idle TTFT p50", "idle_p50", "{:.1f}"),
     ("out tok/s", "tok_s", "{:.1f}"),
     ("peak KV GiB", "peak_kv_gb", "{:.3g}"),
 ]
@@ -267,6 +278,8 @@ def point_rows(data: dict) -> list[dict]:
                     "arrived": p.offered_rate,
                     "achieved": p.achieved_rate,
                     "keep_up": 100 * p.keep_up,
+                    "idle": len(p.idle_ttfts_ms) if "idle_ttfts_ms" in d else None,  # older results: not recorded
+                    "idle_p50": percentile(p.idle_ttfts_ms, 50),
                     "tok_s": p.output_throughput,
                     "peak_kv_gb": p.peak_kv_gb,
                 }
@@ -294,8 +307,10 @@ def cold_start_table(data: dict) -> str | None:
 
 
 def summary_markdown(data: dict) -> str:
+    """steady.md; a section with nothing to show (no points: a cold start alone) is left out."""
     w = data["workload"]
     meta = data.get("meta", {})
+    points = point_rows(data)
     parts = [
         f"# Steady state: {w['name']}",
         "",
@@ -306,14 +321,18 @@ def summary_markdown(data: dict) -> str:
         f"Workload: {w['spec']['num_docs']} docs x {w['spec']['doc_len']} tokens, {w['spec']['docs_per_request']} "
         f"per request, {_popularity(w['spec']['zipf_alpha'])}, question {w['spec']['question_len']}, "
         f"output {w['spec']['output_len']}  ",
-        "Phases: " + ", ".join(f"{k} {v}" for k, v in data["phases"].items()) + "  ",
-        _primed_line(data) + "  ",
     ]
+    if points:
+        parts += [
+            "Phases: " + ", ".join(f"{k} {v}" for k, v in data["phases"].items()) + "  ",
+            _primed_line(data) + "  ",
+        ]
     if data.get("budget_s") is not None:
         parts.append(f"Budget: {data['budget_s']:g} s per run (windows shortened to fit are marked short)  ")
     stops = {m: e.get("stopped") or ("converged" if e.get("converged") else "") for m, e in data["modes"].items()}
     errors = {m: e["error"] for m, e in data["modes"].items() if e.get("error")}
-    if data.get("search"):
+    sustainable = any(e.get("sustainable") for e in data["modes"].values())
+    if data.get("search") and sustainable:
         parts += [
             "",
             "## Sustainable rate at each TTFT target",
@@ -321,10 +340,15 @@ def summary_markdown(data: dict) -> str:
             "A rate passes when the window's p99 TTFT is within the target and completions keep up with arrivals "
             f"(≥ {100 * data['search']['keep_up']:g} %); goodput: window requests answered within the target per "
             "second. ≥: the highest rate tried passed; < r: nothing passed, r the lowest failing rate; *: the search "
-            "did not converge; unreachable: the fastest requests of the two lowest rates missed the target by the "
-            "same time (an idle server's TTFT).",
+            "did not converge; unreachable: the window requests that had the server to themselves (idle req: nothing "
+            "else in flight from arrival to first token, a floor under every rate's TTFT) missed the target clearly "
+            f"more often than {100 * ALLOWED_MISS:g} % (at least {MIN_IDLE_REQUESTS} idle requests, and under a "
+            f"{100 * FLOOR_ALPHA:g} % chance of that many misses at that share), so no rate meets it.",
             "",
             sustainable_table(data),
+        ]
+    if data.get("search"):
+        parts += [
             "",
             "Search: " + ", ".join(f"{m} {s or '-'}" for m, s in stops.items()) + "  ",
             "Time: "
@@ -334,11 +358,12 @@ def summary_markdown(data: dict) -> str:
                 for m, e in data["modes"].items()
             ),
         ]
-    else:
+    elif points:
         parts += ["", "(no rate search in these results: the points at the listed rates follow)"]
     if errors:
         parts += ["", "Errors: " + "; ".join(f"{m}: {e}" for m, e in errors.items())]
-    parts += ["", "## Every point (ms unless said)", "", report.markdown_table(point_rows(data), POINT_COLUMNS)]
+    if points:
+        parts += ["", "## Every point (ms unless said)", "", report.markdown_table(points, POINT_COLUMNS)]
     cold = cold_start_table(data)
     if cold:
         parts += ["", "## Cold start (empty cache, the first seconds of traffic)", "", cold]

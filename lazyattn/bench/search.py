@@ -6,10 +6,23 @@ target whose bracket is widest: x `growth` while some target has not failed yet,
 not passed yet, else the geometric middle of [highest pass, lowest fail] until lowest fail / highest pass <= 1 + tol.
 A failure below a rate that passed the same target contradicts a monotone system: one of the two points is noise, so
 the failing rate is measured once more, before anything else, and its latest outcome counts (Bracket.suspect).
-A target that the fastest requests of the two lowest rates' windows both missed by about the same time (the idle
-server's TTFT) is unreachable at any rate (its sustainable rate is 0) and gets no more points. The budget planner
-splits the time left over the points the search may still need, shortening windows (recorded per point) and
-stopping the search, unconverged, when too little is left for a point worth measuring.
+
+A target can be out of reach at every rate (prefix and full mode at 100 ms: an idle server already takes longer).
+Queueing and batching only delay a first token, so the TTFTs of idle requests (steady.idle_flags: no other request in
+flight from their arrival to their first token) are a floor under every rate's. The window requests that found the
+server idle are pooled over every point that kept up (an overloaded point's queue pins documents: a cache state that
+lower rates do not see). A target that no point passed is unreachable when their share that missed it is clearly
+above what a p99 target allows: at least MIN_IDLE_REQUESTS idle requests, and less than a FLOOR_ALPHA chance of that
+many misses were the true share ALLOWED_MISS (an exact one-sided binomial test; equivalently, the Clopper-Pearson
+lower bound of the share lies above ALLOWED_MISS). Its sustainable rate is then 0, no more points are measured for
+it (no halving down to min_rate), and the result keeps the evidence (idle requests, misses, their median TTFT). The
+floor assumes the cache state the windows measured, which the warm-up holds steady; a target that only a better hit
+ratio at a lower rate would bring in reach is beyond what it sees. This rule replaces an earlier one (the fastest
+requests of the two lowest rates missed by about the same time), which decided on two requests and did not fire on
+measured prefix-mode points; a low rate's fastest request is an idle one, so the pool covers that case.
+
+The budget planner splits the time left over the points the search may still need, shortening windows (recorded per
+point) and stopping the search, unconverged, when too little is left for a point worth measuring.
 """
 
 from __future__ import annotations
@@ -19,9 +32,45 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from lazyattn.bench.steady import PhaseConfig, PointResult
+from lazyattn.bench.steady import PhaseConfig, PointResult, percentile
 
 MIN_WINDOW_REQUESTS = 10  # a window the budget shortened still waits for this many arrivals (low rates)
+MIN_IDLE_REQUESTS = 10  # idle requests before the floor may decide: a few that met a cold cache do not
+ALLOWED_MISS = 0.01  # the share of requests a p99 target lets miss it
+FLOOR_ALPHA = 1e-3  # a false "unreachable" costs a reported rate, a missed one only points: a strict test
+
+
+@dataclass(frozen=True)
+class IdleEvidence:
+    """The window requests that found the server idle, pooled over the points that kept up, against one target."""
+
+    requests: int = 0
+    missed: int = 0  # TTFT above the target (or never answered)
+    ttft_p50_ms: float = math.nan
+
+    @property
+    def unreachable(self) -> bool:
+        """Clearly more idle misses than the target allows (the module docstring)."""
+        enough = self.requests >= MIN_IDLE_REQUESTS
+        return enough and binomial_tail(self.missed, self.requests, ALLOWED_MISS) < FLOOR_ALPHA
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed in log space (no overflow at thousands of requests)."""
+    if k <= 0:
+        return 1.0
+    logs = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p)
+        for i in range(k, n + 1)
+    ]
+    return math.fsum(math.exp(v) for v in logs)
+
+
+def idle_evidence(points: list[PointResult], target_ms: float, keep_up: float) -> IdleEvidence:
+    ttfts = sorted(t for p in points if p.keeps_up(keep_up) for t in p.idle_ttfts_ms)
+    if not ttfts:
+        return IdleEvidence()
+    return IdleEvidence(len(ttfts), int(sum(t > target_ms for t in ttfts)), float(percentile(ttfts, 50)))
 
 
 @dataclass
@@ -32,8 +81,9 @@ class Bracket:
 
     target_ms: float
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
-    # Even the fastest request of a window that kept up took longer than the target: a request that finds the
-    # server idle takes about that long, so no rate meets the target (prefix and full mode at 100 ms).
+    idle: IdleEvidence = field(default_factory=IdleEvidence)
+    # Nothing passed, and the idle requests missed the target clearly more often than it allows: no rate meets it
+    # (prefix and full mode at 100 ms).
     unreachable: bool = False
 
     def update(self, rate: float, ok: bool) -> None:
@@ -128,6 +178,9 @@ class SearchResult:
                     "window_requests": at.window_requests if at else None,
                     "converged": self.converged,
                     "unreachable": b.unreachable,
+                    "idle_requests": b.idle.requests,
+                    "idle_missed": b.idle.missed,
+                    "idle_ttft_p50_ms": b.idle.ttft_p50_ms,
                 }
             )
         return rows
@@ -196,22 +249,11 @@ def search(
             break
         for b in result.brackets:
             b.update(rate, point.meets(b.target_ms, cfg.keep_up))
-            b.unreachable = b.passed == 0.0 and _at_floor(result.points, b.target_ms, cfg)
+            b.idle = idle_evidence(result.points, b.target_ms, cfg.keep_up)
+            b.unreachable = b.passed == 0.0 and b.idle.unreachable
         if on_point is not None:
             on_point(result)
     return result
-
-
-def _at_floor(points: list[PointResult], target_ms: float, cfg: SearchConfig) -> bool:
-    """The two lowest rates measured both kept up, and their fastest window requests both missed the target by
-    about the same time (within 10 %): lowering the rate no longer shortens the fastest TTFT, which is then the
-    idle server's, so no rate meets the target."""
-    latest = {p.rate: p for p in points}  # one point per rate: the latest, if re-measured
-    low = sorted(latest.values(), key=lambda p: p.rate)[:2]
-    if len(low) < 2 or any(p.keep_up < cfg.keep_up for p in low):
-        return False
-    fastest = [min(p.window_ttfts_ms, default=math.inf) for p in low]
-    return min(fastest) > target_ms and min(fastest) >= 0.9 * max(fastest)
 
 
 def _points_left(result: SearchResult, cfg: SearchConfig) -> int:

@@ -10,6 +10,10 @@ infinite TTFT, so a queue that grows shows up in the percentiles, not as a missi
 
 Percentiles are nearest-rank (the smallest value with at least q % of the requests at or below it): an SLO reading
 that stays defined when some requests never answered.
+
+A request is idle when it had the server to itself from its arrival to its first token: no other request of the
+point was in flight at any moment of that span (`idle_flags`). Queueing and batching can only delay a first token,
+so idle requests' TTFTs are the floor every rate's TTFTs stand on (search.py's unreachable targets).
 """
 
 from __future__ import annotations
@@ -121,7 +125,9 @@ class PointResult:
     preemptions: int = 0
     wall_s: float = 0.0
     window_ttfts_ms: list = field(default_factory=list)  # every window request's TTFT, arrival order (inf: none)
-    timeline: dict = field(default_factory=dict)  # per request of the point: arrival, ttft, hit ratio
+    idle_ttfts_ms: list = field(default_factory=list)  # the TTFTs of the window's idle requests (idle_flags)
+    # per request of the point, arrival order: arrival, ttft, finish (None: never finished), idle, hit ratio
+    timeline: dict = field(default_factory=dict)
 
     @property
     def keep_up(self) -> float:
@@ -136,9 +142,12 @@ class PointResult:
         """p99 TTFT within the target, and completions keeping up with arrivals (the queue does not grow): at least
         `keep_up` of them, less KEEP_UP_SLACK requests (in a short window a couple of requests in flight at its end
         are noise, not a growing queue)."""
-        p99 = self.ttft_ms.get("p99", math.nan)
+        return self.ttft_ms.get("p99", math.nan) <= target_ms and self.keeps_up(keep_up)
+
+    def keeps_up(self, keep_up: float) -> bool:
+        """The window completed at least `keep_up` of its arrivals, less KEEP_UP_SLACK requests."""
         arrived, completed = self.offered_rate * self.window_s, self.achieved_rate * self.window_s
-        return self.window_requests > 0 and p99 <= target_ms and completed + KEEP_UP_SLACK >= keep_up * arrived
+        return self.window_requests > 0 and completed + KEEP_UP_SLACK >= keep_up * arrived
 
     def to_dict(self, timeline: bool = False) -> dict:
         d = asdict(self)
@@ -156,8 +165,28 @@ class PointResult:
                 known[k] = nan(known[k])
         for k in ("ttft_ms", "tpot_ms", "e2el_ms"):
             known[k] = {q: (math.inf if v is None else v) for q, v in known.get(k, {}).items()}
-        known["window_ttfts_ms"] = [math.inf if v is None else v for v in known.get("window_ttfts_ms", [])]
+        for k in ("window_ttfts_ms", "idle_ttfts_ms"):
+            known[k] = [math.inf if v is None else v for v in known.get(k, [])]
         return PointResult(**known)
+
+
+def idle_flags(arrival: list[float], first_token: list[float], finish: list[float]) -> list[bool]:
+    """Per request (any order, seconds on one clock; inf: never happened): True when no other request was in flight
+    at any moment from its arrival to its first token. Request j is in flight from its arrival to its finish (inf
+    when it never finished: aborted or still running when the point ended, so in flight to the end). A request that
+    arrived before i overlaps it when it finished after i arrived; one that arrived after i, when it arrived before
+    i's first token. Equal arrivals overlap."""
+    if not arrival:
+        return []
+    a, f, e = (np.asarray(v, dtype=np.float64) for v in (arrival, first_token, finish))
+    order = np.argsort(a, kind="stable")
+    a, f, e = a[order], f[order], e[order]
+    busy_until = np.concatenate(([-np.inf], np.maximum.accumulate(e)[:-1]))  # latest finish of the earlier arrivals
+    next_arrival = np.concatenate((a[1:], [np.inf]))
+    idle = (busy_until <= a) & (next_arrival >= f) & (next_arrival > a)
+    flags = np.empty(len(a), dtype=bool)
+    flags[order] = idle
+    return flags.tolist()
 
 
 def _quantiles(values: list[float]) -> dict:
@@ -285,13 +314,24 @@ def _window_stats(
     result.output_throughput = sum(n for t, n in token_times if start <= t < end) / length if length > 0 else math.nan
     ttfts = [r.ttft * 1e3 if r.ttft is not None else math.inf for r in window]
     result.window_ttfts_ms = ttfts
+    ordered = sorted(records.values(), key=lambda r: r.arrival)
+    finish = [r.token_times[-1] if r.finished and r.token_times else math.inf for r in ordered]
+    idle = idle_flags(
+        [r.arrival for r in ordered], [r.token_times[0] if r.token_times else math.inf for r in ordered], finish
+    )
+    result.idle_ttfts_ms = [
+        r.ttft * 1e3 if r.ttft is not None else math.inf
+        for r, alone in zip(ordered, idle)
+        if alone and start <= r.arrival < end
+    ]
     result.ttft_ms = _quantiles(ttfts)
     result.tpot_ms = _quantiles([r.tpot * 1e3 for r in window if r.tpot is not None])
     result.e2el_ms = _quantiles([r.e2e * 1e3 if r.e2e is not None else math.inf for r in window])
-    ordered = sorted(records.values(), key=lambda r: r.arrival)
     result.timeline = {
         "arrival_s": [round(r.arrival, 4) for r in ordered],
         "ttft_ms": [None if r.ttft is None else round(r.ttft * 1e3, 3) for r in ordered],
+        "finish_s": [None if math.isinf(t) else round(t, 4) for t in finish],
+        "idle": idle,
         "hit_ratio": [r.doc_hits / r.num_docs if r.token_times else None for r in ordered],
     }
 

@@ -14,7 +14,8 @@ from lazyattn.bench.steady import PhaseConfig, PointResult
 
 def fake_server(capacity: float, base_ms: float = 10.0):
     """An M/M/1-like queue: p99 TTFT grows as base / (1 - rate / capacity), an idle server answers in base; past
-    capacity the queue grows (completions fall behind arrivals)."""
+    capacity the queue grows (completions fall behind arrivals). As in M/M/1, a share 1 - rate / capacity of the
+    requests find the server idle."""
     calls = []
 
     def measure(rate: float, phases: PhaseConfig, shortened: bool, deadline: float) -> PointResult:
@@ -33,6 +34,7 @@ def fake_server(capacity: float, base_ms: float = 10.0):
             achieved_rate=achieved,
             ttft_ms={"p50": p99 / 2, "p90": p99 / 1.5, "p99": p99},
             window_ttfts_ms=[base_ms] + [p99] * (n - 1),  # the luckiest request found the server idle
+            idle_ttfts_ms=[base_ms] * int(n * (1 - load)) if load < 1 else [],
         )
 
     return measure, calls
@@ -117,22 +119,31 @@ def test_a_pass_above_a_failure_does_not_move_the_bracket_past_it():
 
 
 def test_a_target_below_the_idle_service_time_is_unreachable():
-    # Every request takes at least 300 ms even at light load: a 100 ms target is met at no rate. The two lowest
-    # rates (2 and 4 req/s) show the same fastest TTFT, so the search says so instead of descending to min_rate;
-    # the 1 s target is still searched.
+    # Every request takes at least 300 ms even at light load: a 100 ms target is met at no rate. The first point's
+    # 16 idle requests (of 20) all miss it, so the search says so at once instead of descending to min_rate; the
+    # 1 s target is still searched.
     measure, calls = fake_server(10.0, base_ms=300.0)
     cfg = SearchConfig(targets_ms=(100.0, 1000.0), start=2.0, tol=0.1)
-    result = search(measure, "fake", PhaseConfig(window_s=1, window_requests=1), cfg)
-    assert result.converged
+    first = []
+    result = search(
+        measure,
+        "fake",
+        PhaseConfig(window_s=10, window_requests=1),
+        cfg,
+        on_point=lambda r: first or first.append(r.brackets[0].unreachable),
+    )
+    assert result.converged and first == [True]
     fast, slow = result.brackets
     assert fast.unreachable and fast.passed == 0.0 and min(r for r, _, _ in calls) == 2.0
+    assert (fast.idle.requests, fast.idle.missed) >= (16, 16) and fast.idle.ttft_p50_ms == 300.0
     assert slow.passed <= true_rate(10.0, 1000.0, 300.0) < slow.failed
     assert result.sustainable()[0]["unreachable"] and result.sustainable()[0]["rate"] == 0.0
 
 
-def test_a_fastest_ttft_that_falls_with_the_rate_is_not_a_floor():
-    # Light load answers within 50 ms, but the search starts where even the fastest request queues (fastest TTFT
-    # 400 ms at 8 req/s, 200 ms at 4): the 100 ms target must be searched downwards, not declared unreachable.
+def test_queued_requests_over_the_target_are_not_a_floor():
+    # Light load answers within 50 ms, but the search starts where every queued request misses 100 ms (TTFT 400 ms
+    # at 8 req/s, 200 ms at 4); the 20 idle requests of each window answer in 50 ms. The 100 ms target must be
+    # searched downwards, not declared unreachable.
     def measure(rate, phases, shortened, deadline):
         fastest = 50.0 * rate
         return PointResult(
@@ -144,6 +155,7 @@ def test_a_fastest_ttft_that_falls_with_the_rate_is_not_a_floor():
             achieved_rate=10.0,
             ttft_ms={"p99": 2 * fastest},
             window_ttfts_ms=[fastest] * 100,
+            idle_ttfts_ms=[50.0] * 20,
         )
 
     result = search(measure, "fake", PhaseConfig(), SearchConfig(targets_ms=(100.0,), start=8.0, tol=0.1))

@@ -18,6 +18,7 @@ from lazyattn.bench.steady import (
     _window_stats,
     base_trace,
     cold_start_bins,
+    idle_flags,
     percentile,
     request_stream,
     run_point,
@@ -76,14 +77,41 @@ def test_window_statistics_by_hand():
     assert p.goodput(50.0) == pytest.approx(0.2) and p.goodput(1000.0) == pytest.approx(0.3)
     assert p.tpot_ms["p50"] == pytest.approx(10.0)
     assert not p.meets(1000.0, 0.95)  # p99 infinite
+    # Idle: nothing else in flight from arrival to first token. Requests 0-3 were alone; 4 never answered and 5
+    # arrived meanwhile (so neither is); of the window's requests, 1, 2 and 3.
+    assert p.timeline["idle"] == [True, True, True, True, False, False]
+    assert p.idle_ttfts_ms == pytest.approx([10.0, 30.0, 200.0])
+    assert p.timeline["finish_s"] == [9.07, 10.03, 12.05, 15.22, None, 20.04]
+
+
+def test_idle_requests_had_the_server_to_themselves_until_their_first_token():
+    # (arrival, first token, finish) in seconds; inf: never finished (aborted at the point's end).
+    timeline = [
+        (0.0, 0.3, 0.5, True),  # alone; the next arrival (0.4) comes after its first token
+        (0.4, 0.8, 1.0, False),  # queued behind the first, still in flight at 0.4
+        (2.0, 2.3, 2.6, False),  # the next request arrived during its prefill (batched with it)
+        (2.1, 2.5, 2.7, False),
+        (3.0, 3.2, 3.5, True),  # a request arrived during its decode, after its first token: still idle
+        (3.3, 3.4, 3.6, False),
+        (3.6, 3.9, math.inf, True),  # arrived as the one before finished; then never finished
+        (5.0, 5.2, 5.4, False),  # the one before is in flight to the end
+    ]
+    order = [5, 2, 7, 0, 3, 6, 1, 4]  # any order in, flags in the same order out
+    arrival, first, finish, idle = zip(*(timeline[i] for i in order))
+    assert idle_flags(list(arrival), list(first), list(finish)) == list(idle)
+    # Two requests arriving at the same moment overlap; a lone request never answered is idle (an infinite TTFT).
+    assert idle_flags([1.0, 1.0], [1.2, 1.3], [1.4, 1.5]) == [False, False]
+    assert idle_flags([1.0], [math.inf], [math.inf]) == [True] and idle_flags([], [], []) == []
 
 
 def test_point_result_round_trips_through_json_encoding():
     from lazyattn.bench.report import _jsonable
 
     p = PointResult("block", 3.0, window_s=5.0, window_requests=2, ttft_ms={"p99": math.inf}, window_ttfts_ms=[1.0])
+    p.idle_ttfts_ms = [2.0, math.inf]
     q = PointResult.from_dict(_jsonable(p.to_dict()))
     assert q.ttft_ms["p99"] == math.inf and q.window_ttfts_ms == [1.0] and q.rate == 3.0
+    assert q.idle_ttfts_ms == [2.0, math.inf]
 
 
 def test_membound_budget_from_kv_bytes_per_token():

@@ -93,6 +93,21 @@ def test_steady_at_listed_rates_without_a_search(tmp_path):
     assert "no rate search" in md and "Cache: not primed" in md
 
 
+def test_cold_start_alone_writes_no_empty_tables(tmp_path):
+    code = main(
+        ["bench", "--model", "tiny", "--workload", "paper", "--num-docs", "20", "--doc-len", "64", "--cold-start"]
+        + ["--cold-start-s", "1", "--cold-start-rate", "4", "--cold-start-bin-s", "0.5", "--modes", "lazy"]
+        + ["--no-progress", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    data = json.loads((tmp_path / "steady.json").read_text())
+    entry = data["modes"]["lazy"]
+    assert entry["points"] == [] and entry["sustainable"] == [] and entry["cold_start"]["bins"]
+    md = (tmp_path / "steady.md").read_text()
+    assert "## Cold start" in md and "## Every point" not in md and "## Sustainable rate" not in md
+    assert "|  |" not in md and "\n|\n" not in md
+
+
 def test_serving_steady_script_runs_a_mode_and_merges(tmp_path):
     """benchmarks/serving_steady.sh with the tiny model's shapes given after the mode (they override the script's
     Llama-3.1-8B defaults): the per-GPU command and the merge, as the docs give them."""
