@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import platform
+import shlex
 import sys
 import time
 import traceback
@@ -348,7 +349,7 @@ def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, voc
 
 def _meta(args: argparse.Namespace, options: dict) -> dict:
     meta = {
-        "command": " ".join(sys.argv),
+        "command": shlex.join(["lazyattn", *sys.argv[1:]]),  # argv[0] is __main__.py's path under python -m
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         "model": args.model,
         "engine_options": options,

@@ -275,9 +275,8 @@ def plot_steady(data: dict, path: str | Path, targets_ms: Sequence[float] = ()) 
     for t in targets_ms:
         ax.axhline(t, color="grey", lw=0.8, ls=":")
         ax.text(0.01, t, f"p99 target {t:g} ms", transform=ax.get_yaxis_transform(), fontsize=7, color="grey")
-    plain = plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
+    ax.xaxis.set_major_formatter(plt.matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(plt.matplotlib.ticker.FuncFormatter(_two_and_five))
     ax.set_ylim(top=top * 1.05)
     ax.set_xlabel("offered request rate (req/s, Poisson)")
     ax.set_ylabel("TTFT in the steady window (ms): p50, p99 dashed")
@@ -316,3 +315,11 @@ def plot_cold_start(data: dict, path: str | Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _two_and_five(x: float, _pos: int) -> str:
+    """A log axis's minor tick label only at 2 and 5 times a power of ten: every minor label collides."""
+    if x <= 0:
+        return ""
+    mantissa = round(x / 10 ** math.floor(math.log10(x)), 6)
+    return f"{x:g}" if mantissa in (2.0, 5.0) else ""
