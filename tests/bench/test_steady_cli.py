@@ -129,3 +129,36 @@ def test_serving_steady_script_runs_a_mode_and_merges(tmp_path):
     run = subprocess.run(["bash", script, str(tmp_path), "--merge"], env=env, capture_output=True)
     assert run.returncode == 0, run.stdout.decode()[-2000:]
     assert list(json.loads((tmp_path / "merged" / "steady.json").read_text())["modes"]) == ["lazy"]
+
+
+def test_serving_steady_matrix_spreads_runs_over_workers_and_merges(tmp_path):
+    """benchmarks/serving_steady_matrix.sh: each line of the list runs once (two workers, two folders), every folder is
+    merged; with a deadline no run fits, nothing starts and every line is listed as skipped."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "BUDGET_S": "4", "GPUS": "2"}
+    script = str(root / "benchmarks" / "serving_steady_matrix.sh")
+    tiny = "--model tiny --device cpu --dtype float32 --kv-cache-gb 0.05 --num-docs 20 --doc-len 64 --question-len 8"
+    tiny += " --output-len 4 --page-size 16 --window-s 0.5 --window-requests 5 --warmup-max-s 0.5 --min-point-s 1"
+    runs = tmp_path / "runs.list"
+    runs.write_text(f"# name mode options\npaper lazy {tiny}\n\nsmall block {tiny} --workload wide\n")
+    run = subprocess.run(["bash", script, str(tmp_path / "m"), str(runs)], env=env, capture_output=True)
+    assert run.returncode == 0, run.stdout.decode()[-2000:]
+    lazy = json.loads((tmp_path / "m" / "paper" / "lazy" / "steady.json").read_text())
+    block = json.loads((tmp_path / "m" / "small" / "block" / "steady.json").read_text())
+    assert list(lazy["modes"]) == ["lazy"] and lazy["workload"]["name"] == "paper"
+    assert list(block["modes"]) == ["block"] and block["workload"]["name"] == "wide"
+    for name, mode in (("paper", "lazy"), ("small", "block")):
+        assert list(json.loads((tmp_path / "m" / name / "merged" / "steady.json").read_text())["modes"]) == [mode]
+    assert not (tmp_path / "m" / "paper" / "block").exists() and not (tmp_path / "m" / "skipped.txt").exists()
+
+    env["END_S"] = "10"  # each run needs BUDGET_S + 40 s
+    run = subprocess.run(["bash", script, str(tmp_path / "late"), str(runs)], env=env, capture_output=True)
+    assert run.returncode == 0, run.stdout.decode()[-2000:]
+    skipped = (tmp_path / "late" / "skipped.txt").read_text().splitlines()
+    assert [s.split()[:2] for s in skipped] == [["paper", "lazy"], ["small", "block"]]
+    assert not (tmp_path / "late" / "paper").exists()
