@@ -38,7 +38,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lazyattn.cache.disk_format import HEADER_BYTES, SUFFIX, RefusedFile, kv_names, read_verified, unlink
+from lazyattn.cache.disk_format import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    SUFFIX,
+    RefusedFile,
+    kv_names,
+    read_verified,
+    unlink,
+)
 from lazyattn.cache.disk_writer import DiskWriter, as_bytes, page_index
 from lazyattn.cache.page_pool import GiB
 
@@ -164,7 +172,9 @@ class DiskTier:
         )
 
     def path(self, key: str) -> str:
-        name = hashlib.sha256(f"{self.layout}\x00{key}".encode()).hexdigest()[:40]
+        """The document's file. The format version is part of the name, so engines of two releases sharing a
+        directory (a rolling deploy) each find their own files instead of refusing and removing the other's."""
+        name = hashlib.sha256(f"{FORMAT_VERSION}\x00{self.layout}\x00{key}".encode()).hexdigest()[:40]
         return os.path.join(self.directory, name + SUFFIX)
 
     # -- the lower-tier interface (cache/tiers.py) -------------------------------------------------------------

@@ -222,3 +222,18 @@ def test_remove_and_clear_delete_files(tmp_path):
     assert not cache.remove("A")
     cache.clear()
     assert os.listdir(tmp_path) == [] and not cache.contains("B")
+
+
+def test_files_of_another_format_version_are_named_apart(tmp_path, monkeypatch):
+    """Two releases sharing a directory: the other version's file of the same document has another name, so this
+    engine neither serves nor removes it (it encodes, and the file ages out under the budget)."""
+    from lazyattn.cache import disk_format, disk_tier
+
+    cache, disk, kv = make(tmp_path)
+    encode(cache, kv, "A", 8, 2)
+    disk.flush()
+    ours = file_of(disk, "A")
+    monkeypatch.setattr(disk_tier, "FORMAT_VERSION", disk_format.FORMAT_VERSION + 1)
+    cache2, disk2, _ = make(tmp_path)  # the next release's engine on the same directory
+    assert file_of(disk2, "A") != ours and not cache2.contains("A")
+    assert os.path.exists(ours) and disk2.stats().refused == 0
