@@ -380,12 +380,15 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
         flush=True,
     )
     start = time.monotonic()
-    results = fidelity.run_plan(plan, prompts, make_llm, params)
-    wall = time.monotonic() - start
-    comps = fidelity.comparisons(plan, results)
-    table_rows = fidelity.rows(comps)
-    print(f"\n{fidelity.text_table(table_rows)}\n\n{len(results)} passes in {wall:.0f} s", flush=True)
-    if args.out:
+    total = fidelity.passes(plan)
+
+    def report(results: dict, wall: float) -> tuple[list[dict], list[Path]]:
+        """The table of the comparisons both of whose sides have run, written under --out (after every pass:
+        what was measured survives a stop from outside; `"passes"` says how far the run got)."""
+        comps = fidelity.comparisons(plan, results)
+        table_rows = fidelity.rows(comps)
+        if not args.out:
+            return table_rows, []
         out = Path(args.out)
         meta = {
             "command": "lazyattn " + shlex.join(sys.argv[1:]),
@@ -399,6 +402,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
             "dtypes": plan.dtypes,
             "batch_dtypes": batch_dtypes,
             "batch_sizes": plan.sizes,
+            "passes": [len(results), total],
             "wall_s": wall,
             "python": platform.python_version(),
             "host": platform.node(),
@@ -413,12 +417,21 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
             "answers": {f"{e.label}, batch {size}": a.token_ids for (e, size), a in results.items()},
         }
         write_json(out / "fidelity.json", fidelity_json)
+        partial = "" if len(results) == total else f"**Partial**: {len(results)} of {total} passes ran.\n\n"
         (out / "fidelity.md").write_text(
             f"# Fidelity: {Path(args.model).name}, {_describe(dataset_meta)}\n\n"
             f"Device: {meta['device']}. Greedy, {args.max_tokens} tokens at most, layout {args.prompt_layout}.\n\n"
-            f"```bash\n{meta['command']}\n```\n\n{fidelity.markdown_table(table_rows)}\n"
+            f"```bash\n{meta['command']}\n```\n\n{partial}{fidelity.markdown_table(table_rows)}\n"
         )
-        print(f"wrote {out / 'fidelity.json'}, {out / 'fidelity.md'}")
+        return table_rows, [out / "fidelity.json", out / "fidelity.md"]
+
+    on_pass = (lambda done: report(done, time.monotonic() - start)) if args.out else None
+    results = fidelity.run_plan(plan, prompts, make_llm, params, on_pass=on_pass)
+    wall = time.monotonic() - start
+    table_rows, written = report(results, wall)
+    print(f"\n{fidelity.text_table(table_rows)}\n\n{len(results)} passes in {wall:.0f} s", flush=True)
+    if written:
+        print(f"wrote {', '.join(map(str, written))}")
     return 0
 
 

@@ -218,8 +218,10 @@ def run_plan(
     make_llm: Callable[[Engine], Any],
     params: Any,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stdout, flush=True),
+    on_pass: Callable[[dict[tuple[Engine, int], Answers]], None] | None = None,
 ) -> dict[tuple[Engine, int], Answers]:
-    """Every engine of the plan over every prompt at each of its batch sizes; one engine alive at a time."""
+    """Every engine of the plan over every prompt at each of its batch sizes; one engine alive at a time.
+    `on_pass(results so far)` after each pass, so that a report can be written as the run goes."""
     results: dict[tuple[Engine, int], Answers] = {}
     start = time.monotonic()
     for engine, sizes in plan.engines():
@@ -227,37 +229,43 @@ def run_plan(
             for size in sorted(sizes, reverse=True):
                 results[engine, size] = answer(llm, prompts, params, size)
                 log(f"[{time.monotonic() - start:.0f} s] {engine.label}, batch {size}: {len(prompts)} answers")
+                if on_pass is not None:
+                    on_pass(results)
     return results
+
+
+def passes(plan: Plan) -> int:
+    """How many (engine, batch size) passes the plan makes."""
+    return sum(len(sizes) for _, sizes in plan.engines())
 
 
 def comparisons(plan: Plan, results: dict[tuple[Engine, int], Answers]) -> list[Comparison]:
     """Every dtype against its mode's reference, every batch size against batch 1, and the mode pairs in every
-    dtype and batch size both modes ran at (the reference included)."""
+    dtype and batch size both modes ran at (the reference included). Of a run still going (`results` of the passes
+    so far), the comparisons whose two sides are both there."""
     out: list[Comparison] = []
     top = plan.sizes[-1]
 
-    def name(e: Engine, size: int) -> str:
-        return f"{e.label}, batch {size}"
+    def pair(kind: str, run: tuple[Engine, int], against: tuple[Engine, int]) -> None:
+        if run in results and against in results:
+            label = lambda key: f"{key[0].label}, batch {key[1]}"  # noqa: E731
+            out.append(Comparison.of(kind, label(run), label(against), results[run], results[against]))
 
     for mode in plan.modes:
         ref = Engine(mode, "float32", reference=True)
         for dtype in plan.dtypes:
-            e = Engine(mode, dtype)
-            out.append(Comparison.of("dtype", name(e, top), name(ref, top), results[e, top], results[ref, top]))
+            pair("dtype", (Engine(mode, dtype), top), (ref, top))
     for mode in plan.modes:
         for dtype in plan.batch_dtypes:
-            e = Engine(mode, dtype)
             for size in plan.sizes[1:]:
-                alone = plan.sizes[0]
-                out.append(Comparison.of("batch", name(e, size), name(e, alone), results[e, size], results[e, alone]))
+                pair("batch", (Engine(mode, dtype), size), (Engine(mode, dtype), plan.sizes[0]))
     for a, b in MODE_PAIRS:
         if a not in plan.modes or b not in plan.modes:
             continue
         keys = [(Engine(a, "float32", reference=True), top)]
         keys += [(Engine(a, d), s) for d in plan.dtypes for s in (plan.sizes if d in plan.batch_dtypes else [top])]
         for ea, size in keys:
-            eb = replace(ea, mode=b)
-            out.append(Comparison.of("mode", name(ea, size), name(eb, size), results[ea, size], results[eb, size]))
+            pair("mode", (ea, size), (replace(ea, mode=b), size))
     return out
 
 

@@ -146,3 +146,47 @@ def test_the_reference_attention_takes_over_the_engines_page_pool():
     got = fidelity.answer(llm, _prompts(2), params, 2)
     assert got.token_ids == want.token_ids
     assert all(torch.equal(a, b) for a, b in zip(got.first_logprobs, want.first_logprobs))
+
+
+def test_comparisons_of_a_run_still_going_are_those_with_both_sides():
+    plan = Plan(["prefix", "full"], ["float32"], ["float32"], [1, 2])
+    results = _run(plan, n=2)
+    everything = {(c.kind, c.run, c.against) for c in fidelity.comparisons(plan, results)}
+    # the run stopped before full's float32 engine: full's rows and the mode rows need it
+    partial = {k: v for k, v in results.items() if not (k[0].mode == "full" and not k[0].reference)}
+    some = {(c.kind, c.run, c.against) for c in fidelity.comparisons(plan, partial)}
+    assert some == {
+        ("dtype", "prefix float32, batch 2", "prefix float32 reference, batch 2"),
+        ("batch", "prefix float32, batch 2", "prefix float32, batch 1"),
+        ("mode", "prefix float32 reference, batch 2", "full float32 reference, batch 2"),
+    }
+    assert some < everything
+
+
+def test_cli_report_survives_a_stop(tmp_path, monkeypatch):
+    """--out is rewritten after every pass: a run stopped from outside leaves the comparisons it had finished."""
+
+    class Stopped(Exception):
+        pass
+
+    real, calls = fidelity.answer, []
+
+    def answer_then_stop(*a, **kw):
+        if len(calls) == 3:  # prefix: reference, float32 at 3 and at 1; then stopped
+            raise Stopped
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(fidelity, "answer", answer_then_stop)
+    args = ["eval", "--fidelity", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--limit", "3"]
+    args += ["--num-docs", "1", "--max-tokens", "3", "--modes", "prefix,full", "--dtypes", "float32"]
+    args += ["--batch-sizes", "1,all", "--no-progress", "--out", str(tmp_path)]
+    with pytest.raises(Stopped):
+        main(args)
+    data = json.loads((tmp_path / "fidelity.json").read_text())
+    assert data["meta"]["passes"] == [3, 6]
+    assert [(c["kind"], c["run"]) for c in data["comparisons"]] == [
+        ("dtype", "prefix float32, batch 3"),
+        ("batch", "prefix float32, batch 3"),
+    ]
+    assert "**Partial**: 3 of 6 passes ran." in (tmp_path / "fidelity.md").read_text()
