@@ -86,7 +86,7 @@ def test_a_point_from_the_primed_cache_finds_every_document(engine):
 def test_run_modes_primes_before_the_first_point_and_says_so():
     import math
 
-    from lazyattn.bench import headline
+    from lazyattn.bench import headline, steady_report
 
     spec = WorkloadSpec(num_docs=8, doc_len=32, docs_per_request=2, question_len=4, output_len=2, seed=2)
     options = dict(model="tiny", device="cpu", page_size=PAGE)
@@ -99,7 +99,7 @@ def test_run_modes_primes_before_the_first_point_and_says_so():
     entry = data["modes"]["lazy"]
     assert entry["primed"]["documents"] == 8 and not entry["primed"]["timed_out"]
     assert entry["points"][0]["hit_ratio"] == 1.0  # no warm-up: the window's first request found its documents
-    assert "points start from a primed cache" in headline.summary_markdown(data)
+    assert "points start from a primed cache" in steady_report.summary_markdown(data)
     headline.run_modes(modes=["lazy"], options=options, data=data, prime=False, **common)
     assert data["modes"]["lazy"]["primed"] is None and data["modes"]["lazy"]["points"][0]["hit_ratio"] < 1
-    assert "Cache: not primed" in headline.summary_markdown(data)
+    assert "Cache: not primed" in steady_report.summary_markdown(data)

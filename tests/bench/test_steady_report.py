@@ -1,10 +1,10 @@
-"""steady.md (bench/headline.py) from hand-built result documents: an unreachable target shows its evidence, and a
+"""steady.md (bench/steady_report.py) from hand-built result documents: an unreachable target shows its evidence, and a
 run without steady-state points (a cold start alone) has no empty point table or sustainable-rate section."""
 
 from __future__ import annotations
 
-from lazyattn.bench.headline import summary_markdown, sustainable_table
 from lazyattn.bench.steady import PhaseConfig, PointResult
+from lazyattn.bench.steady_report import summary_markdown, sustainable_table
 
 SPEC = {"num_docs": 20, "doc_len": 64, "docs_per_request": 5, "zipf_alpha": 2.1, "question_len": 32, "output_len": 16}
 
