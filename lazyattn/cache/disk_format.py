@@ -37,6 +37,7 @@ CHUNK_BYTES = 16 << 20
 TMP_SUFFIX = ".tmp"
 SUFFIX = ".kv"
 STALE_TMP_SECONDS = 600  # a temporary file this old was left by a writer that died
+RESIDENCY_PROBE_BYTES = 4096
 
 # Reads (on a request's path) and writes (in the background) hash on threads of their own: a read never queues
 # behind a write's chunks.
@@ -159,6 +160,32 @@ def read_verified(path: str, key: str, layout: str, n_tokens: int, page_bytes: i
 
 
 # -- the directory ---------------------------------------------------------------------------------------------------
+
+
+def resident(path: str, size: int) -> bool | None:
+    """Whether the file's bytes are in the page cache (a read then runs at memory speed, not the disk's): probes at
+    the payload's start, middle and end by reads that fail rather than wait for the device (RWF_NOWAIT). None: the
+    platform or filesystem cannot tell, or the file is gone."""
+    nowait = getattr(os, "RWF_NOWAIT", None)
+    if nowait is None or size <= HEADER_BYTES:
+        return None
+    probe = bytearray(RESIDENCY_PROBE_BYTES)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        last = max(HEADER_BYTES, size - RESIDENCY_PROBE_BYTES)
+        for offset in (HEADER_BYTES, (HEADER_BYTES + last) // 2 // 4096 * 4096, last):
+            if os.preadv(fd, [probe], offset, nowait) < min(RESIDENCY_PROBE_BYTES, size - offset):
+                return False
+        return True
+    except BlockingIOError:
+        return False  # EAGAIN: not in the page cache
+    except OSError:
+        return None  # EOPNOTSUPP, EINVAL: this filesystem does not do non-blocking buffered reads
+    finally:
+        os.close(fd)
 
 
 def kv_names(directory: str) -> list[str]:

@@ -10,11 +10,15 @@ the compute stream; the requests that need the document wait for it as for an en
 file that fails the check is removed and its segment comes back `failed`: the waiting requests start over and the
 document is encoded again.
 
-The guard: a read is taken only where it is expected to be no slower than encoding the document. The tier keeps a
-running estimate of its read bandwidth (bytes/s of its completed reads; seeded by `read_gbps`, else by the first
-read) and is told the engine's encode throughput (`observe_encode`: prefill tokens/s of its steps); a lookup whose
-expected read time (the reads queued before it, plus its own bytes) exceeds the expected encode time is a miss,
-counted in `skipped_slow`. With `always_read` every file is read (a restart where compute is the bottleneck).
+The guard: a read is taken only where it is expected to be no slower than encoding the document. The tier keeps
+running estimates of its read bandwidth (bytes/s of its completed reads; seeded by `read_gbps`, else by the first
+read), one for files read from the device and one for files found in the page cache (disk_format.resident: a file
+another engine just wrote, or read before a restart, reads at memory speed, several times the disk's), and is told
+the engine's encode throughput (`observe_encode`: prefill tokens/s of its steps); a lookup whose expected read time
+(the reads queued before it, plus its own bytes, each at its class's estimate) exceeds the expected encode time is a
+miss, counted in `skipped_slow`. So on a disk slower than encoding the page cache's files are still read. Until a
+page-cache read has been measured, such files count at the device's estimate. With `always_read` every file is read
+(a restart where compute is the bottleneck).
 
 The directory is the index: a file's name is a hash of (layout, segment key), its mtime its last use (a hit touches
 it). After each write the writer scans the directory and removes the least recently used files beyond the budget.
@@ -45,6 +49,7 @@ from lazyattn.cache.disk_format import (
     RefusedFile,
     kv_names,
     read_verified,
+    resident,
     unlink,
 )
 from lazyattn.cache.disk_writer import DiskWriter, as_bytes, page_index
@@ -82,9 +87,11 @@ class DiskTierStats:
     read_seconds: float  # reading and checking files (hits and refusals), on the reader thread
     write_seconds: float  # writer thread: checksum, write, fsync, rename
     skipped_slow: int = 0  # files not read: expected slower than encoding (the guard), or staging memory full
-    read_bps: float = 0.0  # the guard's estimate of read bandwidth, bytes/s (0: none yet)
+    read_bps: float = 0.0  # the guard's estimate of read bandwidth from the device, bytes/s (0: none yet)
     encode_tps: float = 0.0  # the guard's estimate of encode throughput, tokens/s (0: none yet)
     staging_bytes: int = 0  # pinned memory held by reads not yet copied to the GPU
+    resident_bps: float = 0.0  # the guard's estimate for files found in the page cache, bytes/s (0: none yet)
+    resident_hits: int = 0  # hits whose file was found in the page cache
 
     @property
     def read_gbps(self) -> float:
@@ -108,6 +115,7 @@ class _Read:
     n_tokens: int
     n_pages: int
     nbytes: int  # header and payload
+    resident: bool | None = None  # in the page cache when claimed (None: could not tell)
     segment: Segment | None = None
     future: Future | None = None  # the pinned staging buffer, or None if the file was gone or refused
 
@@ -146,10 +154,11 @@ class DiskTier:
 
     def reset_stats(self) -> None:
         self.writer.reset_stats()
-        self._hits = self._refused = self._skipped_slow = 0
+        self._hits = self._refused = self._skipped_slow = self._resident_hits = 0
         self._bytes_read = 0
         self._read_seconds = 0.0
-        self._read_bps = self._seed_bps
+        self._read_bps = self._seed_bps  # from the device
+        self._resident_bps = 0.0  # from the page cache
         self._encode_tps = 0.0
 
     def stats(self) -> DiskTierStats:
@@ -169,6 +178,8 @@ class DiskTier:
             self._read_bps,
             self._encode_tps,
             self._staging(),
+            self._resident_bps,
+            self._resident_hits,
         )
 
     def path(self, key: str) -> str:
@@ -192,20 +203,29 @@ class DiskTier:
         before the read gets to it comes back `failed` from `finished`, like a refused one."""
         n_pages = -(-n_tokens // self.device_kv.shape[3])
         nbytes = HEADER_BYTES + n_pages * self.page_bytes
+        read = _Read(key, n_tokens, n_pages, nbytes, resident(self.path(key), nbytes))
         queued = self._staging()
         if not self.always_read and (
-            (queued and queued + nbytes > self.max_staging_bytes) or not self._pays(queued + nbytes, n_tokens)
+            (queued and queued + nbytes > self.max_staging_bytes) or not self._pays([*self._reads, read], n_tokens)
         ):
             self._skipped_slow += 1
             return None
-        return _Read(key, n_tokens, n_pages, nbytes)
+        return read
 
-    def _pays(self, nbytes: int, n_tokens: int) -> bool:
-        """Whether reading `nbytes` (this file and the reads queued before it) is expected to take no longer than
-        encoding `n_tokens`. Without both estimates it is taken: the read measures the disk."""
-        if not self._read_bps or not self._encode_tps:
-            return True
-        return nbytes / self._read_bps <= n_tokens / self._encode_tps
+    def _pays(self, reads: list[_Read], n_tokens: int) -> bool:
+        """Whether `reads` (the reads queued, then this file's) are expected to take no longer than encoding
+        `n_tokens`. Without the estimates it is taken: the read measures the disk."""
+        seconds = 0.0
+        for r in reads:
+            bps = self._bps(r.resident)
+            if not bps:
+                return True
+            seconds += r.nbytes / bps
+        return not self._encode_tps or seconds <= n_tokens / self._encode_tps
+
+    def _bps(self, resident: bool | None) -> float:
+        """The read bandwidth to expect: the page cache's once measured, else the device's."""
+        return (self._resident_bps if resident else 0.0) or self._read_bps
 
     def observe_encode(self, n_tokens: int, seconds: float) -> None:
         """The engine computed `n_tokens` prefill tokens in `seconds` (one step): the guard's encode throughput."""
@@ -268,9 +288,12 @@ class DiskTier:
         finally:
             self._read_seconds += time.perf_counter() - start
         seconds = time.perf_counter() - start
-        if seconds > 0:
+        if seconds > 0 and read.resident:
+            self._resident_bps = _blend(self._resident_bps, read.nbytes / seconds)
+        elif seconds > 0:
             self._read_bps = _blend(self._read_bps, read.nbytes / seconds)
         self._hits += 1
+        self._resident_hits += bool(read.resident)
         self._bytes_read += read.nbytes
         with contextlib.suppress(OSError):
             os.utime(path)  # its last use, for LRU eviction

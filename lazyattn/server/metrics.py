@@ -283,6 +283,7 @@ class _EngineCollector(Collector):
                 "Disk-tier files not read: expected slower than encoding the document, or read staging full.",
                 d.skipped_slow,
             ),
+            ("disk_cache_page_cache_hits", "Disk-tier hits whose file was found in the page cache.", d.resident_hits),
             ("disk_cache_evictions", "Disk-tier files this engine removed for the budget.", d.evictions),
             ("disk_cache_read_bytes", "Bytes read from disk-tier files.", d.bytes_read),
             ("disk_cache_written_bytes", "Bytes written to disk-tier files.", d.bytes_written),

@@ -119,7 +119,8 @@ def test_without_an_encode_estimate_the_first_read_is_taken_and_measured(tmp_pat
     assert disk.stats().read_bps == 0 and disk.stats().encode_tps == 0
     seg, is_new = cache.acquire("A", 9)
     cache.poll(wait=True)
-    assert not is_new and seg.ready and disk.stats().read_bps > 0
+    stats = disk.stats()  # measured in its class: a file just written is usually still in the page cache
+    assert not is_new and seg.ready and (stats.resident_bps if stats.resident_hits else stats.read_bps) > 0
 
 
 def test_the_queue_counts_against_a_read_and_the_staging_budget_bounds_it(tmp_path, gate):
@@ -136,7 +137,8 @@ def test_the_queue_counts_against_a_read_and_the_staging_budget_bounds_it(tmp_pa
     assert a.ready
     cache.release(a)
     # Behind a queued read, a read must also beat the encode with the queue's bytes in front of it.
-    disk._read_bps, disk._encode_tps = 1.5 * one, PAGE * 2.0  # one file in 2/3 s, a 1-page encode in 1/2 s
+    disk._read_bps = disk._resident_bps = 1.5 * one  # one file in 2/3 s, from the device or the page cache
+    disk._encode_tps = PAGE * 2.0  # a 1-page encode in 1/2 s
     disk.max_staging_bytes = 1 << 30
     gate.clear()
     cache.evict(N_PAGES)
@@ -159,3 +161,52 @@ def test_a_file_that_vanishes_before_its_read_is_encoded_again(tmp_path, gate):
     cache.release(seg)
     again, is_new = cache.acquire("A", 9)
     assert is_new and cache.stats().misses == 1 and cache.stats().disk_hits == 0
+
+
+def test_the_page_cache_s_files_are_read_where_the_device_s_would_not_pay(tmp_path, monkeypatch):
+    """Two estimates: a file found in the page cache is judged by the page cache's bandwidth, another by the
+    device's; each read updates only its own class's estimate."""
+    nbytes = HEADER_BYTES + 3 * PAGE_BYTES  # 9 tokens, 3 pages
+    cache, disk, kv, written = on_disk(tmp_path, {"A": 9, "B": 9}, read_gbps=0.5 * nbytes / 1e9)  # device: 2 s
+    in_page_cache = {file_of(disk, "A")}
+    monkeypatch.setattr(disk_tier, "resident", lambda path, size: path in in_page_cache)
+    disk._resident_bps = 4.0 * nbytes  # the page cache: 1/4 s a file
+    disk.observe_encode(9, 1.0)  # encoding a file's 9 tokens: 1 s
+    b, is_new = cache.acquire("B", 9)
+    assert is_new and disk.stats().skipped_slow == 1  # 2 s from the device against a 1 s encode
+    cache.abort(b)
+    cache.release(b)
+    a, is_new = cache.acquire("A", 9)
+    assert not is_new  # 1/4 s from the page cache
+    cache.poll(wait=True)
+    assert a.ready and torch.equal(pages_of(kv, a), written["A"])
+    stats = disk.stats()
+    assert stats.resident_hits == 1 and stats.read_bps == 0.5 * nbytes  # the device's estimate untouched
+    assert stats.resident_bps != 4.0 * nbytes  # the page cache's, blended with this read's bytes/s
+
+
+def test_residency_is_what_the_page_cache_holds(tmp_path):
+    """disk_format.resident against the kernel: a file just written is resident, one dropped from the page cache is
+    not (where the platform and filesystem can tell)."""
+    from lazyattn.cache.disk_format import resident
+
+    path = tmp_path / "probe.kv"
+    size = HEADER_BYTES + (4 << 20)
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    warm = resident(str(path), size)
+    if warm is None:
+        pytest.skip("no RWF_NOWAIT buffered reads on this platform or filesystem")
+    assert warm is True
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    cold = resident(str(path), size)
+    if cold is True:
+        pytest.skip("this filesystem keeps its files in memory (tmpfs): they stay resident")
+    assert cold is False
+    assert resident(str(tmp_path / "gone.kv"), size) is None

@@ -21,6 +21,7 @@ def test_disk_series_match_the_engine_stats(tmp_path):
     assert got[("lazyattn:disk_cache_read_bytes_total", ())] == s.disk.bytes_read > 0
     assert got[("lazyattn:disk_cache_refused_total", ())] == 0 == got[("lazyattn:disk_cache_writes_total", ())]
     assert got[("lazyattn:disk_cache_skipped_slow_total", ())] == 0
+    assert got[("lazyattn:disk_cache_page_cache_hits_total", ())] == s.disk.resident_hits <= SEGMENTS
     assert got[("lazyattn:disk_cache_used_bytes", ())] == s.disk.bytes_used > 0
     assert got[("lazyattn:disk_cache_budget_bytes", ())] == 64 * 2**30
 
