@@ -203,11 +203,12 @@ class DiskTier:
         before the read gets to it comes back `failed` from `finished`, like a refused one."""
         n_pages = -(-n_tokens // self.device_kv.shape[3])
         nbytes = HEADER_BYTES + n_pages * self.page_bytes
-        read = _Read(key, n_tokens, n_pages, nbytes, resident(self.path(key), nbytes))
         queued = self._staging()
-        if not self.always_read and (
-            (queued and queued + nbytes > self.max_staging_bytes) or not self._pays([*self._reads, read], n_tokens)
-        ):
+        if not self.always_read and queued and queued + nbytes > self.max_staging_bytes:
+            self._skipped_slow += 1
+            return None
+        read = _Read(key, n_tokens, n_pages, nbytes, resident(self.path(key), nbytes))
+        if not self.always_read and not self._pays([*self._reads, read], n_tokens):
             self._skipped_slow += 1
             return None
         return read

@@ -239,17 +239,25 @@ def passes(plan: Plan) -> int:
     return sum(len(sizes) for _, sizes in plan.engines())
 
 
-def comparisons(plan: Plan, results: dict[tuple[Engine, int], Answers]) -> list[Comparison]:
+def comparisons(
+    plan: Plan, results: dict[tuple[Engine, int], Answers], memo: dict[tuple, Comparison] | None = None
+) -> list[Comparison]:
     """Every dtype against its mode's reference, every batch size against batch 1, and the mode pairs in every
     dtype and batch size both modes ran at (the reference included). Of a run still going (`results` of the passes
-    so far), the comparisons whose two sides are both there."""
+    so far), the comparisons whose two sides are both there; `memo` keeps those computed by an earlier call, so a
+    report rewritten after every pass computes each comparison once."""
     out: list[Comparison] = []
     top = plan.sizes[-1]
+    memo = {} if memo is None else memo
 
     def pair(kind: str, run: tuple[Engine, int], against: tuple[Engine, int]) -> None:
         if run in results and against in results:
-            label = lambda key: f"{key[0].label}, batch {key[1]}"  # noqa: E731
-            out.append(Comparison.of(kind, label(run), label(against), results[run], results[against]))
+            if (kind, run, against) not in memo:
+                label = lambda key: f"{key[0].label}, batch {key[1]}"  # noqa: E731
+                memo[kind, run, against] = Comparison.of(
+                    kind, label(run), label(against), results[run], results[against]
+                )
+            out.append(memo[kind, run, against])
 
     for mode in plan.modes:
         ref = Engine(mode, "float32", reference=True)

@@ -69,11 +69,12 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
     )
     start = time.monotonic()
     total = fidelity.passes(plan)
+    memo: dict = {}  # comparisons computed so far: the report is rewritten after every pass
 
     def report(results: dict, wall: float) -> tuple[list[dict], list[Path]]:
         """The table of the comparisons both of whose sides have run, written under --out (after every pass:
         what was measured survives a stop from outside; `"passes"` says how far the run got)."""
-        comps = fidelity.comparisons(plan, results)
+        comps = fidelity.comparisons(plan, results, memo)
         table_rows = fidelity.rows(comps)
         if not args.out:
             return table_rows, []
