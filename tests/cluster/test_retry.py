@@ -141,14 +141,14 @@ def test_replica_dying_before_it_answered_is_retried_on_another(replicas, want, 
 def test_replica_dying_after_output_fails_its_client_only(replicas, want):
     """Two streams at once; the dying replica's dies after its first output: that client gets a replica_failed
     error event and [DONE] (no retry: it already has tokens), the other one the whole answer. The cut request asks
-    for many tokens, so that its first output update cannot already be its last (an engine thread ahead of the
+    for many tokens (2000), so that its first output update cannot already be its last (an engine thread ahead of the
     reader hands over several steps at once)."""
 
     async def run():
         client, handle = ingress(replicas, [("dying", 2), ("healthy", None)])
         async with client:
             cut, whole = await asyncio.gather(
-                client.post("/v1/completions", json=body(stream=True, max_tokens=300)),
+                client.post("/v1/completions", json=body(stream=True, max_tokens=2000)),
                 client.post("/v1/completions", json=body(stream=True)),
             )
         return cut, whole, handle
