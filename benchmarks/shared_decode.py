@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke test)")
     ap.add_argument("--batches", default="8,32,64")
-    ap.add_argument("--variants", default="16:4,16:8,16:16,32:8,32:16", help="group_rows:chunk_pages, comma-separated")
+    ap.add_argument("--variants", default="16:4,16:8,16:16,32:8,32:16,64:8", help="group_rows:chunk_pages,...")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     gpu = torch.cuda.is_available()

@@ -26,9 +26,9 @@ contiguous, `slot_start[e] .. slot_start[e + 1]`. Chunks of one run cut from the
 mode's shared prefix chunks equal across entries although each entry's delta-0 run goes on with its own pages.
 
 Device form (SharedPlan): `jobs` int32 [J, 4 + 3M]: source entry (whose page-table row the job's pages are
-read from), first page, end page, member count, then M member entries, M deltas, M slots. Rows with 0 members
-do nothing, so a CUDA graph captures a fixed J and replays shorter plans padded with zero rows; entries with
-no slots (graph padding) get zeros.
+read from), first page, end page, member count, then M member entries, M deltas, M slots; the job count on the
+device. The job kernel's programs stride over the jobs, so a CUDA graph captures a fixed grid over a table of
+fixed capacity and replays any plan that fits; entries with no slots (graph padding) get zeros.
 """
 
 from __future__ import annotations
@@ -88,24 +88,35 @@ class HostPlan:
         return int(self.slot_start[-1])
 
     def to(self, device: torch.device | str) -> SharedPlan:
-        dev = torch.device(device)
+        """The plan on the device, by one copy (one host buffer holds the job count, slot_start and the jobs)."""
+        b1, width = self.slot_start.shape[0], self.jobs.shape[1]
+        flat = np.empty(1 + b1 + self.jobs.size, dtype=np.int32)
+        flat[0] = self.num_jobs
+        flat[1 : 1 + b1] = self.slot_start
+        flat[1 + b1 :] = self.jobs.reshape(-1)
+        buf = torch.from_numpy(flat).to(device)
         return SharedPlan(
-            jobs=torch.from_numpy(self.jobs).to(dev),
-            slot_start=torch.from_numpy(self.slot_start).to(dev),
+            num_jobs=buf[:1],
+            slot_start=buf[1 : 1 + b1],
+            jobs=buf[1 + b1 :].view(-1, width),
             members=self.members,
             num_slots=self.num_slots,
+            programs=self.num_jobs,
         )
 
 
 @dataclass
 class SharedPlan:
-    """A plan on the device. `num_slots` sizes the partials' scratch: at least slot_start's last value (a CUDA
-    graph passes its capacity)."""
+    """A plan on the device. The job kernel's grid is `programs` (x kv heads), striding over the first `num_jobs`
+    rows of `jobs`; `num_slots` sizes the partials' scratch, at least slot_start's last value. A CUDA graph passes
+    its buffers' capacities for all three and a device job count."""
 
-    jobs: torch.Tensor  # int32 [J, 4 + 3M]; rows of 0 members are padding
+    num_jobs: torch.Tensor  # int32 [1]
+    jobs: torch.Tensor  # int32 [>= num_jobs, 4 + 3M]
     slot_start: torch.Tensor  # int32 [>= B + 1]
     members: int
     num_slots: int
+    programs: int
 
 
 def _runs(e: EntryPages) -> list[int]:
@@ -183,6 +194,7 @@ def _shared_job_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
+    num_jobs_ptr,
     jobs_ptr,
     pages_ptr,
     valid_ptr,
@@ -222,11 +234,12 @@ def _shared_job_kernel(
 ):
     """One job (a chunk of pages and its members) for one kv head: partials (acc, m, l) of every member's G
     query heads, at scratch row head * num_slots + the member's slot."""
-    job = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
-    row = jobs_ptr + job * stride_job
-    n_members = tl.load(row + 3)
-    if n_members > 0:
+    # Programs stride over the step's jobs: a CUDA graph's fixed grid serves any job count up to its table's.
+    num_jobs = tl.load(num_jobs_ptr)
+    for job in range(tl.program_id(0), num_jobs, tl.num_programs(0)):
+        row = jobs_ptr + job * stride_job
+        n_members = tl.load(row + 3)
         src = tl.load(row + 0).to(tl.int64)
         page_lo = tl.load(row + 1)
         page_hi = tl.load(row + 2)
@@ -397,14 +410,15 @@ def shared_decode_attention(
     dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
     # decode_config's register cap is for 16-row tiles; larger member tiles keep the compiler's choice.
     regs = {"maxnreg": config.maxnreg} if config.maxnreg and block_r <= 16 else {}
-    if plan.jobs.shape[0]:
-        _shared_job_kernel[(plan.jobs.shape[0], hkv)](
+    if plan.programs:
+        _shared_job_kernel[(plan.programs, hkv)](
             q,
             k_cache,
             v_cache,
             acc,
             m,
             l,
+            plan.num_jobs,
             plan.jobs,
             batch.pages,
             batch.valid,
@@ -437,7 +451,7 @@ def shared_decode_attention(
             DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
             HAS_FIRST=batch.firsts is not None,
             HAS_APE=batch.inv_temps is not None,
-            num_warps=config.num_warps,
+            num_warps=8 if block_r >= 64 else config.num_warps,  # 64 rows of fp32 acc: 64 registers a thread at 8
             num_stages=config.num_stages,
             **regs,
         )

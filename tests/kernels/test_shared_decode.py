@@ -214,19 +214,22 @@ def test_nothing_shared():
 
 
 def test_padded_plan_and_entries():
-    """A CUDA graph's shape: zero job rows past the plan, and a padding entry without slots (gets zeros)."""
+    """A CUDA graph's shape: a job table of larger capacity (garbage past the job count), fewer or more programs than
+    jobs, a scratch larger than the slots, and a padding entry without slots (gets zeros)."""
     s = scenario(seed=8)
     q, batch = s.decode()
     host = shared_plan(decode_entries(s), group=4)
-    plan = host.to("cpu")
-    plan.jobs = torch.cat([plan.jobs, torch.zeros(5, plan.jobs.shape[1], dtype=torch.int32)])
-    plan.slot_start = torch.cat([plan.slot_start, plan.slot_start[-1:]])
-    plan.num_slots += 3
     qp = torch.cat([q, torch.randn(1, *q.shape[1:])])
-    out = shared_decode_attention(qp, s.k_cache, s.v_cache, batch, plan, s.tables, s.scale)
     ref = reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
-    assert rel_err(out[:-1], ref) < 1e-5
-    assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+    for programs in (3, host.num_jobs + 4):
+        plan = host.to("cpu")
+        plan.jobs = torch.cat([plan.jobs, torch.full((5, plan.jobs.shape[1]), 7, dtype=torch.int32)])
+        plan.slot_start = torch.cat([plan.slot_start, plan.slot_start[-1:]])
+        plan.num_slots += 3
+        plan.programs = programs
+        out = shared_decode_attention(qp, s.k_cache, s.v_cache, batch, plan, s.tables, s.scale)
+        assert rel_err(out[:-1], ref) < 1e-5
+        assert torch.equal(out[-1], torch.zeros_like(out[-1]))
 
 
 def test_plan_slot_start_too_short():
