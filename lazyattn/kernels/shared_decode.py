@@ -94,7 +94,7 @@ class HostPlan:
         flat[0] = self.num_jobs
         flat[1 : 1 + b1] = self.slot_start
         flat[1 + b1 :] = self.jobs.reshape(-1)
-        buf = torch.from_numpy(flat).to(device)
+        buf = torch.from_numpy(flat).to(device, non_blocking=True)
         return SharedPlan(
             num_jobs=buf[:1],
             slot_start=buf[1 : 1 + b1],
