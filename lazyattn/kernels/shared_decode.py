@@ -17,13 +17,13 @@ multiplied against every row with tl.dot. Each (member, job) pair gives an unnor
 max m, running sum l) in fp32; a second launch merges an entry's partials (max-rescale), as split-KV does.
 
 Plan (host, `shared_plan`). Each entry's page list is cut into runs of consecutive pages of equal (delta,
-1/T, ln S), in lazy mode [system] [doc 1] ... [doc N] [own pages], and each run into chunks of at most
+1/T, ln S), in lazy mode [system] [doc 1] ... [doc N] [own pages]. A run's key is its (page, valid, first) tuples
+with its 1/T and ln S; the entries whose runs have equal keys share it. Each run is cut into chunks of at most
 `chunk_pages` pages from its start (a 2048-token document at pages of 64 is 32 pages: chunks give the grid
-enough programs). A chunk's key is its (page, valid, first) tuples with its 1/T and ln S; the entries whose
-chunks have equal keys share it. A JOB is one chunk with up to M = max(1, group_rows // G) members, each with
+enough programs). A JOB is one chunk with up to M = max(1, group_rows // G) members, each with
 its delta and the partial slot it writes; a chunk with more members takes several jobs. An entry's slots are
-contiguous, `slot_start[e] .. slot_start[e + 1]`. Chunks of one run cut from the run's start make prefix
-mode's shared prefix chunks equal across entries although each entry's delta-0 run goes on with its own pages.
+contiguous, `slot_start[e] .. slot_start[e + 1]`. An entry's last run is keyed chunk by chunk instead: in prefix
+mode it is the shared prefix followed by the entry's own pages (one delta), and its prefix chunks are shared.
 
 Device form (SharedPlan): `jobs` int32 [J, 4 + 3M]: source entry (whose page-table row the job's pages are
 read from), first page, end page, member count, then M member entries, M deltas, M slots; the job count on the
@@ -136,50 +136,61 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
     if chunk_pages < 1:
         raise ValueError("chunk_pages must be >= 1")
     m = members_per_job(group, group_rows)
-    chunks: dict[tuple, list[tuple[int, int, int, int]]] = {}  # key -> [(entry, delta, lo, hi)]
+    # Equal runs are found whole (one key per document an entry lists, not one per chunk: the host's time), except
+    # an entry's last run, keyed per chunk: there prefix mode's shared prefix runs on into the entry's own pages.
+    runs: dict[tuple, list[tuple[int, int, int]]] = {}  # key -> [(entry, delta, first page)]
     for b, e in enumerate(entries):
         if not (len(e.pages) == len(e.deltas) == len(e.valid)):
             raise ValueError(f"entry {b}: pages, deltas and valid differ in length")
-        pages, valid = list(e.pages), list(e.valid)
-        firsts = None if e.firsts is None or not any(e.firsts) else list(e.firsts)
+        pages, valid = e.pages, e.valid
+        firsts = e.firsts if e.firsts is not None and any(e.firsts) else None
         ape = e.inv_temps is not None
         bounds = _runs(e)
-        for rs, re in zip(bounds, bounds[1:]):
+        last = len(bounds) - 2
+        for r in range(last + 1):
+            rs, re = bounds[r], bounds[r + 1]
             delta = e.deltas[rs]
             scores = (e.inv_temps[rs], e.log_scales[rs]) if ape else None
-            for lo in range(rs, re, chunk_pages):
-                hi = min(lo + chunk_pages, re)
-                key = (tuple(pages[lo:hi]), tuple(valid[lo:hi]), None if firsts is None else tuple(firsts[lo:hi]))
-                chunks.setdefault((key, scores), []).append((b, delta, lo, hi))
-    # Jobs: a chunk's members cut into near-equal groups of at most M.
-    jobs: list[list[tuple[int, int, int, int]]] = []
-    for members in chunks.values():
-        n_jobs = -(-len(members) // m)
-        size = -(-len(members) // n_jobs)
-        jobs.extend(members[i : i + size] for i in range(0, len(members), size))
-    counts = np.zeros(len(entries) + 1, dtype=np.int64)
-    for job in jobs:
-        for b, _, _, _ in job:
-            counts[b + 1] += 1
-    slot_start = np.cumsum(counts).astype(np.int32)
+            step = chunk_pages if r == last else re - rs
+            for lo in range(rs, re, step):
+                hi = min(lo + step, re)
+                key = (
+                    tuple(pages[lo:hi]),
+                    tuple(valid[lo:hi]),
+                    None if firsts is None else tuple(firsts[lo:hi]),
+                    scores,
+                )
+                runs.setdefault(key, []).append((b, delta, lo))
+    # Jobs: each run cut into chunks of at most chunk_pages pages, its members into near-equal groups of at most M.
+    counts = [0] * (len(entries) + 1)
+    groups: list[tuple[list[int], list[int], int, list[tuple[int, int]]]] = []  # entries, deltas, first page, chunks
+    for key, members in runs.items():
+        length = len(key[0])
+        chunks = [(c, min(c + chunk_pages, length)) for c in range(0, length, chunk_pages)]
+        size = -(-len(members) // -(-len(members) // m))
+        for i in range(0, len(members), size):
+            part = members[i : i + size]
+            groups.append(([j[0] for j in part], [j[1] for j in part], part[0][2], chunks))
+        for b, _, _ in members:
+            counts[b + 1] += len(chunks)
+    slot_start = np.cumsum(counts, dtype=np.int64).astype(np.int32)
     next_slot = slot_start[:-1].tolist()
-    width = job_width(m)
-    table = np.zeros((len(jobs), width), dtype=np.int32)
     rows = []
     shared = 0
-    for job in jobs:
-        src, _, lo, hi = job[0]
-        n = len(job)
-        shared += n > 1
-        slots = []
-        for b, _, _, _ in job:
-            slots.append(next_slot[b])
-            next_slot[b] += 1
-        pad = [0] * (m - n)
-        rows.append([src, lo, hi, n, *(j[0] for j in job), *pad, *(j[1] for j in job), *pad, *slots, *pad])
-    if rows:
-        table[:] = np.asarray(rows, dtype=np.int32)
-    return HostPlan(jobs=table, slot_start=slot_start, members=m, shared_jobs=shared)
+    for members, deltas, lo, chunks in groups:
+        k = len(members)
+        pad = [0] * (m - k)
+        head = [*members, *pad, *deltas, *pad]
+        src = members[0]
+        for c, c_end in chunks:
+            slots = []
+            for b in members:
+                slots.append(next_slot[b])
+                next_slot[b] += 1
+            rows.append([src, lo + c, lo + c_end, k, *head, *slots, *pad])
+        shared += (k > 1) * len(chunks)
+    table = np.asarray(rows, dtype=np.int32) if rows else np.zeros((0, job_width(m)), dtype=np.int32)
+    return HostPlan(jobs=table.reshape(-1, job_width(m)), slot_start=slot_start, members=m, shared_jobs=shared)
 
 
 # ---------------------------------------------------------------------------------------------------
