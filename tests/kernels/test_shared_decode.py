@@ -132,6 +132,21 @@ def test_plan_keeps_different_firsts_and_temperatures_apart():
     assert plan.num_jobs == 1 + 2 + 4  # the shared document, c's and d's copies of it, four own pages
 
 
+def test_plan_shares_a_prefix_that_runs_on_into_own_pages():
+    """Prefix mode: a shared prefix (pages 1-5, delta 0) followed by each entry's own pages at delta 0 too is one
+    run per entry; its whole chunks of prefix pages are shared, the chunk holding own pages is not."""
+    prefix = EntryPages([1, 2, 3, 4, 5], [0] * 5, [16] * 5)
+    entries = [prefix.then([10 + i], [3 + i]) for i in range(3)]
+    plan = shared_plan(entries, group=1, group_rows=16, chunk_pages=2)
+    rows = plan.jobs.tolist()
+    shared = sorted((r[1], r[2]) for r in rows if r[3] == 3)
+    assert shared == [(0, 2), (2, 4)]
+    assert sorted((r[0], r[1], r[2]) for r in rows if r[3] == 1) == [(0, 4, 6), (1, 4, 6), (2, 4, 6)]
+    pages, _ = covered(plan, entries)
+    for b, e in enumerate(entries):
+        assert sorted(pages[b]) == [(i, d) for i, d in enumerate(e.deltas)]
+
+
 def test_plan_without_sharing():
     entries = [EntryPages([1, 2], [0, 0], [16, 3]), EntryPages([3], [0], [5])]
     plan = shared_plan(entries, group=2)
@@ -204,6 +219,24 @@ def test_ape_temperatures():
     plain_ref = reference.paged_attention(*s.decode()[:1], s.k_cache, s.v_cache, s.decode()[1], s.tables, s.scale)
     assert rel_err(ref, plain_ref) > 1e-3, "the temperatures change the result"
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 2])
+def test_prefix_mode_tables(chunk_pages):
+    """Prefix mode's tables (a shared prefix and own pages, all at delta 0; a partial last prefix page) against the
+    reference. (A chunk that takes in own pages is not shared: with chunks of 8 pages nothing is, here.)"""
+    g = torch.Generator().manual_seed(9)
+    k_cache, v_cache = (torch.randn(16, 16, 2, 64, generator=g) for _ in range(2))
+    prefix = EntryPages([7, 2, 9, 4], [0] * 4, [16, 16, 16, 11])
+    entries = [prefix.then([10 + i], [2 + 3 * i]) for i in range(4)]
+    q_starts = [59 + 2 + 3 * i for i in range(4)]
+    batch = PagedBatch.build(entries, [1] * 4, q_starts)
+    q = torch.randn(4, 4, 64, generator=g)
+    tab = tables("llama3", 64)
+    plan = shared_plan(entries, group=2, group_rows=4, chunk_pages=chunk_pages)
+    assert plan.shared_jobs >= 2  # the prefix's chunks, each read by two jobs of two members
+    out = shared_decode_attention(q, k_cache, v_cache, batch, plan.to("cpu"), tab, 0.125)
+    assert rel_err(out, reference.paged_attention(q, k_cache, v_cache, batch, tab, 0.125)) < 1e-5
 
 
 def test_nothing_shared():
