@@ -6,7 +6,9 @@ On the GPU (about a minute; 32 q heads, 8 kv heads, head_dim 128, bf16, pages of
 
 Workload (the serving benchmark's, docs/benchmarks.md): 100 documents of 2048 tokens, each cached once in its own
 pages; every entry lists a 64-token system prompt (one page, shared by all), 5 distinct documents drawn Zipf(2.1)
-at their deltas, and 32..64 tokens of its own. Batches of 8, 32 and 64 entries, one decode step.
+at their deltas, and 32..64 tokens of its own. Batches of 8, 32 and 64 entries, one decode step. A second
+workload ("private") gives every entry documents of its own: only the system prompt's page is shared, which shows
+the shared path's cost where it saves nothing (the engine would not take it: "engine takes it", worth_sharing).
 
 Per batch and plan variant (group_rows: query rows of a job's tile; chunk_pages: pages of a job): the plan's jobs,
 the KV bytes a step reads (plain: every entry's pages; shared: every job's pages once), the kernels' times
@@ -37,7 +39,7 @@ import triton  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
-from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan  # noqa: E402
+from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan, worth_sharing  # noqa: E402
 
 
 def llama31_tables(head_dim: int, max_position: int, device: torch.device) -> RopeTables:
@@ -59,15 +61,22 @@ def zipf_documents(rng: np.random.Generator, n_docs: int, per_entry: int, expone
     return rng.choice(n_docs, size=per_entry, replace=False, p=weights / weights.sum()).tolist()
 
 
-def make_step(args, batch: int, rng: np.random.Generator, free: list[int]) -> tuple[list[EntryPages], list[int]]:
-    """One decode step's entries over the documents' shared pages, and each entry's query position."""
+def make_step(
+    args, batch: int, rng: np.random.Generator, free: list[int], private: bool = False
+) -> tuple[list[EntryPages], list[int]]:
+    """One decode step's entries over the documents' shared pages, and each entry's query position. `private`: each
+    entry's documents are its own (only the system prompt is shared)."""
     ps = args.page_size
     doc_pages = args.doc_pages
     entries, q_starts = [], []
-    for _ in range(batch):
+    for i in range(batch):
         pages, deltas, valid = list(args.system_pages), [0] * len(args.system_pages), page_fill(args.system, ps)
         start = args.system
-        for d in zipf_documents(rng, args.documents, args.per_entry, args.zipf):
+        if private:
+            docs = [args.documents + i * args.per_entry + k for k in range(args.per_entry)]
+        else:
+            docs = zipf_documents(rng, args.documents, args.per_entry, args.zipf)
+        for d in docs:
             pages += doc_pages[d]
             deltas += [start] * len(doc_pages[d])
             valid += page_fill(args.doc_len, ps)
@@ -102,6 +111,7 @@ def main() -> None:
     ap.add_argument("--batches", default="8,32,64")
     ap.add_argument("--variants", default="16:4,16:8,16:16,32:8,32:16,64:8", help="group_rows:chunk_pages,...")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workloads", default="zipf,private", help="zipf: the serving mix; private: no shared document")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
@@ -123,11 +133,12 @@ def main() -> None:
     max_batch = max(batches)
     doc_n = cdiv(args.doc_len, ps)
     sys_n = cdiv(args.system, ps)
-    num_pages = args.documents * doc_n + sys_n + max_batch * cdiv(args.own_max, ps) + 8
+    all_docs = args.documents + max_batch * args.per_entry  # the Zipf pool, then the private workload's
+    num_pages = all_docs * doc_n + sys_n + max_batch * cdiv(args.own_max, ps) + 8
     gen = torch.Generator().manual_seed(args.seed)
     perm = torch.randperm(num_pages, generator=gen).tolist()  # a long-running pool's shuffled free list
     args.system_pages = [perm.pop() for _ in range(sys_n)]
-    args.doc_pages = [[perm.pop() for _ in range(doc_n)] for _ in range(args.documents)]
+    args.doc_pages = [[perm.pop() for _ in range(doc_n)] for _ in range(all_docs)]
     k_cache = torch.randn(num_pages, ps, kv_heads, head_dim, device=device, dtype=dtype)
     v_cache = torch.randn(num_pages, ps, kv_heads, head_dim, device=device, dtype=dtype)
     max_pos = args.system + args.per_entry * args.doc_len + args.own_max + 1
@@ -143,14 +154,14 @@ def main() -> None:
         f"of {args.documents} + {args.own_min}..{args.own_max} own tokens; "
         f"device: {torch.cuda.get_device_name() if gpu else 'CPU (interpreter)'}",
         "",
-        "| batch | group_rows | chunk_pages | distinct docs | jobs | shared jobs | plain MiB | shared MiB | "
-        "plain us | shared us | speedup | plan ms (host) | rel err |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| documents | batch | group_rows | chunk_pages | distinct docs | jobs | shared jobs | plain MiB | "
+        "shared MiB | plain us | shared us | speedup | plan ms (host) | engine takes it | rel err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     print("\n".join(lines), flush=True)
-    for batch in batches:
+    for workload, batch in [(w, b) for w in args.workloads.split(",") for b in batches]:
         free = list(perm)
-        entries, q_starts = make_step(args, batch, rng, free)
+        entries, q_starts = make_step(args, batch, rng, free, private=workload == "private")
         distinct = len({p for e in entries for p in e.pages[sys_n : sys_n + args.per_entry * doc_n]}) // doc_n
         pb = PagedBatch.build(entries, [1] * batch, q_starts, device)
         q = torch.randn(batch, q_heads, head_dim, device=device, dtype=dtype)
@@ -181,9 +192,11 @@ def main() -> None:
             err = ((shared().float() - ref).norm() / ref.norm()).item()
             shared_us = time_us(shared, gpu, warmup, rep)
             row = (
-                f"| {batch} | {group_rows} | {chunk_pages} | {distinct} | {host.num_jobs} | {host.shared_jobs} | "
-                f"{plain_bytes / 2**20:.0f} | {shared_bytes / 2**20:.0f} | {plain_us:.1f} | {shared_us:.1f} | "
-                f"{plain_us / shared_us:.2f}x | {1000 * statistics.median(host_times):.2f} | {err:.1e} |"
+                f"| {workload} | {batch} | {group_rows} | {chunk_pages} | {distinct} | {host.num_jobs} | "
+                f"{host.shared_jobs} | {plain_bytes / 2**20:.0f} | {shared_bytes / 2**20:.0f} | "
+                f"{plain_us:.1f} | {shared_us:.1f} | "
+                f"{plain_us / shared_us:.2f}x | {1000 * statistics.median(host_times):.2f} | "
+                f"{'yes' if worth_sharing(host) else 'no'} | {err:.1e} |"
             )
             print(row, flush=True)
             lines.append(row)

@@ -78,6 +78,8 @@ class HostPlan:
     slot_start: np.ndarray  # int32 [B + 1]
     members: int  # M
     shared_jobs: int  # jobs with at least two members
+    listed_pages: int = 0  # pages the entries list (what the plain decode kernel reads)
+    read_pages: int = 0  # pages the jobs read
 
     @property
     def num_jobs(self) -> int:
@@ -163,6 +165,7 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
                 runs.setdefault(key, []).append((b, delta, lo))
     # Jobs: each run cut into chunks of at most chunk_pages pages, its members into near-equal groups of at most M.
     counts = [0] * (len(entries) + 1)
+    read = 0
     groups: list[tuple[list[int], list[int], int, list[tuple[int, int]]]] = []  # entries, deltas, first page, chunks
     for key, members in runs.items():
         length = len(key[0])
@@ -171,6 +174,7 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
         for i in range(0, len(members), size):
             part = members[i : i + size]
             groups.append(([j[0] for j in part], [j[1] for j in part], part[0][2], chunks))
+            read += length
         for b, _, _ in members:
             counts[b + 1] += len(chunks)
     slot_start = np.cumsum(counts, dtype=np.int64).astype(np.int32)
@@ -190,7 +194,8 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
             rows.append([src, lo + c, lo + c_end, k, *head, *slots, *pad])
         shared += (k > 1) * len(chunks)
     table = np.asarray(rows, dtype=np.int32) if rows else np.zeros((0, job_width(m)), dtype=np.int32)
-    return HostPlan(jobs=table.reshape(-1, job_width(m)), slot_start=slot_start, members=m, shared_jobs=shared)
+    listed = sum(len(e.pages) for e in entries)
+    return HostPlan(table.reshape(-1, job_width(m)), slot_start, m, shared, listed, read)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -486,6 +491,7 @@ def shared_decode_attention(
     return out
 
 
-def worth_sharing(plan: HostPlan) -> bool:
-    """Whether the plan reads any chunk once for several entries (else the plain decode kernel does as well)."""
-    return plan.shared_jobs > 0
+def worth_sharing(plan: HostPlan, min_saving: float = 0.1) -> bool:
+    """Whether the plan reads at least `min_saving` of the listed pages fewer than the plain decode kernel would (a
+    system prompt's page shared by every entry alone is not worth the second launch). The share is not measured."""
+    return plan.shared_jobs > 0 and plan.read_pages <= (1.0 - min_saving) * plan.listed_pages

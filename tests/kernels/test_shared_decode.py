@@ -154,6 +154,25 @@ def test_plan_without_sharing():
     assert plan.slot_start.tolist() == [0, 1, 2]
 
 
+def test_pages_read_and_worth():
+    """read_pages counts the jobs' pages, listed_pages the entries'; one shared system page among many private
+    pages is not worth a plan, a shared document is."""
+    system = EntryPages([0], [0], [16])
+    private = [
+        EntryPages([0, *range(10 * i + 1, 10 * i + 10)], [0] + [16] * 9, [16] * 10).then([100 + i], [1])
+        for i in range(4)
+    ]
+    plan = shared_plan(private, group=4, chunk_pages=4)
+    assert plan.listed_pages == 44 and plan.read_pages == 1 + 4 * 10
+    assert plan.read_pages == sum(r[2] - r[1] for r in plan.jobs.tolist())
+    assert plan.shared_jobs == 1 and not worth_sharing(plan)
+    doc = system.then([50, 51, 52], [16, 16, 4])
+    shared = [EntryPages(doc.pages, [0, 16, 16, 16], doc.valid).then([100 + i], [1]) for i in range(4)]
+    plan = shared_plan(shared, group=4, chunk_pages=4)
+    assert plan.listed_pages == 20 and plan.read_pages == 1 + 3 + 4
+    assert worth_sharing(plan)
+
+
 # --- kernels against the reference ---------------------------------------------------------------------
 
 
