@@ -54,8 +54,8 @@ from lazyattn.kernels.launch import LOG2E, interpreting
 from lazyattn.kernels.paged import EntryPages, PagedBatch
 from lazyattn.kernels.rope import RopeTables
 
-# The job table's fixed columns before the member columns.
-_SRC, _LO, _HI, _COUNT, _MEMBERS = 0, 1, 2, 3, 4
+# A job row's columns before the member columns: source entry, first page, end page, member count.
+_MEMBERS = 4
 # The merge loads (query head, slot) partials this many at a time (decode.py's _MERGE_ROWS).
 _MERGE_ROWS = 64
 
@@ -156,12 +156,9 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
             step = chunk_pages if r == last else re - rs
             for lo in range(rs, re, step):
                 hi = min(lo + step, re)
-                key = (
-                    tuple(pages[lo:hi]),
-                    tuple(valid[lo:hi]),
-                    None if firsts is None else tuple(firsts[lo:hi]),
-                    scores,
-                )
+                offsets = None if firsts is None else tuple(firsts[lo:hi])
+                # A relinked entry's runs without offsets match other entries' runs (firsts all 0 or None alike).
+                key = (tuple(pages[lo:hi]), tuple(valid[lo:hi]), offsets if offsets and any(offsets) else None, scores)
                 runs.setdefault(key, []).append((b, delta, lo))
     # Jobs: each run cut into chunks of at most chunk_pages pages, its members into near-equal groups of at most M.
     counts = [0] * (len(entries) + 1)

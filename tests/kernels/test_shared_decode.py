@@ -132,6 +132,15 @@ def test_plan_keeps_different_firsts_and_temperatures_apart():
     assert plan.num_jobs == 1 + 2 + 4  # the shared document, c's and d's copies of it, four own pages
 
 
+def test_plan_shares_runs_without_offsets_of_relinked_entries():
+    """A relinked entry (offsets on another document's pages) shares its runs without offsets with plain entries."""
+    plain = EntryPages([5, 6, 9], [3, 3, 0], [16, 4, 2])
+    relinked = EntryPages([7, 8, 5, 6, 4], [0, 0, 20, 20, 0], [16, 14, 16, 4, 1], firsts=[0, 2, 0, 0, 0])
+    plan = shared_plan([plain, relinked], group=1)
+    shared = [r for r in plan.jobs.tolist() if r[3] == 2]
+    assert len(shared) == 1 and shared[0][1:3] == [0, 2] and sorted(shared[0][4 + 16 : 6 + 16]) == [3, 20]
+
+
 def test_plan_shares_a_prefix_that_runs_on_into_own_pages():
     """Prefix mode: a shared prefix (pages 1-5, delta 0) followed by each entry's own pages at delta 0 too is one
     run per entry; its whole chunks of prefix pages are shared, the chunk holding own pages is not."""
