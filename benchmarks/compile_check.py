@@ -358,10 +358,14 @@ def _decode(heads: Heads, page_size: int, batch: PagedBatch, pdl: bool = False) 
         )
 
 
-def _shared_decode(heads: Heads, page_size: int, entries: int, group_rows: int, relinked: bool = False) -> None:
+def _shared_decode(
+    heads: Heads, page_size: int, entries: int, group_rows: int, relinked: bool = False, ape: bool = False
+) -> None:
     """Shared-document decode (kernels/shared_decode.py): its job and merge kernels, over entries that list the same
-    documents (at one delta here: the compile does not see deltas)."""
+    documents (at one delta here: the compile does not see deltas); ape: with a temperature on every page."""
     es = [_rag_entry(page_size, 1, relinked=relinked) for _ in range(entries)]
+    for e in es if ape else ():
+        e.inv_temps, e.log_scales = [0.5] * len(e.pages), [0.1] * len(e.pages)
     batch = PagedBatch.build(es, [1] * entries, [sum(es[0].valid) - 1] * entries)
     plan = shared_decode.shared_plan(es, heads.q // heads.kv, group_rows).to("cpu")
     kv = _pool(heads, page_size)
@@ -536,6 +540,12 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                 (
                     f"shared decode {h} page{ps} B=8 rows16 relinked (firsts)",
                     lambda heads=heads, ps=ps: _shared_decode(heads, ps, 8, 16, relinked=True),
+                )
+            )
+            out.append(
+                (
+                    f"shared decode {h} page{ps} B=8 rows16 APE",
+                    lambda heads=heads, ps=ps: _shared_decode(heads, ps, 8, 16, ape=True),
                 )
             )
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))
