@@ -54,7 +54,17 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime import jit  # noqa: E402
 
-from lazyattn.kernels import cache_ops, decode, fused, gemv, greedy, invariant, prefill, prefill_hopper  # noqa: E402
+from lazyattn.kernels import (  # noqa: E402
+    cache_ops,
+    decode,
+    fused,
+    gemv,
+    greedy,
+    invariant,
+    prefill,
+    prefill_hopper,
+    shared_decode,
+)
 from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 
@@ -348,6 +358,21 @@ def _decode(heads: Heads, page_size: int, batch: PagedBatch, pdl: bool = False) 
         )
 
 
+def _shared_decode(
+    heads: Heads, page_size: int, entries: int, group_rows: int, relinked: bool = False, ape: bool = False
+) -> None:
+    """Shared-document decode (kernels/shared_decode.py): its job and merge kernels, over entries that list the same
+    documents (at one delta here: the compile does not see deltas); ape: with a temperature on every page."""
+    es = [_rag_entry(page_size, 1, relinked=relinked) for _ in range(entries)]
+    for e in es if ape else ():
+        e.inv_temps, e.log_scales = [0.5] * len(e.pages), [0.1] * len(e.pages)
+    batch = PagedBatch.build(es, [1] * entries, [sum(es[0].valid) - 1] * entries)
+    plan = shared_decode.shared_plan(es, heads.q // heads.kv, group_rows).to("cpu")
+    kv = _pool(heads, page_size)
+    q, _, _ = _qkv(heads, entries)
+    shared_decode.shared_decode_attention(q, kv[0, 0], kv[0, 1], batch, plan, _tables(heads), heads.dim**-0.5)
+
+
 def _invariant_attention(heads: Heads, page_size: int, batch: PagedBatch, tokens: int) -> None:
     """The deterministic mode's attention (kernels/invariant.py), prefill and decode alike."""
     kv = _pool(heads, page_size)
@@ -502,6 +527,25 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                 (
                     f"decode {h} page{ps} B=1 ctx~10240, PDL",
                     lambda heads=heads, ps=ps: _decode(heads, ps, _decode_batch(ps, 1, 10240), pdl=True),
+                )
+            )
+            for rows in (16, 32, 64):
+                out.append(
+                    (
+                        f"shared decode {h} page{ps} B=8 rows{rows}",
+                        lambda heads=heads, ps=ps, r=rows: _shared_decode(heads, ps, 8, r),
+                    )
+                )
+            out.append(
+                (
+                    f"shared decode {h} page{ps} B=8 rows16 relinked (firsts)",
+                    lambda heads=heads, ps=ps: _shared_decode(heads, ps, 8, 16, relinked=True),
+                )
+            )
+            out.append(
+                (
+                    f"shared decode {h} page{ps} B=8 rows16 APE",
+                    lambda heads=heads, ps=ps: _shared_decode(heads, ps, 8, 16, ape=True),
                 )
             )
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))

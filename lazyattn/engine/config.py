@@ -177,6 +177,14 @@ class EngineConfig:
         "batch-invariant numerics: the same tokens and logprobs whatever shares the batch, however the prefill "
         "is chunked (docs/design.md, Deterministic mode)",
     )
+    # Decode steps read a page run that several sequences list (a shared document) once for all of them
+    # (kernels/shared_decode.py; docs/design.md, "Shared-document decode"). Steps without such a run, deterministic
+    # mode and the CPU backend take the plain decode kernel.
+    shared_decode: bool = _option(
+        True,
+        "decode steps read each document's pages once for all the sequences that list it "
+        "(docs/design.md, Shared-document decode)",
+    )
     # The LAZYATTN_* environment variables, read once when the config is made (lazyattn/envs.py): the engine passes
     # them down and activates the kernels' toggles at construction, so captured graphs and eager steps agree.
     env: EnvSettings = field(default_factory=read_env)

@@ -12,13 +12,29 @@ The graphs read per-page first-slot offsets (all 0 unless a row is relinked, doc
 graph serves relinked and plain rows: one more scalar load per K/V tile. Where the engine's requests default to a
 temperature or scale on their documents (docs/design.md, "APE"), the graphs read each page's 1/T and ln S too (two
 more loads per tile); without, a step that carries them (a request's own choice) runs eagerly.
+
+Shared-document decode (kernels/shared_decode.py): with a SharedDecode, each batch size has a second graph that
+attends by a plan held in static buffers (room for SharedDecode.jobs_per_entry jobs per entry). A step whose entries
+share a document and whose plan fits replays it; any other decode step replays the plain graph. The plan graph's job
+kernel has a fixed grid whose programs stride over the step's job count (a device scalar).
 """
 
 from __future__ import annotations
 
 import torch
 
-from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has_ape, table_count, table_views
+from lazyattn.engine.graph_inputs import (
+    SharedDecode,
+    StepInputs,
+    ape_views,
+    fill_plan,
+    fill_tables,
+    has_ape,
+    plan_buffer_size,
+    plan_views,
+    table_count,
+    table_views,
+)
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import PagedBatch
 from lazyattn.model.llama import CausalLM
@@ -38,6 +54,7 @@ class DecodeGraphs:
         max_pages: int,
         device: torch.device,
         ape: bool = False,
+        shared: SharedDecode | None = None,
     ) -> None:
         self.model = model
         self.ape = ape  # the graphs read the temperature and scale tables
@@ -61,6 +78,15 @@ class DecodeGraphs:
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.shared = shared
+        self.plan_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # by size, with a plan
+        self.shared_replays = 0  # steps that replayed a plan graph
+        if shared is not None:
+            from lazyattn.kernels.shared_decode import job_width
+
+            size = plan_buffer_size(n, shared.jobs_per_entry * n, job_width(shared.members))
+            self.plan_static = torch.zeros(size, dtype=torch.int32, device=device)
+            self.plan_staging = torch.zeros_like(self.plan_static, device="cpu").pin_memory()
 
     def fits(self, step: StepInputs) -> bool:
         return (
@@ -88,25 +114,47 @@ class DecodeGraphs:
         for static, staged in zip(self.static[:2], self.staging[:2]):
             static.copy_(staged, non_blocking=True)
         self.static[2][:b].copy_(self.staging[2][:b], non_blocking=True)
+        shared = self._stage_plan(step, size)
         self.copied.record()
         if step.fed_back is not None:  # after the ids' copy, which staged placeholders in those rows
             step.fed_back.write(self.static[0][:b])
-        if size not in self.graphs:
-            self.graphs[size] = self._capture(size)
-        graph, logits = self.graphs[size]
+        graphs = self.plan_graphs if shared else self.graphs
+        if size not in graphs:
+            graphs[size] = self._capture(size, shared)
+        graph, logits = graphs[size]
         graph.replay()
+        self.shared_replays += shared
         return logits[:b]
+
+    def _stage_plan(self, step: StepInputs, size: int) -> bool:
+        """Stage and copy the step's shared-document plan where it has one that fits the graph of `size`."""
+        if self.shared is None:
+            return False
+        plan = self.shared.plan(step)
+        if plan is None or plan.num_slots > self._slots(size):  # every job has a slot: jobs fit too
+            return False
+        end = fill_plan(self.plan_staging.numpy(), plan, self.sizes[-1])
+        self.plan_static[:end].copy_(self.plan_staging[:end], non_blocking=True)
+        return True
+
+    def _slots(self, size: int) -> int:
+        """Jobs, and partial slots, the plan graph of `size` has room for."""
+        return self.shared.jobs_per_entry * size
 
     def capture_all(self) -> None:
         """Capture every batch size now (start-up), instead of on a request's first decode of that size."""
         n = self.sizes[-1]
         self.static[0][2 * n :].fill_(-1)
         self.static[1][n:].zero_()
+        if self.shared is not None:
+            self.plan_static.zero_()  # no jobs: the plan graphs' capture runs read nothing
         for size in self.sizes:
             if size not in self.graphs:
                 self.graphs[size] = self._capture(size)
+            if self.shared is not None and size not in self.plan_graphs:
+                self.plan_graphs[size] = self._capture(size, shared=True)
 
-    def _static_batch(self, size: int) -> tuple[torch.Tensor, ForwardBatch]:
+    def _static_batch(self, size: int, shared: bool = False) -> tuple[torch.Tensor, ForwardBatch]:
         n = self.sizes[-1]
         i64, head, tables = self.static
         pages, deltas, valid, starts, firsts = table_views(tables[:size])
@@ -125,11 +173,17 @@ class DecodeGraphs:
             inv_temps=inv_temps,
             log_scales=log_scales,
         )
-        return i64[:size], ForwardBatch(i64[n : n + size], i64[2 * n : 2 * n + size], attn, True, self.rows[:size])
+        fb = ForwardBatch(i64[n : n + size], i64[2 * n : 2 * n + size], attn, True, self.rows[:size])
+        if shared:
+            jobs = self._slots(size)
+            # Programs of the job kernel: 8 per entry (128 at least), unmeasured; each strides over the step's jobs.
+            programs = min(jobs, max(128, 8 * size))
+            fb.shared = plan_views(self.plan_static, n, size, jobs, self.shared.members, programs)
+        return i64[:size], fb
 
     @torch.inference_mode()
-    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        ids, fb = self._static_batch(size)
+    def _capture(self, size: int, shared: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        ids, fb = self._static_batch(size, shared)
         # Warm up on a side stream (compiles and autotunes kernels outside the capture), then capture.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -11,17 +11,24 @@ contiguous record, so the first b entries of a batch are one prefix of the buffe
 width] views share one row stride, as the attention kernels take it (kernels/paged.py). Graphs of an engine whose
 requests default to a temperature or scale on their documents (docs/design.md, "APE") carry two more tables,
 [entries, 7, width]: each page's 1/T and ln S as float32 bits, read through float32 views of the same buffer.
+
+A decode step whose entries share documents also gets a shared-document plan (kernels/shared_decode.py): its job
+count, slot_start and job rows in one int32 buffer (fill_plan), one more copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lazyattn.kernels.paged import EntryPages
+
+if TYPE_CHECKING:  # kernels/shared_decode.py imports Triton, which CPU engines do without
+    from lazyattn.kernels.shared_decode import HostPlan, SharedPlan
 
 TABLES = 5  # pages, deltas, valid, starts, firsts
 APE_TABLES = 7  # and inv_temps, log_scales (float32 bits)
@@ -115,3 +122,73 @@ def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
                 floats[1, :m] = e.log_scales
     # starts[:, 0] stays 0; starts[:, j] = valid[:, :j].sum(), written in place
     np.add.accumulate(rows[:, 2, :-1], axis=1, out=rows[:, 3, 1:])
+
+
+# --- shared-document decode plans (kernels/shared_decode.py) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedDecode:
+    """How the engine plans shared-document decode steps (kernels/shared_decode.py, shared_plan)."""
+
+    group: int  # query heads per kv head
+    group_rows: int = 16  # query rows of a job's tile: max(1, group_rows // group) member entries
+    chunk_pages: int = 8  # pages of a job, at most
+    # A CUDA graph's plan buffers hold this many jobs (and partial slots) per entry of its batch size; a step whose
+    # plan needs more runs the plain decode graph. A lazy entry over 5 documents of 2048 tokens at pages of 64 and
+    # chunks of 8 pages takes 22 (a system-prompt run, 4 per document, its own pages).
+    jobs_per_entry: int = 48
+
+    @property
+    def members(self) -> int:
+        from lazyattn.kernels.shared_decode import members_per_job
+
+        return members_per_job(self.group, self.group_rows)
+
+    def plan(self, step: StepInputs) -> HostPlan | None:
+        """The step's plan where it is a decode step in which some chunk is listed by two entries or more (else the
+        plain decode kernel reads as little)."""
+        if not step.is_decode or len(step.entries) < 2:
+            return None
+        from lazyattn.kernels.shared_decode import shared_plan, worth_sharing
+
+        plan = shared_plan(step.entries, self.group, self.group_rows, self.chunk_pages)
+        return plan if worth_sharing(plan) else None
+
+
+def plan_buffer_size(max_entries: int, max_jobs: int, width: int) -> int:
+    """int32 elements of a plan buffer: the job count, slot_start [max_entries + 1], then max_jobs job rows."""
+    return 2 + max_entries + max_jobs * width
+
+
+def fill_plan(buffer: np.ndarray, plan: HostPlan, max_entries: int) -> int:
+    """Write a plan into a 1-D int32 buffer laid out as plan_buffer_size says: slot_start padded to max_entries + 1
+    values with its last (padding entries get no slots). Returns how many leading elements hold the plan (what a
+    copy to the device needs)."""
+    b1 = plan.slot_start.shape[0]
+    buffer[0] = plan.num_jobs
+    buffer[1 : 1 + b1] = plan.slot_start
+    buffer[1 + b1 : 2 + max_entries] = plan.slot_start[-1]
+    jobs = 2 + max_entries
+    end = jobs + plan.jobs.size
+    buffer[jobs:end] = plan.jobs.reshape(-1)
+    return end
+
+
+def plan_views(
+    buffer: torch.Tensor, max_entries: int, entries: int, max_jobs: int, members: int, programs: int
+) -> SharedPlan:
+    """The device plan over a buffer filled by fill_plan (copied over), for a batch of `entries` rows and room for
+    max_jobs jobs (and as many partial slots: every job has a member)."""
+    from lazyattn.kernels.shared_decode import SharedPlan, job_width
+
+    width = job_width(members)
+    jobs = 2 + max_entries
+    return SharedPlan(
+        num_jobs=buffer[:1],
+        jobs=buffer[jobs : jobs + max_jobs * width].view(max_jobs, width),
+        slot_start=buffer[1 : 2 + entries],
+        members=members,
+        num_slots=max_jobs,
+        programs=programs,
+    )

@@ -12,7 +12,7 @@ from lazyattn.cache.page_pool import allocate_kv, bytes_per_page, pages_for_budg
 from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
-from lazyattn.engine.graph_inputs import StepInputs
+from lazyattn.engine.graph_inputs import SharedDecode, StepInputs
 from lazyattn.engine.prefill_graphs import PrefillGraphs
 from lazyattn.engine.sequence import Run
 from lazyattn.kernels.backend import ForwardBatch
@@ -54,13 +54,20 @@ class ModelRunner:
         self.backend = make_backend(
             kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale, config.deterministic
         )
+        # Decode steps over shared documents attend by a plan (kernels/shared_decode.py) where the backend takes one;
+        # deterministic mode keeps its one batch-invariant kernel.
+        self.shared = None
+        if config.shared_decode and not config.deterministic and self.backend.shared_decode:
+            self.shared = SharedDecode(group=mc.num_heads // mc.num_kv_heads)
         self.graphs = None  # decode steps replay CUDA graphs when set
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
             # With a temperature or scale on documents by default the graphs carry their tables (engine/cuda_graphs.py)
             ape = config.ape_on
-            self.graphs = DecodeGraphs(model, self.backend, min(config.max_num_seqs, 256), widest, device, ape)
+            self.graphs = DecodeGraphs(
+                model, self.backend, min(config.max_num_seqs, 256), widest, device, ape, self.shared
+            )
             # Deterministic mode: no prefill graphs (their buckets fix split counts for the prefill kernels, which that
             # mode does not run); decode graphs replay the same batch-invariant kernels, padding rows apart.
             if not config.deterministic:
@@ -130,6 +137,9 @@ class ModelRunner:
             is_decode=step.is_decode,
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64).to(dev, non_blocking=True),
         )
+        plan = None if self.shared is None else self.shared.plan(step)
+        if plan is not None:
+            fb.shared = plan.to(dev)
         return torch.tensor(step.tokens, dtype=torch.int64).to(dev, non_blocking=True), fb
 
     def _copy_rotate(self, step: StepInputs) -> None:

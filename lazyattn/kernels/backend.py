@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from lazyattn.kernels import reference
 from lazyattn.kernels.paged import PagedBatch
 from lazyattn.kernels.rope import RopeTables, apply_rope
+
+if TYPE_CHECKING:  # the plan's module imports Triton, which the CPU backend does without
+    from lazyattn.kernels.shared_decode import SharedPlan
 
 
 @dataclass
@@ -31,6 +35,9 @@ class ForwardBatch:
     attn: PagedBatch  # one entry per run of tokens, same packing as the token ids
     is_decode: bool  # every entry has exactly one query row
     logits_indices: torch.Tensor  # [n] token rows whose logits the caller wants
+    # A decode step's shared-document plan (kernels/shared_decode.py): backends with `shared_decode` attend by it
+    # where it is set; others ignore it.
+    shared: SharedPlan | None = None
 
 
 class AttentionBackend(ABC):
@@ -39,6 +46,8 @@ class AttentionBackend(ABC):
     Invariant: `attend` writes the batch's k/v before attending, so each query sees its own key.
     Slots of -1 are not stored (tokens whose K/V is already cached).
     """
+
+    shared_decode = False  # whether attend takes ForwardBatch.shared plans (the engine builds them only then)
 
     def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float, deterministic: bool = False) -> None:
         self.kv = kv

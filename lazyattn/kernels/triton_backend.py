@@ -1,7 +1,8 @@
 """The GPU attention backend: the Triton kernels behind the AttentionBackend seam (kernels/backend.py).
 
 Per layer and forward: one `rope_write_kv` launch (rotate q and k, store k and v), then one attention
-launch over the layer's views of the pool, decode or prefill by the batch's shape. The per-page deltas
+launch over the layer's views of the pool, decode or prefill by the batch's shape; a decode step that carries a
+shared-document plan (ForwardBatch.shared) takes kernels/shared_decode.py's two launches. The per-page deltas
 travel in the PagedBatch; the attention kernels apply them on the fly. Short prefill calls (a question over cached
 documents) run the warp-specialised kernel on Hopper GPUs (kernels/prefill_hopper.py), which rotates Q per document
 itself; elsewhere they take Q rotated per run of equal delta up front (kernels/prefill.py), copies that the same
@@ -21,10 +22,13 @@ from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
 from lazyattn.kernels.prefill import prefill_attention, rotated_runs_for
 from lazyattn.kernels.rope import RopeTables
+from lazyattn.kernels.shared_decode import shared_decode_attention
 
 
 class TritonBackend(AttentionBackend):
     """Triton kernels; runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (tests)."""
+
+    shared_decode = True
 
     def __init__(self, kv: torch.Tensor, tables: RopeTables, scale: float, deterministic: bool = False) -> None:
         super().__init__(kv, tables, scale, deterministic)
@@ -50,6 +54,8 @@ class TritonBackend(AttentionBackend):
             )
             return prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, rotated_q=q_rot)
         q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
+        if fb.is_decode and fb.shared is not None:  # runs listed by several entries read once for all of them
+            return shared_decode_attention(q, k_cache, v_cache, fb.attn, fb.shared, self.tables, self.scale)
         if fb.is_decode:
             return decode_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale, counters=self.counters)
         return prefill_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)

@@ -17,13 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # Short questions (every variant: graph/eager, plan, relinked, rotation in prefill or in the kernel, no deltas), a
-# call past the up-front rotation without splits, decode with and without splits, block mode's copy, fused ops,
-# the greedy pick, gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue) and residual forms, and
-# the deterministic mode's attention (prefill and decode) and matmul (one compile for every M).
+# call past the up-front rotation without splits, decode with and without splits, shared-document decode, block
+# mode's copy, fused ops, the greedy pick, gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue)
+# and residual forms, and the deterministic mode's attention (prefill and decode) and matmul (one compile for every M).
 CASES = [
     "prefill 8B page64 rag T=32 B=1",
     "prefill 8B page64 rag T=512",
     "decode 8B page64",
+    "shared decode 8B page64",
     "copy_rotate 8B page64",
     "fused 8B (",
     "gemv N=28672 K=4096 M=1 ",
