@@ -110,11 +110,25 @@ def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
         if not m:
             continue
         record = rows[i]
-        record[0, :m] = e.pages
-        record[1, :m] = e.deltas
-        record[2, :m] = e.valid
-        if e.firsts is not None:
-            record[4, :m] = e.firsts
+        base = e.base
+        if base is not None and base.pages:  # a context kept across steps: its tables are converted once
+            nb = len(base.pages)
+            memo = base.memo()
+            table = memo.get("tables")
+            if table is None:
+                table = memo["tables"] = _context_tables(base)
+            record[:TABLES, :nb] = table
+            record[0, nb:m] = e.pages[nb:]
+            record[1, nb:m] = e.deltas[nb:]
+            record[2, nb:m] = e.valid[nb:]
+            if e.firsts is not None:
+                record[4, nb:m] = e.firsts[nb:]
+        else:
+            record[0, :m] = e.pages
+            record[1, :m] = e.deltas
+            record[2, :m] = e.valid
+            if e.firsts is not None:
+                record[4, :m] = e.firsts
         if len(record) > TABLES:
             floats = record[TABLES:].view(np.float32)
             floats[0, :m] = 1.0 if e.inv_temps is None else e.inv_temps
@@ -122,6 +136,15 @@ def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
                 floats[1, :m] = e.log_scales
     # starts[:, 0] stays 0; starts[:, j] = valid[:, :j].sum(), written in place
     np.add.accumulate(rows[:, 2, :-1], axis=1, out=rows[:, 3, 1:])
+
+
+def _context_tables(e: EntryPages) -> np.ndarray:
+    """An entry's [5, pages] int32 record as fill_tables writes it, but for `starts` (left 0: fill_tables sums it)."""
+    table = np.zeros((TABLES, len(e.pages)), dtype=np.int32)
+    table[0], table[1], table[2] = e.pages, e.deltas, e.valid
+    if e.firsts is not None:
+        table[4] = e.firsts
+    return table
 
 
 # --- shared-document decode plans (kernels/shared_decode.py) ----------------------------------------------------
