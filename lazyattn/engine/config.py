@@ -185,6 +185,15 @@ class EngineConfig:
         "decode steps read each document's pages once for all the sequences that list it "
         "(docs/design.md, Shared-document decode)",
     )
+    # A step that decodes some sequences and prefills others (continuous batching at a full batch: each step admits
+    # the requests that replace the ones that ended) runs as two forward passes, the prefill part first, then the
+    # decode rows as a decode step, which replays a decode graph and reads shared documents once (engine/
+    # step_launch.py). Off: one eager pass, whose attention reads every listed page once per row.
+    split_mixed_steps: bool = _option(
+        False,
+        "run a step that decodes some sequences and prefills others as a prefill pass, then a decode pass (decode "
+        "graphs and shared-document decode for its decode rows)",
+    )
     # The LAZYATTN_* environment variables, read once when the config is made (lazyattn/envs.py): the engine passes
     # them down and activates the kernels' toggles at construction, so captured graphs and eager steps agree.
     env: EnvSettings = field(default_factory=read_env)

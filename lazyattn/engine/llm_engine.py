@@ -105,7 +105,13 @@ class LLMEngine:
         self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.launcher = StepLauncher(
-            self.executor, self.sampler, self.outputs, self.tier, config.page_size, self.device
+            self.executor,
+            self.sampler,
+            self.outputs,
+            self.tier,
+            config.page_size,
+            self.device,
+            config.split_mixed_steps,
         )
         self.requests: dict[str, Request] = {}
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
