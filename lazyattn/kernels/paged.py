@@ -77,16 +77,11 @@ class EntryPages:
     def then(self, pages: Sequence[int], valid: Sequence[int]) -> EntryPages:
         """These pages followed by `pages` holding `valid` keys each from slot 0, at delta 0 (a run's own)."""
         n = len(pages)
-        firsts = None if self.firsts is None else list(self.firsts) + [0] * n
-        inv_temps = None if self.inv_temps is None else list(self.inv_temps) + [1.0] * n
-        log_scales = None if self.log_scales is None else list(self.log_scales) + [0.0] * n
+        firsts = None if self.firsts is None else [*self.firsts, *[0] * n]
+        inv_temps = None if self.inv_temps is None else [*self.inv_temps, *[1.0] * n]
+        log_scales = None if self.log_scales is None else [*self.log_scales, *[0.0] * n]
         entry = EntryPages(
-            list(self.pages) + list(pages),
-            list(self.deltas) + [0] * n,
-            list(self.valid) + list(valid),
-            firsts,
-            inv_temps,
-            log_scales,
+            [*self.pages, *pages], [*self.deltas, *[0] * n], [*self.valid, *valid], firsts, inv_temps, log_scales
         )
         entry.base = self
         return entry

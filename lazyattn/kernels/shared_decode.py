@@ -33,6 +33,7 @@ fixed capacity and replays any plan that fits; entries with no slots (graph padd
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -132,12 +133,39 @@ def _runs(e: EntryPages, lo: int, hi: int) -> list[int]:
     return [lo, *cuts, hi]
 
 
-RunItem = tuple[tuple, int, int]  # (run key, delta, first page)
+class RunKey:
+    """A run's key (pages, valid, first slots, 1/T and ln S) with its hash computed once: a kept context's keys
+    are looked up every step. Interned (`interned`), equal keys are one object, and a lookup meets by identity."""
+
+    __slots__ = ("key", "hash", "__weakref__")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self.hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunKey) and self.key == other.key
 
 
-def _run_items(e: EntryPages, lo: int, hi: int, chunk_pages: int, last_by_chunk: bool) -> list[RunItem]:
+_INTERNED: weakref.WeakValueDictionary[tuple, RunKey] = weakref.WeakValueDictionary()  # while a context holds one
+
+
+def interned(key: tuple) -> RunKey:
+    run_key = _INTERNED.get(key)
+    if run_key is None:
+        run_key = _INTERNED[key] = RunKey(key)
+    return run_key
+
+
+RunItem = tuple[RunKey, int, int]  # (run key, delta, first page)
+
+
+def _run_items(e: EntryPages, lo: int, hi: int, chunk_pages: int, last_by_chunk: bool, key_of=RunKey) -> list[RunItem]:
     """The keyed runs of the entry's pages [lo, hi) (module docstring), the last one keyed per chunk where
-    `last_by_chunk`."""
+    `last_by_chunk`; `key_of` makes each RunKey."""
     pages, valid = e.pages, e.valid
     firsts = e.firsts if e.firsts is not None and any(e.firsts[lo:hi]) else None
     ape = e.inv_temps is not None
@@ -154,7 +182,7 @@ def _run_items(e: EntryPages, lo: int, hi: int, chunk_pages: int, last_by_chunk:
             offsets = None if firsts is None else tuple(firsts[c:c_end])
             # A relinked entry's runs without offsets match other entries' runs (firsts all 0 or None alike).
             key = (tuple(pages[c:c_end]), tuple(valid[c:c_end]), offsets if offsets and any(offsets) else None, scores)
-            items.append((key, delta, c))
+            items.append((key_of(key), delta, c))
     return items
 
 
@@ -168,7 +196,7 @@ def _entry_items(e: EntryPages, chunk_pages: int) -> list[RunItem]:
         memo = base.memo()
         whole = memo.get("shared_runs")
         if whole is None:  # every run of the context is keyed whole: the entry's last run lies in its own pages
-            whole = memo["shared_runs"] = _run_items(base, 0, nb, chunk_pages, last_by_chunk=False)
+            whole = memo["shared_runs"] = _run_items(base, 0, nb, chunk_pages, last_by_chunk=False, key_of=interned)
         return whole + _run_items(e, nb, n, chunk_pages, last_by_chunk=True)
     return _run_items(e, 0, n, chunk_pages, last_by_chunk=True)
 
@@ -180,7 +208,7 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
     m = members_per_job(group, group_rows)
     # Equal runs are found whole (one key per document an entry lists, not one per chunk: the host's time), except
     # an entry's last run, keyed per chunk: there prefix mode's shared prefix runs on into the entry's own pages.
-    runs: dict[tuple, list[tuple[int, int, int]]] = {}  # key -> [(entry, delta, first page)]
+    runs: dict[RunKey, list[tuple[int, int, int]]] = {}  # key -> [(entry, delta, first page)]
     for b, e in enumerate(entries):
         if not (len(e.pages) == len(e.deltas) == len(e.valid)):
             raise ValueError(f"entry {b}: pages, deltas and valid differ in length")
@@ -201,7 +229,7 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
             g_deltas += [j[1] for j in part]
             g_k.append(len(part))
             g_lo.append(part[0][2])
-            g_len.append(len(key[0]))
+            g_len.append(len(key.key[0]))
     return _jobs(
         g_entries, g_deltas, g_k, g_lo, g_len, len(entries), m, chunk_pages, sum(len(e.pages) for e in entries)
     )
