@@ -8,13 +8,17 @@ into buffers of the graphs' layout, and, with `--shared`, the shared-document pl
 it) and fixed logits; sampling by fixed ids (on a GPU it is two kernel launches). What is left is what the host
 does per decode step that the GPU would wait for once it exceeds the forward pass.
 
-    python -m benchmarks.host_step [--batches 32 128 256] [--steps 20] [--shared on|off|both] [--profile]
-                                   [--compare OTHER_CHECKOUT] [--rounds 3] [--json]
+    python -m benchmarks.host_step [--batches 32 128 256] [--steps 20] [--shared on|off|both] [--steady] [--split]
+                                   [--profile] [--compare OTHER_CHECKOUT] [--rounds N] [--json]
 
 prints per batch size and shared-decode setting the median ms per step of each phase (PHASES), their total, and
-the time the garbage collector took within the step; each setting runs in a fresh process. `--profile` prints a
-cProfile of the timed steps instead, by own time. `--compare DIR` measures this checkout and the one at DIR (e.g.
-main's) in alternating processes, `--rounds` times each, and prints both tables (medians over the rounds).
+the time the garbage collector took within the step; each setting runs in a fresh process (`--rounds` of them, the
+medians' median). `--steady`: the serving benchmark's steady state at a full batch instead of pure decode steps:
+requests of OUTPUT tokens, each replaced as it ends, so that most steps decode most sequences and prefill the new
+ones' questions; such a step takes no graph (its inputs are staged for an eager pass, PagedBatch.build, and the
+eager pass's own launches are left out). `--split`: split_mixed_steps on. `--profile` prints a cProfile of the
+timed steps instead, by own time. `--compare DIR` measures this checkout and the one at DIR (e.g. main's) in
+alternating processes and prints both tables.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ VOCAB = 4096
 SYSTEM, DOC, POOL, DOCS, QUESTION = 32, 2048, 100, 5, 32
 PAGE = 64
 OUTPUT = 16  # tokens per request in the steady state (--steady)
+SPLIT = False  # --split: EngineConfig.split_mixed_steps
 MAX_MODEL_LEN = 16384
 MAX_BATCH = 256
 GROUP = 4  # Llama-3.1-8B: 32 query heads over 8 kv heads
@@ -205,6 +210,7 @@ def build(config_dir: Path, shared: bool) -> tuple[LLMEngine, Timers, GraphStagi
             max_num_seqs=MAX_BATCH,
             async_scheduling=True,
             progress=False,
+            **({"split_mixed_steps": True} if SPLIT else {}),
         )
     )
     timers = Timers()
@@ -270,6 +276,7 @@ def measure_steady(batch: int, shared: bool, steps: int, warm: int = 40) -> dict
             for _ in range(done):
                 work.add(OUTPUT)
         per_step = []
+        staging.eager_steps = staging.decode_steps = 0
         for _ in range(steps):
             timers.reset()
             t = time.perf_counter()
@@ -282,7 +289,8 @@ def measure_steady(batch: int, shared: bool, steps: int, warm: int = 40) -> dict
             s["other"] = s["total"] - sum(v for k, v in s.items() if k not in ("other", "total") + EXTRA)
         result = {k: 1e3 * statistics.median(s[k] for s in per_step) for k in PHASES + ("gc",)}
         result["collections"] = statistics.mean(s["collections"] for s in per_step)
-        result["eager_share"] = staging.eager_steps / max(1, staging.eager_steps + staging.decode_steps)
+        result["eager_share"] = staging.eager_steps / steps
+        result["decode_share"] = staging.decode_steps / steps
         timers.close()
         engine.shutdown()
     return result
@@ -327,11 +335,12 @@ def measure(batch: int, shared: bool, steps: int, warm: int = 3, profile: bool =
     return result
 
 
-def run_one(tree: Path, batch: int, shared: bool, steps: int, steady: bool) -> dict[str, float]:
+def run_one(tree: Path, batch: int, shared: bool, steps: int, steady: bool, split: bool) -> dict[str, float]:
     """measure() in a fresh process on the checkout at `tree` (each engine alone in its process: no garbage of
     another one in the collector's way)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     args = ["--one", str(batch), "on" if shared else "off", "--steps", str(steps)] + (["--steady"] if steady else [])
+    args += ["--split"] if split else []
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.host_step", *args],
         cwd=tree,
@@ -351,7 +360,11 @@ def table(rows: list[dict], title: str) -> str:
         lines.append(
             f"| {r['batch']} | {'on' if r['shared'] else 'off'} | {cells} | {r['total'] / r['batch']:.3f} "
             f"| {r['gc']:.2f} | {r['collections']:.1f} |"
-            + (f" eager steps {r['eager_share']:.0%}" if "eager_share" in r else "")
+            + (
+                f" eager passes {r['eager_share']:.2f}, graph decode passes {r['decode_share']:.2f} per step"
+                if "eager_share" in r
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -363,14 +376,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", choices=("on", "off", "both"), default="both")
     parser.add_argument("--profile", action="store_true", help="cProfile the timed steps (in this process)")
     parser.add_argument("--compare", type=Path, help="another checkout to measure against (before/after)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating processes per checkout and setting")
+    parser.add_argument("--rounds", type=int, default=1, help="processes per checkout and setting (alternating)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON line")
     parser.add_argument(
         "--steady", action="store_true", help=f"requests of {OUTPUT} tokens replaced as they end (mixed steps)"
     )
+    parser.add_argument("--split", action="store_true", help="split_mixed_steps on (this checkout's engine option)")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "SHARED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    global SPLIT
+    SPLIT = args.split
     if args.one is not None:
         how = measure_steady if args.steady else measure
         print(json.dumps(how(int(args.one[0]), args.one[1] == "on", args.steps)))
@@ -383,16 +399,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     here = Path(__file__).resolve().parents[1]
     trees = {"this": here} if args.compare is None else {"this": here, "other": args.compare.resolve()}
-    rounds = 1 if args.compare is None else args.rounds
+    rounds = args.rounds
     rows: dict[str, list[dict]] = {name: [] for name in trees}
     for shared in settings:
         for batch in args.batches:
             runs: dict[str, list[dict]] = {name: [] for name in trees}
             for _ in range(rounds):
                 for name, tree in trees.items():
-                    runs[name].append(run_one(tree, batch, shared, args.steps, args.steady))
+                    runs[name].append(
+                        run_one(tree, batch, shared, args.steps, args.steady, args.split and name == "this")
+                    )
             for name, rs in runs.items():
-                keys = PHASES + ("gc", "collections") + (("eager_share",) if args.steady else ())
+                keys = PHASES + ("gc", "collections") + (("eager_share", "decode_share") if args.steady else ())
                 rows[name].append(
                     {"batch": batch, "shared": shared, **{k: statistics.median(r[k] for r in rs) for k in keys}}
                 )
@@ -400,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows))
         return 0
     what = "step, steady state" if args.steady else "decode step"
+    what += ", split_mixed_steps on (this checkout)" if args.split else ""
     for name, tree in trees.items():
         print(
             table(
