@@ -64,7 +64,10 @@ class StepLauncher:
                 return self.executor.run(batch)
             self.split_steps += 1
             prefill, decode, order = parts
-            logits = torch.cat([self.executor.run(prefill), self.executor.run(decode)])
+            # A graph's logits are its static output, which a later replay of a graph of the same memory pool may
+            # overwrite: the first part's are copied (queued) before the second part runs.
+            first = self.executor.run(prefill).clone()
+            logits = torch.cat([first, self.executor.run(decode)])
             return logits if order is None else logits.index_select(0, order.to(logits.device))
         except TensorParallelError:
             raise  # a rank is gone: nothing to isolate
