@@ -6,6 +6,7 @@ taken."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from lazyattn import SamplingParams
@@ -48,10 +49,11 @@ DOCS = [[(k * i + k) % 250 + 10 for i in range(n)] for k, n in ((7, 21), (11, 18
 REQUESTS = [([0, 1], [40, 41]), ([1, 0], [50]), ([0, 2], [60, 61, 62]), ([2, 1], [70, 71]), ([1], [80])]
 
 
-def staggered(split: bool) -> tuple[list[list[int]], list[list[float]], int]:
+def staggered(split: bool, **kw) -> tuple[list[list[int]], list[list[float]], int]:
     """Greedy tokens and logprobs of REQUESTS, one request added per step (so that steps mix decode rows with a
     new request's prefill), and the number of split steps."""
-    engine = LLMEngine(EngineConfig(model="tiny", mode="lazy", page_size=PAGE, progress=False, split_mixed_steps=split))
+    config = EngineConfig(model="tiny", mode="lazy", page_size=PAGE, progress=False, split_mixed_steps=split, **kw)
+    engine = LLMEngine(config)
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=1)
     outputs = {}
     pending = list(enumerate(REQUESTS))
@@ -72,4 +74,15 @@ def test_engine_outputs_equal_with_and_without_split():
     two, two_lp, splits = staggered(True)
     assert none == 0 and splits >= 2
     assert two == one
+    np.testing.assert_allclose(two_lp, one_lp, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_engine_outputs_equal_with_and_without_split():
+    """The tiny model on the GPU (fp32, CUDA graphs, shared-document decode): split steps' decode parts replay the
+    decode graphs; the same greedy tokens as one pass."""
+    kw = dict(device="cuda", dtype="float32", kv_cache_gb=0.25, max_num_seqs=16)
+    one, one_lp, _ = staggered(False, **kw)
+    two, two_lp, splits = staggered(True, **kw)
+    assert splits >= 2 and two == one
     np.testing.assert_allclose(two_lp, one_lp, rtol=1e-4, atol=1e-5)
