@@ -8,17 +8,19 @@ into buffers of the graphs' layout, and, with `--shared`, the shared-document pl
 it) and fixed logits; sampling by fixed ids (on a GPU it is two kernel launches). What is left is what the host
 does per decode step that the GPU would wait for once it exceeds the forward pass.
 
-    python -m benchmarks.host_step [--batches 32 128 256] [--steps 20] [--shared on|off|both] [--steady] [--split]
-                                   [--profile] [--compare OTHER_CHECKOUT] [--rounds N] [--json]
+    python -m benchmarks.host_step [--batches 32 128 256] [--steps 20] [--shared on|off|both] [--steady]
+                                   [--split] [--gc-freeze] [--profile] [--compare OTHER_CHECKOUT] [--rounds N]
+                                   [--json]
 
 prints per batch size and shared-decode setting the median ms per step of each phase (PHASES), their total, and
-the time the garbage collector took within the step; each setting runs in a fresh process (`--rounds` of them, the
-medians' median). `--steady`: the serving benchmark's steady state at a full batch instead of pure decode steps:
-requests of OUTPUT tokens, each replaced as it ends, so that most steps decode most sequences and prefill the new
-ones' questions; such a step takes no graph (its inputs are staged for an eager pass, PagedBatch.build, and the
-eager pass's own launches are left out). `--split`: split_mixed_steps on. `--profile` prints a cProfile of the
-timed steps instead, by own time. `--compare DIR` measures this checkout and the one at DIR (e.g. main's) in
-alternating processes and prints both tables.
+the time the garbage collector took within the step, and, apart, what one full collection costs with that batch
+running; each setting runs in a fresh process (`--rounds` of them, the medians' median). `--steady`: the serving
+benchmark's steady state at a full batch instead of pure decode steps: requests of OUTPUT tokens, each replaced as
+it ends, so that most steps decode most sequences and prefill the new ones' questions; such a step takes no graph
+(its inputs are staged for an eager pass, PagedBatch.build, and the eager pass's own launches are left out).
+`--split`, `--gc-freeze`: those engine options on (this checkout). `--profile` prints a cProfile of the timed
+steps instead, by own time. `--compare DIR` measures this checkout and the one at DIR (e.g. main's) in alternating
+processes and prints both tables.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ SYSTEM, DOC, POOL, DOCS, QUESTION = 32, 2048, 100, 5, 32
 PAGE = 64
 OUTPUT = 16  # tokens per request in the steady state (--steady)
 SPLIT = False  # --split: EngineConfig.split_mixed_steps
+GC_FREEZE = False  # --gc-freeze: EngineConfig.gc_freeze
 MAX_MODEL_LEN = 16384
 MAX_BATCH = 256
 GROUP = 4  # Llama-3.1-8B: 32 query heads over 8 kv heads
@@ -211,6 +214,7 @@ def build(config_dir: Path, shared: bool) -> tuple[LLMEngine, Timers, GraphStagi
             async_scheduling=True,
             progress=False,
             **({"split_mixed_steps": True} if SPLIT else {}),
+            **({"gc_freeze": True} if GC_FREEZE else {}),
         )
     )
     timers = Timers()
@@ -318,6 +322,9 @@ def measure(batch: int, shared: bool, steps: int, warm: int = 3, profile: bool =
                 profiler.disable()
             per_step.append(dict(timers.seconds))
         assert len(engine.scheduler.running) == batch, "a sequence ended while timed"
+        t = time.perf_counter()
+        gc.collect()  # what a full collection, rare but in some step, costs with this batch running
+        full_gc = time.perf_counter() - t
         assert staging.decode_steps - decode_steps == steps, "a timed step was not a decode step"
         if shared:
             assert staging.plans - plans == steps, "a timed step had no shared plan"
@@ -328,6 +335,7 @@ def measure(batch: int, shared: bool, steps: int, warm: int = 3, profile: bool =
         timers.close()
         engine.shutdown()
         result["context_pages"] = pages
+        result["full_gc"] = 1e3 * full_gc
         if profiler:
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
@@ -335,12 +343,14 @@ def measure(batch: int, shared: bool, steps: int, warm: int = 3, profile: bool =
     return result
 
 
-def run_one(tree: Path, batch: int, shared: bool, steps: int, steady: bool, split: bool) -> dict[str, float]:
+def run_one(
+    tree: Path, batch: int, shared: bool, steps: int, steady: bool, split: bool, freeze: bool
+) -> dict[str, float]:
     """measure() in a fresh process on the checkout at `tree` (each engine alone in its process: no garbage of
     another one in the collector's way)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     args = ["--one", str(batch), "on" if shared else "off", "--steps", str(steps)] + (["--steady"] if steady else [])
-    args += ["--split"] if split else []
+    args += (["--split"] if split else []) + (["--gc-freeze"] if freeze else [])
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.host_step", *args],
         cwd=tree,
@@ -365,6 +375,7 @@ def table(rows: list[dict], title: str) -> str:
                 if "eager_share" in r
                 else ""
             )
+            + (f" full collection {r['full_gc']:.0f} ms" if "full_gc" in r else "")
         )
     return "\n".join(lines)
 
@@ -382,11 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         "--steady", action="store_true", help=f"requests of {OUTPUT} tokens replaced as they end (mixed steps)"
     )
     parser.add_argument("--split", action="store_true", help="split_mixed_steps on (this checkout's engine option)")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc_freeze on (this checkout's engine option)")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "SHARED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    global SPLIT
-    SPLIT = args.split
+    global SPLIT, GC_FREEZE
+    SPLIT, GC_FREEZE = args.split, args.gc_freeze
     if args.one is not None:
         how = measure_steady if args.steady else measure
         print(json.dumps(how(int(args.one[0]), args.one[1] == "on", args.steps)))
@@ -406,11 +418,13 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict]] = {name: [] for name in trees}
             for _ in range(rounds):
                 for name, tree in trees.items():
-                    runs[name].append(
-                        run_one(tree, batch, shared, args.steps, args.steady, args.split and name == "this")
-                    )
+                    this = name == "this"
+                    options = (args.steady, args.split and this, args.gc_freeze and this)
+                    runs[name].append(run_one(tree, batch, shared, args.steps, *options))
             for name, rs in runs.items():
-                keys = PHASES + ("gc", "collections") + (("eager_share", "decode_share") if args.steady else ())
+                keys = (
+                    PHASES + ("gc", "collections") + (("eager_share", "decode_share") if args.steady else ("full_gc",))
+                )
                 rows[name].append(
                     {"batch": batch, "shared": shared, **{k: statistics.median(r[k] for r in rs) for k in keys}}
                 )
@@ -419,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     what = "step, steady state" if args.steady else "decode step"
     what += ", split_mixed_steps on (this checkout)" if args.split else ""
+    what += ", gc_freeze on (this checkout)" if args.gc_freeze else ""
     for name, tree in trees.items():
         print(
             table(
