@@ -185,6 +185,25 @@ class EngineConfig:
         "decode steps read each document's pages once for all the sequences that list it "
         "(docs/design.md, Shared-document decode)",
     )
+    # A step that decodes some sequences and prefills others (continuous batching at a full batch: each step admits
+    # the requests that replace the ones that ended) runs as two forward passes, the prefill part first, then the
+    # decode rows as a decode step, which replays a decode graph and reads shared documents once (engine/
+    # step_launch.py). Off: one eager pass, whose attention reads every listed page once per row.
+    split_mixed_steps: bool = _option(
+        False,
+        "run a step that decodes some sequences and prefills others as a prefill pass, then a decode pass (decode "
+        "graphs and shared-document decode for its decode rows)",
+    )
+    # Python's cyclic garbage collector: a full collection walks every object the process holds, ~300K once torch,
+    # Triton and the engine are imported and built (~180 ms on a slow 2-core host; benchmarks/host_step.py), in
+    # whichever step triggers it. On: what exists once the engine is built and warmed up is frozen out of collections
+    # (gc.freeze) until shutdown, so that a full collection walks only what requests made since (~16 ms with 256 RAG
+    # sequences running). Off by default: frozen objects another part of the process drops meanwhile are collected
+    # only after shutdown unfreezes them.
+    gc_freeze: bool = _option(
+        False,
+        "freeze what exists once the engine is built out of Python's garbage collections (gc.freeze) until shutdown",
+    )
     # The LAZYATTN_* environment variables, read once when the config is made (lazyattn/envs.py): the engine passes
     # them down and activates the kernels' toggles at construction, so captured graphs and eager steps agree.
     env: EnvSettings = field(default_factory=read_env)

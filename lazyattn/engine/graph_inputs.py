@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lazyattn.kernels.paged import EntryPages
+from lazyattn.kernels.paged import EntryPages, PagedBatch
 
 if TYPE_CHECKING:  # kernels/shared_decode.py imports Triton, which CPU engines do without
     from lazyattn.kernels.shared_decode import HostPlan, SharedPlan
@@ -110,11 +110,25 @@ def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
         if not m:
             continue
         record = rows[i]
-        record[0, :m] = e.pages
-        record[1, :m] = e.deltas
-        record[2, :m] = e.valid
-        if e.firsts is not None:
-            record[4, :m] = e.firsts
+        base = e.base
+        if base is not None and base.pages:  # a context kept across steps: its tables are converted once
+            nb = len(base.pages)
+            memo = base.memo()
+            table = memo.get("tables")
+            if table is None:
+                table = memo["tables"] = _context_tables(base)
+            record[:TABLES, :nb] = table
+            record[0, nb:m] = e.pages[nb:]
+            record[1, nb:m] = e.deltas[nb:]
+            record[2, nb:m] = e.valid[nb:]
+            if e.firsts is not None:
+                record[4, nb:m] = e.firsts[nb:]
+        else:
+            record[0, :m] = e.pages
+            record[1, :m] = e.deltas
+            record[2, :m] = e.valid
+            if e.firsts is not None:
+                record[4, :m] = e.firsts
         if len(record) > TABLES:
             floats = record[TABLES:].view(np.float32)
             floats[0, :m] = 1.0 if e.inv_temps is None else e.inv_temps
@@ -122,6 +136,57 @@ def fill_tables(tables: np.ndarray, entries: Sequence[EntryPages]) -> None:
                 floats[1, :m] = e.log_scales
     # starts[:, 0] stays 0; starts[:, j] = valid[:, :j].sum(), written in place
     np.add.accumulate(rows[:, 2, :-1], axis=1, out=rows[:, 3, 1:])
+
+
+def paged_batch(
+    entries: Sequence[EntryPages], q_lens: Sequence[int], q_starts: Sequence[int], device: torch.device
+) -> PagedBatch:
+    """PagedBatch.build's batch for an eager step, its tables written by fill_tables (a context kept across steps
+    converted once) into one table-major buffer [tables, B, W], moved by one copy. Why: at a full batch of RAG
+    sequences (256 x ~165 pages) build's per-entry tensors took ~11 ms of a slow host's time per step, fill_tables
+    ~1 ms (benchmarks/host_step.py --steady). As build: firsts only where some entry has an offset, the temperature
+    and scale tables only where some entry has one (kernels/paged.py); each table a contiguous [B, W] slab, so that
+    every kernel's stride checks hold."""
+    b = len(entries)
+    if not (b == len(q_lens) == len(q_starts)):
+        raise ValueError("entries, q_lens and q_starts must have one element per entry")
+    width = max((len(e.pages) for e in entries), default=0) or 1
+    ape = has_ape(entries)
+    slabs = np.empty((table_count(ape), b, width), dtype=np.int32)
+    fill_tables(slabs.transpose(1, 0, 2), entries)
+    counts = [len(e.pages) for e in entries]
+    max_kv = int(slabs[2].sum(1, dtype=np.int64).max()) if b else 0
+    firsts = any(e.firsts is not None and any(e.firsts) for e in entries)
+    tables = torch.from_numpy(slabs).to(device)
+    head = torch.tensor([0, *np.cumsum(q_lens, dtype=np.int64).tolist(), *q_starts, *counts], dtype=torch.int32)
+    head = head.to(device)
+    inv_temps, log_scales = (None, None)
+    if ape:
+        floats = tables.view(torch.float32)
+        inv_temps, log_scales = floats[TABLES], floats[TABLES + 1]
+    return PagedBatch(
+        cu_seqlens_q=head[: b + 1],
+        q_start=head[b + 1 : 2 * b + 1],
+        pages=tables[0],
+        deltas=tables[1],
+        valid=tables[2],
+        starts=tables[3],
+        num_pages=head[2 * b + 1 :],
+        max_q=max(q_lens, default=0),
+        max_kv=max_kv,
+        firsts=tables[4] if firsts else None,
+        inv_temps=inv_temps,
+        log_scales=log_scales,
+    )
+
+
+def _context_tables(e: EntryPages) -> np.ndarray:
+    """An entry's [5, pages] int32 record as fill_tables writes it, but for `starts` (left 0: fill_tables sums it)."""
+    table = np.zeros((TABLES, len(e.pages)), dtype=np.int32)
+    table[0], table[1], table[2] = e.pages, e.deltas, e.valid
+    if e.firsts is not None:
+        table[4] = e.firsts
+    return table
 
 
 # --- shared-document decode plans (kernels/shared_decode.py) ----------------------------------------------------

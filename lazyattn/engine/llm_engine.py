@@ -105,7 +105,13 @@ class LLMEngine:
         self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
         self.launcher = StepLauncher(
-            self.executor, self.sampler, self.outputs, self.tier, config.page_size, self.device
+            self.executor,
+            self.sampler,
+            self.outputs,
+            self.tier,
+            config.page_size,
+            self.device,
+            config.split_mixed_steps,
         )
         self.requests: dict[str, Request] = {}
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
@@ -120,6 +126,9 @@ class LLMEngine:
             except BaseException:
                 self.shutdown()
                 raise
+        if config.gc_freeze:  # EngineConfig.gc_freeze: full collections walk only what requests make
+            gc.collect()
+            gc.freeze()
 
     @staticmethod
     def _tokenizer(config: EngineConfig) -> TokenizerBase:
@@ -274,6 +283,8 @@ class LLMEngine:
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
+        if self.config.gc_freeze:
+            gc.unfreeze()
         self.executor.shutdown()
         if self.disk is not None:
             self.disk.close()  # the writes still queued land

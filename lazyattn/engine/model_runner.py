@@ -12,11 +12,11 @@ from lazyattn.cache.page_pool import allocate_kv, bytes_per_page, pages_for_budg
 from lazyattn.engine.batch import Copy, ScheduledBatch, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
-from lazyattn.engine.graph_inputs import SharedDecode, StepInputs
+from lazyattn.engine.graph_inputs import SharedDecode, StepInputs, paged_batch
 from lazyattn.engine.prefill_graphs import PrefillGraphs
 from lazyattn.engine.sequence import Run
 from lazyattn.kernels.backend import ForwardBatch
-from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
+from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.selector import make_backend
 from lazyattn.model.config import ModelConfig
@@ -133,7 +133,7 @@ class ModelRunner:
         fb = ForwardBatch(
             positions=torch.tensor(step.positions, dtype=torch.int64).to(dev, non_blocking=True),
             slot_mapping=torch.tensor(step.slots, dtype=torch.int64).to(dev, non_blocking=True),
-            attn=PagedBatch.build(step.entries, step.q_lens, step.q_starts, dev),
+            attn=paged_batch(step.entries, step.q_lens, step.q_starts, dev),
             is_decode=step.is_decode,
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64).to(dev, non_blocking=True),
         )

@@ -120,4 +120,5 @@ class OutputProcessor:
             cached_tokens=sum(s.metrics.cached_tokens for s in seqs),
             prefilled_tokens=sum(s.metrics.prefilled_tokens for s in seqs),
         )
-        return RequestOutput(request_id, list(prompt.final), sum(len(s) for s in prompt.segments), outs, metrics, error)
+        # seqs[0].segments are the prompt's (engine/intake.py): their length is summed once per sequence
+        return RequestOutput(request_id, list(prompt.final), seqs[0].context_len, outs, metrics, error)

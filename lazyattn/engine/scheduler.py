@@ -28,7 +28,7 @@ from lazyattn.engine.admission import Admission, Keyer
 from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import Mode
-from lazyattn.engine.sequence import Part, Sequence, Status
+from lazyattn.engine.sequence import Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
@@ -52,6 +52,10 @@ class Scheduler:
         # A running sequence lacked pages in the last step: admit nobody until it has moved on, or a
         # preempted sequence re-admitted first would take the very pages the older one waits for.
         self._starved = False
+        # seq_id -> (run, context of that run): a context is fixed from the run's first chunk to its end (the parts
+        # and private pages it lists are acquired at admission, relinks and copies made before that chunk), so it
+        # is made once, not per step (~165 pages a lazy RAG sequence); a re-admitted sequence has a new run.
+        self._contexts: dict[int, tuple[Run, EntryPages]] = {}
 
     @property
     def jobs(self) -> dict[str, SegmentJob]:
@@ -76,6 +80,7 @@ class Scheduler:
             if release:
                 self.admission.release(seq)
             self.running.remove(seq)
+            self._contexts.pop(seq.seq_id, None)
         elif seq.status is Status.WAITING:
             self.num_waiting -= 1
         seq.status = Status.FINISHED
@@ -134,12 +139,18 @@ class Scheduler:
             self._starved = True
             return budget
         hi = seq.run.num_computed + chunk
-        context = self.mode.context(seq, self.page_size)
+        context = self._context(seq)
         batch.works.append(Work(seq.run, seq.run.num_computed, hi, context, seq, samples=hi == len(seq.run.tokens)))
         scheduled.add(seq.seq_id)
         if seq.metrics.scheduled is None:
             seq.metrics.scheduled = time.monotonic()
         return budget - chunk
+
+    def _context(self, seq: Sequence) -> EntryPages:
+        cached = self._contexts.get(seq.seq_id)
+        if cached is None or cached[0] is not seq.run:
+            cached = self._contexts[seq.seq_id] = (seq.run, self.mode.context(seq, self.page_size))
+        return cached[1]
 
     def _when_nothing_runs(self, batch: ScheduledBatch) -> None:
         """A step with no work: wait for the host tier's copies, or free the newest sequence if pages ran out."""
@@ -295,6 +306,7 @@ class Scheduler:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""
         self.admission.release(seq)
         self.running.remove(seq)
+        self._contexts.pop(seq.seq_id, None)
         if self._batch is not None:
             # Pages just freed may be handed out again in this very step: nothing in the batch may still
             # write to them (encodes of documents nobody holds any more, this sequence's copies).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -151,8 +152,9 @@ class Sequence:
         """The whole prompt and output as one causal sequence (prefix and full mode)."""
         return [t for s in self.segments for t in s] + self.prompt + self.output
 
-    @property
+    @cached_property
     def context_len(self) -> int:
+        """Tokens of the segments (fixed with the sequence; read per sequence every step: summed once)."""
         return sum(len(s) for s in self.segments)
 
     @property

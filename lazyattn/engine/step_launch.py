@@ -34,6 +34,7 @@ class StepLauncher:
         tier: HostTier | None,
         page_size: int,
         device: torch.device,
+        split_mixed: bool = False,
     ) -> None:
         self.executor = executor
         self.sampler = sampler
@@ -41,6 +42,8 @@ class StepLauncher:
         self.tier = tier
         self.page_size = page_size
         self.device = device
+        self.split_mixed = split_mixed  # EngineConfig.split_mixed_steps
+        self.split_steps = 0  # steps run as a prefill pass and a decode pass
 
     def launch(self, scheduler: Scheduler, batch: ScheduledBatch) -> LaunchedStep:
         """Queue the batch's forward pass and sampling, and the copies of the sampled tokens to the host."""
@@ -56,7 +59,16 @@ class StepLauncher:
         if self.tier is not None and self.tier.mover is not None and self.tier.mover.cuda:
             self.tier.mover.before_forward(batch.written_pages(self.page_size))
         try:
-            return self.executor.run(batch)
+            parts = split_mixed(batch) if self.split_mixed else None
+            if parts is None:
+                return self.executor.run(batch)
+            self.split_steps += 1
+            prefill, decode, order = parts
+            # A graph's logits are its static output, which a later replay of a graph of the same memory pool may
+            # overwrite: the first part's are copied (queued) before the second part runs.
+            first = self.executor.run(prefill).clone()
+            logits = torch.cat([first, self.executor.run(decode)])
+            return logits if order is None else logits.index_select(0, order.to(logits.device))
         except TensorParallelError:
             raise  # a rank is gone: nothing to isolate
         except Exception as error:
@@ -77,3 +89,25 @@ class StepLauncher:
             )
 
         return isolation.sample_rows(sample, logits, seqs, failed)
+
+
+def split_mixed(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch, torch.Tensor | None] | None:
+    """A step with decode rows (one sampled row of a sequence) and other work, as a prefill part and a decode part,
+    and the order that puts the logits of [prefill part's sampling rows, decode part's] back in batch order (None:
+    already). None for a step that is all of one kind, or a fed-back one (a decode step).
+
+    The prefill part runs first, with the block copies: a decode row may read a document encoded in this step (lazy
+    mode), never what another sequence's rows write, and no prefill row reads a decode row's keys."""
+    if batch.fed_back is not None:
+        return None
+    decode = [w for w in batch.works if w.job is None and w.samples and w.hi - w.lo == 1]
+    if len(decode) < 2 or len(decode) == len(batch.works):
+        return None
+    chosen = {id(w) for w in decode}
+    prefill = [w for w in batch.works if id(w) not in chosen]
+    rows = {id(w): i for i, w in enumerate(w for w in prefill if w.samples)}
+    first = len(rows)
+    rows.update((id(w), first + i) for i, w in enumerate(decode))
+    order = [rows[id(w)] for w in batch.works if w.samples]
+    index = None if order == list(range(len(order))) else torch.tensor(order, dtype=torch.int64)
+    return ScheduledBatch(works=prefill, copies=batch.copies), ScheduledBatch(works=decode), index

@@ -67,21 +67,30 @@ class EntryPages:
     firsts: Sequence[int] | None = None  # first key slot per page; None: all 0
     inv_temps: Sequence[float] | None = None  # 1/T per page (module docstring); None: all 1
     log_scales: Sequence[float] | None = None  # ln S per page; None: all 0 (given with inv_temps)
+    # Not fields (never compared, nor sent to tensor-parallel workers): the entry this one extends (`then`), whose
+    # pages are this one's first, and what the host derived from an entry once (kernels/shared_decode.py's runs,
+    # engine/graph_inputs.py's tables), valid while its lists stay as they are. Why: a sequence's context is made
+    # once (engine/scheduler.py) and extended by its own pages every step; what is derived from it is kept with it.
+    base = None
+    derived = None
 
     def then(self, pages: Sequence[int], valid: Sequence[int]) -> EntryPages:
         """These pages followed by `pages` holding `valid` keys each from slot 0, at delta 0 (a run's own)."""
         n = len(pages)
-        firsts = None if self.firsts is None else list(self.firsts) + [0] * n
-        inv_temps = None if self.inv_temps is None else list(self.inv_temps) + [1.0] * n
-        log_scales = None if self.log_scales is None else list(self.log_scales) + [0.0] * n
-        return EntryPages(
-            list(self.pages) + list(pages),
-            list(self.deltas) + [0] * n,
-            list(self.valid) + list(valid),
-            firsts,
-            inv_temps,
-            log_scales,
+        firsts = None if self.firsts is None else [*self.firsts, *[0] * n]
+        inv_temps = None if self.inv_temps is None else [*self.inv_temps, *[1.0] * n]
+        log_scales = None if self.log_scales is None else [*self.log_scales, *[0.0] * n]
+        entry = EntryPages(
+            [*self.pages, *pages], [*self.deltas, *[0] * n], [*self.valid, *valid], firsts, inv_temps, log_scales
         )
+        entry.base = self
+        return entry
+
+    def memo(self) -> dict:
+        """The entry's store of derived forms (`derived`), made on first use."""
+        if self.derived is None:
+            self.derived = {}
+        return self.derived
 
     @property
     def has_ape(self) -> bool:

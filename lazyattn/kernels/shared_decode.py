@@ -33,6 +33,7 @@ fixed capacity and replays any plan that fits; entries with no slots (graph padd
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -121,16 +122,83 @@ class SharedPlan:
     programs: int
 
 
-def _runs(e: EntryPages) -> list[int]:
-    """Page indices where the entry's runs of equal (delta, 1/T, ln S) start, and its page count last."""
+def _runs(e: EntryPages, lo: int, hi: int) -> list[int]:
+    """Page indices in [lo, hi) where the entry's runs of equal (delta, 1/T, ln S) start, then hi."""
     deltas = e.deltas
-    n = len(deltas)
     if e.inv_temps is None:
-        cuts = [i for i in range(1, n) if deltas[i] != deltas[i - 1]]
+        cuts = [i for i in range(lo + 1, hi) if deltas[i] != deltas[i - 1]]
     else:
         t, s = e.inv_temps, e.log_scales
-        cuts = [i for i in range(1, n) if deltas[i] != deltas[i - 1] or t[i] != t[i - 1] or s[i] != s[i - 1]]
-    return [0, *cuts, n]
+        cuts = [i for i in range(lo + 1, hi) if deltas[i] != deltas[i - 1] or t[i] != t[i - 1] or s[i] != s[i - 1]]
+    return [lo, *cuts, hi]
+
+
+class RunKey:
+    """A run's key (pages, valid, first slots, 1/T and ln S) with its hash computed once: a kept context's keys
+    are looked up every step. Interned (`interned`), equal keys are one object, and a lookup meets by identity."""
+
+    __slots__ = ("key", "hash", "__weakref__")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self.hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunKey) and self.key == other.key
+
+
+_INTERNED: weakref.WeakValueDictionary[tuple, RunKey] = weakref.WeakValueDictionary()  # while a context holds one
+
+
+def interned(key: tuple) -> RunKey:
+    run_key = _INTERNED.get(key)
+    if run_key is None:
+        run_key = _INTERNED[key] = RunKey(key)
+    return run_key
+
+
+RunItem = tuple[RunKey, int, int]  # (run key, delta, first page)
+
+
+def _run_items(e: EntryPages, lo: int, hi: int, chunk_pages: int, last_by_chunk: bool, key_of=RunKey) -> list[RunItem]:
+    """The keyed runs of the entry's pages [lo, hi) (module docstring), the last one keyed per chunk where
+    `last_by_chunk`; `key_of` makes each RunKey."""
+    pages, valid = e.pages, e.valid
+    firsts = e.firsts if e.firsts is not None and any(e.firsts[lo:hi]) else None
+    ape = e.inv_temps is not None
+    bounds = _runs(e, lo, hi)
+    last = len(bounds) - 2
+    items = []
+    for r in range(last + 1):
+        rs, re = bounds[r], bounds[r + 1]
+        delta = e.deltas[rs]
+        scores = (e.inv_temps[rs], e.log_scales[rs]) if ape else None
+        step = chunk_pages if r == last and last_by_chunk else re - rs
+        for c in range(rs, re, step):
+            c_end = min(c + step, re)
+            offsets = None if firsts is None else tuple(firsts[c:c_end])
+            # A relinked entry's runs without offsets match other entries' runs (firsts all 0 or None alike).
+            key = (tuple(pages[c:c_end]), tuple(valid[c:c_end]), offsets if offsets and any(offsets) else None, scores)
+            items.append((key_of(key), delta, c))
+    return items
+
+
+def _entry_items(e: EntryPages, chunk_pages: int) -> list[RunItem]:
+    """The entry's keyed runs. An entry made by `then` from a context (EntryPages.base) whose last page ends a run
+    reuses the context's runs, derived once and kept with it: only the entry's own pages are keyed each step."""
+    n = len(e.pages)
+    base = e.base
+    nb = 0 if base is None else len(base.pages)
+    if 0 < nb < n and (base.inv_temps is None) == (e.inv_temps is None) and _runs(e, nb - 1, nb + 1)[1] == nb:
+        memo = base.memo()
+        whole = memo.get("shared_runs")
+        if whole is None:  # every run of the context is keyed whole: the entry's last run lies in its own pages
+            whole = memo["shared_runs"] = _run_items(base, 0, nb, chunk_pages, last_by_chunk=False, key_of=interned)
+        return whole + _run_items(e, nb, n, chunk_pages, last_by_chunk=True)
+    return _run_items(e, 0, n, chunk_pages, last_by_chunk=True)
 
 
 def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16, chunk_pages: int = 8) -> HostPlan:
@@ -140,59 +208,78 @@ def shared_plan(entries: Sequence[EntryPages], group: int, group_rows: int = 16,
     m = members_per_job(group, group_rows)
     # Equal runs are found whole (one key per document an entry lists, not one per chunk: the host's time), except
     # an entry's last run, keyed per chunk: there prefix mode's shared prefix runs on into the entry's own pages.
-    runs: dict[tuple, list[tuple[int, int, int]]] = {}  # key -> [(entry, delta, first page)]
+    runs: dict[RunKey, list[tuple[int, int, int]]] = {}  # key -> [(entry, delta, first page)]
     for b, e in enumerate(entries):
         if not (len(e.pages) == len(e.deltas) == len(e.valid)):
             raise ValueError(f"entry {b}: pages, deltas and valid differ in length")
-        pages, valid = e.pages, e.valid
-        firsts = e.firsts if e.firsts is not None and any(e.firsts) else None
-        ape = e.inv_temps is not None
-        bounds = _runs(e)
-        last = len(bounds) - 2
-        for r in range(last + 1):
-            rs, re = bounds[r], bounds[r + 1]
-            delta = e.deltas[rs]
-            scores = (e.inv_temps[rs], e.log_scales[rs]) if ape else None
-            step = chunk_pages if r == last else re - rs
-            for lo in range(rs, re, step):
-                hi = min(lo + step, re)
-                offsets = None if firsts is None else tuple(firsts[lo:hi])
-                # A relinked entry's runs without offsets match other entries' runs (firsts all 0 or None alike).
-                key = (tuple(pages[lo:hi]), tuple(valid[lo:hi]), offsets if offsets and any(offsets) else None, scores)
-                runs.setdefault(key, []).append((b, delta, lo))
+        for key, delta, lo in _entry_items(e, chunk_pages):
+            runs.setdefault(key, []).append((b, delta, lo))
     # Jobs: each run cut into chunks of at most chunk_pages pages, its members into near-equal groups of at most M.
-    counts = [0] * (len(entries) + 1)
-    read = 0
-    groups: list[tuple[list[int], list[int], int, list[tuple[int, int]]]] = []  # entries, deltas, first page, chunks
+    g_entries: list[int] = []  # the members of every group, group after group
+    g_deltas: list[int] = []
+    g_k: list[int] = []  # members per group
+    g_lo: list[int] = []  # first page of the group's run in its source entry (its first member)
+    g_len: list[int] = []  # pages of the run
     for key, members in runs.items():
-        length = len(key[0])
-        chunks = [(c, min(c + chunk_pages, length)) for c in range(0, length, chunk_pages)]
-        size = -(-len(members) // -(-len(members) // m))
-        for i in range(0, len(members), size):
+        n = len(members)
+        size = -(-n // -(-n // m))
+        for i in range(0, n, size):
             part = members[i : i + size]
-            groups.append(([j[0] for j in part], [j[1] for j in part], part[0][2], chunks))
-            read += length
-        for b, _, _ in members:
-            counts[b + 1] += len(chunks)
-    slot_start = np.cumsum(counts, dtype=np.int64).astype(np.int32)
-    next_slot = slot_start[:-1].tolist()
-    rows = []
-    shared = 0
-    for members, deltas, lo, chunks in groups:
-        k = len(members)
-        pad = [0] * (m - k)
-        head = [*members, *pad, *deltas, *pad]
-        src = members[0]
-        for c, c_end in chunks:
-            slots = []
-            for b in members:
-                slots.append(next_slot[b])
-                next_slot[b] += 1
-            rows.append([src, lo + c, lo + c_end, k, *head, *slots, *pad])
-        shared += (k > 1) * len(chunks)
-    table = np.asarray(rows, dtype=np.int32) if rows else np.zeros((0, job_width(m)), dtype=np.int32)
-    listed = sum(len(e.pages) for e in entries)
-    return HostPlan(table.reshape(-1, job_width(m)), slot_start, m, shared, listed, read)
+            g_entries += [j[0] for j in part]
+            g_deltas += [j[1] for j in part]
+            g_k.append(len(part))
+            g_lo.append(part[0][2])
+            g_len.append(len(key.key[0]))
+    return _jobs(
+        g_entries, g_deltas, g_k, g_lo, g_len, len(entries), m, chunk_pages, sum(len(e.pages) for e in entries)
+    )
+
+
+def _jobs(
+    g_entries: list[int],
+    g_deltas: list[int],
+    g_k: list[int],
+    g_lo: list[int],
+    g_len: list[int],
+    num_entries: int,
+    m: int,
+    chunk_pages: int,
+    listed: int,
+) -> HostPlan:
+    """The plan's job table from its groups (shared_plan), in numpy: a group's jobs are its run's chunks in order,
+    and each entry's partial slots are numbered in job order from its slot_start (so an entry's slots are
+    contiguous and its jobs' partials come in the order the merge reads them)."""
+    k = np.asarray(g_k, dtype=np.int64)
+    lo = np.asarray(g_lo, dtype=np.int64)
+    length = np.asarray(g_len, dtype=np.int64)
+    mask = np.arange(m)[None, :] < k[:, None]  # [G, M]: the member columns a group fills
+    members = np.zeros(mask.shape, dtype=np.int64)
+    members[mask] = g_entries  # row-major: group after group, members in order
+    deltas = np.zeros(mask.shape, dtype=np.int64)
+    deltas[mask] = g_deltas
+    chunks = -(-length // chunk_pages)
+    group = np.repeat(np.arange(len(k)), chunks)  # each job's group
+    chunk = np.arange(group.size) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+    start = chunk * chunk_pages
+    job_mask = mask[group]
+    held = members[group][job_mask]  # every (job, member) in job order: one partial slot each
+    counts = np.bincount(held, minlength=num_entries)
+    slot_start = np.zeros(num_entries + 1, dtype=np.int32)
+    np.cumsum(counts, out=slot_start[1:])
+    # Sorted stably by entry, the (job, member) pairs take consecutive slots: entry b's from slot_start[b], in job
+    # order.
+    slots = np.empty(held.size, dtype=np.int64)
+    slots[np.argsort(held, kind="stable")] = np.arange(held.size)
+    table = np.zeros((group.size, job_width(m)), dtype=np.int32)
+    table[:, 0] = members[group, 0]
+    table[:, 1] = lo[group] + start
+    table[:, 2] = lo[group] + np.minimum(start + chunk_pages, length[group])
+    table[:, 3] = k[group]
+    table[:, _MEMBERS : _MEMBERS + m] = members[group]
+    table[:, _MEMBERS + m : _MEMBERS + 2 * m] = deltas[group]
+    table[:, _MEMBERS + 2 * m :][job_mask] = slots
+    shared = int((k[group] > 1).sum())
+    return HostPlan(table, slot_start, m, shared, listed, int(length.sum()))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -608,3 +608,27 @@ def test_a_sequence_that_can_never_fit_raises_even_when_it_brought_new_documents
     b.add("big", [b.doc("D", 32, 1)], tokens(48, 50))  # D takes 2 of 4 pages; the prompt needs 3 more
     with pytest.raises(OutOfPagesError):
         b.step()
+
+
+def test_a_running_sequence_keeps_its_context_and_a_readmitted_one_gets_a_new_one():
+    """The context a sequence's chunks attend to is made once per admission (not per step) and equals the mode's
+    context for it; preempted and re-admitted, the sequence's new run gets a context made afresh. Three sequences
+    over document A (1 page) fill a 7-page pool as they decode: s3 is preempted on step 18 (as preempting_bench)."""
+    b = make_bench("lazy", num_pages=7, max_num_seqs=3)
+    a = b.doc("A", 16, 1)
+    seqs = [b.add(f"s{i}", [a], tokens(16, 50 + i), max_tokens=20) for i in (1, 2, 3)]
+    first = b.step()
+    contexts = {w.seq.seq_id: w.context for w in first.works if w.seq is not None}
+    for batch in b.steps(16):
+        for w in batch.works:
+            assert w.context is contexts[w.seq.seq_id]
+            assert w.context == b.scheduler.mode.context(w.seq, PAGE)
+    s3 = seqs[2]
+    before = contexts[s3.seq_id]
+    b.step()
+    assert s3.status is Status.WAITING and b.scheduler.num_preemptions == 1
+    b.steps(3)
+    batch = b.step()
+    (work,) = [w for w in batch.works if w.seq is s3]
+    assert work.context is not before and work.context == b.scheduler.mode.context(s3, PAGE)
+    assert work.context.pages == list(b.segment(a).pages)

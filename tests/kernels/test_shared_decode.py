@@ -13,7 +13,7 @@ import torch
 
 from lazyattn.kernels import reference
 from lazyattn.kernels.decode import decode_attention
-from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
 from lazyattn.kernels.shared_decode import job_width, shared_decode_attention, shared_plan, worth_sharing
 from tests.kernels.rope_cases import tables
 from tests.kernels.scenario import Scenario, make_scenario
@@ -154,6 +154,41 @@ def test_plan_shares_a_prefix_that_runs_on_into_own_pages():
     pages, _ = covered(plan, entries)
     for b, e in enumerate(entries):
         assert sorted(pages[b]) == [(i, d) for i, d in enumerate(e.deltas)]
+
+
+def test_plan_of_entries_extending_kept_contexts():
+    """Decode steps' entries made by `then` from contexts kept across steps (the engine's) plan as the same entries
+    as plain lists do, step after step as the own pages grow (the contexts' runs are derived once and reused); every
+    page is covered once at its delta, each entry's slots are its own."""
+    docs = {0: [1, 2, 3], 1: [4, 5], 2: [6, 7, 8, 9]}
+    ape = dict(inv_temps=[1.0, 0.5, 0.5, 0.5], log_scales=[0.0, 0.2, 0.2, 0.2])
+    contexts = [
+        EntryPages([0, *docs[0], *docs[1]], [0, 10, 10, 10, 58, 58], [16, 16, 16, 16, 16, 5]),
+        EntryPages([0, *docs[1], *docs[0]], [0, 10, 10, 31, 31, 31], [16, 16, 5, 16, 16, 16]),
+        EntryPages([0, *docs[0]], [0, 10, 10, 10], [16] * 4, **ape),  # a temperature on the document
+        EntryPages([0, *docs[0]], [0, 10, 10, 10], [16] * 4, firsts=[0, 3, 0, 0]),  # relinked
+        EntryPages([0, *docs[2]], [0, 0, 0, 0, 0], [16] * 5),  # delta 0 into the own pages: one run (prefix mode)
+        EntryPages([], [], []),
+    ]
+    own = [[20 + 3 * b, 21 + 3 * b] for b in range(len(contexts))]
+    for upto in (1, 16, 17, 30):
+        n = -(-upto // 16)
+        entries = [c.then(p[:n], page_fill(upto, 16)) for c, p in zip(contexts, own)]
+        plain = [
+            EntryPages(list(e.pages), list(e.deltas), list(e.valid), e.firsts, e.inv_temps, e.log_scales)
+            for e in entries
+        ]
+        for group, group_rows, chunk_pages in ((1, 16, 8), (4, 8, 2)):
+            plan = shared_plan(entries, group, group_rows, chunk_pages)
+            want = shared_plan(plain, group, group_rows, chunk_pages)
+            assert np.array_equal(plan.jobs, want.jobs) and np.array_equal(plan.slot_start, want.slot_start)
+            assert (plan.shared_jobs, plan.read_pages) == (want.shared_jobs, want.read_pages)
+            pages, slots = covered(plan, entries)
+            for b, e in enumerate(entries):
+                assert sorted(pages[b]) == [(i, d) for i, d in enumerate(e.deltas)]
+                assert sorted(slots[b]) == list(range(plan.slot_start[b], plan.slot_start[b + 1]))
+    assert contexts[0].derived is not None and "shared_runs" in contexts[0].derived
+    assert contexts[4].derived is None  # no run ends with the context: nothing of it is reused
 
 
 def test_plan_without_sharing():

@@ -1,0 +1,21 @@
+"""EngineConfig.gc_freeze: the objects that exist once the engine is built are out of Python's garbage collections
+until shutdown."""
+
+from __future__ import annotations
+
+import gc
+
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.llm_engine import LLMEngine
+
+
+def test_gc_freeze_until_shutdown():
+    """gc_freeze: what exists once the engine is built is out of collections (frozen) until shutdown."""
+    before = gc.get_freeze_count()
+    engine = LLMEngine(EngineConfig(model="tiny", mode="lazy", page_size=16, progress=False, gc_freeze=True))
+    try:
+        assert gc.get_freeze_count() > before
+        assert not any(o is engine.scheduler for o in gc.get_objects())  # frozen objects are not tracked any more
+    finally:
+        engine.shutdown()
+    assert gc.get_freeze_count() == 0

@@ -1,0 +1,86 @@
+"""engine/graph_inputs.py's fill_tables for entries that extend a context kept across steps (EntryPages.then):
+the tables it writes from the context's converted record equal PagedBatch.build's (an independent construction),
+step after step as the entries' own pages grow."""
+
+from __future__ import annotations
+
+import torch
+
+from lazyattn.engine.graph_inputs import TABLES, fill_tables, paged_batch, table_views
+from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
+
+PAGE = 16
+WIDTH = 12
+
+
+def assert_tables_equal_build(tables: torch.Tensor, entries: list[EntryPages]) -> None:
+    built = PagedBatch.build(entries, [1] * len(entries), [0] * len(entries))
+    width = built.max_pages
+    firsts = built.firsts if built.firsts is not None else torch.zeros_like(built.pages)
+    got = table_views(tables[: len(entries)])
+    for name, mine, want in zip(
+        ("pages", "deltas", "valid", "starts", "firsts"),
+        got,
+        (built.pages, built.deltas, built.valid, built.starts, firsts),
+    ):
+        assert torch.equal(mine[:, :width], want), name
+    assert not got[0][:, width:].any()
+
+
+def test_fill_tables_from_kept_contexts_as_own_pages_grow():
+    contexts = [
+        EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5], [0, 2, 0]),  # relinked: first slots
+        EntryPages([9, 8], [0, 40], [12, 16]),
+        EntryPages([], [], []),  # nothing before the run's own pages
+    ]
+    own = [[20, 21, 22], [30, 31, 32], [40, 41, 42]]
+    tables = torch.full((4, TABLES, WIDTH), 99, dtype=torch.int32)
+    for upto in (1, 15, 16, 17, 33):  # keys of the run: its pages fill, a page is added
+        n = -(-upto // PAGE)
+        entries = [c.then(p[:n], page_fill(upto, PAGE)) for c, p in zip(contexts, own)]
+        assert all(e.base is c for e, c in zip(entries, contexts))
+        fill_tables(tables.numpy(), entries)
+        assert_tables_equal_build(tables, entries)
+        # The same entries without their context (a plain list each) give the same tables.
+        plain = [EntryPages(list(e.pages), list(e.deltas), list(e.valid), e.firsts) for e in entries]
+        again = torch.full_like(tables, 99)
+        fill_tables(again.numpy(), plain)
+        assert torch.equal(again[:3], tables[:3])
+    assert "tables" in contexts[0].derived and contexts[2].derived is None  # converted once; an empty one never
+
+
+def assert_same_batch(got: PagedBatch, want: PagedBatch) -> None:
+    for name in ("cu_seqlens_q", "q_start", "num_pages", "pages", "deltas", "valid", "starts"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert (got.max_q, got.max_kv) == (want.max_q, want.max_kv)
+    for name in ("firsts", "inv_temps", "log_scales"):
+        mine, theirs = getattr(got, name), getattr(want, name)
+        assert (mine is None) == (theirs is None), name
+        if mine is not None:  # past an entry's pages the kernels read nothing: compare what they read
+            listed = torch.arange(mine.shape[1])[None, :] < want.num_pages[:, None]
+            assert torch.equal(mine[listed], theirs[listed]), name
+            assert mine.stride() == got.pages.stride()
+    assert all(t.is_contiguous() for t in (got.pages, got.deltas, got.valid, got.starts))
+    if got.inv_temps is not None:
+        got.ape_gap  # noqa: B018 -- raises unless both are views of one buffer with the pages' row stride
+
+
+def test_paged_batch_is_what_build_makes():
+    """The eager step's batch from fill_tables equals PagedBatch.build's (an independent construction): plain
+    entries, entries extending a kept context, relinked first slots, temperatures and scales, an empty entry."""
+    context = EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5])
+    cases = [
+        [EntryPages([9], [0], [12]), context.then([20, 21], page_fill(17, PAGE)), EntryPages([], [], [])],
+        [context.then([20], [1]), EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5], [0, 2, 0]).then([22], [3])],
+        [
+            EntryPages([5, 6], [0, 9], [16, 4], inv_temps=[1.0, 0.5], log_scales=[0.0, 0.3]).then([30], [2]),
+            EntryPages([5], [0], [16]),
+        ],
+        [],
+    ]
+    for entries in cases:
+        q_lens = [1 + i for i in range(len(entries))]
+        q_starts = [40 + i for i in range(len(entries))]
+        for _ in range(2):  # the second time from the kept contexts' converted tables
+            got = paged_batch(entries, q_lens, q_starts, torch.device("cpu"))
+            assert_same_batch(got, PagedBatch.build(entries, q_lens, q_starts))
