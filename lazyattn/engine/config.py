@@ -188,11 +188,15 @@ class EngineConfig:
     # A step that decodes some sequences and prefills others (continuous batching at a full batch: each step admits
     # the requests that replace the ones that ended) runs as two forward passes, the prefill part first, then the
     # decode rows as a decode step, which replays a decode graph and reads shared documents once (engine/
-    # step_launch.py). Off: one eager pass, whose attention reads every listed page once per row.
-    split_mixed_steps: bool = _option(
-        False,
+    # step_launch.py). Off: one pass, eager once the step outgrows the prefill graphs, whose attention reads every
+    # listed page once per row. None: on CUDA (docs/benchmarks.md, "Steady state": lazy's sustainable rate at a 1 s
+    # p99 TTFT 90.5 -> 181 req/s on an H200, at the cost of ~4 ms more TTFT at light load), off on the CPU, where
+    # there are no graphs to replay.
+    split_mixed_steps: bool | None = _option(
+        None,
         "run a step that decodes some sequences and prefills others as a prefill pass, then a decode pass (decode "
         "graphs and shared-document decode for its decode rows)",
+        shown="on CUDA, off on the CPU",
     )
     # Python's cyclic garbage collector: a full collection walks every object the process holds, ~300K once torch,
     # Triton and the engine are imported and built (~180 ms on a slow 2-core host; benchmarks/host_step.py), in
@@ -237,6 +241,10 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"tensor_parallel_size must be an integer >= 1, got {tp!r}", "tensor_parallel_size"
             )
+        if self.split_mixed_steps not in (None, True, False):
+            raise InvalidRequestError(
+                f"split_mixed_steps must be true, false or None, got {self.split_mixed_steps!r}", "split_mixed_steps"
+            )
         if self.async_scheduling not in (None, True, False):
             raise InvalidRequestError(
                 f"async_scheduling must be true, false or None, got {self.async_scheduling!r}", "async_scheduling"
@@ -265,6 +273,11 @@ class EngineConfig:
         """Whether the engine overlaps scheduling: as asked, or by default where it helps (CUDA, with or without
         tensor parallelism)."""
         return self.device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
+
+    @property
+    def split_mixed_steps_on(self) -> bool:
+        """Whether a step that decodes and prefills runs as two passes: as asked, or by default on CUDA."""
+        return self.device.startswith("cuda") if self.split_mixed_steps is None else self.split_mixed_steps
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -111,7 +111,7 @@ class LLMEngine:
             self.tier,
             config.page_size,
             self.device,
-            config.split_mixed_steps,
+            config.split_mixed_steps_on,
         )
         self.requests: dict[str, Request] = {}
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.

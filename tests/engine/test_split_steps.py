@@ -17,6 +17,7 @@ from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sequence import Run
 from lazyattn.engine.step_launch import split_mixed
+from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.paged import EntryPages
 
 PAGE = 16
@@ -86,3 +87,15 @@ def test_gpu_engine_outputs_equal_with_and_without_split():
     two, two_lp, splits = staggered(True, **kw)
     assert splits >= 2 and two == one
     np.testing.assert_allclose(two_lp, one_lp, rtol=1e-4, atol=1e-5)
+
+
+def test_split_steps_default_on_cuda_only_and_explicit_choice_wins():
+    assert EngineConfig(device="cuda").split_mixed_steps_on
+    assert not EngineConfig(device="cpu").split_mixed_steps_on
+    assert EngineConfig(device="cpu", split_mixed_steps=True).split_mixed_steps_on
+    assert not EngineConfig(device="cuda", split_mixed_steps=False).split_mixed_steps_on
+
+
+def test_split_steps_rejects_a_non_boolean():
+    with pytest.raises(InvalidRequestError, match="split_mixed_steps"):
+        EngineConfig(device="cpu", split_mixed_steps="yes")
