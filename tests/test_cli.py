@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -205,9 +206,14 @@ def test_ctrl_c_is_one_line_and_exit_code_130():
         assert first.startswith("lazyattn: warning: --model tiny"), first
         first = proc.stderr.readline()  # the demo is under way: loading its first engine
         assert first.startswith("lazyattn demo: lazy mode: loading"), first
-        proc.send_signal(signal.SIGINT)
+        # A signal that lands while Python runs a finaliser is raised there and dropped ("Exception ignored"), a race of
+        # the interpreter's: on a loaded machine the first Ctrl-C can be lost that way, so, like a user, press again.
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
         rest = proc.stderr.read()
-        assert proc.wait(60) == 130
+        assert proc.wait(5) == 130
     finally:
         proc.kill()
     assert rest.splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest
