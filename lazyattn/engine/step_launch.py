@@ -67,8 +67,12 @@ class StepLauncher:
             # A graph's logits are its static output, which a later replay of a graph of the same memory pool may
             # overwrite: the first part's are copied (queued) before the second part runs.
             first = self.executor.run(prefill).clone()
-            logits = torch.cat([first, self.executor.run(decode)])
-            return logits if order is None else logits.index_select(0, order.to(logits.device))
+            logits = torch.cat([self.executor.run(decode), first])  # the scheduler's order: decode rows first
+            if order is None:
+                return logits
+            if logits.is_cuda:  # pinned, so that the copy does not wait for the step's passes
+                order = order.pin_memory()
+            return logits.index_select(0, order.to(logits.device, non_blocking=True))
         except TensorParallelError:
             raise  # a rank is gone: nothing to isolate
         except Exception as error:
@@ -93,8 +97,9 @@ class StepLauncher:
 
 def split_mixed(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch, torch.Tensor | None] | None:
     """A step with decode rows (one sampled row of a sequence) and other work, as a prefill part and a decode part,
-    and the order that puts the logits of [prefill part's sampling rows, decode part's] back in batch order (None:
-    already). None for a step that is all of one kind, or a fed-back one (a decode step).
+    and the order that puts the logits of [decode part's rows, prefill part's sampling rows] back in batch order
+    (None: already, as the scheduler orders a step: decode rows first). None for a step that is all of one kind, or a
+    fed-back one (a decode step).
 
     The prefill part runs first, with the block copies: a decode row may read a document encoded in this step (lazy
     mode), never what another sequence's rows write, and no prefill row reads a decode row's keys."""
@@ -105,9 +110,8 @@ def split_mixed(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch, 
         return None
     chosen = {id(w) for w in decode}
     prefill = [w for w in batch.works if id(w) not in chosen]
-    rows = {id(w): i for i, w in enumerate(w for w in prefill if w.samples)}
-    first = len(rows)
-    rows.update((id(w), first + i) for i, w in enumerate(decode))
+    rows = {id(w): i for i, w in enumerate(decode)}
+    rows.update((id(w), len(decode) + i) for i, w in enumerate(w for w in prefill if w.samples))
     order = [rows[id(w)] for w in batch.works if w.samples]
     index = None if order == list(range(len(order))) else torch.tensor(order, dtype=torch.int64)
     return ScheduledBatch(works=prefill, copies=batch.copies), ScheduledBatch(works=decode), index

@@ -36,10 +36,11 @@ def test_split_parts_and_logits_order():
     prefill, decode, order = split_mixed(batch)
     assert prefill.works == [encode, chunk, last] and prefill.copies == [copy]
     assert decode.works == [d1, d2] and decode.is_decode and not decode.copies
-    # logits come as [last, d1, d2]; batch order of the sampling works is d1, d2, last
-    assert order.tolist() == [1, 2, 0]
-    in_order = ScheduledBatch(works=[encode, last, d1, d2])
-    assert split_mixed(in_order)[2] is None
+    # logits come as [d1, d2, last], the scheduler's order: nothing to reorder
+    assert order is None
+    # a step in another order: logits [d1, d2, last], batch order of the sampling works last, d1, d2
+    assert split_mixed(ScheduledBatch(works=[encode, last, d1, d2]))[2].tolist() == [2, 0, 1]
+    assert split_mixed(ScheduledBatch(works=[d1, encode, last, d2]))[2].tolist() == [0, 2, 1]
     assert split_mixed(ScheduledBatch(works=[d1, d2])) is None  # all decode
     assert split_mixed(ScheduledBatch(works=[d1, chunk])) is None  # one decode row: not worth a second pass
     fed = ScheduledBatch(works=[d1, d2, chunk], fed_back=FedBack(torch.zeros(2, dtype=torch.int64), [0, 1]))
