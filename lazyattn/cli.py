@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -338,8 +337,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # Exiting now: a second Ctrl-C while the interpreter shuts down would only add a traceback.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("interrupted", file=sys.stderr)
         return 130
 
