@@ -36,23 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 
+from benchmarks.kernels import llama31_tables  # noqa: E402
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
-from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan, worth_sharing  # noqa: E402
-
-
-def llama31_tables(head_dim: int, max_position: int, device: torch.device) -> RopeTables:
-    config = RopeConfig(
-        head_dim=head_dim,
-        base=500000.0,
-        rope_type="llama3",
-        factor=8.0,
-        low_freq_factor=1.0,
-        high_freq_factor=4.0,
-        original_max_position=8192,
-    )
-    return RopeTables.build(config, max_position, device)
 
 
 def zipf_documents(rng: np.random.Generator, n_docs: int, per_entry: int, exponent: float) -> list[int]:
