@@ -229,7 +229,14 @@ class EnvSettings:
         _text,
         "unset",
     )
-
+    check_invariants: bool = _var(
+        "LAZYATTN_CHECK_INVARIANTS",
+        "bool",
+        False,
+        "Check the document cache's and the scheduler's invariants after every engine step (the CPU test suite "
+        "turns it on).",
+        _flag,
+    )
 
 # Read where they are used, through read_var, not part of the engine's settings.
 CACHE = Var(

@@ -40,6 +40,11 @@ class CheckpointError(LazyAttnError):
     error_type = "checkpoint_error"
 
 
+class CacheInvariantError(LazyAttnError, AssertionError):
+    """The document cache's bookkeeping is broken (a bug, never a user's input): `DocumentCache.check` found an
+    invariant broken, or a segment was handed back to a cache that does not hold it."""
+
+
 class OutOfPagesError(LazyAttnError):
     """The KV page pool cannot satisfy an allocation even after evicting unreferenced segments."""
 

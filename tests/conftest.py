@@ -6,6 +6,9 @@ import torch
 # Triton kernels run on the CPU through the interpreter; the flag must be set before triton is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Every CPU engine checks the document cache's and the scheduler's bookkeeping after each step
+    # (engine/invariants.py): a broken invariant fails the test that broke it, where it broke.
+    os.environ.setdefault("LAZYATTN_CHECK_INVARIANTS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from lazyattn.cache.segment import Segment
+from lazyattn.errors import CacheInvariantError
 
 
 class SimulatedDiskTier:
@@ -42,6 +43,13 @@ class SimulatedDiskTier:
     def finished(self, wait: bool = False) -> list[Segment]:
         done, self._filled = self._filled, []
         return done
+
+    def filling(self) -> list[Segment]:
+        return list(self._filled)
+
+    def check(self) -> None:
+        if self.pages_used != sum(pages for _, pages in self._index.values()) or self.pages_used > self.num_pages:
+            raise CacheInvariantError(f"simulated disk tier: {self.pages_used} pages counted of {self.num_pages}")
 
     def encoded(self, segment: Segment) -> None:
         n = len(segment.pages)

@@ -54,6 +54,7 @@ from lazyattn.cache.disk_format import (
 )
 from lazyattn.cache.disk_writer import DiskWriter, as_bytes, page_index
 from lazyattn.cache.page_pool import GiB
+from lazyattn.errors import CacheInvariantError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -299,6 +300,14 @@ class DiskTier:
         with contextlib.suppress(OSError):
             os.utime(path)  # its last use, for LRU eviction
         return buf
+
+    def filling(self) -> list[Segment]:
+        return [r.segment for r in self._reads]
+
+    def check(self) -> None:
+        """Every claimed read targets a segment (the files themselves are checked when read)."""
+        if any(r.segment is None or r.future is None for r in self._reads):
+            raise CacheInvariantError("disk tier: a read in flight has no segment to fill")
 
     def encoded(self, segment: Segment) -> None:
         """Queue the segment's KV for writing (cache/disk_writer.py)."""

@@ -29,7 +29,7 @@ from lazyattn.cache.keys import KEY_MEMO_TOKENS, KeyMemo, SegmentKeyer, segment_
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.cache.segment import CacheStats, Segment
 from lazyattn.cache.tiers import LowerTier
-from lazyattn.errors import OutOfPagesError
+from lazyattn.errors import CacheInvariantError, OutOfPagesError
 
 __all__ = [
     "KEY_MEMO_TOKENS",
@@ -69,9 +69,16 @@ class DocumentCache:
         self.tiers: tuple[LowerTier, ...] = tuple(t for t in tiers if t is not None)
         self._index: dict[str, Segment] = {}
         self._lru: OrderedDict[str, Segment] = OrderedDict()
+        # Unindexed segments (aborted, removed, a refused fill) that holders still reference, by identity: their
+        # pages are freed on the last release.
+        self._orphans: dict[int, Segment] = {}
         self._evictable = 0  # pages of the segments in _lru
         self._held = 0  # pages of every live segment, indexed or not
         self._tick = 0
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Restart the counters (lookups, hits, ...); what is cached stays."""
         self._lookups = self._hits = self._misses = self._evictions = self._tokens_reused = 0
         self._tier_hits = {t.name: 0 for t in self.tiers}
         self._tier_tokens = {t.name: 0 for t in self.tiers}
@@ -172,6 +179,7 @@ class DocumentCache:
         a pending one (its encoder gave up), an aborted or a removed one is dropped and its pages freed."""
         if seg.refcount <= 0:
             raise ValueError(f"segment {seg.key[:16]} released more often than acquired")
+        self._check_owned(seg)
         seg.refcount -= 1
         seg.last_use = self._next_tick()
         if seg.refcount > 0:
@@ -183,6 +191,8 @@ class DocumentCache:
         if seg.cached:
             del self._index[seg.key]
             seg.cached = False
+        else:
+            del self._orphans[id(seg)]
         self._free(seg)
 
     def abort(self, seg: Segment) -> None:
@@ -195,10 +205,10 @@ class DocumentCache:
             raise ValueError(f"segment {seg.key[:16]} is ready; only a pending segment can be aborted")
         if seg.refcount <= 0:
             raise ValueError(f"segment {seg.key[:16]} is not held")
+        self._check_owned(seg)
         seg.failed = True
         if seg.cached:
-            del self._index[seg.key]
-            seg.cached = False
+            self._unindex(seg)
 
     def poll(self, wait: bool = False) -> int:
         """Make the segments whose fill from a lower tier has landed ready, and drop the fills' own references (a
@@ -220,8 +230,7 @@ class DocumentCache:
     def _unclaim(self, tier: LowerTier, seg: Segment) -> None:
         """A fill that failed: out of the index, and its hit taken back (the acquire that encodes it is the miss)."""
         if seg.cached:
-            del self._index[seg.key]
-            seg.cached = False
+            self._unindex(seg)
         self._lookups -= 1
         self._hits -= 1
         self._tier_hits[tier.name] -= 1
@@ -289,14 +298,17 @@ class DocumentCache:
         unindexed now (no new acquire hits it), freed on its last release. Lower tiers' copies are dropped too.
         False if no tier held it."""
         below = [t.discard(key) for t in self.tiers]
-        seg = self._index.pop(key, None)
+        seg = self._index.get(key)
         if seg is None:
             return any(below)
-        seg.cached = False
         if seg.refcount == 0:
+            del self._index[key]
+            seg.cached = False
             del self._lru[key]
             self._evictable -= len(seg.pages)
             self._free(seg)
+        else:
+            self._unindex(seg)
         return True
 
     def clear(self) -> int:
@@ -314,7 +326,77 @@ class DocumentCache:
         self._evictable = 0
         return freed
 
+    # -- invariants --------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Verify the invariants of the class docstring (and the lower tiers' own); CacheInvariantError names the
+        first one broken. O(segments + pages): for tests and the engine's `check_invariants` option."""
+        lru_pages = held = 0
+        seen: set[int] = set()
+
+        def fail(what: str) -> None:
+            raise CacheInvariantError(f"document cache: {what}")
+
+        for key, seg in self._index.items():
+            if seg.key != key or not seg.cached or seg.failed:
+                fail(f"index entry {key[:16]} is segment {seg.key[:16]} (cached={seg.cached}, failed={seg.failed})")
+            if (seg.refcount == 0) != (key in self._lru):
+                fail(
+                    f"segment {key[:16]} has refcount {seg.refcount} and is {'' if key in self._lru else 'not '}in LRU"
+                )
+            if seg.refcount < 0:
+                fail(f"segment {key[:16]} has refcount {seg.refcount}")
+        for key, seg in self._lru.items():
+            if self._index.get(key) is not seg:
+                fail(f"LRU entry {key[:16]} is not the segment indexed under its key")
+            if not seg.ready:
+                fail(f"LRU entry {key[:16]} is not ready")
+            lru_pages += len(seg.pages)
+        for seg in self._orphans.values():
+            if seg.cached or seg.refcount <= 0:
+                fail(f"unindexed segment {seg.key[:16]} has cached={seg.cached}, refcount {seg.refcount}")
+        ticks = [s.last_use for s in self._lru.values()]
+        if ticks != sorted(ticks):
+            fail("LRU is not in order of last release")
+        for seg in [*self._index.values(), *self._orphans.values()]:
+            if len(seg.pages) != self.pages_for(seg.n_tokens):
+                fail(f"segment {seg.key[:16]} has {len(seg.pages)} pages for {seg.n_tokens} tokens")
+            for page in seg.pages:
+                if page in seen or not self.pool.is_used(page):
+                    fail(f"page {page} of segment {seg.key[:16]} is {'shared' if page in seen else 'free'}")
+                seen.add(page)
+            held += len(seg.pages)
+        if lru_pages != self._evictable:
+            fail(f"evictable count {self._evictable}, LRU holds {lru_pages} pages")
+        if held != self._held:
+            fail(f"held count {self._held}, segments hold {held} pages")
+        if self._hits + self._misses != self._lookups or min(self._hits, self._misses) < 0:
+            fail(f"lookups {self._lookups} != hits {self._hits} + misses {self._misses}")
+        for tier in self.tiers:
+            for seg in tier.filling():
+                if seg.ready or seg.refcount < 1 or (self._index.get(seg.key) is not seg and not seg.failed):
+                    fail(f"{tier.name} fill of {seg.key[:16]} targets a segment that is not pending and held")
+            tier.check()
+
+    def live_segments(self) -> list[Segment]:
+        """Every live segment: the indexed ones and the unindexed ones still referenced."""
+        return [*self._index.values(), *self._orphans.values()]
+
     # -- internals ---------------------------------------------------------------------------------
+
+    def _check_owned(self, seg: Segment) -> None:
+        """A segment handed back must be one of this cache's live ones: a stale holder (a segment of a cache that
+        was reset, or one already freed) would otherwise corrupt the index and the pool."""
+        if self._index.get(seg.key) is not seg and self._orphans.get(id(seg)) is not seg:
+            raise CacheInvariantError(
+                f"segment {seg.key[:16]} is not held by this document cache (freed already, or another cache's)"
+            )
+
+    def _unindex(self, seg: Segment) -> None:
+        """Out of the index, alive for its holders until the last release."""
+        del self._index[seg.key]
+        seg.cached = False
+        self._orphans[id(seg)] = seg
 
     def _free(self, seg: Segment) -> None:
         self.pool.free(seg.pages)

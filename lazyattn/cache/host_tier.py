@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lazyattn.cache.page_pool import GiB, PagePool
+from lazyattn.errors import CacheInvariantError
 
 if TYPE_CHECKING:
     import torch
@@ -285,6 +286,27 @@ class HostTier:
             self._free(entry)
             freed += len(entry.pages)
         return freed
+
+    def filling(self) -> list[Segment]:
+        return [p.segment for p in self._promotions]
+
+    def check(self) -> None:
+        """The pool's used pages are exactly the indexed entries', the promotions' in flight and the withheld ones,
+        each page once."""
+        indexed = [page for e in self._index.values() for page in e.pages]
+        held = indexed + [page for p in self._promotions for page in p.entry.pages]
+        if len(indexed) != self._indexed_pages:
+            raise CacheInvariantError(
+                f"host tier: {self._indexed_pages} indexed pages counted, entries hold {len(indexed)}"
+            )
+        if len(set(held)) != len(held) or not all(self.pool.is_used(p) for p in held):
+            raise CacheInvariantError("host tier: a host page is held twice, or held and free")
+        if len(held) + self.pool.num_withheld != self.pool.num_used:
+            raise CacheInvariantError(
+                f"host tier: {self.pool.num_used} pages used, {len(held)} held and {self.pool.num_withheld} withheld"
+            )
+        if any(e.key != k for k, e in self._index.items()):
+            raise CacheInvariantError("host tier: an entry is indexed under another key")
 
     def set_capacity(self, num_pages: int | None) -> None:
         """Use only `num_pages` host pages (None: all), as if the tier were that small; 0 turns it off. Empties

@@ -16,7 +16,8 @@ The DocumentCache calls every lower tier the same way, top tier first:
   handed back yet), unless the tier set its `failed` flag (a disk file refused by the read in the background):
   then the cache unindexes it and its waiters start over, encoding it. Until then the fill holds a reference of
   its own on the segment;
-- `discard(key)` (the document was deleted) and `clear()` (forget everything).
+- `discard(key)` (the document was deleted) and `clear()` (forget everything);
+- `filling()`: the segments whose fill is in flight; `check()`: the tier's own invariants (CacheInvariantError).
 """
 
 from __future__ import annotations
@@ -48,3 +49,7 @@ class LowerTier(Protocol):
     def discard(self, key: str) -> bool: ...
 
     def clear(self) -> int: ...
+
+    def filling(self) -> list[Segment]: ...
+
+    def check(self) -> None: ...

@@ -208,6 +208,13 @@ class EngineConfig:
         False,
         "freeze what exists once the engine is built out of Python's garbage collections (gc.freeze) until shutdown",
     )
+    # Every step ends with a check of the document cache's, its tiers' and the scheduler's bookkeeping whole
+    # (engine/invariants.py): O(pages) host time a step, for tests and for chasing a bug in serving.
+    check_invariants: bool = _option(
+        False,
+        "check the document cache's and the scheduler's invariants after every step (slow; for tests and debugging)",
+        shown="off; on where LAZYATTN_CHECK_INVARIANTS=1",
+    )
     # The LAZYATTN_* environment variables, read once when the config is made (lazyattn/envs.py): the engine passes
     # them down and activates the kernels' toggles at construction, so captured graphs and eager steps agree.
     env: EnvSettings = field(default_factory=read_env)

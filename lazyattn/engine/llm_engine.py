@@ -29,6 +29,7 @@ from lazyattn.engine.executor.base import Executor
 from lazyattn.engine.executor.local import LocalExecutor
 from lazyattn.engine.executor.tensor_parallel import TensorParallelExecutor
 from lazyattn.engine.intake import Request, RequestIntake
+from lazyattn.engine.invariants import check_engine
 from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
@@ -41,6 +42,7 @@ from lazyattn.engine.sequence import Sequence
 from lazyattn.engine.step_launch import StepLauncher
 from lazyattn.engine.step_pipeline import LaunchedStep, StepPipeline, SyncPipeline
 from lazyattn.errors import (
+    CacheInvariantError,
     CheckpointError,
     InvalidRequestError,
 )
@@ -114,6 +116,7 @@ class LLMEngine:
             config.split_mixed_steps_on,
         )
         self.requests: dict[str, Request] = {}
+        self.check_invariants = config.check_invariants or config.env.check_invariants
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
         self.pipeline: StepPipeline = (
             OverlappedPipeline(self._launch, self.max_model_len)
@@ -231,14 +234,18 @@ class LLMEngine:
         self.pipeline.step(self.scheduler, lambda step: self._read(step, touched, failed))
         if self.disk is not None:  # the disk tier's guard weighs a read against an encode at this rate
             self.disk.observe_encode(self.scheduler.prefilled_tokens - prefilled, time.perf_counter() - start)
-        if not self.requests:  # every sequence of a step still in flight has ended: nobody will read it
-            self.pipeline.drain(self.scheduler)
         outputs = [
             self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched.values()
         ]
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
+        # Every sequence of a step still in flight has ended (this step's outputs included): nobody will read it, and
+        # the pages of what ended go back now, while the engine is seen idle (reset_cache, shutdown).
+        if not self.requests:
+            self.pipeline.drain(self.scheduler)
+        if self.check_invariants:
+            self.check()
         return outputs
 
     def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
@@ -295,18 +302,32 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
 
+    def check(self) -> None:
+        """Check the document cache's, its tiers' and the scheduler's bookkeeping whole (engine/invariants.py);
+        CacheInvariantError names what is broken. Runs after every step with the `check_invariants` option."""
+        check_engine(self.cache, self.scheduler, self.pipeline.ended)
+
     def reset_cache(self) -> None:
         """Forget every cached document and restart the counters (the engine must be idle)."""
         if self.requests:
             raise InvalidRequestError("reset_cache needs an idle engine; requests are still in flight")
+        # A step still in flight holds the pages of the sequences it ended: they go back to this cache first. The
+        # cache is emptied in place, never replaced, so that nothing can hand a segment back to a cache that does
+        # not hold it.
+        self.pipeline.drain(self.scheduler)
         self.cache.poll(wait=True)  # promotions of aborted requests still hold their segments
         self.cache.clear()
+        left = self.cache.live_segments()
+        if left:
+            raise CacheInvariantError(f"an idle engine's cache still holds {len(left)} referenced segment(s)")
+        self.cache.reset_stats()
         for tier in (self.tier, self.disk):
             if tier is not None:
                 tier.reset_stats()
-        self.cache = DocumentCache(self.pool, self.config.page_size, self.tier, self.disk)
         self.scheduler = Scheduler(self.config, self.mode, self.cache, self.keyer)
         self.pool.reset_high_water()
+        if self.check_invariants:
+            self.check()
 
     def set_kv_budget(self, num_pages: int | None) -> None:
         """Use only `num_pages` pages of the pool (None: all of it), exactly as if the pool were that small, without

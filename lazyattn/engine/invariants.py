@@ -1,0 +1,76 @@
+"""The engine's bookkeeping checked whole (the `check_invariants` option; on in the CPU test suite).
+
+The document cache checks what it knows itself (`DocumentCache.check`: index, LRU, evictable and held counts, the
+tiers'). Who holds what is known only here: every page of the pool is held by exactly one owner, and every live
+segment's refcount is exactly the number of its holders.
+
+- owners of pool pages: the cache's live segments, each live sequence's private pages (its run past the pages it
+  fills for the cache, its mode's copies and relinked rows) and the pages a KV budget withholds;
+- holders of a segment: each live sequence that lists it as a part or fills it, and each fill from a lower tier
+  still in flight;
+- live sequences: the running ones and those that ended while a step in flight may still read their pages
+  (engine/overlap.py); a waiting sequence (queued, or preempted) holds nothing;
+- an encode job's segment is live and pending, and some live sequence holds it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from lazyattn.cache.document_cache import DocumentCache
+from lazyattn.engine.scheduler import Scheduler
+from lazyattn.engine.sequence import Sequence, Status
+from lazyattn.errors import CacheInvariantError
+
+
+def check_engine(cache: DocumentCache, scheduler: Scheduler, ended: Iterable[Sequence]) -> None:
+    """Raise CacheInvariantError naming the first invariant broken (module docstring). O(pages)."""
+    cache.check()
+    live = [*scheduler.running, *ended]
+    for seq in scheduler.waiting:
+        if seq.parts or seq.run is not None:
+            raise CacheInvariantError(f"waiting sequence {seq.seq_id} still holds pages or segments")
+    for seq in scheduler.running:
+        if seq.status is not Status.RUNNING or seq.run is None:
+            raise CacheInvariantError(f"running sequence {seq.seq_id} has status {seq.status.value}, no run")
+
+    holders: Counter[int] = Counter()
+    for seq in live:
+        for segment in [*(p.segment for p in seq.parts), *seq.mode_state.filled_segments()]:
+            holders[id(segment)] += 1
+    for tier in cache.tiers:
+        for segment in tier.filling():
+            holders[id(segment)] += 1
+    segments = cache.live_segments()
+    for segment in segments:
+        if segment.refcount != holders.pop(id(segment), 0):
+            raise CacheInvariantError(
+                f"segment {segment.key[:16]} has refcount {segment.refcount}, held by {holders.get(id(segment), 0)}"
+            )
+    if holders:
+        raise CacheInvariantError(f"{len(holders)} segment(s) held by sequences or fills are not the cache's")
+
+    pages = [page for segment in segments for page in segment.pages]
+    for seq in live:
+        run = seq.run
+        if run is not None:
+            pages += run.pages[run.owned :]
+        for private in seq.mode_state.private_pages():
+            pages += private
+    pool = cache.pool
+    twice = [page for page, n in Counter(pages).items() if n > 1]
+    if twice:
+        raise CacheInvariantError(f"pages held by two owners: {sorted(twice)[:8]}")
+    if len(pages) + pool.num_withheld != pool.num_used:
+        raise CacheInvariantError(
+            f"the pool has {pool.num_used} pages in use; owners hold {len(pages)}, a budget withholds "
+            f"{pool.num_withheld}: {pool.num_used - len(pages) - pool.num_withheld} leaked"
+        )
+    if not all(pool.is_used(page) for page in pages):
+        raise CacheInvariantError("a page held by an owner is free in the pool")
+
+    held = {id(s) for s in segments}
+    for key, job in scheduler.jobs.items():
+        if job.segment.ready or id(job.segment) not in held or job.segment.key != key:
+            raise CacheInvariantError(f"encode job {key[:16]} is for a segment that is not live and pending")
