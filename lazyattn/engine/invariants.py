@@ -10,7 +10,8 @@ segment's refcount is exactly the number of its holders.
   still in flight;
 - live sequences: the running ones and those that ended while a step in flight may still read their pages
   (engine/overlap.py); a waiting sequence (queued, or preempted) holds nothing;
-- an encode job's segment is live and pending, and some live sequence holds it.
+- an encode job's segment is live and pending, unless the job is dead (nobody holds its segment, or it failed):
+  the next schedule drops it before anything could run it.
 """
 
 from __future__ import annotations
@@ -72,5 +73,8 @@ def check_engine(cache: DocumentCache, scheduler: Scheduler, ended: Iterable[Seq
 
     held = {id(s) for s in segments}
     for key, job in scheduler.jobs.items():
-        if job.segment.ready or id(job.segment) not in held or job.segment.key != key:
+        segment = job.segment
+        if segment.refcount == 0 or segment.failed:
+            continue  # dead: nobody waits for it, dropped before the next schedule (Admission.drop_dead_jobs)
+        if segment.ready or id(segment) not in held or segment.key != key:
             raise CacheInvariantError(f"encode job {key[:16]} is for a segment that is not live and pending")
