@@ -6,6 +6,8 @@
     lazyattn eval --model M --dataset my_hotpotqa.jsonl --num-docs 10 --gold-position original
     lazyattn eval --modes lazy,lazy:relink_tokens=16 ...  # a mode plus engine options, compared side by side
     lazyattn eval --dataset builtin:medium --num-docs 10 --write-dataset eval.jsonl   # just write the set
+    lazyattn eval --model smollm2 --dataset builtin:icl --num-docs 5,10,20 --modes full,lazy --max-tokens 8
+        # in-context learning: demonstrations as documents, shuffled per question, label accuracy
     lazyattn eval --fidelity --model smollm2 --dataset builtin:real --num-docs 5 --gold-position first --limit 40 \\
         --max-tokens 16 --out results/fidelity       # numerics: dtypes, batch sizes, modes (docs/quality.md)
 
@@ -34,7 +36,8 @@ SHORT_ANSWER = dict(
     "using only the documents below.",
     question_format="{question}\nAnswer in a few words.",
 )
-LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer")
+# "icl": the few-shot layout of builtin:icl (lazyattn/eval/icl.py, LAYOUT).
+LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl")
 
 
 def add_eval_parser(
@@ -71,22 +74,23 @@ def add_eval_parser(
         "--dataset",
         default=None,
         help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
-        "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings, for final "
-        "reporting only), or a JSONL file of {question, answers, documents, gold} (default: builtin; with "
-        "--fidelity builtin:real, gold first)",
+        "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings and "
+        "real-heldout-readme: package READMEs, both for final reporting only; icl: few-shot topic "
+        "classification, demonstrations as documents in a shuffled order per question), or a JSONL file of "
+        "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
     d.add_argument(
         "--num-docs",
         default=None,
         help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
-        "document (default: 5 for builtin, all for a file)",
+        "document (default: 5 for builtin, all for builtin:icl and a file)",
     )
     d.add_argument(
         "--gold-position",
         default=None,
         help="first, middle, last or original, comma-separated (default: first,middle,last for "
-        "builtin, original for a file)",
+        "builtin, original for builtin:icl and a file)",
     )
     d.add_argument("--data-seed", type=int, default=0, help="seed of the built-in set")
     d.add_argument("--hops", default="1,1,2", help="built-in question mix, cycled: 1 single-hop, 2 two-hop")
@@ -100,9 +104,9 @@ def add_eval_parser(
     g.add_argument(
         "--prompt-layout",
         choices=LAYOUTS,
-        default="block-attention",
-        help="how documents and the question are framed (default: block-attention; short-answer asks "
-        "for a short answer, see docs/quality.md)",
+        default=None,
+        help="how documents and the question are framed (default: icl for builtin:icl, else block-attention; "
+        "short-answer asks for a short answer, see docs/quality.md)",
     )
     g.add_argument("--system-prompt", default=None, help="override the layout's system prompt")
     g.add_argument("--question-format", default=None, help="override the layout's question wrapper ({question})")
@@ -148,11 +152,15 @@ def _layout(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
     from lazyattn.engine import prompt
+    from lazyattn.eval import icl
 
+    if args.prompt_layout is None:
+        args.prompt_layout = "icl" if args.dataset == f"builtin:{icl.NAME}" else "block-attention"
     base = {
         "block-attention": prompt.DEFAULT_LAYOUT,
         "tulu3-block-ft": prompt.TULU3_BLOCK_FT_LAYOUT,
         "short-answer": prompt.PromptLayout(**SHORT_ANSWER),
+        "icl": prompt.PromptLayout(**icl.LAYOUT),
     }[args.prompt_layout]
     changes: dict[str, Any] = {}
     if args.system_prompt is not None:
@@ -181,10 +189,11 @@ def _ints_or_all(text: str, name: str) -> list[int | None]:
 
 def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
     """The items, a description of where they came from, the document counts and the gold positions."""
-    from lazyattn.eval import real, synthetic
+    from lazyattn.eval import icl, real, synthetic
     from lazyattn.eval.dataset import POSITIONS, DatasetError, read_jsonl
 
-    builtin = args.dataset == "builtin" or args.dataset.startswith("builtin:")
+    few_shot = args.dataset == f"builtin:{icl.NAME}"
+    builtin = (args.dataset == "builtin" or args.dataset.startswith("builtin:")) and not few_shot
     num_docs = _ints_or_all(args.num_docs or ("5" if builtin else "all"), "num-docs")
     positions = [s.strip() for s in (args.gold_position or ("first,middle,last" if builtin else "original")).split(",")]
     bad = [s for s in positions if s not in POSITIONS]
@@ -192,6 +201,15 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
         raise DatasetError(f"--gold-position: unknown {', '.join(bad)}; choose from {', '.join(POSITIONS)}")
     if args.limit is not None and args.limit < 1:
         raise DatasetError(f"--limit must be >= 1, got {args.limit}")
+    if few_shot:
+        # No document holds the answer: the demonstrations come in each question's own shuffled order.
+        if positions != ["original"]:
+            raise DatasetError(f"--gold-position: builtin:{icl.NAME} has no gold documents; use original")
+        header, items = icl.load(args.limit)
+        if any(n is not None and n > header["demonstrations"] for n in num_docs):
+            raise DatasetError(f"--num-docs: builtin:{icl.NAME} has {header['demonstrations']} demonstrations")
+        meta = {"builtin": icl.NAME, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
+        return items, meta, num_docs, positions
     if not builtin:
         items = read_jsonl(args.dataset, args.limit)
         return items, {"file": str(Path(args.dataset).resolve()), "questions": len(items)}, num_docs, positions
@@ -204,7 +222,7 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
         meta = {"builtin": size, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
         return items, meta, num_docs, positions
     if size not in synthetic.SIZES:
-        choices = ", ".join([*synthetic.SIZES, *real.SETS])
+        choices = ", ".join([*synthetic.SIZES, *real.SETS, icl.NAME])
         raise DatasetError(f"unknown built-in size {size!r}; choose from {choices}")
     if None in num_docs:
         raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")

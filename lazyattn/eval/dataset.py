@@ -7,7 +7,9 @@ evaluate on, so users can convert and run their own copies:
      "gold": [indices of the documents holding the answer], "id": "...", ...}
 
 `id` is optional (the line number otherwise); other fields are kept and carried into the results (the
-built-in set adds `type`, e.g. "single-hop", and `relation`).
+built-in set adds `type`, e.g. "single-hop", and `relation`). A line with `labels` (a list holding every answer)
+is a classification item: its output is scored by the first label it names (metrics.label_accuracy); `gold` may
+then be empty, as in the in-context-learning set, where the documents are demonstrations.
 
 Block attention changes what a document can see (only itself), so the answer's position among the documents
 matters more than under full attention; `arrange` puts the gold documents first, in the middle or last.
@@ -47,6 +49,12 @@ class QAItem:
     def type(self) -> str:
         return str(self.extra.get("type", "all"))
 
+    @property
+    def labels(self) -> list[str] | None:
+        """A classification item's label set (the `labels` field), or None: then answers are scored by
+        containment (metrics.py)."""
+        return self.extra.get("labels")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -82,6 +90,13 @@ class QAItem:
         for g in gold:
             if not 0 <= g < len(docs):
                 raise DatasetError(f"{where}: gold index {g} is outside the {len(docs)} documents")
+        labels = d.get("labels")
+        if labels is not None and (
+            not isinstance(labels, list) or not all(isinstance(x, str) and x.strip() for x in labels)
+        ):
+            raise DatasetError(f"{where}: 'labels' must be a list of non-empty strings")
+        if labels is not None and not all(a in labels for a in answers):
+            raise DatasetError(f"{where}: every answer must be one of the 'labels'")
         extra = {k: v for k, v in d.items() if k not in ("id", "question", "answers", "documents", "gold")}
         return QAItem(question, tuple(answers), docs, tuple(gold), str(d.get("id", where)), extra)
 

@@ -206,7 +206,7 @@ def answer_cell(
                     id=item.id,
                     type=item.type,
                     output=text,
-                    scores=Scores.of(text, item.answers),
+                    scores=Scores.of(text, item.answers, item.labels),
                     ttft_s=out.metrics.ttft if out.metrics else None,
                     prompt_tokens=out.num_document_tokens + len(out.prompt_token_ids),
                     cached_tokens=out.metrics.cached_tokens if out.metrics else 0,

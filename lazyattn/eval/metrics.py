@@ -7,6 +7,9 @@ list of acceptable answers (the best one counts):
   headline number: an instruct model answers in sentences, so containment is what "answered" means);
 - exact match: the whole normalised output equals a normalised answer;
 - token F1: harmonic mean of token precision and recall between output and answer (multiset overlap).
+
+A classification item (one with a fixed label set, e.g. `builtin:icl`) is scored by `label_accuracy` instead of
+containment: the first label the output names must be the answer, so an output that lists every label scores 0.
 """
 
 from __future__ import annotations
@@ -31,6 +34,22 @@ def accuracy(output: str, answers: Sequence[str]) -> float:
     out = normalize_answer(output)
     # An answer that normalises to nothing ("The") would be "contained" in every output: it never counts.
     return float(any(a and a in out for a in map(normalize_answer, answers)))
+
+
+def first_label(output: str, labels: Sequence[str]) -> str | None:
+    """The label the normalised output names first, as whole words (of two starting at one word, the longer);
+    None if it names none."""
+    words = normalize_answer(output).split()
+    options = sorted(((normalize_answer(label).split(), label) for label in labels), key=lambda t: -len(t[0]))
+    for i in range(len(words)):
+        for tokens, label in options:
+            if tokens and words[i : i + len(tokens)] == tokens:
+                return label
+    return None
+
+
+def label_accuracy(output: str, answers: Sequence[str], labels: Sequence[str]) -> float:
+    return float(first_label(output, labels) in answers)
 
 
 def exact_match(output: str, answers: Sequence[str]) -> float:
@@ -59,8 +78,10 @@ class Scores:
     f1: float
 
     @staticmethod
-    def of(output: str, answers: Sequence[str]) -> Scores:
-        return Scores(accuracy(output, answers), exact_match(output, answers), token_f1(output, answers))
+    def of(output: str, answers: Sequence[str], labels: Sequence[str] | None = None) -> Scores:
+        """With `labels`, accuracy is `label_accuracy` (a classification item), else containment."""
+        acc = accuracy(output, answers) if labels is None else label_accuracy(output, answers, labels)
+        return Scores(acc, exact_match(output, answers), token_f1(output, answers))
 
 
 # Confidence intervals: percentile bootstrap over questions. Seeded, so a report reprints the same numbers.

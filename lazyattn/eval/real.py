@@ -2,13 +2,16 @@
 
 `builtin:real`: passages of the Python Language Reference as the standard library ships it
 (`pydoc_data.topics.topics`, Python Software Foundation License 2.0); `builtin:real-heldout`: passages of
-NumPy's function docstrings (BSD-3-Clause), used only for final reporting, never for tuning.
+NumPy's function docstrings (BSD-3-Clause); `builtin:real-heldout-readme`: another genre, the README prose of
+eleven MIT / BSD-3-Clause Python packages as their installed metadata ships it. The two held-out sets are used
+only for final reporting, never for tuning.
 
 Each question has a short answer (a keyword, a name, a number) that its gold passage states; the distractors
 are other passages of the same source that do not contain any of the answers (case-insensitive, also after
 the scorer's normalisation). The passages and questions are frozen into `data/<name>.jsonl.gz` so the sets do
 not change with the Python or NumPy version installed; `python -m lazyattn.eval.real` rebuilds those files
-from the question lists in `real_questions.py` / `real_heldout_questions.py` and the installed sources.
+from the question lists in `real_questions.py` / `real_heldout_questions.py` / `real_readme_questions.py` and the
+installed sources.
 
 Token counts are estimated as UTF-8 bytes / 4 (English prose and code run about 4 bytes per token under the
 SmolLM2 / Llama BPE tokenizers); every passage is kept within 100..1,000 estimated tokens.
@@ -30,7 +33,7 @@ from lazyattn.eval.dataset import DatasetError, QAItem
 from lazyattn.eval.metrics import normalize_answer
 
 DATA_DIR = Path(__file__).parent / "data"
-SETS = ("real", "real-heldout")
+SETS = ("real", "real-heldout", "real-heldout-readme")
 MIN_TOKENS, MAX_TOKENS = 100, 1000
 # Passages are cut near this many estimated tokens: 20 documents plus the prompt stay inside an 8k context.
 TARGET_TOKENS = 300
@@ -50,6 +53,11 @@ SOURCES = {
         "source": "docstrings of public NumPy functions (numpy package)",
         "license": "BSD-3-Clause (NumPy license)",
         "copyright": "Copyright (c) 2005-2025, NumPy Developers. All rights reserved.",
+    },
+    "real-heldout-readme": {
+        "source": "README prose of Python packages, as their installed METADATA ships it (README_PACKAGES)",
+        "license": "MIT or BSD-3-Clause, each package's own (lazyattn/eval/data/README.md)",
+        "copyright": "each package's copyright holders (lazyattn/eval/data/README.md)",
     },
 }
 
@@ -153,6 +161,46 @@ def numpy_passages() -> list[Passage]:
     return out
 
 
+# Packages whose READMEs (the long description in their METADATA) make `real-heldout-readme`: prose documentation
+# of tools far from the Python reference and NumPy, all MIT or BSD-3-Clause licensed.
+README_PACKAGES = (
+    "rich",
+    "typer",
+    "python-dotenv",
+    "smart_open",
+    "psutil",
+    "pytest-timeout",
+    "colorful",
+    "httpcore",
+    "pyrate-limiter",
+    "charset-normalizer",
+    "annotated-types",
+)
+_MARKUP = re.compile(r"https?://\S+|<[^>]*>")
+
+
+def readme_passages() -> list[Passage]:
+    """Passages of each package's README, in the words of its installed METADATA; passages that are mostly
+    links and HTML (badge rows, language menus) are left out: they are not prose."""
+    import email
+    import importlib.metadata
+
+    out: list[Passage] = []
+    for name in README_PACKAGES:
+        metadata = importlib.metadata.distribution(name).read_text("METADATA") or ""
+        text = email.message_from_string(metadata).get_payload()
+        for p in split_passages(name, f"{name} README", text):
+            if len(_MARKUP.sub("", p.text)) >= 0.5 * len(p.text):
+                out.append(p)
+    return out
+
+
+def readme_versions() -> dict[str, str]:
+    import importlib.metadata
+
+    return {name: importlib.metadata.version(name) for name in README_PACKAGES}
+
+
 def states(text: str, answer: str) -> bool:
     """Whether `text` holds `answer` literally: case-insensitive, any run of whitespace matching any other."""
     return " ".join(answer.lower().split()) in _flat(text)
@@ -254,6 +302,10 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
         from lazyattn.eval.real_heldout_questions import QUESTIONS
 
         passages, seed = numpy_passages(), 2
+    elif name == "real-heldout-readme":
+        from lazyattn.eval.real_readme_questions import QUESTIONS
+
+        passages, seed = readme_passages(), 4
     else:
         raise DatasetError(f"unknown real set {name!r}; choose from {', '.join(SETS)}")
     questions = build_questions(passages, QUESTIONS, seed, name)
@@ -267,6 +319,8 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
         "token_estimate": "UTF-8 bytes / 4",
         "distractors_per_question": MAX_DISTRACTORS,
     }
+    if name == "real-heldout-readme":
+        header["packages"] = readme_versions()
     return header, passages, questions
 
 

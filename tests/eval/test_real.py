@@ -9,7 +9,7 @@ from lazyattn.eval import real
 from lazyattn.eval.dataset import DatasetError, arrange
 from lazyattn.eval.metrics import accuracy, normalize_answer
 
-MIN_QUESTIONS = {"real": 300, "real-heldout": 100}
+MIN_QUESTIONS = {"real": 300, "real-heldout": 100, "real-heldout-readme": 80}
 
 
 def _shipped(name):
@@ -86,6 +86,18 @@ def test_the_shipped_file_is_what_the_builder_makes_now():
         assert [(q.question, q.answers, q.gold, q.distractors) for q in questions] == [
             (q.question, q.answers, q.gold, q.distractors) for q in built
         ]
+
+
+def test_readme_passages_come_from_the_listed_packages_with_their_licences_recorded():
+    header, passages, questions = _shipped("real-heldout-readme")
+    assert list(header["packages"]) == list(real.README_PACKAGES)
+    assert {p.split("#")[0] for p in passages} <= set(real.README_PACKAGES)
+    assert {q.gold.split("#")[0] for q in questions} == set(real.README_PACKAGES)  # every package asked about
+    # the data README names each package with its licence and copyright line
+    notes = (real.DATA_DIR / "README.md").read_text()
+    for name in real.README_PACKAGES:
+        row = next((line for line in notes.splitlines() if line.startswith(f"| `{name}` ")), None)
+        assert row is not None and ("MIT" in row or "BSD-3-Clause" in row) and "Copyright" in row, name
 
 
 def test_builder_rejects_bad_questions():
