@@ -238,6 +238,7 @@ class EnvSettings:
         _flag,
     )
 
+
 # Read where they are used, through read_var, not part of the engine's settings.
 CACHE = Var(
     "LAZYATTN_CACHE",

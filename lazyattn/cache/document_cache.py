@@ -374,7 +374,8 @@ class DocumentCache:
             fail(f"lookups {self._lookups} != hits {self._hits} + misses {self._misses}")
         for tier in self.tiers:
             for seg in tier.filling():
-                if seg.ready or seg.refcount < 1 or (self._index.get(seg.key) is not seg and not seg.failed):
+                live = self._index.get(seg.key) is seg or self._orphans.get(id(seg)) is seg
+                if seg.ready or seg.refcount < 1 or not live:
                     fail(f"{tier.name} fill of {seg.key[:16]} targets a segment that is not pending and held")
             tier.check()
 
