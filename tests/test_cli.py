@@ -271,3 +271,12 @@ def test_mode_choices_are_the_one_list_and_each_has_an_implementation():
     mode = next(a for a in _subcommands()["generate"]._actions if "--mode" in a.option_strings)
     assert tuple(mode.choices) == MODES == ("lazy", "block", "prefix", "full")
     assert tuple(MODE_CLASSES) == MODES and all(make_mode(m).name == m for m in MODES)
+
+
+def test_a_tiny_top_p_generates_greedily(capsys):
+    """A top_p below float32's smallest number once dropped every token: the answer was id 0 at every step."""
+    argv = ["generate", *TINY, "--json", "--no-chat", "--max-tokens", "8", "q"]
+    assert main(argv) == 0  # temperature 0: greedy
+    greedy = json.loads(capsys.readouterr().out)["token_ids"]
+    assert main([*argv, "--temperature", "1", "--top-p", "1e-300"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == greedy

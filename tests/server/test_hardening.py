@@ -168,3 +168,18 @@ def test_schema_valid_bodies_are_accepted(server, path, body):
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice.get("logprobs") is None and r.json()["usage"]["completion_tokens"] >= 1
+
+
+# --- a tiny top_p -------------------------------------------------------------------------------------------
+
+
+def test_a_tiny_top_p_samples_greedily(server):
+    """A top_p that float32 rounds to 0 once dropped every token, and the answer was id 0 at every step."""
+    body = {"messages": HI, "max_tokens": 8, "ignore_eos": True}
+    greedy = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "temperature": 0.0}, timeout=60)
+    for top_p in (1e-300, 5e-324):
+        r = httpx.post(
+            f"{server.url}/v1/chat/completions", json={**body, "temperature": 1.0, "top_p": top_p}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
