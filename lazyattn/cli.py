@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The first word that is no option names the command (the top level's options take no values).
     command = next((a for a in argv if not a.startswith("-")), None)
-    from lazyattn.errors import LazyAttnError
+    from lazyattn.errors import InvalidRequestError, LazyAttnError
 
     try:
         args = build_parser([command] if command in COMMANDS else []).parse_args(argv)
@@ -328,10 +328,13 @@ def main(argv: list[str] | None = None) -> int:
             given = args.model
             args.model = local_or_named(given)
             say_which_model(args.command, given, args.model)
-        if getattr(args, "cpu_threads", None):
+        threads = getattr(args, "cpu_threads", None)
+        if threads is not None:
+            if threads < 1:
+                raise InvalidRequestError(f"--cpu-threads must be >= 1, got {threads}", "--cpu-threads")
             import torch
 
-            torch.set_num_threads(args.cpu_threads)
+            torch.set_num_threads(threads)
         return args.func(args)
     except LazyAttnError as e:
         print(f"error: {e}", file=sys.stderr)
