@@ -108,7 +108,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"error: --document-file {path}: {reason}", file=sys.stderr)
             return 2
     layout = PromptLayout(parse_special_tokens=args.parse_special_tokens)
-    llm = LLM(**engine_options(args), layout=layout)
+    # The progress bar is for a person at a terminal, not for a log file or a pipe.
+    llm = LLM(**engine_options(args), layout=layout, progress=sys.stderr.isatty())
     has_template = llm.tokenizer.chat_template is not None
     if args.chat and not has_template:
         print(f"error: --chat: {args.model} has no chat template; --no-chat sends the prompt as is", file=sys.stderr)
@@ -285,7 +286,7 @@ def local_or_named(model: str) -> str:
     same name (e.g. the `--out smollm2-block` of a fine-tune beside the shipped `smollm2-block`)."""
     from lazyattn.model import hub
 
-    named = model == "tiny" or model in hub.NAMED_MODELS or model in hub.NAMED_ADAPTERS
+    named = model in hub.model_names()
     return str(Path(model).resolve()) if named and os.path.exists(model) else model
 
 

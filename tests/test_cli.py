@@ -280,3 +280,19 @@ def test_a_tiny_top_p_generates_greedily(capsys):
     greedy = json.loads(capsys.readouterr().out)["token_ids"]
     assert main([*argv, "--temperature", "1", "--top-p", "1e-300"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
+
+
+def test_generate_draws_no_progress_bar_where_stderr_is_no_terminal(capsys):
+    assert main(["generate", *TINY, "--max-tokens", "2", "q"]) == 0
+    err = _errors(capsys.readouterr().err)
+    assert err == "", err
+
+
+def test_an_unknown_model_names_the_named_models(capsys):
+    assert main(["generate", "--model", "no-such-model", "--device", "cpu", "q"]) == 2
+    err = capsys.readouterr().err
+    names = ", ".join(["tiny", *hub.NAMED_MODELS, *hub.NAMED_ADAPTERS])
+    assert err == (
+        "error: model 'no-such-model' does not exist: no file or directory has that path, and it is not a named "
+        f"model ({names}; `lazyattn models` describes them)\n"
+    )
