@@ -108,7 +108,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"error: --document-file {path}: {reason}", file=sys.stderr)
             return 2
     layout = PromptLayout(parse_special_tokens=args.parse_special_tokens)
-    llm = LLM(**engine_options(args), layout=layout)
+    # The progress bar is for a person at a terminal, not for a log file or a pipe.
+    llm = LLM(**engine_options(args), layout=layout, progress=sys.stderr.isatty())
     has_template = llm.tokenizer.chat_template is not None
     if args.chat and not has_template:
         print(f"error: --chat: {args.model} has no chat template; --no-chat sends the prompt as is", file=sys.stderr)
@@ -285,7 +286,7 @@ def local_or_named(model: str) -> str:
     same name (e.g. the `--out smollm2-block` of a fine-tune beside the shipped `smollm2-block`)."""
     from lazyattn.model import hub
 
-    named = model == "tiny" or model in hub.NAMED_MODELS or model in hub.NAMED_ADAPTERS
+    named = model in hub.model_names()
     return str(Path(model).resolve()) if named and os.path.exists(model) else model
 
 
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The first word that is no option names the command (the top level's options take no values).
     command = next((a for a in argv if not a.startswith("-")), None)
-    from lazyattn.errors import LazyAttnError
+    from lazyattn.errors import InvalidRequestError, LazyAttnError
 
     try:
         args = build_parser([command] if command in COMMANDS else []).parse_args(argv)
@@ -328,10 +329,13 @@ def main(argv: list[str] | None = None) -> int:
             given = args.model
             args.model = local_or_named(given)
             say_which_model(args.command, given, args.model)
-        if getattr(args, "cpu_threads", None):
+        threads = getattr(args, "cpu_threads", None)
+        if threads is not None:
+            if threads < 1:
+                raise InvalidRequestError(f"--cpu-threads must be >= 1, got {threads}", "--cpu-threads")
             import torch
 
-            torch.set_num_threads(args.cpu_threads)
+            torch.set_num_threads(threads)
         return args.func(args)
     except LazyAttnError as e:
         print(f"error: {e}", file=sys.stderr)

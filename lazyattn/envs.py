@@ -88,6 +88,13 @@ def _text(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def _directory(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not value:
+        raise _bad(name, raw, "a directory (unset the variable for the default)")
+    return value
+
+
 def _pdl(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value in ("auto", "1", "0"):
@@ -115,6 +122,8 @@ class Var:
     doc: str
     parse: Callable[[str, str], Any]
     shown_default: str | None = None  # the README's words for the default, where `default` (None) says nothing
+    # Whether an empty value means the default, as unset does; else the parser sees it (and may refuse it).
+    empty_is_default: bool = True
 
 
 def _var(name: str, type: str, default: Any, doc: str, parse: Callable, shown: str | None = None) -> Any:
@@ -245,9 +254,12 @@ CACHE = Var(
     "path",
     None,
     "Cache directory: fetched checkpoints and GGUF files, and `lazyattn serve`'s state (state/: the document "
-    "registry).",
-    _text,
+    "registry). Set, it must not be empty.",
+    _directory,
     "`$XDG_CACHE_HOME/lazyattn`, else `~/.cache/lazyattn`",
+    # An empty value is a mistake (a variable expanded from nothing), not a request for ~/.cache: models and the
+    # server's state would quietly land elsewhere than meant.
+    empty_is_default=False,
 )
 API_KEYS = Var(
     "LAZYATTN_API_KEYS",
@@ -266,7 +278,7 @@ def variables() -> list[Var]:
 
 def _parse(var: Var, environ: Mapping[str, str]) -> Any:
     raw = environ.get(var.name)
-    if raw is None or not raw.strip():
+    if raw is None or (var.empty_is_default and not raw.strip()):
         return var.default
     return var.parse(var.name, raw)
 

@@ -271,3 +271,28 @@ def test_mode_choices_are_the_one_list_and_each_has_an_implementation():
     mode = next(a for a in _subcommands()["generate"]._actions if "--mode" in a.option_strings)
     assert tuple(mode.choices) == MODES == ("lazy", "block", "prefix", "full")
     assert tuple(MODE_CLASSES) == MODES and all(make_mode(m).name == m for m in MODES)
+
+
+def test_a_tiny_top_p_generates_greedily(capsys):
+    """A top_p below float32's smallest number once dropped every token: the answer was id 0 at every step."""
+    argv = ["generate", *TINY, "--json", "--no-chat", "--max-tokens", "8", "q"]
+    assert main(argv) == 0  # temperature 0: greedy
+    greedy = json.loads(capsys.readouterr().out)["token_ids"]
+    assert main([*argv, "--temperature", "1", "--top-p", "1e-300"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
+
+
+def test_generate_draws_no_progress_bar_where_stderr_is_no_terminal(capsys):
+    assert main(["generate", *TINY, "--max-tokens", "2", "q"]) == 0
+    err = _errors(capsys.readouterr().err)
+    assert err == "", err
+
+
+def test_an_unknown_model_names_the_named_models(capsys):
+    assert main(["generate", "--model", "no-such-model", "--device", "cpu", "q"]) == 2
+    err = capsys.readouterr().err
+    names = ", ".join(["tiny", *hub.NAMED_MODELS, *hub.NAMED_ADAPTERS])
+    assert err == (
+        "error: model 'no-such-model' does not exist: no file or directory has that path, and it is not a named "
+        f"model ({names}; `lazyattn models` describes them)\n"
+    )

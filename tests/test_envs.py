@@ -4,6 +4,7 @@ README table generated from the declarations, and a setting in the environment r
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -91,6 +92,19 @@ def test_variables_read_where_they_are_used():
     assert read_var(envs.API_KEYS, {"LAZYATTN_API_KEYS": " k1, ,k2 "}) == ("k1", "k2")
     assert read_var(envs.API_KEYS, {}) == ()
     assert read_var(envs.CACHE, {"LAZYATTN_CACHE": "~/models"}) == "~/models"
+
+
+@pytest.mark.parametrize("text", ["", "  "])
+def test_an_empty_cache_directory_is_an_error_not_the_default(text):
+    """An empty LAZYATTN_CACHE (a variable expanded from nothing) once put models and the server's state under
+    ~/.cache without a word; it is refused as other bad values are, and the CLI says so on one line."""
+    with pytest.raises(InvalidRequestError) as error:
+        read_var(envs.CACHE, {"LAZYATTN_CACHE": text})
+    message = f"LAZYATTN_CACHE={text!r}: expected a directory (unset the variable for the default)"
+    assert str(error.value) == message and error.value.param == "LAZYATTN_CACHE"
+    env = {**os.environ, "LAZYATTN_CACHE": text}
+    run = subprocess.run([sys.executable, "-m", "lazyattn", "models"], env=env, capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (2, f"error: {message}\n")
 
 
 def test_every_variable_is_declared_once_and_none_is_read_elsewhere():

@@ -54,7 +54,7 @@ from lazyattn.cache.disk_format import (
 )
 from lazyattn.cache.disk_writer import DiskWriter, as_bytes, page_index
 from lazyattn.cache.page_pool import GiB
-from lazyattn.errors import CacheInvariantError
+from lazyattn.errors import CacheInvariantError, InvalidRequestError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -121,6 +121,22 @@ class _Read:
     future: Future | None = None  # the pinned staging buffer, or None if the file was gone or refused
 
 
+def prepare_directory(directory: str) -> None:
+    """Create the tier's directory where it is missing and check that files can be written there. Raises
+    InvalidRequestError naming disk_cache_dir: a path that is a file, one under a file, one that cannot be created
+    (no permission, a read-only filesystem) or a directory that is not writable."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError as e:
+        raise InvalidRequestError(f"disk_cache_dir {directory}: exists and is not a directory", "disk_cache_dir") from e
+    except OSError as e:
+        raise InvalidRequestError(
+            f"disk_cache_dir {directory}: cannot create the directory: {e.strerror or e}", "disk_cache_dir"
+        ) from e
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InvalidRequestError(f"disk_cache_dir {directory}: the directory is not writable", "disk_cache_dir")
+
+
 class DiskTier:
     """The document cache's lowest tier (cache/tiers.py): files in `directory`, at most `budget_bytes` of them."""
 
@@ -138,7 +154,7 @@ class DiskTier:
         always_read: bool = False,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
-        os.makedirs(directory, exist_ok=True)
+        prepare_directory(directory)
         self.directory = directory
         self.budget_bytes = budget_bytes
         self.device_kv = device_kv

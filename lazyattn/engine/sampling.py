@@ -38,7 +38,7 @@ class SamplingParams:
 
     max_tokens: int = 16
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # in (0, 1]; the likeliest token is always kept, so a tiny top_p is greedy
     top_k: int = -1  # -1 or 0: off
     min_p: float = 0.0  # 0: off; else drop tokens with prob < min_p * (top token's prob)
     seed: int | None = None
@@ -257,10 +257,11 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
             sorted_probs = sorted_logits.softmax(dim=-1)
             top_p = _on(device, [p.top_p for p in params])
-            # Keep a token while the mass strictly before it is < top_p: the smallest set reaching top_p,
-            # and always the top token. Rows with top_p = 1 keep all (guards cumsum rounding above 1).
+            # Keep a token while the mass strictly before it is < top_p: the smallest set reaching top_p. The top
+            # token is kept whatever top_p is: a top_p below float32's smallest value (~1e-45) is 0 here, which
+            # would drop every token. Rows with top_p = 1 keep all (guards cumsum rounding above 1).
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+            drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0) & (ranks[None, :] > 0)
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
         probs = logits.softmax(dim=-1)

@@ -75,6 +75,18 @@ ADAPTERS_DIR = Path(__file__).resolve().parent / "adapters"
 NAMED_ADAPTERS: dict[str, str] = {"smollm2-block": "smollm2-block"}  # name -> folder under ADAPTERS_DIR
 
 
+def model_names() -> list[str]:
+    """Every name `model` takes: the built-in tiny model (random weights), the packaged models, the shipped adapters."""
+    return ["tiny", *NAMED_MODELS, *NAMED_ADAPTERS]
+
+
+def model_not_found(model: str) -> CheckpointError:
+    return CheckpointError(
+        f"model {model!r} does not exist: no file or directory has that path, and it is not a named model "
+        f"({', '.join(model_names())}; `lazyattn models` describes them)"
+    )
+
+
 def cache_dir() -> Path:
     chosen = envs.read_var(envs.CACHE)
     if chosen:

@@ -17,7 +17,7 @@ from lazyattn.errors import CheckpointError
 from lazyattn.model import adapter as lora
 from lazyattn.model import gguf, sharding
 from lazyattn.model.config import ModelConfig
-from lazyattn.model.hub import resolve_model
+from lazyattn.model.hub import model_not_found, resolve_model
 from lazyattn.model.llama import CausalLM
 from lazyattn.parallel.group import TensorParallelGroup
 
@@ -109,6 +109,8 @@ def _resolve(model: str | Path) -> tuple[str, lora.LoraAdapter | None, bool, Mod
     adapter = lora.read_adapter(model) if lora.is_adapter_dir(model) else None
     if adapter is not None:
         model = resolve_model(adapter.base)
+    if model != "tiny" and not Path(model).exists():
+        raise model_not_found(model)
     is_gguf = gguf.is_gguf(model)
     if model == "tiny":
         cfg = ModelConfig.tiny()

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
 from lazyattn.errors import RegistryError
+from lazyattn.server.body_limit import BodyLimit
 from lazyattn.server.documents import DocumentService
 from lazyattn.server.engine_loop import EngineLoop
 from lazyattn.server.errors import install_error_handlers
@@ -66,6 +67,9 @@ class ServerConfig:
     # postgresql://... `lazyattn serve` defaults to a SQLite file in the state directory.
     registry_url: str = MEMORY
     max_request_sequences: int = 256  # prompts x n of one request
+    max_request_documents: int = 1024  # `documents` entries of one request
+    # Request bodies over this are a 413 before they are parsed (body_limit.py).
+    max_body_bytes: int = 32 * 2**20
 
 
 def _registered(registry: DocumentRegistry) -> float:
@@ -85,7 +89,14 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
     renderer = Renderer(
         engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size, engine.max_new_tokens
     )
-    serving = OpenAIServing(engine_loop, renderer, registry, config.model_name, config.max_request_sequences)
+    serving = OpenAIServing(
+        engine_loop,
+        renderer,
+        registry,
+        config.model_name,
+        config.max_request_sequences,
+        config.max_request_documents,
+    )
     documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)
     started = int(time.time())
@@ -101,6 +112,7 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
 
     app = FastAPI(title="lazyattn", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     install_openapi(app, vocab_size=engine.model_config.vocab_size, keyed=auth.enabled)
 
     async def tenant(authorization: str | None = Header(None)) -> str:
@@ -121,7 +133,7 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
     def document_object(doc: RegisteredDocument) -> DocumentObject:
         return DocumentObject(id=doc.id, title=doc.title, num_tokens=doc.num_tokens, created=doc.created)
 
-    @app.post("/v1/documents", responses=error_responses(400, 401, 503))
+    @app.post("/v1/documents", responses=error_responses(400, 401, 413, 503))
     async def create_document(body: DocumentCreateRequest, t: str = Depends(tenant)) -> DocumentObject:
         return document_object(await documents.register(cache_scope(t, body.cache_salt), body.title, body.text))
 

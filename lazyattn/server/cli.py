@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
+import math
 import socket
 import sys
 import time
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lazyattn import envs
+from lazyattn.errors import InvalidRequestError
 
 # --prompt-layout names -> lazyattn.engine.prompt layouts (resolved at start: importing them here would load
 # the engine for every CLI command).
@@ -26,14 +29,20 @@ def add_serve_parser(
 ) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with documents as inputs")
     engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind; any other than a loopback address without an API key is warned about (default: "
+        "%(default)s, local only)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port to listen on, 1 to 65535 (default: %(default)s)")
     p.add_argument(
         "--api-key",
         action="append",
         default=[],
         help=f"require this key (repeatable; several keys: one tenant each, with separate document "
-        f"caches). Also read from ${API_KEYS_ENV}, comma-separated",
+        f"caches; spaces around a key are dropped). Also read from ${API_KEYS_ENV}, comma-separated (default: "
+        f"none, every client is served)",
     )
     p.add_argument(
         "--served-model-name",
@@ -44,21 +53,39 @@ def add_serve_parser(
         "--max-waiting",
         type=int,
         default=1024,
-        help="waiting-queue limit in sequences (prompts x n); requests past it get 429 with Retry-After",
+        help="waiting-queue limit in sequences (prompts x n); requests past it get 429 with Retry-After "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--max-request-sequences",
         type=int,
         default=256,
-        help="sequences one request may ask for (prompts x n); more is a 400",
+        help="sequences one request may ask for (prompts x n); more is a 400 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-request-documents",
+        type=int,
+        default=1024,
+        help="documents one request may bring; more is a 400 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=int,
+        default=32,
+        help="request bodies over this many MiB are a 413, refused before they are parsed (default: %(default)s)",
     )
     p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=5.0,
-        help="on SIGTERM, seconds to let running requests finish before the rest are aborted",
+        help="on SIGTERM, seconds to let running requests finish before the rest are aborted (default: %(default)s)",
     )
-    p.add_argument("--max-documents", type=int, default=None, help="registered documents limit (all tenants)")
+    p.add_argument(
+        "--max-documents",
+        type=int,
+        default=None,
+        help="registered documents limit, all tenants together (default: no limit)",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -70,13 +97,13 @@ def add_serve_parser(
         "--registry-url",
         default=None,
         help="the document registry's database instead: sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB (one "
-        "registry for several servers), or memory (kept nowhere)",
+        "registry for several servers), or memory (kept nowhere) (default: registry.sqlite in --state-dir)",
     )
     p.add_argument(
         "--prompt-layout",
         choices=sorted(LAYOUTS),
         default="block-attention",
-        help="where documents go in the prompt; tulu3-block-ft for that checkpoint",
+        help="where documents go in the prompt; tulu3-block-ft for that checkpoint (default: %(default)s)",
     )
     p.add_argument(
         "--parse-special-tokens",
@@ -130,7 +157,53 @@ def served_model_name(model: str) -> str:
     return model if model == "tiny" else Path(model).resolve().name
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse a setting that cannot start a server, or that would start one refusing every request, before anything
+    is bound or loaded. Raises InvalidRequestError naming the option (the CLI prints it on one line, exit 2)."""
+    if not 1 <= args.port <= 65535:
+        raise InvalidRequestError(f"--port must be in 1..65535, got {args.port}", "--port")
+    if any(not key.strip() for key in args.api_key):
+        raise InvalidRequestError("--api-key must not be empty (or only spaces)", "--api-key")
+    at_least_one = {
+        "--max-waiting": args.max_waiting,
+        "--max-request-sequences": args.max_request_sequences,
+        "--max-request-documents": args.max_request_documents,
+        "--max-body-mb": args.max_body_mb,
+        "--max-documents": args.max_documents,
+    }
+    for flag, value in at_least_one.items():
+        if value is not None and value < 1:
+            raise InvalidRequestError(f"{flag} must be >= 1, got {value}", flag)
+    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
+        raise InvalidRequestError(
+            f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}", "--shutdown-timeout"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (a name other than localhost may resolve anywhere)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    check_options(args)
+    keys = list(args.api_key) + list(envs.read_var(envs.API_KEYS))
+    if not keys and not is_loopback(args.host):
+        print(
+            f"lazyattn: warning: --host {args.host} accepts connections from other machines and no API key is set: "
+            f"anyone who reaches port {args.port} can use this server (--api-key, ${API_KEYS_ENV})",
+            file=sys.stderr,
+            flush=True,
+        )
+    if args.disk_cache_dir is not None:  # as the registry below: a directory that cannot be used fails now
+        from lazyattn.cache.disk_tier import prepare_directory
+
+        prepare_directory(args.disk_cache_dir)
     try:  # before torch and the model load: a port in use fails now, not after minutes of loading
         sock = bind(args.host, args.port)
     except OSError as e:
@@ -158,7 +231,6 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
     from lazyattn.engine.llm_engine import LLMEngine
     from lazyattn.server.app import ServerConfig, create_app
 
-    keys = list(args.api_key) + list(envs.read_var(envs.API_KEYS))
     options = engine_options(args)
     options.update(
         max_waiting=args.max_waiting, progress=False, warm_up=not args.no_warm_up, random_weights=args.random_weights
@@ -172,6 +244,8 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         layout=layout,
         max_documents=args.max_documents,
         max_request_sequences=args.max_request_sequences,
+        max_request_documents=args.max_request_documents,
+        max_body_bytes=args.max_body_mb * 2**20,
         registry_url=registry,
     )
     if args.replicas:
@@ -186,12 +260,13 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         sock.close()
         raise
     stats, mc = engine.stats(), engine.model_config
+    disk = "" if engine.disk is None else f"; disk tier {args.disk_cache_dir} ({args.disk_cache_gb:g} GiB)"
     print(
         f"lazyattn serve: {args.model} ({mc.architecture}, {mc.num_layers} layers, {engine.config.torch_dtype}) on "
         f"{engine.device}, {engine.mode.name} mode; KV pool {stats.num_pages} pages x {engine.config.page_size} "
         f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
         f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
-        f"{time.monotonic() - start:.1f} s; document registry {safe_url(registry)}; listening on "
+        f"{time.monotonic() - start:.1f} s; document registry {safe_url(registry)}{disk}; listening on "
         f"http://{args.host}:{args.port}",
         file=sys.stderr,
         flush=True,

@@ -63,6 +63,11 @@ def _body(message: str, type_: str, param: str | None = None, code: str | None =
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def error_response(status_code: int, message: str) -> JSONResponse:
+    """A client error answered outside the app's routes (body_limit.py), with the body its handlers give."""
+    return JSONResponse(_body(message, _STATUS_TYPES.get(status_code, "invalid_request_error")), status_code)
+
+
 def _param(loc: Sequence[Any]) -> str | None:
     """("body", "messages", 0, "content") -> "messages[0].content"; a tagged union's alternative ("<inline>",
     protocol.union_tag) is not a field and is left out."""

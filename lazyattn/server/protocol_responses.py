@@ -152,6 +152,7 @@ _ERROR_DESCRIPTIONS = {
     "max_tokens that do not fit the context or the KV pool.",
     401: "Missing or invalid API key (when the server has keys).",
     404: "Unknown model or document id.",
+    413: "The request body is over the server's limit (`lazyattn serve --max-body-mb`).",
     503: "At capacity (waiting queue or document registry full), the document registry's database unavailable, or "
     "shutting down; retry later.",
 }
@@ -195,4 +196,4 @@ def generation_responses(model: type[BaseModel], chunk: type[BaseModel]) -> dict
         "(`data: {chunk}` per event, then `data: [DONE]`).",
         "content": {"text/event-stream": {"schema": event}},
     }
-    return {200: ok, **error_responses(400, 401, 404, 503)}
+    return {200: ok, **error_responses(400, 401, 404, 413, 503)}

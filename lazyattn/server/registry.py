@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -323,6 +324,15 @@ def _create_engine(url: str) -> Engine:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RegistryError(f"cannot create the registry's directory {path.parent}: {e.strerror or e}") from e
+    try:
+        # The documents' texts are the tenants' data: the file is its owner's alone. SQLite makes the -wal, -shm and
+        # -journal files with the database file's mode, so creating it here (empty: a database with no tables yet)
+        # decides all of them. An existing file keeps the mode it has.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise RegistryError(f"cannot create the registry's file {path}: {e.strerror or e}") from e
     # Another process may hold the write lock for a while (a burst of registrations): wait for it, up to 30 s.
     engine = sa.create_engine(parsed, connect_args={"timeout": 30})
     _sqlite_transactions(engine, wal=True)

@@ -63,9 +63,11 @@ class OpenAIServing:
         registry: DocumentRegistry,
         model_name: str,
         max_request_sequences: int = 256,
+        max_request_documents: int = 1024,
     ) -> None:
         self.engine_loop = engine_loop
         self.max_request_sequences = max_request_sequences
+        self.max_request_documents = max_request_documents
         self.renderer = renderer
         self.registry = registry
         self.model_name = model_name
@@ -77,6 +79,7 @@ class OpenAIServing:
         arrival = time.monotonic()
         self._check_model(body.model)
         self._check_sequences(1, body.n)
+        self._check_documents(body.documents)
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
@@ -140,6 +143,7 @@ class OpenAIServing:
         self._check_model(body.model)
         p = body.prompt
         self._check_sequences(len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1, body.n)
+        self._check_documents(body.documents)
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
@@ -214,6 +218,15 @@ class OpenAIServing:
                 f"this request asks for {prompts} prompt(s) x n = {n} = {total} sequences; "
                 f"the limit is {self.max_request_sequences}",
                 param="n",
+            )
+
+    def _check_documents(self, documents: list | None) -> None:
+        """Bound the documents one request brings: each is resolved, rendered and tokenised before the context
+        length can refuse them."""
+        if documents is not None and len(documents) > self.max_request_documents:
+            raise InvalidRequestError(
+                f"this request has {len(documents)} documents; the limit is {self.max_request_documents}",
+                param="documents",
             )
 
     def _check_model(self, model: str | None) -> None:

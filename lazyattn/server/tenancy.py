@@ -27,9 +27,10 @@ class Authenticator:
     """Checks `Authorization: Bearer <key>` and names the tenant the key belongs to."""
 
     def __init__(self, api_keys: Sequence[str]) -> None:
-        keys = [k for k in api_keys if k]
-        if len(keys) != len(api_keys):
-            raise ValueError("an API key must not be empty")
+        # Stripped as the header's token is: a key configured as " k1 " is sent as "Bearer k1".
+        keys = [k.strip() for k in api_keys]
+        if not all(keys):
+            raise ValueError("an API key must not be empty (or only spaces)")
         self._keys = [k.encode() for k in dict.fromkeys(keys)]
         self._per_key_tenants = len(self._keys) > 1
 

@@ -66,6 +66,17 @@ def test_top_p_never_leaves_the_nucleus():
     assert set(out.tolist()) == nucleus
 
 
+@pytest.mark.parametrize("top_p", [1e-30, 1e-46, 1e-300, 5e-324])
+def test_a_tiny_top_p_keeps_the_likeliest_token(top_p):
+    """A top_p that float32 rounds to 0 (below ~7e-46) once dropped every token: each row drew id 0."""
+    x = logits(8)
+    SamplingParams(top_p=top_p).validate(V)
+    for seeded in (False, True):
+        generators = [gen(i) for i in range(8)] if seeded else None
+        out = sample(x, SamplingParams(temperature=1.0, top_p=top_p), generators).token_ids
+        assert out.tolist() == x.argmax(-1).tolist()
+
+
 def test_min_p_drops_unlikely_tokens():
     x = logits(1)
     probs = x.softmax(-1)[0]

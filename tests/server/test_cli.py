@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 
 def _free_port() -> int:
@@ -148,3 +150,81 @@ def test_random_weights_read_only_the_config(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def _serve_quickly(*args: str) -> subprocess.CompletedProcess:
+    """`lazyattn serve` with `args`, expected to end before it serves (the default port is replaced by a free one)."""
+    cmd = [sys.executable, "-m", "lazyattn", "serve", "--model", "tiny", "--device", "cpu", "--registry-url", "memory"]
+    cmd += ["--port", str(_free_port()), "--kv-cache-gb", "0.05", "--page-size", "16", "--no-warm-up", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if not line.startswith("lazyattn: warning:")]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--api-key", ""], "error: --api-key must not be empty (or only spaces)"),
+        (["--api-key", "k1", "--api-key", "  "], "error: --api-key must not be empty (or only spaces)"),
+        (["--port", "80000"], "error: --port must be in 1..65535, got 80000"),
+        (["--port", "-1"], "error: --port must be in 1..65535, got -1"),
+        (["--max-waiting", "0"], "error: --max-waiting must be >= 1, got 0"),
+        (["--max-request-sequences", "0"], "error: --max-request-sequences must be >= 1, got 0"),
+        (["--max-request-documents", "0"], "error: --max-request-documents must be >= 1, got 0"),
+        (["--max-documents", "0"], "error: --max-documents must be >= 1, got 0"),
+        (["--max-body-mb", "0"], "error: --max-body-mb must be >= 1, got 0"),
+        (["--shutdown-timeout", "-1"], "error: --shutdown-timeout must be a number of seconds >= 0, got -1.0"),
+        (["--cpu-threads", "0"], "error: --cpu-threads must be >= 1, got 0"),
+        (["--disk-cache-dir", "{file}"], "error: disk_cache_dir {file}: exists and is not a directory"),
+        (
+            ["--disk-cache-dir", "{file}/kv"],
+            "error: disk_cache_dir {file}/kv: cannot create the directory: Not a directory",
+        ),
+        # Not writable, whoever runs it (root too): /proc takes no new directories.
+        (
+            ["--disk-cache-dir", "/proc/lazyattn-kv"],
+            "error: disk_cache_dir /proc/lazyattn-kv: cannot create the directory: No such file or directory",
+        ),
+    ],
+)
+def test_settings_that_cannot_serve_are_one_line_errors(tmp_path, args, message):
+    (tmp_path / "file").write_text("")
+    args = [a.format(file=tmp_path / "file") for a in args]
+    run = _serve_quickly(*args)
+    assert run.returncode == 2, run.stderr
+    assert _errors(run.stderr) == [message.format(file=tmp_path / "file")]
+
+
+def test_keys_are_stripped_and_the_start_up_line_names_the_disk_tier(tmp_path):
+    proc, url = start_serve("--api-key", " k1 ", "--disk-cache-dir", str(tmp_path / "kv"), "--disk-cache-gb", "2")
+    try:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer k1"})
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    (line,) = [line for line in proc.stdout.read().splitlines() if line.startswith("lazyattn serve:")]
+    assert f"; disk tier {tmp_path / 'kv'} (2 GiB);" in line
+
+
+@pytest.mark.parametrize(
+    "host, keyed, warned", [("0.0.0.0", False, True), ("0.0.0.0", True, False), ("localhost", False, False)]
+)
+def test_a_server_open_to_other_machines_without_a_key_is_warned_about(host, keyed, warned):
+    # A model that does not exist: the warning comes before the model loads, and then the command ends.
+    key = ["--api-key", "k"] if keyed else []
+    run = _serve_quickly("--host", host, "--model", "/nonexistent/model", *key)
+    assert run.returncode == 2 and "does not exist" in run.stderr, run.stderr
+    warning = f"lazyattn: warning: --host {host} accepts connections from other machines and no API key is set"
+    assert (warning in run.stderr) == warned, run.stderr
+
+
+def test_serve_help_shows_every_default():
+    from lazyattn.cli import build_parser
+
+    (sub,) = [a for a in build_parser(["serve"])._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in sub.choices["serve"]._actions:
+        if action.option_strings and action.nargs != 0 and not isinstance(action, argparse._HelpAction):
+            assert "(default: " in action.help, action.option_strings

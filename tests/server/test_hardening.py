@@ -8,6 +8,7 @@ ids of a prompt with special-token text are counted by hand from the byte tokeni
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 import httpx
@@ -168,3 +169,90 @@ def test_schema_valid_bodies_are_accepted(server, path, body):
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice.get("logprobs") is None and r.json()["usage"]["completion_tokens"] >= 1
+
+
+# --- a tiny top_p, and bodies too big to parse --------------------------------------------------------------
+
+
+def test_a_tiny_top_p_samples_greedily(server):
+    """A top_p that float32 rounds to 0 once dropped every token, and the answer was id 0 at every step."""
+    body = {"messages": HI, "max_tokens": 8, "ignore_eos": True}
+    greedy = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "temperature": 0.0}, timeout=60)
+    for top_p in (1e-300, 5e-324):
+        r = httpx.post(
+            f"{server.url}/v1/chat/completions", json={**body, "temperature": 1.0, "top_p": top_p}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+
+
+def _raw_post(url: str, path: str, headers: dict[str, str], body_start: bytes) -> tuple[int, dict]:
+    """POST only the start of a body over a raw socket and read the answer: a server that waited for the whole body
+    before answering would time out here."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        fields = {"host": host, "content-type": "application/json", **headers}
+        head = "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+        sock.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + body_start)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection: {data!r}"
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.partition(b"\r\n\r\n")[2][: _length(data)])
+
+
+def _length(response: bytes) -> int:
+    head = response.partition(b"\r\n\r\n")[0].decode().lower()
+    return int(next(line.split(":")[1] for line in head.split("\r\n") if line.startswith("content-length:")))
+
+
+def _assert_too_large(status: int, body: dict) -> None:
+    assert status == 413, body
+    error = body["error"]
+    assert error["type"] == "invalid_request_error" and "over the server's limit of 33554432 bytes" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "path, start, size",
+    [
+        # A 200 MB `user` field.
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "user": "', 200 * 10**6),
+        # Ten million one-letter documents.
+        ("/v1/completions", b'{"prompt": "q", "documents": [', 10**7 * len(b'"a", ')),
+        ("/v1/documents", b'{"text": "', 33 * 2**20),
+    ],
+    ids=["a 200 MB user", "ten million documents", "a 33 MiB document"],
+)
+def test_a_content_length_over_the_limit_is_413_before_the_body_is_read(server, path, start, size):
+    _assert_too_large(*_raw_post(server.url, path, {"content-length": str(size)}, start))
+
+
+def test_a_chunked_body_over_the_limit_is_413_once_the_limit_is_passed(server):
+    """No Content-Length to go by: the body is counted as it arrives (32 MiB by default in ServerConfig)."""
+    user = b"x" * 2**20
+
+    def body():
+        yield b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "user": "'
+        for _ in range(33):
+            yield user
+        yield b'"}'
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", content=body(), headers={"content-type": "application/json"})
+        assert "content-length" not in r.request.headers
+        _assert_too_large(r.status_code, r.json())
+        # Under the limit, the same way, is served.
+        ok = client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1, "user": "x" * 2**20})
+        assert ok.status_code == 200, ok.text
+
+
+def test_more_documents_than_a_request_may_bring_is_a_400(server):
+    body = {"prompt": "q", "max_tokens": 1, "documents": ["a"] * 1025}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    error = assert_error(r, 400, "invalid_request_error", "documents")
+    assert error["message"] == "this request has 1025 documents; the limit is 1024"
+    body = {"messages": HI, "max_tokens": 1, "documents": [{"id": "doc-x"}] * 1025}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert_error(r, 400, "invalid_request_error", "documents")

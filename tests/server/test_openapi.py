@@ -97,7 +97,8 @@ def test_errors_are_documented_as_openai_bodies_and_400_not_422(small_server):
                     }
             assert all(p["name"].lower() != "authorization" for p in operation.get("parameters", []))
     for path in ("/v1/chat/completions", "/v1/completions"):
-        assert {"400", "404", "503"} <= set(s["paths"][path]["post"]["responses"])
+        assert {"400", "404", "413", "503"} <= set(s["paths"][path]["post"]["responses"])
+    assert "413" in s["paths"]["/v1/documents"]["post"]["responses"]  # every body is bounded (--max-body-mb)
     assert s["components"]["securitySchemes"]["bearerAuth"] == {
         **s["components"]["securitySchemes"]["bearerAuth"],
         "type": "http",

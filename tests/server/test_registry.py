@@ -7,8 +7,10 @@ process, and the schema's version.
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +19,14 @@ import sqlalchemy as sa
 
 from lazyattn.errors import QueueFullError, RegistryError, UnknownDocumentError
 from lazyattn.server import registry as registry_module
-from lazyattn.server.registry import MEMORY, SCHEMA_VERSION, DocumentRegistry, document_id, resolve_registry_url
+from lazyattn.server.registry import (
+    MEMORY,
+    SCHEMA_VERSION,
+    DocumentRegistry,
+    document_id,
+    resolve_registry_url,
+    sqlite_url,
+)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -213,3 +222,21 @@ def test_an_unreachable_database_is_a_registry_error():
     with pytest.raises(RegistryError, match="unavailable") as e:
         DocumentRegistry(f"postgresql://postgres:secret@127.0.0.1:{port}/postgres?connect_timeout=2")
     assert e.value.status_code == 503 and "secret" not in str(e.value)
+
+
+def test_the_sqlite_file_is_its_owners_alone(tmp_path):
+    """The registry holds every tenant's documents: the file and its -wal and -shm are made 0600, whatever the
+    umask lets through."""
+    path = tmp_path / "state" / "registry.sqlite"
+    umask = os.umask(0o022)
+    try:
+        reg = DocumentRegistry(sqlite_url(path))
+        try:
+            reg.add(None, None, "a tenant's text", 3)
+            files = sorted(tmp_path.joinpath("state").iterdir())
+            assert [f.name for f in files] == ["registry.sqlite", "registry.sqlite-shm", "registry.sqlite-wal"]
+            assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o600" for f in files}
+        finally:
+            reg.close()
+    finally:
+        os.umask(umask)

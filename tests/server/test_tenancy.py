@@ -10,6 +10,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from lazyattn.server.tenancy import Authenticator
 from tests.server.conftest import KEYS
 
 QUESTION = [{"role": "user", "content": "Summarise."}]
@@ -113,3 +114,12 @@ def test_full_waiting_queue_is_429_with_retry_after(keyed_server):
     second.join(60)
     assert waiting["r"].status_code == 200 and waiting["r"].json()["usage"]["completion_tokens"] == 2
     keyed_server.idle()
+
+
+def test_keys_are_stripped_as_the_header_is():
+    """A key configured with spaces around it (`--api-key " k1 "`) once matched no header, which is stripped."""
+    auth_ = Authenticator([" k1 ", "k2\n"])
+    assert auth_.tenant("Bearer k1") == auth_.tenant("Bearer  k1 ") != auth_.tenant("Bearer k2")
+    for keys in ([""], ["k1", "  "]):
+        with pytest.raises(ValueError, match="an API key must not be empty"):
+            Authenticator(keys)
