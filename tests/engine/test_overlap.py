@@ -164,6 +164,25 @@ def test_pages_of_a_sequence_ended_in_flight_wait_for_the_step_after_it():
     assert_clean(e)
 
 
+def test_the_last_request_ended_by_a_stop_token_leaves_an_idle_engine_clean():
+    """The step launched before the last request's stop token was read is retired once that request ends: an idle
+    engine has nothing in flight and its ended sequences' pages are back, so reset_cache (`lazyattn eval
+    --fidelity` between passes) starts from an empty pool, and a pass after it answers as the first did."""
+    free = drive(engine(False), {0: [("add", "a1", greedy(12)), ("add", "b1", greedy(12))]})
+    stops = {name: free[name][-1][2][0][2][3] for name in ("a1", "b1")}
+    e = engine(True)
+    passes = []
+    for _ in range(3):
+        script = {0: [("add", name, greedy(12, stop_token_ids=[stops[name]])) for name in ("a1", "b1")]}
+        passes.append(drive(e, script))
+        assert e.pipeline.in_flight is None and not e.pipeline.ended
+        assert e.pool.num_used == e.cache.stats().pages_in_use
+        e.reset_cache()
+        assert e.pool.num_used == 0 and len(e.cache) == 0
+    assert passes[0] == passes[1] == passes[2]
+    assert all(passes[0][name][-1][2][0][3] == "stop" for name in ("a1", "b1"))
+
+
 def test_aborts_mid_stream_leave_the_others_unchanged():
     seeded = SamplingParams(max_tokens=20, temperature=1.0, seed=3, n=2, ignore_eos=True)
     script = {
