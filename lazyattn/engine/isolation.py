@@ -6,6 +6,10 @@ piece by piece: the forward pass as its block copies, then each document encode,
 chunk; sampling row by row. A piece that fails alone fails the requests behind it (`failed`: request id ->
 message); the other pieces' results are used as if the step had not failed. Recomputing K/V rows writes the
 same values to the same slots, so redoing a piece that already ran is harmless.
+
+A step can also succeed with rows of logits that are not a distribution (NaN or infinite: KV gone bad, in the pool
+or in a disk file whose checksums hold). Such a row is sampled with the others, each row alone, and its request
+ends with NON_FINITE when the step is read (`SampleResult.non_finite_rows`, `LLMEngine._read`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from lazyattn.engine.sampling import SampleResult
 from lazyattn.engine.sequence import Sequence
 
 logger = logging.getLogger("lazyattn.engine")
+
+NON_FINITE = "the model produced non-finite logits (NaN or infinity) for this request; its KV may be corrupt"
 
 
 def forward_parts(

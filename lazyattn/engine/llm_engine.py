@@ -23,6 +23,7 @@ from lazyattn.cache.disk_tier import make_disk_tier
 from lazyattn.cache.document_cache import DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import make_host_tier
 from lazyattn.cache.page_pool import PagePool
+from lazyattn.engine import isolation
 from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
@@ -223,7 +224,8 @@ class LLMEngine:
         """Run one forward pass; returns the requests that produced tokens or finished.
 
         A failure is pinned on the requests whose parts fail when the step is redone part by part
-        (engine/isolation.py): those requests end alone, with `error` on their output; the others go on.
+        (engine/isolation.py), or whose rows of logits are not finite: those requests end alone, with `error` on
+        their output; the others go on.
 
         With overlapped scheduling (engine/overlap.py) a step is left running on the device and its outputs are
         returned by the next call, after that call has queued the step that follows it.
@@ -252,13 +254,17 @@ class LLMEngine:
         return self.launcher.launch(self.scheduler, batch)
 
     def _read(self, step: LaunchedStep, touched: dict[str, Request], failed: dict[str, str]) -> None:
-        """Append a completed step's tokens; finish the sequences they end."""
-        failed.update(step.failed)
+        """Append a completed step's tokens; finish the sequences they end, and end the requests that failed (a
+        failure pinned at launch, or a row of logits that is not finite)."""
+        ended = dict(step.failed)
         now = time.monotonic()
         for seq, sampled in step.picked:
             if seq.is_finished:  # ended (or aborted) while this step ran: its token is dropped
                 continue
-            if sampled is not None and self.outputs.append(seq, *sampled, now):
+            if sampled is not None and sampled[1] in sampled[0].non_finite_rows:
+                logger.warning("request %s: non-finite logits; ending it", seq.request_id)
+                ended.setdefault(seq.request_id, isolation.NON_FINITE)
+            elif sampled is not None and self.outputs.append(seq, *sampled, now):
                 self._finish(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
         for seq in step.batch.encoded:  # prefill-only: its documents are cached now
@@ -266,7 +272,8 @@ class LLMEngine:
                 continue
             self._finish(seq, "stop")
             touched[seq.request_id] = self.requests[seq.request_id]
-        for request_id in step.failed:
+        failed.update(ended)
+        for request_id in ended:
             req = self.requests.get(request_id)
             if req is not None:
                 for seq in req.seqs:

@@ -146,6 +146,13 @@ class SampleResult:
         return self.token_ids.tolist()
 
     @cached_property
+    def non_finite_rows(self) -> set[int]:
+        """Rows whose logits are not a distribution: a NaN, a +inf, or every entry -inf (KV gone bad, say). The
+        chosen token's logprob is NaN exactly for those, on every path (log_softmax; the greedy kernel), so the
+        check costs no launch of its own and comes back with the ids."""
+        return set(torch.isnan(self.logprobs).nonzero().flatten().tolist())
+
+    @cached_property
     def top_logprobs(self) -> list[list[tuple[int, float]] | None] | None:
         """Per row: (token id, logprob) best first, as many as the row asked for; None for rows that did not ask."""
         if self.top_values is None:

@@ -40,7 +40,9 @@ def _chunk_kernel(logits_ptr, part_ptr, stride_row, vocab, CHUNK: tl.constexpr, 
     x = tl.where(x != x, float("inf"), x)  # NaN counts as the maximum, as in torch.argmax (its logprob is NaN)
     top = tl.max(x, axis=0)
     first = tl.min(tl.where(x == top, cols, vocab), axis=0)  # the lowest index holding the maximum
-    total = tl.sum(tl.exp(x - top), axis=0)
+    # A chunk of -inf alone adds nothing to the row's sum (exp(-inf - -inf) would be NaN): the row's logprob is NaN
+    # only when its logits are not a distribution, which the engine reads as a request gone bad.
+    total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(x - top), axis=0))
     out = part_ptr + (row * tl.num_programs(1) + chunk) * 3
     tl.store(out, top)
     tl.store(out + 1, first.to(tl.float32))  # exact: vocabularies are far below 2^24

@@ -5,12 +5,16 @@ eviction pressure, the tokens do not change."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
 import pytest
+import torch
 
 from lazyattn import LLM, SamplingParams
+from lazyattn.cache.disk_format import HEADER_BYTES, checksum, decode_header, write_atomic
+from lazyattn.cache.disk_writer import as_bytes
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.prompt import from_token_ids
 from lazyattn.errors import InvalidRequestError
@@ -91,6 +95,29 @@ def test_torn_corrupt_and_foreign_files_are_refused_and_reencoded(tmp_path, expe
     assert second.engine.stats().disk.writes == 3  # encoded again, written again
     third = engine("lazy", str(tmp_path))
     assert run_all(third) == expected["lazy"] and third.engine.stats().cache.misses == 0
+
+
+def test_a_file_of_nan_with_valid_checksums_fails_the_requests_that_read_it_alone(tmp_path, expected):
+    """A file written bad (NaN in its payload, its checksums made over them): it is served, and the requests that
+    read it end with a clear error rather than a token 0; a request beside them with other documents goes on."""
+    first = engine("lazy", str(tmp_path))
+    run_all(first)
+    path = first.engine.disk.path(first.engine.keyer(DOCS[0], None, None))
+    dtype = first.engine.executor.local_kv.dtype
+    first.engine.shutdown()
+    with open(path, "rb") as f:
+        header = decode_header(f.read(HEADER_BYTES))
+    payload = as_bytes(torch.full((header.payload_bytes // dtype.itemsize,), float("nan"), dtype=dtype))
+    write_atomic(path, dataclasses.replace(header, checksum=checksum(payload)), payload)
+
+    second = engine("lazy", str(tmp_path))
+    bos = second.tokenizer.bos_token_id
+    prompts = [from_token_ids(final, [DOCS[d] for d in docs], bos) for docs, final in (REQUESTS[0], REQUESTS[2])]
+    bad, good = second._run(prompts, PARAMS, None, False)  # REQUESTS[0] reads DOCS[0], REQUESTS[2] does not
+    assert bad.finished and bad.outputs[0].finish_reason == "abort" and bad.outputs[0].token_ids == []
+    assert "non-finite logits" in bad.error
+    assert good.error is None and good.outputs[0].token_ids == expected["lazy"][2]
+    assert second.engine.stats().disk.refused == 0  # the file checked out: served, not re-encoded
 
 
 def test_two_live_engines_share_a_directory(tmp_path, expected):

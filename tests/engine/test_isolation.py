@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lazyattn import LLM, SamplingParams
-from lazyattn.engine.prompt import from_token_ids
+from lazyattn.engine.prompt import RenderedPrompt, from_token_ids
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 DOCS = {"x": [5] * 20 + [6] * 7, "y": [9] * 33, "z": [11] * 18}
@@ -90,4 +90,40 @@ def test_a_failing_document_encode_ends_the_requests_that_wait_on_it():
     assert outs["a"].error is not None and outs["a"].token_ids == []  # a waits on x
     assert outs["b"].token_ids == alone("b") and outs["c"].token_ids == alone("c")
     assert e.cache.lookup(e.keyer(DOCS["x"], None, None)) is None  # the failed document is not cached
+    assert_clean(e)
+
+
+def poison_document(e, doc):
+    """Overwrite a cached document's KV pages with NaN, as corrupt memory or a bad disk file would leave them."""
+    segment = e.cache.lookup(e.keyer(doc, None, None))
+    e.executor.local_kv[:, :, list(segment.pages)] = float("nan")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("when", ["before", "while decoding"])
+def test_non_finite_logits_end_only_their_request(async_scheduling, when):
+    """a reads document x, whose KV turns to NaN; c, beside it in every step, reads only z and goes on untouched."""
+    e = LLM(model="tiny", device="cpu", progress=False, page_size=16, async_scheduling=async_scheduling).engine
+    e.add_request("x", RenderedPrompt([DOCS["x"]], []), None)  # prefill-only: x encoded and cached
+    while e.has_unfinished():
+        e.step()
+    if when == "before":
+        poison_document(e, DOCS["x"])
+        outs = run(e, ["a", "c"])
+    else:
+        for name in ("a", "c"):
+            docs, prompt = REQUESTS[name]
+            e.add_request(name, from_token_ids(prompt, [DOCS[d] for d in docs]), GREEDY)
+        outs = {}
+        while e.has_unfinished():
+            for o in e.step():
+                outs[o.request_id] = o
+            if "a" in outs and len(outs["a"].token_ids) == 2 and not outs["a"].finished:
+                poison_document(e, DOCS["x"])
+    a = outs["a"]
+    assert a.finish_reason == "abort" and "non-finite logits" in a.error
+    assert a.token_ids == alone("a")[: len(a.token_ids)]  # the tokens before the KV went bad, nothing after
+    assert len(a.token_ids) == (0 if when == "before" else 2 + async_scheduling)  # overlapped: one more was on its way
+    assert outs["c"].token_ids == alone("c") and outs["c"].error is None
+    assert (e.pipeline.overlapped_steps > 0) == async_scheduling
     assert_clean(e)

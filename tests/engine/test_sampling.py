@@ -182,6 +182,35 @@ def test_suppressed_tokens_are_never_sampled():
     assert torch.allclose(out.logprobs, torch.log_softmax(x, -1).gather(1, out.token_ids[:, None]).squeeze(1))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_p=0.9, top_k=8, seed=3),
+        SamplingParams(temperature=1.0, min_p=0.1, logprobs=3),
+    ],
+)
+def test_rows_that_are_not_a_distribution_are_flagged_and_their_neighbours_sampled_as_alone(params):
+    """A NaN, a +inf or every entry -inf makes a row non-finite (its chosen logprob is NaN); a row with some -inf
+    entries is a distribution. The other rows' tokens are what they would be without the bad rows."""
+    x = logits(6)
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    x[3] = float("-inf")
+    x[4, : V // 2] = float("-inf")
+    generators = [gen(i) if params.seed is not None else None for i in range(6)]
+    torch.manual_seed(0)
+    out = SAMPLER.sample(x, [params] * 6, generators, [[0, 1]] * 6)
+    assert out.non_finite_rows == {1, 2, 3}
+    for row in (0, 4, 5):
+        torch.manual_seed(0)
+        g = [gen(row)] if params.seed is not None else [None]
+        alone = SAMPLER.sample(x[row : row + 1], [params], g, [[0, 1]])
+        assert alone.non_finite_rows == set()
+        if params.seed is not None or params.greedy:  # the shared draw depends on the batch
+            assert out.ids[row] == alone.ids[0]
+
+
 def test_sampling_params_normalises_stop_and_is_hashable():
     p = SamplingParams(stop="\n", stop_token_ids=[5, 6])
     assert p.stop == ("\n",) and p.stop_token_ids == (5, 6)

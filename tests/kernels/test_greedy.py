@@ -36,6 +36,21 @@ def test_ties_go_to_the_first_index_across_chunks():
     assert abs(logprobs[2].item() - (-torch.log(torch.tensor(10000.0)).item())) < 1e-5
 
 
+def test_the_logprob_is_nan_exactly_for_rows_that_are_not_a_distribution():
+    """NaN, +inf or every entry -inf: NaN, as log_softmax gives (the engine ends such a request). A whole chunk of
+    -inf in an otherwise finite row adds nothing to its sum."""
+    logits = torch.randn(5, 9000, device=DEVICE)
+    logits[1, 7] = float("nan")
+    logits[2, 100] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, :4096] = float("-inf")
+    ids, logprobs = greedy_pick(logits)
+    want_ids, want = greedy_pick_reference(logits)
+    assert torch.equal(ids, want_ids)
+    assert torch.isnan(logprobs).tolist() == [False, True, True, True, False]
+    torch.testing.assert_close(logprobs, want, equal_nan=True)
+
+
 def test_bad_logits_are_refused():
     with pytest.raises(ValueError, match="unit last stride"):
         greedy_pick(torch.zeros(8, 4, device=DEVICE).t())

@@ -70,6 +70,32 @@ def test_a_poison_request_fails_alone_beside_concurrent_streams(poisoned):
     poisoned.idle()
 
 
+def test_non_finite_logits_fail_their_request_with_a_clear_error():
+    """NaN logits (a corrupt document's KV, say) for the requests with top_k NAN_TOP_K: a completion gets a 500
+    naming them, a stream an error event; the engine serves the next request as usual."""
+    s = start_server(dict(page_size=16, kv_cache_gb=0.05), ServerConfig(model_name="tiny"))
+    real = s.engine.sampler.sample
+
+    def sample(logits, params, generators, suppress_token_ids=None):
+        bad = [i for i, p in enumerate(params) if p.top_k == POISON_TOP_K]
+        logits = logits.clone()
+        logits[bad] = float("nan")
+        return real(logits, params, generators, suppress_token_ids=suppress_token_ids)
+
+    s.engine.sampler.sample = sample
+    try:
+        good = {"prompt": "hello", "max_tokens": 4, "ignore_eos": True}
+        r = httpx.post(f"{s.url}/v1/completions", json={**good, "top_k": POISON_TOP_K}, timeout=60)
+        assert r.status_code == 500 and "non-finite logits" in r.json()["error"]["message"]
+        status, events = stream_chat(s.url, {"messages": [{"role": "user", "content": "hi"}], "top_k": POISON_TOP_K})
+        assert status == 200 and "non-finite logits" in events[-1]["error"]["message"]
+        r = httpx.post(f"{s.url}/v1/completions", json=good, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+        s.idle()
+    finally:
+        stop_server(s)
+
+
 def test_a_dropped_huge_batch_does_not_stall_the_next_request(poisoned):
     url = poisoned.url
     body = {"prompt": [f"prompt {i}" for i in range(64)], "n": 4, "max_tokens": 200, "ignore_eos": True, "stream": True}
