@@ -39,6 +39,7 @@ from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import LazyAttnError
+from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
 
 REPLICA_HEADER = "x-lazyattn-replica"
 REASON_HEADER = "x-lazyattn-route-reason"
@@ -219,14 +220,14 @@ class RemoteEngineLoop:
         *,
         cache_salt: str | None,
         arrival: float,
-        relink_tokens: int | None = None,
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> RemoteStream:
         prompt = requests[0][1]  # a request's prompts share their documents (server/inputs.py)
         job = EngineJob(
             job_id=uuid.uuid4().hex,
             requests=requests,
             cache_salt=cache_salt,
-            relink_tokens=relink_tokens,
+            options=options,
             route=route_key(prompt, cache_salt, self.route_page_tokens),
         )
         updates, first = await self._send(job, arrival)

@@ -19,6 +19,7 @@ from lazyattn.engine.llm_engine import EngineStats
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SamplingParams
+from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
 
 
 @dataclass
@@ -29,7 +30,7 @@ class EngineJob:
     # Seconds since the request arrived at the ingress, when it was sent: the replica dates the arrival on its
     # own clock (monotonic clocks of two hosts do not compare), so TTFT still counts the time in the ingress.
     queued_s: float = 0.0
-    relink_tokens: int | None = None
+    options: RequestOptions = ENGINE_DEFAULTS
     route: RouteKey = field(default_factory=RouteKey)
     pin: str | None = None  # a replica id: go there, whatever the policy says (deletion reaches every replica)
 
@@ -94,7 +95,7 @@ class EngineReplica:
             job.requests,
             cache_salt=job.cache_salt,
             arrival=time.monotonic() - job.queued_s,
-            relink_tokens=job.relink_tokens,
+            options=job.options,
         )
         try:
             yield ReplicaUpdate(self.name, [], self.loop.stats)

@@ -50,6 +50,12 @@ def _option(
     return field(default=default, metadata={"cli": meta})
 
 
+# The smallest attention temperature on documents. The kernels multiply scores by 1/T in float32: far below it they
+# overflow to infinity and the logits come out NaN (T = 1e-40 does on the CPU), while at 1/T = 1000 the documents'
+# weights are an argmax already.
+APE_MIN_TEMPERATURE = 1e-3
+
+
 def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
     """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
     lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
@@ -65,6 +71,12 @@ def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False)
     for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
+    if temperature < APE_MIN_TEMPERATURE:
+        raise InvalidRequestError(
+            f"ape_temperature must be at least {APE_MIN_TEMPERATURE} (1/T scales the scores in float32), "
+            f"got {temperature!r}",
+            "ape_temperature",
+        )
     if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
         param = "ape_temperature" if temperature != 1 else "ape_scale"
         raise InvalidRequestError(

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
@@ -34,6 +35,20 @@ logger = logging.getLogger("lazyattn.server")
 # rather than spin on the GIL that the event loop needs.
 _IDLE_STEP_S = 1e-3
 _FAILED_STEP_BACKOFF_S = 0.1
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """A request's own values of the engine options it may set (None: the engine's): `LLMEngine.add_request`'s
+    keywords of the same names, checked there against the engine's mode."""
+
+    relink_tokens: int | None = None
+    ape_temperature: float | None = None
+    ape_scale: float | None = None
+    ape_prefix: bool | None = None
+
+
+ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them
 
 
 class EngineStoppedError(LazyAttnError):
@@ -141,21 +156,20 @@ class EngineLoop:
         *,
         cache_salt: str | None,
         arrival: float,
-        relink_tokens: int | None = None,
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> OutputStream:
         """Add requests to the engine, all or none; raises the engine's validation errors. Params None: a
         prefill-only request (documents encoded ahead)."""
         loop = asyncio.get_running_loop()
         stream = OutputStream(self, loop, [rid for rid, _, _ in requests])
         future: asyncio.Future[None] = loop.create_future()
+        keywords = asdict(options)
 
         def add() -> None:
             added: list[str] = []
             try:
                 for rid, prompt, params in requests:
-                    self.engine.add_request(
-                        rid, prompt, params, cache_salt=cache_salt, arrival=arrival, relink_tokens=relink_tokens
-                    )
+                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival, **keywords)
                     added.append(rid)
                     self._streams[rid] = stream
             except BaseException as e:

@@ -16,6 +16,7 @@ from lazyattn.engine.prompt import from_token_ids as _from_token_ids
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import ContextTooLongError, InvalidRequestError
 from lazyattn.model.tokenizer import TokenizerBase
+from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -66,13 +67,20 @@ class Renderer:
         return _from_token_ids(ids, docs, bos, self.vocab_size)
 
     def max_tokens(
-        self, requested: int | None, prompt: RenderedPrompt, n: int, param: str, relink_tokens: int | None = None
+        self,
+        requested: int | None,
+        prompt: RenderedPrompt,
+        n: int,
+        param: str,
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> int:
         """OpenAI's default is "as many as fit": what is left of the context after the prompt, and what the KV
-        pool can hold for `n` samples (the engine's own page count)."""
+        pool can hold for `n` samples (the engine's own page count). Of the request's options only relink rows
+        take pages: APE's temperature and scale are numbers per page, and a document encoded after the first
+        segment (ape_prefix) is cached under another key in as many pages as without it."""
         if requested is not None:
             return requested
-        room = self.max_new_tokens(prompt, n, relink_tokens)
+        room = self.max_new_tokens(prompt, n, options.relink_tokens)
         if room < 1:
             raise ContextTooLongError(
                 f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
@@ -103,6 +111,16 @@ async def resolve_documents(
         else:
             out.append(item)
     return out
+
+
+def request_options(body: ChatCompletionRequest | CompletionRequest) -> RequestOptions:
+    """The engine options the request sets; ranges are the schema's, the mode rules the engine's."""
+    return RequestOptions(
+        relink_tokens=body.relink_tokens,
+        ape_temperature=body.ape_temperature,
+        ape_scale=body.ape_scale,
+        ape_prefix=body.ape_prefix,
+    )
 
 
 def sampling_params(

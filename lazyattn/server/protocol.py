@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
+from lazyattn.engine.config import APE_MIN_TEMPERATURE
 from lazyattn.engine.messages import TEMPLATE_VARIABLES
 from lazyattn.engine.sampling import (
     MAX_LOGPROBS,
@@ -127,6 +128,23 @@ class _GenerationRequest(_Strict):
         None,
         description="lazy mode: recompute the first k tokens of each placed document in this request's "
         "context (docs/design.md, Relink); default: the server's --relink-tokens",
+    )
+    # APE (docs/design.md): the mode rules (ape_prefix: lazy; temperature and scale: lazy or block) are the
+    # engine's, checked when the request is added: a 400 naming the field.
+    ape_temperature: Annotated[float, Field(ge=APE_MIN_TEMPERATURE, allow_inf_nan=False)] | None = Field(
+        None,
+        description="lazy or block mode: the answer's attention temperature T on the documents (their scores "
+        "divided by T; 1: off, below 1 sharper); default: the server's --ape-temperature",
+    )
+    ape_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None,
+        description="lazy or block mode: the answer's attention scale S on the documents (their weights "
+        "multiplied by S; 1: off); default: the server's --ape-scale",
+    )
+    ape_prefix: bool | None = Field(
+        None,
+        description="lazy mode: encode each document after the first segment (the system prompt), which it "
+        "then attends to, cached once per first segment and document; default: the server's --ape-prefix",
     )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(

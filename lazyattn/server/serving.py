@@ -26,6 +26,7 @@ from lazyattn.server.errors import ModelNotFoundError, error_body
 from lazyattn.server.inputs import (
     Renderer,
     check_completion_options,
+    request_options,
     requested_chat_logprobs,
     resolve_documents,
     sampling_params,
@@ -85,11 +86,12 @@ class OpenAIServing:
         documents = await resolve_documents(body.documents, self.registry, scope)
         prompt = await run_in_threadpool(self.renderer.chat, body, documents)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", body.relink_tokens)
+        options = request_options(body)
+        max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", options)
         params = sampling_params(body, max_tokens, logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self.engine_loop.submit(
-            [(rid, prompt, params)], cache_salt=scope, arrival=arrival, relink_tokens=body.relink_tokens
+            [(rid, prompt, params)], cache_salt=scope, arrival=arrival, options=options
         )
         created = int(time.time())
         top = logprobs or 0
@@ -149,14 +151,13 @@ class OpenAIServing:
         documents = await resolve_documents(body.documents, self.registry, scope)
         prompts = await run_in_threadpool(self.renderer.completions, body, documents)
         cid = f"cmpl-{uuid.uuid4().hex}"
+        options = request_options(body)
         requests = []
         for i, prompt in enumerate(prompts):
-            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt", body.relink_tokens)
+            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt", options)
             params = sampling_params(body, max_tokens, body.logprobs)
             requests.append((f"{cid}-{i}", prompt, params))
-        stream = await self.engine_loop.submit(
-            requests, cache_salt=scope, arrival=arrival, relink_tokens=body.relink_tokens
-        )
+        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
         created = int(time.time())
         prompt_index = {rid: i for i, (rid, _, _) in enumerate(requests)}
         top = body.logprobs or 0

@@ -99,6 +99,11 @@ def test_same_answers_as_one_engine(cluster):
     # The ingress renders, so its tokenizer keeps the documents' ids: the round-robin app's second request hit both.
     metrics = client(cluster, "rr").get("/metrics").text
     assert 'lazyattn:tokenizer_cache_hits_total{model_name="tiny"} 2.0' in metrics
+    # A request's APE options travel with it to the replica that serves it.
+    ape = dict(ape_prefix=True, ape_temperature=0.5)
+    want_ape = llm.generate(["Answer:"], SamplingParams(**GREEDY), documents=[DOCS], **ape)[0]
+    assert want_ape.text != want.text
+    assert complete(client(cluster, "rr"), DOCS, **ape).json()["choices"][0]["text"] == want_ape.text
 
 
 def test_affinity_hits_where_round_robin_misses(cluster):

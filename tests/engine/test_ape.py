@@ -190,6 +190,14 @@ def test_rejects_bad_values(bad):
         EngineConfig(ape_scale=bad)
 
 
+@pytest.mark.parametrize("tiny", [1e-4, 1e-40, 5e-324])
+def test_rejects_a_temperature_whose_inverse_overflows(tiny):
+    """1/T scales the scores in float32: T = 1e-40 made the logits NaN, so T below 0.001 is refused up front."""
+    with pytest.raises(InvalidRequestError, match="ape_temperature must be at least 0.001"):
+        EngineConfig(ape_temperature=tiny)
+    EngineConfig(ape_temperature=1e-3)
+
+
 # --- shared prefix (ape_prefix) ----------------------------------------------------------------------------------
 
 PREFIX_REQUESTS = [(["a", "b"], [40, 41, 42]), (["b", "a", "c"], [50, 51]), (["c"], [60, 61, 62, 63])]

@@ -177,6 +177,16 @@ def _errors(stderr: str) -> list[str]:
         (["--max-body-mb", "0"], "error: --max-body-mb must be >= 1, got 0"),
         (["--shutdown-timeout", "-1"], "error: --shutdown-timeout must be a number of seconds >= 0, got -1.0"),
         (["--cpu-threads", "0"], "error: --cpu-threads must be >= 1, got 0"),
+        (
+            ["--mode", "block", "--ape-prefix"],
+            "error: ape_prefix needs mode 'lazy': block mode copies documents encoded at position 0",
+        ),
+        (
+            ["--mode", "full", "--ape-temperature", "0.5"],
+            "error: ape_temperature=0.5, ape_scale=1.0 need mode "
+            "'lazy' or 'block': full mode attends to every document in context already",
+        ),
+        (["--ape-scale", "0"], "error: ape_scale must be a finite number > 0, got 0.0"),
         (["--disk-cache-dir", "{file}"], "error: disk_cache_dir {file}: exists and is not a directory"),
         (
             ["--disk-cache-dir", "{file}/kv"],
@@ -195,6 +205,30 @@ def test_settings_that_cannot_serve_are_one_line_errors(tmp_path, args, message)
     run = _serve_quickly(*args)
     assert run.returncode == 2, run.stderr
     assert _errors(run.stderr) == [message.format(file=tmp_path / "file")]
+
+
+def test_ape_options_are_the_servers_default():
+    """`--ape-prefix --ape-temperature 0.5`: a request that says nothing is answered as the Python API answers with
+    those options; one that turns them off, as plain lazy attention."""
+    from lazyattn import LLM, SamplingParams
+
+    body = {"prompt": "Q?", "documents": ["Paris is in France.", "Rome is in Italy."], "max_tokens": 4}
+    body.update(temperature=0.0, ignore_eos=True)
+    proc, url = start_serve("--ape-prefix", "--ape-temperature", "0.5")
+    try:
+        default, off = (
+            httpx.post(f"{url}/v1/completions", json={**body, **fields}, timeout=60).json()["choices"][0]["text"]
+            for fields in ({}, {"ape_prefix": False, "ape_temperature": 1})
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    llm = LLM(model="tiny", device="cpu", progress=False, page_size=16, kv_cache_gb=0.05)
+    ape = llm.generate("Q?", params, documents=[body["documents"]], ape_prefix=True, ape_temperature=0.5)[0]
+    plain = llm.generate("Q?", params, documents=[body["documents"]])[0]
+    assert ape.text != plain.text
+    assert (default, off) == (ape.text, plain.text)
 
 
 def test_keys_are_stripped_and_the_start_up_line_names_the_disk_tier(tmp_path):
