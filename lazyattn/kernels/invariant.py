@@ -50,10 +50,16 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: the triton 3.9 interpreter multiplies bf16 as raw uint16 bits; exact products in fp32 instead.
-    if UPCAST:
-        a, b = a.to(tl.float32), b.to(tl.float32)
+def _dot(a, b, acc, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    # INTERPRETED (TRITON_INTERPRET=1, the CPU tests): the interpreter's tl.dot is np.matmul, i.e. OpenBLAS's sgemm,
+    # whose result for a row can depend on the row's place in the tile (its Haswell kernel, also picked on AMD Zen,
+    # sums rows 0-5 and 6-11 of every 12 and a 4-row tail in three different orders), so a row's bits would follow
+    # its offset in the launch; the interpreter also multiplies bf16 as raw uint16 bits. Here every output element
+    # is one fixed sum of its own products instead: exact in fp64 (fp32 and bf16 operands), rounded once to fp32.
+    # The GPU runs the MMA below, unchanged.
+    if INTERPRETED:
+        prod = a.to(tl.float32).to(tl.float64)[:, :, None] * b.to(tl.float32).to(tl.float64)[None, :, :]
+        return acc + tl.sum(prod, axis=1).to(tl.float32)
     return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
@@ -88,7 +94,7 @@ def _matmul_kernel(
     s_ym,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -104,7 +110,7 @@ def _matmul_kernel(
         kk = k0 + rk
         x = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         w = tl.load(w_ptr + rn[None, :] * s_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
-        acc = _dot(x, w, acc, PRECISION, UPCAST)
+        acc = _dot(x, w, acc, PRECISION, INTERPRETED)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -147,7 +153,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             y.stride(0),
             HAS_BIAS=bias is not None,
             PRECISION=_precision(x.dtype),
-            UPCAST=interpreting() and x.dtype != torch.float32,
+            INTERPRETED=interpreting(),
             BLOCK_M=MATMUL_BLOCK_M,
             BLOCK_N=block_n,
             BLOCK_K=MATMUL_BLOCK_K,
@@ -217,7 +223,7 @@ def _attention_kernel(
     INTERLEAVED: tl.constexpr,
     HAS_APE: tl.constexpr,
     PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
@@ -264,8 +270,8 @@ def _attention_kernel(
                 sin = tl.load(sin_ptr + delta * s_tab + j, mask=j < HALF, other=0.0)[None, :]
                 ra, rb = _rotate(ka, kb, cos, sin)
                 ka, kb = ra.to(ty), rb.to(ty)
-            s = _dot(qa, tl.trans(ka), tl.zeros([BLOCK_M * BLOCK_G, PAGE], tl.float32), PRECISION, UPCAST)
-            s = _dot(qb, tl.trans(kb), s, PRECISION, UPCAST)
+            s = _dot(qa, tl.trans(ka), tl.zeros([BLOCK_M * BLOCK_G, PAGE], tl.float32), PRECISION, INTERPRETED)
+            s = _dot(qb, tl.trans(kb), s, PRECISION, INTERPRETED)
             s = s * scale
             if HAS_APE:
                 inv_temp = tl.load(inv_temp_ptr + row + i)
@@ -285,7 +291,7 @@ def _attention_kernel(
                 other=0.0,
             )
             # p is rounded to the KV dtype for the product with V (fp32 caches keep it whole)
-            acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
+            acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, INTERPRETED)
             m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_rows = out_ptr + (lo + tok).to(tl.int64)[:, None] * s_ot + (kvh * GROUP + g).to(tl.int64)[:, None] * s_oh
@@ -361,7 +367,7 @@ def paged_attention(
         INTERLEAVED=interleaved,
         HAS_APE=ape,
         PRECISION=_precision(q.dtype),
-        UPCAST=interpreting() and q.dtype != torch.float32,
+        INTERPRETED=interpreting(),
         num_warps=4,
     )
     return out
