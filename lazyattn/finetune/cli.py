@@ -49,6 +49,12 @@ def add_finetune_parser(sub) -> None:
     p.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS), help="comma-separated module names")
     p.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
     p.add_argument(
+        "--init-adapter",
+        default=None,
+        help="continue this LoRA adapter over --model (a directory or a named adapter, e.g. smollm2-block) instead of "
+        "a fresh one; its rank, alpha and targets are kept",
+    )
+    p.add_argument(
         "--merge", action="store_true", help="fold the adapter into the weights (adapter kept in OUT/adapter)"
     )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
@@ -171,6 +177,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         lora_dropout=args.lora_dropout,
         lora_targets=tuple(t for t in args.lora_targets.split(",") if t),
         full_finetune=args.full,
+        init_adapter=args.init_adapter,
         merge=args.merge,
         device=args.device,
         seed=args.seed,

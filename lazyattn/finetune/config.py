@@ -63,6 +63,9 @@ class FinetuneConfig:
     lora_dropout: float = 0.0
     lora_targets: Sequence[str] = DEFAULT_TARGETS
     full_finetune: bool = False  # train every weight instead of LoRA adapters
+    # Start from this LoRA adapter over `model` (a directory or a named adapter such as "smollm2-block") instead of a
+    # fresh one: its rank, alpha and targets are kept.
+    init_adapter: str | None = None
     merge: bool = False  # also fold the adapter into the weights (out/ = merged model, out/adapter/ = adapter)
     device: str | None = None  # default: cuda if available
     seed: int = 0
@@ -90,6 +93,8 @@ class FinetuneConfig:
                 raise InvalidRequestError(f"{name} must be positive, got {getattr(self, name)}", param=name)
         if self.layouts is not None and not self.layouts:
             raise InvalidRequestError("layouts must hold at least one PromptLayout", param="layouts")
+        if self.init_adapter is not None and self.full_finetune:
+            raise InvalidRequestError("init_adapter continues a LoRA adapter, not full fine-tuning", "init_adapter")
         if self.save_dtype not in SAVE_DTYPES:
             raise InvalidRequestError(f"save_dtype must be one of {', '.join(SAVE_DTYPES)}", param="save_dtype")
 

@@ -31,6 +31,7 @@ from lazyattn.finetune.config import DEFAULT_TARGETS as DEFAULT_TARGETS  # the s
 from lazyattn.finetune.config import FinetuneConfig as FinetuneConfig
 from lazyattn.finetune.data import Example, encode_items, load_items
 from lazyattn.model.adapter import read_adapter
+from lazyattn.model.hub import resolve_model
 
 RECIPE_FILE = "finetune.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -167,6 +168,8 @@ class LossTerms:
 def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(cfg.seed)
+    if cfg.init_adapter is not None:
+        _init_adapter_path(cfg)  # before anything is loaded
     base = load_base(cfg.model)
     model = base.model.to(device)
     labelled: list[Example] = []
@@ -276,7 +279,10 @@ def merge_adapter(
 
 
 def _with_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if cfg.init_adapter is not None:
+        return PeftModel.from_pretrained(model, _init_adapter_path(cfg), is_trainable=True)
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     unknown = sorted(set(cfg.lora_targets) - names)
@@ -291,6 +297,17 @@ def _with_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def _init_adapter_path(cfg: FinetuneConfig) -> str:
+    """The directory of `cfg.init_adapter`, checked to be an adapter over `cfg.model`."""
+    path = resolve_model(cfg.init_adapter)
+    base = read_adapter(path).base
+    if base != cfg.model:
+        raise InvalidRequestError(
+            f"{cfg.init_adapter} is an adapter over {base!r}, not over --model {cfg.model!r}", param="init_adapter"
+        )
+    return path
 
 
 class _Pool:

@@ -222,3 +222,22 @@ def test_smollm2_block_names_the_shipped_adapter():
     adapter = read_adapter(path)
     assert adapter.base == "smollm2"
     assert (adapter.path / "finetune.json").is_file()
+
+
+def test_init_adapter_continues_from_its_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(item) + "\n" for item in ITEMS))
+    common = dict(model="tiny", data=str(data), examples=None, batch_size=2, lora_rank=4, save_dtype="float32")
+    common.update(progress=False, device="cpu", warmup_steps=1)
+    first = tmp_path / "first"
+    finetune(FinetuneConfig(out=str(first), steps=2, lr=1e-2, **common))
+    again = tmp_path / "again"
+    finetune(FinetuneConfig(out=str(again), steps=1, lr=0.0, init_adapter=str(first), **common))  # lr 0: unchanged
+    want, got = (load_file(str(d / "adapter_model.safetensors")) for d in (first, again))
+    assert want.keys() == got.keys() and any(t.abs().max() > 0 for k, t in want.items() if "lora_B" in k)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert read_adapter(again).base == "tiny"
+    with pytest.raises(InvalidRequestError, match="not over --model"):
+        finetune(FinetuneConfig(**{**common, "model": "smollm2"}, out=str(tmp_path / "x"), init_adapter=str(first)))
