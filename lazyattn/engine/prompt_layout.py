@@ -94,6 +94,34 @@ TULU3_BLOCK_FT_LAYOUT = PromptLayout(
 )
 
 
+# The layout under which SmolLM2-135M-Instruct answers best with full attention (docs/quality.md): a short system
+# prompt and a cue for a short answer.
+SHORT_ANSWER_LAYOUT = PromptLayout(
+    system_prompt="You are a helpful assistant. Answer the user's question with a short answer, "
+    "using only the documents below.",
+    question_format="{question}\nAnswer in a few words.",
+)
+
+# The layouts `lazyattn eval --prompt-layout` and `lazyattn finetune --prompt-layouts` take by name.
+NAMED_LAYOUTS: dict[str, PromptLayout] = {
+    "block-attention": DEFAULT_LAYOUT,
+    "tulu3-block-ft": TULU3_BLOCK_FT_LAYOUT,
+    "short-answer": SHORT_ANSWER_LAYOUT,
+}
+
+
+def named_layouts(names: str) -> list[PromptLayout]:
+    """Layouts from comma-separated names of NAMED_LAYOUTS (each once, in the order given)."""
+    chosen = list(dict.fromkeys(n.strip() for n in names.split(",") if n.strip()))
+    unknown = [n for n in chosen if n not in NAMED_LAYOUTS]
+    if unknown or not chosen:
+        raise InvalidRequestError(
+            f"unknown prompt layout {', '.join(unknown) or '(none given)'}; choose from {', '.join(NAMED_LAYOUTS)}",
+            param="prompt_layouts",
+        )
+    return [NAMED_LAYOUTS[n] for n in chosen]
+
+
 def format_document(document: Document, layout: PromptLayout = DEFAULT_LAYOUT, param: str = "document") -> str:
     """A document's text as it appears in the prompt (validated)."""
     if isinstance(document, str):

@@ -28,15 +28,9 @@ from typing import Any
 
 from lazyattn.engine.config import DTYPES, MODES
 
-# --prompt-layout names -> how documents and the question are framed (lazyattn.engine.prompt.PromptLayout).
-# "short-answer": the layout under which SmolLM2-135M-Instruct answers best with full attention
-# (docs/quality.md); the others are the engine's published layouts.
-SHORT_ANSWER = dict(
-    system_prompt="You are a helpful assistant. Answer the user's question with a short answer, "
-    "using only the documents below.",
-    question_format="{question}\nAnswer in a few words.",
-)
-# "icl": the few-shot layout of builtin:icl (lazyattn/eval/icl.py, LAYOUT).
+# --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
+# import the engine (tests/eval checks that they agree), and "icl", the few-shot layout of builtin:icl
+# (lazyattn/eval/icl.py, LAYOUT).
 LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl")
 
 
@@ -151,17 +145,13 @@ def add_eval_parser(
 def _layout(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
-    from lazyattn.engine import prompt
+    from lazyattn.engine.prompt import PromptLayout
+    from lazyattn.engine.prompt_layout import NAMED_LAYOUTS
     from lazyattn.eval import icl
 
     if args.prompt_layout is None:
         args.prompt_layout = "icl" if args.dataset == f"builtin:{icl.NAME}" else "block-attention"
-    base = {
-        "block-attention": prompt.DEFAULT_LAYOUT,
-        "tulu3-block-ft": prompt.TULU3_BLOCK_FT_LAYOUT,
-        "short-answer": prompt.PromptLayout(**SHORT_ANSWER),
-        "icl": prompt.PromptLayout(**icl.LAYOUT),
-    }[args.prompt_layout]
+    base = PromptLayout(**icl.LAYOUT) if args.prompt_layout == "icl" else NAMED_LAYOUTS[args.prompt_layout]
     changes: dict[str, Any] = {}
     if args.system_prompt is not None:
         changes["system_prompt"] = args.system_prompt

@@ -9,7 +9,7 @@ import sys
 
 from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune.config import DEFAULT_TARGETS, SPANS, TEACHERS, DistillConfig, FinetuneConfig
-from lazyattn.finetune.corpus import STDLIB_DOCSTRINGS
+from lazyattn.finetune.corpus import JARGON_FILE, STDLIB_DOCSTRINGS
 
 
 def add_finetune_parser(sub) -> None:
@@ -49,6 +49,12 @@ def add_finetune_parser(sub) -> None:
     p.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS), help="comma-separated module names")
     p.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
     p.add_argument(
+        "--init-adapter",
+        default=None,
+        help="continue this LoRA adapter over --model (a directory or a named adapter, e.g. smollm2-block) instead of "
+        "a fresh one; its rank, alpha and targets are kept",
+    )
+    p.add_argument(
         "--merge", action="store_true", help="fold the adapter into the weights (adapter kept in OUT/adapter)"
     )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
@@ -62,6 +68,18 @@ def add_finetune_parser(sub) -> None:
         default=d.save_dtype,
         choices=["bfloat16", "float16", "float32"],
         help="dtype of the saved adapter or merged weights (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ape-prefix",
+        action="store_true",
+        help="block rows as lazy mode with ape_prefix=True serves them: documents read the first segment "
+        "(system prompt), encoded after it (docs/finetune.md)",
+    )
+    p.add_argument(
+        "--prompt-layouts",
+        default="block-attention",
+        help="comma-separated prompt layouts (those of `lazyattn eval --prompt-layout`), taken in turn by the "
+        "examples, labelled and distilled (default: %(default)s)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_distill_arguments(p)
@@ -79,7 +97,8 @@ def _add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--documents",
         default=None,
-        help=f"a folder of .txt/.md files, a JSONL of {{'text', 'title'}} documents, or '{STDLIB_DOCSTRINGS}'",
+        help=f"a folder of .txt/.md files, a JSONL of {{'text', 'title'}} documents, '{JARGON_FILE}' (real prose, "
+        f"public domain) or '{STDLIB_DOCSTRINGS}'",
     )
     g.add_argument(
         "--questions", default=None, help="a JSONL of {'question', 'documents', 'answers'?}; default: made from docs"
@@ -140,6 +159,7 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
+    from lazyattn.engine.prompt_layout import named_layouts
     from lazyattn.finetune.train import finetune
 
     cfg = FinetuneConfig(
@@ -157,6 +177,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         lora_dropout=args.lora_dropout,
         lora_targets=tuple(t for t in args.lora_targets.split(",") if t),
         full_finetune=args.full,
+        init_adapter=args.init_adapter,
         merge=args.merge,
         device=args.device,
         seed=args.seed,
@@ -167,6 +188,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         distill=_distill_config(args),
         labelled_share=args.labelled_share,
         labelled_weight=args.labelled_weight,
+        layouts=named_layouts(args.prompt_layouts),
+        ape_prefix=args.ape_prefix,
     )
     result = finetune(cfg, command="lazyattn finetune " + shlex.join(sys.argv[2:]))
     first, last = first_and_last_loss(result.losses)

@@ -63,6 +63,9 @@ class FinetuneConfig:
     lora_dropout: float = 0.0
     lora_targets: Sequence[str] = DEFAULT_TARGETS
     full_finetune: bool = False  # train every weight instead of LoRA adapters
+    # Start from this LoRA adapter over `model` (a directory or a named adapter such as "smollm2-block") instead of a
+    # fresh one: its rank, alpha and targets are kept.
+    init_adapter: str | None = None
     merge: bool = False  # also fold the adapter into the weights (out/ = merged model, out/adapter/ = adapter)
     device: str | None = None  # default: cuda if available
     seed: int = 0
@@ -70,7 +73,10 @@ class FinetuneConfig:
     max_seconds: float | None = None  # stop after this much training time (then save as usual)
     save_dtype: str = "bfloat16"
     progress: bool = True
-    layout: PromptLayout | None = field(default=None, repr=False)  # None: the engine's DEFAULT_LAYOUT
+    # Each example is rendered in one of these, in turn (None: the engine's DEFAULT_LAYOUT alone).
+    layouts: Sequence[PromptLayout] | None = field(default=None, repr=False)
+    # Block rows as lazy mode with `ape_prefix=True` computes them: documents read the first segment (masks.py).
+    ape_prefix: bool = False
     distill: DistillConfig | None = None  # distil from full attention on these documents / questions
     labelled_share: float | None = None  # share of rows from `data` when distilling (None: 0 with distill)
     labelled_weight: float = 1.0  # weight of the cross-entropy term beside the KL term
@@ -85,6 +91,10 @@ class FinetuneConfig:
         for name in ("steps", "batch_size", "lora_rank"):
             if getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name} must be positive, got {getattr(self, name)}", param=name)
+        if self.layouts is not None and not self.layouts:
+            raise InvalidRequestError("layouts must hold at least one PromptLayout", param="layouts")
+        if self.init_adapter is not None and self.full_finetune:
+            raise InvalidRequestError("init_adapter continues a LoRA adapter, not full fine-tuning", "init_adapter")
         if self.save_dtype not in SAVE_DTYPES:
             raise InvalidRequestError(f"save_dtype must be one of {', '.join(SAVE_DTYPES)}", param="save_dtype")
 

@@ -1,13 +1,17 @@
 """The user's documents for distillation (docs/finetune.md, Distillation): a folder of .txt/.md files, a JSONL
-file of documents, or the built-in corpus "stdlib-docstrings"; cut into passages of a size RAG prompts use.
+file of documents, or a built-in corpus ("jargon-file", "stdlib-docstrings"); cut into passages of a size RAG
+prompts use.
 
 - folder: every `*.txt` / `*.md` file below it, sorted; id = the path relative to the folder, title = the file
   name without its suffix.
 - JSONL: one `{"text": ..., "title": ..., "id": ...}` per line (title and id optional; id defaults to the line
   number).
+- "jargon-file": The Jargon File 4.4.7 (public domain), real prose that shares no source with the evaluation sets
+  (jargon.py, frozen in lazyattn/finetune/data/).
 - "stdlib-docstrings": the docstrings (`inspect.getdoc`) of the Python standard library's public modules,
   classes and functions on the running interpreter (PSF licence). `pydoc_data` (whose topics are an evaluation
-  set), `pydoc` and `builtins` are left out, so nothing evaluated is trained on.
+  set), `pydoc` and `builtins` are left out; still the same project's documentation as `builtin:real` (the Python
+  Language Reference), and `pdb`'s docstrings repeat its "pdb" passage.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from lazyattn.errors import InvalidRequestError
 
 STDLIB_DOCSTRINGS = "stdlib-docstrings"
+JARGON_FILE = "jargon-file"
 DOCUMENT_SUFFIXES = (".txt", ".md")
 # Modules that act when imported (open a browser, print, start Tk), are test suites, or hold evaluation text.
 _STDLIB_SKIP = frozenset(
@@ -66,9 +71,13 @@ class Document:
 
 
 def read_documents(source: str) -> list[Document]:
-    """The documents of `source`: "stdlib-docstrings", a folder, or a JSONL file."""
+    """The documents of `source`: "jargon-file", "stdlib-docstrings", a folder, or a JSONL file."""
     if source == STDLIB_DOCSTRINGS:
         return stdlib_docstrings()
+    if source == JARGON_FILE:
+        from lazyattn.finetune import jargon
+
+        return jargon.load()
     path = Path(source)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DOCUMENT_SUFFIXES)
@@ -77,7 +86,8 @@ def read_documents(source: str) -> list[Document]:
         docs = _read_jsonl(path)
     else:
         raise InvalidRequestError(
-            f"{source!r}: not {STDLIB_DOCSTRINGS!r}, a folder of .txt/.md files or a JSONL file", param="documents"
+            f"{source!r}: not {JARGON_FILE!r}, {STDLIB_DOCSTRINGS!r}, a folder of .txt/.md files or a JSONL file",
+            param="documents",
         )
     docs = [d for d in docs if d.text]
     if not docs:

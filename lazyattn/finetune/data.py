@@ -79,10 +79,15 @@ def load_items(source: str, n: int | None, seed: int = 0) -> list:
 
 
 def encode_items(
-    tokenizer: TokenizerBase, items: Sequence, layout: PromptLayout = DEFAULT_LAYOUT, max_tokens: int | None = None
+    tokenizer: TokenizerBase,
+    items: Sequence,
+    layouts: Sequence[PromptLayout] = (DEFAULT_LAYOUT,),
+    max_tokens: int | None = None,
 ) -> list[Example]:
-    """Encoded examples; those longer than `max_tokens` are dropped (a truncated prompt would teach nothing)."""
-    examples = [encode_item(tokenizer, item, layout) for item in items]
+    """Encoded examples, item k in layout k mod len(layouts) (the items come shuffled, so every layout meets every
+    document count and gold position); those longer than `max_tokens` are dropped (a truncated prompt would teach
+    nothing)."""
+    examples = [encode_item(tokenizer, item, layouts[k % len(layouts)]) for k, item in enumerate(items)]
     if max_tokens is not None:
         examples = [e for e in examples if e.num_tokens <= max_tokens]
     if not examples:

@@ -48,15 +48,19 @@ def teacher_examples(
     prompts: Sequence[Prompt],
     answer_tokens: int,
     device: torch.device,
-    layout: PromptLayout = DEFAULT_LAYOUT,
+    layouts: Sequence[PromptLayout] = (DEFAULT_LAYOUT,),
     max_tokens: int | None = None,
     batch_tokens: int = 32768,
 ) -> list[Example]:
-    """Distillation examples: each prompt rendered as the engine renders it, its answer the teacher's greedy
+    """Distillation examples: prompt k rendered as the engine renders it in layout k mod len(layouts), its
+    answer the teacher's greedy
     continuation under full attention (ended by the end-of-turn token when the teacher ended it) unless the
     prompt carries one. Prompts longer than `max_tokens` with their answer are dropped. Generation batches hold
     at most `batch_tokens` padded prompt tokens (eager attention keeps a batch x heads x length² score tensor)."""
-    rendered = [render_chat(tokenizer, [{"role": "user", "content": p.question}], p.documents, layout) for p in prompts]
+    rendered = [
+        render_chat(tokenizer, [{"role": "user", "content": p.question}], p.documents, layouts[k % len(layouts)])
+        for k, p in enumerate(prompts)
+    ]
     eos = tokenizer.eos_token_ids
     answers: list[list[int] | None] = [
         tokenizer.encode(p.answer) + eos[:1] if p.answer is not None else None for p in prompts
@@ -111,15 +115,17 @@ def greedy(
     return answers
 
 
-def span_mask(examples: Sequence[Example], length: int, span: str = "question+answer") -> torch.Tensor:
-    """[B, length] bool: positions whose logits are distilled — from the first final-segment token (or the last
-    prompt token, for `answer`) to the token before the last one, i.e. the logits that predict the rest of the
-    question and the answer."""
-    out = torch.zeros(len(examples), length, dtype=torch.bool)
-    for i, e in enumerate(examples):
+def span_mask(
+    examples: Sequence[Example], lengths: Sequence[int], width: int, span: str = "question+answer"
+) -> torch.Tensor:
+    """[B, width] bool: positions whose logits are distilled, in rows of `lengths` tokens that end with the final
+    segment and the answer — from the first final-segment token (or the last prompt token, for `answer`) to the
+    token before the last one, i.e. the logits that predict the rest of the question and the answer."""
+    out = torch.zeros(len(examples), width, dtype=torch.bool)
+    for i, (e, n) in enumerate(zip(examples, lengths)):
         if not e.distill:
             continue
-        end = e.num_tokens - 1
+        end = n - 1
         start = end - len(e.answer) if span == "answer" else end - len(e.answer) - len(e.final) + 1
         out[i, start:end] = True
     return out

@@ -1,7 +1,8 @@
 """Distillation prompts: the user's questions (JSONL) or questions made from the documents themselves.
 
-A made prompt draws k documents (k from `docs_per_prompt`) from the corpus in random order, picks one of them
-(the gold one, anywhere in the prompt) and asks one of these questions about it:
+A made prompt draws k documents (k from `docs_per_prompt`) from the corpus in random order and asks about one of
+them, the gold one, first, in the middle or last in equal shares (the cells `lazyattn eval` reports; "middle" is
+slot (k - 1) // 2, as there), with one of these questions:
 
 - about:    'What does the document titled "T" say about <phrase>?'  (phrase: a word of the gold document
             rare in the corpus, with the word after it when that is not a stop word)
@@ -32,6 +33,7 @@ from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune.corpus import Document
 
 QUESTION_KINDS = ("about", "continue", "quote", "summary")
+GOLD_POSITIONS = ("first", "middle", "last")
 _WORD = re.compile(r"[A-Za-z][A-Za-z_]{3,}")
 _SENTENCE = re.compile(r"[^.!?\n]*[A-Za-z][^.!?\n]*[.!?]")
 _STOP = frozenset(
@@ -113,7 +115,7 @@ def make_prompts(
     for _ in range(n):
         k = min(rng.choice(list(docs_per_prompt)), len(docs))
         chosen = rng.sample(range(len(docs)), k)
-        gold = rng.randrange(k)
+        gold = {"first": 0, "middle": (k - 1) // 2, "last": k - 1}[rng.choice(GOLD_POSITIONS)]
         doc = docs[chosen[gold]]
         question = _question(doc, rng.choice(list(kinds)), rng, rarity)
         prompts.append(Prompt(question, [docs[i].as_prompt_document() for i in chosen], gold=gold))

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lazyattn.engine.prompt import DEFAULT_LAYOUT
+from lazyattn.engine.prompt_layout import DEFAULT_LAYOUT, NAMED_LAYOUTS, PromptLayout
 from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune import distill, masks
 from lazyattn.finetune.base import Base, load_base
@@ -31,6 +31,7 @@ from lazyattn.finetune.config import DEFAULT_TARGETS as DEFAULT_TARGETS  # the s
 from lazyattn.finetune.config import FinetuneConfig as FinetuneConfig
 from lazyattn.finetune.data import Example, encode_items, load_items
 from lazyattn.model.adapter import read_adapter
+from lazyattn.model.hub import resolve_model
 
 RECIPE_FILE = "finetune.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,29 +49,41 @@ class FinetuneResult:
 
 
 def make_batch(
-    examples: Sequence[Example], blocks: Sequence[bool], device: torch.device | str = "cpu", pad_id: int = 0
+    examples: Sequence[Example],
+    blocks: Sequence[bool],
+    device: torch.device | str = "cpu",
+    pad_id: int = 0,
+    ape_prefix: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """transformers inputs for rows of examples: right-padded ids, logical `position_ids`, the 4-D additive
-    mask (block or causal per row), and labels = the answer tokens of labelled rows (-100 elsewhere, and on
-    distillation rows; transformers shifts)."""
-    length = max(e.num_tokens for e in examples)
+    """transformers inputs for rows of examples (masks.row: block or causal per row, block rows with the shared
+    prefix when `ape_prefix`): right-padded ids, the rows' `position_ids`, the 4-D additive mask, and labels = the
+    answer tokens of labelled rows (-100 elsewhere, and on distillation rows; transformers shifts)."""
+    rows = [masks.row(e.segments, e.final + e.answer, block, ape_prefix) for e, block in zip(examples, blocks)]
+    length = max(len(r.tokens) for r in rows)
     ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    positions = torch.arange(length).repeat(len(examples), 1)
     labels = torch.full_like(ids, -100)
-    rows = []
-    for i, (e, block) in enumerate(zip(examples, blocks)):
-        tokens = e.tokens
-        ids[i, : len(tokens)] = torch.tensor(tokens)
+    for i, (e, r) in enumerate(zip(examples, rows)):
+        n = len(r.tokens)
+        ids[i, :n] = torch.tensor(r.tokens)
+        positions[i, :n] = torch.tensor(r.positions)
         if not e.distill:
-            labels[i, len(tokens) - len(e.answer) : len(tokens)] = torch.tensor(e.answer)
-        rows.append(masks.visible([len(s) for s in e.segments], len(e.final) + len(e.answer), block))
-    mask = masks.additive(masks.padded(rows, length))
-    positions = torch.arange(length).expand(len(examples), length)
+            labels[i, n - len(e.answer) : n] = torch.tensor(e.answer)
+    mask = masks.additive(masks.padded([r.visible for r in rows], length))
     return {
         "input_ids": ids.to(device),
         "position_ids": positions.to(device),
         "attention_mask": mask.to(device),
         "labels": labels.to(device),
     }
+
+
+def row_lengths(examples: Sequence[Example], blocks: Sequence[bool], ape_prefix: bool = False) -> list[int]:
+    """The length of each example's row in make_batch."""
+    return [
+        masks.row_length([len(s) for s in e.segments], len(e.final) + len(e.answer), block, ape_prefix)
+        for e, block in zip(examples, blocks)
+    ]
 
 
 class Objective:
@@ -83,10 +96,11 @@ class Objective:
     def __init__(self, model: torch.nn.Module, cfg: FinetuneConfig, frozen: torch.nn.Module | None = None) -> None:
         self.model = model
         self.distill = cfg.distill  # None: labelled rows only
+        self.ape_prefix = cfg.ape_prefix  # block rows read the first segment (masks.row)
         self.frozen = frozen  # the teacher of a full fine-tune (no adapter to disable); a plain model is its own
 
     def __call__(self, examples: Sequence[Example], blocks: Sequence[bool], device: torch.device) -> LossTerms:
-        batch = make_batch(examples, blocks, device)
+        batch = make_batch(examples, blocks, device, ape_prefix=self.ape_prefix)
         labels = batch.pop("labels")
         lm = _causal_lm(self.model)
         terms = LossTerms()
@@ -96,21 +110,23 @@ class Objective:
             if targets.any():
                 logits = lm.lm_head(hidden[:, :-1][targets]).float()
                 terms.ce = torch.nn.functional.cross_entropy(logits, labels[:, 1:][targets])
-            rows = [e.distill for e in examples]
-            if any(rows):
-                span = distill.span_mask(examples, hidden.shape[1], self.distill.span).to(device)
+            if any(e.distill for e in examples):
+                lengths = row_lengths(examples, blocks, self.ape_prefix)
+                span = distill.span_mask(examples, lengths, hidden.shape[1], self.distill.span).to(device)
                 student = lm.lm_head(hidden[span])
-                teacher = self.teacher_logits([e for e in examples if e.distill], span[rows])
+                teacher = self.teacher_logits([e for e in examples if e.distill], device)
                 terms.kl = distill.kl_loss(student, teacher, self.distill.temperature)
         return terms
 
     @torch.no_grad()
-    def teacher_logits(self, examples: Sequence[Example], span: torch.Tensor) -> torch.Tensor:
-        """The teacher's logits at `span` ([rows, >= length] bool): full attention over the same tokens."""
-        device = span.device
+    def teacher_logits(self, examples: Sequence[Example], device: torch.device) -> torch.Tensor:
+        """The teacher's logits at the distilled positions: full attention over the examples' tokens. The student's
+        row may be longer (copies of the first segment), but both end with the final segment and the answer, so
+        the two select the same positions in the same order."""
         batch = make_batch(examples, [False] * len(examples), device)
         batch.pop("labels")
-        span = span[:, : batch["input_ids"].shape[1]]
+        lengths = [e.num_tokens for e in examples]
+        span = distill.span_mask(examples, lengths, batch["input_ids"].shape[1], self.distill.span).to(device)
         if self.frozen is not None:
             context, model = contextlib.nullcontext(), self.frozen
         elif self.distill.teacher == "base" and hasattr(self.model, "disable_adapter"):
@@ -131,7 +147,8 @@ class Objective:
         total = count = 0.0
         for start in range(0, len(examples), batch_size):
             rows = examples[start : start + batch_size]
-            n = int(distill.span_mask(rows, max(e.num_tokens for e in rows), self.distill.span).sum())
+            lengths = [e.num_tokens for e in rows]  # the count of distilled positions depends on no layout
+            n = int(distill.span_mask(rows, lengths, max(lengths), self.distill.span).sum())
             total += self(rows, [True] * len(rows), device).kl.item() * n
             count += n
         return total / count
@@ -151,19 +168,21 @@ class LossTerms:
 def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(cfg.seed)
+    if cfg.init_adapter is not None:
+        _init_adapter_path(cfg)  # before anything is loaded
     base = load_base(cfg.model)
     model = base.model.to(device)
     labelled: list[Example] = []
-    layout = cfg.layout if cfg.layout is not None else DEFAULT_LAYOUT
+    layouts = list(cfg.layouts) if cfg.layouts is not None else [DEFAULT_LAYOUT]
     if cfg.labelled_rows > 0:
         items = load_items(cfg.data, cfg.examples, cfg.seed)
-        labelled = encode_items(base.tokenizer, items, layout, cfg.max_tokens)
+        labelled = encode_items(base.tokenizer, items, layouts, cfg.max_tokens)
     distilled: list[Example] = []
     held_out: list[Example] = []
     if cfg.distill is not None:
         prompts = distill.load_prompts(cfg.distill, cfg.seed)
         distilled = distill.teacher_examples(
-            model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, layout, cfg.max_tokens
+            model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, layouts, cfg.max_tokens
         )
         if len(distilled) > 2 * cfg.distill.held_out:
             held_out, distilled = distilled[: cfg.distill.held_out], distilled[cfg.distill.held_out :]
@@ -213,7 +232,7 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     out = Path(cfg.out)
     recipe = {
         "command": command,
-        "config": {k: v for k, v in asdict(cfg).items() if k != "layout"},
+        "config": {**asdict(cfg), "layouts": [_layout_name(layout) for layout in layouts]},
         "examples": len(labelled),
         "distill_examples": len(distilled),
         "steps_done": len(losses),
@@ -260,7 +279,10 @@ def merge_adapter(
 
 
 def _with_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if cfg.init_adapter is not None:
+        return PeftModel.from_pretrained(model, _init_adapter_path(cfg), is_trainable=True)
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     unknown = sorted(set(cfg.lora_targets) - names)
@@ -275,6 +297,17 @@ def _with_lora(model: torch.nn.Module, cfg: FinetuneConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def _init_adapter_path(cfg: FinetuneConfig) -> str:
+    """The directory of `cfg.init_adapter`, checked to be an adapter over `cfg.model`."""
+    path = resolve_model(cfg.init_adapter)
+    base = read_adapter(path).base
+    if base != cfg.model:
+        raise InvalidRequestError(
+            f"{cfg.init_adapter} is an adapter over {base!r}, not over --model {cfg.model!r}", param="init_adapter"
+        )
+    return path
 
 
 class _Pool:
@@ -296,6 +329,11 @@ def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
 
 def _autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def _layout_name(layout: PromptLayout) -> str | dict:
+    """A named layout's name (NAMED_LAYOUTS), any other layout's fields."""
+    return next((name for name, named in NAMED_LAYOUTS.items() if named == layout), asdict(layout))
 
 
 def _sample(tokenizer, e: Example) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -16,10 +17,10 @@ from lazyattn.engine.prompt import PromptLayout, encode_document
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune.base import load_base
-from lazyattn.finetune.corpus import passages, read_documents, stdlib_docstrings
+from lazyattn.finetune.corpus import Document, passages, read_documents, stdlib_docstrings
 from lazyattn.finetune.data import Example, encode_item
 from lazyattn.finetune.distill import DistillConfig, kl_loss, load_prompts, teacher_examples
-from lazyattn.finetune.prompts import read_questions
+from lazyattn.finetune.prompts import make_prompts, read_questions
 from lazyattn.finetune.train import FinetuneConfig, Objective, _with_lora, finetune, make_batch
 from lazyattn.model.adapter import is_adapter_dir, read_adapter
 
@@ -165,7 +166,7 @@ def reference_greedy(model, tokens: list[int], n: int, eos: list[int]) -> list[i
 def test_made_prompts_put_the_question_after_the_documents_and_the_teacher_answers(tiny, corpus):
     cfg = DistillConfig(documents=str(corpus), prompts=5, docs_per_prompt=(2, 3))
     prompts = load_prompts(cfg, seed=1)
-    examples = teacher_examples(tiny.model, tiny.tokenizer, prompts, 3, CPU, SHORT, batch_tokens=600)
+    examples = teacher_examples(tiny.model, tiny.tokenizer, prompts, 3, CPU, [SHORT], batch_tokens=600)
     assert len(examples) == 5
     titles = {f"{name}": TEXTS[name] for name in TEXTS}
     for prompt, e in zip(prompts, examples):
@@ -195,12 +196,12 @@ def test_a_short_distillation_lowers_the_kl_on_its_prompts(tmp_path, tiny, corpu
         save_dtype="float32",
         progress=False,
         device="cpu",
-        layout=SHORT,
+        layouts=[SHORT],
         distill=distill,
     )
     result = finetune(cfg)
     assert result.terms["kl"] and not result.terms["ce"]
-    examples = teacher_examples(tiny.model, tiny.tokenizer, load_prompts(distill, 0), 3, CPU, SHORT)
+    examples = teacher_examples(tiny.model, tiny.tokenizer, load_prompts(distill, 0), 3, CPU, [SHORT])
     before = Objective(lora(tiny.model).eval(), cfg).mean_kl(examples, CPU)
     trained = PeftModel.from_pretrained(load_base("tiny").model, str(tmp_path / "out")).eval()
     after = Objective(trained, cfg).mean_kl(examples, CPU)
@@ -247,7 +248,7 @@ def test_labelled_rows_mix_with_distillation_rows(tmp_path, corpus):
         lora_rank=4,
         progress=False,
         device="cpu",
-        layout=SHORT,
+        layouts=[SHORT],
         distill=distill,
         labelled_share=0.5,
         labelled_weight=0.5,
@@ -259,3 +260,143 @@ def test_labelled_rows_mix_with_distillation_rows(tmp_path, corpus):
     assert (recipe["examples"], recipe["distill_examples"]) == (1, 3)
     with pytest.raises(InvalidRequestError):
         FinetuneConfig(labelled_share=0.5)  # mixing needs distillation
+
+
+def test_ape_prefix_distillation_compares_the_prefix_row_with_the_full_row(tiny):
+    """With ape_prefix the student row is longer (copies of the first segment before documents 2 and 3) than the
+    teacher's full row; the KL pairs the final segment's and the answer's positions of both, as computed by hand."""
+    e = distill_example(tiny.tokenizer, ITEM, one_segment=False)
+    assert len(e.segments) == 4
+    model = lora(tiny.model, seed=3).eval()
+    cfg = FinetuneConfig(model="tiny", distill=DistillConfig(documents="-"), ape_prefix=True)
+    got = Objective(model, cfg).mean_kl([e], CPU)
+    n = len(e.final) + len(e.answer) - 1  # the logits predicting the final segment's rest and the answer
+    with torch.no_grad():
+        batch = make_batch([e], [True], ape_prefix=True)
+        batch.pop("labels")
+        assert batch["input_ids"].shape[1] == e.num_tokens + 2 * len(e.segments[0])
+        student = model(**batch, use_cache=False).logits[0, -n - 1 : -1]
+        with model.disable_adapter():
+            teacher = model(input_ids=torch.tensor([e.tokens]), use_cache=False).logits[0, -n - 1 : -1]
+    assert got == pytest.approx(kl_loss(student, teacher).item(), rel=1e-4)
+    plain = Objective(model, FinetuneConfig(model="tiny", distill=DistillConfig(documents="-"))).mean_kl([e], CPU)
+    assert abs(plain - got) > 1e-4 * got
+
+
+def test_made_prompts_ask_about_the_first_middle_and_last_document_alike():
+    docs = [Document(str(i), f"T{i}", f"Words of document number {i} for the question.") for i in range(12)]
+    prompts = make_prompts(docs, 600, (5,), seed=0)
+    counts = Counter(p.gold for p in prompts)
+    assert set(counts) == {0, 2, 4} and min(counts.values()) > 150
+
+
+JARGON_SAMPLE = """\
+                                The Jargon File
+
+(version 4.4.7)
+
+   Table of Contents
+
+   1. Hacker Slang and Hacker Culture
+
+Chapter 1. Hacker Slang and Hacker Culture
+
+   This document is a collection of slang terms used by various subcultures
+   of computer hackers. Though some technical material is included for
+   background and flavor, it is not a technical dictionary; what we describe
+   here is the language hackers use among themselves for fun, social
+   communication, and technical debate.
+
+\u250c\u2500\u2500\u2510
+\u2502x \u2502
+\u2514\u2500\u2500\u2518
+
+Glossary
+
+   0
+
+   foo
+
+  F
+
+   foo
+
+   fum
+
+   :foo: /foo/
+
+   1. interj. Term of disgust. 2. [very common] Used very generally as a
+   sample name for absolutely anything, esp. programs and files (esp.
+   scratch files). 3. First on the standard list of metasyntactic variables
+   used in syntax examples. See also {bar}, {baz}, {qux}, {quux}, {garply}.
+
+   :fum: n.
+
+   See {foo}.
+
+  G
+
+   gabriel
+
+Appendix A. Hacker Folklore
+
+   Table of Contents
+
+   The Meaning of 'Hack'
+
+   This appendix contains several legends and fables that illuminate the
+   meaning of various entries in the lexicon, and it has to be long enough
+   to be kept, so it goes on for a while about the meaning of hack.
+"""
+
+
+def test_jargon_file_parser_keeps_entries_and_sections_and_drops_the_rest(monkeypatch):
+    from lazyattn.finetune import jargon
+
+    monkeypatch.setattr(jargon, "MIN_CHARS", 100)
+    docs = jargon.parse(JARGON_SAMPLE)
+    titles = ["Chapter 1. Hacker Slang and Hacker Culture", "foo", "Appendix A. Hacker Folklore"]
+    assert [d.title for d in docs] == titles
+    assert docs[0].text.startswith("This document is a collection") and "\u2502" not in docs[0].text
+    assert docs[1].text.startswith("/foo/\n\n1. interj.") and "See also bar, baz, qux" in docs[1].text
+    assert "gabriel" not in docs[1].text and "Table of Contents" not in docs[2].text
+    assert docs[2].text.startswith("This appendix contains")
+
+
+def test_jargon_corpus_shares_no_text_with_the_evaluation_sets():
+    import gzip
+    import re
+    from pathlib import Path
+
+    import lazyattn.eval
+
+    def grams(text: str) -> set[tuple[str, ...]]:
+        words = re.findall(r"\w+", text.lower())
+        return {tuple(words[i : i + 8]) for i in range(len(words) - 7)}
+
+    docs = read_documents("jargon-file")
+    assert len(docs) == 1636 and all(d.title and len(d.text) >= 250 for d in docs)
+    corpus = set().union(*(grams(d.text) for d in docs))
+    for name in ("real", "real-heldout"):
+        path = Path(lazyattn.eval.__file__).parent / "data" / f"{name}.jsonl.gz"
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+        passages_text = [r["text"] for r in rows if "passage" in r and "text" in r]
+        assert len(passages_text) > 100
+        assert not corpus & set().union(*(grams(t) for t in passages_text)), name
+
+
+def test_cli_trains_ape_prefix_rows_in_both_layouts(tmp_path, corpus):
+    out = tmp_path / "adapter"
+    data = tmp_path / "labelled.jsonl"
+    data.write_text(json.dumps({**ITEM, "gold": [1]}) + "\n")
+    argv = ["finetune", "--model", "tiny", "--out", str(out), "--distill", "--documents", str(corpus)]
+    argv += ["--prompts", "2", "--held-out", "0", "--steps", "2", "--batch-size", "2", "--answer-tokens", "2"]
+    argv += ["--docs-per-prompt", "3", "--device", "cpu", "--no-progress", "--save-dtype", "float32"]
+    argv += ["--data", str(data), "--labelled-share", "0.5", "--ape-prefix"]
+    argv += ["--prompt-layouts", "block-attention,short-answer"]
+    assert main(argv) == 0
+    recipe = json.loads((out / "finetune.json").read_text())
+    assert recipe["config"]["ape_prefix"] is True
+    assert recipe["config"]["layouts"] == ["block-attention", "short-answer"]
+    assert main([*argv[:-1], "block-attention,nope"]) == 2
