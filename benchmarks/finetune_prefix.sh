@@ -42,9 +42,10 @@ stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
 train=(--steps "${TRAIN_STEPS:-250}" --batch-size 8 --max-minutes "${TRAIN_MINUTES:-3}" --prompts 1200 --examples 8000)
 evalopts=(--num-docs 5,10 --gold-position first,middle,last --batch-size 64 --engine-option warm_up=false
     --kv-cache-gb 4 --host-cache-gb 0)
-# Each evaluation is stopped after this many seconds, so that the whole run ends inside 9 minutes: smollm2-block's
+# Each evaluation is stopped after this many seconds (BLOCK_SECONDS, PREFIX_SECONDS; SETS: the builtin sets), so
+# that the whole run ends inside 9 minutes: smollm2-block's
 # start with the training, the new adapter's after it.
-block_seconds=480 prefix_seconds=240 background=1
+block_seconds=${BLOCK_SECONDS:-480} prefix_seconds=${PREFIX_SECONDS:-240} background=1
 if [ "$smoke" = "--smoke" ]; then  # minutes of a CPU: two steps, one cell per evaluation, one at a time
     train=(--steps 2 --batch-size 2 --prompts 8 --examples 8 --held-out 2 --device cpu --answer-tokens 4
         --docs-per-prompt 2,3 --max-tokens 1000)  # fp32 eager attention on a CPU: short rows
@@ -71,7 +72,7 @@ wait_all() {  # every background job; the failures counted
 "$py" -c "from lazyattn.model.hub import resolve_model; print(resolve_model('smollm2'))" || exit 1
 
 stamp "smollm2-block evaluations start"
-for set in real real-heldout; do
+for set in ${SETS:-real real-heldout}; do
     for layout in block-attention short-answer; do run_eval block "$set" "$layout" smollm2-block "$block_seconds"; done
 done
 
@@ -85,7 +86,7 @@ trained=${PIPESTATUS[0]}
 stamp "training done (exit $trained)"
 
 if [ "$trained" = 0 ]; then
-    for set in real real-heldout; do
+    for set in ${SETS:-real real-heldout}; do
         for layout in block-attention short-answer; do
             run_eval prefix "$set" "$layout" "$work/adapter" "$prefix_seconds"
         done
