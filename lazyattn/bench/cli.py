@@ -207,6 +207,11 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         flush=True,
     )
 
+    recorder = None
+    if args.trace:
+        from lazyattn.bench.trace import TraceRecorder
+
+        recorder = TraceRecorder()
     results: list[report.PointResult] = []
     for mode in [] if args.hit_ratio_only else modes:
         try:
@@ -226,6 +231,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
                     progress=not args.no_progress,
                     desc=f"{mode} {trace.load.label}",
                     cache="warm" if args.warm_cache else "cold",
+                    recorder=recorder,
                 )
             except Exception as e:
                 traceback.print_exc()
@@ -239,6 +245,11 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         engine = None
         free_device_memory()
 
+    if recorder is not None:
+        from lazyattn.bench.trace import summary
+
+        recorder.write(Path(args.trace))
+        print("\n".join(["", *summary(recorder.document()), f"wrote {args.trace}"]), flush=True)
     rows = report.comparison_rows(results)
     if rows:
         print("\nComparison (ratios: this mode / lazy at the same load)\n" + report.text_table(rows), flush=True)

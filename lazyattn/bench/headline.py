@@ -46,9 +46,10 @@ def run_modes(
     data: dict,
     out: Path | None,
     prime: bool = True,
+    recorder=None,
 ) -> dict:
     """Measure every mode into data["modes"]; the deadline (time.monotonic()) is shared out evenly over the modes
-    still to run."""
+    still to run. `recorder` (bench/trace.py): traces every point's measured window."""
     from lazyattn.bench.replay import free_device_memory, make_engine, warm_up
     from lazyattn.bench.workload import warmup_trace
 
@@ -74,7 +75,7 @@ def run_modes(
                 warm_up(engine, warm)
             engine.reset_cache()
             entry["startup_s"] = time.monotonic() - t_load
-            run = _ModeRun(engine, trace, vocab_high, entry, data, out, search_cfg)
+            run = _ModeRun(engine, trace, vocab_high, entry, data, out, search_cfg, recorder)
             if cold_start is not None and mode_deadline - time.monotonic() >= min_point_s:
                 run.cold_start(*cold_start, deadline=mode_deadline)
             # Priming stops a point's time before the deadline, so that the first point still gets measured.
@@ -110,9 +111,10 @@ def run_modes(
 class _ModeRun:
     """One mode's engine and its entry of the result document, checkpointed after every point."""
 
-    def __init__(self, engine, trace, vocab_high: int, entry: dict, data: dict, out, search_cfg) -> None:
+    def __init__(self, engine, trace, vocab_high: int, entry: dict, data: dict, out, search_cfg, recorder=None) -> None:
         self.engine, self.trace, self.vocab_high = engine, trace, vocab_high
         self.entry, self.data, self.out, self.search_cfg = entry, data, out, search_cfg
+        self.recorder = recorder
 
     def cold_start(self, rate: float, seconds: float, bin_s: float, *, deadline: float) -> None:
         phases = PhaseConfig(window_s=seconds, window_requests=0, drain_s=max(2.0, seconds / 4), warmup=False)
@@ -146,7 +148,16 @@ class _ModeRun:
     def measure(self, rate: float, phases: PhaseConfig, shortened: bool, deadline: float) -> PointResult:
         n = len(self.entry["points"])
         p = run_point(
-            self.engine, self.trace, rate, phases, self.vocab_high, point=n, deadline=deadline, shortened=shortened
+            self.engine,
+            self.trace,
+            rate,
+            phases,
+            self.vocab_high,
+            point=n,
+            deadline=deadline,
+            shortened=shortened,
+            recorder=self.recorder,
+            label=f"{self.engine.mode.name} point {n}: {rate:g} req/s",
         )
         self.entry["points"].append(p.to_dict())
         print(_point_line(p, self.search_cfg), flush=True)

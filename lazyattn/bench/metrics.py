@@ -28,6 +28,7 @@ class RequestRecord:
     doc_hits: float = 0  # documents found in the cache at admission (see replay.document_hits)
     cached_tokens: int = 0
     prefilled_tokens: int = 0  # rows this request computed itself (its final segment; prefix/full: more)
+    queue_time: float | None = None  # arrival -> first scheduled, from the engine (None: never scheduled)
     finished: bool = False
 
     @property

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -27,6 +28,9 @@ from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.modes import Mode
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from lazyattn.bench.trace import TraceRecorder
 
 
 @dataclass
@@ -91,21 +95,29 @@ def replay(
     progress: bool = False,
     desc: str = "",
     cache: str = "cold",
+    recorder: TraceRecorder | None = None,
 ) -> PointRun:
     """Serve `trace` on `engine` in real time. Requests still running after `max_seconds` are aborted and
     left unfinished (the run is marked timed out). The document cache starts `cold` (empty), `warm` (as one
     unmeasured pass of the same trace left it) or `as_is` (whatever it holds: documents registered ahead,
-    `python -m benchmarks.host_tier`)."""
+    `python -m benchmarks.host_tier`). `recorder`: traces the measured pass (bench/trace.py)."""
     if cache not in ("cold", "warm", "as_is"):
         raise ValueError(f"cache must be 'cold', 'warm' or 'as_is', not {cache!r}")
     if cache != "as_is":
         engine.reset_cache()
     if cache == "warm":
         _serve(engine, trace, max_seconds, False, f"{desc} (warming the cache)")
-    return _serve(engine, trace, max_seconds, progress, desc)
+    return _serve(engine, trace, max_seconds, progress, desc, recorder)
 
 
-def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, desc: str) -> PointRun:
+def _serve(
+    engine: LLMEngine,
+    trace: Trace,
+    max_seconds: float,
+    progress: bool,
+    desc: str,
+    recorder: TraceRecorder | None = None,
+) -> PointRun:
     spec, load, mode = trace.spec, trace.load, engine.mode
     before = engine.stats()
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
@@ -129,6 +141,8 @@ def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, 
         leave=False,
     )
     t0 = time.monotonic()
+    if recorder is not None:
+        recorder.start(engine, t0)
     try:
         while pending or in_flight:
             now = time.monotonic() - t0
@@ -157,7 +171,11 @@ def _serve(engine: LLMEngine, trace: Trace, max_seconds: float, progress: bool, 
         raise
     finally:
         bar.close()
+        if recorder is not None:
+            recorder.stop(engine)
     wall = time.monotonic() - t0
+    if recorder is not None:
+        recorder.add_window(f"{mode.name} {load.label}", records, 0.0, wall)
     after = engine.stats()
     counters = EngineCounters(
         rows_computed=after.prefilled_tokens + after.decoded_tokens - before.prefilled_tokens - before.decoded_tokens,
@@ -199,4 +217,5 @@ def _settle(rec: RequestRecord, out: RequestOutput | None, mode: Mode, trace: Tr
     if out.metrics is not None:
         rec.cached_tokens = out.metrics.cached_tokens
         rec.prefilled_tokens = out.metrics.prefilled_tokens
+        rec.queue_time = out.metrics.queue_time
         rec.doc_hits = mode.reused_documents(rec.cached_tokens, trace.system_len, trace.spec.doc_len, rec.num_docs)

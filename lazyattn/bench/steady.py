@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from lazyattn.bench.workload import (
 )
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from lazyattn.bench.trace import TraceRecorder
 
 KEEP_UP_SLACK = 2  # requests
 _DOCUMENTS, _STEADY = 0, 8  # workload.py's document stream (same pool as `make_trace`), and this module's own
@@ -203,11 +207,14 @@ def run_point(
     point: int = 0,
     deadline: float = math.inf,
     shortened: bool = False,
+    recorder: TraceRecorder | None = None,
+    label: str = "",
 ) -> PointResult:
     """Serve Poisson traffic at `rate` on `engine` as it stands (its cache is not reset) through warm-up, window and
     drain; abort whatever is left. Question tokens are drawn below `vocab_high` (workload.token_space).
     `deadline` (time.monotonic()) ends the point early: the window closes `drain_s` before it (marked shortened),
-    so that its last requests get the same time to answer as in a full point."""
+    so that its last requests get the same time to answer as in a full point. `recorder`: traces the window and
+    its drain (bench/trace.py) as `label`."""
     spec = trace.spec
     params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
     stream = request_stream(spec, rate, vocab_high, point)
@@ -226,6 +233,8 @@ def run_point(
     preemptions = engine.stats().preemptions
     t0 = time.monotonic()
     window_deadline = deadline - t0 - phases.drain_s
+    if recorder is not None and window_start == 0.0:
+        recorder.start(engine, t0)
     try:
         while True:
             now = time.monotonic() - t0
@@ -245,6 +254,8 @@ def run_point(
                 now >= phases.warmup_min_s and steady_block(done_hits, phases.warmup_block, phases.warmup_tol)
             ):
                 window_start, first_in_window = now, upcoming.index
+                if recorder is not None:
+                    recorder.start(engine, t0)
                 result.warmup_steady = now < phases.warmup_max_s
                 result.warmup_s = now
             while upcoming.arrival <= now:
@@ -272,6 +283,8 @@ def run_point(
     finally:
         for rid in list(in_flight):
             _settle(records[in_flight[rid]], engine.abort(rid), engine.mode, trace)
+        if recorder is not None:
+            recorder.stop(engine)
     wall = time.monotonic() - t0
     stats = engine.stats()
     result.wall_s = wall
@@ -283,6 +296,8 @@ def run_point(
         window_end = min(wall, max(r.arrival for r in records.values()) + 1e-9)
         result.shortened = True
     _window_stats(result, records, completions, token_times, window_start, window_end, phases, done_hits)
+    if recorder is not None:
+        recorder.add_window(label or f"{result.mode} {rate:g} req/s", records, window_start, window_end)
     return result
 
 

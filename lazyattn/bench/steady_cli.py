@@ -84,6 +84,14 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:
         help="do not prime the document cache before the first point (by default the pool's most popular documents "
         "that fit are served once, unmeasured, so the first point starts from a long-running server's cache)",
     )
+    s.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="write every point's measured window (plain runs: every load point) as a Chrome / Perfetto trace (engine "
+        "steps, request queue / prefill / decode) and print what the p99 requests waited through (docs/benchmarks.md, "
+        "'Tracing a window')",
+    )
     s.add_argument("--cold-start", action="store_true", help="also the cold-start curve (empty cache) per mode")
     s.add_argument("--cold-start-rate", type=float, default=None, help="its rate, req/s (10; smoke: 4)")
     s.add_argument("--cold-start-s", type=float, default=None, help="its length, s (120; smoke: 1)")
@@ -161,6 +169,11 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
         flush=True,
     )
     out = Path(args.out) if args.out else None
+    recorder = None
+    if args.trace:
+        from lazyattn.bench.trace import TraceRecorder
+
+        recorder = TraceRecorder()
     headline.run_modes(
         modes=modes,
         options=options,
@@ -177,8 +190,14 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
         data=data,
         out=out,
         prime=not args.no_prime,
+        recorder=recorder,
     )
     print("\n" + steady_report.summary_markdown(data), flush=True)
+    if recorder is not None:
+        from lazyattn.bench.trace import summary
+
+        recorder.write(Path(args.trace))
+        print("\n".join([*summary(recorder.document()), f"wrote {args.trace}"]), flush=True)
     if out is not None:
         print("wrote " + ", ".join(str(p) for p in headline.write_outputs(data, out)))
     return 1 if any(e.get("error") for e in data["modes"].values()) else 0

@@ -12,9 +12,11 @@ thread (server/engine_loop.py), which is the only one that touches it.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -42,6 +44,7 @@ from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
 from lazyattn.engine.step_launch import StepLauncher
 from lazyattn.engine.step_pipeline import LaunchedStep, StepPipeline, SyncPipeline
+from lazyattn.engine.step_report import StepReport, step_report
 from lazyattn.errors import (
     CacheInvariantError,
     CheckpointError,
@@ -117,6 +120,10 @@ class LLMEngine:
             config.split_mixed_steps_on,
         )
         self.requests: dict[str, Request] = {}
+        # Called with each step once its tokens are read (bench/trace.py); None: steps are not reported.
+        self.step_observer: Callable[[StepReport], None] | None = None
+        self._reported = 0  # steps reported so far
+        self._host_free_at = 0.0  # when the host last turned to scheduling (step call or read end), while observed
         self.check_invariants = config.check_invariants or config.env.check_invariants
         # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
         self.pipeline: StepPipeline = (
@@ -201,7 +208,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self._finish(seq, "abort")
         if not self.requests:  # nobody left to read the step in flight
-            self.pipeline.drain(self.scheduler)
+            self._drain()
         return self.outputs.output(req.request_id, req.prompt, req.seqs)
 
     def drop_documents(self, segments: list[list[int]], *, cache_salt: str | None = None) -> int:
@@ -232,6 +239,8 @@ class LLMEngine:
         """
         touched: dict[str, Request] = {}
         failed: dict[str, str] = {}
+        if self.step_observer is not None:
+            self._host_free_at = time.monotonic()
         prefilled, start = self.scheduler.prefilled_tokens, time.perf_counter()
         self.pipeline.step(self.scheduler, lambda step: self._read(step, touched, failed))
         if self.disk is not None:  # the disk tier's guard weighs a read against an encode at this rate
@@ -245,13 +254,36 @@ class LLMEngine:
         # Every sequence of a step still in flight has ended (this step's outputs included): nobody will read it, and
         # the pages of what ended go back now, while the engine is seen idle (reset_cache, shutdown).
         if not self.requests:
-            self.pipeline.drain(self.scheduler)
+            self._drain()
         if self.check_invariants:
             self.check()
         return outputs
 
     def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
-        return self.launcher.launch(self.scheduler, batch)
+        if self.step_observer is None:
+            return self.launcher.launch(self.scheduler, batch)
+        runner, sched = self.executor.runner, self.scheduler
+        counters = (sched.prefilled_tokens, sched.decoded_tokens, self.launcher.split_steps, runner.graph_replays)
+        step = self.launcher.launch(sched, batch)
+        step.report = step_report(
+            self._reported,
+            batch,
+            prefill_tokens=sched.prefilled_tokens - counters[0],
+            decode_rows=sched.decoded_tokens - counters[1],
+            split=self.launcher.split_steps > counters[2],
+            graph_passes=runner.graph_replays - counters[3],
+            scheduled_at=self._host_free_at,
+            launched_at=time.monotonic(),
+        )
+        self._reported += 1
+        return step
+
+    def _drain(self) -> None:
+        """Wait for the step in flight, which nobody will read (every request has ended); reported unread."""
+        step = self.pipeline.in_flight
+        self.pipeline.drain(self.scheduler)
+        if step is not None and step.report is not None and self.step_observer is not None:
+            self.step_observer(step.report)
 
     def _read(self, step: LaunchedStep, touched: dict[str, Request], failed: dict[str, str]) -> None:
         """Append a completed step's tokens; finish the sequences they end, and end the requests that failed (a
@@ -280,6 +312,9 @@ class LLMEngine:
                     if not seq.is_finished:
                         self._finish(seq, "abort")
                 touched[request_id] = req
+        if self.step_observer is not None and step.report is not None:
+            self._host_free_at = time.monotonic()
+            self.step_observer(dataclasses.replace(step.report, read_at=self._host_free_at))
 
     def _finish(self, seq: Sequence, reason: str | None = None) -> None:
         self.outputs.finish(seq, reason)

@@ -61,6 +61,7 @@ class ModelRunner:
             self.shared = SharedDecode(group=mc.num_heads // mc.num_kv_heads)
         self.graphs = None  # decode steps replay CUDA graphs when set
         self.prefill_graphs = None  # and small prefill steps (engine/prefill_graphs.py)
+        self.graph_replays = 0  # forward passes that replayed a graph (engine/step_report.py)
         if device.type == "cuda" and config.cuda_graphs:
             widest = min(cdiv(max_model_len, ps), self.num_pages)
             # With a temperature or scale on documents by default the graphs carry their tables (engine/cuda_graphs.py)
@@ -86,8 +87,10 @@ class ModelRunner:
         self._copy_rotate(step)
         bucket = None if self.prefill_graphs is None else self.prefill_graphs.bucket(step)
         if bucket is not None:
+            self.graph_replays += 1
             return self.prefill_graphs.run(step, bucket)
         if self.graphs is not None and self.graphs.fits(step):
+            self.graph_replays += 1
             return self.graphs.run(step)
         input_ids, fb = self.to_device(step)
         if step.fed_back is not None:

@@ -19,6 +19,7 @@ from lazyattn.engine.batch import ScheduledBatch
 from lazyattn.engine.sampling import SampleResult
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
+from lazyattn.engine.step_report import StepReport
 
 Picked = list[tuple[Sequence, "tuple[SampleResult, int] | None"]]
 
@@ -33,6 +34,7 @@ class LaunchedStep:
     sampled_ids: torch.Tensor | None  # every row's sampled id on the device, when one result holds them all
     rows: dict[int, int]  # seq_id -> row of sampled_ids
     done: torch.cuda.Event | None  # recorded after the copies to the host (None on the CPU: already done)
+    report: StepReport | None = None  # while LLMEngine.step_observer is set
 
     def wait(self) -> None:
         if self.done is not None:

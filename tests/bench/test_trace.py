@@ -1,0 +1,107 @@
+"""`lazyattn bench --trace` on the CPU (tiny model, a few requests): the trace file against what the bench itself
+reports (its per-request TTFTs, the engine's prefilled-token counter), and the engine's step observer."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lazyattn.bench.replay import make_engine
+from lazyattn.bench.trace import summary
+from lazyattn.cli import main
+from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.sampling import SamplingParams
+
+KINDS = {"prefill", "decode", "mixed", "split", "empty"}
+
+
+def _well_formed(doc: dict) -> None:
+    assert doc["traceEvents"]
+    for e in doc["traceEvents"]:
+        assert e["ph"] in ("X", "M") and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "X":
+            assert e["ts"] >= 0 and e["dur"] >= 0 and isinstance(e["args"], dict)
+            assert e["cat"] == "request" or e["name"] in KINDS
+
+
+def _requests(doc: dict, pid: int) -> list[dict]:
+    """One event per request (its queue span carries its args), arrival order."""
+    queued = [e for e in doc["traceEvents"] if e["pid"] == pid and e["ph"] == "X" and e["name"] == "queue"]
+    return sorted(queued, key=lambda e: (e["ts"], e["args"]["request"]))
+
+
+def _steps(doc: dict, pid: int) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["pid"] == pid and e["ph"] == "X" and e["cat"] == "step"]
+
+
+def test_steady_window_trace_matches_the_bench(tmp_path, capsys):
+    trace = tmp_path / "window.json"
+    code = main(
+        ["bench", "--smoke", "--steady", "--rate", "6", "--modes", "lazy", "--budget-s", "4", "--cold-start-s", "0.3"]
+        + ["--out", str(tmp_path / "out"), "--no-progress", "--no-prime", "--trace", str(trace)]
+    )
+    assert code == 0
+    doc = json.loads(trace.read_text())
+    _well_formed(doc)
+    points = json.loads((tmp_path / "out" / "steady.json").read_text())["modes"]["lazy"]["points"]
+    windows = doc["lazyattn_windows"]
+    assert len(windows) == len(points) >= 1  # one traced window per point; the cold start is not traced
+    for window, point in zip(windows, points):
+        pid = window["pid"]
+        inside = [e for e in _requests(doc, pid) if e["args"]["in_window"]]
+        ttfts = [math.inf if e["args"]["ttft_ms"] is None else e["args"]["ttft_ms"] for e in inside]
+        expected = [math.inf if t is None else t for t in point["window_ttfts_ms"]]
+        assert ttfts == pytest.approx(expected)
+        steps = _steps(doc, pid)
+        assert sum(s["args"]["prefill_tokens"] for s in steps) == window["prefilled_tokens"] > 0
+        # Only the window: no step before it starts (the warm-up's are not recorded).
+        assert min(s["ts"] for s in steps) >= window["window_start_s"] * 1e6
+    out = capsys.readouterr().out
+    assert "p99 TTFT" in out and f"wrote {trace}" in out
+
+
+def test_plain_run_trace_matches_the_bench(tmp_path, capsys):
+    trace = tmp_path / "plain.json"
+    code = main(
+        ["bench", "--model", "tiny", "--modes", "lazy", "--num-docs", "6", "--doc-len", "32", "--num-requests", "5"]
+        + ["--output-len", "3", "--question-len", "4", "--rate", "20", "--warmup-requests", "1", "--no-progress"]
+        + ["--out", str(tmp_path / "out"), "--trace", str(trace)]
+    )
+    assert code == 0
+    doc = json.loads(trace.read_text())
+    _well_formed(doc)
+    (window,) = doc["lazyattn_windows"]
+    (point,) = json.loads((tmp_path / "out" / "bench.json").read_text())["points"]
+    by_request = {e["args"]["request"]: e["args"]["ttft_ms"] for e in _requests(doc, window["pid"])}
+    assert [by_request[i] for i in range(5)] == pytest.approx(point["requests"]["ttft_ms"], abs=1e-3)
+    assert sum(s["args"]["prefill_tokens"] for s in _steps(doc, window["pid"])) == window["prefilled_tokens"]
+    # Every request's spans follow one another on its slot: queue, prefill, decode.
+    for i in range(5):
+        spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["args"].get("request") == i]
+        assert [e["name"] for e in spans] == ["queue", "prefill", "decode"]
+        assert len({e["tid"] for e in spans}) == 1
+        assert spans[1]["ts"] >= spans[0]["ts"] and spans[2]["ts"] >= spans[1]["ts"]
+    lines = summary(doc)
+    assert lines[0].startswith("trace lazy rate 20: p99 TTFT") and lines[1].startswith("  request ")
+    assert lines[0] in capsys.readouterr().out
+
+
+def test_step_observer_reports_each_step_once_read():
+    engine = make_engine(dict(model="tiny", device="cpu", page_size=16), "lazy")
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("off", RenderedPrompt([[1, 2, 3, 4]], [5, 6]), params)
+    while engine.has_unfinished():
+        engine.step()  # no observer: no report is built
+    reports = []
+    engine.step_observer = reports.append
+    engine.add_request("on", RenderedPrompt([[7, 8, 9, 10]], [11, 12]), params)
+    while engine.has_unfinished():
+        engine.step()
+    assert [r.index for r in reports] == list(range(len(reports)))
+    assert {r.kind for r in reports} <= {"prefill", "decode"} and reports[-1].kind == "decode"
+    assert sum(r.documents for r in reports) == 1  # the new document, encoded once
+    assert sum(r.decode_rows for r in reports) == 2  # tokens 2 and 3; the first came from the prefill
+    assert all(r.scheduled_at <= r.launched_at <= r.read_at for r in reports)
+    assert all(r.graph_passes == 0 and not r.overlapped for r in reports)  # the CPU: eager, synchronous
