@@ -157,7 +157,7 @@ class _ModeRun:
             deadline=deadline,
             shortened=shortened,
             recorder=self.recorder,
-            label=f"{self.engine.mode.name} point {n}: {rate:g} req/s",
+            label=f"{self.engine.mode.name} {rate:g} req/s (point {n})",
         )
         self.entry["points"].append(p.to_dict())
         print(_point_line(p, self.search_cfg), flush=True)

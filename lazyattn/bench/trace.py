@@ -165,6 +165,11 @@ def _request_events(records: list[RequestRecord], pid: int, start_s: float, end_
     return events
 
 
+def _step_end(e: dict) -> float:
+    """When the step's tokens were read (its host time's end if it was drained unread), µs."""
+    return e["ts"] + e["dur"] + (e["args"]["read_ms"] or 0.0) * 1e3
+
+
 def summary(document: dict) -> list[str]:
     """Per traced window: its p99 TTFT, and for its slowest requests (at or above the p99, at most SLOWEST) what
     the steps between their arrival and their first token looked like."""
@@ -186,7 +191,7 @@ def summary(document: dict) -> list[str]:
         for e in slow:
             arrival, wait = e["ts"], ttft[id(e)]
             until = arrival + wait * 1e3 if math.isfinite(wait) else math.inf
-            through = [s for s in steps if arrival <= s["ts"] < until]
+            through = [s for s in steps if s["ts"] < until and _step_end(s) > arrival]  # running at arrival too
             prefill = [s for s in through if s["args"]["prefill_tokens"]]
             largest = max(through, key=lambda s: s["args"]["prefill_tokens"], default=None)
             worst = (
@@ -195,8 +200,11 @@ def summary(document: dict) -> list[str]:
                 if largest is not None and largest["args"]["prefill_tokens"]
                 else ""
             )
+            queued = e["args"]["queue_ms"]
             lines.append(
-                f"  request {e['args']['request']}: TTFT {wait:.1f} ms, queued {e['args']['queue_ms']} ms; waited "
+                f"  request {e['args']['request']}: TTFT {wait:.1f} ms, "
+                + (f"queued {queued:.1f} ms" if queued is not None else "never scheduled")
+                + f"; waited "
                 f"through {len(through)} steps, {len(prefill)} with prefill "
                 f"({sum(s['args']['prefill_tokens'] for s in through)} tokens{worst})"
             )

@@ -105,3 +105,22 @@ def test_step_observer_reports_each_step_once_read():
     assert sum(r.decode_rows for r in reports) == 2  # tokens 2 and 3; the first came from the prefill
     assert all(r.scheduled_at <= r.launched_at <= r.read_at for r in reports)
     assert all(r.graph_passes == 0 and not r.overlapped for r in reports)  # the CPU: eager, synchronous
+
+
+def test_summary_names_the_prefill_a_slow_request_waited_behind():
+    def step(ts, dur, tokens, read_ms=0.5):
+        args = {"prefill_tokens": tokens, "documents": tokens // 100, "read_ms": read_ms}
+        return {"ph": "X", "cat": "step", "name": "prefill", "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": args}
+
+    def request(i, ts, ttft_ms):
+        args = {"request": i, "ttft_ms": ttft_ms, "queue_ms": ttft_ms / 2, "in_window": True}
+        return {"ph": "X", "cat": "request", "name": "queue", "pid": 1, "tid": 100, "ts": ts, "dur": 0, "args": args}
+
+    # Request 1 arrives while a 4000-token prefill runs (started before it) and waits 60 ms; request 0 is quick.
+    events = [step(0, 50_000, 4000), step(51_000, 5_000, 300), step(90_000, 1_000, 0)]
+    events += [request(0, 0, 55.0), request(1, 10_000, 60.0)]
+    doc = {"traceEvents": events, "lazyattn_windows": [{"label": "lazy 8 req/s (point 0)", "pid": 1}]}
+    head, slow = summary(doc)
+    assert head.startswith("trace lazy 8 req/s (point 0): p99 TTFT 60.0 ms over 2 window requests, 3 steps")
+    assert slow.startswith("  request 1: TTFT 60.0 ms, queued 30.0 ms; waited through 2 steps, 2 with prefill")
+    assert "(4300 tokens, largest 4000 tokens (50.0 ms host, 40 documents))" in slow
