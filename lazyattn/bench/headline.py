@@ -20,8 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lazyattn.bench import report
+from lazyattn.bench.metrics import percentile
 from lazyattn.bench.search import SearchConfig, SearchResult, search
-from lazyattn.bench.steady import PhaseConfig, PointResult, base_trace, cold_start_bins, percentile, run_point
+from lazyattn.bench.steady import PhaseConfig, PointResult, base_trace, cold_start_bins, run_point
 from lazyattn.bench.steady_report import summary_markdown
 
 SMOKE_PHASES = PhaseConfig(

@@ -18,6 +18,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); inf values (requests that never answered) sort last. nan if empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
+
+
 @dataclass
 class RequestRecord:
     index: int

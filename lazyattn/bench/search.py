@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from lazyattn.bench.steady import PhaseConfig, PointResult, percentile
+from lazyattn.bench.metrics import percentile
+from lazyattn.bench.steady import PhaseConfig, PointResult
 
 MIN_WINDOW_REQUESTS = 10  # a window the budget shortened still waits for this many arrivals (low rates)
 MIN_IDLE_REQUESTS = 10  # idle requests before the floor may decide: a few that met a cold cache do not

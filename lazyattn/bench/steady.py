@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lazyattn.bench.metrics import RequestRecord
+from lazyattn.bench.metrics import RequestRecord, percentile
 from lazyattn.bench.replay import _settle, step_records
 from lazyattn.bench.workload import (
     Trace,
@@ -85,14 +85,6 @@ def request_stream(spec: WorkloadSpec, rate: float, vocab_high: int, point: int)
         yield TraceRequest(i, tuple(int(d) for d in order), question, t)
         t += rng.exponential(1.0 / rate)
         i += 1
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); inf values (requests that never answered) sort last. nan if empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
 
 
 def steady_block(hits: list[float], block: int, tol: float) -> bool:

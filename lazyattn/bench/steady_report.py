@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 
 from lazyattn.bench import report
+from lazyattn.bench.metrics import percentile
 from lazyattn.bench.search import ALLOWED_MISS, FLOOR_ALPHA, MIN_IDLE_REQUESTS
-from lazyattn.bench.steady import PointResult, percentile
+from lazyattn.bench.steady import PointResult
 
 
 def _fmt(v, f: str = "{:.1f}") -> str:

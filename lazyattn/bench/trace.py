@@ -21,8 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from lazyattn.bench.metrics import RequestRecord
-from lazyattn.bench.steady import percentile
+from lazyattn.bench.metrics import RequestRecord, percentile
 from lazyattn.engine.step_report import StepReport
 
 STEPS_TID = 1

@@ -356,7 +356,7 @@ class LLMEngine:
         # A step still in flight holds the pages of the sequences it ended: they go back to this cache first. The
         # cache is emptied in place, never replaced, so that nothing can hand a segment back to a cache that does
         # not hold it.
-        self.pipeline.drain(self.scheduler)
+        self._drain()
         self.cache.poll(wait=True)  # promotions of aborted requests still hold their segments
         self.cache.clear()
         left = self.cache.live_segments()

@@ -17,6 +17,7 @@ prompts use.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import importlib
 import importlib.util
 import inspect
@@ -33,6 +34,8 @@ from lazyattn.errors import InvalidRequestError
 
 STDLIB_DOCSTRINGS = "stdlib-docstrings"
 JARGON_FILE = "jargon-file"
+# The built-in corpus, frozen as `--documents FILE.jsonl` reads it (rebuilt by lazyattn/finetune/jargon.py).
+JARGON_DATA = Path(__file__).resolve().parent / "data" / "jargon-file.jsonl.gz"
 DOCUMENT_SUFFIXES = (".txt", ".md")
 # Modules that act when imported (open a browser, print, start Tk), are test suites, or hold evaluation text.
 _STDLIB_SKIP = frozenset(
@@ -75,9 +78,7 @@ def read_documents(source: str) -> list[Document]:
     if source == STDLIB_DOCSTRINGS:
         return stdlib_docstrings()
     if source == JARGON_FILE:
-        from lazyattn.finetune import jargon
-
-        return jargon.load()
+        return _read_jsonl(JARGON_DATA)
     path = Path(source)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DOCUMENT_SUFFIXES)
@@ -96,8 +97,11 @@ def read_documents(source: str) -> list[Document]:
 
 
 def _read_jsonl(path: Path) -> list[Document]:
+    """A JSONL file of documents, gzip-compressed where its name ends in .gz."""
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
     docs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for n, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:

@@ -22,9 +22,9 @@ import re
 import sys
 from pathlib import Path
 
+from lazyattn.finetune.corpus import JARGON_DATA as DATA
 from lazyattn.finetune.corpus import Document
 
-DATA = Path(__file__).resolve().parent / "data" / "jargon-file.jsonl.gz"
 MIN_CHARS = 250
 _ENTRY = re.compile(r"^   :(.+?):\s*(.*)$")  # "   :headword: n." opens a lexicon entry
 _TABLE = re.compile(r"[\u2500-\u257f]")  # box-drawing characters: the revision-history table
@@ -77,13 +77,6 @@ def _clean(lines: list[str]) -> str:
     text = "\n".join(line[3:] if line.startswith("   ") else line.strip() for line in lines)
     text = re.sub(r"\{([^{}]*)\}", r"\1", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
-
-
-def load() -> list[Document]:
-    """The frozen corpus."""
-    with gzip.open(DATA, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [Document(r["id"], r["title"], r["text"]) for r in rows]
 
 
 def build(source: str | Path, out: Path = DATA) -> int:
