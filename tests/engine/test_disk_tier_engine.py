@@ -216,7 +216,10 @@ def test_aborting_a_request_while_its_documents_load_leaks_nothing(tmp_path, exp
     e, bos = llm.engine, llm.tokenizer.bos_token_id
     free = e.pool.num_free
     e.add_request("busy", from_token_ids([50, 51], [FRESH_DOC], bos), LONG)  # keeps steps from waiting on reads
-    e.step()
+    # Close the gate only once busy decodes: its own BOS segment comes from disk, and a read of it still in flight
+    # behind the closed gate would leave a step with nothing to run but that read to wait for.
+    while not any(out.outputs[0].token_ids for out in e.step()):
+        pass
     gate.clear()
     docs, final = REQUESTS[1]
     e.add_request("r", from_token_ids(final, [DOCS[d] for d in docs], bos), PARAMS)
