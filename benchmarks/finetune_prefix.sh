@@ -5,10 +5,12 @@
 #   bash benchmarks/finetune_prefix.sh OUT_DIR --smoke      # CPU, a few questions: the script's structure
 #
 # Training: continues smollm2-block (--init-adapter) for TRAIN_STEPS (250) or TRAIN_MINUTES (3), whichever ends
-# first, on ape_prefix block rows (documents read the system prompt, as lazy mode with ape_prefix encodes them), full
-# rows for a quarter of the labelled ones, both prompt layouts in turn, gold first / middle / last; half the rows
-# labelled (the built-in synthetic set), half distilled from the adapter's own full attention (--teacher self) on the
-# Jargon File (real prose that shares no source with the evaluation sets).
+# first, at learning rate LR (1e-4), distilled on the Jargon File (real prose that shares no source with the
+# evaluation sets) from smollm2-block's own full attention as training starts, frozen (--teacher start): half the
+# rows (FULL_SHARE) full rows, which hold full mode where it starts, half ape_prefix block rows (documents read the
+# system prompt, as lazy mode with ape_prefix encodes them), both prompt layouts in turn, gold first / middle / last.
+# LABELLED_SHARE (0) of the rows may come from the labelled synthetic set instead; TEACHER=self FULL_SHARE=0 distils
+# from the adapter being trained (a moving target) with block rows only.
 # Evaluation: `lazyattn eval` of the new adapter and of smollm2-block on builtin:real and builtin:real-heldout, 5 and 10
 # documents, gold first / middle / last, layouts block-attention and short-answer, modes full and lazy with
 # ape_prefix. smollm2-block's runs go alongside the training (the GPU has room for both), the new adapter's after it.
@@ -78,9 +80,10 @@ done
 
 stamp "training starts"
 "$py" -m lazyattn.cli finetune --model smollm2 --init-adapter smollm2-block --out "$work/adapter" \
-    --ape-prefix --prompt-layouts block-attention,short-answer --lr 2e-4 \
-    --distill --documents jargon-file --teacher self --docs-per-prompt 2,3,4,5,6,8,10 --passage-chars 1000 \
-    --answer-tokens 32 --max-tokens 1800 --labelled-share 0.5 --no-progress "${train[@]}" 2>&1 |
+    --ape-prefix --prompt-layouts block-attention,short-answer --lr "${LR:-1e-4}" \
+    --distill --documents jargon-file --teacher "${TEACHER:-start}" --distill-full-share "${FULL_SHARE:-0.5}" \
+    --docs-per-prompt 2,3,4,5,6,8,10 --passage-chars 1000 --answer-tokens 32 --max-tokens 1800 \
+    --labelled-share "${LABELLED_SHARE:-0}" --no-progress "${train[@]}" 2>&1 |
     tee "$work/finetune.log"
 trained=${PIPESTATUS[0]}
 stamp "training done (exit $trained)"

@@ -120,7 +120,14 @@ def _add_distill_arguments(p: argparse.ArgumentParser) -> None:
         "--teacher",
         default=d.teacher,
         choices=TEACHERS,
-        help="base: the frozen checkpoint (adapter off); self: the model being trained, full attention, no gradient",
+        help="base: the frozen checkpoint (adapter off); start: the model as training starts (with --init-adapter, "
+        "that adapter), frozen; self: the model being trained, full attention, no gradient",
+    )
+    g.add_argument(
+        "--distill-full-share",
+        type=float,
+        default=d.full_share,
+        help="share of distilled rows read with full attention, matched to a frozen teacher (default: %(default)s)",
     )
     g.add_argument("--distill-span", default=d.span, choices=SPANS, help="positions distilled (%(default)s)")
     g.add_argument("--held-out", type=int, default=d.held_out, help="prompts kept out to report the KL (%(default)s)")
@@ -153,6 +160,7 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
         answer_tokens=args.answer_tokens,
         temperature=args.kl_temperature,
         teacher=args.teacher,
+        full_share=args.distill_full_share,
         span=args.distill_span,
         held_out=args.held_out,
     )

@@ -16,7 +16,7 @@ BUILTIN = "builtin"  # the generated evaluation set's training split (data.py)
 # Every projection of a Llama-family block: attention and MLP.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
-TEACHERS = ("base", "self")
+TEACHERS = ("base", "self", "start")
 SPANS = ("question+answer", "answer")
 
 
@@ -30,6 +30,9 @@ class DistillConfig:
     answer_tokens: int = 48  # the teacher's greedy answer, at most this long
     temperature: float = 1.0
     teacher: str = "base"
+    # Share of distillation rows read with ordinary causal attention, matched to the teacher like the block rows:
+    # with a frozen teacher they hold full mode where it starts (a `self` teacher would match them trivially).
+    full_share: float = 0.0
     span: str = "question+answer"  # positions whose next-token distributions are matched
     kinds: Sequence[str] = field(default=("about", "continue", "quote", "summary"))
     held_out: int = 64  # prompts kept out of training to measure the KL before and after (when there are enough)
@@ -39,6 +42,14 @@ class DistillConfig:
             raise InvalidRequestError("distillation needs --documents or --questions", param="documents")
         if self.teacher not in TEACHERS:
             raise InvalidRequestError(f"teacher must be one of {', '.join(TEACHERS)}", param="teacher")
+        if not 0.0 <= self.full_share <= 1.0:
+            raise InvalidRequestError(f"full_share must be in [0, 1], got {self.full_share}", param="full_share")
+        if self.full_share > 0 and self.teacher == "self":
+            raise InvalidRequestError(
+                "distilled full rows need a frozen teacher (--teacher base or start): the model being trained "
+                "under full attention is already its own target there",
+                param="full_share",
+            )
         if self.span not in SPANS:
             raise InvalidRequestError(f"span must be one of {', '.join(SPANS)}", param="span")
         if self.temperature <= 0 or self.answer_tokens <= 0 or self.prompts <= 0:

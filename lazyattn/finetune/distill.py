@@ -1,14 +1,16 @@
 """Distillation from full attention (docs/finetune.md, Distillation): no labels, the model teaches itself.
 
 Teacher: the same checkpoint reading the concatenated prompt with ordinary causal attention, frozen — with
-LoRA, the model with its adapter disabled (`teacher="base"`, the default); optionally the model being trained,
-adapter on, under full attention and without gradient (`teacher="self"`: a moving target that follows what
-the labelled rows teach full mode). Student: the block row (masks.py) with the adapter. Loss: forward
+LoRA, the model with its adapter disabled (`teacher="base"`, the default); the model as training starts, frozen
+(`teacher="start"`: with an initial adapter, that adapter on); or the model being trained, adapter on, under full
+attention and without gradient (`teacher="self"`: a moving target that follows what the labelled rows teach full
+mode). Student: the block row (masks.py) with the adapter, or for a share of rows (`full_share`, frozen teachers
+only) the full row, which holds full mode where the teacher has it. Loss: forward
 KL(teacher ‖ student) of the next-token distributions at the question and answer positions (optionally the
 answer positions only), both softened by `temperature` and scaled by temperature² so gradients keep their size.
 
 The answers are the teacher's own: greedy, under full attention, up to `answer_tokens` tokens, generated once
-before training by the frozen checkpoint (a questions file may give them instead).
+before training by the teacher as training starts (a questions file may give them instead).
 """
 
 from __future__ import annotations

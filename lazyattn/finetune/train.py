@@ -97,7 +97,7 @@ class Objective:
         self.model = model
         self.distill = cfg.distill  # None: labelled rows only
         self.ape_prefix = cfg.ape_prefix  # block rows read the first segment (masks.row)
-        self.frozen = frozen  # the teacher of a full fine-tune (no adapter to disable); a plain model is its own
+        self.frozen = frozen  # a frozen copy that teaches (`start`, or `base` for a full fine-tune), else None
 
     def __call__(self, examples: Sequence[Example], blocks: Sequence[bool], device: torch.device) -> LossTerms:
         batch = make_batch(examples, blocks, device, ape_prefix=self.ape_prefix)
@@ -177,20 +177,22 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     if cfg.labelled_rows > 0:
         items = load_items(cfg.data, cfg.examples, cfg.seed)
         labelled = encode_items(base.tokenizer, items, layouts, cfg.max_tokens)
-    distilled: list[Example] = []
-    held_out: list[Example] = []
-    if cfg.distill is not None:
-        prompts = distill.load_prompts(cfg.distill, cfg.seed)
-        distilled = distill.teacher_examples(
-            model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, layouts, cfg.max_tokens
-        )
-        if len(distilled) > 2 * cfg.distill.held_out:
-            held_out, distilled = distilled[: cfg.distill.held_out], distilled[cfg.distill.held_out :]
-    frozen = None
-    if cfg.full_finetune and cfg.distill is not None and cfg.distill.teacher == "base":
-        frozen = copy.deepcopy(model).eval().requires_grad_(False)
     if not cfg.full_finetune:
         model = _with_lora(model, cfg)
+    distilled: list[Example] = []
+    held_out: list[Example] = []
+    frozen = None
+    if cfg.distill is not None:
+        teacher = cfg.distill.teacher
+        if teacher == "start" or (teacher == "base" and cfg.full_finetune):
+            frozen = copy.deepcopy(model).eval().requires_grad_(False)  # the weights as training starts
+        prompts = distill.load_prompts(cfg.distill, cfg.seed)
+        with _teacher_weights(model, teacher):  # the answers are the teacher's own
+            distilled = distill.teacher_examples(
+                model, base.tokenizer, prompts, cfg.distill.answer_tokens, device, layouts, cfg.max_tokens
+            )
+        if len(distilled) > 2 * cfg.distill.held_out:
+            held_out, distilled = distilled[: cfg.distill.held_out], distilled[cfg.distill.held_out :]
     objective = Objective(model, cfg, frozen)
     kl_before = objective.mean_kl(held_out, device) if held_out else None
     params = [p for p in model.parameters() if p.requires_grad]
@@ -209,7 +211,7 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
         # A row's source is drawn only when mixing, so a labelled-only run keeps its data order.
         mixed = [0.0 < share < 1.0 and rng.random() < share for _ in range(cfg.batch_size)]
         picked = [pools["labelled" if share == 1.0 or m else "distill"].next() for m in mixed]
-        blocks = [e.distill or rng.random() >= cfg.full_share for e in picked]
+        blocks = [_block_row(e, cfg, rng) for e in picked]
         step = objective(picked, blocks, device)
         loss = step.total(cfg.labelled_weight)
         loss.backward()
@@ -308,6 +310,21 @@ def _init_adapter_path(cfg: FinetuneConfig) -> str:
             f"{cfg.init_adapter} is an adapter over {base!r}, not over --model {cfg.model!r}", param="init_adapter"
         )
     return path
+
+
+def _teacher_weights(model: torch.nn.Module, teacher: str):
+    """The context in which `model` computes what the teacher does as training starts: the adapter off for
+    `base` (a LoRA model; a full fine-tune starts at the base), as it is for `start` and `self`."""
+    if teacher == "base" and hasattr(model, "disable_adapter"):
+        return model.disable_adapter()
+    return contextlib.nullcontext()
+
+
+def _block_row(example: Example, cfg: FinetuneConfig, rng: random.Random) -> bool:
+    """Whether `example` is trained as a block row: labelled rows are full rows for `full_share` of them, distilled
+    rows for the distillation's `full_share` (no draw at 0, so recipes without it keep their data order)."""
+    share = cfg.distill.full_share if example.distill else cfg.full_share
+    return not share or rng.random() >= share
 
 
 class _Pool:

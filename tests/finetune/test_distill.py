@@ -400,3 +400,53 @@ def test_cli_trains_ape_prefix_rows_in_both_layouts(tmp_path, corpus):
     assert recipe["config"]["ape_prefix"] is True
     assert recipe["config"]["layouts"] == ["block-attention", "short-answer"]
     assert main([*argv[:-1], "block-attention,nope"]) == 2
+
+
+def test_a_start_teacher_is_the_initial_adapter_frozen(tmp_path, corpus):
+    """`--teacher start` continuing an adapter: the teacher is that adapter as training starts, frozen. On full
+    rows its first KL is zero (the student reads what it reads, with the same weights), where the `base` teacher
+    (adapter off) differs. On block rows its first step equals the `self` teacher's, and later steps do not (the
+    `self` teacher moves with the training). The teacher's answers are the starting adapter's greedy ones."""
+    from peft import PeftModel
+
+    data = tmp_path / "labelled.jsonl"
+    data.write_text(json.dumps({**ITEM, "gold": [2]}) + "\n")
+    common = dict(model="tiny", batch_size=2, lora_rank=4, save_dtype="float32", progress=False, device="cpu")
+    common.update(warmup_steps=1, layouts=[SHORT])
+    first = tmp_path / "first"
+    finetune(FinetuneConfig(out=str(first), data=str(data), examples=None, steps=3, lr=5e-2, **common))
+    kl = {}
+    for teacher, full_share in (("start", 1.0), ("base", 1.0), ("start", 0.0), ("self", 0.0)):
+        distill = DistillConfig(
+            documents=str(corpus),
+            prompts=6,
+            docs_per_prompt=(2,),
+            answer_tokens=3,
+            held_out=1,
+            teacher=teacher,
+            full_share=full_share,
+        )
+        out = tmp_path / f"{teacher}-{full_share}"
+        cfg = FinetuneConfig(out=str(out), steps=4, lr=5e-2, init_adapter=str(first), distill=distill, **common)
+        kl[teacher, full_share] = finetune(cfg).terms["kl"]
+    assert kl["start", 1.0][0] < 1e-6 < 1e-4 < kl["base", 1.0][0]
+    assert kl["start", 0.0][0] == pytest.approx(kl["self", 0.0][0], rel=1e-5) and kl["start", 0.0][0] > 1e-4
+    assert any(abs(a - b) > 1e-3 * a for a, b in zip(kl["start", 0.0][1:], kl["self", 0.0][1:]))
+
+    recipe = json.loads((tmp_path / "start-1.0" / "finetune.json").read_text())
+    tiny = load_base("tiny")
+    adapter = PeftModel.from_pretrained(load_base("tiny").model, str(first)).eval()
+    prompts = load_prompts(DistillConfig(documents=str(corpus), prompts=6, docs_per_prompt=(2,)), 0)
+    answers = {
+        name: [tiny.tokenizer.decode(e.answer) for e in teacher_examples(m, tiny.tokenizer, prompts, 3, CPU, [SHORT])]
+        for name, m in (("start", adapter), ("base", tiny.model))
+    }
+    assert answers["start"] != answers["base"]
+    assert [s["teacher_answer"] for s in recipe["distill_samples"]] == answers["start"][1:]
+
+
+def test_distilled_full_rows_need_a_frozen_teacher():
+    with pytest.raises(InvalidRequestError, match="frozen teacher"):
+        DistillConfig(documents="-", teacher="self", full_share=0.5)
+    with pytest.raises(InvalidRequestError, match="full_share"):
+        DistillConfig(documents="-", teacher="start", full_share=1.5)
