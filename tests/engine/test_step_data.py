@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lazyattn.engine.batch import StepOutput, StepPlan
+from lazyattn.engine.batch import StepOutput
 from lazyattn.engine.isolation import NON_FINITE
 from lazyattn.engine.scheduler import PLACEHOLDER
 from lazyattn.engine.sequence import Status
@@ -60,7 +60,8 @@ def test_a_failed_request_ends_every_sequence_of_its_own_and_nobody_else():
     other = b.add("o", [], tokens(6, 60))
     plan = b.scheduler.schedule()
     # r's first row could not be sampled (isolation); its second row sampled, but the request fails whole
-    output = StepOutput({r0.seq_id: None, r1.seq_id: (result([7, 8]), 0), other.seq_id: (result([7, 8]), 1)}, {"r": "x"})
+    rows = result([7, 8])
+    output = StepOutput({r0.seq_id: None, r1.seq_id: (rows, 0), other.seq_id: (rows, 1)}, {"r": "x"})
     update = b.scheduler.update(plan, output)
     assert dict(update.failed) == {"r": "x"} and set(update.touched) == {"r", "o"}
     assert r0.is_finished and r1.is_finished and r0.run is None and r1.run is None
