@@ -91,11 +91,12 @@ SMALL_LLAMA = {  # Llama-3.1's layout at toy sizes (no forward pass runs: only t
     "vocab_size": VOCAB,
 }
 
-# schedule: Scheduler.schedule (with overlap's continuation); describe: ModelRunner.describe; stage: the graph
-# inputs' staging less the plan; plan: the shared-document plan and its staging; sample: the launcher's sampling
-# (fixed ids here); complete: Scheduler.complete; read: the engine's reading of a step's tokens (append, detokenise,
-# stop checks); outputs: the RequestOutputs a step returns; other: the rest of LLMEngine.step
-PHASES = ("schedule", "describe", "stage", "plan", "sample", "complete", "read", "outputs", "other", "total")
+# schedule: Scheduler.schedule (with overlap's continuation, the runs advanced past the plan); describe:
+# ModelRunner.describe; stage: the graph inputs' staging less the plan; plan: the shared-document plan and its
+# staging; sample: the launcher's sampling (fixed ids here); read: Scheduler.update, a step's tokens applied (encodes
+# ready, append, detokenise, stop checks, finish, release); outputs: the RequestOutputs a step returns; other: the
+# rest of LLMEngine.step
+PHASES = ("schedule", "describe", "stage", "plan", "sample", "read", "outputs", "other", "total")
 # gc: time in Python's cyclic garbage collector during the step, whichever phase it interrupted (not in the sum)
 EXTRA = ("gc", "collections")
 
@@ -224,10 +225,9 @@ def build(config_dir: Path, shared: bool) -> tuple[LLMEngine, Timers, GraphStagi
     runner.describe = timers.wrap("describe", runner.describe)
     sched = engine.scheduler
     sched.schedule = timers.wrap("schedule", sched.schedule)
-    sched.complete = timers.wrap("complete", sched.complete)
     engine.sampler.sample = fixed_sampler(torch.randint(1000, VOCAB, (MAX_BATCH,)))
     engine.launcher._sample = timers.wrap("sample", engine.launcher._sample)
-    engine._read = timers.wrap("read", engine._read)
+    sched.update = timers.wrap("read", sched.update)
     engine.outputs.output = timers.wrap("outputs", engine.outputs.output)
     return engine, timers, staging
 

@@ -43,7 +43,6 @@ from lazyattn.engine import (  # noqa: E402
     limits,
     llm_engine,
     model_runner,
-    overlap,
     prefill_graphs,
     scheduler,
     step_launch,
@@ -259,22 +258,23 @@ def gc_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
 def wait_effect(bench: eb.Bench, repeats: int, rounds: int = 3) -> dict:
     """TTFT (as benchmarks/engine.py times it) with LaunchedStep.wait as it is and as a bare loop over Event.query,
     alternated `rounds` times, median of `repeats` each."""
-    original = overlap.LaunchedStep.wait
+    original = step_launch.LaunchedStep.wait
 
-    def polled(step: overlap.LaunchedStep) -> None:
+    def polled(step: step_launch.LaunchedStep) -> step_launch.StepOutput:
         if step.done is not None:
             while not step.done.query():
                 pass
+        return step.output
 
     out: dict = {}
     try:
         for r in range(rounds):
             for mode, wait in (("synchronize", original), ("query_loop", polled)):
-                overlap.LaunchedStep.wait = wait
+                step_launch.LaunchedStep.wait = wait
                 out.setdefault(mode, []).append(_median([_ttft_ms(bench, 7000 + 100 * r + i) for i in range(repeats)]))
                 print("waits", r, mode, out[mode][-1], flush=True)
     finally:
-        overlap.LaunchedStep.wait = original
+        step_launch.LaunchedStep.wait = original
     return out
 
 
@@ -322,11 +322,10 @@ def phases(bench: eb.Bench, repeats: int) -> dict:
         (prefill_graphs.PrefillGraphs, "run", "prefill_graphs.run"),
         (step_launch.StepLauncher, "_sample", "sample"),
         (step_launch, "launched", "launched"),
-        (overlap.LaunchedStep, "wait", "wait"),
-        (llm_engine.LLMEngine, "_read", "process"),
-        (llm_engine.LLMEngine, "_finish", "finish"),
-        (type(bench.engine.pipeline), "end", "release_finished"),
-        (scheduler.Scheduler, "finish", "scheduler.finish"),
+        (step_launch.LaunchedStep, "wait", "wait"),
+        (scheduler.Scheduler, "update", "process"),
+        (scheduler.Scheduler, "finish", "finish"),
+        (scheduler.Scheduler, "release_ended", "release_finished"),
         (bench.engine.outputs, "finish", "outputs.finish"),
         (torch.cuda, "synchronize", "cuda.synchronize"),
         (bench.engine.outputs, "append", "append"),  # the instance's: the class holds static methods too

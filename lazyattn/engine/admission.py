@@ -69,9 +69,10 @@ class Admission:
         seq.parts, seq.run = acquired, run
         seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
 
-    def mark_filled_ready(self, seq: Sequence) -> None:
-        """The cache segments the sequence's run fills (prefix mode) are ready once it has computed their pages."""
-        for segment in seq.mode_state.filled_segments()[: seq.run.num_computed // self.page_size]:
+    def mark_filled_ready(self, seq: Sequence, computed: int) -> None:
+        """The cache segments the sequence's run fills (prefix mode) are ready once it has computed their pages: its
+        first `computed` tokens."""
+        for segment in seq.mode_state.filled_segments()[: computed // self.page_size]:
             if not segment.ready:
                 self.cache.mark_ready(segment)
 

@@ -41,7 +41,7 @@ def table_count(ape: bool) -> int:
 
 @dataclass
 class StepInputs:
-    """One forward step as host lists (what ModelRunner.describe builds from a ScheduledBatch)."""
+    """One forward step as host lists (what ModelRunner.describe builds from a StepPlan)."""
 
     tokens: list[int]
     positions: list[int]
@@ -56,7 +56,7 @@ class StepInputs:
     copy_src: list[int] = field(default_factory=list)
     copy_dst: list[int] = field(default_factory=list)
     copy_deltas: list[int] = field(default_factory=list)
-    # overlapped scheduling: tokens sampled by the previous step, still on the device (engine/overlap.py)
+    # overlapped scheduling: tokens sampled by the previous step, still on the device (engine/step_pipeline.py)
     fed_back: FedBack | None = None
 
 

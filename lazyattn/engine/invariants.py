@@ -9,7 +9,7 @@ segment's refcount is exactly the number of its holders.
 - holders of a segment: each live sequence that lists it as a part or fills it, and each fill from a lower tier
   still in flight;
 - live sequences: the running ones and those that ended while a step in flight may still read their pages
-  (engine/overlap.py); a waiting sequence (queued, or preempted) holds nothing;
+  (`Scheduler.ended`, engine/step_pipeline.py); a waiting sequence (queued, or preempted) holds nothing;
 - an encode job's segment is live and pending, unless the job is dead (nobody holds its segment, or it failed):
   the next schedule drops it before anything could run it.
 """

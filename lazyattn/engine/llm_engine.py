@@ -1,10 +1,11 @@
 """The engine: requests in, one forward pass per `step`, outputs out.
 
-`add_request → step → scheduler.schedule → executor.run → sampler → output_processor` is the whole call path:
-a request becomes sequences (engine/intake.py), the step pipeline (engine/step_pipeline.py) orders a step's launch
-(engine/step_launch.py) and the reading of its tokens (`_read`). A request with
-documents and no final segment (`params=None`) is prefill-only: it encodes its documents into the cache and
-finishes once they are cached (the server's document registration).
+`add_request → step → scheduler.schedule → launcher.launch (executor.run, sampler) → scheduler.update` is the whole
+call path: a request becomes sequences (engine/intake.py); a step is a `StepPlan` from the scheduler, a `StepOutput`
+from the launch (engine/step_launch.py) and the scheduler's update with both, ordered by the step pipeline
+(engine/step_pipeline.py, which holds the step in flight when scheduling overlaps). A request with documents and no
+final segment (`params=None`) is prefill-only: it encodes its documents into the cache and finishes once they are
+cached (the server's document registration).
 
 Threading: not thread-safe. One thread drives an engine — the caller of `LLM.generate`, or the server's engine
 thread (server/engine_loop.py), which is the only one that touches it.
@@ -12,7 +13,6 @@ thread (server/engine_loop.py), which is the only one that touches it.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import time
@@ -25,8 +25,7 @@ from lazyattn.cache.disk_tier import make_disk_tier
 from lazyattn.cache.document_cache import DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import make_host_tier
 from lazyattn.cache.page_pool import PagePool
-from lazyattn.engine import isolation
-from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.batch import StepUpdate
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
 from lazyattn.engine.executor.local import LocalExecutor
@@ -37,14 +36,12 @@ from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import EngineStats, RequestOutput
-from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import Sampler, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
-from lazyattn.engine.sequence import Sequence
 from lazyattn.engine.step_launch import StepLauncher
-from lazyattn.engine.step_pipeline import LaunchedStep, StepPipeline, SyncPipeline
-from lazyattn.engine.step_report import StepReport, step_report
+from lazyattn.engine.step_pipeline import StepPipeline
+from lazyattn.engine.step_report import StepReport
 from lazyattn.errors import (
     CacheInvariantError,
     CheckpointError,
@@ -107,9 +104,9 @@ class LLMEngine:
         self.tier = make_host_tier(config, kv) if kv is not None else None
         self.disk = make_disk_tier(config, kv, mc.fingerprint(), self._before_fill) if kv is not None else None
         self.cache = DocumentCache(self.pool, config.page_size, self.tier, self.disk)
-        self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer)
         self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)
+        self.scheduler = Scheduler(config, self.mode, self.cache, self.keyer, self.outputs)
         self.launcher = StepLauncher(
             self.executor,
             self.sampler,
@@ -120,17 +117,9 @@ class LLMEngine:
             config.split_mixed_steps_on,
         )
         self.requests: dict[str, Request] = {}
-        # Called with each step once its tokens are read (bench/trace.py); None: steps are not reported.
-        self.step_observer: Callable[[StepReport], None] | None = None
-        self._reported = 0  # steps reported so far
-        self._host_free_at = 0.0  # when the host last turned to scheduling (step call or read end), while observed
         self.check_invariants = config.check_invariants or config.env.check_invariants
-        # Overlapped scheduling (engine/overlap.py) or not, chosen once: the pipeline holds the step in flight.
-        self.pipeline: StepPipeline = (
-            OverlappedPipeline(self._launch, self.max_model_len)
-            if config.async_scheduling_on
-            else SyncPipeline(self._launch)
-        )
+        # Overlapped scheduling (engine/step_pipeline.py) or not, chosen once: the pipeline holds the step in flight.
+        self.pipeline = StepPipeline(self.launcher, overlap=config.async_scheduling_on)
         if self.device.type == "cuda" and config.warm_up:
             try:
                 self.executor.warm_up()
@@ -206,7 +195,7 @@ class LLMEngine:
             return None
         for seq in req.seqs:
             if not seq.is_finished:
-                self._finish(seq, "abort")
+                self.scheduler.finish(seq, "abort")
         if not self.requests:  # nobody left to read the step in flight
             self._drain()
         return self.outputs.output(req.request_id, req.prompt, req.seqs)
@@ -223,7 +212,16 @@ class LLMEngine:
     @property
     def step_in_flight(self) -> bool:
         """A launched step waits on the device for the next `step` to read it (overlapped scheduling)."""
-        return self.pipeline.in_flight is not None
+        return self.pipeline is not None and self.pipeline.in_flight is not None
+
+    @property
+    def step_observer(self) -> Callable[[StepReport], None] | None:
+        """Called with each step once its tokens are read (bench/trace.py); None: steps are not reported."""
+        return self.pipeline.observer
+
+    @step_observer.setter
+    def step_observer(self, observer: Callable[[StepReport], None] | None) -> None:
+        self.pipeline.observer = observer
 
     # -- one step ---------------------------------------------------------------------------------------------
 
@@ -234,20 +232,14 @@ class LLMEngine:
         (engine/isolation.py), or whose rows of logits are not finite: those requests end alone, with `error` on
         their output; the others go on.
 
-        With overlapped scheduling (engine/overlap.py) a step is left running on the device and its outputs are
-        returned by the next call, after that call has queued the step that follows it.
+        With overlapped scheduling (engine/step_pipeline.py) a step is left running on the device and its outputs
+        are returned by the next call, after that call has queued the step that follows it.
         """
-        touched: dict[str, Request] = {}
-        failed: dict[str, str] = {}
-        if self.step_observer is not None:
-            self._host_free_at = time.monotonic()
         prefilled, start = self.scheduler.prefilled_tokens, time.perf_counter()
-        self.pipeline.step(self.scheduler, lambda step: self._read(step, touched, failed))
+        updates = self.pipeline.step(self.scheduler)  # the steps read in this call: plan, launch, update
         if self.disk is not None:  # the disk tier's guard weighs a read against an encode at this rate
             self.disk.observe_encode(self.scheduler.prefilled_tokens - prefilled, time.perf_counter() - start)
-        outputs = [
-            self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched.values()
-        ]
+        outputs = self._outputs(updates)
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
@@ -259,66 +251,15 @@ class LLMEngine:
             self.check()
         return outputs
 
-    def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
-        if self.step_observer is None:
-            return self.launcher.launch(self.scheduler, batch)
-        runner, sched = self.executor.runner, self.scheduler
-        counters = (sched.prefilled_tokens, sched.decoded_tokens, self.launcher.split_steps, runner.graph_replays)
-        step = self.launcher.launch(sched, batch)
-        step.report = step_report(
-            self._reported,
-            batch,
-            prefill_tokens=sched.prefilled_tokens - counters[0],
-            decode_rows=sched.decoded_tokens - counters[1],
-            split=self.launcher.split_steps > counters[2],
-            graph_passes=runner.graph_replays - counters[3],
-            scheduled_at=self._host_free_at,
-            launched_at=time.monotonic(),
-        )
-        self._reported += 1
-        return step
+    def _outputs(self, updates: list[StepUpdate]) -> list[RequestOutput]:
+        """The outputs of the live requests the updates touched, in the order they were first touched."""
+        failed = {request_id: error for u in updates for request_id, error in u.failed.items()}
+        touched = [self.requests.get(request_id) for request_id in dict.fromkeys(r for u in updates for r in u.touched)]
+        return [self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched if r]
 
     def _drain(self) -> None:
         """Wait for the step in flight, which nobody will read (every request has ended); reported unread."""
-        step = self.pipeline.in_flight
         self.pipeline.drain(self.scheduler)
-        if step is not None and step.report is not None and self.step_observer is not None:
-            self.step_observer(step.report)
-
-    def _read(self, step: LaunchedStep, touched: dict[str, Request], failed: dict[str, str]) -> None:
-        """Append a completed step's tokens; finish the sequences they end, and end the requests that failed (a
-        failure pinned at launch, or a row of logits that is not finite)."""
-        ended = dict(step.failed)
-        now = time.monotonic()
-        for seq, sampled in step.picked:
-            if seq.is_finished:  # ended (or aborted) while this step ran: its token is dropped
-                continue
-            if sampled is not None and sampled[1] in sampled[0].non_finite_rows:
-                logger.warning("request %s: non-finite logits; ending it", seq.request_id)
-                ended.setdefault(seq.request_id, isolation.NON_FINITE)
-            elif sampled is not None and self.outputs.append(seq, *sampled, now):
-                self._finish(seq)
-            touched[seq.request_id] = self.requests[seq.request_id]
-        for seq in step.batch.encoded:  # prefill-only: its documents are cached now
-            if seq.is_finished:
-                continue
-            self._finish(seq, "stop")
-            touched[seq.request_id] = self.requests[seq.request_id]
-        failed.update(ended)
-        for request_id in ended:
-            req = self.requests.get(request_id)
-            if req is not None:
-                for seq in req.seqs:
-                    if not seq.is_finished:
-                        self._finish(seq, "abort")
-                touched[request_id] = req
-        if self.step_observer is not None and step.report is not None:
-            self._host_free_at = time.monotonic()
-            self.step_observer(dataclasses.replace(step.report, read_at=self._host_free_at))
-
-    def _finish(self, seq: Sequence, reason: str | None = None) -> None:
-        self.outputs.finish(seq, reason)
-        self.pipeline.end(self.scheduler, seq)
 
     # -- state ------------------------------------------------------------------------------------------------
 
@@ -338,7 +279,7 @@ class LLMEngine:
         if self.disk is not None:
             self.disk.close()  # the writes still queued land
         # Everything that holds a tier or the executor's buffers goes with them (the engine object may outlive this).
-        self.scheduler = self.cache = self.tier = self.disk = self.launcher = None  # type: ignore[assignment]
+        self.scheduler = self.cache = self.tier = self.disk = self.launcher = self.pipeline = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -347,7 +288,7 @@ class LLMEngine:
     def check(self) -> None:
         """Check the document cache's, its tiers' and the scheduler's bookkeeping whole (engine/invariants.py);
         CacheInvariantError names what is broken. Runs after every step with the `check_invariants` option."""
-        check_engine(self.cache, self.scheduler, self.pipeline.ended)
+        check_engine(self.cache, self.scheduler, self.scheduler.ended)
 
     def reset_cache(self) -> None:
         """Forget every cached document and restart the counters (the engine must be idle)."""
@@ -366,7 +307,7 @@ class LLMEngine:
         for tier in (self.tier, self.disk):
             if tier is not None:
                 tier.reset_stats()
-        self.scheduler = Scheduler(self.config, self.mode, self.cache, self.keyer)
+        self.scheduler = Scheduler(self.config, self.mode, self.cache, self.keyer, self.outputs)
         self.pool.reset_high_water()
         if self.check_invariants:
             self.check()

@@ -9,7 +9,7 @@ import math
 import torch
 
 from lazyattn.cache.page_pool import allocate_kv, bytes_per_page, pages_for_budget, pages_from_free_memory
-from lazyattn.engine.batch import Copy, ScheduledBatch, Work
+from lazyattn.engine.batch import Copy, StepPlan, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.graph_inputs import SharedDecode, StepInputs, paged_batch
@@ -76,9 +76,9 @@ class ModelRunner:
                     model, self.backend, widest, device, plan=config.env.prefill_plan, ape=ape
                 )
 
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+    def run(self, plan: StepPlan) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
-        return self.execute(self.describe(batch))
+        return self.execute(self.describe(plan))
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> torch.Tensor:
@@ -98,10 +98,10 @@ class ModelRunner:
         hidden = self.model(input_ids, fb, self.backend)
         return self.model.compute_logits(hidden[fb.logits_indices])
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardBatch]:
+    def prepare(self, batch: StepPlan) -> tuple[torch.Tensor, ForwardBatch]:
         return self.to_device(self.describe(batch))
 
-    def describe(self, batch: ScheduledBatch) -> StepInputs:
+    def describe(self, batch: StepPlan) -> StepInputs:
         """The step's packed tokens, positions, slots and page tables as host lists."""
         ps = self.page_size
         tokens: list[int] = []
@@ -178,7 +178,7 @@ class ModelRunner:
         for length, salt in ((doc_len, 1), (short_len, 2)):
             run = Run([(7 * i + salt) % vocab for i in range(length)], 0, [next(free) for _ in range(cdiv(length, ps))])
             documents.append(run)
-        self.run(ScheduledBatch([Work(d, 0, len(d.tokens), EntryPages([], [], [])) for d in documents]))
+        self.run(StepPlan(tuple(Work(d, 0, len(d.tokens), EntryPages([], [], [])) for d in documents)))
         context = EntryPages(
             [p for d in documents for p in d.pages],
             [0] * len(documents[0].pages) + [doc_len] * len(documents[1].pages),
@@ -193,16 +193,16 @@ class ModelRunner:
         n = 1
         while n <= max_batch:
             runs = finals[:n]
-            self.run(ScheduledBatch([Work(r, 0, final_len, context, samples=True) for r in runs]))
+            self.run(StepPlan(tuple(Work(r, 0, final_len, context, samples=True) for r in runs)))
             for r in runs:
                 r.tokens.append(0)
-            self.run(ScheduledBatch([Work(r, final_len, final_len + 1, context, samples=True) for r in runs]))
+            self.run(StepPlan(tuple(Work(r, final_len, final_len + 1, context, samples=True) for r in runs)))
             for r in runs:
                 del r.tokens[final_len:]
             n *= 2
         pages = documents[1].pages
         copy_to = [next(free) for _ in pages]
-        copy = ScheduledBatch(copies=[Copy(-1, pages, copy_to, [doc_len] * len(pages))])
+        copy = StepPlan(copies=(Copy(-1, pages, copy_to, [doc_len] * len(pages)),))
         self._copy_rotate(self.describe(copy))
         if self.graphs is not None:
             self.graphs.capture_all()

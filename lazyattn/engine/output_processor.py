@@ -10,7 +10,7 @@ import torch
 from lazyattn.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SampleResult
-from lazyattn.engine.sequence import PLACEHOLDER, Sequence
+from lazyattn.engine.sequence import Sequence
 from lazyattn.model.detokenizer import IncrementalDecoder
 from lazyattn.model.tokenizer import TokenizerBase
 
@@ -34,26 +34,23 @@ class OutputProcessor:
             prompt_token_ids=seq.prompt,
         )
 
-    def suppressed(self, seq: Sequence) -> list[int] | None:
-        """Below min_tokens, the tokens that would end the sequence may not be drawn. A token still on the device
-        (its placeholder ends the run, engine/overlap.py) counts: it is generated."""
-        if len(seq.output) + (seq.run.tokens[-1] == PLACEHOLDER) >= seq.params.min_tokens:
+    def suppressed(self, seq: Sequence, unread: int = 0) -> list[int] | None:
+        """Below min_tokens, the tokens that would end the sequence may not be drawn. `unread`: tokens it sampled
+        in the step in flight, not appended yet (a plan that continues it): they are generated."""
+        if len(seq.output) + unread >= seq.params.min_tokens:
             return None
         eos = [] if seq.params.ignore_eos else self.tokenizer.eos_token_ids
         return list(eos) + list(seq.params.stop_token_ids)
 
     def append(self, seq: Sequence, result: SampleResult, i: int, now: float) -> bool:
-        """Append row i of the sampled result to the sequence; returns whether the sequence is done."""
+        """Append row i of the sampled result to the sequence's outputs (its run has it from the scheduler, whose
+        update calls this); returns whether the sequence is done."""
         token = result.ids[i]
         if not seq.output and seq.params.first_token_logprobs and result.full_logprobs is not None:
             seq.first_token_logprobs = result.full_logprobs[
                 i
             ].clone()  # a copy: the row must not hold the whole batch's
         seq.output.append(token)
-        if seq.run.tokens[-1] == PLACEHOLDER:  # the next step already fed it back on the device
-            seq.run.tokens[-1] = token
-        else:
-            seq.run.tokens.append(token)
         if result.logprobs is not None and seq.params.logprobs is not None:
             entry = {token: float(result.logprobs[i])}
             if result.top_logprobs is not None:

@@ -132,7 +132,7 @@ class SampleResult:
     token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] fp32, log p(chosen token) under the raw logits
     # The top k logprobs of every row ([B, k], best first; k the most any row asked for) and how many each row
-    # asked for (None: none). Kept as tensors so that sampling never waits for the device (engine/overlap.py).
+    # asked for (None: none). Kept as tensors so that sampling never waits for the device (engine/step_pipeline.py).
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     top_counts: list[int | None] = field(default_factory=list)

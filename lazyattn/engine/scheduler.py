@@ -1,4 +1,10 @@
-"""Continuous batching over the shared document cache, for every mode.
+"""Continuous batching over the shared document cache, for every mode, and every change of a sequence's state.
+
+A step is plain data flowing one way (docs/design.md, "One step"): `schedule` returns the step's `StepPlan`, the
+executor runs it and gives back a `StepOutput`, and `update(plan, output)` applies it: encodes and filled pages
+become ready, sampled tokens are appended, the sequences they end are finished and what they hold released, and the
+requests the step failed end alone. Nothing else changes a sequence once it is queued (its outputs and detokenizer
+through `outputs`, engine/output_processor.py, on the scheduler's behalf), but an abort (`finish`).
 
 Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py entries). Order within a
 step: running sequences that decode (one token each), then, in admission order, the document encodes a
@@ -6,7 +12,14 @@ sequence waits on, followed by that sequence's own prefill chunk, all under a pe
 What a sequence reuses and how it reads it is its mode's (engine/modes/); what it holds in the cache is acquired
 at admission and given back at its end (engine/admission.py, which also queues the shared document encodes, *jobs*).
 The scheduler keeps the queues, the budget, the order of a step's work, the private copies a mode asks for (block)
-and preemption.
+and preemption. A plan's runs count as computed once it is made (the executor runs every plan it is given); what
+its forward pass makes ready for others (a document, a prefix page) is marked by its update.
+
+Overlapped scheduling (docs/design.md, "Overlapped scheduling") is one step in flight and a placeholder per running
+sequence: when the next step only continues the step in flight (`can_continue`), `schedule(after=...)` holds a
+`PLACEHOLDER` in each run for the token in flight and plans their decode from it (`StepPlan.continues`); the update
+of the step in flight puts the token in its place. A sequence that ends while a step in flight may still read its
+pages keeps them until that step's update (`ended`).
 
 A prefill-only sequence (documents encoded ahead of requests) has segments and no final segment: it waits
 for its documents like any other sequence and is done once they are cached.
@@ -20,22 +33,54 @@ document in document order, before (or in the same step as) its first chunk.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from lazyattn.cache.document_cache import DocumentCache
 from lazyattn.engine.admission import Admission, Keyer
-from lazyattn.engine.batch import Copy, ScheduledBatch, SegmentJob, Work
+from lazyattn.engine.batch import Copy, SegmentJob, StepOutput, StepPlan, StepUpdate, Work
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.isolation import NON_FINITE
 from lazyattn.engine.modes import Mode
+from lazyattn.engine.output_processor import OutputProcessor
+from lazyattn.engine.sampling import SampleResult
 from lazyattn.engine.sequence import Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
+logger = logging.getLogger("lazyattn.engine")
+
+# The token a run holds in place of one sampled by the step in flight, until that step's update; the step that
+# feeds it back takes it from the device. Never a vocabulary id.
+PLACEHOLDER = -1
+
+
+@dataclass
+class _Draft:
+    """The plan being built: the preemptions of the same `schedule` call still edit it (`_preempt`)."""
+
+    works: list[Work] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)
+    encoded: list[Sequence] = field(default_factory=list)
+
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, mode: Mode, cache: DocumentCache, keyer: Keyer) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        mode: Mode,
+        cache: DocumentCache,
+        keyer: Keyer,
+        outputs: OutputProcessor | None = None,
+    ) -> None:
+        """`outputs`: appends a sampled token to a sequence's outputs and says whether it ends it; None: the
+        sampled tokens are only appended (tests that drive a scheduler without a model)."""
         self.config = config
+        self.outputs = outputs
+        # the context limit a sequence ends at (the engine's, which defaults to the model's)
+        self.max_model_len = outputs.max_model_len if outputs is not None else config.max_model_len or 1 << 62
         self.mode = mode
         self.cache = cache
         self.page_size = cache.page_size
@@ -48,7 +93,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefilled_tokens = 0  # prefill rows computed by forward passes (documents, prompts, recomputation)
         self.decoded_tokens = 0  # decode rows (one per sampled token that was fed back)
-        self._batch: ScheduledBatch | None = None  # the batch being built, see _preempt
+        self._draft: _Draft | None = None  # the plan being built, see _preempt
+        self._planned = 0  # plans made so far: the next plan's index
+        self._in_flight: set[int] = set()  # indices of plans made and not updated yet
+        self._placeholders: set[int] = set()  # seq_ids whose run ends in a PLACEHOLDER (a token in flight)
+        # Sequences that ended while a step in flight may still use their pages: released by the next update.
+        self.ended: list[Sequence] = []
         # A running sequence lacked pages in the last step: admit nobody until it has moved on, or a
         # preempted sequence re-admitted first would take the very pages the older one waits for.
         self._starved = False
@@ -72,42 +122,172 @@ class Scheduler:
         self._waiting.append(seq)
         self.num_waiting += 1
 
-    def finish(self, seq: Sequence, release: bool = True) -> None:
-        """Release everything a sequence holds (finished or aborted). O(1) for a waiting sequence.
-        release=False: stop scheduling it but keep its pages until `release` (a step in flight may still use
-        them, engine/overlap.py)."""
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.num_waiting)
+
+    def finish(self, seq: Sequence, reason: str | None = None) -> None:
+        """End a sequence (its last token read, its documents cached, aborted, or failed): its outputs are final
+        (`reason`: the finish reason, unless its last token set one) and it is never scheduled again. What it holds
+        goes back now, or, while a step in flight may still use it, at the next update (`ended`). O(1) for a
+        waiting sequence."""
+        if self.outputs is not None:
+            self.outputs.finish(seq, reason)
         if seq.status is Status.RUNNING:
-            if release:
-                self.admission.release(seq)
             self.running.remove(seq)
             self._contexts.pop(seq.seq_id, None)
+            if self._in_flight:
+                self.ended.append(seq)
+            else:
+                self._release(seq)
         elif seq.status is Status.WAITING:
             self.num_waiting -= 1
         seq.status = Status.FINISHED
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, after: StepPlan | None = None) -> StepPlan:
+        """The next step's plan; its runs count as computed from here on. `after`: the plan of the step in flight,
+        which `can_continue`: each running sequence holds a placeholder for the token it sampled there, and the plan
+        `continues` it when it is exactly their decode."""
+        if after is not None:
+            for seq in self.running:
+                seq.run.tokens.append(PLACEHOLDER)
+                self._placeholders.add(seq.seq_id)
         self.admission.drop_dead_jobs()
-        batch = self._batch = ScheduledBatch()
+        batch = self._draft = _Draft()
         budget = self.config.max_num_batched_tokens
         if not self._starved or not self.running:
             self._admit_waiting(budget)
         self.cache.poll()  # promotions from the host tier that landed (on the CPU: those just started) are ready
         self._starved = False
         scheduled: set[int] = set()  # sequences with work in this batch: never preemption victims
-        job_done: set[str] = set()  # jobs whose last chunk is in this batch
+        # jobs whose last chunk is in this batch, or in the step in flight (a continuation: marked ready by its update)
+        job_done = {k for k, j in self.jobs.items() if not j.run.pending}
         for seq in sorted(self.running, key=lambda s: s.run.pending != 1):  # decodes first
             if budget <= 0:
                 break
             if seq.status is Status.RUNNING:  # not preempted earlier in this loop
                 budget = self._schedule_sequence(seq, batch, budget, scheduled, job_done)
         self._when_nothing_runs(batch)
-        self._batch = None
-        return batch
+        self._draft = None
+        plan = StepPlan(tuple(batch.works), tuple(batch.copies), tuple(batch.encoded), self._planned)
+        if after is not None and self._continues(plan):
+            plan = StepPlan(plan.works, index=plan.index, continues=True)
+        self._planned += 1
+        self._in_flight.add(plan.index)
+        for w in plan.works:  # the executor runs every plan it is given: its rows count as computed
+            w.run.num_computed = w.hi
+            prefill = w.prefill_rows
+            self.prefilled_tokens += prefill
+            self.decoded_tokens += w.hi - w.lo - prefill
+            if w.seq is not None:
+                w.seq.metrics.prefilled_tokens += w.hi - w.lo
+        return plan
+
+    def _continues(self, plan: StepPlan) -> bool:
+        """The plan is the decode of exactly the running sequences (each from its placeholder), nothing else."""
+        ids = [w.seq.seq_id for w in plan.works if w.seq is not None]
+        return (
+            plan.is_decode
+            and not plan.copies
+            and not plan.encoded
+            and len(ids) == len(plan.works)
+            and sorted(ids) == sorted(s.seq_id for s in self.running)
+        )
+
+    def can_continue(self, plan: StepPlan) -> bool:
+        """Whether the next step can be planned before the tokens of `plan` (in flight) are read: it would decode
+        exactly the running sequences, one token each, from the ids `plan` sampled, without admitting, encoding,
+        evicting or preempting; none of them may end with that token (max_tokens, the context limit)."""
+        if plan.encoded or self.num_waiting or self.cache.promoting or not self.running:
+            return False
+        if any(j.run.pending for j in self.jobs.values()):
+            return False
+        sampled = {s.seq_id for s in plan.samples}
+        new_pages = 0
+        for seq in self.running:
+            run = seq.run
+            if seq.seq_id not in sampled or run.pending or seq.seq_id in self._placeholders:
+                return False  # not sampled by plan (a prefill chunk in progress), or not caught up
+            # plan's token is the sequence's len(output)+1-th: if that one must end it, never plan another.
+            if len(seq.output) + 1 >= seq.params.max_tokens or seq.total_len + 1 >= self.max_model_len:
+                return False
+            new_pages += cdiv(len(run.tokens) + 1, self.page_size) > len(run.pages)
+        # Free pages only: evicting a cached document (or preempting) is the synchronous path's business.
+        return self.cache.pool.num_free >= new_pages
+
+    def update(self, plan: StepPlan, output: StepOutput) -> StepUpdate:
+        """Apply a completed step (the caller has waited for it): its encodes and the prefix pages it filled are
+        ready; what ended while it ran goes back; each sampled token is appended (in place of its placeholder) and
+        the sequences it ends finish; prefill-only sequences whose documents it cached finish; and the requests it
+        failed (at launch, or with logits that are not finite) end alone, every sequence of theirs."""
+        self._in_flight.discard(plan.index)
+        self._complete(plan, output)
+        self.release_ended()  # ended before the step after this one was planned: out of it, and this one is done
+        touched: dict[str, None] = {}
+        ended = dict(output.failed)
+        now = time.monotonic()
+        for seq in plan.samples:
+            if seq.seq_id not in output.sampled or seq.is_finished:  # failed, or ended while this step ran
+                continue
+            sampled = output.sampled[seq.seq_id]
+            if sampled is not None and sampled[1] in sampled[0].non_finite_rows:
+                logger.warning("request %s: non-finite logits; ending it", seq.request_id)
+                ended.setdefault(seq.request_id, NON_FINITE)
+            elif sampled is not None and self._append(seq, *sampled, now):
+                self.finish(seq)
+            touched[seq.request_id] = None
+        for seq in plan.encoded:  # prefill-only: its documents are cached now
+            if not seq.is_finished:
+                self.finish(seq, "stop")
+                touched[seq.request_id] = None
+        for request_id in ended:
+            for seq in self._live(request_id):
+                self.finish(seq, "abort")
+            touched[request_id] = None
+        return StepUpdate(tuple(touched), ended)
+
+    def _complete(self, plan: StepPlan, output: StepOutput) -> None:
+        """What the step's forward pass made ready for others: documents whose encode it finished, the prefix pages
+        a sequence's run filled. A failed encode is aborted (its readers failed with it)."""
+        for segment in output.failed_encodes:
+            self.cache.abort(segment)
+        failed_encodes = {id(s) for s in output.failed_encodes}
+        for w in plan.works:
+            if w.job is not None:
+                if id(w.job.segment) not in failed_encodes and w.hi == len(w.run.tokens):
+                    self.cache.mark_ready(w.job.segment)
+                    self.jobs.pop(w.job.segment.key, None)
+            elif w.run is w.seq.run and w.seq.request_id not in output.failed:
+                self.admission.mark_filled_ready(w.seq, w.hi)
+
+    def _append(self, seq: Sequence, result: SampleResult, row: int, now: float) -> bool:
+        """Append the sequence's sampled token; returns whether it ends the sequence."""
+        token = result.ids[row]
+        if seq.seq_id in self._placeholders:  # the step after this one fed it back on the device already
+            self._placeholders.discard(seq.seq_id)
+            seq.run.tokens[-1] = token
+        else:
+            seq.run.tokens.append(token)
+        if self.outputs is None:
+            seq.output.append(token)
+            return len(seq.output) >= seq.params.max_tokens
+        return self.outputs.append(seq, result, row, now)
+
+    def _live(self, request_id: str) -> list[Sequence]:
+        """The request's sequences that have not ended (a request's n samples), in sample order."""
+        seqs = [s for s in [*self.running, *self.waiting] if s.request_id == request_id]
+        return sorted(seqs, key=lambda s: s.index)
+
+    def release_ended(self) -> None:
+        """Release what the sequences that ended while a step was in flight hold (that step has completed)."""
+        ended, self.ended = self.ended, []
+        for seq in ended:
+            self._release(seq)
 
     def _schedule_sequence(
-        self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int], job_done: set[str]
+        self, seq: Sequence, batch: _Draft, budget: int, scheduled: set[int], job_done: set[str]
     ) -> int:
         """One running sequence's work in this step, stage by stage: the encodes of the documents it waits on,
         its private copies, its recomputed rows, then its own chunk. Returns the budget left."""
@@ -132,7 +312,7 @@ class Scheduler:
                 return budget
         return self._schedule_chunk(seq, batch, budget, scheduled)
 
-    def _schedule_chunk(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
+    def _schedule_chunk(self, seq: Sequence, batch: _Draft, budget: int, scheduled: set[int]) -> int:
         """The sequence's own next chunk of its run, as much as the budget allows."""
         chunk = min(seq.run.pending, budget)
         if not self._reserve(seq, seq.run.num_computed + chunk, scheduled):
@@ -152,7 +332,7 @@ class Scheduler:
             cached = self._contexts[seq.seq_id] = (seq.run, self.mode.context(seq, self.page_size))
         return cached[1]
 
-    def _when_nothing_runs(self, batch: ScheduledBatch) -> None:
+    def _when_nothing_runs(self, batch: _Draft) -> None:
         """A step with no work: wait for the host tier's copies, or free the newest sequence if pages ran out."""
         if batch.works or batch.encoded:
             return
@@ -163,25 +343,6 @@ class Scheduler:
             batch.copies.clear()
             self._preempt(self.running[-1])
             self._starved = True
-
-    def complete(self, batch: ScheduledBatch) -> list[Sequence]:
-        """Advance runs after the forward pass; returns the sequences that sample now, in batch order."""
-        to_sample = []
-        for w in batch.works:
-            w.run.num_computed = w.hi
-            prefill = w.run.prefill_rows(w.lo, w.hi)
-            self.prefilled_tokens += prefill
-            self.decoded_tokens += w.hi - w.lo - prefill
-            if w.job is not None:
-                if w.run.pending == 0:
-                    self.cache.mark_ready(w.job.segment)
-                    self.jobs.pop(w.job.segment.key, None)
-                continue
-            w.seq.metrics.prefilled_tokens += w.hi - w.lo
-            self.admission.mark_filled_ready(w.seq)
-            if w.samples:
-                to_sample.append(w.seq)
-        return to_sample
 
     # -- admission --------------------------------------------------------------------------------
 
@@ -207,7 +368,7 @@ class Scheduler:
 
     # -- per-step helpers -------------------------------------------------------------------------
 
-    def _schedule_jobs(self, parts: list[Part], batch: ScheduledBatch, budget: int, job_done: set[str]) -> int:
+    def _schedule_jobs(self, parts: list[Part], batch: _Draft, budget: int, job_done: set[str]) -> int:
         """Schedule the encodes of the documents a sequence waits on, before its own chunk."""
         for part in parts:
             job = self.jobs.get(part.segment.key)
@@ -240,7 +401,7 @@ class Scheduler:
             return False
         return True
 
-    def _make_copies(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+    def _make_copies(self, seq: Sequence, batch: _Draft) -> bool:
         """The sequence's private re-rotated copies its mode asks for (block: the documents placed after
         position 0), into the batch before its first chunk."""
         src, deltas = self.mode.copy_sources(seq)
@@ -252,7 +413,7 @@ class Scheduler:
         self.mode.set_copies(seq, dst)
         return True
 
-    def _schedule_relinks(self, seq: Sequence, batch: ScheduledBatch, budget: int, scheduled: set[int]) -> int:
+    def _schedule_relinks(self, seq: Sequence, batch: _Draft, budget: int, scheduled: set[int]) -> int:
         """A relinked sequence's recomputed rows, in document order: document i's rows attend to the documents
         before it as this sequence reads them, so its entry follows theirs (same step or later)."""
         missing = [r for r in seq.mode_state.runs if not r.pages]
@@ -298,20 +459,20 @@ class Scheduler:
 
     # -- releasing ---------------------------------------------------------------------------------
 
-    def release(self, seq: Sequence) -> None:
-        """Release what a sequence finished with `finish(seq, release=False)` still holds."""
+    def _release(self, seq: Sequence) -> None:
+        self._placeholders.discard(seq.seq_id)
         self.admission.release(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""
-        self.admission.release(seq)
+        self._release(seq)
         self.running.remove(seq)
         self._contexts.pop(seq.seq_id, None)
-        if self._batch is not None:
+        if self._draft is not None:
             # Pages just freed may be handed out again in this very step: nothing in the batch may still
             # write to them (encodes of documents nobody holds any more, this sequence's copies).
-            self._batch.works = [w for w in self._batch.works if w.job is None or w.job.segment.refcount]
-            self._batch.copies = [c for c in self._batch.copies if c.seq_id != seq.seq_id]
+            self._draft.works = [w for w in self._draft.works if w.job is None or w.job.segment.refcount]
+            self._draft.copies = [c for c in self._draft.copies if c.seq_id != seq.seq_id]
             self.admission.drop_dead_jobs()
         seq.status = Status.WAITING
         self._waiting.appendleft(seq)

@@ -12,10 +12,6 @@ import torch
 from lazyattn.cache.document_cache import Segment
 from lazyattn.engine.sampling import SamplingParams
 
-# The token a run holds in place of one sampled by the step in flight, until the host has read it; the step that
-# feeds it back takes it from the device (engine/overlap.py). Never a vocabulary id.
-PLACEHOLDER = -1
-
 
 class Status(enum.Enum):
     WAITING = "waiting"  # queued, holds nothing

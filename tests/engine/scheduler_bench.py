@@ -1,16 +1,18 @@
 """Drives a Scheduler without a model: every test of tests/engine/test_scheduler.py builds one through
 `make_bench`, and `SchedulerBench.step` stands in for the engine's step (schedule, pretend the forward
-pass ran, complete, sample a token, finish at max_tokens). Adapt construction and the step here, in one
-place, when the Scheduler's constructor or its mode handling change."""
+pass ran and sampled a token for each sampling sequence, update: the scheduler finishes them at max_tokens).
+Adapt construction and the step here, in one place, when the Scheduler's constructor or its mode handling
+change."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from lazyattn.cache.document_cache import DocumentCache, Segment, segment_key
 from lazyattn.cache.page_pool import PagePool
-from lazyattn.engine.batch import ScheduledBatch, Work
+from lazyattn.engine.batch import StepOutput, StepPlan, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.sampling import SamplingParams
@@ -66,19 +68,13 @@ class SchedulerBench:
         self.scheduler.add(seq)
         return seq
 
-    def step(self) -> ScheduledBatch:
-        """One engine step with the forward pass left out."""
-        batch = self.scheduler.schedule()
-        for seq in self.scheduler.complete(batch):
-            seq.output.append(SAMPLED)
-            seq.run.tokens.append(SAMPLED)
-            if len(seq.output) >= seq.params.max_tokens:
-                self.scheduler.finish(seq)
-        for seq in batch.encoded:
-            self.scheduler.finish(seq)
-        return batch
+    def step(self) -> StepPlan:
+        """One engine step with the forward pass left out: every sampling sequence samples SAMPLED."""
+        plan = self.scheduler.schedule()
+        self.scheduler.update(plan, sampled(plan))
+        return plan
 
-    def steps(self, n: int) -> list[ScheduledBatch]:
+    def steps(self, n: int) -> list[StepPlan]:
         return [self.step() for _ in range(n)]
 
     def abort(self, seq: Sequence) -> None:
@@ -89,9 +85,16 @@ class SchedulerBench:
             return work.seq.request_id
         return self.names.get(work.job.segment.key, "?")
 
-    def plan(self, batch: ScheduledBatch) -> list[tuple[str, int, int]]:
+    def plan(self, batch: StepPlan) -> list[tuple[str, int, int]]:
         """(who, lo, hi) per work, in batch order: a document's name for its encode, else the request."""
         return [(self.label(w), w.lo, w.hi) for w in batch.works]
+
+
+def sampled(plan: StepPlan, token: int = SAMPLED) -> StepOutput:
+    """The output of a step that ran `plan` and sampled `token` for each of its sampling sequences."""
+    seqs = plan.samples
+    result = SimpleNamespace(ids=[token] * len(seqs), non_finite_rows=set())
+    return StepOutput({s.seq_id: (result, i) for i, s in enumerate(seqs)})
 
 
 def make_bench(

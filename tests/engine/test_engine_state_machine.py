@@ -134,7 +134,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.engine.check()
         assert set(self.engine.requests) == set(self.live)
         if not self.live:  # idle: nothing in flight, only cached documents hold pages
-            assert not self.engine.step_in_flight and not self.engine.pipeline.ended
+            assert not self.engine.step_in_flight and not self.engine.scheduler.ended
             assert self.engine.pool.num_used == self.engine.cache.stats().pages_in_use
 
     def teardown(self) -> None:

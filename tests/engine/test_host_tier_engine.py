@@ -135,15 +135,15 @@ def test_options_and_the_host_budget():
 
 
 def test_written_pages_are_the_rows_of_each_work_and_the_copies():
-    from lazyattn.engine.batch import Copy, ScheduledBatch, Work
+    from lazyattn.engine.batch import Copy, StepPlan, Work
     from lazyattn.engine.sequence import Run
     from lazyattn.kernels.paged import EntryPages
 
     run = Run(list(range(70)), 0, [7, 3, 9, 12, 5])  # 70 tokens over pages of 16
     other = Run(list(range(20)), 0, [30, 31])
-    batch = ScheduledBatch(
-        [Work(run, 17, 40, EntryPages([], [], [])), Work(other, 16, 17, EntryPages([], [], []))],
-        [Copy(0, [1, 2], [44, 45], [5, 5])],
+    batch = StepPlan(
+        (Work(run, 17, 40, EntryPages([], [], [])), Work(other, 16, 17, EntryPages([], [], []))),
+        (Copy(0, [1, 2], [44, 45], [5, 5]),),
     )
     # rows 17..39 sit in pages 1 and 2 of the run (3, 9); row 16 of the other in its page 1 (31)
     assert batch.written_pages(16) == {3, 9, 31, 44, 45}

@@ -1,4 +1,4 @@
-"""Overlapped scheduling (engine/overlap.py) changes nothing a client sees: the same streams of outputs (tokens,
+"""Overlapped scheduling (engine/step_pipeline.py) changes nothing a client sees: the same streams of outputs (tokens,
 logprobs, text, finish reasons) as the synchronous engine, under every mode, sampling kind, stop rule, arrival,
 abort, preemption and failure; and the pools end as they would."""
 
@@ -85,7 +85,7 @@ def drive(e: LLMEngine, script: dict[int, list[tuple]], calls: int = 300) -> dic
 def assert_clean(e: LLMEngine) -> None:
     """Idle: only cached documents hold pages, and none once the cache is cleared."""
     s = e.stats()
-    assert s.running == 0 and s.waiting == 0 and not e.pipeline.ended and e.pipeline.in_flight is None
+    assert s.running == 0 and s.waiting == 0 and not e.scheduler.ended and e.pipeline.in_flight is None
     assert s.pages_used == s.cache.pages_in_use
     e.cache.clear()
     assert e.pool.num_used == 0
@@ -153,13 +153,13 @@ def test_pages_of_a_sequence_ended_in_flight_wait_for_the_step_after_it():
         outs = {o.request_id: o for o in e.step()}
         if "a1" in outs and outs["a1"].finished:
             break
-    ended = e.pipeline.ended
+    ended = e.scheduler.ended
     assert [s.request_id for s in ended] == ["a1"]  # the step launched before a1's stop token was read has it
-    assert e.pipeline.in_flight is not None and any(w.seq is ended[0] for w in e.pipeline.in_flight.batch.works)
+    assert e.pipeline.in_flight is not None and any(w.seq is ended[0] for w in e.pipeline.in_flight.plan.works)
     pages = list(ended[0].run.pages)
     assert pages and all(e.pool._in_use[p] for p in pages)
     e.step()
-    assert not e.pipeline.ended and not any(e.pool._in_use[p] for p in pages)
+    assert not e.scheduler.ended and not any(e.pool._in_use[p] for p in pages)
     drive(e, {})
     assert_clean(e)
 
@@ -175,7 +175,7 @@ def test_the_last_request_ended_by_a_stop_token_leaves_an_idle_engine_clean():
     for _ in range(3):
         script = {0: [("add", name, greedy(12, stop_token_ids=[stops[name]])) for name in ("a1", "b1")]}
         passes.append(drive(e, script))
-        assert e.pipeline.in_flight is None and not e.pipeline.ended
+        assert e.pipeline.in_flight is None and not e.scheduler.ended
         assert e.pool.num_used == e.cache.stats().pages_in_use
         e.reset_cache()
         assert e.pool.num_used == 0 and len(e.cache) == 0

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from lazyattn import LLM, SamplingParams
-from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
 from tests.engine.test_engine_gpu import config_dir, random_docs
 
@@ -25,9 +24,7 @@ def run(directory, overlap: bool, prompts: list[RenderedPrompt], params: list[Sa
         progress=False,
         async_scheduling=overlap,
     )
-    assert (
-        isinstance(llm.engine.pipeline, OverlappedPipeline) is overlap and llm.engine.executor.runner.graphs is not None
-    )
+    assert llm.engine.pipeline.overlap is overlap and llm.engine.executor.runner.graphs is not None
     outs = llm.generate(
         sampling_params=params,
         prompt_token_ids=[p.final for p in prompts],

@@ -112,7 +112,7 @@ def test_block_waits_for_ready_documents_then_copies_those_placed_after_position
 
     first = b.step()  # block attends only to ready documents: the encodes run alone
     assert b.plan(first) == [("S", 0, 10), ("A", 0, 37), ("B", 0, 20)]
-    assert first.copies == [] and s1.output == []
+    assert first.copies == () and s1.output == []
 
     second = b.step()
     assert b.plan(second) == [("s1", 0, 5)]
@@ -462,7 +462,7 @@ def test_abort_while_waiting_changes_nothing(mode):
     b.abort(s1)
     assert s1.is_finished and not b.scheduler.waiting and not (b.scheduler.waiting or b.scheduler.running)
     assert b.pool.num_used == 0 and b.cache.stats().lookups == 0
-    assert b.step().works == []
+    assert b.step().works == ()
 
 
 # Documents A(37) + B(20) and a 40-token prompt under a 32-token budget. Worked out per mode: how many
@@ -535,7 +535,7 @@ def test_aborting_the_only_waiter_mid_encode_drops_the_document():
 
     b.abort(s1)
     assert b.segment(d) is None and seg.refcount == 0 and b.pool.num_used == 0
-    assert b.step().works == [] and not b.scheduler.jobs
+    assert b.step().works == () and not b.scheduler.jobs
     b.add("s2", [d], tokens(4, 51))
     assert b.plan(b.step()) == [("D", 0, 40)]  # encoded afresh from its first token
     assert b.cache.stats().misses == 2
@@ -581,10 +581,10 @@ def test_a_registration_is_a_prefill_only_sequence():
     d = b.doc("D", 40, 1)
     reg = b.add_encode("reg", [d])
     batch = b.step()  # admitted like any request: its document's encode after s1's decode, in the budget left
-    assert b.plan(batch) == [("s1", 20, 21), ("D", 0, 31)] and batch.encoded == []
+    assert b.plan(batch) == [("s1", 20, 21), ("D", 0, 31)] and batch.encoded == ()
     assert b.pool.num_used == 2 + 3
     batch = b.step()
-    assert b.plan(batch) == [("s1", 21, 22), ("D", 31, 40)] and batch.encoded == [reg]
+    assert b.plan(batch) == [("s1", 21, 22), ("D", 31, 40)] and batch.encoded == (reg,)
     assert reg.is_finished and b.segment(d).ready and b.segment(d).refcount == 0
     assert b.cache.evictable_pages() == 3
 
@@ -596,7 +596,7 @@ def test_a_registration_of_cached_documents_is_done_without_a_forward_pass():
     b.steps(3)
     reg = b.add_encode("reg", [d])
     batch = b.step()
-    assert batch.works == [] and batch.copies == [] and batch.encoded == [reg] and reg.is_finished
+    assert batch.works == () and batch.copies == () and batch.encoded == (reg,) and reg.is_finished
     assert all_pages_idle(b)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lazyattn import SamplingParams
-from lazyattn.engine.batch import Copy, ScheduledBatch, Work
+from lazyattn.engine.batch import Copy, StepPlan, Work
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.graph_inputs import FedBack
 from lazyattn.engine.llm_engine import LLMEngine
@@ -32,18 +32,18 @@ def test_split_parts_and_logits_order():
     d1, d2 = work(7, 8, True), work(9, 10, True)
     encode, chunk, last = work(0, 16, False, job=True), work(0, 5, False), work(5, 9, True)
     copy = Copy(3, [1], [2], [16])
-    batch = ScheduledBatch(works=[d1, d2, encode, chunk, last], copies=[copy])
-    prefill, decode, order = split_mixed(batch)
-    assert prefill.works == [encode, chunk, last] and prefill.copies == [copy]
-    assert decode.works == [d1, d2] and decode.is_decode and not decode.copies
+    plan = StepPlan(works=(d1, d2, encode, chunk, last), copies=(copy,))
+    prefill, decode, order = split_mixed(plan)
+    assert prefill.works == (encode, chunk, last) and prefill.copies == (copy,)
+    assert decode.works == (d1, d2) and decode.is_decode and not decode.copies
     # logits come as [d1, d2, last], the scheduler's order: nothing to reorder
     assert order is None
-    # a step in another order: logits [d1, d2, last], batch order of the sampling works last, d1, d2
-    assert split_mixed(ScheduledBatch(works=[encode, last, d1, d2]))[2].tolist() == [2, 0, 1]
-    assert split_mixed(ScheduledBatch(works=[d1, encode, last, d2]))[2].tolist() == [0, 2, 1]
-    assert split_mixed(ScheduledBatch(works=[d1, d2])) is None  # all decode
-    assert split_mixed(ScheduledBatch(works=[d1, chunk])) is None  # one decode row: not worth a second pass
-    fed = ScheduledBatch(works=[d1, d2, chunk], fed_back=FedBack(torch.zeros(2, dtype=torch.int64), [0, 1]))
+    # a step in another order: logits [d1, d2, last], plan order of the sampling works last, d1, d2
+    assert split_mixed(StepPlan(works=(encode, last, d1, d2)))[2].tolist() == [2, 0, 1]
+    assert split_mixed(StepPlan(works=(d1, encode, last, d2)))[2].tolist() == [0, 2, 1]
+    assert split_mixed(StepPlan(works=(d1, d2))) is None  # all decode
+    assert split_mixed(StepPlan(works=(d1, chunk))) is None  # one decode row: not worth a second pass
+    fed = StepPlan(works=(d1, d2, chunk), fed_back=FedBack(torch.zeros(2, dtype=torch.int64), [0, 1]))
     assert split_mixed(fed) is None
 
 

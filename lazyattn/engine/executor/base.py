@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.batch import StepPlan
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.model_runner import ModelRunner
 from lazyattn.model.config import ModelConfig
@@ -49,7 +49,7 @@ class Executor(ABC):
         """Allocate the KV pool(s), the same page count on every rank, and the runner(s)."""
 
     @abstractmethod
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+    def run(self, batch: StepPlan) -> torch.Tensor:
         """Forward the batch; fp32 logits [n, vocab] of the works that sample, in batch order."""
 
     @abstractmethod

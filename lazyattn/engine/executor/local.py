@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.batch import StepPlan
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor, load_engine_model
 from lazyattn.engine.model_runner import ModelRunner
@@ -20,7 +20,7 @@ class LocalExecutor(Executor):
     def build(self, max_model_len: int) -> None:
         self.runner = ModelRunner(self.model, self.model_config, self.config, max_model_len, self.device)
 
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+    def run(self, batch: StepPlan) -> torch.Tensor:
         return self.runner.run(batch)
 
     def warm_up(self) -> None:

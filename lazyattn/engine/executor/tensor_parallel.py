@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 
 import torch
 
-from lazyattn.engine.batch import ScheduledBatch
+from lazyattn.engine.batch import StepPlan
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor import worker
 from lazyattn.engine.executor.base import Executor, load_engine_model
@@ -141,7 +141,7 @@ class TensorParallelExecutor(Executor):
     def local_kv(self) -> None:
         return None  # each rank holds its share of every page
 
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+    def run(self, batch: StepPlan) -> torch.Tensor:
         """Forward the batch on every rank; the gathered fp32 logits [n, vocab] of the works that sample."""
         step = self.local.describe(batch)
         fed, step.fed_back = step.fed_back, None  # a device tensor: it travels by broadcast (executor/fed_back.py)
