@@ -42,7 +42,11 @@ from lazyattn.kernels.prefill import PLAN_WIDTH, graph_num_splits, plan_runs
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
 
-TOKEN_BUCKETS = (16, 32, 64, 128)
+# Up to 512 tokens: a step that admits several questions at once (5 x 32 tokens when requests arrive together) stays
+# on a graph. Issued eagerly such a step costs the host many times its GPU time, requests arriving meanwhile pile
+# into the next step, which is eager again: a burst that feeds itself into the p99 (docs/benchmarks.md, "Tracing a
+# window").
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512)
 # Entries including the padding entry: up to 63 real ones, so that a step mixing decode rows with a new
 # request's question (continuous batching) replays a graph too.
 ENTRY_BUCKETS = (2, 4, 8, 16, 32, 64)

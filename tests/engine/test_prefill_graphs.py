@@ -114,7 +114,10 @@ def test_pick_bucket_takes_the_smallest_fitting_bucket():
     )
     assert pick_bucket(mixed, WIDTH) == (128, 64)  # decode rows beside a new request's question
     assert pick_bucket(step_of([(EntryPages([0], [0], [1]), [1], 0, [-1], True)] * 64), WIDTH) is None
-    assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 129, 0, [-1] * 129, True)]), WIDTH) is None
+    assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 129, 0, [-1] * 129, True)]), WIDTH) == (256, 2)
+    questions = step_of([(EntryPages([0], [0], [16]), [1] * 32, 0, [-1] * 32, True)] * 5)  # 5 questions at once
+    assert pick_bucket(questions, WIDTH) == (256, 8)
+    assert pick_bucket(step_of([(EntryPages([0], [0], [16]), [1] * 513, 0, [-1] * 513, True)]), WIDTH) is None
     wide = EntryPages(list(range(WIDTH + 1)), [0] * (WIDTH + 1), [16] * (WIDTH + 1))
     assert pick_bucket(step_of([(wide, [1], 0, [-1], True)]), WIDTH) is None
     decode = step_of([(EntryPages([0], [0], [2]), [1], 1, [1], True)])
