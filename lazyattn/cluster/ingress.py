@@ -37,9 +37,9 @@ from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.modes import make_mode
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, OFF, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import LazyAttnError
-from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
 
 REPLICA_HEADER = "x-lazyattn-replica"
 REASON_HEADER = "x-lazyattn-route-reason"
@@ -68,10 +68,11 @@ class EngineFacade:
         self.mode = make_mode(info.mode)
         self.num_pages = info.num_pages
         # The engine's own limits (replicas are alike).
-        self.limits = RequestLimits(self.mode, info.page_size, info.relink_tokens, info.max_model_len, info.vocab_size)
+        defaults = dataclasses.replace(OFF, relink_tokens=info.relink_tokens)  # of the options, only relink takes pages
+        self.limits = RequestLimits(self.mode, info.page_size, info.max_model_len, info.vocab_size, defaults)
 
-    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
+        return self.limits.max_new_tokens(prompt, n, options, self.num_pages)
 
 
 # Set per HTTP request by `RouteHeaders`; `RemoteEngineLoop.submit` fills it in.

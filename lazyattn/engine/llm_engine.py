@@ -39,6 +39,7 @@ from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import EngineStats, RequestOutput
 from lazyattn.engine.overlap import OverlappedPipeline
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import Sampler, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence
@@ -86,14 +87,7 @@ class LLMEngine:
                     "max_model_len",
                 )
             self.limits = RequestLimits(
-                self.mode,
-                config.page_size,
-                config.relink_tokens,
-                self.max_model_len,
-                mc.vocab_size,
-                ape_temperature=config.ape_temperature,
-                ape_scale=config.ape_scale,
-                ape_prefix=config.ape_prefix,
+                self.mode, config.page_size, self.max_model_len, mc.vocab_size, config.request_defaults
             )
             self.executor.build(self.max_model_len)
         except BaseException:
@@ -164,18 +158,13 @@ class LLMEngine:
         *,
         cache_salt: str | None = None,
         arrival: float | None = None,
-        relink_tokens: int | None = None,
-        ape_temperature: float | None = None,
-        ape_scale: float | None = None,
-        ape_prefix: bool | None = None,
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
-        `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
-        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's.
-        `ape_temperature`, `ape_scale`: T and S on the final segment's attention to the documents after the first
-        (lazy and block mode, docs/design.md "APE"); `ape_prefix`: documents encoded after the first segment (lazy
-        mode, docs/design.md "APE"), also for a prefill-only request; None: the engine's."""
+        `params=None`: prefill-only (the prompt has segments and no final segment). `options`: the request's relink
+        rows and APE settings (engine/request_options.py; docs/design.md, "Relink" and "APE"), each None the
+        engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         req = self.intake.request(
@@ -186,10 +175,7 @@ class LLMEngine:
             num_pages=self.num_pages,
             num_waiting=self.scheduler.num_waiting,
             cache_salt=cache_salt,
-            relink_tokens=relink_tokens,
-            ape_temperature=ape_temperature,
-            ape_scale=ape_scale,
-            ape_prefix=ape_prefix,
+            options=options,
         )
         for seq in req.seqs:
             if arrival is not None:
@@ -417,6 +403,7 @@ class LLMEngine:
 
     # -- limits (the checks themselves: self.limits, engine/limits.py) -----------------------------------------
 
-    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""
-        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
+        """The most tokens each of `n` samples of this prompt can generate now, with these options
+        (engine/limits.py)."""
+        return self.limits.max_new_tokens(prompt, n, options, self.num_pages)

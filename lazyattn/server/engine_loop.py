@@ -20,12 +20,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import LazyAttnError
 
@@ -35,20 +35,6 @@ logger = logging.getLogger("lazyattn.server")
 # rather than spin on the GIL that the event loop needs.
 _IDLE_STEP_S = 1e-3
 _FAILED_STEP_BACKOFF_S = 0.1
-
-
-@dataclass(frozen=True)
-class RequestOptions:
-    """A request's own values of the engine options it may set (None: the engine's): `LLMEngine.add_request`'s
-    keywords of the same names, checked there against the engine's mode."""
-
-    relink_tokens: int | None = None
-    ape_temperature: float | None = None
-    ape_scale: float | None = None
-    ape_prefix: bool | None = None
-
-
-ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them
 
 
 class EngineStoppedError(LazyAttnError):
@@ -163,13 +149,14 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         stream = OutputStream(self, loop, [rid for rid, _, _ in requests])
         future: asyncio.Future[None] = loop.create_future()
-        keywords = asdict(options)
 
         def add() -> None:
             added: list[str] = []
             try:
                 for rid, prompt, params in requests:
-                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival, **keywords)
+                    self.engine.add_request(
+                        rid, prompt, params, cache_salt=cache_salt, arrival=arrival, options=options
+                    )
                     added.append(rid)
                     self._streams[rid] = stream
             except BaseException as e:
