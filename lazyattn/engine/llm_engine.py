@@ -58,6 +58,20 @@ from lazyattn.model.tokenizer_cache import TokenizerCache
 logger = logging.getLogger("lazyattn.engine")
 
 
+def engine_tokenizer(config: EngineConfig) -> TokenizerBase:
+    """The tokenizer an engine of `config` uses (the cluster's ingress renders requests with its own)."""
+    try:
+        tokenizer = load_tokenizer(config.model)
+    except CheckpointError:
+        if not config.random_weights:
+            raise
+        # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
+        tokenizer = ByteTokenizer()
+    if config.tokenizer_cache_tokens:
+        tokenizer.cache = TokenizerCache(config.tokenizer_cache_tokens)
+    return tokenizer
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -79,7 +93,7 @@ class LLMEngine:
         self.executor: Executor = executor(config, self.device)
         self.model_config = mc = self.executor.model_config
         try:
-            self.tokenizer = self._tokenizer(config)
+            self.tokenizer = engine_tokenizer(config)
             self.max_model_len = config.max_model_len or mc.max_position
             if self.max_model_len > mc.max_position:
                 raise InvalidRequestError(
@@ -134,19 +148,6 @@ class LLMEngine:
         if config.gc_freeze:  # EngineConfig.gc_freeze: full collections walk only what requests make
             gc.collect()
             gc.freeze()
-
-    @staticmethod
-    def _tokenizer(config: EngineConfig) -> TokenizerBase:
-        try:
-            tokenizer = load_tokenizer(config.model)
-        except CheckpointError:
-            if not config.random_weights:
-                raise
-            # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
-            tokenizer = ByteTokenizer()
-        if config.tokenizer_cache_tokens:
-            tokenizer.cache = TokenizerCache(config.tokenizer_cache_tokens)
-        return tokenizer
 
     # -- requests ---------------------------------------------------------------------------------------------
 
