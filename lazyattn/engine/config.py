@@ -171,6 +171,10 @@ class EngineConfig:
         False,
         "freeze what exists once the engine is built out of Python's garbage collections (gc.freeze) until shutdown",
     )
+    # Attention through the PyTorch reference (kernels/reference.py) on any device, in place of the Triton kernels on
+    # CUDA: the ground truth `lazyattn eval --fidelity` compares the kernels against (docs/quality.md, "Fidelity").
+    # Slow; CUDA graphs would capture it as they capture any backend, so the fidelity reference turns them off.
+    reference_attention: bool = False
     # Every step ends with a check of the document cache's, its tiers' and the scheduler's bookkeeping whole
     # (engine/invariants.py): O(pages) host time a step, for tests and for chasing a bug in serving.
     check_invariants: bool = _option(
@@ -226,6 +230,12 @@ class EngineConfig:
                 "host_cache_gb",
             )
 
+        if tp > 1 and self.reference_attention:
+            raise InvalidRequestError(
+                "reference_attention (the float32 reference of eval --fidelity) is not supported with tensor "
+                "parallelism: run it on one device",
+                "tensor_parallel_size",
+            )
         if tp > 1 and self.disk_cache_dir is not None:
             raise InvalidRequestError(
                 "disk_cache_dir (the disk tier) is not supported with tensor parallelism yet: every rank holds part "
