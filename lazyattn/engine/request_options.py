@@ -11,7 +11,7 @@ functions, and the server's schema takes its bound from `APE_MIN_TEMPERATURE`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from lazyattn.errors import InvalidRequestError
 
@@ -89,13 +89,15 @@ class RequestOptions:
         """The options with the fields left None taken from `defaults` (the engine's, resolved), checked against
         `mode`; raises InvalidRequestError naming the field. A prefill-only request computes no final segment: it
         relinks nothing and weighs nothing, whatever it asks."""
-        mine = {f.name: getattr(self, f.name) for f in fields(self)}
-        value = {k: getattr(defaults, k) if v is None else v for k, v in mine.items()}
-        relink = 0 if prefill_only else value["relink_tokens"]
+        if prefill_only:
+            relink, t, s = 0, 1.0, 1.0
+        else:
+            relink = defaults.relink_tokens if self.relink_tokens is None else self.relink_tokens
+            t = defaults.ape_temperature if self.ape_temperature is None else self.ape_temperature
+            s = defaults.ape_scale if self.ape_scale is None else self.ape_scale
+        prefix = defaults.ape_prefix if self.ape_prefix is None else self.ape_prefix
         check_relink(mode, relink)
-        t, s = (1.0, 1.0) if prefill_only else (value["ape_temperature"], value["ape_scale"])
         check_ape(mode, t, s)
-        prefix = value["ape_prefix"]
         check_ape(mode, 1.0, 1.0, prefix)
         return RequestOptions(relink, float(t), float(s), prefix)
 
