@@ -43,6 +43,7 @@ from lazyattn.engine.config import EngineConfig  # noqa: E402
 from lazyattn.engine.llm_engine import LLMEngine  # noqa: E402
 from lazyattn.engine.modes import make_mode  # noqa: E402
 from lazyattn.engine.prompt import RenderedPrompt  # noqa: E402
+from lazyattn.engine.request_options import RequestOptions  # noqa: E402
 from lazyattn.engine.sampling import SamplingParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,14 +80,8 @@ def run_all(
     start = time.perf_counter()
     t, s = ape if ape is not None and params is not None else (None, None)
     for i, p in enumerate(batch):
-        engine.add_request(
-            f"{tag}-{i}",
-            p,
-            params,
-            relink_tokens=relink if params is not None else None,
-            ape_temperature=t,
-            ape_scale=s,
-        )
+        options = RequestOptions(relink_tokens=relink if params is not None else None, ape_temperature=t, ape_scale=s)
+        engine.add_request(f"{tag}-{i}", p, params, options=options)
     done = []
     while engine.has_unfinished():
         done += [o for o in engine.step() if o.finished]

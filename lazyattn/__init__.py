@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "RequestOptions", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
     from lazyattn.engine.llm import LLM
+    from lazyattn.engine.request_options import RequestOptions
     from lazyattn.engine.sampling import SamplingParams
 
 
@@ -18,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from lazyattn.engine.llm import LLM
 
         return LLM
+    if name == "RequestOptions":
+        from lazyattn.engine.request_options import RequestOptions
+
+        return RequestOptions
     if name == "SamplingParams":
         from lazyattn.engine.sampling import SamplingParams
 

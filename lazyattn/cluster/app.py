@@ -62,7 +62,7 @@ class Ingress:
         info = await self.engine.info.remote()
         page_tokens = info.page_size if self.policy == "prefix-affinity" else 0
         loop = RemoteEngineLoop(self.engine, info, route_page_tokens=page_tokens)
-        app = create_app(loop.engine, ServerConfig(**self.server), engine_loop=loop)
+        app = create_app(loop, ServerConfig(**self.server))
         app.add_middleware(RouteHeaders)
         return app
 

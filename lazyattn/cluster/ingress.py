@@ -22,7 +22,6 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 from ray.exceptions import RayActorError, RayTaskError
@@ -31,15 +30,16 @@ from ray.serve.exceptions import RequestCancelledError
 from lazyattn.cluster.keys import route_key
 from lazyattn.cluster.replica import EngineInfo, EngineJob, ReplicaUpdate
 from lazyattn.cluster.routing_log import ROUTING_LOG
+from lazyattn.engine.client import EngineRequest, OutputObserver
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.limits import RequestLimits
-from lazyattn.engine.llm_engine import EngineStats, LLMEngine
-from lazyattn.engine.modes import make_mode
+from lazyattn.engine.llm_engine import EngineStats, engine_tokenizer
+from lazyattn.engine.modes import Mode, make_mode
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
-from lazyattn.engine.sampling import SamplingParams
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, OFF, RequestOptions
 from lazyattn.errors import LazyAttnError
-from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
+from lazyattn.model.tokenizer_base import TokenizerBase
 
 REPLICA_HEADER = "x-lazyattn-replica"
 REASON_HEADER = "x-lazyattn-route-reason"
@@ -50,28 +50,6 @@ class ReplicaFailedError(LazyAttnError):
 
     status_code = 503
     error_type = "replica_failed"
-
-
-class EngineFacade:
-    """What the server reads from an engine, for an engine that runs elsewhere: the tokenizer (loaded here),
-    the limits and the mode (from a replica's `EngineInfo`)."""
-
-    def __init__(self, info: EngineInfo) -> None:
-        self.info = info
-        self.tokenizer = LLMEngine._tokenizer(
-            EngineConfig(
-                model=info.model, random_weights=info.random_weights, tokenizer_cache_tokens=info.tokenizer_cache_tokens
-            )
-        )
-        self.max_model_len = info.max_model_len
-        self.model_config = SimpleNamespace(vocab_size=info.vocab_size)
-        self.mode = make_mode(info.mode)
-        self.num_pages = info.num_pages
-        # The engine's own limits (replicas are alike).
-        self.limits = RequestLimits(self.mode, info.page_size, info.relink_tokens, info.max_model_len, info.vocab_size)
-
-    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
 
 
 # Set per HTTP request by `RouteHeaders`; `RemoteEngineLoop.submit` fills it in.
@@ -130,7 +108,7 @@ def _sum_stats(stats: list[EngineStats]) -> EngineStats:
 
 
 class RemoteStream:
-    """An `OutputStream` (server/engine_loop.py) over a replica's update stream."""
+    """An `OutputStream` (engine/client.py) over a replica's update stream."""
 
     def __init__(
         self, owner: RemoteEngineLoop, job: EngineJob, updates: Any, arrival: float, route: dict[str, str] | None = None
@@ -180,18 +158,49 @@ class RemoteStream:
 
 
 class RemoteEngineLoop:
-    """The interface of server/engine_loop.EngineLoop that the server uses, over the engine deployment."""
+    """An `EngineClient` (engine/client.py) over the engine deployment: what the server calls, as the in-process
+    `EngineLoop` (server/engine_loop.py) offers it. What it serves comes from a replica's `EngineInfo` (replicas are
+    alike), and the tokenizer is loaded here: the ingress renders requests."""
 
     def __init__(self, handle: Any, info: EngineInfo, route_page_tokens: int = 0) -> None:
         self.handle = handle.options(stream=True)
         self.unary = handle
-        self.engine = EngineFacade(info)
-        self.observer: Any = None
+        self.info = info
+        config = EngineConfig(
+            model=info.model, random_weights=info.random_weights, tokenizer_cache_tokens=info.tokenizer_cache_tokens
+        )
+        self._tokenizer = engine_tokenizer(config)
+        self._mode = make_mode(info.mode)
+        # Of a request's options only relink rows take pages: the engine's default is all `max_new_tokens` needs.
+        defaults = dataclasses.replace(OFF, relink_tokens=info.relink_tokens)
+        self._limits = RequestLimits(self._mode, info.page_size, info.max_model_len, info.vocab_size, defaults)
+        self.observer: OutputObserver | None = None
         self.route_page_tokens = route_page_tokens  # > 0: compute prefix keys (the prefix-affinity policy)
         self._stats: dict[str, EngineStats] = {}
         self._running = False
 
-    # -- what app.py calls ----------------------------------------------------------------------------------
+    # -- what it serves ------------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> TokenizerBase:
+        return self._tokenizer
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
+        return self._limits.max_new_tokens(prompt, n, options, self.info.num_pages)
+
+    # -- lifetime ------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._running = True
@@ -211,12 +220,14 @@ class RemoteEngineLoop:
         """Counters summed over the replicas, as of their latest updates; the tokenizer cache is this process's
         (the replicas get token ids)."""
         summed = _sum_stats(list(self._stats.values())) if self._stats else _empty_stats()
-        cache = self.engine.tokenizer.cache
+        cache = self._tokenizer.cache
         return dataclasses.replace(summed, tokenizer_cache=cache.stats() if cache is not None else None)
+
+    # -- requests ------------------------------------------------------------------------------------------
 
     async def submit(
         self,
-        requests: list[tuple[str, RenderedPrompt, SamplingParams | None]],
+        requests: list[EngineRequest],
         *,
         cache_salt: str | None,
         arrival: float,
@@ -262,9 +273,6 @@ class RemoteEngineLoop:
             self._observe(first)
             return updates, first
         raise AssertionError("unreachable")
-
-    def abort(self, request_ids: list[str]) -> None:
-        """Unused: the server aborts through its streams."""
 
     async def drop_documents(self, segments: list[list[int]], cache_salt: str | None) -> None:
         """On every replica: a deleted document must not stay readable (by timing) anywhere."""

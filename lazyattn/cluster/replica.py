@@ -18,8 +18,8 @@ from lazyattn.cluster.policy import RouteKey
 from lazyattn.engine.llm_engine import EngineStats
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
-from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
 
 
 @dataclass

@@ -55,7 +55,7 @@ class Admission:
                     len(seq.prompt) + len(seq.output),
                     samples,
                     self.page_size,
-                    seq.relink_tokens,
+                    seq.options.relink_tokens,
                 )
                 - held
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lazyattn.engine.request_options import RequestOptions, check_ape, check_relink
 from lazyattn.envs import EnvSettings, read_env
 from lazyattn.errors import InvalidRequestError
 
@@ -14,20 +15,6 @@ if TYPE_CHECKING:
 # How documents are placed (docs/design.md, Modes): the one list the CLI, the server, eval and bench check against.
 MODES = ("lazy", "block", "prefix", "full")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def check_relink(mode: str, relink_tokens: int) -> None:
-    """Relink is a lazy-mode option: prefix and full read every document in context already, and block mode's
-    private copies are not relinked (docs/design.md, "Relink")."""
-    if not isinstance(relink_tokens, int) or isinstance(relink_tokens, bool) or relink_tokens < 0:
-        raise InvalidRequestError(f"relink_tokens must be an integer >= 0, got {relink_tokens!r}", "relink_tokens")
-    if relink_tokens and mode != "lazy":
-        why = (
-            "block mode reads private re-rotated copies; relink is implemented for lazy mode only"
-            if mode == "block"
-            else f"{mode} mode attends to every document in context already"
-        )
-        raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
 _SAME = object()  # _option's cli_default when the CLI's default is the field's
@@ -48,42 +35,6 @@ def _option(
     if cli_default is not _SAME:
         meta["default"] = cli_default
     return field(default=default, metadata={"cli": meta})
-
-
-# The smallest attention temperature on documents. The kernels multiply scores by 1/T in float32: far below it they
-# overflow to infinity and the logits come out NaN (T = 1e-40 does on the CPU), while at 1/T = 1000 the documents'
-# weights are an argmax already.
-APE_MIN_TEMPERATURE = 1e-3
-
-
-def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
-    """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
-    lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
-    encoded after the first segment) is lazy mode's: block mode's private copies are rotated from position 0."""
-    if not isinstance(prefix, bool):
-        raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
-    if prefix and mode != "lazy":
-        raise InvalidRequestError(
-            f"ape_prefix needs mode 'lazy': {mode} mode "
-            + ("copies documents encoded at position 0" if mode == "block" else "attends to everything in context"),
-            "ape_prefix",
-        )
-    for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
-    if temperature < APE_MIN_TEMPERATURE:
-        raise InvalidRequestError(
-            f"ape_temperature must be at least {APE_MIN_TEMPERATURE} (1/T scales the scores in float32), "
-            f"got {temperature!r}",
-            "ape_temperature",
-        )
-    if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
-        param = "ape_temperature" if temperature != 1 else "ape_scale"
-        raise InvalidRequestError(
-            f"ape_temperature={temperature}, ape_scale={scale} need mode 'lazy' or 'block': {mode} mode attends "
-            "to every document in context already",
-            param,
-        )
 
 
 @dataclass(frozen=True)
@@ -220,6 +171,10 @@ class EngineConfig:
         False,
         "freeze what exists once the engine is built out of Python's garbage collections (gc.freeze) until shutdown",
     )
+    # Attention through the PyTorch reference (kernels/reference.py) on any device, in place of the Triton kernels on
+    # CUDA: the ground truth `lazyattn eval --fidelity` compares the kernels against (docs/quality.md, "Fidelity").
+    # Slow; CUDA graphs would capture it as they capture any backend, so the fidelity reference turns them off.
+    reference_attention: bool = False
     # Every step ends with a check of the document cache's, its tiers' and the scheduler's bookkeeping whole
     # (engine/invariants.py): O(pages) host time a step, for tests and for chasing a bug in serving.
     check_invariants: bool = _option(
@@ -275,12 +230,23 @@ class EngineConfig:
                 "host_cache_gb",
             )
 
+        if tp > 1 and self.reference_attention:
+            raise InvalidRequestError(
+                "reference_attention (the float32 reference of eval --fidelity) is not supported with tensor "
+                "parallelism: run it on one device",
+                "tensor_parallel_size",
+            )
         if tp > 1 and self.disk_cache_dir is not None:
             raise InvalidRequestError(
                 "disk_cache_dir (the disk tier) is not supported with tensor parallelism yet: every rank holds part "
                 "of each page",
                 "disk_cache_dir",
             )
+
+    @property
+    def request_defaults(self) -> RequestOptions:
+        """What a request that sets none of its options gets (engine/request_options.py)."""
+        return RequestOptions(self.relink_tokens, float(self.ape_temperature), float(self.ape_scale), self.ape_prefix)
 
     @property
     def ape_on(self) -> bool:

@@ -14,6 +14,7 @@ from lazyattn.engine.admission import Keyer, segment_keys
 from lazyattn.engine.limits import RequestLimits
 from lazyattn.engine.modes import Mode
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.engine.sequence import Sequence
 from lazyattn.errors import InvalidRequestError, QueueFullError
@@ -49,22 +50,17 @@ class RequestIntake:
         num_pages: int,
         num_waiting: int,
         cache_salt: str | None = None,
-        relink_tokens: int | None = None,
-        ape_temperature: float | None = None,
-        ape_scale: float | None = None,
-        ape_prefix: bool | None = None,
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> Request:
         """The request with its sequences, or a specific error if it is bad or the waiting queue (`num_waiting`
         sequences now) is full. `cached(key)`: whether the document cache holds a segment; `num_pages`: the pages
-        requests may use. The options are LLMEngine.add_request's."""
-        relink_tokens = self.limits.relink_tokens(relink_tokens) if params is not None else 0
-        ape = self.limits.ape(ape_temperature, ape_scale) if params is not None else (1.0, 1.0)
-        prefix = self.limits.ape_prefix(ape_prefix)
-        keys = self._segment_keys(prompt, cache_salt, prefix)
+        requests may use. `options`: the request's own (engine/request_options.py), resolved here."""
+        options = self.limits.options(options, prefill_only=params is None)
+        keys = self._segment_keys(prompt, cache_salt, options.ape_prefix)
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
         # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
         hits = [cached(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
-        self.limits.check(prompt, params, relink_tokens, hits, num_pages)
+        self.limits.check(prompt, params, options.relink_tokens, hits, num_pages)
         if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
             raise InvalidRequestError("a document holds a value that is not an integer token id", "documents")
         limit = self.max_waiting
@@ -83,9 +79,7 @@ class RequestIntake:
                 params,
                 salt=cache_salt,
                 segment_keys=keys,
-                relink_tokens=relink_tokens,
-                ape=ape,
-                ape_prefix=prefix,
+                options=options,
             )
             for i in range(samples)
         ]

@@ -6,61 +6,41 @@ request here before queueing it, so that a bad one raises a specific error and c
 
 from __future__ import annotations
 
-from lazyattn.engine.config import check_ape, check_relink
 from lazyattn.engine.modes import Mode
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import OFF, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import ContextTooLongError, InvalidRequestError
 
 
 class RequestLimits:
-    """An engine's limits: its mode, page size, default relink rows, context limit, vocabulary and default APE
-    options. The pool's page count is passed per call (`LLMEngine.set_kv_budget` changes it)."""
+    """An engine's limits: its mode, page size, context limit, vocabulary and the options a request that sets none
+    gets (`defaults`, resolved). The pool's page count is passed per call (`LLMEngine.set_kv_budget` changes it)."""
 
     def __init__(
         self,
         mode: Mode,
         page_size: int,
-        relink_tokens: int,
         max_model_len: int,
         vocab_size: int,
-        *,
-        ape_temperature: float = 1.0,
-        ape_scale: float = 1.0,
-        ape_prefix: bool = False,
+        defaults: RequestOptions = OFF,
     ) -> None:
         self.mode = mode
         self.page_size = page_size
-        self.default_relink_tokens = relink_tokens
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.default_ape = (ape_temperature, ape_scale)
-        self.default_ape_prefix = ape_prefix
+        self.defaults = defaults
 
-    def relink_tokens(self, requested: int | None) -> int:
-        """A request's relink rows: its own choice, or the engine's default; checked against the mode."""
-        k = self.default_relink_tokens if requested is None else requested
-        check_relink(self.mode.name, k)
-        return k
+    def options(self, requested: RequestOptions, prefill_only: bool = False) -> RequestOptions:
+        """A request's options: its own choices, or the engine's defaults; checked against the mode."""
+        return requested.resolve(self.defaults, self.mode.name, prefill_only)
 
-    def ape(self, temperature: float | None = None, scale: float | None = None) -> tuple[float, float]:
-        """A request's (T, S) on its documents: its own choice, or the engine's default; checked against the mode."""
-        t = self.default_ape[0] if temperature is None else temperature
-        s = self.default_ape[1] if scale is None else scale
-        check_ape(self.mode.name, t, s)
-        return float(t), float(s)
-
-    def ape_prefix(self, requested: bool | None = None) -> bool:
-        """Whether a request's documents are encoded after its first segment: its own choice, or the engine's."""
-        prefix = self.default_ape_prefix if requested is None else requested
-        check_ape(self.mode.name, 1.0, 1.0, prefix)
-        return prefix
-
-    def max_new_tokens(self, prompt: RenderedPrompt, n: int, relink_tokens: int | None, num_pages: int) -> int:
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int, options: RequestOptions, num_pages: int) -> int:
         """The most tokens each of `n` samples of this prompt can generate: within the context limit, and with
-        the request's peak pages (its mode's count) within `num_pages`. 0 when nothing fits."""
+        the request's peak pages (its mode's count) within `num_pages`. 0 when nothing fits. Of the request's options
+        only relink rows take pages; they are not checked here (`options` checks them)."""
         lens = [len(s) for s in prompt.segments]
-        k = self.default_relink_tokens if relink_tokens is None else relink_tokens
+        k = self.defaults.relink_tokens if options.relink_tokens is None else options.relink_tokens
         lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
         while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
             mid = (lo + hi + 1) // 2

@@ -13,6 +13,7 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, from_token_ids, render_chat, render_completion
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import InvalidRequestError
 
@@ -64,6 +65,7 @@ class LLM:
         document_token_ids: Seq[Seq[Seq[int]]] | None = None,
         cache_salt: str | None = None,
         use_tqdm: bool | None = None,
+        options: RequestOptions | None = None,
         relink_tokens: int | None = None,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
@@ -71,13 +73,14 @@ class LLM:
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
-        relink_tokens: lazy mode's recomputed rows per placed document (docs/design.md); None: the engine's.
-        ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first
-        (lazy and block mode, docs/design.md "APE"); ape_prefix: documents encoded after the first segment (lazy
-        mode); None: the engine's."""
+        options: the requests' relink rows and APE settings (engine/request_options.py: relink_tokens, lazy mode's
+        recomputed rows per placed document; ape_temperature, ape_scale, T and S on the final segment's attention to
+        the documents after the first, lazy and block mode; ape_prefix, documents encoded after the first segment,
+        lazy mode; docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
+        the same options, given one by one (not together with `options`)."""
         rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
-        ape = (ape_temperature, ape_scale, ape_prefix)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, ape)
+        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, options)
 
     def chat(
         self,
@@ -87,19 +90,21 @@ class LLM:
         documents: Seq[Seq[Document]] | None = None,
         cache_salt: str | None = None,
         use_tqdm: bool | None = None,
+        options: RequestOptions | None = None,
         relink_tokens: int | None = None,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
     ) -> list[RequestOutput]:
-        """Chat conversations rendered with the model's chat template, documents as segments."""
+        """Chat conversations rendered with the model's chat template, documents as segments; `options` (or its
+        keywords) as in `generate`."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         docs = list(documents) if documents is not None else [[] for _ in convs]
         if len(docs) != len(convs):
             raise InvalidRequestError("documents must have one list per conversation", "documents")
         rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
-        ape = (ape_temperature, ape_scale, ape_prefix)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, relink_tokens, ape)
+        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix)
+        return self._run(rendered, sampling_params, cache_salt, use_tqdm, options)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -132,8 +137,7 @@ class LLM:
         sampling_params,
         cache_salt,
         use_tqdm,
-        relink_tokens: int | None = None,
-        ape: tuple[float | None, float | None, bool | None] = (None, None, None),
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -144,23 +148,12 @@ class LLM:
             raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
-        self.engine.limits.relink_tokens(relink_tokens)
-        self.engine.limits.ape(*ape[:2])
-        self.engine.limits.ape_prefix(ape[2])
+        self.engine.limits.options(options)
         ids = [f"gen-{next(self._ids)}" for _ in rendered]
         added: list[str] = []
         try:
             for rid, r, p in zip(ids, rendered, params):
-                self.engine.add_request(
-                    rid,
-                    r,
-                    p,
-                    cache_salt=cache_salt,
-                    relink_tokens=relink_tokens,
-                    ape_temperature=ape[0],
-                    ape_scale=ape[1],
-                    ape_prefix=ape[2],
-                )
+                self.engine.add_request(rid, r, p, cache_salt=cache_salt, options=options)
                 added.append(rid)
         except Exception:
             for rid in added:
@@ -198,3 +191,22 @@ class LLM:
         finally:
             bar.close()
         return [done[rid] for rid in ids]
+
+
+def _options(
+    options: RequestOptions | None,
+    relink_tokens: int | None,
+    ape_temperature: float | None,
+    ape_scale: float | None,
+    ape_prefix: bool | None,
+) -> RequestOptions:
+    """`options`, or the one-by-one keywords of `generate` and `chat` as options."""
+    loose = RequestOptions(relink_tokens, ape_temperature, ape_scale, ape_prefix)
+    if options is None:
+        return loose
+    if loose != ENGINE_DEFAULTS:
+        raise InvalidRequestError(
+            "give either options or the keywords relink_tokens, ape_temperature, ape_scale, ape_prefix, not both",
+            "options",
+        )
+    return options

@@ -37,6 +37,7 @@ from lazyattn.engine.modes import make_mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.outputs import EngineStats, RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import Sampler, SamplingParams
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.step_launch import StepLauncher
@@ -52,6 +53,20 @@ from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
 from lazyattn.model.tokenizer_cache import TokenizerCache
 
 logger = logging.getLogger("lazyattn.engine")
+
+
+def engine_tokenizer(config: EngineConfig) -> TokenizerBase:
+    """The tokenizer an engine of `config` uses (the cluster's ingress renders requests with its own)."""
+    try:
+        tokenizer = load_tokenizer(config.model)
+    except CheckpointError:
+        if not config.random_weights:
+            raise
+        # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
+        tokenizer = ByteTokenizer()
+    if config.tokenizer_cache_tokens:
+        tokenizer.cache = TokenizerCache(config.tokenizer_cache_tokens)
+    return tokenizer
 
 
 class LLMEngine:
@@ -75,7 +90,7 @@ class LLMEngine:
         self.executor: Executor = executor(config, self.device)
         self.model_config = mc = self.executor.model_config
         try:
-            self.tokenizer = self._tokenizer(config)
+            self.tokenizer = engine_tokenizer(config)
             self.max_model_len = config.max_model_len or mc.max_position
             if self.max_model_len > mc.max_position:
                 raise InvalidRequestError(
@@ -83,14 +98,7 @@ class LLMEngine:
                     "max_model_len",
                 )
             self.limits = RequestLimits(
-                self.mode,
-                config.page_size,
-                config.relink_tokens,
-                self.max_model_len,
-                mc.vocab_size,
-                ape_temperature=config.ape_temperature,
-                ape_scale=config.ape_scale,
-                ape_prefix=config.ape_prefix,
+                self.mode, config.page_size, self.max_model_len, mc.vocab_size, config.request_defaults
             )
             self.executor.build(self.max_model_len)
         except BaseException:
@@ -130,19 +138,6 @@ class LLMEngine:
             gc.collect()
             gc.freeze()
 
-    @staticmethod
-    def _tokenizer(config: EngineConfig) -> TokenizerBase:
-        try:
-            tokenizer = load_tokenizer(config.model)
-        except CheckpointError:
-            if not config.random_weights:
-                raise
-            # A bare config.json at real shapes (benchmarks): token-level input only, bytes for display.
-            tokenizer = ByteTokenizer()
-        if config.tokenizer_cache_tokens:
-            tokenizer.cache = TokenizerCache(config.tokenizer_cache_tokens)
-        return tokenizer
-
     # -- requests ---------------------------------------------------------------------------------------------
 
     def add_request(
@@ -153,18 +148,13 @@ class LLMEngine:
         *,
         cache_salt: str | None = None,
         arrival: float | None = None,
-        relink_tokens: int | None = None,
-        ape_temperature: float | None = None,
-        ape_scale: float | None = None,
-        ape_prefix: bool | None = None,
+        options: RequestOptions = ENGINE_DEFAULTS,
     ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
-        `params=None`: prefill-only (the prompt has segments and no final segment). `relink_tokens`: rows of
-        each placed document recomputed in context (lazy mode, docs/design.md "Relink"); None: the engine's.
-        `ape_temperature`, `ape_scale`: T and S on the final segment's attention to the documents after the first
-        (lazy and block mode, docs/design.md "APE"); `ape_prefix`: documents encoded after the first segment (lazy
-        mode, docs/design.md "APE"), also for a prefill-only request; None: the engine's."""
+        `params=None`: prefill-only (the prompt has segments and no final segment). `options`: the request's relink
+        rows and APE settings (engine/request_options.py; docs/design.md, "Relink" and "APE"), each None the
+        engine's."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         req = self.intake.request(
@@ -175,10 +165,7 @@ class LLMEngine:
             num_pages=self.num_pages,
             num_waiting=self.scheduler.num_waiting,
             cache_salt=cache_salt,
-            relink_tokens=relink_tokens,
-            ape_temperature=ape_temperature,
-            ape_scale=ape_scale,
-            ape_prefix=ape_prefix,
+            options=options,
         )
         for seq in req.seqs:
             if arrival is not None:
@@ -358,6 +345,7 @@ class LLMEngine:
 
     # -- limits (the checks themselves: self.limits, engine/limits.py) -----------------------------------------
 
-    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, relink_tokens: int | None = None) -> int:
-        """The most tokens each of `n` samples of this prompt can generate now (engine/limits.py)."""
-        return self.limits.max_new_tokens(prompt, n, relink_tokens, self.num_pages)
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
+        """The most tokens each of `n` samples of this prompt can generate now, with these options
+        (engine/limits.py)."""
+        return self.limits.max_new_tokens(prompt, n, options, self.num_pages)

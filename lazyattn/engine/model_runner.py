@@ -15,7 +15,7 @@ from lazyattn.engine.cuda_graphs import DecodeGraphs
 from lazyattn.engine.graph_inputs import SharedDecode, StepInputs, paged_batch
 from lazyattn.engine.prefill_graphs import PrefillGraphs
 from lazyattn.engine.sequence import Run
-from lazyattn.kernels.backend import ForwardBatch
+from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.selector import make_backend
@@ -51,8 +51,11 @@ class ModelRunner:
             mc.num_layers, self.num_pages, ps, mc.num_kv_heads, mc.head_dim, dtype, device, config.env.kv_layout
         )
         model.set_deterministic(config.deterministic)
-        self.backend = make_backend(
-            kv, RopeTables.build(mc.rope, max_model_len, device), mc.attn_scale, config.deterministic
+        tables = RopeTables.build(mc.rope, max_model_len, device)
+        self.backend = (
+            ReferenceBackend(kv, tables, mc.attn_scale, config.deterministic)
+            if config.reference_attention
+            else make_backend(kv, tables, mc.attn_scale, config.deterministic)
         )
         # Decode steps over shared documents attend by a plan (kernels/shared_decode.py) where the backend takes one;
         # deterministic mode keeps its one batch-invariant kernel.

@@ -10,6 +10,7 @@ from functools import cached_property
 import torch
 
 from lazyattn.cache.document_cache import Segment
+from lazyattn.engine.request_options import OFF, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 
 
@@ -120,9 +121,9 @@ class Sequence:
     params: SamplingParams | None  # None: a prefill-only request (documents encoded ahead, nothing sampled)
     salt: str | None = None
     segment_keys: list[str] | None = None  # the segments' cache keys (lazy/block), computed once at add_request
-    relink_tokens: int = 0  # lazy mode: recompute the first k rows of each placed document (docs/design.md)
-    ape: tuple[float, float] = (1.0, 1.0)  # (T, S) on the final segment's scores against documents (docs/design.md)
-    ape_prefix: bool = False  # lazy mode: documents encoded after the first segment (docs/design.md, "APE")
+    # The request's relink rows and APE options, resolved (engine/request_options.py): what admission, the modes and
+    # the page tables the kernels read take from it.
+    options: RequestOptions = OFF
     output: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     first_token_logprobs: torch.Tensor | None = None  # SamplingParams.first_token_logprobs: the first token's row

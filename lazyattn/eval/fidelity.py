@@ -133,33 +133,15 @@ class Engine:
 
 
 def reference_options(device: str) -> dict[str, Any]:
-    """The LLM(...) options of the float32 reference on `device`: on CUDA the products through torch (no GEMV
-    kernel, no fused decode path) and no CUDA graphs, whose captured kernels would be the Triton backend's; the
-    attention backend is swapped after construction (`use_reference_attention`)."""
+    """The LLM(...) options of the float32 reference on `device`: attention through the PyTorch reference on the
+    engine's own page pool (`reference_attention`; the CPU engine runs it already), on CUDA the products through torch
+    (no GEMV kernel, no fused decode path) and no CUDA graphs, whose captured kernels would be the Triton backend's."""
     if device == "cpu":
-        return {"dtype": "float32"}
+        return {"dtype": "float32", "reference_attention": True}
     from lazyattn.envs import read_env
 
     env = replace(read_env(), gemv="0", decode_fusion=False, kv_layout="token")  # the reference's page layout
-    return {"dtype": "float32", "cuda_graphs": False, "warm_up": False, "env": env}
-
-
-def use_reference_attention(llm: Any) -> None:
-    """Serve the engine's attention through the PyTorch reference (kernels/reference.py) on the engine's own page
-    pool. The CPU engine runs it already."""
-    from lazyattn.kernels.backend import ReferenceBackend
-
-    if llm.config.tensor_parallel_size > 1:
-        raise InvalidRequestError(
-            "the float32 reference swaps the attention backend of one device's model: run --fidelity without "
-            "tensor parallelism",
-            "tensor_parallel_size",
-        )
-    runner = llm.engine.executor.runner
-    if type(runner.backend) is ReferenceBackend:
-        return
-    b = runner.backend
-    runner.backend = ReferenceBackend(b.kv, b.tables, b.scale)
+    return {"dtype": "float32", "reference_attention": True, "cuda_graphs": False, "warm_up": False, "env": env}
 
 
 def answer(llm: Any, prompts: Sequence[Prompt], params: Any, batch_size: int) -> Answers:

@@ -54,10 +54,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
 
     def make_llm(engine: fidelity.Engine):
         extra = fidelity.reference_options(device) if engine.reference else {"dtype": engine.dtype}
-        llm = LLM(**{**options, **extra, "mode": engine.mode, "layout": layout, "progress": False})
-        if engine.reference:
-            fidelity.use_reference_attention(llm)
-        return llm
+        return LLM(**{**options, **extra, "mode": engine.mode, "layout": layout, "progress": False})
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, first_token_logprobs=True)
     print(

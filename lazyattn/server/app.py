@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from lazyattn.engine.client import EngineClient
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
 from lazyattn.errors import RegistryError
@@ -79,15 +80,20 @@ def _registered(registry: DocumentRegistry) -> float:
         return float("nan")
 
 
-def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop | None = None) -> FastAPI:
-    """`engine_loop`: what drives the engine; default its own thread. Replicas (cluster/ingress.py) pass a loop
-    over remote engines, with `engine` a facade that has the tokenizer, limits and mode."""
+def create_app(engine: LLMEngine | EngineClient, config: ServerConfig) -> FastAPI:
+    """Serve `engine`: an engine of this process, driven by a thread of its own (server/engine_loop.py), or any
+    `EngineClient` (engine/client.py), e.g. the loop over Ray Serve replicas (cluster/ingress.py). The app calls
+    nothing but the client's protocol."""
     registry = DocumentRegistry(config.registry_url, config.max_documents)
-    engine_loop = engine_loop if engine_loop is not None else EngineLoop(engine)
+    engine_loop: EngineClient = EngineLoop(engine) if isinstance(engine, LLMEngine) else engine
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: _registered(registry))
     engine_loop.observer = metrics
     renderer = Renderer(
-        engine.tokenizer, config.layout, engine.max_model_len, engine.model_config.vocab_size, engine.max_new_tokens
+        engine_loop.tokenizer,
+        config.layout,
+        engine_loop.max_model_len,
+        engine_loop.vocab_size,
+        engine_loop.max_new_tokens,
     )
     serving = OpenAIServing(
         engine_loop,
@@ -113,7 +119,7 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
     app = FastAPI(title="lazyattn", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
-    install_openapi(app, vocab_size=engine.model_config.vocab_size, keyed=auth.enabled)
+    install_openapi(app, vocab_size=engine_loop.vocab_size, keyed=auth.enabled)
 
     async def tenant(authorization: str | None = Header(None)) -> str:
         return auth.tenant(authorization)
@@ -162,7 +168,10 @@ def create_app(engine: LLMEngine, config: ServerConfig, engine_loop: EngineLoop 
         return ModelList(
             data=[
                 ModelCard(
-                    id=config.model_name, created=started, max_model_len=engine.max_model_len, mode=engine.mode.name
+                    id=config.model_name,
+                    created=started,
+                    max_model_len=engine_loop.max_model_len,
+                    mode=engine_loop.mode.name,
                 )
             ]
         )

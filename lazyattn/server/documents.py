@@ -15,9 +15,9 @@ import uuid
 
 from starlette.concurrency import run_in_threadpool
 
+from lazyattn.engine.client import EngineClient
 from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document
 from lazyattn.errors import ContextTooLongError
-from lazyattn.server.engine_loop import EngineLoop
 from lazyattn.server.registry import DocumentRegistry, RegisteredDocument, document_id
 
 
@@ -25,14 +25,13 @@ class DocumentService:
     """Registration and deletion of documents: the registry entry and, in modes that cache documents (lazy, block;
     prefix and full would never hit a pre-encoded one), the KV in the engine's document cache."""
 
-    def __init__(self, registry: DocumentRegistry, engine_loop: EngineLoop, layout: PromptLayout) -> None:
+    def __init__(self, registry: DocumentRegistry, engine_loop: EngineClient, layout: PromptLayout) -> None:
         self.registry = registry
         self.engine_loop = engine_loop
         self.layout = layout
-        engine = engine_loop.engine
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
-        self.encodes = engine.mode.caches_documents
+        self.tokenizer = engine_loop.tokenizer
+        self.max_model_len = engine_loop.max_model_len
+        self.encodes = engine_loop.mode.caches_documents
 
     async def register(self, scope: str | None, title: str | None, text: str) -> RegisteredDocument:
         """Register a document and, where the mode caches documents, return once its KV is cached and its entry

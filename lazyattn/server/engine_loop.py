@@ -8,7 +8,9 @@ Why commands instead of calling the engine from the event loop: the engine is no
 would block every connection for a whole forward pass anyway. Here the event loop never touches the engine's
 mutable state: it enqueues a command (an O(1) append) and awaits a future, and reads engine counters from a
 snapshot taken after each step. (It may read what never changes after construction: the tokenizer, the
-context limit, the mode and the pool size, e.g. through `engine.max_new_tokens`.)
+context limit, the mode and the pool size, e.g. through `max_new_tokens`.)
+
+`EngineLoop` is the in-process `EngineClient` (engine/client.py), the only interface the server uses.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
-from typing import Any
 
+from lazyattn.engine.client import EngineRequest, OutputObserver
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
+from lazyattn.engine.modes import Mode
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
-from lazyattn.engine.sampling import SamplingParams
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.errors import LazyAttnError
+from lazyattn.model.tokenizer_base import TokenizerBase
 
 logger = logging.getLogger("lazyattn.server")
 
@@ -35,20 +38,6 @@ logger = logging.getLogger("lazyattn.server")
 # rather than spin on the GIL that the event loop needs.
 _IDLE_STEP_S = 1e-3
 _FAILED_STEP_BACKOFF_S = 0.1
-
-
-@dataclass(frozen=True)
-class RequestOptions:
-    """A request's own values of the engine options it may set (None: the engine's): `LLMEngine.add_request`'s
-    keywords of the same names, checked there against the engine's mode."""
-
-    relink_tokens: int | None = None
-    ape_temperature: float | None = None
-    ape_scale: float | None = None
-    ape_prefix: bool | None = None
-
-
-ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them
 
 
 class EngineStoppedError(LazyAttnError):
@@ -60,7 +49,7 @@ class RequestFailedError(LazyAttnError):
     """The engine failed on this request (and only this one): see the server log."""
 
 
-class OutputStream:
+class LocalStream:
     """The outputs of the engine requests of one HTTP call (a completions call may hold several prompts).
 
     Iterating yields lists of RequestOutputs: the newest output of each request that moved since the last
@@ -111,19 +100,42 @@ class OutputStream:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, observer: Any | None = None) -> None:
+    """An `EngineClient` (engine/client.py) over an engine in this process, driven by a thread of its own."""
+
+    def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None) -> None:
         """`observer` (the server's metrics) gets `on_output(out, now)` for every output and
         `on_abort(request_id)`, on the engine thread."""
-        self.engine = engine
+        self.engine = engine  # called on the engine thread only; the properties below read what never changes
         self.observer = observer
         self.stats: EngineStats = engine.stats()  # read by /metrics without touching the engine
         self._cv = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
-        self._streams: dict[str, OutputStream] = {}
+        self._streams: dict[str, LocalStream] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._turn = time.monotonic()  # when the engine thread last finished a turn (commands, then one step)
         self._busy = False
+
+    # -- what it serves: fixed once the engine is built, read from any thread -----------------------------------
+
+    @property
+    def tokenizer(self) -> TokenizerBase:
+        return self.engine.tokenizer
+
+    @property
+    def mode(self) -> Mode:
+        return self.engine.mode
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_config.vocab_size
+
+    def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
+        return self.engine.max_new_tokens(prompt, n, options)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -152,24 +164,25 @@ class EngineLoop:
 
     async def submit(
         self,
-        requests: list[tuple[str, RenderedPrompt, SamplingParams | None]],
+        requests: list[EngineRequest],
         *,
         cache_salt: str | None,
         arrival: float,
         options: RequestOptions = ENGINE_DEFAULTS,
-    ) -> OutputStream:
+    ) -> LocalStream:
         """Add requests to the engine, all or none; raises the engine's validation errors. Params None: a
         prefill-only request (documents encoded ahead)."""
         loop = asyncio.get_running_loop()
-        stream = OutputStream(self, loop, [rid for rid, _, _ in requests])
+        stream = LocalStream(self, loop, [rid for rid, _, _ in requests])
         future: asyncio.Future[None] = loop.create_future()
-        keywords = asdict(options)
 
         def add() -> None:
             added: list[str] = []
             try:
                 for rid, prompt, params in requests:
-                    self.engine.add_request(rid, prompt, params, cache_salt=cache_salt, arrival=arrival, **keywords)
+                    self.engine.add_request(
+                        rid, prompt, params, cache_salt=cache_salt, arrival=arrival, options=options
+                    )
                     added.append(rid)
                     self._streams[rid] = stream
             except BaseException as e:

@@ -13,10 +13,10 @@ from starlette.concurrency import run_in_threadpool
 
 from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document, render_chat, render_completion
 from lazyattn.engine.prompt import from_token_ids as _from_token_ids
+from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import ContextTooLongError, InvalidRequestError
 from lazyattn.model.tokenizer import TokenizerBase
-from lazyattn.server.engine_loop import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -39,7 +39,7 @@ class Renderer:
     vocab_size: int
     # The engine's `max_new_tokens(prompt, n)`: it reads only what never changes after start-up (context limit,
     # mode, pool size), so the event loop may call it.
-    max_new_tokens: Callable[[RenderedPrompt, int, int | None], int]
+    max_new_tokens: Callable[[RenderedPrompt, int, RequestOptions], int]
 
     def chat(self, body: ChatCompletionRequest, documents: list[Document]) -> RenderedPrompt:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -80,7 +80,7 @@ class Renderer:
         segment (ape_prefix) is cached under another key in as many pages as without it."""
         if requested is not None:
             return requested
-        room = self.max_new_tokens(prompt, n, options.relink_tokens)
+        room = self.max_new_tokens(prompt, n, options)
         if room < 1:
             raise ContextTooLongError(
                 f"the prompt has {prompt.num_tokens} tokens (documents included), which leaves no room to "
@@ -114,7 +114,8 @@ async def resolve_documents(
 
 
 def request_options(body: ChatCompletionRequest | CompletionRequest) -> RequestOptions:
-    """The engine options the request sets; ranges are the schema's, the mode rules the engine's."""
+    """The engine options the request sets (None: the server's); ranges are the schema's, the mode rules the
+    engine's."""
     return RequestOptions(
         relink_tokens=body.relink_tokens,
         ape_temperature=body.ape_temperature,

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
-from lazyattn.engine.config import APE_MIN_TEMPERATURE
 from lazyattn.engine.messages import TEMPLATE_VARIABLES
+from lazyattn.engine.request_options import APE_MIN_TEMPERATURE
 from lazyattn.engine.sampling import (
     MAX_LOGPROBS,
     MAX_STOP_CHARS,

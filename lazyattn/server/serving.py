@@ -19,9 +19,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from lazyattn.engine.client import EngineClient, OutputStream
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.errors import InvalidRequestError, LazyAttnError
-from lazyattn.server.engine_loop import EngineLoop, OutputStream
 from lazyattn.server.errors import ModelNotFoundError, error_body
 from lazyattn.server.inputs import (
     Renderer,
@@ -59,7 +59,7 @@ _CLIENT_GONE = 499
 class OpenAIServing:
     def __init__(
         self,
-        engine_loop: EngineLoop,
+        engine_loop: EngineClient,
         renderer: Renderer,
         registry: DocumentRegistry,
         model_name: str,

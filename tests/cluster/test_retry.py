@@ -104,7 +104,7 @@ def want() -> str:
 def ingress(replicas, route) -> tuple[httpx.AsyncClient, Handle]:
     handle = Handle(replicas, route)
     loop = RemoteEngineLoop(handle, replicas["healthy"].info())
-    app = create_app(loop.engine, ServerConfig(model_name="tiny", layout=DEFAULT_LAYOUT), engine_loop=loop)
+    app = create_app(loop, ServerConfig(model_name="tiny", layout=DEFAULT_LAYOUT))
     app.add_middleware(RouteHeaders)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ingress", timeout=60)
     return client, handle

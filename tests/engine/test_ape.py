@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from lazyattn import LLM, SamplingParams
+from lazyattn import LLM, RequestOptions, SamplingParams
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has_ape, table_count, table_views
 from lazyattn.engine.prefill_graphs import StepLayout
@@ -369,7 +369,7 @@ def test_gpu_ape_matches_transformers_and_graphs_equal_eager(tmp_path_factory, p
             seen.clear()
         if name == "per_request":
             for i, p in enumerate(prompts):
-                llm.engine.add_request(f"r{i}", p, params, ape_temperature=t, ape_scale=s, ape_prefix=prefix)
+                llm.engine.add_request(f"r{i}", p, params, options=RequestOptions(None, t, s, prefix))
             outs = {}
             while llm.engine.has_unfinished():
                 outs.update({o.request_id: o.token_ids for o in llm.engine.step() if o.finished})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lazyattn import LLM, SamplingParams
+from lazyattn import LLM, RequestOptions, SamplingParams
 from lazyattn.engine.prompt import from_token_ids
 from lazyattn.errors import ContextTooLongError, InvalidRequestError
 from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm, token_bos
@@ -183,7 +183,9 @@ def test_page_count_includes_the_private_rows(checkpoint):
     tight.generate(prompt_token_ids=[[40]], document_token_ids=[docs], sampling_params=params)
     with pytest.raises(ContextTooLongError):
         tight.generate(prompt_token_ids=[[40]], document_token_ids=[docs], sampling_params=params, relink_tokens=20)
-    assert tight.engine.max_new_tokens(rendered, 1, relink_tokens=20) < tight.engine.max_new_tokens(rendered, 1)
+    assert tight.engine.max_new_tokens(rendered, 1, RequestOptions(relink_tokens=20)) < tight.engine.max_new_tokens(
+        rendered, 1
+    )
 
 
 def test_tiny_pool_preempts_relinked_requests_and_stays_correct(checkpoint):

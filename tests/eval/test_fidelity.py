@@ -11,6 +11,8 @@ import torch
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.cli import main
+from lazyattn.engine.config import EngineConfig
+from lazyattn.errors import InvalidRequestError
 from lazyattn.eval import fidelity
 from lazyattn.eval.fidelity import Answers, Comparison, Engine, Plan, Prompt
 from lazyattn.eval.metrics import bootstrap_ci
@@ -124,9 +126,11 @@ def test_cli_writes_the_report(tmp_path):
     assert data["dataset"]["builtin"] == "real" and data["dataset"]["questions"] == 3
 
 
-def test_the_reference_attention_takes_over_the_engines_page_pool():
-    """On CUDA the engine's Triton backend gives way to the PyTorch reference on the same pool: here a stand-in
-    backend, whose answers the swap must restore to the reference's."""
+def test_the_reference_options_serve_attention_through_the_pytorch_reference(monkeypatch):
+    """On CUDA the engine's backend is the Triton kernels; the reference's options (`reference_attention`) put the
+    PyTorch reference on the same page pool instead. Here a stand-in for the device's backend, whose answers the
+    reference's options must restore to the reference's."""
+    from lazyattn.engine import model_runner
     from lazyattn.kernels.backend import ReferenceBackend
 
     class Skewed(ReferenceBackend):
@@ -134,18 +138,18 @@ def test_the_reference_attention_takes_over_the_engines_page_pool():
             return 1.5 * super().attend(layer, q, k, v, fb)
 
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, first_token_logprobs=True)
-    llm = LLM("tiny", page_size=16, progress=False)
-    want = fidelity.answer(llm, _prompts(2), params, 2)
-    runner = llm.engine.executor.runner
-    kv = runner.backend.kv
-    runner.backend = Skewed(runner.backend.kv, runner.backend.tables, runner.backend.scale)
-    skewed = fidelity.answer(llm, _prompts(2), params, 2)
+    want = fidelity.answer(LLM("tiny", page_size=16, progress=False), _prompts(2), params, 2)
+    monkeypatch.setattr(
+        model_runner, "make_backend", lambda kv, tables, scale, deterministic=False: Skewed(kv, tables, scale)
+    )
+    skewed = fidelity.answer(LLM("tiny", page_size=16, progress=False), _prompts(2), params, 2)
     assert any(not torch.equal(a, b) for a, b in zip(skewed.first_logprobs, want.first_logprobs))
-    fidelity.use_reference_attention(llm)
-    assert type(runner.backend) is ReferenceBackend and runner.backend.kv is kv
+    llm = LLM("tiny", page_size=16, progress=False, **fidelity.reference_options("cpu"))
     got = fidelity.answer(llm, _prompts(2), params, 2)
     assert got.token_ids == want.token_ids
     assert all(torch.equal(a, b) for a, b in zip(got.first_logprobs, want.first_logprobs))
+    with pytest.raises(InvalidRequestError, match="tensor parallelism"):
+        EngineConfig(reference_attention=True, tensor_parallel_size=2)
 
 
 def test_comparisons_of_a_run_still_going_are_those_with_both_sides():

@@ -39,7 +39,7 @@ def test_default_max_tokens_is_the_engines_room():
         DEFAULT_LAYOUT,
         max_model_len=1000,
         vocab_size=320,
-        max_new_tokens=lambda prompt, n, relink_tokens=None: room[len(prompt.final)] // n,
+        max_new_tokens=lambda prompt, n, options=None: room[len(prompt.final)] // n,
     )
     prompt = RenderedPrompt([[1] * 50], [2] * 10)
     assert r.max_tokens(7, prompt, 1, "prompt") == 7  # asked for: the engine validates it

@@ -24,7 +24,7 @@ class _DocumentMode(Mode):
     caches_documents = True
 
     def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        source.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.ape_prefix)
+        source.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.options.ape_prefix)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(
@@ -46,7 +46,7 @@ def with_ape(entry: EntryPages, seq: Sequence, page_size: int) -> EntryPages:
     """The final segment's context with the sequence's temperature T and scale S on the pages of the segments after
     the first (docs/design.md, "APE"): 1/T and ln S per page (kernels/paged.py). The first segment's pages (the
     system prompt and BOS, the attention sink) come first in every context and stay as they are."""
-    t, s = seq.ape
+    t, s = seq.options.ape
     if (t, s) == (1.0, 1.0) or not seq.parts:
         return entry
     first = len(page_fill(seq.parts[0].length, page_size))
@@ -98,8 +98,8 @@ class LazyMode(_DocumentMode):
 
     def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
         run = super().admit(source, seq, acquired)
-        if seq.relink_tokens and not seq.prefill_only:
-            rows = relink_rows([len(s) for s in seq.segments], seq.relink_tokens)
+        if seq.options.relink_tokens and not seq.prefill_only:
+            rows = relink_rows([len(s) for s in seq.segments], seq.options.relink_tokens)
             relinks = [
                 Run(list(segment[:n]), start_pos=part.start)
                 for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])

@@ -1,0 +1,107 @@
+"""A request's own values of the engine options it may set: relink rows and APE's temperature, scale and shared prefix
+(docs/design.md, "Relink" and "APE").
+
+One frozen dataclass from the API to the kernels: `LLM.generate`/`LLM.chat` and the server (from the JSON body) build
+it, `LLMEngine.add_request` takes it, the engine fills what it leaves None with its own settings (`EngineConfig`'s
+fields of the same names) and checks the values against its mode (`resolve`), and each sequence carries the resolved
+options to where admission, the modes and the kernels' page tables read them (engine/admission.py,
+engine/modes/documents.py). Every check of these values is here: `EngineConfig` checks its defaults with the same
+functions, and the server's schema takes its bound from `APE_MIN_TEMPERATURE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lazyattn.errors import InvalidRequestError
+
+# The smallest attention temperature on documents. The kernels multiply scores by 1/T in float32: far below it they
+# overflow to infinity and the logits come out NaN (T = 1e-40 does on the CPU), while at 1/T = 1000 the documents'
+# weights are an argmax already.
+APE_MIN_TEMPERATURE = 1e-3
+
+
+def check_relink(mode: str, relink_tokens: int) -> None:
+    """Relink is a lazy-mode option: prefix and full read every document in context already, and block mode's
+    private copies are not relinked (docs/design.md, "Relink")."""
+    if not isinstance(relink_tokens, int) or isinstance(relink_tokens, bool) or relink_tokens < 0:
+        raise InvalidRequestError(f"relink_tokens must be an integer >= 0, got {relink_tokens!r}", "relink_tokens")
+    if relink_tokens and mode != "lazy":
+        why = (
+            "block mode reads private re-rotated copies; relink is implemented for lazy mode only"
+            if mode == "block"
+            else f"{mode} mode attends to every document in context already"
+        )
+        raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
+
+
+def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
+    """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
+    lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
+    encoded after the first segment) is lazy mode's: block mode's private copies are rotated from position 0."""
+    if not isinstance(prefix, bool):
+        raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
+    if prefix and mode != "lazy":
+        raise InvalidRequestError(
+            f"ape_prefix needs mode 'lazy': {mode} mode "
+            + ("copies documents encoded at position 0" if mode == "block" else "attends to everything in context"),
+            "ape_prefix",
+        )
+    for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
+    if temperature < APE_MIN_TEMPERATURE:
+        raise InvalidRequestError(
+            f"ape_temperature must be at least {APE_MIN_TEMPERATURE} (1/T scales the scores in float32), "
+            f"got {temperature!r}",
+            "ape_temperature",
+        )
+    if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
+        param = "ape_temperature" if temperature != 1 else "ape_scale"
+        raise InvalidRequestError(
+            f"ape_temperature={temperature}, ape_scale={scale} need mode 'lazy' or 'block': {mode} mode attends "
+            "to every document in context already",
+            param,
+        )
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """A request's options; a field left None is the engine's setting. Resolved (`resolve`, what a sequence
+    carries), no field is None.
+
+    relink_tokens: rows of each placed document recomputed in the request's context (lazy mode).
+    ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first (lazy and
+    block mode; 1: off). ape_prefix: documents encoded after the first segment (lazy mode), also for a prefill-only
+    request."""
+
+    relink_tokens: int | None = None
+    ape_temperature: float | None = None
+    ape_scale: float | None = None
+    ape_prefix: bool | None = None
+
+    @property
+    def ape(self) -> tuple[float, float]:
+        """(T, S) of resolved options."""
+        return self.ape_temperature, self.ape_scale  # type: ignore[return-value]
+
+    def resolve(self, defaults: RequestOptions, mode: str, prefill_only: bool = False) -> RequestOptions:
+        """The options with the fields left None taken from `defaults` (the engine's, resolved), checked against
+        `mode`; raises InvalidRequestError naming the field. A prefill-only request computes no final segment: it
+        relinks nothing and weighs nothing, whatever it asks."""
+        if prefill_only:
+            relink, t, s = 0, 1.0, 1.0
+        else:
+            relink = defaults.relink_tokens if self.relink_tokens is None else self.relink_tokens
+            t = defaults.ape_temperature if self.ape_temperature is None else self.ape_temperature
+            s = defaults.ape_scale if self.ape_scale is None else self.ape_scale
+        prefix = defaults.ape_prefix if self.ape_prefix is None else self.ape_prefix
+        check_relink(mode, relink)
+        check_ape(mode, t, s)
+        check_ape(mode, 1.0, 1.0, prefix)
+        return RequestOptions(relink, float(t), float(s), prefix)
+
+
+ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them: the engine's settings
+# The options off, resolved: no relink rows, T = S = 1, documents encoded alone (a sequence made without options).
+OFF = RequestOptions(relink_tokens=0, ape_temperature=1.0, ape_scale=1.0, ape_prefix=False)
