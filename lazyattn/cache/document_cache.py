@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _WHERE = {"host": "host memory", "disk": "disk"}
+MAX_LINKED = 1 << 16  # documents whose shared-prefix copies `remove` finds (DocumentCache.link)
 
 
 class DocumentCache:
@@ -72,6 +73,9 @@ class DocumentCache:
         # Unindexed segments (aborted, removed, a refused fill) that holders still reference, by identity: their
         # pages are freed on the last release.
         self._orphans: dict[int, Segment] = {}
+        # A document's plain key -> the keys of its copies encoded after a first segment (ape_prefix), so that
+        # removing the document removes them too; the most recent MAX_LINKED documents are remembered.
+        self._copies: OrderedDict[str, set[str]] = OrderedDict()
         self._evictable = 0  # pages of the segments in _lru
         self._held = 0  # pages of every live segment, indexed or not
         self._tick = 0
@@ -293,10 +297,22 @@ class DocumentCache:
             self._free(seg)
         return freed
 
+    def link(self, origin: str, key: str) -> None:
+        """Record that segment `key` is a copy of document `origin` encoded after a first segment (ape_prefix):
+        `remove(origin)` removes it too. Only the MAX_LINKED most recently linked documents are remembered."""
+        self._copies.setdefault(origin, set()).add(key)
+        self._copies.move_to_end(origin)
+        if len(self._copies) > MAX_LINKED:
+            self._copies.popitem(last=False)
+
     def remove(self, key: str) -> bool:
-        """Delete key's segment (e.g. a document unregistered). Unreferenced: freed now. Referenced:
-        unindexed now (no new acquire hits it), freed on its last release. Lower tiers' copies are dropped too.
-        False if no tier held it."""
+        """Delete key's segment (e.g. a document unregistered) and the copies linked to it (`link`).
+        Unreferenced: freed now. Referenced: unindexed now (no new acquire hits it), freed on its last release.
+        Lower tiers' copies are dropped too. False if no tier held any of them."""
+        copies = [self._remove(k) for k in self._copies.pop(key, ())]
+        return self._remove(key) or any(copies)
+
+    def _remove(self, key: str) -> bool:
         below = [t.discard(key) for t in self.tiers]
         seg = self._index.get(key)
         if seg is None:
@@ -316,6 +332,7 @@ class DocumentCache:
         ones stay. Returns the GPU pages freed."""
         for tier in self.tiers:
             tier.clear()
+        self._copies.clear()
         freed = 0
         while self._lru:
             _, seg = self._lru.popitem(last=False)
@@ -337,6 +354,8 @@ class DocumentCache:
         def fail(what: str) -> None:
             raise CacheInvariantError(f"document cache: {what}")
 
+        if len(self._copies) > MAX_LINKED:
+            fail(f"{len(self._copies)} documents with linked copies, over {MAX_LINKED}")
         for key, seg in self._index.items():
             if seg.key != key or not seg.cached or seg.failed:
                 fail(f"index entry {key[:16]} is segment {seg.key[:16]} (cached={seg.cached}, failed={seg.failed})")

@@ -197,6 +197,10 @@ class RemoteEngineLoop:
     def vocab_size(self) -> int:
         return self.info.vocab_size
 
+    @property
+    def ape_prefix(self) -> bool:
+        return self.info.ape_prefix
+
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
         return self._limits.max_new_tokens(prompt, n, options, self.info.num_pages)
 

@@ -55,6 +55,7 @@ class EngineInfo:
     relink_tokens: int
     random_weights: bool
     tokenizer_cache_tokens: int  # the ingress renders, so its tokenizer keeps the documents' ids
+    ape_prefix: bool = False  # the engine's default: registration encodes the documents' shared-prefix copies too
 
 
 class EngineReplica:
@@ -88,6 +89,7 @@ class EngineReplica:
             relink_tokens=e.config.relink_tokens,
             random_weights=e.config.random_weights,
             tokenizer_cache_tokens=e.config.tokenizer_cache_tokens,
+            ape_prefix=e.config.ape_prefix,
         )
 
     async def generate(self, job: EngineJob) -> AsyncIterator[ReplicaUpdate]:

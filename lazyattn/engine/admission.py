@@ -122,6 +122,8 @@ class Admission:
             segment, is_new = self.cache.acquire(keys[i], len(tokens))
             acquired.append(Part(segment, start, len(tokens), hit=not is_new, rotated_at=after))
             if is_new:
+                if after:  # a copy of the document: removing the document removes it
+                    self.cache.link(self.keyer(tokens, salt, None), keys[i])
                 run = Run(list(tokens), after, list(segment.pages))
                 self.jobs[keys[i]] = SegmentJob(segment, run, acquired[0].segment if after else None)
             start += len(tokens)

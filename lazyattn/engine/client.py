@@ -72,6 +72,12 @@ class EngineClient(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def ape_prefix(self) -> bool:
+        """Whether a request that does not say otherwise has its documents encoded after its first segment (the
+        engine's `ape_prefix`)."""
+        ...
+
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
         """The most tokens each of `n` samples of this prompt can generate (the server's default max_tokens)."""
         ...

@@ -1,7 +1,10 @@
 """Registering and deleting documents: the registry entry (server/registry.py) and the document's KV.
 
 Registration tokenises a document once (with the same `encode_document` a request uses, so the ids are the
-cache key a request would produce) and the server pre-encodes its KV. The registry keeps the text, not the KV:
+cache key a request would produce) and the server pre-encodes its KV: the document alone and, where documents are
+encoded after the first segment by default (lazy mode with `ape_prefix`), also after the system segment that a chat
+request in the server's layout starts with, the copy such requests read (docs/design.md, "APE"). Deleting a
+document removes both, and every other shared-prefix copy the cache made of it. The registry keeps the text, not the KV:
 the KV lives in the document cache and may be evicted like any other; a request that uses the id after an
 eviction or a restart re-encodes it (a miss), it never fails.
 
@@ -16,7 +19,8 @@ import uuid
 from starlette.concurrency import run_in_threadpool
 
 from lazyattn.engine.client import EngineClient
-from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document
+from lazyattn.engine.prompt import PromptLayout, RenderedPrompt, encode_document, render_chat
+from lazyattn.engine.request_options import RequestOptions
 from lazyattn.errors import ContextTooLongError
 from lazyattn.server.registry import DocumentRegistry, RegisteredDocument, document_id
 
@@ -32,6 +36,12 @@ class DocumentService:
         self.tokenizer = engine_loop.tokenizer
         self.max_model_len = engine_loop.max_model_len
         self.encodes = engine_loop.mode.caches_documents
+        # The first segment of a chat request in this layout (system prompt and BOS), after which documents are
+        # encoded by default; None where they are not.
+        self.first_segment: list[int] | None = None
+        if self.encodes and engine_loop.ape_prefix:
+            chat = render_chat(self.tokenizer, [{"role": "user", "content": "?"}], [{"text": "?"}], layout)
+            self.first_segment = chat.segments[0]
 
     async def register(self, scope: str | None, title: str | None, text: str) -> RegisteredDocument:
         """Register a document and, where the mode caches documents, return once its KV is cached and its entry
@@ -68,8 +78,14 @@ class DocumentService:
         return token_ids
 
     async def _encode(self, token_ids: list[int], scope: str | None) -> None:
-        request = (f"encode-{uuid.uuid4().hex}", RenderedPrompt([token_ids], []), None)
-        stream = await self.engine_loop.submit([request], cache_salt=scope, arrival=time.monotonic())
+        await self._prefill([token_ids], scope, RequestOptions(ape_prefix=False))
+        first = self.first_segment
+        if first is not None and len(first) + len(token_ids) <= self.max_model_len:
+            await self._prefill([first, token_ids], scope, RequestOptions(ape_prefix=True))
+
+    async def _prefill(self, segments: list[list[int]], scope: str | None, options: RequestOptions) -> None:
+        request = (f"encode-{uuid.uuid4().hex}", RenderedPrompt(segments, []), None)
+        stream = await self.engine_loop.submit([request], cache_salt=scope, arrival=time.monotonic(), options=options)
         try:
             async for _ in stream:
                 pass

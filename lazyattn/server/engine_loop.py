@@ -134,6 +134,10 @@ class EngineLoop:
     def vocab_size(self) -> int:
         return self.engine.model_config.vocab_size
 
+    @property
+    def ape_prefix(self) -> bool:
+        return self.engine.config.ape_prefix
+
     def max_new_tokens(self, prompt: RenderedPrompt, n: int = 1, options: RequestOptions = ENGINE_DEFAULTS) -> int:
         return self.engine.max_new_tokens(prompt, n, options)
 

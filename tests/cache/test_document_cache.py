@@ -546,3 +546,36 @@ else:
         for op, arg in ops:
             d.apply(op, arg)
         d.finish()
+
+
+def test_removing_a_document_removes_its_linked_copies(monkeypatch):
+    """`link(origin, copy)`: removing origin removes the copy too (True even when only the copy was cached); a
+    copy removed alone leaves origin; clear() forgets the links; only MAX_LINKED origins are remembered."""
+    import lazyattn.cache.document_cache as dc
+
+    cache = make()
+    for key in ("copy-1", "copy-2", "other"):
+        cached_unreferenced(cache, key, 3)
+    cache.link("doc", "copy-1")
+    cache.link("doc", "copy-2")
+    assert cache.remove("doc")  # the document itself was never cached here, its copies were
+    assert not cache.contains("copy-1") and not cache.contains("copy-2") and cache.contains("other")
+    assert not cache.remove("doc")  # the links went with it
+    held = cached_unreferenced(cache, "copy-3", 3)
+    cache.acquire("copy-3", 3)  # referenced: unindexed now, freed on its last release
+    cache.link("doc", "copy-3")
+    assert cache.remove("doc") and not cache.contains("copy-3")
+    cache.release(held)
+    cache.check()
+    assert cache.pool.num_free == cache.pool.num_pages - 1  # only "other" holds a page
+
+    monkeypatch.setattr(dc, "MAX_LINKED", 2)
+    for i in range(3):
+        cached_unreferenced(cache, f"c{i}", 1)
+        cache.link(f"d{i}", f"c{i}")
+    assert not cache.remove("d0") and cache.contains("c0")  # the oldest link was forgotten
+    assert cache.remove("d2") and not cache.contains("c2")
+    cache.link("d1", "c1")
+    cache.clear()
+    cached_unreferenced(cache, "c1", 1)
+    assert not cache.remove("d1") and cache.contains("c1")

@@ -381,3 +381,25 @@ def test_gpu_ape_matches_transformers_and_graphs_equal_eager(tmp_path_factory, p
         llm.shutdown()
     assert results["eager"][0] == results["graphs"][0] == results["per_request"][0]
     assert rel(results["graphs"][1], results["eager"][1]) < 1e-5
+
+
+def test_dropping_a_document_drops_its_copies_after_every_first_segment(checkpoint):
+    """A document dropped from the cache (the server's deletion) takes with it the copies encoded after each first
+    segment it was read after: the next request with it misses them, and a document not dropped still hits."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    bos = [] if token_bos(llm) is None else [token_bos(llm)]
+    systems = (bos + [5, 6, 7], bos + [8, 9])
+
+    def run(system, docs):
+        documents = [[system] + [DOCS[d] for d in docs]]
+        llm.generate(
+            prompt_token_ids=[[40, 41]], document_token_ids=documents, sampling_params=greedy(), ape_prefix=True
+        )
+        return llm.stats().cache.misses
+
+    for system in systems:
+        run(system, ["a", "b"])
+    before = run(systems[0], ["a", "b"])
+    assert llm.engine.drop_documents([DOCS["a"]]) == 1  # with its copies after either first segment
+    assert run(systems[0], ["a", "b"]) == before + 1  # "a" again; "b" and the first segment hit
+    assert run(systems[1], ["a"]) == before + 2

@@ -4,6 +4,8 @@ value out of range, or an option the server's mode does not take, is a 400 namin
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 
@@ -181,3 +183,24 @@ def test_null_is_the_servers_setting(server):
     plain = chat(server.url)
     explicit = chat(server.url, ape_temperature=None, ape_scale=None, ape_prefix=None)
     assert chat_logprobs(explicit) == pytest.approx(chat_logprobs(plain), abs=1e-6)
+
+
+def test_a_registered_document_hits_on_a_shared_prefix_server_and_deleting_it_removes_every_copy(ape_server):
+    """Registration on a server whose requests encode documents after the system segment (--ape-prefix) encodes
+    that copy too: a chat request naming the document misses nothing. Deleting the document removes its
+    shared-prefix copy with it: the same text inline is then a miss."""
+    salt = f"t-{uuid.uuid4().hex}"  # a fresh scope: nothing of it is cached yet
+    doc = {"title": "Manual", "text": f"Each document reads the system prompt first, {uuid.uuid4().hex}."}
+    r = post(ape_server.url, "/v1/documents", {**doc, "cache_salt": salt})
+    assert r.status_code == 200, r.text
+    doc_id = r.json()["id"]
+    misses = ape_server.metric("lazyattn:document_cache_misses_total")
+    by_id = chat(ape_server.url, documents=[{"id": doc_id}], cache_salt=salt)
+    assert ape_server.metric("lazyattn:document_cache_misses_total") == misses  # system segment and copy: hits
+    assert by_id["usage"]["prompt_tokens_details"]["cached_tokens"] > r.json()["num_tokens"]
+    want = offline(ape_prefix=True, ape_temperature=0.5).chat(MESSAGES, GREEDY, documents=[[doc]], cache_salt=salt)
+    assert chat_logprobs(by_id) == pytest.approx(offline_logprobs(want[0]), abs=1e-5)
+
+    assert httpx.delete(f"{ape_server.url}/v1/documents/{doc_id}", params={"cache_salt": salt}).status_code == 200
+    chat(ape_server.url, documents=[doc], cache_salt=salt)
+    assert ape_server.metric("lazyattn:document_cache_misses_total") == misses + 1  # the copy, gone with it
