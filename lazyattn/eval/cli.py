@@ -12,8 +12,9 @@
         --max-tokens 16 --out results/fidelity       # numerics: dtypes, batch sizes, modes (docs/quality.md)
 
 Prints one row per run and cell (accuracy, exact match, token F1, TTFT) and an accuracy pivot; with --out,
-writes eval.json (every answer), eval.md (the tables) and accuracy.png. With --fidelity: one row per comparison
-(identical answers, first differing position, KL at the first token); --out writes fidelity.json and fidelity.md.
+writes eval.json (every answer), eval.md (the tables) and accuracy.png (with the `plots` extra, matplotlib;
+without it the plot is skipped with a note). With --fidelity: one row per comparison (identical answers, first
+differing position, KL at the first token); --out writes fidelity.json and fidelity.md.
 """
 
 from __future__ import annotations
@@ -225,11 +226,13 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         (out / "eval.md").write_text(
             f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n"
         )
-        report.plot_accuracy(
+        written = [out / "eval.json", out / "eval.md"]
+        if report.plot_accuracy(
             results,
             out / "accuracy.png",
             aliases=aliases,
             title=f"{Path(args.model).name}: {describe_dataset(dataset_meta)}",
-        )
-        print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'accuracy.png'}")
+        ):
+            written.append(out / "accuracy.png")
+        print("wrote " + ", ".join(map(str, written)))
     return 0
