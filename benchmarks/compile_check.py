@@ -63,6 +63,7 @@ from lazyattn.kernels import (  # noqa: E402
     invariant,
     prefill,
     prefill_hopper,
+    prefill_plan,
     shared_decode,
 )
 from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
@@ -310,7 +311,7 @@ def _prefill(
             tokens, batch.batch_size, heads.q, heads.kv, heads.dim, BF16, page_size, torch.device("cuda")
         )
         if batch.num_splits > 1:
-            batch.plan = torch.zeros(batch.batch_size, batch.num_splits, prefill.PLAN_WIDTH, dtype=torch.int32)
+            batch.plan = torch.zeros(batch.batch_size, batch.num_splits, prefill_plan.PLAN_WIDTH, dtype=torch.int32)
     runs = prefill.rotated_runs_for(tokens)
     if runs and rotated_in_rope and options.get("apply_delta", True):
         q, q_rot = cache_ops.rope_write_kv_runs(q, k, v, positions, slots, kv[0, 0], kv[0, 1], tables, batch, runs)
@@ -451,20 +452,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                             ),
                         )
                     )
-            out.append(
-                (
-                    f"prefill {h} page{ps} rag T=32 B=1 plan_pieces",
-                    lambda heads=heads, ps=ps: _prefill(heads, ps, _rag_batch(ps, 32, 1), 32, plan_pieces=True),
-                )
-            )
-            out.append(
-                (
-                    f"prefill {h} page{ps} rag T=32 B=1 graph plan_pieces",
-                    lambda heads=heads, ps=ps: _prefill(
-                        heads, ps, _rag_batch(ps, 32, 1), 32, graph=True, plan_pieces=True
-                    ),
-                )
-            )
             out.append(
                 (
                     f"prefill {h} page{ps} rag T=32 B=1 relinked (firsts)",

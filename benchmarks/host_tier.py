@@ -351,12 +351,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def plot(results: Path) -> int:
     data = json.loads(results.read_text())
-    plot_host_tier(
+    if plot_host_tier(
         data["rows"],
         results.with_suffix(".png"),
         title=f"Host tier, {data['meta']['device_name']}: {data['meta']['command']}",
-    )
-    print(f"plot: {results.with_suffix('.png')}")
+    ):
+        print(f"plot: {results.with_suffix('.png')}")
     return 0
 
 

@@ -652,9 +652,10 @@ def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q
 
 def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:
     """The call's inputs with the split count the engine's prefill graphs fix for prefill.py's kernel over its rows
-    and entries and, where they split, the host's plan of each entry's pages (kernels/prefill.py, split_plan), as the
-    graphs take it. The Hopper kernel ignores both (engine_attention: it splits pages evenly itself)."""
-    from lazyattn.kernels.prefill import graph_num_splits, with_plan
+    and entries and, where they split, the host's plan of each entry's pages (kernels/prefill_plan.py, split_plan), as
+    the graphs take it. The Hopper kernel ignores both (engine_attention: it splits pages evenly itself)."""
+    from lazyattn.kernels.prefill import graph_num_splits
+    from lazyattn.kernels.prefill_plan import with_plan
 
     s = b.s
     splits = graph_num_splits(

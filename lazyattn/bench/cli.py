@@ -299,19 +299,17 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
         written = [out / "bench.json"]
         if plots.plot_rate_sweep(results, out / "ttft_vs_rate.png", title=f"{args.model}, {spec.popularity}"):
             written.append(out / "ttft_vs_rate.png")
-        if args.kv_budgets:
-            plots.plot_hit_ratio(
-                data["hit_ratio"]["rows"],
-                out / "hit_ratio_vs_budget.png",
-                title=f"{args.model}: simulated document hit ratio",
-            )
+        if args.kv_budgets and plots.plot_hit_ratio(
+            data["hit_ratio"]["rows"],
+            out / "hit_ratio_vs_budget.png",
+            title=f"{args.model}: simulated document hit ratio",
+        ):
             written.append(out / "hit_ratio_vs_budget.png")
-        if args.replicas_sim:
-            plots.plot_replicas(
-                data["replicas"]["rows"],
-                out / "replicas.png",
-                title=f"{args.model}: replicas behind each router (simulated)",
-            )
+        if args.replicas_sim and plots.plot_replicas(
+            data["replicas"]["rows"],
+            out / "replicas.png",
+            title=f"{args.model}: replicas behind each router (simulated)",
+        ):
             written.append(out / "replicas.png")
         print("\nwrote " + ", ".join(str(p) for p in written))
     return 1 if any(r.error for r in results) else 0

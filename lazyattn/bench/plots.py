@@ -1,4 +1,9 @@
-"""PNG plots of benchmark results (matplotlib, no display needed)."""
+"""PNG plots of benchmark results (matplotlib, no display needed).
+
+matplotlib is an extra (`pip install "lazyattn[plots]"`; `[test]` includes it): without it each plot is skipped
+with a one-line note and its function returns False, so a run still writes its JSON and tables. Every plot
+function returns True when it wrote its file.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +21,16 @@ MODE_STYLE = {
 }
 
 
-def _pyplot():
-    import matplotlib
+PLOTS_EXTRA_NOTE = 'matplotlib is not installed (pip install "lazyattn[plots]")'
 
+
+def pyplot(path: str | Path):
+    """matplotlib.pyplot on the Agg backend, or None with a one-line note that `path` is skipped."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"skipped {path}: {PLOTS_EXTRA_NOTE}", flush=True)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -40,7 +52,9 @@ def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str
         return False
     ticks = rates + [math.inf]
     x_of = {rate: i for i, rate in enumerate(ticks)}
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, axes = plt.subplots(2, len(groups), figsize=(5.2 * len(groups), 7.5), squeeze=False)
     for col, group in enumerate(groups):
         for mode in dict.fromkeys(r.mode for r in points if r.group == group):
@@ -72,14 +86,16 @@ def plot_rate_sweep(results: Sequence[PointResult], path: str | Path, title: str
 
 def plot_hit_ratio(
     sim_rows: Sequence[dict], path: str | Path, engine_rows: Sequence[dict] = (), title: str = ""
-) -> None:
+) -> bool:
     """Document hit ratio against KV budget: one panel per budget policy, color by skew, line style by mode;
     engine runs as large hollow markers. Rows: {policy, alpha, mode, budget_gb, doc_hit_ratio}."""
     policies = list(dict.fromkeys(r["policy"] for r in sim_rows))
     alphas = sorted({r["alpha"] for r in sim_rows}, key=lambda a: (a is None, a or 0.0))
     colors = dict(zip(alphas, ["tab:purple", "tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]))
     dashes = {"lazy": "-", "block": "--", "prefix": ":"}
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4.6), squeeze=False)
     for ax, policy in zip(axes[0], policies):
         for alpha in alphas:
@@ -128,12 +144,15 @@ def plot_hit_ratio(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
-def plot_shared_document(results: Sequence[PointResult], path: str | Path, title: str = "") -> None:
+def plot_shared_document(results: Sequence[PointResult], path: str | Path, title: str = "") -> bool:
     """Peak KV memory and output-token throughput against concurrency, per mode."""
     points = [r for r in results if r.summary is not None and r.concurrency is not None]
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for mode in dict.fromkeys(r.mode for r in points):
         rows = sorted((r for r in points if r.mode == mode), key=lambda r: r.concurrency)
@@ -152,14 +171,17 @@ def plot_shared_document(results: Sequence[PointResult], path: str | Path, title
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
-def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> None:
+def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> bool:
     """`python -m benchmarks.host_tier` rows: effective hit ratio (left) and mean TTFT (right, p99 dashed) against
     the GPU KV budget, one color per workload, hollow markers GPU-only, filled with the host tier."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     colors = dict(zip(workloads, ["tab:blue", "tab:orange", "tab:green", "tab:purple"]))
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, (hit_ax, ttft_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
     for workload in workloads:
         for tiered in (False, True):
@@ -194,6 +216,7 @@ def plot_host_tier(rows: Sequence[dict], path: str | Path, title: str = "") -> N
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 ROUTER_STYLE = {
@@ -204,12 +227,14 @@ ROUTER_STYLE = {
 }
 
 
-def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> None:
+def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> bool:
     """Per workload variant (columns): cluster document hit ratio against replicas, one line per router, with
     one engine holding the cluster's total KV dashed; below, load imbalance (busiest replica's busy time over
     the mean). Rows: bench/replicas.py's."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, axes = plt.subplots(2, len(variants), figsize=(4.6 * len(variants), 7.2), squeeze=False)
     for col, variant in enumerate(variants):
         mine = [r for r in rows if r["variant"] == variant]
@@ -243,6 +268,7 @@ def plot_replicas(rows: Sequence[dict], path: str | Path, title: str = "") -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def plot_steady(data: dict, path: str | Path, targets_ms: Sequence[float] = ()) -> bool:
@@ -262,7 +288,9 @@ def plot_steady(data: dict, path: str | Path, targets_ms: Sequence[float] = ()) 
         return False
     finite = [v for pts in series.values() for p in pts for v in p.ttft_ms.values() if math.isfinite(v) and v > 0]
     top = max(finite + list(targets_ms) + [1.0]) * 3
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for mode, pts in series.items():
         color, marker = MODE_STYLE.get(mode, ("black", "x"))
@@ -295,7 +323,9 @@ def plot_cold_start(data: dict, path: str | Path) -> bool:
     curves = {m: e["cold_start"]["bins"] for m, e in data["modes"].items() if e.get("cold_start")}
     if not curves:
         return False
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return False
     fig, (ttft_ax, hit_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
     for mode, bins in curves.items():
         color, marker = MODE_STYLE.get(mode, ("black", "x"))

@@ -38,7 +38,7 @@ import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from lazyattn.cache.segment import Segment
-    from lazyattn.engine.config import EngineConfig
 
 logger = logging.getLogger("lazyattn.cache")
 
@@ -357,8 +356,28 @@ def _blend(estimate: float, measured: float) -> float:
     return measured if not estimate else (1 - ESTIMATE_WEIGHT) * estimate + ESTIMATE_WEIGHT * measured
 
 
+class DiskTierOptions(Protocol):
+    """The engine options `make_disk_tier` reads (EngineConfig has them): the cache layer names what it needs
+    rather than importing the engine above it."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def disk_cache_dir(self) -> str | None: ...
+
+    @property
+    def disk_cache_gb(self) -> float: ...
+
+    @property
+    def disk_read_gbps(self) -> float | None: ...
+
+    @property
+    def disk_always_read(self) -> bool: ...
+
+
 def make_disk_tier(
-    config: EngineConfig,
+    config: DiskTierOptions,
     device_kv: torch.Tensor,
     model_fingerprint: str,
     before_write: Callable[[list[int]], None] | None = None,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lazyattn.cache.page_pool import GiB, PagePool
 from lazyattn.errors import CacheInvariantError
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
     from lazyattn.cache.kv_transfer import PageMover, Transfer
     from lazyattn.cache.segment import Segment
-    from lazyattn.engine.config import EngineConfig
 
 # The default host tier on CUDA (docs/design.md): a quarter of the host memory available at start-up, at most this.
 # Page-locked memory is taken from everything else on the host; it is locked as the tier grows, not at start-up.
@@ -326,7 +325,18 @@ class HostTier:
         self._indexed_pages -= len(entry.pages)
 
 
-def make_host_tier(config: EngineConfig, device_kv: torch.Tensor) -> HostTier | None:
+class HostTierOptions(Protocol):
+    """The engine options `make_host_tier` reads (EngineConfig has them): the cache layer names what it needs
+    rather than importing the engine above it."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def host_cache_gb(self) -> float | None: ...
+
+
+def make_host_tier(config: HostTierOptions, device_kv: torch.Tensor) -> HostTier | None:
     """The engine's host tier (`host_cache_gb`, else `default_host_bytes`) over its GPU pool's KV tensor, or None:
     off, or full mode, which caches nothing."""
     from lazyattn.cache.kv_transfer import PageMover

@@ -106,7 +106,7 @@ class SegmentKeyer:
     keyed recently are remembered too (KeyMemo; `memo_tokens=0` turns that off)."""
 
     def __init__(self, model_fingerprint: str, rope_fingerprint: str, memo_tokens: int = KEY_MEMO_TOKENS) -> None:
-        self._model = hashlib.sha256(_KEY_VERSION)  # sha256 over blake2b: SHA-NI makes it ~2x faster here
+        self._model = hashlib.sha256(_KEY_VERSION)  # sha256 over blake2b: SHA-NI makes it the faster here
         self._model.update(_field(model_fingerprint) + _field(rope_fingerprint))
         self._salted: dict[str | None, hashlib._Hash] = {}  # the state after (salt, no parent), per recent salt
         self.memo = KeyMemo(memo_tokens)

@@ -99,7 +99,7 @@ def build_app(config: ClusterConfig) -> serve.Application:
 def app_builder(args: dict[str, Any]) -> serve.Application:
     """For a Serve config file: `args` are `lazyattn serve` option names with underscores (docs/serve.yaml)."""
     from lazyattn.engine import prompt
-    from lazyattn.server.cli import LAYOUTS, served_model_name
+    from lazyattn.server.names import LAYOUTS, served_model_name
     from lazyattn.server.registry import resolve_registry_url
 
     args = dict(args)

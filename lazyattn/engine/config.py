@@ -152,9 +152,9 @@ class EngineConfig:
     # the requests that replace the ones that ended) runs as two forward passes, the prefill part first, then the
     # decode rows as a decode step, which replays a decode graph and reads shared documents once (engine/
     # step_launch.py). Off: one pass, eager once the step outgrows the prefill graphs, whose attention reads every
-    # listed page once per row. None: on CUDA (docs/benchmarks.md, "Steady state": lazy's sustainable rate at a 1 s
-    # p99 TTFT 90.5 -> 181 req/s on an H200, at the cost of ~4 ms more TTFT at light load), off on the CPU, where
-    # there are no graphs to replay.
+    # listed page once per row. None: on CUDA, where it doubles lazy's sustainable rate at a 1 s p99 TTFT for a few
+    # ms more TTFT at light load (docs/benchmarks.md, "Steady state"), off on the CPU, where there are no graphs to
+    # replay.
     split_mixed_steps: bool | None = _option(
         None,
         "run a step that decodes some sequences and prefills others as a prefill pass, then a decode pass (decode "
@@ -162,11 +162,11 @@ class EngineConfig:
         shown="on CUDA, off on the CPU",
     )
     # Python's cyclic garbage collector: a full collection walks every object the process holds, ~300K once torch,
-    # Triton and the engine are imported and built (~180 ms on a slow 2-core host; benchmarks/host_step.py), in
-    # whichever step triggers it. On: what exists once the engine is built and warmed up is frozen out of collections
-    # (gc.freeze) until shutdown, so that a full collection walks only what requests made since (~16 ms with 256 RAG
-    # sequences running). Off by default: frozen objects another part of the process drops meanwhile are collected
-    # only after shutdown unfreezes them.
+    # Triton and the engine are imported and built, in whichever step triggers it (its time: docs/benchmarks.md,
+    # "Kernel constants"; benchmarks/host_step.py). On: what exists once the engine is built and warmed up is frozen
+    # out of collections (gc.freeze) until shutdown, so that a full collection walks only what requests made since.
+    # Off by default: frozen objects another part of the process drops meanwhile are collected only after shutdown
+    # unfreezes them.
     gc_freeze: bool = _option(
         False,
         "freeze what exists once the engine is built out of Python's garbage collections (gc.freeze) until shutdown",

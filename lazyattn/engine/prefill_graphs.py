@@ -38,7 +38,8 @@ from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has
 from lazyattn.kernels import prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.kernels.prefill import PLAN_WIDTH, graph_num_splits, plan_runs
+from lazyattn.kernels.prefill import graph_num_splits
+from lazyattn.kernels.prefill_plan import PLAN_WIDTH, plan_runs
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
 
@@ -73,7 +74,7 @@ def _aligned(offset: int, to: int = 256) -> int:
 class Buffers:
     """A step's inputs as three views of one byte buffer: an int64 one (ids, positions, slots, logits rows), an
     int32 one (cu_seqlens_q, q_start, num_pages) and the entry-major records, last: each entry's page tables
-    [5, width], then its split plan [plan_splits, PLAN_WIDTH] (kernels/prefill.py, split_plan; none when
+    [5, width], then its split plan [plan_splits, PLAN_WIDTH] (kernels/prefill_plan.py, split_plan; none when
     plan_splits is 0). Why one buffer: one copy moves a step's inputs to the device, where three copies would
     each cost a launch on the host and a few µs on the GPU before the graph can start (the first token waits
     for both)."""
@@ -94,7 +95,8 @@ class Buffers:
         records = self.raw[self.tables_at :].view(torch.int32).view(layout.e, record_ints)
         self.tables = records[:, :table_ints].view(layout.e, table_count(layout.ape), layout.w)
         self.plan = records[:, table_ints:].view(layout.e, layout.plan_splits, PLAN_WIDTH)
-        # numpy views of a host buffer, made once: the host writes a step through them (~2 µs a view per step)
+        # numpy views of a host buffer, made once: the host writes a step through them (a view made per step costs
+        # host time on every step)
         self.arrays = (
             tuple(t.numpy() for t in (self.i64, self.head, self.tables, records[:, table_ints:]))
             if self.raw.device.type == "cpu"
@@ -180,7 +182,7 @@ class StepLayout:
 
 
 def fill_plans(plans: np.ndarray, tables: np.ndarray, num_pages: list[int], num_splits: int) -> None:
-    """Each entry's split plan (kernels/prefill.py, plan_runs) into its row of `plans` [E, >= S * PLAN_WIDTH],
+    """Each entry's split plan (kernels/prefill_plan.py, plan_runs) into its row of `plans` [E, >= S * PLAN_WIDTH],
     from the runs of equal delta in its row of the filled page tables [E, 5, W]."""
     width = num_splits * PLAN_WIDTH
     for i, n in enumerate(num_pages):
@@ -195,7 +197,7 @@ def fill_plans(plans: np.ndarray, tables: np.ndarray, num_pages: list[int], num_
 @functools.lru_cache(maxsize=4096)
 def _plan_of_cuts(cuts: bytes, n: int, num_splits: int) -> np.ndarray:
     """plan_runs as an int32 array, by the bytes of the run cuts fill_plans finds: one lookup and one slice copy
-    per entry and step (a tuple of S * PLAN_WIDTH ints took ~10 µs to copy into the buffer)."""
+    per entry and step (copying a tuple of S * PLAN_WIDTH ints into the buffer cost more host time than the lookup)."""
     bounds = [0, *(np.frombuffer(cuts, dtype=np.int64) + 1).tolist(), n]
     plan = np.array(plan_runs(tuple(b - a for a, b in itertools.pairwise(bounds)), num_splits), dtype=np.int32)
     plan.flags.writeable = False
@@ -264,7 +266,7 @@ class PrefillGraphs:
         self.empty = self.layout.buffers("cpu")  # an empty step: what the graphs are captured over
         self.copied = torch.cuda.Event()  # the staging buffers are free again once their copies ran
         self.copied.record()
-        # (device, host) bytes of a step of e entries, made once per e: two views cost ~5 µs a step on an H100's host
+        # (device, host) bytes of a step of e entries, made once per e: two views made per step cost host time
         self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None

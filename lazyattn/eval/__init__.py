@@ -6,5 +6,5 @@
 - `metrics`: accuracy (answer contained in the output), exact match and token F1, SQuAD-normalised.
 - `harness`: runs items through one engine per mode and scores them; `report`: tables, JSON, plot.
 - `fidelity`: how far the arithmetic moves answers (dtypes, batch sizes, modes); `fidelity_cli`: `--fidelity`.
-- `cli`: `lazyattn eval`'s parser and the accuracy run.
+- `cli`: `lazyattn eval`'s parser and the accuracy run; `inputs`: what both runs read from the command line.
 """

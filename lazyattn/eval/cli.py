@@ -12,8 +12,9 @@
         --max-tokens 16 --out results/fidelity       # numerics: dtypes, batch sizes, modes (docs/quality.md)
 
 Prints one row per run and cell (accuracy, exact match, token F1, TTFT) and an accuracy pivot; with --out,
-writes eval.json (every answer), eval.md (the tables) and accuracy.png. With --fidelity: one row per comparison
-(identical answers, first differing position, KL at the first token); --out writes fidelity.json and fidelity.md.
+writes eval.json (every answer), eval.md (the tables) and accuracy.png (with the `plots` extra, matplotlib;
+without it the plot is skipped with a note). With --fidelity: one row per comparison (identical answers, first
+differing position, KL at the first token); --out writes fidelity.json and fidelity.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lazyattn.engine.config import DTYPES, MODES
+from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
 # --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
 # import the engine (tests/eval checks that they agree), and "icl", the few-shot layout of builtin:icl
@@ -142,91 +144,6 @@ def add_eval_parser(
     p.set_defaults(func=lambda args: cmd_eval(args, engine_options))
 
 
-def _layout(args: argparse.Namespace) -> Any:
-    from dataclasses import replace
-
-    from lazyattn.engine.prompt import PromptLayout
-    from lazyattn.engine.prompt_layout import NAMED_LAYOUTS
-    from lazyattn.eval import icl
-
-    if args.prompt_layout is None:
-        args.prompt_layout = "icl" if args.dataset == f"builtin:{icl.NAME}" else "block-attention"
-    base = PromptLayout(**icl.LAYOUT) if args.prompt_layout == "icl" else NAMED_LAYOUTS[args.prompt_layout]
-    changes: dict[str, Any] = {}
-    if args.system_prompt is not None:
-        changes["system_prompt"] = args.system_prompt
-    if args.question_format is not None:
-        changes["question_format"] = args.question_format
-    if args.documents_in_user_turn:
-        changes["documents_in_user_turn"] = True
-    return replace(base, **changes) if changes else base
-
-
-def _ints_or_all(text: str, name: str) -> list[int | None]:
-    from lazyattn.eval.dataset import DatasetError
-
-    out: list[int | None] = []
-    for t in text.split(","):
-        t = t.strip()
-        if t == "all":
-            out.append(None)
-        elif t.isdigit() and int(t) > 0:
-            out.append(int(t))
-        else:
-            raise DatasetError(f"--{name}: expected positive integers or 'all', got {t!r}")
-    return out
-
-
-def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
-    """The items, a description of where they came from, the document counts and the gold positions."""
-    from lazyattn.eval import icl, real, synthetic
-    from lazyattn.eval.dataset import POSITIONS, DatasetError, read_jsonl
-
-    few_shot = args.dataset == f"builtin:{icl.NAME}"
-    builtin = (args.dataset == "builtin" or args.dataset.startswith("builtin:")) and not few_shot
-    num_docs = _ints_or_all(args.num_docs or ("5" if builtin else "all"), "num-docs")
-    positions = [s.strip() for s in (args.gold_position or ("first,middle,last" if builtin else "original")).split(",")]
-    bad = [s for s in positions if s not in POSITIONS]
-    if bad:
-        raise DatasetError(f"--gold-position: unknown {', '.join(bad)}; choose from {', '.join(POSITIONS)}")
-    if args.limit is not None and args.limit < 1:
-        raise DatasetError(f"--limit must be >= 1, got {args.limit}")
-    if few_shot:
-        # No document holds the answer: the demonstrations come in each question's own shuffled order.
-        if positions != ["original"]:
-            raise DatasetError(f"--gold-position: builtin:{icl.NAME} has no gold documents; use original")
-        header, items = icl.load(args.limit)
-        if any(n is not None and n > header["demonstrations"] for n in num_docs):
-            raise DatasetError(f"--num-docs: builtin:{icl.NAME} has {header['demonstrations']} demonstrations")
-        meta = {"builtin": icl.NAME, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
-        return items, meta, num_docs, positions
-    if not builtin:
-        items = read_jsonl(args.dataset, args.limit)
-        return items, {"file": str(Path(args.dataset).resolve()), "questions": len(items)}, num_docs, positions
-    size = args.dataset.partition(":")[2] or "small"
-    if size in real.SETS:
-        header, items = real.load(size, args.limit)
-        too_many = [n for n in num_docs if n is not None and n > real.MAX_DISTRACTORS + 1]
-        if too_many:
-            raise DatasetError(f"--num-docs: builtin:{size} has {real.MAX_DISTRACTORS + 1} documents per question")
-        meta = {"builtin": size, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
-        return items, meta, num_docs, positions
-    if size not in synthetic.SIZES:
-        choices = ", ".join([*synthetic.SIZES, *real.SETS, icl.NAME])
-        raise DatasetError(f"unknown built-in size {size!r}; choose from {choices}")
-    if None in num_docs:
-        raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")
-    n = min(args.limit, synthetic.SIZES[size]) if args.limit else synthetic.SIZES[size]
-    try:
-        hops = tuple(int(h) for h in args.hops.split(","))
-    except ValueError:
-        raise DatasetError(f"--hops: expected 1s and 2s, comma-separated, got {args.hops!r}") from None
-    # Generated once with the most documents asked for: smaller counts show a prefix of its distractors.
-    items = synthetic.generate(n, max(num_docs), "first", seed=args.data_seed, split="eval", hops=hops)
-    meta = {"builtin": size, "questions": n, "seed": args.data_seed, "split": "eval", "hops": list(hops)}
-    return items, meta, num_docs, positions
-
-
 def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     from lazyattn.eval.harness import RunSpec, evaluate, parse_option, plan_cells
 
@@ -255,7 +172,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         import torch
 
         torch.set_num_threads(args.cpu_threads)  # see lazyattn bench: a shared CPU stalls intra-op threads
-    layout = _layout(args)
+    layout = prompt_layout(args)
 
     from lazyattn import LLM, SamplingParams
 
@@ -265,7 +182,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     print(
         f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
-        f"questions: {len(items)} ({_describe(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
+        f"questions: {len(items)} ({describe_dataset(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
         + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
         + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
         flush=True,
@@ -309,28 +226,13 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         (out / "eval.md").write_text(
             f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n"
         )
-        report.plot_accuracy(
-            results, out / "accuracy.png", aliases=aliases, title=f"{Path(args.model).name}: {_describe(dataset_meta)}"
-        )
-        print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'accuracy.png'}")
+        written = [out / "eval.json", out / "eval.md"]
+        if report.plot_accuracy(
+            results,
+            out / "accuracy.png",
+            aliases=aliases,
+            title=f"{Path(args.model).name}: {describe_dataset(dataset_meta)}",
+        ):
+            written.append(out / "accuracy.png")
+        print("wrote " + ", ".join(map(str, written)))
     return 0
-
-
-def _describe(meta: dict[str, Any]) -> str:
-    if "source" in meta:
-        return f"built-in {meta['builtin']} ({meta['source']}, {meta['license']}), {meta['questions']} questions"
-    if "builtin" in meta:
-        return f"built-in {meta['builtin']}, seed {meta['seed']}, {meta['questions']} questions"
-    return f"{meta['file']}, {meta['questions']} questions"
-
-
-def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    from lazyattn.errors import InvalidRequestError
-
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise InvalidRequestError(
-            f"--{flag}: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(allowed)}"
-        )
-    return names

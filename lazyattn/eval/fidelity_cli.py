@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lazyattn.engine.config import DTYPES, MODES
-from lazyattn.eval.cli import _describe, _layout, _names, load_questions
+from lazyattn.eval.inputs import describe_dataset, load_questions, parse_names, prompt_layout
 
 
 def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
@@ -37,10 +37,10 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
         import torch
 
         torch.set_num_threads(args.cpu_threads)
-    modes = _names(args.modes, MODES, "modes") if args.modes else [args.mode] if args.mode else list(MODES)
-    dtypes = _names(args.dtypes, DTYPES, "dtypes")
+    modes = parse_names(args.modes, MODES, "modes") if args.modes else [args.mode] if args.mode else list(MODES)
+    dtypes = parse_names(args.dtypes, DTYPES, "dtypes")
     default_dtype = options.get("dtype") or ("float32" if device == "cpu" else "bfloat16")
-    batch_dtypes = _names(args.batch_dtypes or default_dtype, DTYPES, "batch-dtypes")
+    batch_dtypes = parse_names(args.batch_dtypes or default_dtype, DTYPES, "batch-dtypes")
     plan = fidelity.Plan(
         modes,
         list(dict.fromkeys(dtypes + batch_dtypes)),
@@ -48,7 +48,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
         fidelity.batch_sizes(args.batch_sizes, len(prompts)),
     )
     options.pop("dtype", None)
-    layout = _layout(args)
+    layout = prompt_layout(args)
 
     from lazyattn import LLM, SamplingParams
 
@@ -60,7 +60,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
     print(
         f"lazyattn eval --fidelity: model {args.model} on {device}, modes {', '.join(modes)}, dtypes "
         f"{', '.join(plan.dtypes)} (batch sizes {', '.join(map(str, plan.sizes))} for {', '.join(batch_dtypes)})\n"
-        f"prompts: {len(prompts)} ({_describe(dataset_meta)}; {'; '.join(c.label for c, _ in cells)}); "
+        f"prompts: {len(prompts)} ({describe_dataset(dataset_meta)}; {'; '.join(c.label for c, _ in cells)}); "
         f"layout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens\n",
         flush=True,
     )
@@ -105,7 +105,7 @@ def cmd_fidelity(args: argparse.Namespace, engine_options: Callable[[argparse.Na
         write_json(out / "fidelity.json", fidelity_json)
         partial = "" if len(results) == total else f"**Partial**: {len(results)} of {total} passes ran.\n\n"
         (out / "fidelity.md").write_text(
-            f"# Fidelity: {Path(args.model).name}, {_describe(dataset_meta)}\n\n"
+            f"# Fidelity: {Path(args.model).name}, {describe_dataset(dataset_meta)}\n\n"
             f"Device: {meta['device']}. Greedy, {args.max_tokens} tokens at most, layout {args.prompt_layout}.\n\n"
             f"```bash\n{meta['command']}\n```\n\n{partial}{fidelity.markdown_table(table_rows)}\n"
         )

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lazyattn.bench.plots import MODE_STYLE
+from lazyattn.bench.plots import MODE_STYLE, pyplot
 from lazyattn.bench.report import markdown_table, text_table, write_json
 from lazyattn.eval.harness import Cell, CellResult
 from lazyattn.eval.metrics import CONFIDENCE, Difference, bootstrap_ci, paired_bootstrap_diff
@@ -272,13 +272,13 @@ def differences_markdown(results: Sequence[CellResult], aliases: Mapping[Cell, C
 
 def plot_accuracy(
     results: Sequence[CellResult], path: str | Path, title: str = "", aliases: Mapping[Cell, Cell] | None = None
-) -> None:
+) -> bool:
     """Accuracy (top) and mean TTFT (bottom) against documents per question, one column per gold position,
-    one line per run. A cell left out as equal to another is drawn with that one's values."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    one line per run. A cell left out as equal to another is drawn with that one's values. False, with a note,
+    without matplotlib (the `plots` extra)."""
+    plt = pyplot(path)
+    if plt is None:
+        return False
 
     by_cell = {(r.run.label, r.cell): r for r in results}
     for cell, same in (aliases or {}).items():
@@ -319,3 +319,4 @@ def plot_accuracy(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True

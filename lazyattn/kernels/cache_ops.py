@@ -24,13 +24,14 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.launch import pdl_options, wait_for_producers
+from lazyattn.kernels.page_scan import BLOCK_B, BLOCK_P, entry_of_row, pick, run_deltas, run_starts
 from lazyattn.kernels.paged import PagedBatch, cdiv
-from lazyattn.kernels.prefill import _BLOCK_B, _BLOCK_P, _entry_of_row, _pick, _run_deltas, _run_starts
 from lazyattn.kernels.rope import RopeTables
 
 # rope_write_kv_runs launches a program per (token, run copy) up to this many tokens, and one per token, writing
-# every copy, beyond: measured on an H100, the engine's RAG question (32 tokens) took 4.6 instead of 7.9 us per
-# layer, while 256 tokens (RAG at batch 8) were slower with 2304 programs each scanning its entry's pages.
+# every copy, beyond: on an H100 the engine's RAG question (32 tokens) is faster with a program per copy, while 256
+# tokens (RAG at batch 8) are slower with 2304 programs each scanning its entry's pages (docs/benchmarks.md,
+# "Kernel constants").
 _COPY_PROGRAMS_MAX_TOKENS = 64
 
 
@@ -132,13 +133,13 @@ def _rope_heads(
 
 @triton.jit
 def _run_delta(deltas_row, n_pages, run, BLOCK_P: tl.constexpr):
-    """Delta of run `run` of an entry's pages (runs counted from its first page, as prefill._run_deltas counts
+    """Delta of run `run` of an entry's pages (runs counted from its first page, as page_scan.run_deltas counts
     them), 0 past its last run: one vector scan, no [runs, pages] table."""
     first = n_pages
     seen = 0
     for lo in range(0, n_pages, BLOCK_P):
         i = lo + tl.arange(0, BLOCK_P)
-        new_run = _run_starts(deltas_row, i, n_pages)
+        new_run = run_starts(deltas_row, i, n_pages)
         index = seen + tl.cumsum(new_run.to(tl.int32), 0) - 1
         first = tl.minimum(first, tl.min(tl.where(new_run & (index == run), i, n_pages), axis=0))
         seen += tl.sum(new_run.to(tl.int32), axis=0)
@@ -177,9 +178,9 @@ def _write_run_copy(
 ):
     """q_rot[run, t] = token t's q (q_src rows) rotated at its position (cos/sin) and rounded as rope_write_kv
     stores it, then rotated by -delta of run `run` of its entry, if that delta is nonzero; nothing is read
-    otherwise (prefill._rotate_runs_kernel's copies, same expression as prefill._derotated_q:
+    otherwise (prefill._rotate_runs_kernel's copies, same expression as prefill_tiles.derotated_q:
     a' = a c + b s, b' = b c - a s)."""
-    entry = _entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
+    entry = entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
     deltas_row = deltas_ptr + entry.to(tl.int64) * s_table
     delta = _run_delta(deltas_row, tl.load(num_pages_ptr + entry), run, BLOCK_P)
     if delta != 0:
@@ -228,7 +229,7 @@ def _store_derotated(
     BLOCK_HALF: tl.constexpr,
     INTERLEAVED: tl.constexpr,
 ):
-    """q_rot[run, t] = the fp32 q pairs (a, b) rotated by -delta (same expression as prefill._derotated_q:
+    """q_rot[run, t] = the fp32 q pairs (a, b) rotated by -delta (same expression as prefill_tiles.derotated_q:
     a' = a c + b s, b' = b c - a s), rounded to q_rot's dtype."""
     h = tl.arange(0, BLOCK_HQ)[:, None]
     j = tl.arange(0, BLOCK_HALF)
@@ -272,14 +273,14 @@ def _write_run_copies(
 ):
     """q_rot[r, t] = the rotated q pairs (a, b) of token t rotated by -delta of run r of its entry, for the
     runs of nonzero delta among its first RUNS (prefill._rotate_runs_kernel's copies, same expression as
-    prefill._derotated_q: a' = a c + b s, b' = b c - a s)."""
-    entry = _entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
+    prefill_tiles.derotated_q: a' = a c + b s, b' = b c - a s)."""
+    entry = entry_of_row(cu_ptr, batch_size, t, BLOCK_B)
     deltas_row = deltas_ptr + entry.to(tl.int64) * s_table
-    run_deltas = _run_deltas(deltas_row, tl.load(num_pages_ptr + entry), BLOCK_R, BLOCK_P)
+    deltas_of_runs = run_deltas(deltas_row, tl.load(num_pages_ptr + entry), BLOCK_R, BLOCK_P)
     a = a.to(tl.float32)
     b = b.to(tl.float32)
     for r in tl.static_range(RUNS):
-        delta = _pick(run_deltas, r, BLOCK_R)
+        delta = pick(deltas_of_runs, r, BLOCK_R)
         if delta != 0:
             _store_derotated(
                 a,
@@ -599,8 +600,8 @@ def _launch(
         RUNS=runs,
         COPY_PROGRAMS=copy_programs,
         BLOCK_R=triton.next_power_of_2(max(runs, 1)),
-        BLOCK_B=_BLOCK_B,
-        BLOCK_P=_BLOCK_P,
+        BLOCK_B=BLOCK_B,
+        BLOCK_P=BLOCK_P,
         num_warps=4,
         **pdl_options(q.device, "rope"),
     )

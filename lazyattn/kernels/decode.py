@@ -50,6 +50,17 @@ import triton
 import triton.language as tl
 
 from lazyattn import envs
+from lazyattn.kernels.decode_tiles import (
+    NEG_BIG,
+    TL_DTYPES,
+    derotate,
+    masked_tile,
+    merge_group,
+    pair_layout,
+    rotate,
+    rotation_rows,
+    softmax_tile,
+)
 from lazyattn.kernels.launch import (
     LOG2E,
     hopper_or_later,
@@ -61,14 +72,10 @@ from lazyattn.kernels.launch import (
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
 
-# Finite start for the running max: a tile with no valid key then gives exp2(-inf - NEG_BIG) = 0 and
-# alpha = exp2(0) = 1 instead of the NaN of exp2(-inf - -inf).
-NEG_BIG = tl.constexpr(-1.0e30)
 # Batch-1 decode takes one program per SM while its splits stay this short (pages); see split_rule.
 _SHORT_SPLIT_PAGES = 16
 # The merge loads (query head, split) partials this many at a time: 64 rows of 128 fp32 are 64 registers a thread.
 _MERGE_ROWS = 64
-_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @dataclass(frozen=True)
@@ -215,52 +222,6 @@ def pick_num_splits(
 
 # ---------------------------------------------------------------------------------------------------
 # kernels
-
-
-@triton.jit
-def _pair_layout(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Per channel d: its pair partner, its pair index j (cos/sin column) and the sign of the sin term."""
-    d = tl.arange(0, BLOCK_D)
-    if INTERLEAVED:
-        partner = d ^ 1
-        pair = d // 2
-        first = (d % 2) == 0
-    else:
-        half: tl.constexpr = HEAD_DIM // 2
-        first = d < half
-        partner = tl.where(first, d + half, d - half)
-        pair = tl.where(first, d, d - half)
-    sign = tl.where(first, 1.0, -1.0)
-    return partner, pair, sign
-
-
-@triton.jit
-def _masked_tile(base, page, stride_page, slot, stride_slot, d, tile_mask):
-    """A page's [BLOCK_N, BLOCK_D] tile of K or V by per-thread loads: masked slots read as 0, so the page padding
-    is never read."""
-    return tl.load(base + page * stride_page + slot[:, None] * stride_slot + d[None, :], mask=tile_mask, other=0.0)
-
-
-@triton.jit
-def _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
-    """The cos and signed sin of R_{-delta} per channel [D], from the fp32 tables' rows at delta."""
-    row = delta.to(tl.int64) * stride_tab
-    c = tl.load(cos_ptr + row + pair, mask=d_mask, other=1.0)
-    s = tl.load(sin_ptr + row + pair, mask=d_mask, other=0.0) * sign
-    return c, s
-
-
-@triton.jit
-def _rotate(q, q_partner, c, s):
-    """q [G, D] (fp32) rotated by the cos and signed sin rows c, s [D] of _rotation_rows."""
-    return q * c[None, :] + q_partner * s[None, :]
-
-
-@triton.jit
-def _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
-    """R_{-delta} q in fp32 for a [G, D] tile, from the fp32 cos/sin rows at delta."""
-    c, s = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
-    return _rotate(q, q_partner, c, s)
 
 
 @triton.jit
@@ -501,12 +462,12 @@ def _decode_split(
         # end of one and the start of the next, so these two rotations are all most programs need (a third delta,
         # from documents shorter than a split, loads its rows in the loop). Loaded in the loop, each was a round trip
         # to L2 on the program's critical path.
-        partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
+        partner, pair, sign = pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
         has_pages = page_lo < page_hi
         delta_lo = tl.load(deltas_ptr + entry * stride_deltas + page_lo, mask=has_pages, other=0)
         delta_hi = tl.load(deltas_ptr + entry * stride_deltas + page_hi - 1, mask=has_pages, other=0)
-        cos_lo, sin_lo = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta_lo, pair, sign, d_mask)
-        cos_hi, sin_hi = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta_hi, pair, sign, d_mask)
+        cos_lo, sin_lo = rotation_rows(cos_ptr, sin_ptr, stride_tab, delta_lo, pair, sign, d_mask)
+        cos_hi, sin_hi = rotation_rows(cos_ptr, sin_ptr, stride_tab, delta_hi, pair, sign, d_mask)
     # Everything above reads the host's tables only; q and this step's keys are the earlier kernels' writes.
     wait_for_producers(USE_PDL)
 
@@ -521,7 +482,7 @@ def _decode_split(
     cur_delta = tl.full([], 0, tl.int32)
     if APPLY_DELTA:
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        q_dot = _rotate(q, q_partner, cos_lo, sin_lo).to(kv_ty).to(DOT_TY)
+        q_dot = rotate(q, q_partner, cos_lo, sin_lo).to(kv_ty).to(DOT_TY)
         cur_delta = delta_lo
 
     m_i = tl.full([BLOCK_G], NEG_BIG, tl.float32)
@@ -543,10 +504,10 @@ def _decode_split(
             delta = tl.load(deltas_ptr + entry * stride_deltas + p)
             if delta != cur_delta:
                 if delta == delta_hi:
-                    q_dot = _rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
+                    q_dot = rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
                 else:
                     q_dot = (
-                        _derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
+                        derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
                         .to(kv_ty)
                         .to(DOT_TY)
                     )
@@ -569,24 +530,25 @@ def _decode_split(
             row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
             k = k_desc.load([row, head_col])
         else:
-            k = _masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask)
+            k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask)
         if TMA >= 2:
             v = v_desc.load([row, head_col])
         else:
-            v = _masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
-        s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-        if HAS_APE:
-            # The page's temperature and scale (kernels/paged.py): s / T + ln S, in log2 units like s. Masked
-            # scores stay -inf below (1/T > 0).
-            ape = ape_ptr + entry * stride_firsts + p
-            s = s * tl.load(ape) + tl.load(ape + ape_gap) * 1.4426950408889634
-        s = tl.where(key_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        prob = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(prob, 1)
-        p_dot = prob.to(kv_ty).to(DOT_TY)
-        pv = tl.dot(p_dot, v.to(DOT_TY), input_precision=DOT_PRECISION)
+            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
+        pv, p_dot, alpha, l_i, m_new = softmax_tile(
+            q_dot,
+            k,
+            v,
+            key_mask,
+            ape_ptr + entry * stride_firsts + p,
+            ape_gap,
+            qk_scale,
+            m_i,
+            l_i,
+            HAS_APE,
+            DOT_TY,
+            DOT_PRECISION,
+        )
         if TMA == 2:
             # V by the copy engine holds the page padding too, and 0 x NaN is NaN: a tile with masked slots takes
             # the product again over V read by masked per-thread loads (from L2: the copy engine just brought it).
@@ -598,7 +560,7 @@ def _decode_split(
             else:
                 whole = slot0 + BLOCK_N <= n_keys
             if not whole:
-                v_masked = _masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
+                v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
                 pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
@@ -620,7 +582,7 @@ def _decode_split(
         tl.debug_barrier()
         counter = counters_ptr + entry * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _merge_group(
+            merge_group(
                 acc_ptr,
                 m_ptr,
                 l_ptr,
@@ -636,62 +598,6 @@ def _decode_split(
                 BLOCK_D,
             )
             tl.store(counter, 0)
-
-
-@triton.jit
-def _merge_group(
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    first,
-    num_splits,
-    splits,
-    o_row,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """out_h = sum_s 2^(m_hs - M_h) acc_hs / sum_s 2^(m_hs - M_h) l_hs for the GROUP query heads of one (entry,
-    kv head), over its `splits` splits: partial (head h, split s) is scratch row first + h * num_splits + s.
-
-    All heads' partials come in one load per BLOCK_S splits (at most one round trip in the usual case: the
-    merger is the last program of its kv head, so its latency is the kernel's tail), with a running max, so any
-    split count fits in registers. Empty splits carry m = NEG_BIG, l = 0, acc = 0 and add nothing. Loads bypass L1
-    (.cg): other programs wrote the partials."""
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, None, :]
-    h_mask = h < GROUP
-    m_run = tl.full([BLOCK_H], NEG_BIG, tl.float32)
-    total = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for s0 in range(0, splits, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)[None, :]
-        mask = h_mask & (s < splits)
-        row = first + h * num_splits + s
-        m = tl.load(m_ptr + row, mask=mask, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(l_ptr + row, mask=mask, other=0.0, cache_modifier=".cg")
-        part = tl.load(
-            acc_ptr + row[:, :, None] * HEAD_DIM + d,
-            mask=mask[:, :, None] & (d < HEAD_DIM),
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        m_new = tl.maximum(m_run, tl.max(m, 1))
-        old = tl.exp2(m_run - m_new)
-        w = tl.exp2(m - m_new[:, None])
-        total = total * old + tl.sum(l * w, 1)
-        acc = acc * old[:, None] + tl.sum(part * w[:, :, None], 1)
-        m_run = m_new
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    dd = tl.arange(0, BLOCK_D)[None, :]
-    tl.store(o_row + h.to(tl.int64) * stride_oh + dd, out.to(o_row.dtype.element_ty), mask=h_mask & (dd < HEAD_DIM))
-
-
-# ---------------------------------------------------------------------------------------------------
-# launcher
 
 
 def _check(
@@ -710,7 +616,7 @@ def _check(
             f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
             f"{tuple(v_cache.shape)}: head_dim must match and Hq be a multiple of Hkv"
         )
-    if k_cache.dtype not in _TL_DTYPES or v_cache.dtype != k_cache.dtype:
+    if k_cache.dtype not in TL_DTYPES or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
@@ -847,7 +753,7 @@ def decode_attention(
     block_h = triton.next_power_of_2(group)
     # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
     # floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
-    dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
+    dot_ty = tl.float32 if interpreting() else TL_DTYPES[k_cache.dtype]
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
         q,

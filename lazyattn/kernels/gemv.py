@@ -50,8 +50,8 @@ from lazyattn.kernels.paged import cdiv
 MAX_ROWS = 64  # the largest M the dispatch considers: beyond it a product has enough rows for cuBLAS's tiles
 # The table's decisions are used up to this M (LAZYATTN_GEMV_MAX_M's default). Without PDL and the decode fusion,
 # batches of 16 and 64 came out slower with the kernel inside the engine (a cap of 8 suited that). With both (H100,
-# `python -m benchmarks.engine`), a cap of 64 is faster everywhere against a cap of 8: batch 16 7.53 vs 7.82 ms a
-# step, batch 64 11.70 vs 12.07 ms, the cached RAG request's first token 8.16 vs 8.93 ms, batch 1 unchanged.
+# `python -m benchmarks.engine`), a cap of 64 is faster than a cap of 8 at batch 16 and 64 and for the cached RAG
+# request's first token, and the same at batch 1 (docs/benchmarks.md, "Kernel constants").
 DISPATCH_MAX_ROWS = envs.EnvSettings.gemv_max_m  # 64, declared in lazyattn/envs.py
 # The fused decode path (DecodePlan) takes the kernel where it is at most this much slower than F.linear alone: there
 # its epilogues carry the residual add and the next norm, two launches a layer that the plain path runs on their own.

@@ -33,9 +33,9 @@ from lazyattn.envs import PDL_FAMILIES
 # it for all). Measured with `python -m benchmarks.engine` and LAZYATTN_PDL set per family (docs/design.md, "Decode
 # fusion"; docs/kernels.md, "What the kernels do").
 _PDL_BY_DEVICE: dict[str, frozenset[str]] = {
-    # H200, torch 2.11 / Triton 3.6, Llama-3.1-8B shapes: with the skinny GEMMs under PDL a decode step at batch 1
-    # takes 5.02 ms, without 4.23 ms (all other families on), and without PDL at all 4.30 ms; batch 16 6.12 vs
-    # 5.46 ms. The H100 gains from PDL in every family: with the GEMMs under it 5.48 ms, without 5.58 ms.
+    # H200, torch 2.11 / Triton 3.6, Llama-3.1-8B shapes: a decode step with the skinny GEMMs under PDL is slower than
+    # without them under it, and slower than without PDL at all, at batch 1 and 16; the H100 gains from PDL in every
+    # family (docs/benchmarks.md, "Kernel constants").
     "NVIDIA H200": frozenset({"attention", "rope", "norm", "sampling"}),
 }
 

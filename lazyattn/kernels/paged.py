@@ -116,7 +116,7 @@ class PagedBatch:
     firsts: torch.Tensor | None = None  # [B, P] first key slot of each page; None: all 0 (compiled out)
     num_splits: int | None = None  # prefill split-KV count; None: the launcher picks (CUDA graphs fix it)
     # [B, num_splits, PLAN_WIDTH] int32: the host's plan of each entry's pages over the splits
-    # (kernels/prefill.py, split_plan); None: the kernel finds each split's pages itself
+    # (kernels/prefill_plan.py, split_plan); None: the kernel finds each split's pages itself
     plan: torch.Tensor | None = None
     inv_temps: torch.Tensor | None = None  # [B, P] float32, 1/T of each page; None: all 1 (compiled out)
     log_scales: torch.Tensor | None = None  # [B, P] float32, ln S of each page, in inv_temps' buffer

@@ -23,8 +23,8 @@ softmax while the tensor cores run P·V t. No instruction may read a product's r
 it: ptxas then serialises every wgmma of the kernel (its C7514 note), which is what made the session-11 version slow.
 
 Deferred RoPE: the program's pages are walked in order; when a page's delta differs from the one the consumer's Q
-tile holds, the consumer rotates its rows of q by -delta in fp32 (the same expression as prefill._derotated_q; delta
-0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result as the Q operand in shared memory. A
+tile holds, the consumer rotates its rows of q by -delta in fp32 (the same expression as prefill_tiles.derotated_q;
+delta 0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result as the Q operand in shared memory. A
 document is one run of equal delta, so that happens once per document a program's range touches: no rotated copies
 of q are read. Each consumer loads its rows of q from memory once and keeps them in shared memory (`q_raw`); each
 element's rotation partner is a register permutation (`_partner`). Reloading q and its partners from L2 at every
@@ -36,7 +36,7 @@ for such a page each consumer zeroes those rows of the V tile in place before it
 nearly all of a document, skip that.
 
 Splits: a program takes one of `num_splits` balanced ranges of the block's visible pages and always writes a
-normalised partial output and its log2-sum-exp, which prefill's `_combine_kernel` merges (also for one split).
+normalised partial output and its log2-sum-exp, which prefill's `combine_kernel` merges (also for one split).
 
 Programmatic dependent launch (kernels/launch.py): the scans that find a program's entry and pages, the barrier
 set-up and the first tile's tables and rotation run before the wait; q and the question's K/V are the previous
@@ -77,8 +77,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from lazyattn import envs
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
+from lazyattn.kernels.page_scan import BLOCK_B, find_block
 from lazyattn.kernels.paged import PagedBatch, cdiv
-from lazyattn.kernels.prefill import _combine_kernel, query_slots
+from lazyattn.kernels.prefill import combine_kernel, query_slots
 from lazyattn.kernels.rope import RopeTables
 
 ROWS = 128  # query rows per program: two consumer warpgroups of 64
@@ -87,7 +88,6 @@ PAGE_SIZE = 64  # one K/V tile is one page
 STAGES = 4  # K/V tiles in flight per program (32 KiB each)
 MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
 MAX_SPLITS = 16
-_BLOCK_B = 128  # entries scanned per step when a program looks up its entry
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 # Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
 # (maxnreg) sets the default partition's: 3 warpgroups x 128 threads x 168 fit the SM's 64K registers, and the
@@ -180,24 +180,14 @@ _KROWS = gl.constexpr(ROWS)
 _KHEAD_DIM = gl.constexpr(HEAD_DIM)
 _KPAGE_SIZE = gl.constexpr(PAGE_SIZE)
 _KSTAGES = gl.constexpr(STAGES)
-_KBLOCK_B = gl.constexpr(_BLOCK_B)
+_KBLOCK_B = gl.constexpr(BLOCK_B)
 _KBLOCK_P = gl.constexpr(_BLOCK_P)
 _KCONSUMER_REGS = gl.constexpr(_CONSUMER_REGS)
 _KLOADER_REGS = gl.constexpr(_LOADER_REGS)
 
 
-@gluon.jit
-def _find_block(cu_seqlens_q, batch_size, slot, QB: gl.constexpr, BLOCK_B: gl.constexpr, layout: gl.constexpr):
-    """(entry, first query row) of grid slot `slot` (the slot layout of prefill.py's module docstring)."""
-    count = 0
-    for lo in range(0, batch_size, BLOCK_B):
-        b = lo + gl.arange(0, BLOCK_B, layout=layout)
-        inside = b < batch_size
-        first_slot = gl.load(cu_seqlens_q + b, mask=inside, other=0) // QB + b
-        count += gl.sum(((first_slot <= slot) & inside).to(gl.int32), axis=0)
-    entry = count - 1
-    first_row = (slot - (gl.load(cu_seqlens_q + entry) // QB + entry)) * QB
-    return entry, first_row
+# prefill.py's entry lookup, compiled as Gluon: the caller passes its arange, laid out for this kernel.
+_find_block = gluon.jit(find_block.fn)
 
 
 @gluon.jit
@@ -371,7 +361,7 @@ def _consume(
     delta_next = gl.load(deltas_row + page_lo + 1, mask=n_tiles > 1, other=0) * apply_delta
     _wait_for_producers()
     # q as the RoPE launch left it, kept in shared memory for the documents after the first: rotating it again reads
-    # no global memory (a reload from L2 cost 1.3-2.4 us a document on an H100).
+    # no global memory (a reload from L2 cost time at every document, docs/benchmarks.md, "Kernel constants").
     q_rows = Q + token_load * stride_qt + head_load * stride_qh
     dims = gl.arange(0, _KHEAD_DIM, layout=gl.SliceLayout(0, load_layout))
     q_in = gl.load(q_rows[:, None] + dims[None, :], mask=ok_load[:, None], other=0.0)
@@ -416,7 +406,7 @@ def _consume(
     # (Triton 3.6 cannot lower stores from the products' layouts). The output gets there through this consumer's two
     # Q buffers, free once its last product has retired: each takes one half of the dims as fp32, in one round (a
     # plain layout conversion of the 32 KiB went through the compiler's small scratch in a dozen rounds, each behind
-    # a barrier: 1-2 us a layer on an H100).
+    # a barrier, which showed in every layer's time: docs/benchmarks.md, "Kernel constants").
     row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
     l_rows = gl.convert_layout(l_i, row_layout)
     l_safe = gl.where(l_rows == 0.0, 1.0, l_rows)  # m_i = -inf already marks a row that saw no key
@@ -532,13 +522,16 @@ def _short_prefill_kernel(
     slot = gl.num_programs(0) - 1 - gl.program_id(0)
     kv_head = gl.program_id(1)
     split = gl.program_id(2)
-    entry, first_row = _find_block(cu_seqlens_q, batch_size, slot, QB, _KBLOCK_B, scan_b)
+    entry, first_row = _find_block(
+        cu_seqlens_q, batch_size, slot, gl.arange(0, _KBLOCK_B, layout=scan_b), QB, _KBLOCK_B
+    )
     row0 = gl.load(cu_seqlens_q + entry)
     q_len = gl.load(cu_seqlens_q + entry + 1) - row0
     if first_row >= q_len:
         # An entry's spare slot, or one of an entry without rows (a CUDA graph's padding): no rows, nothing to
         # write. Returning before the warp-specialised region matters: such a program would otherwise hold an SM
-        # through its set-up (on an H100, the RAG case's spare slots cost 7-9 us per launch at batch 1).
+        # through its set-up (at batch 1 the RAG case's spare slots showed in every launch's time, docs/benchmarks.md,
+        # "Kernel constants").
         return
     pos0 = gl.load(q_start + entry)
     q_last = pos0 + gl.minimum(first_row + QB, q_len) - 1
@@ -741,7 +734,7 @@ def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) 
     runs each): 36.0-38.2 us with one warp, 39.8-42.1 with four (what prefill.py's longer calls keep), 34.0-37.0
     with no merge at all; one warp merging 8 or 4 splits a step, 37.7-39.1."""
     num_splits, total_q, q_heads, head_dim = ws_o.shape
-    _combine_kernel[(total_q * q_heads,)](
+    combine_kernel[(total_q * q_heads,)](
         ws_o,
         ws_lse,
         out,

@@ -42,15 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.decode import (
-    _TL_DTYPES,
-    NEG_BIG,
-    DecodeConfig,
-    _merge_group,
-    _pair_layout,
-    _rotation_rows,
-    decode_config,
-)
+from lazyattn.kernels.decode import DecodeConfig, decode_config
+from lazyattn.kernels.decode_tiles import NEG_BIG, TL_DTYPES, merge_group, pair_layout, rotation_rows, softmax_tile
 from lazyattn.kernels.launch import LOG2E, interpreting
 from lazyattn.kernels.paged import EntryPages, PagedBatch
 from lazyattn.kernels.rope import RopeTables
@@ -358,9 +351,9 @@ def _shared_job_kernel(
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
         kv_ty = k_ptr.dtype.element_ty
         if APPLY_DELTA:
-            partner, pair, sign = _pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
+            partner, pair, sign = pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
             delta = tl.load(row + 4 + MEMBERS + member, mask=r_mask, other=0)
-            c, s = _rotation_rows(cos_ptr, sin_ptr, stride_tab, delta[:, None], pair, sign, d_mask)
+            c, s = rotation_rows(cos_ptr, sin_ptr, stride_tab, delta[:, None], pair, sign, d_mask)
             q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
             q = q * c + q_partner * s
         q_dot = q.to(kv_ty).to(DOT_TY)
@@ -391,16 +384,20 @@ def _shared_job_kernel(
                 tile_mask = key_mask[:, None] & d_mask[None, :]
             k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask, other=0.0)
             v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask, other=0.0)
-            sc = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-            if HAS_APE:
-                ape = ape_ptr + src * stride_firsts + p
-                sc = sc * tl.load(ape) + tl.load(ape + ape_gap) * 1.4426950408889634
-            sc = tl.where(key_mask[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            alpha = tl.exp2(m_i - m_new)
-            prob = tl.exp2(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(prob, 1)
-            pv = tl.dot(prob.to(kv_ty).to(DOT_TY), v.to(DOT_TY), input_precision=DOT_PRECISION)
+            pv, _, alpha, l_i, m_new = softmax_tile(
+                q_dot,
+                k,
+                v,
+                key_mask,
+                ape_ptr + src * stride_firsts + p,
+                ape_gap,
+                qk_scale,
+                m_i,
+                l_i,
+                HAS_APE,
+                DOT_TY,
+                DOT_PRECISION,
+            )
             acc = acc * alpha[:, None] + pv
             m_i = m_new
 
@@ -432,7 +429,7 @@ def _shared_merge_kernel(
     kv_head = tl.program_id(1)
     lo = tl.load(slot_start_ptr + entry)
     hi = tl.load(slot_start_ptr + entry + 1)
-    _merge_group(
+    merge_group(
         acc_ptr,
         m_ptr,
         l_ptr,
@@ -473,7 +470,7 @@ def shared_decode_attention(
     _, page_size, hkv, _ = k_cache.shape
     if k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim or hq % hkv:
         raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
-    if k_cache.dtype not in _TL_DTYPES or v_cache.dtype != k_cache.dtype:
+    if k_cache.dtype not in TL_DTYPES or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
@@ -507,7 +504,7 @@ def shared_decode_attention(
     block_r = max(16, triton.next_power_of_2(plan.members * group))
     block_d = triton.next_power_of_2(head_dim)
     # The interpreter multiplies 16-bit floats as raw bits (decode.py): widen after rounding there.
-    dot_ty = tl.float32 if interpreting() else _TL_DTYPES[k_cache.dtype]
+    dot_ty = tl.float32 if interpreting() else TL_DTYPES[k_cache.dtype]
     # decode_config's register cap is for 16-row tiles; larger member tiles keep the compiler's choice.
     regs = {"maxnreg": config.maxnreg} if config.maxnreg and block_r <= 16 else {}
     if plan.programs:

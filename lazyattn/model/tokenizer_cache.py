@@ -19,9 +19,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-# Texts this short are not kept. A hit would still save ~10-30 us (SmolLM2: a 68-character document tokenises in
-# ~15-30 us, a hit takes ~0.5 us), but a budget counted in tokens would let many tiny entries, each with ~200 bytes
-# of dictionary overhead beside its few ids, take far more memory than it says; RAG documents are rarely this short.
+# Texts this short are not kept. A hit would still save tokenising time (docs/benchmarks.md, "Documents sent as
+# text"), but a budget counted in tokens would let many tiny entries, each with ~200 bytes of dictionary overhead
+# beside its few ids, take far more memory than it says; RAG documents are rarely this short.
 MIN_CHARS = 64
 # The cost of an entry in tokens is at least its text's length / CHARS_PER_TOKEN, so the text a key holds is
 # bounded by the budget too, even for text that tokenises into very few tokens (long runs of one character).

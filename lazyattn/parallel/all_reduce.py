@@ -33,10 +33,9 @@ from lazyattn.errors import InvalidRequestError
 logger = logging.getLogger("lazyattn.parallel")
 
 SETTING_ENV = "LAZYATTN_TP_ALLREDUCE"  # auto, nccl or symm_mem (lazyattn/envs.py)
-# One-shot: each rank reads every peer's whole message (the fewest steps; the cheapest up to 1 MiB on two H200s:
-# 6.3 / 10.7 / 14.6 µs at 8 KiB / 512 KiB / 1 MiB in a graph, two-shot 9.9 / 12.9 / 15.3, NCCL 15.4 / 17.3 / 21.7).
-# Two-shot (reduce a 1/N share, then gather the shares) above it, up to the buffer (2 MiB: 19.1 µs vs one-shot
-# 21.4, NCCL 32.6; 4 MiB: 26.4 vs 35.0, NCCL 39.7); NCCL beyond. `python -m benchmarks.tp_allreduce` measures them.
+# One-shot: each rank reads every peer's whole message (the fewest steps; the cheapest up to 1 MiB on two H200s).
+# Two-shot (reduce a 1/N share, then gather the shares) above it, up to the buffer; NCCL beyond.
+# `python -m benchmarks.tp_allreduce` measures them (docs/benchmarks.md, "Kernel constants").
 ONE_SHOT_MAX_BYTES = 2**20
 BUFFER_BYTES = 8 * 2**20  # 70B shapes: 512 rows of 8192 bf16 values
 ALIGNMENT = 16  # the kernels' vector width: messages are whole multiples of it

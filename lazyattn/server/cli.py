@@ -14,10 +14,8 @@ from pathlib import Path
 
 from lazyattn import envs
 from lazyattn.errors import InvalidRequestError
+from lazyattn.server.names import LAYOUTS, served_model_name
 
-# --prompt-layout names -> lazyattn.engine.prompt layouts (resolved at start: importing them here would load
-# the engine for every CLI command).
-LAYOUTS = {"block-attention": "DEFAULT_LAYOUT", "tulu3-block-ft": "TULU3_BLOCK_FT_LAYOUT"}
 # Keys given on the command line show up in `ps`; this variable (comma-separated) keeps them out of it.
 API_KEYS_ENV = envs.API_KEYS.name
 
@@ -151,10 +149,6 @@ def add_serve_parser(
         help="uvicorn's log level (default: info)",
     )
     p.set_defaults(func=lambda args: serve(args, engine_options))
-
-
-def served_model_name(model: str) -> str:
-    return model if model == "tiny" else Path(model).resolve().name
 
 
 def check_options(args: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_
 from lazyattn.engine.prefill_graphs import StepLayout, pick_bucket
 from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
 from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
-from lazyattn.kernels.prefill import PLAN_WIDTH, split_plan
+from lazyattn.kernels.prefill_plan import PLAN_WIDTH, split_plan
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.triton_backend import TritonBackend
 from lazyattn.model.config import ModelConfig

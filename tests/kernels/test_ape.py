@@ -13,7 +13,8 @@ import torch
 from lazyattn.kernels import reference
 from lazyattn.kernels.decode import decode_attention
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.kernels.prefill import PrefillConfig, prefill_attention, with_plan
+from lazyattn.kernels.prefill import PrefillConfig, prefill_attention
+from lazyattn.kernels.prefill_plan import with_plan
 from lazyattn.kernels.rope import apply_rope
 from tests.kernels.rope_cases import tables
 from tests.kernels.scenario import Scenario, make_scenario

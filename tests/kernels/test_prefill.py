@@ -8,16 +8,8 @@ import torch
 
 from lazyattn.kernels import reference
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.kernels.prefill import (
-    PLAN_MAX_PIECES,
-    PLAN_WIDTH,
-    PrefillConfig,
-    plan_runs,
-    prefill_attention,
-    prefill_config,
-    split_plan,
-    with_plan,
-)
+from lazyattn.kernels.prefill import PrefillConfig, prefill_attention, prefill_config
+from lazyattn.kernels.prefill_plan import PLAN_MAX_PIECES, PLAN_WIDTH, plan_runs, split_plan, with_plan
 from lazyattn.kernels.rope import RopeConfig, RopeTables
 from tests.kernels.rope_cases import ROPE_CASES, tables
 from tests.kernels.scenario import make_scenario
@@ -127,30 +119,15 @@ def test_split_kv_matches_reference(splits, config):
 
 @pytest.mark.parametrize("splits", [2, 4, 7, 16])
 @pytest.mark.parametrize("rotated", [0, 8])
-def test_one_piece_per_split(splits, rotated):
-    """Splits planned as one piece of one run each (_plan_piece), Q rotated up front or in the kernel: fewer
-    splits than some entry's runs (that entry falls back to walking runs), as many, and more than the pieces
-    (splits left without pages); partial pages, several entries, GQA 4:1, deltas per document."""
+def test_splits_found_by_the_kernel(splits, rotated):
+    """Splits that find their chunks by scanning the deltas (no host plan), Q rotated up front or in the kernel:
+    fewer splits than some entry's runs, as many, and more than the pieces (splits left without pages); partial
+    pages, several entries, GQA 4:1, deltas per document."""
     s = make_scenario(
         DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=14
     )
     q, batch = s.final_prefill()
-    want = ref(s, q, batch)
-    planned = run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=True)
-    assert rel_err(planned, want) < 1e-5
-    assert rel_err(run(s, q, batch, num_splits=splits, rotated_runs=rotated, plan_pieces=False), want) < 1e-5
-
-
-def test_plan_falls_back_past_its_run_limit(monkeypatch):
-    """Entries with more runs than the plan holds walk their runs in balanced page ranges instead."""
-    from lazyattn.kernels import prefill
-
-    monkeypatch.setattr(prefill, "_PLAN_RUNS", 2)
-    s = make_scenario(
-        DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("default", 64), seed=15
-    )
-    q, batch = s.final_prefill()
-    assert rel_err(run(s, q, batch, num_splits=5, plan_pieces=True), ref(s, q, batch)) < 1e-5
+    assert rel_err(run(s, q, batch, num_splits=splits, rotated_runs=rotated), ref(s, q, batch)) < 1e-5
 
 
 @pytest.mark.parametrize("splits,switch", [(2, 0), (4, 2), (7, 0), (7, 100), (16, 4)])
@@ -275,8 +252,8 @@ def test_scans_longer_than_one_block(monkeypatch):
     scan blocks)."""
     from lazyattn.kernels import prefill
 
-    monkeypatch.setattr(prefill, "_BLOCK_B", 2)
-    monkeypatch.setattr(prefill, "_BLOCK_P", 4)
+    monkeypatch.setattr(prefill, "BLOCK_B", 2)
+    monkeypatch.setattr(prefill, "BLOCK_P", 4)
     s = make_scenario([150, 70, 37], REQUESTS, head_dim=64, page_size=16, tables=tables("default", 64), seed=10)
     q, batch = s.final_prefill()
     assert rel_err(run(s, q, batch), ref(s, q, batch)) < 1e-5
