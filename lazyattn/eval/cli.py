@@ -10,6 +10,8 @@
         # in-context learning: demonstrations as documents, shuffled per question, label accuracy
     lazyattn eval --fidelity --model smollm2 --dataset builtin:real --num-docs 5 --gold-position first --limit 40 \\
         --max-tokens 16 --out results/fidelity       # numerics: dtypes, batch sizes, modes (docs/quality.md)
+    lazyattn eval --calibrate --model smollm2-block --calibrate-documents my-docs/ --prompt-layout short-answer \\
+        --out results/calibrate      # the APE setting closest to full attention on your documents
 
 Prints one row per run and cell (accuracy, exact match, token F1, TTFT) and an accuracy pivot; with --out,
 writes eval.json (every answer), eval.md (the tables) and accuracy.png (with the `plots` extra, matplotlib;
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lazyattn.engine.config import DTYPES, MODES
+from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
 # --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
@@ -137,6 +140,33 @@ def add_eval_parser(
         default=None,
         help="dtypes also run at every batch size (default: the engine's, bfloat16 on CUDA, float32 on the CPU)",
     )
+    c = p.add_argument_group("calibration (lazyattn/eval/calibrate.py)")
+    c.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="pick the APE setting (ape_prefix, ape_temperature, ape_scale) that brings lazy mode closest to full "
+        "attention, by first-token KL, instead of scoring accuracy; prompts are made from --calibrate-documents "
+        "(--limit of them, --num-docs documents each), or taken from --dataset",
+    )
+    c.add_argument(
+        "--calibrate-documents",
+        default=None,
+        metavar="SOURCE",
+        help="your documents: a folder of .txt/.md files, a JSONL of {'text', 'title'}, or 'jargon-file'",
+    )
+    c.add_argument(
+        "--passage-chars", type=int, default=1000, help="longer documents are cut into passages (default: 1000)"
+    )
+    c.add_argument(
+        "--temperatures", default="0.8,0.9,1,1.1", help="ape_temperature values tried (default: 0.8,0.9,1,1.1)"
+    )
+    c.add_argument("--scales", default="1", help="ape_scale values tried (default: 1)")
+    c.add_argument(
+        "--calibrate-prefix",
+        choices=("on", "off", "both"),
+        default="both",
+        help="ape_prefix values tried (default: both)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="directory for eval.json, eval.md and accuracy.png")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -147,10 +177,18 @@ def add_eval_parser(
 def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     from lazyattn.eval.harness import RunSpec, evaluate, parse_option, plan_cells
 
+    if args.fidelity and args.calibrate:
+        raise InvalidRequestError("--fidelity and --calibrate are two different runs: give one", param="calibrate")
     if args.fidelity:
         from lazyattn.eval.fidelity_cli import cmd_fidelity
 
         return cmd_fidelity(args, engine_options)
+    if args.calibrate:
+        from lazyattn.eval.calibrate_cli import cmd_calibrate
+
+        return cmd_calibrate(args, engine_options)
+    if args.calibrate_documents:
+        raise InvalidRequestError("--calibrate-documents is read only with --calibrate", param="calibrate_documents")
     args.dataset = args.dataset or "builtin"
     items, dataset_meta, num_docs, positions = load_questions(args)
     cells, aliases = plan_cells(items, num_docs, positions)

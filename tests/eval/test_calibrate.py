@@ -1,0 +1,114 @@
+"""`lazyattn eval --calibrate` on the built-in `tiny` model: the first-token KL of each lazy-mode setting against
+full attention equals torch's own, a single document read after the system prompt is full attention exactly (so
+that setting is chosen, with a KL of zero), gold positions are reported apart, and bad combinations of flags are
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lazyattn import LLM, SamplingParams
+from lazyattn.cli import main
+from lazyattn.engine.request_options import RequestOptions
+from lazyattn.eval.calibrate import CalibrationPrompt, Setting, calibrate, grid, markdown, position_of
+
+TEXTS = {
+    "alder": "Alder trees grow by rivers. Their cones stay on the branches all winter long.",
+    "basalt": "Basalt cools fast from lava. It forms tall columns near the sea in many places.",
+    "cobalt": "Cobalt paints glass a deep blue colour. Potters mix it into their glaze.",
+    "dunlin": "Dunlins are small wading birds. They feed on mud flats in large flocks.",
+}
+QUESTION = [{"role": "user", "content": "What grows by rivers?"}]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, text in TEXTS.items():
+        (folder / f"{name}.txt").write_text(text + "\n")
+    return folder
+
+
+def llm(mode: str) -> LLM:
+    return LLM(model="tiny", mode=mode, device="cpu", page_size=16, progress=False)
+
+
+PARAMS = SamplingParams(max_tokens=3, temperature=0.0, first_token_logprobs=True)
+
+
+def test_each_settings_kl_is_torchs_and_positions_are_apart():
+    docs = [{"title": n, "text": t} for n, t in TEXTS.items()]
+    prompts = [
+        CalibrationPrompt(QUESTION, docs[:3], "first"),
+        CalibrationPrompt(QUESTION, [docs[1], docs[0], docs[2]], "middle"),
+        CalibrationPrompt(QUESTION, [docs[2], docs[1], docs[0]], "last"),
+    ]
+    settings = [Setting(False), Setting(True, 0.5, 2.0)]
+    cal = calibrate(lambda: llm("full"), lambda: llm("lazy"), prompts, settings, PARAMS)
+    full, lazy = llm("full"), llm("lazy")
+    messages, documents = [p.messages for p in prompts], [p.documents for p in prompts]
+    want_p = [o.outputs[0].first_token_logprobs.double() for o in full.chat(messages, PARAMS, documents=documents)]
+    for result in cal.results:
+        got = lazy.chat(messages, PARAMS, documents=documents, options=RequestOptions(**result.setting.options))
+        want = [
+            torch.nn.functional.kl_div(o.outputs[0].first_token_logprobs.double(), p, log_target=True, reduction="sum")
+            for o, p in zip(got, want_p)
+        ]
+        assert result.kl == pytest.approx([w.item() for w in want], rel=1e-4)  # fp32: the same prompts, another batch
+        assert result.kl_by_position() == pytest.approx(dict(zip(("first", "middle", "last"), result.kl)))
+        assert result.worst_kl == max(result.kl) > 0
+    assert cal.chosen == min(cal.results, key=lambda r: r.worst_kl).setting
+    assert "| setting | mean KL [95 % CI] | KL, gold first | KL, gold middle | KL, gold last |" in markdown(cal)
+
+
+def test_one_document_after_the_system_prompt_is_full_attention_and_is_chosen(tmp_path, corpus):
+    """With one document a prompt is [system][document][question]: lazy mode with the shared prefix encodes the
+    document after the system prompt at its own positions, which is what full attention computes, so its KL is
+    zero to rounding; without the prefix, or with a temperature, it is not."""
+    out = tmp_path / "out"
+    argv = ["eval", "--calibrate", "--model", "tiny", "--device", "cpu", "--page-size", "16"]
+    argv += ["--calibrate-documents", str(corpus), "--num-docs", "1", "--limit", "4", "--max-tokens", "3"]
+    argv += ["--temperatures", "0.5,1", "--scales", "1", "--calibrate-prefix", "both", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "calibrate.json").read_text())
+    rows = {(r["ape_prefix"], r["ape_temperature"]): r for r in data["settings"]}
+    assert set(rows) == {(True, 0.5), (True, 1.0), (False, 0.5), (False, 1.0)}
+    assert rows[True, 1.0]["mean_kl"] < 1e-6
+    assert min(rows[k]["mean_kl"] for k in rows if k != (True, 1.0)) > 1e-3
+    assert data["chosen"] == {
+        "ape_prefix": True,
+        "ape_temperature": 1.0,
+        "ape_scale": 1.0,
+        "serve_flags": "--ape-prefix",
+    }
+    assert "**prefix on, T 1, S 1**" in (out / "calibrate.md").read_text()
+
+
+def test_grid_and_positions():
+    assert [s.label for s in grid("off", [1.0], [0.5, 2.0])] == ["prefix off, T 1, S 0.5", "prefix off, T 1, S 2"]
+    assert len(grid("both", [0.8, 1.0], [1.0])) == 4
+    assert Setting(True, 0.9, 1.0).serve_flags == "--ape-prefix --ape-temperature 0.9"
+    assert Setting(False).serve_flags == ""
+    assert [position_of(g, 5) for g in range(5)] == ["first", "middle", "middle", "middle", "last"]
+    assert position_of(0, 1) == "first"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--calibrate", "--fidelity"], "two different runs"),
+        (["--calibrate-documents", "x"], "only with --calibrate"),
+        (["--calibrate", "--calibrate-documents", "DOCS", "--num-docs", "3,5"], "one count"),
+        (["--calibrate", "--calibrate-documents", "DOCS", "--temperatures", "0"], "positive"),
+        (["--calibrate", "--calibrate-documents", "DOCS", "--temperatures", "a"], "comma-separated numbers"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(corpus, capsys, extra, message):
+    argv = ["eval", "--model", "tiny", "--device", "cpu"] + [str(corpus) if a == "DOCS" else a for a in extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
