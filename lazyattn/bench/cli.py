@@ -129,8 +129,8 @@ def add_bench_parser(
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
     o.add_argument("--max-seconds", type=float, default=math.inf, help="abort a load point after this long")
     # --cpu-threads is every model command's (lazyattn/cli.py); bench's default is 1: small models' ops gain nothing
-    # from intra-op threads, and on a busy CPU the threads stall each other (a tiny-model replay measured 80x slower
-    # with two threads than with one on a loaded box).
+    # from intra-op threads, and on a busy CPU the threads stall each other (a tiny-model replay measured many times
+    # slower with two threads than with one on a loaded box: docs/benchmarks.md, "Kernel constants").
     p.set_defaults(func=lambda args: cmd_bench(args, engine_options), cpu_threads=1)
 
 

@@ -7,10 +7,11 @@ The JSON holds the segment key, the layout (model fingerprint, dtype, page shape
 payload size and its checksum. A reader checks every field against what it expects, the file size against the
 payload size and the checksum against the payload, so a truncated, corrupt or foreign file is refused, never
 served. The checksum is blake2b over the CRC-32s of CHUNK_BYTES chunks: each chunk is read and checked on a thread
-of its own as soon as it lands (zlib and hashlib let go of the GIL on large buffers). CRC-32 (~4 GB/s a core, as in
-gzip and zip) detects torn writes and flipped bits, which is what a file here can suffer; a cryptographic digest per
-chunk (blake2b, ~1 GB/s a core) made the check, not the disk, bound reads on the GPU machine, and nobody forges these
-files: a writer is an engine of the same host or filesystem. The header is a whole 4 KiB block, so the payload is
+of its own as soon as it lands (zlib and hashlib let go of the GIL on large buffers). CRC-32 (as in gzip and zip)
+detects torn writes and flipped bits, which is what a file here can suffer; a cryptographic digest per chunk
+(blake2b, several times slower a core) made the check, not the disk, bound reads on the GPU machine
+(docs/benchmarks.md, "Disk tier"), and nobody forges these files: a writer is an engine of the same host or
+filesystem. The header is a whole 4 KiB block, so the payload is
 aligned for O_DIRECT readers.
 
 Writers write a hidden temporary file in the same directory, fsync it, rename it over the final name and fsync the

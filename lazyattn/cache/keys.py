@@ -23,7 +23,7 @@ def _field(s: str | None) -> bytes:
     return b"\x01" + len(b).to_bytes(8, "little") + b
 
 
-@functools.lru_cache(maxsize=64)  # one compiled format per id count (a miss costs ~0.1 us)
+@functools.lru_cache(maxsize=64)  # one compiled format per id count (a miss is cheap next to the hash)
 def _packer(n: int, code: str) -> struct.Struct:
     return struct.Struct(f"<{n}{code}")
 
@@ -34,8 +34,8 @@ def token_bytes(token_ids: Sequence[int]) -> tuple[bytes, bytes]:
     is one-to-one on int64 sequences whatever the host. Raises struct.error for a value that is no int64 (or no
     integer).
 
-    Why not int64 throughout: hashing is about half of a key's time (~10 us for 2048 ids), and half the bytes
-    halve it. Why struct: from a Python list it is ~3x faster than array or numpy."""
+    Why not int64 throughout: hashing is about half of a key's time, and half the bytes halve it. Why struct: from
+    a Python list it is faster than array or numpy (docs/benchmarks.md, "Kernel constants")."""
     n = len(token_ids)
     try:
         return n.to_bytes(8, "little") + b"\x04", _packer(n, "i").pack(*token_ids)
@@ -56,8 +56,8 @@ class KeyMemo:
     its key was computed from; it answers only if that copy equals the ids asked about, element by element, so a
     probe collision costs a comparison and a miss, never a wrong key. The comparison is what makes it pay: list
     equality checks identity before value, so ids whose int objects are the ones the slot holds (the same
-    document list passed again, or lists copied from one) compare in ~2 µs, against ~18 µs to pack and hash 2048
-    ids (this CPU; docs/benchmarks.md has the GPU host's). Fresh int objects of equal value compare in about the
+    document list passed again, or lists copied from one) compare in a fraction of the time it takes to pack and
+    hash them (docs/benchmarks.md, "Kernel constants"). Fresh int objects of equal value compare in about the
     time a key takes: the memo then neither gains nor costs much. A value that equals an int without being one
     (np.int64(7)) is that token id and gets its key, as struct would give it.
 

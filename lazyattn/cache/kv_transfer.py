@@ -51,9 +51,9 @@ def _runs(pages: list[int], chunk: int = 0) -> list[tuple[int, int, int]]:
 
 
 # The host pool is page-locked a chunk at a time, as the tier first needs it (docs/design.md, "The host tier"):
-# locking costs about 0.45 s per GiB, which up front would add tens of seconds to every engine start. It is done
-# inline: measured on an H100, cudaHostRegister on a second thread holds up the first thread's CUDA calls for as
-# long as it runs, so a background locker would hide nothing.
+# locking a host pool up front would add tens of seconds to every engine start (docs/benchmarks.md, "Kernel
+# constants"). It is done inline: measured on an H100, cudaHostRegister on a second thread holds up the first
+# thread's CUDA calls for as long as it runs, so a background locker would hide nothing.
 LOCK_CHUNK_BYTES = 1 << 30
 
 

@@ -1,8 +1,8 @@
 """CUDA graphs for decode steps.
 
-Measured at Llama-3.1-8B shapes on an H200 (tests/engine/test_engine_gpu.py, docs/benchmarks.md): issuing
-one eager decode step from Python takes ~15 ms at batch 1 and at batch 16, more than the GPU needs, so
-decode is launch-bound; a replayed graph finishes the step in 6.3 ms (batch 1) and 8.9 ms (batch 16).
+Measured at Llama-3.1-8B shapes on an H200: issuing one eager decode step from Python takes longer than the GPU
+needs, at batch 1 and at batch 16, so decode is launch-bound; a replayed graph finishes the step in a fraction of
+that time (docs/benchmarks.md, "Kernel constants").
 One graph per padded batch size, captured at warm-up (or on first use), over static input buffers sized for
 the largest batch and the widest page table. A step's inputs are written into pinned host buffers and copied
 over in three copies (engine/graph_inputs.py): the host work left between two replays.

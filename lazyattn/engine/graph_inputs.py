@@ -143,10 +143,10 @@ def paged_batch(
 ) -> PagedBatch:
     """PagedBatch.build's batch for an eager step, its tables written by fill_tables (a context kept across steps
     converted once) into one table-major buffer [tables, B, W], moved by one copy. Why: at a full batch of RAG
-    sequences (256 x ~165 pages) build's per-entry tensors took ~11 ms of a slow host's time per step, fill_tables
-    ~1 ms (benchmarks/host_step.py --steady). As build: firsts only where some entry has an offset, the temperature
-    and scale tables only where some entry has one (kernels/paged.py); each table a contiguous [B, W] slab, so that
-    every kernel's stride checks hold."""
+    sequences (256 x ~165 pages) build's per-entry tensors took a slow host about ten times as long per step as
+    fill_tables (docs/benchmarks.md, "Kernel constants"). As build: firsts only where some entry has an offset,
+    the temperature and scale tables only where some entry has one (kernels/paged.py); each table a contiguous
+    [B, W] slab, so that every kernel's stride checks hold."""
     b = len(entries)
     if not (b == len(q_lens) == len(q_starts)):
         raise ValueError("entries, q_lens and q_starts must have one element per entry")

@@ -58,7 +58,8 @@ class RequestIntake:
         options = self.limits.options(options, prefill_only=params is None)
         keys = self._segment_keys(prompt, cache_salt, options.ape_prefix)
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
-        # add to the cache): ~0.3 ms of host time saved on 10K cached tokens. New segments are checked.
+        # add to the cache), which saves host time on every cached request (docs/benchmarks.md, "Kernel constants").
+        # New segments are checked.
         hits = [cached(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
         self.limits.check(prompt, params, options.relink_tokens, hits, num_pages)
         if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
@@ -68,7 +69,8 @@ class RequestIntake:
         if limit is not None and num_waiting + samples > limit:
             raise QueueFullError(f"the waiting queue is full ({num_waiting} of {limit} sequences); retry later")
         # The sequences share the prompt's lists (nothing in the engine changes them): copying ~10K cached ids per
-        # request, and freeing the copies when it ends, cost ~30 µs of an H100 host's time (docs/benchmarks.md).
+        # request, and freeing the copies when it ends, costs host time on the time to first token
+        # (docs/benchmarks.md, "Kernel constants").
         seqs = [
             Sequence(
                 next(self._seq_ids),

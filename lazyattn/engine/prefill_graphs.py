@@ -2,8 +2,8 @@
 
 Why: the cached-documents request of docs/benchmarks.md ("The request path against the hardware limit") spends
 one prefill step of 32 query tokens over 10K cached keys; issued eagerly from Python it is ~370 launch calls and
-~1900 PyTorch operators, 15-27 ms of host time (by the host CPU) for 7.9 ms of GPU work. Replayed as a graph it
-is one launch: time to first token 14.8 -> 9.2 ms on an H100 (docs/benchmarks.md, "Second round").
+~1900 PyTorch operators, more host time than the step's GPU work. Replayed as a graph it is one launch, and the
+time to first token drops by about a third (docs/benchmarks.md, "Kernel constants").
 
 A step fits a bucket (T tokens, E entries) when its tokens fit in T, its entries in E - 1 and each entry's page
 table in the graphs' width. The step is padded to the bucket:

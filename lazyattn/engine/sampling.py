@@ -141,8 +141,8 @@ class SampleResult:
 
     @cached_property
     def ids(self) -> list[int]:
-        """token_ids as a list, made once per result: one conversion, where an index and int() per row cost ~4 µs
-        each on an H100's host."""
+        """token_ids as a list, made once per result: one conversion, where an index and int() per row each cost
+        host time (docs/benchmarks.md, "Kernel constants")."""
         return self.token_ids.tolist()
 
     @cached_property

@@ -29,15 +29,15 @@ come by tensor-descriptor loads (tile_descriptors) instead of per-thread asynchr
 copies' address and mask arithmetic (a third of the tile loop's instructions are integer work; one warp per
 scheduler at batch 1 issues every ~7 cycles, so instructions are time). Such a load reads page padding too, which
 the contract lets hold NaN: masked scores are -inf whatever K holds, and a tile with masked slots takes its P·V
-again over masked per-thread loads of V. Measured on an H100 against per-thread copies: batch 8 and 32 10-12 %
-faster, batch 1 over 10K keys 5-7 % (decode_config below has the figures).
+again over masked per-thread loads of V. Measured on an H100 against per-thread copies, they are faster at batch 8
+and 32 and at batch 1 over 10K keys (docs/benchmarks.md, "Kernel constants").
 
 Programmatic dependent launch (kernels/launch.py): the page count, the split's page range, the query position, the
 first page id, and the deltas of the split's first and last pages with their cos/sin rows are the host's tables
 (kernels/paged.py, rope.py), read before the wait, while the kernel before this one finishes; q and the step's own
-keys, the RoPE launch's writes, after it. At batch 1 over 10K keys the wait placed after those loads and the one-load
-merge took a layer from 30.6 to 26.0 us on an H100. Reading the rotation rows before the wait rather than in the
-loop gives the same bits, and the decode step over the cached documents 5.98 against 6.00-6.01 ms (two runs each).
+keys, the RoPE launch's writes, after it. The wait placed after those loads, with the one-load merge, shortened a
+layer at batch 1 over 10K keys on an H100. Reading the rotation rows before the wait rather than in the loop gives
+the same bits and a decode step over the cached documents no slower (docs/benchmarks.md, "Kernel constants").
 """
 
 from __future__ import annotations
@@ -99,15 +99,15 @@ def decode_config(
     page 64 that is 68 KiB of shared memory, so three programs share an SM, each loading one tile pair
     while it computes on another: several times what Little's law asks to saturate HBM. Smaller pages give
     smaller tiles and deeper pipelines. From two programs per SM on, one more buffer (two programs fit per
-    SM): a grid of 512 programs then runs in two even waves instead of 1.3 (H200, batch 64 x 4K/8K:
-    +16 / +24 % bandwidth; equal at batch 8 and 32). Three programs of 128 threads need <= 168 registers
-    each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped,
+    SM): a grid of 512 programs then runs in two even waves instead of 1.3 (more bandwidth on an H200 at batch
+    64, the same at batch 8 and 32: docs/benchmarks.md, "Kernel constants"). Three programs of 128 threads need
+    <= 168 registers each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped,
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
 
     copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM, K and V tiles come by
-    copy-engine loads (tma=2). Measured on an H100 (per layer in CUDA graphs): batch 8 x 4K 50.4-50.7 against
-    56.4 us, 32 x 4K 178.5-178.7 against 203-204, batch 1 x 10K after a RoPE launch 26.2-26.9 against 28.2. With
-    four programs per SM (64 x 2K) they measured equal, and V's partial-tile buffer (82 KiB of shared memory in all
+    copy-engine loads (tma=2): on an H100 they beat per-thread copies at batch 8 and 32 x 4K and at batch 1 x 10K
+    after a RoPE launch (docs/benchmarks.md, "Kernel constants"). With four programs per SM (64 x 2K) they measured
+    equal, and V's partial-tile buffer (82 KiB of shared memory in all
     at pages of 64) leaves room for two programs per SM instead of three, so larger grids, not measured, keep
     per-thread copies.
     """
@@ -185,14 +185,16 @@ def split_rule(
 
     Decode is bandwidth bound: what costs is too few programs (too little in flight) or a ragged wave
     (some SMs run one program more than others). Two resident programs per SM keep enough loads in flight
-    (decode_config); measured on an H200, batch 8 x 4K-32K: 4 splits (256 programs) beat 5 and 6 by 3-8 %.
+    (decode_config); on an H200 at batch 8 x 4K-32K, 4 splits (256 programs) beat 5 and 6 (docs/benchmarks.md,
+    "Kernel constants").
     Each split walks at least min_pages_per_split pages so its pipeline fills. Splits are page-granular, so
     the count is rounded down to the number that really get pages.
 
     A handful of (entry, kv head) pairs (batch 1-2) over a context that one program per SM covers in short
-    splits (at most _SHORT_SPLIT_PAGES pages each) takes one program per SM. Measured on an H100, batch
-    1 x 10 304 keys in CUDA graphs: 16 splits 28.4 us, 20 29.7, 24 32.4, 33 (two per SM) 33.1: each program's
-    fixed cost (prologue, partial store, merge) outweighs the overlap a second program per SM buys. Longer contexts
+    splits (at most _SHORT_SPLIT_PAGES pages each) takes one program per SM. Measured on an H100 at batch 1 over
+    10K keys, 16 splits beat 20, 24 and 33 (two per SM), each larger count slower
+    (docs/benchmarks.md, "Kernel constants"): each program's fixed cost (prologue, partial store, merge) outweighs
+    the overlap a second program per SM buys. Longer contexts
     (not measured against this) keep two per SM.
     """
     base = max(1, batch_size * kv_heads)

@@ -2,8 +2,8 @@
 
 At batch 1 … 64 a decode step's linears read every weight once and do almost no arithmetic per byte, so their time
 is the weight bytes over memory bandwidth. cuBLAS picks kernels made for larger products: on an H100 at 8B shapes
-they reach 2.4–2.86 TB/s of the ~3 TB/s a copy reaches, and for the K-heavy shapes (down, o) it splits K and adds a
-second reduce launch (docs/benchmarks.md). This kernel is built for the skinny case only.
+they stay below the bandwidth a copy reaches, and for the K-heavy shapes (down, o) it splits K and adds a second
+reduce launch (docs/benchmarks.md, "Kernel constants"). This kernel is built for the skinny case only.
 
 Work split. Grid = (N blocks, K splits, M blocks). A program owns BLOCK_N rows of W and one contiguous range of K,
 and walks it in [BLOCK_N, BLOCK_K] tiles read once, K-contiguous (W's own layout, 16-byte loads). The product is

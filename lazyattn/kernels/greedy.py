@@ -2,8 +2,8 @@
 
 A greedy row needs only two reductions of its logits: the maximum's index and log Σ exp. PyTorch's sampler path
 (log_softmax over the whole row, then argmax, then a gather) is three launches and, at batch 1, each reduction of a
-128K vocabulary runs on a handful of blocks: ~56 µs of a ~5.6 ms decode step on an H100 (docs/benchmarks.md,
-sixth round). Here the vocabulary is cut into chunks, one program each (max, first index of the max, Σ exp(x − max)
+128K vocabulary runs on a handful of blocks, a visible share of a batch-1 decode step (docs/benchmarks.md, "Kernel
+constants"). Here the vocabulary is cut into chunks, one program each (max, first index of the max, Σ exp(x − max)
 of its chunk), and one program per row merges the chunks in order.
 
 Ties go to the lowest index, as torch.argmax. `greedy_pick_reference` is the PyTorch definition the tests hold the

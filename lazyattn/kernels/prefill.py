@@ -469,8 +469,8 @@ def combine_kernel(
     """Merge the splits of one (query row, head): out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
 
     One program per (row, head), BLOCK_S splits per step: the partials are read in parallel across the
-    GPU. (Merging in the split kernel, by the last split of a block to finish, was measured: one SM then
-    reads every partial of the block, 64 KiB each, 10-50 us at 16-48 splits.)"""
+    GPU. (Merging in the split kernel, by the last split of a block to finish, was measured slower: one SM then
+    reads every partial of the block, 64 KiB each; docs/benchmarks.md, "Kernel constants".)"""
     row = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
     wait_for_producers(USE_PDL)
@@ -508,10 +508,10 @@ def prefill_config(fp32: bool, head_dim: int, group: int, page_size: int) -> Pre
     """Tiles of a call, measured on an H200 (`python -m benchmarks.tune_kernels`).
 
     16-bit, head_dim <= 128: 128 x 64 tiles, 8 warps, 3 stages (K/V prefetched 2 tiles ahead); 4 stages
-    measured the same. Pages of >= 128: 128 x 128 tiles (455 TFLOP/s against 378 for 128 x 64 at 16K
-    causal); with pages of 64 the 2-page 128 x 128 tile is no faster and spills. A tile is part of a page
-    or two whole pages, so BLOCK_N is capped at 2 * page_size. fp32 dots run on FMA units: small tiles.
-    The M tile holds at least one position of the whole head group.
+    measured the same. Pages of >= 128: 128 x 128 tiles (faster than 128 x 64 at 16K causal:
+    docs/benchmarks.md, "Kernel constants"); with pages of 64 the 2-page 128 x 128 tile is no faster and
+    spills. A tile is part of a page or two whole pages, so BLOCK_N is capped at 2 * page_size. fp32 dots
+    run on FMA units: small tiles. The M tile holds at least one position of the whole head group.
     """
     if fp32:
         block_m, block_n, warps, stages = 32, 32, 4, 2
@@ -531,8 +531,9 @@ def _default_config(q: torch.Tensor, group: int, page_size: int) -> PrefillConfi
 def _default_splits(q: torch.Tensor, batch: PagedBatch, group: int, kv_heads: int, block_m: int) -> int:
     """Split the KV walk when (query blocks x kv heads) leaves SMs idle: one program holds an SM (8 warps,
     ~230 registers each) and split programs get equal page ranges, so the aim is one wave of at most one
-    program per SM. Measured on an H200, RAG 5 x 2048 + 32 with deltas: batch 1 -> 16 splits (47.8 us against
-    50.3 at 12 and 64.3 at 20, a second wave), batch 8 -> 2 splits (174.6 us against 225.5 at 3)."""
+    program per SM. Measured on an H200, RAG 5 x 2048 + 32 with deltas: batch 1 -> 16 splits (faster than 12, and
+    than 20, which starts a second wave), batch 8 -> 2 splits (faster than 3); docs/benchmarks.md, "Kernel
+    constants"."""
     if not q.is_cuda or interpreting():
         return 1
     return _split_count(

@@ -28,7 +28,7 @@ delta 0 rotates by cos 1, sin 0, which leaves q as it is) and stores the result 
 document is one run of equal delta, so that happens once per document a program's range touches: no rotated copies
 of q are read. Each consumer loads its rows of q from memory once and keeps them in shared memory (`q_raw`); each
 element's rotation partner is a register permutation (`_partner`). Reloading q and its partners from L2 at every
-document cost 1.3-2.4 us a document on an H100.
+document was measured slower on an H100 (docs/benchmarks.md, "Kernel constants").
 
 Pages that are not full: the copy engine loads all 64 slots, and the slots outside a page's keys may hold anything,
 NaN included (kernels/paged.py). Their scores are masked to -inf, but a probability of 0 times a NaN in V is NaN, so
@@ -48,14 +48,11 @@ run-time values and branch on none of them.
 
 Who calls it: the engine's GPU backend (kernels/triton_backend.py) for every short prefill call it `supports`, with
 `num_splits` (which the prefill CUDA graphs fix per bucket); `prefill.prefill_attention` itself stays prefill.py's
-kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100, the RAG case per layer, this kernel without
-the two changes below against prefill.py's: batch 1 41 against 42-43 us, batch 2 60-65 against 87-95, batch 4 93-97
-against 153-156, batch 8 146-150 against 172-174 (75-77 % of copy bandwidth). Keeping q in shared memory with the
-one-warp merge, against the kernel without them in the same run: batch 1 34.0-35.8 against 37.6-40.2 us, 36.9-37.6
-against 41.9-44.7 after the RoPE launch; batch 8 142.3-145.4 against 149.9-151.4. Storing the partial through the
-freed Q buffers, against storing it through the compiler's scratch: batch 1 31.5-31.8 against 33.1-33.6 us, 34.5-34.9
-against 35.3-37.5 after the RoPE launch; batch 8 140.1-141.3 against 141.4-142.1. Where that leaves it against the
-hardware limit and FlashInfer: docs/kernels.md, "The request path's attention targets (H100)".
+kernel. LAZYATTN_GLUON_PREFILL=0 switches it off. Measured on an H100, the RAG case per layer: this kernel, even
+without the two changes below, is faster than prefill.py's at batch 1 to 8 (most at batch 2 and 4); keeping q in
+shared memory with the one-warp merge, and storing the partial through the freed Q buffers rather than through the
+compiler's scratch, each made it faster again at batch 1 and 8 (docs/benchmarks.md, "Kernel constants"). Where that
+leaves it against the hardware limit and FlashInfer: docs/kernels.md, "The request path's attention targets (H100)".
 """
 
 from __future__ import annotations
@@ -134,9 +131,9 @@ def num_splits(
     """Splits of a launch over `total_q` rows in `entries` entries of at most `max_q` positions (default total_q):
     one program per SM (213 KiB of shared memory each) over the query blocks the entries fill, at most MAX_SPLITS.
     Blocks are each entry's own: an entry of 16 positions fills a block of 32 alone (counting cdiv(total_q, 32)
-    blocks instead, 4 questions of 16 tokens take 8 splits over 6 query slots, three waves: 83-86 against 73-76 us a
-    layer with this count on an H100). Measured on an H100: 16 at batch 1 (24 starts a second wave: 60 against
-    40-43 us per layer), 4 at batch 4, 2 at batch 8 (questions of 32 tokens).
+    blocks instead, 4 questions of 16 tokens take 8 splits over 6 query slots, three waves, slower than this count
+    on an H100). Measured on an H100: 16 at batch 1 (24 starts a second wave, slower), 4 at batch 4, 2 at batch 8
+    (questions of 32 tokens); docs/benchmarks.md, "Kernel constants".
 
     The prefill CUDA graphs pass neither (engine/prefill_graphs.py): a bucket knows its tokens and entries, not their
     lengths, and the bound for any lengths, cdiv(T, 32) + E - 1 blocks, would halve the splits of the common batch of
@@ -730,9 +727,9 @@ def merge_partials(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor) 
     (row, head). The merge is one round of loads and sums a program, on the layer's critical path: with one warp the
     sums over the splits stay in the warp, with four they cross warps through shared memory (2 KiB, compile_check),
     which is the likely reason four were slower. (The kernel above takes all of an SM's registers, 384 threads at 168,
-    so no merge program runs beside it.) On an H100, batch 1 of the RAG case, RoPE launch + attention per layer (four
-    runs each): 36.0-38.2 us with one warp, 39.8-42.1 with four (what prefill.py's longer calls keep), 34.0-37.0
-    with no merge at all; one warp merging 8 or 4 splits a step, 37.7-39.1."""
+    so no merge program runs beside it.) On an H100, batch 1 of the RAG case, one warp was faster than four (what
+    prefill.py's longer calls keep), and not much slower than no merge at all; one warp merging 8 or 4 splits a step
+    gained nothing (docs/benchmarks.md, "Kernel constants")."""
     num_splits, total_q, q_heads, head_dim = ws_o.shape
     combine_kernel[(total_q * q_heads,)](
         ws_o,

@@ -268,8 +268,8 @@ def _chunk_q_src(
 
     Rotated here, the tile goes through the scratch rows and is loaded back: a loaded Q is what triton keeps in
     shared memory for the QK^T wgmma. Computed in registers, Q stays a register operand, reloaded from shared
-    memory on every tile at 255 registers: 38 % slower tile loop (sm_90, measured). The barriers order the
-    scratch for the whole CTA."""
+    memory on every tile at 255 registers: a slower tile loop (sm_90; docs/benchmarks.md, "Kernel constants").
+    The barriers order the scratch for the whole CTA."""
     q_src = q_rows
     if delta != 0:
         if run < ROTATED_RUNS:

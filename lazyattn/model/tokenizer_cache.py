@@ -1,9 +1,9 @@
 """Token ids of document texts, kept so that a document that recurs is tokenised once.
 
 Popular documents come back in request after request (their KV is cached once: docs/design.md, "The document
-cache"), yet each request carries them as text. Tokenising five ~2,700-token documents with SmolLM2's tokenizer
-takes 20-30 ms of host time per request, more than a cached request's whole time to first token on a GPU
-(docs/benchmarks.md). `encode_document` (engine/prompt.py) looks each formatted document up here first.
+cache"), yet each request carries them as text. Tokenising a request's documents takes more host time than a
+cached request's whole time to first token on a GPU (docs/benchmarks.md, "Documents sent as text: tokenised
+once"). `encode_document` (engine/prompt.py) looks each formatted document up here first.
 
 A cache belongs to one tokenizer object (`TokenizerBase.cache`), so the key need not name the tokenizer: it is
 the formatted text and whether special-token text in it is read as control tokens. The ids are stored as a

@@ -3,10 +3,10 @@ of decode and small prefill steps on CUDA, NCCL (the process group's own all-red
 (docs/design.md, "Tensor parallelism").
 
 Why: on two H200s (NVLink, multicast off), one all-reduce of bf16 [1 … 16, 4096] rows captured in a CUDA graph
-takes 15-22 µs through NCCL and 6-8 µs through the kernels of `torch.ops.symm_mem` (each rank reads its peers'
-buffers directly over NVLink; ~38 µs and ~26 µs eagerly). An 8B decode step has 65 all-reduces (two per layer and
-the embedding's), a 70B one 161: ~1.3 ms of a 4.75 ms step at 8B through NCCL. Large messages (long prefill chunks)
-stay on NCCL, whose ring reduction moves less data per rank.
+takes two to three times as long through NCCL as through the kernels of `torch.ops.symm_mem` (each rank reads its
+peers' buffers directly over NVLink), and an 8B decode step has 65 all-reduces (two per layer and the embedding's),
+a 70B one 161: through NCCL they are over a quarter of an 8B step (docs/benchmarks.md, "Kernel constants").
+Large messages (long prefill chunks) stay on NCCL, whose ring reduction moves less data per rank.
 
 Buffer reuse: every op first puts this rank's input into its symmetric buffer (one-shot: inside the kernel), and
 the kernels start and end with a barrier over the ranks' signal pads: when the op is done here, every peer has
