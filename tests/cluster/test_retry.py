@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -142,7 +143,16 @@ def test_replica_dying_after_output_fails_its_client_only(replicas, want):
     """Two streams at once; the dying replica's dies after its first output: that client gets a replica_failed
     error event and [DONE] (no retry: it already has tokens), the other one the whole answer. The cut request asks
     for many tokens (2000), so that its first output update cannot already be its last (an engine thread ahead of the
-    reader hands over several steps at once)."""
+    reader hands over several steps at once), and the dying replica's engine steps at most one token every 20 ms, so
+    that however late a loaded machine reads the stream, the update before the death is not the request's last."""
+    engine = replicas["dying"].engine
+    step = engine.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+
+    engine.step = slow_step
 
     async def run():
         client, handle = ingress(replicas, [("dying", 2), ("healthy", None)])
