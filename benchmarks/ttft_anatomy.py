@@ -326,9 +326,8 @@ def phases(bench: eb.Bench, repeats: int) -> dict:
         (scheduler.Scheduler, "update", "process"),
         (scheduler.Scheduler, "finish", "finish"),
         (scheduler.Scheduler, "release_ended", "release_finished"),
-        (bench.engine.outputs, "finish", "outputs.finish"),
         (torch.cuda, "synchronize", "cuda.synchronize"),
-        (bench.engine.outputs, "append", "append"),  # the instance's: the class holds static methods too
+        (bench.engine.outputs, "new_token", "new_token"),  # the instance's: the class holds static methods too
         (bench.engine.outputs, "output", "output"),
         (llm_engine.LLMEngine, "step", "step"),
     ):

@@ -5,11 +5,15 @@ Admission asks the sequence's mode what to acquire (`Mode.admit`, through this m
 encode job for each document the cache does not hold yet (one job however many sequences wait on it), and checks that
 the pool has room for the sequence's peak pages (its mode's count), or gives everything back. Release lets go of the
 sequence's parts, the cache segments its run fills, its run's private pages and its mode's.
+
+Admission reads sequences and never changes them: `admit` returns what the sequence acquired (`Admitted`) and the
+scheduler, which owns every change of a sequence's state, sets it; after `release` the scheduler clears it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from lazyattn.cache.document_cache import DocumentCache, Segment
 from lazyattn.engine.batch import SegmentJob
@@ -30,6 +34,17 @@ def segment_keys(keyer: Keyer, segments: list[list[int]], salt: str | None, pref
     return keys
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """What an admitted sequence holds: its cached parts (in order), the run it computes, its mode's state, and the
+    context tokens it found in the cache."""
+
+    parts: list[Part]
+    run: Run
+    mode_state: ModeState
+    cached_tokens: int
+
+
 class Admission:
     """Acquires and releases what sequences hold in `cache`; the modes' `DocumentSource` (engine/modes/base.py).
     `jobs`: the pending encode of each document being encoded, by key (the scheduler schedules them)."""
@@ -41,12 +56,13 @@ class Admission:
         self.keyer = keyer
         self.jobs: dict[str, SegmentJob] = {}
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: Sequence) -> Admitted:
         """Acquire the sequence's cached parts (creating jobs for missing documents) and its run. Raises
         OutOfPagesError, having given back what it took, when the pool has no room for its peak pages yet."""
         acquired: list[Part] = []
+        state = self.mode.new_state()
         try:
-            run = self.mode.admit(self, seq, acquired)
+            run = self.mode.admit(self, seq, acquired, state)
             held = sum(len(p.segment.pages) for p in acquired) + len(run.pages)
             samples = 0 if seq.prefill_only else 1
             need = (
@@ -62,12 +78,10 @@ class Admission:
             if self.cache.available_pages() < need:
                 raise OutOfPagesError("not enough room for this sequence's prefill yet")
         except OutOfPagesError:
-            self._let_go(acquired, seq.mode_state)
+            self._let_go(acquired, state)
             self.drop_dead_jobs()  # the encodes this admission queued: nobody waits for them now
-            seq.mode_state = ModeState()
             raise
-        seq.parts, seq.run = acquired, run
-        seq.metrics.cached_tokens = sum(p.length for p in acquired if p.hit)
+        return Admitted(acquired, run, state, sum(p.length for p in acquired if p.hit))
 
     def mark_filled_ready(self, seq: Sequence, computed: int) -> None:
         """The cache segments the sequence's run fills (prefix mode) are ready once it has computed their pages: its
@@ -77,14 +91,13 @@ class Admission:
                 self.cache.mark_ready(segment)
 
     def release(self, seq: Sequence) -> None:
-        """Give back everything the sequence holds; it holds nothing afterwards."""
+        """Give back everything the sequence holds (the scheduler then clears its parts, run and mode state)."""
         self._let_go(seq.parts, seq.mode_state)
         run = seq.run
         if run is not None:
             self.cache.pool.free(run.pages[run.owned :])
         for pages in seq.mode_state.private_pages():
             self.cache.pool.free(pages)
-        seq.parts, seq.run, seq.mode_state = [], None, ModeState()
 
     def drop_dead_jobs(self) -> None:
         """A document nobody waits for any more was dropped by the cache: stop encoding it."""

@@ -16,7 +16,7 @@ from lazyattn.engine.modes import Mode
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.request_options import ENGINE_DEFAULTS, RequestOptions
 from lazyattn.engine.sampling import SamplingParams
-from lazyattn.engine.sequence import Sequence
+from lazyattn.engine.sequence import Metrics, Sequence
 from lazyattn.errors import InvalidRequestError, QueueFullError
 
 
@@ -51,10 +51,12 @@ class RequestIntake:
         num_waiting: int,
         cache_salt: str | None = None,
         options: RequestOptions = ENGINE_DEFAULTS,
+        arrival: float | None = None,
     ) -> Request:
         """The request with its sequences, or a specific error if it is bad or the waiting queue (`num_waiting`
         sequences now) is full. `cached(key)`: whether the document cache holds a segment; `num_pages`: the pages
-        requests may use. `options`: the request's own (engine/request_options.py), resolved here."""
+        requests may use. `options`: the request's own (engine/request_options.py), resolved here. `arrival`: when the
+        request arrived (time.monotonic), if not now."""
         options = self.limits.options(options, prefill_only=params is None)
         keys = self._segment_keys(prompt, cache_salt, options.ape_prefix)
         # A segment the cache holds had its ids checked by the request that put it there (only admitted requests
@@ -82,6 +84,7 @@ class RequestIntake:
                 salt=cache_salt,
                 segment_keys=keys,
                 options=options,
+                metrics=Metrics() if arrival is None else Metrics(arrival),
             )
             for i in range(samples)
         ]

@@ -166,12 +166,9 @@ class LLMEngine:
             num_waiting=self.scheduler.num_waiting,
             cache_salt=cache_salt,
             options=options,
+            arrival=arrival,
         )
         for seq in req.seqs:
-            if arrival is not None:
-                seq.metrics.arrival = arrival
-            if params is not None:
-                self.outputs.start(seq)
             self.scheduler.add(seq)
         self.requests[request_id] = req
 

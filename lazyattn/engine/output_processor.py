@@ -1,9 +1,14 @@
-"""After sampling: append each token, detokenise incrementally, decide whether the sequence stops, and build the
-outputs that `generate` returns and the server streams."""
+"""After sampling: what each token adds to its sequence (detokenised text, logprobs) and whether it stops it, and
+the outputs that `generate` returns and the server streams.
+
+The output processor reads sequences and never changes them: the scheduler, which owns every change of a sequence's
+state (docs/design.md, "One step"), applies the `NewToken` it returns. Only the sequence's detokenizer advances
+here, as it is fed each token in order.
+"""
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import torch
 
@@ -15,24 +20,38 @@ from lazyattn.model.detokenizer import IncrementalDecoder
 from lazyattn.model.tokenizer import TokenizerBase
 
 
+@dataclass(frozen=True)
+class NewToken:
+    """What one sampled token adds to its sequence (Scheduler.update appends it)."""
+
+    token: int
+    text: str  # the text the detokenizer released with it (complete characters, stop strings cut off)
+    logprobs: dict[int, float] | None  # {token id: logprob}, the chosen one first; None unless asked for
+    first_token_logprobs: torch.Tensor | None  # the first token's full row, when asked for; else None
+    finish_reason: str | None  # "stop" or "length" if the token ends the sequence
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+
+
 class OutputProcessor:
     def __init__(self, tokenizer: TokenizerBase, max_model_len: int, device: torch.device) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.device = device
 
-    def start(self, seq: Sequence) -> None:
-        """Per-sequence state a sampled sequence needs: its detokenizer and its seeded generator."""
+    def start(self, seq: Sequence) -> tuple[IncrementalDecoder, torch.Generator | None]:
+        """What a new sampled sequence decodes with: its detokenizer and its seeded generator (None: unseeded)."""
         params = seq.params
+        generator = None
         if params.seed is not None:
-            seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + seq.index)
-        seq.detokenizer = IncrementalDecoder(
+            generator = torch.Generator(device=self.device).manual_seed(params.seed + seq.index)
+        detokenizer = IncrementalDecoder(
             self.tokenizer,
             skip_special_tokens=params.skip_special_tokens,
             stop=params.stop,
             min_tokens=params.min_tokens,
             prompt_token_ids=seq.prompt,
         )
+        return detokenizer, generator
 
     def suppressed(self, seq: Sequence, unread: int = 0) -> list[int] | None:
         """Below min_tokens, the tokens that would end the sequence may not be drawn. `unread`: tokens it sampled
@@ -42,50 +61,36 @@ class OutputProcessor:
         eos = [] if seq.params.ignore_eos else self.tokenizer.eos_token_ids
         return list(eos) + list(seq.params.stop_token_ids)
 
-    def append(self, seq: Sequence, result: SampleResult, i: int, now: float) -> bool:
-        """Append row i of the sampled result to the sequence's outputs (its run has it from the scheduler, whose
-        update calls this); returns whether the sequence is done."""
+    def new_token(self, seq: Sequence, result: SampleResult, i: int) -> NewToken:
+        """What row i of the sampled result adds to the sequence, and whether it ends it. Feeds the token to the
+        sequence's detokenizer: called once per token, in order, by Scheduler.update only, which applies it."""
         token = result.ids[i]
+        first = None
         if not seq.output and seq.params.first_token_logprobs and result.full_logprobs is not None:
-            seq.first_token_logprobs = result.full_logprobs[
-                i
-            ].clone()  # a copy: the row must not hold the whole batch's
-        seq.output.append(token)
+            first = result.full_logprobs[i].clone()  # a copy: the row must not hold the whole batch's
+        entry = None
         if result.logprobs is not None and seq.params.logprobs is not None:
             entry = {token: float(result.logprobs[i])}
             if result.top_logprobs is not None:
                 for t, lp in result.top_logprobs[i]:
                     entry.setdefault(int(t), float(lp))
-            seq.logprobs.append(entry)
-        if seq.metrics.first_token is None:
-            seq.metrics.first_token = now
-        seq.text += seq.detokenizer.feed(token)
-        return self._stop_reason(seq, token) is not None
+        text = seq.detokenizer.feed(token)
+        return NewToken(token, text, entry, first, *self._stop(seq, token))
 
-    def finish(self, seq: Sequence, reason: str | None = None) -> None:
-        if reason is not None:
-            seq.finish_reason = reason
-        if seq.detokenizer is not None:
-            seq.text += seq.detokenizer.finish()  # the held-back tail, now final
-        seq.metrics.finished = time.monotonic()
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+    def _stop(self, seq: Sequence, token: int) -> tuple[str | None, str | int | None]:
+        """(finish reason, stop reason) if `token`, appended, ends the sequence; (None, None) if not."""
         p = seq.params
-        n = len(seq.output)
+        n = len(seq.output) + 1  # with the token
         if n >= p.min_tokens:
             if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
-                seq.finish_reason = "stop"
-                return seq.finish_reason
+                return "stop", None
             if token in p.stop_token_ids:
-                seq.finish_reason, seq.stop_reason = "stop", token
-                return seq.finish_reason
+                return "stop", token
             if seq.detokenizer.stopped is not None:
-                seq.finish_reason, seq.stop_reason = "stop", seq.detokenizer.stopped
-                return seq.finish_reason
-        if n >= p.max_tokens or seq.total_len >= self.max_model_len:
-            seq.finish_reason = "length"
-            return seq.finish_reason
-        return None
+                return "stop", seq.detokenizer.stopped
+        if n >= p.max_tokens or seq.total_len + 1 >= self.max_model_len:
+            return "length", None
+        return None, None
 
     @staticmethod
     def output(

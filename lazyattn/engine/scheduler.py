@@ -3,8 +3,9 @@
 A step is plain data flowing one way (docs/design.md, "One step"): `schedule` returns the step's `StepPlan`, the
 executor runs it and gives back a `StepOutput`, and `update(plan, output)` applies it: encodes and filled pages
 become ready, sampled tokens are appended, the sequences they end are finished and what they hold released, and the
-requests the step failed end alone. Nothing else changes a sequence once it is queued (its outputs and detokenizer
-through `outputs`, engine/output_processor.py, on the scheduler's behalf), but an abort (`finish`).
+requests the step failed end alone; an abort is `finish`. Nothing else changes a sequence once it exists: the
+helpers the scheduler calls return what changes and it applies it — admission what a sequence acquired (`Admitted`,
+engine/admission.py), the output processor what a sampled token adds (`NewToken`, engine/output_processor.py).
 
 Each step fills one forward pass with *work*: chunks of runs (kernels/paged.py entries). Order within a
 step: running sequences that decode (one token each), then, in admission order, the document encodes a
@@ -46,7 +47,7 @@ from lazyattn.engine.isolation import NON_FINITE
 from lazyattn.engine.modes import Mode
 from lazyattn.engine.output_processor import OutputProcessor
 from lazyattn.engine.sampling import SampleResult
-from lazyattn.engine.sequence import Part, Run, Sequence, Status
+from lazyattn.engine.sequence import ModeState, Part, Run, Sequence, Status
 from lazyattn.errors import OutOfPagesError
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
@@ -75,8 +76,8 @@ class Scheduler:
         keyer: Keyer,
         outputs: OutputProcessor | None = None,
     ) -> None:
-        """`outputs`: appends a sampled token to a sequence's outputs and says whether it ends it; None: the
-        sampled tokens are only appended (tests that drive a scheduler without a model)."""
+        """`outputs`: what a sampled token adds to a sequence's outputs and whether it ends it; None: the sampled
+        tokens are only appended (tests that drive a scheduler without a model)."""
         self.config = config
         self.outputs = outputs
         # the context limit a sequence ends at (the engine's, which defaults to the model's)
@@ -119,6 +120,9 @@ class Scheduler:
         return [s for s in self._waiting if s.status is Status.WAITING]
 
     def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; a sampled one gets what it decodes with (its detokenizer, its seeded generator)."""
+        if self.outputs is not None and not seq.prefill_only:
+            seq.detokenizer, seq.generator = self.outputs.start(seq)
         self._waiting.append(seq)
         self.num_waiting += 1
 
@@ -131,8 +135,11 @@ class Scheduler:
         (`reason`: the finish reason, unless its last token set one) and it is never scheduled again. What it holds
         goes back now, or, while a step in flight may still use it, at the next update (`ended`). O(1) for a
         waiting sequence."""
-        if self.outputs is not None:
-            self.outputs.finish(seq, reason)
+        if reason is not None:
+            seq.finish_reason = reason
+        if seq.detokenizer is not None:
+            seq.text += seq.detokenizer.finish()  # the held-back tail, now final
+        seq.metrics.finished = time.monotonic()
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._contexts.pop(seq.seq_id, None)
@@ -273,7 +280,18 @@ class Scheduler:
         if self.outputs is None:
             seq.output.append(token)
             return len(seq.output) >= seq.params.max_tokens
-        return self.outputs.append(seq, result, row, now)
+        new = self.outputs.new_token(seq, result, row)
+        seq.output.append(token)
+        seq.text += new.text
+        if new.logprobs is not None:
+            seq.logprobs.append(new.logprobs)
+        if new.first_token_logprobs is not None:
+            seq.first_token_logprobs = new.first_token_logprobs
+        if seq.metrics.first_token is None:
+            seq.metrics.first_token = now
+        if new.finish_reason is not None:
+            seq.finish_reason, seq.stop_reason = new.finish_reason, new.stop_reason
+        return new.finish_reason is not None
 
     def _live(self, request_id: str) -> list[Sequence]:
         """The request's sequences that have not ended (a request's n samples), in sample order."""
@@ -355,7 +373,7 @@ class Scheduler:
                 self._waiting.popleft()
                 continue
             try:
-                self.admission.admit(seq)
+                admitted = self.admission.admit(seq)
             except OutOfPagesError:
                 if not self.running and not self.jobs:
                     raise  # cannot happen for a validated request; never spin silently
@@ -364,6 +382,8 @@ class Scheduler:
             self.num_waiting -= 1
             self.running.append(seq)
             seq.status = Status.RUNNING
+            seq.parts, seq.run, seq.mode_state = admitted.parts, admitted.run, admitted.mode_state
+            seq.metrics.cached_tokens = admitted.cached_tokens
             backlog += seq.run.pending
 
     # -- per-step helpers -------------------------------------------------------------------------
@@ -462,6 +482,7 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self._placeholders.discard(seq.seq_id)
         self.admission.release(seq)
+        seq.parts, seq.run, seq.mode_state = [], None, ModeState()
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop everything; the sequence re-prefills prompt + output later."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from lazyattn.engine.sequence import Part, Run, Sequence
+from lazyattn.engine.sequence import ModeState, Part, Run, Sequence
 from lazyattn.kernels.paged import EntryPages
 
 if TYPE_CHECKING:
@@ -57,9 +57,15 @@ class Mode:
     # the K/V of every row in the batch before any row attends. Not so for copies, made before the forward pass.
     reads_documents_in_same_step: bool = True
 
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        """Acquire the sequence's cached parts into `acquired` (in order) and return the run it computes.
-        Raises OutOfPagesError; the caller then releases what was acquired."""
+    def new_state(self) -> ModeState:
+        """A new sequence's state private to this mode (filled by `admit`)."""
+        return ModeState()
+
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: ModeState) -> Run:
+        """Acquire the sequence's cached parts into `acquired` (in order), fill `state` (from `new_state`, what the
+        sequence keeps through this mode) and return the run it computes. Changes nothing of `seq`: the scheduler
+        sets what admission returns. Raises OutOfPagesError; the caller then releases what `acquired` and `state`
+        hold."""
         raise NotImplementedError
 
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
@@ -75,7 +81,8 @@ class Mode:
         return [], []
 
     def set_copies(self, seq: Sequence, pages: list[int]) -> None:
-        """The sequence's private copies were allocated (as `pages`, in `copy_sources` order) and are in a batch."""
+        """The sequence's private copies were allocated (as `pages`, in `copy_sources` order) and are in a batch.
+        Called only by the scheduler: it changes the mode's state of the sequence on the scheduler's behalf."""
 
     def pages_needed(
         self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0

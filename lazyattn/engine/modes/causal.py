@@ -45,10 +45,13 @@ class PrefixMode(_CausalMode):
 
     name = "prefix"
 
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+    def new_state(self) -> PrefixState:
+        return PrefixState()
+
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: PrefixState) -> Run:
         tokens = seq.all_tokens
         ps = source.page_size
-        state = seq.mode_state = PrefixState()  # set first: a failed admission lets go of what it filled so far
+        # Each new page goes into `state` as it is acquired: a failed admission lets go of what it filled so far.
         parent = None
         # The last token is never cached: its logits are needed, so the sequence computes it.
         for b in range((len(tokens) - 1) // ps):
@@ -76,5 +79,5 @@ class FullMode(_CausalMode):
 
     name = "full"
 
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: ModeState) -> Run:
         return Run(seq.all_tokens, start_pos=0)

@@ -23,7 +23,7 @@ class _DocumentMode(Mode):
 
     caches_documents = True
 
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: ModeState) -> Run:
         source.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.options.ape_prefix)
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
@@ -96,15 +96,17 @@ class LazyMode(_DocumentMode):
 
     name = "lazy"
 
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        run = super().admit(source, seq, acquired)
+    def new_state(self) -> LazyState:
+        return LazyState()
+
+    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: LazyState) -> Run:
+        run = super().admit(source, seq, acquired, state)
         if seq.options.relink_tokens and not seq.prefill_only:
             rows = relink_rows([len(s) for s in seq.segments], seq.options.relink_tokens)
-            relinks = [
+            state.relinks = [
                 Run(list(segment[:n]), start_pos=part.start)
                 for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])
             ]
-            seq.mode_state = LazyState(relinks)
         return run
 
     def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
@@ -154,10 +156,8 @@ class BlockMode(_DocumentMode):
         """The parts that need a copy: a segment at position 0 is already where its keys were rotated."""
         return [p for p in seq.parts if p.start > 0]
 
-    def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part]) -> Run:
-        run = super().admit(source, seq, acquired)
-        seq.mode_state = BlockState()
-        return run
+    def new_state(self) -> BlockState:
+        return BlockState()
 
     def copies_needed(self, seq: Sequence) -> bool:
         return not self._state(seq).copied
