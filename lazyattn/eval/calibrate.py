@@ -177,6 +177,18 @@ def calibrate(
     return Calibration(results, len(prompts))
 
 
+def overlapping(cal: Calibration) -> list[Setting]:
+    """The other settings whose mean-KL interval overlaps the chosen one's: the prompts do not tell them apart."""
+    chosen = next(r for r in cal.results if r.setting == cal.chosen)
+    lo, hi = bootstrap_ci(chosen.kl) or (chosen.mean_kl, chosen.mean_kl)
+    out = []
+    for r in cal.results:
+        ci = bootstrap_ci(r.kl)
+        if r is not chosen and ci is not None and ci[0] <= hi and lo <= ci[1]:
+            out.append(r.setting)
+    return out
+
+
 def markdown(cal: Calibration) -> str:
     """The table of every setting (KL per gold position, identical answers), the chosen one in bold."""
     positions = [p for p in (*POSITIONS, "original") if p in cal.results[0].kl_by_position()]

@@ -14,7 +14,7 @@ from pathlib import Path
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
-DEFAULT_PROMPTS = 48  # made prompts, 16 per gold position
+DEFAULT_PROMPTS = 150  # made prompts, about 50 per gold position
 
 
 def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
@@ -53,7 +53,14 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
     chosen = cal.chosen
     flags = chosen.serve_flags or "(none: plain lazy mode)"
     print(f"\n{table}\n\nchosen: {chosen.label}\n  lazyattn serve ... {flags}\n  LLM(..., {_kwargs(chosen)})")
-    print(f"{len(prompts)} prompts, {len(settings)} settings in {wall:.0f} s", flush=True)
+    close = calibrate.overlapping(cal)
+    caveat = (
+        f"{len(close)} of the other {len(settings) - 1} settings have mean-KL intervals that overlap the chosen one's: "
+        f"these {len(prompts)} prompts do not tell them apart (more prompts: --limit)"
+        if close
+        else "the chosen setting's mean-KL interval overlaps no other's"
+    )
+    print(f"{caveat}\n{len(prompts)} prompts, {len(settings)} settings in {wall:.0f} s", flush=True)
     if args.out:
         out = Path(args.out)
         command = "lazyattn " + shlex.join(sys.argv[1:])
@@ -74,12 +81,14 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
             {
                 "meta": meta,
                 "chosen": {**chosen.options, "serve_flags": chosen.serve_flags},
+                "overlapping": [s.label for s in close],
                 "settings": [r.row() for r in cal.results],
             },
         )
         (out / "calibrate.md").write_text(
             f"# APE calibration: {Path(args.model).name}, {source}\n\n```bash\n{command}\n```\n\n{table}\n\n"
-            f"Chosen (lowest mean KL at its worst gold position): {chosen.label}: `lazyattn serve ... {flags}`\n"
+            f"Chosen (lowest mean KL at its worst gold position): {chosen.label}: `lazyattn serve ... {flags}`; "
+            f"{caveat}.\n"
         )
         print(f"wrote {out / 'calibrate.json'}, {out / 'calibrate.md'}")
     return 0

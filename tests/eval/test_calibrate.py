@@ -112,3 +112,22 @@ def test_bad_flags_are_one_line_errors(corpus, capsys, extra, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_settings_the_prompts_do_not_tell_apart_are_named():
+    """The chosen setting's mean-KL interval against the others': a setting whose KL values lie far above is told
+    apart, one whose values straddle the chosen one's is not."""
+    from lazyattn.eval.calibrate import Calibration, SettingResult, overlapping
+
+    positions = ["first", "middle", "last"] * 4
+    low = [0.10, 0.12, 0.11, 0.09] * 3
+    near = [0.08, 0.15, 0.10, 0.13] * 3
+    far = [5.0, 5.2, 4.9, 5.1] * 3
+    results = [
+        SettingResult(Setting(True), low, [True] * 12, positions),
+        SettingResult(Setting(False), far, [False] * 12, positions),
+        SettingResult(Setting(True, 0.9), near, [True] * 12, positions),
+    ]
+    cal = Calibration(results, 12)
+    assert cal.chosen == Setting(True)
+    assert overlapping(cal) == [Setting(True, 0.9)]
