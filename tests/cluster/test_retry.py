@@ -141,10 +141,10 @@ def test_replica_dying_before_it_answered_is_retried_on_another(replicas, want, 
 
 def test_replica_dying_after_output_fails_its_client_only(replicas, want):
     """Two streams at once; the dying replica's dies after its first output: that client gets a replica_failed
-    error event and [DONE] (no retry: it already has tokens), the other one the whole answer. The cut request asks
-    for many tokens (2000), so that its first output update cannot already be its last (an engine thread ahead of the
-    reader hands over several steps at once), and the dying replica's engine steps at most one token every 20 ms, so
-    that however late a loaded machine reads the stream, the update before the death is not the request's last."""
+    error event and [DONE] (no retry: it already has tokens), the other one the whole answer. The cut request is sent
+    first and the other only once the ingress has routed it (the replicas are taken in the order requests reach
+    them), and it asks for many tokens (2000) from an engine that steps at most one token every 20 ms, so that however
+    late a loaded machine reads the stream, the update before the death is not the request's last."""
     engine = replicas["dying"].engine
     step = engine.step
 
@@ -157,11 +157,11 @@ def test_replica_dying_after_output_fails_its_client_only(replicas, want):
     async def run():
         client, handle = ingress(replicas, [("dying", 2), ("healthy", None)])
         async with client:
-            cut, whole = await asyncio.gather(
-                client.post("/v1/completions", json=body(stream=True, max_tokens=2000)),
-                client.post("/v1/completions", json=body(stream=True)),
-            )
-        return cut, whole, handle
+            cut = asyncio.create_task(client.post("/v1/completions", json=body(stream=True, max_tokens=2000)))
+            while not handle.sent:  # the cut request has reached the dying replica
+                await asyncio.sleep(0.001)
+            whole = await client.post("/v1/completions", json=body(stream=True))
+            return await cut, whole, handle
 
     cut, whole, handle = asyncio.run(run())
     assert handle.sent == ["dying", "healthy"]  # no retry of the cut stream
