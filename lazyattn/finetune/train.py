@@ -129,10 +129,8 @@ class Objective:
         span = distill.span_mask(examples, lengths, batch["input_ids"].shape[1], self.distill.span).to(device)
         if self.frozen is not None:
             context, model = contextlib.nullcontext(), self.frozen
-        elif self.distill.teacher == "base" and hasattr(self.model, "disable_adapter"):
-            context, model = self.model.disable_adapter(), self.model
         else:
-            context, model = contextlib.nullcontext(), self.model
+            context, model = _teacher_weights(self.model, self.distill.teacher), self.model
         lm = _causal_lm(model)
         was_training = model.training
         model.eval()
