@@ -65,9 +65,12 @@ def test_the_host_pool_is_locked_a_chunk_at_a_time_on_cuda():
 
 
 def test_engine_on_cuda_same_tokens_with_and_without_the_tier():
+    # float32: a document promoted from the host is read in a smaller prefill than one encoded again, so in
+    # bfloat16 the two runs' logits round differently (another prefill graph bucket, another GEMM tiling) and a
+    # near-tie of the random model can flip; in float32 the pages moved must give the tokens exactly.
     outputs = {}
     for host in (0, 0.01):
-        llm = engine("lazy", host, device="cuda")
+        llm = engine("lazy", host, device="cuda", dtype="float32")
         rendered = [prompt(llm, r) for r in REQUESTS]
         outs = [o for r in rendered for o in llm._run([r], PARAMS, None, False)]
         outputs[host] = [o.outputs[0].token_ids for o in outs]

@@ -16,11 +16,12 @@ REQUESTS = [([(j * 3) % 8, (j * 5 + 2) % 8, (j + 6) % 8], [40 + j, 41, 42 + j]) 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
 
-def engine(mode: str, host_cache_gb: float, device: str = "cpu") -> LLM:
+def engine(mode: str, host_cache_gb: float, device: str = "cpu", dtype: str | None = None) -> LLM:
     llm = LLM(
         model="tiny",
         mode=mode,
         device=device,
+        dtype=dtype,
         page_size=PAGE,
         progress=False,
         kv_cache_gb=0.05,
