@@ -80,6 +80,13 @@ class EngineConfig:
     ape_scale: float = _option(
         1.0, "lazy/block mode: the question's attention scale S on the documents, 1: off (docs/design.md, APE)"
     )
+    # lazy and block mode: ln S per document, raised by tilt/2 on the first and lowered by tilt/2 on the last
+    # (docs/design.md, "APE"); 0: off. tilt > 0 weighs earlier documents more against the question's nearness to the
+    # later ones.
+    ape_tilt: float = _option(
+        0.0,
+        "lazy/block mode: ln S from +tilt/2 on the first document to -tilt/2 on the last, 0: off (docs/design.md, APE)",
+    )
     # lazy mode: encode each document after the first segment with that segment visible (its shared attention sink),
     # cached once per (first segment, document) and read at any slot (docs/design.md, "APE")
     ape_prefix: bool = _option(
@@ -204,7 +211,7 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
         check_relink(self.mode, self.relink_tokens)
-        check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix)
+        check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix, self.ape_tilt)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(
@@ -246,12 +253,19 @@ class EngineConfig:
     @property
     def request_defaults(self) -> RequestOptions:
         """What a request that sets none of its options gets (engine/request_options.py)."""
-        return RequestOptions(self.relink_tokens, float(self.ape_temperature), float(self.ape_scale), self.ape_prefix)
+        return RequestOptions(
+            self.relink_tokens,
+            float(self.ape_temperature),
+            float(self.ape_scale),
+            self.ape_prefix,
+            float(self.ape_tilt),
+        )
 
     @property
     def ape_on(self) -> bool:
-        """Whether requests default to a temperature or scale on the documents (CUDA graphs then carry them)."""
-        return self.ape_temperature != 1 or self.ape_scale != 1
+        """Whether requests default to a temperature, scale or tilt on the documents (CUDA graphs then carry
+        them)."""
+        return self.ape_temperature != 1 or self.ape_scale != 1 or self.ape_tilt != 0
 
     @property
     def async_scheduling_on(self) -> bool:

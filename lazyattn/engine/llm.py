@@ -70,16 +70,18 @@ class LLM:
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
+        ape_tilt: float | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
         options: the requests' relink rows and APE settings (engine/request_options.py: relink_tokens, lazy mode's
         recomputed rows per placed document; ape_temperature, ape_scale, T and S on the final segment's attention to
         the documents after the first, lazy and block mode; ape_prefix, documents encoded after the first segment,
-        lazy mode; docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
+        lazy mode; ape_tilt, ln S from +tilt/2 on the first document to -tilt/2 on the last, lazy and block mode;
+        docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
         the same options, given one by one (not together with `options`)."""
         rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
-        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix)
+        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         return self._run(rendered, sampling_params, cache_salt, use_tqdm, options)
 
     def chat(
@@ -95,6 +97,7 @@ class LLM:
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
+        ape_tilt: float | None = None,
     ) -> list[RequestOutput]:
         """Chat conversations rendered with the model's chat template, documents as segments; `options` (or its
         keywords) as in `generate`."""
@@ -103,7 +106,7 @@ class LLM:
         if len(docs) != len(convs):
             raise InvalidRequestError("documents must have one list per conversation", "documents")
         rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
-        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix)
+        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         return self._run(rendered, sampling_params, cache_salt, use_tqdm, options)
 
     def stats(self) -> EngineStats:
@@ -199,14 +202,16 @@ def _options(
     ape_temperature: float | None,
     ape_scale: float | None,
     ape_prefix: bool | None,
+    ape_tilt: float | None,
 ) -> RequestOptions:
     """`options`, or the one-by-one keywords of `generate` and `chat` as options."""
-    loose = RequestOptions(relink_tokens, ape_temperature, ape_scale, ape_prefix)
+    loose = RequestOptions(relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
     if options is None:
         return loose
     if loose != ENGINE_DEFAULTS:
         raise InvalidRequestError(
-            "give either options or the keywords relink_tokens, ape_temperature, ape_scale, ape_prefix, not both",
+            "give either options or the keywords relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, "
+            "not both",
             "options",
         )
     return options

@@ -1,5 +1,5 @@
-"""A request's own values of the engine options it may set: relink rows and APE's temperature, scale and shared prefix
-(docs/design.md, "Relink" and "APE").
+"""A request's own values of the engine options it may set: relink rows and APE's temperature, scale, tilt and shared
+prefix (docs/design.md, "Relink" and "APE").
 
 One frozen dataclass from the API to the kernels: `LLM.generate`/`LLM.chat` and the server (from the JSON body) build
 it, `LLMEngine.add_request` takes it, the engine fills what it leaves None with its own settings (`EngineConfig`'s
@@ -11,6 +11,7 @@ functions, and the server's schema takes its bound from `APE_MIN_TEMPERATURE`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lazyattn.errors import InvalidRequestError
@@ -19,6 +20,9 @@ from lazyattn.errors import InvalidRequestError
 # overflow to infinity and the logits come out NaN (T = 1e-40 does on the CPU), while at 1/T = 1000 the documents'
 # weights are an argmax already.
 APE_MIN_TEMPERATURE = 1e-3
+# The largest tilt: e^(tilt / 2) = e^10 between the first document's weight and the others' is far past any use, and
+# keeps the scores finite in float32.
+APE_MAX_TILT = 20.0
 
 
 def check_relink(mode: str, relink_tokens: int) -> None:
@@ -35,10 +39,11 @@ def check_relink(mode: str, relink_tokens: int) -> None:
         raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
 
 
-def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False) -> None:
-    """The attention temperature and scale on documents (docs/design.md, "APE") are options of the block semantics:
-    lazy and block mode; prefix and full attend to every document in context already. The shared prefix (documents
-    encoded after the first segment) is lazy mode's: block mode's private copies are rotated from position 0."""
+def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False, tilt: float = 0.0) -> None:
+    """The attention temperature, scale and tilt on documents (docs/design.md, "APE") are options of the block
+    semantics: lazy and block mode; prefix and full attend to every document in context already. The shared prefix
+    (documents encoded after the first segment) is lazy mode's: block mode's private copies are rotated from
+    position 0."""
     if not isinstance(prefix, bool):
         raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
     if prefix and mode != "lazy":
@@ -56,13 +61,26 @@ def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False)
             f"got {temperature!r}",
             "ape_temperature",
         )
-    if (temperature != 1 or scale != 1) and mode not in ("lazy", "block"):
-        param = "ape_temperature" if temperature != 1 else "ape_scale"
+    if isinstance(tilt, bool) or not isinstance(tilt, (int, float)) or not abs(tilt) <= APE_MAX_TILT:
         raise InvalidRequestError(
-            f"ape_temperature={temperature}, ape_scale={scale} need mode 'lazy' or 'block': {mode} mode attends "
-            "to every document in context already",
+            f"ape_tilt must be a number in [-{APE_MAX_TILT}, {APE_MAX_TILT}], got {tilt!r}", "ape_tilt"
+        )
+    if (temperature != 1 or scale != 1 or tilt != 0) and mode not in ("lazy", "block"):
+        param = "ape_temperature" if temperature != 1 else "ape_scale" if scale != 1 else "ape_tilt"
+        raise InvalidRequestError(
+            f"ape_temperature={temperature}, ape_scale={scale}, ape_tilt={tilt} need mode 'lazy' or 'block': {mode} "
+            "mode attends to every document in context already",
             param,
         )
+
+
+def document_log_scales(scale: float, tilt: float, n: int) -> list[float]:
+    """ln S_i of the n documents after the first segment, in slot order (docs/design.md, "APE"): ln S plus the tilt
+    spread evenly from +tilt/2 on the first document to -tilt/2 on the last (one document: ln S)."""
+    base = math.log(scale)
+    if n < 2 or not tilt:
+        return [base] * n
+    return [base + tilt * (0.5 - i / (n - 1)) for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -73,12 +91,14 @@ class RequestOptions:
     relink_tokens: rows of each placed document recomputed in the request's context (lazy mode).
     ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first (lazy and
     block mode; 1: off). ape_prefix: documents encoded after the first segment (lazy mode), also for a prefill-only
-    request."""
+    request. ape_tilt: ln S raised by tilt/2 on the first document, lowered by tilt/2 on the last, evenly between
+    (lazy and block mode; 0: off)."""
 
     relink_tokens: int | None = None
     ape_temperature: float | None = None
     ape_scale: float | None = None
     ape_prefix: bool | None = None
+    ape_tilt: float | None = None
 
     @property
     def ape(self) -> tuple[float, float]:
@@ -90,18 +110,20 @@ class RequestOptions:
         `mode`; raises InvalidRequestError naming the field. A prefill-only request computes no final segment: it
         relinks nothing and weighs nothing, whatever it asks."""
         if prefill_only:
-            relink, t, s = 0, 1.0, 1.0
+            relink, t, s, tilt = 0, 1.0, 1.0, 0.0
         else:
             relink = defaults.relink_tokens if self.relink_tokens is None else self.relink_tokens
             t = defaults.ape_temperature if self.ape_temperature is None else self.ape_temperature
             s = defaults.ape_scale if self.ape_scale is None else self.ape_scale
+            tilt = defaults.ape_tilt if self.ape_tilt is None else self.ape_tilt
         prefix = defaults.ape_prefix if self.ape_prefix is None else self.ape_prefix
         check_relink(mode, relink)
-        check_ape(mode, t, s)
+        check_ape(mode, t, s, tilt=tilt)
         check_ape(mode, 1.0, 1.0, prefix)
-        return RequestOptions(relink, float(t), float(s), prefix)
+        return RequestOptions(relink, float(t), float(s), prefix, float(tilt))
 
 
 ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them: the engine's settings
-# The options off, resolved: no relink rows, T = S = 1, documents encoded alone (a sequence made without options).
-OFF = RequestOptions(relink_tokens=0, ape_temperature=1.0, ape_scale=1.0, ape_prefix=False)
+# The options off, resolved: no relink rows, T = S = 1, no tilt, documents encoded alone (a sequence made without
+# options).
+OFF = RequestOptions(relink_tokens=0, ape_temperature=1.0, ape_scale=1.0, ape_prefix=False, ape_tilt=0.0)

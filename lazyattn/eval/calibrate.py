@@ -4,9 +4,9 @@
 No labels are needed. Prompts are made from the documents (finetune/prompts.py: k documents in a random order, a
 question about one of them, gold first, in the middle or last in equal shares), or taken from a questions file.
 Each prompt is answered once under full attention and once per candidate setting in lazy mode (`ape_prefix` on or
-off, each `ape_temperature` T and `ape_scale` S of the grid: per-request options of one engine), and compared at
-the first generated token, where both read the same prompt: KL(P_full || P_lazy) of the next-token distributions,
-and whether the greedy answers are identical.
+off, each `ape_temperature` T, `ape_scale` S and `ape_tilt` of the grid: per-request options of one engine), and
+compared at the first generated token, where both read the same prompt: KL(P_full || P_lazy) of the next-token
+distributions, and whether the greedy answers are identical.
 
 The setting chosen is the one whose *worst* gold position has the lowest mean KL, so that no position is given up
 for another; ties go to the lower mean over all prompts, then to the setting listed first. Its options are what
@@ -34,15 +34,22 @@ class Setting:
     ape_prefix: bool
     ape_temperature: float = 1.0
     ape_scale: float = 1.0
+    ape_tilt: float = 0.0
 
     @property
     def label(self) -> str:
-        return f"prefix {'on' if self.ape_prefix else 'off'}, T {self.ape_temperature:g}, S {self.ape_scale:g}"
+        tilt = f", tilt {self.ape_tilt:g}" if self.ape_tilt else ""
+        return f"prefix {'on' if self.ape_prefix else 'off'}, T {self.ape_temperature:g}, S {self.ape_scale:g}{tilt}"
 
     @property
     def options(self) -> dict[str, Any]:
         """The engine options (LLM(...), EngineConfig) of this setting."""
-        return {"ape_prefix": self.ape_prefix, "ape_temperature": self.ape_temperature, "ape_scale": self.ape_scale}
+        return {
+            "ape_prefix": self.ape_prefix,
+            "ape_temperature": self.ape_temperature,
+            "ape_scale": self.ape_scale,
+            "ape_tilt": self.ape_tilt,
+        }
 
     @property
     def serve_flags(self) -> str:
@@ -52,19 +59,25 @@ class Setting:
             flags.append(f"--ape-temperature {self.ape_temperature:g}")
         if self.ape_scale != 1:
             flags.append(f"--ape-scale {self.ape_scale:g}")
+        if self.ape_tilt:
+            flags.append(f"--ape-tilt {self.ape_tilt:g}")
         return " ".join(flags)
 
 
-def grid(prefix: str, temperatures: Sequence[float], scales: Sequence[float]) -> list[Setting]:
+def grid(
+    prefix: str, temperatures: Sequence[float], scales: Sequence[float], tilts: Sequence[float] = (0.0,)
+) -> list[Setting]:
     """Every combination; `prefix` is "on", "off" or "both"."""
     if prefix not in ("on", "off", "both"):
         raise InvalidRequestError(f"prefix must be on, off or both, got {prefix!r}", param="calibrate_prefix")
-    if not temperatures or not scales:
-        raise InvalidRequestError("the grid needs at least one temperature and one scale", param="calibrate")
+    if not temperatures or not scales or not tilts:
+        raise InvalidRequestError("the grid needs at least one temperature, scale and tilt", param="calibrate")
     if min(temperatures) <= 0 or min(scales) <= 0:
         raise InvalidRequestError("temperatures and scales must be positive", param="calibrate")
     prefixes = {"on": (True,), "off": (False,), "both": (True, False)}[prefix]
-    return [Setting(p, float(t), float(s)) for p, t, s in product(prefixes, temperatures, scales)]
+    return [
+        Setting(p, float(t), float(s), float(tilt)) for p, t, s, tilt in product(prefixes, temperatures, scales, tilts)
+    ]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
     from lazyattn.eval.harness import parse_option
 
     prompts, source = _prompts(args)
-    settings = calibrate.grid(args.calibrate_prefix, _floats(args.temperatures), _floats(args.scales))
+    settings = calibrate.grid(
+        args.calibrate_prefix, _floats(args.temperatures), _floats(args.scales), _floats(args.tilts)
+    )
     options = engine_options(args)
     options.pop("mode")
     options["random_weights"] = args.random_weights

@@ -144,8 +144,8 @@ def add_eval_parser(
     c.add_argument(
         "--calibrate",
         action="store_true",
-        help="pick the APE setting (ape_prefix, ape_temperature, ape_scale) that brings lazy mode closest to full "
-        "attention, by first-token KL, instead of scoring accuracy; prompts are made from --calibrate-documents "
+        help="pick the APE setting (ape_prefix, ape_temperature, ape_scale, ape_tilt) that brings lazy mode closest to "
+        "full attention, by first-token KL, instead of scoring accuracy; prompts are made from --calibrate-documents "
         "(--limit of them, --num-docs documents each), or taken from --dataset",
     )
     c.add_argument(
@@ -161,6 +161,7 @@ def add_eval_parser(
         "--temperatures", default="0.8,0.9,1,1.1", help="ape_temperature values tried (default: 0.8,0.9,1,1.1)"
     )
     c.add_argument("--scales", default="1", help="ape_scale values tried (default: 1)")
+    c.add_argument("--tilts", default="0", help="ape_tilt values tried (default: 0)")
     c.add_argument(
         "--calibrate-prefix",
         choices=("on", "off", "both"),

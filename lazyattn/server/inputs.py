@@ -121,6 +121,7 @@ def request_options(body: ChatCompletionRequest | CompletionRequest) -> RequestO
         ape_temperature=body.ape_temperature,
         ape_scale=body.ape_scale,
         ape_prefix=body.ape_prefix,
+        ape_tilt=body.ape_tilt,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from lazyattn.engine.messages import TEMPLATE_VARIABLES
-from lazyattn.engine.request_options import APE_MIN_TEMPERATURE
+from lazyattn.engine.request_options import APE_MAX_TILT, APE_MIN_TEMPERATURE
 from lazyattn.engine.sampling import (
     MAX_LOGPROBS,
     MAX_STOP_CHARS,
@@ -129,7 +129,7 @@ class _GenerationRequest(_Strict):
         description="lazy mode: recompute the first k tokens of each placed document in this request's "
         "context (docs/design.md, Relink); default: the server's --relink-tokens",
     )
-    # APE (docs/design.md): the mode rules (ape_prefix: lazy; temperature and scale: lazy or block) are the
+    # APE (docs/design.md): the mode rules (ape_prefix: lazy; temperature, scale and tilt: lazy or block) are the
     # engine's, checked when the request is added: a 400 naming the field.
     ape_temperature: Annotated[float, Field(ge=APE_MIN_TEMPERATURE, allow_inf_nan=False)] | None = Field(
         None,
@@ -145,6 +145,11 @@ class _GenerationRequest(_Strict):
         None,
         description="lazy mode: encode each document after the first segment (the system prompt), which it "
         "then attends to, cached once per first segment and document; default: the server's --ape-prefix",
+    )
+    ape_tilt: Annotated[float, Field(ge=-APE_MAX_TILT, le=APE_MAX_TILT, allow_inf_nan=False)] | None = Field(
+        None,
+        description="lazy or block mode: the answer's attention weight on the first document multiplied by "
+        "e^(tilt/2), on the last by e^(-tilt/2), evenly between (0: off); default: the server's --ape-tilt",
     )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(

@@ -54,16 +54,31 @@ def _register() -> str:
     return "ape_reference"
 
 
-def ape_logits(model, segments: list[list[int]], tail: list[int], t: float, s: float, prefix: bool = False):
+def tilted(s: float, tilt: float, n: int) -> list[float]:
+    """ln S_i of n documents under a tilt, written out: the first document ln S + tilt/2, the last ln S - tilt/2,
+    evenly spaced between; one document ln S."""
+    if n == 1:
+        return [math.log(s)]
+    step = tilt / (n - 1)
+    return [math.log(s) + tilt / 2 - i * step for i in range(n)]
+
+
+def ape_logits(
+    model, segments: list[list[int]], tail: list[int], t: float, s: float, prefix: bool = False, tilt: float = 0.0
+):
     """transformers' logits over the concatenation under block attention with (T, S) on the documents after the
-    first segment. prefix (ape_prefix): each document's rows see the first segment and sit at positions from its
-    length (as encoded once for every slot); the final rows see each document's keys at their logical positions."""
+    first segment, ln S tilted per document by `tilt`. prefix (ape_prefix): each document's rows see the first
+    segment and sit at positions from its length (as encoded once for every slot); the final rows see each
+    document's keys at their logical positions."""
     tokens = [x for seg in segments for x in seg] + tail
     n, n_ctx, first = len(tokens), len(tokens) - len(tail), len(segments[0])
     inv = torch.ones(n, n, dtype=torch.float32)
     log = torch.zeros(n, n, dtype=torch.float32)
     inv[n_ctx:, first:n_ctx] = 1.0 / t
-    log[n_ctx:, first:n_ctx] = math.log(s)
+    start = first
+    for seg, bias in zip(segments[1:], tilted(s, tilt, len(segments) - 1)):
+        log[n_ctx:, start : start + len(seg)] = bias
+        start += len(seg)
     visible = block_mask([len(x) for x in segments], len(tail))
     positions = list(range(n))
     shift = torch.zeros(n, dtype=torch.long)
@@ -91,19 +106,21 @@ def ape_logits(model, segments: list[list[int]], tail: list[int], t: float, s: f
         _LAYOUT.clear()
 
 
-def hf_ape_rollout(model, segments, prompt, t: float, s: float, prefix: bool = False) -> list[torch.Tensor]:
+def hf_ape_rollout(
+    model, segments, prompt, t: float, s: float, prefix: bool = False, tilt: float = 0.0
+) -> list[torch.Tensor]:
     tail, out = list(prompt), []
     for _ in range(GEN):
-        lp = torch.log_softmax(ape_logits(model, segments, tail, t, s, prefix)[-1].double(), -1)
+        lp = torch.log_softmax(ape_logits(model, segments, tail, t, s, prefix, tilt)[-1].double(), -1)
         out.append(lp)
         tail.append(int(lp.argmax()))
     return out
 
 
-def assert_ape_matches(outs, model, bos, t, s, requests=REQUESTS, atol=2e-4, prefix=False):
+def assert_ape_matches(outs, model, bos, t, s, requests=REQUESTS, atol=2e-4, prefix=False, tilt=0.0):
     for out, (docs, prompt) in zip(outs, requests):
         rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
-        want = hf_ape_rollout(model, rendered.segments, rendered.final, t, s, prefix)
+        want = hf_ape_rollout(model, rendered.segments, rendered.final, t, s, prefix, tilt)
         assert out.token_ids == [int(lp.argmax()) for lp in want]
         for got, lp in zip(out.outputs[0].logprobs, want):
             ids = torch.tensor(list(got))
@@ -198,24 +215,107 @@ def test_rejects_a_temperature_whose_inverse_overflows(tiny):
     EngineConfig(ape_temperature=1e-3)
 
 
+# --- tilt (ape_tilt) ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+def test_tilt_matches_transformers(checkpoint, name, mode):
+    """An engine default tilt, with a temperature and scale beside it: each document's keys get their own ln S_i
+    (three documents in REQUESTS[1]: +tilt/2, 0, -tilt/2); the engine (CPU, fp32) == transformers."""
+    t, s, tilt = 0.8, 1.5, 2.0
+    llm = make_llm(checkpoint, name, mode, ape_temperature=t, ape_scale=s, ape_tilt=tilt)
+    outs = generate(llm, params=greedy(logprobs=20))
+    assert_ape_matches(outs, checkpoint(name)[1], token_bos(llm), t, s, tilt=tilt)
+
+
+def test_tilt_per_request_and_its_reference_moves_the_answer(checkpoint):
+    """A request's own tilt over an engine without one; the reference with a tilt differs from plain block
+    attention only in the final rows, and a tilt on one document is no tilt."""
+    llm = make_llm(checkpoint, "llama31", "lazy")
+    kw = dict(
+        prompt_token_ids=[p for _, p in REQUESTS],
+        document_token_ids=[[DOCS[d] for d in docs] for docs, _ in REQUESTS],
+        sampling_params=greedy(logprobs=20),
+    )
+    outs = llm.generate(**kw, options=RequestOptions(ape_tilt=-3.0))
+    assert_ape_matches(outs, checkpoint("llama31")[1], token_bos(llm), 1.0, 1.0, tilt=-3.0)
+    model = checkpoint("qwen2")[1]
+    docs, prompt = REQUESTS[1]
+    segments = from_token_ids(prompt, [DOCS[d] for d in docs], 1).segments
+    plain, tilt = ape_logits(model, segments, prompt, 1.0, 1.0), ape_logits(model, segments, prompt, 1.0, 1.0, tilt=3.0)
+    n_ctx = sum(len(x) for x in segments)
+    assert torch.allclose(tilt[:n_ctx], plain[:n_ctx], atol=1e-5) and (tilt[-1] - plain[-1]).abs().max() > 1e-3
+    one = from_token_ids(prompt, [DOCS["a"]], 1).segments
+    assert torch.allclose(ape_logits(model, one, prompt, 1.0, 1.0, tilt=3.0), ape_logits(model, one, prompt, 1.0, 1.0))
+
+
+def test_tilt_on_relinked_documents_matches_transformers(checkpoint):
+    """Relink k = 3 with a tilt: a document's recomputed rows and its shared rest carry the same ln S_i. The
+    reference is the relink layout (tests/engine/test_relink.py) with ln S_i added to the final rows' scores of
+    each document's keys."""
+    from tests.engine.test_relink import relinked_layout
+
+    k, tilt = 3, 2.5
+    llm = make_llm(checkpoint, "llama", "lazy", relink_tokens=k, ape_tilt=tilt)
+    model = checkpoint("llama")[1]
+    for out, (docs, prompt) in zip(generate(llm, params=greedy(logprobs=20)), REQUESTS):
+        segments = from_token_ids(prompt, [DOCS[d] for d in docs], token_bos(llm)).segments
+        ks = [min(k, len(seg)) for seg in segments[1:]]
+        biases = tilted(1.0, tilt, len(segments) - 1)
+        tail = list(prompt)
+        for got in out.outputs[0].logprobs:
+            tokens, positions, visible = relinked_layout(segments, k, tail)
+            bias = torch.zeros(visible.shape)
+            final = len(tokens) - len(tail)
+            standalone = len(segments[0])  # the rows of each document encoded alone come after the first segment's
+            recomputed = sum(len(seg) for seg in segments)  # then each document's recomputed first rows
+            for seg, n, b in zip(segments[1:], ks, biases):
+                bias[final:, standalone + n : standalone + len(seg)] = b
+                bias[final:, recomputed : recomputed + n] = b
+                standalone += len(seg)
+                recomputed += n
+            lp = torch.log_softmax(hf_logits(model, tokens, positions, visible, bias)[-1].double(), -1)
+            ids = torch.tensor(list(got))
+            assert torch.allclose(torch.tensor(list(got.values()), dtype=torch.float64), lp[ids], atol=2e-4)
+            tail.append(int(lp.argmax()))
+        assert out.token_ids == tail[len(prompt) :]
+
+
+@pytest.mark.parametrize("mode", ["prefix", "full"])
+def test_causal_modes_reject_a_tilt(checkpoint, mode):
+    with pytest.raises(InvalidRequestError, match="ape_tilt=1.0 need mode 'lazy' or 'block'"):
+        EngineConfig(mode=mode, ape_tilt=1.0)
+    llm = make_llm(checkpoint, "llama", mode)
+    with pytest.raises(InvalidRequestError, match="ape_tilt=2.0"):
+        llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), options=RequestOptions(ape_tilt=2.0))
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 20.5, -21.0, True, "1"])
+def test_rejects_bad_tilts(bad):
+    with pytest.raises(InvalidRequestError, match=r"ape_tilt must be a number in \[-20.0, 20.0\]"):
+        EngineConfig(ape_tilt=bad)
+
+
 # --- shared prefix (ape_prefix) ----------------------------------------------------------------------------------
 
 PREFIX_REQUESTS = [(["a", "b"], [40, 41, 42]), (["b", "a", "c"], [50, 51]), (["c"], [60, 61, 62, 63])]
 
 
 @pytest.mark.parametrize("name", ["llama", "llama31", "qwen3"])
-@pytest.mark.parametrize("ape", [(1.0, 1.0), (0.6, 2.5)])
+@pytest.mark.parametrize("ape", [(1.0, 1.0, 0.0), (0.6, 2.5, 0.0), (1.0, 1.0, 1.5)])
 def test_prefix_matches_transformers(checkpoint, name, ape):
     """Documents encoded after the first segment (a system segment here, so that the prefix is more than BOS),
-    with and without the temperature and scale: the engine (CPU, fp32) == transformers."""
-    llm = make_llm(checkpoint, name, "lazy", ape_prefix=True, ape_temperature=ape[0], ape_scale=ape[1])
+    with and without the temperature, scale and tilt: the engine (CPU, fp32) == transformers."""
+    llm = make_llm(checkpoint, name, "lazy", ape_prefix=True, ape_temperature=ape[0], ape_scale=ape[1], ape_tilt=ape[2])
     bos = token_bos(llm)
     system = ([] if bos is None else [bos]) + [5, 6, 7, 8, 9]  # starts with BOS: the first segment as given
     requests = [(["sys"] + docs, prompt) for docs, prompt in PREFIX_REQUESTS]
     DOCS["sys"] = system
     try:
         outs = generate(llm, requests, greedy(logprobs=20))
-        assert_ape_matches(outs, checkpoint(name)[1], bos, *ape, requests=requests, prefix=True)
+        assert_ape_matches(outs, checkpoint(name)[1], bos, *ape[:2], requests=requests, prefix=True, tilt=ape[2])
     finally:
         del DOCS["sys"]
 

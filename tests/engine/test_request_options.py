@@ -12,21 +12,22 @@ from lazyattn.engine.request_options import ENGINE_DEFAULTS, OFF
 from lazyattn.errors import InvalidRequestError
 from tests.engine.test_engine import DOCS, REQUESTS, greedy, make_llm
 
-ENGINE = RequestOptions(relink_tokens=4, ape_temperature=0.5, ape_scale=2.0, ape_prefix=True)
+ENGINE = RequestOptions(relink_tokens=4, ape_temperature=0.5, ape_scale=2.0, ape_prefix=True, ape_tilt=1.0)
 
 
 def test_fields_left_none_are_the_engines():
     assert ENGINE_DEFAULTS.resolve(ENGINE, "lazy") == ENGINE
     mine = RequestOptions(relink_tokens=0, ape_scale=1.5)
-    assert mine.resolve(ENGINE, "lazy") == RequestOptions(0, 0.5, 1.5, True)
+    assert mine.resolve(ENGINE, "lazy") == RequestOptions(0, 0.5, 1.5, True, 1.0)
+    assert RequestOptions(ape_tilt=-2).resolve(ENGINE, "lazy").ape_tilt == -2.0
     assert mine.resolve(ENGINE, "lazy").ape == (0.5, 1.5)
     assert isinstance(RequestOptions(ape_temperature=2).resolve(OFF, "lazy").ape_temperature, float)
 
 
 def test_a_prefill_only_request_relinks_and_weighs_nothing():
     """It computes no final segment; only its documents' encoding (ape_prefix) is its own."""
-    asked = RequestOptions(relink_tokens=8, ape_temperature=0.5, ape_scale=3.0, ape_prefix=True)
-    assert asked.resolve(OFF, "lazy", prefill_only=True) == RequestOptions(0, 1.0, 1.0, True)
+    asked = RequestOptions(relink_tokens=8, ape_temperature=0.5, ape_scale=3.0, ape_prefix=True, ape_tilt=2.0)
+    assert asked.resolve(OFF, "lazy", prefill_only=True) == RequestOptions(0, 1.0, 1.0, True, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +39,8 @@ def test_a_prefill_only_request_relinks_and_weighs_nothing():
         (RequestOptions(ape_scale=0.0), "lazy", "ape_scale", "ape_scale must be a finite number > 0"),
         (RequestOptions(ape_scale=2.0), "full", "ape_scale", "need mode 'lazy' or 'block'"),
         (RequestOptions(ape_prefix=True), "block", "ape_prefix", "ape_prefix needs mode 'lazy'"),
+        (RequestOptions(ape_tilt=1.0), "prefix", "ape_tilt", "ape_tilt=1.0 need mode 'lazy' or 'block'"),
+        (RequestOptions(ape_tilt=float("nan")), "lazy", "ape_tilt", "ape_tilt must be a number in"),
         (RequestOptions(ape_prefix=1), "lazy", "ape_prefix", "ape_prefix must be true or false"),  # type: ignore[arg-type]
     ],
 )

@@ -68,21 +68,25 @@ def test_each_settings_kl_is_torchs_and_positions_are_apart():
 def test_one_document_after_the_system_prompt_is_full_attention_and_is_chosen(tmp_path, corpus):
     """With one document a prompt is [system][document][question]: lazy mode with the shared prefix encodes the
     document after the system prompt at its own positions, which is what full attention computes, so its KL is
-    zero to rounding; without the prefix, or with a temperature, it is not."""
+    zero to rounding; without the prefix, or with a temperature, it is not. A tilt on one document is no tilt: the
+    same KL, and the tie goes to the setting listed first (tilt 0)."""
     out = tmp_path / "out"
     argv = ["eval", "--calibrate", "--model", "tiny", "--device", "cpu", "--page-size", "16"]
     argv += ["--calibrate-documents", str(corpus), "--num-docs", "1", "--limit", "4", "--max-tokens", "3"]
-    argv += ["--temperatures", "0.5,1", "--scales", "1", "--calibrate-prefix", "both", "--out", str(out)]
-    assert main(argv) == 0
+    argv += ["--temperatures", "0.5,1", "--scales", "1", "--tilts=0,-2", "--calibrate-prefix", "both"]
+    assert main([*argv, "--out", str(out)]) == 0
     data = json.loads((out / "calibrate.json").read_text())
-    rows = {(r["ape_prefix"], r["ape_temperature"]): r for r in data["settings"]}
-    assert set(rows) == {(True, 0.5), (True, 1.0), (False, 0.5), (False, 1.0)}
-    assert rows[True, 1.0]["mean_kl"] < 1e-6
-    assert min(rows[k]["mean_kl"] for k in rows if k != (True, 1.0)) > 1e-3
+    rows = {(r["ape_prefix"], r["ape_temperature"], r["ape_tilt"]): r for r in data["settings"]}
+    assert set(rows) == {(p, t, tilt) for p in (True, False) for t in (0.5, 1.0) for tilt in (0.0, -2.0)}
+    assert rows[True, 1.0, 0.0]["mean_kl"] < 1e-6
+    assert min(rows[k]["mean_kl"] for k in rows if k[:2] != (True, 1.0)) > 1e-3
+    for p, t, _ in rows:
+        assert rows[p, t, -2.0]["mean_kl"] == pytest.approx(rows[p, t, 0.0]["mean_kl"], rel=1e-5, abs=1e-9)
     assert data["chosen"] == {
         "ape_prefix": True,
         "ape_temperature": 1.0,
         "ape_scale": 1.0,
+        "ape_tilt": 0.0,
         "serve_flags": "--ape-prefix",
     }
     assert "**prefix on, T 1, S 1**" in (out / "calibrate.md").read_text()
@@ -93,6 +97,9 @@ def test_grid_and_positions():
     assert len(grid("both", [0.8, 1.0], [1.0])) == 4
     assert Setting(True, 0.9, 1.0).serve_flags == "--ape-prefix --ape-temperature 0.9"
     assert Setting(False).serve_flags == ""
+    assert Setting(True, 1.0, 1.0, 1.5).serve_flags == "--ape-prefix --ape-tilt 1.5"
+    assert Setting(True, 1.0, 1.0, 1.5).label == "prefix on, T 1, S 1, tilt 1.5"
+    assert len(grid("on", [1.0], [1.0], [0.0, 1.0, 2.0])) == 3
     assert [position_of(g, 5) for g in range(5)] == ["first", "middle", "middle", "middle", "last"]
     assert position_of(0, 1) == "first"
 

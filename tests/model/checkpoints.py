@@ -76,13 +76,16 @@ def hf_logits(
     tokens: list[int],
     positions: list[int] | None = None,
     visible: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """transformers' logits [T, vocab] over `tokens`, optionally at `positions` with a boolean mask [T, T]
-    (True = may attend), passed as a 4-D additive float mask, which transformers uses as is."""
+    (True = may attend), passed as a 4-D additive float mask, which transformers uses as is; `bias` [T, T] is added
+    to the visible scores (after the 1/sqrt(d) scaling, as an additive mask is)."""
     kwargs: dict = {"use_cache": False}
     if positions is not None:
         kwargs["position_ids"] = torch.tensor([positions])
     if visible is not None:
-        additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+        additive = torch.zeros(visible.shape) if bias is None else bias.clone().float()
+        additive = additive.masked_fill(~visible, float("-inf"))
         kwargs["attention_mask"] = additive[None, None]
     return model(input_ids=torch.tensor([tokens]), **kwargs).logits[0].float()

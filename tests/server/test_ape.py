@@ -106,7 +106,7 @@ def test_ape_temperature_matches_the_offline_engine(server):
     """ape_temperature 0.5 (and ape_scale) on a chat: the Python API's answer at the same setting, not plain
     lazy's."""
     llm = offline()
-    for fields in ({"ape_temperature": 0.5}, {"ape_temperature": 0.5, "ape_scale": 2.0}):
+    for fields in ({"ape_temperature": 0.5}, {"ape_temperature": 0.5, "ape_scale": 2.0}, {"ape_tilt": 3.0}):
         got = chat(server.url, **fields)
         want = llm.chat(MESSAGES, GREEDY, documents=[DOCS], **fields)[0]
         assert got["choices"][0]["message"]["content"] == want.outputs[0].text
@@ -155,6 +155,8 @@ def test_block_mode_takes_temperature_not_prefix(block_server):
         ("ape_scale", "2"),
         ("ape_prefix", "yes"),
         ("ape_prefix", 1),
+        ("ape_tilt", 25),
+        ("ape_tilt", "1"),
     ],
 )
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -169,7 +171,7 @@ def test_bad_values_are_a_400_naming_the_field(server, path, field, value):
 
 @pytest.mark.parametrize("literal", [b"Infinity", b"NaN", b"1e999"])
 def test_non_finite_values_are_a_400(server, literal):
-    for field in (b"ape_temperature", b"ape_scale"):
+    for field in (b"ape_temperature", b"ape_scale", b"ape_tilt"):
         body = b'{"prompt": "q", "max_tokens": 1, "' + field + b'": ' + literal + b"}"
         r = httpx.post(
             f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60

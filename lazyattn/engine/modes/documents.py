@@ -4,16 +4,16 @@ start (lazy), or through a private re-rotated copy (block).
 
 - relink (lazy only): the recomputed first rows of each placed document, private to the sequence
   (docs/design.md, "Relink");
-- APE (lazy and block): the final segment's attention temperature and scale on the pages of every segment after
-  the first, carried by its page table (`with_ape`; docs/design.md, "APE").
+- APE (lazy and block): the final segment's attention temperature, scale and tilt on the pages of every segment
+  after the first, carried by its page table (`with_ape`; docs/design.md, "APE").
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from lazyattn.engine.modes.base import DocumentSource, Mode
+from lazyattn.engine.request_options import document_log_scales
 from lazyattn.engine.sequence import ModeState, Part, Run, Sequence
 from lazyattn.kernels.paged import EntryPages, cdiv, page_fill
 
@@ -42,17 +42,19 @@ class _DocumentMode(Mode):
         return min(cached_tokens // doc_len, num_docs)
 
 
-def with_ape(entry: EntryPages, seq: Sequence, page_size: int) -> EntryPages:
-    """The final segment's context with the sequence's temperature T and scale S on the pages of the segments after
-    the first (docs/design.md, "APE"): 1/T and ln S per page (kernels/paged.py). The first segment's pages (the
-    system prompt and BOS, the attention sink) come first in every context and stay as they are."""
-    t, s = seq.options.ape
-    if (t, s) == (1.0, 1.0) or not seq.parts:
+def with_ape(entry: EntryPages, seq: Sequence, segment_pages: list[int]) -> EntryPages:
+    """The final segment's context with the sequence's temperature T, scale S and tilt on the pages of the segments
+    after the first (docs/design.md, "APE"): 1/T and ln S_i per page (kernels/paged.py), where `segment_pages` counts
+    the entry's pages of each segment in order. The first segment's pages (the system prompt and BOS, the attention
+    sink) come first in every context and stay as they are."""
+    (t, s), tilt = seq.options.ape, seq.options.ape_tilt
+    if (t, s, tilt) == (1.0, 1.0, 0.0) or not seq.parts:
         return entry
-    first = len(page_fill(seq.parts[0].length, page_size))
-    rest = len(entry.pages) - first
-    entry.inv_temps = [1.0] * first + [1.0 / t] * rest
-    entry.log_scales = [0.0] * first + [math.log(s)] * rest
+    assert sum(segment_pages) == len(entry.pages), "segment_pages counts every page of the entry"
+    first, documents = segment_pages[0], segment_pages[1:]
+    biases = document_log_scales(s, tilt, len(documents))
+    entry.inv_temps = [1.0] * first + [1.0 / t] * sum(documents)
+    entry.log_scales = [0.0] * first + [b for b, n in zip(biases, documents) for _ in range(n)]
     return entry
 
 
@@ -112,11 +114,13 @@ class LazyMode(_DocumentMode):
     def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
         """The pages of the segments before `upto` (default: all): the run's context, or, for `upto` = i, the
         context of segment i's recomputed rows."""
-        entry = self._context(seq, page_size, upto)
-        return with_ape(entry, seq, page_size) if upto is None else entry
+        entry, segment_pages = self._context(seq, page_size, upto)
+        return with_ape(entry, seq, segment_pages) if upto is None else entry
 
-    def _context(self, seq: Sequence, page_size: int, upto: int | None) -> EntryPages:
+    def _context(self, seq: Sequence, page_size: int, upto: int | None) -> tuple[EntryPages, list[int]]:
+        """The entry and how many of its pages each segment has, in order."""
         relinks = seq.mode_state.runs
+        segment_pages: list[int] = []
         if not relinks:
             pages: list[int] = []
             deltas: list[int] = []
@@ -126,9 +130,11 @@ class LazyMode(_DocumentMode):
                 pages += p.segment.pages
                 deltas += [p.start - p.rotated_at] * len(fill)
                 valid += fill
-            return EntryPages(pages, deltas, valid)
+                segment_pages.append(len(fill))
+            return EntryPages(pages, deltas, valid), segment_pages
         entry = EntryPages([], [], [], [])
         for i, p in enumerate(seq.parts[:upto]):
+            before = len(entry.pages)
             skip = 0
             if i:  # the recomputed rows first, at their logical positions (delta 0), then the shared rest
                 own = relinks[i - 1]
@@ -141,7 +147,8 @@ class LazyMode(_DocumentMode):
                     entry.deltas.append(p.start - p.rotated_at)
                     entry.valid.append(fill - first)
                     entry.firsts.append(first)
-        return entry
+            segment_pages.append(len(entry.pages) - before)
+        return entry, segment_pages
 
 
 class BlockMode(_DocumentMode):
@@ -178,12 +185,14 @@ class BlockMode(_DocumentMode):
     def context(self, seq: Sequence, page_size: int) -> EntryPages:
         pages: list[int] = []
         valid: list[int] = []
+        segment_pages: list[int] = []
         copies = iter(self._state(seq).copies)
         for p in seq.parts:
             fill = page_fill(p.length, page_size)
             pages += [next(copies) for _ in fill] if p.start > 0 else p.segment.pages
             valid += fill
-        return with_ape(EntryPages(pages, [0] * len(pages), valid), seq, page_size)
+            segment_pages.append(len(fill))
+        return with_ape(EntryPages(pages, [0] * len(pages), valid), seq, segment_pages)
 
     def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
         return sum(cdiv(length, page_size) for length in segment_lens[1:])
