@@ -237,7 +237,7 @@ def _add_command(sub: argparse._SubParsersAction, name: str) -> None:
     elif name == "serve":
         from lazyattn.server.cli import add_serve_parser
 
-        add_serve_parser(sub, _engine_args, engine_options)
+        add_serve_parser(sub, _engine_args, engine_options, _serve_replicas)
     elif name == "bench":
         from lazyattn.bench.cli import add_bench_parser
 
@@ -315,6 +315,13 @@ def _adapter_base(name: str) -> str:
 
     config = json.loads((hub.ADAPTERS_DIR / hub.NAMED_ADAPTERS[name] / CONFIG_FILE).read_text(encoding="utf-8"))
     return config["base_model_name_or_path"]
+
+
+def _serve_replicas(args: argparse.Namespace, options: dict, server: dict) -> int:
+    """`serve --replicas N`: Ray Serve replicas behind one ingress (cluster/cli.py; imported only when asked)."""
+    from lazyattn.cluster.cli import serve_replicas
+
+    return serve_replicas(args, options, server)
 
 
 def main(argv: list[str] | None = None) -> int:

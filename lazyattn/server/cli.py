@@ -20,10 +20,16 @@ from lazyattn.server.names import LAYOUTS, served_model_name
 API_KEYS_ENV = envs.API_KEYS.name
 
 
+# Starts `--replicas` engines behind one ingress (cluster/cli.py's serve_replicas): given by the caller, the floor
+# above this one, so that the server does not import the cluster built on it.
+ServeReplicas = Callable[[argparse.Namespace, dict, dict], int]
+
+
 def add_serve_parser(
     sub: argparse._SubParsersAction,
     engine_args: Callable[[argparse.ArgumentParser], None],
     engine_options: Callable[[argparse.Namespace], dict],
+    serve_replicas: ServeReplicas,
 ) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with documents as inputs")
     engine_args(p)
@@ -148,7 +154,7 @@ def add_serve_parser(
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default: info)",
     )
-    p.set_defaults(func=lambda args: serve(args, engine_options))
+    p.set_defaults(func=lambda args: serve(args, engine_options, serve_replicas))
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -184,7 +190,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+def serve(
+    args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict], serve_replicas: ServeReplicas
+) -> int:
     check_options(args)
     keys = list(args.api_key) + list(envs.read_var(envs.API_KEYS))
     if not keys and not is_loopback(args.host):
@@ -243,8 +251,6 @@ def serve(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace
         registry_url=registry,
     )
     if args.replicas:
-        from lazyattn.cluster.cli import serve_replicas
-
         sock.close()  # Ray Serve binds the port itself
         return serve_replicas(args, options, server)
     start = time.monotonic()

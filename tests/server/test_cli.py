@@ -183,7 +183,7 @@ def _errors(stderr: str) -> list[str]:
         ),
         (
             ["--mode", "full", "--ape-temperature", "0.5"],
-            "error: ape_temperature=0.5, ape_scale=1.0 need mode "
+            "error: ape_temperature=0.5, ape_scale=1.0, ape_tilt=0.0 need mode "
             "'lazy' or 'block': full mode attends to every document in context already",
         ),
         (["--ape-scale", "0"], "error: ape_scale must be a finite number > 0, got 0.0"),
