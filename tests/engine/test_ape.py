@@ -441,7 +441,8 @@ def _gpu_llm(directory, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("prefix", [False, True])
 def test_gpu_ape_matches_transformers_and_graphs_equal_eager(tmp_path_factory, prefix):
-    """fp32, 4 layers of the 8B shapes: the Triton kernels with (T, S) == the transformers reference (first token);
+    """fp32, 4 layers of the 8B shapes: the Triton kernels with (T, S) and a tilt (each of the three documents its
+    own ln S_i) == the transformers reference (first token);
     decode and prefill CUDA graphs that carry the tables give the eager tokens and logits; a request's own (T, S)
     on an engine without a default (graphs without the tables: its steps run eagerly) gives the same tokens. prefix:
     the documents encoded after the first segment (here BOS and a 40-token system prompt)."""
@@ -453,23 +454,25 @@ def test_gpu_ape_matches_transformers_and_graphs_equal_eager(tmp_path_factory, p
         for i in range(3)
     ]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    t, s = 0.7, 1.6
+    t, s, tilt = 0.7, 1.6, 1.2
     results = {}
     for name, kw in (("eager", dict(cuda_graphs=False)), ("graphs", {}), ("per_request", {})):
-        default = {} if name == "per_request" else dict(ape_temperature=t, ape_scale=s, ape_prefix=prefix)
+        default = (
+            {} if name == "per_request" else dict(ape_temperature=t, ape_scale=s, ape_prefix=prefix, ape_tilt=tilt)
+        )
         llm = _gpu_llm(directory, **kw, **default)
         seen = capture_logits(llm)
         if name == "eager":  # prompt 0 alone first: its one sampled row against the transformers reference
             run_all(llm, prompts[:1], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
             hf = hf_model_with_weights_of(llm, directory, torch.float32)
-            want = ape_logits(hf, prompts[0].segments, prompts[0].final, t, s, prefix)[-1]
+            want = ape_logits(hf, prompts[0].segments, prompts[0].final, t, s, prefix, tilt)[-1]
             print(f"\nAPE, 8B shapes, 4 layers, fp32: |engine-hf|/|hf| = {rel(seen[-1][0], want):.2e}")
             assert rel(seen[-1][0], want) < 1e-4
             del hf
             seen.clear()
         if name == "per_request":
             for i, p in enumerate(prompts):
-                llm.engine.add_request(f"r{i}", p, params, options=RequestOptions(None, t, s, prefix))
+                llm.engine.add_request(f"r{i}", p, params, options=RequestOptions(None, t, s, prefix, tilt))
             outs = {}
             while llm.engine.has_unfinished():
                 outs.update({o.request_id: o.token_ids for o in llm.engine.step() if o.finished})
