@@ -1,4 +1,5 @@
-"""The package's import graph: no circles, and the floors below the engine never import it.
+"""The package's import graph: no circles between modules or between packages (so the packages stack in floors, each
+importing only the ones below it), and the floors below the engine never import it.
 
 Every `import` of a lazyattn module counts, at the top of a file, inside a function (a lazy import) or under
 TYPE_CHECKING: a circle of lazy imports still ties the modules into one piece. Importing `lazyattn.x.y` runs the
@@ -108,6 +109,31 @@ def test_no_import_cycles():
     assert not found, "import circles (each a set of modules that import one another):\n" + "\n".join(
         " <-> ".join(c) for c in found
     )
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between the top-level packages (lazyattn.engine, lazyattn.eval, ...); a module directly in
+    lazyattn (the CLI, the package's __init__) stays a node of its own."""
+
+    def package(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else name
+
+    packages: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        packages.setdefault(package(name), set()).update(package(d) for d in deps)
+    return {p: deps - {p} for p, deps in packages.items()}
+
+
+def test_packages_stack_in_floors():
+    """No two packages import each other, through any chain: a package that needs one above it takes what it needs
+    as an argument (the CLI gives `serve` its Ray starter) or the shared part moves a floor down (`qa/`)."""
+    # modules with no circle between them can still tie two packages together (as eval and finetune once were)
+    modules = {"lazyattn.eval.x": {"lazyattn.finetune.y"}, "lazyattn.finetune.y": {"lazyattn.eval.z"}}
+    assert cycles({**modules, "lazyattn.eval.z": set()}) == []
+    assert cycles(package_graph({**modules, "lazyattn.eval.z": set()})) == [["lazyattn.eval", "lazyattn.finetune"]]
+    found = cycles(package_graph(import_graph()))
+    assert not found, "packages that import one another: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_layers_below_the_engine_do_not_import_it():

@@ -194,7 +194,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     items, dataset_meta, num_docs, positions = load_questions(args)
     cells, aliases = plan_cells(items, num_docs, positions)
     if args.write_dataset:
-        from lazyattn.eval.dataset import write_jsonl
+        from lazyattn.qa.dataset import write_jsonl
 
         write_jsonl(args.write_dataset, cells[0][1])
         print(f"wrote {len(cells[0][1])} questions ({cells[0][0].label}) to {args.write_dataset}")

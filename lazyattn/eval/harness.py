@@ -20,8 +20,8 @@ from typing import Any
 
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
-from lazyattn.eval.dataset import QAItem, arrange
 from lazyattn.eval.metrics import Scores, bootstrap_ci
+from lazyattn.qa.dataset import QAItem, arrange
 
 
 def parse_option(text: str) -> tuple[str, Any]:

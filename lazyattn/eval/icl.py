@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lazyattn.eval.dataset import DatasetError, QAItem
+from lazyattn.qa.dataset import DatasetError, QAItem
 
 NAME = "icl"
 DATA_PATH = Path(__file__).parent / "data" / f"{NAME}.jsonl.gz"

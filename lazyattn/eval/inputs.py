@@ -30,7 +30,7 @@ def prompt_layout(args: argparse.Namespace) -> Any:
 
 
 def _ints_or_all(text: str, name: str) -> list[int | None]:
-    from lazyattn.eval.dataset import DatasetError
+    from lazyattn.qa.dataset import DatasetError
 
     out: list[int | None] = []
     for t in text.split(","):
@@ -46,8 +46,9 @@ def _ints_or_all(text: str, name: str) -> list[int | None]:
 
 def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
     """The items, a description of where they came from, the document counts and the gold positions."""
-    from lazyattn.eval import icl, real, synthetic
-    from lazyattn.eval.dataset import POSITIONS, DatasetError, read_jsonl
+    from lazyattn.eval import icl, real
+    from lazyattn.qa import synthetic
+    from lazyattn.qa.dataset import POSITIONS, DatasetError, read_jsonl
 
     few_shot = args.dataset == f"builtin:{icl.NAME}"
     builtin = (args.dataset == "builtin" or args.dataset.startswith("builtin:")) and not few_shot

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lazyattn.eval.dataset import DatasetError, QAItem
 from lazyattn.eval.metrics import normalize_answer
+from lazyattn.qa.dataset import DatasetError, QAItem
 
 DATA_DIR = Path(__file__).parent / "data"
 SETS = ("real", "real-heldout", "real-heldout-readme")

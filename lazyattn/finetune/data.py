@@ -5,7 +5,7 @@ An item `{"question", "answers", "documents": [{"title", "text"}...], "gold"}` b
 the engine uses, so the trained segmentation is the served one; the target is the first answer followed by
 the model's end-of-turn token.
 
-Sources: "builtin" draws from the built-in generated set (lazyattn/eval/synthetic.py) with split="train",
+Sources: "builtin" draws from the built-in generated set (lazyattn/qa/synthetic.py) with split="train",
 whose entities never appear in split="eval" items, so nothing evaluated is trained on; any other value is the
 path of the user's own JSONL file.
 """
@@ -43,7 +43,7 @@ class Example:
 
 
 def encode_item(tokenizer: TokenizerBase, item, layout: PromptLayout = DEFAULT_LAYOUT) -> Example:
-    """`item`: a QAItem (lazyattn.eval.dataset) or a dict of the JSONL format."""
+    """`item`: a QAItem (lazyattn.qa.dataset) or a dict of the JSONL format."""
     get = item.get if isinstance(item, dict) else lambda k: getattr(item, k)
     rendered = render_chat(tokenizer, [{"role": "user", "content": get("question")}], list(get("documents")), layout)
     eos = tokenizer.eos_token_ids
@@ -55,7 +55,7 @@ def encode_item(tokenizer: TokenizerBase, item, layout: PromptLayout = DEFAULT_L
 
 def builtin_items(n: int, seed: int = 0) -> list:
     """`n` items of the built-in set's training split, mixed over BUILTIN_NUM_DOCS x BUILTIN_POSITIONS."""
-    from lazyattn.eval.synthetic import generate
+    from lazyattn.qa.synthetic import generate
 
     combos = [(d, p) for d in BUILTIN_NUM_DOCS for p in BUILTIN_POSITIONS]
     per = -(-n // len(combos))
@@ -73,7 +73,7 @@ def load_items(source: str, n: int | None, seed: int = 0) -> list:
         if n is None or n <= 0:
             raise InvalidRequestError("the built-in training set needs a positive number of examples", param="examples")
         return builtin_items(n, seed)
-    from lazyattn.eval.dataset import read_jsonl
+    from lazyattn.qa.dataset import read_jsonl
 
     return read_jsonl(source, limit=n)
 

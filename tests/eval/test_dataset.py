@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lazyattn.eval.dataset import DatasetError, QAItem, arrange, gold_start, read_jsonl, write_jsonl
+from lazyattn.qa.dataset import DatasetError, QAItem, arrange, gold_start, read_jsonl, write_jsonl
 
 
 def _item(num_docs: int, gold: list[int]) -> QAItem:

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from lazyattn.cli import main
-from lazyattn.eval.dataset import read_jsonl
 from lazyattn.eval.harness import CellResult, RunSpec
 from lazyattn.eval.metrics import Scores
-from lazyattn.eval.synthetic import generate
+from lazyattn.qa.dataset import read_jsonl
+from lazyattn.qa.synthetic import generate
 
 ARGS = [
     "eval",

@@ -13,9 +13,9 @@ import pytest
 from lazyattn.cli import main
 from lazyattn.engine.prompt import PromptLayout, encode_document, render_chat
 from lazyattn.eval import icl
-from lazyattn.eval.dataset import DatasetError, QAItem
 from lazyattn.eval.metrics import Scores, first_label, label_accuracy
 from lazyattn.model.tokenizer import load_tokenizer
+from lazyattn.qa.dataset import DatasetError, QAItem
 
 
 @pytest.fixture(scope="module")

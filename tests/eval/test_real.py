@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from lazyattn.eval import real
-from lazyattn.eval.dataset import DatasetError, arrange
 from lazyattn.eval.metrics import accuracy, normalize_answer
+from lazyattn.qa.dataset import DatasetError, arrange
 
 MIN_QUESTIONS = {"real": 300, "real-heldout": 100, "real-heldout-readme": 80}
 

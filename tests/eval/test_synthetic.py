@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from lazyattn.eval.dataset import DatasetError, arrange
 from lazyattn.eval.metrics import normalize_answer
-from lazyattn.eval.synthetic import MAX_DOCS, generate, split_of
+from lazyattn.qa.dataset import DatasetError, arrange
+from lazyattn.qa.synthetic import MAX_DOCS, generate, split_of
 
 
 def _digest(items) -> str:
@@ -22,7 +22,7 @@ def _digest(items) -> str:
 def test_same_arguments_same_items_in_another_process():
     here = _digest(generate(12, 6, "middle", seed=3))
     code = (
-        "import hashlib, json; from lazyattn.eval.synthetic import generate; "
+        "import hashlib, json; from lazyattn.qa.synthetic import generate; "
         "print(hashlib.sha256(json.dumps([i.to_dict() for i in generate(12, 6, 'middle', seed=3)])"
         ".encode()).hexdigest())"
     )

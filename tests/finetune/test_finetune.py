@@ -171,7 +171,7 @@ def test_examples_are_the_engines_segments_plus_the_answer(tiny):
 
 
 def test_builtin_training_items_come_from_the_training_split():
-    from lazyattn.eval.synthetic import generate
+    from lazyattn.qa.synthetic import generate
 
     train = builtin_items(42, seed=3)
     assert len(train) == 42 and all(item.id.startswith("train-") for item in train)

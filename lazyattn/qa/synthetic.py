@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lazyattn.eval.dataset import DatasetError, QAItem, arrange
+from lazyattn.qa.dataset import DatasetError, QAItem, arrange
 
 SPLITS = ("eval", "train")
 # Named sizes of the built-in set (questions); `lazyattn eval --dataset builtin:medium`.
