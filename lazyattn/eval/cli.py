@@ -8,6 +8,8 @@
     lazyattn eval --dataset builtin:medium --num-docs 10 --write-dataset eval.jsonl   # just write the set
     lazyattn eval --model smollm2 --dataset builtin:icl --num-docs 5,10,20 --modes full,lazy --max-tokens 8
         # in-context learning: demonstrations as documents, shuffled per question, label accuracy
+    lazyattn eval --model smollm2 --dataset builtin:icl-language --num-docs 5,20 --modes full,lazy --max-tokens 3
+        # the same for language identification, in a plain-text prompt (--plain-prompt)
     lazyattn eval --fidelity --model smollm2 --dataset builtin:real --num-docs 5 --gold-position first --limit 40 \\
         --max-tokens 16 --out results/fidelity       # numerics: dtypes, batch sizes, modes (docs/quality.md)
     lazyattn eval --calibrate --model smollm2-block --calibrate-documents my-docs/ --prompt-layout short-answer \\
@@ -34,9 +36,9 @@ from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
 # --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
-# import the engine (tests/eval checks that they agree), and "icl", the few-shot layout of builtin:icl
-# (lazyattn/eval/icl.py, LAYOUT).
-LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl")
+# import the engine (tests/eval checks that they agree), and "icl" and "icl-language", the few-shot layouts of
+# builtin:icl and builtin:icl-language (lazyattn/eval/icl.py, SETS).
+LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl", "icl-language")
 
 
 def add_eval_parser(
@@ -75,7 +77,8 @@ def add_eval_parser(
         help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
         "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings and "
         "real-heldout-readme: package READMEs, both for final reporting only; icl: few-shot topic "
-        "classification, demonstrations as documents in a shuffled order per question), or a JSONL file of "
+        "classification, demonstrations as documents in a shuffled order per question; icl-language: the same "
+        "for language identification), or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
@@ -83,13 +86,13 @@ def add_eval_parser(
         "--num-docs",
         default=None,
         help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
-        "document (default: 5 for builtin, all for builtin:icl and a file)",
+        "document (default: 5 for builtin, all for builtin:icl, builtin:icl-language and a file)",
     )
     d.add_argument(
         "--gold-position",
         default=None,
         help="first, middle, last or original, comma-separated (default: first,middle,last for "
-        "builtin, original for builtin:icl and a file)",
+        "builtin, original for builtin:icl, builtin:icl-language and a file)",
     )
     d.add_argument("--data-seed", type=int, default=0, help="seed of the built-in set")
     d.add_argument("--hops", default="1,1,2", help="built-in question mix, cycled: 1 single-hop, 2 two-hop")
@@ -104,12 +107,21 @@ def add_eval_parser(
         "--prompt-layout",
         choices=LAYOUTS,
         default=None,
-        help="how documents and the question are framed (default: icl for builtin:icl, else block-attention; "
+        help="how documents and the question are framed (default: a builtin few-shot set's own, else "
+        "block-attention; "
         "short-answer asks for a short answer, see docs/quality.md)",
     )
     g.add_argument("--system-prompt", default=None, help="override the layout's system prompt")
     g.add_argument("--question-format", default=None, help="override the layout's question wrapper ({question})")
     g.add_argument("--documents-in-user-turn", action="store_true", help="documents open the user turn")
+    g.add_argument(
+        "--plain-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="no chat template: the layout's completion_system_prompt, the documents and the question as plain "
+        "text, as /v1/completions renders them (--question-format applies to chat prompts only; default: on for "
+        "builtin:icl-language, else off)",
+    )
     g.add_argument("--max-tokens", type=int, default=32, help="answer tokens to generate, at most (default: 32)")
     g.add_argument(
         "--batch-size",
@@ -180,6 +192,10 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     if args.fidelity and args.calibrate:
         raise InvalidRequestError("--fidelity and --calibrate are two different runs: give one", param="calibrate")
+    if args.fidelity or args.calibrate:
+        if args.plain_prompt:
+            raise InvalidRequestError("--plain-prompt is for accuracy runs only", param="plain_prompt")
+        args.plain_prompt = False  # they compare chat prompts, a few-shot set's too
     if args.fidelity:
         from lazyattn.eval.fidelity_cli import cmd_fidelity
 
@@ -223,11 +239,14 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
         f"questions: {len(items)} ({describe_dataset(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
         + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
-        + f"\nlayout: {args.prompt_layout}; greedy, max {args.max_tokens} tokens, batch {args.batch_size}\n",
+        + f"\nlayout: {args.prompt_layout}{', plain text' if args.plain_prompt else ''}; greedy, max "
+        f"{args.max_tokens} tokens, batch {args.batch_size}\n",
         flush=True,
     )
     start = time.monotonic()
-    results = evaluate(runs, cells, make_llm, params, args.batch_size, progress=not args.no_progress)
+    results = evaluate(
+        runs, cells, make_llm, params, args.batch_size, progress=not args.no_progress, plain=args.plain_prompt
+    )
     wall = time.monotonic() - start
 
     from lazyattn.eval import report
@@ -244,6 +263,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             "model": args.model,
             "engine_options": options,
             "layout": vars(layout),
+            "plain_prompt": args.plain_prompt,
             "max_tokens": args.max_tokens,
             "batch_size": args.batch_size,
             "wall_s": wall,

@@ -189,16 +189,20 @@ def answer_cell(
     params: Any,
     batch_size: int = 1,
     on_done: Callable[[int], None] = lambda n: None,
+    plain: bool = False,
 ) -> CellResult:
-    """Each item through `llm.chat` with its documents. batch_size 1 keeps each TTFT the request's own (no
+    """Each item through `llm.chat` with its documents, or with `plain` through `llm.generate` (the question as a
+    plain-text prompt after the documents, no chat template). batch_size 1 keeps each TTFT the request's own (no
     queueing behind the others); larger batches are faster (answers may differ only
     where batched arithmetic rounds differently)."""
     results: list[ItemResult] = []
     for start in range(0, len(items), batch_size):
         batch = items[start : start + batch_size]
-        outs = llm.chat(
-            [messages_for(it) for it in batch], params, documents=[list(it.documents) for it in batch], use_tqdm=False
-        )
+        documents = [list(it.documents) for it in batch]
+        if plain:
+            outs = llm.generate([it.question for it in batch], params, documents=documents, use_tqdm=False)
+        else:
+            outs = llm.chat([messages_for(it) for it in batch], params, documents=documents, use_tqdm=False)
         for item, out in zip(batch, outs):
             text = out.text.strip()
             results.append(
@@ -224,8 +228,10 @@ def evaluate(
     params: Any,
     batch_size: int = 1,
     progress: bool = True,
+    plain: bool = False,
 ) -> list[CellResult]:
-    """Every run over every cell; one engine per run, built by `make_llm` and dropped before the next."""
+    """Every run over every cell; one engine per run, built by `make_llm` and dropped before the next; `plain`:
+    plain-text prompts (`answer_cell`)."""
     from tqdm import tqdm
 
     total = len(runs) * sum(len(items) for _, items in cells)
@@ -234,7 +240,7 @@ def evaluate(
     with tqdm(total=total, desc="eval", disable=not progress, dynamic_ncols=True) as bar:
         for run in runs:
             with one_engine(make_llm, run) as llm:
-                _answer_run(llm, run, cells, params, batch_size, bar, results, total, start, len(runs))
+                _answer_run(llm, run, cells, params, batch_size, bar, results, total, start, len(runs), plain)
     return results
 
 
@@ -254,14 +260,24 @@ def one_engine(make_llm: Callable[[Any], Any], what: Any) -> Iterator[Any]:
 
 
 def _answer_run(
-    llm, run, cells, params, batch_size, bar, results: list[CellResult], total: int, start: float, n_runs: int
+    llm,
+    run,
+    cells,
+    params,
+    batch_size,
+    bar,
+    results: list[CellResult],
+    total: int,
+    start: float,
+    n_runs: int,
+    plain: bool = False,
 ) -> None:
     """One run over every cell, a line printed per finished cell."""
     from tqdm import tqdm
 
     for cell, items in cells:
         bar.set_description(f"{run.label}, {cell.label}")
-        result = answer_cell(llm, run, cell, items, params, batch_size, bar.update)
+        result = answer_cell(llm, run, cell, items, params, batch_size, bar.update, plain)
         results.append(result)
         s = result.summary()
         bar.set_postfix_str(f"acc {100 * s['accuracy']:.0f}%" if s["accuracy"] is not None else "")

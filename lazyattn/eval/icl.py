@@ -1,9 +1,10 @@
-"""`builtin:icl`: in-context learning with the demonstrations as cached segments (docs/quality.md, "In-context
-learning").
+"""`builtin:icl` and `builtin:icl-language`: in-context learning with the demonstrations as cached segments
+(docs/quality.md, "In-context learning"). Both sets share everything below but their examples (`IclSet`).
 
-A few-shot topic classification of real text: each example is the summary (first paragraph) of a docstring of
-the Python standard library, labelled with the topic of the module it documents (`TOPICS`: `math.acos` is
-"math", `shutil.copy` is "file", ...). The label is a fact about the text (where it comes from), not a judgement.
+`builtin:icl` is a few-shot topic classification of real text: each example is the summary (first paragraph) of a
+docstring of the Python standard library, labelled with the topic of the module it documents (`TOPICS`:
+`math.acos` is "math", `shutil.copy` is "file", ...). The label is a fact about the text (where it comes from),
+not a judgement.
 
 A fixed pool of `DEMOS_PER_LABEL` demonstrations per label ("Text: ...\\nTopic: math") is shared by every
 question; each question shows them as separate documents, so lazy mode encodes each demonstration once and
@@ -13,8 +14,15 @@ demonstration of every label, in random order, and which one is random too; so t
 the text and the label set, and the answer is one label (`metrics.label_accuracy` scores the first label the
 output names).
 
-The examples, the pool and every question's order are frozen in `data/icl.jsonl.gz`; `python -m lazyattn.eval.icl`
-rebuilds it from the installed standard library (Python 3.11) and the seed.
+`builtin:icl-language` is a few-shot language identification of real text in the same shape: each example is
+a message of Django's user interface, labelled with the language of the translation catalogue it comes from
+(lazyattn/eval/icl_language.py). Its test input reads like a demonstration without the label
+("Text: ...\\nLanguage:"), and the prompt is plain text rather than a chat (`IclSet.plain`): SmolLM2-135M answers
+a chat prompt with the same language whatever the demonstrations, and learns from them in a plain one.
+
+The examples, the pool and every question's order are frozen in `data/<name>.jsonl.gz`;
+`python -m lazyattn.eval.icl` rebuilds `icl` from the installed standard library (Python 3.11) and the seed,
+`python -m lazyattn.eval.icl icl-language DIR` rebuilds `icl-language` from an unpacked Django wheel.
 """
 
 from __future__ import annotations
@@ -26,14 +34,18 @@ import inspect
 import json
 import random
 import re
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lazyattn.eval import icl_language
 from lazyattn.qa.dataset import DatasetError, QAItem
 
 NAME = "icl"
-DATA_PATH = Path(__file__).parent / "data" / f"{NAME}.jsonl.gz"
+DATA_DIR = Path(__file__).parent / "data"
+DATA_PATH = DATA_DIR / f"{NAME}.jsonl.gz"
 SEED = 3
 DEMOS_PER_LABEL = 4  # a pool of 20 demonstrations: cells of 5, 10, 15 or 20
 TESTS_PER_LABEL = 50
@@ -90,12 +102,40 @@ class Question:
     order: tuple[str, ...]  # demonstration ids, in the order this question shows them
 
 
-def demonstration_text(demo: Example) -> str:
-    return f"Text: {demo.text}\nTopic: {demo.label}"
+@dataclass(frozen=True)
+class IclSet:
+    """One built-in few-shot set: where its labelled examples come from and how a prompt reads."""
+
+    name: str  # `--dataset builtin:<name>`, the data file `data/<name>.jsonl.gz`
+    label_name: str  # what the label is, as a demonstration names it: "Text: ...\nTopic: math"
+    labels: tuple[str, ...]
+    seed: int
+    source: dict[str, str]  # source, license, copyright
+    layout: dict[str, str]  # PromptLayout fields, `--prompt-layout <name>`
+    # per label, every usable example (ids unset); the argument is the folder a builder reads, if it needs one
+    examples: Callable[[Path | None], dict[str, list[Example]]]
+    # the test input asks for one of the labels by name (a chat question), or reads like a demonstration without
+    # its label, which the model completes
+    ask: bool
+    plain: bool  # the prompt is plain text, no chat template (`lazyattn eval --plain-prompt`)
+    details: dict[str, Any] = field(default_factory=dict)  # more header fields
+
+    @property
+    def data_path(self) -> Path:
+        return DATA_DIR / f"{self.name}.jsonl.gz"
 
 
-def question_text(example: Example, labels: tuple[str, ...] = LABELS) -> str:
-    return f"Text: {example.text}\nWhat is the topic of this text: {', '.join(labels)}? Answer with the topic only."
+def demonstration_text(demo: Example, label_name: str = "Topic") -> str:
+    return f"Text: {demo.text}\n{label_name}: {demo.label}"
+
+
+def question_text(
+    example: Example, labels: tuple[str, ...] = LABELS, label_name: str = "Topic", ask: bool = True
+) -> str:
+    if not ask:
+        return f"Text: {example.text}\n{label_name}:"
+    what = label_name.lower()
+    return f"Text: {example.text}\nWhat is the {what} of this text: {', '.join(labels)}? Answer with the {what} only."
 
 
 def summary(doc: str) -> str:
@@ -174,46 +214,97 @@ def shuffled_order(demos_by_label: dict[str, list[Example]], rng: random.Random)
     return tuple(order)
 
 
-def build() -> tuple[dict[str, Any], list[Example], list[Question]]:
-    """(header, demonstrations, questions) from the installed standard library and SEED."""
-    rng = random.Random(SEED)
-    examples = stdlib_examples()
+def _language_examples(root: Path | None) -> dict[str, list[Example]]:
+    if root is None:
+        raise DatasetError("builtin:icl-language is built from an unpacked Django wheel: give its folder")
+    return {
+        label: [Example("", text, label, original) for original, text in pairs]
+        for label, pairs in icl_language.messages(root).items()
+    }
+
+
+TOPIC = IclSet(
+    name=NAME,
+    label_name="Topic",
+    labels=LABELS,
+    seed=SEED,
+    source=SOURCE,
+    layout=LAYOUT,
+    examples=lambda root: stdlib_examples(),
+    ask=True,
+    plain=False,
+    details={"topics": {label: list(sources) for label, sources in TOPICS.items()}},
+)
+LANGUAGE = IclSet(
+    name="icl-language",
+    label_name="Language",
+    labels=tuple(icl_language.LANGUAGES),
+    seed=5,
+    source=icl_language.SOURCE,
+    layout={
+        "system_prompt": "Here are examples of texts and their languages.",
+        "completion_system_prompt": "Here are examples of texts and their languages.\n\n",
+        "untitled_document_format": "{text}\n\n",
+        "question_format": "{question}",
+    },
+    examples=_language_examples,
+    ask=False,
+    plain=True,
+    details={"languages": icl_language.LANGUAGES, "django": icl_language.DJANGO_VERSION},
+)
+SETS = {s.name: s for s in (TOPIC, LANGUAGE)}
+
+
+def build(s: IclSet = TOPIC, root: Path | None = None) -> tuple[dict[str, Any], list[Example], list[Question]]:
+    """(header, demonstrations, questions) of set `s` from its examples and seed."""
+    rng = random.Random(s.seed)
+    examples = s.examples(root)
     demos: dict[str, list[Example]] = {}
     tests: dict[str, list[Example]] = {}
-    for label in LABELS:
-        pool = examples[label]
+    taken: set[str] = set()  # the sources of the demonstrations drawn so far
+    for label in s.labels:
+        # two labels' examples share a source where one text is a translation of another: never in the pool twice
+        pool = [e for e in examples[label] if e.source not in taken]
         if len(pool) < DEMOS_PER_LABEL + TESTS_PER_LABEL:
-            raise DatasetError(f"label {label!r}: only {len(pool)} usable docstrings")
+            raise DatasetError(f"{s.name}, label {label!r}: only {len(pool)} usable examples")
         drawn = rng.sample(pool, DEMOS_PER_LABEL + TESTS_PER_LABEL)
         demos[label], tests[label] = drawn[:DEMOS_PER_LABEL], drawn[DEMOS_PER_LABEL:]
-    number = iter(range(len(LABELS) * DEMOS_PER_LABEL))
+        taken.update(d.source for d in demos[label])
+    for label in s.labels:
+        # nor is a test input a translation of a later label's demonstration: it would give the label away
+        kept = [t for t in tests[label] if t.source not in taken]
+        if len(kept) < TESTS_PER_LABEL:
+            rest = [e for e in examples[label] if e.source not in taken and e not in tests[label]]
+            kept += rng.sample(rest, TESTS_PER_LABEL - len(kept))
+        tests[label] = kept
+    number = iter(range(len(s.labels) * DEMOS_PER_LABEL))
     demos = {
         label: [Example(f"demo-{next(number):02d}", d.text, d.label, d.source) for d in ds]
         for label, ds in demos.items()
     }
     questions: list[Question] = []
     for i in range(TESTS_PER_LABEL):  # labels interleaved, so --limit keeps them balanced
-        for label in LABELS:
+        for label in s.labels:
             t = tests[label][i]
-            example = Example(f"{NAME}-{len(questions):03d}", t.text, t.label, t.source)
-            questions.append(Question(example, shuffled_order(demos, random.Random(f"{SEED}:{example.id}"))))
+            example = Example(f"{s.name}-{len(questions):03d}", t.text, t.label, t.source)
+            questions.append(Question(example, shuffled_order(demos, random.Random(f"{s.seed}:{example.id}"))))
     header = {
-        "name": NAME,
-        **SOURCE,
-        "labels": list(LABELS),
-        "topics": {label: list(sources) for label, sources in TOPICS.items()},
-        "demonstrations": len(LABELS) * DEMOS_PER_LABEL,
+        "name": s.name,
+        **s.source,
+        "labels": list(s.labels),
+        **s.details,
+        "demonstrations": len(s.labels) * DEMOS_PER_LABEL,
         "questions": len(questions),
-        "seed": SEED,
+        "seed": s.seed,
     }
     return header, [d for ds in demos.values() for d in ds], questions
 
 
-def write(path: Path | None = None) -> Path:
+def write(s: IclSet = TOPIC, root: Path | None = None, path: Path | None = None) -> Path:
     """A header line, one line per demonstration {"demonstration", "text", "label", "source"} and one per
     question {"id", "text", "label", "source", "order"} (demonstration ids)."""
-    header, demos, questions = build()
-    path = path or DATA_PATH
+    header, demos, questions = build(s, root)
+    path = path or s.data_path
     lines = [json.dumps({"header": header}, ensure_ascii=False)]
     lines += [
         json.dumps({"demonstration": d.id, "text": d.text, "label": d.label, "source": d.source}, ensure_ascii=False)
@@ -231,11 +322,11 @@ def write(path: Path | None = None) -> Path:
     return path
 
 
-def read(path: Path | None = None) -> tuple[dict[str, Any], dict[str, Example], list[Question]]:
+def read(s: IclSet = TOPIC, path: Path | None = None) -> tuple[dict[str, Any], dict[str, Example], list[Question]]:
     """(header, demonstrations by id, questions) of the shipped set."""
     demos: dict[str, Example] = {}
     questions: list[Question] = []
-    with gzip.open(path or DATA_PATH, "rt", encoding="utf-8") as f:
+    with gzip.open(path or s.data_path, "rt", encoding="utf-8") as f:
         header = json.loads(f.readline())["header"]
         for line in f:
             d = json.loads(line)
@@ -247,20 +338,24 @@ def read(path: Path | None = None) -> tuple[dict[str, Any], dict[str, Example], 
     return header, demos, questions
 
 
-def to_item(q: Question, demos: dict[str, Example], labels: tuple[str, ...] = LABELS) -> QAItem:
+def to_item(q: Question, demos: dict[str, Example], s: IclSet = TOPIC) -> QAItem:
     """The question as the harness shows it: every demonstration a document, in the question's order, and no gold
     document (cells take the first --num-docs, gold position "original")."""
-    docs = tuple({"title": "", "text": demonstration_text(demos[i])} for i in q.order)
-    extra = {"labels": list(labels), "type": q.example.label, "source": q.example.source}
-    return QAItem(question_text(q.example, labels), (q.example.label,), docs, (), q.example.id, extra)
+    docs = tuple({"title": "", "text": demonstration_text(demos[i], s.label_name)} for i in q.order)
+    extra = {"labels": list(s.labels), "type": q.example.label, "source": q.example.source}
+    question = question_text(q.example, s.labels, s.label_name, s.ask)
+    return QAItem(question, (q.example.label,), docs, (), q.example.id, extra)
 
 
-def load(limit: int | None = None) -> tuple[dict[str, Any], list[QAItem]]:
+def load(limit: int | None = None, s: IclSet = TOPIC) -> tuple[dict[str, Any], list[QAItem]]:
     """(header, the first `limit` questions as QA items) of the shipped set."""
-    header, demos, questions = read()
-    labels = tuple(header["labels"])
-    return header, [to_item(q, demos, labels) for q in questions[:limit]]
+    header, demos, questions = read(s)
+    return header, [to_item(q, demos, s) for q in questions[:limit]]
 
 
 if __name__ == "__main__":
-    print(f"wrote {write()}")
+    # python -m lazyattn.eval.icl [icl | icl-language DJANGO_DIR]
+    name = sys.argv[1] if len(sys.argv) > 1 else NAME
+    if name not in SETS:
+        sys.exit(f"usage: python -m lazyattn.eval.icl [{' | '.join(SETS)} [DIR]]")
+    print(f"wrote {write(SETS[name], Path(sys.argv[2]) if len(sys.argv) > 2 else None)}")

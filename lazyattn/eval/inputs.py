@@ -9,24 +9,48 @@ from typing import Any
 
 
 def prompt_layout(args: argparse.Namespace) -> Any:
-    """The layout --prompt-layout names (builtin:icl's own when not given), with the overrides applied."""
+    """The layout --prompt-layout names (a builtin few-shot set's own when not given), with the overrides applied;
+    sets `args.plain_prompt` when not given (true for a set whose prompt is plain text)."""
     from dataclasses import replace
 
     from lazyattn.engine.prompt import PromptLayout
     from lazyattn.engine.prompt_layout import NAMED_LAYOUTS
-    from lazyattn.eval import icl
 
+    few_shot = icl_set(args.dataset)
     if args.prompt_layout is None:
-        args.prompt_layout = "icl" if args.dataset == f"builtin:{icl.NAME}" else "block-attention"
-    base = PromptLayout(**icl.LAYOUT) if args.prompt_layout == "icl" else NAMED_LAYOUTS[args.prompt_layout]
+        args.prompt_layout = few_shot.name if few_shot else "block-attention"
+    if args.plain_prompt is None:
+        args.plain_prompt = bool(few_shot and few_shot.plain)
+    layouts = icl_layouts()
+    base = (
+        PromptLayout(**layouts[args.prompt_layout])
+        if args.prompt_layout in layouts
+        else NAMED_LAYOUTS[args.prompt_layout]
+    )
     changes: dict[str, Any] = {}
     if args.system_prompt is not None:
-        changes["system_prompt"] = args.system_prompt
+        # a plain prompt has no system turn: the instruction is the text before the documents
+        changes["completion_system_prompt" if args.plain_prompt else "system_prompt"] = args.system_prompt
     if args.question_format is not None:
         changes["question_format"] = args.question_format
     if args.documents_in_user_turn:
         changes["documents_in_user_turn"] = True
     return replace(base, **changes) if changes else base
+
+
+def icl_set(dataset: str | None) -> Any:
+    """The built-in few-shot set `dataset` names (`builtin:icl`, `builtin:icl-language`), or None."""
+    from lazyattn.eval import icl
+
+    prefix, _, name = (dataset or "").partition(":")
+    return icl.SETS.get(name) if prefix == "builtin" else None
+
+
+def icl_layouts() -> dict[str, dict[str, str]]:
+    """--prompt-layout names of the few-shot sets' layouts (PromptLayout fields)."""
+    from lazyattn.eval import icl
+
+    return {name: s.layout for name, s in icl.SETS.items()}
 
 
 def _ints_or_all(text: str, name: str) -> list[int | None]:
@@ -50,7 +74,7 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
     from lazyattn.qa import synthetic
     from lazyattn.qa.dataset import POSITIONS, DatasetError, read_jsonl
 
-    few_shot = args.dataset == f"builtin:{icl.NAME}"
+    few_shot = icl_set(args.dataset)
     builtin = (args.dataset == "builtin" or args.dataset.startswith("builtin:")) and not few_shot
     num_docs = _ints_or_all(args.num_docs or ("5" if builtin else "all"), "num-docs")
     positions = [s.strip() for s in (args.gold_position or ("first,middle,last" if builtin else "original")).split(",")]
@@ -62,11 +86,12 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
     if few_shot:
         # No document holds the answer: the demonstrations come in each question's own shuffled order.
         if positions != ["original"]:
-            raise DatasetError(f"--gold-position: builtin:{icl.NAME} has no gold documents; use original")
-        header, items = icl.load(args.limit)
+            raise DatasetError(f"--gold-position: builtin:{few_shot.name} has no gold documents; use original")
+        header, items = icl.load(args.limit, few_shot)
         if any(n is not None and n > header["demonstrations"] for n in num_docs):
-            raise DatasetError(f"--num-docs: builtin:{icl.NAME} has {header['demonstrations']} demonstrations")
-        meta = {"builtin": icl.NAME, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
+            raise DatasetError(f"--num-docs: builtin:{few_shot.name} has {header['demonstrations']} demonstrations")
+        meta = {"builtin": few_shot.name, "questions": len(items), "of": header["questions"]}
+        meta |= real.source_meta(header)
         return items, meta, num_docs, positions
     if not builtin:
         items = read_jsonl(args.dataset, args.limit)
@@ -80,7 +105,7 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
         meta = {"builtin": size, "questions": len(items), "of": header["questions"], **real.source_meta(header)}
         return items, meta, num_docs, positions
     if size not in synthetic.SIZES:
-        choices = ", ".join([*synthetic.SIZES, *real.SETS, icl.NAME])
+        choices = ", ".join([*synthetic.SIZES, *real.SETS, *icl.SETS])
         raise DatasetError(f"unknown built-in size {size!r}; choose from {choices}")
     if None in num_docs:
         raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")
