@@ -262,7 +262,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
     }
 
     if args.kv_budgets:
-        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).kv_torch_dtype)
         hit_spec = replace(spec, num_requests=args.hit_requests)
         budgets = _floats(args.kv_budgets)
         hit_rows = sweep(
@@ -320,7 +320,7 @@ def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, voc
     from lazyattn.bench.hitratio import page_accounting
     from lazyattn.bench.replicas import REPLICA_COLUMNS, sweep_replicas, table_rows
 
-    acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+    acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).kv_torch_dtype)
     counts = [int(n) for n in args.replicas_sim.split(",")]
     t0 = time.monotonic()
     rows = sweep_replicas(
