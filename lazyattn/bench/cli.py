@@ -199,7 +199,8 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
     traces = [make_trace(spec, load, vocab_high, bos) for load in loads]
     warm = warmup_trace(spec, args.warmup_requests, vocab_high, bos)
     print(
-        f"lazyattn bench: model {args.model} on {options['device']}, modes {','.join(modes)}\n"
+        f"lazyattn bench: model {args.model} on {options['device']}, KV cache {options['kv_cache_dtype']}, modes "
+        f"{','.join(modes)}\n"
         f"workload: {spec.num_docs} docs x {spec.doc_len} tokens, {spec.docs_per_request} per request "
         f"({'shuffled' if spec.shuffle else 'pool order'}), {spec.popularity}, question {spec.question_len}, "
         f"output {spec.output_len}, {spec.num_requests} requests per load, seed {spec.seed}\n"

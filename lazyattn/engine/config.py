@@ -54,7 +54,7 @@ class EngineConfig:
     device: str = _option("cpu", "cuda or cpu", shown="cuda if available", cli_default=None)
     dtype: str | None = _option(
         None,
-        "weights and KV cache dtype",
+        "weights dtype, and the KV cache's unless --kv-cache-dtype says otherwise",
         shown="bfloat16 on CUDA, float32 on the CPU",
         choices=DTYPES,
     )

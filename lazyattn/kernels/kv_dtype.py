@@ -7,7 +7,7 @@ are cached, rotated at their encoding positions (Deferred RoPE): the kernels deq
 rotate the query (or the tile) as for any other dtype.
 
 `quantize` is the one rounding rule of the PyTorch side (the reference backend's writes, block mode's copies); the
-Triton writes (kernels/cache_ops.py) round the same way in fp32 arithmetic, since the Triton interpreter's own
+Triton writes (kernels/cache_ops.py) apply the same rule in fp32 arithmetic, since the Triton interpreter's own
 fp32 -> fp8 conversion rounds wrongly (31.2 -> 16). Both give the same bytes, up to the sign of zero.
 """
 
@@ -41,3 +41,15 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if is_fp8(dtype):
         return x.float().clamp(-FP8_MAX, FP8_MAX).to(dtype)
     return x.to(dtype)
+
+
+def check_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """What the Triton attention kernels take: q in bf16, fp16 or fp32 over pages of its dtype or of one whose every
+    value q's dtype holds, to which the tiles are widened as they load: FP8 e4m3 under any, 16-bit pages under fp32."""
+    wide = (torch.bfloat16, torch.float16, torch.float32)
+    narrower = is_fp8(k_cache.dtype) or (q.dtype == torch.float32 and k_cache.dtype in wide)
+    if q.dtype not in wide or v_cache.dtype != k_cache.dtype or not (k_cache.dtype == q.dtype or narrower):
+        raise ValueError(
+            f"q of {q.dtype} over K/V pages of {k_cache.dtype}/{v_cache.dtype}: q must be bf16, fp16 or fp32 and the "
+            "pages of its dtype, fp8 e4m3, or (under fp32) 16-bit"
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.backend import AttentionBackend, ReferenceBackend
 from lazyattn.kernels.rope import RopeTables
 
@@ -15,11 +14,5 @@ def make_backend(kv: torch.Tensor, tables: RopeTables, scale: float, determinist
     if kv.is_cuda:
         from lazyattn.kernels.triton_backend import TritonBackend
 
-        if kv.element_size() == 1:
-            raise InvalidRequestError(
-                "kv_cache_dtype=fp8_e4m3 is not supported by the Triton kernels yet: run on the CPU or with "
-                "kv_cache_dtype=auto",
-                "kv_cache_dtype",
-            )
         return TritonBackend(kv, tables, scale, deterministic)
     return ReferenceBackend(kv, tables, scale, deterministic)

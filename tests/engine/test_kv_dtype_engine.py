@@ -147,3 +147,62 @@ def test_an_fp8_pool_holds_twice_the_pages_of_a_bfloat16_one():
         llm = LLM(model="tiny", device="cpu", kv_cache_gb=0.05, progress=False, kv_cache_dtype=kv)
         pages[kv] = llm.engine.executor.num_pages
     assert pages["fp8_e4m3"] == 2 * pages["bfloat16"]
+
+
+# --- GPU: the Triton kernels over FP8 pages, run on the device ---------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_gpu_fp8_engine_matches_transformers_with_fp8_kv(checkpoint, mode, cuda_graphs):
+    """fp32 on the GPU: the Triton kernels (writes, prefill, decode, shared decode, block copies, graphs or eager)
+    over FP8 pages give the CPU reference's greedy tokens."""
+    directory, model = checkpoint("llama")
+    llm = LLM(
+        model=str(directory),
+        mode=mode,
+        device="cuda",
+        dtype="float32",
+        page_size=16,
+        kv_cache_gb=0.05,
+        progress=False,
+        kv_cache_dtype="fp8_e4m3",
+        cuda_graphs=cuda_graphs,
+    )
+    outs = generate(llm)
+    assert_matches_cached_reference(outs, model, token_bos(llm), mode, torch.float8_e4m3fn, atol=2e-3)
+    llm.shutdown()
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_kernels_give_the_reference_backends_tokens_at_8b_shapes(tmp_path_factory):
+    """4 layers of Llama-3.1-8B's shapes, random fp32 weights, three requests over three 700-token documents in
+    rotated orders: the Triton engine and the PyTorch reference backend (reference_attention) over FP8 pages agree."""
+    from lazyattn import SamplingParams
+    from lazyattn.engine.prompt import RenderedPrompt
+    from tests.engine.test_engine_gpu import config_dir, random_docs, run_once
+
+    directory = config_dir(tmp_path_factory, 4)
+    docs = random_docs(3, 700, seed=3)
+    prompts = [
+        RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 16 + i, seed=40 + i)[0])
+        for i in range(3)
+    ]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for name, kw in (("triton", {}), ("reference", dict(reference_attention=True, cuda_graphs=False))):
+        llm = LLM(
+            model=str(directory),
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=2,
+            max_model_len=4096,
+            progress=False,
+            kv_cache_dtype="fp8_e4m3",
+            **kw,
+        )
+        tokens[name] = run_once(llm, prompts, params)
+        llm.shutdown()
+    assert tokens["triton"] == tokens["reference"]
