@@ -402,9 +402,11 @@ def _shared_decode(
     shared_decode.shared_decode_attention(q, kv[0, 0], kv[0, 1], batch, plan, _tables(heads), heads.dim**-0.5)
 
 
-def _invariant_attention(heads: Heads, page_size: int, batch: PagedBatch, tokens: int) -> None:
+def _invariant_attention(
+    heads: Heads, page_size: int, batch: PagedBatch, tokens: int, kv_dtype: torch.dtype = BF16
+) -> None:
     """The deterministic mode's attention (kernels/invariant.py), prefill and decode alike."""
-    kv = _pool(heads, page_size)
+    kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, tokens)
     invariant.paged_attention(q, kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim**-0.5)
 
@@ -613,6 +615,12 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             )
         )
         out.append((f"fp8 copy_rotate {h} page{ps}", lambda ps=ps: _copy_rotate(LLAMA_8B, ps, kv_dtype=FP8)))
+        out.append(
+            (
+                f"fp8 invariant attention {h} page{ps} rag T=64 B=2",
+                lambda ps=ps: _invariant_attention(LLAMA_8B, ps, _rag_batch(ps, 32, 2), 64, kv_dtype=FP8),
+            )
+        )
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
         out.append(
             (

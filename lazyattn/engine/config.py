@@ -218,12 +218,6 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
                 "kv_cache_dtype",
             )
-        if self.kv_cache_dtype == "fp8_e4m3" and self.deterministic:
-            raise InvalidRequestError(
-                "kv_cache_dtype=fp8_e4m3 is not supported with deterministic yet: the batch-invariant attention "
-                "kernel (kernels/invariant.py) reads 16- and 32-bit pages only",
-                "kv_cache_dtype",
-            )
         check_relink(self.mode, self.relink_tokens)
         check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix)
         t = self.tokenizer_cache_tokens

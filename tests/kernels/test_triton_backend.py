@@ -67,10 +67,11 @@ def test_triton_backend_matches_reference(rope, layout, deterministic):
     check_backends(rope, layout, deterministic)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize(("rope", "layout"), [("llama3", "token"), ("interleaved", "head")])
-def test_triton_backend_matches_reference_over_fp8_pages(rope, layout):
+def test_triton_backend_matches_reference_over_fp8_pages(rope, layout, deterministic):
     """kv_cache_dtype=fp8_e4m3 (docs/design.md, "FP8 KV cache"): writes, prefill, decode and block copies."""
-    check_backends(rope, layout, False, torch.float8_e4m3fn)
+    check_backends(rope, layout, deterministic, torch.float8_e4m3fn)
 
 
 def check_backends(rope, layout, deterministic, kv_dtype=torch.float32):
