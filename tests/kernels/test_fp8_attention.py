@@ -258,3 +258,18 @@ def test_gpu_fp8_shared_decode():
     plan = shared_plan(entries, 4, 16, 8).to("cuda")
     out = shared_decode_attention(q, s.k_cache, s.v_cache, batch, plan, s.tables, s.scale)
     assert rel_err(out, reference_of(s, q, batch)) < 1e-2
+
+
+def test_the_hopper_kernel_leaves_fp8_pages_to_prefill_py(monkeypatch):
+    """The Gluon kernel reads 16-bit pages only: over FP8 pages `supports` says no, so TritonBackend runs
+    prefill.py's kernel (converted above) for short prefill calls, and a graph bucket (which asks `shape_supported`
+    with the pool's dtype) never plans for it."""
+    from lazyattn.kernels import prefill_hopper
+
+    q = torch.zeros(32, 32, 128, dtype=torch.bfloat16)
+    pool = torch.zeros(4, 64, 8, 128, dtype=torch.bfloat16)
+    batch = PagedBatch.build([], [], [])
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda *args: True)  # as on an H100/H200
+    assert prefill_hopper.supports(q, pool, pool, batch)
+    assert not prefill_hopper.supports(q, pool.to(FP8), pool.to(FP8), batch)
+    assert FP8 not in prefill_hopper._GL_DTYPES
