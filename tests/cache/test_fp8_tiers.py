@@ -160,3 +160,47 @@ def test_write_atomic_round_trips_the_kv_fields(tmp_path):
     write_atomic(str(tmp_path / "x.kv"), header, payload)
     with open(tmp_path / "x.kv", "rb") as f:
         assert disk_format.decode_header(f.read(HEADER_BYTES)) == header
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_engine_restart_with_fp8_host_and_disk_tiers_gives_the_same_tokens(tmp_path, device):
+    """An engine with FP8 pages restarted over its disk tier reads every document back and answers as one that
+    never left the GPU."""
+    from tests.engine.test_disk_tier_engine import engine, run_all
+
+    plain = run_all(engine("lazy", None, device, kv_cache_dtype="fp8_e4m3"))
+    first = engine("lazy", str(tmp_path), device, host_cache_gb=0.001, kv_cache_dtype="fp8_e4m3")
+    assert run_all(first) == plain
+    first.engine.shutdown()
+    second = engine("lazy", str(tmp_path), device, host_cache_gb=0.001, kv_cache_dtype="fp8_e4m3")
+    assert run_all(second) == plain
+    s = second.engine.stats()
+    assert s.cache.misses == 0 and s.cache.disk_hits > 0 and s.disk.refused == 0
+
+
+# --- GPU: the same through pinned memory and the copy streams, run on the device --------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["token", "head"])
+def test_gpu_fp8_pages_through_the_host_and_disk_tiers_byte_exact(tmp_path, layout):
+    kv = allocate_kv(LAYERS, PAGES, PAGE, HEADS, DIM, FP8, "cuda", layout)
+    src = [9, 3, 4]
+    fill_random_bytes(kv, src, 5)
+    before = page_bytes(kv, src)
+    mover = PageMover(kv, 8, chunk_pages=4)
+    mover.lock(8)
+    mover.wait(mover.to_host(src, [5, 6, 7]))
+    mover.wait(mover.to_device([5, 6, 7], [0, 1, 2]))
+    torch.cuda.synchronize()
+    assert torch.equal(page_bytes(kv, [0, 1, 2]), before)
+    cache, disk = disk_cache(str(tmp_path), kv)
+    written = encode(cache, kv, "A", 2 * PAGE + 1, 6)
+    disk.flush()
+    cache.evict(PAGES)
+    cache2 = DocumentCache(PagePool(PAGES), PAGE, disk)
+    seg, _ = cache2.acquire("A", 2 * PAGE + 1)
+    cache2.poll(wait=True)
+    torch.cuda.synchronize()
+    assert torch.equal(page_bytes(kv, list(seg.pages)), written)
+    disk.close()
