@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -71,6 +72,7 @@ from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 
 H100_SMS = 132
 BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn  # kv_cache_dtype=fp8_e4m3's pages (docs/design.md, "FP8 KV cache")
 
 
 class _CudaLooking(torch.Tensor):
@@ -231,9 +233,9 @@ def _tables(heads: Heads, interleaved: bool = False) -> RopeTables:
     return RopeTables.build(cfg, 16384)
 
 
-def _pool(heads: Heads, page_size: int, pages: int = 8) -> torch.Tensor:
+def _pool(heads: Heads, page_size: int, pages: int = 8, dtype: torch.dtype = BF16) -> torch.Tensor:
     """The page pool [layers, 2, pages, page_size, Hkv, D]: the wrappers get its layer views, as in the engine."""
-    return torch.zeros(2, 2, pages, page_size, heads.kv, heads.dim, dtype=BF16)
+    return torch.zeros(2, 2, pages, page_size, heads.kv, heads.dim, dtype=dtype)
 
 
 def _qkv(heads: Heads, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -296,12 +298,13 @@ def _prefill(
     *,
     graph: bool = False,
     rotated_in_rope: bool = True,
+    kv_dtype: torch.dtype = BF16,
     **options,
 ) -> None:
     """TritonBackend.attend's prefill path: rope_write_kv_runs' copies for short calls, then prefill_attention;
     graph=True fixes the split count and passes the host's split plan as a captured bucket does
     (engine/prefill_graphs.py)."""
-    kv = _pool(heads, page_size)
+    kv = _pool(heads, page_size, dtype=kv_dtype)
     tables = _tables(heads)
     q, k, v = _qkv(heads, tokens)
     positions = torch.zeros(tokens, dtype=torch.int32)
@@ -346,21 +349,46 @@ def _pdl(module, on: bool) -> Iterator[None]:
         module.pdl_options = launch
 
 
-def _decode(heads: Heads, page_size: int, batch: PagedBatch, pdl: bool = False) -> None:
-    """pdl: launched as the engine launches it on a Hopper GPU (the page tables read before the wait)."""
-    kv = _pool(heads, page_size)
+def _decode(
+    heads: Heads,
+    page_size: int,
+    batch: PagedBatch,
+    pdl: bool = False,
+    kv_dtype: torch.dtype = BF16,
+    tma: int | None = None,
+) -> None:
+    """pdl: launched as the engine launches it on a Hopper GPU (the page tables read before the wait); tma: the
+    copy-engine tiles of decode_config's choice on Hopper below two programs per SM (the CPU here never chooses
+    them)."""
+    kv = _pool(heads, page_size, dtype=kv_dtype)
     tables = _tables(heads)
     q, k, v = _qkv(heads, batch.batch_size)
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
     q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], kv[0, 1], tables)
+    config = None
+    if tma is not None:
+        config = dataclasses.replace(decode.decode_config(heads.dim, kv_dtype, page_size), tma=tma)
     with _pdl(decode, pdl):
         decode.decode_attention(
-            _cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim**-0.5, counters=decode.ArrivalCounters()
+            _cuda_looking(q),
+            kv[0, 0],
+            kv[0, 1],
+            batch,
+            tables,
+            heads.dim**-0.5,
+            counters=decode.ArrivalCounters(),
+            config=config,
         )
 
 
 def _shared_decode(
-    heads: Heads, page_size: int, entries: int, group_rows: int, relinked: bool = False, ape: bool = False
+    heads: Heads,
+    page_size: int,
+    entries: int,
+    group_rows: int,
+    relinked: bool = False,
+    ape: bool = False,
+    kv_dtype: torch.dtype = BF16,
 ) -> None:
     """Shared-document decode (kernels/shared_decode.py): its job and merge kernels, over entries that list the same
     documents (at one delta here: the compile does not see deltas); ape: with a temperature on every page."""
@@ -369,14 +397,16 @@ def _shared_decode(
         e.inv_temps, e.log_scales = [0.5] * len(e.pages), [0.1] * len(e.pages)
     batch = PagedBatch.build(es, [1] * entries, [sum(es[0].valid) - 1] * entries)
     plan = shared_decode.shared_plan(es, heads.q // heads.kv, group_rows).to("cpu")
-    kv = _pool(heads, page_size)
+    kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, entries)
     shared_decode.shared_decode_attention(q, kv[0, 0], kv[0, 1], batch, plan, _tables(heads), heads.dim**-0.5)
 
 
-def _invariant_attention(heads: Heads, page_size: int, batch: PagedBatch, tokens: int) -> None:
+def _invariant_attention(
+    heads: Heads, page_size: int, batch: PagedBatch, tokens: int, kv_dtype: torch.dtype = BF16
+) -> None:
     """The deterministic mode's attention (kernels/invariant.py), prefill and decode alike."""
-    kv = _pool(heads, page_size)
+    kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, tokens)
     invariant.paged_attention(q, kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim**-0.5)
 
@@ -386,8 +416,8 @@ def _invariant_matmul(n: int, k: int, m: int) -> None:
     invariant.matmul(x, torch.zeros(n, k, dtype=BF16))
 
 
-def _copy_rotate(heads: Heads, page_size: int) -> None:
-    kv = _pool(heads, page_size)
+def _copy_rotate(heads: Heads, page_size: int, kv_dtype: torch.dtype = BF16) -> None:
+    kv = _pool(heads, page_size, dtype=kv_dtype)
     idx = torch.arange(4, dtype=torch.int32)
     cache_ops.copy_rotate(kv, idx, idx + 4, idx * 100, _tables(heads))
 
@@ -536,6 +566,61 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                 )
             )
             out.append((f"copy_rotate {h} page{ps}", lambda heads=heads, ps=ps: _copy_rotate(heads, ps)))
+    # FP8 pages (kv_cache_dtype=fp8_e4m3): the RoPE launch's FP8 stores, every attention kernel's widening loads
+    for ps in (64, 16):
+        h = LLAMA_8B.label
+        for tokens, entries, graph in ((32, 1, False), (32, 1, True), (256, 8, False)):
+            out.append(
+                (
+                    f"fp8 prefill {h} page{ps} rag T={tokens} B={entries} {'graph' if graph else 'eager'}",
+                    lambda ps=ps, q=tokens // entries, e=entries, t=tokens, g=graph: _prefill(
+                        LLAMA_8B, ps, _rag_batch(ps, q, e), t, graph=g, kv_dtype=FP8
+                    ),
+                )
+            )
+        out.append(
+            (
+                f"fp8 prefill {h} page{ps} rag T=32 B=1 rotated_runs=0 (in-kernel rotation)",
+                lambda ps=ps: _prefill(
+                    LLAMA_8B, ps, _rag_batch(ps, 32, 1), 32, rotated_in_rope=False, rotated_runs=0, kv_dtype=FP8
+                ),
+            )
+        )
+        out.append(
+            (
+                f"fp8 prefill {h} page{ps} document T=2048",
+                lambda ps=ps: _prefill(LLAMA_8B, ps, _document_batch(ps, 2048), 2048, kv_dtype=FP8),
+            )
+        )
+        for entries, context in ((1, 10240), (32, 4096)):
+            out.append(
+                (
+                    f"fp8 decode {h} page{ps} B={entries} ctx~{context}",
+                    lambda ps=ps, e=entries, c=context: _decode(LLAMA_8B, ps, _decode_batch(ps, e, c), kv_dtype=FP8),
+                )
+            )
+        for tma in (1, 2):
+            out.append(
+                (
+                    f"fp8 decode {h} page{ps} B=1 ctx~10240 tma={tma}, PDL",
+                    lambda ps=ps, t=tma: _decode(
+                        LLAMA_8B, ps, _decode_batch(ps, 1, 10240), pdl=True, tma=t, kv_dtype=FP8
+                    ),
+                )
+            )
+        out.append(
+            (
+                f"fp8 shared decode {h} page{ps} B=8 rows16",
+                lambda ps=ps: _shared_decode(LLAMA_8B, ps, 8, 16, kv_dtype=FP8),
+            )
+        )
+        out.append((f"fp8 copy_rotate {h} page{ps}", lambda ps=ps: _copy_rotate(LLAMA_8B, ps, kv_dtype=FP8)))
+        out.append(
+            (
+                f"fp8 invariant attention {h} page{ps} rag T=64 B=2",
+                lambda ps=ps: _invariant_attention(LLAMA_8B, ps, _rag_batch(ps, 32, 2), 64, kv_dtype=FP8),
+            )
+        )
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):
         out.append(
             (

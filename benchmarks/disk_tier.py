@@ -178,7 +178,7 @@ def read_bandwidth(directory: str, nbytes: int) -> dict:
     n = (nbytes // CHUNK_BYTES) * CHUNK_BYTES
     block = np.random.default_rng(0).integers(0, 255, size=CHUNK_BYTES, dtype=np.uint8)
     payload = memoryview(np.tile(block, n // CHUNK_BYTES).data).cast("B")
-    header = Header("bandwidth-probe", "probe", n // 4096, n // 4096, 4096, checksum(payload))
+    header = Header("bandwidth-probe", "probe", n // 4096, n // 4096, 4096, checksum(payload), "uint8")
     path = os.path.join(directory, "bandwidth.probe")
     start = time.perf_counter()
     write_atomic(path, header, payload)
@@ -186,7 +186,7 @@ def read_bandwidth(directory: str, nbytes: int) -> dict:
     into = payload  # read back over the bytes written: one buffer of the file's size, not two
     drop_file_cache(path)
     start = time.perf_counter()
-    read_verified(path, header.key, header.layout, header.n_tokens, header.page_bytes, into)
+    read_verified(path, header.key, header.layout, header.n_tokens, header.page_bytes, into, header.kv_dtype)
     out["tier_read_gbps"] = n / (time.perf_counter() - start) / 1e9
     drop_file_cache(path)
     fd = os.open(path, os.O_RDONLY)

@@ -5,9 +5,10 @@ On the GPU (all sections, about 5 minutes on an H100; Llama-3.1-8B heads: 32 q, 
 
     python -m benchmarks.kernels --out OUT/kernels_h100
 
-writes kernels_h100.json and kernels_h100.md and prints the tables. `--sections overhead,decode` picks
-sections; `--quick` runs tiny shapes (on a CPU: the Triton interpreter, SDPA and copy bandwidth skipped)
-to smoke-test the script. The goals these numbers are held against are in docs/kernels.md.
+writes kernels_h100.json and kernels_h100.md and prints the tables. `--kv-cache-dtype fp8_e4m3` stores the paged
+pools in FP8 (docs/design.md, "FP8 KV cache"; decode's bytes count one per element); the SDPA baselines keep bf16.
+`--sections overhead,decode` picks sections; `--quick` runs tiny shapes (on a CPU: the Triton interpreter, SDPA and
+copy bandwidth skipped) to smoke-test the script. The goals these numbers are held against are in docs/kernels.md.
 
 Method. Times are triton.testing.do_bench medians (it flushes L2 before each call); inputs whose working
 set would fit in L2 are additionally rotated over several copies. Data is random (never zeros). Pages are
@@ -45,6 +46,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
 
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs  # noqa: E402
+from lazyattn.kernels.kv_dtype import quantize, resolve  # noqa: E402
 from lazyattn.kernels.launch import hopper_or_later, pdl_options, sm_count, wait_for_producers  # noqa: E402
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
 from lazyattn.kernels.prefill import rotated_runs_for  # noqa: E402
@@ -98,6 +100,7 @@ QUICK = Shapes(
     target_decode_context=96,
 )
 DTYPE = torch.bfloat16
+KV_DTYPE = DTYPE  # the paged pools' (--kv-cache-dtype)
 SECTIONS = ("overhead", "targets", "decode", "prefill", "copy")
 COPY_CONFIGS = ((32, 4), (64, 4), (64, 8), (128, 8))  # copy_rotate (block_rows, num_warps) swept
 
@@ -123,8 +126,8 @@ class Pool:
 
     def __init__(self, s: Shapes, num_pages: int, device: torch.device) -> None:
         shape = (num_pages, s.page_size, s.kv_heads, s.head_dim)
-        self.k = torch.randn(shape, dtype=DTYPE, device=device)
-        self.v = torch.randn(shape, dtype=DTYPE, device=device)
+        self.k = quantize(torch.randn(shape, dtype=DTYPE, device=device), KV_DTYPE)
+        self.v = quantize(torch.randn(shape, dtype=DTYPE, device=device), KV_DTYPE)
         self.page_size = s.page_size
         self.free = torch.randperm(num_pages).tolist()
 
@@ -151,7 +154,7 @@ class Pool:
             for src, dst in ((k, self.k), (v, self.v)):
                 full = torch.randn(padded, *src.shape[1:], dtype=DTYPE, device=src.device)  # tail: padding
                 full[:length] = src
-                dst[idx] = full.view(len(pages), self.page_size, *src.shape[1:])
+                dst[idx] = quantize(full.view(len(pages), self.page_size, *src.shape[1:]), KV_DTYPE)
         return EntryPages(pages, [delta] * len(pages), fill)
 
 
@@ -273,7 +276,7 @@ def long_context(pool: Pool, ctx: int, s: Shapes, gen: torch.Generator, max_delt
 def decode_case(b: Bench, batch: int, ctx: int, gen: torch.Generator) -> tuple[list[tuple], int]:
     """`copies` independent decode inputs (q, pool, batch) of `batch` entries x ctx keys; bytes per call."""
     s = b.s
-    kv_bytes = batch * ctx * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
+    kv_bytes = batch * ctx * s.kv_heads * s.head_dim * 2 * KV_DTYPE.itemsize
     qo_bytes = 2 * batch * s.q_heads * s.head_dim * DTYPE.itemsize
     copies = copies_for(kv_bytes, b.l2_bytes())
     pool = Pool(s, copies * batch * pages_for(ctx, s) + 1, b.device)
@@ -721,7 +724,7 @@ def section_decode(b: Bench) -> list[dict]:
         for batch in s.decode_batches:
 
             def body(batch=batch, ctx=ctx) -> dict:
-                need = batch * ctx * s.kv_heads * s.head_dim * 2 * DTYPE.itemsize
+                need = batch * ctx * s.kv_heads * s.head_dim * 2 * KV_DTYPE.itemsize
                 if not b.fits(need * copies_for(need, b.l2_bytes())):
                     return {"skipped": "does not fit in free memory"}
                 inputs, nbytes = decode_case(b, batch, ctx, gen)
@@ -922,6 +925,7 @@ def environment(args: argparse.Namespace, device: torch.device) -> dict:
         "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
         "command": "python -m benchmarks.kernels " + " ".join(args.argv),
         "dtype": str(DTYPE),
+        "kv_dtype": str(KV_DTYPE),
     }
 
 
@@ -934,7 +938,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--kv-cache-dtype", default="bfloat16", choices=("bfloat16", "fp8_e4m3"), help="the paged pools' dtype"
+    )
     args = p.parse_args(argv)
+    global KV_DTYPE
+    KV_DTYPE = resolve(args.kv_cache_dtype, DTYPE)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     if unknown := set(sections) - set(SECTIONS):

@@ -199,7 +199,8 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
     traces = [make_trace(spec, load, vocab_high, bos) for load in loads]
     warm = warmup_trace(spec, args.warmup_requests, vocab_high, bos)
     print(
-        f"lazyattn bench: model {args.model} on {options['device']}, modes {','.join(modes)}\n"
+        f"lazyattn bench: model {args.model} on {options['device']}, KV cache {options['kv_cache_dtype']}, modes "
+        f"{','.join(modes)}\n"
         f"workload: {spec.num_docs} docs x {spec.doc_len} tokens, {spec.docs_per_request} per request "
         f"({'shuffled' if spec.shuffle else 'pool order'}), {spec.popularity}, question {spec.question_len}, "
         f"output {spec.output_len}, {spec.num_requests} requests per load, seed {spec.seed}\n"
@@ -262,7 +263,7 @@ def cmd_bench(args: argparse.Namespace, engine_options: Callable[[argparse.Names
     }
 
     if args.kv_budgets:
-        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).kv_torch_dtype)
         hit_spec = replace(spec, num_requests=args.hit_requests)
         budgets = _floats(args.kv_budgets)
         hit_rows = sweep(
@@ -320,7 +321,7 @@ def _replica_sweep(args: argparse.Namespace, spec, model_cfg, options: dict, voc
     from lazyattn.bench.hitratio import page_accounting
     from lazyattn.bench.replicas import REPLICA_COLUMNS, sweep_replicas, table_rows
 
-    acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+    acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).kv_torch_dtype)
     counts = [int(n) for n in args.replicas_sim.split(",")]
     t0 = time.monotonic()
     rows = sweep_replicas(

@@ -123,7 +123,7 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
     vocab_high, bos = token_space(model_cfg)
     name = args.workload or ("paper" if smoke else "custom")
     if name.endswith(MEMBOUND):
-        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).torch_dtype)
+        acct = page_accounting(model_cfg, options["page_size"], EngineConfig(**options).kv_torch_dtype)
         options["kv_cache_gb"] = membound_kv_gb(spec, acct.token_bytes, options["page_size"])
     phases = headline.phases_from_args(args, smoke)
     targets = tuple(float(t) for t in args.ttft_target.split(","))

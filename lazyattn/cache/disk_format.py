@@ -4,15 +4,15 @@
     [payload]               the document's pages, page-major: [pages, layers, 2 (K, V), page_size, kv_heads, head_dim]
 
 The JSON holds the segment key, the layout (model fingerprint, dtype, page shape), the token and page counts, the
-payload size and its checksum. A reader checks every field against what it expects, the file size against the
-payload size and the checksum against the payload, so a truncated, corrupt or foreign file is refused, never
-served. The checksum is blake2b over the CRC-32s of CHUNK_BYTES chunks: each chunk is read and checked on a thread
-of its own as soon as it lands (zlib and hashlib let go of the GIL on large buffers). CRC-32 (as in gzip and zip)
-detects torn writes and flipped bits, which is what a file here can suffer; a cryptographic digest per chunk
-(blake2b, several times slower a core) made the check, not the disk, bound reads on the GPU machine
-(docs/benchmarks.md, "Disk tier"), and nobody forges these files: a writer is an engine of the same host or
-filesystem. The header is a whole 4 KiB block, so the payload is
-aligned for O_DIRECT readers.
+payload size and its checksum, and the pages' KV dtype and scale (an FP8 page is stored as its bytes, one per
+element, read back with that scale: docs/design.md, "FP8 KV cache"). A reader checks every field against what it
+expects, the file size against the payload size and the checksum against the payload, so a truncated, corrupt or
+foreign file is refused, never served. The checksum is blake2b over the CRC-32s of CHUNK_BYTES chunks: each chunk is
+read and checked on a thread of its own as soon as it lands (zlib and hashlib let go of the GIL on large buffers).
+CRC-32 (as in gzip and zip) detects torn writes and flipped bits, which is what a file here can suffer; a
+cryptographic digest per chunk (blake2b, several times slower a core) made the check, not the disk, bound reads on
+the GPU machine (docs/benchmarks.md, "Disk tier"), and nobody forges these files: a writer is an engine of the same
+host or filesystem. The header is a whole 4 KiB block, so the payload is aligned for O_DIRECT readers.
 
 Writers write a hidden temporary file in the same directory, fsync it, rename it over the final name and fsync the
 directory: a reader that opens the final name sees a whole file or none, whatever the writers and evictors on the
@@ -32,7 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 MAGIC = b"LAZYATTN-KV\x00"
-FORMAT_VERSION = 2  # 2: CRC-32 per chunk (1: blake2b per chunk)
+FORMAT_VERSION = 3  # 3: the KV dtype and scale in the header (FP8 pages); 2: CRC-32 per chunk; 1: blake2b per chunk
+# What the format change of each version was, for the message that refuses an older file.
+_OLDER = {2: "written before the header named the KV dtype and scale", 1: "checksummed by blake2b per chunk"}
 HEADER_BYTES = 4096
 CHUNK_BYTES = 16 << 20
 TMP_SUFFIX = ".tmp"
@@ -58,6 +60,8 @@ class Header:
     n_pages: int
     page_bytes: int
     checksum: str
+    kv_dtype: str  # the pages' element type, as torch names it (float8_e4m3fn: one byte per element)
+    kv_scale: float = 1.0  # stored value x scale = the K/V value (1.0: every dtype today, FP8 included)
 
     @property
     def payload_bytes(self) -> int:
@@ -98,11 +102,21 @@ def decode_header(raw: bytes) -> Header:
         raise RefusedFile("no disk-tier header")
     version, n = struct.unpack_from("<II", raw, len(MAGIC))
     if version != FORMAT_VERSION:
-        raise RefusedFile(f"format version {version}, this release reads {FORMAT_VERSION}")
+        why = f" ({_OLDER[version]})" if version in _OLDER else ""
+        raise RefusedFile(f"format version {version}{why}, this release reads {FORMAT_VERSION} only")
     start = len(MAGIC) + 8
     try:
         d = json.loads(raw[start : start + n])
-        return Header(d["key"], d["layout"], d["n_tokens"], d["n_pages"], d["page_bytes"], d["checksum"])
+        return Header(
+            d["key"],
+            d["layout"],
+            d["n_tokens"],
+            d["n_pages"],
+            d["page_bytes"],
+            d["checksum"],
+            d["kv_dtype"],
+            float(d["kv_scale"]),
+        )
     except (ValueError, KeyError, TypeError) as e:
         raise RefusedFile(f"unreadable header ({e})") from None
 
@@ -130,13 +144,18 @@ def write_atomic(path: str, header: Header, payload: memoryview) -> None:
         os.close(dfd)
 
 
-def read_verified(path: str, key: str, layout: str, n_tokens: int, page_bytes: int, into: memoryview) -> Header:
-    """Read `path` into `into` (the payload's size) and check it against the expected key, layout and sizes and
-    against its checksum. Raises FileNotFoundError if it is gone, RefusedFile if it must not be served."""
+def read_verified(
+    path: str, key: str, layout: str, n_tokens: int, page_bytes: int, into: memoryview, kv_dtype: str
+) -> Header:
+    """Read `path` into `into` (the payload's size) and check it against the expected key, layout, KV dtype (scale
+    1.0) and sizes and against its checksum. Raises FileNotFoundError if it is gone, RefusedFile if it must not be
+    served."""
     with open(path, "rb", buffering=0) as f:
         h = decode_header(f.read(HEADER_BYTES))
         if h.key != key or h.layout != layout:
             raise RefusedFile(f"written for another document or model ({h.layout[:80]})")
+        if h.kv_dtype != kv_dtype or h.kv_scale != 1.0:
+            raise RefusedFile(f"KV pages of {h.kv_dtype} at scale {h.kv_scale}, this engine reads {kv_dtype} at 1.0")
         if h.n_tokens != n_tokens or h.page_bytes != page_bytes or h.payload_bytes != len(into):
             raise RefusedFile(f"sizes differ: {h.n_tokens} tokens in {h.n_pages} pages of {h.page_bytes} bytes")
         size = os.fstat(f.fileno()).st_size

@@ -52,8 +52,8 @@ from lazyattn.cache.disk_format import (
     resident,
     unlink,
 )
-from lazyattn.cache.disk_writer import DiskWriter, as_bytes, page_index
-from lazyattn.cache.page_pool import GiB
+from lazyattn.cache.disk_writer import DiskWriter, as_bytes, dtype_name, page_index
+from lazyattn.cache.page_pool import GiB, copyable
 from lazyattn.errors import CacheInvariantError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def layout_id(model_fingerprint: str, device_kv: torch.Tensor) -> str:
     """What a file's bytes mean: the model, the dtype and the page shape, in the payload's page-major order."""
     layers, two, _, page_size, heads, head_dim = device_kv.shape
     return (
-        f"model={model_fingerprint} dtype={str(device_kv.dtype).removeprefix('torch.')} "
+        f"model={model_fingerprint} dtype={dtype_name(device_kv.dtype)} "
         f"page=[layers={layers},kv={two},tokens={page_size},kv_heads={heads},head_dim={head_dim}]"
     )
 
@@ -156,7 +156,8 @@ class DiskTier:
         prepare_directory(directory)
         self.directory = directory
         self.budget_bytes = budget_bytes
-        self.device_kv = device_kv
+        self.device_kv = copyable(device_kv)  # FP8 pages travel as their bytes
+        self.kv_dtype = dtype_name(device_kv.dtype)
         self.layout = layout
         self.before_write = before_write  # orders a fill after copies still reading its GPU pages (the host tier's)
         self.page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
@@ -293,7 +294,7 @@ class DiskTier:
         path = self.path(read.key)
         start = time.perf_counter()
         try:
-            read_verified(path, read.key, self.layout, read.n_tokens, self.page_bytes, as_bytes(buf))
+            read_verified(path, read.key, self.layout, read.n_tokens, self.page_bytes, as_bytes(buf), self.kv_dtype)
         except FileNotFoundError:
             return None  # removed by another engine's eviction since `claim`
         except (RefusedFile, OSError) as e:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lazyattn.cache.disk_format import HEADER_BYTES, Header, checksum, enforce_budget, write_atomic
+from lazyattn.cache.page_pool import copyable
 
 if TYPE_CHECKING:
     from lazyattn.cache.segment import Segment
@@ -35,7 +36,8 @@ class DiskWriter:
     ) -> None:
         self.directory = directory
         self.budget_bytes = budget_bytes
-        self.device_kv = device_kv
+        self.device_kv = copyable(device_kv)  # FP8 pages travel as their bytes
+        self.kv_dtype = dtype_name(device_kv.dtype)
         self.layout = layout
         self.max_pending_bytes = max_pending_bytes
         self.page_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
@@ -104,7 +106,9 @@ class DiskWriter:
                     event.synchronize()
                 start = time.perf_counter()
                 payload = as_bytes(pages)
-                header = Header(key, self.layout, n_tokens, pages.shape[0], self.page_bytes, checksum(payload))
+                header = Header(
+                    key, self.layout, n_tokens, pages.shape[0], self.page_bytes, checksum(payload), self.kv_dtype
+                )
                 write_atomic(path, header, payload)
                 self.seconds += time.perf_counter() - start
                 self.writes += 1
@@ -117,6 +121,11 @@ class DiskWriter:
                 with self._lock:
                     self._pending.pop(key, None)
                 self._queue.task_done()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as files and layouts name it: float8_e4m3fn, bfloat16, float32."""
+    return str(dtype).removeprefix("torch.")
 
 
 def page_index(pages: list[int], device_kv: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lazyattn.cache.page_pool import copyable
+
 logger = logging.getLogger("lazyattn.cache")
 
 
@@ -78,11 +80,13 @@ class PageMover:
 
     def __init__(self, device_kv: torch.Tensor, num_host_pages: int, chunk_pages: int | None = None) -> None:
         layers, two, _, page_size, heads, head_dim = device_kv.shape
-        self.device_kv = device_kv
+        self.device_kv = copyable(device_kv)  # FP8 pages travel as their bytes
         self.device = device_kv.device
         self.cuda = device_kv.is_cuda
         self.num_pages = num_host_pages
-        self.host_kv = torch.empty((num_host_pages, layers, two, page_size, heads, head_dim), dtype=device_kv.dtype)
+        self.host_kv = torch.empty(
+            (num_host_pages, layers, two, page_size, heads, head_dim), dtype=self.device_kv.dtype
+        )
         self.page_bytes = self.host_kv[0].numel() * self.host_kv.element_size() if num_host_pages else 0
         if chunk_pages is None:
             chunk_pages = max(1, LOCK_CHUNK_BYTES // self.page_bytes) if self.page_bytes else 1

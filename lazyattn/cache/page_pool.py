@@ -59,6 +59,13 @@ def allocate_kv(
     raise ValueError(f"unknown KV layout {layout!r}: use one of {', '.join(KV_LAYOUTS)}")
 
 
+def copyable(kv: torch.Tensor) -> torch.Tensor:
+    """The pool (or a view of it) as the tiers copy it, byte for byte: a one-byte dtype (FP8 pages, docs/design.md,
+    "FP8 KV cache") as uint8 of the same shape and strides, since torch's index_copy_ takes no float8; others as
+    they are."""
+    return kv.view(torch.uint8) if kv.element_size() == 1 else kv
+
+
 def bytes_per_page(num_layers: int, kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype) -> int:
     """Bytes one page id costs across all layers, K and V together."""
     return num_layers * 2 * page_size * kv_heads * head_dim * dtype.itemsize

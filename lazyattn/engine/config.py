@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 # How documents are placed (docs/design.md, Modes): the one list the CLI, the server, eval and bench check against.
 MODES = ("lazy", "block", "prefix", "full")
 DTYPES = ("float32", "bfloat16", "float16")
+# The KV pool's dtypes (docs/design.md, "FP8 KV cache"); kernels/kv_dtype.py maps them to torch dtypes.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8_e4m3")
 
 
 _SAME = object()  # _option's cli_default when the CLI's default is the field's
@@ -52,9 +54,17 @@ class EngineConfig:
     device: str = _option("cpu", "cuda or cpu", shown="cuda if available", cli_default=None)
     dtype: str | None = _option(
         None,
-        "weights and KV cache dtype",
+        "weights dtype, and the KV cache's unless --kv-cache-dtype says otherwise",
         shown="bfloat16 on CUDA, float32 on the CPU",
         choices=DTYPES,
+    )
+    # The KV pool's dtype (docs/design.md, "FP8 KV cache"): 'auto' is the model's; 'fp8_e4m3' stores every K/V element
+    # in one byte (scale 1.0), quantized as it is cached, so the same memory holds twice the documents of bfloat16,
+    # in every tier.
+    kv_cache_dtype: str = _option(
+        "auto",
+        "KV cache dtype: auto (the model's), bfloat16 or fp8_e4m3 (docs/design.md, FP8 KV cache)",
+        choices=KV_CACHE_DTYPES,
     )
     page_size: int = _option(64, "tokens per KV page")
     kv_cache_gb: float | None = _option(None, "KV budget, GiB", shown="from free GPU memory")
@@ -210,6 +220,11 @@ class EngineConfig:
             raise InvalidRequestError(f"disk_read_gbps must be > 0, got {self.disk_read_gbps}", "disk_read_gbps")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidRequestError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+                "kv_cache_dtype",
+            )
         check_relink(self.mode, self.relink_tokens)
         check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix, self.ape_tilt)
         t = self.tokenizer_cache_tokens
@@ -287,3 +302,10 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}", "dtype")
         return getattr(torch, self.dtype)
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The KV pool's dtype: `kv_cache_dtype`, where 'auto' is the model's (`torch_dtype`)."""
+        from lazyattn.kernels.kv_dtype import resolve
+
+        return resolve(self.kv_cache_dtype, self.torch_dtype)

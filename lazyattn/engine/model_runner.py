@@ -42,7 +42,7 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.max_model_len = max_model_len
-        mc, ps, dtype = model_config, config.page_size, config.torch_dtype
+        mc, ps, dtype = model_config, config.page_size, config.kv_torch_dtype
         self.page_size = ps
         self.page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, ps, dtype)
         self.num_pages = pool_pages(config, device, self.page_bytes) if num_pages is None else num_pages

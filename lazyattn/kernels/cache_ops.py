@@ -15,6 +15,12 @@ fp32, rounding once at the store. The pairing of channels (half-split or interle
 compile-time choice; either way the rows are read with contiguous vector loads (_load_pairs).
 
 All offsets are int64: pools of tens of GiB overflow int32 element offsets.
+
+FP8 pages (docs/design.md, "FP8 KV cache"): every value stored into the pool goes through `to_cache`, which rounds to
+e4m3 in fp32 arithmetic (saturating at ±448, nearest even) before the conversion, so that the conversion only meets
+values it represents exactly. The Triton interpreter's own fp32 -> fp8 conversion rounds wrongly (31.2 -> 16, seen
+with triton 3.9); the GPU's (cvt.rn.satfinite) gives the same bytes as `to_cache`. kernels/kv_dtype.py `quantize`
+is the same rule in PyTorch.
 """
 
 from __future__ import annotations
@@ -33,6 +39,20 @@ from lazyattn.kernels.rope import RopeTables
 # tokens (RAG at batch 8) are slower with 2304 programs each scanning its entry's pages (docs/benchmarks.md,
 # "Kernel constants").
 _COPY_PROGRAMS_MAX_TOKENS = 64
+
+
+@triton.jit
+def to_cache(x, TY: tl.constexpr):
+    """x rounded to the pool's dtype TY. FP8 (e4m3fn): saturated to ±448, then rounded to nearest even on its grid
+    in fp32 (a power-of-two ulp from x's exponent, at least 2^-9 below the normal range; the add-and-subtract of
+    1.5 * 2^23 rounds x / ulp, at most 16 here, to an integer, ties to even), then converted exactly."""
+    if TY == tl.float8e4nv:  # noqa: SIM300 (TY is the argument, a compile-time dtype)
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -448.0), 448.0)
+        e = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # x's exponent; -6 for subnormals
+        ulp = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e-3): three mantissa bits
+        inv_ulp = ((127 - e + 3) << 23).to(tl.float32, bitcast=True)
+        x = ((x * inv_ulp + 12582912.0) - 12582912.0) * ulp
+    return x.to(TY)
 
 
 @triton.jit
@@ -99,8 +119,8 @@ def _rope_pairs(
     h = tl.arange(0, BLOCK_H)[:, None]
     a, b = _load_pairs(src + h.to(tl.int64) * s_h, s_d, h < n_heads, BLOCK_HALF, HALF, INTERLEAVED)
     ra, rb = _rotate(a, b, cos[None, :], sin[None, :])
-    ra = (ra * mscale).to(ROUND_TY).to(OUT_TY)
-    rb = (rb * mscale).to(ROUND_TY).to(OUT_TY)
+    ra = to_cache((ra * mscale).to(ROUND_TY), OUT_TY)
+    rb = to_cache((rb * mscale).to(ROUND_TY), OUT_TY)
     return ra, rb
 
 
@@ -480,7 +500,7 @@ def _rope_write_kv_kernel(
     v_mask = (h < n_kv) & (d < HEAD_DIM)
     v = tl.load(v_ptr + t * sv_t + h.to(tl.int64) * sv_h + d * sv_d, mask=v_mask, other=0.0)
     v_dst = v_cache_ptr + page * svc_p + offset * svc_s + h.to(tl.int64) * svc_h + d * svc_d
-    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
+    tl.store(v_dst, to_cache(v, v_cache_ptr.dtype.element_ty), mask=v_mask)
 
 
 def _check_cache(name: str, cache: torch.Tensor, heads: int, head_dim: int) -> None:
@@ -659,7 +679,7 @@ def _copy_rotate_kernel(
     sin = tl.load(sin_ptr + delta * s_tab + j, mask=j < HALF, other=0.0)[None, :]
     ra, rb = _rotate(a, b, cos, sin)
     ty = kv_ptr.dtype.element_ty
-    _store_pairs(k_dst, s_d, row_ok[:, None], ra.to(ty), rb.to(ty), BLOCK_HALF, HALF, INTERLEAVED)
+    _store_pairs(k_dst, s_d, row_ok[:, None], to_cache(ra, ty), to_cache(rb, ty), BLOCK_HALF, HALF, INTERLEAVED)
     tl.store(k_dst + s_kv + d * s_d, v, mask=v_mask)
 
 

@@ -61,6 +61,7 @@ from lazyattn.kernels.decode_tiles import (
     rotation_rows,
     softmax_tile,
 )
+from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import (
     LOG2E,
     hopper_or_later,
@@ -478,7 +479,9 @@ def _decode_split(
     q_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + entry * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
-    kv_ty = k_ptr.dtype.element_ty
+    # The tiles' dtype once loaded: q's, which is the cache's or wider (FP8 pages, docs/design.md "FP8 KV cache";
+    # bf16 pages under an fp32 model), so q and P are rounded as with pages of q's dtype, never to the narrower one.
+    kv_ty = q_ptr.dtype.element_ty
     # q is rotated for delta 0 already: pages of other deltas trigger the de-rotation, the first page's here.
     q_dot = q.to(kv_ty).to(DOT_TY)
     cur_delta = tl.full([], 0, tl.int32)
@@ -530,13 +533,13 @@ def _decode_split(
             # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
             # whatever K holds.
             row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
-            k = k_desc.load([row, head_col])
+            k = k_desc.load([row, head_col]).to(kv_ty)
         else:
-            k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask)
+            k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
         if TMA >= 2:
-            v = v_desc.load([row, head_col])
+            v = v_desc.load([row, head_col]).to(kv_ty)
         else:
-            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
+            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask).to(kv_ty)
         pv, p_dot, alpha, l_i, m_new = softmax_tile(
             q_dot,
             k,
@@ -563,7 +566,7 @@ def _decode_split(
                 whole = slot0 + BLOCK_N <= n_keys
             if not whole:
                 v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
-                pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
+                pv = tl.dot(p_dot, v_masked.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -618,8 +621,7 @@ def _check(
             f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
             f"{tuple(v_cache.shape)}: head_dim must match and Hq be a multiple of Hkv"
         )
-    if k_cache.dtype not in TL_DTYPES or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
+    check_dtypes(q, k_cache, v_cache)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
     rows = (batch.pages, batch.deltas, batch.valid, batch.starts) + (() if batch.firsts is None else (batch.firsts,))
@@ -753,9 +755,9 @@ def decode_attention(
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
     block_h = triton.next_power_of_2(group)
-    # Dot operands are rounded to the cache dtype, as on the GPU, but the interpreter multiplies 16-bit
-    # floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
-    dot_ty = tl.float32 if interpreting() else TL_DTYPES[k_cache.dtype]
+    # Dot operands are rounded to the cache dtype (q's over FP8 pages), as on the GPU, but the interpreter multiplies
+    # 16-bit floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
+    dot_ty = tl.float32 if interpreting() else TL_DTYPES[q.dtype]
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
         q,

@@ -12,7 +12,7 @@ import triton.language as tl
 # Finite start for the running max: a tile with no valid key then gives exp2(-inf - NEG_BIG) = 0 and
 # alpha = exp2(0) = 1 instead of the NaN of exp2(-inf - -inf).
 NEG_BIG = tl.constexpr(-1.0e30)
-# The Triton types of the KV dtypes the decode kernels take.
+# The Triton types of the query dtypes the decode kernels take.
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -91,7 +91,7 @@ def softmax_tile(
     alpha = tl.exp2(m_i - m_new)
     prob = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(prob, 1)
-    p_dot = prob.to(k.dtype).to(DOT_TY)  # k's dtype: the KV cache's
+    p_dot = prob.to(k.dtype).to(DOT_TY)  # k's dtype: the tile's as loaded (the cache's; an FP8 page's widened to q's)
     pv = tl.dot(p_dot, v.to(DOT_TY), input_precision=DOT_PRECISION)
     return pv, p_dot, alpha, l_i, m_new
 

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.cache_ops import _load_pairs, _rotate
+from lazyattn.kernels.cache_ops import _load_pairs, _rotate, to_cache
+from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import interpreting
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.rope import RopeTables
@@ -242,7 +243,8 @@ def _attention_kernel(
     last_pos = q_start + tl.minimum(n_q, (blk + 1) * BLOCK_M) - 1
     q_rows = q_ptr + (lo + tok).to(tl.int64)[:, None] * s_qt + (kvh * GROUP + g).to(tl.int64)[:, None] * s_qh
     qa, qb = _load_pairs(q_rows, s_qd, row_ok[:, None], BLOCK_HALF, HALF, INTERLEAVED)
-    ty = k_ptr.dtype.element_ty
+    # Tiles are widened to q's dtype as they load (FP8 pages, docs/design.md "FP8 KV cache"; else the same dtype).
+    ty = q_ptr.dtype.element_ty
 
     m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
@@ -269,7 +271,8 @@ def _attention_kernel(
                 cos = tl.load(cos_ptr + delta * s_tab + j, mask=j < HALF, other=1.0)[None, :]
                 sin = tl.load(sin_ptr + delta * s_tab + j, mask=j < HALF, other=0.0)[None, :]
                 ra, rb = _rotate(ka, kb, cos, sin)
-                ka, kb = ra.to(ty), rb.to(ty)
+                ka, kb = to_cache(ra, k_ptr.dtype.element_ty), to_cache(rb, k_ptr.dtype.element_ty)
+            ka, kb = ka.to(ty), kb.to(ty)
             s = _dot(qa, tl.trans(ka), tl.zeros([BLOCK_M * BLOCK_G, PAGE], tl.float32), PRECISION, INTERPRETED)
             s = _dot(qb, tl.trans(kb), s, PRECISION, INTERPRETED)
             s = s * scale
@@ -289,8 +292,8 @@ def _attention_kernel(
                 v_ptr + page * s_vp + slot.to(tl.int64)[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd,
                 mask=key_ok[:, None] & (d[None, :] < HEAD_DIM),
                 other=0.0,
-            )
-            # p is rounded to the KV dtype for the product with V (fp32 caches keep it whole)
+            ).to(ty)
+            # p is rounded to the tile's dtype for the product with V (fp32 keeps it whole)
             acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, INTERPRETED)
             m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -313,6 +316,7 @@ def paged_attention(
     total, hq, dim = q.shape
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
+    check_dtypes(q, k_cache, v_cache)
     out = torch.empty_like(q)
     if total == 0 or batch.batch_size == 0:
         return out

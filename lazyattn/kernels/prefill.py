@@ -96,6 +96,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.page_scan import BLOCK_B, BLOCK_P, count_pages, entry_of_row, find_block, pick, run_deltas
 from lazyattn.kernels.paged import PagedBatch, cdiv
@@ -813,6 +814,7 @@ def _check_inputs(
         raise ValueError(f"prefill kernel needs a power-of-two page_size >= 16, got {page_size}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k/v caches must be contiguous along head_dim")
+    check_dtypes(q, k_cache, v_cache)
     if tables is not None and (
         tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32 or tables.cos.device != q.device
     ):

@@ -206,9 +206,10 @@ def attend_pages(
                 in_page = slot < tl.where(first, t_n0, t_n1)
             # page1's slot 0 sits right after page0's last key, shifted back by page1's own offset
             key_pos = tl.where(first, t_pos0, t_pos0 + t_n0 - t_lo1 - PAGE_SIZE) + n
-        # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot).
-        k = tl.load(k_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0)
-        v = tl.load(v_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0)
+        # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot). Pages narrower than
+        # q (FP8, docs/design.md "FP8 KV cache") are widened to q's dtype, exactly, as they load.
+        k = tl.load(k_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0).to(q.dtype)
         qk = _dot(q, tl.trans(k), None, DOT_PRECISION, UPCAST)
         if t_masked:
             visible = in_page[None, :] & (key_pos[None, :] <= q_pos[:, None])

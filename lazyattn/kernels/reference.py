@@ -3,12 +3,16 @@
 It is the ground truth of every kernel test and the engine's CPU backend. It takes the materialising
 route on purpose: it rotates each gathered key by its page's delta and attends with ordinary positions,
 so it shares no shortcut with the kernels, which de-rotate queries instead.
+
+Pages of any KV dtype are read as fp32 (an FP8 page dequantized exactly: kernels/kv_dtype.py, scale 1.0); writes and
+block mode's copies round to the pool's dtype through `kv_dtype.quantize`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from lazyattn.kernels.kv_dtype import quantize
 from lazyattn.kernels.paged import PagedBatch
 from lazyattn.kernels.rope import RopeTables, rotate
 
@@ -41,7 +45,7 @@ def gather_keys(
             raise ValueError("negative page deltas are not part of the contract")
         k = rotate(k, tables.cos[d][:, None, :], tables.sin[d][:, None, :], tables.interleaved)
         if round_rotated:
-            k = k.to(k_cache.dtype).float()
+            k = quantize(k, k_cache.dtype).float()
     return k, v, pos
 
 
@@ -130,8 +134,8 @@ def write_kv(
     page_size = k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache[slots // page_size, slots % page_size] = k[keep].to(k_cache.dtype)
-    v_cache[slots // page_size, slots % page_size] = v[keep].to(v_cache.dtype)
+    k_cache[slots // page_size, slots % page_size] = quantize(k[keep], k_cache.dtype)
+    v_cache[slots // page_size, slots % page_size] = quantize(v[keep], v_cache.dtype)
 
 
 def copy_rotate(
@@ -145,8 +149,8 @@ def copy_rotate(
     cos = tables.cos[d][:, None, None, :]
     sin = tables.sin[d][:, None, None, :]
     for layer in range(kv.shape[0]):
-        k = kv[layer, 0, src.long()]
-        kv[layer, 0, dst.long()] = rotate(k, cos, sin, tables.interleaved).to(kv.dtype)
+        k = kv[layer, 0, src.long()].float()
+        kv[layer, 0, dst.long()] = quantize(rotate(k, cos, sin, tables.interleaved), kv.dtype)
         kv[layer, 1, dst.long()] = kv[layer, 1, src.long()]
 
 

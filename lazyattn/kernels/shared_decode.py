@@ -43,7 +43,16 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.decode import DecodeConfig, decode_config
-from lazyattn.kernels.decode_tiles import NEG_BIG, TL_DTYPES, merge_group, pair_layout, rotation_rows, softmax_tile
+from lazyattn.kernels.decode_tiles import (
+    NEG_BIG,
+    TL_DTYPES,
+    masked_tile,
+    merge_group,
+    pair_layout,
+    rotation_rows,
+    softmax_tile,
+)
+from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import LOG2E, interpreting
 from lazyattn.kernels.paged import EntryPages, PagedBatch
 from lazyattn.kernels.rope import RopeTables
@@ -349,7 +358,7 @@ def _shared_job_kernel(
         # Every row is its member's query head, de-rotated by the member's own delta.
         q_rows = q_ptr + entry[:, None] * stride_qb + heads[:, None].to(tl.int64) * stride_qh
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        kv_ty = k_ptr.dtype.element_ty
+        kv_ty = q_ptr.dtype.element_ty  # narrower pages (FP8) are widened to q's dtype as they load (decode.py)
         if APPLY_DELTA:
             partner, pair, sign = pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
             delta = tl.load(row + 4 + MEMBERS + member, mask=r_mask, other=0)
@@ -382,8 +391,8 @@ def _shared_job_kernel(
                 tile_mask = key_mask[:, None]
             else:
                 tile_mask = key_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_base + page * stride_kp + slot[:, None] * stride_kt + d[None, :], mask=tile_mask, other=0.0)
-            v = tl.load(v_base + page * stride_vp + slot[:, None] * stride_vt + d[None, :], mask=tile_mask, other=0.0)
+            k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
+            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask).to(kv_ty)
             pv, _, alpha, l_i, m_new = softmax_tile(
                 q_dot,
                 k,
@@ -470,8 +479,7 @@ def shared_decode_attention(
     _, page_size, hkv, _ = k_cache.shape
     if k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim or hq % hkv:
         raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
-    if k_cache.dtype not in TL_DTYPES or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"KV cache dtype {k_cache.dtype}/{v_cache.dtype} unsupported: use bf16, fp16 or fp32")
+    check_dtypes(q, k_cache, v_cache)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
     if plan.slot_start.numel() < bsz + 1:
@@ -504,7 +512,7 @@ def shared_decode_attention(
     block_r = max(16, triton.next_power_of_2(plan.members * group))
     block_d = triton.next_power_of_2(head_dim)
     # The interpreter multiplies 16-bit floats as raw bits (decode.py): widen after rounding there.
-    dot_ty = tl.float32 if interpreting() else TL_DTYPES[k_cache.dtype]
+    dot_ty = tl.float32 if interpreting() else TL_DTYPES[q.dtype]
     # decode_config's register cap is for 16-row tiles; larger member tiles keep the compiler's choice.
     regs = {"maxnreg": config.maxnreg} if config.maxnreg and block_r <= 16 else {}
     if plan.programs:

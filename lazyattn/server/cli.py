@@ -263,7 +263,8 @@ def serve(
     disk = "" if engine.disk is None else f"; disk tier {args.disk_cache_dir} ({args.disk_cache_gb:g} GiB)"
     print(
         f"lazyattn serve: {args.model} ({mc.architecture}, {mc.num_layers} layers, {engine.config.torch_dtype}) on "
-        f"{engine.device}, {engine.mode.name} mode; KV pool {stats.num_pages} pages x {engine.config.page_size} "
+        f"{engine.device}, {engine.mode.name} mode; KV pool ({engine.config.kv_torch_dtype}) {stats.num_pages} pages x "
+        f"{engine.config.page_size} "
         f"tokens = {stats.num_pages * stats.page_bytes / 2**30:.2f} GiB; context {engine.max_model_len} tokens; "
         f"loaded{' and warmed up' if engine.config.warm_up and engine.device.type == 'cuda' else ''} in "
         f"{time.monotonic() - start:.1f} s; document registry {safe_url(registry)}{disk}; listening on "

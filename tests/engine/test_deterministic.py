@@ -74,6 +74,20 @@ def test_alone_batched_chunked_and_preempted_give_the_same_bits(mode):
     assert llm.stats().preemptions == 1
 
 
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+def test_fp8_pages_alone_batched_and_chunked_give_the_same_bits(mode):
+    """kv_cache_dtype=fp8_e4m3 (docs/design.md, "FP8 KV cache"): the same invariance over e4m3 pages."""
+    alone = first(make(mode, kv_cache_dtype="fp8_e4m3"), [TARGET])
+    assert first(make(mode, kv_cache_dtype="fp8_e4m3", max_num_batched_tokens=16), [TARGET] + OTHERS) == alone
+
+
+def test_lazy_and_block_agree_exactly_over_fp8_pages():
+    """Block's copies round the moved keys to e4m3 again; the deterministic lazy path rounds them the same way."""
+    requests = [TARGET] + OTHERS[-1:]
+    lazy = first(make("lazy", dtype="bfloat16", kv_cache_dtype="fp8_e4m3"), requests)
+    assert lazy == first(make("block", dtype="bfloat16", kv_cache_dtype="fp8_e4m3"), requests)
+
+
 def test_seeded_sampling_draws_the_same_beside_other_requests():
     alone = first(make("lazy"), [TARGET], SEEDED)
     assert first(make("lazy"), [TARGET] + OTHERS, SEEDED) == alone
@@ -122,12 +136,26 @@ def test_gpu_batches_1_to_64_and_chunked_prefill(mode):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_lazy_and_block_agree_exactly():
-    """On CUDA, lazy's kernel rounds a moved key as block's copy kernel (cache_ops.copy_rotate) does."""
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_gpu_lazy_and_block_agree_exactly(kv_cache_dtype):
+    """On CUDA, lazy's kernel rounds a moved key as block's copy kernel (cache_ops.copy_rotate) does (to e4m3 over
+    FP8 pages)."""
     requests = [TARGET] + OTHERS
-    lazy = first(make("lazy", "cuda", dtype="bfloat16", kv_cache_gb=1.0), requests)
-    block = first(make("block", "cuda", dtype="bfloat16", kv_cache_gb=1.0), requests)
+    kw = dict(dtype="bfloat16", kv_cache_gb=1.0, kv_cache_dtype=kv_cache_dtype)
+    lazy = first(make("lazy", "cuda", **kw), requests)
+    block = first(make("block", "cuda", **kw), requests)
     assert lazy == block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fp8_batches_1_to_32():
+    """FP8 pages on CUDA (CUDA graphs on): the target request alone and beside 1..31 others, the same bits."""
+    others = [([DOCS[i % 3]], [50 + (7 * i + j) % 200 for j in range(1 + i % 17)]) for i in range(31)]
+    llm = make("lazy", "cuda", dtype="bfloat16", kv_cache_gb=1.0, kv_cache_dtype="fp8_e4m3")
+    alone = first(llm, [TARGET])
+    for n in (1, 7, 31):
+        assert first(llm, [TARGET] + others[:n]) == alone, n
 
 
 @pytest.mark.gpu

@@ -146,8 +146,11 @@ class Scenario:
             for i in range(int(batch.num_pages[b])):
                 first = 0 if batch.firsts is None else int(batch.firsts[b, i])
                 listed[int(batch.pages[b, i]), first : first + int(batch.valid[b, i])] = True
-        self.k_cache[~listed] = float("nan")
-        self.v_cache[~listed] = float("nan")
+        for cache in (self.k_cache, self.v_cache):
+            if cache.element_size() == 1:  # FP8 pages: the NaN byte (torch's masked_fill takes no float8)
+                cache.view(torch.uint8)[~listed] = 0x7F
+            else:
+                cache[~listed] = float("nan")
 
     # --- ground truth ------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Short questions (every variant: graph/eager, plan, relinked, rotation in prefill or in the kernel, no deltas), a
 # call past the up-front rotation without splits, decode with and without splits, shared-document decode, block
 # mode's copy, fused ops, the greedy pick, gate_up's skinny product in its plain, normed, gated (SiLU·mul epilogue)
-# and residual forms, and the deterministic mode's attention (prefill and decode) and matmul (one compile for every M).
+# and residual forms, the deterministic mode's attention (prefill and decode) and matmul (one compile for every M), and
+# every kernel that writes or reads FP8 pages (kv_cache_dtype=fp8_e4m3).
 CASES = [
     "prefill 8B page64 rag T=32 B=1",
     "prefill 8B page64 rag T=512",
@@ -31,6 +32,7 @@ CASES = [
     "short prefill (Gluon)",
     "invariant attention 8B page64",
     "invariant matmul N=6144 K=4096",
+    "fp8 ",
 ]
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from lazyattn.kernels import invariant, reference
 from lazyattn.kernels.cache_ops import copy_rotate
+from lazyattn.kernels.kv_dtype import FP8, quantize
 from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
 from lazyattn.kernels.rope import RopeConfig, RopeTables
 from tests.kernels.scenario import make_scenario
@@ -25,8 +26,9 @@ def tables_for(head_dim: int) -> RopeTables:
     return RopeTables.build(RopeConfig(head_dim=head_dim), 512, DEVICE)
 
 
-def scenario(dtype: torch.dtype, head_dim: int = 32, q_heads: int = 6, kv_heads: int = 2):
-    return make_scenario(
+def scenario(dtype: torch.dtype, head_dim: int = 32, q_heads: int = 6, kv_heads: int = 2, kv_dtype=None):
+    """kv_dtype=FP8: the same pages rounded to e4m3 (docs/design.md, "FP8 KV cache"), queries in `dtype`."""
+    sc = make_scenario(
         DOCS,
         REQUESTS,
         q_heads=q_heads,
@@ -36,6 +38,11 @@ def scenario(dtype: torch.dtype, head_dim: int = 32, q_heads: int = 6, kv_heads:
         dtype=dtype,
         device=DEVICE,
     )
+    if kv_dtype is None:
+        return sc
+    from dataclasses import replace
+
+    return replace(sc, k_cache=quantize(sc.k_cache, kv_dtype), v_cache=quantize(sc.v_cache, kv_dtype))
 
 
 def attention(backend: str, q, sc, batch):
@@ -50,16 +57,18 @@ def rows_of(batch: PagedBatch, entry: int) -> slice:
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_rows_do_not_depend_on_batch_or_chunking(backend, dtype):
+@pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, FP8)])
+def test_attention_rows_do_not_depend_on_batch_or_chunking(backend, dtype, kv_dtype):
     """A final segment's rows: in a batch of three, alone, cut in chunks, and its last row as a decode step give the
-    same bits (the plain reference does not promise that), and they are close to the dense ground truth."""
-    sc = scenario(dtype)
+    same bits (the plain reference does not promise that), and they are close to the dense ground truth (FP8 pages:
+    to the plain reference over the same pages)."""
+    sc = scenario(dtype, kv_dtype=kv_dtype)
     q, batch = sc.final_prefill()
     whole = attention(backend, q, sc, batch)
+    plain = reference.paged_attention(q, sc.k_cache, sc.v_cache, batch, sc.tables, sc.scale)
     for i, r in enumerate(sc.requests):
-        want = sc.dense_final(r).to(dtype)
-        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+        want = sc.dense_final(r).to(dtype) if kv_dtype is None else plain[rows_of(batch, i)]
+        tol = 2e-2 if dtype == torch.bfloat16 or kv_dtype is not None else 1e-4
         torch.testing.assert_close(whole[rows_of(batch, i)].float(), want.float(), atol=tol, rtol=tol)
     # request 1 alone, then in chunks of 4 and 5 rows, each chunk its own launch beside other requests' chunks
     alone = make_scenario_view(sc, [1])
@@ -87,9 +96,9 @@ def make_scenario_view(sc, keep: list[int]):
     return replace(sc, requests=[sc.requests[i] for i in keep])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_attention_matches_the_invariant_reference(dtype):
-    sc = scenario(dtype)
+@pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, FP8)])
+def test_triton_attention_matches_the_invariant_reference(dtype, kv_dtype):
+    sc = scenario(dtype, kv_dtype=kv_dtype)
     q, batch = sc.final_prefill()
     got = invariant.paged_attention(q, sc.k_cache, sc.v_cache, batch, sc.tables, sc.scale)
     want = reference.paged_attention(q, sc.k_cache, sc.v_cache, batch, sc.tables, sc.scale, invariant=True)
@@ -107,11 +116,13 @@ def test_triton_attention_with_relinked_first_slots_matches_the_reference():
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
-def test_lazy_reads_the_same_keys_as_a_block_copy(backend):
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8])
+def test_lazy_reads_the_same_keys_as_a_block_copy(backend, kv_dtype):
     """In the deterministic paths a page read at delta d gives the same bits as block mode's private copy of it
-    (rotated by d and rounded to the KV dtype, cache_ops.copy_rotate / reference.copy_rotate) read at delta 0."""
+    (rotated by d and rounded to the KV dtype, cache_ops.copy_rotate / reference.copy_rotate) read at delta 0; FP8
+    pages under bf16 queries too."""
     dtype = torch.bfloat16
-    sc = scenario(dtype)
+    sc = scenario(dtype, kv_dtype=kv_dtype)
     q, batch = sc.final_prefill()
     lazy = attention(backend, q, sc, batch)
     # Block: every request's documents copied to fresh pages, rotated by their delta.
@@ -132,7 +143,7 @@ def test_lazy_reads_the_same_keys_as_a_block_copy(backend):
                 fresh += 1
         entry = EntryPages(pages, [0] * len(pages), valid)
         entries.append(entry.then(r.final.pages, page_fill(r.final.length, sc.page_size)))
-    kv = torch.zeros(1, 2, fresh, *sc.k_cache.shape[1:], dtype=dtype, device=DEVICE)
+    kv = torch.zeros(1, 2, fresh, *sc.k_cache.shape[1:], dtype=kv_dtype, device=DEVICE)
     kv[0, 0, :n_pages], kv[0, 1, :n_pages] = sc.k_cache, sc.v_cache
     as_tensor = [torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (src, dst, deltas)]
     if backend == "triton":

@@ -44,7 +44,7 @@ def build_runner(
     from lazyattn.engine.model_runner import pool_pages
 
     mc = model.config  # this rank's shard: its kv heads
-    page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, config.torch_dtype)
+    page_bytes = bytes_per_page(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, config.kv_torch_dtype)
     share = (
         config if config.kv_cache_gb is None else dataclasses.replace(config, kv_cache_gb=config.kv_cache_gb / tp.size)
     )

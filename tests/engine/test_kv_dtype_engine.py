@@ -1,0 +1,206 @@
+"""The engine with a narrower KV cache (`kv_cache_dtype`, docs/design.md "FP8 KV cache") against an independent
+transformers reference that stores K and V as the cache does: one forward over the concatenation, each row at its
+encoding position (a document's at its local positions, as encoded once for every slot; the final segment's at
+its logical ones), with a registered attention function that rounds every key and value to the cache's dtype and,
+for the final segment's rows, moves each document's rounded keys on to their logical positions with transformers'
+own RoPE (block mode's private copy rounds the moved key again, as `copy_rotate` stores it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lazyattn import LLM
+from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.prompt import from_token_ids
+from lazyattn.errors import InvalidRequestError
+from lazyattn.kernels.reference import block_mask
+from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm, token_bos
+from tests.model.checkpoints import hf_logits
+
+_LAYOUT: dict = {}
+DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "bfloat16": torch.bfloat16}
+
+
+def stored(x: torch.Tensor) -> torch.Tensor:
+    """x as the cache holds it, read back (FP8 saturates at ±448, as the GPU's conversion does)."""
+    dtype = _LAYOUT["dtype"]
+    y = x.float().clamp(-448.0, 448.0) if dtype == torch.float8_e4m3fn else x
+    return y.to(dtype).to(x.dtype)
+
+
+def _cached_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    group = query.shape[1] // key.shape[1]
+    key, value = stored(key), stored(value)
+    key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if "shift" in _LAYOUT:
+        cos, sin = _LAYOUT["rotary"](value, _LAYOUT["shift"][None])
+        moved = key * cos[:, None] + rotate_half(key) * sin[:, None]
+        if _LAYOUT["copies"]:
+            moved = stored(moved)
+        final = _LAYOUT["final_rows"][:, None]
+        scores = torch.where(final, torch.matmul(query, moved.transpose(2, 3)) * scaling, scores)
+    scores = scores.masked_fill(~_LAYOUT["visible"], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def cached_logits(model, segments: list[list[int]], tail: list[int], mode: str, dtype: torch.dtype) -> torch.Tensor:
+    from transformers import AttentionInterface
+
+    tokens = [x for seg in segments for x in seg] + tail
+    n, n_ctx = len(tokens), len(tokens) - len(tail)
+    _LAYOUT["dtype"] = dtype
+    if mode in ("lazy", "block"):
+        visible = block_mask([len(x) for x in segments], len(tail))
+        positions, shift, start = list(range(n)), torch.zeros(n, dtype=torch.long), 0
+        for seg in segments:
+            positions[start : start + len(seg)] = range(len(seg))  # encoded alone, at local positions
+            shift[start : start + len(seg)] = start
+            start += len(seg)
+        final_rows = torch.arange(n) >= n_ctx
+        _LAYOUT.update(shift=shift, final_rows=final_rows, rotary=model.model.rotary_emb, copies=mode == "block")
+    else:
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        positions = list(range(n))
+    _LAYOUT["visible"] = visible
+    AttentionInterface.register("kv_cache_reference", _cached_attention)
+    model.set_attn_implementation("kv_cache_reference")
+    try:
+        return hf_logits(model, tokens, positions)
+    finally:
+        model.set_attn_implementation("eager")
+        _LAYOUT.clear()
+
+
+def assert_matches_cached_reference(outs, model, bos, mode, dtype, atol=2e-4):
+    for out, (docs, prompt) in zip(outs, REQUESTS):
+        rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
+        tail, want = list(rendered.final), []
+        for _ in range(GEN):
+            lp = torch.log_softmax(cached_logits(model, rendered.segments, tail, mode, dtype)[-1].double(), -1)
+            want.append(lp)
+            tail.append(int(lp.argmax()))
+        assert out.token_ids == [int(lp.argmax()) for lp in want]
+        for got, lp in zip(out.outputs[0].logprobs, want):
+            ids = torch.tensor(list(got))
+            torch.testing.assert_close(
+                torch.tensor(list(got.values()), dtype=torch.float64), lp[ids], atol=atol, rtol=0
+            )
+
+
+@pytest.mark.parametrize(
+    "name, mode",
+    [("llama", "lazy"), ("qwen2", "lazy"), ("qwen3", "block"), ("llama31", "prefix"), ("mistral", "full")],
+)
+def test_fp8_cache_matches_transformers_with_fp8_kv(checkpoint, name, mode):
+    """fp32 model, FP8 pages: greedy tokens and log-probs equal the reference that rounds K/V to e4m3."""
+    llm = make_llm(checkpoint, name, mode, kv_cache_dtype="fp8_e4m3")
+    assert llm.engine.executor.local_kv.dtype == torch.float8_e4m3fn
+    outs = generate(llm)
+    assert_matches_cached_reference(outs, checkpoint(name)[1], token_bos(llm), mode, torch.float8_e4m3fn)
+
+
+def test_bfloat16_cache_under_a_float32_model_matches_its_reference(checkpoint):
+    llm = make_llm(checkpoint, "llama", "lazy", kv_cache_dtype="bfloat16")
+    assert llm.engine.executor.local_kv.dtype == torch.bfloat16
+    outs = generate(llm)
+    assert_matches_cached_reference(outs, checkpoint("llama")[1], token_bos(llm), "lazy", torch.bfloat16)
+
+
+def test_the_fp8_reference_differs_from_the_unrounded_one(checkpoint):
+    """The reference really rounds: its logits move away from plain block attention's, by less than the signal."""
+    model = checkpoint("llama")[1]
+    docs, prompt = REQUESTS[0]
+    segments = from_token_ids(prompt, [DOCS[d] for d in docs], 1).segments
+    tokens = [x for seg in segments for x in seg] + prompt
+    block = hf_logits(model, tokens, list(range(len(tokens))), block_mask([len(x) for x in segments], len(prompt)))
+    fp8 = cached_logits(model, segments, prompt, "lazy", torch.float8_e4m3fn)
+    diff = (fp8[-1] - block[-1]).abs().max()
+    assert 1e-5 < diff < 0.1 * block[-1].abs().max()
+
+
+def test_fp8_documents_hit_from_the_host_tier_with_the_same_tokens(checkpoint):
+    """Documents evicted to the host tier and promoted back give the tokens of an engine that never evicted."""
+    plain = generate(make_llm(checkpoint, "llama", "lazy", kv_cache_dtype="fp8_e4m3"), params=greedy())
+    llm = make_llm(checkpoint, "llama", "lazy", kv_cache_dtype="fp8_e4m3", host_cache_gb=0.01)
+    generate(llm, params=greedy())
+    llm.engine.cache.evict(10**6)  # every document to the host tier
+    again = generate(llm, params=greedy())
+    assert llm.stats().cache.host_hits > 0
+    assert [o.token_ids for o in again] == [o.token_ids for o in plain]
+
+
+def test_a_kv_cache_dtype_outside_the_list_is_refused():
+    with pytest.raises(InvalidRequestError, match="kv_cache_dtype must be one of auto, bfloat16, fp8_e4m3"):
+        EngineConfig(kv_cache_dtype="fp8")
+
+
+def test_an_fp8_pool_holds_twice_the_pages_of_a_bfloat16_one():
+    pages = {}
+    for kv in ("bfloat16", "fp8_e4m3"):
+        llm = LLM(model="tiny", device="cpu", kv_cache_gb=0.05, progress=False, kv_cache_dtype=kv)
+        pages[kv] = llm.engine.executor.num_pages
+    assert pages["fp8_e4m3"] == 2 * pages["bfloat16"]
+
+
+# --- GPU: the Triton kernels over FP8 pages, run on the device ---------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["lazy", "block"])
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_gpu_fp8_engine_matches_transformers_with_fp8_kv(checkpoint, mode, cuda_graphs):
+    """fp32 on the GPU: the Triton kernels (writes, prefill, decode, shared decode, block copies, graphs or eager)
+    over FP8 pages give the CPU reference's greedy tokens."""
+    directory, model = checkpoint("llama")
+    llm = LLM(
+        model=str(directory),
+        mode=mode,
+        device="cuda",
+        dtype="float32",
+        page_size=16,
+        kv_cache_gb=0.05,
+        progress=False,
+        kv_cache_dtype="fp8_e4m3",
+        cuda_graphs=cuda_graphs,
+    )
+    outs = generate(llm)
+    assert_matches_cached_reference(outs, model, token_bos(llm), mode, torch.float8_e4m3fn, atol=2e-3)
+    llm.shutdown()
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_kernels_give_the_reference_backends_tokens_at_8b_shapes(tmp_path_factory):
+    """4 layers of Llama-3.1-8B's shapes, random fp32 weights, three requests over three 700-token documents in
+    rotated orders: the Triton engine and the PyTorch reference backend (reference_attention) over FP8 pages agree."""
+    from lazyattn import SamplingParams
+    from lazyattn.engine.prompt import RenderedPrompt
+    from tests.engine.test_engine_gpu import config_dir, random_docs, run_once
+
+    directory = config_dir(tmp_path_factory, 4)
+    docs = random_docs(3, 700, seed=3)
+    prompts = [
+        RenderedPrompt(segments=[[128000]] + docs[i:] + docs[:i], final=random_docs(1, 16 + i, seed=40 + i)[0])
+        for i in range(3)
+    ]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for name, kw in (("triton", {}), ("reference", dict(reference_attention=True, cuda_graphs=False))):
+        llm = LLM(
+            model=str(directory),
+            device="cuda",
+            dtype="float32",
+            random_weights=True,
+            kv_cache_gb=2,
+            max_model_len=4096,
+            progress=False,
+            kv_cache_dtype="fp8_e4m3",
+            **kw,
+        )
+        tokens[name] = run_once(llm, prompts, params)
+        llm.shutdown()
+    assert tokens["triton"] == tokens["reference"]

@@ -1,0 +1,275 @@
+"""The Triton attention kernels over FP8 e4m3 pages (docs/design.md, "FP8 KV cache") against the PyTorch reference
+over the same pages (which dequantizes them exactly, tests/kernels/test_kv_dtype.py): decode (per-thread and
+copy-engine tiles), prefill (split-KV, Q rotated up front or in the kernel, a host plan) and shared-document decode.
+An fp32 query is held to 1e-5 (the kernels widen each tile exactly, so only the summation order differs), a bf16
+one to its rounding. Keys stay cached rotated at their encoding positions; the kernels apply the deltas.
+
+Under the interpreter an FP8 NaN byte reads as ±480 (triton 3.9): the NaN-poisoned page padding then tests that
+padding is masked, not that NaN is; the GPU tests read real NaN."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from lazyattn.kernels import decode, reference
+from lazyattn.kernels.decode import DecodeConfig, decode_attention
+from lazyattn.kernels.kv_dtype import FP8, quantize
+from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.prefill import prefill_attention
+from lazyattn.kernels.prefill_plan import with_plan
+from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan
+from tests.kernels.rope_cases import tables
+from tests.kernels.scenario import Scenario, make_scenario
+
+DOCS = [37, 16, 5, 21]
+REQUESTS = [([2, 0, 1], 9), ([1, 2], 20), ([0], 1), ([0, 3], 17)]
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def fp8_scenario(rope="llama3", heads=(4, 1), head_dim=64, page_size=16, dtype=torch.float32, seed=0, **kw):
+    """A scenario whose pages are FP8 (the keys rotated at their encoding positions, then rounded), queries in
+    `dtype`. Values up to ~8: e4m3's normal range, with its subnormals near 0."""
+    s = make_scenario(
+        kw.pop("docs", DOCS),
+        kw.pop("requests", REQUESTS),
+        q_heads=heads[0],
+        kv_heads=heads[1],
+        head_dim=head_dim,
+        page_size=page_size,
+        tables=tables(rope, head_dim, **({"device": kw["device"]} if "device" in kw else {})),
+        dtype=dtype,
+        seed=seed,
+        **kw,
+    )
+    return dataclasses.replace(s, k_cache=quantize(s.k_cache * 2, FP8), v_cache=quantize(s.v_cache * 2, FP8))
+
+
+def reference_of(s: Scenario, q: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+    return reference.paged_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale)
+
+
+def decoded(s: Scenario, q, batch, **kw) -> torch.Tensor:
+    out = torch.full_like(q, float("nan"))
+    got = decode_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, out=out, **kw)
+    assert got is out and not out.isnan().any()
+    return out
+
+
+def prefilled(s: Scenario, q, batch, **kw) -> torch.Tensor:
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, out=out, **kw)
+    assert not out.isnan().any()
+    return out
+
+
+# --- decode ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3", "interleaved"])
+@pytest.mark.parametrize("heads", [(4, 1), (6, 2)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_over_fp8_pages_equals_the_reference_fp32_tight(rope, heads, num_splits):
+    s = fp8_scenario(rope, heads, seed=1)
+    q, batch = s.decode()
+    assert rel_err(decoded(s, q, batch, num_splits=num_splits), reference_of(s, q, batch)) < 1e-5
+
+
+def test_decode_bf16_queries_over_fp8_pages_within_bf16_rounding():
+    s = fp8_scenario("llama3", (8, 2), head_dim=128, dtype=torch.bfloat16, seed=2)
+    q, batch = s.decode()
+    out = decoded(s, q, batch, num_splits=2)
+    assert out.dtype == torch.bfloat16 and rel_err(out, reference_of(s, q, batch)) < 1e-2
+
+
+def test_the_kernels_read_the_rounded_pages():
+    """The FP8 pages' result differs from the unrounded pages' by far more than the kernel's error."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("default", 64))
+    s = dataclasses.replace(s, k_cache=s.k_cache * 2, v_cache=s.v_cache * 2)
+    s8 = dataclasses.replace(s, k_cache=quantize(s.k_cache, FP8), v_cache=quantize(s.v_cache, FP8))
+    q, batch = s.decode()
+    out8 = decoded(s8, q, batch, num_splits=2)
+    assert rel_err(out8, reference_of(s8, q, batch)) < 1e-5
+    assert rel_err(out8, reference_of(s, q, batch)) > 1e-3
+
+
+@pytest.mark.parametrize("tma", [1, 2])
+@pytest.mark.parametrize("layout", ["token", "head"])
+def test_decode_copy_engine_tiles_over_fp8_pages(tma, layout):
+    from lazyattn.cache.page_pool import allocate_kv
+
+    s = fp8_scenario("llama3", (4, 2), seed=8, docs=[37, 16, 5, 64])
+    q, batch = s.decode()
+    s.poison_unlisted(batch)
+    pages, page_size, hkv, d = s.k_cache.shape
+    kv = allocate_kv(2, pages, page_size, hkv, d, FP8, "cpu", layout)
+    kv[1, 0], kv[1, 1] = s.k_cache, s.v_cache
+    assert decode.tile_descriptors(kv[1, 0], kv[1, 1], 16) is not None
+    config = DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=tma)
+    out = decode_attention(q, kv[1, 0], kv[1, 1], batch, s.tables, s.scale, num_splits=3, config=config)
+    assert rel_err(out, reference_of(s, q, batch)) < 1e-5
+
+
+def test_page_padding_of_fp8_pages_is_never_read():
+    s = fp8_scenario("llama3", (4, 2), seed=9)
+    q, batch = s.decode()
+    want = reference_of(s, q, batch)
+    s.poison_unlisted(batch)
+    assert rel_err(decoded(s, q, batch, num_splits=2), want) < 1e-5
+
+
+def test_decode_refuses_pages_wider_than_q_or_of_another_16_bit_dtype():
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("default", 64))
+    q, batch = s.decode()
+    with pytest.raises(ValueError, match="q of torch.bfloat16 over K/V pages of torch.float16"):
+        decode_attention(q.bfloat16(), s.k_cache.half(), s.v_cache.half(), batch, s.tables, s.scale)
+    with pytest.raises(ValueError, match="q of torch.bfloat16 over K/V pages of torch.float32"):
+        decode_attention(q.bfloat16(), s.k_cache, s.v_cache, batch, s.tables, s.scale)
+
+
+def test_decode_fp32_queries_over_bf16_pages_equal_the_reference():
+    """kv_cache_dtype=bfloat16 under a float32 model: tiles widened to fp32, q never rounded to bf16."""
+    s = make_scenario(DOCS, REQUESTS, q_heads=4, kv_heads=1, head_dim=64, page_size=16, tables=tables("llama3", 64))
+    s = dataclasses.replace(s, k_cache=s.k_cache.bfloat16(), v_cache=s.v_cache.bfloat16())
+    q, batch = s.decode()
+    assert rel_err(decoded(s, q, batch, num_splits=2), reference_of(s, q, batch)) < 1e-5
+
+
+# --- prefill ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3", "interleaved"])
+@pytest.mark.parametrize("splits", [None, 3])
+def test_prefill_over_fp8_pages_equals_the_reference_fp32_tight(rope, splits):
+    s = fp8_scenario(rope, seed=3)
+    q, batch = s.final_prefill()
+    assert rel_err(prefilled(s, q, batch, num_splits=splits), reference_of(s, q, batch)) < 1e-5
+
+
+@pytest.mark.parametrize("rotated", [0, 8])
+def test_prefill_runs_rotated_up_front_and_a_host_plan_over_fp8_pages(rotated):
+    s = fp8_scenario("llama3", seed=4)
+    q, batch = s.final_prefill()
+    want = reference_of(s, q, batch)
+    assert rel_err(prefilled(s, q, batch, num_splits=4, rotated_runs=rotated), want) < 1e-5
+    assert rel_err(prefilled(s, q, with_plan(batch, 4, 2), rotated_runs=rotated), want) < 1e-5
+
+
+def test_prefill_of_a_document_and_chunks_over_fp8_pages():
+    s = fp8_scenario("default", (4, 2), seed=5)
+    q, batch = s.doc_prefill([(0, 0, 37), (3, 5, 21)])
+    assert rel_err(prefilled(s, q, batch), reference_of(s, q, batch)) < 1e-5
+    q, batch = s.final_prefill([(0, 4), (3, 20), (0, 1), (10, 17)])
+    s.poison_unlisted(batch)
+    assert rel_err(prefilled(s, q, batch, num_splits=2), reference_of(s, q, batch)) < 1e-5
+
+
+def test_prefill_bf16_queries_over_fp8_pages_within_bf16_rounding():
+    s = fp8_scenario("interleaved", (4, 1), dtype=torch.bfloat16, seed=6)
+    q, batch = s.final_prefill()
+    out = prefilled(s, q, batch)
+    assert out.dtype == torch.bfloat16 and rel_err(out, reference_of(s, q, batch)) < 1e-2
+
+
+# --- shared-document decode ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_shared_decode_over_fp8_pages_equals_the_reference(dtype, tol):
+    s = fp8_scenario("llama3", (4, 1), dtype=dtype, seed=7)
+    q, _ = s.decode()
+    entries = [s.final_entry(r, r.final.length) for r in s.requests]
+    batch = PagedBatch.build(entries, [1] * len(entries), [s.context_len(r) + r.final.length - 1 for r in s.requests])
+    plan = shared_plan(entries, 4, 16, 8)
+    assert plan.jobs.shape[0] < sum(len(e.pages) for e in entries)  # some pages are read once for several entries
+    out = shared_decode_attention(q, s.k_cache, s.v_cache, batch, plan.to("cpu"), s.tables, s.scale)
+    assert rel_err(out, reference_of(s, q, batch)) < tol
+
+
+# --- GPU, Llama-3.1-8B shapes (32/8 heads, d=128, bf16 queries) ------------------------------------------
+
+
+def gpu_fp8_scenario(docs, requests, page_size=64, dtype=torch.bfloat16) -> Scenario:
+    s = make_scenario(
+        docs,
+        requests,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        page_size=page_size,
+        tables=tables("llama3", 128, max_position=40000, device="cuda"),
+        dtype=dtype,
+        device="cuda",
+        seed=12,
+    )
+    return dataclasses.replace(s, k_cache=quantize(s.k_cache * 2, FP8), v_cache=quantize(s.v_cache * 2, FP8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [0, 1, 2])
+def test_gpu_fp8_decode_batch8(tma):
+    docs = [1500, 1024, 777, 2048, 900, 1300]
+    requests = [([i % 6, (i + 2) % 6], 4096 - docs[i % 6] - docs[(i + 2) % 6]) for i in range(8)]
+    s = gpu_fp8_scenario(docs, requests)
+    q, batch = s.decode()
+    want = reference_of(s, q, batch)
+    s.poison_unlisted(batch)  # real NaN bytes on the GPU
+    for n in (None, 1, 3):
+        config = dataclasses.replace(decode.decode_config(128, FP8, 64), tma=tma)
+        assert rel_err(decoded(s, q, batch, num_splits=n, config=config), want) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_fp32_tight():
+    s = gpu_fp8_scenario([700, 300], [([0, 1], 100), ([1], 60)], dtype=torch.float32)
+    q, batch = s.decode()
+    assert rel_err(decoded(s, q, batch), reference_of(s, q, batch)) < 1e-5
+    q, batch = s.final_prefill()
+    assert rel_err(prefilled(s, q, batch), reference_of(s, q, batch)) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_prefill_rag_question():
+    s = gpu_fp8_scenario([2048] * 5, [([4, 1, 3, 0, 2], 32), ([0, 2, 4], 32)])
+    q, batch = s.final_prefill()
+    want = reference_of(s, q, batch)
+    s.poison_unlisted(batch)
+    for splits in (None, 1, 8):
+        assert rel_err(prefilled(s, q, batch, num_splits=splits), want) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_shared_decode():
+    docs = [2048, 2048, 1500, 2048, 777]
+    rng = random.Random(3)
+    requests = [(list(dict.fromkeys(rng.sample([0, 0, 1, 2, 3, 4], 3))), 40) for _ in range(16)]
+    s = gpu_fp8_scenario(docs, requests)
+    q, _ = s.decode()
+    entries = [s.final_entry(r, r.final.length) for r in s.requests]
+    batch = PagedBatch.build(
+        entries, [1] * len(entries), [s.context_len(r) + r.final.length - 1 for r in s.requests], "cuda"
+    )
+    plan = shared_plan(entries, 4, 16, 8).to("cuda")
+    out = shared_decode_attention(q, s.k_cache, s.v_cache, batch, plan, s.tables, s.scale)
+    assert rel_err(out, reference_of(s, q, batch)) < 1e-2
+
+
+def test_the_hopper_kernel_leaves_fp8_pages_to_prefill_py(monkeypatch):
+    """The Gluon kernel reads 16-bit pages only: over FP8 pages `supports` says no, so TritonBackend runs
+    prefill.py's kernel (converted above) for short prefill calls, and a graph bucket (which asks `shape_supported`
+    with the pool's dtype) never plans for it."""
+    from lazyattn.kernels import prefill_hopper
+
+    q = torch.zeros(32, 32, 128, dtype=torch.bfloat16)
+    pool = torch.zeros(4, 64, 8, 128, dtype=torch.bfloat16)
+    batch = PagedBatch.build([], [], [])
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda *args: True)  # as on an H100/H200
+    assert prefill_hopper.supports(q, pool, pool, batch)
+    assert not prefill_hopper.supports(q, pool.to(FP8), pool.to(FP8), batch)
+    assert FP8 not in prefill_hopper._GL_DTYPES
