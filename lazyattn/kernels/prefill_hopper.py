@@ -20,7 +20,8 @@ them out (a page's slots, heads and dims contiguous), 128 query rows per program
 
 Each consumer runs FlashAttention-3's order: Q·Kᵀ of tile t + 1 and P·V of tile t issued back to back, tile t + 1's
 softmax while the tensor cores run P·V t. No instruction may read a product's registers before the wait that retires
-it: ptxas then serialises every wgmma of the kernel (its C7514 note), which is what made an earlier version of this kernel slow.
+it: ptxas then serialises every wgmma of the kernel (its C7514 note), which is what made an earlier version of this
+kernel slow.
 
 Deferred RoPE: the program's pages are walked in order; when a page's delta differs from the one the consumer's Q
 tile holds, the consumer rotates its rows of q by -delta in fp32 (the same expression as prefill_tiles.derotated_q;
