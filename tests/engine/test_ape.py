@@ -189,14 +189,18 @@ def test_documents_stay_shared(checkpoint):
 
 @pytest.mark.parametrize("mode", ["prefix", "full"])
 def test_causal_modes_reject_it(checkpoint, mode):
+    """Temperature, scale and tilt, as the engine's default or a request's own; off (T = S = 1, no tilt) is accepted
+    everywhere."""
     with pytest.raises(InvalidRequestError, match="need mode 'lazy' or 'block'"):
         EngineConfig(mode=mode, ape_temperature=0.5)
+    with pytest.raises(InvalidRequestError, match="ape_tilt=1.0 need mode 'lazy' or 'block'"):
+        EngineConfig(mode=mode, ape_tilt=1.0)
     llm = make_llm(checkpoint, "llama", mode)
-    with pytest.raises(InvalidRequestError, match="ape_scale=2.0"):
-        llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), ape_scale=2.0)
-    assert not llm.engine.has_unfinished()
-    # 1.0 is off, accepted everywhere
-    llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), ape_temperature=1.0, ape_scale=1.0)
+    for asked, named in ((dict(ape_scale=2.0), "ape_scale=2.0"), (dict(ape_tilt=2.0), "ape_tilt=2.0")):
+        with pytest.raises(InvalidRequestError, match=named):
+            llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), **asked)
+        assert not llm.engine.has_unfinished()
+    llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), ape_temperature=1.0, ape_scale=1.0, ape_tilt=0)
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), True, "2"])
@@ -280,16 +284,6 @@ def test_tilt_on_relinked_documents_matches_transformers(checkpoint):
             assert torch.allclose(torch.tensor(list(got.values()), dtype=torch.float64), lp[ids], atol=2e-4)
             tail.append(int(lp.argmax()))
         assert out.token_ids == tail[len(prompt) :]
-
-
-@pytest.mark.parametrize("mode", ["prefix", "full"])
-def test_causal_modes_reject_a_tilt(checkpoint, mode):
-    with pytest.raises(InvalidRequestError, match="ape_tilt=1.0 need mode 'lazy' or 'block'"):
-        EngineConfig(mode=mode, ape_tilt=1.0)
-    llm = make_llm(checkpoint, "llama", mode)
-    with pytest.raises(InvalidRequestError, match="ape_tilt=2.0"):
-        llm.generate(prompt_token_ids=[[40, 41]], sampling_params=greedy(), options=RequestOptions(ape_tilt=2.0))
-    assert not llm.engine.has_unfinished()
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan"), 20.5, -21.0, True, "1"])

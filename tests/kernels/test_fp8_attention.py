@@ -24,6 +24,7 @@ from lazyattn.kernels.prefill_plan import with_plan
 from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan
 from tests.kernels.rope_cases import tables
 from tests.kernels.scenario import Scenario, make_scenario
+from tests.kernels.test_decode import gpu_scenario
 
 DOCS = [37, 16, 5, 21]
 REQUESTS = [([2, 0, 1], 9), ([1, 2], 20), ([0], 1), ([0, 3], 17)]
@@ -196,18 +197,8 @@ def test_shared_decode_over_fp8_pages_equals_the_reference(dtype, tol):
 
 
 def gpu_fp8_scenario(docs, requests, page_size=64, dtype=torch.bfloat16) -> Scenario:
-    s = make_scenario(
-        docs,
-        requests,
-        q_heads=32,
-        kv_heads=8,
-        head_dim=128,
-        page_size=page_size,
-        tables=tables("llama3", 128, max_position=40000, device="cuda"),
-        dtype=dtype,
-        device="cuda",
-        seed=12,
-    )
+    """test_decode's GPU scenario with its pages doubled and rounded to e4m3."""
+    s = gpu_scenario(docs, requests, page_size, dtype)
     return dataclasses.replace(s, k_cache=quantize(s.k_cache * 2, FP8), v_cache=quantize(s.v_cache * 2, FP8))
 
 
