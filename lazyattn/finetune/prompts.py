@@ -9,9 +9,13 @@ slot (k - 1) // 2, as there), with one of these questions:
 - continue: 'Continue this sentence from the document titled "T": "<first half of one of its sentences>"'
 - quote:    'Quote the sentence of the document titled "T" that mentions <phrase>.'
 - summary:  'In one or two sentences, what is the document titled "T" about?'
+- cloze:    'Which words fill the blank (___) in this sentence from one of the documents: "<one of the gold
+            document's sentences, a phrase rare in the corpus blanked>"?' It names no document: as in extractive
+            question answering, the question has to find its passage among the others. Its answer is written:
+            the blanked phrase, a span of the gold document.
 
-Untitled documents are named by their first words instead ('the document that begins "…"'). No answer is
-written: the teacher answers each prompt itself (distill.py), so no labels are needed.
+Untitled documents are named by their first words instead ('the document that begins "…"'). The first four kinds
+write no answer: the teacher answers each prompt itself (distill.py), so no labels are needed.
 
 Questions file: one `{"question": ..., "documents": [...], "answers": [...]}` per line; a document is a corpus
 id (from --documents), a text, or `{"title", "text"}`; answers are optional (when given, the first is used as
@@ -30,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.config import QUESTION_KINDS as QUESTION_KINDS
 from lazyattn.finetune.corpus import Document
 
-QUESTION_KINDS = ("about", "continue", "quote", "summary")
 GOLD_POSITIONS = ("first", "middle", "last")
 _WORD = re.compile(r"[A-Za-z][A-Za-z_]{3,}")
 _SENTENCE = re.compile(r"[^.!?\n]*[A-Za-z][^.!?\n]*[.!?]")
@@ -117,9 +121,33 @@ def make_prompts(
         chosen = rng.sample(range(len(docs)), k)
         gold = {"first": 0, "middle": (k - 1) // 2, "last": k - 1}[rng.choice(GOLD_POSITIONS)]
         doc = docs[chosen[gold]]
-        question = _question(doc, rng.choice(list(kinds)), rng, rarity)
-        prompts.append(Prompt(question, [docs[i].as_prompt_document() for i in chosen], gold=gold))
+        kind = rng.choice(list(kinds))
+        question, answer = _cloze(doc, rng, rarity) if kind == "cloze" else (None, None)
+        if question is None:  # no sentence to blank: asked about instead
+            question = _question(doc, "about" if kind == "cloze" else kind, rng, rarity)
+        prompts.append(Prompt(question, [docs[i].as_prompt_document() for i in chosen], answer, gold))
     return prompts
+
+
+def _cloze(doc: Document, rng: random.Random, rarity: dict[str, float]) -> tuple[str | None, str | None]:
+    """A question that blanks a rare phrase in one of `doc`'s sentences (8 to 40 words), and the phrase; or
+    (None, None) where no sentence has one."""
+    # Hard-wrapped prose (the Jargon File's) breaks its lines inside sentences: read it unwrapped.
+    sentences = [s.strip() for s in _SENTENCE.findall(" ".join(doc.text.split()))]
+    sentences = [s for s in sentences if 8 <= len(s.split()) <= 40]
+    rng.shuffle(sentences)
+    for sentence in sentences:
+        phrase = _phrase(sentence, rng, rarity)
+        if phrase is None:
+            continue
+        at = re.search(rf"\b{re.escape(phrase)}\b", sentence)
+        if at is None or at.start() == 0:  # a blank that opens the sentence leaves little to find it by
+            continue
+        blanked = f"{sentence[: at.start()]}___{sentence[at.end() :]}"
+        if phrase.lower() in blanked.lower():  # said twice: the blank would give itself away
+            continue
+        return f'Which words fill the blank (___) in this sentence from one of the documents: "{blanked}"', phrase
+    return None, None
 
 
 def _rarity(docs: Sequence[Document]) -> dict[str, float]:
@@ -161,6 +189,24 @@ def _phrase(text: str, rng: random.Random, rarity: dict[str, float]) -> str | No
 
 def _opening(text: str, words: int = 6) -> str:
     return " ".join(text.split()[:words])
+
+
+def write_questions(prompts: Sequence[Prompt], path: str | Path) -> int:
+    """The prompts that carry an answer, as a JSONL in the `lazyattn eval` format (question, answers, documents,
+    gold), which `lazyattn finetune --data` and `lazyattn eval --dataset` read; returns how many were written."""
+    rows = [
+        {
+            "id": f"made-{i}",
+            "question": p.question,
+            "answers": [p.answer],
+            "documents": [d if isinstance(d, dict) else {"title": "", "text": d} for d in p.documents],
+            "gold": [p.gold] if p.gold is not None else [],
+        }
+        for i, p in enumerate(prompts)
+        if p.answer is not None
+    ]
+    Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return len(rows)
 
 
 def read_questions(path: str | Path, corpus: Sequence[Document] = ()) -> list[Prompt]:

@@ -290,6 +290,55 @@ def test_made_prompts_ask_about_the_first_middle_and_last_document_alike():
     assert set(counts) == {0, 2, 4} and min(counts.values()) > 150
 
 
+def test_cloze_questions_blank_a_span_of_the_gold_document_and_name_no_document():
+    docs = read_documents("jargon-file")[:300]
+    prompts = make_prompts(passages(docs, 1000), 300, (2, 5), seed=3, kinds=("cloze",))
+    blanked = [p for p in prompts if p.answer is not None]
+    assert len(blanked) > 250  # nearly every passage has a sentence to blank
+    for p in blanked:
+        sentence = p.question.split(": ", 1)[1].strip('"')
+        gold = p.documents[p.gold]
+        # Filling the blank with the answer gives back a sentence of the gold passage, unwrapped.
+        assert sentence.replace("___", p.answer) in " ".join(gold["text"].split())
+        assert p.answer.lower() not in sentence.lower()
+        assert "document titled" not in p.question
+    counts = Counter(p.gold == 0 for p in blanked)
+    assert counts[True] > 60 and counts[False] > 120  # gold first, middle or last alike
+
+
+LONG_TEXTS = {
+    "alder": "Alder trees grow by the slow rivers of the northern valleys. Their woody cones stay on bare branches "
+    "all winter long.",
+    "basalt": "Basalt cools quickly from lava that reaches the cold sea. It often forms tall hexagonal columns near "
+    "the shore.",
+    "cobalt": "Cobalt paints glass a deep blue colour that lasts for centuries. Potters in Delft mixed it into their "
+    "tin glaze.",
+}
+
+
+def test_write_questions_gives_a_set_that_eval_and_the_labelled_recipe_read(tmp_path, tiny, capsys):
+    from lazyattn.qa.dataset import read_jsonl
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"title": k, "text": v}) + "\n" for k, v in LONG_TEXTS.items()))
+    out = tmp_path / "cloze.jsonl"
+    argv = ["finetune", "--model", "tiny", "--out", str(tmp_path / "unused"), "--distill", "--documents", str(docs)]
+    argv += ["--prompts", "12", "--docs-per-prompt", "2,3", "--write-questions", str(out)]
+    assert main(argv + ["--question-kinds", "cloze,summary"]) == 0
+    assert not (tmp_path / "unused").exists()  # nothing trained
+    items = read_jsonl(out)
+    assert 2 <= len(items) < 12  # the cloze prompts only: the summaries carry no answer
+    for item in items:
+        gold_text = " ".join(item.documents[item.gold[0]]["text"].split())
+        assert item.answers[0] in gold_text and item.answers[0] not in item.question
+        example = encode_item(tiny.tokenizer, item, SHORT)
+        assert tiny.tokenizer.decode(example.answer[:-1]) == item.answers[0]
+    assert main(argv + ["--question-kinds", "about,summary"]) == 2  # no kind that writes an answer
+    assert "add cloze" in capsys.readouterr().err
+    with pytest.raises(InvalidRequestError, match="question kinds"):
+        DistillConfig(documents="jargon-file", kinds=("about", "riddle"))
+
+
 JARGON_SAMPLE = """\
                                 The Jargon File
 
