@@ -183,10 +183,29 @@ class EngineConfig:
     # "Kernel constants"; benchmarks/host_step.py). On: what exists once the engine is built and warmed up is frozen
     # out of collections (gc.freeze) until shutdown, so that a full collection walks only what requests made since.
     # Off by default: frozen objects another part of the process drops meanwhile are collected only after shutdown
-    # unfreezes them.
+    # unfreezes them, and an engine dropped without shutdown (as the bench drops each mode's) is frozen itself, so
+    # its device memory never comes back. With several engines the heap is unfrozen when the last one shuts down.
     gc_freeze: bool = _option(
         False,
         "freeze what exists once the engine is built out of Python's garbage collections (gc.freeze) until shutdown",
+    )
+    # While the engine holds requests, Python's automatic collection is off: the young generations are collected
+    # between steps when Python's counts say they are due, the full collection (which walks every object: ~110 ms on a
+    # 2-core CPU host with the tiny engine built) runs when the engine goes idle or after gc_full_interval_s of
+    # continuous load (engine/gc_control.py; docs/design.md, "Garbage collection"). None: on CUDA, where such a
+    # stall holds up the whole batch and the requests that arrive meanwhile; off on the CPU, where the host is the
+    # device and the tests build and drop many engines.
+    gc_control: bool | None = _option(
+        None,
+        "while requests run, collect only Python's young generations, between steps; the full collection when idle "
+        "or every --gc-full-interval-s (docs/design.md, Garbage collection)",
+        shown="on CUDA, off on the CPU",
+    )
+    # The bound on how long cyclic garbage that outlived two young collections can stay under continuous load. The
+    # engine's requests make little (none on the CPU path: 40 requests, nothing for a full collection to free), so
+    # the bound is on memory another part of the process may leave; 300 s makes one full collection's stall rare.
+    gc_full_interval_s: float = _option(
+        300.0, "under continuous load with --gc-control, a full garbage collection at most this often, seconds"
     )
     # Attention through the PyTorch reference (kernels/reference.py) on any device, in place of the Triton kernels on
     # CUDA: the ground truth `lazyattn eval --fidelity` compares the kernels against (docs/quality.md, "Fidelity").
@@ -241,6 +260,12 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"split_mixed_steps must be true, false or None, got {self.split_mixed_steps!r}", "split_mixed_steps"
             )
+        if self.gc_control not in (None, True, False):
+            raise InvalidRequestError(f"gc_control must be true, false or None, got {self.gc_control!r}", "gc_control")
+        if not self.gc_full_interval_s > 0:
+            raise InvalidRequestError(
+                f"gc_full_interval_s must be > 0, got {self.gc_full_interval_s}", "gc_full_interval_s"
+            )
         if self.async_scheduling not in (None, True, False):
             raise InvalidRequestError(
                 f"async_scheduling must be true, false or None, got {self.async_scheduling!r}", "async_scheduling"
@@ -292,6 +317,11 @@ class EngineConfig:
     def split_mixed_steps_on(self) -> bool:
         """Whether a step that decodes and prefills runs as two passes: as asked, or by default on CUDA."""
         return self.device.startswith("cuda") if self.split_mixed_steps is None else self.split_mixed_steps
+
+    @property
+    def gc_control_on(self) -> bool:
+        """Whether the engine holds automatic garbage collection off while busy: as asked, or by default on CUDA."""
+        return self.device.startswith("cuda") if self.gc_control is None else self.gc_control
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -30,6 +31,7 @@ from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
 from lazyattn.engine.executor.local import LocalExecutor
 from lazyattn.engine.executor.tensor_parallel import TensorParallelExecutor
+from lazyattn.engine.gc_control import GcControl
 from lazyattn.engine.intake import Request, RequestIntake
 from lazyattn.engine.invariants import check_engine
 from lazyattn.engine.limits import RequestLimits
@@ -125,6 +127,10 @@ class LLMEngine:
             config.split_mixed_steps_on,
         )
         self.requests: dict[str, Request] = {}
+        # Python's garbage collector around the steps (engine/gc_control.py): given back at shutdown, or when the
+        # engine is dropped (the finalizer holds the control, not the engine).
+        self.gc_control = GcControl(config.gc_control_on, config.gc_full_interval_s)
+        self._gc_finalizer = weakref.finalize(self, self.gc_control.close)
         self.check_invariants = config.check_invariants or config.env.check_invariants
         # Overlapped scheduling (engine/step_pipeline.py) or not, chosen once: the pipeline holds the step in flight.
         self.pipeline = StepPipeline(self.launcher, overlap=config.async_scheduling_on)
@@ -135,8 +141,7 @@ class LLMEngine:
                 self.shutdown()
                 raise
         if config.gc_freeze:  # EngineConfig.gc_freeze: full collections walk only what requests make
-            gc.collect()
-            gc.freeze()
+            self.gc_control.freeze()
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -171,6 +176,7 @@ class LLMEngine:
         for seq in req.seqs:
             self.scheduler.add(seq)
         self.requests[request_id] = req
+        self.gc_control.busy()
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its pages. Unknown or finished ids are ignored."""
@@ -219,6 +225,8 @@ class LLMEngine:
         With overlapped scheduling (engine/step_pipeline.py) a step is left running on the device and its outputs
         are returned by the next call, after that call has queued the step that follows it.
         """
+        if self.requests:  # the collections due since the last step, before this one starts (engine/gc_control.py)
+            self.gc_control.between_steps()
         prefilled, start = self.scheduler.prefilled_tokens, time.perf_counter()
         updates = self.pipeline.step(self.scheduler)  # the steps read in this call: plan, launch, update
         if self.disk is not None:  # the disk tier's guard weighs a read against an encode at this rate
@@ -242,8 +250,10 @@ class LLMEngine:
         return [self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched if r]
 
     def _drain(self) -> None:
-        """Wait for the step in flight, which nobody will read (every request has ended); reported unread."""
+        """Wait for the step in flight, which nobody will read (every request has ended); reported unread. The
+        engine is idle: the garbage collector is as it was (engine/gc_control.py)."""
         self.pipeline.drain(self.scheduler)
+        self.gc_control.idle()
 
     # -- state ------------------------------------------------------------------------------------------------
 
@@ -257,8 +267,7 @@ class LLMEngine:
         than when the garbage collector gets to it. The engine cannot be used afterwards."""
         for request_id in list(self.requests):
             self.abort(request_id)
-        if self.config.gc_freeze:
-            gc.unfreeze()
+        self._gc_finalizer()  # the hold on the collector and the freeze given back
         self.executor.shutdown()
         if self.disk is not None:
             self.disk.close()  # the writes still queued land

@@ -19,3 +19,17 @@ def test_gc_freeze_until_shutdown():
     finally:
         engine.shutdown()
     assert gc.get_freeze_count() == 0
+
+
+def test_gc_freeze_until_the_last_engine_shuts_down():
+    """Two frozen engines: the first to shut down leaves the heap frozen for the other."""
+    config = EngineConfig(model="tiny", mode="lazy", page_size=16, progress=False, gc_freeze=True)
+    first = LLMEngine(config)
+    second = LLMEngine(config)
+    try:
+        first.shutdown()
+        assert gc.get_freeze_count() > 0
+        assert not any(o is second.scheduler for o in gc.get_objects())
+    finally:
+        second.shutdown()
+    assert gc.get_freeze_count() == 0
