@@ -10,23 +10,43 @@ are request slots: each request takes the lowest slot free at its arrival (so th
 not the request count) and shows as queue (arrival -> first scheduled), prefill (-> first token) and decode
 (-> finish). Requests that arrived in the warm-up and were still running are drawn too, `in_window` false: they
 took part in the window's steps.
+Thread 2 holds Python's garbage collections over the window (`gc.callbacks`, whichever code triggered them: the
+engine's own between steps, engine/gc_control.py, or automatic ones inside a step), each an event named by the
+generation collected; a step's args give the collection time inside its host time (`gc_ms`), so a trace tells a
+stall that is a collection from one that is not.
 
-Recording is the engine's step observer, set only over a window: with no trace, a step pays one `None` check.
+Recording is the engine's step observer and a gc callback, set only over a window: with no trace, a step pays one
+`None` check.
 """
 
 from __future__ import annotations
 
+import bisect
+import gc
 import heapq
 import json
 import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from lazyattn.bench.metrics import RequestRecord, percentile
 from lazyattn.engine.step_report import StepReport
 
 STEPS_TID = 1
+GC_TID = 2
 FIRST_SLOT_TID = 100
 SLOWEST = 3  # p99 requests listed per window
+
+
+@dataclass(frozen=True)
+class Collection:
+    """One garbage collection; times are time.monotonic() seconds."""
+
+    generation: int  # the oldest generation collected (2: a full collection)
+    start: float
+    end: float
+    collected: int  # unreachable objects found
 
 
 class TraceRecorder:
@@ -37,6 +57,8 @@ class TraceRecorder:
         self.events: list[dict] = []
         self.windows: list[dict] = []  # per traced window: label, pid, the engine's prefilled tokens over it
         self._steps: list[StepReport] | None = None
+        self._collections: list[Collection] = []
+        self._gc_start = 0.0
         self._t0 = 0.0
         self._prefilled = 0
 
@@ -45,24 +67,40 @@ class TraceRecorder:
         self._steps, self._t0 = [], t0
         self._prefilled = engine.stats().prefilled_tokens
         engine.step_observer = self._steps.append
+        self._collections = []
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
 
     def stop(self, engine) -> None:
         """Stop recording (the point's requests have ended or been aborted)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         if engine.step_observer is not None and self._steps is not None:
             engine.step_observer = None
             self._prefilled = engine.stats().prefilled_tokens - self._prefilled
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.monotonic()
+        else:
+            end = time.monotonic()
+            self._collections.append(Collection(info["generation"], self._gc_start, end, info["collected"]))
 
     def add_window(self, label: str, records: dict[int, RequestRecord], start_s: float, end_s: float) -> None:
         """The stopped window's events: its steps, and the requests in flight during it (records: seconds since t0;
         in the window: arrived in [start_s, end_s))."""
         steps, self._steps = self._steps, None
+        collections, self._collections = self._collections, []
         if steps is None:
             return
         pid = len(self.windows) + 1
         last = max([s.read_at or s.launched_at for s in steps] + [self._t0 + start_s]) - self._t0
         self.events.append(_meta("process_name", pid, 0, label))
         self.events.append(_meta("thread_name", pid, STEPS_TID, "engine steps (host)"))
-        self.events += [_step_event(s, self._t0, pid) for s in steps]
+        self.events.append(_meta("thread_name", pid, GC_TID, "garbage collections"))
+        ends = [c.end for c in collections]  # in order: collections do not overlap
+        self.events += [_step_event(s, self._t0, pid, _gc_inside(collections, ends, s)) for s in steps]
+        self.events += [_collection_event(c, self._t0, pid) for c in collections]
         active = [r for r in records.values() if (_finish(r) if _finish(r) is not None else last) >= start_s]
         self.events += _request_events(sorted(active, key=lambda r: r.arrival), pid, start_s, end_s, last)
         self.windows.append(
@@ -72,6 +110,7 @@ class TraceRecorder:
                 "window_start_s": start_s,
                 "window_end_s": end_s,
                 "steps": len(steps),
+                "collections": [sum(c.generation == g for c in collections) for g in range(3)],  # per generation
                 "prefilled_tokens": self._prefilled,  # the engine's counter over the recording
             }
         )
@@ -96,7 +135,17 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 3)
 
 
-def _step_event(s: StepReport, t0: float, pid: int) -> dict:
+def _gc_inside(collections: list[Collection], ends: list[float], s: StepReport) -> float:
+    """Seconds of the collections (in order, `ends` their ends) inside the step's host time."""
+    seconds = 0.0
+    for c in collections[bisect.bisect_right(ends, s.scheduled_at) :]:
+        if c.start >= s.launched_at:
+            break
+        seconds += max(min(c.end, s.launched_at) - max(c.start, s.scheduled_at), 0.0)
+    return seconds
+
+
+def _step_event(s: StepReport, t0: float, pid: int, gc_s: float) -> dict:
     return {
         "ph": "X",
         "cat": "step",
@@ -115,7 +164,21 @@ def _step_event(s: StepReport, t0: float, pid: int) -> dict:
             "read_ms": _ms(None if s.read_at is None else s.read_at - s.launched_at),  # launch -> tokens read
             "graph": "replayed" if s.graph_passes else "eager",
             "overlapped": s.overlapped,
+            "gc_ms": _ms(gc_s),  # garbage collections inside its host time
         },
+    }
+
+
+def _collection_event(c: Collection, t0: float, pid: int) -> dict:
+    return {
+        "ph": "X",
+        "cat": "gc",
+        "name": f"gc gen {c.generation}",
+        "pid": pid,
+        "tid": GC_TID,
+        "ts": _us(c.start - t0),
+        "dur": _us(c.end - c.start),
+        "args": {"generation": c.generation, "ms": _ms(c.end - c.start), "collected": c.collected},
     }
 
 
@@ -177,6 +240,7 @@ def summary(document: dict) -> list[str]:
     for window in document.get("lazyattn_windows", []):
         pid = window["pid"]
         steps = [e for e in events if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "step"]
+        collections = [e for e in events if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "gc"]
         queued = [e for e in events if e["ph"] == "X" and e["pid"] == pid and e["name"] == "queue"]
         requests = [e for e in queued if e["args"]["in_window"]]
         ttft = {id(e): math.inf if e["args"]["ttft_ms"] is None else e["args"]["ttft_ms"] for e in requests}
@@ -184,7 +248,7 @@ def summary(document: dict) -> list[str]:
         host = percentile([e["dur"] / 1e3 for e in steps], 50)
         lines.append(
             f"trace {window['label']}: p99 TTFT {p99:.1f} ms over {len(requests)} window requests, "
-            f"{len(steps)} steps (host median {host:.2f} ms)"
+            f"{len(steps)} steps (host median {host:.2f} ms)" + _collections_said(collections)
         )
         slow = sorted((e for e in requests if ttft[id(e)] >= p99), key=lambda e: -ttft[id(e)])[:SLOWEST]
         for e in slow:
@@ -206,5 +270,16 @@ def summary(document: dict) -> list[str]:
                 + f"; waited "
                 f"through {len(through)} steps, {len(prefill)} with prefill "
                 f"({sum(s['args']['prefill_tokens'] for s in through)} tokens{worst})"
+                + _collections_said([c for c in collections if c["ts"] < until and c["ts"] + c["dur"] > arrival])
             )
     return lines
+
+
+def _collections_said(collections: list[dict]) -> str:
+    """The garbage collections among these events, in a few words ('' for none)."""
+    if not collections:
+        return ""
+    full = sum(c["args"]["generation"] == 2 for c in collections)
+    longest = max(c["dur"] for c in collections) / 1e3
+    plural = "s" if len(collections) > 1 else ""
+    return f"; {len(collections)} garbage collection{plural} ({full} full, longest {longest:.1f} ms)"

@@ -3,13 +3,15 @@ reports (its per-request TTFTs, the engine's prefilled-token counter), and the e
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import time
 
 import pytest
 
 from lazyattn.bench.replay import make_engine
-from lazyattn.bench.trace import summary
+from lazyattn.bench.trace import GC_TID, STEPS_TID, TraceRecorder, summary
 from lazyattn.cli import main
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SamplingParams
@@ -23,7 +25,7 @@ def _well_formed(doc: dict) -> None:
         assert e["ph"] in ("X", "M") and isinstance(e["pid"], int) and isinstance(e["tid"], int)
         if e["ph"] == "X":
             assert e["ts"] >= 0 and e["dur"] >= 0 and isinstance(e["args"], dict)
-            assert e["cat"] == "request" or e["name"] in KINDS
+            assert e["cat"] == "request" or e["name"] in KINDS or (e["cat"] == "gc" and e["tid"] == GC_TID)
 
 
 def _requests(doc: dict, pid: int) -> list[dict]:
@@ -105,6 +107,52 @@ def test_step_observer_reports_each_step_once_read():
     assert sum(r.decode_rows for r in reports) == 2  # tokens 2 and 3; the first came from the prefill
     assert all(r.scheduled_at <= r.launched_at <= r.read_at for r in reports)
     assert all(r.graph_passes == 0 and not r.overlapped for r in reports)  # the CPU: eager, synchronous
+
+
+def test_trace_records_the_window_garbage_collections():
+    """Every collection while a window is recorded, on a thread of its own; a step's args give the collection time
+    inside its host time. Nothing is recorded once the window stops."""
+    engine = make_engine(dict(model="tiny", device="cpu", page_size=16, gc_control=False), "lazy")
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    recorder = TraceRecorder()
+    threshold = gc.get_threshold()
+    gc.set_threshold(50, 1000, 1000)  # young collections inside the steps
+    try:
+        recorder.start(engine, time.monotonic())
+        engine.add_request("a", RenderedPrompt([[1, 2, 3, 4]], [5, 6]), params)
+        while engine.has_unfinished():
+            engine.step()
+            gc.collect()  # a full one between steps
+        recorder.stop(engine)
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()  # after the window: not recorded
+    recorder.add_window("lazy gc", {}, 0.0, 1.0)
+    doc = recorder.document()
+    _well_formed(doc)
+    collections = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "gc"]
+    (window,) = doc["lazyattn_windows"]
+    assert window["collections"][2] == sum(e["args"]["generation"] == 2 for e in collections) == window["steps"]
+    assert window["collections"][0] > 0 and sum(window["collections"]) == len(collections)
+    assert all(e["tid"] == GC_TID and e["name"] == f"gc gen {e['args']['generation']}" for e in collections)
+    steps = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == STEPS_TID]
+    assert any(s["args"]["gc_ms"] > 0 for s in steps)  # the young ones ran inside steps
+    assert all(s["args"]["gc_ms"] <= s["args"]["host_ms"] for s in steps)
+    assert recorder._on_gc not in gc.callbacks
+
+
+def test_summary_names_the_collections_a_slow_request_waited_through():
+    step = {"ph": "X", "cat": "step", "name": "decode", "pid": 1, "tid": 1, "ts": 0, "dur": 250_000}
+    step["args"] = {"prefill_tokens": 0, "documents": 0, "read_ms": 1.0}
+    full = {"ph": "X", "cat": "gc", "name": "gc gen 2", "pid": 1, "tid": GC_TID, "ts": 5_000, "dur": 240_000}
+    full["args"] = {"generation": 2, "ms": 240.0, "collected": 0}
+    young = {**full, "name": "gc gen 0", "ts": 300_000, "dur": 500, "args": {"generation": 0, "ms": 0.5}}
+    args = {"request": 0, "ttft_ms": 260.0, "queue_ms": 250.0, "in_window": True}
+    request = {"ph": "X", "cat": "request", "name": "queue", "pid": 1, "tid": 100, "ts": 1_000, "dur": 0, "args": args}
+    doc = {"traceEvents": [step, full, young, request], "lazyattn_windows": [{"label": "lazy", "pid": 1}]}
+    head, slow = summary(doc)
+    assert head.endswith("; 2 garbage collections (1 full, longest 240.0 ms)")
+    assert slow.endswith("; 1 garbage collection (1 full, longest 240.0 ms)")  # the young one came after
 
 
 def test_summary_names_the_prefill_a_slow_request_waited_behind():
