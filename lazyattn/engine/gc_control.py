@@ -1,9 +1,9 @@
 """Python's cyclic garbage collector around the engine's steps (EngineConfig.gc_control and gc_freeze).
 
 A full collection (generation 2) walks every object the process tracks: ~300K once torch, Triton and an engine are
-built, ~110-240 ms of host time (docs/benchmarks.md, "Tracing a window"), taken by whichever step's allocation
-crosses Python's threshold. Under load that one step stalls, and the requests that arrive meanwhile make one large
-prefill after it.
+built, ~110-150 ms on a 2-core CPU host, taken by whichever step's allocation crosses Python's threshold. Under load
+that one step stalls, and the requests that arrive meanwhile make one large prefill after it (docs/benchmarks.md,
+"Tracing a window").
 
 While the engine is busy (it holds requests) automatic collection is off. Between steps the engine runs the young
 collections itself when Python's counts say they are due (`young_due`), as Python would: cheap, and what requests
