@@ -15,7 +15,8 @@
 # documents, gold first / middle / last, layouts block-attention and short-answer, modes full and lazy with
 # ape_prefix. smollm2-block's runs go alongside the training (the GPU has room for both), the new adapter's after it.
 #
-# RECIPES (default "prefix"): names of adapters to train side by side on the one GPU, each with the recipe above and
+# RECIPES (default "prefix"): names of adapters to train side by side on the one GPU (two at most on an H200: each
+# training takes ~55-65 GB at these lengths), each with the recipe above and
 # the extra `lazyattn finetune` arguments of ARGS_<name> (later arguments win), where {cloze} stands for a labelled
 # set of LABELLED_CLOZE cloze questions made from the Jargon File (written when LABELLED_CLOZE > 0). For example
 #   RECIPES="cloze labelled" ARGS_cloze="--question-kinds cloze" LABELLED_CLOZE=6000 \
@@ -123,7 +124,7 @@ wait_all
 stamp "evaluations done"
 
 {
-    echo "# ape_prefix adapter (prefix) vs smollm2-block (block)"
+    echo "# adapters trained for the shared prefix (${RECIPES:-prefix}) vs smollm2-block (block)"
     echo
     for log in "$work"/finetune-*.log; do
         echo "$(basename "$log" .log): $(grep -h "^loss\|^distillation KL" "$log" | tr '\n' ' ')"
