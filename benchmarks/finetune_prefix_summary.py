@@ -3,8 +3,8 @@
 Reads OUT_DIR/eval/<model>-<set>-<layout>/eval.json (runs `full` and `lazy:ape_prefix=true` of `lazyattn eval`) and
 prints, per set, layout and document count, each model's full-attention accuracy and its lazy + shared prefix accuracy
 (means over the gold positions that ran), the lazy - full gap per gold position, and the paired differences between
-each trained adapter's runs and the shipped one's (`block`) on the same questions: what the training changed. Differences carry their paired 95 % bootstrap
-interval; "n.s." where it holds 0.
+each trained adapter's runs and the shipped one's (`block`) on the same questions: what the training changed.
+Differences carry their paired 95 % bootstrap interval; "n.s." where it holds 0.
 """
 
 from __future__ import annotations
