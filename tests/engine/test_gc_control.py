@@ -88,16 +88,23 @@ def frequent_collections(e: LLMEngine) -> None:
     gc.set_threshold(100, 2, 2)
 
 
+def busy_run(e, collector_on: bool) -> Collections:
+    """The collections of four requests run to the end on frequent thresholds; checks whether Python's automatic
+    collection was on while they ran."""
+    frequent_collections(e)
+    with Collections(e.has_unfinished) as seen:
+        for i in range(4):
+            add(e, f"r{i}")
+        assert gc.isenabled() is collector_on
+        run(e)
+    return seen
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_no_full_collection_while_requests_run(overlap):
     e = engine(gc_freeze=True, async_scheduling=overlap)
     try:
-        frequent_collections(e)
-        with Collections(e.has_unfinished) as seen:
-            for i in range(4):
-                add(e, f"r{i}")
-            assert not gc.isenabled()
-            run(e)
+        seen = busy_run(e, collector_on=False)
         assert gc.isenabled()  # idle: automatic collection is back
         assert 2 not in seen.generations(busy=True)
         assert seen.generations(busy=True) >= {0, 1}  # the young ones ran, between steps
@@ -111,12 +118,7 @@ def test_off_changes_nothing():
     """With gc_control off, the same run leaves collection to Python: automatic, full ones included."""
     e = engine(gc_control=False, gc_freeze=True)
     try:
-        frequent_collections(e)
-        with Collections(e.has_unfinished) as seen:
-            for i in range(4):
-                add(e, f"r{i}")
-            assert gc.isenabled()
-            run(e)
+        seen = busy_run(e, collector_on=True)
         assert 2 in seen.generations(busy=True)  # what the option prevents
     finally:
         e.shutdown()
