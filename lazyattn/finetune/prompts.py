@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazyattn.errors import InvalidRequestError
+from lazyattn.finetune.config import DEFAULT_KINDS
 from lazyattn.finetune.config import QUESTION_KINDS as QUESTION_KINDS
 from lazyattn.finetune.corpus import Document
 
@@ -109,7 +110,7 @@ class Prompt:
 
 
 def make_prompts(
-    docs: Sequence[Document], n: int, docs_per_prompt: Sequence[int], seed: int = 0, kinds=QUESTION_KINDS
+    docs: Sequence[Document], n: int, docs_per_prompt: Sequence[int], seed: int = 0, kinds=DEFAULT_KINDS
 ) -> list[Prompt]:
     if not docs:
         raise InvalidRequestError("no documents to make prompts from", param="documents")
