@@ -22,7 +22,9 @@ requests of the two lowest rates missed by about the same time), which decided o
 measured prefix-mode points; a low rate's fastest request is an idle one, so the pool covers that case.
 
 The budget planner splits the time left over the points the search may still need, shortening windows (recorded per
-point) and stopping the search, unconverged, when too little is left for a point worth measuring.
+point) and stopping the search, unconverged, when too little is left for a point worth measuring. With whole windows
+(`--whole-windows`) it never shortens one: a point too big for its share takes the time left, and the search stops
+when a whole window no longer fits.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from lazyattn.bench.steady import PhaseConfig, PointResult
 MIN_WINDOW_REQUESTS = 10  # a window the budget shortened still waits for this many arrivals (low rates)
 MIN_IDLE_REQUESTS = 10  # idle requests before the floor may decide: a few that met a cold cache do not
 ALLOWED_MISS = 0.01  # the share of requests a p99 target lets miss it
+WHOLE_DRAIN_S = 2.0  # the least drain a whole window is planned with (SearchConfig.whole_windows)
 FLOOR_ALPHA = 1e-3  # a false "unreachable" costs a reported rate, a missed one only points: a strict test
 
 
@@ -134,6 +137,8 @@ class SearchConfig:
     max_rate: float = 1e4
     keep_up: float = 0.95  # achieved / offered rate a pass needs
     max_points: int = 12  # also the planner's estimate of the points still to come
+    # Never shorten a window: each point gets the whole window asked for, or the search stops (plan_phases).
+    whole_windows: bool = False
 
 
 def next_rate(brackets: list[Bracket], measured: list[float], cfg: SearchConfig) -> float | None:
@@ -187,10 +192,17 @@ class SearchResult:
         return rows
 
 
-def plan_phases(phases: PhaseConfig, rate: float, time_left: float, points_left: int) -> tuple[PhaseConfig, bool]:
+def plan_phases(
+    phases: PhaseConfig, rate: float, time_left: float, points_left: int, whole_windows: bool = False
+) -> tuple[PhaseConfig | None, bool]:
     """The point's phases within its share of the time left: (phases, shortened). The share goes to warm-up (at
     most 30 %), window (at least 50 %) and drain (at most 20 %); a window shorter than asked keeps only
-    MIN_WINDOW_REQUESTS of the request count condition, and says so."""
+    MIN_WINDOW_REQUESTS of the request count condition, and says so.
+
+    whole_windows: the window is never shortened. When the share is too small for it, the point takes all the time
+    left instead: the least warm-up, the whole window, and what remains for the drain (at least WHOLE_DRAIN_S, or the
+    drain asked for where that is shorter). No
+    phases (None) when even that does not fit: the search stops there."""
     if time_left == math.inf:
         return phases, False
     share = time_left / max(points_left, 1)
@@ -200,6 +212,11 @@ def plan_phases(phases: PhaseConfig, rate: float, time_left: float, points_left:
     window = share - warmup_max - drain
     if window >= want:
         return replace(phases, warmup_max_s=warmup_max, drain_s=drain), False
+    if whole_windows:
+        drain = min(phases.drain_s, time_left - phases.warmup_min_s - want)
+        if drain < min(WHOLE_DRAIN_S, phases.drain_s):
+            return None, False
+        return replace(phases, warmup_max_s=phases.warmup_min_s, drain_s=drain), False
     return (
         replace(
             phases,
@@ -242,7 +259,10 @@ def search(
             break
         # Never plan more points than the time left gives min_point_s each: fewer, longer points.
         points_left = min(_points_left(result, cfg), max(1, int(left // min_point_s)) if min_point_s > 0 else 1 << 30)
-        point_phases, shortened = plan_phases(phases, rate, left, points_left)
+        point_phases, shortened = plan_phases(phases, rate, left, points_left, cfg.whole_windows)
+        if point_phases is None:
+            result.stopped = f"budget ({left:.1f} s left, too little for a whole window at {rate:g} req/s)"
+            break
         point = measure(rate, point_phases, shortened, deadline)
         result.points.append(point)
         if point.window_requests == 0:

@@ -74,6 +74,18 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--search-tol", type=float, default=None, help="stop at lowest fail / highest pass <= 1 + tol (0.1; smoke: 0.5)"
     )
+    s.add_argument(
+        "--search-growth",
+        type=float,
+        default=None,
+        help="factor between the search's rates until each target has passed and failed once (2)",
+    )
+    s.add_argument(
+        "--whole-windows",
+        action="store_true",
+        help="never shorten a window below --window-s / --window-requests to fit --budget-s: the search measures the "
+        "whole windows that fit and stops there",
+    )
     s.add_argument("--max-rate", type=float, default=1e4, help="the search's highest rate, req/s")
     s.add_argument("--max-points", type=int, default=12, help="the search's most points per mode (12)")
     s.add_argument("--keep-up", type=float, default=0.95, help="achieved / offered rate a pass needs (0.95)")
@@ -133,6 +145,8 @@ def cmd_steady(args: argparse.Namespace, options: dict, spec, modes: list[str], 
             targets_ms=targets,
             start=args.search_start or (8.0 if smoke else 4.0),
             tol=args.search_tol if args.search_tol is not None else (0.5 if smoke else 0.1),
+            growth=args.search_growth or 2.0,
+            whole_windows=args.whole_windows,
             max_rate=args.max_rate,
             keep_up=args.keep_up,
             max_points=args.max_points,

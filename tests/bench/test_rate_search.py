@@ -99,6 +99,35 @@ def test_budget_stops_the_search_unconverged_and_shortens_windows():
     assert all(ph.window_s < phases.window_s and ph.window_requests == MIN_WINDOW_REQUESTS for _, ph, _ in calls)
 
 
+def test_whole_windows_are_never_shortened_and_the_search_stops_when_one_no_longer_fits():
+    # 60 s windows, 10 s least warm-up, 30 s drain; 250 s of budget. Each point takes what its phases plan (here
+    # 10 + 60 + 30 s). The planner's share would shorten every window; with whole windows each point gets its whole
+    # 60 s (warm-up cut to the least), and the search stops once 10 + 60 + WHOLE_DRAIN_S no longer fit.
+    now = [0.0]
+    measure, calls = fake_server(50.0)
+
+    def timed(rate, phases, shortened, deadline):
+        now[0] += phases.warmup_max_s + phases.window_length(rate) + phases.drain_s
+        return measure(rate, phases, shortened, deadline)
+
+    phases = PhaseConfig(window_s=60, window_requests=0, warmup_min_s=10, warmup_max_s=120, drain_s=30)
+    cfg = SearchConfig(start=4.0, tol=0.02, whole_windows=True)
+    result = search(timed, "fake", phases, cfg, deadline=250.0, min_point_s=20.0, clock=lambda: now[0])
+    assert not result.converged and "whole window" in result.stopped
+    assert all(ph.window_s == 60 and ph.warmup_max_s == 10 and not shortened for _, ph, shortened in calls)
+    assert len(calls) == 2 and now[0] == pytest.approx(200.0)  # the 50 s left hold no third
+
+
+def test_plan_phases_with_whole_windows_gives_the_point_all_the_time_left_or_nothing():
+    phases = PhaseConfig(window_s=60, window_requests=0, warmup_min_s=10, warmup_max_s=120, drain_s=30)
+    planned, shortened = plan_phases(phases, 10.0, time_left=80.0, points_left=4, whole_windows=True)
+    assert not shortened and planned.window_s == 60
+    assert (planned.warmup_max_s, planned.drain_s) == (10, pytest.approx(10.0))
+    assert plan_phases(phases, 10.0, time_left=71.0, points_left=1, whole_windows=True) == (None, False)
+    # Enough share for the normal plan: the same as without whole windows.
+    assert plan_phases(phases, 10.0, 1000.0, 2, whole_windows=True) == plan_phases(phases, 10.0, 1000.0, 2)
+
+
 def test_plan_phases_keeps_the_full_window_when_time_allows():
     phases = PhaseConfig(window_s=60, window_requests=1000)
     planned, shortened = plan_phases(phases, rate=10.0, time_left=math.inf, points_left=5)
