@@ -61,7 +61,7 @@ from lazyattn.kernels.decode_tiles import (
     rotation_rows,
     softmax_tile,
 )
-from lazyattn.kernels.kv_dtype import check_dtypes
+from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import (
     LOG2E,
     hopper_or_later,
@@ -90,6 +90,7 @@ class DecodeConfig:
     tma: int = 0
 
 
+
 def decode_config(
     head_dim: int, dtype: torch.dtype, page_size: int, programs_per_sm: float = 0.0, copy_engine: bool = False
 ) -> DecodeConfig:
@@ -105,8 +106,8 @@ def decode_config(
     <= 168 registers each: Triton 3.9 gets there by itself for sm_90, Triton 3.6 takes 176-183 unless capped (capped,
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
 
-    copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM, K and V tiles come by
-    copy-engine loads (tma=2): on an H100 they beat per-thread copies at batch 8 and 32 x 4K and at batch 1 x 10K
+    copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM (FP8 pages: always), K and V
+    tiles come by copy-engine loads (tma=2): on an H100 they beat per-thread copies at batch 8 and 32 x 4K and at batch 1 x 10K
     after a RoPE launch (docs/benchmarks.md, "Kernel constants"). With four programs per SM (64 x 2K) they measured
     equal, and V's partial-tile buffer (82 KiB of shared memory in all
     at pages of 64) leaves room for two programs per SM instead of three, so larger grids, not measured, keep
@@ -119,7 +120,9 @@ def decode_config(
     if programs_per_sm >= 2:
         buffers = min(4, buffers + 1)
     cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
-    tma = 2 if copy_engine and programs_per_sm < 2 else 0
+    # FP8 pages take copy-engine tiles at every grid size: with fp16 tiles (fp8_tile_dtype) they ran 10-14 % under
+    # bf16 pages' time at batch 8-64 x 4K-32K, and per-thread copies at par (docs/benchmarks.md, "Kernel constants").
+    tma = 2 if copy_engine and (programs_per_sm < 2 or is_fp8(dtype)) else 0
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap, tma=tma)
 
 
@@ -289,6 +292,7 @@ def _decode_split_kernel(
     HAS_APE: tl.constexpr,
     TMA: tl.constexpr,
     USE_PDL: tl.constexpr,
+    TILE_TY: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -363,6 +367,7 @@ def _decode_split_kernel(
             HAS_APE,
             TMA,
             USE_PDL,
+            TILE_TY,
         )
 
 
@@ -438,6 +443,7 @@ def _decode_split(
     HAS_APE: tl.constexpr,
     TMA: tl.constexpr,
     USE_PDL: tl.constexpr,
+    TILE_TY: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -479,9 +485,10 @@ def _decode_split(
     q_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + entry * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
-    # The tiles' dtype once loaded: q's, which is the cache's or wider (FP8 pages, docs/design.md "FP8 KV cache";
-    # bf16 pages under an fp32 model), so q and P are rounded as with pages of q's dtype, never to the narrower one.
-    kv_ty = q_ptr.dtype.element_ty
+    # The tiles' dtype once loaded: q's, which is the cache's or wider (bf16 pages under an fp32 model), or for FP8
+    # pages float16 under a 16-bit q (kv_dtype.fp8_tile_dtype): q and P are rounded to it for the dots, never to the
+    # narrower page dtype.
+    kv_ty = TILE_TY
     # q is rotated for delta 0 already: pages of other deltas trigger the de-rotation, the first page's here.
     q_dot = q.to(kv_ty).to(DOT_TY)
     cur_delta = tl.full([], 0, tl.int32)
@@ -757,7 +764,8 @@ def decode_attention(
     block_h = triton.next_power_of_2(group)
     # Dot operands are rounded to the cache dtype (q's over FP8 pages), as on the GPU, but the interpreter multiplies
     # 16-bit floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
-    dot_ty = tl.float32 if interpreting() else TL_DTYPES[q.dtype]
+    tile_ty = TL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype]
+    dot_ty = tl.float32 if interpreting() else tile_ty
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](
         q,
@@ -815,6 +823,7 @@ def decode_attention(
         HAS_FIRST=batch.firsts is not None,
         HAS_APE=batch.inv_temps is not None,
         TMA=config.tma if descriptors is not None else 0,
+        TILE_TY=tile_ty,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **regs,
