@@ -90,7 +90,6 @@ class DecodeConfig:
     tma: int = 0
 
 
-
 def decode_config(
     head_dim: int, dtype: torch.dtype, page_size: int, programs_per_sm: float = 0.0, copy_engine: bool = False
 ) -> DecodeConfig:
@@ -107,11 +106,11 @@ def decode_config(
     16-bit, d <= 128: at most 8 bytes of spills; d=256 would spill more, so it is left uncapped).
 
     copy_engine (a Hopper GPU, LAZYATTN_DECODE_TMA not 0): below two programs per SM (FP8 pages: always), K and V
-    tiles come by copy-engine loads (tma=2): on an H100 they beat per-thread copies at batch 8 and 32 x 4K and at batch 1 x 10K
-    after a RoPE launch (docs/benchmarks.md, "Kernel constants"). With four programs per SM (64 x 2K) they measured
-    equal, and V's partial-tile buffer (82 KiB of shared memory in all
-    at pages of 64) leaves room for two programs per SM instead of three, so larger grids, not measured, keep
-    per-thread copies.
+    tiles come by copy-engine loads (tma=2): on an H100 they beat per-thread copies at batch 8 and 32 x 4K and at
+    batch 1 x 10K after a RoPE launch (docs/benchmarks.md, "Kernel constants"). With four programs per SM (64 x 2K)
+    they measured equal over 16-bit pages, and V's partial-tile buffer (82 KiB of shared memory in all at pages of
+    64) leaves room for two programs per SM instead of three, so larger grids over 16-bit pages keep per-thread
+    copies. FP8 tiles are half the bytes: there copy-engine loads won at every grid measured (H200, batch 8-64).
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
