@@ -17,7 +17,7 @@ import torch
 
 from lazyattn.kernels import decode, reference
 from lazyattn.kernels.decode import DecodeConfig, decode_attention
-from lazyattn.kernels.kv_dtype import FP8, quantize
+from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, quantize
 from lazyattn.kernels.paged import PagedBatch
 from lazyattn.kernels.prefill import prefill_attention
 from lazyattn.kernels.prefill_plan import with_plan
@@ -87,6 +87,17 @@ def test_decode_bf16_queries_over_fp8_pages_within_bf16_rounding():
     q, batch = s.decode()
     out = decoded(s, q, batch, num_splits=2)
     assert out.dtype == torch.bfloat16 and rel_err(out, reference_of(s, q, batch)) < 1e-2
+
+
+def test_every_e4m3_value_widens_exactly_to_the_decode_tiles_dtype():
+    """The decode kernel widens FP8 tiles to fp8_tile_dtype (float16 under a 16-bit q) and rounds q and P to it: exact
+    for all 256 codes, and never coarser than q's own dtype."""
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8)
+    finite = codes.float().isfinite()
+    for q_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        tile = fp8_tile_dtype(q_dtype)
+        assert torch.finfo(tile).eps <= torch.finfo(q_dtype).eps
+        assert torch.equal(codes.to(tile).float()[finite], codes.float()[finite])
 
 
 def test_the_kernels_read_the_rounded_pages():
