@@ -80,15 +80,20 @@ def test_keep_up_failure_counts_even_with_low_latency():
     assert result.brackets[0].passed <= 10 < result.brackets[0].failed
 
 
-def test_budget_stops_the_search_unconverged_and_shortens_windows():
+def timed_server(capacity: float):
+    """fake_server on a fake clock: each point takes what its phases plan (warm-up cap + window + drain)."""
     now = [0.0]
-    measure, calls = fake_server(50.0)
+    measure, calls = fake_server(capacity)
 
     def timed(rate, phases, shortened, deadline):
-        # Each point takes what its phases plan (warm-up cap + window + drain).
         now[0] += phases.warmup_max_s + phases.window_length(rate) + phases.drain_s
         return measure(rate, phases, shortened, deadline)
 
+    return timed, calls, now
+
+
+def test_budget_stops_the_search_unconverged_and_shortens_windows():
+    timed, calls, now = timed_server(50.0)
     phases = PhaseConfig()  # 60 s / 1000 requests windows
     result = search(
         timed, "fake", phases, SearchConfig(start=4.0, tol=0.02), deadline=200.0, min_point_s=20.0, clock=lambda: now[0]
@@ -103,13 +108,7 @@ def test_whole_windows_are_never_shortened_and_the_search_stops_when_one_no_long
     # 60 s windows, 10 s least warm-up, 30 s drain; 250 s of budget. Each point takes what its phases plan (here
     # 10 + 60 + 30 s). The planner's share would shorten every window; with whole windows each point gets its whole
     # 60 s (warm-up cut to the least), and the search stops once 10 + 60 + WHOLE_DRAIN_S no longer fit.
-    now = [0.0]
-    measure, calls = fake_server(50.0)
-
-    def timed(rate, phases, shortened, deadline):
-        now[0] += phases.warmup_max_s + phases.window_length(rate) + phases.drain_s
-        return measure(rate, phases, shortened, deadline)
-
+    timed, calls, now = timed_server(50.0)
     phases = PhaseConfig(window_s=60, window_requests=0, warmup_min_s=10, warmup_max_s=120, drain_s=30)
     cfg = SearchConfig(start=4.0, tol=0.02, whole_windows=True)
     result = search(timed, "fake", phases, cfg, deadline=250.0, min_point_s=20.0, clock=lambda: now[0])
