@@ -201,8 +201,7 @@ def plan_phases(
 
     whole_windows: the window is never shortened. When the share is too small for it, the point takes all the time
     left instead: the least warm-up, the whole window, and what remains for the drain (at least WHOLE_DRAIN_S, or the
-    drain asked for where that is shorter). No
-    phases (None) when even that does not fit: the search stops there."""
+    drain asked for where that is shorter). No phases (None) when even that does not fit: the search stops there."""
     if time_left == math.inf:
         return phases, False
     share = time_left / max(points_left, 1)

@@ -119,8 +119,6 @@ def decode_config(
     if programs_per_sm >= 2:
         buffers = min(4, buffers + 1)
     cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
-    # FP8 pages take copy-engine tiles at every grid size: with fp16 tiles (fp8_tile_dtype) they ran 10-14 % under
-    # bf16 pages' time at batch 8-64 x 4K-32K, and per-thread copies at par (docs/benchmarks.md, "Kernel constants").
     tma = 2 if copy_engine and (programs_per_sm < 2 or is_fp8(dtype)) else 0
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap, tma=tma)
 
