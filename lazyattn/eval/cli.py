@@ -275,7 +275,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             {
                 "meta": meta,
                 "dataset": dataset_meta,
-                "runs": [{"label": r.label, "mode": r.mode, "options": r.options} for r in runs],
+                "runs": [{"label": r.label, "mode": r.mode, "options": r.options, "answer": r.answer} for r in runs],
                 "aliases": {c.label: a.label for c, a in aliases.items()},
                 "comparisons": report.comparisons(results),
                 "position_means": report.position_means(results),

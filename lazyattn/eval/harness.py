@@ -9,8 +9,10 @@ decoding, so the runs differ only in attention semantics.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -36,23 +38,38 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip().replace("-", "_"), value
 
 
+# How a run answers (RunSpec.answer): "joint", one request with every document (the prompt as given);
+# "best-document", one request per document with that document alone, and the answer the model gave with the
+# highest mean log-probability per token (docs/quality.md, "Answering from the best single document").
+ANSWER_STRATEGIES = ("joint", "best-document")
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One engine configuration: `mode` and extra `LLM(...)` options; `label` names it in tables and JSON."""
+    """One engine configuration: `mode` and extra `LLM(...)` options; `label` names it in tables and JSON; `answer`,
+    how its questions are asked (ANSWER_STRATEGIES)."""
 
     label: str
     mode: str
     options: dict[str, Any] = field(default_factory=dict)
+    answer: str = "joint"
 
     @staticmethod
     def parse(text: str) -> RunSpec:
-        """ "lazy" or "lazy:relink_tokens=16" (options separated by ':')."""
+        """ "lazy" or "lazy:relink_tokens=16" (options separated by ':'); `answer=best-document` is the run's
+        answering strategy, not an engine option."""
         mode, *opts = text.strip().split(":")
         if mode not in MODES:
             raise InvalidRequestError(
                 f"unknown mode {mode!r} in {text!r}; choose from {', '.join(MODES)}", param="modes"
             )
-        return RunSpec(text.strip(), mode, dict(parse_option(o) for o in opts))
+        options = dict(parse_option(o) for o in opts)
+        answer = options.pop("answer", "joint")
+        if answer not in ANSWER_STRATEGIES:
+            raise InvalidRequestError(
+                f"unknown answer={answer!r} in {text!r}; choose from {', '.join(ANSWER_STRATEGIES)}", param="modes"
+            )
+        return RunSpec(text.strip(), mode, options, answer)
 
 
 @dataclass(frozen=True)
@@ -165,13 +182,18 @@ class CellResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "options": self.run.options, "items": [r.to_dict() for r in self.items]}
+        return {
+            **self.summary(),
+            "options": self.run.options,
+            "answer": self.run.answer,
+            "items": [r.to_dict() for r in self.items],
+        }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> CellResult:
         """From `to_dict` (an eval.json cell): tables and plots can be redrawn without re-running."""
         return CellResult(
-            RunSpec(d["run"], d["mode"], d.get("options", {})),
+            RunSpec(d["run"], d["mode"], d.get("options", {}), d.get("answer", "joint")),
             Cell(d["num_docs"], d["position"]),
             [ItemResult.from_dict(i) for i in d["items"]],
         )
@@ -198,11 +220,10 @@ def answer_cell(
     results: list[ItemResult] = []
     for start in range(0, len(items), batch_size):
         batch = items[start : start + batch_size]
-        documents = [list(it.documents) for it in batch]
-        if plain:
-            outs = llm.generate([it.question for it in batch], params, documents=documents, use_tqdm=False)
+        if run.answer == "best-document":
+            outs = best_document_answers(llm, batch, params, plain)
         else:
-            outs = llm.chat([messages_for(it) for it in batch], params, documents=documents, use_tqdm=False)
+            outs = _ask(llm, batch, [list(it.documents) for it in batch], params, plain)
         for item, out in zip(batch, outs):
             text = out.text.strip()
             results.append(
@@ -219,6 +240,30 @@ def answer_cell(
             )
         on_done(len(batch))
     return CellResult(run, cell, results)
+
+
+def _ask(llm: Any, items: Sequence[QAItem], documents: list[list[Any]], params: Any, plain: bool) -> list[Any]:
+    """One request per item with its `documents`: a chat turn, or with `plain` a plain-text prompt."""
+    if plain:
+        return llm.generate([it.question for it in items], params, documents=documents, use_tqdm=False)
+    return llm.chat([messages_for(it) for it in items], params, documents=documents, use_tqdm=False)
+
+
+def best_document_answers(llm: Any, items: Sequence[QAItem], params: Any, plain: bool = False) -> list[Any]:
+    """Per item, its question asked once per document with that document alone (all of the batch's requests at
+    once), and the output whose tokens have the highest mean log-probability (the first such document on a tie).
+    `params` gain the chosen token's log-probability where they do not ask for more."""
+    scored = params if params.logprobs is not None else dataclasses.replace(params, logprobs=0)
+    alone = [[[d] for d in it.documents] or [[]] for it in items]  # an item without documents is asked as it is
+    owners = [i for i, sets in enumerate(alone) for _ in sets]
+    outs = _ask(llm, [items[i] for i in owners], [docs for sets in alone for docs in sets], scored, plain)
+    best: dict[int, tuple[float, Any]] = {}
+    for i, out in zip(owners, outs):
+        picked = [next(iter(step.values())) for step in out.logprobs or []]
+        confidence = sum(picked) / len(picked) if picked else -math.inf
+        if i not in best or confidence > best[i][0]:
+            best[i] = (confidence, out)
+    return [best[i][1] for i in range(len(items))]
 
 
 def evaluate(
