@@ -56,7 +56,8 @@ def add_eval_parser(
         "--modes",
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
-        f"(e.g. lazy:relink_tokens=16); default {','.join(reversed(MODES))}",
+        "(e.g. lazy:relink_tokens=16) and ':answer=best-document' (each question asked once per document alone, "
+        f"the most confident answer kept; docs/quality.md); default {','.join(reversed(MODES))}",
     )
     p.add_argument(
         "--random-weights",
