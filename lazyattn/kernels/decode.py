@@ -759,8 +759,9 @@ def decode_attention(
     group = hq // hkv
     block_d = triton.next_power_of_2(head_dim)
     block_h = triton.next_power_of_2(group)
-    # Dot operands are rounded to the cache dtype (q's over FP8 pages), as on the GPU, but the interpreter multiplies
-    # 16-bit floats as their raw bits (triton issue #11584): there they are widened to fp32 after rounding.
+    # Dot operands are rounded to the tiles' dtype (q's; over FP8 pages fp8_tile_dtype), as on the GPU, but the
+    # interpreter multiplies 16-bit floats as their raw bits (triton issue #11584): there they are widened to fp32
+    # after rounding.
     tile_ty = TL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype]
     dot_ty = tl.float32 if interpreting() else tile_ty
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
