@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Answering from the best single document (docs/quality.md, "Answering from the best single document"): SmolLM2 and
+# smollm2-block on the three realistic sets, both prompt layouts, 5 and 10 documents, gold first / middle / last: full
+# attention, lazy mode with the shared prefix, and lazy mode with the shared prefix answering from the document it is
+# most confident about. Every evaluation runs at once, spread over the GPUs present; about 5 minutes on two H200s:
+#   SMOLLM2_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf bash benchmarks/quality_best_document.sh OUT_DIR
+# OUT_DIR gets one folder per evaluation (eval.md, eval.json) and its log. LIMIT=N takes the first N questions of each
+# set (a quick check); DEVICE=cpu runs on the CPU; KV_GB sets each engine's KV cache (4 GiB).
+set -uo pipefail
+out="${1:?usage: [SMOLLM2_GGUF=FILE] [LIMIT=N] [DEVICE=cpu] bash benchmarks/quality_best_document.sh OUT_DIR}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${SMOLLM2_GGUF:-}" ]; then  # a machine without the package index: the GGUF given, in a cache of its own
+    export LAZYATTN_CACHE="$out/cache"
+    mkdir -p "$LAZYATTN_CACHE/models/smollm2"
+    ln -sf "$(realpath "$SMOLLM2_GGUF")" "$LAZYATTN_CACHE/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+fi
+device="${DEVICE:-cuda}"
+gpus=1
+[ "$device" = cuda ] && gpus="$(nvidia-smi -L | wc -l)"
+engine=(--device "$device" --engine-option warm_up=false --kv-cache-gb "${KV_GB:-4}" --host-cache-gb 0 --no-progress)
+[ -n "${LIMIT:-}" ] && engine+=(--limit "$LIMIT")
+[ "$device" = cpu ] && engine+=(--cpu-threads 1)
+n=0
+ev() {  # name model set layout
+    CUDA_VISIBLE_DEVICES=$((n % gpus)) timeout 540 python3 -m lazyattn.cli eval --model "$2" --dataset "builtin:$3" \
+        --prompt-layout "$4" --modes "full,$p,$p:answer=best-document" --num-docs 5,10 \
+        --gold-position first,middle,last --batch-size 64 "${engine[@]}" --out "$out/$1" >"$out/$1.log" 2>&1 &
+    n=$((n + 1))
+}
+p=lazy:ape_prefix=true
+for set in real real-heldout real-heldout-readme; do
+    for layout in block-attention short-answer; do
+        ev "blk-$set-$layout" smollm2-block "$set" "$layout"
+        ev "base-$set-$layout" smollm2 "$set" "$layout"
+    done
+done
+failed=0
+for pid in $(jobs -p); do wait "$pid" || failed=$((failed + 1)); done
+for f in "$out"/*.log; do echo "== $(basename "$f"): $(grep -E "cells in" "$f" | tail -1)"; done
+[ "$failed" = 0 ] || { echo "$failed run(s) failed: see $out/*.log"; exit 1; }
