@@ -72,14 +72,16 @@ def pick_answers(
 ) -> list[RequestOutput]:
     """For each request r (`num_documents[r]`: how many documents it has), the most confident of its one-document
     outputs (`owners[i]` owns `outputs[i]`, in document order), with `answered_from` set to that document's index
-    among the request's (None for a request without documents). `keep_logprobs[r]` False drops the
-    log-probabilities that `with_confidence` added."""
+    among the request's (None for a request without documents); a request of which one output failed gets that output.
+    `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
     best: dict[int, tuple[float, int, RequestOutput]] = {}
     seen: dict[int, int] = {}
     for owner, out in zip(owners, outputs, strict=True):
         index = seen.get(owner, 0)
         seen[owner] = index + 1
-        score = confidence(out)
+        # A request the engine failed alone fails the whole answer, as it fails a joint request: its output (the
+        # first such) is returned, error set, rather than a choice among the others that looks complete.
+        score = math.inf if out.error is not None else confidence(out)
         if owner not in best or score > best[owner][0]:
             best[owner] = (score, index, out)
     picked = []

@@ -37,6 +37,11 @@ def test_pick_answers_keeps_the_highest_mean_token_log_probability():
     assert [(o.text, o.answered_from) for o in picked] == [("Paris", 1), ("4", 0), ("no", None)]
     # the log-probabilities only where the request asked for them
     assert [o.logprobs is None for o in picked] == [True, False, True]
+    # one document's request failed: the answer is that failure, not the surest of the rest
+    failed = scripted("", [])
+    failed.error = "the engine failed this request"
+    picked = pick_answers([0, 0, 0], [outputs[1], failed, scripted("x", [-9.0])], [3], [True])
+    assert (picked[0].error, picked[0].answered_from) == ("the engine failed this request", 1)
 
 
 def test_one_document_each_asks_every_document_alone_and_a_request_without_any_as_it_is():
