@@ -17,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from lazyattn.engine.outputs import RequestOutput
-from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # kept out at run time: the command line's parsers read ANSWER_STRATEGIES without torch
+    from lazyattn.engine.outputs import RequestOutput
+    from lazyattn.engine.sampling import SamplingParams
 
 ANSWER_STRATEGIES = ("joint", "best-document")  # joint: one request over all of its documents (the default)
 
