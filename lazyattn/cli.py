@@ -123,9 +123,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     chat = has_template if args.chat is None else args.chat
     if chat:
-        out = llm.chat([{"role": "user", "content": args.prompt}], params, documents=[documents])[0]
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, documents=[documents], answer=args.answer)[0]
     else:
-        out = llm.generate([args.prompt], params, documents=[documents])[0]
+        out = llm.generate([args.prompt], params, documents=[documents], answer=args.answer)[0]
     if args.json:
         m = out.metrics
         print(
@@ -137,6 +137,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "prompt_tokens": out.num_document_tokens + len(out.prompt_token_ids),
                     "ttft_s": m.ttft,
                     "cached_tokens": m.cached_tokens,
+                    "answered_from": out.answered_from,
                 }
             )
         )
@@ -181,6 +182,8 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_generate_parser(sub: argparse._SubParsersAction) -> None:
+    from lazyattn.engine.best_document import ANSWER_STRATEGIES
+
     p = sub.add_parser("generate", help=COMMANDS["generate"])
     _engine_args(p)
     p.add_argument(
@@ -207,6 +210,13 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default: 1)")
     p.add_argument("--top-k", type=int, default=-1, help="sample from the k likeliest tokens; -1: all (default)")
     p.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
+    p.add_argument(
+        "--answer",
+        choices=ANSWER_STRATEGIES,
+        default="joint",
+        help="joint: one request over all the documents (default); best-document: the prompt asked once per "
+        "document alone, the most confident answer kept (--json names its document: answered_from)",
+    )
     p.add_argument(
         "--parse-special-tokens",
         action="store_true",

@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from lazyattn.engine.best_document import check_answer, one_document_each, pick_answers, with_confidence
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
@@ -71,6 +72,7 @@ class LLM:
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
         ape_tilt: float | None = None,
+        answer: str = "joint",
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
@@ -79,10 +81,27 @@ class LLM:
         the documents after the first, lazy and block mode; ape_prefix, documents encoded after the first segment,
         lazy mode; ape_tilt, ln S from +tilt/2 on the first document to -tilt/2 on the last, lazy and block mode;
         docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
-        the same options, given one by one (not together with `options`)."""
-        rendered = self._render_all(prompts, documents, prompt_token_ids, document_token_ids)
+        the same options, given one by one (not together with `options`).
+        answer: "joint" (one request over all of a prompt's documents) or "best-document" (the prompt asked once per
+        document, with that document alone; the most confident answer kept, its document in `answered_from`;
+        engine/best_document.py)."""
+        _check_answer(answer, sampling_params)
+        split = answer == "best-document"
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, options)
+        if prompt_token_ids is not None:
+            if prompts is not None:
+                raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
+            docs = _per_prompt(document_token_ids, len(prompt_token_ids), "document_token_ids")
+            owners, docs_each = one_document_each(docs) if split else (list(range(len(docs))), docs)
+            rendered = [self._from_ids(prompt_token_ids[o], d) for o, d in zip(owners, docs_each)]
+        else:
+            if prompts is None:
+                raise InvalidRequestError("no prompts given", "prompts")
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+            docs = _per_prompt(documents, len(prompts), "documents")
+            owners, docs_each = one_document_each(docs) if split else (list(range(len(docs))), docs)
+            rendered = [self.render(prompts[o], d) for o, d in zip(owners, docs_each)]
+        return self._answer(rendered, owners, docs, sampling_params, split, cache_salt, use_tqdm, options)
 
     def chat(
         self,
@@ -98,41 +117,50 @@ class LLM:
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
         ape_tilt: float | None = None,
+        answer: str = "joint",
     ) -> list[RequestOutput]:
         """Chat conversations rendered with the model's chat template, documents as segments; `options` (or its
-        keywords) as in `generate`."""
+        keywords) and `answer` as in `generate`."""
+        _check_answer(answer, sampling_params)
+        split = answer == "best-document"
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        docs = list(documents) if documents is not None else [[] for _ in convs]
-        if len(docs) != len(convs):
-            raise InvalidRequestError("documents must have one list per conversation", "documents")
-        rendered = [self.render_chat(c, d) for c, d in zip(convs, docs)]
+        docs = _per_prompt(documents, len(convs), "documents", "conversation")
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
-        return self._run(rendered, sampling_params, cache_salt, use_tqdm, options)
+        owners, docs_each = one_document_each(docs) if split else (list(range(len(docs))), docs)
+        rendered = [self.render_chat(convs[o], d) for o, d in zip(owners, docs_each)]
+        return self._answer(rendered, owners, docs, sampling_params, split, cache_salt, use_tqdm, options)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _render_all(self, prompts, documents, prompt_token_ids, document_token_ids) -> list[RenderedPrompt]:
-        if prompt_token_ids is not None:
-            if prompts is not None:
-                raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
-            docs_ids = document_token_ids if document_token_ids is not None else [[] for _ in prompt_token_ids]
-            if len(docs_ids) != len(prompt_token_ids):
-                raise InvalidRequestError("document_token_ids must have one list per prompt", "document_token_ids")
-            # BOS only for a model whose tokenizer adds one to text (SmolLM2's bos_token_id is <|im_start|>,
-            # which its prompts never start with), as the server's token-level input does.
-            want_bos = self.tokenizer.add_bos_token if self.layout.add_bos is None else self.layout.add_bos
-            bos = self.tokenizer.bos_token_id if want_bos else None
-            return [from_token_ids(list(p), [list(d) for d in ds], bos) for p, ds in zip(prompt_token_ids, docs_ids)]
-        if prompts is None:
-            raise InvalidRequestError("no prompts given", "prompts")
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        docs = list(documents) if documents is not None else [[] for _ in prompts]
-        if len(docs) != len(prompts):
-            raise InvalidRequestError("documents must have one list per prompt", "documents")
-        return [self.render(p, d) for p, d in zip(prompts, docs)]
+    def _from_ids(self, prompt_token_ids: Seq[int], document_token_ids: Seq[Seq[int]]) -> RenderedPrompt:
+        # BOS only for a model whose tokenizer adds one to text (SmolLM2's bos_token_id is <|im_start|>, which its
+        # prompts never start with), as the server's token-level input does.
+        want_bos = self.tokenizer.add_bos_token if self.layout.add_bos is None else self.layout.add_bos
+        bos = self.tokenizer.bos_token_id if want_bos else None
+        return from_token_ids(list(prompt_token_ids), [list(d) for d in document_token_ids], bos)
+
+    def _answer(
+        self,
+        rendered: list[RenderedPrompt],
+        owners: list[int],
+        documents: list[Seq[Any]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None,
+        split: bool,
+        cache_salt: str | None,
+        use_tqdm: bool | None,
+        options: RequestOptions,
+    ) -> list[RequestOutput]:
+        """Run `rendered` (`owners[i]`: the prompt request i was made from); with `split` (best-document), fold each
+        prompt's one-document outputs back into its most confident one."""
+        params = _per_prompt_params(sampling_params, len(documents))
+        if not split:
+            return self._run(rendered, params, cache_salt, use_tqdm, options)
+        outs = self._run(rendered, [with_confidence(params[o]) for o in owners], cache_salt, use_tqdm, options)
+        asked = [p.logprobs is not None for p in params]
+        return pick_answers(owners, outs, [len(d) for d in documents], asked)
 
     def _run(
         self,
@@ -142,13 +170,7 @@ class LLM:
         use_tqdm,
         options: RequestOptions = ENGINE_DEFAULTS,
     ) -> list[RequestOutput]:
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = (
-            [sampling_params] * len(rendered) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
-        )
-        if len(params) != len(rendered):
-            raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
+        params = _per_prompt_params(sampling_params, len(rendered))
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
         self.engine.limits.options(options)
@@ -194,6 +216,34 @@ class LLM:
         finally:
             bar.close()
         return [done[rid] for rid in ids]
+
+
+def _per_prompt(documents: Seq[Seq[Any]] | None, count: int, param: str, what: str = "prompt") -> list[Seq[Any]]:
+    """Each prompt's documents (none given: none for every prompt)."""
+    docs = list(documents) if documents is not None else [[] for _ in range(count)]
+    if len(docs) != count:
+        raise InvalidRequestError(f"{param} must have one list per {what}", param)
+    return docs
+
+
+def _per_prompt_params(
+    sampling_params: SamplingParams | Seq[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt: the defaults, the one given for all, or the list given."""
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * count
+    params = list(sampling_params)
+    if len(params) != count:
+        raise InvalidRequestError("sampling_params must be one object or one per prompt", "sampling_params")
+    return params
+
+
+def _check_answer(answer: str, sampling_params: SamplingParams | Seq[SamplingParams] | None) -> None:
+    """`check_answer` with the first n other than 1 among the params (their own checks come later)."""
+    given = [sampling_params] if isinstance(sampling_params, SamplingParams) else list(sampling_params or [])
+    check_answer(answer, next((p.n for p in given if getattr(p, "n", 1) != 1), 1))
 
 
 def _options(

@@ -49,6 +49,8 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine failed this request alone (finish_reason "abort")
+    # answer="best-document": the index, among the request's documents, of the one the answer was read from
+    answered_from: int | None = None
 
     @property
     def finished(self) -> bool:

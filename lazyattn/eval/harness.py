@@ -9,10 +9,8 @@ decoding, so the runs differ only in attention semantics.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
-import math
 import statistics
 import sys
 import time
@@ -20,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lazyattn.engine.best_document import ANSWER_STRATEGIES
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
@@ -38,10 +37,9 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip().replace("-", "_"), value
 
 
-# How a run answers (RunSpec.answer): "joint", one request with every document (the prompt as given);
-# "best-document", one request per document with that document alone, and the answer the model gave with the
-# highest mean log-probability per token (docs/quality.md, "Answering from the best single document").
-ANSWER_STRATEGIES = ("joint", "best-document")
+# How a run answers (RunSpec.answer) is the engine's `answer` (engine/best_document.py): "joint", one request with
+# every document (the prompt as given); "best-document", one request per document with that document alone, and the
+# answer with the highest mean log-probability per token (docs/quality.md, "Answering from the best single document").
 
 
 @dataclass(frozen=True)
@@ -220,10 +218,7 @@ def answer_cell(
     results: list[ItemResult] = []
     for start in range(0, len(items), batch_size):
         batch = items[start : start + batch_size]
-        if run.answer == "best-document":
-            outs = best_document_answers(llm, batch, params, plain)
-        else:
-            outs = _ask(llm, batch, [list(it.documents) for it in batch], params, plain)
+        outs = _ask(llm, batch, params, plain, run.answer)
         for item, out in zip(batch, outs):
             text = out.text.strip()
             results.append(
@@ -242,28 +237,13 @@ def answer_cell(
     return CellResult(run, cell, results)
 
 
-def _ask(llm: Any, items: Sequence[QAItem], documents: list[list[Any]], params: Any, plain: bool) -> list[Any]:
-    """One request per item with its `documents`: a chat turn, or with `plain` a plain-text prompt."""
+def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, answer: str) -> list[Any]:
+    """One request per item with its documents, answered as `answer` says (engine/best_document.py): a chat turn,
+    or with `plain` a plain-text prompt."""
+    documents = [list(it.documents) for it in items]
     if plain:
-        return llm.generate([it.question for it in items], params, documents=documents, use_tqdm=False)
-    return llm.chat([messages_for(it) for it in items], params, documents=documents, use_tqdm=False)
-
-
-def best_document_answers(llm: Any, items: Sequence[QAItem], params: Any, plain: bool = False) -> list[Any]:
-    """Per item, its question asked once per document with that document alone (all of the batch's requests at
-    once), and the output whose tokens have the highest mean log-probability (the first such document on a tie).
-    `params` gain the chosen token's log-probability where they do not ask for more."""
-    scored = params if params.logprobs is not None else dataclasses.replace(params, logprobs=0)
-    alone = [[[d] for d in it.documents] or [[]] for it in items]  # an item without documents is asked as it is
-    owners = [i for i, sets in enumerate(alone) for _ in sets]
-    outs = _ask(llm, [items[i] for i in owners], [docs for sets in alone for docs in sets], scored, plain)
-    best: dict[int, tuple[float, Any]] = {}
-    for i, out in zip(owners, outs):
-        picked = [next(iter(step.values())) for step in out.logprobs or []]
-        confidence = sum(picked) / len(picked) if picked else -math.inf
-        if i not in best or confidence > best[i][0]:
-            best[i] = (confidence, out)
-    return [best[i][1] for i in range(len(items))]
+        return llm.generate([it.question for it in items], params, documents=documents, use_tqdm=False, answer=answer)
+    return llm.chat([messages_for(it) for it in items], params, documents=documents, use_tqdm=False, answer=answer)
 
 
 def evaluate(

@@ -43,6 +43,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    answered_from: int | None = None  # answer "best-document": the document's index (left out of other responses)
 
 
 class ChatCompletionResponse(BaseModel):
@@ -82,6 +83,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    answered_from: int | None = None  # answer "best-document": the document's index (left out of other responses)
 
 
 class CompletionResponse(BaseModel):

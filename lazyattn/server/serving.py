@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from lazyattn.engine.best_document import check_answer, one_document_each, pick_answers, with_confidence
 from lazyattn.engine.client import EngineClient, OutputStream
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.errors import InvalidRequestError, LazyAttnError
@@ -79,20 +80,24 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        self._check_sequences(1, body.n)
+        check_answer(body.answer, body.n, body.stream)
+        split = body.answer == "best-document"
         self._check_documents(body.documents)
+        self._check_sequences(1, body.n, _fan_out(body.documents, split))
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
-        prompt = await run_in_threadpool(self.renderer.chat, body, documents)
+        owners, sets = one_document_each([documents]) if split else ([0], [documents])
+        prompts = await run_in_threadpool(lambda: [self.renderer.chat(body, docs) for docs in sets])
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         options = request_options(body)
-        max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", options)
-        params = sampling_params(body, max_tokens, logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self.engine_loop.submit(
-            [(rid, prompt, params)], cache_salt=scope, arrival=arrival, options=options
-        )
+        requests = []
+        for i, prompt in enumerate(prompts):
+            max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", options)
+            params = sampling_params(body, max_tokens, logprobs)
+            requests.append((f"{rid}-{i}", prompt, with_confidence(params)) if split else (rid, prompt, params))
+        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
         created = int(time.time())
         top = logprobs or 0
         if body.stream:
@@ -102,19 +107,22 @@ class OpenAIServing:
         finals = await _collect(stream, request)
         if finals is None:
             return Response(status_code=_CLIENT_GONE)
-        out = finals[rid]
+        outs = [finals[r] for r, _, _ in requests]
+        out = pick_answers(owners, outs, [len(documents)], [logprobs is not None])[0] if split else outs[0]
         choices = [
             ChatChoice(
                 index=c.index,
                 message=AssistantMessage(content=c.text),
                 finish_reason=c.finish_reason,
                 logprobs=chat_logprobs(c, 0, top, self.token_text),
+                answered_from=out.answered_from,
             )
             for c in out.outputs
         ]
-        return _json(
-            ChatCompletionResponse(id=rid, created=created, model=self.model_name, choices=choices, usage=usage([out]))
+        response = ChatCompletionResponse(
+            id=rid, created=created, model=self.model_name, choices=choices, usage=usage(outs)
         )
+        return _json(response, split)
 
     async def _chat_events(
         self, stream: OutputStream, rid: str, created: int, n: int, top: int, include_usage: bool
@@ -143,23 +151,33 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
+        check_answer(body.answer, body.n, body.stream)
+        split = body.answer == "best-document"
         p = body.prompt
-        self._check_sequences(len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1, body.n)
+        num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
+        self._check_sequences(num_prompts, body.n, _fan_out(body.documents, split))
         self._check_documents(body.documents)
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
-        prompts = await run_in_threadpool(self.renderer.completions, body, documents)
+        _, sets = one_document_each([documents]) if split else ([0], [documents])
+        # per_set[j][i]: prompt i with the documents of set j; requests go prompt by prompt, each over its sets
+        per_set = await run_in_threadpool(lambda: [self.renderer.completions(body, docs) for docs in sets])
         cid = f"cmpl-{uuid.uuid4().hex}"
         options = request_options(body)
-        requests = []
-        for i, prompt in enumerate(prompts):
-            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt", options)
-            params = sampling_params(body, max_tokens, body.logprobs)
-            requests.append((f"{cid}-{i}", prompt, params))
+        requests, owners = [], []
+        for i in range(len(per_set[0])):
+            for j, prompts in enumerate(per_set):
+                max_tokens = self.renderer.max_tokens(body.max_tokens, prompts[i], body.n, "prompt", options)
+                params = sampling_params(body, max_tokens, body.logprobs)
+                if split:
+                    requests.append((f"{cid}-{i}-{j}", prompts[i], with_confidence(params)))
+                else:
+                    requests.append((f"{cid}-{i}", prompts[i], params))
+                owners.append(i)
         stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
         created = int(time.time())
-        prompt_index = {rid: i for i, (rid, _, _) in enumerate(requests)}
+        prompt_index = {rid: i for rid, i in zip((r for r, _, _ in requests), owners)}
         top = body.logprobs or 0
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -168,21 +186,27 @@ class OpenAIServing:
         finals = await _collect(stream, request)
         if finals is None:
             return Response(status_code=_CLIENT_GONE)
+        outs = [finals[rid] for rid, _, _ in requests]
+        count = len(per_set[0])
+        answers = (
+            pick_answers(owners, outs, [len(documents)] * count, [body.logprobs is not None] * count) if split else outs
+        )
         choices = []
-        for rid, _, _ in requests:
-            for c in finals[rid].outputs:
+        for i, out in enumerate(answers):
+            for c in out.outputs:
                 choices.append(
                     CompletionChoice(
-                        index=prompt_index[rid] * body.n + c.index,
+                        index=i * body.n + c.index,
                         text=c.text,
                         finish_reason=c.finish_reason,
                         logprobs=completion_logprobs(c, 0, top, self.token_text, 0),
+                        answered_from=out.answered_from,
                     )
                 )
-        ordered = [finals[rid] for rid, _, _ in requests]
-        return _json(
-            CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices, usage=usage(ordered))
+        response = CompletionResponse(
+            id=cid, created=created, model=self.model_name, choices=choices, usage=usage(outs)
         )
+        return _json(response, split)
 
     async def _completion_events(
         self,
@@ -196,7 +220,7 @@ class OpenAIServing:
     ) -> AsyncIterator[str]:
         def chunk(choices: list[CompletionChoice], usage_: Usage | None = None) -> str:
             c = CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices, usage=usage_)
-            return c.model_dump_json(exclude=None if include_usage else {"usage"})
+            return c.model_dump_json(exclude=_JOINT if include_usage else {**_JOINT, "usage": True})
 
         state = StreamState(n, prompt_index)
         async for outs in stream:
@@ -211,14 +235,16 @@ class OpenAIServing:
 
     # -- helpers --------------------------------------------------------------------------------------------------
 
-    def _check_sequences(self, prompts: int, n: int | None) -> None:
-        """Bound what one request can queue: a batch of prompts x n is that many sequences."""
-        total = prompts * (n or 1)
+    def _check_sequences(self, prompts: int, n: int | None, fan_out: int = 1) -> None:
+        """Bound what one request can queue: a batch of prompts x n is that many sequences, and answer
+        "best-document" asks each prompt once per document."""
+        total = prompts * (n or 1) * fan_out
         if total > self.max_request_sequences:
+            each = f" x {fan_out} documents asked one at a time" if fan_out > 1 else ""
             raise InvalidRequestError(
-                f"this request asks for {prompts} prompt(s) x n = {n} = {total} sequences; "
+                f"this request asks for {prompts} prompt(s) x n = {n}{each} = {total} sequences; "
                 f"the limit is {self.max_request_sequences}",
-                param="n",
+                param="documents" if fan_out > 1 else "n",
             )
 
     def _check_documents(self, documents: list | None) -> None:
@@ -235,8 +261,17 @@ class OpenAIServing:
             raise ModelNotFoundError(f"model {model!r} is not served here; this server serves {self.model_name!r}")
 
 
-def _json(model) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")
+# A choice's answered_from is the best-document strategy's alone: left out of every other response.
+_JOINT = {"choices": {"__all__": {"answered_from"}}}
+
+
+def _json(model, best_document: bool = False) -> Response:
+    return Response(model.model_dump_json(exclude=None if best_document else _JOINT), media_type="application/json")
+
+
+def _fan_out(documents: list | None, split: bool) -> int:
+    """How many requests answer "best-document" makes of each prompt: one per document (at least one)."""
+    return max(1, len(documents or [])) if split else 1
 
 
 class _StreamResponse(StreamingResponse):

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every script with a main(); compile_check swaps Triton's interpreter for the real compiler when imported, so it is
 # checked in its own process below.
 SCRIPTS = [
+    "best_document",
     "disk_tier",
     "document_tokens",
     "engine",
@@ -169,6 +170,20 @@ def test_relink_prompts_are_seeded_and_well_formed():
         docs = [pool.index(s) for s in p.segments[1:]]
         assert len(set(docs)) == 3  # three different documents of the pool
         assert len(p.final) == 5
+
+
+def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    best = importlib.import_module("benchmarks.best_document")
+    monkeypatch.setattr(sys, "argv", ["benchmarks/best_document.py", str(tmp_path), "--smoke"])
+    best.main()
+    rows = json.loads((tmp_path / "best_document.json").read_text())["rows"]
+    assert [r["config"] for r in rows] == ["lazy + prefix, joint", "lazy + prefix, best-document", "full, joint"]
+    assert all(r["idle_answer_ms"] > 0 and r["sat_questions_per_s"] > 0 for r in rows)
+    # every question draws its documents from the pool, in its own seeded order
+    ids, docs = best.questions([[i] for i in range(8)], 3, 5, 4, seed=0, vocab=5000)
+    assert len(ids) == 3 and all(len(q) == 4 for q in ids)
+    assert all(len(d) == 5 and len({tuple(x) for x in d}) == 5 for d in docs)
+    assert (ids, docs) == best.questions([[i] for i in range(8)], 3, 5, 4, seed=0, vocab=5000)
 
 
 def test_host_ttft_tokens_stay_inside_the_small_vocabulary():

@@ -4,15 +4,13 @@ is: every run answers every cell, modes with the same semantics answer alike, fi
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from lazyattn.cli import main
-from lazyattn.engine.sampling import SamplingParams
-from lazyattn.eval.harness import CellResult, RunSpec, best_document_answers
+from lazyattn.eval.harness import CellResult, RunSpec
 from lazyattn.eval.metrics import Scores
-from lazyattn.qa.dataset import QAItem, read_jsonl
+from lazyattn.qa.dataset import read_jsonl
 from lazyattn.qa.synthetic import generate
 
 ARGS = [
@@ -130,56 +128,6 @@ def test_run_spec_parsing():
     assert RunSpec.parse("lazy:ape_prefix=true:answer=best-document") == RunSpec(
         "lazy:ape_prefix=true:answer=best-document", "lazy", {"ape_prefix": True}, "best-document"
     )
-
-
-class ScriptedLLM:
-    """An LLM whose answer to a question asked with one document is scripted: {(question, document text): (text,
-    per-token log-probabilities)}; records every request."""
-
-    def __init__(self, script):
-        self.script, self.asked = script, []
-
-    def chat(self, conversations, params, documents, use_tqdm):
-        outs = []
-        for conv, docs in zip(conversations, documents):
-            question = conv[0]["content"]
-            self.asked.append((question, [d["text"] for d in docs], params.logprobs))
-            text, lps = self.script[(question, docs[0]["text"] if docs else None)]
-            outs.append(SimpleNamespace(text=text, logprobs=[{7: lp} for lp in lps]))
-        return outs
-
-
-def test_best_document_keeps_the_answer_with_the_highest_mean_token_log_probability():
-    doc = lambda t: {"title": "", "text": t}  # noqa: E731
-    items = [
-        QAItem("q1", ("Paris",), (doc("a"), doc("b"), doc("c")), (1,), "1"),
-        QAItem("q2", ("4",), (doc("x"), doc("y")), (0,), "2"),
-        QAItem("q3", ("no",), (), (), "3"),
-    ]
-    llm = ScriptedLLM(
-        {
-            # means -1.0, -0.25, -0.5: b's answer, though a's first token is the surest and c's sum is the highest
-            ("q1", "a"): ("Lyon", [-0.1, -1.9]),
-            ("q1", "b"): ("Paris", [-0.3, -0.2, -0.3, -0.2]),
-            ("q1", "c"): ("Nice", [-0.5]),
-            # a tie: the first document's answer
-            ("q2", "x"): ("4", [-0.5, -0.5]),
-            ("q2", "y"): ("5", [-1.0, 0.0]),
-            ("q3", None): ("no", [-2.0]),
-        }
-    )
-    outs = best_document_answers(llm, items, SamplingParams(max_tokens=4))
-    assert [o.text for o in outs] == ["Paris", "4", "no"]
-    # every document asked alone, the item without documents as it is, the chosen token's log-probability asked for
-    assert [(q, docs) for q, docs, _ in llm.asked] == [
-        ("q1", ["a"]),
-        ("q1", ["b"]),
-        ("q1", ["c"]),
-        ("q2", ["x"]),
-        ("q2", ["y"]),
-        ("q3", []),
-    ]
-    assert {lp for _, _, lp in llm.asked} == {0}
 
 
 def test_best_document_runs_end_to_end(tmp_path):

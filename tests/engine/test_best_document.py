@@ -1,0 +1,130 @@
+"""Answering from the best single document (engine/best_document.py): the request asked once per document, the
+answer with the highest mean token log-probability kept; through `LLM.generate`/`LLM.chat` it must equal the most
+confident of the same one-document requests made one by one."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from lazyattn import LLM, SamplingParams
+from lazyattn.engine.best_document import check_answer, one_document_each, pick_answers
+from lazyattn.engine.outputs import CompletionOutput, RequestOutput
+from lazyattn.errors import InvalidRequestError
+
+
+def scripted(text: str, logprobs: list[float], documents: int = 1) -> RequestOutput:
+    tokens = list(range(len(logprobs)))
+    completion = CompletionOutput(0, text, tokens, "stop", logprobs=[{t: lp} for t, lp in zip(tokens, logprobs)])
+    return RequestOutput("r", [1, 2], 10 * documents, [completion])
+
+
+def test_pick_answers_keeps_the_highest_mean_token_log_probability():
+    owners = [0, 0, 0, 1, 1, 2]
+    outputs = [
+        # means -1.0, -0.25, -0.5: b's answer, though a's first token is the surest and c's sum is the highest
+        scripted("Lyon", [-0.1, -1.9]),
+        scripted("Paris", [-0.3, -0.2, -0.3, -0.2]),
+        scripted("Nice", [-0.5]),
+        # a tie: the first document's answer
+        scripted("4", [-0.5, -0.5]),
+        scripted("5", [-1.0, 0.0]),
+        # a request without documents: asked as it is
+        scripted("no", [-2.0], documents=0),
+    ]
+    picked = pick_answers(owners, outputs, [3, 2, 0], [False, True, False])
+    assert [(o.text, o.answered_from) for o in picked] == [("Paris", 1), ("4", 0), ("no", None)]
+    # the log-probabilities only where the request asked for them
+    assert [o.logprobs is None for o in picked] == [True, False, True]
+    # one document's request failed: the answer is that failure, not the surest of the rest
+    failed = scripted("", [])
+    failed.error = "the engine failed this request"
+    picked = pick_answers([0, 0, 0], [outputs[1], failed, scripted("x", [-9.0])], [3], [True])
+    assert (picked[0].error, picked[0].answered_from) == ("the engine failed this request", 1)
+
+
+def test_one_document_each_asks_every_document_alone_and_a_request_without_any_as_it_is():
+    assert one_document_each([["a", "b"], [], ["c"]]) == ([0, 0, 1, 2], [["a"], ["b"], [], ["c"]])
+
+
+@pytest.mark.parametrize(
+    ("answer", "n", "stream", "param"),
+    [("best", 1, False, "answer"), ("best-document", 2, False, "n"), ("best-document", 1, True, "stream")],
+)
+def test_check_answer_names_the_field(answer, n, stream, param):
+    with pytest.raises(InvalidRequestError) as e:
+        check_answer(answer, n, stream)
+    assert e.value.param == param
+    check_answer("joint", 4, True)  # the default strategy takes any n and streams
+
+
+def mean_logprob(out: RequestOutput) -> float:
+    return statistics.fmean(next(iter(step.values())) for step in out.logprobs)
+
+
+DOCS = [
+    ["The river Ouse floods the town every spring.", "Ada keeps bees on the hill.", "Nine ships left the harbour."],
+    ["Copper turns green in the rain.", "The bakery opens at six."],
+    [],
+]
+PROMPTS = ["Who keeps bees?", "When does the bakery open?", "Say something."]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM(model="tiny", mode="lazy", device="cpu", progress=False) as llm:
+        yield llm
+
+
+def test_generate_best_document_is_the_most_confident_one_document_answer(llm):
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer="best-document")
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        alone = llm.generate([prompt] * max(1, len(docs)), scored, documents=[[d] for d in docs] or [[]])
+        means = [mean_logprob(o) for o in alone]
+        best = means.index(max(means))
+        assert out.token_ids == alone[best].token_ids
+        assert out.answered_from == (best if docs else None)
+        assert out.num_document_tokens == alone[best].num_document_tokens
+        assert out.logprobs is None  # not asked for
+
+
+def test_chat_best_document_keeps_the_log_probabilities_asked_for(llm):
+    params = SamplingParams(max_tokens=5, temperature=0.0, logprobs=2)
+    messages = [[{"role": "user", "content": p}] for p in PROMPTS[:2]]
+    got = llm.chat(messages, params, documents=DOCS[:2], answer="best-document")
+    for conv, docs, out in zip(messages, DOCS[:2], got):
+        alone = llm.chat([conv] * len(docs), params, documents=[[d] for d in docs])
+        means = [mean_logprob(o) for o in alone]
+        assert out.answered_from == means.index(max(means))
+        expected = alone[out.answered_from].logprobs
+        # the same tokens; values equal up to the rounding of another batch's arithmetic
+        assert [list(step) for step in out.logprobs] == [list(step) for step in expected]
+        values = [v for step in out.logprobs for v in step.values()]
+        assert values == pytest.approx([v for step in expected for v in step.values()], abs=1e-5)
+        assert all(len(step) >= 2 for step in out.logprobs)  # the chosen token and the top 2
+
+
+def test_token_level_prompts_and_bad_input(llm):
+    doc_ids = [[llm.tokenizer.encode_plain(d) for d in DOCS[0]]]
+    prompt_ids = [llm.tokenizer.encode_plain(PROMPTS[0])]
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    by_ids = llm.generate(
+        prompt_token_ids=prompt_ids, document_token_ids=doc_ids, sampling_params=params, answer="best-document"
+    )[0]
+    alone = llm.generate(
+        prompt_token_ids=prompt_ids * 3,
+        document_token_ids=[[d] for d in doc_ids[0]],
+        sampling_params=SamplingParams(max_tokens=4, temperature=0.0, logprobs=0),
+    )
+    means = [mean_logprob(o) for o in alone]
+    assert by_ids.answered_from == means.index(max(means))
+    with pytest.raises(InvalidRequestError) as e:
+        llm.generate(PROMPTS[:1], SamplingParams(n=2), documents=DOCS[:1], answer="best-document")
+    assert e.value.param == "n"
+    with pytest.raises(InvalidRequestError) as e:
+        llm.generate(PROMPTS[:1], documents=DOCS[:1], answer="best")
+    assert e.value.param == "answer"
+    assert not llm.engine.has_unfinished()  # nothing was queued

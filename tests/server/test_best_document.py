@@ -1,0 +1,77 @@
+"""`"answer": "best-document"` through the server: the same answer and document as the Python API's, usage that
+counts every one-document request, the choice's `answered_from` only then, and a 400 naming the field for what the
+strategy cannot do."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from lazyattn import LLM, SamplingParams
+
+from .conftest import _ENGINE
+
+DOCS = ["The lighthouse keeper is called Maren.", "Tides here rise twice a day.", "The ferry leaves at noon."]
+MESSAGES = [{"role": "user", "content": "Who keeps the lighthouse?"}]
+PROMPTS = ["Q: who keeps the lighthouse? A:", "Q: when does the ferry leave? A:"]
+BODY = {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "documents": DOCS}
+
+
+@pytest.fixture(scope="module")
+def offline():
+    with LLM(model="tiny", device="cpu", progress=False, **_ENGINE) as llm:
+        yield llm
+
+
+def post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=body, timeout=60)
+
+
+def prompt_tokens(outs) -> int:
+    return sum(o.num_document_tokens + len(o.prompt_token_ids) for o in outs)
+
+
+def test_chat_answers_as_the_python_api_and_counts_every_request(server, offline):
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "best-document"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="best-document")[0]
+    assert (choice["message"]["content"], choice["answered_from"]) == (want.text, want.answered_from)
+    assert choice["logprobs"] is None  # not asked for, though the choice read them
+    alone = offline.chat([MESSAGES] * 3, params, documents=[[d] for d in DOCS])
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(alone)
+    assert r.json()["usage"]["completion_tokens"] == 3 * 5
+
+    joint = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES})
+    assert joint.status_code == 200 and "answered_from" not in joint.json()["choices"][0]
+
+
+def test_completions_pick_per_prompt(server, offline):
+    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "best-document", "logprobs": 1})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=1)
+    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="best-document")
+    assert [(c["index"], c["text"], c["answered_from"]) for c in choices] == [
+        (i, w.text, w.answered_from) for i, w in enumerate(want)
+    ]
+    assert all(len(c["logprobs"]["tokens"]) == 5 for c in choices)
+    alone = offline.generate([p for p in PROMPTS for _ in DOCS], params, documents=[[d] for _ in PROMPTS for d in DOCS])
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(alone)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"stream": True}, "stream"),
+        ({"documents": DOCS * 90}, "documents"),  # 270 one-document requests: past the 256 sequences a request may make
+    ],
+)
+def test_what_best_document_cannot_do_is_a_400_naming_the_field(server, fields, param):
+    body = {**BODY, "messages": MESSAGES, "answer": "best-document", **fields}
+    r = post(server.url, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "best"}).status_code == 400
