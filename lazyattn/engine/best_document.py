@@ -1,15 +1,16 @@
-"""Answering from the best single document (`answer="best-document"`; docs/design.md, "Answering from one
-document").
+"""Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`;
+docs/design.md, "Answering from one document").
 
-A request asked this way becomes one request per document, each with that document alone in the same prompt, and
-the answer kept is the one whose generated tokens have the highest mean log-probability (the first document's on a
-tie). The mean, not the sum: a longer answer must not lose for its length, and not the first token alone: an answer
-that starts surely and then guesses must not win. In lazy mode each document is still encoded once and read in
-place; each of the N requests prefills only the final segment.
+A request asked this way becomes several candidate requests: one per document, each with that document alone in
+the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer
+kept is the one whose generated tokens have the highest mean log-probability (on a tie the earlier candidate's: the
+request as given, then the documents in order). The mean, not the sum: a longer answer must not lose for its length,
+and not the first token alone: an answer that starts surely and then guesses must not win. In lazy mode each document
+is still encoded once and read in place; each candidate prefills only the final segment.
 
-It answers a different prompt than the one given: a question that needs two documents together cannot be answered
-from either alone. `LLM.generate`/`LLM.chat` and the server fan a request out with `one_document_each` and fold the
-outputs back with `pick_answers`; `lazyattn eval` runs its `answer=best-document` through the same path.
+A document alone cannot answer a question that needs two documents together; the request as given can, when the
+model is surer of that answer. `LLM.generate`/`LLM.chat` and the server fan a request out with `candidates` and fold
+the outputs back with `pick_answers`; `lazyattn eval` runs its `answer=...` runs through the same path.
 """
 
 from __future__ import annotations
@@ -25,34 +26,46 @@ if TYPE_CHECKING:  # kept out at run time: the command line's parsers read ANSWE
     from lazyattn.engine.outputs import RequestOutput
     from lazyattn.engine.sampling import SamplingParams
 
-ANSWER_STRATEGIES = ("joint", "best-document")  # joint: one request over all of its documents (the default)
+# joint: one request over all of its documents (the default); the others choose among candidates (module docstring)
+ANSWER_STRATEGIES = ("joint", "best-document", "best-document-or-joint")
 
 T = TypeVar("T")
 
 
 def check_answer(answer: object, n: int = 1, stream: bool = False) -> None:
-    """InvalidRequestError naming `answer` for a strategy that does not exist, or best-document with more than one
-    sample per prompt or a stream (it picks among finished answers)."""
+    """InvalidRequestError naming `answer` for a strategy that does not exist, or a choosing strategy with more than
+    one sample per prompt or a stream (it picks among finished answers)."""
     if answer not in ANSWER_STRATEGIES:
         raise InvalidRequestError(f"answer must be one of {', '.join(ANSWER_STRATEGIES)}, got {answer!r}", "answer")
-    if answer == "best-document" and n != 1:
-        raise InvalidRequestError(f"answer 'best-document' keeps one answer per prompt: n must be 1, got {n}", "n")
-    if answer == "best-document" and stream:
+    if answer != "joint" and n != 1:
+        raise InvalidRequestError(f"answer {answer!r} keeps one answer per prompt: n must be 1, got {n}", "n")
+    if answer != "joint" and stream:
         raise InvalidRequestError(
-            "answer 'best-document' chooses among finished answers, so it cannot stream: set stream to false", "stream"
+            f"answer {answer!r} chooses among finished answers, so it cannot stream: set stream to false", "stream"
         )
 
 
-def one_document_each(documents: Sequence[Sequence[T]]) -> tuple[list[int], list[list[T]]]:
-    """Each request's documents one at a time: the request each new one belongs to, and its one document. A request
-    without documents is asked as it is."""
+def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int], list[list[T]], list[int | None]]:
+    """The requests that `answer` makes of requests with these documents: the request each belongs to, its
+    documents, and its source (None: the request as given; i: its document i alone). "joint" makes each request as
+    given; "best-document" one per document (a request without documents as given); "best-document-or-joint" the
+    request as given, then one per document when it has two or more."""
     owners: list[int] = []
-    alone: list[list[T]] = []
-    for i, docs in enumerate(documents):
-        for d in docs or [None]:
-            owners.append(i)
-            alone.append([] if d is None else [d])
-    return owners, alone
+    sets: list[list[T]] = []
+    sources: list[int | None] = []
+    for owner, docs in enumerate(documents):
+        docs = list(docs)
+        whole = answer == "joint" or not docs or (answer == "best-document-or-joint" and len(docs) > 1)
+        if whole:
+            owners.append(owner)
+            sets.append(docs)
+            sources.append(None)
+        if answer != "joint" and docs:
+            for i, d in enumerate(docs):
+                owners.append(owner)
+                sets.append([d])
+                sources.append(i)
+    return owners, sets, sources
 
 
 def with_confidence(params: SamplingParams) -> SamplingParams:
@@ -69,28 +82,24 @@ def confidence(out: RequestOutput) -> float:
 def pick_answers(
     owners: Sequence[int],
     outputs: Sequence[RequestOutput],
-    num_documents: Sequence[int],
+    sources: Sequence[int | None],
     keep_logprobs: Sequence[bool],
 ) -> list[RequestOutput]:
-    """For each request r (`num_documents[r]`: how many documents it has), the most confident of its one-document
-    outputs (`owners[i]` owns `outputs[i]`, in document order), with `answered_from` set to that document's index
-    among the request's (None for a request without documents); a request of which one output failed gets that output.
-    `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
-    best: dict[int, tuple[float, int, RequestOutput]] = {}
-    seen: dict[int, int] = {}
-    for owner, out in zip(owners, outputs, strict=True):
-        index = seen.get(owner, 0)
-        seen[owner] = index + 1
+    """For each request r (`owners[i]` owns `outputs[i]`, made from `sources[i]` as `candidates` lists them), the most
+    confident of its outputs, with `answered_from` set to that source; a request of which one output failed gets that
+    output. `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
+    best: dict[int, tuple[float, RequestOutput, int | None]] = {}
+    for owner, out, source in zip(owners, outputs, sources, strict=True):
         # A request the engine failed alone fails the whole answer, as it fails a joint request: its output (the
         # first such) is returned, error set, rather than a choice among the others that looks complete.
         score = math.inf if out.error is not None else confidence(out)
         if owner not in best or score > best[owner][0]:
-            best[owner] = (score, index, out)
+            best[owner] = (score, out, source)
     picked = []
-    for owner, docs in enumerate(num_documents):
-        _, index, out = best[owner]
+    for owner, keep in enumerate(keep_logprobs):
+        _, out, source = best[owner]
         completions = out.outputs
-        if not keep_logprobs[owner]:
+        if not keep:
             completions = [dataclasses.replace(c, logprobs=None) for c in out.outputs]
-        picked.append(dataclasses.replace(out, outputs=completions, answered_from=index if docs else None))
+        picked.append(dataclasses.replace(out, outputs=completions, answered_from=source))
     return picked

@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lazyattn.engine.best_document import check_answer, one_document_each, pick_answers, with_confidence
+from lazyattn.engine.best_document import candidates, check_answer, pick_answers, with_confidence
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
@@ -82,26 +82,25 @@ class LLM:
         lazy mode; ape_tilt, ln S from +tilt/2 on the first document to -tilt/2 on the last, lazy and block mode;
         docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
         the same options, given one by one (not together with `options`).
-        answer: "joint" (one request over all of a prompt's documents) or "best-document" (the prompt asked once per
-        document, with that document alone; the most confident answer kept, its document in `answered_from`;
-        engine/best_document.py)."""
+        answer: "joint" (one request over all of a prompt's documents), "best-document" (the prompt asked once per
+        document, with that document alone; the most confident answer kept, its document in `answered_from`) or
+        "best-document-or-joint" (the same, the prompt as given one more candidate; engine/best_document.py)."""
         _check_answer(answer, sampling_params)
-        split = answer == "best-document"
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         if prompt_token_ids is not None:
             if prompts is not None:
                 raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
             docs = _per_prompt(document_token_ids, len(prompt_token_ids), "document_token_ids")
-            owners, docs_each = one_document_each(docs) if split else (list(range(len(docs))), docs)
-            rendered = [self._from_ids(prompt_token_ids[o], d) for o, d in zip(owners, docs_each)]
+            owners, sets, sources = candidates(docs, answer)
+            rendered = [self._from_ids(prompt_token_ids[o], d) for o, d in zip(owners, sets)]
         else:
             if prompts is None:
                 raise InvalidRequestError("no prompts given", "prompts")
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             docs = _per_prompt(documents, len(prompts), "documents")
-            owners, docs_each = one_document_each(docs) if split else (list(range(len(docs))), docs)
-            rendered = [self.render(prompts[o], d) for o, d in zip(owners, docs_each)]
-        return self._answer(rendered, owners, docs, sampling_params, split, cache_salt, use_tqdm, options)
+            owners, sets, sources = candidates(docs, answer)
+            rendered = [self.render(prompts[o], d) for o, d in zip(owners, sets)]
+        return self._answer(rendered, owners, sources, answer, sampling_params, cache_salt, use_tqdm, options)
 
     def chat(
         self,
@@ -122,13 +121,12 @@ class LLM:
         """Chat conversations rendered with the model's chat template, documents as segments; `options` (or its
         keywords) and `answer` as in `generate`."""
         _check_answer(answer, sampling_params)
-        split = answer == "best-document"
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         docs = _per_prompt(documents, len(convs), "documents", "conversation")
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
-        owners, docs_each = one_document_each(docs) if split else (list(range(len(docs))), docs)
-        rendered = [self.render_chat(convs[o], d) for o, d in zip(owners, docs_each)]
-        return self._answer(rendered, owners, docs, sampling_params, split, cache_salt, use_tqdm, options)
+        owners, sets, sources = candidates(docs, answer)
+        rendered = [self.render_chat(convs[o], d) for o, d in zip(owners, sets)]
+        return self._answer(rendered, owners, sources, answer, sampling_params, cache_salt, use_tqdm, options)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -146,21 +144,20 @@ class LLM:
         self,
         rendered: list[RenderedPrompt],
         owners: list[int],
-        documents: list[Seq[Any]],
+        sources: list[int | None],
+        answer: str,
         sampling_params: SamplingParams | Seq[SamplingParams] | None,
-        split: bool,
         cache_salt: str | None,
         use_tqdm: bool | None,
         options: RequestOptions,
     ) -> list[RequestOutput]:
-        """Run `rendered` (`owners[i]`: the prompt request i was made from); with `split` (best-document), fold each
-        prompt's one-document outputs back into its most confident one."""
-        params = _per_prompt_params(sampling_params, len(documents))
-        if not split:
+        """Run the candidate requests `rendered` (`owners[i]`: the prompt request i was made for, `sources[i]` what it
+        reads; best_document.candidates) and fold each prompt's back into its most confident one."""
+        params = _per_prompt_params(sampling_params, len(set(owners)))
+        if answer == "joint":
             return self._run(rendered, params, cache_salt, use_tqdm, options)
         outs = self._run(rendered, [with_confidence(params[o]) for o in owners], cache_salt, use_tqdm, options)
-        asked = [p.logprobs is not None for p in params]
-        return pick_answers(owners, outs, [len(d) for d in documents], asked)
+        return pick_answers(owners, outs, sources, [p.logprobs is not None for p in params])
 
     def _run(
         self,

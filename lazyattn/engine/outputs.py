@@ -49,7 +49,8 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine failed this request alone (finish_reason "abort")
-    # answer="best-document": the index, among the request's documents, of the one the answer was read from
+    # An answer chosen among candidates (answer="best-document", "best-document-or-joint"): the index, among the
+    # request's documents, of the one it was read from alone; None: the request as given (all of its documents)
     answered_from: int | None = None
 
     @property

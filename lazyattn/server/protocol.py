@@ -151,12 +151,13 @@ class _GenerationRequest(_Strict):
         description="lazy or block mode: the answer's attention weight on the first document multiplied by "
         "e^(tilt/2), on the last by e^(-tilt/2), evenly between (0: off); default: the server's --ape-tilt",
     )
-    answer: Literal["joint", "best-document"] = Field(
+    answer: Literal["joint", "best-document", "best-document-or-joint"] = Field(
         "joint",
         description="joint: one answer over all the documents; best-document: the request asked once per document, "
-        "with that document alone, and the answer whose tokens have the highest mean log-probability kept (each "
-        "choice's answered_from names its document; usage counts every request made). best-document needs n = 1 "
-        "and no stream (docs/design.md, Answering from one document)",
+        "with that document alone, and the answer whose tokens have the highest mean log-probability kept; "
+        "best-document-or-joint: the same, the request as given one more candidate. Each choice's answered_from "
+        "names the document read (null: all of them); usage counts every request made; n must be 1 and no stream "
+        "(docs/design.md, Answering from one document)",
     )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(

@@ -43,7 +43,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
-    answered_from: int | None = None  # answer "best-document": the document's index (left out of other responses)
+    answered_from: int | None = None  # an answer chosen among candidates: its document (null: all); not in joint ones
 
 
 class ChatCompletionResponse(BaseModel):
@@ -83,7 +83,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
-    answered_from: int | None = None  # answer "best-document": the document's index (left out of other responses)
+    answered_from: int | None = None  # an answer chosen among candidates: its document (null: all); not in joint ones
 
 
 class CompletionResponse(BaseModel):

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from lazyattn.engine.best_document import check_answer, one_document_each, pick_answers, with_confidence
+from lazyattn.engine.best_document import candidates, check_answer, pick_answers, with_confidence
 from lazyattn.engine.client import EngineClient, OutputStream
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.errors import InvalidRequestError, LazyAttnError
@@ -81,13 +81,13 @@ class OpenAIServing:
         arrival = time.monotonic()
         self._check_model(body.model)
         check_answer(body.answer, body.n, body.stream)
-        split = body.answer == "best-document"
+        choose = body.answer != "joint"
         self._check_documents(body.documents)
-        self._check_sequences(1, body.n, _fan_out(body.documents, split))
+        self._check_sequences(1, body.n, _fan_out(body.documents, body.answer))
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
-        owners, sets = one_document_each([documents]) if split else ([0], [documents])
+        owners, sets, sources = candidates([documents], body.answer)
         prompts = await run_in_threadpool(lambda: [self.renderer.chat(body, docs) for docs in sets])
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         options = request_options(body)
@@ -96,7 +96,7 @@ class OpenAIServing:
         for i, prompt in enumerate(prompts):
             max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", options)
             params = sampling_params(body, max_tokens, logprobs)
-            requests.append((f"{rid}-{i}", prompt, with_confidence(params)) if split else (rid, prompt, params))
+            requests.append((f"{rid}-{i}", prompt, with_confidence(params)) if choose else (rid, prompt, params))
         stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
         created = int(time.time())
         top = logprobs or 0
@@ -108,7 +108,7 @@ class OpenAIServing:
         if finals is None:
             return Response(status_code=_CLIENT_GONE)
         outs = [finals[r] for r, _, _ in requests]
-        out = pick_answers(owners, outs, [len(documents)], [logprobs is not None])[0] if split else outs[0]
+        out = pick_answers(owners, outs, sources, [logprobs is not None])[0] if choose else outs[0]
         choices = [
             ChatChoice(
                 index=c.index,
@@ -122,7 +122,7 @@ class OpenAIServing:
         response = ChatCompletionResponse(
             id=rid, created=created, model=self.model_name, choices=choices, usage=usage(outs)
         )
-        return _json(response, split)
+        return _json(response, choose)
 
     async def _chat_events(
         self, stream: OutputStream, rid: str, created: int, n: int, top: int, include_usage: bool
@@ -152,25 +152,26 @@ class OpenAIServing:
         arrival = time.monotonic()
         self._check_model(body.model)
         check_answer(body.answer, body.n, body.stream)
-        split = body.answer == "best-document"
+        choose = body.answer != "joint"
         p = body.prompt
         num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
-        self._check_sequences(num_prompts, body.n, _fan_out(body.documents, split))
+        self._check_sequences(num_prompts, body.n, _fan_out(body.documents, body.answer))
         self._check_documents(body.documents)
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
-        _, sets = one_document_each([documents]) if split else ([0], [documents])
-        # per_set[j][i]: prompt i with the documents of set j; requests go prompt by prompt, each over its sets
+        _, sets, sources = candidates([documents], body.answer)  # every prompt of the batch has these candidates
+        # per_set[j][i]: prompt i with the documents of candidate j; requests go prompt by prompt, each over them
         per_set = await run_in_threadpool(lambda: [self.renderer.completions(body, docs) for docs in sets])
         cid = f"cmpl-{uuid.uuid4().hex}"
         options = request_options(body)
+        count = len(per_set[0])
         requests, owners = [], []
-        for i in range(len(per_set[0])):
+        for i in range(count):
             for j, prompts in enumerate(per_set):
                 max_tokens = self.renderer.max_tokens(body.max_tokens, prompts[i], body.n, "prompt", options)
                 params = sampling_params(body, max_tokens, body.logprobs)
-                if split:
+                if choose:
                     requests.append((f"{cid}-{i}-{j}", prompts[i], with_confidence(params)))
                 else:
                     requests.append((f"{cid}-{i}", prompts[i], params))
@@ -187,10 +188,9 @@ class OpenAIServing:
         if finals is None:
             return Response(status_code=_CLIENT_GONE)
         outs = [finals[rid] for rid, _, _ in requests]
-        count = len(per_set[0])
-        answers = (
-            pick_answers(owners, outs, [len(documents)] * count, [body.logprobs is not None] * count) if split else outs
-        )
+        answers = outs
+        if choose:
+            answers = pick_answers(owners, outs, sources * count, [body.logprobs is not None] * count)
         choices = []
         for i, out in enumerate(answers):
             for c in out.outputs:
@@ -206,7 +206,7 @@ class OpenAIServing:
         response = CompletionResponse(
             id=cid, created=created, model=self.model_name, choices=choices, usage=usage(outs)
         )
-        return _json(response, split)
+        return _json(response, choose)
 
     async def _completion_events(
         self,
@@ -236,11 +236,11 @@ class OpenAIServing:
     # -- helpers --------------------------------------------------------------------------------------------------
 
     def _check_sequences(self, prompts: int, n: int | None, fan_out: int = 1) -> None:
-        """Bound what one request can queue: a batch of prompts x n is that many sequences, and answer
-        "best-document" asks each prompt once per document."""
+        """Bound what one request can queue: a batch of prompts x n is that many sequences, and an answer chosen
+        among candidates asks each prompt `fan_out` times."""
         total = prompts * (n or 1) * fan_out
         if total > self.max_request_sequences:
-            each = f" x {fan_out} documents asked one at a time" if fan_out > 1 else ""
+            each = f" x {fan_out} candidate requests (answer)" if fan_out > 1 else ""
             raise InvalidRequestError(
                 f"this request asks for {prompts} prompt(s) x n = {n}{each} = {total} sequences; "
                 f"the limit is {self.max_request_sequences}",
@@ -261,17 +261,18 @@ class OpenAIServing:
             raise ModelNotFoundError(f"model {model!r} is not served here; this server serves {self.model_name!r}")
 
 
-# A choice's answered_from is the best-document strategy's alone: left out of every other response.
+# A choice's answered_from belongs to the strategies that choose among candidates: left out of joint responses.
 _JOINT = {"choices": {"__all__": {"answered_from"}}}
 
 
-def _json(model, best_document: bool = False) -> Response:
-    return Response(model.model_dump_json(exclude=None if best_document else _JOINT), media_type="application/json")
+def _json(model, chosen: bool = False) -> Response:
+    """The response; `chosen`: its answers were chosen among candidates, and their choices say from what."""
+    return Response(model.model_dump_json(exclude=None if chosen else _JOINT), media_type="application/json")
 
 
-def _fan_out(documents: list | None, split: bool) -> int:
-    """How many requests answer "best-document" makes of each prompt: one per document (at least one)."""
-    return max(1, len(documents or [])) if split else 1
+def _fan_out(documents: list | None, answer: str) -> int:
+    """How many requests `answer` makes of each prompt with these documents (best_document.candidates)."""
+    return len(candidates([documents or []], answer)[0])
 
 
 class _StreamResponse(StreamingResponse):

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from lazyattn import LLM, SamplingParams
-from lazyattn.engine.best_document import check_answer, one_document_each, pick_answers
+from lazyattn.engine.best_document import candidates, check_answer, pick_answers
 from lazyattn.engine.outputs import CompletionOutput, RequestOutput
 from lazyattn.errors import InvalidRequestError
 
@@ -33,24 +33,39 @@ def test_pick_answers_keeps_the_highest_mean_token_log_probability():
         # a request without documents: asked as it is
         scripted("no", [-2.0], documents=0),
     ]
-    picked = pick_answers(owners, outputs, [3, 2, 0], [False, True, False])
+    picked = pick_answers(owners, outputs, [0, 1, 2, 0, 1, None], [False, True, False])
     assert [(o.text, o.answered_from) for o in picked] == [("Paris", 1), ("4", 0), ("no", None)]
     # the log-probabilities only where the request asked for them
     assert [o.logprobs is None for o in picked] == [True, False, True]
     # one document's request failed: the answer is that failure, not the surest of the rest
     failed = scripted("", [])
     failed.error = "the engine failed this request"
-    picked = pick_answers([0, 0, 0], [outputs[1], failed, scripted("x", [-9.0])], [3], [True])
+    picked = pick_answers([0, 0, 0], [outputs[1], failed, scripted("x", [-9.0])], [0, 1, 2], [True])
     assert (picked[0].error, picked[0].answered_from) == ("the engine failed this request", 1)
 
 
-def test_one_document_each_asks_every_document_alone_and_a_request_without_any_as_it_is():
-    assert one_document_each([["a", "b"], [], ["c"]]) == ([0, 0, 1, 2], [["a"], ["b"], [], ["c"]])
+def test_candidates_of_each_strategy():
+    docs = [["a", "b"], [], ["c"]]
+    assert candidates(docs, "joint") == ([0, 1, 2], [["a", "b"], [], ["c"]], [None, None, None])
+    # every document alone; a request without documents as it is
+    assert candidates(docs, "best-document") == ([0, 0, 1, 2], [["a"], ["b"], [], ["c"]], [0, 1, None, 0])
+    # the request as given first (it wins a tie), then each document alone; one document is asked once
+    assert candidates(docs, "best-document-or-joint") == (
+        [0, 0, 0, 1, 2],
+        [["a", "b"], ["a"], ["b"], [], ["c"]],
+        [None, 0, 1, None, 0],
+    )
 
 
 @pytest.mark.parametrize(
     ("answer", "n", "stream", "param"),
-    [("best", 1, False, "answer"), ("best-document", 2, False, "n"), ("best-document", 1, True, "stream")],
+    [
+        ("best", 1, False, "answer"),
+        ("best-document", 2, False, "n"),
+        ("best-document", 1, True, "stream"),
+        ("best-document-or-joint", 3, False, "n"),
+        ("best-document-or-joint", 1, True, "stream"),
+    ],
 )
 def test_check_answer_names_the_field(answer, n, stream, param):
     with pytest.raises(InvalidRequestError) as e:
@@ -89,6 +104,21 @@ def test_generate_best_document_is_the_most_confident_one_document_answer(llm):
         assert out.answered_from == (best if docs else None)
         assert out.num_document_tokens == alone[best].num_document_tokens
         assert out.logprobs is None  # not asked for
+
+
+def test_best_document_or_joint_also_weighs_the_request_as_given(llm):
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer="best-document-or-joint")
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        # the candidates, asked one by one: the prompt as given (when it has two or more documents), each one alone
+        sets = ([docs] if len(docs) > 1 or not docs else []) + [[d] for d in docs]
+        alone = [llm.generate([prompt], scored, documents=[s])[0] for s in sets]
+        means = [mean_logprob(o) for o in alone]
+        best = means.index(max(means))
+        assert out.token_ids == alone[best].token_ids
+        whole = len(docs) > 1 or not docs
+        assert out.answered_from == (None if whole and best == 0 else best - whole)
 
 
 def test_chat_best_document_keeps_the_log_probabilities_asked_for(llm):

@@ -47,6 +47,19 @@ def test_chat_answers_as_the_python_api_and_counts_every_request(server, offline
     assert joint.status_code == 200 and "answered_from" not in joint.json()["choices"][0]
 
 
+def test_best_document_or_joint_answers_as_the_python_api(server, offline):
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "best-document-or-joint"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="best-document-or-joint")[0]
+    # answered_from is there even when it is null (the request as given won)
+    assert (choice["message"]["content"], choice["answered_from"]) == (want.text, want.answered_from)
+    whole = offline.chat(MESSAGES, params, documents=[DOCS])
+    alone = offline.chat([MESSAGES] * 3, params, documents=[[d] for d in DOCS])
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(whole + alone)
+
+
 def test_completions_pick_per_prompt(server, offline):
     r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "best-document", "logprobs": 1})
     assert r.status_code == 200, r.text
