@@ -57,7 +57,8 @@ def add_eval_parser(
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
         "(e.g. lazy:relink_tokens=16) and ':answer=best-document' (each question asked once per document alone, "
-        f"the most confident answer kept; docs/quality.md); default {','.join(reversed(MODES))}",
+        "the most confident answer kept) or ':answer=best-document-or-joint' (the question as given one more "
+        f"candidate; docs/quality.md); default {','.join(reversed(MODES))}",
     )
     p.add_argument(
         "--random-weights",
