@@ -111,6 +111,10 @@ class ItemResult:
     prompt_tokens: int  # documents + system + question
     cached_tokens: int
     finish_reason: str | None
+    # A run that chooses among candidates (RunSpec.answer): the document the answer was read from (None: all of them),
+    # and whether it holds the answer (one of the item's gold documents); None for a joint run.
+    answered_from: int | None = None
+    read_gold: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,8 @@ class ItemResult:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "finish_reason": self.finish_reason,
+            "answered_from": self.answered_from,
+            "read_gold": self.read_gold,
         }
 
     @staticmethod
@@ -137,6 +143,8 @@ class ItemResult:
             d["prompt_tokens"],
             d["cached_tokens"],
             d["finish_reason"],
+            d.get("answered_from"),
+            d.get("read_gold"),
         )
 
 
@@ -169,6 +177,8 @@ class CellResult:
             "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
             "prompt_tokens_mean": mean([r.prompt_tokens for r in self.items]),
             "cached_tokens_mean": mean([r.cached_tokens for r in self.items]),
+            # a run choosing among candidates: the share of answers read from a gold document (None: joint)
+            "read_gold": mean([float(r.read_gold) for r in self.items if r.read_gold is not None]),
         }
         types = sorted({r.type for r in self.items})
         if len(types) > 1:
@@ -231,6 +241,8 @@ def answer_cell(
                     prompt_tokens=out.num_document_tokens + len(out.prompt_token_ids),
                     cached_tokens=out.metrics.cached_tokens if out.metrics else 0,
                     finish_reason=out.finish_reason,
+                    answered_from=out.answered_from,
+                    read_gold=None if run.answer == "joint" else out.answered_from in item.gold,
                 )
             )
         on_done(len(batch))

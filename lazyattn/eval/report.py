@@ -53,6 +53,7 @@ def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
             "ttft": s["ttft_ms_mean"],
             "prompt": s["prompt_tokens_mean"],
             "cached": s["cached_tokens_mean"],
+            "read_gold": _pct(s["read_gold"]),
         }
         for t, acc in s.get("accuracy_by_type", {}).items():
             row[f"acc:{t}"] = _pct(acc)
@@ -80,6 +81,7 @@ def table_columns(table_rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
             ("prompt tok", "prompt", "{:.0f}"),
             ("cached tok", "cached", "{:.0f}"),
         ]
+        + ([("read gold %", "read_gold", "{:.1f}")] if any(r.get("read_gold") is not None for r in table_rows) else [])
     )
 
 

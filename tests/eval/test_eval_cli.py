@@ -137,6 +137,16 @@ def test_best_document_runs_end_to_end(tmp_path):
     assert [r["answer"] for r in data["runs"]] == ["joint", "best-document"]
     cells = [c for c in data["cells"] if c["run"] == "lazy:answer=best-document"]
     assert cells and all(c["answer"] == "best-document" and c["n"] == 2 for c in cells)
+    # each answer names the document it read, and whether that one holds the answer (the cell's gold slot)
+    for c in cells:
+        gold_slot = {"first": 0, "middle": 1, "last": 2}[c["position"]]
+        items = c["items"]
+        assert all(i["answered_from"] in (0, 1, 2) for i in items)
+        assert [i["read_gold"] for i in items] == [i["answered_from"] == gold_slot for i in items]
+        assert c["read_gold"] == sum(i["read_gold"] for i in items) / len(items)
+    joint = [c for c in data["cells"] if c["run"] == "lazy"]
+    assert all(c["read_gold"] is None and i["answered_from"] is None for c in joint for i in c["items"])
+    assert "read gold %" in (out / "eval.md").read_text()
 
 
 def test_every_accuracy_has_its_bootstrap_interval_and_runs_are_compared_pairwise(run):
