@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -216,10 +217,13 @@ class LLM:
 
 
 def _per_prompt(documents: Seq[Seq[Any]] | None, count: int, param: str, what: str = "prompt") -> list[Seq[Any]]:
-    """Each prompt's documents (none given: none for every prompt)."""
+    """Each prompt's documents (none given: none for every prompt), each a list."""
     docs = list(documents) if documents is not None else [[] for _ in range(count)]
     if len(docs) != count:
         raise InvalidRequestError(f"{param} must have one list per {what}", param)
+    for i, d in enumerate(docs):
+        if isinstance(d, (str, bytes, Mapping)) or not isinstance(d, Seq):
+            raise InvalidRequestError(f"{param}[{i}] must be a list, one per {what}, got {type(d).__name__}", param)
     return docs
 
 

@@ -157,4 +157,9 @@ def test_token_level_prompts_and_bad_input(llm):
     with pytest.raises(InvalidRequestError) as e:
         llm.generate(PROMPTS[:1], documents=DOCS[:1], answer="best")
     assert e.value.param == "answer"
+    # a prompt's documents given as one string, not a list: a clear error, in every strategy
+    for answer in ("joint", "best-document"):
+        with pytest.raises(InvalidRequestError) as e:
+            llm.generate(PROMPTS[:1], documents=["one document"], answer=answer)
+        assert e.value.param == "documents" and "documents[0] must be a list" in str(e.value)
     assert not llm.engine.has_unfinished()  # nothing was queued
