@@ -37,11 +37,7 @@ mkdir -p "$work/eval"
 cd "$(dirname "$0")/.."
 # The device image has torch, transformers and peft but not lazyattn installed: run from the tree.
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -n "${SMOLLM2_GGUF:-}" ]; then
-    export LAZYATTN_CACHE="$work/cache"
-    mkdir -p "$LAZYATTN_CACHE/models/smollm2"
-    ln -sf "$(realpath "$SMOLLM2_GGUF")" "$LAZYATTN_CACHE/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-fi
+. benchmarks/smollm2_gguf.sh "$work"  # SMOLLM2_GGUF: the model file, where there is no package index
 py="${PYTHON:-python3}"
 start=$(date +%s)
 stamp() { echo "[$(($(date +%s) - start)) s] $*"; }

@@ -11,11 +11,7 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -n "${SMOLLM2_GGUF:-}" ]; then  # a machine without the package index: the GGUF given, in a cache of its own
-    export LAZYATTN_CACHE="$out/cache"
-    mkdir -p "$LAZYATTN_CACHE/models/smollm2"
-    ln -sf "$(realpath "$SMOLLM2_GGUF")" "$LAZYATTN_CACHE/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-fi
+. benchmarks/smollm2_gguf.sh "$out"  # SMOLLM2_GGUF: the model file, where there is no package index
 engine=(--engine-option warm_up=false --kv-cache-gb 4 --host-cache-gb 0 --no-progress)
 ev() {  # name model set layout modes
     timeout 420 python3 -m lazyattn.cli eval --model "$2" --dataset "builtin:$3" --prompt-layout "$4" --modes "$5" \

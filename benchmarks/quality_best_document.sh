@@ -12,11 +12,7 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -n "${SMOLLM2_GGUF:-}" ]; then  # a machine without the package index: the GGUF given, in a cache of its own
-    export LAZYATTN_CACHE="$out/cache"
-    mkdir -p "$LAZYATTN_CACHE/models/smollm2"
-    ln -sf "$(realpath "$SMOLLM2_GGUF")" "$LAZYATTN_CACHE/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-fi
+. benchmarks/smollm2_gguf.sh "$out"  # SMOLLM2_GGUF: the model file, where there is no package index
 device="${DEVICE:-cuda}"
 gpus=1
 [ "$device" = cuda ] && gpus="$(nvidia-smi -L | wc -l)"

@@ -31,33 +31,26 @@ def prompt_tokens(outs) -> int:
     return sum(o.num_document_tokens + len(o.prompt_token_ids) for o in outs)
 
 
-def test_chat_answers_as_the_python_api_and_counts_every_request(server, offline):
-    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "best-document"})
+@pytest.mark.parametrize("answer", ["best-document", "best-document-or-joint"])
+def test_chat_answers_as_the_python_api_and_counts_every_request(server, offline, answer):
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": answer})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="best-document")[0]
-    assert (choice["message"]["content"], choice["answered_from"]) == (want.text, want.answered_from)
-    assert choice["logprobs"] is None  # not asked for, though the choice read them
-    alone = offline.chat([MESSAGES] * 3, params, documents=[[d] for d in DOCS])
-    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(alone)
-    assert r.json()["usage"]["completion_tokens"] == 3 * 5
-
-    joint = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES})
-    assert joint.status_code == 200 and "answered_from" not in joint.json()["choices"][0]
-
-
-def test_best_document_or_joint_answers_as_the_python_api(server, offline):
-    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "best-document-or-joint"})
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="best-document-or-joint")[0]
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer=answer)[0]
     # answered_from is there even when it is null (the request as given won)
     assert (choice["message"]["content"], choice["answered_from"]) == (want.text, want.answered_from)
-    whole = offline.chat(MESSAGES, params, documents=[DOCS])
-    alone = offline.chat([MESSAGES] * 3, params, documents=[[d] for d in DOCS])
-    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(whole + alone)
+    assert choice["logprobs"] is None  # not asked for, though the choice read them
+    # usage counts every candidate: the request as given (best-document-or-joint), then each document alone
+    asked = ([DOCS] if answer == "best-document-or-joint" else []) + [[d] for d in DOCS]
+    outs = offline.chat([MESSAGES] * len(asked), params, documents=asked)
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(outs)
+    assert r.json()["usage"]["completion_tokens"] == len(asked) * 5
+
+
+def test_a_joint_answer_says_nothing_of_its_source(server):
+    joint = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES})
+    assert joint.status_code == 200 and "answered_from" not in joint.json()["choices"][0]
 
 
 def test_completions_pick_per_prompt(server, offline):
