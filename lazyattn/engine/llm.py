@@ -101,7 +101,9 @@ class LLM:
             docs = _per_prompt(documents, len(prompts), "documents")
             owners, sets, sources = candidates(docs, answer)
             rendered = [self.render(prompts[o], d) for o, d in zip(owners, sets)]
-        return self._answer(rendered, owners, sources, answer, sampling_params, cache_salt, use_tqdm, options)
+        return self._answer(
+            rendered, owners, sources, len(docs), answer, sampling_params, cache_salt, use_tqdm, options
+        )
 
     def chat(
         self,
@@ -127,7 +129,9 @@ class LLM:
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         owners, sets, sources = candidates(docs, answer)
         rendered = [self.render_chat(convs[o], d) for o, d in zip(owners, sets)]
-        return self._answer(rendered, owners, sources, answer, sampling_params, cache_salt, use_tqdm, options)
+        return self._answer(
+            rendered, owners, sources, len(docs), answer, sampling_params, cache_salt, use_tqdm, options
+        )
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -146,15 +150,17 @@ class LLM:
         rendered: list[RenderedPrompt],
         owners: list[int],
         sources: list[int | None],
+        count: int,
         answer: str,
         sampling_params: SamplingParams | Seq[SamplingParams] | None,
         cache_salt: str | None,
         use_tqdm: bool | None,
         options: RequestOptions,
     ) -> list[RequestOutput]:
-        """Run the candidate requests `rendered` (`owners[i]`: the prompt request i was made for, `sources[i]` what it
-        reads; best_document.candidates) and fold each prompt's back into its most confident one."""
-        params = _per_prompt_params(sampling_params, len(set(owners)))
+        """Run the candidate requests `rendered` (`owners[i]`: which of the `count` prompts request i was made for,
+        `sources[i]` what it reads; best_document.candidates) and fold each prompt's back into its most confident
+        one."""
+        params = _per_prompt_params(sampling_params, count)
         if answer == "joint":
             return self._run(rendered, params, cache_salt, use_tqdm, options)
         outs = self._run(rendered, [with_confidence(params[o]) for o in owners], cache_salt, use_tqdm, options)
