@@ -5,7 +5,9 @@
 # most confident about. Every evaluation runs at once, spread over the GPUs present; about 5 minutes on two H200s:
 #   SMOLLM2_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf bash benchmarks/quality_best_document.sh OUT_DIR
 # OUT_DIR gets one folder per evaluation (eval.md, eval.json) and its log. LIMIT=N takes the first N questions of each
-# set (a quick check); DEVICE=cpu runs on the CPU; KV_GB sets each engine's KV cache (4 GiB).
+# set (a quick check); DEVICE=cpu runs on the CPU; KV_GB sets each engine's KV cache (4 GiB); MODES replaces the runs
+# (`lazyattn eval --modes`; $p in it stands for lazy mode with the shared prefix), e.g. for documents in confidence order:
+#   MODES='full,$p,$p:answer=confidence-order,full:answer=confidence-order' bash benchmarks/quality_best_document.sh OUT
 set -uo pipefail
 out="${1:?usage: [SMOLLM2_GGUF=FILE] [LIMIT=N] [DEVICE=cpu] bash benchmarks/quality_best_document.sh OUT_DIR}"
 mkdir -p "$out"
@@ -22,11 +24,12 @@ engine=(--device "$device" --engine-option warm_up=false --kv-cache-gb "${KV_GB:
 n=0
 ev() {  # name model set layout
     CUDA_VISIBLE_DEVICES=$((n % gpus)) timeout 540 python3 -m lazyattn.cli eval --model "$2" --dataset "builtin:$3" \
-        --prompt-layout "$4" --modes "full,$p,$p:answer=best-document" --num-docs 5,10 \
+        --prompt-layout "$4" --modes "${modes//\$p/$p}" --num-docs 5,10 \
         --gold-position first,middle,last --batch-size 64 "${engine[@]}" --out "$out/$1" >"$out/$1.log" 2>&1 &
     n=$((n + 1))
 }
 p=lazy:ape_prefix=true
+modes="${MODES:-full,\$p,\$p:answer=best-document}"
 for set in real real-heldout real-heldout-readme; do
     for layout in block-attention short-answer; do
         ev "blk-$set-$layout" smollm2-block "$set" "$layout"

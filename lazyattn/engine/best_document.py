@@ -1,5 +1,6 @@
 """Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`;
-docs/design.md, "Answering from one document").
+docs/design.md, "Answering from one document"), and answering over every document with the best one last
+(`answer="confidence-order"`; docs/design.md, "Documents in confidence order").
 
 A request asked this way becomes several candidate requests: one per document, each with that document alone in
 the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer
@@ -11,6 +12,13 @@ is still encoded once and read in place; each candidate prefills only the final 
 A document alone cannot answer a question that needs two documents together; the request as given can, when the
 model is surer of that answer. `LLM.generate`/`LLM.chat` and the server fan a request out with `candidates` and fold
 the outputs back with `pick_answers`; `lazyattn eval` runs its `answer=...` runs through the same path.
+
+"confidence-order" asks the same per-document candidates first, then the request once more over all of its
+documents, reordered by their candidates' confidence, least first: the document the model answers best from alone
+stands last, next to the question, where a causal model reads best, and a question that needs two documents still
+has both. That joint answer is the answer (`answered_from` None, `document_order` the order). Reordering is free in
+lazy mode: every document is still read in place from its one cached copy; in full or block mode it recomputes the
+request. `confidence_orders` turns the candidates into the orders.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ if TYPE_CHECKING:  # kept out at run time: the command line's parsers read ANSWE
     from lazyattn.engine.outputs import RequestOutput
     from lazyattn.engine.sampling import SamplingParams
 
-# joint: one request over all of its documents (the default); the others choose among candidates (module docstring)
-ANSWER_STRATEGIES = ("joint", "best-document", "best-document-or-joint")
+# joint: one request over all of its documents (the default); the two best-document ones choose among candidates;
+# confidence-order reorders the documents by theirs and answers jointly (module docstring)
+ANSWER_STRATEGIES = ("joint", "best-document", "best-document-or-joint", "confidence-order")
+CHOOSING = ("best-document", "best-document-or-joint")
 
 T = TypeVar("T")
 
@@ -37,30 +47,36 @@ def check_answer(answer: object, n: int = 1, stream: bool = False) -> None:
     one sample per prompt or a stream (it picks among finished answers)."""
     if answer not in ANSWER_STRATEGIES:
         raise InvalidRequestError(f"answer must be one of {', '.join(ANSWER_STRATEGIES)}, got {answer!r}", "answer")
+    what = "chooses among finished answers" if answer in CHOOSING else "orders the documents by finished answers"
     if answer != "joint" and n != 1:
-        raise InvalidRequestError(f"answer {answer!r} keeps one answer per prompt: n must be 1, got {n}", "n")
+        raise InvalidRequestError(f"answer {answer!r} {what}, one per prompt: n must be 1, got {n}", "n")
     if answer != "joint" and stream:
-        raise InvalidRequestError(
-            f"answer {answer!r} chooses among finished answers, so it cannot stream: set stream to false", "stream"
-        )
+        raise InvalidRequestError(f"answer {answer!r} {what}, so it cannot stream: set stream to false", "stream")
 
 
 def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int], list[list[T]], list[int | None]]:
     """The requests that `answer` makes of requests with these documents: the request each belongs to, its
     documents, and its source (None: the request as given; i: its document i alone). "joint" makes each request as
     given; "best-document" one per document (a request without documents as given); "best-document-or-joint" the
-    request as given, then one per document when it has two or more."""
+    request as given, then one per document when it has two or more; "confidence-order" (its first round) one per
+    document when it has two or more, else the request as given, whose answer is then the answer."""
     owners: list[int] = []
     sets: list[list[T]] = []
     sources: list[int | None] = []
     for owner, docs in enumerate(documents):
         docs = list(docs)
-        whole = answer == "joint" or not docs or (answer == "best-document-or-joint" and len(docs) > 1)
+        several = len(docs) > 1
+        whole = (
+            answer == "joint"
+            or not docs
+            or (answer == "best-document-or-joint" and several)
+            or (answer == "confidence-order" and not several)
+        )
         if whole:
             owners.append(owner)
             sets.append(docs)
             sources.append(None)
-        if answer != "joint" and docs:
+        if answer in CHOOSING and docs or answer == "confidence-order" and several:
             for i, d in enumerate(docs):
                 owners.append(owner)
                 sets.append([d])
@@ -103,3 +119,33 @@ def pick_answers(
             completions = [dataclasses.replace(c, logprobs=None) for c in out.outputs]
         picked.append(dataclasses.replace(out, outputs=completions, answered_from=source))
     return picked
+
+
+def confidence_orders(
+    owners: Sequence[int], outputs: Sequence[RequestOutput], sources: Sequence[int | None], count: int
+) -> tuple[list[list[int] | None], list[RequestOutput | None]]:
+    """The first round of "confidence-order" for `count` requests (`owners[i]` owns `outputs[i]`, made from
+    `sources[i]` as `candidates` lists them): per request, the order of its documents by their candidates' mean
+    log-probability, least first (on a tie the given order), for the joint round; or None and, in the second list, its
+    answer already: a request asked as given, or one of whose candidates the engine failed (that output, the first
+    such, as `pick_answers` returns it)."""
+    scores: list[dict[int, float]] = [{} for _ in range(count)]
+    done: list[RequestOutput | None] = [None] * count
+    for owner, out, source in zip(owners, outputs, sources, strict=True):
+        if done[owner] is not None:
+            continue
+        if source is None or out.error is not None:
+            done[owner] = out
+        else:
+            scores[owner][source] = confidence(out)
+    orders: list[list[int] | None] = [
+        None if done[r] is not None else sorted(scores[r], key=lambda i, s=scores[r]: (s[i], i)) for r in range(count)
+    ]
+    return orders, done
+
+
+def ordered_answer(out: RequestOutput, order: list[int] | None, keep_logprobs: bool) -> RequestOutput:
+    """The joint round's output `out` as the request's answer: `document_order` set (None: it read its documents as
+    given), and without the log-probabilities that `with_confidence` added when `keep_logprobs` is False."""
+    completions = out.outputs if keep_logprobs else [dataclasses.replace(c, logprobs=None) for c in out.outputs]
+    return dataclasses.replace(out, outputs=completions, document_order=order)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
 from tqdm import tqdm
 
-from lazyattn.engine.best_document import candidates, check_answer, pick_answers, with_confidence
+from lazyattn.engine.best_document import (
+    candidates,
+    check_answer,
+    confidence_orders,
+    ordered_answer,
+    pick_answers,
+    with_confidence,
+)
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
@@ -84,25 +91,31 @@ class LLM:
         docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
         the same options, given one by one (not together with `options`).
         answer: "joint" (one request over all of a prompt's documents), "best-document" (the prompt asked once per
-        document, with that document alone; the most confident answer kept, its document in `answered_from`) or
-        "best-document-or-joint" (the same, the prompt as given one more candidate; engine/best_document.py)."""
+        document, with that document alone; the most confident answer kept, its document in `answered_from`),
+        "best-document-or-joint" (the same, the prompt as given one more candidate) or "confidence-order" (the
+        prompt asked over all of its documents, ordered by how confidently it is answered from each alone, the most
+        confident last, their order in `document_order`; engine/best_document.py)."""
         _check_answer(answer, sampling_params)
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         if prompt_token_ids is not None:
             if prompts is not None:
                 raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
             docs = _per_prompt(document_token_ids, len(prompt_token_ids), "document_token_ids")
-            owners, sets, sources = candidates(docs, answer)
-            rendered = [self._from_ids(prompt_token_ids[o], d) for o, d in zip(owners, sets)]
-        else:
-            if prompts is None:
-                raise InvalidRequestError("no prompts given", "prompts")
-            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-            docs = _per_prompt(documents, len(prompts), "documents")
-            owners, sets, sources = candidates(docs, answer)
-            rendered = [self.render(prompts[o], d) for o, d in zip(owners, sets)]
+            return self._answer(
+                lambda o, d: self._from_ids(prompt_token_ids[o], d),
+                docs,
+                answer,
+                sampling_params,
+                cache_salt,
+                use_tqdm,
+                options,
+            )
+        if prompts is None:
+            raise InvalidRequestError("no prompts given", "prompts")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        docs = _per_prompt(documents, len(prompts), "documents")
         return self._answer(
-            rendered, owners, sources, len(docs), answer, sampling_params, cache_salt, use_tqdm, options
+            lambda o, d: self.render(prompts[o], d), docs, answer, sampling_params, cache_salt, use_tqdm, options
         )
 
     def chat(
@@ -127,10 +140,8 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         docs = _per_prompt(documents, len(convs), "documents", "conversation")
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
-        owners, sets, sources = candidates(docs, answer)
-        rendered = [self.render_chat(convs[o], d) for o, d in zip(owners, sets)]
         return self._answer(
-            rendered, owners, sources, len(docs), answer, sampling_params, cache_salt, use_tqdm, options
+            lambda o, d: self.render_chat(convs[o], d), docs, answer, sampling_params, cache_salt, use_tqdm, options
         )
 
     def stats(self) -> EngineStats:
@@ -147,24 +158,34 @@ class LLM:
 
     def _answer(
         self,
-        rendered: list[RenderedPrompt],
-        owners: list[int],
-        sources: list[int | None],
-        count: int,
+        render: Callable[[int, list[Any]], RenderedPrompt],
+        docs: list[Seq[Any]],
         answer: str,
         sampling_params: SamplingParams | Seq[SamplingParams] | None,
         cache_salt: str | None,
         use_tqdm: bool | None,
         options: RequestOptions,
     ) -> list[RequestOutput]:
-        """Run the candidate requests `rendered` (`owners[i]`: which of the `count` prompts request i was made for,
-        `sources[i]` what it reads; best_document.candidates) and fold each prompt's back into its most confident
-        one."""
-        params = _per_prompt_params(sampling_params, count)
+        """Prompt r with documents `docs[r]`, asked as `answer` says (engine/best_document.py): `render(r, d)` is its
+        prompt over the documents d. The candidate requests run, then each prompt's are folded back into its most
+        confident one, or ("confidence-order") into the order of its documents for one more, joint, request."""
+        params = _per_prompt_params(sampling_params, len(docs))
+        owners, sets, sources = candidates(docs, answer)
+        rendered = [render(o, d) for o, d in zip(owners, sets)]
         if answer == "joint":
             return self._run(rendered, params, cache_salt, use_tqdm, options)
+        keep = [p.logprobs is not None for p in params]
         outs = self._run(rendered, [with_confidence(params[o]) for o in owners], cache_salt, use_tqdm, options)
-        return pick_answers(owners, outs, sources, [p.logprobs is not None for p in params])
+        if answer != "confidence-order":
+            return pick_answers(owners, outs, sources, keep)
+        orders, done = confidence_orders(owners, outs, sources, len(docs))
+        again = [r for r, order in enumerate(orders) if order is not None]
+        joint = [render(r, [docs[r][i] for i in orders[r]]) for r in again]
+        finals = dict(zip(again, self._run(joint, [params[r] for r in again], cache_salt, use_tqdm, options)))
+        return [
+            ordered_answer(finals[r], orders[r], True) if r in finals else ordered_answer(done[r], None, keep[r])
+            for r in range(len(docs))
+        ]
 
     def _run(
         self,

@@ -112,9 +112,11 @@ class ItemResult:
     cached_tokens: int
     finish_reason: str | None
     # A run that chooses among candidates (RunSpec.answer): the document the answer was read from (None: all of them),
-    # and whether it holds the answer (one of the item's gold documents); None for a joint run.
+    # and whether it holds the answer (one of the item's gold documents); a "confidence-order" run: the order the
+    # documents were read in, and whether the last one holds the answer; None for a joint run.
     answered_from: int | None = None
     read_gold: bool | None = None
+    document_order: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ class ItemResult:
             "finish_reason": self.finish_reason,
             "answered_from": self.answered_from,
             "read_gold": self.read_gold,
+            "document_order": self.document_order,
         }
 
     @staticmethod
@@ -145,6 +148,7 @@ class ItemResult:
             d["finish_reason"],
             d.get("answered_from"),
             d.get("read_gold"),
+            d.get("document_order"),
         )
 
 
@@ -177,7 +181,8 @@ class CellResult:
             "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
             "prompt_tokens_mean": mean([r.prompt_tokens for r in self.items]),
             "cached_tokens_mean": mean([r.cached_tokens for r in self.items]),
-            # a run choosing among candidates: the share of answers read from a gold document (None: joint)
+            # a run choosing among candidates: the share of answers read from a gold document; "confidence-order":
+            # of answers that read a gold document last (None: joint)
             "read_gold": mean([float(r.read_gold) for r in self.items if r.read_gold is not None]),
         }
         types = sorted({r.type for r in self.items})
@@ -242,11 +247,22 @@ def answer_cell(
                     cached_tokens=out.metrics.cached_tokens if out.metrics else 0,
                     finish_reason=out.finish_reason,
                     answered_from=out.answered_from,
-                    read_gold=None if run.answer == "joint" else out.answered_from in item.gold,
+                    read_gold=_read_gold(run.answer, out, item.gold),
+                    document_order=out.document_order,
                 )
             )
         on_done(len(batch))
     return CellResult(run, cell, results)
+
+
+def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:
+    """ItemResult.read_gold: whether the document the answer was read from, or ("confidence-order") the one read
+    last, is a gold one; None for a joint run."""
+    if answer == "joint":
+        return None
+    if answer == "confidence-order":
+        return out.document_order[-1] in gold if out.document_order else None
+    return out.answered_from in gold
 
 
 def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, answer: str) -> list[Any]:

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from lazyattn import LLM, SamplingParams
-from lazyattn.engine.best_document import candidates, check_answer, pick_answers
+from lazyattn.engine.best_document import candidates, check_answer, confidence_orders, pick_answers
 from lazyattn.engine.outputs import CompletionOutput, RequestOutput
 from lazyattn.errors import InvalidRequestError
 
@@ -55,6 +55,28 @@ def test_candidates_of_each_strategy():
         [["a", "b"], ["a"], ["b"], [], ["c"]],
         [None, 0, 1, None, 0],
     )
+    # each document alone where there are two or more; with fewer, the request as given (its answer is the answer)
+    assert candidates(docs, "confidence-order") == ([0, 0, 1, 2], [["a"], ["b"], [], ["c"]], [0, 1, None, None])
+
+
+def test_confidence_orders_put_the_surest_document_last():
+    owners = [0, 0, 0, 1, 2, 2]
+    outputs = [
+        scripted("Lyon", [-0.1, -1.9]),  # mean -1.0
+        scripted("Paris", [-0.3, -0.2]),  # -0.25: the surest, read last
+        scripted("Nice", [-1.0]),  # -1.0: a tie with the first, kept in the given order
+        scripted("no", [-2.0], documents=0),  # a request asked as given
+        scripted("a", [-0.5]),
+        scripted("", []),  # an empty answer: the least sure of all
+    ]
+    orders, done = confidence_orders(owners, outputs, [0, 1, 2, None, 0, 1], 3)
+    assert orders == [[0, 2, 1], None, [1, 0]]
+    assert [d.text if d else None for d in done] == [None, "no", None]
+    # one candidate failed: the request's answer is that failure, and it is asked no further
+    failed = scripted("", [])
+    failed.error = "the engine failed this request"
+    orders, done = confidence_orders([0, 0], [outputs[0], failed], [0, 1], 1)
+    assert orders == [None] and done[0].error == "the engine failed this request"
 
 
 @pytest.mark.parametrize(
@@ -65,6 +87,8 @@ def test_candidates_of_each_strategy():
         ("best-document", 1, True, "stream"),
         ("best-document-or-joint", 3, False, "n"),
         ("best-document-or-joint", 1, True, "stream"),
+        ("confidence-order", 2, False, "n"),
+        ("confidence-order", 1, True, "stream"),
     ],
 )
 def test_check_answer_names_the_field(answer, n, stream, param):
@@ -119,6 +143,26 @@ def test_best_document_or_joint_also_weighs_the_request_as_given(llm):
         assert out.token_ids == alone[best].token_ids
         whole = len(docs) > 1 or not docs
         assert out.answered_from == (None if whole and best == 0 else best - whole)
+
+
+def test_confidence_order_answers_jointly_with_the_surest_document_last(llm):
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer="confidence-order")
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        assert out.answered_from is None and out.logprobs is None
+        if len(docs) < 2:  # nothing to order: the request as given
+            assert out.document_order is None
+            assert out.token_ids == llm.generate([prompt], params, documents=[docs])[0].token_ids
+            continue
+        alone = llm.generate([prompt] * len(docs), scored, documents=[[d] for d in docs])
+        means = [mean_logprob(o) for o in alone]
+        order = sorted(range(len(docs)), key=lambda i: (means[i], i))
+        assert out.document_order == order and order[-1] == means.index(max(means))
+        # the answer is the joint request's over the documents in that order, made by hand
+        by_hand = llm.generate([prompt], params, documents=[[docs[i] for i in order]])[0]
+        assert out.token_ids == by_hand.token_ids
+        assert out.num_document_tokens == by_hand.num_document_tokens
 
 
 def test_chat_best_document_keeps_the_log_probabilities_asked_for(llm):
