@@ -1,6 +1,8 @@
 """What answering from the best single document costs (docs/quality.md, "Answering from the best single document"):
-the time to a whole answer and the questions answered per second, `answer="best-document"` against one request over
-all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request beside them, at
+the time to a whole answer and the questions answered per second, `answer="best-document"` and
+`answer="confidence-order"` (the same one-document requests, then one over all the documents reordered) against one
+request over all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request
+beside them, at
 Llama-3.1-8B shapes (random bf16 weights), through the `LLM` API.
 
     python -m benchmarks.best_document OUT_DIR [--questions 64] [--smoke]
@@ -9,7 +11,8 @@ Workload: a pool of 8 documents x 2048 tokens, 5 per question in seeded random o
 tokens (EOS ignored), every document encoded before timing (warm cache). Per configuration:
 
 - idle: one question at a time, 5 questions, the mean of the last 4 wall times of `generate` (the whole answer: a
-  best-document answer is known only when its last one-document request ends);
+  best-document answer is known only when its last one-document request ends, a confidence-order one when its joint
+  request that follows them ends);
 - saturation: `--questions` questions at once; questions per second from the wall time.
 
 Lazy mode runs on one engine; full mode on a second one, made after the first is shut down. --smoke: the tiny model
@@ -77,7 +80,7 @@ def main() -> None:
         engine = dict(model=model, random_weights=True, device="cuda", dtype="bfloat16", kv_cache_gb=40)
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     rows = []
-    for mode, configs in (("lazy", ("joint", "best-document")), ("full", ("joint",))):
+    for mode, configs in (("lazy", ("joint", "best-document", "confidence-order")), ("full", ("joint",))):
         with LLM(mode=mode, progress=False, ape_prefix=mode == "lazy", **engine) as llm:
             vocab = llm.engine.model_config.vocab_size
             pool = random_tokens(args.pool, args.doc_len, 0, vocab)

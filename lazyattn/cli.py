@@ -138,6 +138,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "ttft_s": m.ttft,
                     "cached_tokens": m.cached_tokens,
                     "answered_from": out.answered_from,
+                    "document_order": out.document_order,
                 }
             )
         )
@@ -215,7 +216,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         choices=ANSWER_STRATEGIES,
         default="joint",
         help="joint: one request over all the documents (default); best-document: the prompt asked once per "
-        "document alone, the most confident answer kept (--json names its document: answered_from)",
+        "document alone, the most confident answer kept (--json names its document: answered_from); "
+        "best-document-or-joint: the same, the prompt as given one more candidate; confidence-order: those "
+        "one-document answers order the documents, the surest last, for one joint answer (--json: document_order)",
     )
     p.add_argument(
         "--parse-special-tokens",

@@ -165,19 +165,22 @@ def test_generate_uses_the_chat_template_unless_told_not_to(capsys, flag):
     assert got["prompt_tokens"] == want.num_document_tokens + len(want.prompt_token_ids)
 
 
-def test_generate_answers_from_the_best_document_as_the_python_api_does(capsys):
+@pytest.mark.parametrize("answer", ["best-document", "confidence-order"])
+def test_generate_answers_from_the_best_document_as_the_python_api_does(capsys, answer):
     from lazyattn.engine.llm import LLM
     from lazyattn.engine.sampling import SamplingParams
 
     docs = ["The harp was built by Maren.", "Oskarn is a port.", "Tides rise twice a day."]
-    flags = ["-d", docs[0], "-d", docs[1], "-d", docs[2], "--answer", "best-document"]
+    flags = ["-d", docs[0], "-d", docs[1], "-d", docs[2], "--answer", answer]
     assert main(["generate", *TINY, "--json", "--max-tokens", "4", "Who built it?", *flags]) == 0
     got = json.loads(capsys.readouterr().out)
     llm = LLM(model="tiny", device="cpu", page_size=16, kv_cache_gb=0.01, progress=False)
     params = SamplingParams(max_tokens=4, temperature=0.0)
     conv = [{"role": "user", "content": "Who built it?"}]
-    want = llm.chat(conv, params, documents=[docs], answer="best-document")[0]
+    want = llm.chat(conv, params, documents=[docs], answer=answer)[0]
     assert (got["token_ids"], got["answered_from"]) == (want.token_ids, want.answered_from)
+    assert got["document_order"] == want.document_order
+    assert (want.document_order is None) == (answer == "best-document")
     with pytest.raises(SystemExit):  # argparse's own error for a strategy that does not exist
         main(["generate", *TINY, "q", "--answer", "best"])
 

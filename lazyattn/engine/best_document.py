@@ -1,6 +1,6 @@
-"""Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`;
-docs/design.md, "Answering from one document"), and answering over every document with the best one last
-(`answer="confidence-order"`; docs/design.md, "Documents in confidence order").
+"""Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`), and
+answering over every document with the best one last (`answer="confidence-order"`); docs/design.md, "Answering from
+one document".
 
 A request asked this way becomes several candidate requests: one per document, each with that document alone in
 the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer

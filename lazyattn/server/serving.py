@@ -13,15 +13,25 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from lazyattn.engine.best_document import candidates, check_answer, pick_answers, with_confidence
+from lazyattn.engine.best_document import (
+    candidates,
+    check_answer,
+    confidence_orders,
+    ordered_answer,
+    pick_answers,
+    with_confidence,
+)
 from lazyattn.engine.client import EngineClient, OutputStream
 from lazyattn.engine.outputs import RequestOutput
+from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import RequestOptions
+from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import InvalidRequestError, LazyAttnError
 from lazyattn.server.errors import ModelNotFoundError, error_body
 from lazyattn.server.inputs import (
@@ -81,34 +91,55 @@ class OpenAIServing:
         arrival = time.monotonic()
         self._check_model(body.model)
         check_answer(body.answer, body.n, body.stream)
-        choose = body.answer != "joint"
         self._check_documents(body.documents)
         self._check_sequences(1, body.n, _fan_out(body.documents, body.answer))
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
-        owners, sets, sources = candidates([documents], body.answer)
-        prompts = await run_in_threadpool(lambda: [self.renderer.chat(body, docs) for docs in sets])
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         options = request_options(body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        requests = []
-        for i, prompt in enumerate(prompts):
+
+        def render(_: int, which: list[int]) -> RenderedPrompt:
+            return self.renderer.chat(body, [documents[k] for k in which])
+
+        def params(prompt: RenderedPrompt) -> SamplingParams:
             max_tokens = self.renderer.max_tokens(requested, prompt, body.n, "messages", options)
-            params = sampling_params(body, max_tokens, logprobs)
-            requests.append((f"{rid}-{i}", prompt, with_confidence(params)) if choose else (rid, prompt, params))
-        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
+            return sampling_params(body, max_tokens, logprobs)
+
         created = int(time.time())
         top = logprobs or 0
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = self._chat_events(stream, rid, created, body.n, top, include_usage)
-            return _StreamResponse(events, stream)
-        finals = await _collect(stream, request)
-        if finals is None:
-            return Response(status_code=_CLIENT_GONE)
-        outs = [finals[r] for r, _, _ in requests]
-        out = pick_answers(owners, outs, sources, [logprobs is not None])[0] if choose else outs[0]
+        if body.answer == "joint":
+            prompt = await run_in_threadpool(render, 0, list(range(len(documents))))
+            stream = await self.engine_loop.submit(
+                [(rid, prompt, params(prompt))], cache_salt=scope, arrival=arrival, options=options
+            )
+            if body.stream:
+                include_usage = body.stream_options is not None and body.stream_options.include_usage
+                events = self._chat_events(stream, rid, created, body.n, top, include_usage)
+                return _StreamResponse(events, stream)
+            finals = await _collect(stream, request)
+            if finals is None:
+                return Response(status_code=_CLIENT_GONE)
+            outs = [finals[rid]]
+        else:
+            answered = await self._answer(
+                request,
+                rid,
+                render,
+                params,
+                1,
+                len(documents),
+                body.answer,
+                logprobs is not None,
+                scope,
+                arrival,
+                options,
+            )
+            if answered is None:
+                return Response(status_code=_CLIENT_GONE)
+            outs, asked = answered
+        out = outs[0]
         choices = [
             ChatChoice(
                 index=c.index,
@@ -116,13 +147,18 @@ class OpenAIServing:
                 finish_reason=c.finish_reason,
                 logprobs=chat_logprobs(c, 0, top, self.token_text),
                 answered_from=out.answered_from,
+                document_order=out.document_order,
             )
             for c in out.outputs
         ]
         response = ChatCompletionResponse(
-            id=rid, created=created, model=self.model_name, choices=choices, usage=usage(outs)
+            id=rid,
+            created=created,
+            model=self.model_name,
+            choices=choices,
+            usage=usage(outs if body.answer == "joint" else asked),
         )
-        return _json(response, choose)
+        return _json(response, body.answer)
 
     async def _chat_events(
         self, stream: OutputStream, rid: str, created: int, n: int, top: int, include_usage: bool
@@ -152,7 +188,6 @@ class OpenAIServing:
         arrival = time.monotonic()
         self._check_model(body.model)
         check_answer(body.answer, body.n, body.stream)
-        choose = body.answer != "joint"
         p = body.prompt
         num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
         self._check_sequences(num_prompts, body.n, _fan_out(body.documents, body.answer))
@@ -160,37 +195,53 @@ class OpenAIServing:
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
-        _, sets, sources = candidates([documents], body.answer)  # every prompt of the batch has these candidates
-        # per_set[j][i]: prompt i with the documents of candidate j; requests go prompt by prompt, each over them
-        per_set = await run_in_threadpool(lambda: [self.renderer.completions(body, docs) for docs in sets])
         cid = f"cmpl-{uuid.uuid4().hex}"
         options = request_options(body)
-        count = len(per_set[0])
-        requests, owners = [], []
-        for i in range(count):
-            for j, prompts in enumerate(per_set):
-                max_tokens = self.renderer.max_tokens(body.max_tokens, prompts[i], body.n, "prompt", options)
-                params = sampling_params(body, max_tokens, body.logprobs)
-                if choose:
-                    requests.append((f"{cid}-{i}-{j}", prompts[i], with_confidence(params)))
-                else:
-                    requests.append((f"{cid}-{i}", prompts[i], params))
-                owners.append(i)
-        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
+        # The renderer renders every prompt of the batch over one list of documents: once per list asked for.
+        rendered: dict[tuple[int, ...], list[RenderedPrompt]] = {}
+
+        def render(i: int, which: list[int]) -> RenderedPrompt:
+            key = tuple(which)
+            if key not in rendered:
+                rendered[key] = self.renderer.completions(body, [documents[k] for k in which])
+            return rendered[key][i]
+
+        def params(prompt: RenderedPrompt) -> SamplingParams:
+            max_tokens = self.renderer.max_tokens(body.max_tokens, prompt, body.n, "prompt", options)
+            return sampling_params(body, max_tokens, body.logprobs)
+
         created = int(time.time())
-        prompt_index = {rid: i for rid, i in zip((r for r, _, _ in requests), owners)}
         top = body.logprobs or 0
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = self._completion_events(stream, cid, created, body.n, top, prompt_index, include_usage)
-            return _StreamResponse(events, stream)
-        finals = await _collect(stream, request)
-        if finals is None:
-            return Response(status_code=_CLIENT_GONE)
-        outs = [finals[rid] for rid, _, _ in requests]
-        answers = outs
-        if choose:
-            answers = pick_answers(owners, outs, sources * count, [body.logprobs is not None] * count)
+        if body.answer == "joint":
+            prompts = await run_in_threadpool(lambda: self.renderer.completions(body, documents))
+            requests = [(f"{cid}-{i}", prompt, params(prompt)) for i, prompt in enumerate(prompts)]
+            stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
+            if body.stream:
+                include_usage = body.stream_options is not None and body.stream_options.include_usage
+                prompt_index = {rid: i for i, (rid, _, _) in enumerate(requests)}
+                events = self._completion_events(stream, cid, created, body.n, top, prompt_index, include_usage)
+                return _StreamResponse(events, stream)
+            finals = await _collect(stream, request)
+            if finals is None:
+                return Response(status_code=_CLIENT_GONE)
+            answers = asked = [finals[rid] for rid, _, _ in requests]
+        else:
+            answered = await self._answer(
+                request,
+                cid,
+                render,
+                params,
+                num_prompts,
+                len(documents),
+                body.answer,
+                body.logprobs is not None,
+                scope,
+                arrival,
+                options,
+            )
+            if answered is None:
+                return Response(status_code=_CLIENT_GONE)
+            answers, asked = answered
         choices = []
         for i, out in enumerate(answers):
             for c in out.outputs:
@@ -201,12 +252,79 @@ class OpenAIServing:
                         finish_reason=c.finish_reason,
                         logprobs=completion_logprobs(c, 0, top, self.token_text, 0),
                         answered_from=out.answered_from,
+                        document_order=out.document_order,
                     )
                 )
         response = CompletionResponse(
-            id=cid, created=created, model=self.model_name, choices=choices, usage=usage(outs)
+            id=cid, created=created, model=self.model_name, choices=choices, usage=usage(asked)
         )
-        return _json(response, choose)
+        return _json(response, body.answer)
+
+    async def _answer(
+        self,
+        request: Request,
+        rid: str,
+        render: Callable[[int, list[int]], RenderedPrompt],
+        params: Callable[[RenderedPrompt], SamplingParams],
+        count: int,
+        num_documents: int,
+        answer: str,
+        keep_logprobs: bool,
+        scope: str | None,
+        arrival: float,
+        options: RequestOptions,
+    ) -> tuple[list[RequestOutput], list[RequestOutput]] | None:
+        """The answers of `count` prompts over `num_documents` documents asked as `answer` (not "joint") says
+        (engine/best_document.py), and every request made for them (usage counts them all); None if the client left.
+        `render(i, which)`: prompt i over those of the documents; `params(prompt)`: its sampling parameters (which
+        check its length). The candidate requests run, then each prompt's are folded back into its most confident
+        one, or ("confidence-order") into the order of its documents for one more, joint, request."""
+        every = list(range(num_documents))
+        if answer == "confidence-order":  # the joint round's prompts are these, reordered: too long fails here
+            await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
+        owners, sets, sources = candidates([every] * count, answer)
+        prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
+        outs = await self._run_all(
+            request, f"{rid}-", prompts, [with_confidence(params(p)) for p in prompts], scope, arrival, options
+        )
+        if outs is None:
+            return None
+        if answer != "confidence-order":
+            return pick_answers(owners, outs, sources, [keep_logprobs] * count), outs
+        orders, done = confidence_orders(owners, outs, sources, count)
+        again = [i for i, order in enumerate(orders) if order is not None]
+        joint = await run_in_threadpool(lambda: [render(i, orders[i]) for i in again])
+        finals = await self._run_all(
+            request, f"{rid}-joint-", joint, [params(p) for p in joint], scope, arrival, options
+        )
+        if finals is None:
+            return None
+        by_prompt = dict(zip(again, finals))
+        answers = [
+            ordered_answer(by_prompt[i], orders[i], True)
+            if i in by_prompt
+            else ordered_answer(done[i], None, keep_logprobs)
+            for i in range(count)
+        ]
+        return answers, outs + finals
+
+    async def _run_all(
+        self,
+        request: Request,
+        prefix: str,
+        prompts: list[RenderedPrompt],
+        params: list[SamplingParams],
+        scope: str | None,
+        arrival: float,
+        options: RequestOptions,
+    ) -> list[RequestOutput] | None:
+        """The final outputs of these requests, in order (ids `prefix` and a count); None if the client left."""
+        requests = [(f"{prefix}{k}", prompt, p) for k, (prompt, p) in enumerate(zip(prompts, params))]
+        if not requests:
+            return []
+        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
+        finals = await _collect(stream, request)
+        return None if finals is None else [finals[rid] for rid, _, _ in requests]
 
     async def _completion_events(
         self,
@@ -220,7 +338,8 @@ class OpenAIServing:
     ) -> AsyncIterator[str]:
         def chunk(choices: list[CompletionChoice], usage_: Usage | None = None) -> str:
             c = CompletionResponse(id=cid, created=created, model=self.model_name, choices=choices, usage=usage_)
-            return c.model_dump_json(exclude=_JOINT if include_usage else {**_JOINT, "usage": True})
+            hidden = _hidden("joint")
+            return c.model_dump_json(exclude=hidden if include_usage else {**hidden, "usage": True})
 
         state = StreamState(n, prompt_index)
         async for outs in stream:
@@ -261,18 +380,23 @@ class OpenAIServing:
             raise ModelNotFoundError(f"model {model!r} is not served here; this server serves {self.model_name!r}")
 
 
-# A choice's answered_from belongs to the strategies that choose among candidates: left out of joint responses.
-_JOINT = {"choices": {"__all__": {"answered_from"}}}
+def _hidden(answer: str) -> dict:
+    """What a response's choices leave out: answered_from belongs to the strategies that choose among candidates,
+    document_order to "confidence-order"."""
+    shown = {"joint": set(), "confidence-order": {"document_order"}}.get(answer, {"answered_from"})
+    return {"choices": {"__all__": {"answered_from", "document_order"} - shown}}
 
 
-def _json(model, chosen: bool = False) -> Response:
-    """The response; `chosen`: its answers were chosen among candidates, and their choices say from what."""
-    return Response(model.model_dump_json(exclude=None if chosen else _JOINT), media_type="application/json")
+def _json(model, answer: str = "joint") -> Response:
+    """The response to a request answered as `answer` says, its choices with the fields of that strategy."""
+    return Response(model.model_dump_json(exclude=_hidden(answer)), media_type="application/json")
 
 
 def _fan_out(documents: list | None, answer: str) -> int:
-    """How many requests `answer` makes of each prompt with these documents (best_document.candidates)."""
-    return len(candidates([documents or []], answer)[0])
+    """How many requests `answer` makes of each prompt with these documents (best_document.candidates, and the
+    joint round of "confidence-order")."""
+    docs = documents or []
+    return len(candidates([docs], answer)[0]) + (answer == "confidence-order" and len(docs) > 1)
 
 
 class _StreamResponse(StreamingResponse):

@@ -50,7 +50,42 @@ def test_chat_answers_as_the_python_api_and_counts_every_request(server, offline
 
 def test_a_joint_answer_says_nothing_of_its_source(server):
     joint = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES})
-    assert joint.status_code == 200 and "answered_from" not in joint.json()["choices"][0]
+    assert joint.status_code == 200
+    assert not {"answered_from", "document_order"} & set(joint.json()["choices"][0])
+
+
+def test_confidence_order_answers_as_the_python_api_and_counts_every_request(server, offline):
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "confidence-order"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="confidence-order")[0]
+    assert (choice["message"]["content"], choice["document_order"]) == (want.text, want.document_order)
+    assert sorted(choice["document_order"]) == [0, 1, 2] and "answered_from" not in choice
+    # usage: each document alone, then the joint request over all three in that order
+    asked = [[d] for d in DOCS] + [[DOCS[i] for i in want.document_order]]
+    outs = offline.chat([MESSAGES] * len(asked), params, documents=asked)
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(outs)
+    assert r.json()["usage"]["completion_tokens"] == len(asked) * 5
+    # completions: one order per prompt, each the Python API's
+    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "confidence-order"})
+    assert r.status_code == 200, r.text
+    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="confidence-order")
+    assert [(c["text"], c["document_order"]) for c in r.json()["choices"]] == [
+        (w.text, w.document_order) for w in want
+    ]
+
+
+def test_confidence_order_with_one_document_is_the_request_as_given(server, offline):
+    body = {**BODY, "documents": DOCS[:1], "messages": MESSAGES, "answer": "confidence-order", "logprobs": True}
+    r = post(server.url, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=0)
+    want = offline.chat(MESSAGES, params, documents=[DOCS[:1]])[0]
+    assert choice["message"]["content"] == want.text and choice["document_order"] is None
+    assert len(choice["logprobs"]["content"]) == 5  # asked for, and kept
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens([want])
 
 
 def test_completions_pick_per_prompt(server, offline):
@@ -75,8 +110,9 @@ def test_completions_pick_per_prompt(server, offline):
         ({"documents": DOCS * 90}, "documents"),  # 270 one-document requests: past the 256 sequences a request may make
     ],
 )
-def test_what_best_document_cannot_do_is_a_400_naming_the_field(server, fields, param):
-    body = {**BODY, "messages": MESSAGES, "answer": "best-document", **fields}
+@pytest.mark.parametrize("answer", ["best-document", "confidence-order"])
+def test_what_best_document_cannot_do_is_a_400_naming_the_field(server, fields, param, answer):
+    body = {**BODY, "messages": MESSAGES, "answer": answer, **fields}
     r = post(server.url, "/v1/chat/completions", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
