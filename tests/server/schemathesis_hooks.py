@@ -8,8 +8,9 @@ are accepted" check, less four cases where a 400 for a schema-valid-looking requ
   schema bounds the prompt list and `n` each, not their product, so a list of prompts with a large `n` may still get
   a 400 naming `n`.
 - An answer made of candidate requests (`"answer"`: `"best-document"`, `"best-document-or-joint"` or
-  `"confidence-order"`) is one finished answer per prompt: with `n` other than 1 or `stream: true` it is a 400 naming that field, and since it asks each prompt
-  once per document, its documents count towards the sequences (a 400 naming `documents`).
+  `"confidence-order"`) is one finished answer per prompt: with `n` other than 1 or `stream: true` it is a 400 naming
+  that field, and since it asks each prompt once per document, its documents count towards the sequences (a 400
+  naming `documents`).
 - The seed is a signed 64-bit integer, as OpenAI documents it. Schemathesis compares integers beyond 64 bits
   with the schema's bounds as floats, so 2**63 "equals" 2**63 - 1 to it and looks valid; the server, which
   compares exactly, is right to reject it.
