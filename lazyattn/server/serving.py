@@ -121,20 +121,20 @@ class OpenAIServing:
             finals = await _collect(stream, request)
             if finals is None:
                 return Response(status_code=_CLIENT_GONE)
-            outs = [finals[rid]]
+            outs = asked = [finals[rid]]
         else:
             answered = await self._answer(
                 request,
                 rid,
                 render,
                 params,
-                1,
-                len(documents),
-                body.answer,
-                logprobs is not None,
-                scope,
-                arrival,
-                options,
+                count=1,
+                num_documents=len(documents),
+                answer=body.answer,
+                keep_logprobs=logprobs is not None,
+                scope=scope,
+                arrival=arrival,
+                options=options,
             )
             if answered is None:
                 return Response(status_code=_CLIENT_GONE)
@@ -156,7 +156,7 @@ class OpenAIServing:
             created=created,
             model=self.model_name,
             choices=choices,
-            usage=usage(outs if body.answer == "joint" else asked),
+            usage=usage(asked),
         )
         return _json(response, body.answer)
 
@@ -231,13 +231,13 @@ class OpenAIServing:
                 cid,
                 render,
                 params,
-                num_prompts,
-                len(documents),
-                body.answer,
-                body.logprobs is not None,
-                scope,
-                arrival,
-                options,
+                count=num_prompts,
+                num_documents=len(documents),
+                answer=body.answer,
+                keep_logprobs=body.logprobs is not None,
+                scope=scope,
+                arrival=arrival,
+                options=options,
             )
             if answered is None:
                 return Response(status_code=_CLIENT_GONE)
