@@ -218,7 +218,8 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         help="joint: one request over all the documents (default); best-document: the prompt asked once per "
         "document alone, the most confident answer kept (--json names its document: answered_from); "
         "best-document-or-joint: the same, the prompt as given one more candidate; confidence-order: those "
-        "one-document answers order the documents, the surest last, for one joint answer (--json: document_order)",
+        "one-document answers order the documents, the surest last, for one joint answer (--json: document_order); "
+        "confidence-order-or-joint: the same, the prompt as given kept where its answer is as sure",
     )
     p.add_argument(
         "--parse-special-tokens",

@@ -36,8 +36,15 @@ if TYPE_CHECKING:  # kept out at run time: the command line's parsers read ANSWE
 
 # joint: one request over all of its documents (the default); the two best-document ones choose among candidates;
 # confidence-order reorders the documents by theirs and answers jointly (module docstring)
-ANSWER_STRATEGIES = ("joint", "best-document", "best-document-or-joint", "confidence-order")
+ANSWER_STRATEGIES = (
+    "joint",
+    "best-document",
+    "best-document-or-joint",
+    "confidence-order",
+    "confidence-order-or-joint",
+)
 CHOOSING = ("best-document", "best-document-or-joint")
+ORDERING = ("confidence-order", "confidence-order-or-joint")
 
 T = TypeVar("T")
 
@@ -69,14 +76,14 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
         whole = (
             answer == "joint"
             or not docs
-            or (answer == "best-document-or-joint" and several)
-            or (answer == "confidence-order" and not several)
+            or (answer in ("best-document-or-joint", "confidence-order-or-joint") and several)
+            or (answer in ORDERING and not several)
         )
         if whole:
             owners.append(owner)
             sets.append(docs)
             sources.append(None)
-        if answer in CHOOSING and docs or answer == "confidence-order" and several:
+        if answer in CHOOSING and docs or answer in ORDERING and several:
             for i, d in enumerate(docs):
                 owners.append(owner)
                 sets.append([d])
@@ -124,28 +131,50 @@ def pick_answers(
 def confidence_orders(
     owners: Sequence[int], outputs: Sequence[RequestOutput], sources: Sequence[int | None], count: int
 ) -> tuple[list[list[int] | None], list[RequestOutput | None]]:
-    """The first round of "confidence-order" for `count` requests (`owners[i]` owns `outputs[i]`, made from
+    """The first round of the ordering strategies for `count` requests (`owners[i]` owns `outputs[i]`, made from
     `sources[i]` as `candidates` lists them): per request, the order of its documents by their candidates' mean
-    log-probability, least first (on a tie the given order), for the joint round; or None and, in the second list, its
-    answer already: a request asked as given, or one of whose candidates the engine failed (that output, the first
-    such, as `pick_answers` returns it)."""
+    log-probability, least first (on a tie the given order), for the joint round, or None where it has no such
+    candidates, one of them failed, or the order is the given one and the request as given was asked; and its first
+    answer: the request as given where it was asked
+    ("confidence-order-or-joint", or fewer than two documents), else None, or the first output the engine failed (the
+    request's answer, as `pick_answers` returns it)."""
     scores: list[dict[int, float]] = [{} for _ in range(count)]
-    done: list[RequestOutput | None] = [None] * count
+    given: list[RequestOutput | None] = [None] * count
+    failed: list[RequestOutput | None] = [None] * count
     for owner, out, source in zip(owners, outputs, sources, strict=True):
-        if done[owner] is not None:
-            continue
-        if source is None or out.error is not None:
-            done[owner] = out
+        if out.error is not None:
+            failed[owner] = failed[owner] or out
+        elif source is None:
+            given[owner] = out
         else:
             scores[owner][source] = confidence(out)
-    orders: list[list[int] | None] = [
-        None if done[r] is not None else sorted(scores[r], key=lambda i, s=scores[r]: (s[i], i)) for r in range(count)
-    ]
-    return orders, done
+    orders: list[list[int] | None] = []
+    for r in range(count):
+        order = sorted(scores[r], key=lambda i, s=scores[r]: (s[i], i)) if scores[r] and not failed[r] else None
+        # in the given order, the joint round would ask the request as given again: its answer is the answer
+        orders.append(None if given[r] is not None and order == sorted(scores[r]) else order)
+    return orders, [failed[r] or given[r] for r in range(count)]
 
 
-def ordered_answer(out: RequestOutput, order: list[int] | None, keep_logprobs: bool) -> RequestOutput:
-    """The joint round's output `out` as the request's answer: `document_order` set (None: it read its documents as
-    given), and without the log-probabilities that `with_confidence` added when `keep_logprobs` is False."""
-    completions = out.outputs if keep_logprobs else [dataclasses.replace(c, logprobs=None) for c in out.outputs]
-    return dataclasses.replace(out, outputs=completions, document_order=order)
+def ordered_answers(
+    firsts: Sequence[RequestOutput | None],
+    orders: Sequence[list[int] | None],
+    joint: dict[int, RequestOutput],
+    keep_logprobs: Sequence[bool],
+) -> list[RequestOutput]:
+    """Each request's answer from `confidence_orders`' first answers and orders and the joint round's outputs
+    (`joint[r]`: request r's documents in `orders[r]`): the reordered answer with its `document_order`, unless the
+    request as given was asked too and its answer is at least as sure (then it, `document_order` None), or the
+    request had nothing to order (its first answer). `keep_logprobs[r]` False drops the log-probabilities that
+    `with_confidence` added."""
+    answers = []
+    for r, (first, order) in enumerate(zip(firsts, orders, strict=True)):
+        out, read = first, None
+        if r in joint and (first is None or confidence(joint[r]) > confidence(first)):
+            out, read = joint[r], order
+        assert out is not None, "a request without a first answer has a joint one"
+        completions = out.outputs
+        if not keep_logprobs[r]:
+            completions = [dataclasses.replace(c, logprobs=None) for c in out.outputs]
+        answers.append(dataclasses.replace(out, outputs=completions, document_order=read))
+    return answers

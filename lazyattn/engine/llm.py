@@ -11,10 +11,11 @@ from typing import Any
 from tqdm import tqdm
 
 from lazyattn.engine.best_document import (
+    ORDERING,
     candidates,
     check_answer,
     confidence_orders,
-    ordered_answer,
+    ordered_answers,
     pick_answers,
     with_confidence,
 )
@@ -92,9 +93,10 @@ class LLM:
         the same options, given one by one (not together with `options`).
         answer: "joint" (one request over all of a prompt's documents), "best-document" (the prompt asked once per
         document, with that document alone; the most confident answer kept, its document in `answered_from`),
-        "best-document-or-joint" (the same, the prompt as given one more candidate) or "confidence-order" (the
+        "best-document-or-joint" (the same, the prompt as given one more candidate), "confidence-order" (the
         prompt asked over all of its documents, ordered by how confidently it is answered from each alone, the most
-        confident last, their order in `document_order`; engine/best_document.py)."""
+        confident last, their order in `document_order`) or "confidence-order-or-joint" (the same, the prompt as given
+        kept where its answer is at least as sure; engine/best_document.py)."""
         _check_answer(answer, sampling_params)
         options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         if prompt_token_ids is not None:
@@ -168,7 +170,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Prompt r with documents `docs[r]`, asked as `answer` says (engine/best_document.py): `render(r, d)` is its
         prompt over the documents d. The candidate requests run, then each prompt's are folded back into its most
-        confident one, or ("confidence-order") into the order of its documents for one more, joint, request."""
+        confident one, or (the confidence-order strategies) into the order of its documents for one more, joint,
+        request."""
         params = _per_prompt_params(sampling_params, len(docs))
         owners, sets, sources = candidates(docs, answer)
         rendered = [render(o, d) for o, d in zip(owners, sets)]
@@ -176,16 +179,13 @@ class LLM:
             return self._run(rendered, params, cache_salt, use_tqdm, options)
         keep = [p.logprobs is not None for p in params]
         outs = self._run(rendered, [with_confidence(params[o]) for o in owners], cache_salt, use_tqdm, options)
-        if answer != "confidence-order":
+        if answer not in ORDERING:
             return pick_answers(owners, outs, sources, keep)
-        orders, done = confidence_orders(owners, outs, sources, len(docs))
+        orders, firsts = confidence_orders(owners, outs, sources, len(docs))
         again = [r for r, order in enumerate(orders) if order is not None]
         joint = [render(r, [docs[r][i] for i in orders[r]]) for r in again]
-        finals = dict(zip(again, self._run(joint, [params[r] for r in again], cache_salt, use_tqdm, options)))
-        return [
-            ordered_answer(finals[r], orders[r], True) if r in finals else ordered_answer(done[r], None, keep[r])
-            for r in range(len(docs))
-        ]
+        outs = self._run(joint, [with_confidence(params[r]) for r in again], cache_salt, use_tqdm, options)
+        return ordered_answers(firsts, orders, dict(zip(again, outs)), keep)
 
     def _run(
         self,

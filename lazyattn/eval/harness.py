@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lazyattn.engine.best_document import ANSWER_STRATEGIES
+from lazyattn.engine.best_document import ANSWER_STRATEGIES, ORDERING
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
@@ -112,7 +112,7 @@ class ItemResult:
     cached_tokens: int
     finish_reason: str | None
     # A run that chooses among candidates (RunSpec.answer): the document the answer was read from (None: all of them),
-    # and whether it holds the answer (one of the item's gold documents); a "confidence-order" run: the order the
+    # and whether it holds the answer (one of the item's gold documents); a confidence-order run: the order the
     # documents were read in, and whether the last one holds the answer; None for a joint run.
     answered_from: int | None = None
     read_gold: bool | None = None
@@ -181,8 +181,8 @@ class CellResult:
             "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
             "prompt_tokens_mean": mean([r.prompt_tokens for r in self.items]),
             "cached_tokens_mean": mean([r.cached_tokens for r in self.items]),
-            # a run choosing among candidates: the share of answers read from a gold document; "confidence-order":
-            # of answers that read a gold document last (None: joint)
+            # a run choosing among candidates: the share of answers read from a gold document; a confidence-order one:
+            # of reordered answers that read a gold document last (None: joint)
             "read_gold": mean([float(r.read_gold) for r in self.items if r.read_gold is not None]),
         }
         types = sorted({r.type for r in self.items})
@@ -256,11 +256,11 @@ def answer_cell(
 
 
 def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:
-    """ItemResult.read_gold: whether the document the answer was read from, or ("confidence-order") the one read
-    last, is a gold one; None for a joint run."""
+    """ItemResult.read_gold: whether the document the answer was read from, or (confidence order) the one read
+    last, is a gold one; None for a joint run, and for an answer that read its documents as given."""
     if answer == "joint":
         return None
-    if answer == "confidence-order":
+    if answer in ORDERING:
         return out.document_order[-1] in gold if out.document_order else None
     return out.answered_from in gold
 

@@ -151,15 +151,18 @@ class _GenerationRequest(_Strict):
         description="lazy or block mode: the answer's attention weight on the first document multiplied by "
         "e^(tilt/2), on the last by e^(-tilt/2), evenly between (0: off); default: the server's --ape-tilt",
     )
-    answer: Literal["joint", "best-document", "best-document-or-joint", "confidence-order"] = Field(
+    answer: Literal[
+        "joint", "best-document", "best-document-or-joint", "confidence-order", "confidence-order-or-joint"
+    ] = Field(
         "joint",
         description="joint: one answer over all the documents; best-document: the request asked once per document, "
         "with that document alone, and the answer whose tokens have the highest mean log-probability kept (each "
         "choice's answered_from names that document); best-document-or-joint: the same, the request as given one "
         "more candidate (answered_from null: it won); confidence-order: the same one-document requests, then one "
         "answer over all the documents reordered by their answers' confidence, the surest last (each choice's "
-        "document_order gives the order). usage counts every request made; n must be 1 and no stream "
-        "(docs/design.md, Answering from one document)",
+        "document_order gives the order); confidence-order-or-joint: the same, the request as given also asked "
+        "first and its answer kept where it is at least as sure (document_order null). usage counts every request "
+        "made; n must be 1 and no stream (docs/design.md, Answering from one document)",
     )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(

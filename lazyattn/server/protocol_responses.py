@@ -44,7 +44,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
     answered_from: int | None = None  # an answer chosen among candidates: its document (null: all); not in joint ones
-    document_order: list[int] | None = None  # answer "confidence-order": the order its documents were read in
+    document_order: list[int] | None = None  # the confidence-order answers: the order read (null: as given)
 
 
 class ChatCompletionResponse(BaseModel):
@@ -85,7 +85,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     answered_from: int | None = None  # an answer chosen among candidates: its document (null: all); not in joint ones
-    document_order: list[int] | None = None  # answer "confidence-order": the order its documents were read in
+    document_order: list[int] | None = None  # the confidence-order answers: the order read (null: as given)
 
 
 class CompletionResponse(BaseModel):

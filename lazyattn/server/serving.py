@@ -20,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from lazyattn.engine.best_document import (
+    ORDERING,
     candidates,
     check_answer,
     confidence_orders,
-    ordered_answer,
+    ordered_answers,
     pick_answers,
     with_confidence,
 )
@@ -278,9 +279,9 @@ class OpenAIServing:
         (engine/best_document.py), and every request made for them (usage counts them all); None if the client left.
         `render(i, which)`: prompt i over those of the documents; `params(prompt)`: its sampling parameters (which
         check its length). The candidate requests run, then each prompt's are folded back into its most confident
-        one, or ("confidence-order") into the order of its documents for one more, joint, request."""
+        one, or (the confidence-order strategies) into the order of its documents for one more, joint, request."""
         every = list(range(num_documents))
-        if answer == "confidence-order":  # the joint round's prompts are these, reordered: too long fails here
+        if answer in ORDERING:  # the joint round's prompts are these, reordered: too long fails here
             await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         owners, sets, sources = candidates([every] * count, answer)
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
@@ -289,24 +290,16 @@ class OpenAIServing:
         )
         if outs is None:
             return None
-        if answer != "confidence-order":
+        if answer not in ORDERING:
             return pick_answers(owners, outs, sources, [keep_logprobs] * count), outs
-        orders, done = confidence_orders(owners, outs, sources, count)
+        orders, firsts = confidence_orders(owners, outs, sources, count)
         again = [i for i, order in enumerate(orders) if order is not None]
-        joint = await run_in_threadpool(lambda: [render(i, orders[i]) for i in again])
-        finals = await self._run_all(
-            request, f"{rid}-joint-", joint, [params(p) for p in joint], scope, arrival, options
-        )
+        prompts = await run_in_threadpool(lambda: [render(i, orders[i]) for i in again])
+        asked = [with_confidence(params(p)) for p in prompts]
+        finals = await self._run_all(request, f"{rid}-joint-", prompts, asked, scope, arrival, options)
         if finals is None:
             return None
-        by_prompt = dict(zip(again, finals))
-        answers = [
-            ordered_answer(by_prompt[i], orders[i], True)
-            if i in by_prompt
-            else ordered_answer(done[i], None, keep_logprobs)
-            for i in range(count)
-        ]
-        return answers, outs + finals
+        return ordered_answers(firsts, orders, dict(zip(again, finals)), [keep_logprobs] * count), outs + finals
 
     async def _run_all(
         self,
@@ -382,8 +375,10 @@ class OpenAIServing:
 
 def _hidden(answer: str) -> dict:
     """What a response's choices leave out: answered_from belongs to the strategies that choose among candidates,
-    document_order to "confidence-order"."""
-    shown = {"joint": set(), "confidence-order": {"document_order"}}.get(answer, {"answered_from"})
+    document_order to the confidence-order ones."""
+    shown = {"joint": set(), "best-document": {"answered_from"}, "best-document-or-joint": {"answered_from"}}.get(
+        answer, {"document_order"}
+    )
     return {"choices": {"__all__": {"answered_from", "document_order"} - shown}}
 
 
@@ -394,9 +389,9 @@ def _json(model, answer: str = "joint") -> Response:
 
 def _fan_out(documents: list | None, answer: str) -> int:
     """How many requests `answer` makes of each prompt with these documents (best_document.candidates, and the
-    joint round of "confidence-order")."""
+    joint round of the confidence-order ones)."""
     docs = documents or []
-    return len(candidates([docs], answer)[0]) + (answer == "confidence-order" and len(docs) > 1)
+    return len(candidates([docs], answer)[0]) + (answer in ORDERING and len(docs) > 1)
 
 
 class _StreamResponse(StreamingResponse):

@@ -9,7 +9,13 @@ import statistics
 import pytest
 
 from lazyattn import LLM, SamplingParams
-from lazyattn.engine.best_document import candidates, check_answer, confidence_orders, pick_answers
+from lazyattn.engine.best_document import (
+    candidates,
+    check_answer,
+    confidence_orders,
+    ordered_answers,
+    pick_answers,
+)
 from lazyattn.engine.outputs import CompletionOutput, RequestOutput
 from lazyattn.errors import InvalidRequestError
 
@@ -57,6 +63,12 @@ def test_candidates_of_each_strategy():
     )
     # each document alone where there are two or more; with fewer, the request as given (its answer is the answer)
     assert candidates(docs, "confidence-order") == ([0, 0, 1, 2], [["a"], ["b"], [], ["c"]], [0, 1, None, None])
+    # the request as given too, then each document alone where there are two or more
+    assert candidates(docs, "confidence-order-or-joint") == (
+        [0, 0, 0, 1, 2],
+        [["a", "b"], ["a"], ["b"], [], ["c"]],
+        [None, 0, 1, None, None],
+    )
 
 
 def test_confidence_orders_put_the_surest_document_last():
@@ -77,6 +89,31 @@ def test_confidence_orders_put_the_surest_document_last():
     failed.error = "the engine failed this request"
     orders, done = confidence_orders([0, 0], [outputs[0], failed], [0, 1], 1)
     assert orders == [None] and done[0].error == "the engine failed this request"
+    # asked as given too (confidence-order-or-joint): that answer comes back beside the order
+    orders, firsts = confidence_orders([0, 0, 0], [outputs[3], outputs[1], outputs[0]], [None, 0, 1], 1)
+    assert orders == [[1, 0]] and firsts[0].text == "no"
+    # ... unless the order is the given one: then the request as given is the joint round, already answered
+    orders, firsts = confidence_orders([0, 0, 0], [outputs[3], outputs[0], outputs[1]], [None, 0, 1], 1)
+    assert orders == [None] and firsts[0].text == "no"
+
+
+def test_ordered_answers_keep_the_reordered_answer_unless_the_one_as_given_is_as_sure():
+    given = scripted("Oslo", [-0.5, -0.5])
+    surer, as_sure = scripted("Bergen", [-0.1]), scripted("Bergen", [-0.5])
+    answers = ordered_answers(
+        [given, given, None],
+        [[1, 0], [1, 0], [0, 1]],
+        {0: surer, 1: as_sure, 2: as_sure},
+        [
+            True,
+            False,
+            False,
+        ],
+    )
+    assert [(a.text, a.document_order) for a in answers] == [("Bergen", [1, 0]), ("Oslo", None), ("Bergen", [0, 1])]
+    assert [a.logprobs is None for a in answers] == [False, True, True]
+    # nothing to order: the first answer as it is
+    assert ordered_answers([given], [None], {}, [True])[0].text == "Oslo"
 
 
 @pytest.mark.parametrize(
@@ -89,6 +126,7 @@ def test_confidence_orders_put_the_surest_document_last():
         ("best-document-or-joint", 1, True, "stream"),
         ("confidence-order", 2, False, "n"),
         ("confidence-order", 1, True, "stream"),
+        ("confidence-order-or-joint", 2, False, "n"),
     ],
 )
 def test_check_answer_names_the_field(answer, n, stream, param):
@@ -163,6 +201,19 @@ def test_confidence_order_answers_jointly_with_the_surest_document_last(llm):
         by_hand = llm.generate([prompt], params, documents=[[docs[i] for i in order]])[0]
         assert out.token_ids == by_hand.token_ids
         assert out.num_document_tokens == by_hand.num_document_tokens
+
+
+def test_confidence_order_or_joint_keeps_the_answer_as_given_where_it_is_as_sure(llm):
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    got = llm.generate(PROMPTS, scored, documents=DOCS, answer="confidence-order-or-joint")
+    as_given = llm.generate(PROMPTS, scored, documents=DOCS)
+    ordered = llm.generate(PROMPTS, scored, documents=DOCS, answer="confidence-order")
+    for docs, out, given, reordered in zip(DOCS, got, as_given, ordered):
+        moved = len(docs) > 1 and reordered.document_order != sorted(reordered.document_order)
+        surer = moved and mean_logprob(reordered) > mean_logprob(given)
+        want = reordered if surer else given
+        assert (out.token_ids, out.document_order) == (want.token_ids, want.document_order if surer else None)
+        assert out.logprobs is not None  # asked for
 
 
 def test_chat_best_document_keeps_the_log_probabilities_asked_for(llm):

@@ -71,9 +71,25 @@ def test_confidence_order_answers_as_the_python_api_and_counts_every_request(ser
     r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "confidence-order"})
     assert r.status_code == 200, r.text
     want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="confidence-order")
-    assert [(c["text"], c["document_order"]) for c in r.json()["choices"]] == [
-        (w.text, w.document_order) for w in want
-    ]
+    assert [(c["text"], c["document_order"]) for c in r.json()["choices"]] == [(w.text, w.document_order) for w in want]
+
+
+def test_confidence_order_or_joint_answers_as_the_python_api(server, offline):
+    body = {**BODY, "messages": MESSAGES, "answer": "confidence-order-or-joint"}
+    r = post(server.url, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="confidence-order-or-joint")[0]
+    assert (choice["message"]["content"], choice["document_order"]) == (want.text, want.document_order)
+    assert "answered_from" not in choice
+    # usage: the request as given and each document alone, then the reordered one unless its order is the given one
+    order = offline.chat(MESSAGES, params, documents=[DOCS], answer="confidence-order")[0].document_order
+    asked = [DOCS] + [[d] for d in DOCS] + ([[DOCS[i] for i in order]] if order != sorted(order) else [])
+    assert r.json()["usage"]["completion_tokens"] == len(asked) * 5
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(
+        offline.chat([MESSAGES] * len(asked), params, documents=asked)
+    )
 
 
 def test_confidence_order_with_one_document_is_the_request_as_given(server, offline):
@@ -110,7 +126,7 @@ def test_completions_pick_per_prompt(server, offline):
         ({"documents": DOCS * 90}, "documents"),  # 270 one-document requests: past the 256 sequences a request may make
     ],
 )
-@pytest.mark.parametrize("answer", ["best-document", "confidence-order"])
+@pytest.mark.parametrize("answer", ["best-document", "confidence-order", "confidence-order-or-joint"])
 def test_what_best_document_cannot_do_is_a_400_naming_the_field(server, fields, param, answer):
     body = {**BODY, "messages": MESSAGES, "answer": answer, **fields}
     r = post(server.url, "/v1/chat/completions", body)
