@@ -324,10 +324,12 @@ def _prefill(
     prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim**-0.5, **options)
 
 
-def _short_prefill(heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False) -> None:
+def _short_prefill(
+    heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False, kv_dtype: torch.dtype = BF16
+) -> None:
     """The warp-specialised Gluon kernel (kernels/prefill_hopper.py) over the RAG case. engine: as the engine's CUDA
     graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch."""
-    kv = _pool(heads, 64)
+    kv = _pool(heads, 64, dtype=kv_dtype)
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
     with _pdl(prefill_hopper, engine):
@@ -634,6 +636,15 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             lambda: _short_prefill(LLAMA_8B, 32, 1, 16, engine=True),
         )
     )
+    # FP8 pages: the load warpgroup widens the tiles to float16 (a kernel variant of its own)
+    for tokens, entries, splits, engine in ((32, 1, 16, False), (256, 8, 1, False), (32, 1, 16, True)):
+        out.append(
+            (
+                f"fp8 short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}"
+                + (", relinked (firsts), PDL" if engine else ""),
+                lambda t=tokens, e=entries, n=splits, g=engine: _short_prefill(LLAMA_8B, t, e, n, g, kv_dtype=FP8),
+            )
+        )
     for n, k, config in _gemv_configs():
         for m in (1, 8):
             out.append((f"gemv N={n} K={k} M={m} {config}", lambda n=n, k=k, c=config, m=m: _gemv(n, k, c, m)))

@@ -14,9 +14,10 @@ issue P·V, and the same warps compute the addresses of and issue every K/V copy
   products, so while one runs its softmax the other's products keep the tensor cores busy, and neither issues a load.
 
 Same semantics and contract as `prefill.prefill_attention` (kernels/paged.py; ground truth `reference.paged_attention`)
-for the calls it takes (`supports`): 16-bit q and caches, head_dim 128, pages of 64 slots laid out as the pool lays
-them out (a page's slots, heads and dims contiguous), 128 query rows per program. Relinked first-slot offsets
-(`firsts`, which the engine's CUDA graphs always pass, zeros where nothing is relinked) mask the skipped slots.
+for the calls it takes (`supports`): 16-bit q over pages of its dtype or FP8 e4m3, head_dim 128, pages of 64 slots
+laid out as the pool lays them out (a page's slots, heads and dims contiguous), 128 query rows per program. Relinked
+first-slot offsets (`firsts`, which the engine's CUDA graphs always pass, zeros where nothing is relinked) mask the
+skipped slots.
 
 Each consumer runs FlashAttention-3's order: Q·Kᵀ of tile t + 1 and P·V of tile t issued back to back, tile t + 1's
 softmax while the tensor cores run P·V t. No instruction may read a product's registers before the wait that retires
@@ -35,6 +36,16 @@ Pages that are not full: the copy engine loads all 64 slots, and the slots outsi
 NaN included (kernels/paged.py). Their scores are masked to -inf, but a probability of 0 times a NaN in V is NaN, so
 for such a page each consumer zeroes those rows of the V tile in place before its product (`_mask_v`). Full pages,
 nearly all of a document, skip that.
+
+FP8 pages (kv_cache_dtype=fp8_e4m3, docs/design.md "FP8 KV cache"): wgmma multiplies fp8 only by fp8 (q would lose
+all but 3 bits) with B K-major (V's [slots, d] tile is not), so the tiles are widened to float16 in shared memory
+before the products, as decode widens them in registers (kv_dtype.fp8_tile_dtype: exact, every e4m3 value is a
+float16 value; q, rotated in fp32, and P are rounded to float16 for the dots, 3 bits finer than bfloat16). The load
+warp becomes a warpgroup (`_widen_tiles`; the kernel pads the load warp's group to four warps anyway): the copy engine
+lands each page's K and V in a ring of fp8 slots, half the bytes of a 16-bit tile from memory, and the warpgroup
+widens them into the ring of float16 tiles that the consumers read as they read 16-bit pages' tiles (same barriers,
+same `_mask_v`). Widening a tile reads 16 KiB of shared memory and writes 32; the consumers' products read 96. Its
+time against bf16 pages': benchmarks/kernels_fp8_prefill.py.
 
 Splits: a program takes one of `num_splits` balanced ranges of the block's visible pages and always writes a
 normalised partial output and its log2-sum-exp, which prefill's `combine_kernel` merges (also for one split).
@@ -74,6 +85,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from lazyattn import envs
+from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
 from lazyattn.kernels.page_scan import BLOCK_B, find_block
 from lazyattn.kernels.paged import PagedBatch, cdiv
@@ -83,7 +95,11 @@ from lazyattn.kernels.rope import RopeTables
 ROWS = 128  # query rows per program: two consumer warpgroups of 64
 HEAD_DIM = 128
 PAGE_SIZE = 64  # one K/V tile is one page
-STAGES = 4  # K/V tiles in flight per program (32 KiB each)
+STAGES = 4  # K/V tiles in flight per program (32 KiB each; FP8 pages: 16 KiB landing slots)
+# FP8 pages: float16 K/V tiles widened ahead of the consumers (32 KiB each). With two, the widening of tile t + 2
+# waits for both consumers to release tile t, which they do only after issuing Q·Kᵀ t + 1: every tile would wait for
+# a widening. Three fill the shared memory: 32 + 32 (Q) + 4 x 16 (landing) + 3 x 32 KiB.
+WIDE_STAGES = 3
 MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
 MAX_SPLITS = 16
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
@@ -93,6 +109,10 @@ _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 _CONSUMER_REGS = 240
 _LOADER_REGS = 24
 _MAXNREG = 168
+# FP8 pages: the widening warpgroup's registers (it widens 16 rows of a tile at a time), taken from the consumer
+# worker's, which keeps 232: ptxas spills nothing at these counts.
+_WIDEN_CONSUMER_REGS = 232
+_WIDEN_REGS = 32
 
 
 def enabled() -> bool:
@@ -105,8 +125,8 @@ def shape_supported(
     total_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int, device: torch.device
 ) -> bool:
     """The part of `supports` a launch's shapes decide (what a CUDA graph's bucket knows before any call): a Hopper
-    GPU, 16-bit, head_dim 128, pages of 64, at most MAX_ROWS query rows, the query heads of a kv head filling 128
-    rows with whole positions; and the kernel switched on."""
+    GPU, pages (`dtype`, the pool's) of 16 bits or FP8, head_dim 128, pages of 64, at most MAX_ROWS query rows, the
+    query heads of a kv head filling 128 rows with whole positions; and the kernel switched on."""
     if not enabled() or interpreting() or device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -117,11 +137,14 @@ def shape_supported(
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
-    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, q, k and v of one dtype, pages
-    stored as the pool stores them."""
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, a 16-bit q over k and v of its
+    dtype or both FP8, pages stored as the pool stores them."""
+    if q.dim() != 3 or k_cache.dim() != 4 or q.dtype not in _Q_DTYPES or v_cache.dtype != k_cache.dtype:
         return False
-    if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, k_cache.shape[1], q.device):
+    if k_cache.dtype != q.dtype and not is_fp8(k_cache.dtype):
+        return False
+    pages = k_cache.dtype
+    if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):
         return False
     return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
 
@@ -165,7 +188,8 @@ def _descriptor(cache: torch.Tensor) -> TensorDescriptor:
     return TensorDescriptor(flat, [pages * page_size, heads * dim], [heads * dim, 1], [PAGE_SIZE, HEAD_DIM], layout)
 
 
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_Q_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_DTYPES = {**_Q_DTYPES, FP8: gl.float8e4nv}  # the pages'
 # A barrier over the calling warps (a partition's, inside a warp-specialised region): `thread_barrier` in Triton 3.6,
 # `barrier` since.
 _warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -182,6 +206,9 @@ _KBLOCK_B = gl.constexpr(BLOCK_B)
 _KBLOCK_P = gl.constexpr(_BLOCK_P)
 _KCONSUMER_REGS = gl.constexpr(_CONSUMER_REGS)
 _KLOADER_REGS = gl.constexpr(_LOADER_REGS)
+_KWIDE_STAGES = gl.constexpr(WIDE_STAGES)
+_KWIDEN_CONSUMER_REGS = gl.constexpr(_WIDEN_CONSUMER_REGS)
+_KWIDEN_REGS = gl.constexpr(_WIDEN_REGS)
 
 
 # prefill.py's entry lookup, compiled as Gluon: the caller passes its arange, laid out for this kernel.
@@ -233,8 +260,10 @@ def _partner(q, interleaved):
 @gluon.jit
 def _store_q(q_smem, q, cos, sin, interleaved):
     """Write q [rows, head_dim] (this warpgroup's rows as the RoPE launch left them), rotated by `_rotation`'s cos and
-    sin (fp32 math, rounded once to q's dtype; delta 0 leaves it as it is: cos 1, sin 0), as the Q·Kᵀ operand."""
-    q_smem.store((q.to(gl.float32) * cos[None, :] + _partner(q, interleaved).to(gl.float32) * sin[None, :]).to(q.dtype))
+    sin (fp32 math, rounded once to the operand's dtype: q's, float16 over FP8 pages; delta 0 then leaves it as it
+    is, cos 1, sin 0), as the Q·Kᵀ operand."""
+    rotated = q.to(gl.float32) * cos[None, :] + _partner(q, interleaved).to(gl.float32) * sin[None, :]
+    q_smem.store(rotated.to(q_smem.dtype))
     # The tensor cores read the tile through the async proxy, after every warp of the group has written its part.
     fence_async_shared()
     _warps_barrier()
@@ -369,7 +398,7 @@ def _consume(
     s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p_op, alpha, m_i, l_i = _softmax_tile(
-        s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, Q.dtype.element_ty, p_layout
+        s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, k_bufs.dtype, p_layout
     )
     for t in range(n_tiles):
         stage = t % STAGE_COUNT
@@ -394,7 +423,7 @@ def _consume(
         acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p_op, alpha, m_i, l_i = _softmax_tile(
-            s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, Q.dtype.element_ty, p_layout
+            s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, k_bufs.dtype, p_layout
         )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(stage), count=1)  # tile t's K and V are read
@@ -474,6 +503,60 @@ def _load_tiles(k_desc, v_desc, pages_row, k_bufs, v_bufs, ready, empty, kv_head
 
 
 @gluon.jit
+def _widen_tiles(
+    k_desc, v_desc, pages_row, k_landed, v_landed, landed, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles
+):
+    """FP8 pages, the load warpgroup: page t's K and V tiles land in fp8 slot t % LANDING (the copy engine, up to
+    LANDING pages ahead), then are widened to float16 into tile slot t % WIDE once both consumers have released it,
+    which `ready` announces to them as the load warp's copies do for 16-bit pages. A landing slot is free again as
+    soon as it is widened: this warpgroup is its only reader."""
+    LANDING: gl.constexpr = k_landed.type.shape[0]
+    WIDE: gl.constexpr = k_bufs.type.shape[0]
+    tile_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    column = kv_head * _KHEAD_DIM
+    _wait_for_producers()
+    for i in gl.static_range(LANDING):
+        has = i < n_tiles
+        page = gl.load(pages_row + page_lo + i, mask=has, other=0)
+        mbarrier.expect(landed.index(i), tile_bytes, pred=has)
+        _tma_load(k_desc, [page * _KPAGE_SIZE, column], landed.index(i), k_landed.index(i), pred=has)
+        _tma_load(v_desc, [page * _KPAGE_SIZE, column], landed.index(i), v_landed.index(i), pred=has)
+    for t in range(n_tiles):
+        # The page LANDING tiles ahead, which takes this tile's slot once it is widened.
+        ahead = t + LANDING < n_tiles
+        page = gl.load(pages_row + page_lo + t + LANDING, mask=ahead, other=0)
+        slot = t % LANDING
+        stage = t % WIDE
+        mbarrier.wait(landed.index(slot), (t // LANDING) & 1)
+        # Slots start free: the first pass waits on the phase before the barrier's first.
+        mbarrier.wait(empty.index(stage), ((t // WIDE) & 1) ^ 1)
+        _widen(k_landed.index(slot), v_landed.index(slot), k_bufs.index(stage), v_bufs.index(stage))
+        # The tensor cores read the widened tiles and the copy engine rewrites the slot, both through the async
+        # proxy, after every warp of the group has done its part.
+        fence_async_shared()
+        _warps_barrier()
+        mbarrier.arrive(ready.index(stage), count=1)
+        mbarrier.expect(landed.index(slot), tile_bytes, pred=ahead)
+        _tma_load(k_desc, [page * _KPAGE_SIZE, column], landed.index(slot), k_landed.index(slot), pred=ahead)
+        _tma_load(v_desc, [page * _KPAGE_SIZE, column], landed.index(slot), v_landed.index(slot), pred=ahead)
+
+
+@gluon.jit
+def _widen(k_src, v_src, k_dst, v_dst):
+    """k_dst, v_dst = k_src, v_src: fp8 [64, head_dim] tiles widened to float16 (exact), 16 rows at a time (a row is
+    8 threads of 16 bytes; a chunk, 16 values a thread, fits the warpgroup's few registers). K's and V's chunks
+    alternate: Triton puts a barrier between two stores into slices of one buffer, not between stores into two, so
+    a tile pair takes 3 barriers rather than 7."""
+    CHUNK: gl.constexpr = 16
+    layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]
+    )
+    for r in gl.static_range(0, _KPAGE_SIZE, CHUNK):
+        k_dst.slice(r, CHUNK).store(k_src.slice(r, CHUNK).load(layout).to(k_dst.dtype))
+        v_dst.slice(r, CHUNK).store(v_src.slice(r, CHUNK).load(layout).to(v_dst.dtype))
+
+
+@gluon.jit
 def _wait_for_producers():
     """launch.wait_for_producers in Gluon (which cannot call a triton.jit function): wait until the kernels before
     this one have finished and their writes are visible, then let the next kernel's programs launch. Safe without
@@ -513,6 +596,8 @@ def _short_prefill_kernel(
     APPLY_DELTA: gl.constexpr,
     INTERLEAVED: gl.constexpr,
     HAS_FIRST: gl.constexpr,
+    TILE: gl.constexpr,
+    WIDEN: gl.constexpr,
     USE_PDL: gl.constexpr,
 ):
     QB: gl.constexpr = _KROWS // GROUP  # query positions per program
@@ -540,16 +625,30 @@ def _short_prefill_kernel(
     page_lo = split * per_split
     n_tiles = gl.maximum(gl.minimum(per_split, n_vis - page_lo), 0)
 
-    dtype: gl.constexpr = Q.dtype.element_ty
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    # TILE: the products' operand dtype, the pages' (WIDEN false) or float16 over FP8 pages (WIDEN true), whose
+    # tiles land in fp8 slots and are widened into the consumers' tiles.
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KROWS // 2, _KHEAD_DIM], TILE)
+    q_smem = gl.allocate_shared_memory(TILE, [2, _KROWS // 2, _KHEAD_DIM], q_layout)
     raw_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    q_raw = gl.allocate_shared_memory(dtype, [2, _KROWS // 2, _KHEAD_DIM], raw_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(_KSTAGES):
+    q_raw = gl.allocate_shared_memory(Q.dtype.element_ty, [2, _KROWS // 2, _KHEAD_DIM], raw_layout)
+    if WIDEN:
+        tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KPAGE_SIZE, _KHEAD_DIM], TILE)
+        stages: gl.constexpr = _KWIDE_STAGES
+        k_bufs = gl.allocate_shared_memory(TILE, [stages, _KPAGE_SIZE, _KHEAD_DIM], tile_layout)
+        v_bufs = gl.allocate_shared_memory(TILE, [stages, _KPAGE_SIZE, _KHEAD_DIM], tile_layout)
+        page_dtype: gl.constexpr = k_desc.block_type.element_ty
+        k_landed = gl.allocate_shared_memory(page_dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
+        v_landed = gl.allocate_shared_memory(page_dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+        landed = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(_KSTAGES):
+            mbarrier.init(landed.index(i), count=1)
+    else:
+        stages: gl.constexpr = _KSTAGES
+        k_bufs = gl.allocate_shared_memory(TILE, [stages, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(TILE, [stages, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [stages, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [stages, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(stages):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     # Under programmatic dependent launch, everything above (the metadata, which the host wrote before the step, and
@@ -633,10 +732,30 @@ def _short_prefill_kernel(
         HAS_FIRST.value,
         gl.constexpr(1),
     )
-    loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
-    gl.warp_specialize(
-        [(_consume, low), (_consume, high), (_load_tiles, loads)], [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS]
-    )
+    if WIDEN:
+        widens = (
+            k_desc,
+            v_desc,
+            pages + table,
+            k_landed,
+            v_landed,
+            landed,
+            k_bufs,
+            v_bufs,
+            ready,
+            empty,
+            kv_head,
+            page_lo,
+            n_tiles,
+        )
+        gl.warp_specialize(
+            [(_consume, low), (_consume, high), (_widen_tiles, widens)], [4, 4], [_KWIDEN_CONSUMER_REGS, _KWIDEN_REGS]
+        )
+    else:
+        loads = (k_desc, v_desc, pages + table, k_bufs, v_bufs, ready, empty, kv_head, page_lo, n_tiles)
+        gl.warp_specialize(
+            [(_consume, low), (_consume, high), (_load_tiles, loads)], [4, 1], [_KCONSUMER_REGS, _KLOADER_REGS]
+        )
 
 
 def short_prefill_attention(
@@ -707,6 +826,8 @@ def split_partials(
         APPLY_DELTA=apply,
         INTERLEAVED=apply and tables.interleaved,
         HAS_FIRST=batch.firsts is not None,
+        TILE=_GL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype],
+        WIDEN=is_fp8(k_cache.dtype),
         num_warps=4,
         maxnreg=_MAXNREG,
         **pdl_options(q.device, "attention"),

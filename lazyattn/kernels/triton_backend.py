@@ -9,9 +9,10 @@ itself; elsewhere they take Q rotated per run of equal delta up front (kernels/p
 RoPE launch writes (`rope_write_kv_runs`), not a launch of their own.
 
 FP8 pages (kv_cache_dtype=fp8_e4m3, docs/design.md "FP8 KV cache"): the RoPE launch rounds k and v to e4m3 as it
-stores them, and the decode, shared-decode, prefill and deterministic kernels widen each tile to q's dtype as it
-loads. The Hopper kernel reads 16-bit pages only (`prefill_hopper.supports`), so over FP8 pages short prefill calls
-take prefill.py's kernel.
+stores them, and the decode, shared-decode, prefill and deterministic kernels widen each tile as it loads (decode,
+prefill and the Hopper kernel: to float16 under a 16-bit q, `kv_dtype.fp8_tile_dtype`; the others: to q's dtype).
+Short prefill calls over FP8 pages take the Hopper kernel as over 16-bit pages (`prefill_hopper.supports`: under a
+bf16 or fp16 q).
 
 The backend owns the launch state that outlives a launch: decode's arrival counters (decode.ArrivalCounters),
 which CUDA graphs captured through this backend keep pointing at. Split-KV partials are per-launch scratch.

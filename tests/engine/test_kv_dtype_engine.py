@@ -204,3 +204,61 @@ def test_gpu_fp8_kernels_give_the_reference_backends_tokens_at_8b_shapes(tmp_pat
         tokens[name] = run_once(llm, prompts, params)
         llm.shutdown()
     assert tokens["triton"] == tokens["reference"]
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_pages_under_a_bfloat16_model_match_the_reference_backend_through_graphs(tmp_path_factory, monkeypatch):
+    """bf16, 2 layers of Llama-3.1-8B's shapes (random weights), FP8 pages of 64, CUDA graphs on: the documents'
+    prefill runs prefill.py's kernel over FP8 pages (float16 tiles), the questions' replays prefill graphs whose
+    attention is the Hopper kernel over FP8 pages (kernels/prefill_hopper.py, on an H100/H200), and the greedy tokens
+    equal the PyTorch reference backend's over the same FP8 pages (reference_attention, eager)."""
+    from lazyattn import SamplingParams
+    from lazyattn.engine.prompt import RenderedPrompt
+    from lazyattn.kernels import prefill_hopper
+    from tests.engine.test_engine_gpu import capture_logits, config_dir, random_docs, rel, run_once
+
+    short_prefill = prefill_hopper.short_prefill_attention
+    hopper_pages = []
+
+    def recording(q, k_cache, *args, **kwargs):
+        hopper_pages.append(k_cache.dtype)
+        return short_prefill(q, k_cache, *args, **kwargs)
+
+    monkeypatch.setattr(prefill_hopper, "short_prefill_attention", recording)
+    directory = config_dir(tmp_path_factory, 2)
+    docs = random_docs(3, 300, seed=8)
+    segments = [[128000]] + docs
+    finals = [random_docs(1, n, seed=400 + n)[0] for n in (5, 32, 100)]
+    prompts = [RenderedPrompt(segments=segments[:1] + docs[i:] + docs[:i], final=finals[i]) for i in range(3)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    tokens, logits, replays = {}, {}, 0
+    for name, kw in (
+        ("triton", dict(cuda_graphs=True)),
+        ("reference", dict(reference_attention=True, cuda_graphs=False)),
+    ):
+        llm = LLM(
+            model=str(directory),
+            device="cuda",
+            dtype="bfloat16",
+            random_weights=True,
+            kv_cache_gb=2,
+            max_model_len=4096,
+            progress=False,
+            kv_cache_dtype="fp8_e4m3",
+            **kw,
+        )
+        assert llm.engine.executor.local_kv.dtype == torch.float8_e4m3fn
+        llm.engine.add_request("documents", RenderedPrompt(segments=segments, final=[]), None)  # cache them
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        seen = capture_logits(llm)
+        tokens[name] = run_once(llm, prompts, params)
+        logits[name] = seen[0]  # the questions' prefill step
+        if name == "triton":
+            replays = llm.engine.executor.runner.prefill_graphs.replays
+        llm.shutdown()
+    print(f"\nbf16 over FP8 pages, question logits |triton-reference|/|reference| = {rel(*logits.values()):.2e}")
+    assert replays > 0
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert torch.float8_e4m3fn in hopper_pages
+    assert tokens["triton"] == tokens["reference"]

@@ -1,6 +1,7 @@
 """The Triton attention kernels over FP8 e4m3 pages (docs/design.md, "FP8 KV cache") against the PyTorch reference
 over the same pages (which dequantizes them exactly, tests/kernels/test_kv_dtype.py): decode (per-thread and
-copy-engine tiles), prefill (split-KV, Q rotated up front or in the kernel, a host plan) and shared-document decode.
+copy-engine tiles), prefill (split-KV, Q rotated up front or in the kernel, a host plan) and shared-document decode;
+the Hopper short prefill's GPU tests over FP8 pages are tests/kernels/test_prefill_hopper.py's.
 An fp32 query is held to 1e-5 (the kernels widen each tile exactly, so only the summation order differs), a bf16
 one to its rounding. Keys stay cached rotated at their encoding positions; the kernels apply the deltas.
 
@@ -247,6 +248,22 @@ def test_gpu_fp8_prefill_rag_question():
 
 
 @pytest.mark.gpu
+def test_gpu_fp8_prefill_beyond_the_hopper_kernels_rows():
+    """prefill.py's kernel where it runs over FP8 pages on a Hopper GPU too (float16 tiles, q and P rounded to
+    float16): calls of more than 256 query rows, 16 questions of 40 tokens over documents in rotated orders (Q rotated
+    in the kernel, split and not), and a document's own causal prefill of 2,048 tokens."""
+    s = gpu_fp8_scenario([2048, 1000, 1500, 777], [([i % 4, (i + 1) % 4, (i + 3) % 4], 40) for i in range(16)])
+    q, batch = s.final_prefill()
+    assert q.shape[0] > 256
+    want = reference_of(s, q, batch)
+    s.poison_unlisted(batch)
+    for splits in (None, 1, 4):
+        assert rel_err(prefilled(s, q, batch, num_splits=splits), want) < 1e-2
+    q, batch = s.doc_prefill([(0, 0, 2048)])
+    assert rel_err(prefilled(s, q, batch), reference_of(s, q, batch)) < 1e-2
+
+
+@pytest.mark.gpu
 def test_gpu_fp8_shared_decode():
     docs = [2048, 2048, 1500, 2048, 777]
     rng = random.Random(3)
@@ -262,16 +279,21 @@ def test_gpu_fp8_shared_decode():
     assert rel_err(out, reference_of(s, q, batch)) < 1e-2
 
 
-def test_the_hopper_kernel_leaves_fp8_pages_to_prefill_py(monkeypatch):
-    """The Gluon kernel reads 16-bit pages only: over FP8 pages `supports` says no, so TritonBackend runs
-    prefill.py's kernel (converted above) for short prefill calls, and a graph bucket (which asks `shape_supported`
-    with the pool's dtype) never plans for it."""
+def test_the_hopper_kernel_takes_fp8_pages_under_16_bit_queries(monkeypatch):
+    """The Gluon kernel widens FP8 tiles to float16 itself (its GPU tests: tests/kernels/test_prefill_hopper.py), so
+    TritonBackend gives it short prefill calls over FP8 pages under a bf16 or fp16 q, as over 16-bit pages, and a
+    graph bucket (which asks `shape_supported` with the pool's dtype) plans for it. It turns away an fp32 q, pages of
+    two dtypes, and 16-bit pages of another dtype than q's."""
     from lazyattn.kernels import prefill_hopper
 
     q = torch.zeros(32, 32, 128, dtype=torch.bfloat16)
     pool = torch.zeros(4, 64, 8, 128, dtype=torch.bfloat16)
+    fp8 = pool.to(FP8)
     batch = PagedBatch.build([], [], [])
     monkeypatch.setattr(prefill_hopper, "shape_supported", lambda *args: True)  # as on an H100/H200
     assert prefill_hopper.supports(q, pool, pool, batch)
-    assert not prefill_hopper.supports(q, pool.to(FP8), pool.to(FP8), batch)
-    assert FP8 not in prefill_hopper._GL_DTYPES
+    assert prefill_hopper.supports(q, fp8, fp8, batch)
+    assert prefill_hopper.supports(q.half(), fp8, fp8, batch)
+    assert not prefill_hopper.supports(q.float(), fp8, fp8, batch)
+    assert not prefill_hopper.supports(q, fp8, pool, batch)
+    assert not prefill_hopper.supports(q, pool.half(), pool.half(), batch)

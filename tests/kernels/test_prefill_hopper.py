@@ -1,15 +1,28 @@
 """The warp-specialised Gluon short-question prefill (kernels/prefill_hopper.py) against the reference.
 
-It runs only on a Hopper GPU (Gluon kernels have no interpreter): the `gpu` tests below. On a CPU, `supports` turns
-every call away, so prefill.py's kernel is the one that runs; tests/kernels/test_compile_check.py compiles this one
-for sm_90.
+It runs only on a Hopper GPU (Gluon kernels have no interpreter): the `gpu` tests below, over bf16 pages and over FP8
+e4m3 pages (widened to float16 in the kernel). On a CPU, `supports` turns every call away, so prefill.py's kernel is
+the one that runs; tests/kernels/test_compile_check.py compiles this one for sm_90.
 """
+
+import dataclasses
 
 import pytest
 import torch
 
 from lazyattn.kernels import prefill_hopper
+from lazyattn.kernels.kv_dtype import FP8, quantize
+from tests.kernels.scenario import Scenario
 from tests.kernels.test_prefill import gpu_scenario, ref, rel_err
+
+
+def fp8_pages(s: Scenario) -> Scenario:
+    """The scenario with its pages doubled and rounded to e4m3, as tests/kernels/test_fp8_attention.py's."""
+    return dataclasses.replace(s, k_cache=quantize(s.k_cache * 2, FP8), v_cache=quantize(s.v_cache * 2, FP8))
+
+
+def with_pages(s: Scenario, pages: str) -> Scenario:
+    return fp8_pages(s) if pages == "fp8" else s
 
 
 def test_a_cpu_call_is_turned_away():
@@ -108,7 +121,8 @@ def test_the_switch_and_the_cpu_turn_the_kernel_away(kernel_settings):
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
 @pytest.mark.parametrize("rope", ["llama3", "interleaved"])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_gpu_every_tile_a_new_document(rope, splits):
+@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+def test_gpu_every_tile_a_new_document(rope, splits, pages):
     """Documents of one page each (and a partial one), so that a program's Q is rotated again at nearly every tile,
     from the copy of q the kernel keeps in shared memory: half-split pairs (Llama) and interleaved pairs, whose
     partners the kernel finds by different register permutations."""
@@ -127,6 +141,7 @@ def test_gpu_every_tile_a_new_document(rope, splits):
         device="cuda",
         seed=11,
     )
+    s = with_pages(s, pages)
     q, batch = s.final_prefill()
     assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
     expected = ref(s, q, batch)
@@ -151,7 +166,8 @@ def test_gpu_lone_question_matches_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
 @pytest.mark.parametrize("k", [3, 64, 80])
-def test_gpu_relinked_documents_match_reference(k):
+@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+def test_gpu_relinked_documents_match_reference(k, pages):
     """Relinked requests (kernels/paged.py): each shared document is listed from row k, its first k rows replaced by
     private pages, so its first listed page starts at slot k % 64 (k = 64 skips a whole page). Slots before the offset
     hold NaN: reading one would show."""
@@ -171,6 +187,7 @@ def test_gpu_relinked_documents_match_reference(k):
         seed=5,
         relink=k,
     )
+    s = with_pages(s, pages)
     for q, batch in (s.final_prefill(), s.relink_prefill()):
         assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
         expected = ref(s, q, batch)
@@ -191,3 +208,40 @@ def test_gpu_without_tables_is_attention_without_rotation():
     expected = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("splits", [1, 5, 16])
+def test_gpu_fp8_pages_match_reference(splits):
+    """FP8 pages (kv_cache_dtype=fp8_e4m3) through this kernel, not prefill.py's: the RAG case of
+    test_gpu_rag_case_matches_reference, page padding of real NaN bytes. The tiles are widened to float16 exactly and
+    q and P rounded to float16 for the dots, so over the same values the result is closer to the reference than the
+    16-bit path's over bf16 pages (every e4m3 value is a bf16 value), whose q and P round to bf16."""
+    s = fp8_pages(gpu_scenario([2048, 1000, 77], [([0, 1, 2], 32), ([2, 0], 7), ([1], 40)]))
+    q, batch = s.final_prefill()
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    expected = ref(s, q, batch)
+    k16, v16 = s.k_cache.bfloat16(), s.v_cache.bfloat16()
+    as_bf16 = prefill_hopper.short_prefill_attention(q, k16, v16, batch, s.tables, s.scale, splits)
+    s.poison_unlisted(batch)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert rel_err(out, expected) < 1e-2
+    assert rel_err(out, expected) < rel_err(as_bf16, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+def test_gpu_fp8_pages_under_fp16_queries_and_without_tables():
+    """A float16 q over FP8 pages (its own dtype is the tiles'), and tables=None (no rotation: Q is q as it is)."""
+    from lazyattn.kernels import reference
+
+    s = fp8_pages(gpu_scenario([2048, 300], [([0, 1], 32), ([1], 9)], dtype=torch.float16))
+    q, batch = s.final_prefill()
+    assert q.dtype == torch.float16 and prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], s.k_cache.shape[2], q.device, batch.batch_size)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert out.dtype == torch.float16 and rel_err(out, ref(s, q, batch)) < 1e-2
+    plain = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 3)
+    assert rel_err(out, plain) < 1e-2

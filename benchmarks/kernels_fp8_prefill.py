@@ -1,0 +1,91 @@
+"""Prefill attention over FP8 e4m3 pages against bfloat16 pages, side by side in one process.
+
+    python -m benchmarks.kernels_fp8_prefill            # on the GPU: Llama-3.1-8B heads, pages of 64
+    python -m benchmarks.kernels_fp8_prefill --quick    # a smoke run (CPU: Triton interpreter)
+
+Per case, the same inputs (one seed) rounded to each page dtype, then the attention launch the engine's GPU backend
+runs for the call (benchmarks/kernels.py's engine_attention: the Hopper kernel, kernels/prefill_hopper.py, where it
+takes the call, else prefill.py's; split as the engine's prefill graphs split it, engine_split), over input copies
+that consecutive calls never find in L2, timed two ways one page dtype after the other: as the engine's CUDA graphs
+run it (graph_us: 32 launches a graph, the median of 20 replays) and launched one by one (do_bench medians, `--rep`
+ms each; at small batches the host's launch of the Gluon kernel, not the GPU, sets that time). Cases: the RAG
+prefill, batch x (5 x 2,048 cached documents at their deltas + a 32-token question), and one causal sequence. Prints
+a markdown table (benchmarks/results/kernels_fp8_prefill_h200.md holds one), a row per case as it finishes: the
+kernel, both times for each page dtype, FP8 / bf16 of each, and the largest difference between the two outputs (the
+FP8 rounding of K and V, not the kernel's error: tests/kernels/test_prefill_hopper.py and test_fp8_attention.py have
+that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from importlib.metadata import version
+
+import torch
+
+import benchmarks.kernels as bk
+from lazyattn.kernels.kv_dtype import FP8
+
+RAG_BATCHES = (1, 8, 32, 64)
+CAUSAL = (4096,)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run")
+    p.add_argument("--warmup", type=int, default=50, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=int, default=500, help="do_bench repetition time, ms")
+    args = p.parse_args(argv)
+    args.seed = 0  # what benchmarks/kernels.py's Bench reads besides warmup, rep and quick
+    s = bk.QUICK if args.quick else bk.Shapes()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    causal = s.causal_lens[:1] if args.quick else CAUSAL
+    rag = s.rag_batches if args.quick else RAG_BATCHES
+    max_position = max(s.n_docs * s.doc_len + s.question, *causal) + 64
+    b = bk.Bench(args, s, device, bk.llama31_tables(s.head_dim, max_position, device))
+    cases = [(f"RAG batch {n} × ({s.n_docs} × {s.doc_len:,} + {s.question})", n, None) for n in rag]
+    cases += [(f"causal {n:,}", None, n) for n in causal]
+    name = torch.cuda.get_device_name(device) if b.gpu else "CPU, Triton interpreter"
+    print(f"{name}, torch {torch.__version__}, Triton {version('triton')}, Python {platform.python_version()}")
+    print()
+    print(
+        "| case | kernel | bf16 graphs µs | FP8 graphs µs | FP8 / bf16 graphs | bf16 eager µs | FP8 eager µs "
+        "| FP8 / bf16 eager | max abs(FP8 − bf16) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    bf16 = torch.bfloat16
+    for label, batch, tokens in cases:
+        graph, eager, outs, kernels = {}, {}, {}, {}
+        for dtype in (bf16, FP8):
+            bk.KV_DTYPE = dtype  # the pools benchmarks/kernels.py builds are rounded to it
+            torch.manual_seed(1)  # the same values for both page dtypes
+            inputs = [bk.engine_split(b, *i) for i in _inputs(b, batch, tokens)]
+            kernels[dtype] = "Hopper (Gluon)" if bk.hopper_takes(*inputs[0]) else "prefill.py"
+            outs[dtype] = bk.engine_attention(b, *inputs[0]).float()
+            calls = [lambda i=i: bk.engine_attention(b, *i) for i in inputs]
+            graph[dtype] = bk.graph_us(b, calls)
+            eager[dtype] = 1e3 * b.time_ms(bk.cycle(calls))
+            del inputs, calls
+            bk.free_memory()
+        diff = (outs[FP8] - outs[bf16]).abs().max().item()
+        kernel = kernels[bf16] if kernels[bf16] == kernels[FP8] else f"bf16 {kernels[bf16]}, FP8 {kernels[FP8]}"
+        cells = [label, kernel, f"{graph[bf16]:,.1f}", f"{graph[FP8]:,.1f}", f"{graph[FP8] / graph[bf16]:.2f}"]
+        cells += [f"{eager[bf16]:,.1f}", f"{eager[FP8]:,.1f}", f"{eager[FP8] / eager[bf16]:.2f}", f"{diff:.3g}"]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def _inputs(b: bk.Bench, batch: int | None, tokens: int | None) -> list[tuple]:
+    """Copies of one case's (q, k pages, v pages, paged batch): the RAG case of `batch` requests, or one causal
+    sequence of `tokens`. As many copies for both page dtypes, enough for FP8's half-size pages (so that both draw
+    the same values from one seed)."""
+    s = b.s
+    keys = tokens if batch is None else batch * (s.n_docs * s.doc_len + s.question)
+    copies = bk.copies_for(keys * s.kv_heads * s.head_dim * 2 * FP8.itemsize, b.l2_bytes())
+    if batch is None:
+        return [bk.causal_case(b, tokens, False)[0] for _ in range(copies)]
+    return bk.rag_case(b, batch, False, copies=copies)[0]
+
+
+if __name__ == "__main__":
+    main()
