@@ -59,6 +59,10 @@ pages, split s taking piece s alone; with fewer, the balanced ranges. Chunk boun
 pages' deltas (prefill_tiles.kernel_chunks), or from the host's plan where the caller gives one
 (kernels/prefill_plan.py; the engine's prefill CUDA graphs do).
 
+FP8 pages (docs/design.md, "FP8 KV cache"): under a 16-bit q the products run in float16 (kv_dtype.fp8_tile_dtype):
+K/V tiles widen to it as they load (exact), P rounds to it, and the Q tile, whatever its source, is rounded to it
+through the scratch rows (prefill_tiles.load_q_tile, which says why).
+
 Where the code lives: this file holds the kernel and its launch; prefill_tiles.py the tile loop and the chunk
 walks; page_scan.py the scans of the page tables; prefill_plan.py the host's plan.
 
@@ -101,7 +105,7 @@ from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, 
 from lazyattn.kernels.page_scan import BLOCK_B, BLOCK_P, count_pages, entry_of_row, find_block, pick, run_deltas
 from lazyattn.kernels.paged import PagedBatch, cdiv
 from lazyattn.kernels.prefill_plan import PLAN_WIDTH
-from lazyattn.kernels.prefill_tiles import attend_pages, derotated_q, kernel_chunks, planned_chunks
+from lazyattn.kernels.prefill_tiles import attend_pages, derotated_q, kernel_chunks, load_q_tile, planned_chunks
 from lazyattn.kernels.rope import RopeTables
 
 _MIN_KEYS_PER_SPLIT = 512  # below this a split's startup latency outweighs its work
@@ -409,7 +413,7 @@ def _prefill_kernel(
                 BLOCK_P,
             )
     else:
-        q = tl.load(q_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+        q = load_q_tile(q_rows, scratch_rows, row_ok, K, HEAD_DIM)
         acc, l_i, m_i = attend_pages(
             acc,
             l_i,
@@ -779,7 +783,7 @@ def _kernel_args(
         INTERLEAVED=tables is not None and tables.interleaved,
         SPLIT_KV=splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        UPCAST=interpreting() and q.dtype != torch.float32,
         HAS_FIRST=batch.firsts is not None,
         HAS_APE=batch.inv_temps is not None,
         BLOCK_B=BLOCK_B,

@@ -41,6 +41,28 @@ def derotated_q(
 
 
 @triton.jit
+def load_q_tile(q_src, scratch_rows, row_ok, k_head, HEAD_DIM: tl.constexpr):
+    """The Q tile [BLOCK_M, HEAD_DIM] the products take, from q_src (rows of Q's dtype: q, a copy rotated up front,
+    or the scratch rows `_chunk_q_src` rotated it into).
+
+    Over pages of Q's dtype, the tile as loaded. Over FP8 pages under a 16-bit q the products run in float16
+    (kv_dtype.fp8_tile_dtype): the K/V tiles widen to it exactly, in one conversion per pair of values (to bfloat16
+    they go through fp32, and FP8 pages took 1.5-1.7x bf16 pages' time: docs/benchmarks.md, "Kernel constants"),
+    and the Q tile is rounded to it. It gets there through the scratch rows, written as float16 and loaded back: a
+    loaded tile is what triton keeps in shared memory for the Q·Kᵀ wgmma; converted in registers it is reloaded
+    from shared memory on every tile (`_chunk_q_src`). The barriers order the scratch for the whole CTA."""
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    if k_head.dtype.element_ty == tl.float8e4nv and q.dtype != tl.float32:
+        tile_rows = scratch_rows.to(tl.pointer_type(tl.float16), bitcast=True)
+        tl.debug_barrier()
+        tl.store(tile_rows[:, None] + dims[None, :], q.to(tl.float16), mask=row_ok[:, None])
+        tl.debug_barrier()
+        q = tl.load(tile_rows[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    return q
+
+
+@triton.jit
 def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     # UPCAST: the triton 3.9 interpreter multiplies bf16 as raw uint16 bits; exact products in fp32 instead.
     if UPCAST:
@@ -331,7 +353,6 @@ def _attend_chunk(
 ):
     """Attend the pages [page_lo, page_hi) of one delta (run `run` of the entry) with the Q tile rotated for it;
     returns the running softmax state."""
-    dims = tl.arange(0, HEAD_DIM)
     q_src = q_rows
     if APPLY_DELTA:
         q_src = _chunk_q_src(
@@ -349,7 +370,7 @@ def _attend_chunk(
             INTERLEAVED,
             ROTATED_RUNS,
         )
-    q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q = load_q_tile(q_src, scratch_rows, row_ok, k_head, HEAD_DIM)
     return attend_pages(
         acc,
         l_i,
