@@ -1,6 +1,6 @@
 """Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`), and
-answering over every document with the best one last (`answer="confidence-order"`); docs/design.md, "Answering from
-one document".
+answering over every document with the best one last (`answer="confidence-order"`,
+`answer="confidence-order-or-joint"`); docs/design.md, "Answering from one document".
 
 A request asked this way becomes several candidate requests: one per document, each with that document alone in
 the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer
@@ -18,7 +18,10 @@ documents, reordered by their candidates' confidence, least first: the document 
 stands last, next to the question, where a causal model reads best, and a question that needs two documents still
 has both. That joint answer is the answer (`answered_from` None, `document_order` the order). Reordering is free in
 lazy mode: every document is still read in place from its one cached copy; in full or block mode it recomputes the
-request. `confidence_orders` turns the candidates into the orders.
+request. "confidence-order-or-joint" also asks the request as given in the first round and keeps that answer where it
+is at least as sure as the reordered one (`document_order` None): the surest single document is not always the one to
+read last (a two-hop question's first hop), and where the order comes out as given, no joint round is asked.
+`confidence_orders` turns the first round into the orders, `ordered_answers` the joint round into the answers.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ if TYPE_CHECKING:  # kept out at run time: the command line's parsers read ANSWE
     from lazyattn.engine.sampling import SamplingParams
 
 # joint: one request over all of its documents (the default); the two best-document ones choose among candidates;
-# confidence-order reorders the documents by theirs and answers jointly (module docstring)
+# the two confidence-order ones reorder the documents by theirs and answer jointly (module docstring)
 ANSWER_STRATEGIES = (
     "joint",
     "best-document",
@@ -50,8 +53,8 @@ T = TypeVar("T")
 
 
 def check_answer(answer: object, n: int = 1, stream: bool = False) -> None:
-    """InvalidRequestError naming `answer` for a strategy that does not exist, or a choosing strategy with more than
-    one sample per prompt or a stream (it picks among finished answers)."""
+    """InvalidRequestError naming `answer` for a strategy that does not exist, or any strategy but "joint" with more
+    than one sample per prompt or a stream (it works on finished answers)."""
     if answer not in ANSWER_STRATEGIES:
         raise InvalidRequestError(f"answer must be one of {', '.join(ANSWER_STRATEGIES)}, got {answer!r}", "answer")
     what = "chooses among finished answers" if answer in CHOOSING else "orders the documents by finished answers"
@@ -66,7 +69,8 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
     documents, and its source (None: the request as given; i: its document i alone). "joint" makes each request as
     given; "best-document" one per document (a request without documents as given); "best-document-or-joint" the
     request as given, then one per document when it has two or more; "confidence-order" (its first round) one per
-    document when it has two or more, else the request as given, whose answer is then the answer."""
+    document when it has two or more, else the request as given, whose answer is then the answer;
+    "confidence-order-or-joint" the request as given, then one per document when it has two or more."""
     owners: list[int] = []
     sets: list[list[T]] = []
     sources: list[int | None] = []
@@ -121,10 +125,7 @@ def pick_answers(
     picked = []
     for owner, keep in enumerate(keep_logprobs):
         _, out, source = best[owner]
-        completions = out.outputs
-        if not keep:
-            completions = [dataclasses.replace(c, logprobs=None) for c in out.outputs]
-        picked.append(dataclasses.replace(out, outputs=completions, answered_from=source))
+        picked.append(dataclasses.replace(out, outputs=_completions(out, keep), answered_from=source))
     return picked
 
 
@@ -135,9 +136,8 @@ def confidence_orders(
     `sources[i]` as `candidates` lists them): per request, the order of its documents by their candidates' mean
     log-probability, least first (on a tie the given order), for the joint round, or None where it has no such
     candidates, one of them failed, or the order is the given one and the request as given was asked; and its first
-    answer: the request as given where it was asked
-    ("confidence-order-or-joint", or fewer than two documents), else None, or the first output the engine failed (the
-    request's answer, as `pick_answers` returns it)."""
+    answer: the request as given where it was asked ("confidence-order-or-joint", or fewer than two documents), else
+    None, or the first output the engine failed (the request's answer, as `pick_answers` returns it)."""
     scores: list[dict[int, float]] = [{} for _ in range(count)]
     given: list[RequestOutput | None] = [None] * count
     failed: list[RequestOutput | None] = [None] * count
@@ -173,8 +173,10 @@ def ordered_answers(
         if r in joint and (first is None or confidence(joint[r]) > confidence(first)):
             out, read = joint[r], order
         assert out is not None, "a request without a first answer has a joint one"
-        completions = out.outputs
-        if not keep_logprobs[r]:
-            completions = [dataclasses.replace(c, logprobs=None) for c in out.outputs]
-        answers.append(dataclasses.replace(out, outputs=completions, document_order=read))
+        answers.append(dataclasses.replace(out, outputs=_completions(out, keep_logprobs[r]), document_order=read))
     return answers
+
+
+def _completions(out: RequestOutput, keep_logprobs: bool) -> list:
+    """`out`'s completions, without the log-probabilities that `with_confidence` added unless `keep_logprobs`."""
+    return out.outputs if keep_logprobs else [dataclasses.replace(c, logprobs=None) for c in out.outputs]
