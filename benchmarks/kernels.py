@@ -108,6 +108,18 @@ COPY_CONFIGS = ((32, 4), (64, 4), (64, 8), (128, 8))  # copy_rotate (block_rows,
 # --- setup ----------------------------------------------------------------------------------------------
 
 
+def dtype_comparison_args(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The options of the scripts that time one kernel over bfloat16 and FP8 pages (benchmarks/kernels_fp8_*.py):
+    --quick, --warmup and --rep, with the seed `Bench` reads."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run")
+    p.add_argument("--warmup", type=int, default=50, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=int, default=500, help="do_bench repetition time, ms")
+    args = p.parse_args(argv)
+    args.seed = 0
+    return args
+
+
 def llama31_tables(head_dim: int, max_position: int, device: torch.device) -> RopeTables:
     cfg = RopeConfig(
         head_dim=head_dim,

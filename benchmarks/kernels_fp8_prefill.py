@@ -18,7 +18,6 @@ that).
 
 from __future__ import annotations
 
-import argparse
 import platform
 from importlib.metadata import version
 
@@ -32,12 +31,7 @@ CAUSAL = (4096,)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run")
-    p.add_argument("--warmup", type=int, default=50, help="do_bench warm-up, ms")
-    p.add_argument("--rep", type=int, default=500, help="do_bench repetition time, ms")
-    args = p.parse_args(argv)
-    args.seed = 0  # what benchmarks/kernels.py's Bench reads besides warmup, rep and quick
+    args = bk.dtype_comparison_args(__doc__.splitlines()[0], argv)
     s = bk.QUICK if args.quick else bk.Shapes()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     causal = s.causal_lens[:1] if args.quick else CAUSAL
