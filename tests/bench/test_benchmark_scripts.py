@@ -177,7 +177,12 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["benchmarks/best_document.py", str(tmp_path), "--smoke"])
     best.main()
     rows = json.loads((tmp_path / "best_document.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == ["lazy + prefix, joint", "lazy + prefix, best-document", "full, joint"]
+    assert [r["config"] for r in rows] == [
+        "lazy + prefix, joint",
+        "lazy + prefix, best-document",
+        "lazy + prefix, confidence-order",
+        "full, joint",
+    ]
     assert all(r["idle_answer_ms"] > 0 and r["sat_questions_per_s"] > 0 for r in rows)
     # every question draws its documents from the pool, in its own seeded order
     ids, docs = best.questions([[i] for i in range(8)], 3, 5, 4, seed=0, vocab=5000)
