@@ -281,9 +281,11 @@ class OpenAIServing:
         check its length). The candidate requests run, then each prompt's are folded back into its most confident
         one, or (the confidence-order strategies) into the order of its documents for one more, joint, request."""
         every = list(range(num_documents))
-        if answer in ORDERING:  # the joint round's prompts are these, reordered: too long fails here
-            await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         owners, sets, sources = candidates([every] * count, answer)
+        if answer in ORDERING and None not in sources:
+            # The joint round's prompts are the prompts as given, reordered; where the first round does not ask them
+            # (and check their length), a prompt too long fails here, before any request runs.
+            await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
         outs = await self._run_all(
             request, f"{rid}-", prompts, [with_confidence(params(p)) for p in prompts], scope, arrival, options
