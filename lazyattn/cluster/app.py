@@ -116,6 +116,7 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
         "max_model_len",
         "seed",
         "relink_tokens",
+        "relink_last_tokens",
         "ape_temperature",
         "ape_scale",
         "ape_prefix",

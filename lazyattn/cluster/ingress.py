@@ -172,7 +172,9 @@ class RemoteEngineLoop:
         self._tokenizer = engine_tokenizer(config)
         self._mode = make_mode(info.mode)
         # Of a request's options only relink rows take pages: the engine's default is all `max_new_tokens` needs.
-        defaults = dataclasses.replace(OFF, relink_tokens=info.relink_tokens)
+        defaults = dataclasses.replace(
+            OFF, relink_tokens=info.relink_tokens, relink_last_tokens=info.relink_last_tokens
+        )
         self._limits = RequestLimits(self._mode, info.page_size, info.max_model_len, info.vocab_size, defaults)
         self.observer: OutputObserver | None = None
         self.route_page_tokens = route_page_tokens  # > 0: compute prefix keys (the prefix-affinity policy)

@@ -55,6 +55,7 @@ class EngineInfo:
     relink_tokens: int
     random_weights: bool
     tokenizer_cache_tokens: int  # the ingress renders, so its tokenizer keeps the documents' ids
+    relink_last_tokens: int = 0
     ape_prefix: bool = False  # the engine's default: registration encodes the documents' shared-prefix copies too
 
 
@@ -87,6 +88,7 @@ class EngineReplica:
             num_pages=e.num_pages,
             page_size=e.config.page_size,
             relink_tokens=e.config.relink_tokens,
+            relink_last_tokens=e.config.relink_last_tokens,
             random_weights=e.config.random_weights,
             tokenizer_cache_tokens=e.config.tokenizer_cache_tokens,
             ape_prefix=e.config.ape_prefix,

@@ -71,7 +71,7 @@ class Admission:
                     len(seq.prompt) + len(seq.output),
                     samples,
                     self.page_size,
-                    seq.options.relink_tokens,
+                    seq.options.relink,
                 )
                 - held
             )

@@ -82,6 +82,9 @@ class EngineConfig:
     relink_tokens: int = _option(
         0, "lazy mode: recompute the first K rows of each placed document in context (docs/design.md, Relink)"
     )
+    relink_last_tokens: int = _option(
+        0, "lazy mode: recompute the last K rows of each placed document in context (docs/design.md, Relink)"
+    )
     # lazy and block mode: the final segment's scores against document keys become s / T + ln S (docs/design.md,
     # "APE"); 1.0: off. T < 1 sharpens the attention to the documents, S > 1 gives them more weight in total.
     ape_temperature: float = _option(
@@ -245,6 +248,7 @@ class EngineConfig:
                 "kv_cache_dtype",
             )
         check_relink(self.mode, self.relink_tokens)
+        check_relink(self.mode, self.relink_last_tokens, "relink_last_tokens")
         check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix, self.ape_tilt)
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
@@ -299,6 +303,7 @@ class EngineConfig:
             float(self.ape_scale),
             self.ape_prefix,
             float(self.ape_tilt),
+            self.relink_last_tokens,
         )
 
     @property

@@ -63,7 +63,7 @@ class RequestIntake:
         # add to the cache), which saves host time on every cached request (docs/benchmarks.md, "Kernel constants").
         # New segments are checked.
         hits = [cached(k) for k in keys] if keys is not None else [False] * len(prompt.segments)
-        self.limits.check(prompt, params, options.relink_tokens, hits, num_pages)
+        self.limits.check(prompt, params, options.relink, hits, num_pages)
         if keys is None and self.mode.caches_documents:  # the keyer refused an id the range check let through
             raise InvalidRequestError("a document holds a value that is not an integer token id", "documents")
         limit = self.max_waiting

@@ -40,11 +40,13 @@ class RequestLimits:
         the request's peak pages (its mode's count) within `num_pages`. 0 when nothing fits. Of the request's options
         only relink rows take pages; they are not checked here (`options` checks them)."""
         lens = [len(s) for s in prompt.segments]
-        k = self.defaults.relink_tokens if options.relink_tokens is None else options.relink_tokens
+        d = self.defaults
+        k = d.relink_tokens if options.relink_tokens is None else options.relink_tokens
+        m = d.relink_last_tokens if options.relink_last_tokens is None else options.relink_last_tokens
         lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
         while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
             mid = (lo + hi + 1) // 2
-            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.page_size, k) <= num_pages:
+            if self.mode.pages_needed(lens, len(prompt.final) + mid, n, self.page_size, (k, m)) <= num_pages:
                 lo = mid
             else:
                 hi = mid - 1
@@ -54,7 +56,7 @@ class RequestLimits:
         self,
         prompt: RenderedPrompt,
         params: SamplingParams | None,
-        relink_tokens: int,
+        relink: tuple[int, int],
         cached: list[bool],
         num_pages: int,
     ) -> None:
@@ -94,7 +96,7 @@ class RequestLimits:
             len(prompt.final) + max_tokens,
             samples,
             self.page_size,
-            relink_tokens,
+            relink,
         )
         if need > num_pages:
             raise ContextTooLongError(

@@ -77,6 +77,7 @@ class LLM:
         use_tqdm: bool | None = None,
         options: RequestOptions | None = None,
         relink_tokens: int | None = None,
+        relink_last_tokens: int | None = None,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
@@ -85,12 +86,13 @@ class LLM:
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
-        options: the requests' relink rows and APE settings (engine/request_options.py: relink_tokens, lazy mode's
-        recomputed rows per placed document; ape_temperature, ape_scale, T and S on the final segment's attention to
-        the documents after the first, lazy and block mode; ape_prefix, documents encoded after the first segment,
-        lazy mode; ape_tilt, ln S from +tilt/2 on the first document to -tilt/2 on the last, lazy and block mode;
-        docs/design.md, "Relink" and "APE"); each None: the engine's. The keywords of the same names are
-        the same options, given one by one (not together with `options`).
+        options: the requests' relink rows and APE settings (engine/request_options.py: relink_tokens and
+        relink_last_tokens, lazy mode's recomputed first and last rows per placed document; ape_temperature,
+        ape_scale, T and S on the final segment's attention to the documents after the first, lazy and block mode;
+        ape_prefix, documents encoded after the first segment, lazy mode; ape_tilt, ln S from +tilt/2 on the first
+        document to -tilt/2 on the last, lazy and block mode; docs/design.md, "Relink" and "APE"); each None: the
+        engine's. The keywords of the same names are the same options, given one by one (not together with
+        `options`).
         answer: "joint" (one request over all of a prompt's documents), "best-document" (the prompt asked once per
         document, with that document alone; the most confident answer kept, its document in `answered_from`),
         "best-document-or-joint" (the same, the prompt as given one more candidate), "confidence-order" (the
@@ -98,7 +100,7 @@ class LLM:
         confident last, their order in `document_order`) or "confidence-order-or-joint" (the same, the prompt as given
         kept where its answer is at least as sure; engine/best_document.py)."""
         _check_answer(answer, sampling_params)
-        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
+        options = _options(options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         if prompt_token_ids is not None:
             if prompts is not None:
                 raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
@@ -130,6 +132,7 @@ class LLM:
         use_tqdm: bool | None = None,
         options: RequestOptions | None = None,
         relink_tokens: int | None = None,
+        relink_last_tokens: int | None = None,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
@@ -141,7 +144,7 @@ class LLM:
         _check_answer(answer, sampling_params)
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         docs = _per_prompt(documents, len(convs), "documents", "conversation")
-        options = _options(options, relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
+        options = _options(options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         return self._answer(
             lambda o, d: self.render_chat(convs[o], d), docs, answer, sampling_params, cache_salt, use_tqdm, options
         )
@@ -277,19 +280,20 @@ def _check_answer(answer: str, sampling_params: SamplingParams | Seq[SamplingPar
 def _options(
     options: RequestOptions | None,
     relink_tokens: int | None,
+    relink_last_tokens: int | None,
     ape_temperature: float | None,
     ape_scale: float | None,
     ape_prefix: bool | None,
     ape_tilt: float | None,
 ) -> RequestOptions:
     """`options`, or the one-by-one keywords of `generate` and `chat` as options."""
-    loose = RequestOptions(relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
+    loose = RequestOptions(relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, relink_last_tokens)
     if options is None:
         return loose
     if loose != ENGINE_DEFAULTS:
         raise InvalidRequestError(
-            "give either options or the keywords relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, "
-            "not both",
+            "give either options or the keywords relink_tokens, relink_last_tokens, ape_temperature, ape_scale, "
+            "ape_prefix, ape_tilt, not both",
             "options",
         )
     return options

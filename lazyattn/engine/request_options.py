@@ -1,5 +1,5 @@
-"""A request's own values of the engine options it may set: relink rows and APE's temperature, scale, tilt and shared
-prefix (docs/design.md, "Relink" and "APE").
+"""A request's own values of the engine options it may set: relink rows (first and last) and APE's temperature,
+scale, tilt and shared prefix (docs/design.md, "Relink" and "APE").
 
 One frozen dataclass from the API to the kernels: `LLM.generate`/`LLM.chat` and the server (from the JSON body) build
 it, `LLMEngine.add_request` takes it, the engine fills what it leaves None with its own settings (`EngineConfig`'s
@@ -25,18 +25,19 @@ APE_MIN_TEMPERATURE = 1e-3
 APE_MAX_TILT = 20.0
 
 
-def check_relink(mode: str, relink_tokens: int) -> None:
-    """Relink is a lazy-mode option: prefix and full read every document in context already, and block mode's
-    private copies are not relinked (docs/design.md, "Relink")."""
-    if not isinstance(relink_tokens, int) or isinstance(relink_tokens, bool) or relink_tokens < 0:
-        raise InvalidRequestError(f"relink_tokens must be an integer >= 0, got {relink_tokens!r}", "relink_tokens")
-    if relink_tokens and mode != "lazy":
+def check_relink(mode: str, rows: int, name: str = "relink_tokens") -> None:
+    """Relink (`relink_tokens`, the first rows of each placed document; `relink_last_tokens`, its last rows) is a
+    lazy-mode option: prefix and full read every document in context already, and block mode's private copies are
+    not relinked (docs/design.md, "Relink")."""
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        raise InvalidRequestError(f"{name} must be an integer >= 0, got {rows!r}", name)
+    if rows and mode != "lazy":
         why = (
             "block mode reads private re-rotated copies; relink is implemented for lazy mode only"
             if mode == "block"
             else f"{mode} mode attends to every document in context already"
         )
-        raise InvalidRequestError(f"relink_tokens={relink_tokens} needs mode 'lazy': {why}", "relink_tokens")
+        raise InvalidRequestError(f"{name}={rows} needs mode 'lazy': {why}", name)
 
 
 def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False, tilt: float = 0.0) -> None:
@@ -88,7 +89,8 @@ class RequestOptions:
     """A request's options; a field left None is the engine's setting. Resolved (`resolve`, what a sequence
     carries), no field is None.
 
-    relink_tokens: rows of each placed document recomputed in the request's context (lazy mode).
+    relink_tokens, relink_last_tokens: the first and the last rows of each placed document recomputed in the
+    request's context (lazy mode).
     ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first (lazy and
     block mode; 1: off). ape_prefix: documents encoded after the first segment (lazy mode), also for a prefill-only
     request. ape_tilt: ln S raised by tilt/2 on the first document, lowered by tilt/2 on the last, evenly between
@@ -99,6 +101,12 @@ class RequestOptions:
     ape_scale: float | None = None
     ape_prefix: bool | None = None
     ape_tilt: float | None = None
+    relink_last_tokens: int | None = None
+
+    @property
+    def relink(self) -> tuple[int, int]:
+        """(first, last) relinked rows of resolved options."""
+        return self.relink_tokens, self.relink_last_tokens  # type: ignore[return-value]
 
     @property
     def ape(self) -> tuple[float, float]:
@@ -110,20 +118,24 @@ class RequestOptions:
         `mode`; raises InvalidRequestError naming the field. A prefill-only request computes no final segment: it
         relinks nothing and weighs nothing, whatever it asks."""
         if prefill_only:
-            relink, t, s, tilt = 0, 1.0, 1.0, 0.0
+            relink, last, t, s, tilt = 0, 0, 1.0, 1.0, 0.0
         else:
             relink = defaults.relink_tokens if self.relink_tokens is None else self.relink_tokens
+            last = defaults.relink_last_tokens if self.relink_last_tokens is None else self.relink_last_tokens
             t = defaults.ape_temperature if self.ape_temperature is None else self.ape_temperature
             s = defaults.ape_scale if self.ape_scale is None else self.ape_scale
             tilt = defaults.ape_tilt if self.ape_tilt is None else self.ape_tilt
         prefix = defaults.ape_prefix if self.ape_prefix is None else self.ape_prefix
         check_relink(mode, relink)
+        check_relink(mode, last, "relink_last_tokens")
         check_ape(mode, t, s, tilt=tilt)
         check_ape(mode, 1.0, 1.0, prefix)
-        return RequestOptions(relink, float(t), float(s), prefix, float(tilt))
+        return RequestOptions(relink, float(t), float(s), prefix, float(tilt), last)
 
 
 ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them: the engine's settings
 # The options off, resolved: no relink rows, T = S = 1, no tilt, documents encoded alone (a sequence made without
 # options).
-OFF = RequestOptions(relink_tokens=0, ape_temperature=1.0, ape_scale=1.0, ape_prefix=False, ape_tilt=0.0)
+OFF = RequestOptions(
+    relink_tokens=0, ape_temperature=1.0, ape_scale=1.0, ape_prefix=False, ape_tilt=0.0, relink_last_tokens=0
+)

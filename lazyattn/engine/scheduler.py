@@ -444,13 +444,13 @@ class Scheduler:
         for r in missing:
             n = cdiv(len(r.tokens), self.page_size)
             r.pages, pages = pages[:n], pages[n:]
-        for i, r in enumerate(seq.mode_state.runs, start=1):
+        for r in seq.mode_state.runs:
             if not r.pending:
                 continue
             if budget <= 0:
                 break
             hi = r.num_computed + min(r.pending, budget)
-            batch.works.append(Work(r, r.num_computed, hi, self.mode.context(seq, self.page_size, upto=i), seq))
+            batch.works.append(Work(r, r.num_computed, hi, self.mode.context(seq, self.page_size, before=r), seq))
             budget -= hi - r.num_computed
             scheduled.add(seq.seq_id)
         return budget

@@ -118,6 +118,7 @@ def request_options(body: ChatCompletionRequest | CompletionRequest) -> RequestO
     engine's."""
     return RequestOptions(
         relink_tokens=body.relink_tokens,
+        relink_last_tokens=body.relink_last_tokens,
         ape_temperature=body.ape_temperature,
         ape_scale=body.ape_scale,
         ape_prefix=body.ape_prefix,

@@ -129,6 +129,11 @@ class _GenerationRequest(_Strict):
         description="lazy mode: recompute the first k tokens of each placed document in this request's "
         "context (docs/design.md, Relink); default: the server's --relink-tokens",
     )
+    relink_last_tokens: json_int(ge=0, le=1024) | None = Field(
+        None,
+        description="lazy mode: recompute the last k tokens of each placed document in this request's "
+        "context (docs/design.md, Relink); default: the server's --relink-last-tokens",
+    )
     # APE (docs/design.md): the mode rules (ape_prefix: lazy; temperature, scale and tilt: lazy or block) are the
     # engine's, checked when the request is added: a 400 naming the field.
     ape_temperature: Annotated[float, Field(ge=APE_MIN_TEMPERATURE, allow_inf_nan=False)] | None = Field(

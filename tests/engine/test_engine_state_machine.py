@@ -1,7 +1,7 @@
 """The scheduler's admission and release through the engine, driven by random interleavings (hypothesis'
-RuleBasedStateMachine): requests over a few shared documents in random orders, aborts, document removals, cache
-resets while idle, prefill-only registrations, each engine step, on a KV pool small enough to evict and preempt and
-with the host tier on, with and without overlapped scheduling.
+RuleBasedStateMachine): requests over a few shared documents in random orders, relinked first and last rows (lazy
+mode), aborts, document removals, cache resets while idle, prefill-only registrations, each engine step, on a KV pool
+small enough to evict and preempt and with the host tier on, with and without overlapped scheduling.
 
 After every step the engine's whole bookkeeping is checked (`LLMEngine.check`: every page held once, every refcount
 equal to its holders, engine/invariants.py), and against the test's own model: every request ends exactly once with
@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lazyattn import LLM
+from lazyattn import LLM, RequestOptions
 from lazyattn.engine.prompt import RenderedPrompt
+from lazyattn.engine.request_options import ENGINE_DEFAULTS
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import InvalidRequestError
 
@@ -60,12 +61,14 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended: set[str] = set()
         self.count = 0
 
-    def _add(self, prompt: RenderedPrompt, params: SamplingParams | None) -> None:
+    def _add(
+        self, prompt: RenderedPrompt, params: SamplingParams | None, options: RequestOptions = ENGINE_DEFAULTS
+    ) -> None:
         self.count += 1
         request_id = f"r{self.count}"
         before = (self.engine.pool.num_used, self.engine.scheduler.num_waiting, len(self.engine.requests))
         try:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, options=options)
         except InvalidRequestError:  # could never fit the pool: refused whole, nothing changed
             assert (self.engine.pool.num_used, self.engine.scheduler.num_waiting, len(self.engine.requests)) == before
             return
@@ -77,14 +80,21 @@ class EngineMachine(RuleBasedStateMachine):
         max_tokens=st.integers(1, 24),
         n=st.integers(1, 2),
         stop=st.integers(3, 250),
+        relink=st.tuples(st.sampled_from([0, 0, 3, 16, 40]), st.sampled_from([0, 0, 5, 16, 40])),
     )
-    def add(self, docs: list[int], question: list[int], max_tokens: int, n: int, stop: int) -> None:
+    def add(
+        self, docs: list[int], question: list[int], max_tokens: int, n: int, stop: int, relink: tuple[int, int]
+    ) -> None:
         # A stop token ends some sequences early: with overlap their pages are released a step later.
         stops = [stop] if stop % 2 else []
         params = SamplingParams(
             max_tokens=max_tokens, temperature=0.0 if n == 1 else 0.7, seed=1, n=n, stop_token_ids=stops
         )
-        self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params)
+        # Relinked rows (lazy mode): private pages per sequence, recomputed runs before its own, whole documents
+        # recomputed where first + last rows cover them.
+        first, last = relink if self.mode == "lazy" else (0, 0)
+        options = RequestOptions(relink_tokens=first, relink_last_tokens=last)
+        self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params, options)
 
     @precondition(lambda self: self.mode != "prefix")
     @rule(docs=st.lists(st.integers(0, len(DOCS) - 1), min_size=1, max_size=2, unique=True))

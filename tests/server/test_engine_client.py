@@ -41,7 +41,9 @@ def check_implements(protocol: type, impl: object) -> None:
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", page_size=16, kv_cache_gb=0.05, relink_tokens=4))
+    engine = LLMEngine(
+        EngineConfig(model="tiny", device="cpu", page_size=16, kv_cache_gb=0.05, relink_tokens=4, relink_last_tokens=2)
+    )
     yield engine
     engine.shutdown()
 
@@ -70,6 +72,7 @@ def test_the_loop_over_replicas_is_an_engine_client_that_describes_the_same_engi
         num_pages=engine.num_pages,
         page_size=engine.config.page_size,
         relink_tokens=engine.config.relink_tokens,
+        relink_last_tokens=engine.config.relink_last_tokens,
         random_weights=False,
         tokenizer_cache_tokens=engine.config.tokenizer_cache_tokens,
     )
@@ -85,5 +88,6 @@ def test_the_loop_over_replicas_is_an_engine_client_that_describes_the_same_engi
         local.vocab_size,
     )
     prompt = RenderedPrompt([[1] + [5] * 40, [6] * 300], [7] * 10)
-    for n, options in [(1, RequestOptions()), (3, RequestOptions()), (2, RequestOptions(relink_tokens=0))]:
+    options_tried = [RequestOptions(), RequestOptions(relink_tokens=0), RequestOptions(relink_last_tokens=30)]
+    for n, options in [(1, options_tried[0]), (3, options_tried[0]), (2, options_tried[1]), (2, options_tried[2])]:
         assert remote.max_new_tokens(prompt, n, options) == local.max_new_tokens(prompt, n, options)

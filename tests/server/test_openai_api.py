@@ -70,16 +70,17 @@ def test_chat_matches_offline_engine(server, client):
     assert got == want[0].text
 
 
-def test_relink_tokens_per_request_match_the_offline_engine(server, client):
-    """A request's relink_tokens reaches the engine: the answer (logprobs included) is the offline API's with the
-    same relink_tokens, and differs from plain lazy's."""
+@pytest.mark.parametrize("option", ["relink_tokens", "relink_last_tokens"])
+def test_relink_tokens_per_request_match_the_offline_engine(server, client, option):
+    """A request's relink_tokens (or relink_last_tokens) reaches the engine: the answer (logprobs included) is the
+    offline API's with the same option, and differs from plain lazy's."""
     kw = dict(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0.0, logprobs=True)
     body = {"documents": DOCS, "ignore_eos": True}
-    relinked = client.chat.completions.create(**kw, extra_body={**body, "relink_tokens": 3}).choices[0]
+    relinked = client.chat.completions.create(**kw, extra_body={**body, option: 3}).choices[0]
     plain = client.chat.completions.create(**kw, extra_body=body).choices[0]
     llm = LLM(model="tiny", device="cpu", progress=False, page_size=16, kv_cache_gb=0.05)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
-    want = llm.chat(MESSAGES, params, documents=[DOCS], relink_tokens=3)[0].outputs[0]
+    want = llm.chat(MESSAGES, params, documents=[DOCS], **{option: 3})[0].outputs[0]
     got = [t.logprob for t in relinked.logprobs.content]
     assert relinked.message.content == want.text
     assert got == pytest.approx([next(iter(lp.values())) for lp in want.logprobs], abs=1e-5)

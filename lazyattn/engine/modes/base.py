@@ -85,11 +85,11 @@ class Mode:
         Called only by the scheduler: it changes the mode's state of the sequence on the scheduler's behalf."""
 
     def pages_needed(
-        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
+        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink: tuple[int, int] = (0, 0)
     ) -> int:
         """Pages a request holds at its peak: segments of `segment_lens` tokens, then `n` samples whose runs reach
-        `run_tokens` tokens each (the final segment plus what they generate), and, relinked, their private
-        recomputed rows."""
+        `run_tokens` tokens each (the final segment plus what they generate), and, relinked (`relink`: the first
+        and last rows of each document), their private recomputed rows."""
         raise NotImplementedError
 
     def reused_documents(self, cached_tokens: int, system_len: int, doc_len: int, num_docs: int) -> float:

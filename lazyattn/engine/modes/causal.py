@@ -18,7 +18,7 @@ class _CausalMode(Mode):
     """What prefix and full share: the page count, and the context of cached pages read at delta 0."""
 
     def pages_needed(
-        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
+        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink: tuple[int, int] = (0, 0)
     ) -> int:
         return n * cdiv(sum(segment_lens) + run_tokens, page_size)
 

@@ -2,7 +2,7 @@
 segment. They differ in how a sequence reads a document placed after position 0: in place, at delta = its logical
 start (lazy), or through a private re-rotated copy (block).
 
-- relink (lazy only): the recomputed first rows of each placed document, private to the sequence
+- relink (lazy only): the recomputed first and last rows of each placed document, private to the sequence
   (docs/design.md, "Relink");
 - APE (lazy and block): the final segment's attention temperature, scale and tilt on the pages of every segment
   after the first, carried by its page table (`with_ape`; docs/design.md, "APE").
@@ -28,10 +28,11 @@ class _DocumentMode(Mode):
         return Run(seq.prompt + seq.output, start_pos=seq.context_len)
 
     def pages_needed(
-        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink_tokens: int = 0
+        self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink: tuple[int, int] = (0, 0)
     ) -> int:
         documents = sum(cdiv(length, page_size) for length in segment_lens)  # shared by the n samples
-        relinks = sum(cdiv(rows, page_size) for rows in relink_rows(segment_lens, relink_tokens))
+        rows = relink_rows(segment_lens, *relink)
+        relinks = sum(cdiv(first, page_size) + cdiv(last, page_size) for first, last in rows)
         return documents + n * (self._private_copies(segment_lens, page_size) + relinks + cdiv(run_tokens, page_size))
 
     def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
@@ -58,24 +59,32 @@ def with_ape(entry: EntryPages, seq: Sequence, segment_pages: list[int]) -> Entr
     return entry
 
 
-def relink_rows(segment_lens: list[int], relink_tokens: int) -> list[int]:
-    """Rows a relinked request recomputes per segment: min(k, length) for each segment after the first (the first
-    sits at position 0 with nothing before it: recomputing it would give the same KV)."""
-    return [0] + [min(relink_tokens, n) for n in segment_lens[1:]] if relink_tokens else [0] * len(segment_lens)
+def relink_rows(segment_lens: list[int], first: int, last: int = 0) -> list[tuple[int, int]]:
+    """Rows a relinked request recomputes per segment, (first, last): min(first, L) of its start and
+    min(last, L - those) of its end, for each segment after the first (the first sits at position 0 with nothing
+    before it: recomputing it would give the same KV)."""
+    rows = [(0, 0)]
+    for n in segment_lens[1:]:
+        k = min(first, n)
+        rows.append((k, min(last, n - k)))
+    return rows[: len(segment_lens)]
 
 
 @dataclass
 class LazyState(ModeState):
-    """A relinked sequence's recomputed first rows of segments[1:], one run per segment, in private pages."""
+    """A relinked sequence's recomputed rows of segments[1:], in private pages: `relinks[i]`, segment i's first
+    rows and `tails[i]`, its last rows (None where it recomputes none; index 0, the first segment, always None)."""
 
-    relinks: list[Run] = field(default_factory=list)
+    relinks: list[Run | None] = field(default_factory=list)
+    tails: list[Run | None] = field(default_factory=list)
 
     @property
     def runs(self) -> list[Run]:
-        return self.relinks
+        """In the order they are computed and read: each segment's first rows, then its last rows."""
+        return [r for pair in zip(self.relinks, self.tails) for r in pair if r is not None]
 
     def private_pages(self) -> list[list[int]]:
-        return [r.pages for r in self.relinks]
+        return [r.pages for r in self.runs]
 
 
 @dataclass
@@ -92,9 +101,10 @@ class BlockState(ModeState):
 class LazyMode(_DocumentMode):
     """One cached copy of each document, read in place at delta = its logical start (deferred RoPE).
 
-    Relink (docs/design.md): a sequence with relink_tokens = k recomputes the first k rows of each segment after
-    the first at their logical positions, in context, into private pages (`LazyState.relinks`, one run per segment),
-    and reads the rest of each document from the shared copy, whose first k slots its page table skips."""
+    Relink (docs/design.md): a sequence with relink_tokens = k and relink_last_tokens = m recomputes the first k
+    and the last m rows of each segment after the first at their logical positions, in context, into private pages
+    (`LazyState`, one run each), and reads the rows between from the shared copy, whose other slots its page table
+    skips."""
 
     name = "lazy"
 
@@ -103,29 +113,30 @@ class LazyMode(_DocumentMode):
 
     def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: LazyState) -> Run:
         run = super().admit(source, seq, acquired, state)
-        if seq.options.relink_tokens and not seq.prefill_only:
-            rows = relink_rows([len(s) for s in seq.segments], seq.options.relink_tokens)
-            state.relinks = [
-                Run(list(segment[:n]), start_pos=part.start)
-                for segment, part, n in zip(seq.segments[1:], acquired[1:], rows[1:])
-            ]
+        if any(seq.options.relink) and not seq.prefill_only:
+            rows = relink_rows([len(s) for s in seq.segments], *seq.options.relink)
+            for segment, part, (k, m) in zip(seq.segments, acquired, rows):
+                state.relinks.append(Run(list(segment[:k]), start_pos=part.start) if k else None)
+                tail = part.start + len(segment) - m
+                state.tails.append(Run(list(segment[len(segment) - m :]), start_pos=tail) if m else None)
         return run
 
-    def context(self, seq: Sequence, page_size: int, upto: int | None = None) -> EntryPages:
-        """The pages of the segments before `upto` (default: all): the run's context, or, for `upto` = i, the
-        context of segment i's recomputed rows."""
-        entry, segment_pages = self._context(seq, page_size, upto)
-        return with_ape(entry, seq, segment_pages) if upto is None else entry
+    def context(self, seq: Sequence, page_size: int, before: Run | None = None) -> EntryPages:
+        """The pages the sequence's run reads before its own, or, for `before` one of its recomputed runs, the
+        pages read before that run's rows: every row before them, as this sequence reads it."""
+        entry, segment_pages = self._context(seq, page_size, before)
+        return with_ape(entry, seq, segment_pages) if before is None else entry
 
-    def _context(self, seq: Sequence, page_size: int, upto: int | None) -> tuple[EntryPages, list[int]]:
+    def _context(self, seq: Sequence, page_size: int, before: Run | None) -> tuple[EntryPages, list[int]]:
         """The entry and how many of its pages each segment has, in order."""
-        relinks = seq.mode_state.runs
-        segment_pages: list[int] = []
-        if not relinks:
+        state = seq.mode_state
+        assert isinstance(state, LazyState), "a lazy-mode sequence is admitted by LazyMode"
+        if not state.runs:
             pages: list[int] = []
             deltas: list[int] = []
             valid: list[int] = []
-            for p in seq.parts[:upto]:
+            segment_pages: list[int] = []
+            for p in seq.parts:
                 fill = page_fill(p.length, page_size)
                 pages += p.segment.pages
                 deltas += [p.start - p.rotated_at] * len(fill)
@@ -133,21 +144,28 @@ class LazyMode(_DocumentMode):
                 segment_pages.append(len(fill))
             return EntryPages(pages, deltas, valid), segment_pages
         entry = EntryPages([], [], [], [])
-        for i, p in enumerate(seq.parts[:upto]):
-            before = len(entry.pages)
-            skip = 0
-            if i:  # the recomputed rows first, at their logical positions (delta 0), then the shared rest
-                own = relinks[i - 1]
-                skip = len(own.tokens)
-                entry = entry.then(own.pages, page_fill(skip, page_size))
+        segment_pages = []
+        for p, head, tail in zip(seq.parts, state.relinks, state.tails):
+            before_segment = len(entry.pages)
+            if head is not None:  # recomputed rows sit at their logical positions: delta 0
+                if head is before:
+                    break
+                entry = entry.then(head.pages, page_fill(len(head.tokens), page_size))
+            lo = len(head.tokens) if head is not None else 0
+            hi = p.length - (len(tail.tokens) if tail is not None else 0)
             for m, (page, fill) in enumerate(zip(p.segment.pages, page_fill(p.length, page_size))):
-                first = min(max(skip - m * page_size, 0), fill)  # pages wholly inside the first k rows drop out
-                if fill > first:
+                first = min(max(lo - m * page_size, 0), fill)  # the shared rows lo..hi-1 only: pages wholly
+                end = min(max(hi - m * page_size, 0), fill)  # outside them drop out
+                if end > first:
                     entry.pages.append(page)
                     entry.deltas.append(p.start - p.rotated_at)
-                    entry.valid.append(fill - first)
+                    entry.valid.append(end - first)
                     entry.firsts.append(first)
-            segment_pages.append(len(entry.pages) - before)
+            if tail is not None:
+                if tail is before:
+                    break
+                entry = entry.then(tail.pages, page_fill(len(tail.tokens), page_size))
+            segment_pages.append(len(entry.pages) - before_segment)
         return entry, segment_pages
 
 
