@@ -325,8 +325,8 @@ class Scheduler:
                 return budget
             scheduled.add(seq.seq_id)  # its copies are in this batch
         if any(r.pending for r in seq.mode_state.runs):
-            budget = self._schedule_relinks(seq, batch, budget, scheduled)
-            if budget <= 0 or any(r.pending for r in seq.mode_state.runs):
+            budget, whole = self._schedule_relinks(seq, batch, budget, scheduled)
+            if budget <= 0 or not whole:  # its chunk reads every recomputed row: in this step only after them all
                 return budget
         return self._schedule_chunk(seq, batch, budget, scheduled)
 
@@ -433,27 +433,32 @@ class Scheduler:
         self.mode.set_copies(seq, dst)
         return True
 
-    def _schedule_relinks(self, seq: Sequence, batch: _Draft, budget: int, scheduled: set[int]) -> int:
+    def _schedule_relinks(self, seq: Sequence, batch: _Draft, budget: int, scheduled: set[int]) -> tuple[int, bool]:
         """A relinked sequence's recomputed rows, in document order: document i's rows attend to the documents
-        before it as this sequence reads them, so its entry follows theirs (same step or later)."""
+        before it as this sequence reads them, so its entry follows theirs (same step or later; each layer writes
+        every row's K/V before any row attends). Returns the budget left and whether every recomputed row is now
+        computed or in this batch, so that the sequence's own chunk may follow them in the same step."""
         missing = [r for r in seq.mode_state.runs if not r.pages]
         pages = self._allocate(seq, sum(cdiv(len(r.tokens), self.page_size) for r in missing), scheduled)
         if pages is None:
             self._starved = True
-            return budget
+            return budget, False
         for r in missing:
             n = cdiv(len(r.tokens), self.page_size)
             r.pages, pages = pages[:n], pages[n:]
+        whole = True
         for r in seq.mode_state.runs:
             if not r.pending:
                 continue
             if budget <= 0:
+                whole = False
                 break
             hi = r.num_computed + min(r.pending, budget)
             batch.works.append(Work(r, r.num_computed, hi, self.mode.context(seq, self.page_size, before=r), seq))
             budget -= hi - r.num_computed
+            whole = whole and hi == len(r.tokens)
             scheduled.add(seq.seq_id)
-        return budget
+        return budget, whole
 
     def _reserve(self, seq: Sequence, upto: int, scheduled: set[int]) -> bool:
         """Make sure the run has pages for its first `upto` tokens, evicting and preempting as needed."""

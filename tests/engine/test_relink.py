@@ -248,6 +248,22 @@ def test_private_pages_are_freed_after_finish_and_abort(checkpoint):
     assert engine.pool.num_used == engine.cache.stats().pages_in_use
 
 
+@pytest.mark.parametrize(("k", "last"), [(0, 0), (3, 0), (0, 4), (3, 20)])
+def test_recomputed_rows_and_the_first_token_share_one_step(checkpoint, k, last):
+    """With the documents cached and budget to spare, the recomputed rows of every document and the final segment
+    go in one forward pass (each layer writes every row's K/V before any row attends): the first token comes from
+    the first step, as without relink."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    generate(llm, REQUESTS[1:2])  # documents cached
+    engine = llm.engine
+    rendered = from_token_ids(REQUESTS[1][1], [DOCS[d] for d in REQUESTS[1][0]], token_bos(llm))
+    options = RequestOptions(relink_tokens=k, relink_last_tokens=last)
+    engine.add_request("one-step", rendered, greedy(), options=options)
+    outs = [o for o in engine.step() if o.request_id == "one-step"]
+    assert outs and len(outs[0].outputs[0].token_ids) == 1
+    engine.abort("one-step")
+
+
 def test_page_count_includes_the_private_rows(checkpoint):
     """pages_needed counts one private page run per relinked document and sample: validation refuses a request
     that fits without relink but not with it, and max_new_tokens shrinks by exactly those pages."""
