@@ -36,9 +36,9 @@ from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
 # --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
-# import the engine (tests/eval checks that they agree), and "icl" and "icl-language", the few-shot layouts of
-# builtin:icl and builtin:icl-language (lazyattn/eval/icl.py, SETS).
-LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl", "icl-language")
+# import the engine (tests/eval checks that they agree), and the few-shot layouts of builtin:icl, builtin:icl-language
+# and builtin:icl-language-more (lazyattn/eval/icl.py, SETS).
+LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl", "icl-language", "icl-language-more")
 
 
 def add_eval_parser(
@@ -80,7 +80,7 @@ def add_eval_parser(
         "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings and "
         "real-heldout-readme: package READMEs, both for final reporting only; icl: few-shot topic "
         "classification, demonstrations as documents in a shuffled order per question; icl-language: the same "
-        "for language identification), or a JSONL file of "
+        "for language identification; icl-language-more: five other languages), or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions")
@@ -88,13 +88,13 @@ def add_eval_parser(
         "--num-docs",
         default=None,
         help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
-        "document (default: 5 for builtin, all for builtin:icl, builtin:icl-language and a file)",
+        "document (default: 5 for builtin, all for the few-shot sets and a file)",
     )
     d.add_argument(
         "--gold-position",
         default=None,
         help="first, middle, last or original, comma-separated (default: first,middle,last for "
-        "builtin, original for builtin:icl, builtin:icl-language and a file)",
+        "builtin, original for the few-shot sets and a file)",
     )
     d.add_argument("--data-seed", type=int, default=0, help="seed of the built-in set")
     d.add_argument("--hops", default="1,1,2", help="built-in question mix, cycled: 1 single-hop, 2 two-hop")
@@ -122,7 +122,7 @@ def add_eval_parser(
         default=None,
         help="no chat template: the layout's completion_system_prompt, the documents and the question as plain "
         "text, as /v1/completions renders them (--question-format applies to chat prompts only; default: on for "
-        "builtin:icl-language, else off)",
+        "builtin:icl-language and builtin:icl-language-more, else off)",
     )
     g.add_argument("--max-tokens", type=int, default=32, help="answer tokens to generate, at most (default: 32)")
     g.add_argument(

@@ -1,5 +1,6 @@
-"""`builtin:icl` and `builtin:icl-language`: in-context learning with the demonstrations as cached segments
-(docs/quality.md, "In-context learning"). Both sets share everything below but their examples (`IclSet`).
+"""`builtin:icl`, `builtin:icl-language` and `builtin:icl-language-more`: in-context learning with the
+demonstrations as cached segments (docs/quality.md, "In-context learning"). The sets share everything below but their
+examples (`IclSet`).
 
 `builtin:icl` is a few-shot topic classification of real text: each example is the summary (first paragraph) of a
 docstring of the Python standard library, labelled with the topic of the module it documents (`TOPICS`:
@@ -19,10 +20,13 @@ a message of Django's user interface, labelled with the language of the translat
 (lazyattn/eval/icl_language.py). Its test input reads like a demonstration without the label
 ("Text: ...\\nLanguage:"), and the prompt is plain text rather than a chat (`IclSet.plain`): SmolLM2-135M answers
 a chat prompt with the same language whatever the demonstrations, and learns from them in a plain one.
+`builtin:icl-language-more` is the same with five other languages (`icl_language.MORE_LANGUAGES`), a check of a
+setting chosen on `icl-language` on labels it was not chosen on.
 
 The examples, the pool and every question's order are frozen in `data/<name>.jsonl.gz`;
 `python -m lazyattn.eval.icl` rebuilds `icl` from the installed standard library (Python 3.11) and the seed,
-`python -m lazyattn.eval.icl icl-language DIR` rebuilds `icl-language` from an unpacked Django wheel.
+`python -m lazyattn.eval.icl icl-language DIR` (or `icl-language-more DIR`) rebuilds that set from an unpacked Django
+wheel.
 """
 
 from __future__ import annotations
@@ -214,13 +218,39 @@ def shuffled_order(demos_by_label: dict[str, list[Example]], rng: random.Random)
     return tuple(order)
 
 
-def _language_examples(root: Path | None) -> dict[str, list[Example]]:
-    if root is None:
-        raise DatasetError("builtin:icl-language is built from an unpacked Django wheel: give its folder")
-    return {
-        label: [Example("", text, label, original) for original, text in pairs]
-        for label, pairs in icl_language.messages(root).items()
-    }
+def _language_examples(languages: dict[str, str]) -> Callable[[Path | None], dict[str, list[Example]]]:
+    """The examples of a language set: per label, the messages of Django's catalogues in that language."""
+
+    def examples(root: Path | None) -> dict[str, list[Example]]:
+        if root is None:
+            raise DatasetError("a language set is built from an unpacked Django wheel: give its folder")
+        return {
+            label: [Example("", text, label, original) for original, text in pairs]
+            for label, pairs in icl_language.messages(root, languages).items()
+        }
+
+    return examples
+
+
+def _language_set(name: str, languages: dict[str, str], seed: int) -> IclSet:
+    """A few-shot language identification set over Django's messages: plain text, the test input completed."""
+    return IclSet(
+        name=name,
+        label_name="Language",
+        labels=tuple(languages),
+        seed=seed,
+        source=icl_language.SOURCE,
+        layout={
+            "system_prompt": "Here are examples of texts and their languages.",
+            "completion_system_prompt": "Here are examples of texts and their languages.\n\n",
+            "untitled_document_format": "{text}\n\n",
+            "question_format": "{question}",
+        },
+        examples=_language_examples(languages),
+        ask=False,
+        plain=True,
+        details={"languages": languages, "django": icl_language.DJANGO_VERSION},
+    )
 
 
 TOPIC = IclSet(
@@ -235,24 +265,9 @@ TOPIC = IclSet(
     plain=False,
     details={"topics": {label: list(sources) for label, sources in TOPICS.items()}},
 )
-LANGUAGE = IclSet(
-    name="icl-language",
-    label_name="Language",
-    labels=tuple(icl_language.LANGUAGES),
-    seed=5,
-    source=icl_language.SOURCE,
-    layout={
-        "system_prompt": "Here are examples of texts and their languages.",
-        "completion_system_prompt": "Here are examples of texts and their languages.\n\n",
-        "untitled_document_format": "{text}\n\n",
-        "question_format": "{question}",
-    },
-    examples=_language_examples,
-    ask=False,
-    plain=True,
-    details={"languages": icl_language.LANGUAGES, "django": icl_language.DJANGO_VERSION},
-)
-SETS = {s.name: s for s in (TOPIC, LANGUAGE)}
+LANGUAGE = _language_set("icl-language", icl_language.LANGUAGES, seed=5)
+MORE_LANGUAGES = _language_set("icl-language-more", icl_language.MORE_LANGUAGES, seed=6)
+SETS = {s.name: s for s in (TOPIC, LANGUAGE, MORE_LANGUAGES)}
 
 
 def build(s: IclSet = TOPIC, root: Path | None = None) -> tuple[dict[str, Any], list[Example], list[Question]]:
@@ -354,7 +369,7 @@ def load(limit: int | None = None, s: IclSet = TOPIC) -> tuple[dict[str, Any], l
 
 
 if __name__ == "__main__":
-    # python -m lazyattn.eval.icl [icl | icl-language DJANGO_DIR]
+    # python -m lazyattn.eval.icl [icl | icl-language DJANGO_DIR | icl-language-more DJANGO_DIR]
     name = sys.argv[1] if len(sys.argv) > 1 else NAME
     if name not in SETS:
         sys.exit(f"usage: python -m lazyattn.eval.icl [{' | '.join(SETS)} [DIR]]")

@@ -1,5 +1,5 @@
-"""The labelled texts of `builtin:icl-language` (lazyattn/eval/icl.py): the messages of Django's user interface in
-the language of their translation catalogue.
+"""The labelled texts of `builtin:icl-language` and `builtin:icl-language-more` (lazyattn/eval/icl.py): the messages
+of Django's user interface in the language of their translation catalogue.
 
 Django ships, for every language, the compiled gettext catalogues (`django/**/locale/<code>/LC_MESSAGES/*.mo`) of
 its messages: the English original and its translation. The label of a text is the language of the catalogue it
@@ -8,6 +8,7 @@ it reads an unpacked wheel of the version in `DJANGO_VERSION`:
 
     pip download django==5.2.19 --no-deps -d wheels && unzip -q wheels/django-5.2.19-py3-none-any.whl -d django-5.2.19
     python -m lazyattn.eval.icl icl-language django-5.2.19
+    python -m lazyattn.eval.icl icl-language-more django-5.2.19
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path
 DJANGO_VERSION = "5.2.19"
 # label -> the catalogue's language code; "en" is the English original of every catalogue
 LANGUAGES = {"english": "en", "french": "fr", "german": "de", "spanish": "es", "italian": "it"}
+# builtin:icl-language-more: five other languages, none of the above, so that a setting chosen on one set is checked
+# on labels (and label tokens) it was not chosen on
+MORE_LANGUAGES = {"dutch": "nl", "portuguese": "pt", "swedish": "sv", "polish": "pl", "turkish": "tr"}
 MIN_WORDS, MAX_WORDS = 4, 40
 # placeholders ("%(value)s", "{name}"), markup and entities: not prose
 _NOT_PROSE = re.compile(r"[%{}<>&]")
@@ -52,20 +56,20 @@ def catalogue(root: Path, code: str) -> dict[str, str]:
     return out
 
 
-def messages(root: Path) -> dict[str, list[tuple[str, str]]]:
+def messages(root: Path, languages: dict[str, str] = LANGUAGES) -> dict[str, list[tuple[str, str]]]:
     """Per label, (English original, text) of every usable message: prose in both the original and the
     translation, and a translation that differs from the original, sorted. A text found under two labels (the
     same spelling in two languages) is left out, it tells nothing; a repeated one is kept once."""
-    catalogues = {code: catalogue(root, code) for code in LANGUAGES.values() if code != "en"}
+    catalogues = {code: catalogue(root, code) for code in languages.values() if code != "en"}
     if not any(catalogues.values()):
         raise FileNotFoundError(f"{root}: no Django translation catalogues under {root / 'django'}")
     originals = sorted({original for cat in catalogues.values() for original in cat})
-    found: dict[str, list[tuple[str, str]]] = {label: [] for label in LANGUAGES}
+    found: dict[str, list[tuple[str, str]]] = {label: [] for label in languages}
     for original in originals:
         english = prose(original)
         if english is None:
             continue
-        for label, code in LANGUAGES.items():
+        for label, code in languages.items():
             if code == "en":
                 found[label].append((english, english))
             elif original in catalogues[code]:

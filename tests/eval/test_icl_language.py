@@ -1,6 +1,6 @@
-"""builtin:icl-language (lazyattn/eval/icl.py, icl_language.py): the messages read from Django's catalogues, the
-shipped set balanced and its labels confirmed by the texts' own function words, the plain-text prompt with one
-segment per demonstration, and a run through the CLI on the tiny model."""
+"""builtin:icl-language and builtin:icl-language-more (lazyattn/eval/icl.py, icl_language.py): the messages read from
+Django's catalogues, each shipped set balanced and its labels confirmed by the texts' own function words, the
+plain-text prompt with one segment per demonstration, and a run through the CLI on the tiny model."""
 
 from __future__ import annotations
 
@@ -20,28 +20,48 @@ from lazyattn.eval.metrics import first_label, label_accuracy
 from lazyattn.model.tokenizer import load_tokenizer
 
 SET = icl.LANGUAGE
+LABELS = {
+    "icl-language": ("english", "french", "german", "spanish", "italian"),
+    "icl-language-more": ("dutch", "portuguese", "swedish", "polish", "turkish"),
+}
 
-# Function words no two of the languages share: an independent check of a label, where a text has any.
+# Function words no two of a set's languages share: an independent check of a label, where a text has any.
 FUNCTION_WORDS = {
-    "english": "the and of to is are this that with for you your not has have was were can please enter",
-    "french": "les du une et est sont cette pour vous votre pas ne avec été sur",
-    "german": "der die das den dem ein eine einen und ist sind nicht sie bitte mit für wurde zu von",
-    "spanish": "el los las y es son para por su este esta",
-    "italian": "il lo gli di della e è sono che per non questo questa",
+    "icl-language": {
+        "english": "the and of to is are this that with for you your not has have was were can please enter",
+        "french": "les du une et est sont cette pour vous votre pas ne avec été sur",
+        "german": "der die das den dem ein eine einen und ist sind nicht sie bitte mit für wurde zu von",
+        "spanish": "el los las y es son para por su este esta",
+        "italian": "il lo gli di della e è sono che per non questo questa",
+    },
+    "icl-language-more": {
+        "dutch": "het een van zijn niet voor met deze dit uw wordt worden is geen bij je op uit moet geldige voer",
+        "portuguese": "os um uma da dos das não para com por seu sua este esta é ao e em foi está introduza válido "
+        "válida válidos válidas",
+        "swedish": "och att är för som det inte på av till eller ett har kan fyll giltig giltiga måste ingen vara "
+        "värde värden skickades",
+        "polish": "nie jest się dla lub oraz został być który która w z proszę poprawny poprawną wpisz wartości",
+        "turkish": "bir ve bu için ile değil olarak lütfen veya geçerli girin alanı değer değeri sayısal olamaz hata",
+    },
 }
 
 
+@pytest.fixture(scope="module", params=[icl.LANGUAGE, icl.MORE_LANGUAGES], ids=lambda s: s.name)
+def language_set(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def shipped():
-    if not SET.data_path.exists():
-        pytest.fail(f"{SET.data_path} is missing: see lazyattn/eval/icl_language.py")
-    return icl.read(SET)
+def shipped(language_set):
+    if not language_set.data_path.exists():
+        pytest.fail(f"{language_set.data_path} is missing: see lazyattn/eval/icl_language.py")
+    return icl.read(language_set)
 
 
-def test_sizes_labels_and_no_overlap(shipped):
+def test_sizes_labels_and_no_overlap(shipped, language_set):
     header, demos, questions = shipped
     labels = tuple(header["labels"])
-    assert labels == SET.labels == ("english", "french", "german", "spanish", "italian")
+    assert labels == language_set.labels == LABELS[language_set.name]
     assert header["questions"] == len(questions) == len(labels) * icl.TESTS_PER_LABEL
     assert Counter(d.label for d in demos.values()) == {label: icl.DEMOS_PER_LABEL for label in labels}
     assert Counter(q.example.label for q in questions) == {label: icl.TESTS_PER_LABEL for label in labels}
@@ -58,9 +78,9 @@ def test_sizes_labels_and_no_overlap(shipped):
         assert (e.text == e.source) == (e.label == "english")
 
 
-def test_labels_agree_with_the_texts_function_words(shipped):
+def test_labels_agree_with_the_texts_function_words(shipped, language_set):
     _, demos, questions = shipped
-    words = {label: set(w.split()) for label, w in FUNCTION_WORDS.items()}
+    words = {label: set(w.split()) for label, w in FUNCTION_WORDS[language_set.name].items()}
     agree = 0
     for e in [q.example for q in questions] + list(demos.values()):
         tokens = re.findall(r"\w+", e.text.lower())
@@ -70,16 +90,17 @@ def test_labels_agree_with_the_texts_function_words(shipped):
     assert agree >= 0.75 * (len(questions) + len(demos))  # the others have no function word of the lists
 
 
-def test_orders_are_balanced_and_reproducible_from_the_seed(shipped):
+def test_orders_are_balanced_and_reproducible_from_the_seed(shipped, language_set):
     _, demos, questions = shipped
+    labels, seed = language_set.labels, language_set.seed
     by_label: dict[str, list[icl.Example]] = {}
     for d in demos.values():
         by_label.setdefault(d.label, []).append(d)
     for q in questions:
         assert sorted(q.order) == sorted(demos)
-        assert Counter(demos[i].label for i in q.order[: len(SET.labels)]) == dict.fromkeys(SET.labels, 1)
+        assert Counter(demos[i].label for i in q.order[: len(labels)]) == dict.fromkeys(labels, 1)
     for q in questions[:20]:
-        assert icl.shuffled_order(by_label, random.Random(f"{SET.seed}:{q.example.id}")) == q.order
+        assert icl.shuffled_order(by_label, random.Random(f"{seed}:{q.example.id}")) == q.order
     assert len({q.order for q in questions}) == len(questions)
 
 
@@ -98,10 +119,10 @@ def _write_mo(path: Path, messages: dict[str, str]) -> None:
     path.write_bytes(head + b"".join(struct.pack("<2I", n, o) for n, o in table) + data)
 
 
-def _fake_django(root: Path, n: int) -> None:
+def _fake_django(root: Path, n: int, codes: tuple[str, ...] = ("fr", "de", "es", "it")) -> None:
     """Two apps' catalogues per language: n messages each, with a placeholder, a plural, a too-short message and an
     untranslated one that must all be left out."""
-    for code in ("fr", "de", "es", "it"):
+    for code in codes:
         for app in ("contrib/admin", "forms"):
             messages = {"": "Content-Type: text/plain; charset=UTF-8\n"}
             for i in range(n):
@@ -127,19 +148,20 @@ def test_messages_are_read_from_the_catalogues(tmp_path):
         icl_language.messages(tmp_path / "missing")
 
 
-def test_the_build_is_deterministic_balanced_and_keeps_translations_apart(tmp_path):
-    _fake_django(tmp_path, 40)  # 80 messages per language
-    first, second = icl.build(SET, tmp_path), icl.build(SET, tmp_path)
+def test_the_build_is_deterministic_balanced_and_keeps_translations_apart(tmp_path, language_set):
+    languages = language_set.details["languages"]
+    _fake_django(tmp_path, 40, tuple(c for c in languages.values() if c != "en"))  # 80 messages per language
+    first, second = icl.build(language_set, tmp_path), icl.build(language_set, tmp_path)
     assert first == second
     header, demos, questions = first
-    assert Counter(q.example.label for q in questions) == dict.fromkeys(SET.labels, icl.TESTS_PER_LABEL)
-    assert Counter(d.label for d in demos) == dict.fromkeys(SET.labels, icl.DEMOS_PER_LABEL)
+    assert Counter(q.example.label for q in questions) == dict.fromkeys(language_set.labels, icl.TESTS_PER_LABEL)
+    assert Counter(d.label for d in demos) == dict.fromkeys(language_set.labels, icl.DEMOS_PER_LABEL)
     demo_sources = {d.source for d in demos}
     assert len(demo_sources) == len(demos) and not demo_sources & {q.example.source for q in questions}
-    assert header["django"] == icl_language.DJANGO_VERSION and header["languages"] == icl_language.LANGUAGES
+    assert header["django"] == icl_language.DJANGO_VERSION and header["languages"] == languages
 
 
-def test_the_shipped_file_is_what_the_builder_makes_from_django(shipped, tmp_path):
+def test_the_shipped_file_is_what_the_builder_makes_from_django(shipped, tmp_path, language_set):
     root = tmp_path / "none"
     pytest.importorskip("django")  # rebuilt from the installed package where it is the shipped version
     import django
@@ -148,15 +170,15 @@ def test_the_shipped_file_is_what_the_builder_makes_from_django(shipped, tmp_pat
         pytest.skip(f"Django {django.__version__} installed, the set is cut from {icl_language.DJANGO_VERSION}")
     root = Path(django.__file__).parent.parent
     header, demos, questions = shipped
-    built_header, built_demos, built = icl.build(SET, root)
+    built_header, built_demos, built = icl.build(language_set, root)
     assert built_header == header and built == questions and built_demos == list(demos.values())
 
 
-def test_the_prompt_is_plain_text_with_each_demonstration_its_own_segment(shipped):
+def test_the_prompt_is_plain_text_with_each_demonstration_its_own_segment(shipped, language_set):
     _, demos, questions = shipped
     tokenizer = load_tokenizer("tiny")
-    layout = PromptLayout(**SET.layout)
-    _, items = icl.load(limit=2, s=SET)
+    layout = PromptLayout(**language_set.layout)
+    _, items = icl.load(limit=2, s=language_set)
     for item, q in zip(items, questions):
         assert item.question == f"Text: {q.example.text}\nLanguage:"  # a demonstration without its label
         assert [d["text"] for d in item.documents] == [
@@ -164,7 +186,7 @@ def test_the_prompt_is_plain_text_with_each_demonstration_its_own_segment(shippe
         ]
         rendered = render_completion(tokenizer, item.question, item.documents, layout)
         assert rendered.segments[1:] == [encode_document(tokenizer, d, layout) for d in item.documents]
-        assert tokenizer.decode(rendered.segments[0]).strip() == SET.layout["completion_system_prompt"].strip()
+        assert tokenizer.decode(rendered.segments[0]).strip() == layout.completion_system_prompt.strip()
         assert tokenizer.decode(rendered.final) == item.question
 
 
@@ -180,23 +202,24 @@ def test_the_completion_is_scored_by_its_first_label(output, expected):
 ARGS = ["eval", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--max-tokens", "3", "--no-progress"]
 
 
-def test_a_few_shot_run_through_the_cli_is_plain_text(tmp_path):
+@pytest.mark.parametrize("s", [icl.LANGUAGE, icl.MORE_LANGUAGES], ids=lambda s: s.name)
+def test_a_few_shot_run_through_the_cli_is_plain_text(tmp_path, s):
     code = main(
         ARGS
-        + ["--dataset", "builtin:icl-language", "--limit", "3", "--num-docs", "5,10"]
+        + ["--dataset", f"builtin:{s.name}", "--limit", "3", "--num-docs", "5,10"]
         + ["--modes", "full,lazy", "--out", str(tmp_path)]
     )
     assert code == 0
     data = json.loads((tmp_path / "eval.json").read_text())
-    assert data["dataset"]["builtin"] == "icl-language" and data["meta"]["plain_prompt"] is True
-    assert data["meta"]["layout"]["completion_system_prompt"] == SET.layout["completion_system_prompt"]
-    _, items = icl.load(limit=3, s=SET)
+    assert data["dataset"]["builtin"] == s.name and data["meta"]["plain_prompt"] is True
+    assert data["meta"]["layout"]["completion_system_prompt"] == s.layout["completion_system_prompt"]
+    _, items = icl.load(limit=3, s=s)
     answers = {i.id: i.answers for i in items}
     by_run = {(c["run"], c["num_docs"]): c for c in data["cells"]}
     assert set(by_run) == {(r, n) for r in ("full", "lazy") for n in (5, 10)}
     for c in data["cells"]:
         for r in c["items"]:
-            assert r["accuracy"] == label_accuracy(r["output"], answers[r["id"]], SET.labels)
+            assert r["accuracy"] == label_accuracy(r["output"], answers[r["id"]], s.labels)
     assert by_run[("lazy", 10)]["cached_tokens_mean"] > 0 and by_run[("full", 10)]["cached_tokens_mean"] == 0
 
 

@@ -139,7 +139,12 @@ def test_examples_take_the_layouts_in_turn(tiny):
     from lazyattn.engine.prompt_layout import NAMED_LAYOUTS, named_layouts
     from lazyattn.eval.cli import LAYOUTS
 
-    assert (*NAMED_LAYOUTS, "icl", "icl-language") == LAYOUTS  # eval adds the few-shot sets' layouts
+    assert (
+        *NAMED_LAYOUTS,
+        "icl",
+        "icl-language",
+        "icl-language-more",
+    ) == LAYOUTS  # eval adds the few-shot sets' layouts
     layouts = named_layouts("block-attention, short-answer")
     examples = encode_items(tiny.tokenizer, ITEMS, layouts)
     for k, (item, e) in enumerate(zip(ITEMS, examples)):
