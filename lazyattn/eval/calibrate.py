@@ -1,10 +1,11 @@
-"""`lazyattn eval --calibrate`: the APE setting that brings lazy mode closest to full attention on your own documents
-(docs/quality.md, "Calibrating APE").
+"""`lazyattn eval --calibrate`: the APE setting (and, if asked, the relinked last rows) that brings lazy mode closest to
+full attention on your own documents (docs/quality.md, "Calibrating APE").
 
 No labels are needed. Prompts are made from the documents (finetune/prompts.py: k documents in a random order, a
 question about one of them, gold first, in the middle or last in equal shares), or taken from a questions file.
 Each prompt is answered once under full attention and once per candidate setting in lazy mode (`ape_prefix` on or
-off, each `ape_temperature` T, `ape_scale` S and `ape_tilt` of the grid: per-request options of one engine), and
+off, each `ape_temperature` T, `ape_scale` S, `ape_tilt` and `relink_last_tokens` of the grid: per-request options of
+one engine; a few-shot set's prompts as plain text, the way it is scored), and
 compared at the first generated token, where both read the same prompt: KL(P_full || P_lazy) of the next-token
 distributions, and whether the greedy answers are identical.
 
@@ -35,11 +36,15 @@ class Setting:
     ape_temperature: float = 1.0
     ape_scale: float = 1.0
     ape_tilt: float = 0.0
+    relink_last_tokens: int = 0
 
     @property
     def label(self) -> str:
         tilt = f", tilt {self.ape_tilt:g}" if self.ape_tilt else ""
-        return f"prefix {'on' if self.ape_prefix else 'off'}, T {self.ape_temperature:g}, S {self.ape_scale:g}{tilt}"
+        last = f", last {self.relink_last_tokens}" if self.relink_last_tokens else ""
+        return (
+            f"prefix {'on' if self.ape_prefix else 'off'}, T {self.ape_temperature:g}, S {self.ape_scale:g}{tilt}{last}"
+        )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -49,6 +54,7 @@ class Setting:
             "ape_temperature": self.ape_temperature,
             "ape_scale": self.ape_scale,
             "ape_tilt": self.ape_tilt,
+            "relink_last_tokens": self.relink_last_tokens,
         }
 
     @property
@@ -61,22 +67,33 @@ class Setting:
             flags.append(f"--ape-scale {self.ape_scale:g}")
         if self.ape_tilt:
             flags.append(f"--ape-tilt {self.ape_tilt:g}")
+        if self.relink_last_tokens:
+            flags.append(f"--relink-last-tokens {self.relink_last_tokens}")
         return " ".join(flags)
 
 
 def grid(
-    prefix: str, temperatures: Sequence[float], scales: Sequence[float], tilts: Sequence[float] = (0.0,)
+    prefix: str,
+    temperatures: Sequence[float],
+    scales: Sequence[float],
+    tilts: Sequence[float] = (0.0,),
+    relink_last: Sequence[int] = (0,),
 ) -> list[Setting]:
     """Every combination; `prefix` is "on", "off" or "both"."""
     if prefix not in ("on", "off", "both"):
         raise InvalidRequestError(f"prefix must be on, off or both, got {prefix!r}", param="calibrate_prefix")
-    if not temperatures or not scales or not tilts:
-        raise InvalidRequestError("the grid needs at least one temperature, scale and tilt", param="calibrate")
+    if not temperatures or not scales or not tilts or not relink_last:
+        raise InvalidRequestError(
+            "the grid needs at least one temperature, scale, tilt and relink count", param="calibrate"
+        )
     if min(temperatures) <= 0 or min(scales) <= 0:
         raise InvalidRequestError("temperatures and scales must be positive", param="calibrate")
+    if min(relink_last) < 0:
+        raise InvalidRequestError("relink counts must be 0 or more", param="calibrate")
     prefixes = {"on": (True,), "off": (False,), "both": (True, False)}[prefix]
     return [
-        Setting(p, float(t), float(s), float(tilt)) for p, t, s, tilt in product(prefixes, temperatures, scales, tilts)
+        Setting(p, float(t), float(s), float(tilt), int(m))
+        for p, t, s, tilt, m in product(prefixes, temperatures, scales, tilts, relink_last)
     ]
 
 
@@ -85,6 +102,7 @@ class CalibrationPrompt:
     messages: list[dict[str, str]]
     documents: list[Any]
     position: str  # the gold document's place: first, middle or last ("original": a file's own order)
+    plain: str | None = None  # a plain-text prompt (`LLM.generate`) in place of the chat `messages`
 
 
 def position_of(gold: int, k: int) -> str:
@@ -159,13 +177,19 @@ def calibrate(
         raise InvalidRequestError("no prompt to calibrate on", param="calibrate")
     say = progress or (lambda _: None)
 
+    if len({p.plain is None for p in prompts}) > 1:
+        raise InvalidRequestError("calibration prompts are all chat or all plain text", param="calibrate")
+
+    def ask(llm: Any, batch: Sequence[CalibrationPrompt], options: RequestOptions | None) -> list[Any]:
+        documents = [p.documents for p in batch]
+        if batch[0].plain is not None:
+            return llm.generate([p.plain for p in batch], params, documents=documents, options=options)
+        return llm.chat([p.messages for p in batch], params, documents=documents, options=options)
+
     def run(llm: Any, options: RequestOptions | None) -> list[Any]:
         outs = []
         for start in range(0, len(prompts), batch_size):
-            batch = prompts[start : start + batch_size]
-            outs += llm.chat(
-                [p.messages for p in batch], params, documents=[p.documents for p in batch], options=options
-            )
+            outs += ask(llm, prompts[start : start + batch_size], options)
         completions = [o.outputs[0] for o in outs]
         for o, c in zip(outs, completions):
             if c.first_token_logprobs is None:

@@ -25,7 +25,11 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
 
     prompts, source = _prompts(args)
     settings = calibrate.grid(
-        args.calibrate_prefix, _floats(args.temperatures), _floats(args.scales), _floats(args.tilts)
+        args.calibrate_prefix,
+        _floats(args.temperatures),
+        _floats(args.scales),
+        _floats(args.tilts),
+        [int(m) for m in _floats(args.relink_last)],
     )
     options = engine_options(args)
     options.pop("mode")
@@ -43,7 +47,8 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, first_token_logprobs=True)
     print(
         f"lazyattn eval --calibrate: model {args.model} on {options['device']}, {len(prompts)} prompts ({source}), "
-        f"layout {args.prompt_layout}; {len(settings)} lazy-mode settings against full attention\n",
+        f"layout {args.prompt_layout}{', plain text' if args.plain_prompt else ''}; {len(settings)} lazy-mode "
+        "settings against full attention\n",
         flush=True,
     )
     start = time.monotonic()
@@ -73,6 +78,7 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
             "engine_options": {k: v for k, v in options.items() if k != "env"},
             "layout": vars(layout),
             "prompts": source,
+            "plain_prompt": bool(args.plain_prompt),
             "max_tokens": args.max_tokens,
             "wall_s": wall,
             "python": platform.python_version(),
@@ -108,7 +114,12 @@ def _prompts(args: argparse.Namespace) -> tuple[list, str]:
         docs = passages(read_documents(args.calibrate_documents), args.passage_chars)
         made = make_prompts(docs, args.limit or DEFAULT_PROMPTS, (k,), args.data_seed)
         prompts = [
-            CalibrationPrompt([{"role": "user", "content": p.question}], list(p.documents), position_of(p.gold, k))
+            CalibrationPrompt(
+                [{"role": "user", "content": p.question}],
+                list(p.documents),
+                position_of(p.gold, k),
+                p.question if args.plain_prompt else None,
+            )
             for p in made
         ]
         return prompts, f"made from {args.calibrate_documents}, {k} documents each"
@@ -117,8 +128,10 @@ def _prompts(args: argparse.Namespace) -> tuple[list, str]:
     args.dataset = args.dataset or "builtin"
     items, dataset_meta, num_docs, positions = load_questions(args)
     cells, _ = plan_cells(items, num_docs, positions)
-    prompts = [
-        CalibrationPrompt(messages_for(item), list(item.documents), cell.position)
+    prompts = [  # a few-shot set's prompts as it is scored: plain text (load_questions sets args.plain_prompt)
+        CalibrationPrompt(
+            messages_for(item), list(item.documents), cell.position, item.question if args.plain_prompt else None
+        )
         for cell, shown in cells
         for item in shown
     ]

@@ -158,9 +158,10 @@ def add_eval_parser(
     c.add_argument(
         "--calibrate",
         action="store_true",
-        help="pick the APE setting (ape_prefix, ape_temperature, ape_scale, ape_tilt) that brings lazy mode closest to "
-        "full attention, by first-token KL, instead of scoring accuracy; prompts are made from --calibrate-documents "
-        "(--limit of them, --num-docs documents each), or taken from --dataset",
+        help="pick the setting (ape_prefix, ape_temperature, ape_scale, ape_tilt, relink_last_tokens) that brings lazy "
+        "mode closest to full attention, by first-token KL, instead of scoring accuracy; prompts are made from "
+        "--calibrate-documents (--limit of them, --num-docs documents each), or taken from --dataset (a few-shot "
+        "set's as plain text)",
     )
     c.add_argument(
         "--calibrate-documents",
@@ -176,6 +177,12 @@ def add_eval_parser(
     )
     c.add_argument("--scales", default="1", help="ape_scale values tried (default: 1)")
     c.add_argument("--tilts", default="0", help="ape_tilt values tried (default: 0)")
+    c.add_argument(
+        "--relink-last",
+        default="0",
+        help="relink_last_tokens values tried, each document's last rows recomputed in context (default: 0; few-shot "
+        "demonstrations: e.g. 0,2,3,4,6)",
+    )
     c.add_argument(
         "--calibrate-prefix",
         choices=("on", "off", "both"),
@@ -194,10 +201,10 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     if args.fidelity and args.calibrate:
         raise InvalidRequestError("--fidelity and --calibrate are two different runs: give one", param="calibrate")
-    if args.fidelity or args.calibrate:
+    if args.fidelity:
         if args.plain_prompt:
-            raise InvalidRequestError("--plain-prompt is for accuracy runs only", param="plain_prompt")
-        args.plain_prompt = False  # they compare chat prompts, a few-shot set's too
+            raise InvalidRequestError("--plain-prompt is for accuracy and calibration runs only", param="plain_prompt")
+        args.plain_prompt = False  # it compares chat prompts, a few-shot set's too
     if args.fidelity:
         from lazyattn.eval.fidelity_cli import cmd_fidelity
 

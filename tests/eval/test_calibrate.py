@@ -13,6 +13,7 @@ import torch
 from lazyattn import LLM, SamplingParams
 from lazyattn.cli import main
 from lazyattn.engine.request_options import RequestOptions
+from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.calibrate import CalibrationPrompt, Setting, calibrate, grid, markdown, position_of
 
 TEXTS = {
@@ -65,6 +66,49 @@ def test_each_settings_kl_is_torchs_and_positions_are_apart():
     assert "| setting | mean KL [95 % CI] | KL, gold first | KL, gold middle | KL, gold last |" in markdown(cal)
 
 
+def test_plain_prompts_and_relinked_last_rows_are_calibrated_as_generate_answers_them():
+    """A few-shot prompt is plain text: each setting's KL (relinked last rows among them) is what `LLM.generate`
+    gives for the same plain prompts, full attention against lazy mode with those options."""
+    docs = [{"title": "", "text": f"Text: {t}\nLabel: {n}"} for n, t in TEXTS.items()]
+    question = "Text: Rivers feed the alders.\nLabel:"
+    prompts = [
+        CalibrationPrompt(QUESTION, docs, "original", question),
+        CalibrationPrompt(QUESTION, docs[::-1], "original", question),
+    ]
+    settings = [Setting(True), Setting(True, relink_last_tokens=3), Setting(False, relink_last_tokens=5)]
+    cal = calibrate(lambda: llm("full"), lambda: llm("lazy"), prompts, settings, PARAMS)
+    full, lazy = llm("full"), llm("lazy")
+    documents = [p.documents for p in prompts]
+    want_p = [
+        o.outputs[0].first_token_logprobs.double() for o in full.generate([question] * 2, PARAMS, documents=documents)
+    ]
+    kls = []
+    for result in cal.results:
+        got = lazy.generate(
+            [question] * 2, PARAMS, documents=documents, options=RequestOptions(**result.setting.options)
+        )
+        want = [
+            torch.nn.functional.kl_div(o.outputs[0].first_token_logprobs.double(), p, log_target=True, reduction="sum")
+            for o, p in zip(got, want_p)
+        ]
+        assert result.kl == pytest.approx([w.item() for w in want], rel=1e-4)
+        kls.append(result.kl)
+    assert kls[0] != pytest.approx(kls[1], rel=1e-3)  # recomputing the last rows changes the answer's distribution
+    with pytest.raises(InvalidRequestError, match="all chat or all plain"):
+        calibrate(llm("full"), llm("lazy"), [prompts[0], CalibrationPrompt(QUESTION, docs, "first")], settings, PARAMS)
+
+
+def test_a_few_shot_set_is_calibrated_on_plain_prompts(tmp_path):
+    out = tmp_path / "out"
+    argv = ["eval", "--calibrate", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--max-tokens", "2"]
+    argv += ["--dataset", "builtin:icl-language", "--limit", "2", "--num-docs", "5", "--temperatures", "1"]
+    argv += ["--calibrate-prefix", "on", "--relink-last", "0,3", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "calibrate.json").read_text())
+    assert data["meta"]["plain_prompt"] is True
+    assert [r["relink_last_tokens"] for r in data["settings"]] == [0, 3]
+
+
 def test_one_document_after_the_system_prompt_is_full_attention_and_is_chosen(tmp_path, corpus):
     """With one document a prompt is [system][document][question]: lazy mode with the shared prefix encodes the
     document after the system prompt at its own positions, which is what full attention computes, so its KL is
@@ -87,6 +131,7 @@ def test_one_document_after_the_system_prompt_is_full_attention_and_is_chosen(tm
         "ape_temperature": 1.0,
         "ape_scale": 1.0,
         "ape_tilt": 0.0,
+        "relink_last_tokens": 0,
         "serve_flags": "--ape-prefix",
     }
     assert "**prefix on, T 1, S 1**" in (out / "calibrate.md").read_text()
@@ -100,6 +145,10 @@ def test_grid_and_positions():
     assert Setting(True, 1.0, 1.0, 1.5).serve_flags == "--ape-prefix --ape-tilt 1.5"
     assert Setting(True, 1.0, 1.0, 1.5).label == "prefix on, T 1, S 1, tilt 1.5"
     assert len(grid("on", [1.0], [1.0], [0.0, 1.0, 2.0])) == 3
+    relinked = grid("on", [1.0], [1.0], relink_last=[0, 3])
+    assert [s.label for s in relinked] == ["prefix on, T 1, S 1", "prefix on, T 1, S 1, last 3"]
+    assert relinked[1].serve_flags == "--ape-prefix --relink-last-tokens 3"
+    assert relinked[1].options["relink_last_tokens"] == 3
     assert [position_of(g, 5) for g in range(5)] == ["first", "middle", "middle", "middle", "last"]
     assert position_of(0, 1) == "first"
 
@@ -112,6 +161,7 @@ def test_grid_and_positions():
         (["--calibrate", "--calibrate-documents", "DOCS", "--num-docs", "3,5"], "one count"),
         (["--calibrate", "--calibrate-documents", "DOCS", "--temperatures", "0"], "positive"),
         (["--calibrate", "--calibrate-documents", "DOCS", "--temperatures", "a"], "comma-separated numbers"),
+        (["--calibrate", "--calibrate-documents", "DOCS", "--relink-last", "0,-1"], "0 or more"),
     ],
 )
 def test_bad_flags_are_one_line_errors(corpus, capsys, extra, message):

@@ -223,6 +223,6 @@ def test_a_few_shot_run_through_the_cli_is_plain_text(tmp_path, s):
     assert by_run[("lazy", 10)]["cached_tokens_mean"] > 0 and by_run[("full", 10)]["cached_tokens_mean"] == 0
 
 
-def test_a_plain_prompt_is_for_accuracy_runs_only(capsys):
+def test_a_plain_prompt_is_not_for_fidelity_runs(capsys):
     assert main(ARGS + ["--dataset", "builtin:icl-language", "--limit", "1", "--fidelity", "--plain-prompt"]) == 2
-    assert "--plain-prompt is for accuracy runs only" in capsys.readouterr().err
+    assert "--plain-prompt is for accuracy and calibration runs only" in capsys.readouterr().err
