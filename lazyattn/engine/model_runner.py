@@ -76,7 +76,13 @@ class ModelRunner:
             # mode does not run); decode graphs replay the same batch-invariant kernels, padding rows apart.
             if not config.deterministic:
                 self.prefill_graphs = PrefillGraphs(
-                    model, self.backend, widest, device, plan=config.env.prefill_plan, ape=ape
+                    model,
+                    self.backend,
+                    widest,
+                    device,
+                    plan=config.env.prefill_plan,
+                    ape=ape,
+                    q_dtype=config.torch_dtype,
                 )
 
     def run(self, plan: StepPlan) -> torch.Tensor:

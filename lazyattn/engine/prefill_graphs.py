@@ -215,13 +215,26 @@ _PADDING = EntryPages([0], [0], [1])  # slot 0 of page 0: one key, so that paddi
 
 
 def _bucket_splits(
-    tokens: int, entries: int, cfg: ModelConfig, backend: AttentionBackend, device: torch.device, ape: bool = False
+    tokens: int,
+    entries: int,
+    cfg: ModelConfig,
+    backend: AttentionBackend,
+    device: torch.device,
+    ape: bool = False,
+    q_dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[int, bool]:
     """The split count a bucket's graph fixes and whether the host plans those splits: the Hopper kernel's rule
-    where it takes the bucket's calls (kernels/prefill_hopper.py; it splits pages evenly itself, no plan; never with
-    the temperature tables), else what an eager launch of prefill.py's kernel picks, planned."""
+    where it takes the bucket's calls (kernels/prefill_hopper.py: the model's activations, `q_dtype`, over the pool's
+    pages, and the shapes; it splits pages evenly itself, no plan; never with the temperature tables), else what an
+    eager launch of prefill.py's kernel picks, planned. An fp32 model over FP8 pages takes prefill.py's."""
     shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend.kv.dtype, backend.page_size, device)
-    if not ape and prefill_hopper.shape_supported(tokens, *shape) and prefill_hopper.takes_layout(backend.kv[0, 0]):
+    hopper = (
+        not ape
+        and prefill_hopper.takes_dtypes(q_dtype, backend.kv.dtype)
+        and prefill_hopper.shape_supported(tokens, *shape)
+        and prefill_hopper.takes_layout(backend.kv[0, 0])
+    )
+    if hopper:
         return prefill_hopper.num_splits(tokens, cfg.num_heads, cfg.num_kv_heads, device), False
     return graph_num_splits(tokens, entries - 1, *shape), True
 
@@ -239,9 +252,11 @@ class PrefillGraphs:
         entry_buckets: Sequence[int] = ENTRY_BUCKETS,
         plan: bool = True,
         ape: bool = False,
+        q_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         """`plan` (LAZYATTN_PREFILL_PLAN, the engine's config.env): the host fills a split plan per step where
-        prefill.py's kernel reads one."""
+        prefill.py's kernel reads one. `q_dtype`: the model's activations, which with the pool's pages decide which
+        kernel takes a bucket's calls."""
         self.model = model
         self.ape = ape  # the graphs read the temperature and scale tables
         self.backend = backend
@@ -250,11 +265,12 @@ class PrefillGraphs:
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
         cfg = model.config
         choice = {
-            (t, e): _bucket_splits(t, e, cfg, backend, device, ape)
+            (t, e): _bucket_splits(t, e, cfg, backend, device, ape, q_dtype)
             for t in self.token_buckets
             for e in _reachable(self.entry_buckets, t)
         }
         self.splits = {bucket: splits for bucket, (splits, _) in choice.items()}
+        self.planned = {bucket: plan for bucket, (_, plan) in choice.items()}  # prefill.py's kernel, not Hopper's
         # The host fills a plan per step only where prefill.py's kernel reads it.
         planned = [splits for splits, plan in choice.values() if plan]
         plan_splits = max(planned, default=0) if plan else 0

@@ -137,12 +137,18 @@ def shape_supported(
     return 0 < total_q <= MAX_ROWS and q_heads % kv_heads == 0 and 0 < group <= 16 and ROWS % group == 0
 
 
+def takes_dtypes(q_dtype: torch.dtype, pages: torch.dtype) -> bool:
+    """The part of `supports` the dtypes decide (what a CUDA graph's bucket knows from the model and the pool): a
+    16-bit q over pages of its own dtype or FP8 ones."""
+    return q_dtype in _Q_DTYPES and (pages == q_dtype or is_fp8(pages))
+
+
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
-    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, a 16-bit q over k and v of its
-    dtype or both FP8, pages stored as the pool stores them."""
-    if q.dim() != 3 or k_cache.dim() != 4 or q.dtype not in _Q_DTYPES or v_cache.dtype != k_cache.dtype:
+    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, `takes_dtypes` with k and v of
+    one dtype, pages stored as the pool stores them."""
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dtype != k_cache.dtype:
         return False
-    if k_cache.dtype != q.dtype and not is_fp8(k_cache.dtype):
+    if not takes_dtypes(q.dtype, k_cache.dtype):
         return False
     pages = k_cache.dtype
     if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):

@@ -202,6 +202,8 @@ def test_gpu_fp8_kernels_give_the_reference_backends_tokens_at_8b_shapes(tmp_pat
             **kw,
         )
         tokens[name] = run_once(llm, prompts, params)
+        if name == "triton":  # an fp32 q is not the Hopper kernel's: every bucket plans prefill.py's splits
+            assert all(llm.engine.executor.runner.prefill_graphs.planned.values())
         llm.shutdown()
     assert tokens["triton"] == tokens["reference"]
 
@@ -256,9 +258,11 @@ def test_gpu_fp8_pages_under_a_bfloat16_model_match_the_reference_backend_throug
         logits[name] = seen[0]  # the questions' prefill step
         if name == "triton":
             replays = llm.engine.executor.runner.prefill_graphs.replays
+            planned = llm.engine.executor.runner.prefill_graphs.planned
         llm.shutdown()
     print(f"\nbf16 over FP8 pages, question logits |triton-reference|/|reference| = {rel(*logits.values()):.2e}")
     assert replays > 0
     if torch.cuda.get_device_capability()[0] == 9:
         assert torch.float8_e4m3fn in hopper_pages
+        assert not all(planned.values())  # a bf16 q over FP8 pages: the Hopper kernel's buckets
     assert tokens["triton"] == tokens["reference"]

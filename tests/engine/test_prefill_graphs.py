@@ -237,3 +237,35 @@ def test_fill_writes_each_entrys_plan_after_its_tables():
     buffers = plain.buffers("cpu")
     plain.fill(buffers, step, *bucket, 3)
     assert plain.views(buffers, *bucket, num_splits=3)[1].attn.plan is None
+
+
+@pytest.mark.parametrize(
+    ("q_dtype", "pages", "ape", "hopper"),
+    [
+        (torch.bfloat16, torch.bfloat16, False, True),
+        (torch.bfloat16, torch.float8_e4m3fn, False, True),
+        (torch.float16, torch.float8_e4m3fn, False, True),
+        (torch.float32, torch.float8_e4m3fn, False, False),  # the Hopper kernel takes no fp32 q: prefill.py's plan
+        (torch.float32, torch.float32, False, False),
+        (torch.bfloat16, torch.float16, False, False),
+        (torch.bfloat16, torch.bfloat16, True, False),  # temperature tables: prefill.py's kernel
+    ],
+)
+def test_a_bucket_plans_the_kernel_that_will_take_its_calls(monkeypatch, q_dtype, pages, ape, hopper):
+    """The split rule a bucket fixes is that of the kernel `supports` gives its calls to at run time, decided from
+    the model's dtype and the pool's: the Hopper kernel's (no plan) only for a 16-bit model over pages of its dtype
+    or FP8 ones. The shapes are taken as the Hopper kernel's (no Hopper GPU here)."""
+    from types import SimpleNamespace
+
+    from lazyattn.engine import prefill_graphs
+    from lazyattn.kernels import prefill_hopper
+
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda *a: True)
+    monkeypatch.setattr(prefill_hopper, "takes_layout", lambda cache: True)
+    monkeypatch.setattr(prefill_hopper, "num_splits", lambda *a, **k: 7)
+    monkeypatch.setattr(prefill_graphs, "graph_num_splits", lambda *a: 3)
+    cfg = SimpleNamespace(num_heads=32, num_kv_heads=8, head_dim=128)
+    backend = SimpleNamespace(kv=torch.zeros(2, 1, 1, dtype=pages), page_size=64)
+    got = prefill_graphs._bucket_splits(32, 2, cfg, backend, torch.device("cpu"), ape, q_dtype)
+    assert got == ((7, False) if hopper else (3, True))
+    assert prefill_hopper.takes_dtypes(q_dtype, pages) == (hopper or ape)
