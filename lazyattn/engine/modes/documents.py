@@ -63,11 +63,11 @@ def relink_rows(segment_lens: list[int], first: int, last: int = 0) -> list[tupl
     """Rows a relinked request recomputes per segment, (first, last): min(first, L) of its start and
     min(last, L - those) of its end, for each segment after the first (the first sits at position 0 with nothing
     before it: recomputing it would give the same KV)."""
-    rows = [(0, 0)]
-    for n in segment_lens[1:]:
-        k = min(first, n)
-        rows.append((k, min(last, n - k)))
-    return rows[: len(segment_lens)]
+    rows = []
+    for i, n in enumerate(segment_lens):
+        k = min(first, n) if i else 0
+        rows.append((k, min(last, n - k) if i else 0))
+    return rows
 
 
 @dataclass
@@ -117,8 +117,8 @@ class LazyMode(_DocumentMode):
             rows = relink_rows([len(s) for s in seq.segments], *seq.options.relink)
             for segment, part, (k, m) in zip(seq.segments, acquired, rows):
                 state.relinks.append(Run(list(segment[:k]), start_pos=part.start) if k else None)
-                tail = part.start + len(segment) - m
-                state.tails.append(Run(list(segment[len(segment) - m :]), start_pos=tail) if m else None)
+                end = len(segment) - m  # the last m rows sit at their logical positions from part.start + end
+                state.tails.append(Run(list(segment[end:]), start_pos=part.start + end) if m else None)
         return run
 
     def context(self, seq: Sequence, page_size: int, before: Run | None = None) -> EntryPages:
