@@ -287,6 +287,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
                 "runs": [{"label": r.label, "mode": r.mode, "options": r.options, "answer": r.answer} for r in runs],
                 "aliases": {c.label: a.label for c, a in aliases.items()},
                 "comparisons": report.comparisons(results),
+                "closest": report.closest(report.comparisons(results)),
                 "position_means": report.position_means(results),
                 "cells": [r.to_dict() for r in results],
             },

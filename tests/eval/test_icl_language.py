@@ -221,6 +221,8 @@ def test_a_few_shot_run_through_the_cli_is_plain_text(tmp_path, s):
         for r in c["items"]:
             assert r["accuracy"] == label_accuracy(r["output"], answers[r["id"]], s.labels)
     assert by_run[("lazy", 10)]["cached_tokens_mean"] > 0 and by_run[("full", 10)]["cached_tokens_mean"] == 0
+    diffs = [c["accuracy_diff"] for c in data["comparisons"]]  # the one run compared: the closest, its worst cell
+    assert data["closest"] == {"run": "lazy", "baseline": "full", "worst": min(diffs), "mean": sum(diffs) / len(diffs)}
 
 
 def test_a_plain_prompt_is_not_for_fidelity_runs(capsys):

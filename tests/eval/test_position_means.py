@@ -45,3 +45,25 @@ def test_identical_runs_differ_by_exactly_zero():
     results = [cell(run, 5, pos, [1, 0, 1]) for run in ("full", "lazy") for pos in ("first", "middle", "last")]
     (lazy,) = [r for r in position_means(results) if r["run"] == "lazy"]
     assert lazy["diff"] == {"mean": 0.0, "ci": [0.0, 0.0], "significant": False}
+
+
+def test_the_run_closest_in_its_worst_cell():
+    """`closest`: the highest smallest difference from the baseline over a run's cells, ties to the higher mean.
+    Hand-counted: per cell, lazy:a is 1 question down (-0.25) and then even; lazy:b even, then 2 up (+0.5) where
+    full is (1, 1, 0, 0); lazy:c even in both and so tied on the worst cell with lazy:b, whose mean is higher."""
+    results = [
+        cell("full", 5, "original", [1, 1, 0, 0]),
+        cell("full", 10, "original", [1, 1, 0, 0]),
+        cell("lazy:a=1", 5, "original", [1, 0, 0, 0]),
+        cell("lazy:a=1", 10, "original", [1, 1, 0, 0]),
+        cell("lazy:b=1", 5, "original", [1, 1, 0, 0]),
+        cell("lazy:b=1", 10, "original", [1, 1, 1, 1]),
+        cell("lazy:c=1", 5, "original", [1, 1, 0, 0]),
+        cell("lazy:c=1", 10, "original", [1, 1, 0, 0]),
+    ]
+    from lazyattn.eval.report import closest, comparisons, pivots
+
+    best = closest(comparisons(results))
+    assert best == {"run": "lazy:b=1", "baseline": "full", "worst": 0.0, "mean": 0.25}
+    assert "Closest to full in its worst cell: lazy:b=1 (+0.0 points there, +25.0 on average" in pivots(results)
+    assert closest([]) is None
