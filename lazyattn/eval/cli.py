@@ -83,7 +83,13 @@ def add_eval_parser(
         "for language identification; icl-language-more: five other languages), or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",
     )
-    d.add_argument("--limit", type=int, default=None, help="use the first N questions")
+    d.add_argument("--limit", type=int, default=None, help="use the first N questions (after --skip)")
+    d.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="leave out the first N questions: pick a setting with --limit N, check it with --skip N (default: 0)",
+    )
     d.add_argument(
         "--num-docs",
         default=None,

@@ -70,7 +70,29 @@ def _ints_or_all(text: str, name: str) -> list[int | None]:
 
 
 def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
-    """The items, a description of where they came from, the document counts and the gold positions."""
+    """The items, a description of where they came from, the document counts and the gold positions: the questions
+    after the first `--skip`, at most `--limit` of them (pick a setting on some questions, check it on the others)."""
+    from lazyattn.qa.dataset import DatasetError
+
+    skip = getattr(args, "skip", 0) or 0
+    if skip < 0:
+        raise DatasetError(f"--skip must be >= 0, got {skip}")
+    limit = args.limit
+    if skip and limit is not None:
+        args.limit = skip + limit  # read that many, then drop the first `skip`
+    try:
+        items, meta, num_docs, positions = _load(args)
+    finally:
+        args.limit = limit
+    if skip:
+        items = items[skip:]
+        if not items:
+            raise DatasetError(f"--skip {skip} leaves no question ({meta['questions']} read)")
+        meta = {**meta, "questions": len(items), "skipped": skip}
+    return items, meta, num_docs, positions
+
+
+def _load(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
     from lazyattn.eval import icl, real
     from lazyattn.qa import synthetic
     from lazyattn.qa.dataset import POSITIONS, DatasetError, read_jsonl

@@ -176,3 +176,25 @@ def test_limit_applies_to_the_real_set(tmp_path, capsys):
     assert len(items) == 7 and all(len(i.documents) == 10 and i.gold == (0,) for i in items)
     code = main(["eval", "--dataset", "builtin:real", "--num-docs", "21", "--write-dataset", str(path)])
     assert code != 0 and "20 documents" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dataset", ["builtin:real", "builtin:icl-language", "builtin:small", "FILE"])
+def test_skip_leaves_out_the_first_questions(tmp_path, capsys, dataset):
+    """--skip N --limit M is questions N .. N+M-1 of what --limit N+M reads, for every kind of set; a skip past the
+    end is a one-line error."""
+    file = tmp_path / "qs.jsonl"
+    assert main(["eval", "--dataset", "builtin:real", "--limit", "9", "--write-dataset", str(file)]) == 0
+    dataset = str(file) if dataset == "FILE" else dataset
+    docs = ["--num-docs", "5"] + (["--gold-position", "first"] if dataset == "builtin:real" else [])
+
+    def written(*flags: str) -> list:
+        path = tmp_path / "out.jsonl"
+        assert main(["eval", "--dataset", dataset, *docs, *flags, "--write-dataset", str(path)]) == 0
+        return read_jsonl(path)
+
+    whole = written("--limit", "7")
+    assert [i.question for i in written("--skip", "3", "--limit", "4")] == [i.question for i in whole[3:7]]
+    assert [i.question for i in written("--skip", "5", "--limit", "2")] == [i.question for i in whole[5:7]]
+    capsys.readouterr()
+    assert main(["eval", "--dataset", str(file), "--skip", "9", "--write-dataset", str(tmp_path / "x.jsonl")]) != 0
+    assert "--skip 9 leaves no question" in capsys.readouterr().err
