@@ -40,9 +40,7 @@ class RequestLimits:
         the request's peak pages (its mode's count) within `num_pages`. 0 when nothing fits. Of the request's options
         only relink rows take pages; they are not checked here (`options` checks them)."""
         lens = [len(s) for s in prompt.segments]
-        d = self.defaults
-        k = d.relink_tokens if options.relink_tokens is None else options.relink_tokens
-        m = d.relink_last_tokens if options.relink_last_tokens is None else options.relink_last_tokens
+        k, m = (d if o is None else o for o, d in zip(options.relink, self.defaults.relink))
         lo, hi = 0, self.max_model_len - sum(lens) - len(prompt.final)
         while lo < hi:  # pages grow with the tokens: the largest count that fits, by bisection
             mid = (lo + hi + 1) // 2

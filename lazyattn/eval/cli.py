@@ -272,6 +272,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
     if args.out:
         out = Path(args.out)
+        comparisons = report.comparisons(results)
         meta = {
             "command": " ".join(sys.argv),
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -292,8 +293,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
                 "dataset": dataset_meta,
                 "runs": [{"label": r.label, "mode": r.mode, "options": r.options, "answer": r.answer} for r in runs],
                 "aliases": {c.label: a.label for c, a in aliases.items()},
-                "comparisons": report.comparisons(results),
-                "closest": report.closest(report.comparisons(results)),
+                "comparisons": comparisons,
+                "closest": report.closest(comparisons),
                 "position_means": report.position_means(results),
                 "cells": [r.to_dict() for r in results],
             },

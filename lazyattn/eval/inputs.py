@@ -77,13 +77,10 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
     skip = getattr(args, "skip", 0) or 0
     if skip < 0:
         raise DatasetError(f"--skip must be >= 0, got {skip}")
-    limit = args.limit
-    if skip and limit is not None:
-        args.limit = skip + limit  # read that many, then drop the first `skip`
-    try:
-        items, meta, num_docs, positions = _load(args)
-    finally:
-        args.limit = limit
+    if args.limit is not None and args.limit < 1:
+        raise DatasetError(f"--limit must be >= 1, got {args.limit}")
+    # read the first skip + limit, then drop the first `skip`
+    items, meta, num_docs, positions = _load(args, None if args.limit is None else skip + args.limit)
     if skip:
         items = items[skip:]
         if not items:
@@ -92,7 +89,8 @@ def load_questions(args: argparse.Namespace) -> tuple[list, dict[str, Any], list
     return items, meta, num_docs, positions
 
 
-def _load(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
+def _load(args: argparse.Namespace, limit: int | None) -> tuple[list, dict[str, Any], list[int | None], list[str]]:
+    """What `load_questions` returns, of the first `limit` questions (None: all)."""
     from lazyattn.eval import icl, real
     from lazyattn.qa import synthetic
     from lazyattn.qa.dataset import POSITIONS, DatasetError, read_jsonl
@@ -104,24 +102,22 @@ def _load(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | No
     bad = [s for s in positions if s not in POSITIONS]
     if bad:
         raise DatasetError(f"--gold-position: unknown {', '.join(bad)}; choose from {', '.join(POSITIONS)}")
-    if args.limit is not None and args.limit < 1:
-        raise DatasetError(f"--limit must be >= 1, got {args.limit}")
     if few_shot:
         # No document holds the answer: the demonstrations come in each question's own shuffled order.
         if positions != ["original"]:
             raise DatasetError(f"--gold-position: builtin:{few_shot.name} has no gold documents; use original")
-        header, items = icl.load(args.limit, few_shot)
+        header, items = icl.load(limit, few_shot)
         if any(n is not None and n > header["demonstrations"] for n in num_docs):
             raise DatasetError(f"--num-docs: builtin:{few_shot.name} has {header['demonstrations']} demonstrations")
         meta = {"builtin": few_shot.name, "questions": len(items), "of": header["questions"]}
         meta |= real.source_meta(header)
         return items, meta, num_docs, positions
     if not builtin:
-        items = read_jsonl(args.dataset, args.limit)
+        items = read_jsonl(args.dataset, limit)
         return items, {"file": str(Path(args.dataset).resolve()), "questions": len(items)}, num_docs, positions
     size = args.dataset.partition(":")[2] or "small"
     if size in real.SETS:
-        header, items = real.load(size, args.limit)
+        header, items = real.load(size, limit)
         too_many = [n for n in num_docs if n is not None and n > real.MAX_DISTRACTORS + 1]
         if too_many:
             raise DatasetError(f"--num-docs: builtin:{size} has {real.MAX_DISTRACTORS + 1} documents per question")
@@ -132,7 +128,7 @@ def _load(args: argparse.Namespace) -> tuple[list, dict[str, Any], list[int | No
         raise DatasetError(f"unknown built-in size {size!r}; choose from {choices}")
     if None in num_docs:
         raise DatasetError("--num-docs all needs a dataset file; the built-in set is generated per count")
-    n = min(args.limit, synthetic.SIZES[size]) if args.limit else synthetic.SIZES[size]
+    n = min(limit, synthetic.SIZES[size]) if limit else synthetic.SIZES[size]
     try:
         hops = tuple(int(h) for h in args.hops.split(","))
     except ValueError:

@@ -77,14 +77,16 @@ class LazyState(ModeState):
 
     relinks: list[Run | None] = field(default_factory=list)
     tails: list[Run | None] = field(default_factory=list)
+    # every run, in the order they are computed and read (each segment's first rows, then its last rows): made once
+    # at admission, since the scheduler reads it every step
+    ordered: list[Run] = field(default_factory=list)
 
     @property
     def runs(self) -> list[Run]:
-        """In the order they are computed and read: each segment's first rows, then its last rows."""
-        return [r for pair in zip(self.relinks, self.tails) for r in pair if r is not None]
+        return self.ordered
 
     def private_pages(self) -> list[list[int]]:
-        return [r.pages for r in self.runs]
+        return [r.pages for r in self.ordered]
 
 
 @dataclass
@@ -119,6 +121,7 @@ class LazyMode(_DocumentMode):
                 state.relinks.append(Run(list(segment[:k]), start_pos=part.start) if k else None)
                 end = len(segment) - m  # the last m rows sit at their logical positions from part.start + end
                 state.tails.append(Run(list(segment[end:]), start_pos=part.start + end) if m else None)
+            state.ordered = [r for pair in zip(state.relinks, state.tails) for r in pair if r is not None]
         return run
 
     def context(self, seq: Sequence, page_size: int, before: Run | None = None) -> EntryPages:
