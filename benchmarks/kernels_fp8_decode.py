@@ -4,14 +4,19 @@
     python -m benchmarks.kernels_fp8_decode --quick    # a smoke run (CPU: Triton interpreter)
 
 Per case (batch x context, segments of 2,048 tokens at random nonzero deltas, as benchmarks/kernels.py's decode
-section builds them), the same inputs rounded to each page dtype, then timed one after the other with do_bench
-(medians, `--rep` ms each). Prints one line per case: both times, FP8 / bf16, and the largest difference between the
-two outputs (the FP8 rounding of K and V, not the kernel's error: tests/kernels/test_fp8_attention.py has that).
+section builds them), the same inputs rounded to each page dtype, then timed one after the other two ways: as the
+engine's CUDA graphs run it (graph: 32 launches captured in one graph, the median of 20 replays, per launch) and
+launched one by one (eager: do_bench medians, `--rep` ms each; at batch 1-2 the host's launch, which builds the
+copy-engine descriptors of FP8 pages per call, not the GPU, sets that time). Prints a markdown table, a row per case
+as it finishes: both times each way, FP8 / bf16 of each, and the largest difference between the two outputs (the FP8
+rounding of K and V, not the kernel's error: tests/kernels/test_fp8_attention.py has that).
 """
 
 from __future__ import annotations
 
 import functools
+import platform
+from importlib.metadata import version
 
 import torch
 
@@ -19,7 +24,7 @@ import benchmarks.kernels as bk
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
 from lazyattn.kernels.kv_dtype import FP8
 
-CASES = ((64, 4096), (32, 8192), (64, 8192), (8, 4096), (8, 32768), (64, 32768), (1, 32768))
+CASES = ((64, 4096), (32, 8192), (64, 8192), (8, 4096), (8, 32768), (64, 32768), (1, 8192), (1, 32768), (2, 32768))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,20 +34,30 @@ def main(argv: list[str] | None = None) -> None:
     cases = ((2, 64),) if args.quick else CASES
     b = bk.Bench(args, s, device, bk.llama31_tables(s.head_dim, 4 * max(c for _, c in cases) + 64, device))
     decode = functools.partial(decode_attention, counters=ArrivalCounters())
+    name = torch.cuda.get_device_name(device) if b.gpu else "CPU, Triton interpreter"
+    print(f"{name}, torch {torch.__version__}, Triton {version('triton')}, Python {platform.python_version()}")
+    print()
+    print(
+        "| batch × context | bf16 graphs µs | FP8 graphs µs | FP8 / bf16 graphs | bf16 eager µs | FP8 eager µs "
+        "| FP8 / bf16 eager | max abs(FP8 − bf16) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    bf16 = torch.bfloat16
     for batch, ctx in cases:
-        times, outs = {}, {}
-        for dtype in (torch.bfloat16, FP8):
+        graph, eager, outs = {}, {}, {}
+        for dtype in (bf16, FP8):
             bk.KV_DTYPE = dtype  # the pools benchmarks/kernels.py builds are rounded to it
             inputs, _ = bk.decode_case(b, batch, ctx, torch.Generator().manual_seed(1))
             outs[dtype] = decode(*inputs[0], b.tables, b.scale).float()
-            times[dtype] = 1e3 * b.time_ms(bk.cycle([lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]))
-            del inputs
-        diff = (outs[FP8] - outs[torch.bfloat16]).abs().max().item()
-        print(
-            f"batch {batch:3d} x {ctx:6d} tokens: bf16 {times[torch.bfloat16]:9.1f} us  fp8 {times[FP8]:9.1f} us  "
-            f"fp8 / bf16 {times[FP8] / times[torch.bfloat16]:.2f}  max |fp8 - bf16| {diff:.3g}",
-            flush=True,
-        )
+            calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]
+            graph[dtype] = bk.graph_us(b, calls)
+            eager[dtype] = 1e3 * b.time_ms(bk.cycle(calls))
+            del inputs, calls
+            bk.free_memory()
+        diff = (outs[FP8] - outs[bf16]).abs().max().item()
+        cells = [f"{batch} × {ctx:,}", f"{graph[bf16]:,.1f}", f"{graph[FP8]:,.1f}", f"{graph[FP8] / graph[bf16]:.2f}"]
+        cells += [f"{eager[bf16]:,.1f}", f"{eager[FP8]:,.1f}", f"{eager[FP8] / eager[bf16]:.2f}", f"{diff:.3g}"]
+        print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

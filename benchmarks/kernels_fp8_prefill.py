@@ -26,8 +26,8 @@ import torch
 import benchmarks.kernels as bk
 from lazyattn.kernels.kv_dtype import FP8
 
-RAG_BATCHES = (1, 8, 32, 64)
-CAUSAL = (4096,)
+RAG_BATCHES = (1, 8, 16, 32, 64)
+CAUSAL = (2048, 4096)
 
 
 def main(argv: list[str] | None = None) -> None:

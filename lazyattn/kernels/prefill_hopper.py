@@ -101,7 +101,11 @@ STAGES = 4  # K/V tiles in flight per program (32 KiB each; FP8 pages: 16 KiB la
 # waits for both consumers to release tile t, which they do only after issuing Q·Kᵀ t + 1: every tile would wait for
 # a widening. Three fill the shared memory: 32 + 32 (Q) + 4 x 16 (landing) + 3 x 32 KiB.
 WIDE_STAGES = 3
-MAX_ROWS = 256  # query rows of the calls it takes: short questions (prefill.py's rotated-runs calls)
+# The longest question (an entry's query positions) of the calls it takes, at any total: a batch of questions over
+# cached documents. Long causal prompts take prefill.py's kernel, which is faster there (on an H200 this kernel took
+# 1.28-1.44x its time on one causal prompt of 2,048-4,096 tokens, and 0.80-0.82x it on 16-64 questions of 32 tokens
+# over 5 cached documents of 2,048: benchmarks/results/kernels_fp8_prefill_h200.md).
+MAX_QUESTION = 256
 MAX_SPLITS = 16
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 # Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
@@ -123,18 +127,19 @@ def enabled() -> bool:
 
 
 def shape_supported(
-    total_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int, device: torch.device
+    max_q: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int, device: torch.device
 ) -> bool:
-    """The part of `supports` a launch's shapes decide (what a CUDA graph's bucket knows before any call): a Hopper
-    GPU, pages (`dtype`, the pool's) of 16 bits or FP8, head_dim 128, pages of 64, at most MAX_ROWS query rows, the
-    query heads of a kv head filling 128 rows with whole positions; and the kernel switched on."""
+    """The part of `supports` a launch's shapes decide (what a CUDA graph's bucket knows before any call, its tokens
+    bounding `max_q`): a Hopper GPU, pages (`dtype`, the pool's) of 16 bits or FP8, head_dim 128, pages of 64, no entry
+    with more than MAX_QUESTION query positions (`max_q`; the call's total is not bounded), the query heads of a kv head
+    filling 128 rows with whole positions; and the kernel switched on."""
     if not enabled() or interpreting() or device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if _capability_of(index)[0] != 9 or dtype not in _GL_DTYPES or head_dim != HEAD_DIM or page_size != PAGE_SIZE:
         return False
     group = q_heads // kv_heads if kv_heads else 0
-    return 0 < total_q <= MAX_ROWS and q_heads % kv_heads == 0 and 0 < group <= 16 and ROWS % group == 0
+    return 0 < max_q <= MAX_QUESTION and q_heads % kv_heads == 0 and 0 < group <= 16 and ROWS % group == 0
 
 
 def takes_dtypes(q_dtype: torch.dtype, pages: torch.dtype) -> bool:
@@ -151,7 +156,7 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batc
     if not takes_dtypes(q.dtype, k_cache.dtype):
         return False
     pages = k_cache.dtype
-    if not shape_supported(q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):
+    if not shape_supported(batch.max_q, q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):
         return False
     return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
 

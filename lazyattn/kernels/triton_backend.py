@@ -4,9 +4,10 @@ Per layer and forward: one `rope_write_kv` launch (rotate q and k, store k and v
 launch over the layer's views of the pool, decode or prefill by the batch's shape; a decode step that carries a
 shared-document plan (ForwardBatch.shared) takes kernels/shared_decode.py's two launches. The per-page deltas
 travel in the PagedBatch; the attention kernels apply them on the fly. Short prefill calls (a question over cached
-documents) run the warp-specialised kernel on Hopper GPUs (kernels/prefill_hopper.py), which rotates Q per document
-itself; elsewhere they take Q rotated per run of equal delta up front (kernels/prefill.py), copies that the same
-RoPE launch writes (`rope_write_kv_runs`), not a launch of their own.
+documents, any number of them in one call) run the warp-specialised kernel on Hopper GPUs (kernels/prefill_hopper.py),
+which rotates Q per document itself; elsewhere calls of at most 256 rows take Q rotated per run of equal delta up
+front (kernels/prefill.py), copies that the same RoPE launch writes (`rope_write_kv_runs`), not a launch of their
+own.
 
 FP8 pages (kv_cache_dtype=fp8_e4m3, docs/design.md "FP8 KV cache"): the RoPE launch rounds k and v to e4m3 as it
 stores them, and the decode, shared-decode, prefill and deterministic kernels widen each tile as it loads (decode,
@@ -46,8 +47,10 @@ class TritonBackend(AttentionBackend):
             q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
             return invariant.paged_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)
         runs = 0 if fb.is_decode else rotated_runs_for(q.shape[0])
-        # The Hopper kernel has no per-page temperature or scale (kernels/paged.py): such batches take the Triton one.
-        if runs and fb.attn.inv_temps is None and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):
+        # Questions over cached documents, at any total: the Hopper kernel where it takes the call. It has no per-page
+        # temperature or scale (kernels/paged.py): such batches take the Triton one.
+        hopper = not fb.is_decode and fb.attn.inv_temps is None
+        if hopper and prefill_hopper.supports(q, k_cache, v_cache, fb.attn):
             # Hopper: the warp-specialised kernel rotates Q per document itself, so the RoPE launch writes no copies.
             q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
             splits = fb.attn.num_splits or prefill_hopper.num_splits(

@@ -31,13 +31,13 @@ def test_a_cpu_call_is_turned_away():
     assert not prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
 
 
-def make_small_cpu_scenario():
+def make_small_cpu_scenario(requests=(([0], 5),)):
     from tests.kernels.rope_cases import tables
     from tests.kernels.scenario import make_scenario
 
     return make_scenario(
         [70],
-        [([0], 5)],
+        list(requests),
         q_heads=8,
         kv_heads=2,
         head_dim=128,
@@ -208,6 +208,70 @@ def test_gpu_without_tables_is_attention_without_rotation():
     expected = reference.paged_attention(q, s.k_cache, s.v_cache, batch, None, s.scale)
     out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, None, s.scale, 7)
     assert rel_err(out, expected) < 1e-2
+
+
+def test_the_longest_question_decides_not_the_total(monkeypatch):
+    """A call of many short questions is taken at any total (the entries' longest, `max_q`, is what counts); one
+    question or prompt longer than MAX_QUESTION positions is not. As on a Hopper GPU: the CPU's own answer is no."""
+    monkeypatch.setattr(prefill_hopper, "interpreting", lambda: False)
+    monkeypatch.setattr(prefill_hopper, "_capability_of", lambda index: (9, 0))
+    cuda = torch.device("cuda", 0)
+    shape = (32, 8, 128, torch.bfloat16, 64, cuda)
+    assert prefill_hopper.MAX_QUESTION == 256
+    assert prefill_hopper.shape_supported(256, *shape)
+    assert not prefill_hopper.shape_supported(257, *shape)
+    assert not prefill_hopper.shape_supported(0, *shape)
+    seen = []
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda max_q, *rest: seen.append(max_q) or True)
+    s = make_small_cpu_scenario(requests=[([0], 5), ([0], 3), ([0], 4)])
+    q, batch = s.final_prefill()
+    assert q.shape[0] == 12
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch) and seen == [batch.max_q] == [5]
+
+
+def test_the_backend_offers_every_prefill_call_of_any_total(monkeypatch):
+    """TritonBackend asks the Hopper kernel about prefill calls past 256 rows too (their questions may be short),
+    never about decode steps; where it declines, prefill.py's kernel answers as the reference does."""
+    from tests.kernels import test_triton_backend as tb
+
+    asked = []
+    monkeypatch.setattr(prefill_hopper, "supports", lambda q, k, v, batch: asked.append(q.shape[0]) or False)
+    tab = tb.tables("llama3", tb.DIM, max_position=512, device=tb.DEVICE)
+    kv = torch.randn(tb.LAYERS, 2, 40, tb.PAGE, tb.HKV, tb.DIM, generator=torch.Generator().manual_seed(0))
+    backends = (
+        tb.TritonBackend(kv.clone().to(tb.DEVICE), tab, tb.DIM**-0.5),
+        tb.ReferenceBackend(kv.clone().to(tb.DEVICE), tab, tb.DIM**-0.5),
+    )
+    a, b = list(range(0, 10)), list(range(10, 20))  # two prompts of 150 tokens: 300 rows in one call
+    fb = tb.forward_batch(
+        [
+            (tb.EntryPages(a, [0] * 10, [16] * 9 + [6]), 0, 150, tb.slots_of(a, 0, 150)),
+            (tb.EntryPages(b, [0] * 10, [16] * 9 + [6]), 0, 150, tb.slots_of(b, 0, 150)),
+        ]
+    )
+    tb.run_both(backends, fb, seed=1)
+    assert asked == [300] * tb.LAYERS
+    step = tb.forward_batch([(tb.EntryPages(a, [0] * 10, [16] * 9 + [7]), 150, 1, tb.slots_of(a, 150, 151))])
+    tb.run_both(backends, step, seed=2)
+    assert asked == [300] * tb.LAYERS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+def test_gpu_many_questions_past_256_rows_match_reference(pages):
+    """Twelve questions of 32 tokens and one of 7 over shared documents: 391 rows in one call, taken by this kernel
+    (the longest question decides); a lone prompt of 300 tokens is left to prefill.py's."""
+    requests = [([i % 3, (i + 1) % 3], 32) for i in range(12)] + [([2], 7)]
+    s = with_pages(gpu_scenario([2048, 1000, 77], requests), pages)
+    q, batch = s.final_prefill()
+    assert q.shape[0] == 391 and prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], s.k_cache.shape[2], q.device, 13, batch.max_q)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert rel_err(out, ref(s, q, batch)) < 1e-2
+    long = gpu_scenario([], [([], 300)])
+    q, batch = long.final_prefill()
+    assert not prefill_hopper.supports(q, long.k_cache, long.v_cache, batch)
 
 
 @pytest.mark.gpu
