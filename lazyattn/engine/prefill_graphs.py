@@ -13,7 +13,12 @@ table in the graphs' width. The step is padded to the bucket:
   attending to slot 0 of page 0 (one key, so its rows stay finite); padding rows store nothing (slot -1);
 - the logits rows of the sampling entries come first, then row 0 repeated; only the first n are returned.
 
-Real rows never see padding rows: attention is by entry and the padding writes no key. The split-KV count is
+Real rows never see padding rows: attention is by entry and the padding writes no key.
+
+Which attention kernel a graph runs is fixed at capture. A bucket of at most 256 tokens gives the Hopper kernel its
+calls where it takes them (kernels/prefill_hopper.py: questions of at most MAX_QUESTION tokens). Past that, a bucket
+has two graphs (PrefillGraphs): prefill.py's kernel for steps with a longer entry (a prompt or document chunk, where
+it is faster), and the Hopper kernel for steps of short questions only. The split-KV count is
 fixed per bucket (PagedBatch.num_splits), the one an eager launch picks for T rows in E - 1 entries over a long
 context; the kernel cuts the actual pages of each entry at run time, so any context length is served.
 
@@ -125,10 +130,11 @@ class StepLayout:
         return Buffers(self, device, pin)
 
     def views(
-        self, buffers: Buffers, tokens: int, entries: int, num_splits: int | None = None
+        self, buffers: Buffers, tokens: int, entries: int, num_splits: int | None = None, max_q: int | None = None
     ) -> tuple[torch.Tensor, ForwardBatch]:
         """(input_ids [T], ForwardBatch) of bucket (tokens, entries) over the buffers; the attention follows the
-        host's plan where the layout holds one for the bucket's split count (fill writes it)."""
+        host's plan where the layout holds one for the bucket's split count (fill writes it). `max_q`: the longest
+        entry's rows the graph allows (default: all the bucket's tokens)."""
         i64, head, tables = buffers.i64, buffers.head, buffers.tables
         t, e = self.t, self.e
         pages, deltas, valid, starts, firsts = table_views(tables[:entries])
@@ -142,7 +148,7 @@ class StepLayout:
             valid,
             starts,
             head[2 * e + 1 : 2 * e + 1 + entries],
-            max_q=tokens,
+            max_q=tokens if max_q is None else max_q,
             max_kv=self.w * self.page_size,
             firsts=firsts,
             num_splits=num_splits,
@@ -222,16 +228,18 @@ def _bucket_splits(
     device: torch.device,
     ape: bool = False,
     q_dtype: torch.dtype = torch.bfloat16,
+    max_q: int | None = None,
 ) -> tuple[int, bool]:
     """The split count a bucket's graph fixes and whether the host plans those splits: the Hopper kernel's rule
     where it takes the bucket's calls (kernels/prefill_hopper.py: the model's activations, `q_dtype`, over the pool's
-    pages, and the shapes; it splits pages evenly itself, no plan; never with the temperature tables), else what an
-    eager launch of prefill.py's kernel picks, planned. An fp32 model over FP8 pages takes prefill.py's."""
+    pages, and the shapes, the longest entry at most `max_q` rows (default: all the tokens); it splits pages evenly
+    itself, no plan; never with the temperature tables), else what an eager launch of prefill.py's kernel picks,
+    planned. An fp32 model over FP8 pages takes prefill.py's."""
     shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, backend.kv.dtype, backend.page_size, device)
     hopper = (
         not ape
         and prefill_hopper.takes_dtypes(q_dtype, backend.kv.dtype)
-        and prefill_hopper.shape_supported(tokens, *shape)
+        and prefill_hopper.shape_supported(tokens if max_q is None else max_q, *shape)
         and prefill_hopper.takes_layout(backend.kv[0, 0])
     )
     if hopper:
@@ -239,8 +247,37 @@ def _bucket_splits(
     return graph_num_splits(tokens, entries - 1, *shape), True
 
 
+def bucket_choices(
+    token_buckets: Sequence[int],
+    entry_buckets: Sequence[int],
+    cfg: ModelConfig,
+    backend: AttentionBackend,
+    device: torch.device,
+    ape: bool = False,
+    q_dtype: torch.dtype = torch.bfloat16,
+) -> dict[tuple[int, int, int], tuple[int, bool]]:
+    """{(tokens, entries, longest entry): (splits, planned)} of every graph (`_bucket_splits`): each reachable
+    (tokens, entries) bucket allowing all its tokens in one entry, and, past the Hopper kernel's longest question
+    where that kernel takes the bucket's short questions, a second one allowing MAX_QUESTION (PrefillGraphs)."""
+    choice = {
+        (t, e, t): _bucket_splits(t, e, cfg, backend, device, ape, q_dtype)
+        for t in token_buckets
+        for e in _reachable(entry_buckets, t)
+    }
+    short = prefill_hopper.MAX_QUESTION
+    for t, e, _ in list(choice):
+        if t > short and not (shorts := _bucket_splits(t, e, cfg, backend, device, ape, q_dtype, short))[1]:
+            choice[t, e, short] = shorts
+    return choice
+
+
 class PrefillGraphs:
-    """One CUDA graph per (tokens, entries) bucket over static buffers of the largest bucket."""
+    """One CUDA graph per (tokens, entries, longest entry) bucket over static buffers of the largest bucket.
+
+    The longest entry a graph allows is all its tokens, except for a second graph of the buckets past the Hopper
+    kernel's longest question (kernels/prefill_hopper.py, MAX_QUESTION) where that kernel takes short questions: a
+    step whose entries, the padding one included, are each at most that long (several questions at once) replays
+    it; a step with a longer prompt replays the other, with prefill.py's kernel, faster there."""
 
     def __init__(
         self,
@@ -263,12 +300,7 @@ class PrefillGraphs:
         self.width = width
         self.device = device
         self.token_buckets, self.entry_buckets = tuple(token_buckets), tuple(entry_buckets)
-        cfg = model.config
-        choice = {
-            (t, e): _bucket_splits(t, e, cfg, backend, device, ape, q_dtype)
-            for t in self.token_buckets
-            for e in _reachable(self.entry_buckets, t)
-        }
+        choice = bucket_choices(self.token_buckets, self.entry_buckets, model.config, backend, device, ape, q_dtype)
         self.splits = {bucket: splits for bucket, (splits, _) in choice.items()}
         self.planned = {bucket: plan for bucket, (_, plan) in choice.items()}  # prefill.py's kernel, not Hopper's
         # The host fills a plan per step only where prefill.py's kernel reads it.
@@ -284,18 +316,25 @@ class PrefillGraphs:
         self.copied.record()
         # (device, host) bytes of a step of e entries, made once per e: two views made per step cost host time
         self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.replays = 0  # steps served by a graph (tests check that graphs actually ran)
 
-    def bucket(self, step: StepInputs) -> tuple[int, int] | None:
+    def bucket(self, step: StepInputs) -> tuple[int, int, int] | None:
+        """(tokens, entries, longest entry) of the graph that serves `step`, or None (eager)."""
         if not self.ape and has_ape(step.entries):
             return None
-        return pick_bucket(step, self.width, self.token_buckets, self.entry_buckets)
+        picked = pick_bucket(step, self.width, self.token_buckets, self.entry_buckets)
+        if picked is None:
+            return None
+        tokens, entries = picked
+        short = (tokens, entries, prefill_hopper.MAX_QUESTION)
+        longest = max(max(step.q_lens, default=0), tokens - len(step.tokens))  # the padding entry's rows too
+        return short if short in self.splits and longest <= short[2] else (tokens, entries, tokens)
 
-    def run(self, step: StepInputs, bucket: tuple[int, int]) -> torch.Tensor:
+    def run(self, step: StepInputs, bucket: tuple[int, int, int]) -> torch.Tensor:
         """fp32 logits [len(step.logits_rows), vocab] of a step that fits `bucket`, by graph replay."""
-        tokens, entries = bucket
+        tokens, entries, _ = bucket
         self.copied.synchronize()  # the previous step's copy may still read the staging buffers
         self.layout.fill(self.staging, step, tokens, entries, self.splits[bucket])
         if entries not in self._copies:
@@ -315,7 +354,7 @@ class PrefillGraphs:
         the padding entry owning every row, so the capture runs write nothing to the pool."""
         for bucket in sorted(self.splits):
             if bucket not in self.graphs:
-                tokens, entries = bucket
+                tokens, entries, _ = bucket
                 self.layout.fill(
                     self.empty, StepInputs([], [], [], [], [], [], [], False), tokens, entries, self.splits[bucket]
                 )
@@ -323,9 +362,9 @@ class PrefillGraphs:
                 self.graphs[bucket] = self._capture(bucket)
 
     @torch.inference_mode()
-    def _capture(self, bucket: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        tokens, entries = bucket
-        ids, fb = self.layout.views(self.static, tokens, entries, num_splits=self.splits[bucket])
+    def _capture(self, bucket: tuple[int, int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        tokens, entries, max_q = bucket
+        ids, fb = self.layout.views(self.static, tokens, entries, num_splits=self.splits[bucket], max_q=max_q)
         model = self.model
 
         def forward() -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 
 from lazyattn import LLM
 from lazyattn.engine.config import EngineConfig
+from lazyattn.engine.prefill_graphs import PrefillGraphs
 from lazyattn.engine.prompt import from_token_ids
 from lazyattn.errors import InvalidRequestError
 from lazyattn.kernels.reference import block_mask
@@ -227,11 +228,21 @@ def test_gpu_fp8_pages_under_a_bfloat16_model_match_the_reference_backend_throug
         return short_prefill(q, k_cache, *args, **kwargs)
 
     monkeypatch.setattr(prefill_hopper, "short_prefill_attention", recording)
+    buckets = []
+    bucket_of = PrefillGraphs.bucket
+    monkeypatch.setattr(
+        PrefillGraphs, "bucket", lambda self, step: buckets.append(bucket_of(self, step)) or buckets[-1]
+    )
     directory = config_dir(tmp_path_factory, 2)
     docs = random_docs(3, 300, seed=8)
     segments = [[128000]] + docs
     finals = [random_docs(1, n, seed=400 + n)[0] for n in (5, 32, 100)]
     prompts = [RenderedPrompt(segments=segments[:1] + docs[i:] + docs[:i], final=finals[i]) for i in range(3)]
+    # Twelve questions of 32 tokens at once: a step of 384 rows, the 512-token bucket's graph for short questions.
+    questions = [random_docs(1, 32, seed=500 + i)[0] for i in range(12)]
+    many = [
+        RenderedPrompt(segments=segments[:1] + docs[i % 3 :] + docs[: i % 3], final=q) for i, q in enumerate(questions)
+    ]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     tokens, logits, replays = {}, {}, 0
     for name, kw in (
@@ -256,6 +267,7 @@ def test_gpu_fp8_pages_under_a_bfloat16_model_match_the_reference_backend_throug
         seen = capture_logits(llm)
         tokens[name] = run_once(llm, prompts, params)
         logits[name] = seen[0]  # the questions' prefill step
+        tokens[name, "twelve"] = run_once(llm, many, params)
         if name == "triton":
             replays = llm.engine.executor.runner.prefill_graphs.replays
             planned = llm.engine.executor.runner.prefill_graphs.planned
@@ -265,4 +277,6 @@ def test_gpu_fp8_pages_under_a_bfloat16_model_match_the_reference_backend_throug
     if torch.cuda.get_device_capability()[0] == 9:
         assert torch.float8_e4m3fn in hopper_pages
         assert not all(planned.values())  # a bf16 q over FP8 pages: the Hopper kernel's buckets
+        assert (512, 16, 256) in buckets and not planned[512, 16, 256] and planned[512, 16, 512]
     assert tokens["triton"] == tokens["reference"]
+    assert tokens["triton", "twelve"] == tokens["reference", "twelve"]

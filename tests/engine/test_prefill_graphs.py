@@ -8,6 +8,8 @@ through the Triton prefill kernel (interpreted), split-KV included, with the poo
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -269,3 +271,60 @@ def test_a_bucket_plans_the_kernel_that_will_take_its_calls(monkeypatch, q_dtype
     got = prefill_graphs._bucket_splits(32, 2, cfg, backend, torch.device("cpu"), ape, q_dtype)
     assert got == ((7, False) if hopper else (3, True))
     assert prefill_hopper.takes_dtypes(q_dtype, pages) == (hopper or ape)
+
+
+def hopper_rule(monkeypatch):
+    """The Hopper kernel's shape rule as on an H200 (questions of at most MAX_QUESTION rows), with fixed split
+    counts: 7 for its graphs, 3 (planned) for prefill.py's."""
+    from lazyattn.engine import prefill_graphs
+    from lazyattn.kernels import prefill_hopper
+
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda max_q, *rest: max_q <= 256)
+    monkeypatch.setattr(prefill_hopper, "takes_layout", lambda cache: True)
+    monkeypatch.setattr(prefill_hopper, "num_splits", lambda *a, **k: 7)
+    monkeypatch.setattr(prefill_graphs, "graph_num_splits", lambda *a: 3)
+
+
+@pytest.mark.parametrize(
+    ("q_dtype", "ape", "short"),
+    [(torch.bfloat16, False, True), (torch.float32, False, False), (torch.bfloat16, True, False)],
+)
+def test_buckets_past_the_longest_question_get_a_graph_for_short_questions(monkeypatch, q_dtype, ape, short):
+    """Buckets of up to 256 tokens: one graph each, the Hopper kernel's. A 512-token bucket: prefill.py's graph for
+    any step, and a second, the Hopper kernel's, for steps of short questions, only where that kernel takes the
+    model's calls (a 16-bit model, no temperature tables)."""
+    from types import SimpleNamespace
+
+    from lazyattn.engine.prefill_graphs import bucket_choices
+
+    hopper_rule(monkeypatch)
+    cfg = SimpleNamespace(num_heads=32, num_kv_heads=8, head_dim=128)
+    backend = SimpleNamespace(kv=torch.zeros(2, 1, 1, dtype=torch.bfloat16), page_size=64)
+    got = bucket_choices((256, 512), (2, 4), cfg, backend, torch.device("cpu"), ape, q_dtype)
+    hopper = (7, False) if q_dtype == torch.bfloat16 and not ape else (3, True)
+    want = {(256, 2, 256): hopper, (256, 4, 256): hopper, (512, 2, 512): (3, True), (512, 4, 512): (3, True)}
+    if short:
+        want |= {(512, 2, 256): (7, False), (512, 4, 256): (7, False)}
+    assert got == want
+
+
+def test_a_step_of_short_questions_replays_the_short_graph(monkeypatch):
+    """The longest entry, the padding entry's rows included, picks the graph: at most 256 rows each -> the Hopper
+    kernel's graph of the bucket; a longer prompt, or a bucket without that graph -> the one for any step."""
+    from types import SimpleNamespace
+
+    from lazyattn.engine.prefill_graphs import PrefillGraphs
+
+    def question(n):
+        return (EntryPages([0], [0], [16]), [1] * n, 0, [-1] * n, True)
+
+    graphs = SimpleNamespace(ape=False, width=WIDTH, token_buckets=(256, 512), entry_buckets=(2, 16))
+    graphs.splits = {(256, 2, 256): 7, (512, 2, 512): 3, (512, 16, 512): 3, (512, 16, 256): 7}
+    pick = functools.partial(PrefillGraphs.bucket, graphs)
+    assert pick(step_of([question(32)] * 12)) == (512, 16, 256)  # 384 rows: 128 of padding
+    assert pick(step_of([question(32)] * 8 + [question(200)])) == (512, 16, 256)
+    assert pick(step_of([question(257), question(10)])) == (512, 16, 512)  # a prompt past 256 rows
+    assert pick(step_of([question(200), question(60)])) == (512, 16, 256)  # 260 rows: 252 of padding
+    assert pick(step_of([question(130), question(130)])) == (512, 16, 256)
+    assert pick(step_of([question(300)])) == (512, 2, 512)  # no short graph for (512, 2)
+    assert pick(step_of([question(100)])) == (256, 2, 256)
