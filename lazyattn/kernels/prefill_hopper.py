@@ -102,9 +102,8 @@ STAGES = 4  # K/V tiles in flight per program (32 KiB each; FP8 pages: 16 KiB la
 # a widening. Three fill the shared memory: 32 + 32 (Q) + 4 x 16 (landing) + 3 x 32 KiB.
 WIDE_STAGES = 3
 # The longest question (an entry's query positions) of the calls it takes, at any total: a batch of questions over
-# cached documents. Long causal prompts take prefill.py's kernel, which is faster there (on an H200 this kernel took
-# 1.28-1.44x its time on one causal prompt of 2,048-4,096 tokens, and 0.80-0.82x it on 16-64 questions of 32 tokens
-# over 5 cached documents of 2,048: benchmarks/results/kernels_fp8_prefill_h200.md).
+# cached documents. Long causal prompts take prefill.py's kernel, which is faster there, as this one is on batches of
+# questions (benchmarks/results/kernels_fp8_prefill_h200.md).
 MAX_QUESTION = 256
 MAX_SPLITS = 16
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
