@@ -12,9 +12,11 @@ import functools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lazyattn.engine.graph_inputs import TABLES, StepInputs, fill_tables, table_views
-from lazyattn.engine.prefill_graphs import StepLayout, pick_bucket
+from lazyattn.engine.prefill_graphs import ENTRY_BUCKETS, StepLayout, pick_bucket
 from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
 from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
 from lazyattn.kernels.prefill_plan import PLAN_WIDTH, split_plan
@@ -328,3 +330,44 @@ def test_a_step_of_short_questions_replays_the_short_graph(monkeypatch):
     assert pick(step_of([question(130), question(130)])) == (512, 16, 256)
     assert pick(step_of([question(300)])) == (512, 2, 512)  # no short graph for (512, 2)
     assert pick(step_of([question(100)])) == (256, 2, 256)
+
+
+@given(
+    q_lens=st.lists(st.integers(1, 300), min_size=1, max_size=70),
+    short_graphs=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_graph_a_step_replays_allows_every_entry_it_holds(q_lens, short_graphs):
+    """For any step: the graph picked holds its tokens and entries (the padding entry too), every entry, the padding
+    one included, fits the longest entry that graph allows, and a step that fits a bucket's graph for short questions
+    (where it exists) is never given the other."""
+    from types import SimpleNamespace
+
+    from lazyattn.engine.prefill_graphs import TOKEN_BUCKETS, PrefillGraphs, bucket_choices
+    from lazyattn.kernels import prefill_hopper
+
+    cfg = SimpleNamespace(num_heads=32, num_kv_heads=8, head_dim=128)
+    backend = SimpleNamespace(kv=torch.zeros(2, 1, 1, dtype=torch.bfloat16), page_size=64)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(prefill_hopper, "shape_supported", lambda max_q, *rest: short_graphs and max_q <= 256)
+        m.setattr(prefill_hopper, "takes_layout", lambda cache: True)
+        m.setattr(prefill_hopper, "num_splits", lambda *a, **k: 7)
+        choices = bucket_choices(TOKEN_BUCKETS, ENTRY_BUCKETS, cfg, backend, torch.device("cpu"))
+    graphs = SimpleNamespace(ape=False, width=WIDTH, token_buckets=TOKEN_BUCKETS, entry_buckets=ENTRY_BUCKETS)
+    graphs.splits = {key: splits for key, (splits, _) in choices.items()}
+    step = step_of([(EntryPages([0], [0], [16]), [1] * n, 0, [-1] * n, True) for n in q_lens])
+    picked = PrefillGraphs.bucket(graphs, step)
+    total = sum(q_lens)
+    if picked is None:
+        assert pick_bucket(step, WIDTH) is None
+        return
+    tokens, entries, longest = picked
+    assert picked in graphs.splits and (tokens, entries) == pick_bucket(step, WIDTH)
+    assert tokens >= total and entries >= len(q_lens) + 1
+    assert longest >= max(*q_lens, tokens - total)
+    if tokens <= 256:  # one graph per bucket
+        assert longest == tokens
+        return
+    short = (tokens, entries, prefill_hopper.MAX_QUESTION)
+    assert (short in graphs.splits) == short_graphs
+    assert (picked == short) == (short_graphs and max(*q_lens, tokens - total) <= 256)
