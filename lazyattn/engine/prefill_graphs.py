@@ -329,8 +329,9 @@ class PrefillGraphs:
             return None
         tokens, entries = picked
         short = (tokens, entries, prefill_hopper.MAX_QUESTION)
-        longest = max(max(step.q_lens, default=0), tokens - len(step.tokens))  # the padding entry's rows too
-        return short if short in self.splits and longest <= short[2] else (tokens, entries, tokens)
+        if short in self.splits and max(*step.q_lens, tokens - len(step.tokens)) <= short[2]:  # padding rows too
+            return short
+        return tokens, entries, tokens
 
     def run(self, step: StepInputs, bucket: tuple[int, int, int]) -> torch.Tensor:
         """fp32 logits [len(step.logits_rows), vocab] of a step that fits `bucket`, by graph replay."""

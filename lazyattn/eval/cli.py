@@ -268,11 +268,11 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     table_rows = report.rows(results)
     print(report.text_table(table_rows, report.table_columns(table_rows)))
-    pivot = report.pivots(results, aliases)
+    comparisons = report.comparisons(results)
+    pivot = report.pivots(results, aliases, comparisons)
     print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
     if args.out:
         out = Path(args.out)
-        comparisons = report.comparisons(results)
         meta = {
             "command": " ".join(sys.argv),
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -126,9 +126,14 @@ def _grid(runs: Sequence[str], columns: Sequence[Any], head: Sequence[str], text
     return "\n".join(lines)
 
 
-def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = None) -> str:
+def pivots(
+    results: Sequence[CellResult],
+    aliases: Mapping[Cell, Cell] | None = None,
+    comps: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
     """The accuracy pivot, then one per question type when there are several, then the differences from the
-    baseline run when there are several runs (markdown, titled)."""
+    baseline run when there are several runs (markdown, titled), and the run closest to it. `comps`: the results'
+    `comparisons`, where the caller has them already (each is a paired bootstrap)."""
     ci = f"{CONFIDENCE:.0%} bootstrap CI"
     text = f"Accuracy (%) [{ci}]\n\n{pivot_markdown(results, aliases)}"
     for t in dict.fromkeys(t for r in results for t in r.summary().get("accuracy_by_type", {})):
@@ -137,7 +142,7 @@ def pivots(results: Sequence[CellResult], aliases: Mapping[Cell, Cell] | None = 
     text = f"{text}\n\n{diffs}" if diffs else text
     means = position_means_markdown(results)
     text = f"{text}\n\n{means}" if means else text
-    best = closest(comparisons(results))
+    best = closest(comparisons(results) if comps is None else comps)
     if best is not None:
         text += (
             f"\n\nClosest to {best['baseline']} in its worst cell: {best['run']} "
