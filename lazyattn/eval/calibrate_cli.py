@@ -26,10 +26,10 @@ def cmd_calibrate(args: argparse.Namespace, engine_options: Callable[[argparse.N
     prompts, source = _prompts(args)
     settings = calibrate.grid(
         args.calibrate_prefix,
-        _floats(args.temperatures),
-        _floats(args.scales),
-        _floats(args.tilts),
-        [int(m) for m in _floats(args.relink_last)],
+        _numbers(args.temperatures),
+        _numbers(args.scales),
+        _numbers(args.tilts),
+        _numbers(args.relink_last, int, "whole numbers"),
     )
     options = engine_options(args)
     options.pop("mode")
@@ -151,11 +151,11 @@ def _num_docs(args: argparse.Namespace) -> int:
     return k
 
 
-def _floats(text: str) -> list[float]:
+def _numbers(text: str, kind: type = float, what: str = "numbers") -> list:
     try:
-        return [float(t) for t in text.split(",") if t.strip()]
+        return [kind(t) for t in text.split(",") if t.strip()]
     except ValueError as e:
-        raise InvalidRequestError(f"expected comma-separated numbers, got {text!r}", param="calibrate") from e
+        raise InvalidRequestError(f"expected comma-separated {what}, got {text!r}", param="calibrate") from e
 
 
 def _kwargs(setting) -> str:

@@ -162,6 +162,7 @@ def test_grid_and_positions():
         (["--calibrate", "--calibrate-documents", "DOCS", "--temperatures", "0"], "positive"),
         (["--calibrate", "--calibrate-documents", "DOCS", "--temperatures", "a"], "comma-separated numbers"),
         (["--calibrate", "--calibrate-documents", "DOCS", "--relink-last", "0,-1"], "0 or more"),
+        (["--calibrate", "--calibrate-documents", "DOCS", "--relink-last", "0,2.5"], "comma-separated whole numbers"),
     ],
 )
 def test_bad_flags_are_one_line_errors(corpus, capsys, extra, message):
