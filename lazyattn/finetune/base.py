@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lazyattn.errors import CheckpointError
+from lazyattn.errors import CheckpointError, InvalidRequestError
 from lazyattn.model import gguf, gguf_tokenizer
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
@@ -32,7 +32,7 @@ TOKENIZER_FILES = (
 @dataclass
 class Base:
     name: str  # as given: recorded in the adapter as its base
-    model: torch.nn.Module  # transformers CausalLM, fp32, eager attention (takes 4-D masks as is)
+    model: torch.nn.Module  # transformers CausalLM, fp32; its attention takes the training rows' 4-D masks as is
     tokenizer: TokenizerBase
 
     def save_tokenizer(self, directory: Path) -> None:
@@ -47,8 +47,17 @@ class Base:
                     shutil.copy2(Path(path) / name, directory / name)
 
 
-def load_base(name: str) -> Base:
+ATTENTION = ("sdpa", "eager")
+
+
+def load_base(name: str, attention: str = "sdpa") -> Base:
+    """The base model in fp32 with transformers' `attention` implementation: "sdpa" (PyTorch's fused attention,
+    memory linear in the row length) or "eager" (a rows x heads x length² score tensor per layer). Both read the
+    additive 4-D masks of masks.py as given."""
     import transformers
+
+    if attention not in ATTENTION:
+        raise InvalidRequestError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}", "attention")
 
     path = resolve_model(name)
     if name == TINY:
@@ -57,7 +66,7 @@ def load_base(name: str) -> Base:
         config, weights = gguf.hf_config(gguf.open_gguf(path)), dict(gguf.read_weights(path))
     elif Path(path).is_dir():
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager"
+            path, dtype=torch.float32, attn_implementation=attention
         )
         return Base(name, model, load_tokenizer(path))
     else:
@@ -67,7 +76,7 @@ def load_base(name: str) -> Base:
     if config_cls is None:
         raise CheckpointError(f"{name}: no transformers config class for {arch}")
     hf_config = config_cls(**{k: v for k, v in config.items() if k != "dtype"})
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation=attention, dtype=torch.float32)
     if hf_config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(weights, strict=False)

@@ -70,6 +70,13 @@ def add_finetune_parser(sub) -> None:
         "--seed", type=int, default=d.seed, help="seed of the data order and the adapter's init (default: %(default)s)"
     )
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="drop longer examples")
+    p.add_argument(
+        "--attention",
+        default=d.attention,
+        choices=["sdpa", "eager"],
+        help="transformers' attention over the training rows: sdpa (PyTorch's fused kernels, memory linear in the "
+        "row length) or eager (a score tensor of length² per row and head) (default: %(default)s)",
+    )
     p.add_argument("--max-minutes", type=float, default=None, help="stop training after this long, then save")
     p.add_argument(
         "--save-dtype",
@@ -215,6 +222,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed,
         max_tokens=args.max_tokens,
+        attention=args.attention,
         save_dtype=args.save_dtype,
         max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
         progress=not args.no_progress,

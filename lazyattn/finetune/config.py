@@ -90,6 +90,7 @@ class FinetuneConfig:
     device: str | None = None  # default: cuda if available
     seed: int = 0
     max_tokens: int = 4096  # longer examples are dropped
+    attention: str = "sdpa"  # transformers' attention for the rows: "sdpa" (memory linear in length) or "eager"
     max_seconds: float | None = None  # stop after this much training time (then save as usual)
     save_dtype: str = "bfloat16"
     progress: bool = True

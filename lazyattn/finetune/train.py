@@ -168,7 +168,7 @@ def finetune(cfg: FinetuneConfig, command: str | None = None) -> FinetuneResult:
     torch.manual_seed(cfg.seed)
     if cfg.init_adapter is not None:
         _init_adapter_path(cfg)  # before anything is loaded
-    base = load_base(cfg.model)
+    base = load_base(cfg.model, cfg.attention)
     model = base.model.to(device)
     labelled: list[Example] = []
     layouts = list(cfg.layouts) if cfg.layouts is not None else [DEFAULT_LAYOUT]

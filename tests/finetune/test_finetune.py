@@ -167,6 +167,26 @@ def test_padding_does_not_leak_into_rows(tiny):
     assert labels[labels != -100].tolist() == short.answer
 
 
+def test_sdpa_rows_train_as_eager_rows():
+    """The fused attention (the default) gives eager attention's loss and gradients on a step of block rows with
+    the shared prefix, a full row and padding: it reads the same 4-D masks."""
+    short, long = (encode_item(load_base("tiny").tokenizer, item) for item in ITEMS[:2])
+    long = Example(long.segments + [[65] * 40], long.final, long.answer)
+    batch = make_batch([short, long, short], [True, False, True], ape_prefix=True)
+    got = {}
+    for attention in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = load_base("tiny", attention).model.train()
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+        got[attention] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert torch.allclose(got["sdpa"][0], got["eager"][0], rtol=1e-5)
+    for name, grad in got["eager"][1].items():
+        assert torch.allclose(got["sdpa"][1][name], grad, rtol=1e-4, atol=1e-6), name
+    with pytest.raises(InvalidRequestError, match="attention must be one of"):
+        load_base("tiny", "flash")
+
+
 def test_examples_are_the_engines_segments_plus_the_answer(tiny):
     llm_render = LLM(model="tiny", device="cpu").render_chat
     example = encode_item(tiny.tokenizer, ITEMS[1])
