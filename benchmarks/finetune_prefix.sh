@@ -15,8 +15,8 @@
 # documents, gold first / middle / last, layouts block-attention and short-answer, modes full and lazy with
 # ape_prefix. smollm2-block's runs go alongside the training (the GPU has room for both), the new adapter's after it.
 #
-# RECIPES (default "prefix"): names of adapters to train side by side on the one GPU (two at most on an H200: each
-# training takes ~55-65 GB at these lengths), each with the recipe above and
+# RECIPES (default "prefix"): names of adapters to train side by side on the one GPU (with --attention eager, two at
+# most on an H200: each takes ~55-65 GB at these lengths), each with the recipe above and
 # the extra `lazyattn finetune` arguments of ARGS_<name> (later arguments win), where {cloze} stands for a labelled
 # set of LABELLED_CLOZE cloze questions made from the Jargon File (written when LABELLED_CLOZE > 0). For example
 #   RECIPES="cloze labelled" ARGS_cloze="--question-kinds cloze" LABELLED_CLOZE=6000 \
@@ -42,8 +42,8 @@ py="${PYTHON:-python3}"
 start=$(date +%s)
 stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
 
-# About 0.7 s a step of 8 rows on an H200 (eager attention, rows up to ~2,100 tokens): 250 steps fill 3 minutes, so
-# the learning rate ends its cosine near where the time limit stops it.
+# TRAIN_STEPS and TRAIN_MINUTES go together: the learning rate's cosine should end near where the time limit stops
+# the run (docs/finetune.md gives the steps each recipe reached).
 train=(--steps "${TRAIN_STEPS:-250}" --batch-size 8 --max-minutes "${TRAIN_MINUTES:-3}" --prompts 1200 --examples 8000)
 evalopts=(--num-docs 5,10 --gold-position first,middle,last --batch-size 64 --engine-option warm_up=false
     --kv-cache-gb 4 --host-cache-gb 0)
@@ -53,7 +53,7 @@ evalopts=(--num-docs 5,10 --gold-position first,middle,last --batch-size 64 --en
 block_seconds=${BLOCK_SECONDS:-480} prefix_seconds=${PREFIX_SECONDS:-240} background=1
 if [ "$smoke" = "--smoke" ]; then  # minutes of a CPU: two steps, one cell per evaluation, one at a time
     train=(--steps 2 --batch-size 2 --prompts 8 --examples 8 --held-out 2 --device cpu --answer-tokens 4
-        --docs-per-prompt 2,3 --max-tokens 1000)  # fp32 eager attention on a CPU: short rows
+        --docs-per-prompt 2,3 --max-tokens 1000)  # fp32 on a CPU: short rows
     evalopts=(--num-docs 5 --gold-position first --batch-size 2 --device cpu --limit 2 --max-tokens 4)
     block_seconds=1800 prefix_seconds=1800 background=0
 fi

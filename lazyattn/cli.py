@@ -56,7 +56,8 @@ RUNS_A_MODEL = (*ANSWERING, "bench", "finetune")
 # a test checks that it names every one.
 MODEL_HELP = (
     "a named model: smollm2 (SmolLM2-135M-Instruct, fetched once), smollm2-block (smollm2 with the shipped "
-    "block-attention adapter), tiny (built in, random weights: noise; tests and benchmarks); `lazyattn models` "
+    "block-attention adapter), smollm2-block-prefix (smollm2 with the adapter trained for lazy mode with the shared "
+    "prefix), tiny (built in, random weights: noise; tests and benchmarks); `lazyattn models` "
     "lists them. Or a path: a Hugging Face checkpoint directory, a .gguf file, an adapter folder from `lazyattn "
     "finetune`; a path that exists wins over a name (default: %(default)s)"
 )
@@ -155,14 +156,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         where = hub.cached_path(spec)
         state = f"cached at {where}" if where.is_file() else f"fetched on first use ({spec.size / 1e6:.0f} MB)"
         rows.append((name, f"{spec.description}; {state}"))
-    for name, folder in hub.NAMED_ADAPTERS.items():
-        rows.append(
-            (
-                name,
-                f"{_adapter_base(name)} with the shipped block-attention LoRA adapter (docs/finetune.md); "
-                f"{hub.ADAPTERS_DIR / folder}",
-            )
-        )
+    for name, trained_for in hub.NAMED_ADAPTERS.items():
+        rows.append((name, f"{_adapter_base(name)} with {trained_for}; {hub.ADAPTERS_DIR / name}"))
     width = max(len(name) for name, _ in rows)
     print("Named models (--model NAME):")
     for name, text in rows:
@@ -311,7 +306,7 @@ def say_which_model(command: str, given: str, model: str) -> None:
     if model != given:
         text = f"the local {'directory' if os.path.isdir(model) else 'file'} {model} (not the named model {given})"
     elif model in hub.NAMED_ADAPTERS:
-        text = f"{_adapter_base(model)} with the shipped adapter {hub.ADAPTERS_DIR / hub.NAMED_ADAPTERS[model]}"
+        text = f"{_adapter_base(model)} with the shipped adapter {hub.ADAPTERS_DIR / model}"
     elif model in hub.NAMED_MODELS:
         text = f"{hub.NAMED_MODELS[model].description}"
     elif model == "tiny" and command in ANSWERING:
@@ -327,7 +322,7 @@ def _adapter_base(name: str) -> str:
     from lazyattn.model import hub
     from lazyattn.model.adapter import CONFIG_FILE
 
-    config = json.loads((hub.ADAPTERS_DIR / hub.NAMED_ADAPTERS[name] / CONFIG_FILE).read_text(encoding="utf-8"))
+    config = json.loads((hub.ADAPTERS_DIR / name / CONFIG_FILE).read_text(encoding="utf-8"))
     return config["base_model_name_or_path"]
 
 

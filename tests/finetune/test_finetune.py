@@ -242,11 +242,28 @@ def test_finetune_tiny_lowers_the_loss_and_saves_loadable_checkpoints(tmp_path):
         assert out.outputs[0].token_ids == [int(lp.argmax()) for lp in want[:GEN]]
 
 
-def test_smollm2_block_names_the_shipped_adapter():
-    path = resolve_model("smollm2-block")
-    adapter = read_adapter(path)
-    assert adapter.base == "smollm2"
+@pytest.mark.parametrize("name", ["smollm2-block", "smollm2-block-prefix"])
+def test_named_adapters_are_the_shipped_folders(name):
+    adapter = read_adapter(resolve_model(name))
+    assert adapter.base == "smollm2" and adapter.path.name == name
     assert (adapter.path / "finetune.json").is_file()
+
+
+def test_smollm2_block_prefix_records_the_recipe_the_docs_give():
+    """docs/finetune.md, "smollm2-block-prefix": continued from smollm2-block with shared-prefix rows of both layouts,
+    up to 4,096 tokens, half of them labelled block rows, half distilled from the frozen start."""
+    record = json.loads((read_adapter(resolve_model("smollm2-block-prefix")).path / "finetune.json").read_text())
+    cfg = record["config"]
+    assert (cfg["init_adapter"], cfg["ape_prefix"], cfg["max_tokens"], cfg["attention"]) == (
+        "smollm2-block",
+        True,
+        4096,
+        "sdpa",
+    )
+    assert cfg["layouts"] == ["block-attention", "short-answer"]
+    assert (cfg["labelled_share"], cfg["full_share"], cfg["lr"]) == (0.5, 0.0, 3e-4)
+    assert cfg["distill"]["teacher"] == "start" and cfg["distill"]["documents"] == "jargon-file"
+    assert record["steps_done"] == 280
 
 
 def test_init_adapter_continues_from_its_weights(tmp_path):
