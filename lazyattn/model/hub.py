@@ -76,7 +76,7 @@ ADAPTERS_DIR = Path(__file__).resolve().parent / "adapters"
 NAMED_ADAPTERS: dict[str, str] = {
     "smollm2-block": "the block-attention LoRA adapter (docs/finetune.md)",
     "smollm2-block-prefix": "the LoRA adapter for lazy mode with the shared prefix, trained on prompts as long as "
-    "those served; the most accurate SmolLM2 in every mode (docs/quality.md)",
+    "those served; the most accurate SmolLM2 on real prose (docs/quality.md)",
 }
 
 
