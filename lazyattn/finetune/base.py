@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from lazyattn.errors import CheckpointError, InvalidRequestError
+from lazyattn.finetune.config import ATTENTION
 from lazyattn.model import gguf, gguf_tokenizer
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.hub import resolve_model
@@ -45,9 +46,6 @@ class Base:
             for name in TOKENIZER_FILES:
                 if (Path(path) / name).is_file():
                     shutil.copy2(Path(path) / name, directory / name)
-
-
-ATTENTION = ("sdpa", "eager")
 
 
 def load_base(name: str, attention: str = "sdpa") -> Base:

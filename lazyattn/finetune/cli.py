@@ -9,6 +9,7 @@ import sys
 
 from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune.config import (
+    ATTENTION,
     DEFAULT_KINDS,
     DEFAULT_TARGETS,
     QUESTION_KINDS,
@@ -73,7 +74,7 @@ def add_finetune_parser(sub) -> None:
     p.add_argument(
         "--attention",
         default=d.attention,
-        choices=["sdpa", "eager"],
+        choices=ATTENTION,
         help="transformers' attention over the training rows: sdpa (PyTorch's fused kernels, memory linear in the "
         "row length) or eager (a score tensor of length² per row and head) (default: %(default)s)",
     )

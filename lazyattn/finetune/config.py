@@ -16,6 +16,9 @@ BUILTIN = "builtin"  # the generated evaluation set's training split (data.py)
 # Every projection of a Llama-family block: attention and MLP.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
+# transformers' attention over the training rows: PyTorch's fused kernels (memory linear in the row length) or a
+# rows x heads x length² score tensor per layer; both read masks.py's additive 4-D masks as given
+ATTENTION = ("sdpa", "eager")
 TEACHERS = ("base", "self", "start")
 SPANS = ("question+answer", "answer")
 # The questions made from documents (prompts.py); "cloze" is the one that writes its answer.
@@ -90,7 +93,7 @@ class FinetuneConfig:
     device: str | None = None  # default: cuda if available
     seed: int = 0
     max_tokens: int = 4096  # longer examples are dropped
-    attention: str = "sdpa"  # transformers' attention for the rows: "sdpa" (memory linear in length) or "eager"
+    attention: str = "sdpa"  # one of ATTENTION
     max_seconds: float | None = None  # stop after this much training time (then save as usual)
     save_dtype: str = "bfloat16"
     progress: bool = True
@@ -116,6 +119,8 @@ class FinetuneConfig:
             raise InvalidRequestError("layouts must hold at least one PromptLayout", param="layouts")
         if self.init_adapter is not None and self.full_finetune:
             raise InvalidRequestError("init_adapter continues a LoRA adapter, not full fine-tuning", "init_adapter")
+        if self.attention not in ATTENTION:
+            raise InvalidRequestError(f"attention must be one of {', '.join(ATTENTION)}", param="attention")
         if self.save_dtype not in SAVE_DTYPES:
             raise InvalidRequestError(f"save_dtype must be one of {', '.join(SAVE_DTYPES)}", param="save_dtype")
 

@@ -183,8 +183,9 @@ def test_sdpa_rows_train_as_eager_rows():
     assert torch.allclose(got["sdpa"][0], got["eager"][0], rtol=1e-5)
     for name, grad in got["eager"][1].items():
         assert torch.allclose(got["sdpa"][1][name], grad, rtol=1e-4, atol=1e-6), name
-    with pytest.raises(InvalidRequestError, match="attention must be one of"):
-        load_base("tiny", "flash")
+    for bad in (lambda: load_base("tiny", "flash"), lambda: FinetuneConfig(attention="flash")):
+        with pytest.raises(InvalidRequestError, match="attention must be one of sdpa, eager"):
+            bad()
 
 
 def test_examples_are_the_engines_segments_plus_the_answer(tiny):
