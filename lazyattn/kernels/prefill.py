@@ -61,7 +61,14 @@ pages' deltas (prefill_tiles.kernel_chunks), or from the host's plan where the c
 
 FP8 pages (docs/design.md, "FP8 KV cache"): under a 16-bit q the products run in float16 (kv_dtype.fp8_tile_dtype):
 K/V tiles widen to it as they load (exact), P rounds to it, and the Q tile, whatever its source, is rounded to it
-through the scratch rows (prefill_tiles.load_q_tile, which says why).
+through the scratch rows (prefill_tiles.load_q_tile, which says why). Each program widens every tile it reads, so a
+long call (a causal prompt: each key read by every later query block) widens each key many times, and on sm_90
+triton stores every widened tile back to shared memory for the wgmma. Calls of at least _WIDEN_MIN_ROWS query rows
+therefore widen the pages they read once, before the kernel (`_widen_pages_kernel`, into float16 pages of their own,
+one per (entry, page) of the call's tables), and the kernel reads those as it reads 16-bit pages: the same float16
+tiles, the same products, the same result bits, at bf16 pages' speed plus one pass over the call's keys
+(benchmarks/results/kernels_fp8_prefill_h200.md). Not while a CUDA graph is captured, where the tables' width is the
+graph's, not the call's (the scratch would be the graph's whole width).
 
 Where the code lives: this file holds the kernel and its launch; prefill_tiles.py the tile loop and the chunk
 walks; page_scan.py the scans of the page tables; prefill_plan.py the host's plan.
@@ -94,13 +101,15 @@ Grid, tiling, GQA
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lazyattn.kernels.kv_dtype import check_dtypes
+from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.page_scan import BLOCK_B, BLOCK_P, count_pages, entry_of_row, find_block, pick, run_deltas
 from lazyattn.kernels.paged import PagedBatch, cdiv
@@ -115,6 +124,50 @@ _MAX_SPLITS = 32
 # longer calls, whose Q is rotated once per program of many tiles, rotate in the attention kernel.
 _ROTATED_RUNS = 8
 _ROTATE_MAX_ROWS = 256
+# Calls over FP8 pages whose longest entry has at least _WIDEN_MIN_ROWS query rows, and at least _WIDEN_MIN_SCORES
+# query rows x keys, widen their pages before the kernel into at most _WIDEN_MAX_BYTES of float16 pages (module
+# docstring, "FP8 pages"). Measured on an H200 (`python -m benchmarks.kernels_fp8_prefill`): a causal prompt of 512
+# tokens takes the same GPU time either way, one of 1,024 less widened first.
+_WIDEN_MIN_ROWS = 512
+_WIDEN_MIN_SCORES = 1 << 20
+_WIDEN_MAX_BYTES = 256 << 20
+
+
+@triton.jit(do_not_specialize=["width"])
+def _widen_pages_kernel(
+    K,
+    V,
+    WideK,
+    WideV,
+    pages,
+    num_pages,
+    width,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_table,
+    PAGE_SIZE: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """WideK/WideV[b * width + i, :, h] = K/V[pages[b, i], :, h] widened to WideK's dtype (exact); one program per
+    (b * width + i, h). Table slots past an entry's num_pages are left as they are: the kernel never reads them."""
+    slot = tl.program_id(0)
+    head = tl.program_id(1)
+    entry = slot // width
+    if slot % width >= tl.load(num_pages + entry):
+        return
+    page = tl.load(pages + entry.to(tl.int64) * stride_table + slot % width).to(tl.int64)
+    rows = tl.arange(0, PAGE_SIZE)[:, None]
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    wide = ((slot.to(tl.int64) * PAGE_SIZE + rows) * KV_HEADS + head) * HEAD_DIM + dims
+    k = tl.load(K + page * stride_kp + rows * stride_ks + head * stride_kh + dims)
+    tl.store(WideK + wide, k.to(WideK.dtype.element_ty))
+    v = tl.load(V + page * stride_vp + rows * stride_vs + head * stride_vh + dims)
+    tl.store(WideV + wide, v.to(WideV.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["batch_size", "total_q", "max_position"])
@@ -599,6 +652,7 @@ def prefill_attention(
     rotated_runs: int | None = None,
     rotated_q: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    widen: bool | None = None,
 ) -> torch.Tensor:
     """Paged causal attention with per-page delta, same semantics as `reference.paged_attention`.
 
@@ -612,7 +666,9 @@ def prefill_attention(
     rotated up front, one per run of equal delta (module docstring, "Where delta is applied"); None takes
     _ROTATED_RUNS for calls of at most _ROTATE_MAX_ROWS rows and 0 (rotation in the kernel) beyond.
     The split partials and rotated copies live in scratch allocated per call (stream-ordered by PyTorch's
-    allocator, in the graph's pool under CUDA graphs).
+    allocator, in the graph's pool under CUDA graphs). widen: over FP8 pages, widen the pages the call reads to
+    float16 before the kernel (module docstring, "FP8 pages"); None: `widens_first`'s rule. The result is the same
+    either way.
     """
     tables = tables if apply_delta else None
     _check_inputs(q, k_cache, v_cache, tables, batch, out)
@@ -622,6 +678,9 @@ def prefill_attention(
     if total_q == 0 or batch.batch_size == 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
+    widen = widens_first(q, k_cache, batch) if widen is None else widen
+    if widen and is_fp8(k_cache.dtype) and q.dtype != torch.float32:
+        k_cache, v_cache, batch = widened_pages(k_cache, v_cache, batch, fp8_tile_dtype(q.dtype))
     config = _default_config(q, group, k_cache.shape[1]) if config is None else config
     splits = num_splits or batch.num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
     ws_o = ws_lse = out  # placeholders, unused unless split
@@ -676,6 +735,63 @@ def prefill_attention(
             **pdl_options(q.device, "attention"),
         )
     return out
+
+
+def widens_first(q: torch.Tensor, k_cache: torch.Tensor, batch: PagedBatch) -> bool:
+    """Whether a prefill call of q over pages of k_cache's dtype widens its pages before the kernel (module
+    docstring, "FP8 pages"): FP8 pages under a 16-bit q, an entry of at least _WIDEN_MIN_ROWS query rows (each
+    of its keys is then read by many query blocks) and _WIDEN_MIN_SCORES rows x keys, widened pages of at most
+    _WIDEN_MAX_BYTES, and no CUDA graph being captured."""
+    if not is_fp8(k_cache.dtype) or q.dtype == torch.float32 or batch.max_q < _WIDEN_MIN_ROWS:
+        return False
+    if batch.max_q * batch.max_kv < _WIDEN_MIN_SCORES:
+        return False
+    _, page_size, kv_heads, head_dim = k_cache.shape
+    page_bytes = 2 * page_size * kv_heads * head_dim * torch.finfo(fp8_tile_dtype(q.dtype)).bits // 8
+    if batch.pages.numel() * page_bytes > _WIDEN_MAX_BYTES:
+        return False
+    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def widened_pages(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
+    """The pages `batch` lists, widened to `dtype`, and the batch that reads them: entry b's page i becomes page
+    b * P + i of new [B * P, page_size, kv_heads, D] caches (P: the tables' width). A page listed by several
+    entries is widened once for each."""
+    entries, width = batch.pages.shape
+    _, page_size, kv_heads, head_dim = k_cache.shape
+    wide_k, wide_v = torch.empty(
+        2, entries * width, page_size, kv_heads, head_dim, dtype=dtype, device=k_cache.device
+    ).unbind(0)
+    if entries * width:
+        _widen_pages_kernel[(entries * width, kv_heads)](
+            k_cache,
+            v_cache,
+            wide_k,
+            wide_v,
+            batch.pages,
+            batch.num_pages,
+            width,
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            batch.pages.stride(0),
+            PAGE_SIZE=page_size,
+            KV_HEADS=kv_heads,
+            HEAD_DIM=head_dim,
+            num_warps=4,
+        )
+    return wide_k, wide_v, dataclasses.replace(batch, pages=_page_table(entries, width, batch.pages.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _page_table(entries: int, width: int, device: torch.device) -> torch.Tensor:
+    """[entries, width] int32: entry b's page i is page b * width + i (never written: calls share it)."""
+    return torch.arange(entries * width, dtype=torch.int32, device=device).view(entries, width)
 
 
 def query_slots(total_q: int, batch_size: int, positions: int) -> int:

@@ -50,10 +50,12 @@ def load_q_tile(q_src, scratch_rows, row_ok, k_head, HEAD_DIM: tl.constexpr):
     they go through fp32, and FP8 pages took 1.5-1.7x bf16 pages' time: docs/benchmarks.md, "Kernel constants"),
     and the Q tile is rounded to it. It gets there through the scratch rows, written as float16 and loaded back: a
     loaded tile is what triton keeps in shared memory for the Q·Kᵀ wgmma; converted in registers it is reloaded
-    from shared memory on every tile (`_chunk_q_src`). The barriers order the scratch for the whole CTA."""
+    from shared memory on every tile (`_chunk_q_src`). The barriers order the scratch for the whole CTA. Float16
+    pages under a bfloat16 q (FP8 pages widened before the kernel, prefill.widened_pages) take the same path: the
+    same tiles and products as their FP8 pages'."""
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_src[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-    if k_head.dtype.element_ty == tl.float8e4nv and q.dtype != tl.float32:
+    if k_head.dtype.element_ty != q.dtype and q.dtype != tl.float32:
         tile_rows = scratch_rows.to(tl.pointer_type(tl.float16), bitcast=True)
         tl.debug_barrier()
         tl.store(tile_rows[:, None] + dims[None, :], q.to(tl.float16), mask=row_ok[:, None])

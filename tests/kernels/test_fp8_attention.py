@@ -19,8 +19,9 @@ import torch
 from lazyattn.kernels import decode, reference
 from lazyattn.kernels.decode import DecodeConfig, decode_attention
 from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, quantize
-from lazyattn.kernels.paged import PagedBatch
-from lazyattn.kernels.prefill import prefill_attention
+from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels import prefill
+from lazyattn.kernels.prefill import prefill_attention, widened_pages
 from lazyattn.kernels.prefill_plan import with_plan
 from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan
 from tests.kernels.rope_cases import tables
@@ -190,6 +191,65 @@ def test_prefill_bf16_queries_over_fp8_pages_within_bf16_rounding():
     assert out.dtype == torch.bfloat16 and rel_err(out, reference_of(s, q, batch)) < 1e-2
 
 
+def test_widened_pages_are_the_listed_pages_widened():
+    """Each (entry, page) of the call's tables gets its page, widened exactly, at entry * width + page; a page
+    listed by two entries is there twice."""
+    s = fp8_scenario("llama3", (4, 2), dtype=torch.bfloat16, seed=9)
+    _, batch = s.final_prefill()
+    wide_k, wide_v, wide = widened_pages(s.k_cache, s.v_cache, batch, torch.float16)
+    entries, width = batch.pages.shape
+    assert wide_k.dtype == wide_v.dtype == torch.float16 and wide_k.shape[0] == entries * width
+    listed = 0
+    for b in range(entries):
+        for i in range(int(batch.num_pages[b])):
+            page = int(batch.pages[b, i])
+            assert int(wide.pages[b, i]) == b * width + i
+            assert torch.equal(wide_k[b * width + i].float(), s.k_cache[page].float())
+            assert torch.equal(wide_v[b * width + i].float(), s.v_cache[page].float())
+            listed += 1
+    assert listed > len(set(batch.pages.flatten().tolist()) - {0})  # documents shared by several entries
+    assert torch.equal(wide.valid, batch.valid) and torch.equal(wide.deltas, batch.deltas)
+
+
+@pytest.mark.parametrize("splits, rotated", [(1, 0), (3, 0), (2, 8)])
+def test_prefill_widened_first_gives_the_same_bits(splits, rotated):
+    """A bf16 q over FP8 pages: widening the pages before the kernel reads the same float16 tiles as widening each
+    tile as it loads, so the output is the same to the bit, and within bf16 rounding of the reference. Questions
+    over documents (Q rotated up front or in the kernel, split and not), and a chunked prefill whose later entries
+    skip the first slots of a page (firsts) over NaN-poisoned padding."""
+    for chunks in (None, [(0, 4), (3, 20), (0, 1), (10, 17)]):
+        s = fp8_scenario("llama3", (4, 2), dtype=torch.bfloat16, seed=10)  # unpoisoned
+        q, batch = s.final_prefill(chunks)
+        want = reference_of(s, q, batch)
+        s.poison_unlisted(batch)
+        kept = prefilled(s, q, batch, num_splits=splits, rotated_runs=rotated, widen=False)
+        widened = prefilled(s, q, batch, num_splits=splits, rotated_runs=rotated, widen=True)
+        assert torch.equal(widened, kept)
+        assert rel_err(widened, want) < 1e-2
+
+
+def test_which_prefill_calls_widen_first(monkeypatch):
+    """FP8 pages under a 16-bit q, an entry of at least _WIDEN_MIN_ROWS query rows and _WIDEN_MIN_SCORES rows x
+    keys, widened pages of at most _WIDEN_MAX_BYTES; never 16-bit pages or an fp32 q."""
+    fp8 = torch.zeros(4, 16, 2, 64, dtype=FP8)  # a page: 16 slots x 2 heads x 64 = 2,048 values, 8 KiB as float16 K+V
+    rows = prefill._WIDEN_MIN_ROWS
+
+    def call(q_lens, pages, dtype=torch.bfloat16, cache=fp8):
+        entries = [EntryPages([0] * pages, [0] * pages, [16] * pages) for _ in q_lens]
+        batch = PagedBatch.build(entries, q_lens, [16 * pages - n for n in q_lens])
+        return prefill.widens_first(torch.zeros(sum(q_lens), 8, 64, dtype=dtype), cache, batch)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        assert call([rows], 160, dtype) and call([rows, 3], 160, dtype)
+        assert not call([rows - 1], 160, dtype) and not call([rows // 2, rows // 2], 160, dtype)
+        assert not call([rows], 160, dtype, fp8.to(dtype))
+    assert not call([rows], 160, torch.float32)
+    keys = prefill._WIDEN_MIN_SCORES // rows
+    assert call([rows], keys // 16) and not call([rows], keys // 16 - 1)
+    monkeypatch.setattr(prefill, "_WIDEN_MAX_BYTES", 2 * 160 * 8192)  # two entries of 160 pages fit, three do not
+    assert call([rows, 1], 160) and not call([rows, 1, 1], 160)
+
+
 # --- shared-document decode ------------------------------------------------------------------------------
 
 
@@ -260,7 +320,24 @@ def test_gpu_fp8_prefill_beyond_the_hopper_kernels_rows():
     for splits in (None, 1, 4):
         assert rel_err(prefilled(s, q, batch, num_splits=splits), want) < 1e-2
     q, batch = s.doc_prefill([(0, 0, 2048)])
-    assert rel_err(prefilled(s, q, batch), reference_of(s, q, batch)) < 1e-2
+    want = reference_of(s, q, batch)
+    assert rel_err(prefilled(s, q, batch), want) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_prefill_widened_first_gives_the_same_bits():
+    """FP8 pages widened before the kernel (prefill.widens_first: long entries) give the same bits as widening each
+    tile in the kernel, on sm_90's wgmma too: a document's causal prefill of 2,048 tokens, and 16 questions of 40
+    tokens over documents (Q rotated in the kernel), over NaN page padding."""
+    for document in (True, False):
+        s = gpu_fp8_scenario([2048, 1000, 1500, 777], [([i % 4, (i + 1) % 4, (i + 3) % 4], 40) for i in range(16)])
+        q, batch = s.doc_prefill([(0, 0, 2048)]) if document else s.final_prefill()
+        assert prefill.widens_first(q, s.k_cache, batch) == document  # questions of 40 tokens: asked for below
+        want = reference_of(s, q, batch)
+        s.poison_unlisted(batch)
+        widened = prefilled(s, q, batch, widen=True)
+        assert torch.equal(widened, prefilled(s, q, batch, widen=False))
+        assert rel_err(widened, want) < 1e-2
 
 
 @pytest.mark.gpu
