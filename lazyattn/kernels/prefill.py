@@ -750,7 +750,7 @@ def widens_first(q: torch.Tensor, k_cache: torch.Tensor, batch: PagedBatch) -> b
     page_bytes = 2 * page_size * kv_heads * head_dim * torch.finfo(fp8_tile_dtype(q.dtype)).bits // 8
     if batch.pages.numel() * page_bytes > _WIDEN_MAX_BYTES:
         return False
-    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    return not (q.is_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def widened_pages(
