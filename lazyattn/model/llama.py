@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,7 @@ class CausalLM(nn.Module):
         )
         self.norms_folded = False
         self.deterministic = False
+        self.v_scales: list[torch.Tensor] | None = None  # fold_v_scales' scales, where they were folded
 
     def set_deterministic(self, on: bool) -> None:
         """Batch-invariant numerics (docs/design.md, "Deterministic mode"): every linear through
@@ -101,6 +103,42 @@ class CausalLM(nn.Module):
                     tensor.copy_(tensor.view(2, tensor.shape[0] // 2, -1).transpose(0, 1).reshape(tensor.shape))
             layer.mlp.interleaved = True
         self.norms_folded = True
+
+    def fold_v_scales(self) -> list[torch.Tensor]:
+        """Scale each layer's V, per kv head, by a power of two folded into the weights: V's rows of qkv_proj (and
+        its bias) divided by s, the o_proj columns of the query heads that read that kv head multiplied by s, so the
+        model computes the same function and the cache holds V / s (docs/design.md, "FP8 KV cache": an FP8 cache
+        then stores small values V in e4m3's normal range). s is the power of two nearest the RMS of V's rows of
+        qkv_proj, each scaled by the input norm's weights (the RMS a unit-RMS normed input gives V), so that V / s has
+        an RMS near 1. A head whose weights the scaling would not keep exactly (a subnormal or an overflow in the
+        weights' dtype) keeps s = 1. Returns s per layer, float32 [kv_heads] (this rank's heads under tensor
+        parallelism), before any page holds V. Once: a second call returns the first one's scales."""
+        if self.v_scales is not None:
+            return self.v_scales
+        scales = []
+        for layer in self.layers:
+            attn = layer.self_attn
+            qkv, out = attn.qkv_proj, attn.o_proj
+            d, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
+            gamma = layer.input_layernorm.weight.double()
+            s_layer = torch.ones(attn.num_kv_heads)
+            for h in range(attn.num_kv_heads):
+                rows = slice(attn.q_size + attn.kv_size + h * d, attn.q_size + attn.kv_size + (h + 1) * d)
+                cols = slice(h * group * d, (h + 1) * group * d)
+                rms = (qkv.weight[rows].double() * gamma[None, :]).square().sum(1).mean().sqrt().item()
+                if not rms > 0:
+                    continue
+                s = 2.0 ** round(math.log2(rms))
+                parts = [(qkv.weight, rows, 1 / s), (out.weight[:, cols], slice(None), s)]
+                parts += [] if qkv.bias is None else [(qkv.bias, rows, 1 / s)]
+                scaled = [(t, i, t[i] * f) for t, i, f in parts]
+                if all(torch.equal(new / f, t[i]) for (t, i, new), (_, _, f) in zip(scaled, parts)):
+                    for t, i, new in scaled:
+                        t[i] = new
+                    s_layer[h] = s
+            scales.append(s_layer)
+        self.v_scales = scales
+        return scales
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need logits) -> fp32 logits [n, vocab].

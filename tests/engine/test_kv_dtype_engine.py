@@ -23,8 +23,12 @@ _LAYOUT: dict = {}
 DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "bfloat16": torch.bfloat16}
 
 
-def stored(x: torch.Tensor) -> torch.Tensor:
-    """x as the cache holds it, read back (FP8 saturates at ±448, as the GPU's conversion does)."""
+def stored(x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """x [batch, kv heads, tokens, D] as the cache holds it, read back (FP8 saturates at ±448, as the GPU's conversion
+    does); with `scales` [kv heads], each head stored as x / s and read back times s."""
+    if scales is not None:
+        s = scales.to(x.dtype)[None, :, None, None]
+        return stored(x / s) * s
     dtype = _LAYOUT["dtype"]
     y = x.float().clamp(-448.0, 448.0) if dtype == torch.float8_e4m3fn else x
     return y.to(dtype).to(x.dtype)
@@ -34,7 +38,8 @@ def _cached_attention(module, query, key, value, attention_mask, scaling=None, d
     from transformers.models.llama.modeling_llama import rotate_half
 
     group = query.shape[1] // key.shape[1]
-    key, value = stored(key), stored(value)
+    v_scales = _LAYOUT.get("v_scales")
+    key, value = stored(key), stored(value, None if v_scales is None else v_scales[module.layer_idx])
     key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if "shift" in _LAYOUT:
@@ -49,12 +54,16 @@ def _cached_attention(module, query, key, value, attention_mask, scaling=None, d
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
-def cached_logits(model, segments: list[list[int]], tail: list[int], mode: str, dtype: torch.dtype) -> torch.Tensor:
+def cached_logits(
+    model, segments: list[list[int]], tail: list[int], mode: str, dtype: torch.dtype, v_scales=None
+) -> torch.Tensor:
+    """The reference's logits; v_scales: per layer, the [kv heads] powers of two V is stored at (FP8 pages)."""
     from transformers import AttentionInterface
 
     tokens = [x for seg in segments for x in seg] + tail
     n, n_ctx = len(tokens), len(tokens) - len(tail)
     _LAYOUT["dtype"] = dtype
+    _LAYOUT["v_scales"] = v_scales
     if mode in ("lazy", "block"):
         visible = block_mask([len(x) for x in segments], len(tail))
         positions, shift, start = list(range(n)), torch.zeros(n, dtype=torch.long), 0
@@ -77,12 +86,13 @@ def cached_logits(model, segments: list[list[int]], tail: list[int], mode: str, 
         _LAYOUT.clear()
 
 
-def assert_matches_cached_reference(outs, model, bos, mode, dtype, atol=2e-4):
+def assert_matches_cached_reference(outs, model, bos, mode, dtype, atol=2e-4, v_scales=None):
     for out, (docs, prompt) in zip(outs, REQUESTS):
         rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
         tail, want = list(rendered.final), []
         for _ in range(GEN):
-            lp = torch.log_softmax(cached_logits(model, rendered.segments, tail, mode, dtype)[-1].double(), -1)
+            logits = cached_logits(model, rendered.segments, tail, mode, dtype, v_scales)
+            lp = torch.log_softmax(logits[-1].double(), -1)
             want.append(lp)
             tail.append(int(lp.argmax()))
         assert out.token_ids == [int(lp.argmax()) for lp in want]
@@ -101,8 +111,10 @@ def test_fp8_cache_matches_transformers_with_fp8_kv(checkpoint, name, mode):
     """fp32 model, FP8 pages: greedy tokens and log-probs equal the reference that rounds K/V to e4m3."""
     llm = make_llm(checkpoint, name, mode, kv_cache_dtype="fp8_e4m3")
     assert llm.engine.executor.local_kv.dtype == torch.float8_e4m3fn
+    scales = llm.engine.executor.model.v_scales
+    assert scales is not None and any((s != 1).any() for s in scales)  # the test models' V is scaled
     outs = generate(llm)
-    assert_matches_cached_reference(outs, checkpoint(name)[1], token_bos(llm), mode, torch.float8_e4m3fn)
+    assert_matches_cached_reference(outs, checkpoint(name)[1], token_bos(llm), mode, torch.float8_e4m3fn, v_scales=scales)
 
 
 def test_bfloat16_cache_under_a_float32_model_matches_its_reference(checkpoint):
@@ -133,6 +145,46 @@ def test_fp8_documents_hit_from_the_host_tier_with_the_same_tokens(checkpoint):
     again = generate(llm, params=greedy())
     assert llm.stats().cache.host_hits > 0
     assert [o.token_ids for o in again] == [o.token_ids for o in plain]
+
+
+def test_v_scales_leave_the_models_function_as_it_is(checkpoint):
+    """Folding V's powers of two into qkv_proj and o_proj (CausalLM.fold_v_scales) is exact: an fp32 model over fp32
+    pages gives the same tokens and the same log-probs, to the bit, with and without them."""
+    plain = generate(make_llm(checkpoint, "llama", "lazy"))
+    llm = make_llm(checkpoint, "llama", "lazy")
+    scales = llm.engine.executor.model.fold_v_scales()  # before any request: no page holds the unscaled V
+    assert any((s != 1).any() for s in scales)
+    folded = generate(llm)
+    for a, b in zip(plain, folded):
+        assert a.token_ids == b.token_ids
+        assert [dict(x) for x in a.outputs[0].logprobs] == [dict(x) for x in b.outputs[0].logprobs]
+
+
+def test_v_scales_are_the_powers_of_two_nearest_the_rms_of_v():
+    """Each (layer, kv head)'s s is 2^round(log2 RMS) of its V rows of qkv_proj (times the input norm's weights), V's
+    rows divided by it and the o_proj columns of its query heads multiplied by it; a head the scaling would not keep
+    exactly (a weight that would underflow) keeps 1. Hand-set weights of tiny, in fp32."""
+    from lazyattn.model.loader import load_model
+
+    lm, cfg = load_model("tiny", dtype=torch.float32)
+    attn = lm.layers[0].self_attn
+    d, group, hidden = attn.head_dim, attn.num_heads // attn.num_kv_heads, cfg.hidden_size
+    v0 = attn.q_size + attn.kv_size
+    qkv, out = attn.qkv_proj.weight, attn.o_proj.weight
+    with torch.no_grad():
+        lm.layers[0].input_layernorm.weight.fill_(2.0)
+        qkv[v0 : v0 + d] = 0.03 / 2 / hidden**0.5  # rows of norm 0.015, 0.03 with the norm's 2: s = 2^-5
+        qkv[v0 + d : v0 + 2 * d] = 0.03 / 2 / hidden**0.5  # head 1 alike, but one of its o_proj weights is
+        out[0, group * d] = 2.0**-149  # fp32's smallest subnormal, which 2^-5 times would flush to 0
+        before_qkv, before_out = qkv.clone(), out.clone()
+        scales = lm.fold_v_scales()
+    assert scales[0][0] == 2.0**-5 and scales[0][1] == 1.0
+    assert torch.equal(qkv[v0 : v0 + d], before_qkv[v0 : v0 + d] * 32)
+    assert torch.equal(out[:, : group * d], before_out[:, : group * d] / 32)
+    assert torch.equal(qkv[v0 + d : v0 + 2 * d], before_qkv[v0 + d : v0 + 2 * d])
+    assert torch.equal(out[:, group * d : 2 * group * d], before_out[:, group * d : 2 * group * d])
+    assert torch.equal(qkv[:v0], before_qkv[:v0])  # q and k untouched
+    assert lm.v_scales is scales and len(scales) == cfg.num_layers
 
 
 def test_a_kv_cache_dtype_outside_the_list_is_refused():
@@ -170,7 +222,8 @@ def test_gpu_fp8_engine_matches_transformers_with_fp8_kv(checkpoint, mode, cuda_
         cuda_graphs=cuda_graphs,
     )
     outs = generate(llm)
-    assert_matches_cached_reference(outs, model, token_bos(llm), mode, torch.float8_e4m3fn, atol=2e-3)
+    scales = llm.engine.executor.model.v_scales
+    assert_matches_cached_reference(outs, model, token_bos(llm), mode, torch.float8_e4m3fn, 2e-3, scales)
     llm.shutdown()
 
 

@@ -7,6 +7,7 @@ the driver in the engine's process and a worker process per other rank (docs/des
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from lazyattn.engine.batch import StepPlan
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.model_runner import ModelRunner
+from lazyattn.kernels.kv_dtype import is_fp8
 from lazyattn.model.config import ModelConfig
 from lazyattn.model.llama import CausalLM
 from lazyattn.model.loader import load_model
@@ -24,8 +26,10 @@ def load_engine_model(
     config: EngineConfig, device: torch.device, tensor_parallel: TensorParallelGroup | None = None
 ) -> tuple[CausalLM, ModelConfig]:
     """The model `config` names, on `device`, as every executor and worker loads it (this rank's shard under tensor
-    parallelism; decode fusion as the engine's settings say)."""
-    return load_model(
+    parallelism; decode fusion as the engine's settings say). Over an FP8 cache, V is scaled per (layer, kv head)
+    by a power of two folded into the weights (CausalLM.fold_v_scales, docs/design.md "FP8 KV cache"); the config's
+    weights identity says so, so that no cache of the unscaled model's pages is read as this one's."""
+    model, model_config = load_model(
         config.model,
         dtype=config.torch_dtype,
         device=device,
@@ -34,6 +38,10 @@ def load_engine_model(
         decode_fusion=config.env.decode_fusion,
         tensor_parallel=tensor_parallel,
     )
+    if is_fp8(config.kv_torch_dtype):
+        model.fold_v_scales()
+        model_config = dataclasses.replace(model_config, weights_id=model_config.weights_id + "|fp8 v scales")
+    return model, model_config
 
 
 class Executor(ABC):
