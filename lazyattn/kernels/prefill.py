@@ -63,7 +63,7 @@ FP8 pages (docs/design.md, "FP8 KV cache"): under a 16-bit q the products run in
 K/V tiles widen to it as they load (exact), P rounds to it, and the Q tile, whatever its source, is rounded to it
 through the scratch rows (prefill_tiles.load_q_tile, which says why). Each program widens every tile it reads, so a
 long call (a causal prompt: each key read by every later query block) widens each key many times, and on sm_90
-triton stores every widened tile back to shared memory for the wgmma. Calls of at least _WIDEN_MIN_ROWS query rows
+triton stores every widened tile back to shared memory for the wgmma. Calls with a long entry (`widens_first`)
 therefore widen the pages they read once, before the kernel (`_widen_pages_kernel`, into float16 pages of their own,
 one per (entry, page) of the call's tables), and the kernel reads those as it reads 16-bit pages: the same float16
 tiles, the same products, the same result bits, at bf16 pages' speed plus one pass over the call's keys
