@@ -21,10 +21,9 @@ before, in graphs and eagerly.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from importlib.metadata import version
-
-import dataclasses
 
 import torch
 
@@ -70,13 +69,13 @@ def main(argv: list[str] | None = None) -> None:
             inputs = [bk.engine_split(bench, *i) for i in _inputs(bench, batch, tokens)]
             kernels[dtype] = "Hopper (Gluon)" if bk.hopper_takes(*inputs[0]) else "prefill.py"
             outs[dtype] = bk.engine_attention(bench, *inputs[0]).float()
-            calls = [lambda i=i: bk.engine_attention(bench, *i) for i in inputs]
+            calls = [lambda i=i, b=bench: bk.engine_attention(b, *i) for i in inputs]
             graph[dtype] = bk.graph_us(bench, calls)
             eager[dtype] = 1e3 * bench.time_ms(bk.cycle(calls))
             if kernels[dtype] == "prefill.py" and widens_first(inputs[0][0], inputs[0][1], inputs[0][3]):
                 kernels[dtype] = "prefill.py, FP8 pages widened first"
                 widened, kept = (
-                    [lambda i=i, w=w: prefill_attention(*i, bench.tables, bench.scale, widen=w) for i in inputs]
+                    [lambda i=i, w=w, b=bench: prefill_attention(*i, b.tables, b.scale, widen=w) for i in inputs]
                     for w in (True, False)
                 )
                 graph[dtype] = bk.graph_us(bench, widened)  # captured, the widening has to be asked for

@@ -114,7 +114,8 @@ def test_fp8_cache_matches_transformers_with_fp8_kv(checkpoint, name, mode):
     scales = llm.engine.executor.model.v_scales
     assert scales is not None and any((s != 1).any() for s in scales)  # the test models' V is scaled
     outs = generate(llm)
-    assert_matches_cached_reference(outs, checkpoint(name)[1], token_bos(llm), mode, torch.float8_e4m3fn, v_scales=scales)
+    model, bos = checkpoint(name)[1], token_bos(llm)
+    assert_matches_cached_reference(outs, model, bos, mode, torch.float8_e4m3fn, v_scales=scales)
 
 
 def test_bfloat16_cache_under_a_float32_model_matches_its_reference(checkpoint):

@@ -16,11 +16,10 @@ import random
 import pytest
 import torch
 
-from lazyattn.kernels import decode, reference
+from lazyattn.kernels import decode, prefill, reference
 from lazyattn.kernels.decode import DecodeConfig, decode_attention
 from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, quantize
 from lazyattn.kernels.paged import EntryPages, PagedBatch
-from lazyattn.kernels import prefill
 from lazyattn.kernels.prefill import prefill_attention, widened_pages
 from lazyattn.kernels.prefill_plan import with_plan
 from lazyattn.kernels.shared_decode import shared_decode_attention, shared_plan
