@@ -678,8 +678,9 @@ def prefill_attention(
     if total_q == 0 or batch.batch_size == 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
-    widen = widens_first(q, k_cache, batch) if widen is None else widen
-    if widen and is_fp8(k_cache.dtype) and q.dtype != torch.float32:
+    if widen is None:
+        widen = widens_first(q, k_cache, batch)
+    if widen and _widenable(q, k_cache):
         k_cache, v_cache, batch = widened_pages(k_cache, v_cache, batch, fp8_tile_dtype(q.dtype))
     config = _default_config(q, group, k_cache.shape[1]) if config is None else config
     splits = num_splits or batch.num_splits or _default_splits(q, batch, group, kv_heads, config.block_m)
@@ -742,15 +743,17 @@ def widens_first(q: torch.Tensor, k_cache: torch.Tensor, batch: PagedBatch) -> b
     docstring, "FP8 pages"): FP8 pages under a 16-bit q, an entry of at least _WIDEN_MIN_ROWS query rows (each
     of its keys is then read by many query blocks) and _WIDEN_MIN_SCORES rows x keys, widened pages of at most
     _WIDEN_MAX_BYTES, and no CUDA graph being captured."""
-    if not is_fp8(k_cache.dtype) or q.dtype == torch.float32 or batch.max_q < _WIDEN_MIN_ROWS:
+    if not _widenable(q, k_cache) or batch.max_q < _WIDEN_MIN_ROWS or batch.max_q * batch.max_kv < _WIDEN_MIN_SCORES:
         return False
-    if batch.max_q * batch.max_kv < _WIDEN_MIN_SCORES:
-        return False
-    _, page_size, kv_heads, head_dim = k_cache.shape
-    page_bytes = 2 * page_size * kv_heads * head_dim * torch.finfo(fp8_tile_dtype(q.dtype)).bits // 8
+    page_bytes = 2 * k_cache[0].numel() * fp8_tile_dtype(q.dtype).itemsize  # a K and a V page, widened
     if batch.pages.numel() * page_bytes > _WIDEN_MAX_BYTES:
         return False
     return not (q.is_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _widenable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """FP8 pages under a 16-bit q: the calls whose tiles the kernel widens (module docstring, "FP8 pages")."""
+    return is_fp8(k_cache.dtype) and q.dtype != torch.float32
 
 
 def widened_pages(

@@ -131,9 +131,9 @@ class CausalLM(nn.Module):
                 s = 2.0 ** round(math.log2(rms))
                 parts = [(qkv.weight, rows, 1 / s), (out.weight[:, cols], slice(None), s)]
                 parts += [] if qkv.bias is None else [(qkv.bias, rows, 1 / s)]
-                scaled = [(t, i, t[i] * f) for t, i, f in parts]
-                if all(torch.equal(new / f, t[i]) for (t, i, new), (_, _, f) in zip(scaled, parts)):
-                    for t, i, new in scaled:
+                scaled = [(t, i, t[i] * f, f) for t, i, f in parts]
+                if all(torch.equal(new / f, t[i]) for t, i, new, f in scaled):  # exact: no underflow, no overflow
+                    for t, i, new, _ in scaled:
                         t[i] = new
                     s_layer[h] = s
             scales.append(s_layer)
