@@ -1,6 +1,7 @@
 """What answering from the best single document costs (docs/quality.md, "Answering from the best single document"):
 the time to a whole answer and the questions answered per second, `answer="best-document"` and
-`answer="confidence-order"` (the same one-document requests, then one over all the documents reordered) against one
+`answer="confidence-order"` (the same one-document requests, then one over all the documents reordered), with
+`-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`), against one
 request over all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request
 beside them, at
 Llama-3.1-8B shapes (random bf16 weights), through the `LLM` API.
@@ -46,10 +47,20 @@ def questions(pool: list[list[int]], n: int, per: int, length: int, seed: int, v
     return random_tokens(n, length, seed + 1, vocab), docs
 
 
-def measure(llm: LLM, label: str, answer: str, pool, params: SamplingParams, args, vocab: int) -> dict:
+def measure(
+    llm: LLM, label: str, answer: tuple[str, int | None], pool, params: SamplingParams, args, vocab: int
+) -> dict:
+    strategy, confidence_tokens = answer
+
     def ask(ids, docs) -> float:
         start = time.perf_counter()
-        llm.generate(prompt_token_ids=ids, document_token_ids=docs, sampling_params=params, answer=answer)
+        llm.generate(
+            prompt_token_ids=ids,
+            document_token_ids=docs,
+            sampling_params=params,
+            answer=strategy,
+            confidence_tokens=confidence_tokens,
+        )
         return time.perf_counter() - start
 
     ask(*questions(pool, 2, args.per, args.question_len, 99, vocab))  # every document encoded; shapes compiled
@@ -80,13 +91,16 @@ def main() -> None:
         engine = dict(model=model, random_weights=True, device="cuda", dtype="bfloat16", kv_cache_gb=40)
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     rows = []
-    for mode, configs in (("lazy", ("joint", "best-document", "confidence-order")), ("full", ("joint",))):
+    ordered = [(a, k) for a in ("confidence-order", "confidence-order-or-joint") for k in (None, 4, 1)]
+    lazy = [("joint", None), ("best-document", None), *ordered]
+    for mode, configs in (("lazy", lazy), ("full", [("joint", None)])):
         with LLM(mode=mode, progress=False, ape_prefix=mode == "lazy", **engine) as llm:
             vocab = llm.engine.model_config.vocab_size
             pool = random_tokens(args.pool, args.doc_len, 0, vocab)
-            for answer in configs:
+            for answer, k in configs:
                 label = f"{mode}{' + prefix' if mode == 'lazy' else ''}, {answer}"
-                rows.append(measure(llm, label, answer, pool, params, args, vocab))
+                label += f", confidence_tokens={k}" if k else ""
+                rows.append(measure(llm, label, (answer, k), pool, params, args, vocab))
     device = "cpu (smoke)" if smoke else torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "best_document.json").write_text(json.dumps(dict(device=device, rows=rows), indent=2))

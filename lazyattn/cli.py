@@ -95,10 +95,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from lazyattn.engine.best_document import check_answer
     from lazyattn.engine.llm import LLM
     from lazyattn.engine.prompt import PromptLayout
     from lazyattn.engine.sampling import SamplingParams
 
+    check_answer(args.answer, confidence_tokens=args.confidence_tokens)  # before the model loads: costs nothing
+    asked = dict(answer=args.answer, confidence_tokens=args.confidence_tokens)
     documents = list(args.document)
     for path in args.document_file:
         try:
@@ -124,9 +127,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     chat = has_template if args.chat is None else args.chat
     if chat:
-        out = llm.chat([{"role": "user", "content": args.prompt}], params, documents=[documents], answer=args.answer)[0]
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, documents=[documents], **asked)[0]
     else:
-        out = llm.generate([args.prompt], params, documents=[documents], answer=args.answer)[0]
+        out = llm.generate([args.prompt], params, documents=[documents], **asked)[0]
     if args.json:
         m = out.metrics
         print(
@@ -215,6 +218,14 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         "best-document-or-joint: the same, the prompt as given one more candidate; confidence-order: those "
         "one-document answers order the documents, the surest last, for one joint answer (--json: document_order); "
         "confidence-order-or-joint: the same, the prompt as given kept where its answer is as sure",
+    )
+    p.add_argument(
+        "--confidence-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with a confidence-order --answer: the one-document answers that order the documents stop after K "
+        "tokens (default: the whole answer)",
     )
     p.add_argument(
         "--parse-special-tokens",

@@ -22,6 +22,11 @@ request. "confidence-order-or-joint" also asks the request as given in the first
 is at least as sure as the reordered one (`document_order` None): the surest single document is not always the one to
 read last (a two-hop question's first hop), and where the order comes out as given, no joint round is asked.
 `confidence_orders` turns the first round into the orders, `ordered_answers` the joint round into the answers.
+
+`confidence_tokens` = k (the ordering strategies only): each one-document candidate of the first round generates at
+most k tokens, and its confidence is the mean log-probability of those. Its answer is never returned (only its
+confidence orders the documents), so what it costs is the first round's decode steps: k instead of the answer's
+length. The request as given and the joint round answer in full, as without it.
 """
 
 from __future__ import annotations
@@ -52,11 +57,23 @@ ORDERING = ("confidence-order", "confidence-order-or-joint")
 T = TypeVar("T")
 
 
-def check_answer(answer: object, n: int = 1, stream: bool = False) -> None:
+def check_answer(answer: object, n: int = 1, stream: bool = False, confidence_tokens: object = None) -> None:
     """InvalidRequestError naming `answer` for a strategy that does not exist, or any strategy but "joint" with more
-    than one sample per prompt or a stream (it works on finished answers)."""
+    than one sample per prompt or a stream (it works on finished answers); naming `confidence_tokens` for one that is
+    not a positive integer or is given with a strategy that does not order documents."""
     if answer not in ANSWER_STRATEGIES:
         raise InvalidRequestError(f"answer must be one of {', '.join(ANSWER_STRATEGIES)}, got {answer!r}", "answer")
+    if confidence_tokens is not None:
+        if isinstance(confidence_tokens, bool) or not isinstance(confidence_tokens, int) or confidence_tokens < 1:
+            raise InvalidRequestError(
+                f"confidence_tokens must be a positive integer, got {confidence_tokens!r}", "confidence_tokens"
+            )
+        if answer not in ORDERING:
+            raise InvalidRequestError(
+                f"confidence_tokens caps the one-document answers that order the documents; answer {answer!r} does "
+                f"not order them (use {' or '.join(ORDERING)}, or leave confidence_tokens out)",
+                "confidence_tokens",
+            )
     what = "chooses among finished answers" if answer in CHOOSING else "orders the documents by finished answers"
     if answer != "joint" and n != 1:
         raise InvalidRequestError(f"answer {answer!r} {what}, one per prompt: n must be 1, got {n}", "n")
@@ -95,9 +112,17 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
     return owners, sets, sources
 
 
-def with_confidence(params: SamplingParams) -> SamplingParams:
-    """`params`, asking for the chosen tokens' log-probabilities (what `confidence` reads) where they ask for none."""
-    return params if params.logprobs is not None else dataclasses.replace(params, logprobs=0)
+def with_confidence(
+    params: SamplingParams, source: int | None = None, confidence_tokens: int | None = None
+) -> SamplingParams:
+    """The parameters a candidate made from `source` (as `candidates` lists them) asks with: `params`, asking for the
+    chosen tokens' log-probabilities (what `confidence` reads) where they ask for none; a one-document candidate
+    generates at most `confidence_tokens` tokens (None: as many as `params` allow; `check_answer` admits it only for
+    the ordering strategies, whose one-document answers are never returned)."""
+    changes: dict = {} if params.logprobs is not None else {"logprobs": 0}
+    if source is not None and confidence_tokens is not None and confidence_tokens < params.max_tokens:
+        changes.update(max_tokens=confidence_tokens, min_tokens=min(params.min_tokens, confidence_tokens))
+    return dataclasses.replace(params, **changes) if changes else params
 
 
 def confidence(out: RequestOutput) -> float:

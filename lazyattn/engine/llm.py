@@ -83,6 +83,7 @@ class LLM:
         ape_prefix: bool | None = None,
         ape_tilt: float | None = None,
         answer: str = "joint",
+        confidence_tokens: int | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Text prompts are rendered with the RAG layout (system segment,
         one segment per document, the prompt as the final segment); token-level inputs bypass rendering.
@@ -98,8 +99,10 @@ class LLM:
         "best-document-or-joint" (the same, the prompt as given one more candidate), "confidence-order" (the
         prompt asked over all of its documents, ordered by how confidently it is answered from each alone, the most
         confident last, their order in `document_order`) or "confidence-order-or-joint" (the same, the prompt as given
-        kept where its answer is at least as sure; engine/best_document.py)."""
-        _check_answer(answer, sampling_params)
+        kept where its answer is at least as sure; engine/best_document.py). confidence_tokens (the two
+        confidence-order strategies): the one-document answers that order the documents stop after that many tokens
+        (None: the whole answer); only their confidence is used."""
+        _check_answer(answer, sampling_params, confidence_tokens)
         options = _options(options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         if prompt_token_ids is not None:
             if prompts is not None:
@@ -108,7 +111,7 @@ class LLM:
             return self._answer(
                 lambda o, d: self._from_ids(prompt_token_ids[o], d),
                 docs,
-                answer,
+                (answer, confidence_tokens),
                 sampling_params,
                 cache_salt,
                 use_tqdm,
@@ -119,7 +122,13 @@ class LLM:
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         docs = _per_prompt(documents, len(prompts), "documents")
         return self._answer(
-            lambda o, d: self.render(prompts[o], d), docs, answer, sampling_params, cache_salt, use_tqdm, options
+            lambda o, d: self.render(prompts[o], d),
+            docs,
+            (answer, confidence_tokens),
+            sampling_params,
+            cache_salt,
+            use_tqdm,
+            options,
         )
 
     def chat(
@@ -138,15 +147,22 @@ class LLM:
         ape_prefix: bool | None = None,
         ape_tilt: float | None = None,
         answer: str = "joint",
+        confidence_tokens: int | None = None,
     ) -> list[RequestOutput]:
         """Chat conversations rendered with the model's chat template, documents as segments; `options` (or its
-        keywords) and `answer` as in `generate`."""
-        _check_answer(answer, sampling_params)
+        keywords), `answer` and `confidence_tokens` as in `generate`."""
+        _check_answer(answer, sampling_params, confidence_tokens)
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         docs = _per_prompt(documents, len(convs), "documents", "conversation")
         options = _options(options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
         return self._answer(
-            lambda o, d: self.render_chat(convs[o], d), docs, answer, sampling_params, cache_salt, use_tqdm, options
+            lambda o, d: self.render_chat(convs[o], d),
+            docs,
+            (answer, confidence_tokens),
+            sampling_params,
+            cache_salt,
+            use_tqdm,
+            options,
         )
 
     def stats(self) -> EngineStats:
@@ -165,23 +181,25 @@ class LLM:
         self,
         render: Callable[[int, list[Any]], RenderedPrompt],
         docs: list[Seq[Any]],
-        answer: str,
+        asked: tuple[str, int | None],
         sampling_params: SamplingParams | Seq[SamplingParams] | None,
         cache_salt: str | None,
         use_tqdm: bool | None,
         options: RequestOptions,
     ) -> list[RequestOutput]:
-        """Prompt r with documents `docs[r]`, asked as `answer` says (engine/best_document.py): `render(r, d)` is its
-        prompt over the documents d. The candidate requests run, then each prompt's are folded back into its most
-        confident one, or (the confidence-order strategies) into the order of its documents for one more, joint,
-        request."""
+        """Prompt r with documents `docs[r]`, asked as `asked` = (answer, confidence_tokens) says
+        (engine/best_document.py): `render(r, d)` is its prompt over the documents d. The candidate requests run,
+        then each prompt's are folded back into its most confident one, or (the confidence-order strategies) into the
+        order of its documents for one more, joint, request."""
+        answer, confidence_tokens = asked
         params = _per_prompt_params(sampling_params, len(docs))
         owners, sets, sources = candidates(docs, answer)
         rendered = [render(o, d) for o, d in zip(owners, sets)]
         if answer == "joint":
             return self._run(rendered, params, cache_salt, use_tqdm, options)
         keep = [p.logprobs is not None for p in params]
-        outs = self._run(rendered, [with_confidence(params[o]) for o in owners], cache_salt, use_tqdm, options)
+        first = [with_confidence(params[o], src, confidence_tokens) for o, src in zip(owners, sources)]
+        outs = self._run(rendered, first, cache_salt, use_tqdm, options)
         if answer not in ORDERING:
             return pick_answers(owners, outs, sources, keep)
         orders, firsts = confidence_orders(owners, outs, sources, len(docs))
@@ -271,10 +289,12 @@ def _per_prompt_params(
     return params
 
 
-def _check_answer(answer: str, sampling_params: SamplingParams | Seq[SamplingParams] | None) -> None:
+def _check_answer(
+    answer: str, sampling_params: SamplingParams | Seq[SamplingParams] | None, confidence_tokens: object = None
+) -> None:
     """`check_answer` with the first n other than 1 among the params (their own checks come later)."""
     given = [sampling_params] if isinstance(sampling_params, SamplingParams) else list(sampling_params or [])
-    check_answer(answer, next((p.n for p in given if getattr(p, "n", 1) != 1), 1))
+    check_answer(answer, next((p.n for p in given if getattr(p, "n", 1) != 1), 1), confidence_tokens=confidence_tokens)
 
 
 def _options(

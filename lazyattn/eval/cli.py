@@ -56,9 +56,10 @@ def add_eval_parser(
         "--modes",
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
-        "(e.g. lazy:relink_tokens=16) and ':answer=best-document' (each question asked once per document alone, "
-        "the most confident answer kept) or ':answer=best-document-or-joint' (the question as given one more "
-        f"candidate; docs/quality.md); default {','.join(reversed(MODES))}",
+        "(e.g. lazy:relink_tokens=16) and ':answer=STRATEGY' (best-document, best-document-or-joint, "
+        "confidence-order, confidence-order-or-joint: engine/best_document.py), with a confidence-order strategy "
+        "':confidence_tokens=K' (its one-document answers stop after K tokens; docs/quality.md); "
+        f"default {','.join(reversed(MODES))}",
     )
     p.add_argument(
         "--random-weights",
@@ -291,7 +292,16 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             {
                 "meta": meta,
                 "dataset": dataset_meta,
-                "runs": [{"label": r.label, "mode": r.mode, "options": r.options, "answer": r.answer} for r in runs],
+                "runs": [
+                    {
+                        "label": r.label,
+                        "mode": r.mode,
+                        "options": r.options,
+                        "answer": r.answer,
+                        "confidence_tokens": r.confidence_tokens,
+                    }
+                    for r in runs
+                ],
                 "aliases": {c.label: a.label for c, a in aliases.items()},
                 "comparisons": comparisons,
                 "closest": report.closest(comparisons),

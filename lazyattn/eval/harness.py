@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lazyattn.engine.best_document import ANSWER_STRATEGIES, ORDERING
+from lazyattn.engine.best_document import ANSWER_STRATEGIES, ORDERING, check_answer
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
@@ -45,17 +45,19 @@ def parse_option(text: str) -> tuple[str, Any]:
 @dataclass(frozen=True)
 class RunSpec:
     """One engine configuration: `mode` and extra `LLM(...)` options; `label` names it in tables and JSON; `answer`,
-    how its questions are asked (ANSWER_STRATEGIES)."""
+    how its questions are asked (ANSWER_STRATEGIES), and `confidence_tokens`, the cap on the one-document answers of
+    the confidence-order strategies (engine/best_document.py; None: the whole answer)."""
 
     label: str
     mode: str
     options: dict[str, Any] = field(default_factory=dict)
     answer: str = "joint"
+    confidence_tokens: int | None = None
 
     @staticmethod
     def parse(text: str) -> RunSpec:
         """ "lazy" or "lazy:relink_tokens=16" (options separated by ':'); `answer=best-document` is the run's
-        answering strategy, not an engine option."""
+        answering strategy and `confidence_tokens=4` its cap on the one-document answers, not engine options."""
         mode, *opts = text.strip().split(":")
         if mode not in MODES:
             raise InvalidRequestError(
@@ -67,7 +69,12 @@ class RunSpec:
             raise InvalidRequestError(
                 f"unknown answer={answer!r} in {text!r}; choose from {', '.join(ANSWER_STRATEGIES)}", param="modes"
             )
-        return RunSpec(text.strip(), mode, options, answer)
+        confidence_tokens = options.pop("confidence_tokens", None)
+        try:
+            check_answer(answer, confidence_tokens=confidence_tokens)
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"{e} (in {text!r})", param="modes") from None
+        return RunSpec(text.strip(), mode, options, answer, confidence_tokens)
 
 
 @dataclass(frozen=True)
@@ -199,6 +206,7 @@ class CellResult:
             **self.summary(),
             "options": self.run.options,
             "answer": self.run.answer,
+            "confidence_tokens": self.run.confidence_tokens,
             "items": [r.to_dict() for r in self.items],
         }
 
@@ -206,7 +214,7 @@ class CellResult:
     def from_dict(d: dict[str, Any]) -> CellResult:
         """From `to_dict` (an eval.json cell): tables and plots can be redrawn without re-running."""
         return CellResult(
-            RunSpec(d["run"], d["mode"], d.get("options", {}), d.get("answer", "joint")),
+            RunSpec(d["run"], d["mode"], d.get("options", {}), d.get("answer", "joint"), d.get("confidence_tokens")),
             Cell(d["num_docs"], d["position"]),
             [ItemResult.from_dict(i) for i in d["items"]],
         )
@@ -233,7 +241,7 @@ def answer_cell(
     results: list[ItemResult] = []
     for start in range(0, len(items), batch_size):
         batch = items[start : start + batch_size]
-        outs = _ask(llm, batch, params, plain, run.answer)
+        outs = _ask(llm, batch, params, plain, run)
         for item, out in zip(batch, outs):
             text = out.text.strip()
             results.append(
@@ -265,13 +273,15 @@ def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:
     return out.answered_from in gold
 
 
-def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, answer: str) -> list[Any]:
-    """One request per item with its documents, answered as `answer` says (engine/best_document.py): a chat turn,
-    or with `plain` a plain-text prompt."""
-    documents = [list(it.documents) for it in items]
+def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, run: RunSpec) -> list[Any]:
+    """One request per item with its documents, answered as the run's `answer` and `confidence_tokens` say
+    (engine/best_document.py): a chat turn, or with `plain` a plain-text prompt."""
+    kw = dict(documents=[list(it.documents) for it in items], use_tqdm=False, answer=run.answer)
+    if run.confidence_tokens is not None:
+        kw["confidence_tokens"] = run.confidence_tokens
     if plain:
-        return llm.generate([it.question for it in items], params, documents=documents, use_tqdm=False, answer=answer)
-    return llm.chat([messages_for(it) for it in items], params, documents=documents, use_tqdm=False, answer=answer)
+        return llm.generate([it.question for it in items], params, **kw)
+    return llm.chat([messages_for(it) for it in items], params, **kw)
 
 
 def evaluate(

@@ -169,6 +169,12 @@ class _GenerationRequest(_Strict):
         "first and its answer kept where it is at least as sure (document_order null). usage counts every request "
         "made; n must be 1 and no stream (docs/design.md, Answering from one document)",
     )
+    confidence_tokens: json_int(ge=1) | None = Field(
+        None,
+        description="confidence-order and confidence-order-or-joint: the one-document answers that order the "
+        "documents stop after this many tokens (only their confidence is used); null: the whole answer. Any other "
+        "answer strategy rejects it (400)",
+    )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(
         -1, description="-1 or 0: off; at most the vocabulary size."

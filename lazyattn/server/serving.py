@@ -91,7 +91,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        check_answer(body.answer, body.n, body.stream)
+        check_answer(body.answer, body.n, body.stream, body.confidence_tokens)
         self._check_documents(body.documents)
         self._check_sequences(1, body.n, _fan_out(body.documents, body.answer))
         logprobs = requested_chat_logprobs(body)
@@ -132,6 +132,7 @@ class OpenAIServing:
                 count=1,
                 num_documents=len(documents),
                 answer=body.answer,
+                confidence_tokens=body.confidence_tokens,
                 keep_logprobs=logprobs is not None,
                 scope=scope,
                 arrival=arrival,
@@ -188,7 +189,7 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        check_answer(body.answer, body.n, body.stream)
+        check_answer(body.answer, body.n, body.stream, body.confidence_tokens)
         p = body.prompt
         num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
         self._check_sequences(num_prompts, body.n, _fan_out(body.documents, body.answer))
@@ -235,6 +236,7 @@ class OpenAIServing:
                 count=num_prompts,
                 num_documents=len(documents),
                 answer=body.answer,
+                confidence_tokens=body.confidence_tokens,
                 keep_logprobs=body.logprobs is not None,
                 scope=scope,
                 arrival=arrival,
@@ -270,6 +272,7 @@ class OpenAIServing:
         count: int,
         num_documents: int,
         answer: str,
+        confidence_tokens: int | None,
         keep_logprobs: bool,
         scope: str | None,
         arrival: float,
@@ -288,7 +291,13 @@ class OpenAIServing:
             await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
         outs = await self._run_all(
-            request, f"{rid}-", prompts, [with_confidence(params(p)) for p in prompts], scope, arrival, options
+            request,
+            f"{rid}-",
+            prompts,
+            [with_confidence(params(p), src, confidence_tokens) for p, src in zip(prompts, sources)],
+            scope,
+            arrival,
+            options,
         )
         if outs is None:
             return None

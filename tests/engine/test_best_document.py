@@ -15,6 +15,7 @@ from lazyattn.engine.best_document import (
     confidence_orders,
     ordered_answers,
     pick_answers,
+    with_confidence,
 )
 from lazyattn.engine.outputs import CompletionOutput, RequestOutput
 from lazyattn.errors import InvalidRequestError
@@ -136,8 +137,41 @@ def test_check_answer_names_the_field(answer, n, stream, param):
     check_answer("joint", 4, True)  # the default strategy takes any n and streams
 
 
-def mean_logprob(out: RequestOutput) -> float:
-    return statistics.fmean(next(iter(step.values())) for step in out.logprobs)
+@pytest.mark.parametrize(
+    ("answer", "tokens", "message"),
+    [
+        ("confidence-order", 0, "positive integer"),
+        ("confidence-order-or-joint", -2, "positive integer"),
+        ("confidence-order", 2.0, "positive integer"),
+        ("confidence-order", True, "positive integer"),
+        ("confidence-order", "4", "positive integer"),
+        ("joint", 4, "does not order them"),
+        ("best-document", 4, "does not order them"),
+        ("best-document-or-joint", 1, "does not order them"),
+    ],
+)
+def test_check_answer_rejects_a_confidence_cap_it_cannot_apply(answer, tokens, message):
+    with pytest.raises(InvalidRequestError, match=message) as e:
+        check_answer(answer, confidence_tokens=tokens)
+    assert e.value.param == "confidence_tokens"
+    check_answer("confidence-order", confidence_tokens=1)
+    check_answer("confidence-order-or-joint", confidence_tokens=64)
+
+
+def test_with_confidence_caps_only_the_one_document_candidates():
+    params = SamplingParams(max_tokens=16, min_tokens=8, temperature=0.0)
+    as_given = with_confidence(params, None, 4)
+    assert (as_given.max_tokens, as_given.min_tokens, as_given.logprobs) == (16, 8, 0)
+    alone = with_confidence(params, 2, 4)
+    assert (alone.max_tokens, alone.min_tokens, alone.logprobs) == (4, 4, 0)
+    assert (params.max_tokens, params.logprobs) == (16, None)  # the caller's params are not touched
+    assert with_confidence(params, 2, 32).max_tokens == 16  # a cap above max_tokens changes nothing
+    asked = SamplingParams(max_tokens=3, logprobs=2)
+    assert with_confidence(asked, 0, None) is asked  # nothing to change
+
+
+def mean_logprob(out: RequestOutput, tokens: int | None = None) -> float:
+    return statistics.fmean(next(iter(step.values())) for step in out.logprobs[:tokens])
 
 
 DOCS = [
@@ -201,6 +235,31 @@ def test_confidence_order_answers_jointly_with_the_surest_document_last(llm):
         by_hand = llm.generate([prompt], params, documents=[[docs[i] for i in order]])[0]
         assert out.token_ids == by_hand.token_ids
         assert out.num_document_tokens == by_hand.num_document_tokens
+
+
+@pytest.mark.parametrize("answer", ["confidence-order", "confidence-order-or-joint"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_confidence_tokens_order_by_the_first_tokens_and_answer_in_full(llm, answer, tokens):
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer=answer, confidence_tokens=tokens)
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        assert len(out.token_ids) == 6  # the answer returned is never one of the capped ones
+        if len(docs) < 2:
+            assert out.document_order is None
+            continue
+        # by hand: each document alone answered in full; its confidence is the mean over the first `tokens` steps
+        alone = llm.generate([prompt] * len(docs), params, documents=[[d] for d in docs])
+        means = [mean_logprob(o, tokens) for o in alone]
+        order = sorted(range(len(docs)), key=lambda i: (means[i], i))
+        reordered = llm.generate([prompt], params, documents=[[docs[i] for i in order]])[0]
+        if answer == "confidence-order":
+            assert out.document_order == order
+            assert out.token_ids == reordered.token_ids
+            continue
+        given = llm.generate([prompt], params, documents=[docs])[0]
+        surer = order != sorted(order) and mean_logprob(reordered) > mean_logprob(given)
+        want = reordered if surer else given
+        assert (out.token_ids, out.document_order) == (want.token_ids, order if surer else None)
 
 
 def test_confidence_order_or_joint_keeps_the_answer_as_given_where_it_is_as_sure(llm):

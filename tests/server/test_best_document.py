@@ -133,3 +133,25 @@ def test_what_best_document_cannot_do_is_a_400_naming_the_field(server, fields, 
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "best"}).status_code == 400
+
+
+def test_confidence_tokens_cap_the_one_document_answers_as_the_python_api(server, offline):
+    body = {**BODY, "messages": MESSAGES, "answer": "confidence-order", "confidence_tokens": 2}
+    r = post(server.url, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="confidence-order", confidence_tokens=2)[0]
+    assert (choice["message"]["content"], choice["document_order"]) == (want.text, want.document_order)
+    # usage: each document alone for 2 tokens, then the joint request, in full
+    assert r.json()["usage"]["completion_tokens"] == len(DOCS) * 2 + 5
+
+
+@pytest.mark.parametrize(
+    ("answer", "tokens"), [("joint", 2), ("best-document", 2), ("confidence-order", 0), ("confidence-order", "2")]
+)
+def test_a_confidence_cap_that_cannot_apply_is_a_400_naming_it(server, answer, tokens):
+    body = {**BODY, "messages": MESSAGES, "answer": answer, "confidence_tokens": tokens}
+    r = post(server.url, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "confidence_tokens"
