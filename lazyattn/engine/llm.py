@@ -108,28 +108,20 @@ class LLM:
             if prompts is not None:
                 raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
             docs = _per_prompt(document_token_ids, len(prompt_token_ids), "document_token_ids")
-            return self._answer(
-                lambda o, d: self._from_ids(prompt_token_ids[o], d),
-                docs,
-                (answer, confidence_tokens),
-                sampling_params,
-                cache_salt,
-                use_tqdm,
-                options,
-            )
-        if prompts is None:
-            raise InvalidRequestError("no prompts given", "prompts")
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        docs = _per_prompt(documents, len(prompts), "documents")
-        return self._answer(
-            lambda o, d: self.render(prompts[o], d),
-            docs,
-            (answer, confidence_tokens),
-            sampling_params,
-            cache_salt,
-            use_tqdm,
-            options,
-        )
+
+            def render(o: int, d: list[Any]) -> RenderedPrompt:
+                return self._from_ids(prompt_token_ids[o], d)
+
+        else:
+            if prompts is None:
+                raise InvalidRequestError("no prompts given", "prompts")
+            texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            docs = _per_prompt(documents, len(texts), "documents")
+
+            def render(o: int, d: list[Any]) -> RenderedPrompt:
+                return self.render(texts[o], d)
+
+        return self._answer(render, docs, (answer, confidence_tokens), sampling_params, cache_salt, use_tqdm, options)
 
     def chat(
         self,
