@@ -21,7 +21,9 @@ lazy mode: every document is still read in place from its one cached copy; in fu
 request. "confidence-order-or-joint" also asks the request as given in the first round and keeps that answer where it
 is at least as sure as the reordered one (`document_order` None): the surest single document is not always the one to
 read last (a two-hop question's first hop), and where the order comes out as given, no joint round is asked.
-`confidence_orders` turns the first round into the orders, `ordered_answers` the joint round into the answers.
+`FirstRound` turns the first round's outputs into the orders as they come in (a request's joint round can start as
+soon as its one-document answers are in, beside the request as given), `ordered_answers` the joint round into the
+answers.
 
 `confidence_tokens` = k (the ordering strategies only): each one-document candidate of the first round generates at
 most k tokens, and its confidence is the mean log-probability of those. Its answer is never returned (only its
@@ -154,31 +156,72 @@ def pick_answers(
     return picked
 
 
+class FirstRound:
+    """The first round of an ordering strategy for `count` requests, as its outputs come in (candidate i, made from
+    `sources[i]` for request `owners[i]` as `candidates` lists them). `record` takes each output in any order and says
+    when a request's one-document candidates are all in: its order of documents is then known, and its joint round can
+    start while the request as given ("confidence-order-or-joint") is still answering.
+
+    A request's order sorts its documents by their candidates' mean log-probability, least first (on a tie the given
+    order). It has none (no joint round) where it made no such candidates, where the order is the given one and the
+    request as given was asked (that is the joint round, already asked), or where one of its candidates failed: its
+    answer is then the first failed output (as `pick_answers` returns it)."""
+
+    def __init__(self, owners: Sequence[int], sources: Sequence[int | None], count: int) -> None:
+        self.owners, self.sources = list(owners), list(sources)
+        self.left = [0] * count  # one-document candidates not in yet
+        self.given_asked = [False] * count
+        for owner, source in zip(owners, sources, strict=True):
+            if source is None:
+                self.given_asked[owner] = True
+            else:
+                self.left[owner] += 1
+        self.scores: list[dict[int, float]] = [{} for _ in range(count)]
+        self.given: list[RequestOutput | None] = [None] * count
+        self.failed: list[RequestOutput | None] = [None] * count
+        self._orders: list[list[int] | None] = [None] * count
+
+    def record(self, i: int, out: RequestOutput) -> int | None:
+        """Candidate i's output; the request whose joint round it lets start (its order now known), if any."""
+        owner, source = self.owners[i], self.sources[i]
+        if out.error is not None:
+            self.failed[owner] = self.failed[owner] or out
+        elif source is None:
+            self.given[owner] = out
+        else:
+            self.scores[owner][source] = confidence(out)
+        if source is None:
+            return None
+        self.left[owner] -= 1
+        if self.left[owner] or self.failed[owner]:
+            return None
+        scores = self.scores[owner]
+        order = sorted(scores, key=lambda d: (scores[d], d))
+        # in the given order, the joint round would ask the request as given again: its answer is the answer
+        self._orders[owner] = None if self.given_asked[owner] and order == sorted(scores) else order
+        return owner if self._orders[owner] is not None else None
+
+    @property
+    def orders(self) -> list[list[int] | None]:
+        """Each request's order of documents for its joint round, or None (no joint round, or one that failed)."""
+        return [None if failed else order for order, failed in zip(self._orders, self.failed)]
+
+    @property
+    def firsts(self) -> list[RequestOutput | None]:
+        """Each request's first answer: the first output that failed, else the request as given where it was asked,
+        else None."""
+        return [failed or given for failed, given in zip(self.failed, self.given)]
+
+
 def confidence_orders(
     owners: Sequence[int], outputs: Sequence[RequestOutput], sources: Sequence[int | None], count: int
 ) -> tuple[list[list[int] | None], list[RequestOutput | None]]:
-    """The first round of the ordering strategies for `count` requests (`owners[i]` owns `outputs[i]`, made from
-    `sources[i]` as `candidates` lists them): per request, the order of its documents by their candidates' mean
-    log-probability, least first (on a tie the given order), for the joint round, or None where it has no such
-    candidates, one of them failed, or the order is the given one and the request as given was asked; and its first
-    answer: the request as given where it was asked ("confidence-order-or-joint", or fewer than two documents), else
-    None, or the first output the engine failed (the request's answer, as `pick_answers` returns it)."""
-    scores: list[dict[int, float]] = [{} for _ in range(count)]
-    given: list[RequestOutput | None] = [None] * count
-    failed: list[RequestOutput | None] = [None] * count
-    for owner, out, source in zip(owners, outputs, sources, strict=True):
-        if out.error is not None:
-            failed[owner] = failed[owner] or out
-        elif source is None:
-            given[owner] = out
-        else:
-            scores[owner][source] = confidence(out)
-    orders: list[list[int] | None] = []
-    for r in range(count):
-        order = sorted(scores[r], key=lambda i, s=scores[r]: (s[i], i)) if scores[r] and not failed[r] else None
-        # in the given order, the joint round would ask the request as given again: its answer is the answer
-        orders.append(None if given[r] is not None and order == sorted(scores[r]) else order)
-    return orders, [failed[r] or given[r] for r in range(count)]
+    """The whole first round at once (`FirstRound`): each request's order of documents for the joint round (or None)
+    and its first answer."""
+    first = FirstRound(owners, sources, count)
+    for i, out in enumerate(outputs):
+        first.record(i, out)
+    return first.orders, first.firsts
 
 
 def ordered_answers(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -12,9 +13,9 @@ from tqdm import tqdm
 
 from lazyattn.engine.best_document import (
     ORDERING,
+    FirstRound,
     candidates,
     check_answer,
-    confidence_orders,
     ordered_answers,
     pick_answers,
     with_confidence,
@@ -182,32 +183,46 @@ class LLM:
         """Prompt r with documents `docs[r]`, asked as `asked` = (answer, confidence_tokens) says
         (engine/best_document.py): `render(r, d)` is its prompt over the documents d. The candidate requests run,
         then each prompt's are folded back into its most confident one, or (the confidence-order strategies) into the
-        order of its documents for one more, joint, request."""
+        order of its documents for one more, joint, request, added as soon as that prompt's one-document answers are
+        in (the request as given, where asked, still answering beside it)."""
         answer, confidence_tokens = asked
         params = _per_prompt_params(sampling_params, len(docs))
         owners, sets, sources = candidates(docs, answer)
         rendered = [render(o, d) for o, d in zip(owners, sets)]
         if answer == "joint":
-            return self._run(rendered, params, cache_salt, use_tqdm, options)
+            return self._drain(self._add(rendered, params, cache_salt, options), use_tqdm)
         keep = [p.logprobs is not None for p in params]
         first = [with_confidence(params[o], src, confidence_tokens) for o, src in zip(owners, sources)]
-        outs = self._run(rendered, first, cache_salt, use_tqdm, options)
+        ids = self._add(rendered, first, cache_salt, options)
         if answer not in ORDERING:
-            return pick_answers(owners, outs, sources, keep)
-        orders, firsts = confidence_orders(owners, outs, sources, len(docs))
-        again = [r for r, order in enumerate(orders) if order is not None]
-        joint = [render(r, [docs[r][i] for i in orders[r]]) for r in again]
-        outs = self._run(joint, [with_confidence(params[r]) for r in again], cache_salt, use_tqdm, options)
-        return ordered_answers(firsts, orders, dict(zip(again, outs)), keep)
+            return pick_answers(owners, self._drain(ids, use_tqdm), sources, keep)
+        rounds = FirstRound(owners, sources, len(docs))
+        candidate = {rid: i for i, rid in enumerate(ids)}
+        joint_of: dict[str, int] = {}  # a joint request's id: its prompt
+        joint: dict[int, RequestOutput] = {}
+        with contextlib.closing(self._finish(ids, use_tqdm)) as finished:
+            for rid, out in finished:
+                if rid in joint_of:
+                    joint[joint_of[rid]] = out
+                    continue
+                r = rounds.record(candidate[rid], out)
+                if r is not None:
+                    reordered = render(r, [docs[r][i] for i in rounds.orders[r]])
+                    (jid,) = self._add([reordered], [with_confidence(params[r])], cache_salt, options)
+                    joint_of[jid] = r
+                    ids.append(jid)  # `finished` waits for it too
+        orders = rounds.orders  # a request whose candidate failed after its joint round began answers that failure
+        return ordered_answers(rounds.firsts, orders, {r: o for r, o in joint.items() if orders[r]}, keep)
 
-    def _run(
+    def _add(
         self,
         rendered: list[RenderedPrompt],
         sampling_params,
         cache_salt,
-        use_tqdm,
         options: RequestOptions = ENGINE_DEFAULTS,
-    ) -> list[RequestOutput]:
+    ) -> list[str]:
+        """Queue one request per prompt; their ids. All or nothing: a bad one fails before any is queued, or (the
+        engine's own checks) takes back those queued before it."""
         params = _per_prompt_params(sampling_params, len(rendered))
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
@@ -222,11 +237,19 @@ class LLM:
             for rid in added:
                 self.engine.abort(rid)
             raise
-        return self._drain(ids, use_tqdm)
+        return ids
 
     def _drain(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
+        """The final output of each request, in order."""
+        done = dict(self._finish(ids, use_tqdm))
+        return [done[rid] for rid in ids]
+
+    def _finish(self, ids: list[str], use_tqdm: bool | None) -> Iterator[tuple[str, RequestOutput]]:
+        """Step the engine until every request in `ids` has finished, yielding each (id, final output) as it does;
+        the caller may append ids while it iterates. If stepping fails or the caller stops early (close), the
+        unfinished ones are aborted."""
         show = self.config.progress if use_tqdm is None else use_tqdm
-        done: dict[str, RequestOutput] = {}
+        done: set[str] = set()
         bar = tqdm(total=len(ids), desc="generate", disable=not show, dynamic_ncols=True)
         first = self.engine.stats()
         start = time.monotonic()
@@ -236,10 +259,12 @@ class LLM:
                 now = self.engine.stats()
                 prefill_tok = now.prefilled_tokens - first.prefilled_tokens
                 decode_tok = now.decoded_tokens - first.decoded_tokens
+                bar.total = len(ids)
                 for o in outs:
                     if o.finished and o.request_id in ids and o.request_id not in done:
-                        done[o.request_id] = o
+                        done.add(o.request_id)
                         bar.update(1)
+                        yield o.request_id, o
                 elapsed = max(time.monotonic() - start, 1e-9)
                 bar.set_postfix_str(
                     f"prefill {prefill_tok / elapsed:.0f} tok/s, decode {decode_tok / elapsed:.0f} tok/s"
@@ -253,7 +278,6 @@ class LLM:
             raise
         finally:
             bar.close()
-        return [done[rid] for rid in ids]
 
 
 def _per_prompt(documents: Seq[Seq[Any]] | None, count: int, param: str, what: str = "prompt") -> list[Seq[Any]]:

@@ -21,9 +21,9 @@ from starlette.responses import Response, StreamingResponse
 
 from lazyattn.engine.best_document import (
     ORDERING,
+    FirstRound,
     candidates,
     check_answer,
-    confidence_orders,
     ordered_answers,
     pick_answers,
     with_confidence,
@@ -290,27 +290,52 @@ class OpenAIServing:
             # (and check their length), a prompt too long fails here, before any request runs.
             await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
-        outs = await self._run_all(
-            request,
-            f"{rid}-",
-            prompts,
-            [with_confidence(params(p), src, confidence_tokens) for p, src in zip(prompts, sources)],
-            scope,
-            arrival,
-            options,
-        )
-        if outs is None:
-            return None
+        asked = [with_confidence(params(p), src, confidence_tokens) for p, src in zip(prompts, sources)]
+        keep = [keep_logprobs] * count
+
+        async def run(prefix: str, which: list[int]) -> list[RequestOutput] | None:
+            picked = [prompts[i] for i in which]
+            return await self._run_all(request, prefix, picked, [asked[i] for i in which], scope, arrival, options)
+
         if answer not in ORDERING:
-            return pick_answers(owners, outs, sources, [keep_logprobs] * count), outs
-        orders, firsts = confidence_orders(owners, outs, sources, count)
-        again = [i for i, order in enumerate(orders) if order is not None]
-        prompts = await run_in_threadpool(lambda: [render(i, orders[i]) for i in again])
-        asked = [with_confidence(params(p)) for p in prompts]
-        finals = await self._run_all(request, f"{rid}-joint-", prompts, asked, scope, arrival, options)
-        if finals is None:
+            outs = await run(f"{rid}-", list(range(len(prompts))))
+            return None if outs is None else (pick_answers(owners, outs, sources, keep), outs)
+        # The requests as given answer as one group; each prompt's one-document requests as another, and its joint
+        # request follows as soon as they are in, beside the requests as given.
+        rounds = FirstRound(owners, sources, count)
+        joint: dict[int, RequestOutput] = {}
+
+        async def first(prefix: str, which: list[int]) -> list[RequestOutput] | None:
+            outs = await run(prefix, which)
+            ready = [] if outs is None else [rounds.record(i, out) for i, out in zip(which, outs)]
+            r = next((r for r in ready if r is not None), None)
+            if outs is None or r is None:
+                return outs
+            reordered = await run_in_threadpool(render, r, rounds.orders[r])
+            finals = await self._run_all(
+                request, f"{rid}-joint-{r}-", [reordered], [with_confidence(params(reordered))], scope, arrival, options
+            )
+            if finals is None:
+                return None
+            joint[r] = finals[0]
+            return outs + finals
+
+        groups = [[i for i, src in enumerate(sources) if src is None]]
+        groups += [
+            [i for i, (o, src) in enumerate(zip(owners, sources)) if o == r and src is not None] for r in range(count)
+        ]
+        started = [asyncio.ensure_future(first(f"{rid}-{g}-", which)) for g, which in enumerate(groups) if which]
+        try:
+            made = await asyncio.gather(*started)
+        except BaseException:  # one group failed (the engine's error): the others are cancelled, their requests aborted
+            for task in started:
+                task.cancel()
+            raise
+        if any(outs is None for outs in made):
             return None
-        return ordered_answers(firsts, orders, dict(zip(again, finals)), [keep_logprobs] * count), outs + finals
+        orders = rounds.orders  # a prompt whose candidate failed after its joint round began answers that failure
+        answers = ordered_answers(rounds.firsts, orders, {r: o for r, o in joint.items() if orders[r]}, keep)
+        return answers, [out for outs in made for out in outs]
 
     async def _run_all(
         self,

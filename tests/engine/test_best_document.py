@@ -4,6 +4,7 @@ confident of the same one-document requests made one by one."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
@@ -317,3 +318,33 @@ def test_token_level_prompts_and_bad_input(llm):
             llm.generate(PROMPTS[:1], documents=["one document"], answer=answer)
         assert e.value.param == "documents" and "documents[0] must be a list" in str(e.value)
     assert not llm.engine.has_unfinished()  # nothing was queued
+
+
+def test_the_joint_round_starts_while_the_request_as_given_still_answers(llm, monkeypatch):
+    # -or-joint with the one-document answers capped at 1 token: they are in after the first step, so the reordered
+    # request runs beside the request as given (8 tokens) instead of after it: fewer steps than two rounds of 8
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def order(d: list[str]) -> list[int]:
+        kw = dict(documents=[d], answer="confidence-order", confidence_tokens=1)
+        return llm.generate(PROMPTS[:1], params, **kw)[0].document_order
+
+    # an order the strategy moves (a noise model's confidences: found, not assumed)
+    docs = next(list(d) for d in itertools.permutations(DOCS[0]) if order(list(d)) != sorted(order(list(d))))
+    steps = 0
+    step = llm.engine.step
+
+    def counted():
+        nonlocal steps
+        steps += 1
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", counted)
+    out = llm.generate(PROMPTS[:1], params, documents=[docs], answer="confidence-order-or-joint", confidence_tokens=1)[
+        0
+    ]
+    monkeypatch.undo()
+    given = llm.generate(PROMPTS[:1], params, documents=[docs])[0]
+    reordered = llm.generate(PROMPTS[:1], params, documents=[[docs[i] for i in order(docs)]])[0]
+    assert out.token_ids in (given.token_ids, reordered.token_ids)
+    assert steps <= 8 + 2, steps  # the first step, then the joint request's 8 beside the request as given's: not 16
