@@ -14,7 +14,8 @@ tokens (EOS ignored), every document encoded before timing (warm cache). Per con
 - idle: one question at a time, 5 questions, the mean of the last 4 wall times of `generate` (the whole answer: a
   best-document answer is known only when its last one-document request ends, a confidence-order one when its joint
   request that follows them ends);
-- saturation: `--questions` questions at once; questions per second from the wall time.
+- saturation: `--questions` questions at once; questions per second from the wall time of the second of two such
+  batches (the first compiles the kernels and graphs of a batch that large).
 
 Lazy mode runs on one engine; full mode on a second one, made after the first is shut down. --smoke: the tiny model
 on the CPU (a check that it runs, not a measurement). Writes OUT_DIR/best_document.json and .md.
@@ -65,6 +66,7 @@ def measure(
 
     ask(*questions(pool, 2, args.per, args.question_len, 99, vocab))  # every document encoded; shapes compiled
     idle = [ask(*questions(pool, 1, args.per, args.question_len, 7 + i, vocab)) for i in range(5)]
+    ask(*questions(pool, args.questions, args.per, args.question_len, 13, vocab))  # the saturated batch's shapes
     wall = ask(*questions(pool, args.questions, args.per, args.question_len, 11, vocab))
     row = dict(
         config=label,
