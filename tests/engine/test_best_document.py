@@ -7,10 +7,13 @@ from __future__ import annotations
 import itertools
 import statistics
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.best_document import (
+    FirstRound,
     candidates,
     check_answer,
     confidence_orders,
@@ -348,3 +351,47 @@ def test_the_joint_round_starts_while_the_request_as_given_still_answers(llm, mo
     reordered = llm.generate(PROMPTS[:1], params, documents=[[docs[i] for i in order(docs)]])[0]
     assert out.token_ids in (given.token_ids, reordered.token_ids)
     assert steps <= 8 + 2, steps  # the first step, then the joint request's 8 beside the request as given's: not 16
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(
+    st.lists(
+        st.tuples(st.booleans(), st.lists(st.tuples(st.integers(-40, 0), st.booleans()), max_size=4)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_first_round_is_the_same_whatever_order_its_outputs_come_in(requests, rng):
+    # requests: per prompt, (asked as given?, its one-document candidates as (mean log-prob x 10, failed?))
+    owners, sources, outputs = [], [], []
+    for r, (as_given, alone) in enumerate(requests):
+        for source, (score, fails) in ([(None, (-5, False))] if as_given else []) + list(enumerate(alone)):
+            out = scripted(f"{r}/{source}", [score / 10])
+            out.error = "failed" if fails else None
+            owners.append(r)
+            sources.append(source)
+            outputs.append(out)
+    first = FirstRound(owners, sources, len(requests))
+    arrival = list(range(len(outputs)))
+    rng.shuffle(arrival)
+    started = []
+    for i in arrival:
+        left = [j for j in arrival[arrival.index(i) + 1 :] if owners[j] == owners[i] and sources[j] is not None]
+        r = first.record(i, outputs[i])
+        if r is not None:  # said once, when the last of its one-document candidates came in
+            assert r == owners[i] and sources[i] is not None and not left and r not in started
+            started.append(r)
+    for r, (as_given, alone) in enumerate(requests):
+        # by hand: the documents by score, least first (ties in the given order); none to order if a candidate
+        # failed, if there are none, or if the order is the given one and the request as given was asked
+        failed = [o for j, o in enumerate(outputs) if owners[j] == r and o.error]
+        order = sorted(range(len(alone)), key=lambda d: (alone[d][0], d))
+        moved = alone and not (as_given and order == list(range(len(alone))))
+        want = order if moved and not any(fails for _, fails in alone) and not failed else None
+        assert first.orders[r] == want
+        if want is not None:
+            assert r in started
+        given_out = next((o for j, o in enumerate(outputs) if owners[j] == r and sources[j] is None), None)
+        first_failed = next((outputs[j] for j in arrival if owners[j] == r and outputs[j].error), None)
+        assert first.firsts[r] is (first_failed or (None if given_out is None or given_out.error else given_out))
