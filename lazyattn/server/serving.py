@@ -305,7 +305,8 @@ class OpenAIServing:
         rounds = FirstRound(owners, sources, count)
         joint: dict[int, RequestOutput] = {}
 
-        async def first(prefix: str, which: list[int]) -> list[RequestOutput] | None:
+        async def group(prefix: str, which: list[int]) -> list[RequestOutput] | None:
+            """A group's requests, then, once they complete a prompt's first round, its joint request."""
             outs = await run(prefix, which)
             ready = [] if outs is None else [rounds.record(i, out) for i, out in zip(which, outs)]
             r = next((r for r in ready if r is not None), None)
@@ -324,7 +325,7 @@ class OpenAIServing:
         groups += [
             [i for i, (o, src) in enumerate(zip(owners, sources)) if o == r and src is not None] for r in range(count)
         ]
-        started = [asyncio.ensure_future(first(f"{rid}-{g}-", which)) for g, which in enumerate(groups) if which]
+        started = [asyncio.ensure_future(group(f"{rid}-{g}-", which)) for g, which in enumerate(groups) if which]
         try:
             made = await asyncio.gather(*started)
         except BaseException:  # one group failed (the engine's error): the others are cancelled, their requests aborted
