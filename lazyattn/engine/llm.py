@@ -190,7 +190,7 @@ class LLM:
         owners, sets, sources = candidates(docs, answer)
         rendered = [render(o, d) for o, d in zip(owners, sets)]
         if answer == "joint":
-            return self._drain(self._add(rendered, params, cache_salt, options), use_tqdm)
+            return self._run(rendered, params, cache_salt, use_tqdm, options)
         keep = [p.logprobs is not None for p in params]
         first = [with_confidence(params[o], src, confidence_tokens) for o, src in zip(owners, sources)]
         ids = self._add(rendered, first, cache_salt, options)
@@ -213,6 +213,17 @@ class LLM:
                     ids.append(jid)  # `finished` waits for it too
         orders = rounds.orders  # a request whose candidate failed after its joint round began answers that failure
         return ordered_answers(rounds.firsts, orders, {r: o for r, o in joint.items() if orders[r]}, keep)
+
+    def _run(
+        self,
+        rendered: list[RenderedPrompt],
+        sampling_params,
+        cache_salt,
+        use_tqdm,
+        options: RequestOptions = ENGINE_DEFAULTS,
+    ) -> list[RequestOutput]:
+        """Queue one request per prompt and wait for all of them: their final outputs, in order."""
+        return self._drain(self._add(rendered, sampling_params, cache_salt, options), use_tqdm)
 
     def _add(
         self,

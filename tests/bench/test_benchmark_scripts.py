@@ -177,10 +177,15 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["benchmarks/best_document.py", str(tmp_path), "--smoke"])
     best.main()
     rows = json.loads((tmp_path / "best_document.json").read_text())["rows"]
+    ordering = [
+        f"lazy + prefix, {answer}{cap}"
+        for answer in ("confidence-order", "confidence-order-or-joint")
+        for cap in ("", ", confidence_tokens=4", ", confidence_tokens=1")
+    ]
     assert [r["config"] for r in rows] == [
         "lazy + prefix, joint",
         "lazy + prefix, best-document",
-        "lazy + prefix, confidence-order",
+        *ordering,
         "full, joint",
     ]
     assert all(r["idle_answer_ms"] > 0 and r["sat_questions_per_s"] > 0 for r in rows)
