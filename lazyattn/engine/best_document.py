@@ -213,24 +213,13 @@ class FirstRound:
         return [failed or given for failed, given in zip(self.failed, self.given)]
 
 
-def confidence_orders(
-    owners: Sequence[int], outputs: Sequence[RequestOutput], sources: Sequence[int | None], count: int
-) -> tuple[list[list[int] | None], list[RequestOutput | None]]:
-    """The whole first round at once (`FirstRound`): each request's order of documents for the joint round (or None)
-    and its first answer."""
-    first = FirstRound(owners, sources, count)
-    for i, out in enumerate(outputs):
-        first.record(i, out)
-    return first.orders, first.firsts
-
-
 def ordered_answers(
     firsts: Sequence[RequestOutput | None],
     orders: Sequence[list[int] | None],
     joint: dict[int, RequestOutput],
     keep_logprobs: Sequence[bool],
 ) -> list[RequestOutput]:
-    """Each request's answer from `confidence_orders`' first answers and orders and the joint round's outputs
+    """Each request's answer from `FirstRound`'s first answers and orders and the joint round's outputs
     (`joint[r]`: request r's documents in `orders[r]`): the reordered answer with its `document_order`, unless the
     request as given was asked too and its answer is at least as sure (then it, `document_order` None), or the
     request had nothing to order (its first answer). `keep_logprobs[r]` False drops the log-probabilities that

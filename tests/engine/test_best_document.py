@@ -16,7 +16,6 @@ from lazyattn.engine.best_document import (
     FirstRound,
     candidates,
     check_answer,
-    confidence_orders,
     ordered_answers,
     pick_answers,
     with_confidence,
@@ -74,6 +73,14 @@ def test_candidates_of_each_strategy():
         [["a", "b"], ["a"], ["b"], [], ["c"]],
         [None, 0, 1, None, None],
     )
+
+
+def confidence_orders(owners, outputs, sources, count):
+    """The whole first round at once: `FirstRound` fed every output in order."""
+    first = FirstRound(owners, sources, count)
+    for i, out in enumerate(outputs):
+        first.record(i, out)
+    return first.orders, first.firsts
 
 
 def test_confidence_orders_put_the_surest_document_last():
