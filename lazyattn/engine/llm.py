@@ -261,18 +261,21 @@ class LLM:
         unfinished ones are aborted."""
         show = self.config.progress if use_tqdm is None else use_tqdm
         done: set[str] = set()
+        wanted: set[str] = set()  # `ids` as a set, grown with it (ids are unique)
         bar = tqdm(total=len(ids), desc="generate", disable=not show, dynamic_ncols=True)
         first = self.engine.stats()
         start = time.monotonic()
         try:
             while len(done) < len(ids):
+                if len(wanted) < len(ids):
+                    wanted.update(ids[len(wanted) :])
+                    bar.total = len(ids)
                 outs = self.engine.step()
                 now = self.engine.stats()
                 prefill_tok = now.prefilled_tokens - first.prefilled_tokens
                 decode_tok = now.decoded_tokens - first.decoded_tokens
-                bar.total = len(ids)
                 for o in outs:
-                    if o.finished and o.request_id in ids and o.request_id not in done:
+                    if o.finished and o.request_id in wanted and o.request_id not in done:
                         done.add(o.request_id)
                         bar.update(1)
                         yield o.request_id, o

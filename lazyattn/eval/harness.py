@@ -276,9 +276,8 @@ def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:
 def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, run: RunSpec) -> list[Any]:
     """One request per item with its documents, answered as the run's `answer` and `confidence_tokens` say
     (engine/best_document.py): a chat turn, or with `plain` a plain-text prompt."""
-    kw = dict(documents=[list(it.documents) for it in items], use_tqdm=False, answer=run.answer)
-    if run.confidence_tokens is not None:
-        kw["confidence_tokens"] = run.confidence_tokens
+    documents = [list(it.documents) for it in items]
+    kw = dict(documents=documents, use_tqdm=False, answer=run.answer, confidence_tokens=run.confidence_tokens)
     if plain:
         return llm.generate([it.question for it in items], params, **kw)
     return llm.chat([messages_for(it) for it in items], params, **kw)
