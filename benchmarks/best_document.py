@@ -1,5 +1,6 @@
 """What answering from the best single document costs (docs/quality.md, "Answering from the best single document"):
 the time to a whole answer and the questions answered per second, `answer="best-document"` and
+`answer="each-last"` (the request as given and once with each other document moved last, in one round),
 `answer="confidence-order"` (the same one-document requests, then one over all the documents reordered), with
 `-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`), against one
 request over all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request
@@ -12,7 +13,7 @@ Workload: a pool of 8 documents x 2048 tokens, 5 per question in seeded random o
 tokens (EOS ignored), every document encoded before timing (warm cache). Per configuration:
 
 - idle: one question at a time, 5 questions, the mean of the last 4 wall times of `generate` (the whole answer: a
-  best-document answer is known only when its last one-document request ends, a confidence-order one when its joint
+  best-document or each-last answer is known only when its last candidate ends, a confidence-order one when its joint
   request that follows them ends);
 - saturation: `--questions` questions at once; questions per second from the wall time of the second of two such
   batches (the first compiles the kernels and graphs of a batch that large).
@@ -94,7 +95,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     rows = []
     ordered = [(a, k) for a in ("confidence-order", "confidence-order-or-joint") for k in (None, 4, 1)]
-    lazy = [("joint", None), ("best-document", None), *ordered]
+    lazy = [("joint", None), ("best-document", None), ("each-last", None), *ordered]
     for mode, configs in (("lazy", lazy), ("full", [("joint", None)])):
         with LLM(mode=mode, progress=False, ape_prefix=mode == "lazy", **engine) as llm:
             vocab = llm.engine.model_config.vocab_size

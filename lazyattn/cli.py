@@ -217,7 +217,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         "document alone, the most confident answer kept (--json names its document: answered_from); "
         "best-document-or-joint: the same, the prompt as given one more candidate; confidence-order: those "
         "one-document answers order the documents, the surest last, for one joint answer (--json: document_order); "
-        "confidence-order-or-joint: the same, the prompt as given kept where its answer is as sure",
+        "confidence-order-or-joint: the same, the prompt as given kept where its answer is as sure; each-last: the "
+        "prompt as given and once with each other document moved last, in one round, the surest answer kept "
+        "(--json: document_order)",
     )
     p.add_argument(
         "--confidence-tokens",

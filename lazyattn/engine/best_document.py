@@ -1,6 +1,7 @@
-"""Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`), and
+"""Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`),
 answering over every document with the best one last (`answer="confidence-order"`,
-`answer="confidence-order-or-joint"`); docs/design.md, "Answering from one document".
+`answer="confidence-order-or-joint"`), and over every document with each one last in turn (`answer="each-last"`);
+docs/design.md, "Answering from one document".
 
 A request asked this way becomes several candidate requests: one per document, each with that document alone in
 the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer
@@ -29,6 +30,11 @@ answers.
 most k tokens, and its confidence is the mean log-probability of those. Its answer is never returned (only its
 confidence orders the documents), so what it costs is the first round's decode steps: k instead of the answer's
 length. The request as given and the joint round answer in full, as without it.
+
+"each-last" asks in one round: the request as given, and once more for each of its other documents with that one
+moved last (every other document keeping its place), and keeps the surest of those joint answers (`document_order`
+the order it read, None: as given). Every candidate holds every document, so a question that needs two of them can
+still be answered; in lazy mode each prefills only the final segment, and no candidate waits for another.
 """
 
 from __future__ import annotations
@@ -52,9 +58,15 @@ ANSWER_STRATEGIES = (
     "best-document-or-joint",
     "confidence-order",
     "confidence-order-or-joint",
+    "each-last",
 )
 CHOOSING = ("best-document", "best-document-or-joint")
 ORDERING = ("confidence-order", "confidence-order-or-joint")
+EACH_LAST = "each-last"
+
+# where a candidate comes from: None the request as given; i its document i alone; a tuple its documents in that
+# order (each-last)
+Source = int | tuple[int, ...] | None
 
 T = TypeVar("T")
 
@@ -76,28 +88,29 @@ def check_answer(answer: object, n: int = 1, stream: bool = False, confidence_to
                 f"not order them (use {' or '.join(ORDERING)}, or leave confidence_tokens out)",
                 "confidence_tokens",
             )
-    what = "chooses among finished answers" if answer in CHOOSING else "orders the documents by finished answers"
+    what = "orders the documents by finished answers" if answer in ORDERING else "chooses among finished answers"
     if answer != "joint" and n != 1:
         raise InvalidRequestError(f"answer {answer!r} {what}, one per prompt: n must be 1, got {n}", "n")
     if answer != "joint" and stream:
         raise InvalidRequestError(f"answer {answer!r} {what}, so it cannot stream: set stream to false", "stream")
 
 
-def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int], list[list[T]], list[int | None]]:
+def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int], list[list[T]], list[Source]]:
     """The requests that `answer` makes of requests with these documents: the request each belongs to, its
-    documents, and its source (None: the request as given; i: its document i alone). "joint" makes each request as
-    given; "best-document" one per document (a request without documents as given); "best-document-or-joint" the
-    request as given, then one per document when it has two or more; "confidence-order" (its first round) one per
-    document when it has two or more, else the request as given, whose answer is then the answer;
-    "confidence-order-or-joint" the request as given, then one per document when it has two or more."""
+    documents, and its source (`Source`). "joint" makes each request as given; "best-document" one per document (a
+    request without documents as given); "best-document-or-joint" the request as given, then one per document when it
+    has two or more; "confidence-order" (its first round) one per document when it has two or more, else the request
+    as given, whose answer is then the answer; "confidence-order-or-joint" the request as given, then one per document
+    when it has two or more; "each-last" the request as given, then, for each document but the last, all of them
+    with that one moved last."""
     owners: list[int] = []
     sets: list[list[T]] = []
-    sources: list[int | None] = []
+    sources: list[Source] = []
     for owner, docs in enumerate(documents):
         docs = list(docs)
         several = len(docs) > 1
         whole = (
-            answer == "joint"
+            answer in ("joint", EACH_LAST)
             or not docs
             or (answer in ("best-document-or-joint", "confidence-order-or-joint") and several)
             or (answer in ORDERING and not several)
@@ -111,18 +124,25 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
                 owners.append(owner)
                 sets.append([d])
                 sources.append(i)
+        if answer == EACH_LAST:
+            for i in range(len(docs) - 1):
+                order = (*range(i), *range(i + 1, len(docs)), i)
+                owners.append(owner)
+                sets.append([docs[j] for j in order])
+                sources.append(order)
     return owners, sets, sources
 
 
 def with_confidence(
-    params: SamplingParams, source: int | None = None, confidence_tokens: int | None = None
+    params: SamplingParams, source: Source = None, confidence_tokens: int | None = None
 ) -> SamplingParams:
     """The parameters a candidate made from `source` (as `candidates` lists them) asks with: `params`, asking for the
     chosen tokens' log-probabilities (what `confidence` reads) where they ask for none; a one-document candidate
     generates at most `confidence_tokens` tokens (None: as many as `params` allow; `check_answer` admits it only for
     the ordering strategies, whose one-document answers are never returned)."""
     changes: dict = {} if params.logprobs is not None else {"logprobs": 0}
-    if source is not None and confidence_tokens is not None and confidence_tokens < params.max_tokens:
+    one_document = isinstance(source, int)
+    if one_document and confidence_tokens is not None and confidence_tokens < params.max_tokens:
         changes.update(max_tokens=confidence_tokens, min_tokens=min(params.min_tokens, confidence_tokens))
     return dataclasses.replace(params, **changes) if changes else params
 
@@ -136,13 +156,14 @@ def confidence(out: RequestOutput) -> float:
 def pick_answers(
     owners: Sequence[int],
     outputs: Sequence[RequestOutput],
-    sources: Sequence[int | None],
+    sources: Sequence[Source],
     keep_logprobs: Sequence[bool],
 ) -> list[RequestOutput]:
     """For each request r (`owners[i]` owns `outputs[i]`, made from `sources[i]` as `candidates` lists them), the most
-    confident of its outputs, with `answered_from` set to that source; a request of which one output failed gets that
-    output. `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
-    best: dict[int, tuple[float, RequestOutput, int | None]] = {}
+    confident of its outputs, with `answered_from` set to that source's document (one document alone) or
+    `document_order` to its order (each-last); a request of which one output failed gets that output.
+    `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
+    best: dict[int, tuple[float, RequestOutput, Source]] = {}
     for owner, out, source in zip(owners, outputs, sources, strict=True):
         # A request the engine failed alone fails the whole answer, as it fails a joint request: its output (the
         # first such) is returned, error set, rather than a choice among the others that looks complete.
@@ -152,7 +173,11 @@ def pick_answers(
     picked = []
     for owner, keep in enumerate(keep_logprobs):
         _, out, source = best[owner]
-        picked.append(dataclasses.replace(out, outputs=_completions(out, keep), answered_from=source))
+        read = list(source) if isinstance(source, tuple) else None
+        alone = source if isinstance(source, int) else None
+        picked.append(
+            dataclasses.replace(out, outputs=_completions(out, keep), answered_from=alone, document_order=read)
+        )
     return picked
 
 
@@ -167,7 +192,7 @@ class FirstRound:
     request as given was asked (that is the joint round, already asked), or where one of its candidates failed: its
     answer is then the first failed output (as `pick_answers` returns it)."""
 
-    def __init__(self, owners: Sequence[int], sources: Sequence[int | None], count: int) -> None:
+    def __init__(self, owners: Sequence[int], sources: Sequence[Source], count: int) -> None:
         self.owners, self.sources = list(owners), list(sources)
         self.left = [0] * count  # one-document candidates not in yet
         self.given_asked = [False] * count

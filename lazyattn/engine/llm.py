@@ -100,7 +100,9 @@ class LLM:
         "best-document-or-joint" (the same, the prompt as given one more candidate), "confidence-order" (the
         prompt asked over all of its documents, ordered by how confidently it is answered from each alone, the most
         confident last, their order in `document_order`) or "confidence-order-or-joint" (the same, the prompt as given
-        kept where its answer is at least as sure; engine/best_document.py). confidence_tokens (the two
+        kept where its answer is at least as sure) or "each-last" (in one round, the prompt as given and once with
+        each other document moved last, the most confident answer kept, its order in `document_order`;
+        engine/best_document.py). confidence_tokens (the two
         confidence-order strategies): the one-document answers that order the documents stop after that many tokens
         (None: the whole answer); only their confidence is used."""
         _check_answer(answer, sampling_params, confidence_tokens)

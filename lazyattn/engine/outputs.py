@@ -52,8 +52,8 @@ class RequestOutput:
     # An answer chosen among candidates (answer="best-document", "best-document-or-joint"): the index, among the
     # request's documents, of the one it was read from alone; None: the request as given (all of its documents)
     answered_from: int | None = None
-    # answer="confidence-order"/"confidence-order-or-joint": the indices of the request's documents in the order the
-    # answer read them (None: as given, or another strategy)
+    # answer="confidence-order"/"confidence-order-or-joint"/"each-last": the indices of the request's documents in the
+    # order the answer read them (None: as given, or another strategy)
     document_order: list[int] | None = None
 
     @property

@@ -157,7 +157,7 @@ class _GenerationRequest(_Strict):
         "e^(tilt/2), on the last by e^(-tilt/2), evenly between (0: off); default: the server's --ape-tilt",
     )
     answer: Literal[
-        "joint", "best-document", "best-document-or-joint", "confidence-order", "confidence-order-or-joint"
+        "joint", "best-document", "best-document-or-joint", "confidence-order", "confidence-order-or-joint", "each-last"
     ] = Field(
         "joint",
         description="joint: one answer over all the documents; best-document: the request asked once per document, "
@@ -166,7 +166,9 @@ class _GenerationRequest(_Strict):
         "more candidate (answered_from null: it won); confidence-order: the same one-document requests, then one "
         "answer over all the documents reordered by their answers' confidence, the surest last (each choice's "
         "document_order gives the order); confidence-order-or-joint: the same, the request as given also asked "
-        "first and its answer kept where it is at least as sure (document_order null). usage counts every request "
+        "first and its answer kept where it is at least as sure (document_order null); each-last: in one round, the "
+        "request as given and once more with each other document moved last, the surest answer kept "
+        "(document_order: the order it read, null: as given). usage counts every request "
         "made; n must be 1 and no stream (docs/design.md, Answering from one document)",
     )
     confidence_tokens: json_int(ge=1) | None = Field(

@@ -185,6 +185,7 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     assert [r["config"] for r in rows] == [
         "lazy + prefix, joint",
         "lazy + prefix, best-document",
+        "lazy + prefix, each-last",
         *ordering,
         "full, joint",
     ]

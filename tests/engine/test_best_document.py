@@ -73,6 +73,13 @@ def test_candidates_of_each_strategy():
         [["a", "b"], ["a"], ["b"], [], ["c"]],
         [None, 0, 1, None, None],
     )
+    # the request as given, then every document but the last moved last in turn, the others in their places
+    three = [["a", "b", "c"], ["d"]]
+    assert candidates(three, "each-last") == (
+        [0, 0, 0, 1],
+        [["a", "b", "c"], ["b", "c", "a"], ["a", "c", "b"], ["d"]],
+        [None, (1, 2, 0), (0, 2, 1), None],
+    )
 
 
 def confidence_orders(owners, outputs, sources, count):
@@ -284,6 +291,23 @@ def test_confidence_order_or_joint_keeps_the_answer_as_given_where_it_is_as_sure
         want = reordered if surer else given
         assert (out.token_ids, out.document_order) == (want.token_ids, want.document_order if surer else None)
         assert out.logprobs is not None  # asked for
+
+
+def test_each_last_is_the_most_confident_joint_answer_with_each_document_last(llm):
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer="each-last")
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        assert out.answered_from is None and out.logprobs is None
+        # by hand: every order with one document moved to the end, the rest kept in place; the order as given first
+        orders = [list(range(len(docs)))] + [[j for j in range(len(docs)) if j != i] + [i] for i in range(len(docs))]
+        orders = [o for k, o in enumerate(orders) if o not in orders[:k]]
+        asked = [llm.generate([prompt], scored, documents=[[docs[i] for i in o]])[0] for o in orders]
+        means = [mean_logprob(o) for o in asked]
+        best = means.index(max(means))
+        assert out.token_ids == asked[best].token_ids
+        assert out.document_order == (None if best == 0 else orders[best])
+        assert out.num_document_tokens == asked[best].num_document_tokens
 
 
 def test_chat_best_document_keeps_the_log_probabilities_asked_for(llm):

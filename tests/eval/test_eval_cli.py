@@ -149,6 +149,21 @@ def test_best_document_runs_end_to_end(tmp_path):
     assert "read gold %" in (out / "eval.md").read_text()
 
 
+def test_each_last_runs_end_to_end_and_says_whether_it_read_the_gold_document_last(tmp_path):
+    out = tmp_path / "each"
+    assert main(ARGS + ["--num-docs", "3", "--modes", "lazy:answer=each-last", "--out", str(out)]) == 0
+    cells = json.loads((out / "eval.json").read_text())["cells"]
+    assert cells and all(c["answer"] == "each-last" for c in cells)
+    for c in cells:
+        gold_slot = {"first": 0, "middle": 1, "last": 2}[c["position"]]
+        for i in c["items"]:
+            order = i["document_order"]
+            assert i["answered_from"] is None
+            # moved: one document taken out of its place and put last, the others in the given order
+            assert order is None or (order[:-1] == sorted(order[:-1]) and order[-1] != 2 and sorted(order) == [0, 1, 2])
+            assert i["read_gold"] == (None if order is None else order[-1] == gold_slot)
+
+
 def test_every_accuracy_has_its_bootstrap_interval_and_runs_are_compared_pairwise(run):
     _, out, data = run
     for c in data["cells"]:

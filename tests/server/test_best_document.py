@@ -92,6 +92,26 @@ def test_confidence_order_or_joint_answers_as_the_python_api(server, offline):
     )
 
 
+def test_each_last_answers_as_the_python_api_and_counts_every_request(server, offline):
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "each-last"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="each-last")[0]
+    assert (choice["message"]["content"], choice["document_order"]) == (want.text, want.document_order)
+    assert "answered_from" not in choice
+    # usage: the request as given, then the first and the second document each moved last
+    asked = [DOCS, [DOCS[1], DOCS[2], DOCS[0]], [DOCS[0], DOCS[2], DOCS[1]]]
+    outs = offline.chat([MESSAGES] * len(asked), params, documents=asked)
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(outs)
+    assert r.json()["usage"]["completion_tokens"] == len(asked) * 5
+    # completions: one answer per prompt, each the Python API's
+    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "each-last"})
+    assert r.status_code == 200, r.text
+    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="each-last")
+    assert [(c["text"], c["document_order"]) for c in r.json()["choices"]] == [(w.text, w.document_order) for w in want]
+
+
 def test_confidence_order_with_one_document_is_the_request_as_given(server, offline):
     body = {**BODY, "documents": DOCS[:1], "messages": MESSAGES, "answer": "confidence-order", "logprobs": True}
     r = post(server.url, "/v1/chat/completions", body)
@@ -126,7 +146,7 @@ def test_completions_pick_per_prompt(server, offline):
         ({"documents": DOCS * 90}, "documents"),  # 270 one-document requests: past the 256 sequences a request may make
     ],
 )
-@pytest.mark.parametrize("answer", ["best-document", "confidence-order", "confidence-order-or-joint"])
+@pytest.mark.parametrize("answer", ["best-document", "confidence-order", "confidence-order-or-joint", "each-last"])
 def test_what_best_document_cannot_do_is_a_400_naming_the_field(server, fields, param, answer):
     body = {**BODY, "messages": MESSAGES, "answer": answer, **fields}
     r = post(server.url, "/v1/chat/completions", body)
