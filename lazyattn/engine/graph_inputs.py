@@ -25,13 +25,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv
 
 if TYPE_CHECKING:  # kernels/shared_decode.py imports Triton, which CPU engines do without
     from lazyattn.kernels.shared_decode import HostPlan, SharedPlan
 
 TABLES = 5  # pages, deltas, valid, starts, firsts
 APE_TABLES = 7  # and inv_temps, log_scales (float32 bits)
+_ALIGN = 4  # int32s in 16 bytes
+_ROW = 16  # a table row's stride, in int32s, is a multiple of this
 
 
 def table_count(ape: bool) -> int:
@@ -145,33 +147,41 @@ def paged_batch(
     converted once) into one table-major buffer [tables, B, W], moved by one copy. Why: at a full batch of RAG
     sequences (256 x ~165 pages) build's per-entry tensors took a slow host about ten times as long per step as
     fill_tables (docs/benchmarks.md, "Kernel constants"). As build: firsts only where some entry has an offset,
-    the temperature and scale tables only where some entry has one (kernels/paged.py); each table a contiguous
-    [B, W] slab, so that every kernel's stride checks hold."""
+    the temperature and scale tables only where some entry has one (kernels/paged.py); each table a [B, W] view of
+    its own slab, every table's rows of one stride, so that every kernel's stride checks hold."""
     b = len(entries)
     if not (b == len(q_lens) == len(q_starts)):
         raise ValueError("entries, q_lens and q_starts must have one element per entry")
     width = max((len(e.pages) for e in entries), default=0) or 1
     ape = has_ape(entries)
-    slabs = np.empty((table_count(ape), b, width), dtype=np.int32)
+    # Triton specialises a kernel on whether each pointer is 16-byte aligned and each integer a multiple of 16: rows
+    # of a multiple of 16 int32s and parts of `head` starting at multiples of 4 keep every table's start aligned and
+    # every row stride a multiple of 16 whatever the batch's size and width, so that a batch of another shape never
+    # compiles a new kernel variant mid-serving (docs/kernels.md, "Kernel variants").
+    slabs = np.empty((table_count(ape), b, _ROW * cdiv(width, _ROW)), dtype=np.int32)
     fill_tables(slabs.transpose(1, 0, 2), entries)
     counts = [len(e.pages) for e in entries]
     max_kv = int(slabs[2].sum(1, dtype=np.int64).max()) if b else 0
     firsts = any(e.firsts is not None and any(e.firsts) for e in entries)
-    tables = torch.from_numpy(slabs).to(device)
-    head = torch.tensor([0, *np.cumsum(q_lens, dtype=np.int64).tolist(), *q_starts, *counts], dtype=torch.int32)
-    head = head.to(device)
+    tables = torch.from_numpy(slabs).to(device)[:, :, :width]
+    at_start, at_count = _ALIGN * cdiv(b + 1, _ALIGN), _ALIGN * cdiv(b + 1, _ALIGN) + _ALIGN * cdiv(b, _ALIGN)
+    head = np.zeros(at_count + b, dtype=np.int32)
+    head[1 : b + 1] = np.cumsum(q_lens, dtype=np.int64)
+    head[at_start : at_start + b] = q_starts
+    head[at_count:] = counts
+    head = torch.from_numpy(head).to(device)
     inv_temps, log_scales = (None, None)
     if ape:
         floats = tables.view(torch.float32)
         inv_temps, log_scales = floats[TABLES], floats[TABLES + 1]
     return PagedBatch(
         cu_seqlens_q=head[: b + 1],
-        q_start=head[b + 1 : 2 * b + 1],
+        q_start=head[at_start : at_start + b],
         pages=tables[0],
         deltas=tables[1],
         valid=tables[2],
         starts=tables[3],
-        num_pages=head[2 * b + 1 :],
+        num_pages=head[at_count:],
         max_q=max(q_lens, default=0),
         max_kv=max_kv,
         firsts=tables[4] if firsts else None,

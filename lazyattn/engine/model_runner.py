@@ -168,9 +168,10 @@ class ModelRunner:
     @torch.inference_mode()
     def warm_up(self) -> None:
         """Compile and tune every kernel launch shape a request can reach, and capture every decode graph, so that
-        no request pays for it: one long document encode (the plain prefill launch, the largest activations),
-        then for batches of 1, 2, 4 … 64 short final segments over two placed documents (split-KV prefill, whose
-        merge is compiled per split count) and one decode step each, and one block-mode copy.
+        no request pays for it: one long document encode (the plain prefill launch, the largest activations), the
+        same document encoded after a short first segment (ape_prefix's encode), then for batches of 1, 2, 4 … 64
+        short final segments over two placed documents (split-KV prefill, whose merge is compiled per split count)
+        and one decode step each, each step's logits through the greedy pick, and one block-mode copy.
 
         Writes into pages it does not allocate, then zeroes the pool: call it before serving, with no page in use.
         """
@@ -188,6 +189,10 @@ class ModelRunner:
             run = Run([(7 * i + salt) % vocab for i in range(length)], 0, [next(free) for _ in range(cdiv(length, ps))])
             documents.append(run)
         self.run(StepPlan(tuple(Work(d, 0, len(d.tokens), EntryPages([], [], [])) for d in documents)))
+        # a document encoded after a first segment (ape_prefix): a long prefill over a short context
+        after = Run(documents[0].tokens, short_len, documents[0].pages)
+        first = EntryPages(documents[1].pages, [0] * len(documents[1].pages), page_fill(short_len, ps))
+        self.run(StepPlan((Work(after, 0, doc_len, first),)))
         context = EntryPages(
             [p for d in documents for p in d.pages],
             [0] * len(documents[0].pages) + [doc_len] * len(documents[1].pages),
@@ -202,10 +207,12 @@ class ModelRunner:
         n = 1
         while n <= max_batch:
             runs = finals[:n]
-            self.run(StepPlan(tuple(Work(r, 0, final_len, context, samples=True) for r in runs)))
+            self._greedy(self.run(StepPlan(tuple(Work(r, 0, final_len, context, samples=True) for r in runs))))
             for r in runs:
                 r.tokens.append(0)
-            self.run(StepPlan(tuple(Work(r, final_len, final_len + 1, context, samples=True) for r in runs)))
+            self._greedy(
+                self.run(StepPlan(tuple(Work(r, final_len, final_len + 1, context, samples=True) for r in runs)))
+            )
             for r in runs:
                 del r.tokens[final_len:]
             n *= 2
@@ -220,6 +227,14 @@ class ModelRunner:
         self.backend.kv.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _greedy(self, logits: torch.Tensor) -> None:
+        """The greedy pick's kernels (kernels/greedy.py) over a step's logits, as the sampler takes them for an
+        all-greedy batch on CUDA."""
+        if logits.is_cuda and not self.config.deterministic:
+            from lazyattn.kernels.greedy import greedy_pick
+
+            greedy_pick(logits if logits.stride(-1) == 1 else logits.contiguous())
 
 
 def pool_pages(config: EngineConfig, device: torch.device, page_bytes: int) -> int:

@@ -4,7 +4,9 @@ step after step as the entries' own pages grow."""
 
 from __future__ import annotations
 
+import hypothesis
 import torch
+from hypothesis import strategies as st
 
 from lazyattn.engine.graph_inputs import TABLES, fill_tables, paged_batch, table_views
 from lazyattn.kernels.paged import EntryPages, PagedBatch, page_fill
@@ -60,9 +62,37 @@ def assert_same_batch(got: PagedBatch, want: PagedBatch) -> None:
             listed = torch.arange(mine.shape[1])[None, :] < want.num_pages[:, None]
             assert torch.equal(mine[listed], theirs[listed]), name
             assert mine.stride() == got.pages.stride()
-    assert all(t.is_contiguous() for t in (got.pages, got.deltas, got.valid, got.starts))
+    tables = (got.pages, got.deltas, got.valid, got.starts)
+    assert not got.pages.numel() or all(t.stride() == (got.pages.stride(0), 1) for t in tables)
     if got.inv_temps is not None:
         got.ape_gap  # noqa: B018 -- raises unless both are views of one buffer with the pages' row stride
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(widths=st.lists(st.integers(0, 11), min_size=1, max_size=9), ape=st.booleans(), firsts=st.booleans())
+def test_every_table_of_a_paged_batch_starts_16_byte_aligned(widths, ape, firsts):
+    """Triton specialises a kernel on each pointer's 16-byte alignment and each integer's divisibility by 16: were a
+    table's start or row stride to depend on the batch's size and width, a batch of another shape would compile a new
+    kernel variant mid-serving. Whatever the entries, every tensor the kernels take starts aligned, every row stride
+    is a multiple of 16, and the batch still reads as build's."""
+    entries = [
+        EntryPages(
+            list(range(w)),
+            [0] * w,
+            [PAGE] * w,
+            [1] * w if firsts and w else None,
+            [0.5] * w if ape and w else None,
+            [0.1] * w if ape and w else None,
+        )
+        for w in widths
+    ]
+    q_lens, q_starts = [2] * len(entries), [7] * len(entries)
+    got = paged_batch(entries, q_lens, q_starts, torch.device("cpu"))
+    assert_same_batch(got, PagedBatch.build(entries, q_lens, q_starts))
+    for name in ("cu_seqlens_q", "q_start", "num_pages", "pages", "deltas", "valid", "starts", "firsts", "inv_temps"):
+        t = getattr(got, name)
+        assert t is None or t.data_ptr() % 16 == 0, name
+        assert t is None or t.dim() == 1 or t.stride(0) % 16 == 0, name  # and a row stride Triton sees as one
 
 
 def test_paged_batch_is_what_build_makes():
