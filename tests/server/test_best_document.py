@@ -54,24 +54,34 @@ def test_a_joint_answer_says_nothing_of_its_source(server):
     assert not {"answered_from", "document_order"} & set(joint.json()["choices"][0])
 
 
-def test_confidence_order_answers_as_the_python_api_and_counts_every_request(server, offline):
-    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "confidence-order"})
+def answers_as_the_python_api(server, offline, answer: str, asked) -> dict:
+    """A chat request and a two-prompt completion answered as `answer` give the Python API's texts and orders, and the
+    chat's usage counts every request it made (`asked(want)`: their document lists); returns the chat's choice."""
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": answer})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="confidence-order")[0]
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer=answer)[0]
     assert (choice["message"]["content"], choice["document_order"]) == (want.text, want.document_order)
-    assert sorted(choice["document_order"]) == [0, 1, 2] and "answered_from" not in choice
-    # usage: each document alone, then the joint request over all three in that order
-    asked = [[d] for d in DOCS] + [[DOCS[i] for i in want.document_order]]
-    outs = offline.chat([MESSAGES] * len(asked), params, documents=asked)
+    assert "answered_from" not in choice
+    made = asked(want)
+    outs = offline.chat([MESSAGES] * len(made), params, documents=made)
     assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(outs)
-    assert r.json()["usage"]["completion_tokens"] == len(asked) * 5
-    # completions: one order per prompt, each the Python API's
-    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "confidence-order"})
+    assert r.json()["usage"]["completion_tokens"] == len(made) * 5
+    # completions: one answer per prompt, each the Python API's
+    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": answer})
     assert r.status_code == 200, r.text
-    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="confidence-order")
+    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer=answer)
     assert [(c["text"], c["document_order"]) for c in r.json()["choices"]] == [(w.text, w.document_order) for w in want]
+    return choice
+
+
+def test_confidence_order_answers_as_the_python_api_and_counts_every_request(server, offline):
+    # each document alone, then the joint request over all three in the order read
+    choice = answers_as_the_python_api(
+        server, offline, "confidence-order", lambda want: [[d] for d in DOCS] + [[DOCS[i] for i in want.document_order]]
+    )
+    assert sorted(choice["document_order"]) == [0, 1, 2]
 
 
 def test_confidence_order_or_joint_answers_as_the_python_api(server, offline):
@@ -93,23 +103,9 @@ def test_confidence_order_or_joint_answers_as_the_python_api(server, offline):
 
 
 def test_each_last_answers_as_the_python_api_and_counts_every_request(server, offline):
-    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "each-last"})
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="each-last")[0]
-    assert (choice["message"]["content"], choice["document_order"]) == (want.text, want.document_order)
-    assert "answered_from" not in choice
-    # usage: the request as given, then the first and the second document each moved last
+    # the request as given, then the first and the second document each moved last
     asked = [DOCS, [DOCS[1], DOCS[2], DOCS[0]], [DOCS[0], DOCS[2], DOCS[1]]]
-    outs = offline.chat([MESSAGES] * len(asked), params, documents=asked)
-    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(outs)
-    assert r.json()["usage"]["completion_tokens"] == len(asked) * 5
-    # completions: one answer per prompt, each the Python API's
-    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "each-last"})
-    assert r.status_code == 200, r.text
-    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="each-last")
-    assert [(c["text"], c["document_order"]) for c in r.json()["choices"]] == [(w.text, w.document_order) for w in want]
+    answers_as_the_python_api(server, offline, "each-last", lambda want: asked)
 
 
 def test_confidence_order_with_one_document_is_the_request_as_given(server, offline):
