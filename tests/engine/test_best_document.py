@@ -426,3 +426,20 @@ def test_first_round_is_the_same_whatever_order_its_outputs_come_in(requests, rn
         given_out = next((o for j, o in enumerate(outputs) if owners[j] == r and sources[j] is None), None)
         first_failed = next((outputs[j] for j in arrival if owners[j] == r and outputs[j].error), None)
         assert first.firsts[r] is (first_failed or (None if given_out is None or given_out.error else given_out))
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(requests=st.lists(st.integers(0, 7), min_size=1, max_size=5))
+def test_each_last_asks_every_document_last_once_and_nothing_else(requests):
+    """For any documents: one candidate per document that can stand last (the request as given for the last one,
+    first), each holding every document once, the one moved last and the others in their given order; its source is
+    that order."""
+    documents = [[f"d{r}.{i}" for i in range(n)] for r, n in enumerate(requests)]
+    owners, sets, sources = candidates(documents, "each-last")
+    for r, docs in enumerate(documents):
+        mine = [(s, src) for o, s, src in zip(owners, sets, sources, strict=True) if o == r]
+        assert mine[0] == (docs, None)  # the request as given first: it wins a tie
+        assert sorted(s[-1] for s, _ in mine if s) == sorted(docs)  # each document last exactly once
+        for s, src in mine[1:]:
+            assert [docs[i] for i in src] == s and sorted(s) == sorted(docs)
+            assert [d for d in s[:-1]] == [d for d in docs if d != s[-1]]
