@@ -3,36 +3,29 @@ checked against accuracies chosen by hand."""
 
 from __future__ import annotations
 
-import json
-
 from benchmarks.finetune_prefix_summary import main
+
+from .eval_files import write_eval
 
 POSITIONS = ("first", "middle", "last")
 
 
-def write_eval(root, model: str, scores: dict[str, list[float]]) -> None:
-    """eval/<model>-real-short-answer/eval.json with 5-document cells: run -> accuracy per question (the same at
-    every gold position)."""
-    cells = [
-        {
-            "run": run,
-            "num_docs": 5,
-            "position": position,
-            "items": [{"id": f"q{i}", "accuracy": a} for i, a in enumerate(acc)],
-        }
-        for run, acc in scores.items()
-        for position in POSITIONS
-    ]
-    folder = root / "eval" / f"{model}-real-short-answer"
-    folder.mkdir(parents=True)
-    (folder / "eval.json").write_text(json.dumps({"cells": cells}))
+def write_adapter_eval(root, model: str, scores: dict[str, list[float]]) -> None:
+    """eval/<model>-real-short-answer/eval.json: run -> accuracy per question, the same at every gold position."""
+    write_eval(
+        root / "eval" / f"{model}-real-short-answer", {r: dict.fromkeys(POSITIONS, a) for r, a in scores.items()}
+    )
 
 
 def test_each_adapter_is_compared_with_block(tmp_path):
     n = 40
-    write_eval(tmp_path, "block", {"full": [1.0] * 20 + [0.0] * 20, "lazy:ape_prefix=true": [1.0] * 10 + [0.0] * 30})
-    write_eval(tmp_path, "cloze", {"full": [1.0] * 20 + [0.0] * 20, "lazy:ape_prefix=true": [1.0] * 20 + [0.0] * 20})
-    write_eval(tmp_path, "labelled", {"full": [0.0] * n, "lazy:ape_prefix=true": [1.0] * 10 + [0.0] * 30})
+    write_adapter_eval(
+        tmp_path, "block", {"full": [1.0] * 20 + [0.0] * 20, "lazy:ape_prefix=true": [1.0] * 10 + [0.0] * 30}
+    )
+    write_adapter_eval(
+        tmp_path, "cloze", {"full": [1.0] * 20 + [0.0] * 20, "lazy:ape_prefix=true": [1.0] * 20 + [0.0] * 20}
+    )
+    write_adapter_eval(tmp_path, "labelled", {"full": [0.0] * n, "lazy:ape_prefix=true": [1.0] * 10 + [0.0] * 30})
     text = main(tmp_path)
     table, versus = text.split("same questions:")
     rows = {line.split(" | ")[3]: line for line in table.splitlines() if line.startswith("| real | short-answer | 5 |")}

@@ -3,33 +3,15 @@ baseline, on the mean over gold positions and per position, checked against accu
 
 from __future__ import annotations
 
-import json
-
 from benchmarks.quality_runs_summary import main
 
-
-def write_eval(root, name: str, scores: dict[str, dict[str, list[float]]]) -> None:
-    """<name>/eval.json with 5-document cells: run -> gold position -> accuracy per question."""
-    runs = [{"label": run} for run in scores]
-    cells = [
-        {
-            "run": run,
-            "num_docs": 5,
-            "position": position,
-            "items": [{"id": f"q{i}", "accuracy": a} for i, a in enumerate(acc)],
-        }
-        for run, by_position in scores.items()
-        for position, acc in by_position.items()
-    ]
-    (root / name).mkdir()
-    (root / name / "eval.json").write_text(json.dumps({"runs": runs, "cells": cells}))
+from .eval_files import write_eval
 
 
 def test_every_run_against_full_and_against_a_named_baseline(tmp_path):
     half, none, every = [1.0] * 20 + [0.0] * 20, [0.0] * 40, [1.0] * 40
     write_eval(
-        tmp_path,
-        "blk-real-short-answer",
+        tmp_path / "blk-real-short-answer",
         {
             "full": {"first": half, "middle": half, "last": half},  # 50 %
             "lazy": {"first": none, "middle": half, "last": half},  # 33.3 %: -50 with the gold document first

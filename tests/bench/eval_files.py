@@ -1,0 +1,22 @@
+"""`lazyattn eval` outputs made by hand for the tests of the scripts that summarise them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_eval(folder: Path, scores: dict[str, dict[str, list[float]]]) -> None:
+    """folder/eval.json with 5-document cells: run -> gold position -> each question's accuracy (ids q0, q1, ...)."""
+    cells = [
+        {
+            "run": run,
+            "num_docs": 5,
+            "position": position,
+            "items": [{"id": f"q{i}", "accuracy": a} for i, a in enumerate(acc)],
+        }
+        for run, by_position in scores.items()
+        for position, acc in by_position.items()
+    ]
+    folder.mkdir(parents=True)
+    (folder / "eval.json").write_text(json.dumps({"runs": [{"label": run} for run in scores], "cells": cells}))
