@@ -411,8 +411,8 @@ class OpenAIServing:
 
 
 def _hidden(answer: str) -> dict:
-    """What a response's choices leave out: answered_from belongs to the strategies that choose among candidates,
-    document_order to the confidence-order ones."""
+    """What a response's choices leave out: answered_from belongs to the strategies that answer from one document,
+    document_order to those that reorder them (the confidence-order ones and each-last)."""
     shown = {"joint": set(), "best-document": {"answered_from"}, "best-document-or-joint": {"answered_from"}}.get(
         answer, {"document_order"}
     )
