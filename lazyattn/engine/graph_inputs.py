@@ -164,7 +164,8 @@ def paged_batch(
     max_kv = int(slabs[2].sum(1, dtype=np.int64).max()) if b else 0
     firsts = any(e.firsts is not None and any(e.firsts) for e in entries)
     tables = torch.from_numpy(slabs).to(device)[:, :, :width]
-    at_start, at_count = _ALIGN * cdiv(b + 1, _ALIGN), _ALIGN * cdiv(b + 1, _ALIGN) + _ALIGN * cdiv(b, _ALIGN)
+    at_start = _ALIGN * cdiv(b + 1, _ALIGN)
+    at_count = at_start + _ALIGN * cdiv(b, _ALIGN)
     head = np.zeros(at_count + b, dtype=np.int32)
     head[1 : b + 1] = np.cumsum(q_lens, dtype=np.int64)
     head[at_start : at_start + b] = q_starts

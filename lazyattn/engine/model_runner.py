@@ -171,7 +171,7 @@ class ModelRunner:
         no request pays for it: one long document encode (the plain prefill launch, the largest activations), the
         same document encoded after a short first segment (ape_prefix's encode), then for batches of 1, 2, 4 … 64
         short final segments over two placed documents (split-KV prefill, whose merge is compiled per split count)
-        and one decode step each, each step's logits through the greedy pick, and one block-mode copy.
+        and one decode step each, logits through the greedy pick, and one block-mode copy.
 
         Writes into pages it does not allocate, then zeroes the pool: call it before serving, with no page in use.
         """
@@ -207,15 +207,14 @@ class ModelRunner:
         n = 1
         while n <= max_batch:
             runs = finals[:n]
-            self._greedy(self.run(StepPlan(tuple(Work(r, 0, final_len, context, samples=True) for r in runs))))
+            self.run(StepPlan(tuple(Work(r, 0, final_len, context, samples=True) for r in runs)))
             for r in runs:
                 r.tokens.append(0)
-            self._greedy(
-                self.run(StepPlan(tuple(Work(r, final_len, final_len + 1, context, samples=True) for r in runs)))
-            )
+            logits = self.run(StepPlan(tuple(Work(r, final_len, final_len + 1, context, samples=True) for r in runs)))
             for r in runs:
                 del r.tokens[final_len:]
             n *= 2
+        self._greedy(logits)  # one compile serves every batch: the row count is the grid, not an argument
         pages = documents[1].pages
         copy_to = [next(free) for _ in pages]
         copy = StepPlan(copies=(Copy(-1, pages, copy_to, [doc_len] * len(pages)),))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lazyattn.engine.best_document import ANSWER_STRATEGIES, EACH_LAST, ORDERING, check_answer
+from lazyattn.engine.best_document import ANSWER_STRATEGIES, CHOOSING, check_answer
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
@@ -268,9 +268,9 @@ def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:
     last, is a gold one; None for a joint run, and for an answer that read its documents as given."""
     if answer == "joint":
         return None
-    if answer in ORDERING or answer == EACH_LAST:
-        return out.document_order[-1] in gold if out.document_order else None
-    return out.answered_from in gold
+    if answer in CHOOSING:
+        return out.answered_from in gold
+    return out.document_order[-1] in gold if out.document_order else None
 
 
 def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, run: RunSpec) -> list[Any]:

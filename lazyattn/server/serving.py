@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from lazyattn.engine.best_document import (
+    CHOOSING,
     ORDERING,
     FirstRound,
     candidates,
@@ -413,9 +414,7 @@ class OpenAIServing:
 def _hidden(answer: str) -> dict:
     """What a response's choices leave out: answered_from belongs to the strategies that answer from one document,
     document_order to those that reorder them (the confidence-order ones and each-last)."""
-    shown = {"joint": set(), "best-document": {"answered_from"}, "best-document-or-joint": {"answered_from"}}.get(
-        answer, {"document_order"}
-    )
+    shown = set() if answer == "joint" else {"answered_from"} if answer in CHOOSING else {"document_order"}
     return {"choices": {"__all__": {"answered_from", "document_order"} - shown}}
 
 
