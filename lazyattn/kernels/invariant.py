@@ -329,7 +329,10 @@ def paged_attention(
         raise ValueError("the page tables need a unit last stride")
     # Always read (zeros where the batch has none): eager steps and CUDA graphs, which always carry them, then run
     # the same compiled kernel.
-    firsts = batch.firsts if batch.firsts is not None else torch.zeros_like(batch.pages)
+    firsts = batch.firsts
+    if firsts is None:  # zeros in the strides of pages: a view of padded rows (engine/graph_inputs.py) is not dense
+        firsts = torch.empty_strided(batch.pages.shape, batch.pages.stride(), dtype=batch.pages.dtype, device=q.device)
+        firsts.zero_()
     for name, t in (("deltas", batch.deltas), ("valid", batch.valid), ("starts", batch.starts), ("firsts", firsts)):
         if t.stride() != batch.pages.stride():
             raise ValueError(f"{name} needs the strides of pages")

@@ -106,6 +106,21 @@ def test_triton_attention_matches_the_invariant_reference(dtype, kv_dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+def test_triton_attention_reads_the_engines_padded_tables():
+    """The engine's eager steps give the kernel tables that are views of rows padded to 16 int32s
+    (engine/graph_inputs.py), without a firsts table: the same rows as PagedBatch.build's dense tables."""
+    from lazyattn.engine.graph_inputs import paged_batch
+
+    sc = scenario(torch.float32)
+    q, dense = sc.final_prefill()
+    entries = [sc.final_entry(r, r.final.length) for r in sc.requests]
+    lens = [r.final.length for r in sc.requests]
+    padded = paged_batch(entries, lens, [sc.context_len(r) for r in sc.requests], torch.device(DEVICE))
+    assert padded.firsts is None and not padded.pages.is_contiguous()
+    got = invariant.paged_attention(q, sc.k_cache, sc.v_cache, padded, sc.tables, sc.scale)
+    assert torch.equal(got, invariant.paged_attention(q, sc.k_cache, sc.v_cache, dense, sc.tables, sc.scale))
+
+
 def test_triton_attention_with_relinked_first_slots_matches_the_reference():
     """Relinked entries list shared pages from a first slot other than 0 (kernels/paged.py)."""
     sc = make_scenario(DOCS, REQUESTS, q_heads=6, kv_heads=2, head_dim=32, tables=tables_for(32), relink=5)
