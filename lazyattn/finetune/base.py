@@ -59,7 +59,7 @@ def load_base(name: str, attention: str = "sdpa") -> Base:
 
     path = resolve_model(name)
     if name == TINY:
-        config, weights = _tiny_config(), _engine_weights(TINY)
+        config, weights = _tiny_config(), engine_weights(TINY)
     elif gguf.is_gguf(path):
         config, weights = gguf.hf_config(gguf.open_gguf(path)), dict(gguf.read_weights(path))
     elif Path(path).is_dir():
@@ -106,7 +106,7 @@ def _tiny_config() -> dict[str, Any]:
     }
 
 
-def _engine_weights(name: str) -> dict[str, torch.Tensor]:
+def engine_weights(name: str) -> dict[str, torch.Tensor]:
     """The engine's weights under Hugging Face names (fused projections split back)."""
     lm, _ = load_model(name)
     return {hf: tensor.detach().clone() for hf, tensor in lm.hf_tensors().items()}

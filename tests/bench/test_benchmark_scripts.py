@@ -31,6 +31,7 @@ SCRIPTS = [
     "host_tier",
     "host_ttft",
     "kernels",
+    "quality_positions",
     "relink",
     "replicas",
     "serving",
