@@ -18,7 +18,9 @@ Greedy answers, up to 32 tokens, the eval's containment accuracy, the eval's def
     python -m benchmarks.quality_positions summary OUT.json [MORE.json ...]
 
 `summary` prints, per model and set, each mode's accuracy per gold position and on the mean, and its difference from
-full attention with the paired 95 % bootstrap interval over the same questions.
+full attention with the paired 95 % bootstrap interval over the same questions; `--surer A,B` adds the mode that
+keeps, per question, the answer of A or B with the higher mean token log-probability (as `answer="each-last"` keeps
+the surest of its candidates).
 """
 
 from __future__ import annotations
@@ -113,10 +115,11 @@ def greedy(
     eos: set[int],
     device: torch.device,
     dtype: torch.dtype,
-) -> list[list[int]]:
+) -> list[tuple[list[int], float]]:
     """Greedy continuations of rows (tokens, positions, additive mask), left-padded into one batch with a KV cache:
     each new token sees every row token and the tokens generated before it, at the positions after the row's
-    last; a continuation ends after its first end-of-sequence token or `max_new` tokens."""
+    last; a continuation ends after its first end-of-sequence token or `max_new` tokens. With each, the mean
+    log-probability of its tokens (the engine's confidence, engine/best_document.py)."""
     b, width = len(rows), max(len(r[0]) for r in rows)
     low = torch.finfo(torch.float32).min
     ids = torch.zeros(b, width, dtype=torch.long)
@@ -134,11 +137,14 @@ def greedy(
     )
     cache, last = out.past_key_values, pos[:, -1]
     answers: list[list[int]] = [[] for _ in range(b)]
+    logprobs: list[list[float]] = [[] for _ in range(b)]
     open_rows = set(range(b))
     for step in range(max_new):
-        nxt = out.logits[:, -1].argmax(-1).cpu()
+        scores = out.logits[:, -1].float().log_softmax(-1).cpu()
+        nxt = scores.argmax(-1)
         for i in list(open_rows):
             answers[i].append(int(nxt[i]))
+            logprobs[i].append(float(scores[i, nxt[i]]))
             if int(nxt[i]) in eos:
                 open_rows.discard(i)
         if not open_rows or step == max_new - 1:
@@ -153,7 +159,7 @@ def greedy(
             use_cache=True,
         )
         cache = out.past_key_values
-    return answers
+    return [(a, sum(lp) / len(lp)) for a, lp in zip(answers, logprobs)]
 
 
 def load(name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
@@ -199,19 +205,44 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 ]
                 for mode in modes:
                     rows = [mode_row(p.segments, p.final, mode) for p in prompts]
-                    texts = []
+                    texts, sureness = [], []
                     for lo in range(0, len(rows), BATCH):
-                        for answer in greedy(model, rows[lo : lo + BATCH], MAX_TOKENS, eos, device, dtype):
+                        for answer, mean in greedy(model, rows[lo : lo + BATCH], MAX_TOKENS, eos, device, dtype):
                             texts.append(tok.decode([t for t in answer if t not in eos]).strip())
+                            sureness.append(mean)
                     key = f"{name}|{dataset}|{position}|{mode}"
                     results[key] = {
                         "ids": [it.id for it in shown],
                         "accuracy": [Scores.of(t, it.answers).accuracy for t, it in zip(texts, shown)],
                         "outputs": texts,
+                        "confidence": sureness,
                     }
                     mean = 100 * sum(results[key]["accuracy"]) / len(texts)
                     print(f"{key}: {mean:.1f} % of {len(texts)}", flush=True)
     return results
+
+
+def with_surer(results: dict[str, dict[str, Any]], modes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`results` and, for every model, set and gold position that answered in all of `modes`, the mode
+    "surer:A,B,…": each question's answer from the mode whose answer has the highest mean log-probability (on a tie
+    the earlier mode), as the engine's choosing strategies keep the surest of their candidates."""
+    name = "surer:" + ",".join(modes)
+    out = dict(results)
+    for key in results:
+        model, dataset, position, mode = key.split("|")
+        if mode != modes[0] or not all(f"{model}|{dataset}|{position}|{m}" in results for m in modes):
+            continue
+        runs = [results[f"{model}|{dataset}|{position}|{m}"] for m in modes]
+        picked = [
+            max(range(len(runs)), key=lambda r: (runs[r]["confidence"][q], -r)) for q in range(len(runs[0]["ids"]))
+        ]
+        out[f"{model}|{dataset}|{position}|{name}"] = {
+            "ids": runs[0]["ids"],
+            "accuracy": [runs[r]["accuracy"][q] for q, r in enumerate(picked)],
+            "outputs": [runs[r]["outputs"][q] for q, r in enumerate(picked)],
+            "confidence": [runs[r]["confidence"][q] for q, r in enumerate(picked)],
+        }
+    return out
 
 
 def summary(results: dict[str, dict[str, Any]]) -> str:
@@ -263,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--device", default=None)
     s = sub.add_parser("summary", help="tables of one or more run outputs")
     s.add_argument("files", type=Path, nargs="+")
+    s.add_argument(
+        "--surer", default=None, help="modes A,B,...: add the mode that keeps each question's surest of their answers"
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         args.out.write_text(json.dumps(run(args)))
@@ -271,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         merged: dict[str, dict[str, Any]] = {}
         for f in args.files:
             merged |= json.loads(f.read_text())
+        if args.surer:
+            merged = with_surer(merged, args.surer.split(","))
         sys.stdout.write(summary(merged))
 
 

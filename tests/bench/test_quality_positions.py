@@ -78,8 +78,8 @@ def test_batched_greedy_equals_one_row_at_a_time_without_a_cache():
         qp.mode_row([[3, 4], [5, 6, 7], [8]], [9, 10, 11], "spread=0:scale=0.5"),
     ]
     got = qp.greedy(model, rows, 5, set(), torch.device("cpu"), torch.float32)
-    for (tokens, positions, mask), answer in zip(rows, got):
-        tokens, positions, want = list(tokens), list(positions), []
+    for (tokens, positions, mask), (answer, sureness) in zip(rows, got):
+        tokens, positions, want, logprobs = list(tokens), list(positions), [], []
         for _ in range(5):
             n = len(tokens)
             full = torch.full((n, n), torch.finfo(torch.float32).min)
@@ -92,10 +92,12 @@ def test_batched_greedy_equals_one_row_at_a_time_without_a_cache():
                     attention_mask=full[None, None],
                 ).logits
             nxt = int(logits[0, -1].argmax())
+            logprobs.append(float(logits[0, -1].log_softmax(-1)[nxt]))
             want.append(nxt)
             tokens.append(nxt)
             positions.append(positions[-1] + 1)
         assert answer == want
+        assert sureness == pytest.approx(sum(logprobs) / len(logprobs), abs=1e-4)
 
 
 def test_summary_reads_per_question_accuracies():
@@ -121,8 +123,26 @@ def test_run_and_summary_end_to_end(tmp_path, capsys):
     results = json.loads(out.read_text())
     assert sorted(results) == sorted(f"tiny|real-heldout|{p}|{m}" for p in qp.POSITIONS for m in ("full", "spread=0"))
     for r in results.values():
-        assert len(r["ids"]) == len(r["accuracy"]) == len(r["outputs"]) == 2
+        assert len(r["ids"]) == len(r["accuracy"]) == len(r["outputs"]) == len(r["confidence"]) == 2
+        assert all(c <= 0 for c in r["confidence"])
     capsys.readouterr()
-    qp.main(["summary", str(out)])
+    qp.main(["summary", str(out), "--surer", "full,spread=0"])
     text = capsys.readouterr().out
     assert "### `tiny`, `builtin:real-heldout` (2 questions)" in text and "| spread=0 |" in text
+    assert "| surer:full,spread=0 |" in text
+
+
+def test_surer_keeps_each_questions_most_confident_answer():
+    """Hand case: per question the mode with the higher mean log-probability wins, the earlier one on a tie."""
+    results = {
+        "m|s|first|a": {"ids": ["x", "y", "z"], "accuracy": [1.0, 0.0, 1.0], "outputs": ["a1", "a2", "a3"],
+                        "confidence": [-0.1, -2.0, -1.0]},
+        "m|s|first|b": {"ids": ["x", "y", "z"], "accuracy": [0.0, 1.0, 0.0], "outputs": ["b1", "b2", "b3"],
+                        "confidence": [-0.5, -0.2, -1.0]},
+        "m|s|middle|a": {"ids": ["x"], "accuracy": [1.0], "outputs": ["a"], "confidence": [-1.0]},
+    }  # fmt: skip
+    got = qp.with_surer(results, ["a", "b"])
+    picked = got["m|s|first|surer:a,b"]
+    assert picked["outputs"] == ["a1", "b2", "a3"] and picked["accuracy"] == [1.0, 1.0, 1.0]
+    assert "m|s|middle|surer:a,b" not in got  # b did not answer there
+    assert all(got[k] == v for k, v in results.items())
