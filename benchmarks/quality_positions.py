@@ -47,10 +47,13 @@ def parse_mode(mode: str) -> tuple[float, float] | None:
     """ "full" -> None; "spread=X[:scale=S]" -> (X, S)."""
     if mode == "full":
         return None
-    fields = dict(part.split("=", 1) for part in mode.split(":"))
-    if set(fields) - {"spread", "scale"} or "spread" not in fields:
-        raise ValueError(f"mode must be full or spread=X[:scale=S], got {mode!r}")
-    spread, scale = float(fields["spread"]), float(fields.get("scale", 1.0))
+    fields = dict(part.partition("=")[::2] for part in mode.split(":"))
+    try:
+        if set(fields) - {"spread", "scale"} or "spread" not in fields:
+            raise ValueError
+        spread, scale = float(fields["spread"]), float(fields.get("scale", 1.0))
+    except ValueError:
+        raise ValueError(f"mode must be full or spread=X[:scale=S], got {mode!r}") from None
     if not (0.0 <= spread <= 1.0 and scale > 0):
         raise ValueError(f"spread must be in [0, 1] and scale > 0, got {mode!r}")
     return spread, scale

@@ -62,7 +62,7 @@ def test_a_document_read_after_its_sequential_start_sees_its_own_copy_of_the_fir
 def test_modes_parse_and_reject():
     assert qp.parse_mode("full") is None
     assert qp.parse_mode("spread=0.25:scale=0.5") == (0.25, 0.5)
-    for bad in ("spread=2", "scale=0.5", "spread=0:scale=0", "spread=1:temperature=2"):
+    for bad in ("spread=2", "scale=0.5", "spread=0:scale=0", "spread=1:temperature=2", "spread", "spread=x"):
         with pytest.raises(ValueError):
             qp.parse_mode(bad)
 
