@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lazyattn.engine.request_options import RequestOptions, check_ape, check_relink
+from lazyattn.engine.request_options import RequestOptions, check_ape, check_parallel, check_relink
 from lazyattn.envs import EnvSettings, read_env
 from lazyattn.errors import InvalidRequestError
 
@@ -105,6 +105,13 @@ class EngineConfig:
     ape_prefix: bool = _option(
         False,
         "lazy mode: encode each document after the first segment, its shared attention sink (docs/design.md, APE)",
+    )
+    # lazy mode: every document read from the first segment's end (Adaptive Parallel Encoding's layout), the final
+    # segment after the longest (docs/design.md, "APE")
+    ape_parallel: bool = _option(
+        False,
+        "lazy mode: read every document from the first segment's end, the question after the longest "
+        "(docs/design.md, APE)",
     )
     # Host tier for evicted documents (docs/design.md, "The host tier"); 0: off; None: off on the CPU, on CUDA a
     # quarter of the available host memory, at most 64 GiB.
@@ -250,6 +257,7 @@ class EngineConfig:
         check_relink(self.mode, self.relink_tokens)
         check_relink(self.mode, self.relink_last_tokens, "relink_last_tokens")
         check_ape(self.mode, self.ape_temperature, self.ape_scale, self.ape_prefix, self.ape_tilt)
+        check_parallel(self.mode, self.ape_parallel, (self.relink_tokens, self.relink_last_tokens))
         t = self.tokenizer_cache_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(
@@ -304,6 +312,7 @@ class EngineConfig:
             self.ape_prefix,
             float(self.ape_tilt),
             self.relink_last_tokens,
+            self.ape_parallel,
         )
 
     @property

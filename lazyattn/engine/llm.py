@@ -83,6 +83,7 @@ class LLM:
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
         ape_tilt: float | None = None,
+        ape_parallel: bool | None = None,
         answer: str = "joint",
         confidence_tokens: int | None = None,
     ) -> list[RequestOutput]:
@@ -92,7 +93,8 @@ class LLM:
         relink_last_tokens, lazy mode's recomputed first and last rows per placed document; ape_temperature,
         ape_scale, T and S on the final segment's attention to the documents after the first, lazy and block mode;
         ape_prefix, documents encoded after the first segment, lazy mode; ape_tilt, ln S from +tilt/2 on the first
-        document to -tilt/2 on the last, lazy and block mode; docs/design.md, "Relink" and "APE"); each None: the
+        document to -tilt/2 on the last, lazy and block mode; ape_parallel, every document read from the first
+        segment's end, lazy mode; docs/design.md, "Relink" and "APE"); each None: the
         engine's. The keywords of the same names are the same options, given one by one (not together with
         `options`).
         answer: "joint" (one request over all of a prompt's documents), "best-document" (the prompt asked once per
@@ -106,7 +108,9 @@ class LLM:
         confidence-order strategies): the one-document answers that order the documents stop after that many tokens
         (None: the whole answer); only their confidence is used."""
         _check_answer(answer, sampling_params, confidence_tokens)
-        options = _options(options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
+        options = _options(
+            options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, ape_parallel
+        )
         if prompt_token_ids is not None:
             if prompts is not None:
                 raise InvalidRequestError("give either prompts or prompt_token_ids, not both", "prompts")
@@ -141,6 +145,7 @@ class LLM:
         ape_scale: float | None = None,
         ape_prefix: bool | None = None,
         ape_tilt: float | None = None,
+        ape_parallel: bool | None = None,
         answer: str = "joint",
         confidence_tokens: int | None = None,
     ) -> list[RequestOutput]:
@@ -149,7 +154,9 @@ class LLM:
         _check_answer(answer, sampling_params, confidence_tokens)
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         docs = _per_prompt(documents, len(convs), "documents", "conversation")
-        options = _options(options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt)
+        options = _options(
+            options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, ape_parallel
+        )
         return self._answer(
             lambda o, d: self.render_chat(convs[o], d),
             docs,
@@ -337,15 +344,18 @@ def _options(
     ape_scale: float | None,
     ape_prefix: bool | None,
     ape_tilt: float | None,
+    ape_parallel: bool | None,
 ) -> RequestOptions:
     """`options`, or the one-by-one keywords of `generate` and `chat` as options."""
-    loose = RequestOptions(relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, relink_last_tokens)
+    loose = RequestOptions(
+        relink_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, relink_last_tokens, ape_parallel
+    )
     if options is None:
         return loose
     if loose != ENGINE_DEFAULTS:
         raise InvalidRequestError(
             "give either options or the keywords relink_tokens, relink_last_tokens, ape_temperature, ape_scale, "
-            "ape_prefix, ape_tilt, not both",
+            "ape_prefix, ape_tilt, ape_parallel, not both",
             "options",
         )
     return options

@@ -123,7 +123,7 @@ class ModelRunner:
         for w in batch.works:
             run = w.run
             tokens += run.tokens[w.lo : w.hi]
-            positions += range(run.start_pos + w.lo, run.start_pos + w.hi)
+            positions += range(run.start_pos + run.rope_shift + w.lo, run.start_pos + run.rope_shift + w.hi)
             slots += [run.pages[i // ps] * ps + i % ps for i in range(w.lo, w.hi)]
             n_own = cdiv(w.hi, ps)
             entries.append(w.context.then(run.pages[:n_own], page_fill(w.hi, ps)))

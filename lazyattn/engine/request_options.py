@@ -1,5 +1,5 @@
 """A request's own values of the engine options it may set: relink rows (first and last) and APE's temperature,
-scale, tilt and shared prefix (docs/design.md, "Relink" and "APE").
+scale, tilt, shared prefix and parallel placement (docs/design.md, "Relink" and "APE").
 
 One frozen dataclass from the API to the kernels: `LLM.generate`/`LLM.chat` and the server (from the JSON body) build
 it, `LLMEngine.add_request` takes it, the engine fills what it leaves None with its own settings (`EngineConfig`'s
@@ -75,6 +75,26 @@ def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False,
         )
 
 
+def check_parallel(mode: str, parallel: bool, relink: tuple[int, int]) -> None:
+    """Every document at the first segment's end (`ape_parallel`, docs/design.md "APE") is lazy mode's: block mode
+    copies each document to its sequential start, prefix and full mode read the prompt in order. Relinked rows are
+    recomputed at the sequential positions, so the two do not combine."""
+    if not isinstance(parallel, bool):
+        raise InvalidRequestError(f"ape_parallel must be true or false, got {parallel!r}", "ape_parallel")
+    if parallel and mode != "lazy":
+        raise InvalidRequestError(
+            f"ape_parallel needs mode 'lazy': {mode} mode "
+            + ("copies each document to its place in order" if mode == "block" else "reads the prompt in order"),
+            "ape_parallel",
+        )
+    if parallel and any(relink):
+        raise InvalidRequestError(
+            "ape_parallel does not combine with relink_tokens or relink_last_tokens: relinked rows are recomputed at "
+            "the documents' positions in order",
+            "ape_parallel",
+        )
+
+
 def document_log_scales(scale: float, tilt: float, n: int) -> list[float]:
     """ln S_i of the n documents after the first segment, in slot order (docs/design.md, "APE"): ln S plus the tilt
     spread evenly from +tilt/2 on the first document to -tilt/2 on the last (one document: ln S)."""
@@ -94,7 +114,8 @@ class RequestOptions:
     ape_temperature, ape_scale: T and S on the final segment's attention to the documents after the first (lazy and
     block mode; 1: off). ape_prefix: documents encoded after the first segment (lazy mode), also for a prefill-only
     request. ape_tilt: ln S raised by tilt/2 on the first document, lowered by tilt/2 on the last, evenly between
-    (lazy and block mode; 0: off)."""
+    (lazy and block mode; 0: off). ape_parallel: every document read from the first segment's end, the final segment
+    after the longest (lazy mode, no relink)."""
 
     relink_tokens: int | None = None
     ape_temperature: float | None = None
@@ -102,6 +123,7 @@ class RequestOptions:
     ape_prefix: bool | None = None
     ape_tilt: float | None = None
     relink_last_tokens: int | None = None
+    ape_parallel: bool | None = None
 
     @property
     def relink(self) -> tuple[int, int]:
@@ -118,24 +140,32 @@ class RequestOptions:
         `mode`; raises InvalidRequestError naming the field. A prefill-only request computes no final segment: it
         relinks nothing and weighs nothing, whatever it asks."""
         if prefill_only:
-            relink, last, t, s, tilt = 0, 0, 1.0, 1.0, 0.0
+            relink, last, t, s, tilt, parallel = 0, 0, 1.0, 1.0, 0.0, False
         else:
             relink = defaults.relink_tokens if self.relink_tokens is None else self.relink_tokens
             last = defaults.relink_last_tokens if self.relink_last_tokens is None else self.relink_last_tokens
             t = defaults.ape_temperature if self.ape_temperature is None else self.ape_temperature
             s = defaults.ape_scale if self.ape_scale is None else self.ape_scale
             tilt = defaults.ape_tilt if self.ape_tilt is None else self.ape_tilt
+            parallel = defaults.ape_parallel if self.ape_parallel is None else self.ape_parallel
         prefix = defaults.ape_prefix if self.ape_prefix is None else self.ape_prefix
         check_relink(mode, relink)
         check_relink(mode, last, "relink_last_tokens")
         check_ape(mode, t, s, tilt=tilt)
         check_ape(mode, 1.0, 1.0, prefix)
-        return RequestOptions(relink, float(t), float(s), prefix, float(tilt), last)
+        check_parallel(mode, parallel, (relink, last))
+        return RequestOptions(relink, float(t), float(s), prefix, float(tilt), last, parallel)
 
 
 ENGINE_DEFAULTS = RequestOptions()  # a request that sets none of them: the engine's settings
 # The options off, resolved: no relink rows, T = S = 1, no tilt, documents encoded alone (a sequence made without
 # options).
 OFF = RequestOptions(
-    relink_tokens=0, ape_temperature=1.0, ape_scale=1.0, ape_prefix=False, ape_tilt=0.0, relink_last_tokens=0
+    relink_tokens=0,
+    ape_temperature=1.0,
+    ape_scale=1.0,
+    ape_prefix=False,
+    ape_tilt=0.0,
+    relink_last_tokens=0,
+    ape_parallel=False,
 )

@@ -22,7 +22,9 @@ class Status(enum.Enum):
 
 @dataclass
 class Run:
-    """Tokens whose K/V one party computes into `pages`, at positions `start_pos + i`.
+    """Tokens whose K/V one party computes into `pages`, at positions `start_pos + i`; rotated at
+    `start_pos + rope_shift + i` (a final segment read after parallel documents, `ape_parallel`, sits nearer to them
+    than their token count: the attention kernels mask by `start_pos`, RoPE rotates by the shifted position).
 
     A sequence's run is its final segment (lazy, block), or everything past the cached prefix blocks it
     did not compute (prefix, full); a segment job's run is one document. `pages[:owned]` belong to cache
@@ -32,6 +34,7 @@ class Run:
     tokens: list[int]
     start_pos: int
     pages: list[int] = field(default_factory=list)
+    rope_shift: int = 0
     num_computed: int = 0  # tokens whose K/V is in the cache
     owned: int = 0
     # Tokens known at admission (prompt, documents, output recomputed after a preemption): rows past it are

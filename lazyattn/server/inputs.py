@@ -123,6 +123,7 @@ def request_options(body: ChatCompletionRequest | CompletionRequest) -> RequestO
         ape_scale=body.ape_scale,
         ape_prefix=body.ape_prefix,
         ape_tilt=body.ape_tilt,
+        ape_parallel=body.ape_parallel,
     )
 
 

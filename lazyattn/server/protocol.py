@@ -156,6 +156,12 @@ class _GenerationRequest(_Strict):
         description="lazy or block mode: the answer's attention weight on the first document multiplied by "
         "e^(tilt/2), on the last by e^(-tilt/2), evenly between (0: off); default: the server's --ape-tilt",
     )
+    ape_parallel: bool | None = Field(
+        None,
+        description="lazy mode: read every document from the end of the first segment (the system prompt), the "
+        "question after the longest document, instead of one after the other; not with relink; default: the "
+        "server's --ape-parallel",
+    )
     answer: Literal[
         "joint", "best-document", "best-document-or-joint", "confidence-order", "confidence-order-or-joint", "each-last"
     ] = Field(

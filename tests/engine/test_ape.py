@@ -64,12 +64,20 @@ def tilted(s: float, tilt: float, n: int) -> list[float]:
 
 
 def ape_logits(
-    model, segments: list[list[int]], tail: list[int], t: float, s: float, prefix: bool = False, tilt: float = 0.0
+    model,
+    segments: list[list[int]],
+    tail: list[int],
+    t: float,
+    s: float,
+    prefix: bool = False,
+    tilt: float = 0.0,
+    parallel: bool = False,
 ):
     """transformers' logits over the concatenation under block attention with (T, S) on the documents after the
     first segment, ln S tilted per document by `tilt`. prefix (ape_prefix): each document's rows see the first
     segment and sit at positions from its length (as encoded once for every slot); the final rows see each
-    document's keys at their logical positions."""
+    document's keys at their logical positions. parallel (ape_parallel): every document's rows sit at positions from
+    the first segment's length, and the final rows after the longest document."""
     tokens = [x for seg in segments for x in seg] + tail
     n, n_ctx, first = len(tokens), len(tokens) - len(tail), len(segments[0])
     inv = torch.ones(n, n, dtype=torch.float32)
@@ -82,16 +90,21 @@ def ape_logits(
     visible = block_mask([len(x) for x in segments], len(tail))
     positions = list(range(n))
     shift = torch.zeros(n, dtype=torch.long)
-    if prefix:
+    if prefix or parallel:
         start = first
         for seg in segments[1:]:
             positions[start : start + len(seg)] = range(first, first + len(seg))
-            shift[start : start + len(seg)] = start - first
-            visible[start : start + len(seg), :first] = True
+            if prefix and not parallel:
+                shift[start : start + len(seg)] = start - first
+            if prefix:
+                visible[start : start + len(seg), :first] = True
             start += len(seg)
+    if parallel and len(segments) > 1:
+        top = first + max(len(seg) for seg in segments[1:])
+        positions[n_ctx:] = range(top, top + len(tail))
     dev = next(model.parameters()).device
     _LAYOUT.update(inv_temp=inv.to(dev), log_scale=log.to(dev), visible=visible.to(dev))
-    if prefix:
+    if prefix and not parallel:
         final_rows = torch.arange(n) >= n_ctx
         _LAYOUT.update(shift=shift.to(dev), final_rows=final_rows.to(dev), rotary=model.model.rotary_emb)
     model.set_attn_implementation(_register())
@@ -107,20 +120,20 @@ def ape_logits(
 
 
 def hf_ape_rollout(
-    model, segments, prompt, t: float, s: float, prefix: bool = False, tilt: float = 0.0
+    model, segments, prompt, t: float, s: float, prefix: bool = False, tilt: float = 0.0, parallel: bool = False
 ) -> list[torch.Tensor]:
     tail, out = list(prompt), []
     for _ in range(GEN):
-        lp = torch.log_softmax(ape_logits(model, segments, tail, t, s, prefix, tilt)[-1].double(), -1)
+        lp = torch.log_softmax(ape_logits(model, segments, tail, t, s, prefix, tilt, parallel)[-1].double(), -1)
         out.append(lp)
         tail.append(int(lp.argmax()))
     return out
 
 
-def assert_ape_matches(outs, model, bos, t, s, requests=REQUESTS, atol=2e-4, prefix=False, tilt=0.0):
+def assert_ape_matches(outs, model, bos, t, s, requests=REQUESTS, atol=2e-4, prefix=False, tilt=0.0, parallel=False):
     for out, (docs, prompt) in zip(outs, requests):
         rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
-        want = hf_ape_rollout(model, rendered.segments, rendered.final, t, s, prefix, tilt)
+        want = hf_ape_rollout(model, rendered.segments, rendered.final, t, s, prefix, tilt, parallel)
         assert out.token_ids == [int(lp.argmax()) for lp in want]
         for got, lp in zip(out.outputs[0].logprobs, want):
             ids = torch.tensor(list(got))
@@ -312,6 +325,65 @@ def test_prefix_matches_transformers(checkpoint, name, ape):
         assert_ape_matches(outs, checkpoint(name)[1], bos, *ape[:2], requests=requests, prefix=True, tilt=ape[2])
     finally:
         del DOCS["sys"]
+
+
+def _generate_with(llm, requests, options):
+    return llm.generate(
+        prompt_token_ids=[p for _, p in requests],
+        document_token_ids=[[DOCS[d] for d in docs] for docs, _ in requests],
+        sampling_params=greedy(logprobs=20),
+        options=options,
+    )
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("prefix", [False, True])
+def test_parallel_matches_transformers(checkpoint, name, prefix):
+    """Every document read from the first segment's end, the final segment after the longest (ape_parallel), with
+    and without the shared prefix, with a temperature and scale: the engine (CPU, fp32) == transformers, whose
+    forward gives the documents' rows and the final rows those positions."""
+    llm = make_llm(checkpoint, name, "lazy", ape_prefix=prefix, ape_parallel=True, ape_temperature=0.7, ape_scale=1.5)
+    bos = token_bos(llm)
+    requests = [(["sys"] + docs, prompt) for docs, prompt in PREFIX_REQUESTS]
+    DOCS["sys"] = ([] if bos is None else [bos]) + [5, 6, 7, 8, 9]
+    try:
+        outs = generate(llm, requests, greedy(logprobs=20))
+        assert_ape_matches(outs, checkpoint(name)[1], bos, 0.7, 1.5, requests=requests, prefix=prefix, parallel=True)
+    finally:
+        del DOCS["sys"]
+
+
+def test_parallel_per_request_and_its_reference_differs_from_sequential(checkpoint):
+    """A request may ask for the parallel placement on an engine without it (and one engine serves both), and the
+    placement changes the answer's distribution: the reference of one is not the other's."""
+    llm = make_llm(checkpoint, "llama", "lazy", ape_prefix=True)
+    bos = token_bos(llm)
+    requests = [(["sys", "a", "b", "c"], [50, 51])]
+    DOCS["sys"] = ([] if bos is None else [bos]) + [5, 6, 7]
+    try:
+        rendered = from_token_ids([50, 51], [DOCS[d] for d in requests[0][0]], bos)
+        model = checkpoint("llama")[1]
+        placed = ape_logits(model, rendered.segments, rendered.final, 1.0, 1.0, prefix=True, parallel=True)
+        in_order = ape_logits(model, rendered.segments, rendered.final, 1.0, 1.0, prefix=True)
+        assert (placed[-1] - in_order[-1]).abs().max() > 1e-3
+        for parallel in (True, False):
+            outs = _generate_with(llm, requests, RequestOptions(ape_parallel=parallel))
+            assert_ape_matches(outs, model, bos, 1.0, 1.0, requests=requests, prefix=True, parallel=parallel)
+    finally:
+        del DOCS["sys"]
+
+
+@pytest.mark.parametrize(
+    "mode, kw, word",
+    [("block", {}, "block"), ("prefix", {}, "prefix"), ("lazy", {"relink_tokens": 4}, "relink")],
+)
+def test_parallel_is_lazy_only_and_not_with_relink(checkpoint, mode, kw, word):
+    with pytest.raises(InvalidRequestError, match=word) as err:
+        EngineConfig(mode=mode, ape_parallel=True, **kw)
+    assert err.value.param == "ape_parallel"
+    llm = make_llm(checkpoint, "llama", mode, **kw)
+    with pytest.raises(InvalidRequestError, match="ape_parallel"):
+        _generate_with(llm, [(["a", "b"], [40, 41])], RequestOptions(ape_parallel=True))
 
 
 def test_prefix_reference_differs_from_plain_block(checkpoint):

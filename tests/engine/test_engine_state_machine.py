@@ -1,7 +1,8 @@
 """The scheduler's admission and release through the engine, driven by random interleavings (hypothesis'
-RuleBasedStateMachine): requests over a few shared documents in random orders, relinked first and last rows (lazy
-mode), aborts, document removals, cache resets while idle, prefill-only registrations, each engine step, on a KV pool
-small enough to evict and preempt and with the host tier on, with and without overlapped scheduling.
+RuleBasedStateMachine): requests over a few shared documents in random orders, relinked first and last rows or the
+parallel placement (lazy mode), aborts, document removals, cache resets while idle, prefill-only registrations, each
+engine step, on a KV pool small enough to evict and preempt and with the host tier on, with and without overlapped
+scheduling.
 
 After every step the engine's whole bookkeeping is checked (`LLMEngine.check`: every page held once, every refcount
 equal to its holders, engine/invariants.py), and against the test's own model: every request ends exactly once with
@@ -81,9 +82,17 @@ class EngineMachine(RuleBasedStateMachine):
         n=st.integers(1, 2),
         stop=st.integers(3, 250),
         relink=st.tuples(st.sampled_from([0, 0, 3, 16, 40]), st.sampled_from([0, 0, 5, 16, 40])),
+        parallel=st.booleans(),
     )
     def add(
-        self, docs: list[int], question: list[int], max_tokens: int, n: int, stop: int, relink: tuple[int, int]
+        self,
+        docs: list[int],
+        question: list[int],
+        max_tokens: int,
+        n: int,
+        stop: int,
+        relink: tuple[int, int],
+        parallel: bool,
     ) -> None:
         # A stop token ends some sequences early: with overlap their pages are released a step later.
         stops = [stop] if stop % 2 else []
@@ -93,7 +102,9 @@ class EngineMachine(RuleBasedStateMachine):
         # Relinked rows (lazy mode): private pages per sequence, recomputed runs before its own, whole documents
         # recomputed where first + last rows cover them.
         first, last = relink if self.mode == "lazy" else (0, 0)
-        options = RequestOptions(relink_tokens=first, relink_last_tokens=last)
+        # Documents read in parallel (lazy mode, without relink): the final segment's positions shifted back
+        parallel = parallel and self.mode == "lazy" and first == last == 0
+        options = RequestOptions(relink_tokens=first, relink_last_tokens=last, ape_parallel=parallel)
         self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params, options)
 
     @precondition(lambda self: self.mode != "prefix")

@@ -13,14 +13,21 @@ from lazyattn.errors import InvalidRequestError
 from tests.engine.test_engine import DOCS, REQUESTS, greedy, make_llm
 
 ENGINE = RequestOptions(
-    relink_tokens=4, ape_temperature=0.5, ape_scale=2.0, ape_prefix=True, ape_tilt=1.0, relink_last_tokens=3
+    relink_tokens=4,
+    ape_temperature=0.5,
+    ape_scale=2.0,
+    ape_prefix=True,
+    ape_tilt=1.0,
+    relink_last_tokens=3,
+    ape_parallel=False,
 )
 
 
 def test_fields_left_none_are_the_engines():
     assert ENGINE_DEFAULTS.resolve(ENGINE, "lazy") == ENGINE
     mine = RequestOptions(relink_tokens=0, ape_scale=1.5)
-    assert mine.resolve(ENGINE, "lazy") == RequestOptions(0, 0.5, 1.5, True, 1.0, 3)
+    assert mine.resolve(ENGINE, "lazy") == RequestOptions(0, 0.5, 1.5, True, 1.0, 3, False)
+    assert RequestOptions(0, ape_parallel=True, relink_last_tokens=0).resolve(ENGINE, "lazy").ape_parallel is True
     assert RequestOptions(relink_last_tokens=0).resolve(ENGINE, "lazy").relink == (4, 0)
     assert RequestOptions(ape_tilt=-2).resolve(ENGINE, "lazy").ape_tilt == -2.0
     assert mine.resolve(ENGINE, "lazy").ape == (0.5, 1.5)
@@ -29,8 +36,8 @@ def test_fields_left_none_are_the_engines():
 
 def test_a_prefill_only_request_relinks_and_weighs_nothing():
     """It computes no final segment; only its documents' encoding (ape_prefix) is its own."""
-    asked = RequestOptions(8, 0.5, 3.0, True, 2.0, relink_last_tokens=8)
-    assert asked.resolve(OFF, "lazy", prefill_only=True) == RequestOptions(0, 1.0, 1.0, True, 0.0, 0)
+    asked = RequestOptions(8, 0.5, 3.0, True, 2.0, relink_last_tokens=8, ape_parallel=True)
+    assert asked.resolve(OFF, "lazy", prefill_only=True) == RequestOptions(0, 1.0, 1.0, True, 0.0, 0, False)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +54,11 @@ def test_a_prefill_only_request_relinks_and_weighs_nothing():
         (RequestOptions(ape_tilt=1.0), "prefix", "ape_tilt", "ape_tilt=1.0 need mode 'lazy' or 'block'"),
         (RequestOptions(ape_tilt=float("nan")), "lazy", "ape_tilt", "ape_tilt must be a number in"),
         (RequestOptions(ape_prefix=1), "lazy", "ape_prefix", "ape_prefix must be true or false"),  # type: ignore[arg-type]
+        (RequestOptions(ape_parallel=1), "lazy", "ape_parallel", "ape_parallel must be true or false"),  # type: ignore[arg-type]
+        (RequestOptions(ape_parallel=True), "block", "ape_parallel", "ape_parallel needs mode 'lazy'"),
+        (RequestOptions(ape_parallel=True), "full", "ape_parallel", "ape_parallel needs mode 'lazy'"),
+        (RequestOptions(ape_parallel=True, relink_tokens=2), "lazy", "ape_parallel", "does not combine with relink"),
+        (RequestOptions(ape_parallel=True, relink_last_tokens=3), "lazy", "ape_parallel", "does not combine"),
     ],
 )
 def test_bad_values_name_their_field(options, mode, param, message):

@@ -1,6 +1,6 @@
-"""APE options per request (docs/design.md, "APE"): `ape_temperature`, `ape_scale` and `ape_prefix` reach the
-engine and answer as the Python API does with the same options; the server's own settings are the default; a
-value out of range, or an option the server's mode does not take, is a 400 naming it."""
+"""APE options per request (docs/design.md, "APE"): `ape_temperature`, `ape_scale`, `ape_tilt`, `ape_prefix` and
+`ape_parallel` reach the engine and answer as the Python API does with the same options; the server's own settings
+are the default; a value out of range, or an option the server's mode does not take, is a 400 naming it."""
 
 from __future__ import annotations
 
@@ -106,7 +106,12 @@ def test_ape_temperature_matches_the_offline_engine(server):
     """ape_temperature 0.5 (and ape_scale) on a chat: the Python API's answer at the same setting, not plain
     lazy's."""
     llm = offline()
-    for fields in ({"ape_temperature": 0.5}, {"ape_temperature": 0.5, "ape_scale": 2.0}, {"ape_tilt": 3.0}):
+    for fields in (
+        {"ape_temperature": 0.5},
+        {"ape_temperature": 0.5, "ape_scale": 2.0},
+        {"ape_tilt": 3.0},
+        {"ape_parallel": True, "ape_prefix": True},
+    ):
         got = chat(server.url, **fields)
         want = llm.chat(MESSAGES, GREEDY, documents=[DOCS], **fields)[0]
         assert got["choices"][0]["message"]["content"] == want.outputs[0].text
@@ -136,6 +141,8 @@ def test_block_mode_takes_temperature_not_prefix(block_server):
     assert "needs mode 'lazy'" in error["message"]
     r = post(block_server.url, "/v1/chat/completions", {"messages": MESSAGES, "documents": DOCS, "ape_prefix": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "ape_prefix"
+    r = post(block_server.url, "/v1/chat/completions", {"messages": MESSAGES, "documents": DOCS, "ape_parallel": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ape_parallel"
     # false is plain block mode; the temperature and scale are block mode's too
     got = chat(block_server.url, ape_prefix=False, ape_temperature=0.5, ape_scale=2.0)
     want = offline(mode="block").chat(MESSAGES, GREEDY, documents=[DOCS], ape_temperature=0.5, ape_scale=2.0)[0]
@@ -157,6 +164,8 @@ def test_block_mode_takes_temperature_not_prefix(block_server):
         ("ape_prefix", 1),
         ("ape_tilt", 25),
         ("ape_tilt", "1"),
+        ("ape_parallel", "yes"),
+        ("ape_parallel", 1),
     ],
 )
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -179,6 +188,15 @@ def test_non_finite_values_are_a_400(server, literal):
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == field.decode() and "finite number" in error["message"], error
+
+
+def test_parallel_with_relink_is_a_400_naming_it(server):
+    r = post(
+        server.url, "/v1/completions", {"prompt": PROMPT, "documents": DOCS, "ape_parallel": True, "relink_tokens": 2}
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "ape_parallel" and "relink" in error["message"], error
 
 
 def test_null_is_the_servers_setting(server):

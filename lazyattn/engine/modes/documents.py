@@ -25,7 +25,7 @@ class _DocumentMode(Mode):
 
     def admit(self, source: DocumentSource, seq: Sequence, acquired: list[Part], state: ModeState) -> Run:
         source.acquire_documents(seq.segments, seq.salt, acquired, seq.segment_keys, seq.options.ape_prefix)
-        return Run(seq.prompt + seq.output, start_pos=seq.context_len)
+        return Run(seq.prompt + seq.output, start_pos=seq.context_len, rope_shift=final_shift(seq))
 
     def pages_needed(
         self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink: tuple[int, int] = (0, 0)
@@ -57,6 +57,23 @@ def with_ape(entry: EntryPages, seq: Sequence, segment_pages: list[int]) -> Entr
     entry.inv_temps = [1.0] * first + [1.0 / t] * sum(documents)
     entry.log_scales = [0.0] * first + [b for b, n in zip(biases, documents) for _ in range(n)]
     return entry
+
+
+def rotary_starts(seq: Sequence) -> list[int]:
+    """Where each placed segment's keys are read, in RoPE positions: its logical start, or with `ape_parallel`
+    the first segment's length for every segment after the first (docs/design.md, "APE")."""
+    if not seq.options.ape_parallel or len(seq.segments) < 2:
+        return [p.start for p in seq.parts]
+    first = len(seq.segments[0])
+    return [0] + [first] * (len(seq.segments) - 1)
+
+
+def final_shift(seq: Sequence) -> int:
+    """The final segment's RoPE position minus its token position: with `ape_parallel` it starts right after the
+    longest document, L_0 + max L_i, instead of after all of them; 0 otherwise."""
+    if not seq.options.ape_parallel or len(seq.segments) < 2:
+        return 0
+    return len(seq.segments[0]) + max(len(s) for s in seq.segments[1:]) - seq.context_len
 
 
 def relink_rows(segment_lens: list[int], first: int, last: int = 0) -> list[tuple[int, int]]:
@@ -139,10 +156,10 @@ class LazyMode(_DocumentMode):
             deltas: list[int] = []
             valid: list[int] = []
             segment_pages: list[int] = []
-            for p in seq.parts:
+            for p, start in zip(seq.parts, rotary_starts(seq)):
                 fill = page_fill(p.length, page_size)
                 pages += p.segment.pages
-                deltas += [p.start - p.rotated_at] * len(fill)
+                deltas += [start - p.rotated_at] * len(fill)
                 valid += fill
                 segment_pages.append(len(fill))
             return EntryPages(pages, deltas, valid), segment_pages
