@@ -143,6 +143,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "cached_tokens": m.cached_tokens,
                     "answered_from": out.answered_from,
                     "document_order": out.document_order,
+                    "read_in_parallel": out.read_in_parallel,
                 }
             )
         )
@@ -219,7 +220,8 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         "one-document answers order the documents, the surest last, for one joint answer (--json: document_order); "
         "confidence-order-or-joint: the same, the prompt as given kept where its answer is as sure; each-last: the "
         "prompt as given and once with each other document moved last, in one round, the surest answer kept "
-        "(--json: document_order)",
+        "(--json: document_order); both-placements (lazy mode): the documents read in order and in parallel, in one "
+        "round, the surer answer kept (--json: read_in_parallel)",
     )
     p.add_argument(
         "--confidence-tokens",

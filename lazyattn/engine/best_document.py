@@ -1,7 +1,8 @@
 """Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`),
 answering over every document with the best one last (`answer="confidence-order"`,
-`answer="confidence-order-or-joint"`), and over every document with each one last in turn (`answer="each-last"`);
-docs/design.md, "Answering from one document".
+`answer="confidence-order-or-joint"`), over every document with each one last in turn (`answer="each-last"`), and
+over every document read in order and in parallel (`answer="both-placements"`); docs/design.md, "Answering from one
+document".
 
 A request asked this way becomes several candidate requests: one per document, each with that document alone in
 the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer
@@ -35,6 +36,12 @@ length. The request as given and the joint round answer in full, as without it.
 moved last (every other document keeping its place), and keeps the surest of those joint answers (`document_order`
 the order it read, None: as given). Every candidate holds every document, so a question that needs two of them can
 still be answered; in lazy mode each prefills only the final segment, and no candidate waits for another.
+
+"both-placements" asks in one round the request with its documents read one after the other and, where it has two or
+more, once more with every document read from the first segment's end (`ape_parallel`, docs/design.md "APE"), and
+keeps the surer answer (`read_in_parallel` says which). Two requests whatever the number of documents, both over
+every document; the two placements answer different questions well (docs/quality.md). Lazy mode only, as
+`ape_parallel` is; the request leaves `ape_parallel` to the strategy.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from lazyattn.engine.request_options import RequestOptions
 from lazyattn.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # kept out at run time: the command line's parsers read ANSWER_STRATEGIES without torch
@@ -59,14 +67,17 @@ ANSWER_STRATEGIES = (
     "confidence-order",
     "confidence-order-or-joint",
     "each-last",
+    "both-placements",
 )
 CHOOSING = ("best-document", "best-document-or-joint")
 ORDERING = ("confidence-order", "confidence-order-or-joint")
 EACH_LAST = "each-last"
+BOTH_PLACEMENTS = "both-placements"
+PARALLEL = "parallel"  # the source of both-placements' candidate with its documents read in parallel
 
 # where a candidate comes from: None the request as given; i its document i alone; a tuple its documents in that
-# order (each-last)
-Source = int | tuple[int, ...] | None
+# order (each-last); PARALLEL the request as given, its documents read in parallel (both-placements)
+Source = int | tuple[int, ...] | str | None
 
 T = TypeVar("T")
 
@@ -102,7 +113,8 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
     has two or more; "confidence-order" (its first round) one per document when it has two or more, else the request
     as given, whose answer is then the answer; "confidence-order-or-joint" the request as given, then one per document
     when it has two or more; "each-last" the request as given, then, for each document but the last, all of them
-    with that one moved last."""
+    with that one moved last; "both-placements" the request as given, then the same read in parallel when it has
+    two or more documents (its options: `placement_options`)."""
     owners: list[int] = []
     sets: list[list[T]] = []
     sources: list[Source] = []
@@ -110,7 +122,7 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
         docs = list(docs)
         several = len(docs) > 1
         whole = (
-            answer in ("joint", EACH_LAST)
+            answer in ("joint", EACH_LAST, BOTH_PLACEMENTS)
             or not docs
             or (answer in ("best-document-or-joint", "confidence-order-or-joint") and several)
             or (answer in ORDERING and not several)
@@ -130,7 +142,26 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
                 owners.append(owner)
                 sets.append([docs[j] for j in order])
                 sources.append(order)
+        if answer == BOTH_PLACEMENTS and several:
+            owners.append(owner)
+            sets.append(docs)
+            sources.append(PARALLEL)
     return owners, sets, sources
+
+
+def placement_options(options: RequestOptions, answer: str, source: Source) -> RequestOptions:
+    """The options a candidate made from `source` asks with: `options`, or for "both-placements" the same with its
+    documents read in order (the request as given) or in parallel (PARALLEL). InvalidRequestError naming
+    `ape_parallel` where such a request sets it: the strategy asks both."""
+    if answer != BOTH_PLACEMENTS:
+        return options
+    if options.ape_parallel is not None:
+        raise InvalidRequestError(
+            f"answer {answer!r} reads the documents both in order and in parallel: leave ape_parallel out, "
+            f"got {options.ape_parallel!r}",
+            "ape_parallel",
+        )
+    return dataclasses.replace(options, ape_parallel=source == PARALLEL)
 
 
 def with_confidence(
@@ -160,8 +191,9 @@ def pick_answers(
     keep_logprobs: Sequence[bool],
 ) -> list[RequestOutput]:
     """For each request r (`owners[i]` owns `outputs[i]`, made from `sources[i]` as `candidates` lists them), the most
-    confident of its outputs, with `answered_from` set to that source's document (one document alone) or
-    `document_order` to its order (each-last); a request of which one output failed gets that output.
+    confident of its outputs, with `answered_from` set to that source's document (one document alone),
+    `document_order` to its order (each-last) or `read_in_parallel` (both-placements' PARALLEL); a request of which
+    one output failed gets that output.
     `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
     best: dict[int, tuple[float, RequestOutput, Source]] = {}
     for owner, out, source in zip(owners, outputs, sources, strict=True):
@@ -176,7 +208,13 @@ def pick_answers(
         read = list(source) if isinstance(source, tuple) else None
         alone = source if isinstance(source, int) else None
         picked.append(
-            dataclasses.replace(out, outputs=_completions(out, keep), answered_from=alone, document_order=read)
+            dataclasses.replace(
+                out,
+                outputs=_completions(out, keep),
+                answered_from=alone,
+                document_order=read,
+                read_in_parallel=source == PARALLEL,
+            )
         )
     return picked
 

@@ -18,6 +18,7 @@ from lazyattn.engine.best_document import (
     check_answer,
     ordered_answers,
     pick_answers,
+    placement_options,
     with_confidence,
 )
 from lazyattn.engine.config import EngineConfig
@@ -103,10 +104,11 @@ class LLM:
         prompt asked over all of its documents, ordered by how confidently it is answered from each alone, the most
         confident last, their order in `document_order`) or "confidence-order-or-joint" (the same, the prompt as given
         kept where its answer is at least as sure) or "each-last" (in one round, the prompt as given and once with
-        each other document moved last, the most confident answer kept, its order in `document_order`;
-        engine/best_document.py). confidence_tokens (the two
-        confidence-order strategies): the one-document answers that order the documents stop after that many tokens
-        (None: the whole answer); only their confidence is used."""
+        each other document moved last, the most confident answer kept, its order in `document_order`) or
+        "both-placements" (in one round, the documents read in order and read in parallel, `ape_parallel`, the more
+        confident answer kept, `read_in_parallel` saying which; lazy mode; engine/best_document.py).
+        confidence_tokens (the two confidence-order strategies): the one-document answers that order the documents
+        stop after that many tokens (None: the whole answer); only their confidence is used."""
         _check_answer(answer, sampling_params, confidence_tokens)
         options = _options(
             options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, ape_parallel
@@ -202,9 +204,11 @@ class LLM:
             return self._run(rendered, params, cache_salt, use_tqdm, options)
         keep = [p.logprobs is not None for p in params]
         first = [with_confidence(params[o], src, confidence_tokens) for o, src in zip(owners, sources)]
-        ids = self._add(rendered, first, cache_salt, options)
         if answer not in ORDERING:
+            asked_as = [placement_options(options, answer, src) for src in sources]
+            ids = self._add_each(rendered, first, cache_salt, asked_as)
             return pick_answers(owners, self._drain(ids, use_tqdm), sources, keep)
+        ids = self._add(rendered, first, cache_salt, options)
         rounds = FirstRound(owners, sources, len(docs))
         candidate = {rid: i for i, rid in enumerate(ids)}
         joint_of: dict[str, int] = {}  # a joint request's id: its prompt
@@ -258,6 +262,25 @@ class LLM:
                 self.engine.abort(rid)
             raise
         return ids
+
+    def _add_each(
+        self, rendered: list[RenderedPrompt], sampling_params: list[SamplingParams], cache_salt, options: list
+    ) -> list[str]:
+        """`_add` with request i asking with `options[i]`: one `_add` per distinct options, the ids in the given
+        order; all or nothing as `_add`."""
+        ids: list[str | None] = [None] * len(rendered)
+        try:
+            for asked in dict.fromkeys(options):
+                which = [i for i, o in enumerate(options) if o == asked]
+                added = self._add([rendered[i] for i in which], [sampling_params[i] for i in which], cache_salt, asked)
+                for i, rid in zip(which, added):
+                    ids[i] = rid
+        except Exception:
+            for rid in ids:
+                if rid is not None:
+                    self.engine.abort(rid)
+            raise
+        return ids  # type: ignore[return-value]
 
     def _drain(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         """The final output of each request, in order."""

@@ -55,6 +55,9 @@ class RequestOutput:
     # answer="confidence-order"/"confidence-order-or-joint"/"each-last": the indices of the request's documents in the
     # order the answer read them (None: as given, or another strategy)
     document_order: list[int] | None = None
+    # answer="both-placements": whether the answer kept read every document from the first segment's end (the
+    # request's documents read in parallel, `ape_parallel`); False for the documents read in order, or another strategy
+    read_in_parallel: bool = False
 
     @property
     def finished(self) -> bool:

@@ -57,8 +57,9 @@ def add_eval_parser(
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
         "(e.g. lazy:relink_tokens=16) and ':answer=STRATEGY' (best-document, best-document-or-joint, "
-        "confidence-order, confidence-order-or-joint, each-last: engine/best_document.py), with a confidence-order "
-        "strategy ':confidence_tokens=K' (its one-document answers stop after K tokens; docs/quality.md); "
+        "confidence-order, confidence-order-or-joint, each-last, both-placements: engine/best_document.py), with a "
+        "confidence-order strategy ':confidence_tokens=K' (its one-document answers stop after K tokens; "
+        "docs/quality.md); "
         f"default {','.join(reversed(MODES))}",
     )
     p.add_argument(

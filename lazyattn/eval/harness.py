@@ -120,10 +120,12 @@ class ItemResult:
     finish_reason: str | None
     # A run that chooses among candidates (RunSpec.answer): the document the answer was read from (None: all of them),
     # and whether it holds the answer (one of the item's gold documents); a confidence-order run: the order the
-    # documents were read in, and whether the last one holds the answer; None for a joint run.
+    # documents were read in, and whether the last one holds the answer; None for a joint run. A both-placements run:
+    # whether the answer kept read the documents in parallel.
     answered_from: int | None = None
     read_gold: bool | None = None
     document_order: list[int] | None = None
+    read_in_parallel: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -140,6 +142,7 @@ class ItemResult:
             "answered_from": self.answered_from,
             "read_gold": self.read_gold,
             "document_order": self.document_order,
+            "read_in_parallel": self.read_in_parallel,
         }
 
     @staticmethod
@@ -156,6 +159,7 @@ class ItemResult:
             d.get("answered_from"),
             d.get("read_gold"),
             d.get("document_order"),
+            d.get("read_in_parallel", False),
         )
 
 
@@ -257,6 +261,7 @@ def answer_cell(
                     answered_from=out.answered_from,
                     read_gold=_read_gold(run.answer, out, item.gold),
                     document_order=out.document_order,
+                    read_in_parallel=out.read_in_parallel,
                 )
             )
         on_done(len(batch))

@@ -163,7 +163,13 @@ class _GenerationRequest(_Strict):
         "server's --ape-parallel",
     )
     answer: Literal[
-        "joint", "best-document", "best-document-or-joint", "confidence-order", "confidence-order-or-joint", "each-last"
+        "joint",
+        "best-document",
+        "best-document-or-joint",
+        "confidence-order",
+        "confidence-order-or-joint",
+        "each-last",
+        "both-placements",
     ] = Field(
         "joint",
         description="joint: one answer over all the documents; best-document: the request asked once per document, "
@@ -174,7 +180,9 @@ class _GenerationRequest(_Strict):
         "document_order gives the order); confidence-order-or-joint: the same, the request as given also asked "
         "first and its answer kept where it is at least as sure (document_order null); each-last: in one round, the "
         "request as given and once more with each other document moved last, the surest answer kept "
-        "(document_order: the order it read, null: as given). usage counts every request "
+        "(document_order: the order it read, null: as given); both-placements (lazy mode): in one round, the "
+        "documents read one after the other and read in parallel (ape_parallel, which the request leaves out), the "
+        "surer answer kept (read_in_parallel says which). usage counts every request "
         "made; n must be 1 and no stream (docs/design.md, Answering from one document)",
     )
     confidence_tokens: json_int(ge=1) | None = Field(

@@ -45,6 +45,7 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
     answered_from: int | None = None  # an answer chosen among candidates: its document (null: all); not in joint ones
     document_order: list[int] | None = None  # the confidence-order answers: the order read (null: as given)
+    read_in_parallel: bool = False  # both-placements: the answer kept read the documents in parallel
 
 
 class ChatCompletionResponse(BaseModel):
@@ -86,6 +87,7 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None
     answered_from: int | None = None  # an answer chosen among candidates: its document (null: all); not in joint ones
     document_order: list[int] | None = None  # the confidence-order answers: the order read (null: as given)
+    read_in_parallel: bool = False  # both-placements: the answer kept read the documents in parallel
 
 
 class CompletionResponse(BaseModel):

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from lazyattn.engine.best_document import (
+    BOTH_PLACEMENTS,
     CHOOSING,
     ORDERING,
     FirstRound,
@@ -27,6 +28,7 @@ from lazyattn.engine.best_document import (
     check_answer,
     ordered_answers,
     pick_answers,
+    placement_options,
     with_confidence,
 )
 from lazyattn.engine.client import EngineClient, OutputStream
@@ -151,6 +153,7 @@ class OpenAIServing:
                 logprobs=chat_logprobs(c, 0, top, self.token_text),
                 answered_from=out.answered_from,
                 document_order=out.document_order,
+                read_in_parallel=out.read_in_parallel,
             )
             for c in out.outputs
         ]
@@ -257,6 +260,7 @@ class OpenAIServing:
                         logprobs=completion_logprobs(c, 0, top, self.token_text, 0),
                         answered_from=out.answered_from,
                         document_order=out.document_order,
+                        read_in_parallel=out.read_in_parallel,
                     )
                 )
         response = CompletionResponse(
@@ -292,15 +296,33 @@ class OpenAIServing:
             await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
         asked = [with_confidence(params(p), src, confidence_tokens) for p, src in zip(prompts, sources)]
+        asked_as = [placement_options(options, answer, src) for src in sources]
         keep = [keep_logprobs] * count
 
-        async def run(prefix: str, which: list[int]) -> list[RequestOutput] | None:
+        async def run(prefix: str, which: list[int], options: RequestOptions = options) -> list[RequestOutput] | None:
             picked = [prompts[i] for i in which]
             return await self._run_all(request, prefix, picked, [asked[i] for i in which], scope, arrival, options)
 
         if answer not in ORDERING:
-            outs = await run(f"{rid}-", list(range(len(prompts))))
-            return None if outs is None else (pick_answers(owners, outs, sources, keep), outs)
+            # one group of requests per options they ask with (both-placements: in order, and in parallel)
+            by_options = {o: [i for i, a in enumerate(asked_as) if a == o] for o in dict.fromkeys(asked_as)}
+            prefixes = [f"{rid}-"] if len(by_options) == 1 else [f"{rid}-{g}-" for g in range(len(by_options))]
+            started = [
+                asyncio.ensure_future(run(prefix, which, o)) for prefix, (o, which) in zip(prefixes, by_options.items())
+            ]
+            try:
+                made = await asyncio.gather(*started)
+            except BaseException:  # as for the ordering strategies' groups below
+                for task in started:
+                    task.cancel()
+                raise
+            if any(group is None for group in made):
+                return None
+            outs: list[RequestOutput] = [None] * len(prompts)  # type: ignore[list-item]
+            for which, group in zip(by_options.values(), made):
+                for i, out in zip(which, group):
+                    outs[i] = out
+            return pick_answers(owners, outs, sources, keep), outs
         # The requests as given answer as one group; each prompt's one-document requests as another, and its joint
         # request follows as soon as they are in, beside the requests as given.
         rounds = FirstRound(owners, sources, count)
@@ -413,9 +435,18 @@ class OpenAIServing:
 
 def _hidden(answer: str) -> dict:
     """What a response's choices leave out: answered_from belongs to the strategies that answer from one document,
-    document_order to those that reorder them (the confidence-order ones and each-last)."""
-    shown = set() if answer == "joint" else {"answered_from"} if answer in CHOOSING else {"document_order"}
-    return {"choices": {"__all__": {"answered_from", "document_order"} - shown}}
+    document_order to those that reorder them (the confidence-order ones and each-last), read_in_parallel to
+    both-placements."""
+    shown = (
+        set()
+        if answer == "joint"
+        else {"answered_from"}
+        if answer in CHOOSING
+        else {"read_in_parallel"}
+        if answer == BOTH_PLACEMENTS
+        else {"document_order"}
+    )
+    return {"choices": {"__all__": {"answered_from", "document_order", "read_in_parallel"} - shown}}
 
 
 def _json(model, answer: str = "joint") -> Response:

@@ -80,6 +80,12 @@ def test_candidates_of_each_strategy():
         [["a", "b", "c"], ["b", "c", "a"], ["a", "c", "b"], ["d"]],
         [None, (1, 2, 0), (0, 2, 1), None],
     )
+    # the request as given, then the same read in parallel where it has two or more documents
+    assert candidates(three, "both-placements") == (
+        [0, 0, 1],
+        [["a", "b", "c"], ["a", "b", "c"], ["d"]],
+        [None, "parallel", None],
+    )
 
 
 def confidence_orders(owners, outputs, sources, count):
@@ -308,6 +314,39 @@ def test_each_last_is_the_most_confident_joint_answer_with_each_document_last(ll
         assert out.token_ids == asked[best].token_ids
         assert out.document_order == (None if best == 0 else orders[best])
         assert out.num_document_tokens == asked[best].num_document_tokens
+
+
+def test_both_placements_is_the_surer_of_the_documents_in_order_and_in_parallel(llm):
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer="both-placements", ape_prefix=True)
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    kept = []
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        assert out.answered_from is None and out.document_order is None and out.logprobs is None
+        # by hand: the request read in order, and (two or more documents) read in parallel; in order wins a tie
+        asked = [
+            llm.generate([prompt], scored, documents=[docs], ape_prefix=True, ape_parallel=parallel)[0]
+            for parallel in ([False, True] if len(docs) > 1 else [False])
+        ]
+        means = [mean_logprob(o) for o in asked]
+        best = means.index(max(means))
+        assert out.token_ids == asked[best].token_ids
+        assert out.read_in_parallel == (best == 1)
+        kept.append(best)
+    assert set(kept) == {0, 1}  # each placement wins somewhere: the check sees both
+
+
+def test_both_placements_leaves_ape_parallel_to_itself_and_needs_lazy_mode(llm):
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    for parallel in (True, False):
+        with pytest.raises(InvalidRequestError, match="leave ape_parallel out") as err:
+            llm.generate(PROMPTS[:1], params, documents=DOCS[:1], answer="both-placements", ape_parallel=parallel)
+        assert err.value.param == "ape_parallel"
+    assert not llm.engine.has_unfinished()
+    with LLM(model="tiny", mode="block", device="cpu", progress=False) as block:
+        with pytest.raises(InvalidRequestError, match="ape_parallel needs mode 'lazy'"):
+            block.generate(PROMPTS[:1], params, documents=[DOCS[0][:2]], answer="both-placements")
+        assert not block.engine.has_unfinished()
 
 
 def test_chat_best_document_keeps_the_log_probabilities_asked_for(llm):

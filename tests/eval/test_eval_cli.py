@@ -213,3 +213,21 @@ def test_skip_leaves_out_the_first_questions(tmp_path, capsys, dataset):
     capsys.readouterr()
     assert main(["eval", "--dataset", str(file), "--skip", "9", "--write-dataset", str(tmp_path / "x.jsonl")]) != 0
     assert "--skip 9 leaves no question" in capsys.readouterr().err
+
+
+def test_both_placements_runs_end_to_end_and_keeps_one_placements_answer(tmp_path):
+    """Beside the documents read in order and read in parallel, each answer of both-placements is the answer of the
+    placement it says it kept."""
+    out = tmp_path / "placements"
+    p = "lazy:ape_prefix=true"
+    modes = f"{p},{p}:ape_parallel=true,{p}:answer=both-placements"
+    assert main(ARGS + ["--num-docs", "3", "--modes", modes, "--batch-size", "1", "--out", str(out)]) == 0
+    cells = json.loads((out / "eval.json").read_text())["cells"]
+    by = {(c["run"], c["position"]): {i["id"]: i for i in c["items"]} for c in cells}
+    chosen = [c for c in cells if c["answer"] == "both-placements"]
+    assert chosen
+    for c in chosen:
+        for item in c["items"]:
+            placed = f"{p}:ape_parallel=true" if item["read_in_parallel"] else p
+            assert item["output"] == by[(placed, c["position"])][item["id"]]["output"]
+            assert item["read_gold"] is None and item["document_order"] is None

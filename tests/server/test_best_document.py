@@ -108,6 +108,35 @@ def test_each_last_answers_as_the_python_api_and_counts_every_request(server, of
     answers_as_the_python_api(server, offline, "each-last", lambda want: asked)
 
 
+def test_both_placements_answers_as_the_python_api_and_counts_both_requests(server, offline):
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "both-placements"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    want = offline.chat(MESSAGES, params, documents=[DOCS], answer="both-placements")[0]
+    assert (choice["message"]["content"], choice["read_in_parallel"]) == (want.text, want.read_in_parallel)
+    assert "answered_from" not in choice and "document_order" not in choice
+    # usage: the documents read in order and read in parallel, the same tokens twice
+    outs = [offline.chat(MESSAGES, params, documents=[DOCS], ape_parallel=p)[0] for p in (False, True)]
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens(outs)
+    assert r.json()["usage"]["completion_tokens"] == 2 * 5
+    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "both-placements"})
+    assert r.status_code == 200, r.text
+    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], answer="both-placements")
+    assert [(c["text"], c["read_in_parallel"]) for c in r.json()["choices"]] == [
+        (w.text, w.read_in_parallel) for w in want
+    ]
+    # one answer per prompt, from finished answers; the strategy sets ape_parallel itself
+    for fields, param in (({"n": 2}, "n"), ({"stream": True}, "stream")):
+        r = post(
+            server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "both-placements", **fields}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "both-placements",
+                                                  "ape_parallel": True})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ape_parallel", r.text
+
+
 def test_confidence_order_with_one_document_is_the_request_as_given(server, offline):
     body = {**BODY, "documents": DOCS[:1], "messages": MESSAGES, "answer": "confidence-order", "logprobs": True}
     r = post(server.url, "/v1/chat/completions", body)
