@@ -120,6 +120,8 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
         "ape_temperature",
         "ape_scale",
         "ape_prefix",
+        "ape_tilt",
+        "ape_parallel",
         "random_weights",
         "max_waiting",
         "warm_up",

@@ -45,14 +45,9 @@ def check_ape(mode: str, temperature: float, scale: float, prefix: bool = False,
     semantics: lazy and block mode; prefix and full attend to every document in context already. The shared prefix
     (documents encoded after the first segment) is lazy mode's: block mode's private copies are rotated from
     position 0."""
-    if not isinstance(prefix, bool):
-        raise InvalidRequestError(f"ape_prefix must be true or false, got {prefix!r}", "ape_prefix")
-    if prefix and mode != "lazy":
-        raise InvalidRequestError(
-            f"ape_prefix needs mode 'lazy': {mode} mode "
-            + ("copies documents encoded at position 0" if mode == "block" else "attends to everything in context"),
-            "ape_prefix",
-        )
+    _check_lazy_switch(
+        "ape_prefix", prefix, mode, "copies documents encoded at position 0", "attends to everything in context"
+    )
     for name, value in (("ape_temperature", temperature), ("ape_scale", scale)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise InvalidRequestError(f"{name} must be a finite number > 0, got {value!r}", name)
@@ -79,19 +74,25 @@ def check_parallel(mode: str, parallel: bool, relink: tuple[int, int]) -> None:
     """Every document at the first segment's end (`ape_parallel`, docs/design.md "APE") is lazy mode's: block mode
     copies each document to its sequential start, prefix and full mode read the prompt in order. Relinked rows are
     recomputed at the sequential positions, so the two do not combine."""
-    if not isinstance(parallel, bool):
-        raise InvalidRequestError(f"ape_parallel must be true or false, got {parallel!r}", "ape_parallel")
-    if parallel and mode != "lazy":
-        raise InvalidRequestError(
-            f"ape_parallel needs mode 'lazy': {mode} mode "
-            + ("copies each document to its place in order" if mode == "block" else "reads the prompt in order"),
-            "ape_parallel",
-        )
+    _check_lazy_switch(
+        "ape_parallel", parallel, mode, "copies each document to its place in order", "reads the prompt in order"
+    )
     if parallel and any(relink):
         raise InvalidRequestError(
             "ape_parallel does not combine with relink_tokens or relink_last_tokens: relinked rows are recomputed at "
             "the documents' positions in order",
             "ape_parallel",
+        )
+
+
+def _check_lazy_switch(name: str, value: object, mode: str, in_block: str, elsewhere: str) -> None:
+    """A lazy-mode switch: true or false, and true only in lazy mode (what block mode, and the causal modes, do
+    instead: `in_block`, `elsewhere`)."""
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be true or false, got {value!r}", name)
+    if value and mode != "lazy":
+        raise InvalidRequestError(
+            f"{name} needs mode 'lazy': {mode} mode " + (in_block if mode == "block" else elsewhere), name
         )
 
 

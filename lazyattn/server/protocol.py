@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
+from lazyattn.engine.best_document import ANSWER_STRATEGIES
 from lazyattn.engine.messages import TEMPLATE_VARIABLES
 from lazyattn.engine.request_options import APE_MAX_TILT, APE_MIN_TEMPERATURE
 from lazyattn.engine.sampling import (
@@ -162,15 +163,7 @@ class _GenerationRequest(_Strict):
         "question after the longest document, instead of one after the other; not with relink; default: the "
         "server's --ape-parallel",
     )
-    answer: Literal[
-        "joint",
-        "best-document",
-        "best-document-or-joint",
-        "confidence-order",
-        "confidence-order-or-joint",
-        "each-last",
-        "both-placements",
-    ] = Field(
+    answer: Literal[ANSWER_STRATEGIES] = Field(
         "joint",
         description="joint: one answer over all the documents; best-document: the request asked once per document, "
         "with that document alone, and the answer whose tokens have the highest mean log-probability kept (each "

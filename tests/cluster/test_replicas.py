@@ -208,6 +208,8 @@ def test_serve_config_file_builds_the_application():
     ServeDeploySchema.model_validate(config)
     args = config["applications"][0]["args"]
     assert isinstance(app_builder({**args, "model": "tiny"}), serve.Application)
+    # every per-request APE option has its server default there too
+    assert isinstance(app_builder({**args, "model": "tiny", "ape_tilt": 1.0, "ape_parallel": True}), serve.Application)
     with pytest.raises(ValueError, match="unknown option"):
         app_builder({**args, "replica": 3})
 
