@@ -114,7 +114,7 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
     as given, whose answer is then the answer; "confidence-order-or-joint" the request as given, then one per document
     when it has two or more; "each-last" the request as given, then, for each document but the last, all of them
     with that one moved last; "both-placements" the request as given, then the same read in parallel when it has
-    two or more documents (its options: `placement_options`)."""
+    two or more documents (its options: `placement_groups`)."""
     owners: list[int] = []
     sets: list[list[T]] = []
     sources: list[Source] = []
@@ -149,19 +149,27 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
     return owners, sets, sources
 
 
-def placement_options(options: RequestOptions, answer: str, source: Source) -> RequestOptions:
-    """The options a candidate made from `source` asks with: `options`, or for "both-placements" the same with its
-    documents read in order (the request as given) or in parallel (PARALLEL). InvalidRequestError naming
-    `ape_parallel` where such a request sets it: the strategy asks both."""
+def placement_groups(
+    options: RequestOptions, answer: str, sources: Sequence[Source]
+) -> list[tuple[RequestOptions, list[int]]]:
+    """The candidates (made from `sources`, as `candidates` lists them) grouped by the options they ask with, each
+    group queued as one: all of them with `options`, or for "both-placements" those read in order (the requests as
+    given), then those read in parallel (PARALLEL). InvalidRequestError naming `ape_parallel` where such a request
+    sets it: the strategy asks both."""
     if answer != BOTH_PLACEMENTS:
-        return options
+        return [(options, list(range(len(sources))))]
     if options.ape_parallel is not None:
         raise InvalidRequestError(
             f"answer {answer!r} reads the documents both in order and in parallel: leave ape_parallel out, "
             f"got {options.ape_parallel!r}",
             "ape_parallel",
         )
-    return dataclasses.replace(options, ape_parallel=source == PARALLEL)
+    groups = []
+    for parallel in (False, True):
+        which = [i for i, source in enumerate(sources) if (source == PARALLEL) == parallel]
+        if which:
+            groups.append((dataclasses.replace(options, ape_parallel=parallel), which))
+    return groups
 
 
 def with_confidence(

@@ -18,7 +18,7 @@ from lazyattn.engine.best_document import (
     check_answer,
     ordered_answers,
     pick_answers,
-    placement_options,
+    placement_groups,
     with_confidence,
 )
 from lazyattn.engine.config import EngineConfig
@@ -205,8 +205,7 @@ class LLM:
         keep = [p.logprobs is not None for p in params]
         first = [with_confidence(params[o], src, confidence_tokens) for o, src in zip(owners, sources)]
         if answer not in ORDERING:
-            asked_as = [placement_options(options, answer, src) for src in sources]
-            ids = self._add_each(rendered, first, cache_salt, asked_as)
+            ids = self._add_groups(rendered, first, cache_salt, placement_groups(options, answer, sources))
             return pick_answers(owners, self._drain(ids, use_tqdm), sources, keep)
         ids = self._add(rendered, first, cache_salt, options)
         rounds = FirstRound(owners, sources, len(docs))
@@ -263,15 +262,18 @@ class LLM:
             raise
         return ids
 
-    def _add_each(
-        self, rendered: list[RenderedPrompt], sampling_params: list[SamplingParams], cache_salt, options: list
+    def _add_groups(
+        self,
+        rendered: list[RenderedPrompt],
+        sampling_params: list[SamplingParams],
+        cache_salt,
+        groups: list[tuple[RequestOptions, list[int]]],
     ) -> list[str]:
-        """`_add` with request i asking with `options[i]`: one `_add` per distinct options, the ids in the given
+        """`_add` of each group (options, the indices of the requests that ask with them), the ids in the given
         order; all or nothing as `_add`."""
         ids: list[str | None] = [None] * len(rendered)
         try:
-            for asked in dict.fromkeys(options):
-                which = [i for i, o in enumerate(options) if o == asked]
+            for asked, which in groups:
                 added = self._add([rendered[i] for i in which], [sampling_params[i] for i in which], cache_salt, asked)
                 for i, rid in zip(which, added):
                     ids[i] = rid

@@ -28,7 +28,7 @@ from lazyattn.engine.best_document import (
     check_answer,
     ordered_answers,
     pick_answers,
-    placement_options,
+    placement_groups,
     with_confidence,
 )
 from lazyattn.engine.client import EngineClient, OutputStream
@@ -296,7 +296,7 @@ class OpenAIServing:
             await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
         asked = [with_confidence(params(p), src, confidence_tokens) for p, src in zip(prompts, sources)]
-        asked_as = [placement_options(options, answer, src) for src in sources]
+        groups = placement_groups(options, answer, sources)
         keep = [keep_logprobs] * count
 
         async def run(prefix: str, which: list[int], options: RequestOptions = options) -> list[RequestOutput] | None:
@@ -305,11 +305,8 @@ class OpenAIServing:
 
         if answer not in ORDERING:
             # one group of requests per options they ask with (both-placements: in order, and in parallel)
-            by_options = {o: [i for i, a in enumerate(asked_as) if a == o] for o in dict.fromkeys(asked_as)}
-            prefixes = [f"{rid}-"] if len(by_options) == 1 else [f"{rid}-{g}-" for g in range(len(by_options))]
-            started = [
-                asyncio.ensure_future(run(prefix, which, o)) for prefix, (o, which) in zip(prefixes, by_options.items())
-            ]
+            prefixes = [f"{rid}-"] if len(groups) == 1 else [f"{rid}-{g}-" for g in range(len(groups))]
+            started = [asyncio.ensure_future(run(prefix, which, o)) for prefix, (o, which) in zip(prefixes, groups)]
             try:
                 made = await asyncio.gather(*started)
             except BaseException:  # as for the ordering strategies' groups below
@@ -319,7 +316,7 @@ class OpenAIServing:
             if any(group is None for group in made):
                 return None
             outs: list[RequestOutput] = [None] * len(prompts)  # type: ignore[list-item]
-            for which, group in zip(by_options.values(), made):
+            for (_, which), group in zip(groups, made):
                 for i, out in zip(which, group):
                     outs[i] = out
             return pick_answers(owners, outs, sources, keep), outs

@@ -59,10 +59,16 @@ def with_ape(entry: EntryPages, seq: Sequence, segment_pages: list[int]) -> Entr
     return entry
 
 
+def _parallel(seq: Sequence) -> bool:
+    """Whether the sequence reads documents in parallel (`ape_parallel`): with one segment or none, in order is the
+    same."""
+    return seq.options.ape_parallel and len(seq.segments) > 1
+
+
 def rotary_starts(seq: Sequence) -> list[int]:
     """Where each placed segment's keys are read, in RoPE positions: its logical start, or with `ape_parallel`
     the first segment's length for every segment after the first (docs/design.md, "APE")."""
-    if not seq.options.ape_parallel or len(seq.segments) < 2:
+    if not _parallel(seq):
         return [p.start for p in seq.parts]
     first = len(seq.segments[0])
     return [0] + [first] * (len(seq.segments) - 1)
@@ -71,7 +77,7 @@ def rotary_starts(seq: Sequence) -> list[int]:
 def final_shift(seq: Sequence) -> int:
     """The final segment's RoPE position minus its token position: with `ape_parallel` it starts right after the
     longest document, L_0 + max L_i, instead of after all of them; 0 otherwise."""
-    if not seq.options.ape_parallel or len(seq.segments) < 2:
+    if not _parallel(seq):
         return 0
     return len(seq.segments[0]) + max(len(s) for s in seq.segments[1:]) - seq.context_len
 
