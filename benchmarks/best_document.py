@@ -1,13 +1,14 @@
 """What answering from the best single document costs (docs/quality.md, "Answering from the best single document"):
 the time to a whole answer and the questions answered per second, `answer="best-document"` and
 `answer="each-last"` (the request as given and once with each other document moved last, in one round),
+`answer="both-placements"` (the request as given and once with every document read in parallel, in one round),
 `answer="confidence-order"` (the same one-document requests, then one over all the documents reordered), with
 `-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`), against one
 request over all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request
 beside them, at
 Llama-3.1-8B shapes (random bf16 weights), through the `LLM` API.
 
-    python -m benchmarks.best_document OUT_DIR [--questions 64] [--smoke]
+    python -m benchmarks.best_document OUT_DIR [--questions 64] [--answers joint,both-placements] [--smoke]
 
 Workload: a pool of 8 documents x 2048 tokens, 5 per question in seeded random order, a 32-token question, 16 output
 tokens (EOS ignored), every document encoded before timing (warm cache). Per configuration:
@@ -20,7 +21,8 @@ tokens (EOS ignored), every document encoded before timing (warm cache). Per con
   first batch did not need can still be compiled in the second).
 
 Lazy mode runs on one engine; full mode on a second one, made after the first is shut down. --smoke: the tiny model
-on the CPU (a check that it runs, not a measurement). Writes OUT_DIR/best_document.json and .md.
+on the CPU (a check that it runs, not a measurement). --answers: the lazy-mode strategies to measure (default: all
+of them; `joint` is always measured, first, as the reference). Writes OUT_DIR/best_document.json and .md.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("--questions", type=int, default=64)
+    p.add_argument("--answers", help="comma-separated lazy-mode strategies (default: all)")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
     smoke = args.smoke or not torch.cuda.is_available()
@@ -98,7 +101,13 @@ def main() -> None:
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     rows = []
     ordered = [(a, k) for a in ("confidence-order", "confidence-order-or-joint") for k in (None, 4, 1)]
-    lazy = [("joint", None), ("best-document", None), ("each-last", None), *ordered]
+    lazy = [("joint", None), ("best-document", None), ("each-last", None), ("both-placements", None), *ordered]
+    if args.answers:
+        picked = set(args.answers.split(","))
+        unknown = picked - {a for a, _ in lazy}
+        if unknown:
+            p.error(f"--answers: unknown strategies {sorted(unknown)}; known: {sorted({a for a, _ in lazy})}")
+        lazy = [(a, k) for a, k in lazy if a == "joint" or a in picked]
     for mode, configs in (("lazy", lazy), ("full", [("joint", None)])):
         with LLM(mode=mode, progress=False, ape_prefix=mode == "lazy", **engine) as llm:
             vocab = llm.engine.model_config.vocab_size
