@@ -5,6 +5,8 @@ writes; BASELINE a run's label, default full).
 Reads OUT_DIR/<model>-<set>-<layout>/eval.json. Per model, set, layout and document count: the baseline's accuracy
 averaged over the gold positions, then each other run's difference from it on the mean over positions and per gold
 position, in points with the paired 95 % bootstrap interval over the same questions ("n.s." where it holds 0).
+For each run that read some answers with the documents in parallel (`answer="both-placements"`), the share of its
+answers that did, per gold position.
 """
 
 from __future__ import annotations
@@ -54,7 +56,29 @@ def main(out: Path, baseline: str = "full") -> str:
                 row = [model, dataset, layout, str(docs), f"{mean:.1f}", diff(base, per_question(cells, run, docs))]
                 lines.append("| " + " | ".join(row + at) + " |")
         lines.append("")
+    for run in runs:
+        lines += _read_in_parallel(found, run)
     return "\n".join(lines)
+
+
+def _read_in_parallel(found: list, run: str) -> list[str]:
+    """The share of `run`'s answers read with the documents in parallel, per cell and gold position; nothing where
+    the run never read them so."""
+    rows, any_parallel = [], False
+    for model, dataset, layout, ev in found:
+        cells = {(c["num_docs"], c["position"]): c["items"] for c in ev["cells"] if c["run"] == run}
+        for docs in sorted({d for d, _ in cells}):
+            shares = []
+            for position in ("first", "middle", "last"):
+                items = cells.get((docs, position), [])
+                parallel = sum(bool(i.get("read_in_parallel")) for i in items)
+                any_parallel |= parallel > 0
+                shares.append(f"{100 * parallel / len(items):.0f}" if items else "")
+            rows.append("| " + " | ".join([model, dataset, layout, str(docs), *shares]) + " |")
+    if not any_parallel:
+        return []
+    head = f"### `{run}`: answers read in parallel (%)"
+    return [head, "", "| model | set | layout | docs | gold first | middle | last |", "|" + "---|" * 7, *rows, ""]
 
 
 if __name__ == "__main__":

@@ -6,14 +6,21 @@ import json
 from pathlib import Path
 
 
-def write_eval(folder: Path, scores: dict[str, dict[str, list[float]]]) -> None:
-    """folder/eval.json with 5-document cells: run -> gold position -> each question's accuracy (ids q0, q1, ...)."""
+def write_eval(
+    folder: Path, scores: dict[str, dict[str, list[float]]], parallel: dict[str, dict[str, int]] | None = None
+) -> None:
+    """folder/eval.json with 5-document cells: run -> gold position -> each question's accuracy (ids q0, q1, ...);
+    `parallel`: run -> gold position -> how many of its first questions were read in parallel."""
+    parallel = parallel or {}
     cells = [
         {
             "run": run,
             "num_docs": 5,
             "position": position,
-            "items": [{"id": f"q{i}", "accuracy": a} for i, a in enumerate(acc)],
+            "items": [
+                {"id": f"q{i}", "accuracy": a, "read_in_parallel": i < parallel.get(run, {}).get(position, 0)}
+                for i, a in enumerate(acc)
+            ],
         }
         for run, by_position in scores.items()
         for position, acc in by_position.items()

@@ -187,10 +187,25 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
         "lazy + prefix, joint",
         "lazy + prefix, best-document",
         "lazy + prefix, each-last",
+        "lazy + prefix, both-placements",
         *ordering,
         "full, joint",
     ]
     assert all(r["idle_answer_ms"] > 0 and r["sat_questions_per_s"] > 0 for r in rows)
+    # --answers measures the strategies named, after the joint reference; an unknown one is refused
+    argv = ["benchmarks/best_document.py", str(tmp_path / "two"), "--smoke", "--answers", "both-placements,each-last"]
+    monkeypatch.setattr(sys, "argv", argv)
+    best.main()
+    rows = json.loads((tmp_path / "two" / "best_document.json").read_text())["rows"]
+    assert [r["config"] for r in rows] == [
+        "lazy + prefix, joint",
+        "lazy + prefix, each-last",
+        "lazy + prefix, both-placements",
+        "full, joint",
+    ]
+    monkeypatch.setattr(sys, "argv", ["benchmarks/best_document.py", str(tmp_path), "--smoke", "--answers", "eachlast"])
+    with pytest.raises(SystemExit):
+        best.main()
     # every question draws its documents from the pool, in its own seeded order
     ids, docs = best.questions([[i] for i in range(8)], 3, 5, 4, seed=0, vocab=5000)
     assert len(ids) == 3 and all(len(q) == 4 for q in ids)

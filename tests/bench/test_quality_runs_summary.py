@@ -31,3 +31,17 @@ def test_every_run_against_full_and_against_a_named_baseline(tmp_path):
     full, x = rows
     assert full[4] == "33.3" and full[5].startswith("+16.7") and full[6].startswith("+50.0")
     assert x[5].startswith("+33.3") and x[6].startswith("+50.0") and x[8].startswith("+50.0")
+
+
+def test_the_share_of_answers_read_in_parallel_per_gold_position(tmp_path):
+    half = [1.0] * 20 + [0.0] * 20
+    runs = {"full": {"first": half, "middle": half, "last": half}, "lazy:answer=both-placements": {}}
+    runs["lazy:answer=both-placements"] = runs["full"]
+    write_eval(tmp_path / "base-real-block-attention", runs, {"lazy:answer=both-placements": {"first": 10, "last": 4}})
+    text = main(tmp_path)
+    assert "### `lazy:answer=both-placements`: answers read in parallel (%)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| base | real | block-attention | 5 | 25 "))
+    assert row.split(" | ")[4:] == ["25", "0", "10 |"]  # 10, 0 and 4 of 40
+    # no table where the run read nothing in parallel
+    write_eval(tmp_path / "none" / "blk-real-block-attention", runs)
+    assert "read in parallel" not in main(tmp_path / "none")
