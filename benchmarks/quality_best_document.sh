@@ -8,7 +8,8 @@
 # set (a quick check); DEVICE=cpu runs on the CPU; KV_GB sets each engine's KV cache (4 GiB); MODES replaces the runs
 # (`lazyattn eval --modes`; $p in it stands for lazy mode with the shared prefix), e.g. for documents in confidence order:
 #   MODES='full,$p,$p:answer=confidence-order,full:answer=confidence-order' bash benchmarks/quality_best_document.sh OUT
-# MODELS picks the models (default "smollm2-block smollm2").
+# MODELS picks the models (default "smollm2-block smollm2"), SETS the sets (default "real real-heldout
+# real-heldout-readme").
 set -uo pipefail
 out="${1:?usage: [SMOLLM2_GGUF=FILE] [LIMIT=N] [DEVICE=cpu] bash benchmarks/quality_best_document.sh OUT_DIR}"
 mkdir -p "$out"
@@ -31,7 +32,7 @@ ev() {  # name model set layout
 }
 p=lazy:ape_prefix=true
 modes="${MODES:-full,\$p,\$p:answer=best-document}"
-for set in real real-heldout real-heldout-readme; do
+for set in ${SETS:-real real-heldout real-heldout-readme}; do
     for layout in block-attention short-answer; do
         for model in ${MODELS:-smollm2-block smollm2}; do
             name="$model"
