@@ -79,8 +79,9 @@ def add_eval_parser(
         "--dataset",
         default=None,
         help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
-        "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings and "
-        "real-heldout-readme: package READMEs, both for final reporting only; icl: few-shot topic "
+        "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings, "
+        "real-heldout-readme: package READMEs and real-heldout-man: Unix manual pages, all three for final "
+        "reporting only; icl: few-shot topic "
         "classification, demonstrations as documents in a shuffled order per question; icl-language: the same "
         "for language identification; icl-language-more: five other languages), or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",

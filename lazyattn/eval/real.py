@@ -3,15 +3,16 @@
 `builtin:real`: passages of the Python Language Reference as the standard library ships it
 (`pydoc_data.topics.topics`, Python Software Foundation License 2.0); `builtin:real-heldout`: passages of
 NumPy's function docstrings (BSD-3-Clause); `builtin:real-heldout-readme`: another genre, the README prose of
-eleven MIT / BSD-3-Clause Python packages as their installed metadata ships it. The two held-out sets are used
-only for final reporting, never for tuning.
+eleven MIT / BSD-3-Clause Python packages as their installed metadata ships it; `builtin:real-heldout-man`: a
+third genre, Unix manual pages of permissively licensed tools (OpenSSH, curl, less, xz, zstd, sqlite3, tmux, file,
+bzip2) as groff renders them. The held-out sets are used only for final reporting, never for tuning.
 
 Each question has a short answer (a keyword, a name, a number) that its gold passage states; the distractors
 are other passages of the same source that do not contain any of the answers (case-insensitive, also after
 the scorer's normalisation). The passages and questions are frozen into `data/<name>.jsonl.gz` so the sets do
 not change with the Python or NumPy version installed; `python -m lazyattn.eval.real` rebuilds those files
-from the question lists in `real_questions.py` / `real_heldout_questions.py` / `real_readme_questions.py` and the
-installed sources.
+from the question lists in `real_questions.py` / `real_heldout_questions.py` / `real_readme_questions.py` /
+`real_man_questions.py` and the installed sources.
 
 Token counts are estimated as UTF-8 bytes / 4 (English prose and code run about 4 bytes per token under the
 SmolLM2 / Llama BPE tokenizers); every passage is kept within 100..1,000 estimated tokens.
@@ -33,7 +34,7 @@ from lazyattn.eval.metrics import normalize_answer
 from lazyattn.qa.dataset import DatasetError, QAItem
 
 DATA_DIR = Path(__file__).parent / "data"
-SETS = ("real", "real-heldout", "real-heldout-readme")
+SETS = ("real", "real-heldout", "real-heldout-readme", "real-heldout-man")
 MIN_TOKENS, MAX_TOKENS = 100, 1000
 # Passages are cut near this many estimated tokens: 20 documents plus the prompt stay inside an 8k context.
 TARGET_TOKENS = 300
@@ -58,6 +59,13 @@ SOURCES = {
         "source": "README prose of Python packages, as their installed METADATA ships it (README_PACKAGES)",
         "license": "MIT or BSD-3-Clause, each package's own (lazyattn/eval/data/README.md)",
         "copyright": "each package's copyright holders (lazyattn/eval/data/README.md)",
+    },
+    "real-heldout-man": {
+        "source": "Unix manual pages of permissively licensed tools, as Debian installs them (MAN_PAGES), rendered "
+        "to plain text by groff (render_man_page)",
+        "license": "BSD-style, ISC, curl, BSD-3-Clause or public domain, each tool's own "
+        "(lazyattn/eval/data/README.md)",
+        "copyright": "each tool's copyright holders (lazyattn/eval/data/README.md)",
     },
 }
 
@@ -201,6 +209,104 @@ def readme_versions() -> dict[str, str]:
     return {name: importlib.metadata.version(name) for name in README_PACKAGES}
 
 
+# Manual pages that make `real-heldout-man`: (page, section, Debian package). Tools under BSD-style, ISC, curl,
+# BSD-3-Clause (zstd's option of BSD-3-Clause or GPL-2, less's of its BSD-style Less License or GPL-3+) or
+# public-domain terms; pages whose text is GPL-only or comes from elsewhere (jq's from its CC-BY manual, lz4's from
+# its GPL programs/ directory) are not used.
+MAN_PAGES = (
+    ("ssh", "1", "openssh-client"),
+    ("scp", "1", "openssh-client"),
+    ("sftp", "1", "openssh-client"),
+    ("ssh-keygen", "1", "openssh-client"),
+    ("ssh-agent", "1", "openssh-client"),
+    ("ssh-add", "1", "openssh-client"),
+    ("ssh_config", "5", "openssh-client"),
+    ("curl", "1", "curl"),
+    ("less", "1", "less"),
+    ("xz", "1", "xz-utils"),
+    ("zstd", "1", "zstd"),
+    ("sqlite3", "1", "sqlite3"),
+    ("tmux", "1", "tmux"),
+    ("file", "1", "file"),
+    ("bzip2", "1", "bzip2"),
+)
+MAN_DIR = Path("/usr/share/man")
+# groff's plain-text rendering, 100 columns, in a fixed environment, without overstrikes for bold or underline; the
+# prologue turns hyphenation off and lines to ragged-right, then makes the hy and ad requests do nothing, so that
+# neither the macro package nor a page turns them back on.
+GROFF = ("groff", "-Tascii", "-P-cbou", "-rLL=100n", "-rLT=100n")
+_ROFF_PROLOGUE = ".nh\n.ad l\n.de hy\n..\n.de ad\n..\n"
+# Sections left out: the synopsis is a run of bracketed option letters, "see also" a list of page names.
+MAN_SECTIONS_LEFT_OUT = ("SYNOPSIS", "SEE ALSO")
+
+
+def render_man_page(path: Path) -> str:
+    """The plain text of a manual page (roff source, gzipped), as groff renders it for a 100-column terminal."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("groff") is None:
+        raise DatasetError("groff is not installed: the manual pages cannot be rendered")
+    if not path.exists():
+        raise DatasetError(f"{path} is not installed")
+    source = gzip.decompress(path.read_bytes()).decode("utf-8")
+    macros = "-mdoc" if re.search(r"^\.Dd\b", source, re.MULTILINE) else "-man"
+    tables = ["-t"] if source.startswith("'\\\" t") else []  # the convention that asks for tbl
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+    done = subprocess.run(
+        [*GROFF, *tables, macros], input=_ROFF_PROLOGUE + source, capture_output=True, text=True, env=env, check=True
+    )
+    return done.stdout
+
+
+def man_text(rendered: str) -> str:
+    """A rendered page without its running header and footer lines and the MAN_SECTIONS_LEFT_OUT, its body's
+    indentation removed (section headings start at column 0, the text under them a few columns in)."""
+    lines = rendered.strip("\n").split("\n")[1:-1]
+    kept: list[str] = []
+    skip = False
+    for line in lines:
+        if line and not line[0].isspace():  # a section heading
+            skip = line.strip() in MAN_SECTIONS_LEFT_OUT
+        if not skip:
+            kept.append(line.rstrip())
+    indent = min(len(x) - len(x.lstrip(" ")) for x in kept if x.startswith(" ") and x.strip())
+    return "\n".join(x[indent:] if x[:indent].isspace() else x for x in kept).strip("\n")
+
+
+def man_passages() -> list[Passage]:
+    """Passages of each page in MAN_PAGES; those that are mostly lists of names (the option keywords ssh passes on,
+    algorithm lists) are left out: they are not prose."""
+    out: list[Passage] = []
+    for page, section, _ in MAN_PAGES:
+        text = man_text(render_man_page(MAN_DIR / f"man{section}" / f"{page}.{section}.gz"))
+        out.extend(p for p in split_passages(page, f"{page}({section}) manual page", text) if not is_word_list(p.text))
+    return out
+
+
+def is_word_list(text: str) -> bool:
+    """Whether most lines of `text` hold a single word: a list of option or algorithm names, not prose."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    return sum(len(line.split()) == 1 for line in lines) > 0.6 * len(lines)
+
+
+def man_versions() -> dict[str, str]:
+    """The Debian version of each package the pages come from, and groff's."""
+    import shutil
+    import subprocess
+
+    if shutil.which("dpkg-query") is None:
+        raise DatasetError("dpkg-query is not installed: the manual pages' package versions cannot be recorded")
+    packages = dict.fromkeys([package for _, _, package in MAN_PAGES] + ["groff-base"])
+    return {
+        package: subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True, check=True
+        ).stdout
+        for package in packages
+    }
+
+
 def states(text: str, answer: str) -> bool:
     """Whether `text` holds `answer` literally: case-insensitive, any run of whitespace matching any other."""
     return " ".join(answer.lower().split()) in _flat(text)
@@ -306,6 +412,10 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
         from lazyattn.eval.real_readme_questions import QUESTIONS
 
         passages, seed = readme_passages(), 4
+    elif name == "real-heldout-man":
+        from lazyattn.eval.real_man_questions import QUESTIONS
+
+        passages, seed = man_passages(), 7
     else:
         raise DatasetError(f"unknown real set {name!r}; choose from {', '.join(SETS)}")
     questions = build_questions(passages, QUESTIONS, seed, name)
@@ -321,6 +431,9 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
     }
     if name == "real-heldout-readme":
         header["packages"] = readme_versions()
+    elif name == "real-heldout-man":
+        header["packages"] = man_versions()
+        header["rendering"] = " ".join(GROFF) + " (-man or -mdoc, -t where the page asks for tbl), LC_ALL=C"
     return header, passages, questions
 
 

@@ -3,13 +3,18 @@ any cell, passage lengths, sizes, no repeated questions; and the CLI loads them.
 
 from __future__ import annotations
 
+import gzip
+import shutil
+from collections import Counter
+
 import pytest
 
+from lazyattn.cli import main
 from lazyattn.eval import real
 from lazyattn.eval.metrics import accuracy, normalize_answer
-from lazyattn.qa.dataset import DatasetError, arrange
+from lazyattn.qa.dataset import DatasetError, arrange, read_jsonl
 
-MIN_QUESTIONS = {"real": 300, "real-heldout": 100, "real-heldout-readme": 80}
+MIN_QUESTIONS = {"real": 300, "real-heldout": 100, "real-heldout-readme": 80, "real-heldout-man": 80}
 
 
 def _shipped(name):
@@ -71,21 +76,21 @@ def test_answer_in_gold_and_in_no_distractor_of_any_cell(shipped):
                 assert others == list(item.documents[1:n])
 
 
-def test_the_shipped_file_is_what_the_builder_makes_now():
-    """The frozen data matches the question lists (passages can only be compared on the Python / NumPy they
-    were cut from, so this compares questions, answers and gold passage texts)."""
-    for name in real.SETS:
-        header, passages, questions = _shipped(name)
-        try:
-            _, built_passages, built = real.build(name)
-        except DatasetError as e:  # another Python or NumPy version: the sources themselves differ
-            pytest.skip(str(e))
-        by_id = {p.id: p for p in built_passages}
-        if any(by_id.get(q.gold) != passages[q.gold] for q in questions):
-            pytest.skip("the installed sources differ from those the set was cut from")
-        assert [(q.question, q.answers, q.gold, q.distractors) for q in questions] == [
-            (q.question, q.answers, q.gold, q.distractors) for q in built
-        ]
+@pytest.mark.parametrize("name", real.SETS)
+def test_the_shipped_file_is_what_the_builder_makes_now(name):
+    """The frozen data matches the question lists (passages can only be compared on the Python / NumPy / manual
+    pages and groff they were cut from, so this compares questions, answers and gold passage texts)."""
+    header, passages, questions = _shipped(name)
+    try:
+        _, built_passages, built = real.build(name)
+    except DatasetError as e:  # another Python or NumPy version, or no man pages / groff: the sources differ
+        pytest.skip(str(e))
+    by_id = {p.id: p for p in built_passages}
+    if any(by_id.get(q.gold) != passages[q.gold] for q in questions):
+        pytest.skip("the installed sources differ from those the set was cut from")
+    assert [(q.question, q.answers, q.gold, q.distractors) for q in questions] == [
+        (q.question, q.answers, q.gold, q.distractors) for q in built
+    ]
 
 
 def test_readme_passages_come_from_the_listed_packages_with_their_licences_recorded():
@@ -98,6 +103,101 @@ def test_readme_passages_come_from_the_listed_packages_with_their_licences_recor
     for name in real.README_PACKAGES:
         row = next((line for line in notes.splitlines() if line.startswith(f"| `{name}` ")), None)
         assert row is not None and ("MIT" in row or "BSD-3-Clause" in row) and "Copyright" in row, name
+
+
+def test_man_passages_come_from_the_listed_pages_with_their_licences_recorded():
+    header, passages, questions = _shipped("real-heldout-man")
+    pages = [page for page, _, _ in real.MAN_PAGES]
+    packages = {package for _, _, package in real.MAN_PAGES}
+    assert set(header["packages"]) == packages | {"groff-base"} and all(header["packages"].values())
+    assert {p.split("#")[0] for p in passages} <= set(pages)
+    asked = Counter(q.gold.split("#")[0] for q in questions)
+    assert set(asked) == set(pages) and max(asked.values()) <= 15  # every page asked about, none dominating
+    sections = {page: section for page, section, _ in real.MAN_PAGES}
+    for p in passages.values():
+        page = p.id.split("#")[0]
+        assert p.title == f"{page}({sections[page]}) manual page"
+        assert "\b" not in p.text and p.text.isascii()  # no overstrikes left by the renderer
+        assert not real.is_word_list(p.text)
+    # the data README names each page's package with its licence and copyright line
+    notes = (real.DATA_DIR / "README.md").read_text()
+    for package in packages:
+        row = next((line for line in notes.splitlines() if line.startswith(f"| `{package}` ")), None)
+        assert row is not None and header["packages"][package] in row and "opyright" in row, package
+
+
+def test_man_cells_of_ten_documents_fit_smollm2_context():
+    """Manual pages hold option names and paths: budget 1.4 SmolLM2 tokens per estimated token, and leave 1,024
+    tokens of SmolLM2's 8,192 for the prompt and the answer."""
+    _, passages, questions = _shipped("real-heldout-man")
+    for q in questions:
+        cell = [q.gold, *q.distractors[:9]]
+        assert sum(real.estimate_tokens(passages[i].text) for i in cell) * 1.4 <= 8192 - 1024, q.id
+
+
+def test_cli_writes_the_man_set_cells(tmp_path):
+    """`lazyattn eval --dataset builtin:real-heldout-man` reads the shipped file: every question, with the gold
+    passage where asked among its first distractors."""
+    _, passages, questions = _shipped("real-heldout-man")
+    path = tmp_path / "man.jsonl"
+    args = ["eval", "--dataset", "builtin:real-heldout-man", "--num-docs", "10", "--gold-position", "middle"]
+    assert main([*args, "--write-dataset", str(path)]) == 0
+    items = read_jsonl(path)
+    assert [i.question for i in items] == [q.question for q in questions]
+    for item, q in zip(items, questions, strict=True):
+        assert item.gold == (4,) and item.documents[4]["text"] == passages[q.gold].text
+        assert [d["text"] for i, d in enumerate(item.documents) if i != 4] == [
+            passages[d].text for d in q.distractors[:9]
+        ]
+
+
+def test_man_text_drops_header_footer_and_synopsis_and_dedents():
+    rendered = "\n".join(
+        [
+            "TOOL(1)            General Commands Manual            TOOL(1)",
+            "",
+            "NAME",
+            "       tool - does things",
+            "",
+            "SYNOPSIS",
+            "       tool [-abc] [-f file]",
+            "",
+            "DESCRIPTION",
+            "       tool reads a file.",
+            "",
+            "       -f file",
+            "              Reads file.",
+            "",
+            "SEE ALSO",
+            "       other(1)",
+            "",
+            "tool 1.0                  2024-01-01                      TOOL(1)",
+            "",
+        ]
+    )
+    assert real.man_text(rendered) == "\n".join(
+        ["NAME", "tool - does things", "", "DESCRIPTION", "tool reads a file.", "", "-f file", "       Reads file."]
+    )
+
+
+def test_word_lists_are_told_from_prose():
+    assert real.is_word_list("AddressFamily\nBatchMode\nBindAddress\n\nCiphers\nTCPKeepAlive to keep it")
+    assert not real.is_word_list("-4      Forces ssh to use IPv4 addresses only.\nBatchMode\n-q      Quiet mode.")
+
+
+def test_render_man_page_does_not_hyphenate_or_justify(tmp_path):
+    if shutil.which("groff") is None:
+        pytest.skip("groff is not installed")
+    words = " ".join(["internationalization characteristically incomprehensibilities"] * 30)
+    source = f".TH TOOL 1\n.SH DESCRIPTION\n.hy\n.ad b\n{words}\n"
+    page = tmp_path / "tool.1.gz"
+    page.write_bytes(gzip.compress(source.encode()))
+    lines = real.render_man_page(page).splitlines()
+    body = [line.strip() for line in lines[1:-1] if line.strip() and line.strip() != "DESCRIPTION"]
+    assert len(body) > 5 and all(len(line) <= 100 for line in lines)
+    assert not any(line.endswith("-") for line in body)  # the page asks for hyphenation: none happens
+    assert not any("  " in line for line in body)  # nor justification (it would pad lines with spaces)
+    assert " ".join(" ".join(body).split()) == words
 
 
 def test_builder_rejects_bad_questions():
