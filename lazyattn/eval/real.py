@@ -23,8 +23,11 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import os
 import random
 import re
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,10 +245,6 @@ MAN_SECTIONS_LEFT_OUT = ("SYNOPSIS", "SEE ALSO")
 
 def render_man_page(path: Path) -> str:
     """The plain text of a manual page (roff source, gzipped), as groff renders it for a 100-column terminal."""
-    import os
-    import shutil
-    import subprocess
-
     if shutil.which("groff") is None:
         raise DatasetError("groff is not installed: the manual pages cannot be rendered")
     if not path.exists():
@@ -293,9 +292,6 @@ def is_word_list(text: str) -> bool:
 
 def man_versions() -> dict[str, str]:
     """The Debian version of each package the pages come from, and groff's."""
-    import shutil
-    import subprocess
-
     if shutil.which("dpkg-query") is None:
         raise DatasetError("dpkg-query is not installed: the manual pages' package versions cannot be recorded")
     packages = dict.fromkeys([package for _, _, package in MAN_PAGES] + ["groff-base"])
