@@ -316,16 +316,18 @@ def test_each_last_is_the_most_confident_joint_answer_with_each_document_last(ll
         assert out.num_document_tokens == asked[best].num_document_tokens
 
 
-def test_both_placements_is_the_surer_of_the_documents_in_order_and_in_parallel(llm):
+@pytest.mark.parametrize("ape", [{}, {"ape_temperature": 0.5}], ids=["T1", "T0.5"])
+def test_both_placements_is_the_surer_of_the_documents_in_order_and_in_parallel(llm, ape):
     params = SamplingParams(max_tokens=6, temperature=0.0)
-    got = llm.generate(PROMPTS, params, documents=DOCS, answer="both-placements", ape_prefix=True)
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer="both-placements", ape_prefix=True, **ape)
     scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
-    kept = []
+    kept, moved = [], []
     for prompt, docs, out in zip(PROMPTS, DOCS, got):
         assert out.answered_from is None and out.document_order is None and out.logprobs is None
-        # by hand: the request read in order, and (two or more documents) read in parallel; in order wins a tie
+        # by hand: the request read in order, and (two or more documents) read in parallel, each with the request's
+        # APE options; in order wins a tie
         asked = [
-            llm.generate([prompt], scored, documents=[docs], ape_prefix=True, ape_parallel=parallel)[0]
+            llm.generate([prompt], scored, documents=[docs], ape_prefix=True, ape_parallel=parallel, **ape)[0]
             for parallel in ([False, True] if len(docs) > 1 else [False])
         ]
         means = [mean_logprob(o) for o in asked]
@@ -333,7 +335,10 @@ def test_both_placements_is_the_surer_of_the_documents_in_order_and_in_parallel(
         assert out.token_ids == asked[best].token_ids
         assert out.read_in_parallel == (best == 1)
         kept.append(best)
+        plain = llm.generate([prompt], scored, documents=[docs], ape_prefix=True, ape_parallel=best == 1)[0]
+        moved.append(mean_logprob(plain) != means[best])
     assert set(kept) == {0, 1}  # each placement wins somewhere: the check sees both
+    assert any(moved) == bool(ape)  # the temperature changes what the candidates answer: the check sees it
 
 
 def test_both_placements_leaves_ape_parallel_to_itself_and_needs_lazy_mode(llm):
