@@ -106,6 +106,27 @@ def check_answer(answer: object, n: int = 1, stream: bool = False, confidence_to
         raise InvalidRequestError(f"answer {answer!r} {what}, so it cannot stream: set stream to false", "stream")
 
 
+def check_default_answer(answer: object, mode: str) -> None:
+    """InvalidRequestError naming `answer` for a server default strategy (`lazyattn serve --answer`) that does not
+    exist or that the engine's mode cannot run for any request ("both-placements" needs lazy mode)."""
+    check_answer(answer)
+    if answer == BOTH_PLACEMENTS and mode != "lazy":
+        raise InvalidRequestError(
+            f"answer {answer!r} reads the documents in parallel, which needs mode 'lazy', not {mode!r}", "answer"
+        )
+
+
+def answer_for(asked: str | None, default: str, n: int, stream: bool, ape_parallel: bool | None) -> str:
+    """The strategy that answers a request: the one it asks for; without one the server's `default` where that can
+    answer it (one sample per prompt, no stream, and for "both-placements" no `ape_parallel` of the request's own),
+    else "joint"."""
+    if asked is not None:
+        return asked
+    if n != 1 or stream or (default == BOTH_PLACEMENTS and ape_parallel is not None):
+        return "joint"
+    return default
+
+
 def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int], list[list[T]], list[Source]]:
     """The requests that `answer` makes of requests with these documents: the request each belongs to, its
     documents, and its source (`Source`). "joint" makes each request as given; "best-document" one per document (a

@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from lazyattn.engine.best_document import check_default_answer
 from lazyattn.engine.client import EngineClient
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
@@ -71,6 +72,8 @@ class ServerConfig:
     max_request_documents: int = 1024  # `documents` entries of one request
     # Request bodies over this are a 413 before they are parsed (body_limit.py).
     max_body_bytes: int = 32 * 2**20
+    # The answer strategy of a request that names none, where it can answer it (engine/best_document.answer_for).
+    answer: str = "joint"
 
 
 def _registered(registry: DocumentRegistry) -> float:
@@ -84,8 +87,9 @@ def create_app(engine: LLMEngine | EngineClient, config: ServerConfig) -> FastAP
     """Serve `engine`: an engine of this process, driven by a thread of its own (server/engine_loop.py), or any
     `EngineClient` (engine/client.py), e.g. the loop over Ray Serve replicas (cluster/ingress.py). The app calls
     nothing but the client's protocol."""
-    registry = DocumentRegistry(config.registry_url, config.max_documents)
     engine_loop: EngineClient = EngineLoop(engine) if isinstance(engine, LLMEngine) else engine
+    check_default_answer(config.answer, engine_loop.mode.name)
+    registry = DocumentRegistry(config.registry_url, config.max_documents)
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: _registered(registry))
     engine_loop.observer = metrics
     renderer = Renderer(
@@ -102,6 +106,7 @@ def create_app(engine: LLMEngine | EngineClient, config: ServerConfig) -> FastAP
         config.model_name,
         config.max_request_sequences,
         config.max_request_documents,
+        config.answer,
     )
     documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)

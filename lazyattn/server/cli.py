@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lazyattn import envs
+from lazyattn.engine.best_document import ANSWER_STRATEGIES, check_default_answer
 from lazyattn.errors import InvalidRequestError
 from lazyattn.server.names import LAYOUTS, served_model_name
 
@@ -104,6 +105,15 @@ def add_serve_parser(
         "registry for several servers), or memory (kept nowhere) (default: registry.sqlite in --state-dir)",
     )
     p.add_argument(
+        "--answer",
+        choices=ANSWER_STRATEGIES,
+        default="joint",
+        help="how a request that names no answer strategy is answered, where the strategy can answer it (n 1, no "
+        "stream; both-placements: lazy mode, and the request sets no ape_parallel); others are answered jointly. "
+        "both-placements with --ape-prefix --ape-temperature 0.9 is the setting measured best for single-document "
+        "questions (docs/quality.md) (default: joint)",
+    )
+    p.add_argument(
         "--prompt-layout",
         choices=sorted(LAYOUTS),
         default="block-attention",
@@ -174,6 +184,7 @@ def check_options(args: argparse.Namespace) -> None:
     for flag, value in at_least_one.items():
         if value is not None and value < 1:
             raise InvalidRequestError(f"{flag} must be >= 1, got {value}", flag)
+    check_default_answer(args.answer, args.mode)
     if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
         raise InvalidRequestError(
             f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}", "--shutdown-timeout"
@@ -249,6 +260,7 @@ def serve(
         max_request_documents=args.max_request_documents,
         max_body_bytes=args.max_body_mb * 2**20,
         registry_url=registry,
+        answer=args.answer,
     )
     if args.replicas:
         sock.close()  # Ray Serve binds the port itself

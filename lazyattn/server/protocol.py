@@ -163,20 +163,22 @@ class _GenerationRequest(_Strict):
         "question after the longest document, instead of one after the other; not with relink; default: the "
         "server's --ape-parallel",
     )
-    answer: Literal[ANSWER_STRATEGIES] = Field(
-        "joint",
-        description="joint: one answer over all the documents; best-document: the request asked once per document, "
-        "with that document alone, and the answer whose tokens have the highest mean log-probability kept (each "
-        "choice's answered_from names that document); best-document-or-joint: the same, the request as given one "
-        "more candidate (answered_from null: it won); confidence-order: the same one-document requests, then one "
-        "answer over all the documents reordered by their answers' confidence, the surest last (each choice's "
-        "document_order gives the order); confidence-order-or-joint: the same, the request as given also asked "
-        "first and its answer kept where it is at least as sure (document_order null); each-last: in one round, the "
-        "request as given and once more with each other document moved last, the surest answer kept "
-        "(document_order: the order it read, null: as given); both-placements (lazy mode): in one round, the "
-        "documents read one after the other and read in parallel (ape_parallel, which the request leaves out), the "
-        "surer answer kept (read_in_parallel says which). usage counts every request "
-        "made; n must be 1 and no stream (docs/design.md, Answering from one document)",
+    answer: Literal[ANSWER_STRATEGIES] | None = Field(
+        None,
+        description="null (the default): the server's --answer where it can answer the request (n 1, no stream, and for"
+        " both-placements no ape_parallel), else joint. joint: one answer over all the documents; "
+        "best-document: the request asked once per document, with that document alone, and the answer whose"
+        " tokens have the highest mean log-probability kept (each choice's answered_from names that "
+        "document); best-document-or-joint: the same, the request as given one more candidate "
+        "(answered_from null: it won); confidence-order: the same one-document requests, then one answer "
+        "over all the documents reordered by their answers' confidence, the surest last (each choice's "
+        "document_order gives the order); confidence-order-or-joint: the same, the request as given also "
+        "asked first and its answer kept where it is at least as sure (document_order null); each-last: in "
+        "one round, the request as given and once more with each other document moved last, the surest "
+        "answer kept (document_order: the order it read, null: as given); both-placements (lazy mode): in "
+        "one round, the documents read one after the other and read in parallel (ape_parallel, which the "
+        "request leaves out), the surer answer kept (read_in_parallel says which). usage counts every "
+        "request made; n must be 1 and no stream (docs/design.md, Answering from one document)",
     )
     confidence_tokens: json_int(ge=1) | None = Field(
         None,

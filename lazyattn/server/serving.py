@@ -24,6 +24,7 @@ from lazyattn.engine.best_document import (
     CHOOSING,
     ORDERING,
     FirstRound,
+    answer_for,
     candidates,
     check_answer,
     ordered_answers,
@@ -80,8 +81,10 @@ class OpenAIServing:
         model_name: str,
         max_request_sequences: int = 256,
         max_request_documents: int = 1024,
+        answer: str = "joint",
     ) -> None:
         self.engine_loop = engine_loop
+        self.answer = answer  # the strategy of a request that names none, where it can answer it (answer_for)
         self.max_request_sequences = max_request_sequences
         self.max_request_documents = max_request_documents
         self.renderer = renderer
@@ -94,9 +97,10 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        check_answer(body.answer, body.n, body.stream, body.confidence_tokens)
+        answer = answer_for(body.answer, self.answer, body.n, body.stream, body.ape_parallel)
+        check_answer(answer, body.n, body.stream, body.confidence_tokens)
         self._check_documents(body.documents)
-        self._check_sequences(1, body.n, _fan_out(body.documents, body.answer))
+        self._check_sequences(1, body.n, _fan_out(body.documents, answer))
         logprobs = requested_chat_logprobs(body)
         scope = cache_scope(tenant, body.cache_salt)
         documents = await resolve_documents(body.documents, self.registry, scope)
@@ -113,7 +117,7 @@ class OpenAIServing:
 
         created = int(time.time())
         top = logprobs or 0
-        if body.answer == "joint":
+        if answer == "joint":
             prompt = await run_in_threadpool(render, 0, list(range(len(documents))))
             stream = await self.engine_loop.submit(
                 [(rid, prompt, params(prompt))], cache_salt=scope, arrival=arrival, options=options
@@ -134,7 +138,7 @@ class OpenAIServing:
                 params,
                 count=1,
                 num_documents=len(documents),
-                answer=body.answer,
+                answer=answer,
                 confidence_tokens=body.confidence_tokens,
                 keep_logprobs=logprobs is not None,
                 scope=scope,
@@ -164,7 +168,7 @@ class OpenAIServing:
             choices=choices,
             usage=usage(asked),
         )
-        return _json(response, body.answer)
+        return _json(response, answer)
 
     async def _chat_events(
         self, stream: OutputStream, rid: str, created: int, n: int, top: int, include_usage: bool
@@ -193,10 +197,11 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        check_answer(body.answer, body.n, body.stream, body.confidence_tokens)
+        answer = answer_for(body.answer, self.answer, body.n, body.stream, body.ape_parallel)
+        check_answer(answer, body.n, body.stream, body.confidence_tokens)
         p = body.prompt
         num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
-        self._check_sequences(num_prompts, body.n, _fan_out(body.documents, body.answer))
+        self._check_sequences(num_prompts, body.n, _fan_out(body.documents, answer))
         self._check_documents(body.documents)
         check_completion_options(body)
         scope = cache_scope(tenant, body.cache_salt)
@@ -218,7 +223,7 @@ class OpenAIServing:
 
         created = int(time.time())
         top = body.logprobs or 0
-        if body.answer == "joint":
+        if answer == "joint":
             prompts = await run_in_threadpool(lambda: self.renderer.completions(body, documents))
             requests = [(f"{cid}-{i}", prompt, params(prompt)) for i, prompt in enumerate(prompts)]
             stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
@@ -239,7 +244,7 @@ class OpenAIServing:
                 params,
                 count=num_prompts,
                 num_documents=len(documents),
-                answer=body.answer,
+                answer=answer,
                 confidence_tokens=body.confidence_tokens,
                 keep_logprobs=body.logprobs is not None,
                 scope=scope,
@@ -266,7 +271,7 @@ class OpenAIServing:
         response = CompletionResponse(
             id=cid, created=created, model=self.model_name, choices=choices, usage=usage(asked)
         )
-        return _json(response, body.answer)
+        return _json(response, answer)
 
     async def _answer(
         self,

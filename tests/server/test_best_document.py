@@ -8,8 +8,10 @@ import httpx
 import pytest
 
 from lazyattn import LLM, SamplingParams
+from lazyattn.errors import InvalidRequestError
+from lazyattn.server.app import ServerConfig, create_app
 
-from .conftest import _ENGINE
+from .conftest import _ENGINE, start_server, stop_server
 
 DOCS = ["The lighthouse keeper is called Maren.", "Tides here rise twice a day.", "The ferry leaves at noon."]
 MESSAGES = [{"role": "user", "content": "Who keeps the lighthouse?"}]
@@ -200,3 +202,51 @@ def test_a_confidence_cap_that_cannot_apply_is_a_400_naming_it(server, answer, t
     r = post(server.url, "/v1/chat/completions", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "confidence_tokens"
+
+
+@pytest.fixture(scope="module")
+def both_placements_server():
+    """A server whose requests that name no strategy are answered with both placements (`lazyattn serve --answer`)."""
+    s = start_server(_ENGINE, ServerConfig(model_name="tiny", answer="both-placements"))
+    yield s
+    stop_server(s)
+
+
+def test_a_server_default_answers_requests_that_name_no_strategy(both_placements_server, server):
+    url = both_placements_server.url
+    chat = {**BODY, "messages": MESSAGES}
+    plain, asked = (post(url, "/v1/chat/completions", body) for body in (chat, {**chat, "answer": "both-placements"}))
+    assert plain.status_code == asked.status_code == 200, plain.text
+    # the default is the strategy the request could have named: the same choice, usage counting both placements
+    # (the second finds the documents cached by the first)
+    assert plain.json()["choices"][0]["read_in_parallel"] in (True, False)
+    assert plain.json()["choices"] == asked.json()["choices"]
+    counts = ("prompt_tokens", "completion_tokens")
+    assert [plain.json()["usage"][k] for k in counts] == [asked.json()["usage"][k] for k in counts]
+    completion = {**BODY, "prompt": PROMPTS}
+    bodies = (completion, {**completion, "answer": "both-placements"})
+    plain, asked = (post(url, "/v1/completions", body) for body in bodies)
+    assert plain.status_code == 200 and plain.json()["choices"] == asked.json()["choices"], plain.text
+    # answered jointly, as by a server without the default: a request naming "joint", one that streams or asks for
+    # several samples, and one that sets ape_parallel (both placements would set it themselves)
+    for extra in ({"answer": "joint"}, {"stream": True}, {"n": 2}, {"ape_parallel": True}):
+        got, want = (post(u, "/v1/chat/completions", {**chat, **extra}) for u in (url, server.url))
+        assert got.status_code == want.status_code == 200, (extra, got.text)
+        if extra.get("stream"):
+            assert got.text.count("data: ") == want.text.count("data: ") and "read_in_parallel" not in got.text
+            continue
+        assert "read_in_parallel" not in got.json()["choices"][0]
+        assert [c["message"] for c in got.json()["choices"]] == [c["message"] for c in want.json()["choices"]]
+    # a request that asks for what no strategy of its own could do is still told which field is wrong
+    r = post(url, "/v1/chat/completions", {**chat, "confidence_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "confidence_tokens", r.text
+
+
+def test_a_default_strategy_the_engine_cannot_run_is_refused_at_start():
+    with LLM(model="tiny", mode="block", device="cpu", progress=False) as block:
+        with pytest.raises(InvalidRequestError, match="needs mode 'lazy', not 'block'") as err:
+            create_app(block.engine, ServerConfig(model_name="tiny", answer="both-placements"))
+        assert err.value.param == "answer"
+        with pytest.raises(InvalidRequestError, match="answer must be one of"):
+            create_app(block.engine, ServerConfig(model_name="tiny", answer="surest"))
+        create_app(block.engine, ServerConfig(model_name="tiny", answer="each-last"))  # every mode runs it

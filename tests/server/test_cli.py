@@ -187,6 +187,10 @@ def _errors(stderr: str) -> list[str]:
             "'lazy' or 'block': full mode attends to every document in context already",
         ),
         (["--ape-scale", "0"], "error: ape_scale must be a finite number > 0, got 0.0"),
+        (
+            ["--mode", "block", "--answer", "both-placements"],
+            "error: answer 'both-placements' reads the documents in parallel, which needs mode 'lazy', not 'block'",
+        ),
         (["--disk-cache-dir", "{file}"], "error: disk_cache_dir {file}: exists and is not a directory"),
         (
             ["--disk-cache-dir", "{file}/kv"],
