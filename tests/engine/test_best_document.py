@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from lazyattn import LLM, SamplingParams
 from lazyattn.engine.best_document import (
+    ANSWER_STRATEGIES,
     FirstRound,
+    answer_for,
     candidates,
     check_answer,
+    check_default_answer,
     ordered_answers,
     pick_answers,
     with_confidence,
@@ -180,6 +183,38 @@ def test_check_answer_rejects_a_confidence_cap_it_cannot_apply(answer, tokens, m
     assert e.value.param == "confidence_tokens"
     check_answer("confidence-order", confidence_tokens=1)
     check_answer("confidence-order-or-joint", confidence_tokens=64)
+
+
+@pytest.mark.parametrize(
+    "n, stream, parallel, both_placements, each_last",
+    [
+        (1, False, None, "both-placements", "each-last"),  # a request the default can answer
+        (2, False, None, "joint", "joint"),  # several samples: no choice among finished answers
+        (1, True, None, "joint", "joint"),  # a stream: the same
+        (1, False, True, "joint", "each-last"),  # its own ape_parallel: both placements would set it
+        (1, False, False, "joint", "each-last"),
+    ],
+)
+def test_a_default_strategy_answers_only_what_it_can(n, stream, parallel, both_placements, each_last):
+    assert answer_for(None, "both-placements", n, stream, parallel) == both_placements
+    assert answer_for(None, "each-last", n, stream, parallel) == each_last
+    assert answer_for(None, "joint", n, stream, parallel) == "joint"
+    # a strategy the request names is its own, whatever it asks with (check_answer then judges it)
+    for asked in ("joint", "best-document", "both-placements"):
+        assert answer_for(asked, "each-last", n, stream, parallel) == asked
+
+
+def test_a_default_strategy_the_mode_cannot_run_is_refused():
+    for mode in ("lazy", "block", "prefix", "full"):
+        for answer in ANSWER_STRATEGIES:
+            if answer == "both-placements" and mode != "lazy":
+                with pytest.raises(InvalidRequestError, match=f"needs mode 'lazy', not '{mode}'") as e:
+                    check_default_answer(answer, mode)
+                assert e.value.param == "answer"
+            else:
+                check_default_answer(answer, mode)
+    with pytest.raises(InvalidRequestError, match="answer must be one of"):
+        check_default_answer("surest", "lazy")
 
 
 def test_with_confidence_caps_only_the_one_document_candidates():
