@@ -107,6 +107,7 @@ def create_app(engine: LLMEngine | EngineClient, config: ServerConfig) -> FastAP
         config.max_request_sequences,
         config.max_request_documents,
         config.answer,
+        metrics,
     )
     documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)

@@ -98,6 +98,13 @@ class ServerMetrics:
             labels + ["finished_reason"],
             registry=r,
         )
+        self.answers = Counter(
+            "lazyattn:answers",
+            "Answers of requests answered by a strategy other than joint, by strategy and by what the kept answer "
+            "read: as_given, one_document, reordered (the documents in another order) or parallel.",
+            labels + ["strategy", "read"],
+            registry=r,
+        )
         self._model_name = model_name
         self._progress: dict[str, tuple[float, int]] = {}  # request id -> (last output time, tokens so far)
         r.register(_EngineCollector(model_name, stats, registered_documents))
@@ -127,6 +134,19 @@ class ServerMetrics:
             if m.e2e is not None:
                 self.e2e.observe(m.e2e)
         self.success.labels(self._model_name, out.outputs[0].finish_reason or "abort").inc()
+
+    def on_answers(self, strategy: str, answers: list[RequestOutput]) -> None:
+        """Count the answers a strategy kept (the server's event loop, once each request's answers are chosen)."""
+        for out in answers:
+            if out.read_in_parallel:
+                read = "parallel"
+            elif out.answered_from is not None:
+                read = "one_document"
+            elif out.document_order is not None:
+                read = "reordered"
+            else:
+                read = "as_given"
+            self.answers.labels(self._model_name, strategy, read).inc()
 
     def on_abort(self, request_id: str) -> None:
         self._progress.pop(request_id, None)

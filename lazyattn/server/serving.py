@@ -47,6 +47,7 @@ from lazyattn.server.inputs import (
     resolve_documents,
     sampling_params,
 )
+from lazyattn.server.metrics import ServerMetrics
 from lazyattn.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -82,8 +83,10 @@ class OpenAIServing:
         max_request_sequences: int = 256,
         max_request_documents: int = 1024,
         answer: str = "joint",
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.engine_loop = engine_loop
+        self.metrics = metrics  # counts the answers the strategies keep (on_answers)
         self.answer = answer  # the strategy of a request that names none, where it can answer it (answer_for)
         self.max_request_sequences = max_request_sequences
         self.max_request_documents = max_request_documents
@@ -324,7 +327,7 @@ class OpenAIServing:
             for (_, which), group in zip(groups, made):
                 for i, out in zip(which, group):
                     outs[i] = out
-            return pick_answers(owners, outs, sources, keep), outs
+            return self._counted(answer, pick_answers(owners, outs, sources, keep)), outs
         # The requests as given answer as one group; each prompt's one-document requests as another, and its joint
         # request follows as soon as they are in, beside the requests as given.
         rounds = FirstRound(owners, sources, count)
@@ -361,7 +364,13 @@ class OpenAIServing:
             return None
         orders = rounds.orders  # a prompt whose candidate failed after its joint round began answers that failure
         answers = ordered_answers(rounds.firsts, orders, {r: o for r, o in joint.items() if orders[r]}, keep)
-        return answers, [out for outs in made for out in outs]
+        return self._counted(answer, answers), [out for outs in made for out in outs]
+
+    def _counted(self, answer: str, answers: list[RequestOutput]) -> list[RequestOutput]:
+        """`answers`, counted in the metrics by `answer` and what each read."""
+        if self.metrics is not None:
+            self.metrics.on_answers(answer, answers)
+        return answers
 
     async def _run_all(
         self,

@@ -250,3 +250,37 @@ def test_a_default_strategy_the_engine_cannot_run_is_refused_at_start():
         with pytest.raises(InvalidRequestError, match="answer must be one of"):
             create_app(block.engine, ServerConfig(model_name="tiny", answer="surest"))
         create_app(block.engine, ServerConfig(model_name="tiny", answer="each-last"))  # every mode runs it
+
+
+def test_metrics_count_each_kept_answer_by_strategy_and_what_it_read(both_placements_server):
+    server = both_placements_server
+
+    def counts() -> dict[tuple[str, str], float]:
+        return {
+            (dict(labels)["strategy"], dict(labels)["read"]): value
+            for (name, labels), value in server.metrics().items()
+            if name == "lazyattn:answers_total"
+        }
+
+    def read(choice: dict) -> str:  # what the choice says it read, by hand
+        if choice.get("read_in_parallel"):
+            return "parallel"
+        if choice.get("answered_from") is not None:
+            return "one_document"
+        return "reordered" if choice.get("document_order") is not None else "as_given"
+
+    expected = counts()
+    asked = [
+        ("/v1/chat/completions", {**BODY, "messages": MESSAGES}, "both-placements"),  # the server's default
+        ("/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "best-document"}, "best-document"),
+        ("/v1/completions", {**BODY, "prompt": PROMPTS, "answer": "confidence-order"}, "confidence-order"),
+        ("/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "joint"}, None),  # joint: not counted
+    ]
+    for path, body, strategy in asked:
+        r = post(server.url, path, body)
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"] if strategy else []:
+            key = (strategy, read(choice))
+            expected[key] = expected.get(key, 0.0) + 1
+    assert counts() == expected
+    assert sum(expected.values()) >= 5  # one chat answer and two answers of each completion
