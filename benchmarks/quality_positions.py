@@ -43,46 +43,63 @@ MAX_TOKENS = 32
 BATCH = 32
 
 
-def parse_mode(mode: str) -> tuple[float, float] | None:
-    """ "full" -> None; "spread=X[:scale=S]" -> (X, S)."""
+def parse_mode(mode: str) -> tuple[tuple[float, ...], float, bool] | None:
+    """ "full" -> None; "spread=X[+Y…][:scale=S][:end]" -> ((X, Y, …), S, end)."""
     if mode == "full":
         return None
     fields = dict(part.partition("=")[::2] for part in mode.split(":"))
     try:
-        if set(fields) - {"spread", "scale"} or "spread" not in fields:
+        if set(fields) - {"spread", "scale", "end"} or "spread" not in fields or fields.get("end", "") != "":
             raise ValueError
-        spread, scale = float(fields["spread"]), float(fields.get("scale", 1.0))
+        spreads = tuple(float(x) for x in fields["spread"].split("+"))
+        scale = float(fields.get("scale", 1.0))
     except ValueError:
-        raise ValueError(f"mode must be full or spread=X[:scale=S], got {mode!r}") from None
-    if not (0.0 <= spread <= 1.0 and scale > 0):
-        raise ValueError(f"spread must be in [0, 1] and scale > 0, got {mode!r}")
-    return spread, scale
+        raise ValueError(f"mode must be full or spread=X[+Y...][:scale=S][:end], got {mode!r}") from None
+    if not (all(0.0 <= x <= 1.0 for x in spreads) and scale > 0) or len(set(spreads)) != len(spreads):
+        raise ValueError(f"spreads must be distinct, in [0, 1], and scale > 0, got {mode!r}")
+    return spreads, scale, "end" in fields
 
 
 def placed_row(
-    segments: Sequence[Sequence[int]], tail: Sequence[int], spread: float, scale: float = 1.0
+    segments: Sequence[Sequence[int]],
+    tail: Sequence[int],
+    spread: float | Sequence[float],
+    scale: float = 1.0,
+    end: bool = False,
 ) -> tuple[list[int], list[int], torch.Tensor]:
     """Tokens, positions and the additive [T, T] mask of a block row with the shared prefix whose documents are
-    read at L_0 + floor(spread · earlier lengths): each document sees S_0 (or its own copy of S_0 just before it)
-    and itself causally; the tail sees S_0, every document and itself, ln(scale) added to its document scores."""
+    read at L_0 + floor(spread · earlier lengths), once per spread given (several: every document read at each
+    placement in one row, one copy per placement): each copy sees S_0 (or its own copy of S_0 just before it) and
+    itself causally; the tail, after the furthest document end, sees S_0, every copy and itself, ln(scale) added
+    to its scores of every copy's keys. `end`: each placement moved later so that its furthest end is the tail's
+    start (a placement that ends there already stays)."""
+    spreads = [spread] if isinstance(spread, (int, float)) else list(spread)
     lens = [len(s) for s in segments]
     l0 = lens[0]
+    placements = []  # per spread, each document's start
+    for x in spreads:
+        before, starts = 0, []
+        for n in lens[1:]:
+            starts.append(l0 + math.floor(x * before))
+            before += n
+        placements.append(starts)
+    ends = [max([l0, *(a + n for a, n in zip(starts, lens[1:]))]) for starts in placements]
+    top = max(ends)
+    if end:
+        placements = [[a + top - e for a in starts] for starts, e in zip(placements, ends)]
     first = list(segments[0])
     tokens, positions = list(first), list(range(l0))
     spans: list[tuple[int, int, int]] = []  # (where its S_0 sits, document start, document end) in the row
-    before, top = 0, l0
-    for seg in segments[1:]:
-        start = l0 + math.floor(spread * before)
-        prefix = 0
-        if start != l0:
-            prefix = len(tokens)
-            tokens += first
-            positions += range(start - l0, start)
-        spans.append((prefix, len(tokens), len(tokens) + len(seg)))
-        tokens += seg
-        positions += range(start, start + len(seg))
-        top = max(top, start + len(seg))
-        before += len(seg)
+    for starts in placements:
+        for seg, start in zip(segments[1:], starts):
+            prefix = 0
+            if start != l0:
+                prefix = len(tokens)
+                tokens += first
+                positions += range(start - l0, start)
+            spans.append((prefix, len(tokens), len(tokens) + len(seg)))
+            tokens += seg
+            positions += range(start, start + len(seg))
     context = len(tokens)
     tokens += tail
     positions += range(top, top + len(tail))
@@ -200,8 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         eos = set(tok.eos_token_ids)
         for dataset in args.sets.split(","):
             _, items = real.load(dataset, args.limit)
-            for position in POSITIONS:
-                shown = [arrange(item, args.num_docs, position) for item in items]
+            for docs, position in [(d, p) for d in args.num_docs for p in args.positions]:
+                shown = [arrange(item, docs, position) for item in items]
                 prompts = [
                     render_chat(tok, [{"role": "user", "content": it.question}], list(it.documents), DEFAULT_LAYOUT)
                     for it in shown
@@ -213,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                         for answer, mean in greedy(model, rows[lo : lo + BATCH], MAX_TOKENS, eos, device, dtype):
                             texts.append(tok.decode([t for t in answer if t not in eos]).strip())
                             sureness.append(mean)
-                    key = f"{name}|{dataset}|{position}|{mode}"
+                    key = f"{name}|{dataset}|{docs}|{position}|{mode}"
                     results[key] = {
                         "ids": [it.id for it in shown],
                         "accuracy": [Scores.of(t, it.answers).accuracy for t, it in zip(texts, shown)],
@@ -232,14 +249,15 @@ def with_surer(results: dict[str, dict[str, Any]], modes: Sequence[str]) -> dict
     name = "surer:" + ",".join(modes)
     out = dict(results)
     for key in results:
-        model, dataset, position, mode = key.split("|")
-        if mode != modes[0] or not all(f"{model}|{dataset}|{position}|{m}" in results for m in modes):
+        model, dataset, docs, position, mode = key.split("|")
+        cell = f"{model}|{dataset}|{docs}|{position}"
+        if mode != modes[0] or not all(f"{cell}|{m}" in results for m in modes):
             continue
-        runs = [results[f"{model}|{dataset}|{position}|{m}"] for m in modes]
+        runs = [results[f"{cell}|{m}"] for m in modes]
         picked = [
             max(range(len(runs)), key=lambda r: (runs[r]["confidence"][q], -r)) for q in range(len(runs[0]["ids"]))
         ]
-        out[f"{model}|{dataset}|{position}|{name}"] = {
+        out[f"{cell}|{name}"] = {
             "ids": runs[0]["ids"],
             "accuracy": [runs[r]["accuracy"][q] for q, r in enumerate(picked)],
             "outputs": [runs[r]["outputs"][q] for q, r in enumerate(picked)],
@@ -251,31 +269,32 @@ def with_surer(results: dict[str, dict[str, Any]], modes: Sequence[str]) -> dict
 def summary(results: dict[str, dict[str, Any]]) -> str:
     from benchmarks.finetune_prefix_summary import diff
 
-    def scores(model: str, dataset: str, mode: str, positions: Sequence[str]) -> dict[str, float]:
-        per = [results[f"{model}|{dataset}|{p}|{mode}"] for p in positions]
+    def scores(group: str, mode: str, positions: Sequence[str]) -> dict[str, float]:
+        per = [results[f"{group}|{p}|{mode}"] for p in positions]
         return {q: sum(dict(zip(r["ids"], r["accuracy"]))[q] for r in per) / len(per) for q in per[0]["ids"]}
 
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[str, list[str]] = {}  # "model|set|documents": its modes in order
     for key in results:
-        model, dataset, _, mode = key.split("|")
-        modes = groups.setdefault((model, dataset), [])
+        model, dataset, docs, _, mode = key.split("|")
+        modes = groups.setdefault(f"{model}|{dataset}|{docs}", [])
         if mode not in modes:
             modes.append(mode)
     lines = []
-    for (model, dataset), modes in groups.items():
-        n = len(results[f"{model}|{dataset}|first|{modes[0]}"]["ids"])
+    for group, modes in groups.items():
+        model, dataset, docs = group.split("|")
+        n = len(results[f"{group}|first|{modes[0]}"]["ids"])
         lines += [
-            f"### `{model}`, `builtin:{dataset}` ({n} questions)",
+            f"### `{model}`, `builtin:{dataset}`, {docs} documents ({n} questions)",
             "",
             "| mode | first | middle | last | mean | mean − full | first − full | middle − full | last − full |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for mode in modes:
-            cells = [100 * sum(s.values()) / len(s) for p in POSITIONS for s in [scores(model, dataset, mode, [p])]]
+            cells = [100 * sum(s.values()) / len(s) for p in POSITIONS for s in [scores(group, mode, [p])]]
             versus = ["-"] * 4
             if mode != "full" and "full" in modes:
                 versus = [
-                    diff(scores(model, dataset, "full", ps), scores(model, dataset, mode, ps))
+                    diff(scores(group, "full", ps), scores(group, mode, ps))
                     for ps in (POSITIONS, *[[p] for p in POSITIONS])
                 ]
             row = [f"{c:.1f}" for c in cells] + [f"{sum(cells) / 3:.1f}"] + versus
@@ -292,8 +311,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--models", default="smollm2-block,smollm2")
     r.add_argument("--sets", default="real-heldout,real-heldout-readme")
     r.add_argument("--modes", default="full,spread=1,spread=0")
-    r.add_argument("--num-docs", type=int, default=5)
+    r.add_argument("--num-docs", type=lambda v: [int(n) for n in v.split(",")], default=[5], help="N[,M...]")
     r.add_argument("--limit", type=int, default=None)
+    r.add_argument(
+        "--positions", type=lambda v: v.split(","), default=list(POSITIONS), help="gold positions (first,middle,last)"
+    )
     r.add_argument("--device", default=None)
     s = sub.add_parser("summary", help="tables of one or more run outputs")
     s.add_argument("files", type=Path, nargs="+")

@@ -59,10 +59,32 @@ def test_a_document_read_after_its_sequential_start_sees_its_own_copy_of_the_fir
     assert not seen[9, 5:7].any() and seen[9, :5].all() and seen[9, 7:].all()
 
 
+def test_two_placements_read_every_document_twice_the_second_moved_to_end_where_the_first_does():
+    """A hand case of spread=1+0:end: S_0 of 2 tokens, documents of 3 and 2, a tail of 1. In order the documents
+    start at 2 and 5 and end at 7; at spread 0 both start at 2 and end by 5, so `end` moves them 2 later, to 4.
+    Every copy read somewhere other than L_0 has its own copy of S_0 just before it; the tail, at 7, sees S_0 and
+    the four document copies, ln(scale) on each."""
+    tokens, positions, mask = qp.placed_row([[1, 2], [3, 4, 5], [6, 7]], [8], (1.0, 0.0), scale=0.5, end=True)
+    assert tokens == [1, 2, 3, 4, 5, 1, 2, 6, 7, 1, 2, 3, 4, 5, 1, 2, 6, 7, 8]
+    assert positions == [0, 1, 2, 3, 4, 3, 4, 5, 6, 2, 3, 4, 5, 6, 2, 3, 4, 5, 7]
+    seen = mask > torch.finfo(torch.float32).min
+    documents = [2, 3, 4, 7, 8, 11, 12, 13, 16, 17]
+    assert seen[18].tolist() == [i in (0, 1, 18, *documents) for i in range(19)]
+    assert torch.allclose(mask[18, documents], torch.full((10,), math.log(0.5))) and mask[18, :2].eq(0).all()
+    assert seen[13].tolist() == [i in (9, 10, 11, 12, 13) for i in range(19)]  # its copy of S_0 and itself
+    # the first placement alone, without `end`, is the served row
+    want = row([[1, 2], [3, 4, 5], [6, 7]], [8], block=True, ape_prefix=True)
+    assert qp.placed_row([[1, 2], [3, 4, 5], [6, 7]], [8], (1.0,), end=True)[:2] == (want.tokens, want.positions)
+
+
 def test_modes_parse_and_reject():
     assert qp.parse_mode("full") is None
-    assert qp.parse_mode("spread=0.25:scale=0.5") == (0.25, 0.5)
-    for bad in ("spread=2", "scale=0.5", "spread=0:scale=0", "spread=1:temperature=2", "spread", "spread=x"):
+    assert qp.parse_mode("spread=0.25:scale=0.5") == ((0.25,), 0.5, False)
+    assert qp.parse_mode("spread=1+0:scale=0.5:end") == ((1.0, 0.0), 0.5, True)
+    for bad in (
+        "spread=2", "scale=0.5", "spread=0:scale=0", "spread=1:temperature=2", "spread", "spread=x", "spread=1+1",
+        "spread=1+", "spread=1:end=2",
+    ):  # fmt: skip
         with pytest.raises(ValueError):
             qp.parse_mode(bad)
 
@@ -104,9 +126,9 @@ def test_summary_reads_per_question_accuracies():
     """Two questions, hand-made: full answers both at every position, spread=0 one of them first only."""
     results = {}
     for p in qp.POSITIONS:
-        results[f"m|s|{p}|full"] = {"ids": ["a", "b"], "accuracy": [1.0, 1.0], "outputs": ["", ""]}
+        results[f"m|s|5|{p}|full"] = {"ids": ["a", "b"], "accuracy": [1.0, 1.0], "outputs": ["", ""]}
         acc = [1.0, 0.0] if p == "first" else [0.0, 0.0]
-        results[f"m|s|{p}|spread=0"] = {"ids": ["a", "b"], "accuracy": acc, "outputs": ["", ""]}
+        results[f"m|s|5|{p}|spread=0"] = {"ids": ["a", "b"], "accuracy": acc, "outputs": ["", ""]}
     text = qp.summary(results)
     assert "| full | 100.0 | 100.0 | 100.0 | 100.0 | - | - | - | - |" in text
     line = next(x for x in text.splitlines() if x.startswith("| spread=0 |"))
@@ -121,28 +143,29 @@ def test_run_and_summary_end_to_end(tmp_path, capsys):
     out = tmp_path / "positions.json"
     qp.main(["run", str(out), "--models", "tiny", "--sets", "real-heldout", "--modes", "full,spread=0", "--limit", "2"])
     results = json.loads(out.read_text())
-    assert sorted(results) == sorted(f"tiny|real-heldout|{p}|{m}" for p in qp.POSITIONS for m in ("full", "spread=0"))
+    want = [f"tiny|real-heldout|5|{p}|{m}" for p in qp.POSITIONS for m in ("full", "spread=0")]
+    assert sorted(results) == sorted(want)
     for r in results.values():
         assert len(r["ids"]) == len(r["accuracy"]) == len(r["outputs"]) == len(r["confidence"]) == 2
         assert all(c <= 0 for c in r["confidence"])
     capsys.readouterr()
     qp.main(["summary", str(out), "--surer", "full,spread=0"])
     text = capsys.readouterr().out
-    assert "### `tiny`, `builtin:real-heldout` (2 questions)" in text and "| spread=0 |" in text
+    assert "### `tiny`, `builtin:real-heldout`, 5 documents (2 questions)" in text and "| spread=0 |" in text
     assert "| surer:full,spread=0 |" in text
 
 
 def test_surer_keeps_each_questions_most_confident_answer():
     """Hand case: per question the mode with the higher mean log-probability wins, the earlier one on a tie."""
     results = {
-        "m|s|first|a": {"ids": ["x", "y", "z"], "accuracy": [1.0, 0.0, 1.0], "outputs": ["a1", "a2", "a3"],
+        "m|s|5|first|a": {"ids": ["x", "y", "z"], "accuracy": [1.0, 0.0, 1.0], "outputs": ["a1", "a2", "a3"],
                         "confidence": [-0.1, -2.0, -1.0]},
-        "m|s|first|b": {"ids": ["x", "y", "z"], "accuracy": [0.0, 1.0, 0.0], "outputs": ["b1", "b2", "b3"],
+        "m|s|5|first|b": {"ids": ["x", "y", "z"], "accuracy": [0.0, 1.0, 0.0], "outputs": ["b1", "b2", "b3"],
                         "confidence": [-0.5, -0.2, -1.0]},
-        "m|s|middle|a": {"ids": ["x"], "accuracy": [1.0], "outputs": ["a"], "confidence": [-1.0]},
+        "m|s|5|middle|a": {"ids": ["x"], "accuracy": [1.0], "outputs": ["a"], "confidence": [-1.0]},
     }  # fmt: skip
     got = qp.with_surer(results, ["a", "b"])
-    picked = got["m|s|first|surer:a,b"]
+    picked = got["m|s|5|first|surer:a,b"]
     assert picked["outputs"] == ["a1", "b2", "a3"] and picked["accuracy"] == [1.0, 1.0, 1.0]
-    assert "m|s|middle|surer:a,b" not in got  # b did not answer there
+    assert "m|s|5|middle|surer:a,b" not in got  # b did not answer there
     assert all(got[k] == v for k, v in results.items())
