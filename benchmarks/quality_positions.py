@@ -6,7 +6,9 @@ Served, document i is then read at its sequential start s_i = L_0 + (L_1 + … +
 at L_0 + floor(spread · (L_1 + … + L_{i−1})) instead, and the final segment starts after the furthest document end:
 spread 1 is what lazy mode serves, spread 0 puts every document at L_0 (APE's parallel layout, the final segment at
 L_0 + max L_i), values between overlap the documents. `scale=S` adds ln S to the final rows' scores of document
-keys (APE's scale).
+keys (APE's scale). Several spreads (`spread=1+0`) read every document once per placement in the same row, one
+copy each, the final segment after the furthest end of any; `:end` moves each placement later until its furthest
+end is the final segment's start (`spread=1+0:end`: every document also read as if it came last).
 
 It runs on transformers (the engine's rows have contiguous positions by construction), with the training rows'
 construction (lazyattn/finetune/masks.py): a document read somewhere other than L_0 gets its own copy of S_0 just
@@ -14,7 +16,8 @@ before it, so that it is encoded exactly as lazy mode encodes it; spread 1 is `m
 Greedy answers, up to 32 tokens, the eval's containment accuracy, the eval's default chat layout:
 
     python -m benchmarks.quality_positions run OUT.json --models smollm2-block,smollm2 \
-        --sets real-heldout,real-heldout-readme --modes full,spread=1,spread=0,spread=0:scale=0.5 --num-docs 5
+        --sets real-heldout,real-heldout-readme --modes full,spread=1,spread=0,spread=0:scale=0.5 --num-docs 5 \
+        [--positions first,middle,last]
     python -m benchmarks.quality_positions summary OUT.json [MORE.json ...]
 
 `summary` prints, per model and set, each mode's accuracy per gold position and on the mean, and its difference from
