@@ -102,7 +102,8 @@ class StepPlan:
         """Pages the forward pass writes: the rows of each work, and block mode's copies."""
         pages = {p for c in self.copies for p in c.dst}
         for w in self.works:
-            pages.update(w.run.pages[w.lo // page_size : -(-w.hi // page_size)])
+            f = w.run.first_slot
+            pages.update(w.run.pages[(f + w.lo) // page_size : -(-(f + w.hi) // page_size)])
         return pages
 
 

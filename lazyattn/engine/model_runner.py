@@ -124,9 +124,9 @@ class ModelRunner:
             run = w.run
             tokens += run.tokens[w.lo : w.hi]
             positions += range(run.start_pos + run.rope_shift + w.lo, run.start_pos + run.rope_shift + w.hi)
-            slots += [run.pages[i // ps] * ps + i % ps for i in range(w.lo, w.hi)]
-            n_own = cdiv(w.hi, ps)
-            entries.append(w.context.then(run.pages[:n_own], page_fill(w.hi, ps)))
+            f = run.first_slot
+            slots += [run.pages[i // ps] * ps + i % ps for i in range(f + w.lo, f + w.hi)]
+            entries.append(w.context.then(run.pages[: cdiv(f + w.hi, ps)], page_fill(w.hi, ps, f), f))
             q_lens.append(w.hi - w.lo)
             q_starts.append(run.start_pos + w.lo)
             if w.samples:

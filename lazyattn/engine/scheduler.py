@@ -439,13 +439,15 @@ class Scheduler:
         every row's K/V before any row attends). Returns the budget left and whether every recomputed row is now
         computed or in this batch, so that the sequence's own chunk may follow them in the same step."""
         missing = [r for r in seq.mode_state.runs if not r.pages]
-        pages = self._allocate(seq, sum(cdiv(len(r.tokens), self.page_size) for r in missing), scheduled)
+        pages = self._allocate(seq, cdiv(sum(len(r.tokens) for r in missing), self.page_size), scheduled)
         if pages is None:
             self._starved = True
             return budget, False
+        slot = 0  # packed: each run's rows right after the previous run's, in shared pages
         for r in missing:
-            n = cdiv(len(r.tokens), self.page_size)
-            r.pages, pages = pages[:n], pages[n:]
+            r.first_slot = slot % self.page_size
+            r.pages = pages[slot // self.page_size : cdiv(slot + len(r.tokens), self.page_size)]
+            slot += len(r.tokens)
         whole = True
         for r in seq.mode_state.runs:
             if not r.pending:

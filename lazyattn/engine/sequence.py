@@ -28,7 +28,8 @@ class Run:
 
     A sequence's run is its final segment (lazy, block), or everything past the cached prefix blocks it
     did not compute (prefix, full); a segment job's run is one document. `pages[:owned]` belong to cache
-    segments this run fills (prefix mode); the rest are private to the sequence.
+    segments this run fills (prefix mode); the rest are private to the sequence. Row i sits in slot
+    `first_slot + i` of the pages (0 but for relinked rows, packed one run after another into shared pages).
     """
 
     tokens: list[int]
@@ -37,6 +38,7 @@ class Run:
     rope_shift: int = 0
     num_computed: int = 0  # tokens whose K/V is in the cache
     owned: int = 0
+    first_slot: int = 0
     # Tokens known at admission (prompt, documents, output recomputed after a preemption): rows past it are
     # decode rows, one per sampled token.
     prefill_len: int = -1

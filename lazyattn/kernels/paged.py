@@ -51,10 +51,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def page_fill(n_tokens: int, page_size: int) -> list[int]:
-    """Valid tokens per page of a segment of `n_tokens` that owns whole pages (the last may be partial)."""
-    full, rest = divmod(n_tokens, page_size)
-    return [page_size] * full + ([rest] if rest else [])
+def page_fill(n_tokens: int, page_size: int, first: int = 0) -> list[int]:
+    """Valid tokens per page of `n_tokens` written from slot `first` of their first page on (a segment that owns
+    whole pages: 0; the last page may be partial)."""
+    if not first:
+        full, rest = divmod(n_tokens, page_size)
+        return [page_size] * full + ([rest] if rest else [])
+    head = min(page_size - first, n_tokens)
+    return [head, *page_fill(n_tokens - head, page_size)]
 
 
 @dataclass
@@ -74,10 +78,15 @@ class EntryPages:
     base = None
     derived = None
 
-    def then(self, pages: Sequence[int], valid: Sequence[int]) -> EntryPages:
-        """These pages followed by `pages` holding `valid` keys each from slot 0, at delta 0 (a run's own)."""
+    def then(self, pages: Sequence[int], valid: Sequence[int], first: int = 0) -> EntryPages:
+        """These pages followed by `pages` holding `valid` keys each from slot 0 (the first of them from slot
+        `first`: a run packed after another one's rows), at delta 0 (a run's own)."""
         n = len(pages)
-        firsts = None if self.firsts is None else [*self.firsts, *[0] * n]
+        firsts = self.firsts
+        if first and firsts is None:
+            firsts = [0] * len(self.pages)
+        if firsts is not None:
+            firsts = [*firsts, *([first] if n else []), *[0] * (n - 1)]
         inv_temps = None if self.inv_temps is None else [*self.inv_temps, *[1.0] * n]
         log_scales = None if self.log_scales is None else [*self.log_scales, *[0.0] * n]
         entry = EntryPages(

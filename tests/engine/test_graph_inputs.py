@@ -51,6 +51,19 @@ def test_fill_tables_from_kept_contexts_as_own_pages_grow():
     assert "tables" in contexts[0].derived and contexts[2].derived is None  # converted once; an empty one never
 
 
+def test_own_pages_from_a_first_slot():
+    """A run packed after another run's rows (relinked rows, docs/design.md "Relink"): its pages hold its rows from
+    slot `first` of the first one, by hand."""
+    assert page_fill(20, PAGE, 5) == [11, 9] and page_fill(3, PAGE, 6) == [3] and page_fill(11, PAGE, 5) == [11]
+    assert page_fill(20, PAGE, 0) == page_fill(20, PAGE) == [16, 4]
+    context = EntryPages([3], [7], [16])
+    entry = context.then([20, 21], [11, 9], 5)
+    assert (entry.pages, entry.deltas, entry.valid, entry.firsts) == ([3, 20, 21], [7, 0, 0], [16, 11, 9], [0, 5, 0])
+    assert entry.base is context and context.then([20], [4]).firsts is None  # no offset: no firsts
+    relinked = EntryPages([3, 1], [0, 7], [16, 5], [0, 2]).then([22, 23], [16, 1])
+    assert relinked.firsts == [0, 2, 0, 0]
+
+
 def assert_same_batch(got: PagedBatch, want: PagedBatch) -> None:
     for name in ("cu_seqlens_q", "q_start", "num_pages", "pages", "deltas", "valid", "starts"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
@@ -102,6 +115,7 @@ def test_paged_batch_is_what_build_makes():
     cases = [
         [EntryPages([9], [0], [12]), context.then([20, 21], page_fill(17, PAGE)), EntryPages([], [], [])],
         [context.then([20], [1]), EntryPages([3, 1, 4], [0, 7, 7], [16, 16, 5], [0, 2, 0]).then([22], [3])],
+        [context.then([20, 21], page_fill(20, PAGE, 5), 5), EntryPages([9], [0], [12]).then([22], [3], 13)],
         [
             EntryPages([5, 6], [0, 9], [16, 4], inv_temps=[1.0, 0.5], log_scales=[0.0, 0.3]).then([30], [2]),
             EntryPages([5], [0], [16]),

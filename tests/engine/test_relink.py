@@ -248,6 +248,24 @@ def test_private_pages_are_freed_after_finish_and_abort(checkpoint):
     assert engine.pool.num_used == engine.cache.stats().pages_in_use
 
 
+def test_recomputed_rows_are_packed_into_shared_private_pages(checkpoint):
+    """The last 3 rows of the three documents after the first (9 rows) take one private page, not one each: the
+    pool holds the cached documents, the final segment's page and that one page, and the three runs sit one after
+    another in it."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    engine = llm.engine
+    rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"], DOCS["f"]], token_bos(llm))
+    engine.add_request("packed", rendered, greedy(), options=RequestOptions(relink_last_tokens=3))
+    engine.step()
+    seq = engine.requests["packed"].seqs[0]
+    runs = seq.mode_state.runs
+    assert [len(r.tokens) for r in runs] == [3, 3, 3] and [r.first_slot for r in runs] == [0, 3, 6]
+    assert len({p for r in runs for p in r.pages}) == 1 and seq.mode_state.private_pages() == [runs[0].pages]
+    assert engine.pool.num_used == engine.cache.stats().pages_in_use + len(seq.run.pages) + 1
+    engine.abort("packed")
+    assert engine.pool.num_used == engine.cache.stats().pages_in_use
+
+
 @pytest.mark.parametrize(("k", "last"), [(0, 0), (3, 0), (0, 4), (3, 20)])
 def test_recomputed_rows_and_the_first_token_share_one_step(checkpoint, k, last):
     """With the documents cached and budget to spare, the recomputed rows of every document and the final segment
@@ -265,21 +283,19 @@ def test_recomputed_rows_and_the_first_token_share_one_step(checkpoint, k, last)
 
 
 def test_page_count_includes_the_private_rows(checkpoint):
-    """pages_needed counts one private page run per relinked document and sample: validation refuses a request
-    that fits without relink but not with it, and max_new_tokens shrinks by exactly those pages."""
+    """pages_needed counts a sample's recomputed rows of every document packed into shared private pages
+    (cdiv of their sum), per sample: validation refuses a request that fits without relink but not with it, and
+    max_new_tokens shrinks by exactly those pages."""
     llm = make_llm(checkpoint, "llama", "lazy")
     engine = llm.engine
     docs = [DOCS[d] for d in "adefg"]
     rendered = from_token_ids([40], docs, token_bos(llm))
     lens = [len(s) for s in rendered.segments]
     plain = engine.mode.pages_needed(lens, 1 + 5, 2, 16)
-    assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, (20, 0)) - plain == 2 * sum(
-        -(-min(20, n) // 16) for n in lens[1:]
-    )
-    last = [min(30, n - min(20, n)) for n in lens[1:]]  # what is left after the first 20, up to 30
-    assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, (20, 30)) - plain == 2 * sum(
-        -(-min(20, n) // 16) - (-m // 16) for n, m in zip(lens[1:], last)
-    )
+    assert lens[1:] == [45, 30, 40, 40]  # so 20 first rows each: 80 rows, 5 pages of 16 a sample
+    assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, (20, 0)) - plain == 2 * 5
+    # and up to 30 last rows of what is left: 25 + 10 + 20 + 20 = 75 more, 155 rows, 10 pages a sample
+    assert engine.mode.pages_needed(lens, 1 + 5, 2, 16, (20, 30)) - plain == 2 * 10
     page_bytes = llm.stats().page_bytes
     tight = make_llm(checkpoint, "llama", "lazy", kv_cache_gb=plain * page_bytes / 2**30)
     params = SamplingParams(max_tokens=5, n=2, temperature=0.5, seed=0)

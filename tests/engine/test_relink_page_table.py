@@ -1,9 +1,9 @@
 """A relinked sequence's page tables (engine/modes/documents.py, `LazyMode.context`), for any segment lengths, page
 size and relinked first and last rows: expanded key by key, the table lists every row of every segment exactly once,
 in logical order, each from where docs/design.md ("Relink") says it is read (the recomputed first rows and last rows
-from the sequence's private pages at delta 0, the rest from the shared copy at the part's delta), and a recomputed
-run's context is that table cut just before its own rows. The expectation is built from the semantics, row by row,
-not from the table's code."""
+from the sequence's private pages at delta 0, packed one run after another, the rest from the shared copy at the
+part's delta), and a recomputed run's context is that table cut just before its own rows. The expectation is built
+from the semantics, row by row, not from the table's code."""
 
 from __future__ import annotations
 
@@ -63,10 +63,18 @@ def test_every_row_is_listed_once_in_order_from_where_it_is_read(lens, page_size
     acquired: list[Part] = []
     seq.run = mode.admit(Source(page_size, rotated_at), seq, acquired, state)
     seq.parts = acquired
-    next_page = 1
-    for run in state.runs:  # private pages, ids below the shared ones
-        run.pages = list(range(next_page, next_page + cdiv(len(run.tokens), page_size)))
-        next_page += len(run.pages)
+    # The runs packed one after another into private pages 1, 2, ... (ids below the shared ones), as the scheduler
+    # packs them: a run's row r sits in private slot `at[id(run)] + r`, page (that // page_size) + 1.
+    at: dict[int, int] = {}
+    slot = 0
+    for run in state.runs:
+        at[id(run)] = slot
+        run.first_slot = slot % page_size
+        run.pages = list(range(slot // page_size + 1, cdiv(slot + len(run.tokens), page_size) + 1))
+        slot += len(run.tokens)
+
+    def private(run, r):
+        return (at[id(run)] + r) // page_size + 1, (at[id(run)] + r) % page_size, 0
 
     # Where each row of each segment must come from, by the semantics alone: (page, slot, delta).
     rows = relink_rows(lens, first, last)
@@ -79,16 +87,17 @@ def test_every_row_is_listed_once_in_order_from_where_it_is_read(lens, page_size
         if head is not None:
             assert head.tokens == segments[i][:k] and head.start_pos == part.start
             starts[id(head)] = len(want)
-            want += [(head.pages[r // page_size], r % page_size, 0) for r in range(k)]
+            want += [private(head, r) for r in range(k)]
         delta = part.start - part.rotated_at
         want += [(part.segment.pages[r // page_size], r % page_size, delta) for r in range(k, lens[i] - m)]
         if tail is not None:
             assert tail.tokens == segments[i][lens[i] - m :] and tail.start_pos == part.start + lens[i] - m
             starts[id(tail)] = len(want)
-            want += [(tail.pages[r // page_size], r % page_size, 0) for r in range(m)]
+            want += [private(tail, r) for r in range(m)]
     assert len(want) == sum(lens)
     assert expand(mode.context(seq, page_size), page_size) == want
     for run in state.runs:
         assert expand(mode.context(seq, page_size, before=run), page_size) == want[: starts[id(run)]]
-    assert [len(p) for p in state.private_pages()] == [cdiv(len(r.tokens), page_size) for r in state.runs]
-    assert sum(cdiv(k, page_size) + cdiv(m, page_size) for k, m in rows) == sum(map(len, state.private_pages()))
+    # every private page once, as many as the packed rows need
+    assert state.private_pages() == ([list(range(1, cdiv(slot, page_size) + 1))] if state.runs else [])
+    assert cdiv(sum(k + m for k, m in rows), page_size) == sum(map(len, state.private_pages()))

@@ -31,8 +31,7 @@ class _DocumentMode(Mode):
         self, segment_lens: list[int], run_tokens: int, n: int, page_size: int, relink: tuple[int, int] = (0, 0)
     ) -> int:
         documents = sum(cdiv(length, page_size) for length in segment_lens)  # shared by the n samples
-        rows = relink_rows(segment_lens, *relink)
-        relinks = sum(cdiv(first, page_size) + cdiv(last, page_size) for first, last in rows)
+        relinks = cdiv(sum(first + last for first, last in relink_rows(segment_lens, *relink)), page_size)  # packed
         return documents + n * (self._private_copies(segment_lens, page_size) + relinks + cdiv(run_tokens, page_size))
 
     def _private_copies(self, segment_lens: list[int], page_size: int) -> int:
@@ -109,7 +108,8 @@ class LazyState(ModeState):
         return self.ordered
 
     def private_pages(self) -> list[list[int]]:
-        return [r.pages for r in self.ordered]
+        # the runs are packed one after another into shared pages (Scheduler._schedule_relinks): each page once
+        return [list(dict.fromkeys(p for r in self.ordered for p in r.pages))] if self.ordered else []
 
 
 @dataclass
@@ -176,7 +176,7 @@ class LazyMode(_DocumentMode):
             if head is not None:  # recomputed rows sit at their logical positions: delta 0
                 if head is before:
                     break
-                entry = entry.then(head.pages, page_fill(len(head.tokens), page_size))
+                entry = entry.then(head.pages, page_fill(len(head.tokens), page_size, head.first_slot), head.first_slot)
             lo = len(head.tokens) if head is not None else 0
             hi = p.length - (len(tail.tokens) if tail is not None else 0)
             for m, (page, fill) in enumerate(zip(p.segment.pages, page_fill(p.length, page_size))):
@@ -190,7 +190,7 @@ class LazyMode(_DocumentMode):
             if tail is not None:
                 if tail is before:
                     break
-                entry = entry.then(tail.pages, page_fill(len(tail.tokens), page_size))
+                entry = entry.then(tail.pages, page_fill(len(tail.tokens), page_size, tail.first_slot), tail.first_slot)
             segment_pages.append(len(entry.pages) - before_segment)
         return entry, segment_pages
 
