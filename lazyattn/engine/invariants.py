@@ -8,6 +8,8 @@ segment's refcount is exactly the number of its holders.
   fills for the cache, its mode's copies and relinked rows) and the pages a KV budget withholds;
 - holders of a segment: each live sequence that lists it as a part or fills it, and each fill from a lower tier
   still in flight;
+- a sequence's recomputed runs (relink), once placed: each holds the pages its rows need from its first slot on,
+  and no two rows share a slot (they are packed one after another into shared pages);
 - live sequences: the running ones and those that ended while a step in flight may still read their pages
   (`Scheduler.ended`, engine/step_pipeline.py); a waiting sequence (queued, or preempted) holds nothing;
 - an encode job's segment is live and pending, unless the job is dead (nobody holds its segment, or it failed):
@@ -23,6 +25,7 @@ from lazyattn.cache.document_cache import DocumentCache
 from lazyattn.engine.scheduler import Scheduler
 from lazyattn.engine.sequence import Sequence, Status
 from lazyattn.errors import CacheInvariantError
+from lazyattn.kernels.paged import cdiv
 
 
 def check_engine(cache: DocumentCache, scheduler: Scheduler, ended: Iterable[Sequence]) -> None:
@@ -52,6 +55,9 @@ def check_engine(cache: DocumentCache, scheduler: Scheduler, ended: Iterable[Seq
     if holders:
         raise CacheInvariantError(f"{len(holders)} segment(s) held by sequences or fills are not the cache's")
 
+    for seq in live:
+        check_runs(seq, scheduler.page_size)
+
     pages = [page for segment in segments for page in segment.pages]
     for seq in live:
         run = seq.run
@@ -78,3 +84,23 @@ def check_engine(cache: DocumentCache, scheduler: Scheduler, ended: Iterable[Seq
             continue  # dead: nobody waits for it, dropped before the next schedule (Admission.drop_dead_jobs)
         if segment.ready or id(segment) not in held or segment.key != key:
             raise CacheInvariantError(f"encode job {key[:16]} is for a segment that is not live and pending")
+
+
+def check_runs(seq: Sequence, page_size: int) -> None:
+    """Raise CacheInvariantError if the sequence's placed recomputed runs (module docstring) lack a page their rows
+    need or share a slot."""
+    taken: set[tuple[int, int]] = set()
+    for run in seq.mode_state.runs:
+        if not run.pages:
+            continue  # not placed yet: its pages are allocated with its first chunk
+        f = run.first_slot
+        if not 0 <= f < page_size or len(run.pages) != cdiv(f + len(run.tokens), page_size):
+            raise CacheInvariantError(
+                f"sequence {seq.seq_id}: a run of {len(run.tokens)} rows from slot {f} holds {len(run.pages)} pages"
+            )
+        slots = {(run.pages[(f + i) // page_size], (f + i) % page_size) for i in range(len(run.tokens))}
+        if slots & taken:
+            raise CacheInvariantError(
+                f"sequence {seq.seq_id}: two recomputed runs share slots {sorted(slots & taken)[:4]}"
+            )
+        taken |= slots

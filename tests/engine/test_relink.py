@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from lazyattn import LLM, RequestOptions, SamplingParams
+from lazyattn.engine.invariants import check_runs
 from lazyattn.engine.prompt import from_token_ids
-from lazyattn.errors import ContextTooLongError, InvalidRequestError
+from lazyattn.errors import CacheInvariantError, ContextTooLongError, InvalidRequestError
 from lazyattn.finetune.masks import row
 from tests.engine.test_engine import DOCS, GEN, REQUESTS, generate, greedy, make_llm, token_bos
 from tests.model.checkpoints import hf_logits
@@ -264,6 +265,31 @@ def test_recomputed_rows_are_packed_into_shared_private_pages(checkpoint):
     assert engine.pool.num_used == engine.cache.stats().pages_in_use + len(seq.run.pages) + 1
     engine.abort("packed")
     assert engine.pool.num_used == engine.cache.stats().pages_in_use
+
+
+def test_the_invariant_check_finds_runs_that_share_slots_or_lack_a_page(checkpoint):
+    """engine/invariants.py's check of placed recomputed runs: the scheduler's packing passes it; a run moved onto
+    its neighbour's slots, or a page short, is named."""
+    llm = make_llm(checkpoint, "llama", "lazy")
+    engine = llm.engine
+    rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"], DOCS["f"]], token_bos(llm))
+    engine.add_request("packed", rendered, greedy(), options=RequestOptions(relink_last_tokens=3))
+    engine.step()
+    seq = engine.requests["packed"].seqs[0]
+    check_runs(seq, 16)
+    second = seq.mode_state.runs[1]
+    second.first_slot = 1  # rows 1..3: the first run's slots 1 and 2
+    with pytest.raises(CacheInvariantError, match="share slots"):
+        check_runs(seq, 16)
+    second.first_slot, pages = 3, second.pages
+    second.pages = []  # not placed: not checked
+    check_runs(seq, 16)
+    second.first_slot = 15  # rows 15..17 need a second page
+    second.pages = pages
+    with pytest.raises(CacheInvariantError, match="holds 1 pages"):
+        check_runs(seq, 16)
+    second.first_slot = 3
+    engine.abort("packed")
 
 
 @pytest.mark.parametrize(("k", "last"), [(0, 0), (3, 0), (0, 4), (3, 20)])
