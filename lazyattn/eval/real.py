@@ -5,14 +5,16 @@
 NumPy's function docstrings (BSD-3-Clause); `builtin:real-heldout-readme`: another genre, the README prose of
 eleven MIT / BSD-3-Clause Python packages as their installed metadata ships it; `builtin:real-heldout-man`: a
 third genre, Unix manual pages of permissively licensed tools (OpenSSH, curl, less, xz, zstd, sqlite3, tmux, file,
-bzip2) as groff renders them. The held-out sets are used only for final reporting, never for tuning.
+bzip2) as groff renders them; `builtin:real-heldout-cmake`: a fourth genre, CMake 3.25's manuals and release notes
+(BSD-3-Clause) as reStructuredText rendered to plain text (cmake_text). The held-out sets are used only for final
+reporting, never for tuning.
 
 Each question has a short answer (a keyword, a name, a number) that its gold passage states; the distractors
 are other passages of the same source that do not contain any of the answers (case-insensitive, also after
 the scorer's normalisation). The passages and questions are frozen into `data/<name>.jsonl.gz` so the sets do
 not change with the Python or NumPy version installed; `python -m lazyattn.eval.real` rebuilds those files
 from the question lists in `real_questions.py` / `real_heldout_questions.py` / `real_readme_questions.py` /
-`real_man_questions.py` and the installed sources.
+`real_man_questions.py` / `real_cmake_questions.py` and the installed sources.
 
 Token counts are estimated as UTF-8 bytes / 4 (English prose and code run about 4 bytes per token under the
 SmolLM2 / Llama BPE tokenizers); every passage is kept within 100..1,000 estimated tokens.
@@ -37,7 +39,7 @@ from lazyattn.eval.metrics import normalize_answer
 from lazyattn.qa.dataset import DatasetError, QAItem
 
 DATA_DIR = Path(__file__).parent / "data"
-SETS = ("real", "real-heldout", "real-heldout-readme", "real-heldout-man")
+SETS = ("real", "real-heldout", "real-heldout-readme", "real-heldout-man", "real-heldout-cmake")
 MIN_TOKENS, MAX_TOKENS = 100, 1000
 # Passages are cut near this many estimated tokens: 20 documents plus the prompt stay inside an 8k context.
 TARGET_TOKENS = 300
@@ -69,6 +71,12 @@ SOURCES = {
         "license": "BSD-style, ISC, curl, BSD-3-Clause or public domain, each tool's own "
         "(lazyattn/eval/data/README.md)",
         "copyright": "each tool's copyright holders (lazyattn/eval/data/README.md)",
+    },
+    "real-heldout-cmake": {
+        "source": "CMake 3.25's manuals and release notes, as Debian's cmake-data package installs them "
+        "(/usr/share/cmake-3.25/Help: CMAKE_MANUALS, CMAKE_RELEASES), rendered to plain text by cmake_text",
+        "license": "BSD-3-Clause (CMake's licence, /usr/share/doc/cmake-data/copyright)",
+        "copyright": "Copyright 2000-2022 Kitware, Inc., Insight Software Consortium",
     },
 }
 
@@ -591,6 +599,10 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
         from lazyattn.eval.real_man_questions import QUESTIONS
 
         passages, seed = man_passages(), 7
+    elif name == "real-heldout-cmake":
+        from lazyattn.eval.real_cmake_questions import QUESTIONS
+
+        passages, seed = cmake_passages(), 11
     else:
         raise DatasetError(f"unknown real set {name!r}; choose from {', '.join(SETS)}")
     questions = build_questions(passages, QUESTIONS, seed, name)
@@ -609,6 +621,9 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
     elif name == "real-heldout-man":
         header["packages"] = man_versions()
         header["rendering"] = " ".join(GROFF) + " (-man or -mdoc, -t where the page asks for tbl), LC_ALL=C"
+    elif name == "real-heldout-cmake":
+        header["packages"] = cmake_versions()
+        header["rendering"] = "real.cmake_text (reStructuredText to plain text)"
     return header, passages, questions
 
 
