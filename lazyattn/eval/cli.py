@@ -80,8 +80,9 @@ def add_eval_parser(
         default=None,
         help="'builtin' or 'builtin:SIZE' (synthetic: small 60, medium 300, large 1500 questions; "
         "real: Python reference passages with hand-written questions; real-heldout: NumPy docstrings, "
-        "real-heldout-readme: package READMEs and real-heldout-man: Unix manual pages, all three for final "
-        "reporting only; icl: few-shot topic "
+        "real-heldout-readme: package READMEs, real-heldout-man: Unix manual pages and real-heldout-cmake: CMake's "
+        "manuals and release notes, all four for final reporting only (real-heldout-cmake was built after every "
+        "setting was chosen and no model has been run on it); icl: few-shot topic "
         "classification, demonstrations as documents in a shuffled order per question; icl-language: the same "
         "for language identification; icl-language-more: five other languages), or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",

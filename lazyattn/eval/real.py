@@ -5,14 +5,16 @@
 NumPy's function docstrings (BSD-3-Clause); `builtin:real-heldout-readme`: another genre, the README prose of
 eleven MIT / BSD-3-Clause Python packages as their installed metadata ships it; `builtin:real-heldout-man`: a
 third genre, Unix manual pages of permissively licensed tools (OpenSSH, curl, less, xz, zstd, sqlite3, tmux, file,
-bzip2) as groff renders them. The held-out sets are used only for final reporting, never for tuning.
+bzip2) as groff renders them; `builtin:real-heldout-cmake`: a fourth genre, CMake 3.25's manuals and release notes
+(BSD-3-Clause) as reStructuredText rendered to plain text (cmake_text). The held-out sets are used only for final
+reporting, never for tuning.
 
 Each question has a short answer (a keyword, a name, a number) that its gold passage states; the distractors
 are other passages of the same source that do not contain any of the answers (case-insensitive, also after
 the scorer's normalisation). The passages and questions are frozen into `data/<name>.jsonl.gz` so the sets do
 not change with the Python or NumPy version installed; `python -m lazyattn.eval.real` rebuilds those files
 from the question lists in `real_questions.py` / `real_heldout_questions.py` / `real_readme_questions.py` /
-`real_man_questions.py` and the installed sources.
+`real_man_questions.py` / `real_cmake_questions.py` and the installed sources.
 
 Token counts are estimated as UTF-8 bytes / 4 (English prose and code run about 4 bytes per token under the
 SmolLM2 / Llama BPE tokenizers); every passage is kept within 100..1,000 estimated tokens.
@@ -37,7 +39,7 @@ from lazyattn.eval.metrics import normalize_answer
 from lazyattn.qa.dataset import DatasetError, QAItem
 
 DATA_DIR = Path(__file__).parent / "data"
-SETS = ("real", "real-heldout", "real-heldout-readme", "real-heldout-man")
+SETS = ("real", "real-heldout", "real-heldout-readme", "real-heldout-man", "real-heldout-cmake")
 MIN_TOKENS, MAX_TOKENS = 100, 1000
 # Passages are cut near this many estimated tokens: 20 documents plus the prompt stay inside an 8k context.
 TARGET_TOKENS = 300
@@ -69,6 +71,12 @@ SOURCES = {
         "license": "BSD-style, ISC, curl, BSD-3-Clause or public domain, each tool's own "
         "(lazyattn/eval/data/README.md)",
         "copyright": "each tool's copyright holders (lazyattn/eval/data/README.md)",
+    },
+    "real-heldout-cmake": {
+        "source": "CMake 3.25's manuals and release notes, as Debian's cmake-data package installs them "
+        "(/usr/share/cmake-3.25/Help: CMAKE_MANUALS, CMAKE_RELEASES), rendered to plain text by cmake_text",
+        "license": "BSD-3-Clause (CMake's licence, /usr/share/doc/cmake-data/copyright)",
+        "copyright": "Copyright 2000-2022 Kitware, Inc., Insight Software Consortium",
     },
 }
 
@@ -303,6 +311,185 @@ def man_versions() -> dict[str, str]:
     }
 
 
+# CMake's documentation that makes `real-heldout-cmake`: its manuals and release notes as Debian's cmake-data package
+# installs them (reStructuredText, BSD-3-Clause). The manuals that are mostly lists of names (the command, variable,
+# property, module, policy, environment variable and CPack generator indexes), the cmake-server(7) stub and the
+# ccmake(1) / cmake-gui(1) pages (their options come from included files, leaving no passage of prose) are not used.
+CMAKE_HELP = Path("/usr/share/cmake-3.25/Help")
+CMAKE_MANUALS = (
+    "cmake.1",
+    "ctest.1",
+    "cpack.1",
+    "cmake-buildsystem.7",
+    "cmake-compile-features.7",
+    "cmake-developer.7",
+    "cmake-file-api.7",
+    "cmake-generator-expressions.7",
+    "cmake-generators.7",
+    "cmake-language.7",
+    "cmake-packages.7",
+    "cmake-presets.7",
+    "cmake-qt.7",
+    "cmake-toolchains.7",
+)
+CMAKE_RELEASES = tuple(f"3.{minor}" for minor in range(26))
+# Directives whose argument is a signature (an option, a generator expression, an environment variable): the
+# argument is kept as a line of text, then the directive's content.
+_RST_SIGNATURES = ("option", "genex", "envvar")
+# Directives shown with a heading of their own (Sphinx's words), then their content.
+_RST_NOTES = {
+    "versionadded": "New in version {}.",
+    "versionchanged": "Changed in version {}.",
+    "deprecated": "Deprecated since version {}.",
+    "note": "Note:",
+    "warning": "Warning:",
+}
+# Directives whose content is literal text, kept as it is (a parsed literal's inline markup becomes its visible text).
+_RST_LITERAL = ("code-block", "parsed-literal", "productionlist")
+# Any other directive (toctree, include, contents, only, raw, literalinclude, program, ...) is dropped with its content.
+_RST_DIRECTIVE = re.compile(r"^(\s*)\.\. ([\w-]+)::\s*(.*)$")
+_RST_INLINE = re.compile(
+    r"``((?:(?!\n\s*\n).)+?)``"  # inline literal
+    r"|:[\w:+-]+:`((?:(?!\n\s*\n)[^`])+)`"  # role
+    r"|`((?:(?!\n\s*\n)[^`])+)`_{0,2}"  # hyperlink reference or default role
+    r"|(?<![\w*])\*\*(\S(?:(?:(?!\n\s*\n).)*?\S)?)\*\*(?![\w*])"  # strong
+    r"|(?<![\w*])\*([^\s*](?:(?:(?!\n\s*\n)[^*])*?[^\s*])?)\*(?![\w*])",  # emphasis
+    re.DOTALL,
+)
+
+
+def _rst_inline(text: str) -> str:
+    """Inline markup to its visible text: ``literal`` -> literal, :role:`text <target>` -> text, :role:`name` ->
+    name, `text <url>`_ -> text, **strong** and *emphasis* -> their words."""
+
+    def visible(m: re.Match[str]) -> str:
+        literal, role, ref, strong, emphasis = m.groups()
+        if literal is not None:
+            return literal
+        content = role if role is not None else ref
+        if content is not None:
+            target = re.match(r"(.*?\S)\s*<[^<>]*(?:<[^<>]*>[^<>]*)*>$", content, re.DOTALL)
+            return (target.group(1) if target else content).lstrip("!~")
+        return strong if strong is not None else emphasis
+
+    return _RST_INLINE.sub(visible, text)
+
+
+def cmake_text(rst: str) -> str:
+    """The plain text of a CMake help page (reStructuredText), line by line:
+
+    - comments, link targets and the directives not named below are dropped with their indented content;
+    - a directive's option lines (":maxdepth: 1") are dropped; `.. option::`, `.. genex::` and `.. envvar::` keep their
+      argument as a line; `.. versionadded:: 3.13` becomes "New in version 3.13." (Sphinx's words; likewise
+      versionchanged, deprecated, note, warning); `.. code-block::`, `.. parsed-literal::` and `.. productionlist::`
+      keep their content as it is (a parsed literal's inline markup is converted);
+    - section underlines and overlines, transitions and simple-table borders (column-0 lines of one repeated
+      punctuation character) are dropped, the heading text kept;
+    - a paragraph's closing "::" becomes ":" (" ::" and a lone "::" go), and its indented literal block is kept as it
+      is;
+    - outside literal text, inline markup becomes its visible text (`_rst_inline`).
+
+    Indentation is kept; trailing spaces go."""
+    lines = rst.expandtabs(8).split("\n")
+    out: list[tuple[str, bool]] = []  # (line, literal)
+
+    def indent(line: str) -> int:
+        return len(line) - len(line.lstrip(" "))
+
+    def block_end(start: int, level: int) -> int:
+        """The first line after `start` that is not blank and not indented past `level`."""
+        j = start
+        while j < len(lines) and (not lines[j].strip() or indent(lines[j]) > level):
+            j += 1
+        return j
+
+    i = 0
+    literal_level: int | None = None  # inside a literal block: the indentation of its introducing paragraph
+    while i < len(lines):
+        line = lines[i].rstrip()
+        if literal_level is not None:
+            if not line or indent(line) > literal_level:
+                out.append((line, True))
+                i += 1
+                continue
+            literal_level = None
+        d = _RST_DIRECTIVE.match(line)
+        if d:
+            level, name, argument = len(d.group(1)), d.group(2), d.group(3).strip()
+            end = block_end(i + 1, level)
+            j = i + 1
+            while j < end and lines[j].strip() and re.match(r"\s+:[\w-]+:", lines[j]):
+                j += 1  # the directive's options
+            pad = " " * level
+            if name in _RST_SIGNATURES:
+                out.append((pad + _rst_inline(argument), False))
+                i = j
+            elif name in _RST_NOTES:
+                out.append((pad + _RST_NOTES[name].format(argument), False))
+                i = j
+            elif name in _RST_LITERAL:
+                out.extend((x.rstrip(), name != "parsed-literal") for x in lines[j:end])
+                i = end
+            else:
+                i = end
+            continue
+        if re.match(r"\s*\.\.(\s|$)", line):  # a comment, a link target or a substitution definition
+            i = block_end(i + 1, indent(line))
+            continue
+        if re.fullmatch(r"([=\-~^*#\"+'`:._])\1{2,}( +\1{3,})*", line):  # an underline, an overline or a border
+            i += 1
+            continue
+        if line.strip() == "::":
+            literal_level = indent(line)
+            i += 1
+            continue
+        if line.endswith("::"):
+            line = line[:-3] if line.endswith(" ::") else line[:-1]
+            literal_level = indent(line)
+        out.append((line, False))
+        i += 1
+    # inline markup may span the lines of a paragraph: convert each run of non-literal lines at once
+    text: list[str] = []
+    run: list[str] = []
+    for line, literal in out:
+        if literal:
+            if run:
+                text.append(_rst_inline("\n".join(run)))
+                run = []
+            text.append(line)
+        else:
+            run.append(line)
+    if run:
+        text.append(_rst_inline("\n".join(run)))
+    rendered = "\n".join(text)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(x.rstrip() for x in rendered.split("\n"))).strip("\n")
+
+
+def cmake_passages() -> list[Passage]:
+    """Passages of each manual in CMAKE_MANUALS and each release note in CMAKE_RELEASES; those that are mostly
+    single-word lines are left out, as for the manual pages."""
+    out: list[Passage] = []
+    documents = [(f"manual/{m}.rst", m, "{}({}) manual".format(*m.split("."))) for m in CMAKE_MANUALS]
+    documents += [(f"release/{v}.rst", f"release-{v}", f"CMake {v} Release Notes") for v in CMAKE_RELEASES]
+    for file, key, title in documents:
+        path = CMAKE_HELP / file
+        if not path.exists():
+            raise DatasetError(f"{path} is not installed (Debian's cmake-data package)")
+        text = cmake_text(path.read_text(encoding="utf-8"))
+        out.extend(p for p in split_passages(key, title, text) if not is_word_list(p.text))
+    return out
+
+
+def cmake_versions() -> dict[str, str]:
+    """The Debian version of the cmake-data package the documentation comes from."""
+    if shutil.which("dpkg-query") is None:
+        raise DatasetError("dpkg-query is not installed: the cmake-data package's version cannot be recorded")
+    done = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "cmake-data"], capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout:
+        raise DatasetError("the cmake-data package is not installed")
+    return {"cmake-data": done.stdout}
+
+
 def states(text: str, answer: str) -> bool:
     """Whether `text` holds `answer` literally: case-insensitive, any run of whitespace matching any other."""
     return " ".join(answer.lower().split()) in _flat(text)
@@ -412,6 +599,10 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
         from lazyattn.eval.real_man_questions import QUESTIONS
 
         passages, seed = man_passages(), 7
+    elif name == "real-heldout-cmake":
+        from lazyattn.eval.real_cmake_questions import QUESTIONS
+
+        passages, seed = cmake_passages(), 11
     else:
         raise DatasetError(f"unknown real set {name!r}; choose from {', '.join(SETS)}")
     questions = build_questions(passages, QUESTIONS, seed, name)
@@ -430,6 +621,9 @@ def build(name: str) -> tuple[dict[str, Any], list[Passage], list[Question]]:
     elif name == "real-heldout-man":
         header["packages"] = man_versions()
         header["rendering"] = " ".join(GROFF) + " (-man or -mdoc, -t where the page asks for tbl), LC_ALL=C"
+    elif name == "real-heldout-cmake":
+        header["packages"] = cmake_versions()
+        header["rendering"] = "real.cmake_text (reStructuredText to plain text)"
     return header, passages, questions
 
 

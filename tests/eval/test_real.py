@@ -14,7 +14,13 @@ from lazyattn.eval import real
 from lazyattn.eval.metrics import accuracy, normalize_answer
 from lazyattn.qa.dataset import DatasetError, arrange, read_jsonl
 
-MIN_QUESTIONS = {"real": 300, "real-heldout": 100, "real-heldout-readme": 80, "real-heldout-man": 80}
+MIN_QUESTIONS = {
+    "real": 300,
+    "real-heldout": 100,
+    "real-heldout-readme": 80,
+    "real-heldout-man": 80,
+    "real-heldout-cmake": 100,
+}
 
 
 def _shipped(name):
@@ -83,7 +89,7 @@ def test_the_shipped_file_is_what_the_builder_makes_now(name):
     header, passages, questions = _shipped(name)
     try:
         _, built_passages, built = real.build(name)
-    except DatasetError as e:  # another Python or NumPy version, or no man pages / groff: the sources differ
+    except DatasetError as e:  # another Python or NumPy version, no man pages / groff or no CMake help: sources differ
         pytest.skip(str(e))
     by_id = {p.id: p for p in built_passages}
     if any(by_id.get(q.gold) != passages[q.gold] for q in questions):
@@ -149,6 +155,108 @@ def test_cli_writes_the_man_set_cells(tmp_path):
         assert [d["text"] for i, d in enumerate(item.documents) if i != 4] == [
             passages[d].text for d in q.distractors[:9]
         ]
+
+
+def test_cmake_passages_come_from_the_listed_documents_with_their_licence_recorded():
+    header, passages, questions = _shipped("real-heldout-cmake")
+    documents = [*real.CMAKE_MANUALS, *(f"release-{v}" for v in real.CMAKE_RELEASES)]
+    assert list(header["packages"]) == ["cmake-data"] and header["packages"]["cmake-data"]
+    assert header["license"].startswith("BSD-3-Clause") and "Kitware" in header["copyright"]
+    assert {p.split("#")[0] for p in passages} <= set(documents)
+    asked = Counter(q.gold.split("#")[0] for q in questions)
+    assert set(real.CMAKE_MANUALS) <= set(asked) and max(asked.values()) <= 12  # every manual asked about
+    assert len(asked) >= 30  # spread over many documents
+    for p in passages.values():
+        assert not real.is_word_list(p.text)
+        assert not any(m in p.text for m in (":command:`", ":variable:`", ":prop_tgt:`", ".. toctree::"))
+    # the data README names the package with its version, licence and copyright line
+    notes = (real.DATA_DIR / "README.md").read_text()
+    row = next((line for line in notes.splitlines() if line.startswith("| `real-heldout-cmake.jsonl.gz` ")), None)
+    assert row is not None and header["packages"]["cmake-data"] in row and "BSD-3-Clause" in row
+    assert header["copyright"] in row
+
+
+def test_cmake_cells_of_ten_documents_fit_smollm2_context():
+    """CMake's prose holds option and variable names: the same budget as the manual pages."""
+    _, passages, questions = _shipped("real-heldout-cmake")
+    for q in questions:
+        cell = [q.gold, *q.distractors[:9]]
+        assert sum(real.estimate_tokens(passages[i].text) for i in cell) * 1.4 <= 8192 - 1024, q.id
+
+
+def test_cli_writes_the_cmake_set_cells(tmp_path):
+    _, passages, questions = _shipped("real-heldout-cmake")
+    path = tmp_path / "cmake.jsonl"
+    args = ["eval", "--dataset", "builtin:real-heldout-cmake", "--num-docs", "5", "--gold-position", "last"]
+    assert main([*args, "--write-dataset", str(path)]) == 0
+    items = read_jsonl(path)
+    assert [i.question for i in items] == [q.question for q in questions]
+    for item, q in zip(items, questions, strict=True):
+        assert item.gold == (4,) and item.documents[4]["text"] == passages[q.gold].text
+
+
+def test_cmake_text_renders_restructuredtext_as_plain_text():
+    rst = "\n".join(
+        [
+            ".. cmake-manual-description: A Manual",
+            "",
+            "tool(1)",
+            "*******",
+            "",
+            ".. only:: html",
+            "",
+            "   .. contents::",
+            "",
+            "Options",
+            "=======",
+            "",
+            ".. toctree::",
+            "   :maxdepth: 1",
+            "",
+            "   /command/add_library",
+            "",
+            ".. include:: OPTIONS_BUILD.txt",
+            "",
+            ".. _`Tool Options`:",
+            "",
+            ".. option:: --fresh",
+            "",
+            " .. versionadded:: 3.24",
+            "",
+            " Uses the :command:`add_library` command, the :variable:`CMAKE_<LANG>_FLAGS <CMAKE_<LANG>_FLAGS>`",
+            " variable, the :prop_tgt:`target property <TYPE>`, see `the guide <https://example.org>`_",
+            " and ``-D <var>=<value>``; **strong** and *emphasis*. Example::",
+            "",
+            "   set(x `a` *b*)",
+            "",
+            ".. code-block:: cmake",
+            "",
+            "  add_library(``x``)",
+            "",
+            "Back to prose.",
+        ]
+    )
+    assert real.cmake_text(rst) == "\n".join(
+        [
+            "tool(1)",
+            "",
+            "Options",
+            "",
+            "--fresh",
+            "",
+            " New in version 3.24.",
+            "",
+            " Uses the add_library command, the CMAKE_<LANG>_FLAGS",
+            " variable, the target property, see the guide",
+            " and -D <var>=<value>; strong and emphasis. Example:",
+            "",
+            "   set(x `a` *b*)",
+            "",
+            "  add_library(``x``)",
+            "",
+            "Back to prose.",
+        ]
+    )
 
 
 def test_man_text_drops_header_footer_and_synopsis_and_dedents():
