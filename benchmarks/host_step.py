@@ -9,8 +9,8 @@ it) and fixed logits; sampling by fixed ids (on a GPU it is two kernel launches)
 does per decode step that the GPU would wait for once it exceeds the forward pass.
 
     python -m benchmarks.host_step [--batches 32 128 256] [--steps 20] [--shared on|off|both] [--steady]
-                                   [--split] [--gc-freeze] [--profile] [--compare OTHER_CHECKOUT] [--rounds N]
-                                   [--json]
+                                   [--split] [--gc-freeze] [--icl] [--relink-last M] [--profile]
+                                   [--compare OTHER_CHECKOUT] [--rounds N] [--json]
 
 prints per batch size and shared-decode setting the median ms per step of each phase (PHASES), their total, and
 the time the garbage collector took within the step, and, apart, what one full collection costs with that batch
@@ -18,9 +18,12 @@ running; each setting runs in a fresh process (`--rounds` of them, the medians' 
 benchmark's steady state at a full batch instead of pure decode steps: requests of OUTPUT tokens, each replaced as
 it ends, so that most steps decode most sequences and prefill the new ones' questions; such a step takes no graph
 (its inputs are staged for an eager pass, PagedBatch.build, and the eager pass's own launches are left out).
-`--split`, `--gc-freeze`: those engine options on (this checkout). `--profile` prints a cProfile of the timed
-steps instead, by own time. `--compare DIR` measures this checkout and the one at DIR (e.g. main's) in alternating
-processes and prints both tables.
+`--split`, `--gc-freeze`: those engine options on (this checkout). `--icl`: the few-shot workload of
+docs/quality.md's in-context learning at 8B shapes instead (a pool of 40 demonstrations of 32 tokens, 20 a request in
+their own order, a 32-token test input, 8 output tokens, the shared prefix on); `--relink-last M`: each document's
+last M rows recomputed in the request's context (`relink_last_tokens`, both checkouts). `--profile` prints a
+cProfile of the timed steps instead, by own time. `--compare DIR` measures this checkout and the one at DIR (e.g.
+main's) in alternating processes and prints both tables.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from lazyattn.engine.graph_inputs import (  # noqa: E402
 from lazyattn.engine.llm_engine import LLMEngine  # noqa: E402
 from lazyattn.engine.prefill_graphs import pick_bucket  # noqa: E402
 from lazyattn.engine.prompt import RenderedPrompt  # noqa: E402
+from lazyattn.engine.request_options import RequestOptions  # noqa: E402
 from lazyattn.engine.sampling import SampleResult  # noqa: E402
 from lazyattn.kernels.paged import cdiv  # noqa: E402
 
@@ -65,6 +69,9 @@ VOCAB = 4096
 SYSTEM, DOC, POOL, DOCS, QUESTION = 32, 2048, 100, 5, 32
 PAGE = 64
 OUTPUT = 16  # tokens per request in the steady state (--steady)
+ICL = False  # --icl: the few-shot workload (ICL_SHAPE) with the shared prefix
+ICL_SHAPE = {"DOC": 32, "POOL": 40, "DOCS": 20, "QUESTION": 32, "OUTPUT": 8}
+RELINK_LAST = 0  # --relink-last: RequestOptions.relink_last_tokens of every request
 SPLIT = False  # --split: EngineConfig.split_mixed_steps
 GC_FREEZE = False  # --gc-freeze: EngineConfig.gc_freeze
 MAX_MODEL_LEN = 16384
@@ -251,7 +258,8 @@ class Workload:
         segments = [list(self.system)] + [list(self.docs[j]) for j in chosen]
         prompt = RenderedPrompt(segments=segments, final=random_tokens(QUESTION, self.rng))
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        self.engine.add_request(f"r{self.added}", prompt, params)
+        options = RequestOptions(ape_prefix=ICL or None, relink_last_tokens=RELINK_LAST or None)
+        self.engine.add_request(f"r{self.added}", prompt, params, options=options)
         self.added += 1
 
 
@@ -344,13 +352,13 @@ def measure(batch: int, shared: bool, steps: int, warm: int = 3, profile: bool =
 
 
 def run_one(
-    tree: Path, batch: int, shared: bool, steps: int, steady: bool, split: bool, freeze: bool
+    tree: Path, batch: int, shared: bool, steps: int, steady: bool, split: bool, freeze: bool, workload: list[str]
 ) -> dict[str, float]:
     """measure() in a fresh process on the checkout at `tree` (each engine alone in its process: no garbage of
     another one in the collector's way)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     args = ["--one", str(batch), "on" if shared else "off", "--steps", str(steps)] + (["--steady"] if steady else [])
-    args += (["--split"] if split else []) + (["--gc-freeze"] if freeze else [])
+    args += (["--split"] if split else []) + (["--gc-freeze"] if freeze else []) + workload
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.host_step", *args],
         cwd=tree,
@@ -394,11 +402,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--split", action="store_true", help="split_mixed_steps on (this checkout's engine option)")
     parser.add_argument("--gc-freeze", action="store_true", help="gc_freeze on (this checkout's engine option)")
+    parser.add_argument("--icl", action="store_true", help="the few-shot workload (module docstring)")
+    parser.add_argument("--relink-last", type=int, default=0, help="relink_last_tokens of every request")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "SHARED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    global SPLIT, GC_FREEZE
-    SPLIT, GC_FREEZE = args.split, args.gc_freeze
+    global SPLIT, GC_FREEZE, ICL, RELINK_LAST
+    SPLIT, GC_FREEZE, ICL, RELINK_LAST = args.split, args.gc_freeze, args.icl, args.relink_last
+    if ICL:
+        globals().update(ICL_SHAPE)
+    workload = (["--icl"] if args.icl else []) + (["--relink-last", str(args.relink_last)] if args.relink_last else [])
     if args.one is not None:
         how = measure_steady if args.steady else measure
         print(json.dumps(how(int(args.one[0]), args.one[1] == "on", args.steps)))
@@ -420,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, tree in trees.items():
                     this = name == "this"
                     options = (args.steady, args.split and this, args.gc_freeze and this)
-                    runs[name].append(run_one(tree, batch, shared, args.steps, *options))
+                    runs[name].append(run_one(tree, batch, shared, args.steps, *options, workload))
             for name, rs in runs.items():
                 keys = (
                     PHASES + ("gc", "collections") + (("eager_share", "decode_share") if args.steady else ("full_gc",))
@@ -434,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     what = "step, steady state" if args.steady else "decode step"
     what += ", split_mixed_steps on (this checkout)" if args.split else ""
     what += ", gc_freeze on (this checkout)" if args.gc_freeze else ""
+    what += ", the few-shot workload" if args.icl else ""
+    what += f", relink_last_tokens {args.relink_last}" if args.relink_last else ""
     for name, tree in trees.items():
         print(
             table(

@@ -96,6 +96,7 @@ def test_every_row_is_listed_once_in_order_from_where_it_is_read(lens, page_size
             want += [private(tail, r) for r in range(m)]
     assert len(want) == sum(lens)
     assert expand(mode.context(seq, page_size), page_size) == want
+    assert (state.layout is not None) == bool(state.runs)  # made once, every run's context cut from it
     for run in state.runs:
         assert expand(mode.context(seq, page_size, before=run), page_size) == want[: starts[id(run)]]
     # every private page once, as many as the packed rows need

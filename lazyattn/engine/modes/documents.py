@@ -102,6 +102,10 @@ class LazyState(ModeState):
     # every run, in the order they are computed and read (each segment's first rows, then its last rows): made once
     # at admission, since the scheduler reads it every step
     ordered: list[Run] = field(default_factory=list)
+    # Once every run holds its pages: the whole context as lists (pages, deltas, valid, firsts), how many of its
+    # pages each segment has, and where each run's rows start in it (id(run) -> page index). A run's context is a
+    # prefix of it: the scheduler asks for one per run it schedules, so it is made once (LazyMode._relinked).
+    layout: tuple[tuple[list[int], ...], list[int], dict[int, int]] | None = None
 
     @property
     def runs(self) -> list[Run]:
@@ -169,30 +173,54 @@ class LazyMode(_DocumentMode):
                 valid += fill
                 segment_pages.append(len(fill))
             return EntryPages(pages, deltas, valid), segment_pages
-        entry = EntryPages([], [], [], [])
-        segment_pages = []
+        layout = state.layout
+        if layout is None:
+            layout = self._relinked(seq, state, page_size)
+            if all(r.pages for r in state.runs):
+                state.layout = layout  # the runs' pages stay as they are from here on
+        tables, segment_pages, starts = layout
+        n = len(tables[0]) if before is None else starts[id(before)]
+        return EntryPages(*(t[:n] for t in tables)), segment_pages
+
+    @staticmethod
+    def _relinked(seq: Sequence, state: LazyState, page_size: int) -> tuple:
+        """A relinked sequence's whole context as `LazyState.layout` describes it: per segment its recomputed first
+        rows (private, delta 0, from the run's first slot), the shared rows between (the pages holding one, each
+        from `first` and holding `valid` of them, at the part's delta), then its recomputed last rows."""
+        pages: list[int] = []
+        deltas: list[int] = []
+        valid: list[int] = []
+        firsts: list[int] = []
+        segment_pages: list[int] = []
+        starts: dict[int, int] = {}
+
+        def own(run: Run) -> None:
+            starts[id(run)] = len(pages)
+            fill = page_fill(len(run.tokens), page_size, run.first_slot)
+            pages.extend(run.pages[: len(fill)])
+            deltas.extend([0] * len(fill))
+            valid.extend(fill)
+            firsts.extend([run.first_slot] + [0] * (len(fill) - 1))
+
         for p, head, tail in zip(seq.parts, state.relinks, state.tails):
-            before_segment = len(entry.pages)
-            if head is not None:  # recomputed rows sit at their logical positions: delta 0
-                if head is before:
-                    break
-                entry = entry.then(head.pages, page_fill(len(head.tokens), page_size, head.first_slot), head.first_slot)
+            before_segment = len(pages)
+            if head is not None:
+                own(head)
             lo = len(head.tokens) if head is not None else 0
             hi = p.length - (len(tail.tokens) if tail is not None else 0)
+            delta = p.start - p.rotated_at
             for m, (page, fill) in enumerate(zip(p.segment.pages, page_fill(p.length, page_size))):
                 first = min(max(lo - m * page_size, 0), fill)  # the shared rows lo..hi-1 only: pages wholly
                 end = min(max(hi - m * page_size, 0), fill)  # outside them drop out
                 if end > first:
-                    entry.pages.append(page)
-                    entry.deltas.append(p.start - p.rotated_at)
-                    entry.valid.append(end - first)
-                    entry.firsts.append(first)
+                    pages.append(page)
+                    deltas.append(delta)
+                    valid.append(end - first)
+                    firsts.append(first)
             if tail is not None:
-                if tail is before:
-                    break
-                entry = entry.then(tail.pages, page_fill(len(tail.tokens), page_size, tail.first_slot), tail.first_slot)
-            segment_pages.append(len(entry.pages) - before_segment)
-        return entry, segment_pages
+                own(tail)
+            segment_pages.append(len(pages) - before_segment)
+        return (pages, deltas, valid, firsts), segment_pages, starts
 
 
 class BlockMode(_DocumentMode):
