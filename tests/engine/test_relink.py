@@ -249,16 +249,22 @@ def test_private_pages_are_freed_after_finish_and_abort(checkpoint):
     assert engine.pool.num_used == engine.cache.stats().pages_in_use
 
 
-def test_recomputed_rows_are_packed_into_shared_private_pages(checkpoint):
-    """The last 3 rows of the three documents after the first (9 rows) take one private page, not one each: the
-    pool holds the cached documents, the final segment's page and that one page, and the three runs sit one after
-    another in it."""
+def packed_request(checkpoint):
+    """An engine that has run one step of a request whose three documents after the first recompute their last 3
+    rows each, and that request's sequence."""
     llm = make_llm(checkpoint, "llama", "lazy")
     engine = llm.engine
     rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"], DOCS["f"]], token_bos(llm))
     engine.add_request("packed", rendered, greedy(), options=RequestOptions(relink_last_tokens=3))
     engine.step()
-    seq = engine.requests["packed"].seqs[0]
+    return engine, engine.requests["packed"].seqs[0]
+
+
+def test_recomputed_rows_are_packed_into_shared_private_pages(checkpoint):
+    """The last 3 rows of the three documents after the first (9 rows) take one private page, not one each: the
+    pool holds the cached documents, the final segment's page and that one page, and the three runs sit one after
+    another in it."""
+    engine, seq = packed_request(checkpoint)
     runs = seq.mode_state.runs
     assert [len(r.tokens) for r in runs] == [3, 3, 3] and [r.first_slot for r in runs] == [0, 3, 6]
     assert len({p for r in runs for p in r.pages}) == 1 and seq.mode_state.private_pages() == [runs[0].pages]
@@ -270,12 +276,7 @@ def test_recomputed_rows_are_packed_into_shared_private_pages(checkpoint):
 def test_the_invariant_check_finds_runs_that_share_slots_or_lack_a_page(checkpoint):
     """engine/invariants.py's check of placed recomputed runs: the scheduler's packing passes it; a run moved onto
     its neighbour's slots, or a page short, is named."""
-    llm = make_llm(checkpoint, "llama", "lazy")
-    engine = llm.engine
-    rendered = from_token_ids([40, 41], [DOCS["d"], DOCS["e"], DOCS["a"], DOCS["f"]], token_bos(llm))
-    engine.add_request("packed", rendered, greedy(), options=RequestOptions(relink_last_tokens=3))
-    engine.step()
-    seq = engine.requests["packed"].seqs[0]
+    engine, seq = packed_request(checkpoint)
     check_runs(seq, 16)
     second = seq.mode_state.runs[1]
     second.first_slot = 1  # rows 1..3: the first run's slots 1 and 2

@@ -141,19 +141,22 @@ def test_man_cells_of_ten_documents_fit_smollm2_context():
         assert sum(real.estimate_tokens(passages[i].text) for i in cell) * 1.4 <= 8192 - 1024, q.id
 
 
-def test_cli_writes_the_man_set_cells(tmp_path):
-    """`lazyattn eval --dataset builtin:real-heldout-man` reads the shipped file: every question, with the gold
-    passage where asked among its first distractors."""
-    _, passages, questions = _shipped("real-heldout-man")
-    path = tmp_path / "man.jsonl"
-    args = ["eval", "--dataset", "builtin:real-heldout-man", "--num-docs", "10", "--gold-position", "middle"]
+@pytest.mark.parametrize(
+    ("name", "docs", "position"), [("real-heldout-man", 10, "middle"), ("real-heldout-cmake", 5, "last")]
+)
+def test_cli_writes_the_held_out_set_cells(tmp_path, name, docs, position):
+    """`lazyattn eval --dataset builtin:NAME` reads the shipped file: every question, with the gold passage where
+    asked (slot 4 either way) among its first distractors."""
+    _, passages, questions = _shipped(name)
+    path = tmp_path / "cells.jsonl"
+    args = ["eval", "--dataset", f"builtin:{name}", "--num-docs", str(docs), "--gold-position", position]
     assert main([*args, "--write-dataset", str(path)]) == 0
     items = read_jsonl(path)
     assert [i.question for i in items] == [q.question for q in questions]
     for item, q in zip(items, questions, strict=True):
         assert item.gold == (4,) and item.documents[4]["text"] == passages[q.gold].text
         assert [d["text"] for i, d in enumerate(item.documents) if i != 4] == [
-            passages[d].text for d in q.distractors[:9]
+            passages[d].text for d in q.distractors[: docs - 1]
         ]
 
 
@@ -182,17 +185,6 @@ def test_cmake_cells_of_ten_documents_fit_smollm2_context():
     for q in questions:
         cell = [q.gold, *q.distractors[:9]]
         assert sum(real.estimate_tokens(passages[i].text) for i in cell) * 1.4 <= 8192 - 1024, q.id
-
-
-def test_cli_writes_the_cmake_set_cells(tmp_path):
-    _, passages, questions = _shipped("real-heldout-cmake")
-    path = tmp_path / "cmake.jsonl"
-    args = ["eval", "--dataset", "builtin:real-heldout-cmake", "--num-docs", "5", "--gold-position", "last"]
-    assert main([*args, "--write-dataset", str(path)]) == 0
-    items = read_jsonl(path)
-    assert [i.question for i in items] == [q.question for q in questions]
-    for item, q in zip(items, questions, strict=True):
-        assert item.gold == (4,) and item.documents[4]["text"] == passages[q.gold].text
 
 
 def test_cmake_text_renders_restructuredtext_as_plain_text():
