@@ -100,8 +100,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        answer = answer_for(body.answer, self.answer, body.n, body.stream, body.ape_parallel)
-        check_answer(answer, body.n, body.stream, body.confidence_tokens)
+        answer = self._strategy(body)
         self._check_documents(body.documents)
         self._check_sequences(1, body.n, _fan_out(body.documents, answer))
         logprobs = requested_chat_logprobs(body)
@@ -200,8 +199,7 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        answer = answer_for(body.answer, self.answer, body.n, body.stream, body.ape_parallel)
-        check_answer(answer, body.n, body.stream, body.confidence_tokens)
+        answer = self._strategy(body)
         p = body.prompt
         num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
         self._check_sequences(num_prompts, body.n, _fan_out(body.documents, answer))
@@ -438,6 +436,13 @@ class OpenAIServing:
                 f"this request has {len(documents)} documents; the limit is {self.max_request_documents}",
                 param="documents",
             )
+
+    def _strategy(self, body: ChatCompletionRequest | CompletionRequest) -> str:
+        """The answer strategy of the request (its own, or the server's default where that can answer it), checked
+        against the request's n, stream and confidence_tokens."""
+        answer = answer_for(body.answer, self.answer, body.n, body.stream, body.ape_parallel)
+        check_answer(answer, body.n, body.stream, body.confidence_tokens)
+        return answer
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -183,7 +183,9 @@ class LazyMode(_DocumentMode):
         return EntryPages(*(t[:n] for t in tables)), segment_pages
 
     @staticmethod
-    def _relinked(seq: Sequence, state: LazyState, page_size: int) -> tuple:
+    def _relinked(
+        seq: Sequence, state: LazyState, page_size: int
+    ) -> tuple[tuple[list[int], ...], list[int], dict[int, int]]:
         """A relinked sequence's whole context as `LazyState.layout` describes it: per segment its recomputed first
         rows (private, delta 0, from the run's first slot), the shared rows between (the pages holding one, each
         from `first` and holding `valid` of them, at the part's delta), then its recomputed last rows."""
