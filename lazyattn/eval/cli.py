@@ -141,6 +141,13 @@ def add_eval_parser(
         default=1,
         help="questions per generate call (1: each TTFT is the request's own, nothing queued)",
     )
+    g.add_argument(
+        "--confidence",
+        action="store_true",
+        help="record each answer's mean token log-probability (eval.json `confidence`, what the choosing answer "
+        "strategies rank candidates by): benchmarks/quality_surer_of.py keeps, per question, the surest of several "
+        "runs' answers",
+    )
     f = p.add_argument_group("fidelity (lazyattn/eval/fidelity.py)")
     f.add_argument(
         "--fidelity",
@@ -253,7 +260,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     def make_llm(run: RunSpec) -> Any:
         return LLM(**{**options, "mode": run.mode, "layout": layout, "progress": False, **run.options})
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=0 if args.confidence else None)
     print(
         f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
         f"questions: {len(items)} ({describe_dataset(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"

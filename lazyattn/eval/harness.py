@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lazyattn.engine.best_document import ANSWER_STRATEGIES, CHOOSING, check_answer
+from lazyattn.engine.best_document import ANSWER_STRATEGIES, CHOOSING, check_answer, confidence
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
@@ -126,6 +127,9 @@ class ItemResult:
     read_gold: bool | None = None
     document_order: list[int] | None = None
     read_in_parallel: bool = False
+    # With `lazyattn eval --confidence`: the mean log-probability of the answer's tokens (best_document.confidence,
+    # what the choosing strategies rank candidates by); None without it, and for an answer without tokens.
+    confidence: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +147,7 @@ class ItemResult:
             "read_gold": self.read_gold,
             "document_order": self.document_order,
             "read_in_parallel": self.read_in_parallel,
+            "confidence": self.confidence,
         }
 
     @staticmethod
@@ -160,6 +165,7 @@ class ItemResult:
             d.get("read_gold"),
             d.get("document_order"),
             d.get("read_in_parallel", False),
+            d.get("confidence"),
         )
 
 
@@ -262,10 +268,21 @@ def answer_cell(
                     read_gold=_read_gold(run.answer, out, item.gold),
                     document_order=out.document_order,
                     read_in_parallel=out.read_in_parallel,
+                    confidence=_confidence(out),
                 )
             )
         on_done(len(batch))
     return CellResult(run, cell, results)
+
+
+def _confidence(out: Any) -> float | None:
+    """ItemResult.confidence: the answer's mean token log-probability where its tokens' log-probabilities were
+    asked for (`--confidence`), else None; None too for an answer without tokens (no finite mean)."""
+    completion = out.outputs[0] if out.outputs else None
+    if completion is None or completion.logprobs is None:
+        return None
+    value = confidence(out)
+    return value if math.isfinite(value) else None
 
 
 def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:

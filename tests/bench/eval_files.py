@@ -7,18 +7,28 @@ from pathlib import Path
 
 
 def write_eval(
-    folder: Path, scores: dict[str, dict[str, list[float]]], parallel: dict[str, dict[str, int]] | None = None
+    folder: Path,
+    scores: dict[str, dict[str, list[float]]],
+    parallel: dict[str, dict[str, int]] | None = None,
+    confidence: dict[str, dict[str, list[float | None]]] | None = None,
 ) -> None:
     """folder/eval.json with 5-document cells: run -> gold position -> each question's accuracy (ids q0, q1, ...);
-    `parallel`: run -> gold position -> how many of its first questions were read in parallel."""
+    `parallel`: run -> gold position -> how many of its first questions were read in parallel; `confidence`: run ->
+    gold position -> each answer's confidence (`lazyattn eval --confidence`; None where not given)."""
     parallel = parallel or {}
+    confidence = confidence or {}
     cells = [
         {
             "run": run,
             "num_docs": 5,
             "position": position,
             "items": [
-                {"id": f"q{i}", "accuracy": a, "read_in_parallel": i < parallel.get(run, {}).get(position, 0)}
+                {
+                    "id": f"q{i}",
+                    "accuracy": a,
+                    "read_in_parallel": i < parallel.get(run, {}).get(position, 0),
+                    "confidence": confidence[run][position][i] if position in confidence.get(run, {}) else None,
+                }
                 for i, a in enumerate(acc)
             ],
         }

@@ -231,3 +231,31 @@ def test_both_placements_runs_end_to_end_and_keeps_one_placements_answer(tmp_pat
             placed = f"{p}:ape_parallel=true" if item["read_in_parallel"] else p
             assert item["output"] == by[(placed, c["position"])][item["id"]]["output"]
             assert item["read_gold"] is None and item["document_order"] is None
+
+
+def test_confidence_is_recorded_and_is_what_both_placements_chose_by(tmp_path):
+    """With --confidence every answer carries its mean token log-probability; a both-placements answer carries the
+    confidence of the placement it kept, which is the higher of the two placements' own (asked as runs of their
+    own); without the flag none is recorded."""
+    out = tmp_path / "confidence"
+    p = "lazy:ape_prefix=true"
+    modes = f"{p},{p}:ape_parallel=true,{p}:answer=both-placements"
+    args = ["--num-docs", "3", "--modes", modes, "--batch-size", "1", "--confidence", "--out", str(out)]
+    assert main(ARGS + args) == 0
+    cells = json.loads((out / "eval.json").read_text())["cells"]
+    by = {(c["run"], c["position"]): {i["id"]: i for i in c["items"]} for c in cells}
+    items = [i for c in cells for i in c["items"]]
+    assert items and all(i["confidence"] is not None and -50 < i["confidence"] <= 0 for i in items)
+    for c in cells:
+        if c["answer"] != "both-placements":
+            continue
+        for item in c["items"]:
+            given, parallel = (by[(run, c["position"])][item["id"]] for run in (p, f"{p}:ape_parallel=true"))
+            kept = parallel if item["read_in_parallel"] else given
+            assert item["confidence"] == pytest.approx(kept["confidence"], abs=1e-6)
+            assert item["confidence"] == pytest.approx(max(given["confidence"], parallel["confidence"]), abs=1e-6)
+    plain = tmp_path / "plain"
+    assert main(ARGS + ["--num-docs", "3", "--modes", "lazy", "--out", str(plain)]) == 0
+    assert all(
+        i["confidence"] is None for c in json.loads((plain / "eval.json").read_text())["cells"] for i in c["items"]
+    )

@@ -1,0 +1,87 @@
+"""Per question, the surest of several runs' answers, against a baseline run: what answering with two or more
+settings in one round and keeping the answer the model is surest of would score, from `lazyattn eval --confidence`
+outputs, without running it.
+
+    p=lazy:ape_prefix=true
+    python -m benchmarks.quality_surer_of OUT/*/eval.json --runs $p,$p:relink_last_tokens=3
+
+Each eval.json must hold the runs named (`--runs`, two or more) and the baseline (`--baseline`, default full), all
+made with `--confidence`, which records each answer's mean token log-probability: the score the choosing answer
+strategies rank candidates by (engine/best_document.py, `confidence`). Per file (named by its folder) and cell
+(documents, gold position): the baseline's accuracy, each named run's difference from it, and the difference of
+the surest answer (the highest confidence; a tie, or an answer without tokens, goes to the run named first), in
+points with the paired 95 % bootstrap interval over the questions ("n.s." where it holds 0), and how many answers
+each run gave to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.finetune_prefix_summary import diff
+
+
+def _cells(ev: dict, run: str) -> dict[tuple[int, str], dict[str, dict]]:
+    """{(documents, position): {question id: item}} of one run."""
+    return {(c["num_docs"], c["position"]): {i["id"]: i for i in c["items"]} for c in ev["cells"] if c["run"] == run}
+
+
+def surest(items: Sequence[dict]) -> int:
+    """Index of the item with the highest confidence; the first on a tie, None counting as -inf."""
+    scores = [-math.inf if i.get("confidence") is None else i["confidence"] for i in items]
+    return max(range(len(items)), key=lambda k: (scores[k], -k))
+
+
+def table(path: Path, runs: Sequence[str], baseline: str = "full") -> list[str]:
+    """Markdown rows of one eval.json (module docstring)."""
+    ev = json.loads(path.read_text())
+    base = _cells(ev, baseline)
+    named = [_cells(ev, r) for r in runs]
+    missing = [r for r, cells in zip([baseline, *runs], [base, *named]) if not cells]
+    if missing:
+        raise SystemExit(f"{path}: no cells of run(s) {', '.join(missing)}")
+    if not any(i.get("confidence") is not None for c in named for cell in c.values() for i in cell.values()):
+        raise SystemExit(f"{path}: no answer has a confidence: run lazyattn eval with --confidence")
+    rows = []
+    for cell in sorted(base, key=lambda c: (c[0], c[1])):
+        reference = {q: item["accuracy"] for q, item in base[cell].items()}
+        common = [q for q in reference if all(q in c.get(cell, {}) for c in named)]
+        picks = {q: surest([c[cell][q] for c in named]) for q in common}
+        kept = {q: named[picks[q]][cell][q]["accuracy"] for q in common}
+        each = [diff(reference, {q: c[cell][q]["accuracy"] for q in common}) for c in named]
+        counts = " / ".join(str(sum(1 for k in picks.values() if k == j)) for j in range(len(runs)))
+        mean = 100 * sum(reference[q] for q in common) / max(len(common), 1)
+        docs, position = cell
+        cells = [path.parent.name, str(docs), position, f"{mean:.1f}", *each, diff(reference, kept), counts]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("evals", nargs="+", type=Path, help="eval.json files of lazyattn eval --confidence")
+    p.add_argument("--runs", required=True, help="two or more run labels, comma-separated, in tie order")
+    p.add_argument("--baseline", default="full", help="the run every other is compared with (default: full)")
+    args = p.parse_args(argv)
+    runs = [r for r in args.runs.split(",") if r]
+    if len(runs) < 2:
+        p.error("--runs needs two or more run labels")
+    head = [f"`{r}` − {args.baseline}" for r in runs]
+    lines = [
+        f"| eval | docs | position | {args.baseline} % | " + " | ".join(head) + f" | surest − {args.baseline} "
+        f"| answers kept from each |",
+        "|" + "---|" * (len(runs) + 6),
+    ]
+    for path in args.evals:
+        lines += table(path, runs, args.baseline)
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

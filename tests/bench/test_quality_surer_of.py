@@ -1,0 +1,54 @@
+"""benchmarks/quality_surer_of.py: per question the surest of several runs' answers against the baseline, checked
+against a case worked by hand (ties and answers without a confidence go to the run named first)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.quality_surer_of import main, surest
+
+from .eval_files import write_eval
+
+
+def test_surest_breaks_ties_and_missing_confidences_toward_the_first_run():
+    assert surest([{"confidence": -0.5}, {"confidence": -0.2}]) == 1
+    assert surest([{"confidence": -0.2}, {"confidence": -0.2}]) == 0
+    assert surest([{"confidence": None}, {"confidence": -9.0}]) == 1
+    assert surest([{"confidence": None}, {"confidence": None}, {}]) == 0
+
+
+def test_the_surest_answer_per_question_against_the_baseline(tmp_path):
+    write_eval(
+        tmp_path / "base-icl",
+        {
+            "full": {"first": [1, 1, 0, 0] * 10},
+            "a": {"first": [1, 0, 1, 0] * 10},
+            "b": {"first": [0, 1, 0, 1] * 10},
+        },
+        confidence={"a": {"first": [-0.1, -0.5, -0.2, -1.0] * 10}, "b": {"first": [-0.3, -0.2, -0.2, None] * 10}},
+    )
+    text = main([str(tmp_path / "base-icl" / "eval.json"), "--runs", "a,b"])
+    row = next(line for line in text.splitlines() if line.startswith("| base-icl | 5 | first |")).split(" | ")
+    # kept: a (surer), b (surer), a (tie), a (b has none): 1, 1, 1, 0 against full's 1, 1, 0, 0
+    assert row[3] == "50.0"
+    assert row[4].startswith("+0.0") and row[4].endswith("n.s.")  # a: 0, -1, +1, 0
+    assert row[5].startswith("+0.0") and row[5].endswith("n.s.")  # b: -1, 0, 0, +1
+    assert row[6].startswith("+25.0")
+    assert row[7] == "30 / 10 |"
+    # against a run named as the baseline
+    row = next(
+        line
+        for line in main([str(tmp_path / "base-icl" / "eval.json"), "--runs", "b,full", "--baseline", "a"]).splitlines()
+        if line.startswith("| base-icl |")
+    )
+    assert row.split(" | ")[3] == "50.0"
+
+
+def test_runs_without_confidences_or_missing_are_refused(tmp_path):
+    write_eval(tmp_path / "x", {"full": {"first": [1, 0]}, "a": {"first": [1, 1]}, "b": {"first": [0, 0]}})
+    with pytest.raises(SystemExit, match="--confidence"):
+        main([str(tmp_path / "x" / "eval.json"), "--runs", "a,b"])
+    with pytest.raises(SystemExit, match=r"run\(s\) c"):
+        main([str(tmp_path / "x" / "eval.json"), "--runs", "a,c"])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "x" / "eval.json"), "--runs", "a"])
