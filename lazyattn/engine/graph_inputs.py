@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv
+from lazyattn.kernels.paged import HOPPER_MAX_QUESTION, EntryPages, PagedBatch, cdiv
 
 if TYPE_CHECKING:  # kernels/shared_decode.py imports Triton, which CPU engines do without
     from lazyattn.kernels.shared_decode import HostPlan, SharedPlan
@@ -188,7 +188,15 @@ def paged_batch(
         firsts=tables[4] if firsts else None,
         inv_temps=inv_temps,
         log_scales=log_scales,
+        max_prompt_q=max_prompt_q(entries, q_lens),
     )
+
+
+def max_prompt_q(entries: Sequence[EntryPages], q_lens: Sequence[int]) -> int:
+    """PagedBatch.max_prompt_q, counted over the entries longer than the Hopper kernel's longest question
+    (HOPPER_MAX_QUESTION) only: the shorter ones meet its rule either way, and counting an entry walks its pages on
+    the host."""
+    return max((q for e, q in zip(entries, q_lens) if q > HOPPER_MAX_QUESTION and not e.reads_documents(q)), default=0)
 
 
 def _context_tables(e: EntryPages) -> np.ndarray:

@@ -18,7 +18,8 @@ Real rows never see padding rows: attention is by entry and the padding writes n
 Which attention kernel a graph runs is fixed at capture. A bucket of at most 256 tokens gives the Hopper kernel its
 calls where it takes them (kernels/prefill_hopper.py: questions of at most MAX_QUESTION tokens). Past that, a bucket
 has two graphs (PrefillGraphs): prefill.py's kernel for steps with a longer entry (a prompt or document chunk, where
-it is faster), and the Hopper kernel for steps of short questions only. The split-KV count is
+it is faster), and the Hopper kernel for steps of short questions, and of longer questions over placed documents
+(EntryPages.reads_documents), where that kernel is the faster one. The split-KV count is
 fixed per bucket (PagedBatch.num_splits), the one an eager launch picks for T rows in E - 1 entries over a long
 context; the kernel cuts the actual pages of each entry at run time, so any context length is served.
 
@@ -39,7 +40,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from lazyattn.engine.graph_inputs import StepInputs, ape_views, fill_tables, has_ape, table_count, table_views
+from lazyattn.engine.graph_inputs import (
+    StepInputs,
+    ape_views,
+    fill_tables,
+    has_ape,
+    max_prompt_q,
+    table_count,
+    table_views,
+)
 from lazyattn.kernels import prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.paged import EntryPages, PagedBatch
@@ -276,8 +285,9 @@ class PrefillGraphs:
 
     The longest entry a graph allows is all its tokens, except for a second graph of the buckets past the Hopper
     kernel's longest question (kernels/prefill_hopper.py, MAX_QUESTION) where that kernel takes short questions: a
-    step whose entries, the padding one included, are each at most that long (several questions at once) replays
-    it; a step with a longer prompt replays the other, with prefill.py's kernel, faster there."""
+    step whose entries, the padding one included, are each at most that long (several questions at once) or are
+    questions over placed documents (EntryPages.reads_documents) replays it; a step with a longer prompt or chunk of
+    one replays the other, with prefill.py's kernel, faster there."""
 
     def __init__(
         self,
@@ -329,7 +339,8 @@ class PrefillGraphs:
             return None
         tokens, entries = picked
         short = (tokens, entries, prefill_hopper.MAX_QUESTION)
-        if short in self.splits and max(*step.q_lens, tokens - len(step.tokens)) <= short[2]:  # padding rows too
+        # Every entry short, the padding one too, or longer and a question over placed documents (max_prompt_q)
+        if short in self.splits and max(max_prompt_q(step.entries, step.q_lens), tokens - len(step.tokens)) <= short[2]:
             return short
         return tokens, entries, tokens
 

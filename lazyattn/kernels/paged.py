@@ -45,6 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
+# The longest entry the Hopper short-prefill kernel takes whatever it reads (kernels/prefill_hopper.py, MAX_QUESTION);
+# a longer one only where it is a question over placed documents (EntryPages.reads_documents). Here so that the
+# engine's host code counts those without importing Triton (engine/graph_inputs.py).
+HOPPER_MAX_QUESTION = 256
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: how many pages of size `b` hold `a` tokens."""
@@ -108,6 +113,12 @@ class EntryPages:
             any(t != 1.0 for t in self.inv_temps) or any(s != 0.0 for s in self.log_scales or ())
         )
 
+    def reads_documents(self, rows: int) -> bool:
+        """Whether an entry of `rows` query rows over these pages is a question over placed documents: it reads at
+        least as many keys at a nonzero delta (segments cached at other positions than the ones it reads them at) as
+        it has rows. A prompt, or a chunk of one, reads its own earlier rows at delta 0, and is not."""
+        return sum(v for d, v in zip(self.deltas, self.valid) if d) >= rows
+
 
 @dataclass
 class PagedBatch:
@@ -129,6 +140,11 @@ class PagedBatch:
     plan: torch.Tensor | None = None
     inv_temps: torch.Tensor | None = None  # [B, P] float32, 1/T of each page; None: all 1 (compiled out)
     log_scales: torch.Tensor | None = None  # [B, P] float32, ln S of each page, in inv_temps' buffer
+    # The most query rows of an entry that is not a question over placed documents (EntryPages.reads_documents: a
+    # prompt or a chunk of one), 0 if none; None: not counted (max_q stands for it). What the Hopper short-prefill
+    # kernel's rule reads (kernels/prefill_hopper.py, `supports`); the engine counts it only for the entries longer
+    # than that kernel's longest question (engine/graph_inputs.py).
+    max_prompt_q: int | None = None
 
     @property
     def ape_gap(self) -> int:
@@ -203,5 +219,6 @@ class PagedBatch:
             max_q=max(q_lens, default=0),
             max_kv=int(valid.sum(1).max()) if b else 0,
             firsts=None if firsts is None else firsts.to(dev),
+            max_prompt_q=max((q for e, q in zip(entries, q_lens) if not e.reads_documents(q)), default=0),
             **({} if ape is None else dict(zip(("inv_temps", "log_scales"), ape.to(dev).unbind(0)))),
         )

@@ -89,7 +89,7 @@ from lazyattn import envs
 from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
 from lazyattn.kernels.page_scan import BLOCK_B, find_block
-from lazyattn.kernels.paged import PagedBatch, cdiv
+from lazyattn.kernels.paged import HOPPER_MAX_QUESTION, PagedBatch, cdiv
 from lazyattn.kernels.prefill import combine_kernel, query_slots
 from lazyattn.kernels.rope import RopeTables
 
@@ -101,10 +101,11 @@ STAGES = 4  # K/V tiles in flight per program (32 KiB each; FP8 pages: 16 KiB la
 # waits for both consumers to release tile t, which they do only after issuing Q·Kᵀ t + 1: every tile would wait for
 # a widening. Three fill the shared memory: 32 + 32 (Q) + 4 x 16 (landing) + 3 x 32 KiB.
 WIDE_STAGES = 3
-# The longest question (an entry's query positions) of the calls it takes, at any total: a batch of questions over
-# cached documents. Long causal prompts take prefill.py's kernel, which is faster there, as this one is on batches of
-# questions (benchmarks/results/kernels_fp8_prefill_h200.md).
-MAX_QUESTION = 256
+# The longest entry (query positions) of the calls it takes whatever the entry reads, at any total: a batch of
+# questions over cached documents. A longer entry only where it too is a question over placed documents
+# (EntryPages.reads_documents, PagedBatch.max_prompt_q): there this kernel is faster than prefill.py's, which is faster
+# on long causal prompts and their chunks (benchmarks/results/kernels_long_questions_h200.md).
+MAX_QUESTION = HOPPER_MAX_QUESTION
 MAX_SPLITS = 16
 _BLOCK_P = 256  # pages scanned per step when it counts its visible pages
 # Registers per thread of the consumer warpgroup that runs as a worker, and of the load warp. The kernel's cap
@@ -148,16 +149,26 @@ def takes_dtypes(q_dtype: torch.dtype, pages: torch.dtype) -> bool:
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> bool:
-    """Whether this kernel takes the call (else prefill.py's does): `shape_supported`, `takes_dtypes` with k and v of
-    one dtype, pages stored as the pool stores them."""
+    """Whether this kernel takes the call (else prefill.py's does): `shape_supported` for its longest entry that is
+    not a question over placed documents (`longest_prompt`), `takes_dtypes` with k and v of one dtype, pages stored
+    as the pool stores them."""
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dtype != k_cache.dtype:
         return False
     if not takes_dtypes(q.dtype, k_cache.dtype):
         return False
-    pages = k_cache.dtype
-    if not shape_supported(batch.max_q, q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):
+    pages, longest = k_cache.dtype, longest_prompt(batch)
+    if not shape_supported(longest, q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):
         return False
     return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
+
+
+def longest_prompt(batch: PagedBatch) -> int:
+    """The entry length `shape_supported` judges a call by: its longest entry (`max_q`), or where the batch counted
+    its prompts (`max_prompt_q`) and every entry past MAX_QUESTION is a question over placed documents, at most
+    MAX_QUESTION: such an entry runs as one of many short questions does."""
+    if batch.max_prompt_q is None:
+        return batch.max_q
+    return min(batch.max_q, max(batch.max_prompt_q, MAX_QUESTION))
 
 
 def num_splits(

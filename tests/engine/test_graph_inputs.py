@@ -128,3 +128,24 @@ def test_paged_batch_is_what_build_makes():
         for _ in range(2):  # the second time from the kept contexts' converted tables
             got = paged_batch(entries, q_lens, q_starts, torch.device("cpu"))
             assert_same_batch(got, PagedBatch.build(entries, q_lens, q_starts))
+
+
+def test_a_long_question_over_placed_documents_is_not_counted_as_a_prompt():
+    """PagedBatch.max_prompt_q, hand-counted: an entry is a question over placed documents when it reads at least as
+    many keys at nonzero deltas as it has rows. The engine's eager batch counts only entries longer than the Hopper
+    kernel's longest question (256 rows); PagedBatch.build counts every entry."""
+    documents = EntryPages([3, 1, 4], [0, 7, 7], [64, 64, 40])  # 104 keys at delta 7
+    own = EntryPages([5, 6, 8, 9, 10], [0] * 5, [64] * 5)  # a prompt's own earlier rows: delta 0
+    assert documents.reads_documents(104) and not documents.reads_documents(105)
+    assert not own.reads_documents(1) and EntryPages([], [], []).reads_documents(0)
+    long_docs = documents.then([20, 21, 22, 23, 24], [64] * 5)  # 320 keys of its own, 104 shifted
+    many_docs = EntryPages([3, 1, 4, 2, 7, 11], [9] * 6, [64] * 6).then([20] * 5, [64] * 5)  # 384 shifted
+    cases = [
+        ([documents, own], [100, 200], 0, 200),  # short entries: the engine counts none
+        ([many_docs, own], [300, 200], 0, 200),  # 384 shifted keys >= 300 rows: a question
+        ([long_docs, own], [300, 10], 300, 300),  # 104 shifted keys < 300 rows: a prompt
+        ([many_docs, own.then([30] * 4, [64] * 4)], [300, 500], 500, 500),
+    ]
+    for entries, q_lens, engine, built in cases:
+        assert paged_batch(entries, q_lens, [0, 0], torch.device("cpu")).max_prompt_q == engine
+        assert PagedBatch.build(entries, q_lens, [0, 0]).max_prompt_q == built

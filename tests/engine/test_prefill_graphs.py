@@ -331,16 +331,25 @@ def test_a_step_of_short_questions_replays_the_short_graph(monkeypatch):
     assert pick(step_of([question(300)])) == (512, 2, 512)  # no short graph for (512, 2)
     assert pick(step_of([question(100)])) == (256, 2, 256)
 
+    def over_documents(n, shifted):  # n rows over `shifted` keys at a nonzero delta, then 16 of its own
+        return (EntryPages([0, 1], [9, 0], [shifted, 16]), [1] * n, shifted, [-1] * n, True)
+
+    assert pick(step_of([over_documents(300, 300), question(32)])) == (512, 16, 256)  # a question past 256 rows
+    assert pick(step_of([over_documents(300, 299), question(32)])) == (512, 16, 512)  # too few shifted keys
+    assert pick(step_of([over_documents(400, 500)])) == (512, 2, 512)  # no short graph for (512, 2)
+
 
 @given(
     q_lens=st.lists(st.integers(1, 300), min_size=1, max_size=70),
+    documents=st.lists(st.booleans(), min_size=70, max_size=70),
     short_graphs=st.booleans(),
 )
 @settings(max_examples=200, deadline=None)
-def test_the_graph_a_step_replays_allows_every_entry_it_holds(q_lens, short_graphs):
+def test_the_graph_a_step_replays_allows_every_entry_it_holds(q_lens, documents, short_graphs):
     """For any step: the graph picked holds its tokens and entries (the padding entry too), every entry, the padding
-    one included, fits the longest entry that graph allows, and a step that fits a bucket's graph for short questions
-    (where it exists) is never given the other."""
+    one included, fits the longest entry that graph allows or (the graph for short questions) is a question over
+    placed documents, and a step that fits a bucket's graph for short questions (where it exists) is never given the
+    other."""
     from types import SimpleNamespace
 
     from lazyattn.engine.prefill_graphs import TOKEN_BUCKETS, PrefillGraphs, bucket_choices
@@ -355,7 +364,10 @@ def test_the_graph_a_step_replays_allows_every_entry_it_holds(q_lens, short_grap
         choices = bucket_choices(TOKEN_BUCKETS, ENTRY_BUCKETS, cfg, backend, torch.device("cpu"))
     graphs = SimpleNamespace(ape=False, width=WIDTH, token_buckets=TOKEN_BUCKETS, entry_buckets=ENTRY_BUCKETS)
     graphs.splits = {key: splits for key, (splits, _) in choices.items()}
-    step = step_of([(EntryPages([0], [0], [16]), [1] * n, 0, [-1] * n, True) for n in q_lens])
+    # an entry over documents reads as many keys at a nonzero delta as it has rows, the others none
+    shifted = [n if over else 0 for n, over in zip(q_lens, documents)]
+    step = step_of([(EntryPages([0, 1], [9, 0], [k, 16]), [1] * n, k, [-1] * n, True) for n, k in zip(q_lens, shifted)])
+    prompts = [n for n, k in zip(q_lens, shifted) if k < n]
     picked = PrefillGraphs.bucket(graphs, step)
     total = sum(q_lens)
     if picked is None:
@@ -364,10 +376,10 @@ def test_the_graph_a_step_replays_allows_every_entry_it_holds(q_lens, short_grap
     tokens, entries, longest = picked
     assert picked in graphs.splits and (tokens, entries) == pick_bucket(step, WIDTH)
     assert tokens >= total and entries >= len(q_lens) + 1
-    assert longest >= max(*q_lens, tokens - total)
+    assert longest >= max(*prompts, tokens - total, 0)
     if tokens <= 256:  # one graph per bucket
         assert longest == tokens
         return
     short = (tokens, entries, prefill_hopper.MAX_QUESTION)
     assert (short in graphs.splits) == short_graphs
-    assert (picked == short) == (short_graphs and max(*q_lens, tokens - total) <= 256)
+    assert (picked == short) == (short_graphs and max(*prompts, tokens - total, 0) <= 256)

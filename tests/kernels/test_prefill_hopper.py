@@ -229,6 +229,31 @@ def test_the_longest_question_decides_not_the_total(monkeypatch):
     assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch) and seen == [batch.max_q] == [5]
 
 
+def test_a_long_question_over_placed_documents_is_taken_a_long_prompt_is_not(monkeypatch):
+    """Past MAX_QUESTION rows the rule reads the batch's prompts (PagedBatch.max_prompt_q, hand-built here): a
+    question of 300 rows over 384 keys at nonzero deltas is taken beside short ones, a prompt of 300 rows over its own
+    earlier rows is not, and a batch that did not count its prompts is judged by its longest entry."""
+    from lazyattn.kernels.paged import EntryPages, PagedBatch
+
+    # shape_supported's length rule as on an H200 (test_the_longest_question_decides_not_the_total has the rest)
+    monkeypatch.setattr(prefill_hopper, "shape_supported", lambda max_q, *rest: 0 < max_q <= 256)
+    cache = torch.zeros(20, 64, 8, 128, dtype=torch.bfloat16)
+    question = EntryPages([0, 1, 2, 3, 4, 5], [9] * 6, [64] * 6).then([6, 7, 8, 9, 10], [64] * 5)
+    prompt = EntryPages([0, 1, 2, 3], [0] * 4, [64] * 4).then([6, 7, 8, 9, 10], [64] * 5)
+
+    def taken(entries, q_lens, counted=True):
+        batch = PagedBatch.build(entries, q_lens, [256] * len(entries))
+        batch = batch if counted else dataclasses.replace(batch, max_prompt_q=None)
+        q = torch.zeros(sum(q_lens), 32, 128, dtype=torch.bfloat16)
+        return prefill_hopper.supports(q, cache, cache, batch)
+
+    assert taken([question], [300]) and taken([question, prompt], [300, 32])
+    assert prefill_hopper.longest_prompt(PagedBatch.build([question, prompt], [300, 32], [0, 0])) == 256
+    assert not taken([prompt], [300]) and not taken([question, prompt], [300, 257])
+    assert not taken([question], [300], counted=False)
+    assert taken([question, prompt], [200, 32], counted=False)
+
+
 def test_the_backend_offers_every_prefill_call_of_any_total(monkeypatch):
     """TritonBackend asks the Hopper kernel about prefill calls past 256 rows too (their questions may be short),
     never about decode steps; where it declines, prefill.py's kernel answers as the reference does."""
@@ -272,6 +297,25 @@ def test_gpu_many_questions_past_256_rows_match_reference(pages):
     long = gpu_scenario([], [([], 300)])
     q, batch = long.final_prefill()
     assert not prefill_hopper.supports(q, long.k_cache, long.v_cache, batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+def test_gpu_long_questions_over_placed_documents_match_reference(pages):
+    """Questions of 384 and 600 rows over documents placed at other positions than they were encoded at (1,077 and
+    2,048 keys at nonzero deltas), beside one of 32: taken by this kernel past MAX_QUESTION rows; the same 600 rows
+    as a prompt over its own earlier rows alone are not."""
+    s = with_pages(gpu_scenario([2048, 1000, 77], [([0, 1, 2], 384), ([1, 0], 600), ([2], 32)]), pages)
+    q, batch = s.final_prefill()
+    assert batch.max_q == 600 and batch.max_prompt_q == 32
+    assert prefill_hopper.supports(q, s.k_cache, s.v_cache, batch)
+    splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], s.k_cache.shape[2], q.device, 3, batch.max_q)
+    out = prefill_hopper.short_prefill_attention(q, s.k_cache, s.v_cache, batch, s.tables, s.scale, splits)
+    assert rel_err(out, ref(s, q, batch)) < 1e-2
+    prompt = gpu_scenario([], [([], 600)])
+    q, batch = prompt.final_prefill()
+    assert batch.max_prompt_q == 600 and not prefill_hopper.supports(q, prompt.k_cache, prompt.v_cache, batch)
 
 
 @pytest.mark.gpu
