@@ -188,7 +188,7 @@ def paged_batch(
         firsts=tables[4] if firsts else None,
         inv_temps=inv_temps,
         log_scales=log_scales,
-        max_prompt_q=max_prompt_q(entries, q_lens),
+        max_prompt_q=max_prompt_q(entries, q_lens) if max(q_lens, default=0) > HOPPER_MAX_QUESTION else 0,
     )
 
 
