@@ -32,7 +32,7 @@ from lazyattn.kernels.kv_dtype import FP8
 from lazyattn.kernels.prefill import prefill_attention, widens_first
 
 RAG_BATCHES = (1, 8, 16, 32, 64)
-LONG_QUESTION = 512  # tokens: past the Hopper kernel's questions, so prefill.py's kernel takes the call
+LONG_QUESTION = 512  # tokens: past MAX_QUESTION; over placed documents the Hopper kernel takes it too
 LONG_QUESTION_BATCHES = (1, 4)
 CAUSAL = (512, 1024, 2048, 4096)
 
