@@ -343,12 +343,14 @@ def _slice(k, v, start, n):
     return (None, None) if k is None else (k[start : start + n], v[start : start + n])
 
 
-def causal_case(b: Bench, n: int, segment_deltas: bool, gen: torch.Generator | None = None):
+def causal_case(b: Bench, n: int, segment_deltas: bool, gen: torch.Generator | None = None, rows: int | None = None):
     """One sequence of n tokens prefilled causally: q, pool, batch, and contiguous q/k/v [1, heads, n, D].
 
     With segment_deltas the pages carry random nonzero deltas per doc_len segment (the deferred-RoPE
     overhead case); otherwise delta 0 (the plain causal prefill), and K/V equal the contiguous tensors.
+    `rows`: only the last `rows` tokens are queries (a prompt's last chunk over all its keys; no contiguous copy).
     """
+    rows = n if rows is None else rows
     s = b.s
     pool = Pool(s, pages_for(n, s) + 1, b.device)
     if segment_deltas:
@@ -357,10 +359,10 @@ def causal_case(b: Bench, n: int, segment_deltas: bool, gen: torch.Generator | N
         k = torch.randn(n, s.kv_heads, s.head_dim, dtype=DTYPE, device=b.device)
         v = torch.randn_like(k)
         entry = pool.segment(n, 0, k, v)
-    pb = PagedBatch.build([entry], [n], [0], b.device)
-    q = torch.randn(n, s.q_heads, s.head_dim, dtype=DTYPE, device=b.device)
+    pb = PagedBatch.build([entry], [rows], [n - rows], b.device)
+    q = torch.randn(rows, s.q_heads, s.head_dim, dtype=DTYPE, device=b.device)
     dense = None
-    if not segment_deltas:
+    if not segment_deltas and rows == n:
         dense = tuple(t.transpose(0, 1)[None].contiguous() for t in (q, k, v))
     return (q, pool.k, pool.v, pb), dense
 
@@ -654,15 +656,22 @@ def engine_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, rotated_q
     """The prefill attention the engine's GPU backend runs for this call (kernels/triton_backend.py): the Hopper
     kernel where it takes the call (it rotates Q itself, at the split count the prefill graphs fix for it), else
     prefill.py's kernel over Q copies rotated per run (rotated_q) or with the rotation compiled out."""
-    from lazyattn.kernels import prefill_hopper
     from lazyattn.kernels.prefill import prefill_attention
 
     if hopper_takes(q, k_cache, v_cache, pb):
-        splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device, pb.batch_size, pb.max_q)
-        return prefill_hopper.short_prefill_attention(
-            q, k_cache, v_cache, pb, b.tables, b.scale, splits, apply_delta=apply_delta
-        )
+        return hopper_attention(b, q, k_cache, v_cache, pb, apply_delta=apply_delta)
     return prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, rotated_q=rotated_q, apply_delta=apply_delta)
+
+
+def hopper_attention(b: Bench, q, k_cache, v_cache, pb: PagedBatch, *, apply_delta: bool = True):
+    """The Hopper kernel's launch as the engine's eager steps split it (kernels/triton_backend.py), whether or not
+    the engine would give it the call."""
+    from lazyattn.kernels import prefill_hopper
+
+    splits = prefill_hopper.num_splits(q.shape[0], q.shape[1], k_cache.shape[2], q.device, pb.batch_size, pb.max_q)
+    return prefill_hopper.short_prefill_attention(
+        q, k_cache, v_cache, pb, b.tables, b.scale, splits, apply_delta=apply_delta
+    )
 
 
 def engine_split(b: Bench, q, k_cache, v_cache, pb: PagedBatch) -> tuple:

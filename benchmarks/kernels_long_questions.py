@@ -55,19 +55,6 @@ CHUNKS = [(512, 512), (1024, 512), (2048, 512), (3584, 512), (7680, 512), (2048,
 COPIES = 3  # inputs per case, cycled
 
 
-def _chunk_inputs(s: bk.Shapes, offset: int, rows: int, device: torch.device) -> list[tuple]:
-    """The last `rows` rows of a causal prompt of offset + rows tokens, over all its keys (delta 0)."""
-    out = []
-    for _ in range(COPIES):
-        n = offset + rows
-        pool = bk.Pool(s, bk.pages_for(n, s) + 1, device)
-        k = torch.randn(n, s.kv_heads, s.head_dim, dtype=bk.DTYPE, device=device)
-        pb = PagedBatch.build([pool.segment(n, 0, k, torch.randn_like(k))], [rows], [offset], device)
-        q = torch.randn(rows, s.q_heads, s.head_dim, dtype=bk.DTYPE, device=device)
-        out.append((q, pool.k, pool.v, pb))
-    return out
-
-
 def _shifted_per_row(pb: PagedBatch) -> float:
     """The smallest (keys at a nonzero delta) / rows over the call's entries."""
     shifted = ((pb.deltas != 0) * pb.valid).sum(1).cpu()
@@ -86,17 +73,9 @@ def _time_case(b: bk.Bench, make_inputs) -> tuple[dict, float, str]:
         ratio = _shifted_per_row(pb)
         picked = "Hopper" if prefill_hopper.supports(q, k_cache, v_cache, pb) else "prefill.py"
         widen = dtype == FP8 and widens_first(q, k_cache, pb)
-
-        def hopper(i):
-            q, k_cache, v_cache, pb = i
-            splits = prefill_hopper.num_splits(
-                q.shape[0], q.shape[1], k_cache.shape[2], q.device, pb.batch_size, pb.max_q
-            )
-            return prefill_hopper.short_prefill_attention(q, k_cache, v_cache, pb, b.tables, b.scale, splits)
-
         calls = {
             "prefill.py": [lambda i=i, w=widen: prefill_attention(*i, b.tables, b.scale, widen=w) for i in inputs],
-            "Hopper": [lambda i=i: hopper(i) for i in inputs],
+            "Hopper": [lambda i=i: bk.hopper_attention(b, *i) for i in inputs],
         }
         diff = (calls["Hopper"][0]().float() - calls["prefill.py"][0]().float()).abs().max().item()
         if not diff < 0.02:
@@ -131,7 +110,13 @@ def main() -> None:
     for offset, rows in CHUNKS:
         b = bk.Bench(args, s, device, tables)
         label = f"chunk of {rows:,} rows at {offset:,}"
-        cases.append((label, b, lambda o=offset, r=rows: _chunk_inputs(s, o, r, device)))
+        cases.append(
+            (
+                label,
+                b,
+                lambda b=b, o=offset, r=rows: [bk.causal_case(b, o + r, False, rows=r)[0] for _ in range(COPIES)],
+            )
+        )
     bf16 = torch.bfloat16
     for label, b, make in cases:
         t, ratio, picked = _time_case(b, make)

@@ -153,6 +153,7 @@ def paged_batch(
     if not (b == len(q_lens) == len(q_starts)):
         raise ValueError("entries, q_lens and q_starts must have one element per entry")
     width = max((len(e.pages) for e in entries), default=0) or 1
+    longest = max(q_lens, default=0)
     ape = has_ape(entries)
     # Triton specialises a kernel on whether each pointer is 16-byte aligned and each integer a multiple of 16: rows
     # of a multiple of 16 int32s and parts of `head` starting at multiples of 4 keep every table's start aligned and
@@ -183,12 +184,12 @@ def paged_batch(
         valid=tables[2],
         starts=tables[3],
         num_pages=head[at_count:],
-        max_q=max(q_lens, default=0),
+        max_q=longest,
         max_kv=max_kv,
         firsts=tables[4] if firsts else None,
         inv_temps=inv_temps,
         log_scales=log_scales,
-        max_prompt_q=max_prompt_q(entries, q_lens) if max(q_lens, default=0) > HOPPER_MAX_QUESTION else 0,
+        max_prompt_q=max_prompt_q(entries, q_lens) if longest > HOPPER_MAX_QUESTION else 0,
     )
 
 
