@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.finetune_prefix_summary import diff
+from lazyattn.engine.choice import mean_logprob
 
 
 def _cells(ev: dict, run: str) -> dict[tuple[int, str], dict[str, dict]]:
@@ -30,13 +31,17 @@ def _cells(ev: dict, run: str) -> dict[tuple[int, str], dict[str, dict]]:
     return {(c["num_docs"], c["position"]): {i["id"]: i for i in c["items"]} for c in ev["cells"] if c["run"] == run}
 
 
-def surest(items: Sequence[dict]) -> int:
-    """Index of the item with the highest confidence; the first on a tie, None counting as -inf."""
-    scores = [-math.inf if i.get("confidence") is None else i["confidence"] for i in items]
+def surest(items: Sequence[dict], tokens: int | None = None) -> int:
+    """Index of the item with the highest confidence, of the mean log-probability of its first `tokens` tokens where
+    given; the first on a tie, a missing confidence counting as -inf."""
+    if tokens is None:
+        scores = [-math.inf if i.get("confidence") is None else i["confidence"] for i in items]
+    else:
+        scores = [mean_logprob(i.get("token_logprobs") or [], tokens) for i in items]
     return max(range(len(items)), key=lambda k: (scores[k], -k))
 
 
-def table(path: Path, runs: Sequence[str], baseline: str = "full") -> list[str]:
+def table(path: Path, runs: Sequence[str], baseline: str = "full", first: Sequence[int] = ()) -> list[str]:
     """Markdown rows of one eval.json (module docstring)."""
     ev = json.loads(path.read_text())
     base = _cells(ev, baseline)
@@ -46,6 +51,8 @@ def table(path: Path, runs: Sequence[str], baseline: str = "full") -> list[str]:
         raise SystemExit(f"{path}: no cells of run(s) {', '.join(missing)}")
     if not any(i.get("confidence") is not None for c in named for cell in c.values() for i in cell.values()):
         raise SystemExit(f"{path}: no answer has a confidence: run lazyattn eval with --confidence")
+    if first and not any(i.get("token_logprobs") for c in named for cell in c.values() for i in cell.values()):
+        raise SystemExit(f"{path}: no answer has token log-probabilities: rerun lazyattn eval with --confidence")
     rows = []
     for cell in sorted(base, key=lambda c: (c[0], c[1])):
         reference = {q: item["accuracy"] for q, item in base[cell].items()}
@@ -55,8 +62,13 @@ def table(path: Path, runs: Sequence[str], baseline: str = "full") -> list[str]:
         each = [diff(reference, {q: c[cell][q]["accuracy"] for q in common}) for c in named]
         counts = " / ".join(str(sum(1 for k in picks.values() if k == j)) for j in range(len(runs)))
         mean = 100 * sum(reference[q] for q in common) / max(len(common), 1)
+        early = []
+        for tokens in first:
+            at = {q: surest([c[cell][q] for c in named], tokens) for q in common}
+            kept_at = {q: named[at[q]][cell][q]["accuracy"] for q in common}
+            early += [diff(kept, kept_at), str(sum(1 for q in common if at[q] != picks[q]))]
         docs, position = cell
-        cells = [path.parent.name, str(docs), position, f"{mean:.1f}", *each, diff(reference, kept), counts]
+        cells = [path.parent.name, str(docs), position, f"{mean:.1f}", *each, diff(reference, kept), counts, *early]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -66,18 +78,31 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("evals", nargs="+", type=Path, help="eval.json files of lazyattn eval --confidence")
     p.add_argument("--runs", required=True, help="two or more run labels, comma-separated, in tie order")
     p.add_argument("--baseline", default="full", help="the run every other is compared with (default: full)")
+    p.add_argument(
+        "--first-tokens",
+        default="",
+        help="comma-separated k: also the surest by the first k tokens' mean log-probability (module docstring)",
+    )
     args = p.parse_args(argv)
     runs = [r for r in args.runs.split(",") if r]
     if len(runs) < 2:
         p.error("--runs needs two or more run labels")
+    try:
+        first = [int(k) for k in args.first_tokens.split(",") if k]
+    except ValueError:
+        p.error(f"--first-tokens takes positive integers, got {args.first_tokens!r}")
+    if any(k < 1 for k in first):
+        p.error(f"--first-tokens takes positive integers, got {args.first_tokens!r}")
     head = [f"`{r}` − {args.baseline}" for r in runs]
+    for k in first:
+        head += [f"surest of the first {k} − surest", f"kept otherwise at {k}"]
     lines = [
-        f"| eval | docs | position | {args.baseline} % | " + " | ".join(head) + f" | surest − {args.baseline} "
-        f"| answers kept from each |",
-        "|" + "---|" * (len(runs) + 6),
+        f"| eval | docs | position | {args.baseline} % | " + " | ".join(head[: len(runs)]) + f" | surest − "
+        f"{args.baseline} | answers kept from each |" + "".join(f" {h} |" for h in head[len(runs) :]),
+        "|" + "---|" * (len(runs) + 6 + 2 * len(first)),
     ]
     for path in args.evals:
-        lines += table(path, runs, args.baseline)
+        lines += table(path, runs, args.baseline, first)
     text = "\n".join(lines)
     print(text)
     return text

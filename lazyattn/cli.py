@@ -229,7 +229,8 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="K",
         help="with a confidence-order --answer: the one-document answers that order the documents stop after K "
-        "tokens (default: the whole answer)",
+        "tokens (default: the whole answer); with another --answer but joint: the candidates are ranked by their "
+        "first K tokens and all but the surest stop there",
     )
     p.add_argument(
         "--parse-special-tokens",

@@ -30,6 +30,7 @@ from ray.serve.exceptions import RequestCancelledError
 from lazyattn.cluster.keys import route_key
 from lazyattn.cluster.replica import EngineInfo, EngineJob, ReplicaUpdate
 from lazyattn.cluster.routing_log import ROUTING_LOG
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.client import EngineRequest, OutputObserver
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.limits import RequestLimits
@@ -238,6 +239,7 @@ class RemoteEngineLoop:
         cache_salt: str | None,
         arrival: float,
         options: RequestOptions = ENGINE_DEFAULTS,
+        choices: list[Choice | None] | None = None,
     ) -> RemoteStream:
         prompt = requests[0][1]  # a request's prompts share their documents (server/inputs.py)
         job = EngineJob(
@@ -245,6 +247,7 @@ class RemoteEngineLoop:
             requests=requests,
             cache_salt=cache_salt,
             options=options,
+            choices=choices,
             route=route_key(prompt, cache_salt, self.route_page_tokens),
         )
         updates, first = await self._send(job, arrival)

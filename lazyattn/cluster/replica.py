@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from lazyattn.cluster.policy import RouteKey
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.llm_engine import EngineStats
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
@@ -33,6 +34,7 @@ class EngineJob:
     options: RequestOptions = ENGINE_DEFAULTS
     route: RouteKey = field(default_factory=RouteKey)
     pin: str | None = None  # a replica id: go there, whatever the policy says (deletion reaches every replica)
+    choices: list[Choice | None] | None = None  # the choice each request joins (engine/choice.py)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class EngineReplica:
             cache_salt=job.cache_salt,
             arrival=time.monotonic() - job.queued_s,
             options=job.options,
+            choices=job.choices,
         )
         try:
             yield ReplicaUpdate(self.name, [], self.loop.stats)

@@ -27,10 +27,15 @@ read last (a two-hop question's first hop), and where the order comes out as giv
 soon as its one-document answers are in, beside the request as given), `ordered_answers` the joint round into the
 answers.
 
-`confidence_tokens` = k (the ordering strategies only): each one-document candidate of the first round generates at
+`confidence_tokens` = k, with the ordering strategies: each one-document candidate of the first round generates at
 most k tokens, and its confidence is the mean log-probability of those. Its answer is never returned (only its
 confidence orders the documents), so what it costs is the first round's decode steps: k instead of the answer's
 length. The request as given and the joint round answer in full, as without it.
+With the strategies that choose among answers (best-document, best-document-or-joint, each-last, both-placements):
+the candidates are ranked by the mean log-probability of their first k tokens, and as soon as every candidate of a
+request has k tokens (or has ended) the engine stops all but the surest, which answers in full (engine/choice.py).
+The answer kept is the one the whole-answer rule would keep wherever the first k tokens rank the candidates as
+their whole answers do; what it saves is the other candidates' decode steps past the k-th.
 
 "each-last" asks in one round: the request as given, and once more for each of its other documents with that one
 moved last (every other document keeping its place), and keeps the surest of those joint answers (`document_order`
@@ -51,6 +56,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from lazyattn.engine.choice import Choice, chosen_logprobs, mean_logprob
 from lazyattn.engine.request_options import RequestOptions
 from lazyattn.errors import InvalidRequestError
 
@@ -85,7 +91,7 @@ T = TypeVar("T")
 def check_answer(answer: object, n: int = 1, stream: bool = False, confidence_tokens: object = None) -> None:
     """InvalidRequestError naming `answer` for a strategy that does not exist, or any strategy but "joint" with more
     than one sample per prompt or a stream (it works on finished answers); naming `confidence_tokens` for one that is
-    not a positive integer or is given with a strategy that does not order documents."""
+    not a positive integer or is given with "joint"."""
     if answer not in ANSWER_STRATEGIES:
         raise InvalidRequestError(f"answer must be one of {', '.join(ANSWER_STRATEGIES)}, got {answer!r}", "answer")
     if confidence_tokens is not None:
@@ -93,10 +99,10 @@ def check_answer(answer: object, n: int = 1, stream: bool = False, confidence_to
             raise InvalidRequestError(
                 f"confidence_tokens must be a positive integer, got {confidence_tokens!r}", "confidence_tokens"
             )
-        if answer not in ORDERING:
+        if answer == "joint":
             raise InvalidRequestError(
-                f"confidence_tokens caps the one-document answers that order the documents; answer {answer!r} does "
-                f"not order them (use {' or '.join(ORDERING)}, or leave confidence_tokens out)",
+                "confidence_tokens ranks the candidates of an answer strategy by their first tokens; answer 'joint' "
+                "asks no candidates (name another strategy, or leave confidence_tokens out)",
                 "confidence_tokens",
             )
     what = "orders the documents by finished answers" if answer in ORDERING else "chooses among finished answers"
@@ -194,23 +200,40 @@ def placement_groups(
 
 
 def with_confidence(
-    params: SamplingParams, source: Source = None, confidence_tokens: int | None = None
+    params: SamplingParams, source: Source = None, confidence_tokens: int | None = None, answer: str = "joint"
 ) -> SamplingParams:
     """The parameters a candidate made from `source` (as `candidates` lists them) asks with: `params`, asking for the
-    chosen tokens' log-probabilities (what `confidence` reads) where they ask for none; a one-document candidate
-    generates at most `confidence_tokens` tokens (None: as many as `params` allow; `check_answer` admits it only for
-    the ordering strategies, whose one-document answers are never returned)."""
+    chosen tokens' log-probabilities (what `confidence` reads) where they ask for none; with an ordering `answer` a
+    one-document candidate generates at most `confidence_tokens` tokens (None: as many as `params` allow; its answer
+    is never returned)."""
     changes: dict = {} if params.logprobs is not None else {"logprobs": 0}
-    one_document = isinstance(source, int)
+    one_document = isinstance(source, int) and answer in ORDERING
     if one_document and confidence_tokens is not None and confidence_tokens < params.max_tokens:
         changes.update(max_tokens=confidence_tokens, min_tokens=min(params.min_tokens, confidence_tokens))
     return dataclasses.replace(params, **changes) if changes else params
 
 
-def confidence(out: RequestOutput) -> float:
-    """The mean log-probability of the answer's tokens (-inf for an answer without tokens)."""
-    picked = [next(iter(step.values())) for step in out.outputs[0].logprobs or []]
-    return sum(picked) / len(picked) if picked else -math.inf
+def confidence(out: RequestOutput, tokens: int | None = None) -> float:
+    """The mean log-probability of the answer's tokens, of its first `tokens` only where given (-inf for an answer
+    without tokens)."""
+    return mean_logprob(chosen_logprobs(out), tokens)
+
+
+def choices(owners: Sequence[int], key: str, answer: str, confidence_tokens: int | None) -> list[Choice | None]:
+    """The engine's choice (engine/choice.py) each candidate joins (`owners[i]` owns candidate i, as `candidates`
+    lists them for `answer`): with `confidence_tokens` set and a strategy that chooses among answers, one per request
+    of two or more candidates, keyed `key` and the request's index; else None for every candidate."""
+    if confidence_tokens is None or answer == "joint" or answer in ORDERING:
+        return [None] * len(owners)
+    size: dict[int, int] = {}
+    for owner in owners:
+        size[owner] = size.get(owner, 0) + 1
+    made: list[Choice | None] = []
+    seen: dict[int, int] = {}
+    for owner in owners:
+        index = seen[owner] = seen.get(owner, -1) + 1
+        made.append(Choice(f"{key}{owner}", index, size[owner], confidence_tokens) if size[owner] > 1 else None)
+    return made
 
 
 def pick_answers(
@@ -218,17 +241,18 @@ def pick_answers(
     outputs: Sequence[RequestOutput],
     sources: Sequence[Source],
     keep_logprobs: Sequence[bool],
+    confidence_tokens: int | None = None,
 ) -> list[RequestOutput]:
     """For each request r (`owners[i]` owns `outputs[i]`, made from `sources[i]` as `candidates` lists them), the most
-    confident of its outputs, with `answered_from` set to that source's document (one document alone),
-    `document_order` to its order (each-last) or `read_in_parallel` (both-placements' PARALLEL); a request of which
-    one output failed gets that output.
+    confident of its outputs (by its first `confidence_tokens` tokens where given), with `answered_from` set to that
+    source's document (one document alone), `document_order` to its order (each-last) or `read_in_parallel`
+    (both-placements' PARALLEL); a request of which one output failed gets that output.
     `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
     best: dict[int, tuple[float, RequestOutput, Source]] = {}
     for owner, out, source in zip(owners, outputs, sources, strict=True):
         # A request the engine failed alone fails the whole answer, as it fails a joint request: its output (the
         # first such) is returned, error set, rather than a choice among the others that looks complete.
-        score = math.inf if out.error is not None else confidence(out)
+        score = math.inf if out.error is not None else confidence(out, confidence_tokens)
         if owner not in best or score > best[owner][0]:
             best[owner] = (score, out, source)
     picked = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.modes import Mode
 from lazyattn.engine.outputs import EngineStats, RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
@@ -111,9 +112,12 @@ class EngineClient(Protocol):
         cache_salt: str | None,
         arrival: float,
         options: RequestOptions = ENGINE_DEFAULTS,
+        choices: list[Choice | None] | None = None,
     ) -> OutputStream:
         """Add requests, all or none (raises the engine's validation error, and adds nothing, if one is bad). They
-        are stopped, and their pages freed, through the returned stream's `abort`."""
+        are stopped, and their pages freed, through the returned stream's `abort`. `choices[i]`: the choice among
+        candidates request i joins (engine/choice.py; None: none); candidates submitted apart may land on engines
+        apart (a cluster), where each then answers in full."""
         ...
 
     async def drop_documents(self, segments: list[list[int]], cache_salt: str | None) -> None:

@@ -16,11 +16,13 @@ from lazyattn.engine.best_document import (
     FirstRound,
     candidates,
     check_answer,
+    choices,
     ordered_answers,
     pick_answers,
     placement_groups,
     with_confidence,
 )
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.outputs import RequestOutput
@@ -107,8 +109,10 @@ class LLM:
         each other document moved last, the most confident answer kept, its order in `document_order`) or
         "both-placements" (in one round, the documents read in order and read in parallel, `ape_parallel`, the more
         confident answer kept, `read_in_parallel` saying which; lazy mode; engine/best_document.py).
-        confidence_tokens (the two confidence-order strategies): the one-document answers that order the documents
-        stop after that many tokens (None: the whole answer); only their confidence is used."""
+        confidence_tokens: with the two confidence-order strategies, the one-document answers that order the
+        documents stop after that many tokens (None: the whole answer; only their confidence is used); with the
+        others but "joint", the candidates are ranked by their first that many tokens and all but the surest stop
+        there (engine/choice.py)."""
         _check_answer(answer, sampling_params, confidence_tokens)
         options = _options(
             options, relink_tokens, relink_last_tokens, ape_temperature, ape_scale, ape_prefix, ape_tilt, ape_parallel
@@ -203,10 +207,11 @@ class LLM:
         if answer == "joint":
             return self._run(rendered, params, cache_salt, use_tqdm, options)
         keep = [p.logprobs is not None for p in params]
-        first = [with_confidence(params[o], src, confidence_tokens) for o, src in zip(owners, sources)]
+        first = [with_confidence(params[o], src, confidence_tokens, answer) for o, src in zip(owners, sources)]
         if answer not in ORDERING:
-            ids = self._add_groups(rendered, first, cache_salt, placement_groups(options, answer, sources))
-            return pick_answers(owners, self._drain(ids, use_tqdm), sources, keep)
+            chosen = choices(owners, f"gen-choice-{next(self._ids)}-", answer, confidence_tokens)
+            ids = self._add_groups(rendered, first, cache_salt, placement_groups(options, answer, sources), chosen)
+            return pick_answers(owners, self._drain(ids, use_tqdm), sources, keep, confidence_tokens)
         ids = self._add(rendered, first, cache_salt, options)
         rounds = FirstRound(owners, sources, len(docs))
         candidate = {rid: i for i, rid in enumerate(ids)}
@@ -243,9 +248,10 @@ class LLM:
         sampling_params,
         cache_salt,
         options: RequestOptions = ENGINE_DEFAULTS,
+        chosen: list[Choice | None] | None = None,
     ) -> list[str]:
         """Queue one request per prompt; their ids. All or nothing: a bad one fails before any is queued, or (the
-        engine's own checks) takes back those queued before it."""
+        engine's own checks) takes back those queued before it. `chosen`: the choice each joins (engine/choice.py)."""
         params = _per_prompt_params(sampling_params, len(rendered))
         for p in params:  # fail before anything is queued: a bad request loses nothing
             p.validate(self.engine.model_config.vocab_size)
@@ -253,8 +259,8 @@ class LLM:
         ids = [f"gen-{next(self._ids)}" for _ in rendered]
         added: list[str] = []
         try:
-            for rid, r, p in zip(ids, rendered, params):
-                self.engine.add_request(rid, r, p, cache_salt=cache_salt, options=options)
+            for rid, r, p, c in zip(ids, rendered, params, chosen or [None] * len(rendered)):
+                self.engine.add_request(rid, r, p, cache_salt=cache_salt, options=options, choice=c)
                 added.append(rid)
         except Exception:
             for rid in added:
@@ -268,13 +274,17 @@ class LLM:
         sampling_params: list[SamplingParams],
         cache_salt,
         groups: list[tuple[RequestOptions, list[int]]],
+        chosen: list[Choice | None],
     ) -> list[str]:
         """`_add` of each group (options, the indices of the requests that ask with them), the ids in the given
-        order; all or nothing as `_add`."""
+        order; all or nothing as `_add`. `chosen[i]`: the choice request i joins."""
         ids: list[str | None] = [None] * len(rendered)
         try:
             for asked, which in groups:
-                added = self._add([rendered[i] for i in which], [sampling_params[i] for i in which], cache_salt, asked)
+                picked = [rendered[i] for i in which]
+                added = self._add(
+                    picked, [sampling_params[i] for i in which], cache_salt, asked, [chosen[i] for i in which]
+                )
                 for i, rid in zip(which, added):
                     ids[i] = rid
         except Exception:

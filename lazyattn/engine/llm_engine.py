@@ -27,6 +27,7 @@ from lazyattn.cache.document_cache import DocumentCache, SegmentKeyer
 from lazyattn.cache.host_tier import make_host_tier
 from lazyattn.cache.page_pool import PagePool
 from lazyattn.engine.batch import StepUpdate
+from lazyattn.engine.choice import Choice, Choices
 from lazyattn.engine.config import EngineConfig
 from lazyattn.engine.executor.base import Executor
 from lazyattn.engine.executor.local import LocalExecutor
@@ -127,6 +128,7 @@ class LLMEngine:
             config.split_mixed_steps_on,
         )
         self.requests: dict[str, Request] = {}
+        self.choices = Choices()  # candidates that stop once another is surer (engine/choice.py)
         # Python's garbage collector around the steps (engine/gc_control.py): given back at shutdown, or when the
         # engine is dropped (the finalizer holds the control, not the engine).
         self.gc_control = GcControl(config.gc_control_on, config.gc_full_interval_s)
@@ -154,14 +156,24 @@ class LLMEngine:
         cache_salt: str | None = None,
         arrival: float | None = None,
         options: RequestOptions = ENGINE_DEFAULTS,
+        choice: Choice | None = None,
     ) -> None:
         """Validate and queue a request. Raises a specific error and changes nothing if it is bad. The engine keeps
         the prompt's lists until the request ends: the caller must not change them meanwhile.
         `params=None`: prefill-only (the prompt has segments and no final segment). `options`: the request's relink
         rows and APE settings (engine/request_options.py; docs/design.md, "Relink" and "APE"), each None the
-        engine's."""
+        engine's. `choice`: the request is a candidate of that choice, stopped once another is surer after their
+        first tokens (engine/choice.py); it must ask for its tokens' log-probabilities, one sequence."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        if choice is not None:
+            self.choices.check(request_id, choice)
+            if params is None or params.logprobs is None or params.n != 1:
+                raise InvalidRequestError(
+                    "a candidate of a choice is one sequence that asks for its tokens' log-probabilities "
+                    "(n 1, logprobs set)",
+                    "choice",
+                )
         req = self.intake.request(
             request_id,
             prompt,
@@ -176,6 +188,8 @@ class LLMEngine:
         for seq in req.seqs:
             self.scheduler.add(seq)
         self.requests[request_id] = req
+        if choice is not None:
+            self.choices.add(request_id, choice)
         self.gc_control.busy()
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -183,6 +197,7 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
+        self.choices.forget(request_id)
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
@@ -232,6 +247,8 @@ class LLMEngine:
         if self.disk is not None:  # the disk tier's guard weighs a read against an encode at this rate
             self.disk.observe_encode(self.scheduler.prefilled_tokens - prefilled, time.perf_counter() - start)
         outputs = self._outputs(updates)
+        if len(self.choices):
+            outputs = self._stop_losers(outputs, self.choices.update(outputs))
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
@@ -248,6 +265,18 @@ class LLMEngine:
         failed = {request_id: error for u in updates for request_id, error in u.failed.items()}
         touched = [self.requests.get(request_id) for request_id in dict.fromkeys(r for u in updates for r in u.touched)]
         return [self.outputs.output(r.request_id, r.prompt, r.seqs, failed.get(r.request_id)) for r in touched if r]
+
+    def _stop_losers(self, outputs: list[RequestOutput], losers: list[str]) -> list[RequestOutput]:
+        """Stop the candidates that lost a choice in this step (engine/choice.py); `outputs` with each one's final
+        output in place of the one it had (finish reason "abort")."""
+        final = {}
+        for request_id in losers:
+            req = self.requests[request_id]
+            for seq in req.seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "abort")
+            final[request_id] = self.outputs.output(req.request_id, req.prompt, req.seqs)
+        return [final.pop(out.request_id, out) for out in outputs] + list(final.values())
 
     def _drain(self) -> None:
         """Wait for the step in flight, which nobody will read (every request has ended); reported unread. The

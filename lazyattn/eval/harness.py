@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lazyattn.engine.best_document import ANSWER_STRATEGIES, CHOOSING, check_answer, confidence
+from lazyattn.engine.choice import chosen_logprobs
 from lazyattn.engine.config import MODES
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
@@ -47,7 +48,8 @@ def parse_option(text: str) -> tuple[str, Any]:
 class RunSpec:
     """One engine configuration: `mode` and extra `LLM(...)` options; `label` names it in tables and JSON; `answer`,
     how its questions are asked (ANSWER_STRATEGIES), and `confidence_tokens`, the cap on the one-document answers of
-    the confidence-order strategies (engine/best_document.py; None: the whole answer)."""
+    the confidence-order strategies, the first tokens the other strategies rank their candidates by
+    (engine/best_document.py; None: the whole answer)."""
 
     label: str
     mode: str
@@ -58,7 +60,7 @@ class RunSpec:
     @staticmethod
     def parse(text: str) -> RunSpec:
         """ "lazy" or "lazy:relink_tokens=16" (options separated by ':'); `answer=best-document` is the run's
-        answering strategy and `confidence_tokens=4` its cap on the one-document answers, not engine options."""
+        answering strategy and `confidence_tokens=4` its candidates' first tokens, not engine options."""
         mode, *opts = text.strip().split(":")
         if mode not in MODES:
             raise InvalidRequestError(
@@ -128,8 +130,10 @@ class ItemResult:
     document_order: list[int] | None = None
     read_in_parallel: bool = False
     # With `lazyattn eval --confidence`: the mean log-probability of the answer's tokens (best_document.confidence,
-    # what the choosing strategies rank candidates by); None without it, and for an answer without tokens.
+    # what the choosing strategies rank candidates by); None without it, and for an answer without tokens. With it
+    # too, each answer token's log-probability in order (what a choice after its first k tokens ranks by).
     confidence: float | None = None
+    token_logprobs: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +152,7 @@ class ItemResult:
             "document_order": self.document_order,
             "read_in_parallel": self.read_in_parallel,
             "confidence": self.confidence,
+            "token_logprobs": self.token_logprobs,
         }
 
     @staticmethod
@@ -166,6 +171,7 @@ class ItemResult:
             d.get("document_order"),
             d.get("read_in_parallel", False),
             d.get("confidence"),
+            d.get("token_logprobs"),
         )
 
 
@@ -269,6 +275,7 @@ def answer_cell(
                     document_order=out.document_order,
                     read_in_parallel=out.read_in_parallel,
                     confidence=_confidence(out),
+                    token_logprobs=_token_logprobs(out),
                 )
             )
         on_done(len(batch))
@@ -283,6 +290,15 @@ def _confidence(out: Any) -> float | None:
         return None
     value = confidence(out)
     return value if math.isfinite(value) else None
+
+
+def _token_logprobs(out: Any) -> list[float] | None:
+    """ItemResult.token_logprobs: the log-probability of each answer token in order where they were asked for
+    (`--confidence`), else None."""
+    completion = out.outputs[0] if out.outputs else None
+    if completion is None or completion.logprobs is None:
+        return None
+    return chosen_logprobs(out)
 
 
 def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.client import EngineRequest, OutputObserver
 from lazyattn.engine.llm_engine import EngineStats, LLMEngine
 from lazyattn.engine.modes import Mode
@@ -173,9 +174,10 @@ class EngineLoop:
         cache_salt: str | None,
         arrival: float,
         options: RequestOptions = ENGINE_DEFAULTS,
+        choices: list[Choice | None] | None = None,
     ) -> LocalStream:
         """Add requests to the engine, all or none; raises the engine's validation errors. Params None: a
-        prefill-only request (documents encoded ahead)."""
+        prefill-only request (documents encoded ahead). `choices[i]`: the choice request i joins (engine/choice.py)."""
         loop = asyncio.get_running_loop()
         stream = LocalStream(self, loop, [rid for rid, _, _ in requests])
         future: asyncio.Future[None] = loop.create_future()
@@ -183,9 +185,9 @@ class EngineLoop:
         def add() -> None:
             added: list[str] = []
             try:
-                for rid, prompt, params in requests:
+                for (rid, prompt, params), choice in zip(requests, choices or [None] * len(requests)):
                     self.engine.add_request(
-                        rid, prompt, params, cache_salt=cache_salt, arrival=arrival, options=options
+                        rid, prompt, params, cache_salt=cache_salt, arrival=arrival, options=options, choice=choice
                     )
                     added.append(rid)
                     self._streams[rid] = stream

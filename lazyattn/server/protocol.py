@@ -183,8 +183,9 @@ class _GenerationRequest(_Strict):
     confidence_tokens: json_int(ge=1) | None = Field(
         None,
         description="confidence-order and confidence-order-or-joint: the one-document answers that order the "
-        "documents stop after this many tokens (only their confidence is used); null: the whole answer. Any other "
-        "answer strategy rejects it (400)",
+        "documents stop after this many tokens (only their confidence is used); null: the whole answer. The other "
+        "strategies but joint: the candidates are ranked by their first this many tokens, and all but the surest "
+        "stop there. answer joint rejects it (400)",
     )
     # Sampling extensions, named as in vLLM.
     top_k: json_int(ge=-1, json_schema_extra={LIMIT: "vocab_size"}) = Field(

@@ -27,11 +27,13 @@ from lazyattn.engine.best_document import (
     answer_for,
     candidates,
     check_answer,
+    choices,
     ordered_answers,
     pick_answers,
     placement_groups,
     with_confidence,
 )
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.client import EngineClient, OutputStream
 from lazyattn.engine.outputs import RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
@@ -301,13 +303,16 @@ class OpenAIServing:
             # (and check their length), a prompt too long fails here, before any request runs.
             await run_in_threadpool(lambda: [params(render(i, every)) for i in range(count)])
         prompts = await run_in_threadpool(lambda: [render(o, which) for o, which in zip(owners, sets)])
-        asked = [with_confidence(params(p), src, confidence_tokens) for p, src in zip(prompts, sources)]
+        asked = [with_confidence(params(p), src, confidence_tokens, answer) for p, src in zip(prompts, sources)]
         groups = placement_groups(options, answer, sources)
         keep = [keep_logprobs] * count
+        chosen = choices(owners, f"{rid}-choice-", answer, confidence_tokens)
 
         async def run(prefix: str, which: list[int], options: RequestOptions = options) -> list[RequestOutput] | None:
             picked = [prompts[i] for i in which]
-            return await self._run_all(request, prefix, picked, [asked[i] for i in which], scope, arrival, options)
+            return await self._run_all(
+                request, prefix, picked, [asked[i] for i in which], scope, arrival, options, [chosen[i] for i in which]
+            )
 
         if answer not in ORDERING:
             # one group of requests per options they ask with (both-placements: in order, and in parallel)
@@ -325,7 +330,7 @@ class OpenAIServing:
             for (_, which), group in zip(groups, made):
                 for i, out in zip(which, group):
                     outs[i] = out
-            return self._counted(answer, pick_answers(owners, outs, sources, keep)), outs
+            return self._counted(answer, pick_answers(owners, outs, sources, keep, confidence_tokens)), outs
         # The requests as given answer as one group; each prompt's one-document requests as another, and its joint
         # request follows as soon as they are in, beside the requests as given.
         rounds = FirstRound(owners, sources, count)
@@ -379,12 +384,16 @@ class OpenAIServing:
         scope: str | None,
         arrival: float,
         options: RequestOptions,
+        chosen: list[Choice | None] | None = None,
     ) -> list[RequestOutput] | None:
-        """The final outputs of these requests, in order (ids `prefix` and a count); None if the client left."""
+        """The final outputs of these requests, in order (ids `prefix` and a count); None if the client left.
+        `chosen[i]`: the choice request i joins (engine/choice.py)."""
         requests = [(f"{prefix}{k}", prompt, p) for k, (prompt, p) in enumerate(zip(prompts, params))]
         if not requests:
             return []
-        stream = await self.engine_loop.submit(requests, cache_salt=scope, arrival=arrival, options=options)
+        stream = await self.engine_loop.submit(
+            requests, cache_salt=scope, arrival=arrival, options=options, choices=chosen
+        )
         finals = await _collect(stream, request)
         return None if finals is None else [finals[rid] for rid, _, _ in requests]
 

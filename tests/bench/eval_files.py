@@ -11,12 +11,21 @@ def write_eval(
     scores: dict[str, dict[str, list[float]]],
     parallel: dict[str, dict[str, int]] | None = None,
     confidence: dict[str, dict[str, list[float | None]]] | None = None,
+    token_logprobs: dict[str, dict[str, list[list[float] | None]]] | None = None,
 ) -> None:
     """folder/eval.json with 5-document cells: run -> gold position -> each question's accuracy (ids q0, q1, ...);
     `parallel`: run -> gold position -> how many of its first questions were read in parallel; `confidence`: run ->
-    gold position -> each answer's confidence (`lazyattn eval --confidence`; None where not given)."""
+    gold position -> each answer's confidence (`lazyattn eval --confidence`; None where not given);
+    `token_logprobs`: run -> gold position -> each answer's token log-probabilities (their mean its confidence where
+    `confidence` gives none)."""
     parallel = parallel or {}
-    confidence = confidence or {}
+    confidence = dict(confidence or {})
+    token_logprobs = token_logprobs or {}
+    for run, by_position in token_logprobs.items():
+        for position, answers in by_position.items():
+            confidence.setdefault(run, {}).setdefault(
+                position, [None if t is None else sum(t) / len(t) for t in answers]
+            )
     cells = [
         {
             "run": run,
@@ -28,6 +37,9 @@ def write_eval(
                     "accuracy": a,
                     "read_in_parallel": i < parallel.get(run, {}).get(position, 0),
                     "confidence": confidence[run][position][i] if position in confidence.get(run, {}) else None,
+                    "token_logprobs": token_logprobs[run][position][i]
+                    if position in token_logprobs.get(run, {})
+                    else None,
                 }
                 for i, a in enumerate(acc)
             ],

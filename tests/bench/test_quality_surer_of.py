@@ -52,3 +52,36 @@ def test_runs_without_confidences_or_missing_are_refused(tmp_path):
         main([str(tmp_path / "x" / "eval.json"), "--runs", "a,c"])
     with pytest.raises(SystemExit):
         main([str(tmp_path / "x" / "eval.json"), "--runs", "a"])
+
+
+def test_the_surest_by_the_first_tokens_against_the_surest_by_the_whole_answer(tmp_path):
+    # per question a's and b's answers, token by token; their means over the whole answer and over the first k
+    a = [[-0.1, -2.0], [-0.5, -0.5], [-1.0], None]
+    b = [[-0.3, -0.3], [-0.2, -1.6], [-1.0, -0.1], [-0.4]]
+    write_eval(
+        tmp_path / "blk-real",
+        {"full": {"first": [1, 1, 1, 1] * 10}, "a": {"first": [1, 1, 0, 0] * 10}, "b": {"first": [0, 0, 1, 1] * 10}},
+        token_logprobs={"a": {"first": a * 10}, "b": {"first": b * 10}},
+    )
+    text = main([str(tmp_path / "blk-real" / "eval.json"), "--runs", "a,b", "--first-tokens", "1,2"])
+    row = next(line for line in text.splitlines() if line.startswith("| blk-real | 5 | first |")).split(" | ")
+    # whole answers: q0 b (-0.3 > -1.05), q1 a (-0.5 > -0.9), q2 b (-0.55 > -1.0), q3 b (a has none): 0, 1, 1, 1
+    assert row[6].startswith("-25.0")
+    assert row[7] == "10 / 30"
+    # first token: q0 a (-0.1), q1 b (-0.2), q2 a (tie), q3 b: 1, 0, 0, 1; against the whole answer's 0, 1, 1, 1
+    assert row[8].startswith("-25.0 [")  # +1, -1, -1, 0 per group of four
+    assert row[9] == "30"  # q0, q1, q2 kept from the other run
+    # first two tokens: the whole answers here, but q2's b (-0.55 > -1.0): the same choice throughout
+    assert row[10].startswith("+0.0") and row[11] == "0 |"
+
+
+def test_first_tokens_need_the_token_log_probabilities(tmp_path):
+    write_eval(
+        tmp_path / "x",
+        {"full": {"first": [1, 0]}, "a": {"first": [1, 1]}, "b": {"first": [0, 0]}},
+        confidence={"a": {"first": [-0.1, -0.2]}, "b": {"first": [-0.3, -0.1]}},
+    )
+    with pytest.raises(SystemExit, match="token log-probabilities"):
+        main([str(tmp_path / "x" / "eval.json"), "--runs", "a,b", "--first-tokens", "2"])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "x" / "eval.json"), "--runs", "a,b", "--first-tokens", "0"])

@@ -172,17 +172,17 @@ def test_check_answer_names_the_field(answer, n, stream, param):
         ("confidence-order", 2.0, "positive integer"),
         ("confidence-order", True, "positive integer"),
         ("confidence-order", "4", "positive integer"),
-        ("joint", 4, "does not order them"),
-        ("best-document", 4, "does not order them"),
-        ("best-document-or-joint", 1, "does not order them"),
+        ("each-last", 0, "positive integer"),
+        ("joint", 4, "asks no candidates"),
     ],
 )
 def test_check_answer_rejects_a_confidence_cap_it_cannot_apply(answer, tokens, message):
     with pytest.raises(InvalidRequestError, match=message) as e:
         check_answer(answer, confidence_tokens=tokens)
     assert e.value.param == "confidence_tokens"
-    check_answer("confidence-order", confidence_tokens=1)
-    check_answer("confidence-order-or-joint", confidence_tokens=64)
+    for answer in ANSWER_STRATEGIES[1:]:  # every strategy that asks candidates
+        check_answer(answer, confidence_tokens=1)
+        check_answer(answer, confidence_tokens=64)
 
 
 @pytest.mark.parametrize(
@@ -217,14 +217,17 @@ def test_a_default_strategy_the_mode_cannot_run_is_refused():
         check_default_answer("surest", "lazy")
 
 
-def test_with_confidence_caps_only_the_one_document_candidates():
+def test_with_confidence_caps_only_the_one_document_candidates_of_the_ordering_strategies():
     params = SamplingParams(max_tokens=16, min_tokens=8, temperature=0.0)
-    as_given = with_confidence(params, None, 4)
+    as_given = with_confidence(params, None, 4, "confidence-order-or-joint")
     assert (as_given.max_tokens, as_given.min_tokens, as_given.logprobs) == (16, 8, 0)
-    alone = with_confidence(params, 2, 4)
+    alone = with_confidence(params, 2, 4, "confidence-order")
     assert (alone.max_tokens, alone.min_tokens, alone.logprobs) == (4, 4, 0)
     assert (params.max_tokens, params.logprobs) == (16, None)  # the caller's params are not touched
-    assert with_confidence(params, 2, 32).max_tokens == 16  # a cap above max_tokens changes nothing
+    assert with_confidence(params, 2, 32, "confidence-order").max_tokens == 16  # a cap above max_tokens: no change
+    # a choosing strategy's one-document answer may be the answer: it is stopped by the engine's choice, not capped
+    chosen = with_confidence(params, 2, 4, "best-document")
+    assert (chosen.max_tokens, chosen.min_tokens, chosen.logprobs) == (16, 8, 0)
     asked = SamplingParams(max_tokens=3, logprobs=2)
     assert with_confidence(asked, 0, None) is asked  # nothing to change
 
@@ -374,6 +377,48 @@ def test_both_placements_is_the_surer_of_the_documents_in_order_and_in_parallel(
         moved.append(mean_logprob(plain) != means[best])
     assert set(kept) == {0, 1}  # each placement wins somewhere: the check sees both
     assert any(moved) == bool(ape)  # the temperature changes what the candidates answer: the check sees it
+
+
+def _by_hand(answer: str, docs: list[str]) -> list[tuple[list[str], bool | None]]:
+    """The candidates of a choosing strategy, in tie order, written out: (documents, ape_parallel)."""
+    if len(docs) < 2:
+        return [(docs, None)]
+    if answer == "best-document-or-joint":
+        return [(docs, None)] + [([d], None) for d in docs]
+    if answer == "each-last":
+        return [(docs, None)] + [([d for d in docs if d != last] + [last], None) for last in docs[:-1]]
+    return [(docs, False), (docs, True)]  # both-placements
+
+
+@pytest.mark.parametrize("answer", ["best-document-or-joint", "each-last", "both-placements"])
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_confidence_tokens_choose_after_the_first_tokens_and_stop_the_other_candidates(llm, answer, tokens):
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    before = llm.engine.stats().decoded_tokens
+    got = llm.generate(PROMPTS, params, documents=DOCS, answer=answer, confidence_tokens=tokens, ape_prefix=True)
+    decoded = llm.engine.stats().decoded_tokens - before
+    scored = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    want_decoded, other_answer = 0, False
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        # by hand: every candidate answered in full, one by one; the surest by its first `tokens` tokens, the first
+        # on a tie, is the answer, in full
+        asked = [
+            llm.generate([prompt], scored, documents=[d], ape_prefix=True, ape_parallel=parallel)[0]
+            for d, parallel in _by_hand(answer, docs)
+        ]
+        means = [mean_logprob(o, tokens) for o in asked]
+        best = means.index(max(means))
+        assert out.token_ids == asked[best].token_ids and len(out.token_ids) == 6
+        whole = [mean_logprob(o) for o in asked]
+        other_answer |= asked[whole.index(max(whole))].token_ids != out.token_ids
+        # the work: the answer's 5 decode rows (its first token comes from the prefill), each other candidate's
+        # `tokens` - 1 before it was stopped (and, where steps overlap, one more in flight)
+        losers = len(asked) - 1
+        want_decoded += 5 + losers * (tokens - 1 + llm.engine.pipeline.overlap)
+    assert decoded == want_decoded
+    # by the first token the choice differs from the whole answers' somewhere: the check sees which rule is applied
+    assert other_answer or tokens > 1
+    assert not llm.engine.has_unfinished() and not len(llm.engine.choices)
 
 
 def test_both_placements_leaves_ape_parallel_to_itself_and_needs_lazy_mode(llm):

@@ -194,9 +194,27 @@ def test_confidence_tokens_cap_the_one_document_answers_as_the_python_api(server
     assert r.json()["usage"]["completion_tokens"] == len(DOCS) * 2 + 5
 
 
-@pytest.mark.parametrize(
-    ("answer", "tokens"), [("joint", 2), ("best-document", 2), ("confidence-order", 0), ("confidence-order", "2")]
-)
+@pytest.mark.parametrize("answer", ["both-placements", "best-document-or-joint"])
+def test_confidence_tokens_choose_after_the_first_tokens_as_the_python_api(server, offline, answer):
+    # chat and a two-prompt completion: the Python API's answers; usage counts each other candidate's 2 tokens only
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    shown = "read_in_parallel" if answer == "both-placements" else "answered_from"
+    asked = {"answer": answer, "confidence_tokens": 2}
+    r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, **asked})
+    assert r.status_code == 200, r.text
+    want = offline.chat(MESSAGES, params, documents=[DOCS], **asked)[0]
+    choice = r.json()["choices"][0]
+    assert (choice["message"]["content"], choice[shown]) == (want.text, getattr(want, shown))
+    candidates = 2 if answer == "both-placements" else 1 + len(DOCS)
+    assert r.json()["usage"]["completion_tokens"] == 5 + (candidates - 1) * 2
+    r = post(server.url, "/v1/completions", {**BODY, "prompt": PROMPTS, **asked})
+    assert r.status_code == 200, r.text
+    want = offline.generate(PROMPTS, params, documents=[DOCS, DOCS], **asked)
+    assert [(c["text"], c[shown]) for c in r.json()["choices"]] == [(w.text, getattr(w, shown)) for w in want]
+    assert r.json()["usage"]["completion_tokens"] == len(PROMPTS) * (5 + (candidates - 1) * 2)
+
+
+@pytest.mark.parametrize(("answer", "tokens"), [("joint", 2), ("confidence-order", 0), ("confidence-order", "2")])
 def test_a_confidence_cap_that_cannot_apply_is_a_400_naming_it(server, answer, tokens):
     body = {**BODY, "messages": MESSAGES, "answer": answer, "confidence_tokens": tokens}
     r = post(server.url, "/v1/chat/completions", body)
@@ -237,8 +255,13 @@ def test_a_server_default_answers_requests_that_name_no_strategy(both_placements
             continue
         assert "read_in_parallel" not in got.json()["choices"][0]
         assert [c["message"] for c in got.json()["choices"]] == [c["message"] for c in want.json()["choices"]]
-    # a request that asks for what no strategy of its own could do is still told which field is wrong
-    r = post(url, "/v1/chat/completions", {**chat, "confidence_tokens": 2})
+    # confidence_tokens applies to the default strategy as to the one named; a request that asks for what its own
+    # strategy cannot do is still told which field is wrong
+    named = {**chat, "answer": "both-placements"}
+    plain, asked = (post(url, "/v1/chat/completions", {**body, "confidence_tokens": 2}) for body in (chat, named))
+    assert plain.status_code == asked.status_code == 200, plain.text
+    assert plain.json()["choices"] == asked.json()["choices"]
+    r = post(url, "/v1/chat/completions", {**chat, "answer": "joint", "confidence_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "confidence_tokens", r.text
 
 
