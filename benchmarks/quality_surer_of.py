@@ -12,6 +12,14 @@ strategies rank candidates by (engine/best_document.py, `confidence`). Per file 
 the surest answer (the highest confidence; a tie, or an answer without tokens, goes to the run named first), in
 points with the paired 95 % bootstrap interval over the questions ("n.s." where it holds 0), and how many answers
 each run gave to it.
+
+`--first-tokens 1,2,4` adds what choosing after the first k tokens would give (`confidence_tokens=k` of the choosing
+answer strategies, which stop every other candidate after k tokens; the runs need the tokens' log-probabilities,
+which `--confidence` records as `token_logprobs`): the answer tokens generated with every candidate in full against
+the first run's alone (the ratio of `usage.completion_tokens`, decode work), and per k the surest by the mean
+log-probability of the first k tokens, its difference from the surest by the whole answer (paired over the same
+questions), on how many questions it keeps another run's answer, and the answer tokens generated (the answer kept in
+full, every other candidate's first k) against the first run's alone.
 """
 
 from __future__ import annotations
@@ -63,10 +71,15 @@ def table(path: Path, runs: Sequence[str], baseline: str = "full", first: Sequen
         counts = " / ".join(str(sum(1 for k in picks.values() if k == j)) for j in range(len(runs)))
         mean = 100 * sum(reference[q] for q in common) / max(len(common), 1)
         early = []
+        if first:
+            lengths = {q: [len(c[cell][q].get("token_logprobs") or []) for c in named] for q in common}
+            alone = max(sum(lengths[q][0] for q in common), 1)
+            early.append(f"{sum(sum(n) for n in lengths.values()) / alone:.2f}")
         for tokens in first:
             at = {q: surest([c[cell][q] for c in named], tokens) for q in common}
             kept_at = {q: named[at[q]][cell][q]["accuracy"] for q in common}
-            early += [diff(kept, kept_at), str(sum(1 for q in common if at[q] != picks[q]))]
+            made = sum(n if j == at[q] else min(n, tokens) for q in common for j, n in enumerate(lengths[q]))
+            early += [diff(kept, kept_at), str(sum(1 for q in common if at[q] != picks[q])), f"{made / alone:.2f}"]
         docs, position = cell
         cells = [path.parent.name, str(docs), position, f"{mean:.1f}", *each, diff(reference, kept), counts, *early]
         rows.append("| " + " | ".join(cells) + " |")
@@ -94,12 +107,14 @@ def main(argv: list[str] | None = None) -> str:
     if any(k < 1 for k in first):
         p.error(f"--first-tokens takes positive integers, got {args.first_tokens!r}")
     head = [f"`{r}` − {args.baseline}" for r in runs]
+    if first:
+        head.append(f"answer tokens ÷ `{runs[0]}`'s, every candidate in full")
     for k in first:
-        head += [f"surest of the first {k} − surest", f"kept otherwise at {k}"]
+        head += [f"surest of the first {k} − surest", f"kept otherwise at {k}", f"answer tokens ÷ `{runs[0]}`'s at {k}"]
     lines = [
         f"| eval | docs | position | {args.baseline} % | " + " | ".join(head[: len(runs)]) + f" | surest − "
         f"{args.baseline} | answers kept from each |" + "".join(f" {h} |" for h in head[len(runs) :]),
-        "|" + "---|" * (len(runs) + 6 + 2 * len(first)),
+        "|" + "---|" * (len(runs) + 6 + 3 * len(first) + bool(first)),
     ]
     for path in args.evals:
         lines += table(path, runs, args.baseline, first)

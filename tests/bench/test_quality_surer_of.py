@@ -69,10 +69,15 @@ def test_the_surest_by_the_first_tokens_against_the_surest_by_the_whole_answer(t
     assert row[6].startswith("-25.0")
     assert row[7] == "10 / 30"
     # first token: q0 a (-0.1), q1 b (-0.2), q2 a (tie), q3 b: 1, 0, 0, 1; against the whole answer's 0, 1, 1, 1
-    assert row[8].startswith("-25.0 [")  # +1, -1, -1, 0 per group of four
-    assert row[9] == "30"  # q0, q1, q2 kept from the other run
-    # first two tokens: the whole answers here, but q2's b (-0.55 > -1.0): the same choice throughout
-    assert row[10].startswith("+0.0") and row[11] == "0 |"
+    assert row[9].startswith("-25.0 [")  # +1, -1, -1, 0 per group of four
+    assert row[10] == "30"  # q0, q1, q2 kept from the other run
+    # answer tokens against a's alone (2 + 2 + 1 + 0 = 5 per four questions): both in full, 5 + 7 = 12
+    assert row[8] == "2.40"
+    # at k = 1 the answer kept in full, the other's first token: q0 a 2 + 1, q1 b 2 + 1, q2 a 1 + 1, q3 b 1 + 0
+    assert row[11] == "1.80"
+    # first two tokens: the whole answers here, but q2's b (-0.55 > -1.0): the same choice throughout; every answer
+    # is at most 2 tokens, so nothing is saved
+    assert row[12].startswith("+0.0") and row[13] == "0" and row[14] == "2.40 |"
 
 
 def test_first_tokens_need_the_token_log_probabilities(tmp_path):
