@@ -3,7 +3,8 @@ the time to a whole answer and the questions answered per second, `answer="best-
 `answer="each-last"` (the request as given and once with each other document moved last, in one round),
 `answer="both-placements"` (the request as given and once with every document read in parallel, in one round),
 `answer="confidence-order"` (the same one-document requests, then one over all the documents reordered), with
-`-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`), against one
+`-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`; with each-last and
+both-placements the same option chooses after the first 4 or 1 tokens and stops the other candidates), against one
 request over all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request
 beside them, at
 Llama-3.1-8B shapes (random bf16 weights), through the `LLM` API.
@@ -101,7 +102,8 @@ def main() -> None:
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     rows = []
     ordered = [(a, k) for a in ("confidence-order", "confidence-order-or-joint") for k in (None, 4, 1)]
-    lazy = [("joint", None), ("best-document", None), ("each-last", None), ("both-placements", None), *ordered]
+    chosen = [(a, k) for a in ("each-last", "both-placements") for k in (None, 4, 1)]
+    lazy = [("joint", None), ("best-document", None), *chosen, *ordered]
     if args.answers:
         picked = set(args.answers.split(","))
         unknown = picked - {a for a, _ in lazy}

@@ -183,11 +183,15 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
         for answer in ("confidence-order", "confidence-order-or-joint")
         for cap in ("", ", confidence_tokens=4", ", confidence_tokens=1")
     ]
+    chosen = [
+        f"lazy + prefix, {answer}{cap}"
+        for answer in ("each-last", "both-placements")
+        for cap in ("", ", confidence_tokens=4", ", confidence_tokens=1")
+    ]
     assert [r["config"] for r in rows] == [
         "lazy + prefix, joint",
         "lazy + prefix, best-document",
-        "lazy + prefix, each-last",
-        "lazy + prefix, both-placements",
+        *chosen,
         *ordering,
         "full, joint",
     ]
@@ -197,12 +201,7 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", argv)
     best.main()
     rows = json.loads((tmp_path / "two" / "best_document.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == [
-        "lazy + prefix, joint",
-        "lazy + prefix, each-last",
-        "lazy + prefix, both-placements",
-        "full, joint",
-    ]
+    assert [r["config"] for r in rows] == ["lazy + prefix, joint", *chosen, "full, joint"]
     monkeypatch.setattr(sys, "argv", ["benchmarks/best_document.py", str(tmp_path), "--smoke", "--answers", "eachlast"])
     with pytest.raises(SystemExit):
         best.main()
