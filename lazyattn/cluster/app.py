@@ -139,6 +139,7 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
         "max_request_documents": args.pop("max_request_documents", 1024),
         "max_body_bytes": int(args.pop("max_body_mb", 32) * 2**20),
         "answer": args.pop("answer", "joint"),
+        "confidence_tokens": args.pop("confidence_tokens", None),
         # Resolved here, where the application is built: the ingress may run on another node of the cluster, where
         # a SQLite path is another file (several nodes: a postgresql:// URL).
         "registry_url": resolve_registry_url(args.pop("registry_url", None), args.pop("state_dir", None)),

@@ -122,6 +122,21 @@ def check_default_answer(answer: object, mode: str) -> None:
         )
 
 
+def check_default_confidence_tokens(confidence_tokens: object) -> None:
+    """InvalidRequestError naming `confidence_tokens` for a server default (`lazyattn serve --confidence-tokens`) that
+    is not None or a positive integer."""
+    if confidence_tokens is not None:
+        check_answer(BOTH_PLACEMENTS, confidence_tokens=confidence_tokens)
+
+
+def confidence_tokens_for(asked: int | None, default: int | None, answer: str) -> int | None:
+    """The k a request is answered with: its own; without one the server's `default` where its strategy `answer`
+    (as `answer_for` chose it) asks candidates, else None."""
+    if asked is not None:
+        return asked
+    return None if answer == "joint" else default
+
+
 def answer_for(asked: str | None, default: str, n: int, stream: bool, ape_parallel: bool | None) -> str:
     """The strategy that answers a request: the one it asks for; without one the server's `default` where that can
     answer it (one sample per prompt, no stream, and for "both-placements" no `ape_parallel` of the request's own),

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from lazyattn.engine.best_document import check_default_answer
+from lazyattn.engine.best_document import check_default_answer, check_default_confidence_tokens
 from lazyattn.engine.client import EngineClient
 from lazyattn.engine.llm_engine import LLMEngine
 from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout
@@ -74,6 +74,8 @@ class ServerConfig:
     max_body_bytes: int = 32 * 2**20
     # The answer strategy of a request that names none, where it can answer it (engine/best_document.answer_for).
     answer: str = "joint"
+    # The confidence_tokens of a request that gives none, where its strategy asks candidates (confidence_tokens_for).
+    confidence_tokens: int | None = None
 
 
 def _registered(registry: DocumentRegistry) -> float:
@@ -89,6 +91,7 @@ def create_app(engine: LLMEngine | EngineClient, config: ServerConfig) -> FastAP
     nothing but the client's protocol."""
     engine_loop: EngineClient = EngineLoop(engine) if isinstance(engine, LLMEngine) else engine
     check_default_answer(config.answer, engine_loop.mode.name)
+    check_default_confidence_tokens(config.confidence_tokens)
     registry = DocumentRegistry(config.registry_url, config.max_documents)
     metrics = ServerMetrics(config.model_name, lambda: engine_loop.stats, lambda: _registered(registry))
     engine_loop.observer = metrics
@@ -108,6 +111,7 @@ def create_app(engine: LLMEngine | EngineClient, config: ServerConfig) -> FastAP
         config.max_request_documents,
         config.answer,
         metrics,
+        config.confidence_tokens,
     )
     documents = DocumentService(registry, engine_loop, config.layout)
     auth = Authenticator(config.api_keys)

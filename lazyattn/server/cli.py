@@ -114,6 +114,15 @@ def add_serve_parser(
         "questions (docs/quality.md) (default: joint)",
     )
     p.add_argument(
+        "--confidence-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the confidence_tokens of a request that gives none, where its answer strategy (its own or --answer) "
+        "is not joint: a confidence-order strategy's one-document answers stop after K tokens, the others rank "
+        "their candidates by their first K tokens and stop all but the surest there (default: the whole answer)",
+    )
+    p.add_argument(
         "--prompt-layout",
         choices=sorted(LAYOUTS),
         default="block-attention",
@@ -180,6 +189,7 @@ def check_options(args: argparse.Namespace) -> None:
         "--max-request-documents": args.max_request_documents,
         "--max-body-mb": args.max_body_mb,
         "--max-documents": args.max_documents,
+        "--confidence-tokens": args.confidence_tokens,
     }
     for flag, value in at_least_one.items():
         if value is not None and value < 1:
@@ -261,6 +271,7 @@ def serve(
         max_body_bytes=args.max_body_mb * 2**20,
         registry_url=registry,
         answer=args.answer,
+        confidence_tokens=args.confidence_tokens,
     )
     if args.replicas:
         sock.close()  # Ray Serve binds the port itself

@@ -28,6 +28,7 @@ from lazyattn.engine.best_document import (
     candidates,
     check_answer,
     choices,
+    confidence_tokens_for,
     ordered_answers,
     pick_answers,
     placement_groups,
@@ -86,10 +87,12 @@ class OpenAIServing:
         max_request_documents: int = 1024,
         answer: str = "joint",
         metrics: ServerMetrics | None = None,
+        confidence_tokens: int | None = None,
     ) -> None:
         self.engine_loop = engine_loop
         self.metrics = metrics  # counts the answers the strategies keep (on_answers)
         self.answer = answer  # the strategy of a request that names none, where it can answer it (answer_for)
+        self.confidence_tokens = confidence_tokens  # the k of a request that gives none (confidence_tokens_for)
         self.max_request_sequences = max_request_sequences
         self.max_request_documents = max_request_documents
         self.renderer = renderer
@@ -102,7 +105,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        answer = self._strategy(body)
+        answer, confidence_tokens = self._asked(body)
         self._check_documents(body.documents)
         self._check_sequences(1, body.n, _fan_out(body.documents, answer))
         logprobs = requested_chat_logprobs(body)
@@ -143,7 +146,7 @@ class OpenAIServing:
                 count=1,
                 num_documents=len(documents),
                 answer=answer,
-                confidence_tokens=body.confidence_tokens,
+                confidence_tokens=confidence_tokens,
                 keep_logprobs=logprobs is not None,
                 scope=scope,
                 arrival=arrival,
@@ -201,7 +204,7 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request, tenant: str) -> Response:
         arrival = time.monotonic()
         self._check_model(body.model)
-        answer = self._strategy(body)
+        answer, confidence_tokens = self._asked(body)
         p = body.prompt
         num_prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
         self._check_sequences(num_prompts, body.n, _fan_out(body.documents, answer))
@@ -248,7 +251,7 @@ class OpenAIServing:
                 count=num_prompts,
                 num_documents=len(documents),
                 answer=answer,
-                confidence_tokens=body.confidence_tokens,
+                confidence_tokens=confidence_tokens,
                 keep_logprobs=body.logprobs is not None,
                 scope=scope,
                 arrival=arrival,
@@ -446,12 +449,13 @@ class OpenAIServing:
                 param="documents",
             )
 
-    def _strategy(self, body: ChatCompletionRequest | CompletionRequest) -> str:
+    def _asked(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[str, int | None]:
         """The answer strategy of the request (its own, or the server's default where that can answer it), checked
-        against the request's n, stream and confidence_tokens."""
+        against the request's n, stream and confidence_tokens, and the confidence_tokens it is answered with (its
+        own, or the server's default where the strategy asks candidates)."""
         answer = answer_for(body.answer, self.answer, body.n, body.stream, body.ape_parallel)
         check_answer(answer, body.n, body.stream, body.confidence_tokens)
-        return answer
+        return answer, confidence_tokens_for(body.confidence_tokens, self.confidence_tokens, answer)
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -212,6 +212,8 @@ def test_serve_config_file_builds_the_application():
     assert isinstance(app_builder({**args, "model": "tiny", "ape_tilt": 1.0, "ape_parallel": True}), serve.Application)
     # and the answer strategy of requests that name none (`lazyattn serve --answer`)
     assert isinstance(app_builder({**args, "model": "tiny", "answer": "both-placements"}), serve.Application)
+    both = {"answer": "both-placements", "confidence_tokens": 4}  # with its first tokens (--confidence-tokens)
+    assert isinstance(app_builder({**args, "model": "tiny", **both}), serve.Application)
     with pytest.raises(ValueError, match="unknown option"):
         app_builder({**args, "replica": 3})
 

@@ -273,6 +273,39 @@ def test_a_default_strategy_the_engine_cannot_run_is_refused_at_start():
         with pytest.raises(InvalidRequestError, match="answer must be one of"):
             create_app(block.engine, ServerConfig(model_name="tiny", answer="surest"))
         create_app(block.engine, ServerConfig(model_name="tiny", answer="each-last"))  # every mode runs it
+        for k in (0, 2.5):
+            with pytest.raises(InvalidRequestError, match="confidence_tokens must be a positive integer") as err:
+                create_app(block.engine, ServerConfig(model_name="tiny", confidence_tokens=k))
+            assert err.value.param == "confidence_tokens"
+
+
+@pytest.fixture(scope="module")
+def first_tokens_server():
+    """A server that answers with both placements, chosen after the first 2 tokens, requests that say neither
+    (`lazyattn serve --answer both-placements --confidence-tokens 2`)."""
+    s = start_server(_ENGINE, ServerConfig(model_name="tiny", answer="both-placements", confidence_tokens=2))
+    yield s
+    stop_server(s)
+
+
+def test_a_server_default_confidence_tokens_answers_as_if_the_request_gave_it(first_tokens_server, server):
+    url = first_tokens_server.url
+    chat = {**BODY, "messages": MESSAGES}
+    both = {**chat, "answer": "both-placements"}
+    plain, named = post(url, "/v1/chat/completions", chat), post(server.url, "/v1/chat/completions",
+                                                                  {**both, "confidence_tokens": 2})  # fmt: skip
+    assert plain.status_code == named.status_code == 200, plain.text
+    assert plain.json()["choices"] == named.json()["choices"]
+    assert plain.json()["usage"]["completion_tokens"] == named.json()["usage"]["completion_tokens"] == 5 + 2
+    # the request's own k wins; a joint answer (named, or for a request the default cannot answer) takes none
+    own = post(url, "/v1/chat/completions", {**chat, "confidence_tokens": 1})
+    assert own.status_code == 200 and own.json()["usage"]["completion_tokens"] == 5 + 1, own.text
+    for extra in ({"answer": "joint"}, {"stream": True}):
+        got, want = (post(u, "/v1/chat/completions", {**chat, **extra}) for u in (url, server.url))
+        assert got.status_code == want.status_code == 200, (extra, got.text)
+        assert got.text.count("data: ") == want.text.count("data: ")
+        if not extra.get("stream"):
+            assert got.json()["choices"] == want.json()["choices"]
 
 
 def test_metrics_count_each_kept_answer_by_strategy_and_what_it_read(both_placements_server):

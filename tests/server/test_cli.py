@@ -191,6 +191,7 @@ def _errors(stderr: str) -> list[str]:
             ["--mode", "block", "--answer", "both-placements"],
             "error: answer 'both-placements' reads the documents in parallel, which needs mode 'lazy', not 'block'",
         ),
+        (["--confidence-tokens", "0"], "error: --confidence-tokens must be >= 1, got 0"),
         (["--disk-cache-dir", "{file}"], "error: disk_cache_dir {file}: exists and is not a directory"),
         (
             ["--disk-cache-dir", "{file}/kv"],
