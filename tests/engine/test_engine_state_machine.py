@@ -1,12 +1,13 @@
 """The scheduler's admission and release through the engine, driven by random interleavings (hypothesis'
 RuleBasedStateMachine): requests over a few shared documents in random orders, relinked first and last rows or the
-parallel placement (lazy mode), aborts, document removals, cache resets while idle, prefill-only registrations, each
-engine step, on a KV pool small enough to evict and preempt and with the host tier on, with and without overlapped
-scheduling.
+parallel placement (lazy mode), candidates of one answer of which all but the surest stop after their first tokens
+(engine/choice.py), aborts, document removals, cache resets while idle, prefill-only registrations, each engine step,
+on a KV pool small enough to evict and preempt and with the host tier on, with and without overlapped scheduling.
 
 After every step the engine's whole bookkeeping is checked (`LLMEngine.check`: every page held once, every refcount
 equal to its holders, engine/invariants.py), and against the test's own model: every request ends exactly once with
-at most max_tokens tokens, and an idle engine holds no page but its cached documents'.
+at most max_tokens tokens, a candidate stopped by its choice had its first tokens by then, and an idle engine holds
+no page but its cached documents' and no open choice.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from lazyattn import LLM, RequestOptions
+from lazyattn.engine.choice import Choice
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.request_options import ENGINE_DEFAULTS
 from lazyattn.engine.sampling import SamplingParams
@@ -61,19 +63,27 @@ class EngineMachine(RuleBasedStateMachine):
         self.live: dict[str, int] = {}  # request id -> max_tokens (0: prefill-only)
         self.ended: set[str] = set()
         self.count = 0
+        self.first_tokens: dict[str, int] = {}  # a candidate's id -> the tokens its choice ranks it by
+        self.aborting: str | None = None
 
     def _add(
-        self, prompt: RenderedPrompt, params: SamplingParams | None, options: RequestOptions = ENGINE_DEFAULTS
+        self,
+        prompt: RenderedPrompt,
+        params: SamplingParams | None,
+        options: RequestOptions = ENGINE_DEFAULTS,
+        choice: Choice | None = None,
     ) -> None:
         self.count += 1
         request_id = f"r{self.count}"
         before = (self.engine.pool.num_used, self.engine.scheduler.num_waiting, len(self.engine.requests))
         try:
-            self.engine.add_request(request_id, prompt, params, options=options)
+            self.engine.add_request(request_id, prompt, params, options=options, choice=choice)
         except InvalidRequestError:  # could never fit the pool: refused whole, nothing changed
             assert (self.engine.pool.num_used, self.engine.scheduler.num_waiting, len(self.engine.requests)) == before
             return
         self.live[request_id] = params.max_tokens * params.n if params is not None else 0
+        if choice is not None:
+            self.first_tokens[request_id] = choice.tokens
 
     @rule(
         docs=st.lists(st.integers(0, len(DOCS) - 1), min_size=0, max_size=3, unique=True),
@@ -107,6 +117,23 @@ class EngineMachine(RuleBasedStateMachine):
         options = RequestOptions(relink_tokens=first, relink_last_tokens=last, ape_parallel=parallel)
         self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params, options)
 
+    @rule(
+        docs=st.lists(st.integers(0, len(DOCS) - 1), min_size=0, max_size=3, unique=True),
+        question=st.lists(st.integers(3, 250), min_size=1, max_size=6),
+        max_tokens=st.integers(1, 24),
+        size=st.integers(2, 3),
+        tokens=st.integers(1, 4),
+    )
+    def add_candidates(self, docs: list[int], question: list[int], max_tokens: int, size: int, tokens: int) -> None:
+        """The candidates of one answer: the same prompt, read in order and (lazy mode) in parallel in turn, all but
+        the surest stopped after their first `tokens` tokens."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0)
+        prompt = RenderedPrompt([list(DOCS[d]) for d in docs], question)
+        key = f"choice{self.count}"
+        for i in range(size):
+            options = RequestOptions(ape_parallel=self.mode == "lazy" and i % 2 == 1)
+            self._add(prompt, params, options, Choice(key, i, size, tokens))
+
     @precondition(lambda self: self.mode != "prefix")
     @rule(docs=st.lists(st.integers(0, len(DOCS) - 1), min_size=1, max_size=2, unique=True))
     def register(self, docs: list[int]) -> None:
@@ -117,9 +144,11 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def abort(self, data) -> None:
         request_id = data.draw(st.sampled_from(sorted(self.live)))
+        self.aborting = request_id
         out = self.engine.abort(request_id)
         assert out is not None and out.finished
         self._ended(request_id, out)
+        self.aborting = None
 
     @precondition(lambda self: self.mode != "prefix")
     @rule(doc=st.integers(0, len(DOCS) - 1))
@@ -147,6 +176,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended.add(request_id)
         assert sum(len(c.token_ids) for c in out.outputs) <= budget
         assert all(c.finish_reason in ("stop", "length", "abort") for c in out.outputs)
+        if request_id in self.first_tokens and out.finish_reason == "abort" and request_id != self.aborting:
+            assert len(out.token_ids) >= self.first_tokens[request_id]  # stopped by its choice: ranked, then stopped
 
     @invariant()
     def bookkeeping(self) -> None:
@@ -157,6 +188,7 @@ class EngineMachine(RuleBasedStateMachine):
         if not self.live:  # idle: nothing in flight, only cached documents hold pages
             assert not self.engine.step_in_flight and not self.engine.scheduler.ended
             assert self.engine.pool.num_used == self.engine.cache.stats().pages_in_use
+            assert len(self.engine.choices) == 0
 
     def teardown(self) -> None:
         if hasattr(self, "engine"):
