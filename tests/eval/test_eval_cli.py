@@ -4,6 +4,7 @@ is: every run answers every cell, modes with the same semantics answer alike, fi
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -259,3 +260,27 @@ def test_confidence_is_recorded_and_is_what_both_placements_chose_by(tmp_path):
     assert all(
         i["confidence"] is None for c in json.loads((plain / "eval.json").read_text())["cells"] for i in c["items"]
     )
+
+
+def test_token_logprobs_are_recorded_and_a_first_token_choice_keeps_the_surer_first_token(tmp_path):
+    """With --confidence every answer carries its tokens' log-probabilities (their mean its confidence); a
+    both-placements run with confidence_tokens=1 keeps, per question, the placement whose first token is surer (in
+    order on a tie), in full."""
+    out = tmp_path / "first"
+    p = "lazy:ape_prefix=true"
+    modes = f"{p},{p}:ape_parallel=true,{p}:answer=both-placements:confidence_tokens=1"
+    args = ["--num-docs", "3", "--modes", modes, "--batch-size", "2", "--confidence", "--out", str(out)]
+    assert main(ARGS + args) == 0
+    cells = json.loads((out / "eval.json").read_text())["cells"]
+    by = {(c["run"], c["position"]): {i["id"]: i for i in c["items"]} for c in cells}
+    for item in (i for c in cells for i in c["items"]):
+        assert item["confidence"] == pytest.approx(statistics.fmean(item["token_logprobs"]), abs=1e-6)
+    chosen = [c for c in cells if c["answer"] == "both-placements"]
+    assert chosen and all(c["confidence_tokens"] == 1 for c in chosen)
+    for c in chosen:
+        for item in c["items"]:
+            given, parallel = (by[(run, c["position"])][item["id"]] for run in (p, f"{p}:ape_parallel=true"))
+            surer = parallel if parallel["token_logprobs"][0] > given["token_logprobs"][0] else given
+            assert item["read_in_parallel"] == (surer is parallel)
+            assert item["output"] == surer["output"]
+            assert item["token_logprobs"] == pytest.approx(surer["token_logprobs"], abs=1e-6)
