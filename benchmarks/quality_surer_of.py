@@ -49,8 +49,9 @@ def surest(items: Sequence[dict], tokens: int | None = None) -> int:
     return max(range(len(items)), key=lambda k: (scores[k], -k))
 
 
-def table(path: Path, runs: Sequence[str], baseline: str = "full", first: Sequence[int] = ()) -> list[str]:
-    """Markdown rows of one eval.json (module docstring)."""
+def questions(path: Path, runs: Sequence[str], baseline: str, first: Sequence[int] = ()) -> dict:
+    """{(documents, position): {question id: (the baseline's item, [each named run's item])}} of one eval.json, over
+    the questions every run answered."""
     ev = json.loads(path.read_text())
     base = _cells(ev, baseline)
     named = [_cells(ev, r) for r in runs]
@@ -61,29 +62,36 @@ def table(path: Path, runs: Sequence[str], baseline: str = "full", first: Sequen
         raise SystemExit(f"{path}: no answer has a confidence: run lazyattn eval with --confidence")
     if first and not any(i.get("token_logprobs") for c in named for cell in c.values() for i in cell.values()):
         raise SystemExit(f"{path}: no answer has token log-probabilities: rerun lazyattn eval with --confidence")
-    rows = []
-    for cell in sorted(base, key=lambda c: (c[0], c[1])):
-        reference = {q: item["accuracy"] for q, item in base[cell].items()}
-        common = [q for q in reference if all(q in c.get(cell, {}) for c in named)]
-        picks = {q: surest([c[cell][q] for c in named]) for q in common}
-        kept = {q: named[picks[q]][cell][q]["accuracy"] for q in common}
-        each = [diff(reference, {q: c[cell][q]["accuracy"] for q in common}) for c in named]
-        counts = " / ".join(str(sum(1 for k in picks.values() if k == j)) for j in range(len(runs)))
-        mean = 100 * sum(reference[q] for q in common) / max(len(common), 1)
-        early = []
-        if first:
-            lengths = {q: [len(c[cell][q].get("token_logprobs") or []) for c in named] for q in common}
-            alone = max(sum(lengths[q][0] for q in common), 1)
-            early.append(f"{sum(sum(n) for n in lengths.values()) / alone:.2f}")
-        for tokens in first:
-            at = {q: surest([c[cell][q] for c in named], tokens) for q in common}
-            kept_at = {q: named[at[q]][cell][q]["accuracy"] for q in common}
-            made = sum(n if j == at[q] else min(n, tokens) for q in common for j, n in enumerate(lengths[q]))
-            early += [diff(kept, kept_at), str(sum(1 for q in common if at[q] != picks[q])), f"{made / alone:.2f}"]
-        docs, position = cell
-        cells = [path.parent.name, str(docs), position, f"{mean:.1f}", *each, diff(reference, kept), counts, *early]
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
+    return {
+        cell: {
+            q: (item, [c[cell][q] for c in named])
+            for q, item in base[cell].items()
+            if all(q in c.get(cell, {}) for c in named)
+        }
+        for cell in sorted(base, key=lambda c: (c[0], c[1]))
+    }
+
+
+def row(label: Sequence[str], asked: dict, runs: int, first: Sequence[int] = ()) -> str:
+    """One markdown row (module docstring) over `asked`: {question: (the baseline's item, [each run's item])}."""
+    reference = {q: base["accuracy"] for q, (base, _) in asked.items()}
+    picks = {q: surest(items) for q, (_, items) in asked.items()}
+    kept = {q: items[picks[q]]["accuracy"] for q, (_, items) in asked.items()}
+    each = [diff(reference, {q: items[j]["accuracy"] for q, (_, items) in asked.items()}) for j in range(runs)]
+    counts = " / ".join(str(sum(1 for k in picks.values() if k == j)) for j in range(runs))
+    mean = 100 * sum(reference.values()) / max(len(reference), 1)
+    early = []
+    if first:
+        lengths = {q: [len(i.get("token_logprobs") or []) for i in items] for q, (_, items) in asked.items()}
+        alone = max(sum(n[0] for n in lengths.values()), 1)
+        early.append(f"{sum(sum(n) for n in lengths.values()) / alone:.2f}")
+    for tokens in first:
+        at = {q: surest(items, tokens) for q, (_, items) in asked.items()}
+        kept_at = {q: items[at[q]]["accuracy"] for q, (_, items) in asked.items()}
+        made = sum(n if j == at[q] else min(n, tokens) for q in asked for j, n in enumerate(lengths[q]))
+        early += [diff(kept, kept_at), str(sum(1 for q in asked if at[q] != picks[q])), f"{made / alone:.2f}"]
+    cells = [*label, f"{mean:.1f}", *each, diff(reference, kept), counts, *early]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -116,8 +124,13 @@ def main(argv: list[str] | None = None) -> str:
         f"{args.baseline} | answers kept from each |" + "".join(f" {h} |" for h in head[len(runs) :]),
         "|" + "---|" * (len(runs) + 6 + 3 * len(first) + bool(first)),
     ]
+    pooled = {}
     for path in args.evals:
-        lines += table(path, runs, args.baseline, first)
+        found = questions(path, runs, args.baseline, first)
+        lines += [row([path.parent.name, str(d), pos], asked, len(runs), first) for (d, pos), asked in found.items()]
+        pooled.update({(str(path), cell, q): v for cell, asked in found.items() for q, v in asked.items()})
+    if len(lines) > 3:  # more than one cell: all of them pooled, each question and position once
+        lines.append(row(["all", "", ""], pooled, len(runs), first))
     text = "\n".join(lines)
     print(text)
     return text

@@ -90,3 +90,25 @@ def test_first_tokens_need_the_token_log_probabilities(tmp_path):
         main([str(tmp_path / "x" / "eval.json"), "--runs", "a,b", "--first-tokens", "2"])
     with pytest.raises(SystemExit):
         main([str(tmp_path / "x" / "eval.json"), "--runs", "a,b", "--first-tokens", "0"])
+
+
+def test_a_last_row_pools_every_cell_of_every_file(tmp_path):
+    # two files, the same question ids: pooled, each question of each file counts once
+    write_eval(
+        tmp_path / "one",
+        {"full": {"first": [1, 0] * 10}, "a": {"first": [1, 1] * 10}, "b": {"first": [0, 0] * 10}},
+        confidence={"a": {"first": [-0.1, -0.9] * 10}, "b": {"first": [-0.5, -0.2] * 10}},
+    )
+    write_eval(
+        tmp_path / "two",
+        {"full": {"last": [0, 0] * 10}, "a": {"last": [0, 0] * 10}, "b": {"last": [1, 1] * 10}},
+        confidence={"a": {"last": [-0.1, -0.1] * 10}, "b": {"last": [-0.5, -0.2] * 10}},
+    )
+    text = main([str(tmp_path / name / "eval.json") for name in ("one", "two")] + ["--runs", "a,b"])
+    last = text.splitlines()[-1].split(" | ")
+    assert last[0] == "| all"
+    assert last[3] == "25.0"  # full: 10 of 40
+    # kept: one's a (1), b (0); two's a (0), a (0): 10 of 40, against full's 10
+    assert last[6].startswith("+0.0") and last[7] == "30 / 10 |"
+    single = main([str(tmp_path / "one" / "eval.json"), "--runs", "a,b"])
+    assert not single.splitlines()[-1].startswith("| all")  # one cell: nothing to pool
