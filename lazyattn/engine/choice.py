@@ -86,7 +86,7 @@ class Choices:
     def __len__(self) -> int:
         return len(self._open)
 
-    def check(self, request_id: str, choice: Choice) -> None:
+    def check(self, choice: Choice) -> None:
         """InvalidRequestError if `choice` cannot join its key (a bad spec, or one that disagrees with the key's)."""
         choice.check()
         known = self._open.get(choice.key)
@@ -103,7 +103,7 @@ class Choices:
 
     def add(self, request_id: str, choice: Choice) -> None:
         """Candidate `request_id` joins its choice (checked first with `check`)."""
-        self.check(request_id, choice)
+        self.check(choice)
         known = self._open.setdefault(choice.key, _Open(choice.size, choice.tokens))
         known.members[choice.index] = request_id
         self._of[request_id] = (choice.key, choice.index)

@@ -167,7 +167,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         if choice is not None:
-            self.choices.check(request_id, choice)
+            self.choices.check(choice)
             if params is None or params.logprobs is None or params.n != 1:
                 raise InvalidRequestError(
                     "a candidate of a choice is one sequence that asks for its tokens' log-probabilities "
@@ -235,7 +235,8 @@ class LLMEngine:
 
         A failure is pinned on the requests whose parts fail when the step is redone part by part
         (engine/isolation.py), or whose rows of logits are not finite: those requests end alone, with `error` on
-        their output; the others go on.
+        their output; the others go on. Candidates that lose a choice in this step (engine/choice.py) end with it,
+        their final outputs among the step's.
 
         With overlapped scheduling (engine/step_pipeline.py) a step is left running on the device and its outputs
         are returned by the next call, after that call has queued the step that follows it.
