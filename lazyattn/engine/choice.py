@@ -2,11 +2,12 @@
 strategies, engine/best_document.py; docs/design.md, "Answering from one document").
 
 The candidates of one answer are added with the same `Choice` key, each with its index. A candidate's score is the
-mean log-probability of its first k tokens (of all of them if it ends sooner; +inf if the engine failed it, as
-`pick_answers` ranks a failure); it is fixed once the candidate has k tokens or has ended, since later tokens do not
-change it. As soon as every candidate of a key is added and scored, the surest (the lowest index on a tie) goes on and
-the engine stops the others where they are: they ranked lower on what `pick_answers` reads, so their answers would
-never be returned, and their decode steps are saved. A choice whose candidate is aborted from outside is dropped,
+mean log-probability of its first k tokens (of all of them if it ends sooner); it is fixed once the candidate has k
+tokens or has ended, since later tokens do not change it, except by a failure: a candidate the engine fails scores
++inf whenever it fails, as `pick_answers` ranks a failure, which is then the answer. As soon as every candidate of a
+key is added and scored, the surest (the lowest index on a tie) goes on and the engine stops the others where they
+are: they ranked lower on what `pick_answers` reads, so their answers would never be returned, and their decode
+steps are saved. A choice whose candidate is aborted from outside is dropped,
 and the others answer in full; so is one whose candidates added so far have all ended before the rest were added
 (candidates queued apart, which a cluster may route to different engines): a candidate added after that answers in
 full. Either way the answer kept is the same (`pick_answers` ranks by the same first tokens); only less is saved.
@@ -126,7 +127,7 @@ class Choices:
             known = self._open[key]
             if out.finished:
                 known.ended.add(index)
-            if index not in known.scores:
+            if index not in known.scores or out.error is not None:  # a failure wins whenever it comes
                 score = first_tokens_score(out, known.tokens)
                 if score is not None:
                     known.scores[index] = score

@@ -45,6 +45,13 @@ def test_a_tie_goes_to_the_lowest_index_and_a_failure_wins():
     choices.add("f", Choice("u", 0, 2, 3))
     choices.add("g", Choice("u", 1, 2, 3))
     assert choices.update([output("g", [-0.1, -0.1, -0.1]), output("f", [], error="failed alone")]) == ["g"]
+    # a failure after the candidate's score was fixed still wins: the failure is the answer, the others stop
+    choices.add("h", Choice("v", 0, 3, 1))
+    choices.add("i", Choice("v", 1, 3, 1))
+    assert choices.update([output("h", [-0.1]), output("i", [-0.9])]) == []
+    assert choices.update([output("i", [-0.9], error="failed alone")]) == []  # "j" is not added yet
+    choices.add("j", Choice("v", 2, 3, 1))
+    assert choices.update([output("j", [-0.5])]) == ["h", "j"]
     assert first_tokens_score(output("n", [], finished=True), 2) == -math.inf  # ended without a token
     assert first_tokens_score(output("m", [-1.0]), 2) is None  # runs on, one token short
 
