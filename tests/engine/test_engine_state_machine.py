@@ -27,6 +27,12 @@ DOCS = [[10 + d * 7 + i for i in range(n)] for d, n in enumerate([20, 33, 47, 60
 PAGE = 16
 POOL_PAGES = 16  # the fewest an engine takes: admission waits, documents are evicted, sequences preempted
 _ENGINES: dict[tuple[str, bool], LLM] = {}
+# what a request asks: up to three of the documents, a question of token ids, an answer's length
+ASKED = {
+    "docs": st.lists(st.integers(0, len(DOCS) - 1), min_size=0, max_size=3, unique=True),
+    "question": st.lists(st.integers(3, 250), min_size=1, max_size=6),
+    "max_tokens": st.integers(1, 24),
+}
 
 
 def engine_for(mode: str, overlap: bool) -> LLM:
@@ -86,9 +92,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.first_tokens[request_id] = choice.tokens
 
     @rule(
-        docs=st.lists(st.integers(0, len(DOCS) - 1), min_size=0, max_size=3, unique=True),
-        question=st.lists(st.integers(3, 250), min_size=1, max_size=6),
-        max_tokens=st.integers(1, 24),
+        **ASKED,
         n=st.integers(1, 2),
         stop=st.integers(3, 250),
         relink=st.tuples(st.sampled_from([0, 0, 3, 16, 40]), st.sampled_from([0, 0, 5, 16, 40])),
@@ -117,13 +121,7 @@ class EngineMachine(RuleBasedStateMachine):
         options = RequestOptions(relink_tokens=first, relink_last_tokens=last, ape_parallel=parallel)
         self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params, options)
 
-    @rule(
-        docs=st.lists(st.integers(0, len(DOCS) - 1), min_size=0, max_size=3, unique=True),
-        question=st.lists(st.integers(3, 250), min_size=1, max_size=6),
-        max_tokens=st.integers(1, 24),
-        size=st.integers(2, 3),
-        tokens=st.integers(1, 4),
-    )
+    @rule(**ASKED, size=st.integers(2, 3), tokens=st.integers(1, 4))
     def add_candidates(self, docs: list[int], question: list[int], max_tokens: int, size: int, tokens: int) -> None:
         """The candidates of one answer: the same prompt, read in order and (lazy mode) in parallel in turn, all but
         the surest stopped after their first `tokens` tokens."""

@@ -234,17 +234,23 @@ def test_both_placements_runs_end_to_end_and_keeps_one_placements_answer(tmp_pat
             assert item["read_gold"] is None and item["document_order"] is None
 
 
+def placements_with_confidence(out, chosen: str, batch: int) -> tuple[list[dict], dict]:
+    """Cells of the shared prefix read in order, in parallel and as `chosen` (a both-placements run), evaluated with
+    --confidence; and their items by (run, gold position) and question id."""
+    p = "lazy:ape_prefix=true"
+    modes = f"{p},{p}:ape_parallel=true,{p}:{chosen}"
+    args = ["--num-docs", "3", "--modes", modes, "--batch-size", str(batch), "--confidence", "--out", str(out)]
+    assert main(ARGS + args) == 0
+    cells = json.loads((out / "eval.json").read_text())["cells"]
+    return cells, {(c["run"], c["position"]): {i["id"]: i for i in c["items"]} for c in cells}
+
+
 def test_confidence_is_recorded_and_is_what_both_placements_chose_by(tmp_path):
     """With --confidence every answer carries its mean token log-probability; a both-placements answer carries the
     confidence of the placement it kept, which is the higher of the two placements' own (asked as runs of their
     own); without the flag none is recorded."""
-    out = tmp_path / "confidence"
     p = "lazy:ape_prefix=true"
-    modes = f"{p},{p}:ape_parallel=true,{p}:answer=both-placements"
-    args = ["--num-docs", "3", "--modes", modes, "--batch-size", "1", "--confidence", "--out", str(out)]
-    assert main(ARGS + args) == 0
-    cells = json.loads((out / "eval.json").read_text())["cells"]
-    by = {(c["run"], c["position"]): {i["id"]: i for i in c["items"]} for c in cells}
+    cells, by = placements_with_confidence(tmp_path / "confidence", "answer=both-placements", 1)
     items = [i for c in cells for i in c["items"]]
     assert items and all(i["confidence"] is not None and -50 < i["confidence"] <= 0 for i in items)
     for c in cells:
@@ -266,13 +272,8 @@ def test_token_logprobs_are_recorded_and_a_first_token_choice_keeps_the_surer_fi
     """With --confidence every answer carries its tokens' log-probabilities (their mean its confidence); a
     both-placements run with confidence_tokens=1 keeps, per question, the placement whose first token is surer (in
     order on a tie), in full."""
-    out = tmp_path / "first"
     p = "lazy:ape_prefix=true"
-    modes = f"{p},{p}:ape_parallel=true,{p}:answer=both-placements:confidence_tokens=1"
-    args = ["--num-docs", "3", "--modes", modes, "--batch-size", "2", "--confidence", "--out", str(out)]
-    assert main(ARGS + args) == 0
-    cells = json.loads((out / "eval.json").read_text())["cells"]
-    by = {(c["run"], c["position"]): {i["id"]: i for i in c["items"]} for c in cells}
+    cells, by = placements_with_confidence(tmp_path / "first", "answer=both-placements:confidence_tokens=1", 2)
     for item in (i for c in cells for i in c["items"]):
         assert item["confidence"] == pytest.approx(statistics.fmean(item["token_logprobs"]), abs=1e-6)
     chosen = [c for c in cells if c["answer"] == "both-placements"]
