@@ -1,13 +1,13 @@
 """What answering from the best single document costs (docs/quality.md, "Answering from the best single document"):
 the time to a whole answer and the questions answered per second, `answer="best-document"` and
 `answer="each-last"` (the request as given and once with each other document moved last, in one round),
+`answer="both-orders"` (the request as given and once with its documents reversed, in one round),
 `answer="both-placements"` (the request as given and once with every document read in parallel, in one round),
 `answer="confidence-order"` (the same one-document requests, then one over all the documents reordered), with
-`-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`; with each-last and
-both-placements the same option chooses after the first 4 or 1 tokens and stops the other candidates), against one
-request over all the documents (`joint`) in lazy mode with the shared prefix, and full attention's joint request
-beside them, at
-Llama-3.1-8B shapes (random bf16 weights), through the `LLM` API.
+`-or-joint` and with the one-document answers capped at 4 and 1 tokens (`confidence_tokens`; with each-last,
+both-orders and both-placements the same option chooses after the first 4 or 1 tokens and stops the other
+candidates), against one request over all the documents (`joint`) in lazy mode with the shared prefix, and full
+attention's joint request beside them, at Llama-3.1-8B shapes (random bf16 weights), through the `LLM` API.
 
     python -m benchmarks.best_document OUT_DIR [--questions 64] [--answers joint,both-placements] [--smoke]
 
@@ -102,7 +102,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     rows = []
     ordered = [(a, k) for a in ("confidence-order", "confidence-order-or-joint") for k in (None, 4, 1)]
-    chosen = [(a, k) for a in ("each-last", "both-placements") for k in (None, 4, 1)]
+    chosen = [(a, k) for a in ("each-last", "both-orders", "both-placements") for k in (None, 4, 1)]
     lazy = [("joint", None), ("best-document", None), *chosen, *ordered]
     if args.answers:
         picked = set(args.answers.split(","))

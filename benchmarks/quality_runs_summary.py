@@ -5,8 +5,8 @@ writes; BASELINE a run's label, default full).
 Reads OUT_DIR/<model>-<set>-<layout>/eval.json. Per model, set, layout and document count: the baseline's accuracy
 averaged over the gold positions, then each other run's difference from it on the mean over positions and per gold
 position, in points with the paired 95 % bootstrap interval over the same questions ("n.s." where it holds 0).
-For each run that read some answers with the documents in parallel (`answer="both-placements"`), the share of its
-answers that did, per gold position.
+For each run that read some answers with the documents in parallel (`answer="both-placements"`) or in another
+order than given (`answer="both-orders"`, `"each-last"`), the share of its answers that did, per gold position.
 """
 
 from __future__ import annotations
@@ -57,13 +57,14 @@ def main(out: Path, baseline: str = "full") -> str:
                 lines.append("| " + " | ".join(row + at) + " |")
         lines.append("")
     for run in runs:
-        lines += _read_in_parallel(found, run)
+        lines += _kept_otherwise(found, run, "read in parallel", lambda i: bool(i.get("read_in_parallel")))
+        lines += _kept_otherwise(found, run, "read in another order", lambda i: i.get("document_order") is not None)
     return "\n".join(lines)
 
 
-def _read_in_parallel(found: list, run: str) -> list[str]:
-    """The share of `run`'s answers read with the documents in parallel, per cell and gold position; nothing where
-    the run never read them so."""
+def _kept_otherwise(found: list, run: str, what: str, otherwise) -> list[str]:
+    """The share of `run`'s answers that were not read as given but as `what` says (`otherwise(item)`: with the
+    documents in parallel, or reordered), per cell and gold position; nothing where the run never read them so."""
     rows, any_parallel = [], False
     for model, dataset, layout, ev in found:
         cells = {(c["num_docs"], c["position"]): c["items"] for c in ev["cells"] if c["run"] == run}
@@ -71,13 +72,13 @@ def _read_in_parallel(found: list, run: str) -> list[str]:
             shares = []
             for position in ("first", "middle", "last"):
                 items = cells.get((docs, position), [])
-                parallel = sum(bool(i.get("read_in_parallel")) for i in items)
+                parallel = sum(otherwise(i) for i in items)
                 any_parallel |= parallel > 0
                 shares.append(f"{100 * parallel / len(items):.0f}" if items else "")
             rows.append("| " + " | ".join([model, dataset, layout, str(docs), *shares]) + " |")
     if not any_parallel:
         return []
-    head = f"### `{run}`: answers read in parallel (%)"
+    head = f"### `{run}`: answers {what} (%)"
     return [head, "", "| model | set | layout | docs | gold first | middle | last |", "|" + "---|" * 7, *rows, ""]
 
 

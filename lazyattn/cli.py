@@ -220,8 +220,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         "one-document answers order the documents, the surest last, for one joint answer (--json: document_order); "
         "confidence-order-or-joint: the same, the prompt as given kept where its answer is as sure; each-last: the "
         "prompt as given and once with each other document moved last, in one round, the surest answer kept "
-        "(--json: document_order); both-placements (lazy mode): the documents read in order and in parallel, in one "
-        "round, the surer answer kept (--json: read_in_parallel)",
+        "(--json: document_order); both-orders: the prompt as given and with its documents reversed, in one round, "
+        "the surer answer kept (--json: document_order); both-placements (lazy mode): the documents read in order "
+        "and in parallel, in one round, the surer answer kept (--json: read_in_parallel)",
     )
     p.add_argument(
         "--confidence-tokens",

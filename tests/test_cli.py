@@ -165,7 +165,7 @@ def test_generate_uses_the_chat_template_unless_told_not_to(capsys, flag):
     assert got["prompt_tokens"] == want.num_document_tokens + len(want.prompt_token_ids)
 
 
-@pytest.mark.parametrize("answer", ["best-document", "confidence-order", "each-last", "both-placements"])
+@pytest.mark.parametrize("answer", ["best-document", "confidence-order", "each-last", "both-orders", "both-placements"])
 def test_generate_answers_from_the_best_document_as_the_python_api_does(capsys, answer):
     from lazyattn.engine.llm import LLM
     from lazyattn.engine.sampling import SamplingParams
@@ -181,7 +181,11 @@ def test_generate_answers_from_the_best_document_as_the_python_api_does(capsys, 
     assert (got["token_ids"], got["answered_from"]) == (want.token_ids, want.answered_from)
     assert got["document_order"] == want.document_order
     assert got["read_in_parallel"] == want.read_in_parallel
-    if answer not in ("each-last", "both-placements"):  # its order is null where the prompt as given was the surest
+    if answer not in (
+        "each-last",
+        "both-orders",
+        "both-placements",
+    ):  # its order is null where the prompt as given was the surest
         assert (want.document_order is None) == (answer == "best-document")
     with pytest.raises(SystemExit):  # argparse's own error for a strategy that does not exist
         main(["generate", *TINY, "q", "--answer", "best"])

@@ -1,8 +1,8 @@
 """Answering from the best single document (`answer="best-document"`, `answer="best-document-or-joint"`),
 answering over every document with the best one last (`answer="confidence-order"`,
-`answer="confidence-order-or-joint"`), over every document with each one last in turn (`answer="each-last"`), and
-over every document read in order and in parallel (`answer="both-placements"`); docs/design.md, "Answering from one
-document".
+`answer="confidence-order-or-joint"`), over every document with each one last in turn (`answer="each-last"`), over
+every document in the order given and reversed (`answer="both-orders"`), and over every document read in order and in
+parallel (`answer="both-placements"`); docs/design.md, "Answering from one document".
 
 A request asked this way becomes several candidate requests: one per document, each with that document alone in
 the same prompt, and with "best-document-or-joint" also the request as given, over all of its documents. The answer
@@ -31,7 +31,8 @@ answers.
 most k tokens, and its confidence is the mean log-probability of those. Its answer is never returned (only its
 confidence orders the documents), so what it costs is the first round's decode steps: k instead of the answer's
 length. The request as given and the joint round answer in full, as without it.
-With the strategies that choose among answers (best-document, best-document-or-joint, each-last, both-placements):
+With the strategies that choose among answers (best-document, best-document-or-joint, each-last, both-orders,
+both-placements):
 the candidates are ranked by the mean log-probability of their first k tokens, and as soon as every candidate of a
 request has k tokens (or has ended) the engine stops all but the surest, which answers in full (engine/choice.py).
 The answer kept is the one the whole-answer rule would keep wherever the first k tokens rank the candidates as
@@ -41,6 +42,13 @@ their whole answers do; what it saves is the other candidates' decode steps past
 moved last (every other document keeping its place), and keeps the surest of those joint answers (`document_order`
 the order it read, None: as given). Every candidate holds every document, so a question that needs two of them can
 still be answered; in lazy mode each prefills only the final segment, and no candidate waits for another.
+
+"both-orders" asks in one round the request as given and, where it has two or more documents, once more with
+its documents in reverse order, and keeps the surer answer (`document_order` the reversed order, None: as given).
+Two requests whatever the number of documents, both over every document, both read in order: the first document
+of one is the last of the other, next to the question, where a causal model reads best, so a gold document at
+either end is read last by one of them (docs/quality.md). Any mode: in lazy mode the reversed request reads the
+same cached copies in place.
 
 "both-placements" asks in one round the request with its documents read one after the other and, where it has two or
 more, once more with every document read from the first segment's end (`ape_parallel`, docs/design.md "APE"), and
@@ -73,16 +81,18 @@ ANSWER_STRATEGIES = (
     "confidence-order",
     "confidence-order-or-joint",
     "each-last",
+    "both-orders",
     "both-placements",
 )
 CHOOSING = ("best-document", "best-document-or-joint")
 ORDERING = ("confidence-order", "confidence-order-or-joint")
 EACH_LAST = "each-last"
+BOTH_ORDERS = "both-orders"
 BOTH_PLACEMENTS = "both-placements"
 PARALLEL = "parallel"  # the source of both-placements' candidate with its documents read in parallel
 
 # where a candidate comes from: None the request as given; i its document i alone; a tuple its documents in that
-# order (each-last); PARALLEL the request as given, its documents read in parallel (both-placements)
+# order (each-last, both-orders); PARALLEL the request as given, its documents read in parallel (both-placements)
 Source = int | tuple[int, ...] | str | None
 
 T = TypeVar("T")
@@ -155,7 +165,8 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
     has two or more; "confidence-order" (its first round) one per document when it has two or more, else the request
     as given, whose answer is then the answer; "confidence-order-or-joint" the request as given, then one per document
     when it has two or more; "each-last" the request as given, then, for each document but the last, all of them
-    with that one moved last; "both-placements" the request as given, then the same read in parallel when it has
+    with that one moved last; "both-orders" the request as given, then its documents reversed when it has two or
+    more; "both-placements" the request as given, then the same read in parallel when it has
     two or more documents (its options: `placement_groups`)."""
     owners: list[int] = []
     sets: list[list[T]] = []
@@ -164,7 +175,7 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
         docs = list(docs)
         several = len(docs) > 1
         whole = (
-            answer in ("joint", EACH_LAST, BOTH_PLACEMENTS)
+            answer in ("joint", EACH_LAST, BOTH_ORDERS, BOTH_PLACEMENTS)
             or not docs
             or (answer in ("best-document-or-joint", "confidence-order-or-joint") and several)
             or (answer in ORDERING and not several)
@@ -184,6 +195,11 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
                 owners.append(owner)
                 sets.append([docs[j] for j in order])
                 sources.append(order)
+        if answer == BOTH_ORDERS and several:
+            order = tuple(reversed(range(len(docs))))
+            owners.append(owner)
+            sets.append([docs[j] for j in order])
+            sources.append(order)
         if answer == BOTH_PLACEMENTS and several:
             owners.append(owner)
             sets.append(docs)
@@ -260,7 +276,7 @@ def pick_answers(
 ) -> list[RequestOutput]:
     """For each request r (`owners[i]` owns `outputs[i]`, made from `sources[i]` as `candidates` lists them), the most
     confident of its outputs (by its first `confidence_tokens` tokens where given), with `answered_from` set to that
-    source's document (one document alone), `document_order` to its order (each-last) or `read_in_parallel`
+    source's document (one document alone), `document_order` to its order (each-last, both-orders) or `read_in_parallel`
     (both-placements' PARALLEL); a request of which one output failed gets that output.
     `keep_logprobs[r]` False drops the log-probabilities that `with_confidence` added."""
     best: dict[int, tuple[float, RequestOutput, Source]] = {}

@@ -107,8 +107,10 @@ class LLM:
         confident last, their order in `document_order`) or "confidence-order-or-joint" (the same, the prompt as given
         kept where its answer is at least as sure) or "each-last" (in one round, the prompt as given and once with
         each other document moved last, the most confident answer kept, its order in `document_order`) or
-        "both-placements" (in one round, the documents read in order and read in parallel, `ape_parallel`, the more
-        confident answer kept, `read_in_parallel` saying which; lazy mode; engine/best_document.py).
+        "both-orders" (in one round, the prompt as given and with its documents reversed, the more confident answer
+        kept, the reversed order in `document_order`) or "both-placements" (in one round, the documents read in
+        order and read in parallel, `ape_parallel`, the more confident answer kept, `read_in_parallel` saying which;
+        lazy mode; engine/best_document.py).
         confidence_tokens: with the two confidence-order strategies, the one-document answers that order the
         documents stop after that many tokens (None: the whole answer; only their confidence is used); with the
         others but "joint", the candidates are ranked by their first that many tokens and all but the surest stop

@@ -52,8 +52,8 @@ class RequestOutput:
     # An answer chosen among candidates (answer="best-document", "best-document-or-joint"): the index, among the
     # request's documents, of the one it was read from alone; None: the request as given (all of its documents)
     answered_from: int | None = None
-    # answer="confidence-order"/"confidence-order-or-joint"/"each-last": the indices of the request's documents in the
-    # order the answer read them (None: as given, or another strategy)
+    # answer="confidence-order"/"confidence-order-or-joint"/"each-last"/"both-orders": the indices of the request's
+    # documents in the order the answer read them (None: as given, or another strategy)
     document_order: list[int] | None = None
     # answer="both-placements": whether the answer kept read every document from the first segment's end (the
     # request's documents read in parallel, `ape_parallel`); False for the documents read in order, or another strategy

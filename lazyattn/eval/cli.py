@@ -57,7 +57,8 @@ def add_eval_parser(
         default=None,
         help="comma-separated runs, each a mode with optional ':key=value' engine options "
         "(e.g. lazy:relink_tokens=16) and ':answer=STRATEGY' (best-document, best-document-or-joint, "
-        "confidence-order, confidence-order-or-joint, each-last, both-placements: engine/best_document.py), with any "
+        "confidence-order, confidence-order-or-joint, each-last, both-orders, both-placements: "
+        "engine/best_document.py), with any "
         "of them ':confidence_tokens=K' (a confidence-order strategy's one-document answers stop after K tokens; "
         "the others rank their candidates by the first K tokens and stop all but the surest there; "
         "docs/quality.md); "

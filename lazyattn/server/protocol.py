@@ -175,7 +175,9 @@ class _GenerationRequest(_Strict):
         "document_order gives the order); confidence-order-or-joint: the same, the request as given also "
         "asked first and its answer kept where it is at least as sure (document_order null); each-last: in "
         "one round, the request as given and once more with each other document moved last, the surest "
-        "answer kept (document_order: the order it read, null: as given); both-placements (lazy mode): in "
+        "answer kept (document_order: the order it read, null: as given); both-orders: in one round, the "
+        "request as given and once more with its documents reversed, the surer answer kept (document_order: "
+        "the reversed order, null: as given); both-placements (lazy mode): in "
         "one round, the documents read one after the other and read in parallel (ape_parallel, which the "
         "request leaves out), the surer answer kept (read_in_parallel says which). usage counts every "
         "request made; n must be 1 and no stream (docs/design.md, Answering from one document)",

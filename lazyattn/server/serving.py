@@ -464,8 +464,8 @@ class OpenAIServing:
 
 def _hidden(answer: str) -> dict:
     """What a response's choices leave out: answered_from belongs to the strategies that answer from one document,
-    document_order to those that reorder them (the confidence-order ones and each-last), read_in_parallel to
-    both-placements."""
+    document_order to those that reorder them (the confidence-order ones, each-last and both-orders),
+    read_in_parallel to both-placements."""
     shown = (
         set()
         if answer == "joint"

@@ -185,7 +185,7 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     ]
     chosen = [
         f"lazy + prefix, {answer}{cap}"
-        for answer in ("each-last", "both-placements")
+        for answer in ("each-last", "both-orders", "both-placements")
         for cap in ("", ", confidence_tokens=4", ", confidence_tokens=1")
     ]
     assert [r["config"] for r in rows] == [
@@ -197,7 +197,13 @@ def test_best_document_cost_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     ]
     assert all(r["idle_answer_ms"] > 0 and r["sat_questions_per_s"] > 0 for r in rows)
     # --answers measures the strategies named, after the joint reference; an unknown one is refused
-    argv = ["benchmarks/best_document.py", str(tmp_path / "two"), "--smoke", "--answers", "both-placements,each-last"]
+    argv = [
+        "benchmarks/best_document.py",
+        str(tmp_path / "two"),
+        "--smoke",
+        "--answers",
+        "both-placements,both-orders,each-last",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     best.main()
     rows = json.loads((tmp_path / "two" / "best_document.json").read_text())["rows"]

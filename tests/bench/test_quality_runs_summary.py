@@ -45,3 +45,17 @@ def test_the_share_of_answers_read_in_parallel_per_gold_position(tmp_path):
     # no table where the run read nothing in parallel
     write_eval(tmp_path / "none" / "blk-real-block-attention", runs)
     assert "read in parallel" not in main(tmp_path / "none")
+
+
+def test_the_share_of_answers_read_in_another_order_per_gold_position(tmp_path):
+    half = [1.0] * 20 + [0.0] * 20
+    runs = {"full": {"first": half, "middle": half, "last": half}, "lazy:answer=both-orders": {}}
+    runs["lazy:answer=both-orders"] = runs["full"]
+    write_eval(
+        tmp_path / "blk-real-short-answer", runs, reordered={"lazy:answer=both-orders": {"first": 30, "middle": 2}}
+    )
+    text = main(tmp_path)
+    assert "### `lazy:answer=both-orders`: answers read in another order (%)" in text
+    assert "read in parallel" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| blk | real | short-answer | 5 | 75 "))
+    assert row.split(" | ")[4:] == ["75", "5", "0 |"]  # 30, 2 and 0 of 40

@@ -4,6 +4,7 @@ confident of the same one-document requests made one by one."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import statistics
 
@@ -82,6 +83,12 @@ def test_candidates_of_each_strategy():
         [0, 0, 0, 1],
         [["a", "b", "c"], ["b", "c", "a"], ["a", "c", "b"], ["d"]],
         [None, (1, 2, 0), (0, 2, 1), None],
+    )
+    # the request as given, then its documents reversed where it has two or more
+    assert candidates(three, "both-orders") == (
+        [0, 0, 1],
+        [["a", "b", "c"], ["c", "b", "a"], ["d"]],
+        [None, (2, 1, 0), None],
     )
     # the request as given, then the same read in parallel where it has two or more documents
     assert candidates(three, "both-placements") == (
@@ -354,6 +361,34 @@ def test_each_last_is_the_most_confident_joint_answer_with_each_document_last(ll
         assert out.num_document_tokens == asked[best].num_document_tokens
 
 
+@pytest.mark.parametrize("mode", ["lazy", "full"])
+def test_both_orders_is_the_surer_of_the_documents_as_given_and_reversed(llm, mode):
+    full = (
+        contextlib.nullcontext(llm) if mode == "lazy" else LLM(model="tiny", mode="full", device="cpu", progress=False)
+    )
+    with full as engine:
+        _surer_of_both_orders(engine)
+
+
+def _surer_of_both_orders(engine: LLM) -> None:
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    got = engine.generate(PROMPTS, params, documents=DOCS, answer="both-orders")
+    scored = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    kept = []
+    for prompt, docs, out in zip(PROMPTS, DOCS, got):
+        assert out.answered_from is None and not out.read_in_parallel and out.logprobs is None
+        # by hand: the request as given, and (two or more documents) the same documents last to first; as given wins
+        # a tie
+        orders = [list(range(len(docs)))] + ([list(range(len(docs)))[::-1]] if len(docs) > 1 else [])
+        asked = [engine.generate([prompt], scored, documents=[[docs[i] for i in o]])[0] for o in orders]
+        means = [mean_logprob(o) for o in asked]
+        best = means.index(max(means))
+        assert out.token_ids == asked[best].token_ids
+        assert out.document_order == (None if best == 0 else orders[best])
+        kept.append(best)
+    assert set(kept) == {0, 1}  # each order wins somewhere: the check sees both
+
+
 @pytest.mark.parametrize("ape", [{}, {"ape_temperature": 0.5}], ids=["T1", "T0.5"])
 def test_both_placements_is_the_surer_of_the_documents_in_order_and_in_parallel(llm, ape):
     params = SamplingParams(max_tokens=6, temperature=0.0)
@@ -387,10 +422,22 @@ def _by_hand(answer: str, docs: list[str]) -> list[tuple[list[str], bool | None]
         return [(docs, None)] + [([d], None) for d in docs]
     if answer == "each-last":
         return [(docs, None)] + [([d for d in docs if d != last] + [last], None) for last in docs[:-1]]
+    if answer == "both-orders":
+        return [(docs, None), (docs[::-1], None)]
     return [(docs, False), (docs, True)]  # both-placements
 
 
-@pytest.mark.parametrize("answer", ["best-document-or-joint", "each-last", "both-placements"])
+def _kept(answer: str, docs: list[str], out) -> int:
+    """Which of `_by_hand(answer, docs)`'s candidates `out` says it answered as."""
+    if answer == "both-placements":
+        return int(out.read_in_parallel)
+    if answer == "best-document-or-joint":
+        return 0 if out.answered_from is None else 1 + out.answered_from
+    order = out.document_order
+    return 0 if order is None else [d for d, _ in _by_hand(answer, docs)].index([docs[i] for i in order])
+
+
+@pytest.mark.parametrize("answer", ["best-document-or-joint", "each-last", "both-orders", "both-placements"])
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_confidence_tokens_choose_after_the_first_tokens_and_stop_the_other_candidates(llm, answer, tokens):
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -409,8 +456,9 @@ def test_confidence_tokens_choose_after_the_first_tokens_and_stop_the_other_cand
         means = [mean_logprob(o, tokens) for o in asked]
         best = means.index(max(means))
         assert out.token_ids == asked[best].token_ids and len(out.token_ids) == 6
+        assert _kept(answer, docs, out) == best
         whole = [mean_logprob(o) for o in asked]
-        other_answer |= asked[whole.index(max(whole))].token_ids != out.token_ids
+        other_answer |= whole.index(max(whole)) != best
         # the work: the answer's 5 decode rows (its first token comes from the prefill), each other candidate's
         # `tokens` - 1 before it was stopped (and, where steps overlap, one more in flight)
         losers = len(asked) - 1

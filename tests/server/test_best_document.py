@@ -110,6 +110,14 @@ def test_each_last_answers_as_the_python_api_and_counts_every_request(server, of
     answers_as_the_python_api(server, offline, "each-last", lambda want: asked)
 
 
+def test_both_orders_answers_as_the_python_api_and_counts_both_requests(server, offline):
+    # the request as given, then its documents last to first
+    answers_as_the_python_api(server, offline, "both-orders", lambda want: [DOCS, DOCS[::-1]])
+    for fields, param in (({"n": 2}, "n"), ({"stream": True}, "stream")):  # one answer per prompt, from finished ones
+        r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "both-orders", **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_both_placements_answers_as_the_python_api_and_counts_both_requests(server, offline):
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     r = post(server.url, "/v1/chat/completions", {**BODY, "messages": MESSAGES, "answer": "both-placements"})
