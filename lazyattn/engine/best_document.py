@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -256,13 +257,10 @@ def choices(owners: Sequence[int], key: str, answer: str, confidence_tokens: int
     of two or more candidates, keyed `key` and the request's index; else None for every candidate."""
     if confidence_tokens is None or answer == "joint" or answer in ORDERING:
         return [None] * len(owners)
-    size: dict[int, int] = {}
-    for owner in owners:
-        size[owner] = size.get(owner, 0) + 1
+    size, seen = Counter(owners), Counter()
     made: list[Choice | None] = []
-    seen: dict[int, int] = {}
     for owner in owners:
-        index = seen[owner] = seen.get(owner, -1) + 1
+        index, seen[owner] = seen[owner], seen[owner] + 1
         made.append(Choice(f"{key}{owner}", index, size[owner], confidence_tokens) if size[owner] > 1 else None)
     return made
 
