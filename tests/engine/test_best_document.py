@@ -361,12 +361,12 @@ def test_each_last_is_the_most_confident_joint_answer_with_each_document_last(ll
         assert out.num_document_tokens == asked[best].num_document_tokens
 
 
-@pytest.mark.parametrize("mode", ["lazy", "full"])
+@pytest.mark.parametrize("mode", ["lazy", "block", "full"])
 def test_both_orders_is_the_surer_of_the_documents_as_given_and_reversed(llm, mode):
-    full = (
-        contextlib.nullcontext(llm) if mode == "lazy" else LLM(model="tiny", mode="full", device="cpu", progress=False)
+    other = (
+        contextlib.nullcontext(llm) if mode == "lazy" else LLM(model="tiny", mode=mode, device="cpu", progress=False)
     )
-    with full as engine:
+    with other as engine:
         _surer_of_both_orders(engine)
 
 
