@@ -602,6 +602,23 @@ def test_first_round_is_the_same_whatever_order_its_outputs_come_in(requests, rn
 
 @hypothesis.settings(max_examples=200, deadline=None)
 @hypothesis.given(requests=st.lists(st.integers(0, 7), min_size=1, max_size=5))
+def test_both_orders_asks_the_request_as_given_and_reversed_and_nothing_else(requests):
+    """For any documents: the request as given first (it wins a tie), then, with two or more documents, the same
+    documents last to first, its source the order that reads them from the request's; requests keep their order."""
+    documents = [[f"d{r}.{i}" for i in range(n)] for r, n in enumerate(requests)]
+    owners, sets, sources = candidates(documents, "both-orders")
+    assert owners == sorted(owners)
+    for r, docs in enumerate(documents):
+        mine = [(s, src) for o, s, src in zip(owners, sets, sources, strict=True) if o == r]
+        assert mine[0] == (docs, None)
+        assert len(mine) == (2 if len(docs) > 1 else 1)
+        if len(docs) > 1:
+            reversed_docs, order = mine[1]
+            assert reversed_docs == docs[::-1] and [docs[i] for i in order] == reversed_docs
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(requests=st.lists(st.integers(0, 7), min_size=1, max_size=5))
 def test_each_last_asks_every_document_last_once_and_nothing_else(requests):
     """For any documents: one candidate per document that can stand last (the request as given for the last one,
     first), each holding every document once, the one moved last and the others in their given order; its source is
