@@ -65,18 +65,18 @@ def main(out: Path, baseline: str = "full") -> str:
 def _kept_otherwise(found: list, run: str, what: str, otherwise) -> list[str]:
     """The share of `run`'s answers that were not read as given but as `what` says (`otherwise(item)`: with the
     documents in parallel, or reordered), per cell and gold position; nothing where the run never read them so."""
-    rows, any_parallel = [], False
+    rows, any_kept = [], False
     for model, dataset, layout, ev in found:
         cells = {(c["num_docs"], c["position"]): c["items"] for c in ev["cells"] if c["run"] == run}
         for docs in sorted({d for d, _ in cells}):
             shares = []
             for position in ("first", "middle", "last"):
                 items = cells.get((docs, position), [])
-                parallel = sum(otherwise(i) for i in items)
-                any_parallel |= parallel > 0
-                shares.append(f"{100 * parallel / len(items):.0f}" if items else "")
+                kept = sum(otherwise(i) for i in items)
+                any_kept |= kept > 0
+                shares.append(f"{100 * kept / len(items):.0f}" if items else "")
             rows.append("| " + " | ".join([model, dataset, layout, str(docs), *shares]) + " |")
-    if not any_parallel:
+    if not any_kept:
         return []
     head = f"### `{run}`: answers {what} (%)"
     return [head, "", "| model | set | layout | docs | gold first | middle | last |", "|" + "---|" * 7, *rows, ""]

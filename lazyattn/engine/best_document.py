@@ -190,14 +190,7 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
                 owners.append(owner)
                 sets.append([d])
                 sources.append(i)
-        if answer == EACH_LAST:
-            for i in range(len(docs) - 1):
-                order = (*range(i), *range(i + 1, len(docs)), i)
-                owners.append(owner)
-                sets.append([docs[j] for j in order])
-                sources.append(order)
-        if answer == BOTH_ORDERS and several:
-            order = tuple(reversed(range(len(docs))))
+        for order in _reorders(answer, len(docs)):
             owners.append(owner)
             sets.append([docs[j] for j in order])
             sources.append(order)
@@ -206,6 +199,16 @@ def candidates(documents: Sequence[Sequence[T]], answer: str) -> tuple[list[int]
             sets.append(docs)
             sources.append(PARALLEL)
     return owners, sets, sources
+
+
+def _reorders(answer: str, n: int) -> list[tuple[int, ...]]:
+    """The orders of n documents that `answer` asks besides the one given: for "each-last" each document but the last
+    moved last, the others in place; for "both-orders" (n >= 2) the reversed order; none for the other strategies."""
+    if answer == EACH_LAST:
+        return [(*range(i), *range(i + 1, n), i) for i in range(n - 1)]
+    if answer == BOTH_ORDERS and n > 1:
+        return [tuple(reversed(range(n)))]
+    return []
 
 
 def placement_groups(
