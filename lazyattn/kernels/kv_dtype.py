@@ -2,8 +2,9 @@
 
 An FP8 pool stores each K/V element as `float8_e4m3fn` with one fixed scale of 1.0 for every (layer, K/V, kv head):
 a value is stored as itself, saturated to ±448 and rounded to the nearest e4m3 value (ties to even), and read back
-exactly (`x_fp8.float()`). What V is there is the engine's business: over an FP8 pool it loads the model with V
-divided by a power of two per (layer, kv head), folded into the weights (model/llama.py, CausalLM.fold_v_scales).
+exactly (`x_fp8.float()`). What K and V are there is the engine's business: over an FP8 pool it loads the model
+with V divided by a power of two per (layer, kv head), and K where it could otherwise reach 448, folded into the
+weights (model/llama.py, CausalLM.fold_v_scales, fold_k_scales).
 The scale choice and its measured error are in docs/design.md. Keys are quantized as they
 are cached, rotated at their encoding positions (Deferred RoPE): the kernels dequantize a tile in registers and
 rotate the query (or the tile) as for any other dtype.

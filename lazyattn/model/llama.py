@@ -46,6 +46,7 @@ class CausalLM(nn.Module):
         self.norms_folded = False
         self.deterministic = False
         self.v_scales: list[torch.Tensor] | None = None  # fold_v_scales' scales, where they were folded
+        self.k_scales: list[torch.Tensor] | None = None  # fold_k_scales'
 
     def set_deterministic(self, on: bool) -> None:
         """Batch-invariant numerics (docs/design.md, "Deterministic mode"): every linear through
@@ -104,13 +105,15 @@ class CausalLM(nn.Module):
             layer.mlp.interleaved = True
         self.norms_folded = True
 
+    @torch.no_grad()
     def fold_v_scales(self) -> list[torch.Tensor]:
         """Scale each layer's V, per kv head, by a power of two folded into the weights: V's rows of qkv_proj (and
         its bias) divided by s, the o_proj columns of the query heads that read that kv head multiplied by s, so the
         model computes the same function and the cache holds V / s (docs/design.md, "FP8 KV cache": an FP8 cache
         then stores small values V in e4m3's normal range). s is the power of two nearest the RMS of V's rows of
         qkv_proj, each scaled by the input norm's weights (the RMS a unit-RMS normed input gives V), so that V / s has
-        an RMS near 1. A head whose weights the scaling would not keep exactly (a subnormal or an overflow in the
+        an RMS near 1, or the smallest one that keeps V / s within FP8_BOUND for any input (`_row_bounds`) where that
+        is larger. A head whose weights the scaling would not keep exactly (a subnormal or an overflow in the
         weights' dtype) keeps s = 1. Returns s per layer, float32 [kv_heads] (this rank's heads under tensor
         parallelism), before any page holds V. Once: a second call returns the first one's scales."""
         if self.v_scales is not None:
@@ -128,16 +131,54 @@ class CausalLM(nn.Module):
                 rms = (qkv.weight[rows].double() * gamma[None, :]).square().sum(1).mean().sqrt().item()
                 if not rms > 0:
                     continue
-                s = 2.0 ** round(math.log2(rms))
+                s = max(2.0 ** round(math.log2(rms)), _bound_scale(_row_bounds(qkv, rows, gamma)))
                 parts = [(qkv.weight, rows, 1 / s), (out.weight[:, cols], slice(None), s)]
                 parts += [] if qkv.bias is None else [(qkv.bias, rows, 1 / s)]
-                scaled = [(t, i, t[i] * f, f) for t, i, f in parts]
-                if all(torch.equal(new / f, t[i]) for t, i, new, f in scaled):  # exact: no underflow, no overflow
-                    for t, i, new, _ in scaled:
-                        t[i] = new
+                if _scale_exactly(parts):
                     s_layer[h] = s
             scales.append(s_layer)
         self.v_scales = scales
+        return scales
+
+    @torch.no_grad()
+    def fold_k_scales(self) -> list[torch.Tensor]:
+        """Scale each layer's K down by a power of two where an FP8 page could otherwise saturate, folded into the
+        weights so that every score is the same (docs/design.md, "FP8 KV cache"). s is the smallest power of two of
+        at least 1 that keeps K / s within FP8_BOUND for any input: from the input norm's bound on what a row of
+        qkv_proj can give (`_row_bounds`), per kv head; under Qwen3's norm on each head of q and k, |k| is at most
+        sqrt(head_dim) times k_norm's largest weight, per layer (the norms' weights are shared by the heads). K's rows
+        of qkv_proj and its bias (or k_norm's weights) are divided by s, the rows of the query heads that read it (or
+        q_norm's weights) multiplied by s: q·k, and RoPE's rotation, which is linear, are the same to the bit. Most
+        models keep 1 everywhere (SmolLM2-135M's largest bound is 118); a model whose keys carry large biases (Qwen2)
+        gets the scale that keeps its keys from saturating. A head whose weights the scaling would not keep exactly
+        keeps 1. Returns s per layer, float32 [kv_heads] (this rank's heads), before any page holds K. Once."""
+        if self.k_scales is not None:
+            return self.k_scales
+        scales = []
+        for layer in self.layers:
+            attn = layer.self_attn
+            qkv, d, group = attn.qkv_proj, attn.head_dim, attn.num_heads // attn.num_kv_heads
+            s_layer = torch.ones(attn.num_kv_heads)
+            if attn.q_norm is not None and attn.k_norm is not None:
+                s = max(1.0, _bound_scale(math.sqrt(d) * attn.k_norm.weight.double().abs().max().item()))
+                norms = [(attn.k_norm.weight, slice(None), 1 / s), (attn.q_norm.weight, slice(None), s)]
+                if s > 1 and _scale_exactly(norms):
+                    s_layer.fill_(s)
+                scales.append(s_layer)
+                continue
+            gamma = layer.input_layernorm.weight.double()
+            for h in range(attn.num_kv_heads):
+                rows = slice(attn.q_size + h * d, attn.q_size + (h + 1) * d)
+                s = max(1.0, _bound_scale(_row_bounds(qkv, rows, gamma)))
+                if s == 1:
+                    continue
+                queries = slice(h * group * d, (h + 1) * group * d)
+                parts = [(qkv.weight, rows, 1 / s), (qkv.weight, queries, s)]
+                parts += [] if qkv.bias is None else [(qkv.bias, rows, 1 / s), (qkv.bias, queries, s)]
+                if _scale_exactly(parts):
+                    s_layer[h] = s
+            scales.append(s_layer)
+        self.k_scales = scales
         return scales
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -226,3 +267,34 @@ class CausalLM(nn.Module):
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             names = ", ".join(map(repr, missing[:5]))
             raise CheckpointError(f"checkpoint is missing tensor(s) {names}{more}")
+
+
+# The most a page of FP8 e4m3 (largest value 448) is asked to hold of a scaled key or value, for any input
+# (fold_k_scales, fold_v_scales): half of 448, a margin for the rounding of the bound's own arithmetic.
+FP8_BOUND = 224.0
+
+
+def _row_bounds(linear: nn.Module, rows: slice, gamma: torch.Tensor) -> float:
+    """The largest |y_j| over `rows` of y = linear(RMSNorm(x)) for any x: the normed input x / rms(x) has a
+    Euclidean norm below sqrt(n) (n inputs), so by Cauchy-Schwarz |y_j| <= sqrt(n) ||W_j * gamma|| + |b_j|."""
+    weight = linear.weight[rows].double() * gamma[None, :]
+    bound = weight.norm(dim=1) * math.sqrt(weight.shape[1])
+    if linear.bias is not None:
+        bound = bound + linear.bias[rows].double().abs()
+    return bound.max().item()
+
+
+def _bound_scale(bound: float) -> float:
+    """The smallest power of two s with bound / s <= FP8_BOUND (0 for a bound of 0)."""
+    return 2.0 ** math.ceil(math.log2(bound / FP8_BOUND)) if bound > 0 else 0.0
+
+
+def _scale_exactly(parts: list[tuple[torch.Tensor, slice, float]]) -> bool:
+    """Multiply each (tensor, index, factor) in place where that is exact for all of them (no underflow and no
+    overflow in the tensor's dtype: a power of two then changes the exponent alone); whether it did."""
+    scaled = [(t, i, t[i] * f, f) for t, i, f in parts]
+    if not all(torch.equal(new / f, t[i]) for t, i, new, f in scaled):
+        return False
+    for t, i, new, _ in scaled:
+        t[i] = new
+    return True

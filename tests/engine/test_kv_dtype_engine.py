@@ -38,15 +38,15 @@ def _cached_attention(module, query, key, value, attention_mask, scaling=None, d
     from transformers.models.llama.modeling_llama import rotate_half
 
     group = query.shape[1] // key.shape[1]
-    v_scales = _LAYOUT.get("v_scales")
-    key, value = stored(key), stored(value, None if v_scales is None else v_scales[module.layer_idx])
+    k_scale, v_scale = (_LAYOUT[n] and _LAYOUT[n][module.layer_idx] for n in ("k_scales", "v_scales"))
+    key, value = stored(key, k_scale), stored(value, v_scale)
     key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if "shift" in _LAYOUT:
         cos, sin = _LAYOUT["rotary"](value, _LAYOUT["shift"][None])
         moved = key * cos[:, None] + rotate_half(key) * sin[:, None]
         if _LAYOUT["copies"]:
-            moved = stored(moved)
+            moved = stored(moved, k_scale)
         final = _LAYOUT["final_rows"][:, None]
         scores = torch.where(final, torch.matmul(query, moved.transpose(2, 3)) * scaling, scores)
     scores = scores.masked_fill(~_LAYOUT["visible"], float("-inf"))
@@ -55,15 +55,16 @@ def _cached_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 def cached_logits(
-    model, segments: list[list[int]], tail: list[int], mode: str, dtype: torch.dtype, v_scales=None
+    model, segments: list[list[int]], tail: list[int], mode: str, dtype: torch.dtype, v_scales=None, k_scales=None
 ) -> torch.Tensor:
-    """The reference's logits; v_scales: per layer, the [kv heads] powers of two V is stored at (FP8 pages)."""
+    """The reference's logits; v_scales, k_scales: per layer, the [kv heads] powers of two V and K are stored at (FP8
+    pages)."""
     from transformers import AttentionInterface
 
     tokens = [x for seg in segments for x in seg] + tail
     n, n_ctx = len(tokens), len(tokens) - len(tail)
     _LAYOUT["dtype"] = dtype
-    _LAYOUT["v_scales"] = v_scales
+    _LAYOUT["v_scales"], _LAYOUT["k_scales"] = v_scales, k_scales
     if mode in ("lazy", "block"):
         visible = block_mask([len(x) for x in segments], len(tail))
         positions, shift, start = list(range(n)), torch.zeros(n, dtype=torch.long), 0
@@ -86,12 +87,12 @@ def cached_logits(
         _LAYOUT.clear()
 
 
-def assert_matches_cached_reference(outs, model, bos, mode, dtype, atol=2e-4, v_scales=None):
+def assert_matches_cached_reference(outs, model, bos, mode, dtype, atol=2e-4, v_scales=None, k_scales=None):
     for out, (docs, prompt) in zip(outs, REQUESTS):
         rendered = from_token_ids(prompt, [DOCS[d] for d in docs], bos)
         tail, want = list(rendered.final), []
         for _ in range(GEN):
-            logits = cached_logits(model, rendered.segments, tail, mode, dtype, v_scales)
+            logits = cached_logits(model, rendered.segments, tail, mode, dtype, v_scales, k_scales)
             lp = torch.log_softmax(logits[-1].double(), -1)
             want.append(lp)
             tail.append(int(lp.argmax()))
@@ -186,6 +187,114 @@ def test_v_scales_are_the_powers_of_two_nearest_the_rms_of_v():
     assert torch.equal(out[:, group * d : 2 * group * d], before_out[:, group * d : 2 * group * d])
     assert torch.equal(qkv[:v0], before_qkv[:v0])  # q and k untouched
     assert lm.v_scales is scales and len(scales) == cfg.num_layers
+
+
+@pytest.mark.parametrize("bound, scale", [(100.0, 1.0), (223.0, 1.0), (225.0, 2.0), (1000.0, 8.0), (1e5, 512.0)])
+def test_k_scales_keep_every_key_within_half_of_e4m3s_range(bound, scale):
+    """K's rows of a head whose largest key, over every input, is `bound` are divided by the smallest power of two
+    of at least 1 that brings it to 224 or less, its query heads' rows multiplied by it; other heads keep 1, and a
+    head whose query weights would overflow keeps 1. The bound by hand: a row of n equal weights c under a norm of
+    weights 1 gives c x n at most (the normed input of ones), and that input reaches it."""
+    from lazyattn.model.loader import load_model
+
+    lm, cfg = load_model("tiny", dtype=torch.float32)
+    layer, attn = lm.layers[0], lm.layers[0].self_attn
+    d, group, n = attn.head_dim, attn.num_heads // attn.num_kv_heads, cfg.hidden_size
+    k0, qkv = attn.q_size, attn.qkv_proj.weight
+    other = lm.layers[1].self_attn.qkv_proj.weight
+    with torch.no_grad():
+        qkv[k0 : k0 + d] = bound / n
+        other[k0 : k0 + d] = 1e5 / n  # would take 512, but one of its queries' weights cannot be multiplied by it
+        other[0, 0] = 3e38
+        before, other_before = qkv.clone(), other.clone()
+        scales = lm.fold_k_scales()
+    assert scales[0][0] == scale and scales[0][1] == 1 and (scales[1] == 1).all()
+    assert torch.equal(qkv[k0 : k0 + d], before[k0 : k0 + d] / scale)
+    assert torch.equal(qkv[: group * d], before[: group * d] * scale)
+    assert torch.equal(qkv[group * d : k0], before[group * d : k0])  # the other head's queries
+    assert torch.equal(qkv[k0 + d :], before[k0 + d :])  # the other head's keys, and V
+    assert torch.equal(other, other_before)
+    key = attn.qkv_proj(layer.input_layernorm(torch.ones(1, n)))[0, k0]
+    torch.testing.assert_close(key, torch.tensor(bound / scale), rtol=1e-5, atol=0)
+    assert key <= 224 and (scale == 1 or key > 112)
+    assert lm.k_scales is scales and lm.fold_k_scales() is scales
+
+
+def test_k_scales_under_qwen3s_norms_fold_into_the_norms_weights(checkpoint):
+    """Qwen3 normalises each head of k before RoPE, so |k| <= sqrt(head_dim) x k_norm's largest weight: a weight of
+    100 at head_dim 32 bounds k at 565.7, which takes 4 (k_norm's weights divided, q_norm's multiplied); the other
+    layer, k_norm weights near 1, keeps 1."""
+    from lazyattn.model.loader import load_model
+
+    lm, _ = load_model(str(checkpoint("qwen3")[0]), dtype=torch.float32)
+    k_norm, q_norm = lm.layers[0].self_attn.k_norm.weight, lm.layers[0].self_attn.q_norm.weight
+    with torch.no_grad():
+        k_norm[3] = 100.0
+        k_before, q_before = k_norm.clone(), q_norm.clone()
+        scales = lm.fold_k_scales()
+    assert (scales[0] == 4).all() and (scales[1] == 1).all()
+    assert torch.equal(k_norm, k_before / 4) and torch.equal(q_norm, q_before * 4)
+
+
+def big_keys_checkpoint(directory, power: int = 12):
+    """The `qwen2` test model with its keys 2^power times larger and its queries 2^power times smaller (weights and
+    biases): the same function to the bit, but keys far past e4m3's 448, which a page at scale 1 would saturate."""
+    from tests.engine.conftest import write_tokenizer
+    from tests.model.checkpoints import hf_model
+
+    model = hf_model("qwen2")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for linear, factor in ((layer.self_attn.k_proj, 2.0**power), (layer.self_attn.q_proj, 2.0**-power)):
+                linear.weight.mul_(factor)
+                linear.bias.mul_(factor)
+    model.save_pretrained(directory)
+    write_tokenizer(directory)
+    return directory, model
+
+
+def test_k_scales_leave_the_models_function_as_it_is(tmp_path):
+    """Folding K's powers of two into qkv_proj is exact: an fp32 model over fp32 pages gives the same tokens and the
+    same log-probs, to the bit, with and without them."""
+    directory, _ = big_keys_checkpoint(tmp_path)
+    make = lambda: LLM(model=str(directory), mode="lazy", device="cpu", page_size=16, progress=False)  # noqa: E731
+    plain = generate(make())
+    llm = make()
+    scales = llm.engine.executor.model.fold_k_scales()  # before any request: no page holds the unscaled K
+    assert any((s > 1).any() for s in scales)
+    for a, b in zip(plain, generate(llm)):
+        assert a.token_ids == b.token_ids
+        assert [dict(x) for x in a.outputs[0].logprobs] == [dict(x) for x in b.outputs[0].logprobs]
+
+
+def test_fp8_pages_of_keys_past_e4m3s_range_match_the_reference(tmp_path, monkeypatch):
+    """Keys of about 2^12 (as large biases make them): over FP8 pages the engine scales them (K at 128 here), its
+    tokens and log-probs equal the reference that stores K / s, and its first tokens' log-probs stay near those over
+    fp32 pages. Without the K scales the pages saturate and the log-probs move far away."""
+    from lazyattn.model.llama import CausalLM
+
+    directory, model = big_keys_checkpoint(tmp_path)
+    make = lambda **kw: LLM(model=str(directory), mode="lazy", device="cpu", page_size=16, progress=False, **kw)  # noqa: E731
+    exact = generate(make())
+    llm = make(kv_cache_dtype="fp8_e4m3")
+    k_scales, v_scales = llm.engine.executor.model.k_scales, llm.engine.executor.model.v_scales
+    assert max(s.max() for s in k_scales) >= 16
+    assert llm.engine.executor.model_config.weights_id.endswith("|fp8 v scales|fp8 k scales")
+    outs = generate(llm)
+    assert_matches_cached_reference(outs, model, token_bos(llm), "lazy", torch.float8_e4m3fn, 2e-4, v_scales, k_scales)
+
+    monkeypatch.setattr(CausalLM, "fold_k_scales", lambda self: [torch.ones(2)] * len(self.layers))
+    saturated = generate(make(kv_cache_dtype="fp8_e4m3"))
+
+    def first_gap(outs):  # the largest |log-prob - exact| over the first token's top 20
+        return max(
+            abs(o.outputs[0].logprobs[0][t] - e.outputs[0].logprobs[0][t])
+            for o, e in zip(outs, exact)
+            for t in e.outputs[0].logprobs[0]
+            if t in o.outputs[0].logprobs[0]
+        )
+
+    assert first_gap(outs) < 0.1 and first_gap(saturated) > 5 * first_gap(outs)
 
 
 def test_a_kv_cache_dtype_outside_the_list_is_refused():

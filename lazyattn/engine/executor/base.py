@@ -27,8 +27,9 @@ def load_engine_model(
 ) -> tuple[CausalLM, ModelConfig]:
     """The model `config` names, on `device`, as every executor and worker loads it (this rank's shard under tensor
     parallelism; decode fusion as the engine's settings say). Over an FP8 cache, V is scaled per (layer, kv head)
-    by a power of two folded into the weights (CausalLM.fold_v_scales, docs/design.md "FP8 KV cache"); the config's
-    weights identity says so, so that no cache of the unscaled model's pages is read as this one's."""
+    by a power of two folded into the weights, and K too where it could saturate (CausalLM.fold_v_scales,
+    fold_k_scales; docs/design.md "FP8 KV cache"); the config's weights identity says so, so that no cache of the
+    unscaled model's pages is read as this one's."""
     model, model_config = load_model(
         config.model,
         dtype=config.torch_dtype,
@@ -40,7 +41,10 @@ def load_engine_model(
     )
     if is_fp8(config.kv_torch_dtype):
         model.fold_v_scales()
-        model_config = dataclasses.replace(model_config, weights_id=model_config.weights_id + "|fp8 v scales")
+        scaled = "|fp8 v scales"
+        if any((s != 1).any() for s in model.fold_k_scales()):
+            scaled += "|fp8 k scales"
+        model_config = dataclasses.replace(model_config, weights_id=model_config.weights_id + scaled)
     return model, model_config
 
 
