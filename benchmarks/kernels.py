@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -110,12 +111,15 @@ COPY_CONFIGS = ((32, 4), (64, 4), (64, 8), (128, 8))  # copy_rotate (block_rows,
 
 def dtype_comparison_args(description: str, argv: list[str] | None) -> argparse.Namespace:
     """The options of the scripts that time one kernel over bfloat16 and FP8 pages (benchmarks/kernels_fp8_*.py):
-    --quick, --warmup and --rep, with the seed `Bench` reads."""
+    --quick, --warmup, --rep and --rounds, with the seed `Bench` reads."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run")
     p.add_argument("--warmup", type=int, default=50, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=500, help="do_bench repetition time, ms")
+    p.add_argument("--rounds", type=int, default=5, help="readings per figure, the page dtypes taking turns")
     args = p.parse_args(argv)
+    if args.quick:
+        args.rounds = min(args.rounds, 2)
     args.seed = 0
     return args
 
@@ -437,13 +441,25 @@ def graph_us(b: Bench, calls: list[Callable[[], object]], layers: int = 32, repl
     """Microseconds per call of `layers` calls (cycling over `calls`, input copies past L2) captured in one CUDA
     graph, median of `replays` replays: what a layer of the engine's graphs pays, launch gaps included and no L2
     flush in the timed span. On a CPU: one eager pass, timed."""
+    return graph_timer(b, calls, layers, replays)()
+
+
+def graph_timer(
+    b: Bench, calls: list[Callable[[], object]], layers: int = 32, replays: int = 20
+) -> Callable[[], float]:
+    """`graph_us`'s measurement with its graph captured once: each call of the result clocks the GPU up, replays the
+    graph `replays` times and returns the median microseconds per call (`alternating` takes turns with several)."""
     for call in calls:
         call()  # compile outside the capture
     if not b.gpu:
-        t0 = time.perf_counter()
-        for i in range(layers):
-            calls[i % len(calls)]()
-        return (time.perf_counter() - t0) * 1e6 / layers
+
+        def eager_pass() -> float:
+            t0 = time.perf_counter()
+            for i in range(layers):
+                calls[i % len(calls)]()
+            return (time.perf_counter() - t0) * 1e6 / layers
+
+        return eager_pass
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm the allocator's graph-side pools
@@ -455,20 +471,40 @@ def graph_us(b: Bench, calls: list[Callable[[], object]], layers: int = 32, repl
         for i in range(layers):
             calls[i % len(calls)]()
     x = torch.randn(4096, 4096, device=b.device, dtype=DTYPE)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.3:  # clocks up before the timed replays
-        x @ x
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / layers)
-    return statistics.median(times)
+
+    def replay() -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:  # clocks up before the timed replays
+            x @ x
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / layers)
+        return statistics.median(times)
+
+    return replay
+
+
+def eager_us(b: Bench, calls: list[Callable[[], object]]) -> float:
+    """Microseconds per call of `calls` launched one by one, cycling (`Bench.time_ms`: do_bench's median)."""
+    return 1e3 * b.time_ms(cycle(calls))
+
+
+def alternating(timers: dict[Any, Callable[[], float]], rounds: int) -> dict[Any, float]:
+    """The median over `rounds` of each timer's reading, the timers taking turns (each round starts one later), so
+    that what drifts over a run (clocks, heat, the GPU's other tenants) falls on all of them alike."""
+    names = list(timers)
+    readings: dict[Any, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            readings[name].append(timers[name]())
+    return {name: statistics.median(values) for name, values in readings.items()}
 
 
 @triton.jit

@@ -4,10 +4,12 @@
     python -m benchmarks.kernels_fp8_decode --quick    # a smoke run (CPU: Triton interpreter)
 
 Per case (batch x context, segments of 2,048 tokens at random nonzero deltas, as benchmarks/kernels.py's decode
-section builds them), the same inputs rounded to each page dtype, then timed one after the other two ways: as the
-engine's CUDA graphs run it (graph: 32 launches captured in one graph, the median of 20 replays, per launch) and
-launched one by one (eager: do_bench medians, `--rep` ms each; at batch 1-2 the host's launch, which builds the
-copy-engine descriptors of FP8 pages per call, not the GPU, sets that time). Prints a markdown table, a row per case
+section builds them), the same inputs rounded to each page dtype, then timed two ways: as the engine's CUDA graphs
+run it (graph: 32 launches captured in one graph, the median of 20 replays, per launch) and launched one by one
+(eager: do_bench medians, `--rep` ms each; at batch 1-2 the host's launch, which builds the copy-engine descriptors
+of FP8 pages per call, not the GPU, sets that time). Each figure is the median of `--rounds` readings (default 5),
+the page dtypes and ways taking turns (benchmarks/kernels.py, alternating), so that drift over the run falls on both
+alike. Prints a markdown table, a row per case
 as it finishes: both times each way, FP8 / bf16 of each, and the largest difference between the two outputs (the FP8
 rounding of K and V, not the kernel's error: tests/kernels/test_fp8_attention.py has that).
 """
@@ -44,16 +46,19 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     bf16 = torch.bfloat16
     for batch, ctx in cases:
-        graph, eager, outs = {}, {}, {}
+        timers, outs, held = {}, {}, []
         for dtype in (bf16, FP8):
             bk.KV_DTYPE = dtype  # the pools benchmarks/kernels.py builds are rounded to it
             inputs, _ = bk.decode_case(b, batch, ctx, torch.Generator().manual_seed(1))
+            held.append(inputs)
             outs[dtype] = decode(*inputs[0], b.tables, b.scale).float()
             calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]
-            graph[dtype] = bk.graph_us(b, calls)
-            eager[dtype] = 1e3 * b.time_ms(bk.cycle(calls))
-            del inputs, calls
-            bk.free_memory()
+            timers["graph", dtype] = bk.graph_timer(b, calls)
+            timers["eager", dtype] = functools.partial(bk.eager_us, b, calls)
+        t = bk.alternating(timers, args.rounds)
+        graph, eager = ({k: v for (way, k), v in t.items() if way == w} for w in ("graph", "eager"))
+        del held, timers
+        bk.free_memory()
         diff = (outs[FP8] - outs[bf16]).abs().max().item()
         cells = [f"{batch} × {ctx:,}", f"{graph[bf16]:,.1f}", f"{graph[FP8]:,.1f}", f"{graph[FP8] / graph[bf16]:.2f}"]
         cells += [f"{eager[bf16]:,.1f}", f"{eager[FP8]:,.1f}", f"{eager[FP8] / eager[bf16]:.2f}", f"{diff:.3g}"]

@@ -6,9 +6,11 @@
 Per case, the same inputs (one seed) rounded to each page dtype, then the attention launch the engine's GPU backend
 runs for the call (benchmarks/kernels.py's engine_attention: the Hopper kernel, kernels/prefill_hopper.py, where it
 takes the call, else prefill.py's; split as the engine's prefill graphs split it, engine_split), over input copies
-that consecutive calls never find in L2, timed two ways one page dtype after the other: as the engine's CUDA graphs
-run it (graph_us: 32 launches a graph, the median of 20 replays) and launched one by one (do_bench medians, `--rep`
-ms each; at small batches the host's launch of the Gluon kernel, not the GPU, sets that time). Cases: the RAG
+that consecutive calls never find in L2, timed two ways: as the engine's CUDA graphs run it (graph_timer: 32
+launches a graph, the median of 20 replays) and launched one by one (do_bench medians, `--rep` ms each; at small
+batches the host's launch of the Gluon kernel, not the GPU, sets that time). Each figure is the median of `--rounds`
+readings (default 5), the page dtypes and ways taking turns (benchmarks/kernels.py, alternating), so that drift
+over the run falls on both alike. Cases: the RAG
 prefill, batch x (5 x 2,048 cached documents at their deltas + a question of 32 or 512 tokens), and one causal
 sequence. Prints a markdown table (benchmarks/results/kernels_fp8_prefill_h200.md holds one), a row per case as it
 finishes: the kernel, both times for each page dtype, FP8 / bf16 of each, and the largest difference between the two
@@ -22,6 +24,7 @@ before, in graphs and eagerly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 from importlib.metadata import version
 
@@ -62,26 +65,31 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     bf16 = torch.bfloat16
     for label, bench, batch, tokens in cases:
-        graph, eager, outs, kernels, in_kernel = {}, {}, {}, {}, None
+        timers, outs, kernels, held = {}, {}, {}, []
         for dtype in (bf16, FP8):
             bk.KV_DTYPE = dtype  # the pools benchmarks/kernels.py builds are rounded to it
             torch.manual_seed(1)  # the same values for both page dtypes
             inputs = [bk.engine_split(bench, *i) for i in _inputs(bench, batch, tokens)]
+            held.append(inputs)
             kernels[dtype] = "Hopper (Gluon)" if bk.hopper_takes(*inputs[0]) else "prefill.py"
             outs[dtype] = bk.engine_attention(bench, *inputs[0]).float()
             calls = [lambda i=i, b=bench: bk.engine_attention(b, *i) for i in inputs]
-            graph[dtype] = bk.graph_us(bench, calls)
-            eager[dtype] = 1e3 * bench.time_ms(bk.cycle(calls))
             if kernels[dtype] == "prefill.py" and widens_first(inputs[0][0], inputs[0][1], inputs[0][3]):
                 kernels[dtype] = "prefill.py, FP8 pages widened first"
-                widened, kept = (
+                # captured, the widening has to be asked for; `kept` widens each tile in the kernel
+                calls, kept = (
                     [lambda i=i, w=w, b=bench: prefill_attention(*i, b.tables, b.scale, widen=w) for i in inputs]
                     for w in (True, False)
                 )
-                graph[dtype] = bk.graph_us(bench, widened)  # captured, the widening has to be asked for
-                in_kernel = (bk.graph_us(bench, kept), 1e3 * bench.time_ms(bk.cycle(kept)))
-            del inputs, calls
-            bk.free_memory()
+                timers["graph", "in kernel"] = bk.graph_timer(bench, kept)
+                timers["eager", "in kernel"] = functools.partial(bk.eager_us, bench, kept)
+            timers["graph", dtype] = bk.graph_timer(bench, calls)
+            timers["eager", dtype] = functools.partial(bk.eager_us, bench, calls)
+        t = bk.alternating(timers, args.rounds)
+        graph, eager = ({k: v for (way, k), v in t.items() if way == w} for w in ("graph", "eager"))
+        in_kernel = (graph["in kernel"], eager["in kernel"]) if ("graph", "in kernel") in t else None
+        del held, timers
+        bk.free_memory()
         diff = (outs[FP8] - outs[bf16]).abs().max().item()
         kernel = kernels[bf16] if kernels[bf16] == kernels[FP8] else f"bf16 {kernels[bf16]}, FP8 {kernels[FP8]}"
         cells = [label, kernel, f"{graph[bf16]:,.1f}", f"{graph[FP8]:,.1f}", f"{graph[FP8] / graph[bf16]:.2f}"]

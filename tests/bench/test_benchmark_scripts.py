@@ -225,6 +225,23 @@ def test_host_ttft_tokens_stay_inside_the_small_vocabulary():
     assert min(tokens) >= 1000 and max(tokens) < host_ttft.VOCAB
 
 
+def test_alternating_readings_take_turns_and_give_each_timers_median():
+    """Each round reads every timer once, starting one later each round; each figure is the median of its own
+    readings (hand-set readings: a drift that raises every later reading still leaves the medians in order)."""
+    kernels = importlib.import_module("benchmarks.kernels")
+    order: list[str] = []
+    readings = {"a": iter([10.0, 30.0, 20.0, 11.0, 40.0]), "b": iter([5.0, 6.0, 50.0, 7.0, 8.0])}
+
+    def timer(name: str):
+        return lambda: order.append(name) or next(readings[name])
+
+    got = kernels.alternating({name: timer(name) for name in "ab"}, rounds=5)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert got == {"a": 20.0, "b": 7.0}
+    three = kernels.alternating({k: (lambda k=k: order.append(k) or 1.0) for k in "xyz"}, rounds=3)
+    assert order[10:] == ["x", "y", "z", "y", "z", "x", "z", "x", "y"] and three == dict.fromkeys("xyz", 1.0)
+
+
 def test_tune_kernels_quick_jobs_are_small_and_numbered():
     tune = importlib.import_module("benchmarks.tune_kernels")
     jobs = tune.all_jobs({"prefill", "overhead", "decode"}, quick=True)
