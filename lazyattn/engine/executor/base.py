@@ -41,10 +41,9 @@ def load_engine_model(
     )
     if is_fp8(config.kv_torch_dtype):
         model.fold_v_scales()
-        scaled = "|fp8 v scales"
-        if any((s != 1).any() for s in model.fold_k_scales()):
-            scaled += "|fp8 k scales"
-        model_config = dataclasses.replace(model_config, weights_id=model_config.weights_id + scaled)
+        model.fold_k_scales()
+        # The rule's name, not whether this rank's heads were scaled: every rank's pages follow the same rule.
+        model_config = dataclasses.replace(model_config, weights_id=model_config.weights_id + "|fp8 v, k scales")
     return model, model_config
 
 
