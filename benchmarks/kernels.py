@@ -496,6 +496,19 @@ def eager_us(b: Bench, calls: list[Callable[[], object]]) -> float:
     return 1e3 * b.time_ms(cycle(calls))
 
 
+def both_ways(
+    b: Bench, calls: list[Callable[[], object]], key: object
+) -> dict[tuple[str, object], Callable[[], float]]:
+    """Timers of `calls` in CUDA graphs (`graph_timer`) and launched one by one (`eager_us`), as ("graph", key) and
+    ("eager", key) for `alternating`; `by_way` splits its result back."""
+    return {("graph", key): graph_timer(b, calls), ("eager", key): functools.partial(eager_us, b, calls)}
+
+
+def by_way(times: dict[tuple[str, Any], float]) -> tuple[dict[Any, float], dict[Any, float]]:
+    """`alternating`'s figures of `both_ways` timers: (graph, eager), each keyed as the timers were."""
+    return tuple({key: t for (way, key), t in times.items() if way == w} for w in ("graph", "eager"))  # type: ignore[return-value]
+
+
 def alternating(timers: dict[Any, Callable[[], float]], rounds: int) -> dict[Any, float]:
     """The median over `rounds` of each timer's reading, the timers taking turns (each round starts one later), so
     that what drifts over a run (clocks, heat, the GPU's other tenants) falls on all of them alike."""

@@ -53,10 +53,8 @@ def main(argv: list[str] | None = None) -> None:
             held.append(inputs)
             outs[dtype] = decode(*inputs[0], b.tables, b.scale).float()
             calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]
-            timers["graph", dtype] = bk.graph_timer(b, calls)
-            timers["eager", dtype] = functools.partial(bk.eager_us, b, calls)
-        t = bk.alternating(timers, args.rounds)
-        graph, eager = ({k: v for (way, k), v in t.items() if way == w} for w in ("graph", "eager"))
+            timers |= bk.both_ways(b, calls, dtype)
+        graph, eager = bk.by_way(bk.alternating(timers, args.rounds))
         del held, timers
         bk.free_memory()
         diff = (outs[FP8] - outs[bf16]).abs().max().item()

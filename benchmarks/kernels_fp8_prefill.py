@@ -24,7 +24,6 @@ before, in graphs and eagerly.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import platform
 from importlib.metadata import version
 
@@ -81,13 +80,10 @@ def main(argv: list[str] | None = None) -> None:
                     [lambda i=i, w=w, b=bench: prefill_attention(*i, b.tables, b.scale, widen=w) for i in inputs]
                     for w in (True, False)
                 )
-                timers["graph", "in kernel"] = bk.graph_timer(bench, kept)
-                timers["eager", "in kernel"] = functools.partial(bk.eager_us, bench, kept)
-            timers["graph", dtype] = bk.graph_timer(bench, calls)
-            timers["eager", dtype] = functools.partial(bk.eager_us, bench, calls)
-        t = bk.alternating(timers, args.rounds)
-        graph, eager = ({k: v for (way, k), v in t.items() if way == w} for w in ("graph", "eager"))
-        in_kernel = (graph["in kernel"], eager["in kernel"]) if ("graph", "in kernel") in t else None
+                timers |= bk.both_ways(bench, kept, "in kernel")
+            timers |= bk.both_ways(bench, calls, dtype)
+        graph, eager = bk.by_way(bk.alternating(timers, args.rounds))
+        in_kernel = (graph["in kernel"], eager["in kernel"]) if "in kernel" in graph else None
         del held, timers
         bk.free_memory()
         diff = (outs[FP8] - outs[bf16]).abs().max().item()

@@ -112,7 +112,7 @@ class CausalLM(nn.Module):
         model computes the same function and the cache holds V / s (docs/design.md, "FP8 KV cache": an FP8 cache
         then stores small values V in e4m3's normal range). s is the power of two nearest the RMS of V's rows of
         qkv_proj, each scaled by the input norm's weights (the RMS a unit-RMS normed input gives V), so that V / s has
-        an RMS near 1, or the smallest one that keeps V / s within FP8_BOUND for any input (`_row_bounds`) where that
+        an RMS near 1, or the smallest one that keeps V / s within FP8_BOUND for any input (`_row_bound`) where that
         is larger. A head whose weights the scaling would not keep exactly (a subnormal or an overflow in the
         weights' dtype) keeps s = 1. Returns s per layer, float32 [kv_heads] (this rank's heads under tensor
         parallelism), before any page holds V. Once: a second call returns the first one's scales."""
@@ -128,10 +128,11 @@ class CausalLM(nn.Module):
             for h in range(attn.num_kv_heads):
                 rows = slice(attn.q_size + attn.kv_size + h * d, attn.q_size + attn.kv_size + (h + 1) * d)
                 cols = slice(h * group * d, (h + 1) * group * d)
-                rms = (qkv.weight[rows].double() * gamma[None, :]).square().sum(1).mean().sqrt().item()
+                weight = qkv.weight[rows].double() * gamma[None, :]
+                rms = weight.square().sum(1).mean().sqrt().item()
                 if not rms > 0:
                     continue
-                s = max(2.0 ** round(math.log2(rms)), _bound_scale(_row_bounds(qkv, rows, gamma)))
+                s = max(2.0 ** round(math.log2(rms)), _bound_scale(_row_bound(weight, qkv.bias, rows)))
                 parts = [(qkv.weight, rows, 1 / s), (out.weight[:, cols], slice(None), s)]
                 parts += [] if qkv.bias is None else [(qkv.bias, rows, 1 / s)]
                 if _scale_exactly(parts):
@@ -145,7 +146,7 @@ class CausalLM(nn.Module):
         """Scale each layer's K down by a power of two where an FP8 page could otherwise saturate, folded into the
         weights so that every score is the same (docs/design.md, "FP8 KV cache"). s is the smallest power of two of
         at least 1 that keeps K / s within FP8_BOUND for any input: from the input norm's bound on what a row of
-        qkv_proj can give (`_row_bounds`), per kv head; under Qwen3's norm on each head of q and k, |k| is at most
+        qkv_proj can give (`_row_bound`), per kv head; under Qwen3's norm on each head of q and k, |k| is at most
         sqrt(head_dim) times k_norm's largest weight, per layer (the norms' weights are shared by the heads). K's rows
         of qkv_proj and its bias (or k_norm's weights) are divided by s, the rows of the query heads that read it (or
         q_norm's weights) multiplied by s: q·k, and RoPE's rotation, which is linear, are the same to the bit. Most
@@ -169,7 +170,7 @@ class CausalLM(nn.Module):
             gamma = layer.input_layernorm.weight.double()
             for h in range(attn.num_kv_heads):
                 rows = slice(attn.q_size + h * d, attn.q_size + (h + 1) * d)
-                s = max(1.0, _bound_scale(_row_bounds(qkv, rows, gamma)))
+                s = max(1.0, _bound_scale(_row_bound(qkv.weight[rows].double() * gamma[None, :], qkv.bias, rows)))
                 if s == 1:
                     continue
                 queries = slice(h * group * d, (h + 1) * group * d)
@@ -274,13 +275,13 @@ class CausalLM(nn.Module):
 FP8_BOUND = 224.0
 
 
-def _row_bounds(linear: nn.Module, rows: slice, gamma: torch.Tensor) -> float:
-    """The largest |y_j| over `rows` of y = linear(RMSNorm(x)) for any x: the normed input x / rms(x) has a
-    Euclidean norm below sqrt(n) (n inputs), so by Cauchy-Schwarz |y_j| <= sqrt(n) ||W_j * gamma|| + |b_j|."""
-    weight = linear.weight[rows].double() * gamma[None, :]
+def _row_bound(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice) -> float:
+    """The largest |y_j| of y = RMSNorm(x) W^T + b for any x, over the rows `weight` holds (W_j times the norm's
+    weights gamma; `bias`' entries `rows`): the normed input x / rms(x) has a Euclidean norm below sqrt(n) (n inputs),
+    so by Cauchy-Schwarz |y_j| <= sqrt(n) ||W_j * gamma|| + |b_j|."""
     bound = weight.norm(dim=1) * math.sqrt(weight.shape[1])
-    if linear.bias is not None:
-        bound = bound + linear.bias[rows].double().abs()
+    if bias is not None:
+        bound = bound + bias[rows].double().abs()
     return bound.max().item()
 
 
