@@ -42,12 +42,12 @@ def prose(text: str) -> str | None:
     return text
 
 
-def catalogue(root: Path, code: str) -> dict[str, str]:
+def catalogue(root: Path, code: str, package: str = "django") -> dict[str, str]:
     """English original -> translation, over every catalogue of language `code` under `root` (an unpacked
-    Django wheel: the folder holding `django/`), in path order. Plural forms and messages with a context are left
+    wheel of `package`: the folder holding `django/`), in path order. Plural forms and messages with a context are left
     out (their keys are not plain strings)."""
     out: dict[str, str] = {}
-    for path in sorted((root / "django").glob(f"**/locale/{code}/LC_MESSAGES/*.mo")):
+    for path in sorted((root / package).glob(f"**/locale/{code}/LC_MESSAGES/*.mo")):
         with path.open("rb") as f:
             # GNUTranslations has no public way to list its messages; _catalog is the parsed .mo file
             for original, translated in gettext.GNUTranslations(f)._catalog.items():  # type: ignore[attr-defined]
@@ -56,13 +56,15 @@ def catalogue(root: Path, code: str) -> dict[str, str]:
     return out
 
 
-def messages(root: Path, languages: dict[str, str] = LANGUAGES) -> dict[str, list[tuple[str, str]]]:
+def messages(
+    root: Path, languages: dict[str, str] = LANGUAGES, package: str = "django"
+) -> dict[str, list[tuple[str, str]]]:
     """Per label, (English original, text) of every usable message: prose in both the original and the
     translation, and a translation that differs from the original, sorted. A text found under two labels (the
     same spelling in two languages) is left out, it tells nothing; a repeated one is kept once."""
-    catalogues = {code: catalogue(root, code) for code in languages.values() if code != "en"}
+    catalogues = {code: catalogue(root, code, package) for code in languages.values() if code != "en"}
     if not any(catalogues.values()):
-        raise FileNotFoundError(f"{root}: no Django translation catalogues under {root / 'django'}")
+        raise FileNotFoundError(f"{root}: no translation catalogues under {root / package}")
     originals = sorted({original for cat in catalogues.values() for original in cat})
     found: dict[str, list[tuple[str, str]]] = {label: [] for label in languages}
     for original in originals:

@@ -19,6 +19,7 @@ from lazyattn.finetune.config import (
     FinetuneConfig,
 )
 from lazyattn.finetune.corpus import JARGON_FILE, STDLIB_DOCSTRINGS
+from lazyattn.finetune.few_shot import SPHINX_LANGUAGES
 
 
 def add_finetune_parser(sub) -> None:
@@ -119,7 +120,16 @@ def _add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--questions", default=None, help="a JSONL of {'question', 'documents', 'answers'?}; default: made from docs"
     )
-    g.add_argument("--prompts", type=int, default=d.prompts, help="prompts made from the documents (%(default)s)")
+    g.add_argument(
+        "--few-shot",
+        default=None,
+        metavar="TEXTS",
+        help=f"make plain few-shot prompts, the demonstrations as documents, from labelled texts: '{SPHINX_LANGUAGES}' "
+        "(built in) or a JSONL of {'text', 'label'} (docs/finetune.md, Few-shot prompts)",
+    )
+    g.add_argument(
+        "--prompts", type=int, default=d.prompts, help="prompts made from the documents or texts (%(default)s)"
+    )
     g.add_argument(
         "--docs-per-prompt",
         default=",".join(map(str, d.docs_per_prompt)),
@@ -173,8 +183,10 @@ def _add_distill_arguments(p: argparse.ArgumentParser) -> None:
 
 def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
     if not args.distill:
-        if args.documents or args.questions:
-            raise InvalidRequestError("--documents and --questions are read only with --distill", param="distill")
+        if args.documents or args.questions or args.few_shot:
+            raise InvalidRequestError(
+                "--documents, --questions and --few-shot are read only with --distill", param="distill"
+            )
         return None
     try:
         docs_per_prompt = tuple(int(k) for k in args.docs_per_prompt.split(",") if k)
@@ -183,6 +195,7 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
     return DistillConfig(
         documents=args.documents,
         questions=args.questions,
+        few_shot=args.few_shot,
         prompts=args.prompts,
         docs_per_prompt=docs_per_prompt,
         passage_chars=args.passage_chars,

@@ -30,6 +30,8 @@ DEFAULT_KINDS = ("about", "continue", "quote", "summary")
 class DistillConfig:
     documents: str | None = None  # a folder, a JSONL of documents, or "stdlib-docstrings"
     questions: str | None = None  # a JSONL of questions; None: made from the documents
+    # labelled texts made into few-shot prompts (few_shot.py): "sphinx-languages" or a JSONL of {"text", "label"}
+    few_shot: str | None = None
     prompts: int = 2000  # prompts made from the documents (ignored with `questions`)
     docs_per_prompt: Sequence[int] = (2, 3, 4, 5, 6, 8)
     passage_chars: int = 1500  # longer documents are cut into passages of about this size
@@ -44,8 +46,10 @@ class DistillConfig:
     held_out: int = 64  # prompts kept out of training to measure the KL before and after (when there are enough)
 
     def __post_init__(self) -> None:
-        if self.documents is None and self.questions is None:
-            raise InvalidRequestError("distillation needs --documents or --questions", param="documents")
+        if sum(x is not None for x in (self.documents, self.questions, self.few_shot)) != 1:
+            raise InvalidRequestError(
+                "distillation reads exactly one of --documents, --questions and --few-shot", param="documents"
+            )
         if self.teacher not in TEACHERS:
             raise InvalidRequestError(f"teacher must be one of {', '.join(TEACHERS)}", param="teacher")
         if not 0.0 <= self.full_share <= 1.0:

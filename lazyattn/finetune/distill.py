@@ -15,11 +15,12 @@ before training by the teacher as training starts (a questions file may give the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
-from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, render_chat
+from lazyattn.engine.prompt import DEFAULT_LAYOUT, PromptLayout, RenderedPrompt, render_chat, render_completion
 from lazyattn.errors import InvalidRequestError
 from lazyattn.finetune.config import SPANS as SPANS  # the settings live in config.py, torch-free
 from lazyattn.finetune.config import TEACHERS as TEACHERS
@@ -38,6 +39,10 @@ def kl_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1
 
 
 def load_prompts(cfg: DistillConfig, seed: int = 0) -> list[Prompt]:
+    if cfg.few_shot is not None:
+        from lazyattn.finetune import few_shot
+
+        return few_shot.make_prompts(few_shot.read_examples(cfg.few_shot), cfg.prompts, seed)
     docs = read_documents(cfg.documents) if cfg.documents is not None else []
     if cfg.questions is not None:
         return read_questions(cfg.questions, docs)
@@ -59,10 +64,7 @@ def teacher_examples(
     continuation under full attention (ended by the end-of-turn token when the teacher ended it) unless the
     prompt carries one. Prompts longer than `max_tokens` with their answer are dropped. Generation batches hold
     at most `batch_tokens` padded prompt tokens (eager attention keeps a batch x heads x length² score tensor)."""
-    rendered = [
-        render_chat(tokenizer, [{"role": "user", "content": p.question}], p.documents, layouts[k % len(layouts)])
-        for k, p in enumerate(prompts)
-    ]
+    rendered = [render_prompt(tokenizer, p, layouts[k % len(layouts)]) for k, p in enumerate(prompts)]
     eos = tokenizer.eos_token_ids
     answers: list[list[int] | None] = [
         tokenizer.encode(p.answer) + eos[:1] if p.answer is not None else None for p in prompts
@@ -84,6 +86,19 @@ def teacher_examples(
     if not examples:
         raise InvalidRequestError(f"no distillation prompt fits in {max_tokens} tokens", param="max_tokens")
     return examples
+
+
+def render_prompt(tokenizer: TokenizerBase, prompt: Prompt, layout: PromptLayout) -> RenderedPrompt:
+    """`prompt` as the engine renders it: a chat request in `layout`, or a plain prompt whose documents are each
+    their text and a blank line; its own system text, where it has one, in place of the layout's."""
+    if not prompt.plain:
+        if prompt.system is not None:
+            layout = dataclasses.replace(layout, system_prompt=prompt.system)
+        return render_chat(tokenizer, [{"role": "user", "content": prompt.question}], prompt.documents, layout)
+    layout = dataclasses.replace(layout, untitled_document_format="{text}\n\n")
+    if prompt.system is not None:
+        layout = dataclasses.replace(layout, completion_system_prompt=prompt.system)
+    return render_completion(tokenizer, prompt.question, prompt.documents, layout)
 
 
 @torch.no_grad()
