@@ -12,7 +12,7 @@
 # ape_prefix serves it). EXTRA holds more `lazyattn finetune` arguments (later ones win).
 # Evaluation: `lazyattn eval` of the new adapter and of the model it starts from (the latter alongside the training)
 # on builtin:icl-language, builtin:icl-language-more and builtin:icl, 5 / 10 / 20 demonstrations, modes full and lazy
-# with ape_prefix.
+# with ape_prefix (EVAL_START=0: the adapter's only).
 #
 # OUT_DIR gets summary.md (every evaluation's table), finetune.log, adapter/ (with finetune.json) and eval/<model>-<set>/
 # (eval.json, eval.md, log).
@@ -56,15 +56,18 @@ evaluate() {  # MODEL NAME: every set, one after another
     done
 }
 
-stamp "evaluating $from (in the background) and training"
-evaluate "$from" start &
-ev=$!
+stamp "training"
+ev=
+if [ "${EVAL_START:-1}" = 1 ]; then  # EVAL_START=0: the adapter only (another run measured the start)
+    evaluate "$from" start &
+    ev=$!
+fi
 $py -m lazyattn finetune --model "$base" "${init[@]}" --out "$out/adapter" --distill --few-shot sphinx-languages \
     --ape-prefix --teacher "$teacher" --distill-full-share "${FULL_SHARE:-0.5}" --answer-tokens 4 \
     --lr "${LR:-3e-4}" "${train[@]}" --no-progress ${EXTRA:-} > "$out/finetune.log" 2>&1
 rc=$?
 tail -3 "$out/finetune.log"
-wait $ev
+[ -z "$ev" ] || wait $ev
 [ $rc -eq 0 ] || { echo "training failed ($rc): $out/finetune.log"; exit $rc; }
 stamp "evaluating the adapter"
 evaluate "$out/adapter" adapter

@@ -65,6 +65,7 @@ SOURCE = {
 }
 LABELS_PER_PROMPT = (2, 6)  # inclusive ranges
 DEMOS_PER_LABEL = (1, 4)
+ARBITRARY_SHARE = 0.5  # prompts whose labels are shown as arbitrary words or letters
 SYSTEM_LINES = (
     "Here are examples of texts and their labels.\n\n",
     "Classify each text as the examples show.\n\n",
@@ -119,7 +120,7 @@ def make_prompts(examples: dict[str, list[str]], n: int, seed: int = 0) -> list[
         per = min(per, *(len(t) - 1 for t in texts.values()))
         field, label_name = rng.choice(FIELDS)
         shown = dict(zip(drawn, drawn))
-        if rng.random() < 0.5:
+        if rng.random() < ARBITRARY_SHARE:
             shown = dict(zip(drawn, rng.sample(rng.choice(ARBITRARY), len(drawn))))
         documents = []
         for r in range(per):
