@@ -23,12 +23,7 @@ mkdir -p "$out/eval"
 out="$(cd "$out" && pwd)"
 work="${WORK_DIR:-$(mktemp -d /tmp/finetune_few_shot.XXXXXX)}"
 cd "$(dirname "$0")/.."
-# The device image has torch, transformers and peft but not lazyattn installed: run from the tree.
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-. benchmarks/smollm2_gguf.sh "$work"  # SMOLLM2_GGUF: the model file, where there is no package index
-py="${PYTHON:-python3}"
-start=$(date +%s)
-stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
+. benchmarks/from_tree.sh "$work"  # lazyattn from the tree; SMOLLM2_GGUF: the model file, where there is no index
 
 base="${BASE:-smollm2}"
 from="$base"

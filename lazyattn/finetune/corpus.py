@@ -27,8 +27,10 @@ import pkgutil
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lazyattn.errors import InvalidRequestError
 
@@ -96,18 +98,24 @@ def read_documents(source: str) -> list[Document]:
     return docs
 
 
-def _read_jsonl(path: Path) -> list[Document]:
-    """A JSONL file of documents, gzip-compressed where its name ends in .gz."""
+def jsonl_rows(path: Path, param: str) -> Iterator[tuple[int, Any]]:
+    """(line index from 0, parsed row) of each non-blank line of a JSONL file, gzip-compressed where its name ends in
+    .gz; a line that is not JSON is refused with its path and line number."""
     raw = path.read_bytes()
     text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
-    docs = []
     for n, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
-            raise InvalidRequestError(f"{path}:{n + 1}: not JSON ({e})", param="documents") from e
+            raise InvalidRequestError(f"{path}:{n + 1}: not JSON ({e})", param=param) from e
+
+
+def _read_jsonl(path: Path) -> list[Document]:
+    """A JSONL file of documents, gzip-compressed where its name ends in .gz."""
+    docs = []
+    for n, row in jsonl_rows(path, "documents"):
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise InvalidRequestError(f'{path}:{n + 1}: expected {{"text": ..., "title": ...}}', param="documents")
         title = row.get("title")

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval import icl_language
+from lazyattn.finetune.corpus import jsonl_rows
 from lazyattn.finetune.prompts import Prompt
 
 SPHINX_LANGUAGES = "sphinx-languages"
@@ -88,20 +89,12 @@ def read_examples(source: str) -> dict[str, list[str]]:
         raise InvalidRequestError(
             f"{source!r}: not {SPHINX_LANGUAGES!r} nor a JSONL file of {{'text', 'label'}}", param="few_shot"
         )
-    opener = gzip.open if path.suffix == ".gz" else open
     by_label: dict[str, list[str]] = defaultdict(list)
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InvalidRequestError(f"{path}:{n}: not JSON ({e})", param="few_shot") from e
-            text, label = (row.get("text"), row.get("label")) if isinstance(row, dict) else (None, None)
-            if not isinstance(text, str) or not text.strip() or not isinstance(label, str) or not label.strip():
-                raise InvalidRequestError(f'{path}:{n}: expected {{"text": ..., "label": ...}}', param="few_shot")
-            by_label[label.strip()].append(" ".join(text.split()))
+    for n, row in jsonl_rows(path, "few_shot"):
+        text, label = (row.get("text"), row.get("label")) if isinstance(row, dict) else (None, None)
+        if not isinstance(text, str) or not text.strip() or not isinstance(label, str) or not label.strip():
+            raise InvalidRequestError(f'{path}:{n + 1}: expected {{"text": ..., "label": ...}}', param="few_shot")
+        by_label[label.strip()].append(" ".join(text.split()))
     kept = {label: texts for label, texts in by_label.items() if len(texts) >= 2}
     if len(kept) < 2:
         raise InvalidRequestError(f"{path}: few-shot prompts need two labels with two texts each", param="few_shot")
