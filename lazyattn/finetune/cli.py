@@ -188,6 +188,21 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig | None:
                 "--documents, --questions and --few-shot are read only with --distill", param="distill"
             )
         return None
+    if args.few_shot is not None:
+        # these shape prompts made from documents: given with --few-shot they would be silently ignored
+        d = DistillConfig(documents="-")
+        defaults = {
+            "docs_per_prompt": ",".join(map(str, d.docs_per_prompt)),
+            "passage_chars": d.passage_chars,
+            "question_kinds": ",".join(d.kinds),
+        }
+        given = [f"--{k.replace('_', '-')}" for k, v in defaults.items() if getattr(args, k) != v]
+        if given:
+            raise InvalidRequestError(
+                f"{', '.join(given)} shape prompts made from --documents; few-shot prompts draw their own "
+                "(docs/finetune.md, Few-shot prompts)",
+                param="few_shot",
+            )
     try:
         docs_per_prompt = tuple(int(k) for k in args.docs_per_prompt.split(",") if k)
     except ValueError as e:
@@ -263,7 +278,7 @@ def _write_questions(args: argparse.Namespace) -> int:
     from lazyattn.finetune.prompts import write_questions
 
     cfg = _distill_config(args)
-    if cfg is None or cfg.questions is not None:
+    if cfg is None or cfg.documents is None:
         raise InvalidRequestError("--write-questions writes prompts made by --distill --documents", param="distill")
     prompts = load_prompts(cfg, args.seed)
     n = write_questions(prompts, args.write_questions)

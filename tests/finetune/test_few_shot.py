@@ -113,6 +113,16 @@ def test_a_plain_prompt_row_computes_what_lazy_mode_with_the_shared_prefix_serve
     assert_serves(list(out.token_ids), out.logprobs, want)
 
 
+def test_cli_refuses_what_few_shot_prompts_do_not_read(tmp_path, capsys):
+    argv = ["finetune", "--model", "tiny", "--out", str(tmp_path), "--distill", "--few-shot", "sphinx-languages"]
+    assert main([*argv, "--write-questions", str(tmp_path / "q.jsonl")]) == 2
+    assert "--documents" in capsys.readouterr().err and not (tmp_path / "q.jsonl").exists()
+    assert main([*argv, "--docs-per-prompt", "2,3", "--question-kinds", "cloze"]) == 2
+    err = capsys.readouterr().err
+    assert "--docs-per-prompt, --question-kinds shape prompts made from --documents" in err
+    assert not (tmp_path / "adapter_config.json").exists()
+
+
 def test_cli_few_shot_distillation_trains_on_made_prompts(tmp_path):
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": t, "label": k}) + "\n" for k, ts in EXAMPLES.items() for t in ts))
