@@ -13,9 +13,9 @@ it reads an unpacked wheel of the version in `DJANGO_VERSION`:
 
 from __future__ import annotations
 
-import gettext
-import re
 from pathlib import Path
+
+from lazyattn.qa import catalogues
 
 DJANGO_VERSION = "5.2.19"
 # label -> the catalogue's language code; "en" is the English original of every catalogue
@@ -23,10 +23,6 @@ LANGUAGES = {"english": "en", "french": "fr", "german": "de", "spanish": "es", "
 # builtin:icl-language-more: five other languages, none of the above, so that a setting chosen on one set is checked
 # on labels (and label tokens) it was not chosen on
 MORE_LANGUAGES = {"dutch": "nl", "portuguese": "pt", "swedish": "sv", "polish": "pl", "turkish": "tr"}
-MIN_WORDS, MAX_WORDS = 4, 40
-# placeholders ("%(value)s", "{name}"), markup and entities: not prose
-_NOT_PROSE = re.compile(r"[%{}<>&]")
-
 SOURCE = {
     "source": f"messages of Django {DJANGO_VERSION}'s translation catalogues, labelled with their language",
     "license": "BSD-3-Clause (the Django licence, LICENSE of the django distribution)",
@@ -34,56 +30,7 @@ SOURCE = {
 }
 
 
-def prose(text: str) -> str | None:
-    """`text` on one line when it is a sentence-like message of MIN_WORDS..MAX_WORDS words, else None."""
-    text = " ".join(text.split())
-    if _NOT_PROSE.search(text) or not MIN_WORDS <= len(text.split()) <= MAX_WORDS:
-        return None
-    return text
-
-
-def catalogue(root: Path, code: str, package: str = "django") -> dict[str, str]:
-    """English original -> translation, over every catalogue of language `code` under `root` (an unpacked
-    wheel of `package`: the folder holding `django/`), in path order. Plural forms and messages with a context are left
-    out (their keys are not plain strings)."""
-    out: dict[str, str] = {}
-    for path in sorted((root / package).glob(f"**/locale/{code}/LC_MESSAGES/*.mo")):
-        with path.open("rb") as f:
-            # GNUTranslations has no public way to list its messages; _catalog is the parsed .mo file
-            for original, translated in gettext.GNUTranslations(f)._catalog.items():  # type: ignore[attr-defined]
-                if isinstance(original, str) and original and "\x04" not in original and isinstance(translated, str):
-                    out.setdefault(original, translated)
-    return out
-
-
-def messages(
-    root: Path, languages: dict[str, str] = LANGUAGES, package: str = "django"
-) -> dict[str, list[tuple[str, str]]]:
-    """Per label, (English original, text) of every usable message: prose in both the original and the
-    translation, and a translation that differs from the original, sorted. A text found under two labels (the
-    same spelling in two languages) is left out, it tells nothing; a repeated one is kept once."""
-    catalogues = {code: catalogue(root, code, package) for code in languages.values() if code != "en"}
-    if not any(catalogues.values()):
-        raise FileNotFoundError(f"{root}: no translation catalogues under {root / package}")
-    originals = sorted({original for cat in catalogues.values() for original in cat})
-    found: dict[str, list[tuple[str, str]]] = {label: [] for label in languages}
-    for original in originals:
-        english = prose(original)
-        if english is None:
-            continue
-        for label, code in languages.items():
-            if code == "en":
-                found[label].append((english, english))
-            elif original in catalogues[code]:
-                text = prose(catalogues[code][original])
-                if text is not None and text != english:
-                    found[label].append((english, text))
-    labels_of: dict[str, set[str]] = {}
-    for label, pairs in found.items():
-        for _, text in pairs:
-            labels_of.setdefault(text, set()).add(label)
-    out: dict[str, list[tuple[str, str]]] = {}
-    for label, pairs in found.items():
-        kept = {t: (o, t) for o, t in reversed(pairs) if len(labels_of[t]) == 1}  # a repeated text: its first
-        out[label] = sorted(kept.values())
-    return out
+def messages(root: Path, languages: dict[str, str] = LANGUAGES) -> dict[str, list[tuple[str, str]]]:
+    """Per label, (English original, text) of every usable message of Django's catalogues under `root` (an unpacked
+    Django wheel): `catalogues.messages`."""
+    return catalogues.messages(root, languages, "django")

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lazyattn.errors import InvalidRequestError
-from lazyattn.eval import icl_language
 from lazyattn.finetune.corpus import jsonl_rows
 from lazyattn.finetune.prompts import Prompt
+from lazyattn.qa import catalogues
 
 SPHINX_LANGUAGES = "sphinx-languages"
 SPHINX_VERSION = "9.0.4"
@@ -127,8 +127,8 @@ def make_prompts(examples: dict[str, list[str]], n: int, seed: int = 0) -> list[
 
 def build(root: Path) -> list[dict[str, str]]:
     """The built-in labelled texts from an unpacked Sphinx wheel: per language, its usable messages
-    (`icl_language.messages`: sentence-like, 4 to 40 words, differing from the English original, under one label)."""
-    found = icl_language.messages(root, LANGUAGES, package="sphinx")
+    (`catalogues.messages`: sentence-like, 4 to 40 words, differing from the English original, under one label)."""
+    found = catalogues.messages(root, LANGUAGES, "sphinx")
     return [{"text": text, "label": label} for label in LANGUAGES for _, text in found[label]]
 
 

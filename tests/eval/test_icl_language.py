@@ -18,6 +18,7 @@ from lazyattn.engine.prompt import PromptLayout, encode_document, render_complet
 from lazyattn.eval import icl, icl_language
 from lazyattn.eval.metrics import first_label, label_accuracy
 from lazyattn.model.tokenizer import load_tokenizer
+from lazyattn.qa import catalogues
 
 SET = icl.LANGUAGE
 LABELS = {
@@ -73,7 +74,7 @@ def test_sizes_labels_and_no_overlap(shipped, language_set):
     assert len(set(demo_sources)) == len(demo_sources)
     assert not {q.example.source for q in questions} & set(demo_sources)
     for e in [q.example for q in questions] + list(demos.values()):
-        assert icl_language.prose(e.text) == e.text
+        assert catalogues.prose(e.text) == e.text
         # the source is the English original: the English text itself, never a translation's own text
         assert (e.text == e.source) == (e.label == "english")
 
