@@ -90,10 +90,8 @@ def teacher_examples(
 
 def render_prompt(tokenizer: TokenizerBase, prompt: Prompt, layout: PromptLayout) -> RenderedPrompt:
     """`prompt` as the engine renders it: a chat request in `layout`, or a plain prompt whose documents are each
-    their text and a blank line; its own system text, where it has one, in place of the layout's."""
+    their text and a blank line, after its own system text where it has one."""
     if not prompt.plain:
-        if prompt.system is not None:
-            layout = dataclasses.replace(layout, system_prompt=prompt.system)
         return render_chat(tokenizer, [{"role": "user", "content": prompt.question}], prompt.documents, layout)
     layout = dataclasses.replace(layout, untitled_document_format="{text}\n\n")
     if prompt.system is not None:

@@ -59,11 +59,6 @@ LANGUAGES = {
     "hindi": "hi",
     "georgian": "ka",
 }
-SOURCE = {
-    "source": f"messages of Sphinx {SPHINX_VERSION}'s translation catalogues, labelled with their language",
-    "license": "BSD-2-Clause (the Sphinx licence, LICENSE.rst of the sphinx distribution)",
-    "copyright": "Copyright (c) 2007-2025 by the Sphinx team (see AUTHORS file). All rights reserved.",
-}
 LABELS_PER_PROMPT = (2, 6)  # inclusive ranges
 DEMOS_PER_LABEL = (1, 4)
 ARBITRARY_SHARE = 0.5  # prompts whose labels are shown as arbitrary words or letters

@@ -107,11 +107,11 @@ class Prompt:
     documents: list[dict[str, str] | str]  # in prompt order, as render_chat takes them
     answer: str | None = None  # None: the teacher answers
     gold: int | None = None  # index of the document asked about (made prompts)
-    # The first segment's text in place of the layout's system prompt (None: the layout's)
-    system: str | None = None
     # A plain prompt (`render_completion`: the question is the text the model continues), not a chat request;
     # each document is its text and a blank line, as `lazyattn eval --plain-prompt` shows few-shot demonstrations
     plain: bool = False
+    # a plain prompt's first segment, in place of the layout's completion_system_prompt (None: the layout's)
+    system: str | None = None
 
 
 def make_prompts(
