@@ -36,9 +36,17 @@ from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
 # --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
-# import the engine (tests/eval checks that they agree), and the few-shot layouts of builtin:icl, builtin:icl-language
-# and builtin:icl-language-more (lazyattn/eval/icl.py, SETS).
-LAYOUTS = ("block-attention", "tulu3-block-ft", "short-answer", "icl", "icl-language", "icl-language-more")
+# import the engine (tests/eval checks that they agree), and the few-shot layouts of builtin:icl, builtin:icl-language,
+# builtin:icl-language-more and builtin:icl-language-heldout (lazyattn/eval/icl.py, SETS).
+LAYOUTS = (
+    "block-attention",
+    "tulu3-block-ft",
+    "short-answer",
+    "icl",
+    "icl-language",
+    "icl-language-more",
+    "icl-language-heldout",
+)
 
 
 def add_eval_parser(
@@ -86,7 +94,8 @@ def add_eval_parser(
         "manuals and release notes, all four for final reporting only (real-heldout-cmake was built after every "
         "setting was chosen and no model has been run on it); icl: few-shot topic "
         "classification, demonstrations as documents in a shuffled order per question; icl-language: the same "
-        "for language identification; icl-language-more: five other languages), or a JSONL file of "
+        "for language identification; icl-language-more: five other languages; icl-language-heldout: five more, "
+        "from another package's messages, for final reporting only), or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions (after --skip)")
@@ -134,7 +143,7 @@ def add_eval_parser(
         default=None,
         help="no chat template: the layout's completion_system_prompt, the documents and the question as plain "
         "text, as /v1/completions renders them (--question-format applies to chat prompts only; default: on for "
-        "builtin:icl-language and builtin:icl-language-more, else off)",
+        "the builtin:icl-language sets, else off)",
     )
     g.add_argument("--max-tokens", type=int, default=32, help="answer tokens to generate, at most (default: 32)")
     g.add_argument(

@@ -1,6 +1,6 @@
-"""`builtin:icl`, `builtin:icl-language` and `builtin:icl-language-more`: in-context learning with the
-demonstrations as cached segments (docs/quality.md, "In-context learning"). The sets share everything below but their
-examples (`IclSet`).
+"""`builtin:icl`, `builtin:icl-language`, `builtin:icl-language-more` and `builtin:icl-language-heldout`: in-context
+learning with the demonstrations as cached segments (docs/quality.md, "In-context learning"). The sets share
+everything below but their examples (`IclSet`).
 
 `builtin:icl` is a few-shot topic classification of real text: each example is the summary (first paragraph) of a
 docstring of the Python standard library, labelled with the topic of the module it documents (`TOPICS`:
@@ -21,12 +21,13 @@ a message of Django's user interface, labelled with the language of the translat
 ("Text: ...\\nLanguage:"), and the prompt is plain text rather than a chat (`IclSet.plain`): SmolLM2-135M answers
 a chat prompt with the same language whatever the demonstrations, and learns from them in a plain one.
 `builtin:icl-language-more` is the same with five other languages (`icl_language.MORE_LANGUAGES`), a check of a
-setting chosen on `icl-language` on labels it was not chosen on.
+setting chosen on `icl-language` on labels it was not chosen on. `builtin:icl-language-heldout` is the same over
+Trac's messages in five more languages (`icl_language.HELDOUT_LANGUAGES`), for final reporting only.
 
 The examples, the pool and every question's order are frozen in `data/<name>.jsonl.gz`;
 `python -m lazyattn.eval.icl` rebuilds `icl` from the installed standard library (Python 3.11) and the seed,
 `python -m lazyattn.eval.icl icl-language DIR` (or `icl-language-more DIR`) rebuilds that set from an unpacked Django
-wheel.
+wheel, `python -m lazyattn.eval.icl icl-language-heldout DIR` from an unpacked Trac wheel.
 """
 
 from __future__ import annotations
@@ -218,38 +219,42 @@ def shuffled_order(demos_by_label: dict[str, list[Example]], rng: random.Random)
     return tuple(order)
 
 
-def _language_examples(languages: dict[str, str]) -> Callable[[Path | None], dict[str, list[Example]]]:
-    """The examples of a language set: per label, the messages of Django's catalogues in that language."""
+def _language_examples(
+    languages: dict[str, str], source: icl_language.Catalogues
+) -> Callable[[Path | None], dict[str, list[Example]]]:
+    """The examples of a language set: per label, the messages of `source`'s catalogues in that language."""
 
     def examples(root: Path | None) -> dict[str, list[Example]]:
         if root is None:
-            raise DatasetError("a language set is built from an unpacked Django wheel: give its folder")
+            raise DatasetError(f"a language set is built from an unpacked {source.package} wheel: give its folder")
         return {
             label: [Example("", text, label, original) for original, text in pairs]
-            for label, pairs in icl_language.messages(root, languages).items()
+            for label, pairs in icl_language.messages(root, languages, source).items()
         }
 
     return examples
 
 
-def _language_set(name: str, languages: dict[str, str], seed: int) -> IclSet:
-    """A few-shot language identification set over Django's messages: plain text, the test input completed."""
+def _language_set(
+    name: str, languages: dict[str, str], seed: int, source: icl_language.Catalogues = icl_language.DJANGO
+) -> IclSet:
+    """A few-shot language identification set over a package's messages: plain text, the test input completed."""
     return IclSet(
         name=name,
         label_name="Language",
         labels=tuple(languages),
         seed=seed,
-        source=icl_language.SOURCE,
+        source=source.source,
         layout={
             "system_prompt": "Here are examples of texts and their languages.",
             "completion_system_prompt": "Here are examples of texts and their languages.\n\n",
             "untitled_document_format": "{text}\n\n",
             "question_format": "{question}",
         },
-        examples=_language_examples(languages),
+        examples=_language_examples(languages, source),
         ask=False,
         plain=True,
-        details={"languages": languages, "django": icl_language.DJANGO_VERSION},
+        details={"languages": languages, source.package: source.version},
     )
 
 
@@ -267,7 +272,10 @@ TOPIC = IclSet(
 )
 LANGUAGE = _language_set("icl-language", icl_language.LANGUAGES, seed=5)
 MORE_LANGUAGES = _language_set("icl-language-more", icl_language.MORE_LANGUAGES, seed=6)
-SETS = {s.name: s for s in (TOPIC, LANGUAGE, MORE_LANGUAGES)}
+HELDOUT_LANGUAGES = _language_set(
+    "icl-language-heldout", icl_language.HELDOUT_LANGUAGES, seed=7, source=icl_language.TRAC
+)
+SETS = {s.name: s for s in (TOPIC, LANGUAGE, MORE_LANGUAGES, HELDOUT_LANGUAGES)}
 
 
 def build(s: IclSet = TOPIC, root: Path | None = None) -> tuple[dict[str, Any], list[Example], list[Question]]:
@@ -369,7 +377,8 @@ def load(limit: int | None = None, s: IclSet = TOPIC) -> tuple[dict[str, Any], l
 
 
 if __name__ == "__main__":
-    # python -m lazyattn.eval.icl [icl | icl-language DJANGO_DIR | icl-language-more DJANGO_DIR]
+    # python -m lazyattn.eval.icl [icl | icl-language DJANGO_DIR | icl-language-more DJANGO_DIR
+    #                              | icl-language-heldout TRAC_DIR]
     name = sys.argv[1] if len(sys.argv) > 1 else NAME
     if name not in SETS:
         sys.exit(f"usage: python -m lazyattn.eval.icl [{' | '.join(SETS)} [DIR]]")

@@ -1,21 +1,39 @@
 """The labelled texts of `builtin:icl-language` and `builtin:icl-language-more` (lazyattn/eval/icl.py): the messages
-of Django's user interface in the language of their translation catalogue.
+of Django's user interface in the language of their translation catalogue; and of `builtin:icl-language-heldout`:
+the messages of Trac's (an issue tracker and wiki) in five more languages, for final reporting only.
 
-Django ships, for every language, the compiled gettext catalogues (`django/**/locale/<code>/LC_MESSAGES/*.mo`) of
-its messages: the English original and its translation. The label of a text is the language of the catalogue it
-comes from (the English original: "english"), a fact about the text. The frozen set needs no Django; rebuilding
-it reads an unpacked wheel of the version in `DJANGO_VERSION`:
+Django and Trac ship, for every language, the compiled gettext catalogues (`<package>/**/locale/<code>/LC_MESSAGES/
+*.mo`) of their messages: the English original and its translation. The label of a text is the language of the
+catalogue it comes from (the English original: "english"), a fact about the text. The frozen sets need neither
+package; rebuilding one reads an unpacked wheel of the version in `DJANGO.version` or `TRAC.version`:
 
     pip download django==5.2.19 --no-deps -d wheels && unzip -q wheels/django-5.2.19-py3-none-any.whl -d django-5.2.19
     python -m lazyattn.eval.icl icl-language django-5.2.19
     python -m lazyattn.eval.icl icl-language-more django-5.2.19
+    pip download trac==1.6 --no-deps -d wheels && unzip -q wheels/Trac-1.6-py3-none-any.whl -d trac-1.6
+    python -m lazyattn.eval.icl icl-language-heldout trac-1.6
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from lazyattn.qa import catalogues
+
+
+@dataclass(frozen=True)
+class Catalogues:
+    """Where a language set's messages come from: the package whose catalogues hold them (the folder of its unpacked
+    wheel), its version, the source, licence and copyright a set's header records, and the package's own markup,
+    whose messages are left out (`catalogues.prose`)."""
+
+    package: str
+    version: str
+    source: dict[str, str]
+    markup: re.Pattern[str] | None = None
+
 
 DJANGO_VERSION = "5.2.19"
 # label -> the catalogue's language code; "en" is the English original of every catalogue
@@ -28,9 +46,26 @@ SOURCE = {
     "license": "BSD-3-Clause (the Django licence, LICENSE of the django distribution)",
     "copyright": "Copyright (c) Django Software Foundation and individual contributors. All rights reserved.",
 }
+DJANGO = Catalogues("django", DJANGO_VERSION, SOURCE)
+# builtin:icl-language-heldout: the five languages of Trac's catalogues with the most usable messages that no other
+# set uses (none of the above, nor the training texts of lazyattn/finetune/few_shot.py), and no English: built after
+# every few-shot setting was chosen, to check the way a setting is picked (docs/quality.md), not to pick one
+HELDOUT_LANGUAGES = {"slovenian": "sl", "norwegian": "nb", "hungarian": "hu", "finnish": "fi", "czech": "cs"}
+TRAC = Catalogues(
+    "trac",
+    "1.6",
+    {
+        "source": "messages of Trac 1.6's translation catalogues, labelled with their language",
+        "license": "BSD-3-Clause (the Trac licence, COPYING of the Trac distribution)",
+        "copyright": "Copyright (C) 2003-2023 Edgewall Software. All rights reserved.",
+    },
+    markup=re.compile(r"[\[\]]"),  # "[1:Note:] See [2:TracQuery]", "[edit|preview]": links and placeholders
+)
 
 
-def messages(root: Path, languages: dict[str, str] = LANGUAGES) -> dict[str, list[tuple[str, str]]]:
-    """Per label, (English original, text) of every usable message of Django's catalogues under `root` (an unpacked
-    Django wheel): `catalogues.messages`."""
-    return catalogues.messages(root, languages, "django")
+def messages(
+    root: Path, languages: dict[str, str] = LANGUAGES, source: Catalogues = DJANGO
+) -> dict[str, list[tuple[str, str]]]:
+    """Per label, (English original, text) of every usable message of `source`'s catalogues under `root` (an unpacked
+    wheel of it): `catalogues.messages`."""
+    return catalogues.messages(root, languages, source.package, source.markup)

@@ -39,8 +39,8 @@ def prompt_layout(args: argparse.Namespace) -> Any:
 
 
 def icl_set(dataset: str | None) -> Any:
-    """The built-in few-shot set `dataset` names (`builtin:icl`, `builtin:icl-language`, `builtin:icl-language-more`),
-    or None."""
+    """The built-in few-shot set `dataset` names (`builtin:icl`, `builtin:icl-language`, `builtin:icl-language-more`,
+    `builtin:icl-language-heldout`), or None."""
     from lazyattn.eval import icl
 
     prefix, _, name = (dataset or "").partition(":")

@@ -15,10 +15,11 @@ MIN_WORDS, MAX_WORDS = 4, 40
 _NOT_PROSE = re.compile(r"[%{}<>&]")
 
 
-def prose(text: str) -> str | None:
-    """`text` on one line when it is a sentence-like message of MIN_WORDS..MAX_WORDS words, else None."""
+def prose(text: str, markup: re.Pattern[str] | None = None) -> str | None:
+    """`text` on one line when it is a sentence-like message of MIN_WORDS..MAX_WORDS words, else None. `markup`: a
+    package's own markup, left out too (Trac's messages mark their links "[1:text]")."""
     text = " ".join(text.split())
-    if _NOT_PROSE.search(text) or not MIN_WORDS <= len(text.split()) <= MAX_WORDS:
+    if _NOT_PROSE.search(text) or (markup and markup.search(text)) or not MIN_WORDS <= len(text.split()) <= MAX_WORDS:
         return None
     return text
 
@@ -37,24 +38,27 @@ def catalogue(root: Path, code: str, package: str) -> dict[str, str]:
     return out
 
 
-def messages(root: Path, languages: dict[str, str], package: str) -> dict[str, list[tuple[str, str]]]:
+def messages(
+    root: Path, languages: dict[str, str], package: str, markup: re.Pattern[str] | None = None
+) -> dict[str, list[tuple[str, str]]]:
     """Per label, (English original, text) of every usable message: prose in both the original and the
-    translation, and a translation that differs from the original, sorted. A text found under two labels (the
-    same spelling in two languages) is left out, it tells nothing; a repeated one is kept once."""
+    translation (`prose`, with the package's `markup`), and a translation that differs from the original, sorted. A
+    text found under two labels (the same spelling in two languages) is left out, it tells nothing; a repeated one is
+    kept once."""
     catalogues = {code: catalogue(root, code, package) for code in languages.values() if code != "en"}
     if not any(catalogues.values()):
         raise FileNotFoundError(f"{root}: no translation catalogues under {root / package}")
     originals = sorted({original for cat in catalogues.values() for original in cat})
     found: dict[str, list[tuple[str, str]]] = {label: [] for label in languages}
     for original in originals:
-        english = prose(original)
+        english = prose(original, markup)
         if english is None:
             continue
         for label, code in languages.items():
             if code == "en":
                 found[label].append((english, english))
             elif original in catalogues[code]:
-                text = prose(catalogues[code][original])
+                text = prose(catalogues[code][original], markup)
                 if text is not None and text != english:
                     found[label].append((english, text))
     labels_of: dict[str, set[str]] = {}

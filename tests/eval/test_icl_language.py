@@ -1,6 +1,7 @@
-"""builtin:icl-language and builtin:icl-language-more (lazyattn/eval/icl.py, icl_language.py): the messages read from
-Django's catalogues, each shipped set balanced and its labels confirmed by the texts' own function words, the
-plain-text prompt with one segment per demonstration, and a run through the CLI on the tiny model."""
+"""builtin:icl-language, builtin:icl-language-more and builtin:icl-language-heldout (lazyattn/eval/icl.py,
+icl_language.py): the messages read from Django's and Trac's catalogues, each shipped set balanced and its labels
+confirmed by the texts' own function words, the plain-text prompt with one segment per demonstration, and a run
+through the CLI on the tiny model."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ SET = icl.LANGUAGE
 LABELS = {
     "icl-language": ("english", "french", "german", "spanish", "italian"),
     "icl-language-more": ("dutch", "portuguese", "swedish", "polish", "turkish"),
+    "icl-language-heldout": ("slovenian", "norwegian", "hungarian", "finnish", "czech"),
 }
+SETS = [icl.LANGUAGE, icl.MORE_LANGUAGES, icl.HELDOUT_LANGUAGES]
 
 # Function words no two of a set's languages share: an independent check of a label, where a text has any.
 FUNCTION_WORDS = {
@@ -44,10 +47,18 @@ FUNCTION_WORDS = {
         "polish": "nie jest się dla lub oraz został być który która w z proszę poprawny poprawną wpisz wartości",
         "turkish": "bir ve bu için ile değil olarak lütfen veya geçerli girin alanı değer değeri sayısal olamaz hata",
     },
+    "icl-language-heldout": {
+        "slovenian": "ni ali ste ki če hočete lahko mogoče prepričani zbrisati ne mora so pri brez vseh tej tem bo",
+        "norwegian": "til å kan og denne dette du har ikke vil av at er en som blitt fra ved eller være i under hvert",
+        "hungarian": "az nem egy nincs kell és vagy már ezt lehet mint erre ettől majd ki",
+        "finnish": "ei on ole ja olla jo tai tämän eivät tulee voi haluatko tämä jossa että joka ilman kanssa uusi",
+        "czech": "byly být opravdu chcete smazat pro vaše musí nebo může tento tuto již není ve jste ještě "
+        "nejsou která které byla bylo",
+    },
 }
 
 
-@pytest.fixture(scope="module", params=[icl.LANGUAGE, icl.MORE_LANGUAGES], ids=lambda s: s.name)
+@pytest.fixture(scope="module", params=SETS, ids=lambda s: s.name)
 def language_set(request):
     return request.param
 
@@ -120,9 +131,12 @@ def _write_mo(path: Path, messages: dict[str, str]) -> None:
     path.write_bytes(head + b"".join(struct.pack("<2I", n, o) for n, o in table) + data)
 
 
-def _fake_django(root: Path, n: int, codes: tuple[str, ...] = ("fr", "de", "es", "it")) -> None:
-    """Two apps' catalogues per language: n messages each, with a placeholder, a plural, a too-short message and an
-    untranslated one that must all be left out."""
+def _fake_package(
+    root: Path, n: int, codes: tuple[str, ...] = ("fr", "de", "es", "it"), package: str = "django"
+) -> None:
+    """Two apps' catalogues per language: n messages each, with a placeholder, a plural, a too-short message, an
+    untranslated one and one in Trac's link markup that must all be left out (the last one: where the package's
+    markup is known)."""
     for code in codes:
         for app in ("contrib/admin", "forms"):
             messages = {"": "Content-Type: text/plain; charset=UTF-8\n"}
@@ -132,26 +146,42 @@ def _fake_django(root: Path, n: int, codes: tuple[str, ...] = ("fr", "de", "es",
             messages["One item selected here\x00Many items selected here"] = f"{code} one\x00{code} many"
             messages["Too short"] = f"{code} court"
             messages["Same in every language here"] = "Same in every language here"
-            _write_mo(root / "django" / app / "locale" / code / "LC_MESSAGES" / "django.mo", messages)
+            messages["[1:Note:] See [2:TracGuide] for help"] = f"[1:{code} note:] {code} [2:TracGuide] help ok"
+            _write_mo(root / package / app / "locale" / code / "LC_MESSAGES" / "messages.mo", messages)
 
 
 def test_messages_are_read_from_the_catalogues(tmp_path):
-    _fake_django(tmp_path, 3)
+    _fake_package(tmp_path, 3)
     found = icl_language.messages(tmp_path)
     assert sorted(found) == sorted(icl_language.LANGUAGES)
     for label, pairs in found.items():
         code = icl_language.LANGUAGES[label]
-        # 3 per app; the placeholder, the plural and the short one left out, the untranslated one but in English
-        assert len(pairs) == (7 if code == "en" else 6), label
+        # 3 per app; the placeholder, the plural and the short one left out, the untranslated one but in English;
+        # Django's markup is not Trac's: its bracketed message is prose here
+        assert len(pairs) == (8 if code == "en" else 7), label
         for original, text in pairs:
-            assert text == original if code == "en" else text.startswith(f"{code} ") and "is here" in original
+            if code == "en":
+                assert text == original
+            else:
+                assert text.startswith((f"{code} ", f"[1:{code} ")) and original.endswith(("is here", "for help"))
     with pytest.raises(FileNotFoundError):
         icl_language.messages(tmp_path / "missing")
 
 
+def test_trac_messages_leave_its_link_markup_out(tmp_path):
+    _fake_package(tmp_path, 3, ("sl", "cs"), package="trac")
+    found = icl_language.messages(tmp_path, {"slovenian": "sl", "czech": "cs"}, icl_language.TRAC)
+    assert {label: len(pairs) for label, pairs in found.items()} == {"slovenian": 6, "czech": 6}
+    assert not any("[" in text or "[" in original for pairs in found.values() for original, text in pairs)
+    with pytest.raises(FileNotFoundError):
+        icl_language.messages(tmp_path, {"slovenian": "sl"})  # Django's catalogues: none under this root
+
+
 def test_the_build_is_deterministic_balanced_and_keeps_translations_apart(tmp_path, language_set):
     languages = language_set.details["languages"]
-    _fake_django(tmp_path, 40, tuple(c for c in languages.values() if c != "en"))  # 80 messages per language
+    package = next(k for k in language_set.details if k != "languages")  # the source's version is under its name
+    codes = tuple(c for c in languages.values() if c != "en")
+    _fake_package(tmp_path, 40, codes, package)  # 80 messages per language
     first, second = icl.build(language_set, tmp_path), icl.build(language_set, tmp_path)
     assert first == second
     header, demos, questions = first
@@ -159,17 +189,18 @@ def test_the_build_is_deterministic_balanced_and_keeps_translations_apart(tmp_pa
     assert Counter(d.label for d in demos) == dict.fromkeys(language_set.labels, icl.DEMOS_PER_LABEL)
     demo_sources = {d.source for d in demos}
     assert len(demo_sources) == len(demos) and not demo_sources & {q.example.source for q in questions}
-    assert header["django"] == icl_language.DJANGO_VERSION and header["languages"] == languages
+    source = icl_language.TRAC if language_set is icl.HELDOUT_LANGUAGES else icl_language.DJANGO
+    assert header[package] == source.version and header["languages"] == languages
+    assert {k: header[k] for k in source.source} == source.source
 
 
-def test_the_shipped_file_is_what_the_builder_makes_from_django(shipped, tmp_path, language_set):
-    root = tmp_path / "none"
-    pytest.importorskip("django")  # rebuilt from the installed package where it is the shipped version
-    import django
-
-    if django.__version__ != icl_language.DJANGO_VERSION:
-        pytest.skip(f"Django {django.__version__} installed, the set is cut from {icl_language.DJANGO_VERSION}")
-    root = Path(django.__file__).parent.parent
+def test_the_shipped_file_is_what_the_builder_makes_from_the_package(shipped, language_set):
+    source = icl_language.TRAC if language_set is icl.HELDOUT_LANGUAGES else icl_language.DJANGO
+    # rebuilt from the installed package where it is the shipped version
+    package = pytest.importorskip(source.package)
+    if package.__version__ != source.version:
+        pytest.skip(f"{source.package} {package.__version__} installed, the set is cut from {source.version}")
+    root = Path(package.__file__).parent.parent
     header, demos, questions = shipped
     built_header, built_demos, built = icl.build(language_set, root)
     assert built_header == header and built == questions and built_demos == list(demos.values())
@@ -203,7 +234,7 @@ def test_the_completion_is_scored_by_its_first_label(output, expected):
 ARGS = ["eval", "--model", "tiny", "--device", "cpu", "--page-size", "16", "--max-tokens", "3", "--no-progress"]
 
 
-@pytest.mark.parametrize("s", [icl.LANGUAGE, icl.MORE_LANGUAGES], ids=lambda s: s.name)
+@pytest.mark.parametrize("s", SETS, ids=lambda s: s.name)
 def test_a_few_shot_run_through_the_cli_is_plain_text(tmp_path, s):
     code = main(
         ARGS

@@ -16,7 +16,7 @@ from lazyattn.engine.llm import LLM
 from lazyattn.engine.prompt import PromptLayout
 from lazyattn.engine.sampling import SamplingParams
 from lazyattn.errors import InvalidRequestError
-from lazyattn.eval import icl, icl_language
+from lazyattn.eval import icl
 from lazyattn.finetune import few_shot
 from lazyattn.finetune.data import Example
 from lazyattn.finetune.distill import DistillConfig, load_prompts, render_prompt
@@ -86,9 +86,10 @@ def test_texts_with_one_label_or_too_few_texts_are_refused(tmp_path):
 def test_builtin_texts_share_no_label_and_no_text_with_the_evaluation_sets():
     examples = few_shot.read_examples(few_shot.SPHINX_LANGUAGES)
     assert set(examples) == set(few_shot.LANGUAGES) and min(map(len, examples.values())) >= 50
-    assert not set(examples) & (set(icl_language.LANGUAGES) | set(icl_language.MORE_LANGUAGES) | set(icl.LABELS))
+    evaluated_labels = {label for s in icl.SETS.values() for label in s.labels}
+    assert len(evaluated_labels) == 20 and not set(examples) & evaluated_labels
     texts = {t for ts in examples.values() for t in ts}
-    for s in (icl.TOPIC, icl.LANGUAGE, icl.MORE_LANGUAGES):
+    for s in icl.SETS.values():
         with gzip.open(s.data_path, "rt", encoding="utf-8") as f:
             evaluated = {json.loads(line).get("text") for line in f}
         assert len(evaluated) > 100 and not texts & evaluated

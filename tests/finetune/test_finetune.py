@@ -144,6 +144,7 @@ def test_examples_take_the_layouts_in_turn(tiny):
         "icl",
         "icl-language",
         "icl-language-more",
+        "icl-language-heldout",
     ) == LAYOUTS  # eval adds the few-shot sets' layouts
     layouts = named_layouts("block-attention, short-answer")
     examples = encode_items(tiny.tokenizer, ITEMS, layouts)
