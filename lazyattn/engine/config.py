@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from lazyattn.engine.request_options import RequestOptions, check_ape, check_parallel, check_relink
 from lazyattn.envs import EnvSettings, read_env
@@ -353,3 +354,22 @@ class EngineConfig:
         from lazyattn.kernels.kv_dtype import resolve
 
         return resolve(self.kv_cache_dtype, self.torch_dtype)
+
+
+def cli_flags(options: Mapping[str, Any]) -> str:
+    """The `lazyattn serve` (and generate, bench, eval) flags that set these EngineConfig options, in their order;
+    an option at its default is left out. An option the CLI does not offer is an error: it could not be served."""
+    offered = {f.name: f for f in fields(EngineConfig) if "cli" in f.metadata}
+    flags = []
+    for name, value in options.items():
+        f = offered.get(name)
+        if f is None:
+            raise InvalidRequestError(f"{name} is not an option of lazyattn serve", name)
+        if value == f.metadata["cli"].get("default", f.default):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    return " ".join(flags)

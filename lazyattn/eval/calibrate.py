@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from lazyattn.engine.config import cli_flags
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import bootstrap_ci
 
@@ -60,16 +61,7 @@ class Setting:
     @property
     def serve_flags(self) -> str:
         """The same as `lazyattn serve` flags (the defaults left out)."""
-        flags = ["--ape-prefix"] if self.ape_prefix else []
-        if self.ape_temperature != 1:
-            flags.append(f"--ape-temperature {self.ape_temperature:g}")
-        if self.ape_scale != 1:
-            flags.append(f"--ape-scale {self.ape_scale:g}")
-        if self.ape_tilt:
-            flags.append(f"--ape-tilt {self.ape_tilt:g}")
-        if self.relink_last_tokens:
-            flags.append(f"--relink-last-tokens {self.relink_last_tokens}")
-        return " ".join(flags)
+        return cli_flags(self.options)
 
 
 def grid(

@@ -106,6 +106,15 @@ def add_eval_parser(
         help="leave out the first N questions: pick a setting with --limit N, check it with --skip N (default: 0)",
     )
     d.add_argument(
+        "--pick-on",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pick a setting on labelled questions of your own: every run on the first N questions, the one closest "
+        "to the baseline (full) in its worst cell picked, then the baseline and the pick on the others, and the "
+        'pick\'s `lazyattn serve` flags printed (docs/quality.md, "In-context learning")',
+    )
+    d.add_argument(
         "--num-docs",
         default=None,
         help="documents per question, comma-separated (gold + first distractors); 'all' keeps every "
@@ -245,8 +254,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         raise InvalidRequestError("--calibrate-documents is read only with --calibrate", param="calibrate_documents")
     args.dataset = args.dataset or "builtin"
     items, dataset_meta, num_docs, positions = load_questions(args)
-    cells, aliases = plan_cells(items, num_docs, positions)
     if args.write_dataset:
+        cells, _ = plan_cells(items, num_docs, positions)
         from lazyattn.qa.dataset import write_jsonl
 
         write_jsonl(args.write_dataset, cells[0][1])
@@ -272,27 +281,76 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         return LLM(**{**options, "mode": run.mode, "layout": layout, "progress": False, **run.options})
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=0 if args.confidence else None)
+    picking = args.pick_on is not None
+    if picking:
+        _check_pick(args.pick_on, len(items), runs)
+    shown = items[: args.pick_on] if picking else items
+    cells, aliases = plan_cells(shown, num_docs, positions)
     print(
         f"lazyattn eval: model {args.model} on {options['device']}, runs {', '.join(r.label for r in runs)}\n"
         f"questions: {len(items)} ({describe_dataset(dataset_meta)}); cells: {'; '.join(c.label for c, _ in cells)}"
         + (f" (same as another, not re-run: {'; '.join(c.label for c in aliases)})" if aliases else "")
         + f"\nlayout: {args.prompt_layout}{', plain text' if args.plain_prompt else ''}; greedy, max "
-        f"{args.max_tokens} tokens, batch {args.batch_size}\n",
+        f"{args.max_tokens} tokens, batch {args.batch_size}\n"
+        + (
+            f"picking on the first {args.pick_on} questions, checking on the other {len(items) - args.pick_on}\n"
+            if picking
+            else ""
+        ),
         flush=True,
     )
-    start = time.monotonic()
-    results = evaluate(
-        runs, cells, make_llm, params, args.batch_size, progress=not args.no_progress, plain=args.plain_prompt
-    )
-    wall = time.monotonic() - start
+
+    def run(chosen: list[RunSpec], cells: list, aliases: dict) -> tuple[list, list, str, float]:
+        """Every run of `chosen` over `cells`, printed; (results, comparisons, the tables in markdown, seconds)."""
+        start = time.monotonic()
+        results = evaluate(
+            chosen, cells, make_llm, params, args.batch_size, progress=not args.no_progress, plain=args.plain_prompt
+        )
+        wall = time.monotonic() - start
+        table_rows = report.rows(results)
+        print(report.text_table(table_rows, report.table_columns(table_rows)))
+        comparisons = report.comparisons(results)
+        pivot = report.pivots(results, aliases, comparisons)
+        print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
+        return (
+            results,
+            comparisons,
+            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}",
+            wall,
+        )
 
     from lazyattn.eval import report
 
-    table_rows = report.rows(results)
-    print(report.text_table(table_rows, report.table_columns(table_rows)))
-    comparisons = report.comparisons(results)
-    pivot = report.pivots(results, aliases, comparisons)
-    print(f"\n{pivot}\n\n{len(results)} cells in {wall:.0f} s", flush=True)
+    results, comparisons, md, wall = run(runs, cells, aliases)
+    pick = None
+    if picking:
+        best = report.closest(comparisons)
+        chosen = next(r for r in runs if r.label == best["run"])
+        baseline = next(r for r in runs if r.label == best["baseline"])
+        rest, rest_aliases = plan_cells(items[args.pick_on :], num_docs, positions)
+        print(f"\npicked {chosen.label}; checking it on the other {len(items) - args.pick_on} questions\n", flush=True)
+        checked, check_comparisons, check_md, check_wall = run([baseline, chosen], rest, rest_aliases)
+        wall += check_wall
+        pick = {
+            "on": args.pick_on,
+            **best,
+            "options": {"mode": chosen.mode, **chosen.options},
+            "answer": chosen.answer,
+            "serve_flags": chosen.serve_flags,
+            "check": {
+                "questions": len(items) - args.pick_on,
+                "comparisons": check_comparisons,
+                "worst": min(c["accuracy_diff"] for c in check_comparisons),
+                "significant_losses": [c for c in check_comparisons if c["significant"] and c["accuracy_diff"] < 0],
+                "position_means": report.position_means(checked),
+                "cells": [r.to_dict() for r in checked],
+            },
+        }
+        summary = _pick_summary(pick)
+        print(f"\n{summary}", flush=True)
+        md = f"## Picked on the first {args.pick_on} questions\n\n{md}\n\n## Checked on the other " + (
+            f"{len(items) - args.pick_on}\n\n{check_md}\n\n{summary}"
+        )
     if args.out:
         out = Path(args.out)
         meta = {
@@ -328,11 +386,10 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
                 "closest": report.closest(comparisons),
                 "position_means": report.position_means(results),
                 "cells": [r.to_dict() for r in results],
+                **({"pick": pick} if pick else {}),
             },
         )
-        (out / "eval.md").write_text(
-            f"{report.markdown_table(table_rows, report.table_columns(table_rows))}\n\n{pivot}\n"
-        )
+        (out / "eval.md").write_text(f"{md}\n")
         written = [out / "eval.json", out / "eval.md"]
         if report.plot_accuracy(
             results,
@@ -343,3 +400,40 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             written.append(out / "accuracy.png")
         print("wrote " + ", ".join(map(str, written)))
     return 0
+
+
+def _check_pick(n: int, questions: int, runs: list) -> None:
+    """--pick-on needs questions on both sides of N and at least one run besides the baseline to pick."""
+    if not 1 <= n < questions:
+        raise InvalidRequestError(
+            f"--pick-on {n}: it must leave questions on both sides, between 1 and {questions - 1} of the {questions}",
+            param="pick_on",
+        )
+    if len({r.label for r in runs}) < 2:
+        raise InvalidRequestError(
+            "--pick-on needs a baseline (full, or else the first run) and at least one other run in --modes to pick "
+            "from",
+            param="pick_on",
+        )
+
+
+def _cell_label(c: dict[str, Any]) -> str:
+    return f"{'all' if c['num_docs'] is None else c['num_docs']} docs, gold {c['position']}"
+
+
+def _pick_summary(pick: dict[str, Any]) -> str:
+    """What --pick-on found, for a person: the pick, how it did on the others, and how to serve it."""
+    check = pick["check"]
+    losses = check["significant_losses"]
+    verdict = (
+        f"{len(losses)} cell(s) significantly below {pick['baseline']}: "
+        + "; ".join(_cell_label(c) + f" {100 * c['accuracy_diff']:+.1f}" for c in losses)
+        if losses
+        else f"no cell significantly below {pick['baseline']}"
+    )
+    flags = pick["serve_flags"]
+    return (
+        f"Picked on the first {pick['on']} questions: {pick['run']} ({100 * pick['worst']:+.1f} points in its worst "
+        f"cell there). On the other {check['questions']}: {100 * check['worst']:+.1f} points in its worst cell, "
+        f"{verdict}.\nServe it: lazyattn serve --model ... {flags}"
+    )

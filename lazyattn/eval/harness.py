@@ -21,7 +21,7 @@ from typing import Any
 
 from lazyattn.engine.best_document import ANSWER_STRATEGIES, CHOOSING, check_answer, confidence
 from lazyattn.engine.choice import chosen_logprobs
-from lazyattn.engine.config import MODES
+from lazyattn.engine.config import MODES, cli_flags
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval.metrics import Scores, bootstrap_ci
 from lazyattn.qa.dataset import QAItem, arrange
@@ -78,6 +78,17 @@ class RunSpec:
         except InvalidRequestError as e:
             raise InvalidRequestError(f"{e} (in {text!r})", param="modes") from None
         return RunSpec(text.strip(), mode, options, answer, confidence_tokens)
+
+    @property
+    def serve_flags(self) -> str:
+        """The `lazyattn serve` flags that serve requests as this run asks them: its mode, its engine options (the
+        defaults left out) and its answering strategy."""
+        flags = [f"--mode {self.mode}", cli_flags(self.options)]
+        if self.answer != "joint":
+            flags.append(f"--answer {self.answer}")
+        if self.confidence_tokens is not None:
+            flags.append(f"--confidence-tokens {self.confidence_tokens}")
+        return " ".join(f for f in flags if f)
 
 
 @dataclass(frozen=True)
