@@ -37,7 +37,7 @@ from lazyattn.eval.inputs import describe_dataset, load_questions, prompt_layout
 
 # --prompt-layout names: the keys of lazyattn.engine.prompt_layout.NAMED_LAYOUTS, written out so that `-h` does not
 # import the engine (tests/eval checks that they agree), and the few-shot layouts of builtin:icl, builtin:icl-language,
-# builtin:icl-language-more and builtin:icl-language-heldout (lazyattn/eval/icl.py, SETS).
+# builtin:icl-language-more and the two builtin:icl-language-heldout sets (lazyattn/eval/icl.py, SETS).
 LAYOUTS = (
     "block-attention",
     "tulu3-block-ft",
@@ -46,6 +46,7 @@ LAYOUTS = (
     "icl-language",
     "icl-language-more",
     "icl-language-heldout",
+    "icl-language-heldout-wagtail",
 )
 
 
@@ -94,8 +95,9 @@ def add_eval_parser(
         "manuals and release notes, all four for final reporting only (real-heldout-cmake was built after every "
         "setting was chosen and no model has been run on it); icl: few-shot topic "
         "classification, demonstrations as documents in a shuffled order per question; icl-language: the same "
-        "for language identification; icl-language-more: five other languages; icl-language-heldout: five more, "
-        "from another package's messages, for final reporting only), or a JSONL file of "
+        "for language identification; icl-language-more: five other languages; icl-language-heldout and "
+        "icl-language-heldout-wagtail: five more each, from two other packages' messages, for final reporting only), "
+        "or a JSONL file of "
         "{question, answers, documents, gold} (default: builtin; with --fidelity builtin:real, gold first)",
     )
     d.add_argument("--limit", type=int, default=None, help="use the first N questions (after --skip)")

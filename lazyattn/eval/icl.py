@@ -22,12 +22,14 @@ a message of Django's user interface, labelled with the language of the translat
 a chat prompt with the same language whatever the demonstrations, and learns from them in a plain one.
 `builtin:icl-language-more` is the same with five other languages (`icl_language.MORE_LANGUAGES`), a check of a
 setting chosen on `icl-language` on labels it was not chosen on. `builtin:icl-language-heldout` is the same over
-Trac's messages in five more languages (`icl_language.HELDOUT_LANGUAGES`), for final reporting only.
+Trac's messages in five more languages (`icl_language.HELDOUT_LANGUAGES`), and `builtin:icl-language-heldout-wagtail`
+over Wagtail's in five others (`icl_language.WAGTAIL_LANGUAGES`), both for final reporting only.
 
 The examples, the pool and every question's order are frozen in `data/<name>.jsonl.gz`;
 `python -m lazyattn.eval.icl` rebuilds `icl` from the installed standard library (Python 3.11) and the seed,
 `python -m lazyattn.eval.icl icl-language DIR` (or `icl-language-more DIR`) rebuilds that set from an unpacked Django
-wheel, `python -m lazyattn.eval.icl icl-language-heldout DIR` from an unpacked Trac wheel.
+wheel, `python -m lazyattn.eval.icl icl-language-heldout DIR` from an unpacked Trac wheel and
+`icl-language-heldout-wagtail DIR` from an unpacked Wagtail wheel.
 """
 
 from __future__ import annotations
@@ -275,7 +277,10 @@ MORE_LANGUAGES = _language_set("icl-language-more", icl_language.MORE_LANGUAGES,
 HELDOUT_LANGUAGES = _language_set(
     "icl-language-heldout", icl_language.HELDOUT_LANGUAGES, seed=7, source=icl_language.TRAC
 )
-SETS = {s.name: s for s in (TOPIC, LANGUAGE, MORE_LANGUAGES, HELDOUT_LANGUAGES)}
+WAGTAIL_LANGUAGES = _language_set(
+    "icl-language-heldout-wagtail", icl_language.WAGTAIL_LANGUAGES, seed=8, source=icl_language.WAGTAIL
+)
+SETS = {s.name: s for s in (TOPIC, LANGUAGE, MORE_LANGUAGES, HELDOUT_LANGUAGES, WAGTAIL_LANGUAGES)}
 
 
 def build(s: IclSet = TOPIC, root: Path | None = None) -> tuple[dict[str, Any], list[Example], list[Question]]:
@@ -378,7 +383,7 @@ def load(limit: int | None = None, s: IclSet = TOPIC) -> tuple[dict[str, Any], l
 
 if __name__ == "__main__":
     # python -m lazyattn.eval.icl [icl | icl-language DJANGO_DIR | icl-language-more DJANGO_DIR
-    #                              | icl-language-heldout TRAC_DIR]
+    #                              | icl-language-heldout TRAC_DIR | icl-language-heldout-wagtail WAGTAIL_DIR]
     name = sys.argv[1] if len(sys.argv) > 1 else NAME
     if name not in SETS:
         sys.exit(f"usage: python -m lazyattn.eval.icl [{' | '.join(SETS)} [DIR]]")

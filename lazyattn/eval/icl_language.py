@@ -1,17 +1,21 @@
 """The labelled texts of `builtin:icl-language` and `builtin:icl-language-more` (lazyattn/eval/icl.py): the messages
-of Django's user interface in the language of their translation catalogue; and of `builtin:icl-language-heldout`:
-the messages of Trac's (an issue tracker and wiki) in five more languages, for final reporting only.
+of Django's user interface in the language of their translation catalogue; and of `builtin:icl-language-heldout` and
+`builtin:icl-language-heldout-wagtail`: the messages of Trac's (an issue tracker and wiki) and of Wagtail's (a content
+management system) in five more languages each, for final reporting only.
 
-Django and Trac ship, for every language, the compiled gettext catalogues (`<package>/**/locale/<code>/LC_MESSAGES/
-*.mo`) of their messages: the English original and its translation. The label of a text is the language of the
-catalogue it comes from (the English original: "english"), a fact about the text. The frozen sets need neither
-package; rebuilding one reads an unpacked wheel of the version in `DJANGO.version` or `TRAC.version`:
+Django, Trac and Wagtail ship, for every language, the compiled gettext catalogues
+(`<package>/**/locale/<code>/LC_MESSAGES/*.mo`) of their messages: the English original and its translation. The
+label of a text is the language of the catalogue it comes from (the English original: "english"), a fact about the
+text. The frozen sets need none of the packages; rebuilding one reads an unpacked wheel of the version in
+`DJANGO.version`, `TRAC.version` or `WAGTAIL.version`:
 
     pip download django==5.2.19 --no-deps -d wheels && unzip -q wheels/django-5.2.19-py3-none-any.whl -d django-5.2.19
     python -m lazyattn.eval.icl icl-language django-5.2.19
     python -m lazyattn.eval.icl icl-language-more django-5.2.19
     pip download trac==1.6 --no-deps -d wheels && unzip -q wheels/Trac-1.6-py3-none-any.whl -d trac-1.6
     python -m lazyattn.eval.icl icl-language-heldout trac-1.6
+    pip download wagtail==8.0.1 --no-deps -d wheels && unzip -q wheels/wagtail-8.0.1-py3-none-any.whl -d wagtail-8.0.1
+    python -m lazyattn.eval.icl icl-language-heldout-wagtail wagtail-8.0.1
 """
 
 from __future__ import annotations
@@ -60,6 +64,19 @@ TRAC = Catalogues(
         "copyright": "Copyright (C) 2003-2023 Edgewall Software. All rights reserved.",
     },
     markup=re.compile(r"[\[\]]"),  # "[1:Note:] See [2:TracQuery]", "[edit|preview]": links and placeholders
+)
+# builtin:icl-language-heldout-wagtail: the same rule over Wagtail's catalogues (a content management system's
+# interface), five languages that no set above and no training text uses; built once the grid of candidates that
+# `lazyattn eval --pick-on` is shown (docs/quality.md) had its last change, to decide it
+WAGTAIL_LANGUAGES = {"romanian": "ro", "arabic": "ar", "icelandic": "is_IS", "uyghur": "ug", "tetum": "tet"}
+WAGTAIL = Catalogues(
+    "wagtail",
+    "8.0.1",
+    {
+        "source": "messages of Wagtail 8.0.1's translation catalogues, labelled with their language",
+        "license": "BSD-3-Clause (the Wagtail licence, LICENSE of the wagtail distribution)",
+        "copyright": "Copyright (c) 2014-present Torchbox Ltd and individual contributors. All rights reserved.",
+    },
 )
 
 

@@ -40,7 +40,7 @@ def prompt_layout(args: argparse.Namespace) -> Any:
 
 def icl_set(dataset: str | None) -> Any:
     """The built-in few-shot set `dataset` names (`builtin:icl`, `builtin:icl-language`, `builtin:icl-language-more`,
-    `builtin:icl-language-heldout`), or None."""
+    `builtin:icl-language-heldout`, `builtin:icl-language-heldout-wagtail`), or None."""
     from lazyattn.eval import icl
 
     prefix, _, name = (dataset or "").partition(":")

@@ -1,7 +1,6 @@
-"""builtin:icl-language, builtin:icl-language-more and builtin:icl-language-heldout (lazyattn/eval/icl.py,
-icl_language.py): the messages read from Django's and Trac's catalogues, each shipped set balanced and its labels
-confirmed by the texts' own function words, the plain-text prompt with one segment per demonstration, and a run
-through the CLI on the tiny model."""
+"""The builtin:icl-language sets (lazyattn/eval/icl.py, icl_language.py): the messages read from Django's, Trac's and
+Wagtail's catalogues, each shipped set balanced and its labels confirmed by the texts' own function words, the
+plain-text prompt with one segment per demonstration, and a run through the CLI on the tiny model."""
 
 from __future__ import annotations
 
@@ -26,8 +25,15 @@ LABELS = {
     "icl-language": ("english", "french", "german", "spanish", "italian"),
     "icl-language-more": ("dutch", "portuguese", "swedish", "polish", "turkish"),
     "icl-language-heldout": ("slovenian", "norwegian", "hungarian", "finnish", "czech"),
+    "icl-language-heldout-wagtail": ("romanian", "arabic", "icelandic", "uyghur", "tetum"),
 }
-SETS = [icl.LANGUAGE, icl.MORE_LANGUAGES, icl.HELDOUT_LANGUAGES]
+SETS = [icl.LANGUAGE, icl.MORE_LANGUAGES, icl.HELDOUT_LANGUAGES, icl.WAGTAIL_LANGUAGES]
+SOURCES = {
+    "icl-language": icl_language.DJANGO,
+    "icl-language-more": icl_language.DJANGO,
+    "icl-language-heldout": icl_language.TRAC,
+    "icl-language-heldout-wagtail": icl_language.WAGTAIL,
+}
 
 # Function words no two of a set's languages share: an independent check of a label, where a text has any.
 FUNCTION_WORDS = {
@@ -54,6 +60,13 @@ FUNCTION_WORDS = {
         "finnish": "ei on ole ja olla jo tai tämän eivät tulee voi haluatko tämä jossa että joka ilman kanssa uusi",
         "czech": "byly být opravdu chcete smazat pro vaše musí nebo může tento tuto již není ve jste ještě "
         "nejsou která které byla bylo",
+    },
+    "icl-language-heldout-wagtail": {
+        "romanian": "de în pentru nu și sau fost este să un o cu din care acest această au fi dvs pe vor poate",
+        "arabic": "في من على هذه هذا لا أن التي الذي إلى عن أو تم",
+        "icelandic": "að og er í við ekki þessa þessi fyrir eða með á um til sem þú hefur verður var",
+        "uyghur": "بۇ ئۈچۈن بىلەن ۋە ئەگەر ياكى بولسا قىلىش",
+        "tetum": "ka iha sira hosi ida ho atu ita boot nia ne hodi ba ne'e",
     },
 }
 
@@ -189,13 +202,13 @@ def test_the_build_is_deterministic_balanced_and_keeps_translations_apart(tmp_pa
     assert Counter(d.label for d in demos) == dict.fromkeys(language_set.labels, icl.DEMOS_PER_LABEL)
     demo_sources = {d.source for d in demos}
     assert len(demo_sources) == len(demos) and not demo_sources & {q.example.source for q in questions}
-    source = icl_language.TRAC if language_set is icl.HELDOUT_LANGUAGES else icl_language.DJANGO
+    source = SOURCES[language_set.name]
     assert header[package] == source.version and header["languages"] == languages
     assert {k: header[k] for k in source.source} == source.source
 
 
 def test_the_shipped_file_is_what_the_builder_makes_from_the_package(shipped, language_set):
-    source = icl_language.TRAC if language_set is icl.HELDOUT_LANGUAGES else icl_language.DJANGO
+    source = SOURCES[language_set.name]
     # rebuilt from the installed package where it is the shipped version
     package = pytest.importorskip(source.package)
     if package.__version__ != source.version:

@@ -145,6 +145,7 @@ def test_examples_take_the_layouts_in_turn(tiny):
         "icl-language",
         "icl-language-more",
         "icl-language-heldout",
+        "icl-language-heldout-wagtail",
     ) == LAYOUTS  # eval adds the few-shot sets' layouts
     layouts = named_layouts("block-attention, short-answer")
     examples = encode_items(tiny.tokenizer, ITEMS, layouts)
