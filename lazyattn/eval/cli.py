@@ -240,6 +240,9 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
 
     if args.fidelity and args.calibrate:
         raise InvalidRequestError("--fidelity and --calibrate are two different runs: give one", param="calibrate")
+    if args.pick_on is not None and (args.fidelity or args.calibrate or args.write_dataset):
+        other = "--fidelity" if args.fidelity else "--calibrate" if args.calibrate else "--write-dataset"
+        raise InvalidRequestError(f"--pick-on is for accuracy runs, not with {other}", param="pick_on")
     if args.fidelity:
         if args.plain_prompt:
             raise InvalidRequestError("--plain-prompt is for accuracy and calibration runs only", param="plain_prompt")

@@ -99,6 +99,9 @@ def test_the_check_is_a_run_of_full_and_the_pick_on_the_others(picked, dataset, 
         (["--pick-on", "0"], "--pick-on 0: it must leave questions on both sides, between 1 and 9 of the 10"),
         (["--pick-on", "10"], "--pick-on 10: it must leave questions on both sides"),
         (["--pick-on", "3", "--modes", "full"], "--pick-on needs a baseline"),
+        (["--pick-on", "3", "--fidelity"], "--pick-on is for accuracy runs, not with --fidelity"),
+        (["--pick-on", "3", "--calibrate"], "--pick-on is for accuracy runs, not with --calibrate"),
+        (["--pick-on", "3", "--write-dataset", "x.jsonl"], "--pick-on is for accuracy runs, not with --write-dataset"),
     ],
 )
 def test_a_pick_that_cannot_be_made_is_refused_before_the_model_loads(dataset, capsys, flags, message):
