@@ -38,45 +38,57 @@ class Catalogues:
     source: dict[str, str]
     markup: re.Pattern[str] | None = None
 
+    @staticmethod
+    def of(
+        name: str, package: str, version: str, licence: str, copyright: str, markup: str | None = None
+    ) -> Catalogues:
+        """The catalogues of `package` (`name` as a header names it) at `version`, under `licence`."""
+        return Catalogues(
+            package,
+            version,
+            {
+                "source": f"messages of {name} {version}'s translation catalogues, labelled with their language",
+                "license": licence,
+                "copyright": copyright,
+            },
+            re.compile(markup) if markup else None,
+        )
 
-DJANGO_VERSION = "5.2.19"
+
 # label -> the catalogue's language code; "en" is the English original of every catalogue
 LANGUAGES = {"english": "en", "french": "fr", "german": "de", "spanish": "es", "italian": "it"}
 # builtin:icl-language-more: five other languages, none of the above, so that a setting chosen on one set is checked
 # on labels (and label tokens) it was not chosen on
 MORE_LANGUAGES = {"dutch": "nl", "portuguese": "pt", "swedish": "sv", "polish": "pl", "turkish": "tr"}
-SOURCE = {
-    "source": f"messages of Django {DJANGO_VERSION}'s translation catalogues, labelled with their language",
-    "license": "BSD-3-Clause (the Django licence, LICENSE of the django distribution)",
-    "copyright": "Copyright (c) Django Software Foundation and individual contributors. All rights reserved.",
-}
-DJANGO = Catalogues("django", DJANGO_VERSION, SOURCE)
+DJANGO = Catalogues.of(
+    "Django",
+    "django",
+    "5.2.19",
+    "BSD-3-Clause (the Django licence, LICENSE of the django distribution)",
+    "Copyright (c) Django Software Foundation and individual contributors. All rights reserved.",
+)
 # builtin:icl-language-heldout: the five languages of Trac's catalogues with the most usable messages that no other
 # set uses (none of the above, nor the training texts of lazyattn/finetune/few_shot.py), and no English: built after
 # every few-shot setting was chosen, to check the way a setting is picked (docs/quality.md), not to pick one
 HELDOUT_LANGUAGES = {"slovenian": "sl", "norwegian": "nb", "hungarian": "hu", "finnish": "fi", "czech": "cs"}
-TRAC = Catalogues(
+TRAC = Catalogues.of(
+    "Trac",
     "trac",
     "1.6",
-    {
-        "source": "messages of Trac 1.6's translation catalogues, labelled with their language",
-        "license": "BSD-3-Clause (the Trac licence, COPYING of the Trac distribution)",
-        "copyright": "Copyright (C) 2003-2023 Edgewall Software. All rights reserved.",
-    },
-    markup=re.compile(r"[\[\]]"),  # "[1:Note:] See [2:TracQuery]", "[edit|preview]": links and placeholders
+    "BSD-3-Clause (the Trac licence, COPYING of the Trac distribution)",
+    "Copyright (C) 2003-2023 Edgewall Software. All rights reserved.",
+    markup=r"[\[\]]",  # "[1:Note:] See [2:TracQuery]", "[edit|preview]": links and placeholders
 )
 # builtin:icl-language-heldout-wagtail: the same rule over Wagtail's catalogues (a content management system's
 # interface), five languages that no set above and no training text uses; built once the grid of candidates that
 # `lazyattn eval --pick-on` is shown (docs/quality.md) had its last change, to decide it
 WAGTAIL_LANGUAGES = {"romanian": "ro", "arabic": "ar", "icelandic": "is_IS", "uyghur": "ug", "tetum": "tet"}
-WAGTAIL = Catalogues(
+WAGTAIL = Catalogues.of(
+    "Wagtail",
     "wagtail",
     "8.0.1",
-    {
-        "source": "messages of Wagtail 8.0.1's translation catalogues, labelled with their language",
-        "license": "BSD-3-Clause (the Wagtail licence, LICENSE of the wagtail distribution)",
-        "copyright": "Copyright (c) 2014-present Torchbox Ltd and individual contributors. All rights reserved.",
-    },
+    "BSD-3-Clause (the Wagtail licence, LICENSE of the wagtail distribution)",
+    "Copyright (c) 2014-present Torchbox Ltd and individual contributors. All rights reserved.",
 )
 
 
