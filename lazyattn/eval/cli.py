@@ -236,6 +236,7 @@ def add_eval_parser(
 
 
 def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
+    from lazyattn.eval import picks
     from lazyattn.eval.harness import RunSpec, evaluate, parse_option, plan_cells
 
     if args.fidelity and args.calibrate:
@@ -288,7 +289,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=0 if args.confidence else None)
     picking = args.pick_on is not None
     if picking:
-        _check_pick(args.pick_on, len(items), runs)
+        picks.check(args.pick_on, len(items), runs)
     shown = items[: args.pick_on] if picking else items
     cells, aliases = plan_cells(shown, num_docs, positions)
     print(
@@ -329,29 +330,13 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
     results, comparisons, md, wall = run(runs, cells, aliases)
     pick = None
     if picking:
-        best = report.closest(comparisons)
-        chosen = next(r for r in runs if r.label == best["run"])
-        baseline = next(r for r in runs if r.label == best["baseline"])
+        chosen, baseline, best = picks.choose(comparisons, runs)
         rest, rest_aliases = plan_cells(items[args.pick_on :], num_docs, positions)
         print(f"\npicked {chosen.label}; checking it on the other {len(items) - args.pick_on} questions\n", flush=True)
         checked, check_comparisons, check_md, check_wall = run([baseline, chosen], rest, rest_aliases)
         wall += check_wall
-        pick = {
-            "on": args.pick_on,
-            **best,
-            "options": {"mode": chosen.mode, **chosen.options},
-            "answer": chosen.answer,
-            "serve_flags": chosen.serve_flags,
-            "check": {
-                "questions": len(items) - args.pick_on,
-                "comparisons": check_comparisons,
-                "worst": min(c["accuracy_diff"] for c in check_comparisons),
-                "significant_losses": [c for c in check_comparisons if c["significant"] and c["accuracy_diff"] < 0],
-                "position_means": report.position_means(checked),
-                "cells": [r.to_dict() for r in checked],
-            },
-        }
-        summary = _pick_summary(pick)
+        pick = picks.record(args.pick_on, best, chosen, checked, check_comparisons)
+        summary = picks.summary(pick)
         print(f"\n{summary}", flush=True)
         md = f"## Picked on the first {args.pick_on} questions\n\n{md}\n\n## Checked on the other " + (
             f"{len(items) - args.pick_on}\n\n{check_md}\n\n{summary}"
@@ -405,40 +390,3 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             written.append(out / "accuracy.png")
         print("wrote " + ", ".join(map(str, written)))
     return 0
-
-
-def _check_pick(n: int, questions: int, runs: list) -> None:
-    """--pick-on needs questions on both sides of N and at least one run besides the baseline to pick."""
-    if not 1 <= n < questions:
-        raise InvalidRequestError(
-            f"--pick-on {n}: it must leave questions on both sides, between 1 and {questions - 1} of the {questions}",
-            param="pick_on",
-        )
-    if len({r.label for r in runs}) < 2:
-        raise InvalidRequestError(
-            "--pick-on needs a baseline (full, or else the first run) and at least one other run in --modes to pick "
-            "from",
-            param="pick_on",
-        )
-
-
-def _cell_label(c: dict[str, Any]) -> str:
-    return f"{'all' if c['num_docs'] is None else c['num_docs']} docs, gold {c['position']}"
-
-
-def _pick_summary(pick: dict[str, Any]) -> str:
-    """What --pick-on found, for a person: the pick, how it did on the others, and how to serve it."""
-    check = pick["check"]
-    losses = check["significant_losses"]
-    verdict = (
-        f"{len(losses)} cell(s) significantly below {pick['baseline']}: "
-        + "; ".join(_cell_label(c) + f" {100 * c['accuracy_diff']:+.1f}" for c in losses)
-        if losses
-        else f"no cell significantly below {pick['baseline']}"
-    )
-    flags = pick["serve_flags"]
-    return (
-        f"Picked on the first {pick['on']} questions: {pick['run']} ({100 * pick['worst']:+.1f} points in its worst "
-        f"cell there). On the other {check['questions']}: {100 * check['worst']:+.1f} points in its worst cell, "
-        f"{verdict}.\nServe it: lazyattn serve --model ... {flags}"
-    )

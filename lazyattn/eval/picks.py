@@ -1,0 +1,87 @@
+"""`lazyattn eval --pick-on N`: a setting picked on labelled questions of your own (docs/quality.md, "In-context
+learning"). Every run answers the first N questions; the run closest to the baseline (full attention) in its worst
+cell is picked (`report.closest`); the baseline and the pick then answer the others, and what they show is the check.
+The same as a run with `--limit N` and one with `--skip N` (tests/eval/test_pick.py). cli.py runs them; this module
+checks the arguments, makes the choice and writes down what came of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lazyattn.errors import InvalidRequestError
+from lazyattn.eval import report
+from lazyattn.eval.harness import CellResult, RunSpec
+
+
+def check(n: int, questions: int, runs: Sequence[RunSpec]) -> None:
+    """--pick-on needs questions on both sides of N and at least one run besides the baseline to pick."""
+    if not 1 <= n < questions:
+        raise InvalidRequestError(
+            f"--pick-on {n}: it must leave questions on both sides, between 1 and {questions - 1} of the {questions}",
+            param="pick_on",
+        )
+    if len({r.label for r in runs}) < 2:
+        raise InvalidRequestError(
+            "--pick-on needs a baseline (full, or else the first run) and at least one other run in --modes to pick "
+            "from",
+            param="pick_on",
+        )
+
+
+def choose(comparisons: Sequence[dict[str, Any]], runs: Sequence[RunSpec]) -> tuple[RunSpec, RunSpec, dict[str, Any]]:
+    """(the pick, the baseline, `report.closest`'s record of the pick) from the first N questions' comparisons."""
+    best = report.closest(comparisons)
+    if best is None:
+        raise InvalidRequestError("--pick-on: no run could be compared with the baseline", param="pick_on")
+    chosen = next(r for r in runs if r.label == best["run"])
+    baseline = next(r for r in runs if r.label == best["baseline"])
+    return chosen, baseline, best
+
+
+def record(
+    n: int,
+    best: dict[str, Any],
+    chosen: RunSpec,
+    checked: Sequence[CellResult],
+    comparisons: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """eval.json's `pick`: the run picked on the first n questions and how, what serves it, and the check on the
+    others (their cells and comparisons with the baseline)."""
+    return {
+        "on": n,
+        **best,
+        "options": {"mode": chosen.mode, **chosen.options},
+        "answer": chosen.answer,
+        "serve_flags": chosen.serve_flags,
+        "check": {
+            "questions": len(checked[0].items) if checked else 0,
+            "comparisons": list(comparisons),
+            "worst": min(c["accuracy_diff"] for c in comparisons),
+            "significant_losses": [c for c in comparisons if c["significant"] and c["accuracy_diff"] < 0],
+            "position_means": report.position_means(checked),
+            "cells": [r.to_dict() for r in checked],
+        },
+    }
+
+
+def _cell_label(c: dict[str, Any]) -> str:
+    return f"{'all' if c['num_docs'] is None else c['num_docs']} docs, gold {c['position']}"
+
+
+def summary(pick: dict[str, Any]) -> str:
+    """What --pick-on found, for a person: the pick, how it did on the others, and how to serve it."""
+    check = pick["check"]
+    losses = check["significant_losses"]
+    verdict = (
+        f"{len(losses)} cell(s) significantly below {pick['baseline']}: "
+        + "; ".join(_cell_label(c) + f" {100 * c['accuracy_diff']:+.1f}" for c in losses)
+        if losses
+        else f"no cell significantly below {pick['baseline']}"
+    )
+    return (
+        f"Picked on the first {pick['on']} questions: {pick['run']} ({100 * pick['worst']:+.1f} points in its worst "
+        f"cell there). On the other {check['questions']}: {100 * check['worst']:+.1f} points in its worst cell, "
+        f"{verdict}.\nServe it: lazyattn serve --model ... {pick['serve_flags']}"
+    )
