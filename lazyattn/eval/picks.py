@@ -13,6 +13,7 @@ from typing import Any
 from lazyattn.errors import InvalidRequestError
 from lazyattn.eval import report
 from lazyattn.eval.harness import CellResult, RunSpec
+from lazyattn.qa.dataset import QAItem
 
 
 def check(n: int, questions: int, runs: Sequence[RunSpec]) -> None:
@@ -40,15 +41,38 @@ def choose(comparisons: Sequence[dict[str, Any]], runs: Sequence[RunSpec]) -> tu
     return chosen, baseline, best
 
 
+def chance(items: Sequence[QAItem]) -> float | None:
+    """A guess's accuracy on classification items that share one label set (1 / its size), else None."""
+    sets = {tuple(i.labels) if i.labels else None for i in items}
+    if len(sets) != 1 or None in sets:
+        return None
+    return 1 / len(next(iter(sets)))
+
+
+def at_chance(checked: Sequence[CellResult], baseline: str, chance: float | None) -> list[dict[str, Any]]:
+    """The check's cells in which the baseline is not above chance (its 95 % interval reaches down to it): there it
+    does not learn the task either, and a difference from it compares two guesses."""
+    if chance is None:
+        return []
+    out = []
+    for r in checked:
+        s = r.summary()
+        if r.run.label == baseline and s["accuracy_ci"] is not None and s["accuracy_ci"][0] <= chance:
+            out.append({"num_docs": r.cell.num_docs, "position": r.cell.position, "accuracy": s["accuracy"]})
+    return out
+
+
 def record(
     n: int,
     best: dict[str, Any],
     chosen: RunSpec,
     checked: Sequence[CellResult],
     comparisons: Sequence[dict[str, Any]],
+    chance: float | None = None,
 ) -> dict[str, Any]:
     """eval.json's `pick`: the run picked on the first n questions and how, what serves it, and the check on the
-    others (their cells and comparisons with the baseline)."""
+    others (their cells and comparisons with the baseline; on a classification set, a guess's accuracy and the cells
+    in which the baseline does no better)."""
     return {
         "on": n,
         **best,
@@ -60,6 +84,8 @@ def record(
             "comparisons": list(comparisons),
             "worst": min(c["accuracy_diff"] for c in comparisons),
             "significant_losses": [c for c in comparisons if c["significant"] and c["accuracy_diff"] < 0],
+            "chance": chance,
+            "baseline_at_chance": at_chance(checked, best["baseline"], chance),
             "position_means": report.position_means(checked),
             "cells": [r.to_dict() for r in checked],
         },
@@ -80,8 +106,16 @@ def summary(pick: dict[str, Any]) -> str:
         if losses
         else f"no cell significantly below {pick['baseline']}"
     )
+    guesses = check.get("baseline_at_chance") or []
+    caveat = (
+        f"\n{pick['baseline']} is not above chance ({100 * check['chance']:.0f} %) in "
+        + "; ".join(_cell_label(c) + f" ({100 * c['accuracy']:.1f} %)" for c in guesses)
+        + ": it does not learn the task there, and a difference from it compares two guesses."
+        if guesses
+        else ""
+    )
     return (
         f"Picked on the first {pick['on']} questions: {pick['run']} ({100 * pick['worst']:+.1f} points in its worst "
         f"cell there). On the other {check['questions']}: {100 * check['worst']:+.1f} points in its worst cell, "
-        f"{verdict}.\nServe it: lazyattn serve --model ... {pick['serve_flags']}"
+        f"{verdict}.{caveat}\nServe it: lazyattn serve --model ... {pick['serve_flags']}"
     )

@@ -121,3 +121,21 @@ def test_serve_flags_name_the_mode_options_and_answer():
     assert cli_flags({"ape_parallel": True, "ape_scale": 2.0}) == "--ape-parallel --ape-scale 2"
     with pytest.raises(InvalidRequestError, match="warm_up is not an option of lazyattn serve"):
         cli_flags({"warm_up": False})
+
+
+def test_a_baseline_no_better_than_a_guess_is_named(picked, tmp_path):
+    """On a classification set the check names the cells in which full attention is not above chance (1 / the number
+    of labels): the tiny model's random weights name no label, 0 % everywhere. A question-answering set has no
+    chance level."""
+    data, _ = picked
+    assert data["pick"]["check"]["chance"] is None and data["pick"]["check"]["baseline_at_chance"] == []
+    out = tmp_path / "labels"
+    flags = ["--dataset", "builtin:icl-language", "--limit", "6", "--num-docs", "5,10", "--max-tokens", "3"]
+    assert main([*BASE, *flags, "--modes", "full,lazy", "--pick-on", "3", "--out", str(out)]) == 0
+    check = json.loads((out / "eval.json").read_text())["pick"]["check"]
+    assert check["chance"] == 1 / 5
+    full = [c for c in check["cells"] if c["run"] == "full"]
+    assert all(c["accuracy"] == 0 for c in full)
+    expected = [{"num_docs": c["num_docs"], "position": c["position"], "accuracy": 0.0} for c in full]
+    assert check["baseline_at_chance"] == expected
+    assert "full is not above chance (20 %) in 5 docs, gold original (0.0 %); 10 docs" in (out / "eval.md").read_text()
