@@ -49,15 +49,15 @@ def chance(items: Sequence[QAItem]) -> float | None:
     return 1 / len(next(iter(sets)))
 
 
-def at_chance(checked: Sequence[CellResult], baseline: str, chance: float | None) -> list[dict[str, Any]]:
-    """The check's cells in which the baseline is not above chance (its 95 % interval reaches down to it): there it
-    does not learn the task either, and a difference from it compares two guesses."""
-    if chance is None:
+def at_chance(checked: Sequence[CellResult], baseline: str, guess: float | None) -> list[dict[str, Any]]:
+    """The check's cells in which the baseline is not above a guess's accuracy (its 95 % interval reaches down to
+    it): there it does not learn the task either, and a difference from it compares two guesses."""
+    if guess is None:
         return []
     out = []
     for r in checked:
         s = r.summary()
-        if r.run.label == baseline and s["accuracy_ci"] is not None and s["accuracy_ci"][0] <= chance:
+        if r.run.label == baseline and s["accuracy_ci"] is not None and s["accuracy_ci"][0] <= guess:
             out.append({"num_docs": r.cell.num_docs, "position": r.cell.position, "accuracy": s["accuracy"]})
     return out
 
@@ -68,7 +68,7 @@ def record(
     chosen: RunSpec,
     checked: Sequence[CellResult],
     comparisons: Sequence[dict[str, Any]],
-    chance: float | None = None,
+    guess: float | None = None,
 ) -> dict[str, Any]:
     """eval.json's `pick`: the run picked on the first n questions and how, what serves it, and the check on the
     others (their cells and comparisons with the baseline; on a classification set, a guess's accuracy and the cells
@@ -84,8 +84,8 @@ def record(
             "comparisons": list(comparisons),
             "worst": min(c["accuracy_diff"] for c in comparisons),
             "significant_losses": [c for c in comparisons if c["significant"] and c["accuracy_diff"] < 0],
-            "chance": chance,
-            "baseline_at_chance": at_chance(checked, best["baseline"], chance),
+            "chance": guess,
+            "baseline_at_chance": at_chance(checked, best["baseline"], guess),
             "position_means": report.position_means(checked),
             "cells": [r.to_dict() for r in checked],
         },
