@@ -335,7 +335,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         print(f"\npicked {chosen.label}; checking it on the other {len(items) - args.pick_on} questions\n", flush=True)
         checked, check_comparisons, check_md, check_wall = run([baseline, chosen], rest, rest_aliases)
         wall += check_wall
-        pick = picks.record(args.pick_on, best, chosen, checked, check_comparisons, picks.chance(items))
+        others = len(items) - args.pick_on
+        pick = picks.record(args.pick_on, others, best, chosen, checked, check_comparisons, picks.chance(items))
         summary = picks.summary(pick)
         print(f"\n{summary}", flush=True)
         md = f"## Picked on the first {args.pick_on} questions\n\n{md}\n\n## Checked on the other " + (

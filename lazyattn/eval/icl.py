@@ -1,5 +1,5 @@
-"""`builtin:icl`, `builtin:icl-language`, `builtin:icl-language-more` and `builtin:icl-language-heldout`: in-context
-learning with the demonstrations as cached segments (docs/quality.md, "In-context learning"). The sets share
+"""`builtin:icl`, `builtin:icl-language`, `builtin:icl-language-more` and the two `builtin:icl-language-heldout` sets:
+in-context learning with the demonstrations as cached segments (docs/quality.md, "In-context learning"). The sets share
 everything below but their examples (`IclSet`).
 
 `builtin:icl` is a few-shot topic classification of real text: each example is the summary (first paragraph) of a

@@ -64,6 +64,7 @@ def at_chance(checked: Sequence[CellResult], baseline: str, guess: float | None)
 
 def record(
     n: int,
+    others: int,
     best: dict[str, Any],
     chosen: RunSpec,
     checked: Sequence[CellResult],
@@ -71,8 +72,8 @@ def record(
     guess: float | None = None,
 ) -> dict[str, Any]:
     """eval.json's `pick`: the run picked on the first n questions and how, what serves it, and the check on the
-    others (their cells and comparisons with the baseline; on a classification set, a guess's accuracy and the cells
-    in which the baseline does no better)."""
+    `others` questions (their cells and comparisons with the baseline; on a classification set, a guess's accuracy
+    and the cells in which the baseline does no better)."""
     return {
         "on": n,
         **best,
@@ -80,7 +81,7 @@ def record(
         "answer": chosen.answer,
         "serve_flags": chosen.serve_flags,
         "check": {
-            "questions": len(checked[0].items) if checked else 0,
+            "questions": others,
             "comparisons": list(comparisons),
             "worst": min(c["accuracy_diff"] for c in comparisons),
             "significant_losses": [c for c in comparisons if c["significant"] and c["accuracy_diff"] < 0],
