@@ -358,18 +358,20 @@ def _decode(
     pdl: bool = False,
     kv_dtype: torch.dtype = BF16,
     tma: int | None = None,
+    pair: bool = False,
 ) -> None:
     """pdl: launched as the engine launches it on a Hopper GPU (the page tables read before the wait); tma: the
     copy-engine tiles of decode_config's choice on Hopper below two programs per SM (the CPU here never chooses
-    them)."""
+    them); pair: two tiles a step, decode_config's choice over FP8 pages for long splits."""
     kv = _pool(heads, page_size, dtype=kv_dtype)
     tables = _tables(heads)
     q, k, v = _qkv(heads, batch.batch_size)
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
     q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], kv[0, 1], tables)
     config = None
-    if tma is not None:
-        config = dataclasses.replace(decode.decode_config(heads.dim, kv_dtype, page_size), tma=tma)
+    if tma is not None or pair:
+        config = decode.decode_config(heads.dim, kv_dtype, page_size, pages_per_split=1 << 20 if pair else 0)
+        config = dataclasses.replace(config, tma=config.tma if tma is None else tma)
     with _pdl(decode, pdl):
         decode.decode_attention(
             _cuda_looking(q),
@@ -610,6 +612,14 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                     ),
                 )
             )
+        out.append(
+            (
+                f"fp8 decode {h} page{ps} B=32 ctx~4096 paired tiles tma=2, PDL",
+                lambda ps=ps: _decode(
+                    LLAMA_8B, ps, _decode_batch(ps, 32, 4096), pdl=True, tma=2, pair=True, kv_dtype=FP8
+                ),
+            )
+        )
         out.append(
             (
                 f"fp8 shared decode {h} page{ps} B=8 rows16",

@@ -204,6 +204,48 @@ def test_copy_engine_tiles(tma, layout):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+@pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16)])
+def test_two_tiles_a_step(num_splits, page_size, block_n):
+    """DecodeConfig.pair: each online-softmax step takes two tiles (of one page or two, at their own deltas); an odd
+    tile count leaves the last step one tile."""
+    cfg = DecodeConfig(block_n=block_n, num_warps=4, num_stages=2, pair=True)
+    s = scenario("llama3", heads=(4, 2), page_size=page_size, seed=5, docs=[70, 33, 5, 16])
+    out, ref = run(s, num_splits=num_splits, config=cfg)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+@pytest.mark.parametrize("tma", [1, 2])
+def test_two_tiles_a_step_by_copy_engine(tma):
+    """Paired tiles by copy-engine loads never let the NaN of page padding through."""
+    from lazyattn.cache.page_pool import allocate_kv
+
+    s = scenario("llama3", heads=(4, 2), seed=8, docs=[37, 16, 5, 64])
+    q, batch = s.decode()
+    s.poison_unlisted(batch)
+    pages, page_size, hkv, d = s.k_cache.shape
+    kv = allocate_kv(2, pages, page_size, hkv, d, s.k_cache.dtype, "cpu", "token")
+    kv[1, 0], kv[1, 1] = s.k_cache, s.v_cache
+    config = DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=tma, pair=True)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv[1, 0], kv[1, 1], batch, s.tables, s.scale, num_splits=3, config=config, out=out)
+    assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+def test_paired_tiles_rule():
+    """decode_config pairs tiles over FP8 pages from 64 pages a split on (two stages of pairs), never over 16-bit
+    pages."""
+    from lazyattn.kernels.kv_dtype import FP8
+
+    for pages, want in ((0, False), (32, False), (63, False), (64, True), (512, True)):
+        config = decode.decode_config(128, FP8, 64, 1.9, copy_engine=True, pages_per_split=pages)
+        assert config.pair == want
+        assert config.num_stages == (3 if want else 5)
+        assert config.tma == 2
+        assert not decode.decode_config(128, torch.bfloat16, 64, 1.9, pages_per_split=pages).pair
+
+
 def test_copy_engine_rule(monkeypatch, kernel_settings):
     """decode_config takes copy-engine tiles below two programs per SM where the launcher allows them: a Hopper GPU
     (capability >= 9.0), not the interpreter, LAZYATTN_DECODE_TMA not 0."""
