@@ -54,12 +54,14 @@ from lazyattn.kernels.decode_tiles import (
     NEG_BIG,
     TL_DTYPES,
     derotate,
+    load_mask,
     masked_tile,
     merge_group,
     pair_layout,
     rotate,
     rotation_rows,
     softmax_tile,
+    tile_scores,
 )
 from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import (
@@ -616,15 +618,15 @@ def _decode_split(
             else:
                 q_a = q_dot
                 q_b = q_dot
-            tm_a = _tile_mask(mask_a, d_mask, HEAD_DIM, BLOCK_D)
-            tm_b = _tile_mask(mask_b, d_mask, HEAD_DIM, BLOCK_D)
+            tm_a = load_mask(mask_a, d_mask, HEAD_DIM, BLOCK_D)
+            tm_b = load_mask(mask_b, d_mask, HEAD_DIM, BLOCK_D)
             row_a = (page_a * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
             row_b = (page_b * rows_per_page + head_row).to(tl.int32) + ((t + 1) % TILES_PER_PAGE) * BLOCK_N
             k_a = _load_tile(k_desc, k_base, page_a, stride_kp, slot_a, stride_kt, d, tm_a, row_a, head_col, TMA >= 1)
             k_b = _load_tile(k_desc, k_base, page_b, stride_kp, slot_b, stride_kt, d, tm_b, row_b, head_col, TMA >= 1)
             v_a = _load_tile(v_desc, v_base, page_a, stride_vp, slot_a, stride_vt, d, tm_a, row_a, head_col, TMA >= 2)
             v_b = _load_tile(v_desc, v_base, page_b, stride_vp, slot_b, stride_vt, d, tm_b, row_b, head_col, TMA >= 2)
-            s_a = _scores(
+            s_a = tile_scores(
                 q_a,
                 k_a.to(kv_ty),
                 mask_a,
@@ -635,7 +637,7 @@ def _decode_split(
                 DOT_TY,
                 DOT_PRECISION,
             )
-            s_b = _scores(
+            s_b = tile_scores(
                 q_b,
                 k_b.to(kv_ty),
                 mask_b,
@@ -693,10 +695,7 @@ def _decode_split(
                 key_mask = (slot >= first) & (slot < first + n_keys)
             else:
                 key_mask = slot < n_keys
-            if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-                tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
-            else:
-                tile_mask = key_mask[:, None] & d_mask[None, :]
+            tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
             if TMA >= 1:
                 # K by one copy-engine load per tile (no per-thread addresses or masks). It reads the whole tile,
                 # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
@@ -812,15 +811,6 @@ def _tile_keys(
 
 
 @triton.jit
-def _tile_mask(key_mask, d_mask, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-        tile_mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
-    else:
-        tile_mask = key_mask[:, None] & d_mask[None, :]
-    return tile_mask
-
-
-@triton.jit
 def _load_tile(
     desc, base, page, stride_page, slot, stride_slot, d, tile_mask, row, head_col, COPY_ENGINE: tl.constexpr
 ):
@@ -864,17 +854,6 @@ def _query_for(
         else:
             q_dot = derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask).to(kv_ty).to(DOT_TY)
     return q_dot, delta
-
-
-@triton.jit
-def _scores(
-    q_dot, k, key_mask, ape, ape_gap, qk_scale, HAS_APE: tl.constexpr, DOT_TY: tl.constexpr, DOT_PRECISION: tl.constexpr
-):
-    """A tile's scores in log2 units, keys outside key_mask at -inf (as softmax_tile computes them)."""
-    s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-    if HAS_APE:
-        s = s * tl.load(ape) + tl.load(ape + ape_gap) * 1.4426950408889634
-    return tl.where(key_mask[None, :], s, float("-inf"))
 
 
 def _check(

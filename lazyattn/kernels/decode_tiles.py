@@ -63,6 +63,37 @@ def derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_ma
 
 
 @triton.jit
+def load_mask(key_mask, d_mask, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The [BLOCK_N, BLOCK_D] load mask of a tile's keys."""
+    if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+        mask = key_mask[:, None]  # a row-only mask keeps 16-byte vector loads along D
+    else:
+        mask = key_mask[:, None] & d_mask[None, :]
+    return mask
+
+
+@triton.jit
+def tile_scores(
+    q_dot,
+    k,
+    key_mask,
+    ape,
+    ape_gap,
+    qk_scale,
+    HAS_APE: tl.constexpr,
+    DOT_TY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """A tile's scores of q_dot against k in log2 units, keys outside key_mask at -inf."""
+    s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
+    if HAS_APE:
+        # The page's temperature and scale (kernels/paged.py; `ape` points at the page's entry of the temperature
+        # row): s / T + ln S, in log2 units like s. Masked scores stay -inf below (1/T > 0).
+        s = s * tl.load(ape) + tl.load(ape + ape_gap) * 1.4426950408889634
+    return tl.where(key_mask[None, :], s, float("-inf"))
+
+
+@triton.jit
 def softmax_tile(
     q_dot,
     k,
@@ -81,12 +112,7 @@ def softmax_tile(
     scores of q_dot against k, keys outside key_mask at -inf. Returns the tile's P @ V, P as the dot takes it
     (decode's copy-engine path multiplies it again), the factor that rescales the running sums, and the new l and
     m; the caller adds P @ V to its rescaled accumulator."""
-    s = tl.dot(q_dot, tl.trans(k.to(DOT_TY)), input_precision=DOT_PRECISION) * qk_scale
-    if HAS_APE:
-        # The page's temperature and scale (kernels/paged.py; `ape` points at the page's entry of the temperature
-        # row): s / T + ln S, in log2 units like s. Masked scores stay -inf below (1/T > 0).
-        s = s * tl.load(ape) + tl.load(ape + ape_gap) * 1.4426950408889634
-    s = tl.where(key_mask[None, :], s, float("-inf"))
+    s = tile_scores(q_dot, k, key_mask, ape, ape_gap, qk_scale, HAS_APE, DOT_TY, DOT_PRECISION)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     prob = tl.exp2(s - m_new[:, None])

@@ -46,6 +46,7 @@ from lazyattn.kernels.decode import DecodeConfig, decode_config
 from lazyattn.kernels.decode_tiles import (
     NEG_BIG,
     TL_DTYPES,
+    load_mask,
     masked_tile,
     merge_group,
     pair_layout,
@@ -387,10 +388,7 @@ def _shared_job_kernel(
                 key_mask = (slot >= first) & (slot < first + n_keys)
             else:
                 key_mask = slot < n_keys
-            if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-                tile_mask = key_mask[:, None]
-            else:
-                tile_mask = key_mask[:, None] & d_mask[None, :]
+            tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
             k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
             v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask).to(kv_ty)
             pv, _, alpha, l_i, m_new = softmax_tile(
