@@ -12,6 +12,9 @@ the page dtypes and ways taking turns (benchmarks/kernels.py, alternating), so t
 alike. Prints a markdown table, a row per case
 as it finishes: both times each way, FP8 / bf16 of each, and the largest difference between the two outputs (the FP8
 rounding of K and V, not the kernel's error: tests/kernels/test_fp8_attention.py has that).
+
+"FP8, V^T": the same FP8 pages with V stored transposed (a page's slots contiguous for each kv head and channel,
+decode.v_transposed), timed in the same rounds.
 """
 
 from __future__ import annotations
@@ -26,7 +29,20 @@ import benchmarks.kernels as bk
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
 from lazyattn.kernels.kv_dtype import FP8
 
-CASES = ((64, 4096), (32, 8192), (64, 8192), (8, 4096), (8, 32768), (64, 32768), (1, 8192), (1, 32768), (2, 32768))
+TRANSPOSED = "fp8, V transposed"  # the timers' key of FP8 pages with V stored transposed
+CASES = (
+    (64, 4096),
+    (32, 8192),
+    (64, 8192),
+    (8, 4096),
+    (8, 32768),
+    (64, 32768),
+    (1, 4096),
+    (1, 8192),
+    (4, 8192),
+    (1, 32768),
+    (2, 32768),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,10 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{name}, torch {torch.__version__}, Triton {version('triton')}, Python {platform.python_version()}")
     print()
     print(
-        "| batch × context | bf16 graphs µs | FP8 graphs µs | FP8 / bf16 graphs | bf16 eager µs | FP8 eager µs "
-        "| FP8 / bf16 eager | max abs(FP8 − bf16) |"
+        "| batch × context | bf16 graphs µs | FP8 graphs µs | FP8 / bf16 graphs | FP8, V^T graphs µs "
+        "| FP8, V^T / bf16 graphs | bf16 eager µs | FP8 eager µs | FP8 / bf16 eager | FP8, V^T eager µs "
+        "| FP8, V^T / bf16 eager | max abs(FP8 − bf16) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     bf16 = torch.bfloat16
     for batch, ctx in cases:
         timers, outs, held = {}, {}, []
@@ -54,12 +71,28 @@ def main(argv: list[str] | None = None) -> None:
             outs[dtype] = decode(*inputs[0], b.tables, b.scale).float()
             calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]
             timers |= bk.both_ways(b, calls, dtype)
+            if dtype == FP8:
+                # the same pages with V transposed: [pages, slots, heads, d] views of [pages, heads, d, slots]
+                done: dict[int, torch.Tensor] = {}  # inputs may share one pool: one transposed copy of each
+                for _, _, v, _ in inputs:
+                    if id(v) not in done:
+                        done[id(v)] = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+                moved = [(q, k, done[id(v)], pb) for q, k, v, pb in inputs]
+                held.append(moved)
+                outs[TRANSPOSED] = decode(*moved[0], b.tables, b.scale).float()
+                calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in moved]
+                timers |= bk.both_ways(b, calls, TRANSPOSED)
         graph, eager = bk.by_way(bk.alternating(timers, args.rounds))
         del held, timers
         bk.free_memory()
         diff = (outs[FP8] - outs[bf16]).abs().max().item()
-        cells = [f"{batch} × {ctx:,}", f"{graph[bf16]:,.1f}", f"{graph[FP8]:,.1f}", f"{graph[FP8] / graph[bf16]:.2f}"]
-        cells += [f"{eager[bf16]:,.1f}", f"{eager[FP8]:,.1f}", f"{eager[FP8] / eager[bf16]:.2f}", f"{diff:.3g}"]
+        if not torch.allclose(outs[TRANSPOSED], outs[FP8], rtol=0, atol=1e-3):
+            raise AssertionError(f"{batch} x {ctx}: V transposed gives another result than V as K is stored")
+        cells = [f"{batch} × {ctx:,}"]
+        for times in (graph, eager):
+            cells += [f"{times[bf16]:,.1f}", f"{times[FP8]:,.1f}", f"{times[FP8] / times[bf16]:.2f}"]
+            cells += [f"{times[TRANSPOSED]:,.1f}", f"{times[TRANSPOSED] / times[bf16]:.2f}"]
+        cells.append(f"{diff:.3g}")
         print("| " + " | ".join(cells) + " |", flush=True)
 
 

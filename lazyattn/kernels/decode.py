@@ -102,6 +102,7 @@ def decode_config(
     programs_per_sm: float = 0.0,
     copy_engine: bool = False,
     pages_per_split: int = 0,
+    v_transposed: bool = False,
 ) -> DecodeConfig:
     """Launch config per (head_dim, dtype, page_size) and grid size (programs per SM).
 
@@ -136,6 +137,8 @@ def decode_config(
         buffers = min(4, buffers + 1)
     cap = 168 if head_dim <= 128 and row_bytes == 2 * head_dim else None
     tma = 2 if copy_engine and (programs_per_sm < 2 or is_fp8(dtype)) else 0
+    if is_fp8(dtype) and v_transposed:
+        return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, maxnreg=cap, tma=tma)
     if is_fp8(dtype) and pages_per_split >= _PAIR_PAGES:
         return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, maxnreg=cap, tma=tma, pair=True)
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap, tma=tma)
@@ -275,6 +278,7 @@ def _decode_split_kernel(
     stride_vp,
     stride_vt,
     stride_vh,
+    stride_vd,
     stride_ob,
     stride_oh,
     stride_pages,
@@ -306,6 +310,7 @@ def _decode_split_kernel(
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
     TMA: tl.constexpr,
+    V_T: tl.constexpr,
     USE_PDL: tl.constexpr,
     TILE_TY: tl.constexpr,
     PAIR: tl.constexpr,
@@ -349,6 +354,7 @@ def _decode_split_kernel(
             stride_vp,
             stride_vt,
             stride_vh,
+            stride_vd,
             stride_ob,
             stride_oh,
             stride_pages,
@@ -382,6 +388,7 @@ def _decode_split_kernel(
             HAS_FIRST,
             HAS_APE,
             TMA,
+            V_T,
             USE_PDL,
             TILE_TY,
             PAIR,
@@ -426,6 +433,7 @@ def _decode_split(
     stride_vp,
     stride_vt,
     stride_vh,
+    stride_vd,
     stride_ob,
     stride_oh,
     stride_pages,
@@ -459,6 +467,7 @@ def _decode_split(
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
     TMA: tl.constexpr,
+    V_T: tl.constexpr,
     USE_PDL: tl.constexpr,
     TILE_TY: tl.constexpr,
     PAIR: tl.constexpr,
@@ -480,10 +489,15 @@ def _decode_split(
     head_row = (kv_head * stride_kh) // stride_kt
     head_col = (kv_head * stride_kh) % stride_kt
     rows_per_page = stride_kp // stride_kt
+    # V pages stored transposed (V_T: a page's slots contiguous for each kv head and channel) are seen as rows of
+    # stride_vd slots, one row per (page, kv head, channel).
+    v_head_row = (kv_head * stride_vh) // stride_vd
+    v_rows_per_page = stride_vp // stride_vd
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     d_mask = d < HEAD_DIM
+    d_v = d * stride_vd  # V's channel offsets (1 apart unless its pages are stored transposed)
     if APPLY_DELTA:
         # The deltas of the split's first and last pages and their cos/sin rows. A split holds one document or the
         # end of one and the start of the next, so these two rotations are all most programs need (a third delta,
@@ -624,8 +638,8 @@ def _decode_split(
             row_b = (page_b * rows_per_page + head_row).to(tl.int32) + ((t + 1) % TILES_PER_PAGE) * BLOCK_N
             k_a = _load_tile(k_desc, k_base, page_a, stride_kp, slot_a, stride_kt, d, tm_a, row_a, head_col, TMA >= 1)
             k_b = _load_tile(k_desc, k_base, page_b, stride_kp, slot_b, stride_kt, d, tm_b, row_b, head_col, TMA >= 1)
-            v_a = _load_tile(v_desc, v_base, page_a, stride_vp, slot_a, stride_vt, d, tm_a, row_a, head_col, TMA >= 2)
-            v_b = _load_tile(v_desc, v_base, page_b, stride_vp, slot_b, stride_vt, d, tm_b, row_b, head_col, TMA >= 2)
+            v_a = _load_tile(v_desc, v_base, page_a, stride_vp, slot_a, stride_vt, d_v, tm_a, row_a, head_col, TMA >= 2)
+            v_b = _load_tile(v_desc, v_base, page_b, stride_vp, slot_b, stride_vt, d_v, tm_b, row_b, head_col, TMA >= 2)
             s_a = tile_scores(
                 q_a,
                 k_a.to(kv_ty),
@@ -660,8 +674,8 @@ def _decode_split(
             if TMA == 2:  # noqa: SIM102 (TMA is a compile-time branch)
                 # As in the one-tile step below: V by the copy engine holds the page padding too.
                 if not (whole_a & whole_b):
-                    vm_a = masked_tile(v_base, page_a, stride_vp, slot_a, stride_vt, d, tm_a)
-                    vm_b = masked_tile(v_base, page_b, stride_vp, slot_b, stride_vt, d, tm_b)
+                    vm_a = masked_tile(v_base, page_a, stride_vp, slot_a, stride_vt, d_v, tm_a)
+                    vm_b = masked_tile(v_base, page_b, stride_vp, slot_b, stride_vt, d_v, tm_b)
                     pv = tl.dot(pa, vm_a.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
                     pv = tl.dot(pb, vm_b.to(kv_ty).to(DOT_TY), acc=pv, input_precision=DOT_PRECISION)
             acc = acc * alpha[:, None] + pv
@@ -704,10 +718,15 @@ def _decode_split(
                 k = k_desc.load([row, head_col]).to(kv_ty)
             else:
                 k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
-            if TMA >= 2:
+            if TMA >= 2 and V_T:
+                # [channels, slots] rows: K-major as the P·V product's second operand, so an FP8 tile reaches
+                # registers by matrix loads rather than byte by byte (docs/design.md, "FP8 KV cache").
+                v_row = (page * v_rows_per_page + v_head_row).to(tl.int32)
+                v = tl.trans(v_desc.load([v_row, (t % TILES_PER_PAGE) * BLOCK_N])).to(kv_ty)
+            elif TMA >= 2:
                 v = v_desc.load([row, head_col]).to(kv_ty)
             else:
-                v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask).to(kv_ty)
+                v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask).to(kv_ty)
             pv, p_dot, alpha, l_i, m_new = softmax_tile(
                 q_dot,
                 k,
@@ -733,7 +752,7 @@ def _decode_split(
                 else:
                     whole = slot0 + BLOCK_N <= n_keys
                 if not whole:
-                    v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask)
+                    v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask)
                     pv = tl.dot(p_dot, v_masked.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
@@ -873,8 +892,8 @@ def _check(
             f"{tuple(v_cache.shape)}: head_dim must match and Hq be a multiple of Hkv"
         )
     check_dtypes(q, k_cache, v_cache)
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
+    if k_cache.stride(-1) != 1 or not (v_cache.stride(-1) == 1 or v_transposed(v_cache)):
+        raise ValueError("k_cache needs a contiguous head_dim (stride 1), v_cache that or contiguous slots")
     rows = (batch.pages, batch.deltas, batch.valid, batch.starts) + (() if batch.firsts is None else (batch.firsts,))
     if any(t.stride(-1) != 1 for t in rows):
         raise ValueError("PagedBatch pages/deltas/valid/starts/firsts need contiguous rows")
@@ -890,6 +909,13 @@ def copy_engine_tiles(device: torch.device) -> bool:
     return envs.active().decode_tma and hopper_or_later(device)
 
 
+def v_transposed(v_cache: torch.Tensor) -> bool:
+    """Whether V's pages are stored transposed: a page's slots contiguous for each kv head and channel (stride 1
+    along slots, not along head_dim). Decode takes them as well as V stored as K is (docs/design.md, "FP8 KV
+    cache")."""
+    return v_cache.stride(1) == 1 and v_cache.stride(-1) != 1
+
+
 def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):
     """Tensor descriptors over the K and V caches for copy-engine tile loads, or None where the strides do not allow
     them. Each cache is seen as rows of stride(1) elements (one slot of one page): a tile is block_n rows starting at
@@ -898,8 +924,12 @@ def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int)
     pages, slots, heads, dim = k_cache.shape
     sp, st, sh, sd = k_cache.stride()
     size = k_cache.element_size()
+    if v_transposed(v_cache):
+        v_desc = _transposed_descriptor(v_cache, block_n)
+        if v_desc is None:
+            return None
     usable = (
-        k_cache.stride() == v_cache.stride()
+        (k_cache.stride() == v_cache.stride() or v_transposed(v_cache))
         and sd == 1
         and dim == triton.next_power_of_2(dim)
         and dim * size >= 16
@@ -922,9 +952,38 @@ def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int)
         return TensorDescriptor(flat, [rows, st], [st, 1], [block_n, dim])
 
     try:
-        return descriptor(k_cache), descriptor(v_cache)
+        return descriptor(k_cache), (v_desc if v_transposed(v_cache) else descriptor(v_cache))
     except RuntimeError:  # the rows view would run past the storage
         return None
+
+
+def _transposed_descriptor(v_cache: torch.Tensor, block_n: int):
+    """A descriptor over transposed V pages seen as rows of stride(3) slots, one per (page, kv head, channel): a tile
+    is [head_dim, block_n] at row page * stride(0) / stride(3) + kv_head * stride(2) / stride(3), column its first slot.
+    None where the strides do not allow it."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    pages, slots, heads, dim = v_cache.shape
+    sp, _, sh, sd = v_cache.stride()
+    size = v_cache.element_size()
+    usable = (
+        dim == triton.next_power_of_2(dim)
+        and block_n * size >= 16
+        and sd * size % 16 == 0
+        and slots <= sd
+        and sp % sd == 0
+        and sh % sd == 0
+        and v_cache.data_ptr() % 16 == 0
+    )
+    end = (pages - 1) * sp + (heads - 1) * sh + dim * sd  # one past the last row a tile reads
+    rows = cdiv(end, sd)
+    if not usable or rows >= 2**31:
+        return None
+    try:
+        flat = v_cache.as_strided((rows, sd), (sd, 1))
+    except RuntimeError:
+        return None
+    return TensorDescriptor(flat, [rows, sd], [sd, 1], [dim, block_n])
 
 
 def _default_rule(q: torch.Tensor, kv_heads: int) -> SplitRule:
@@ -979,7 +1038,9 @@ def decode_attention(
     if config is None:
         per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
         per_split = cdiv(max(1, batch.max_pages), num_splits)
-        config = decode_config(head_dim, k_cache.dtype, page_size, per_sm, copy_engine_tiles(q.device), per_split)
+        config = decode_config(
+            head_dim, k_cache.dtype, page_size, per_sm, copy_engine_tiles(q.device), per_split, v_transposed(v_cache)
+        )
     if page_size % config.block_n:
         raise ValueError(f"page_size {page_size} is not a multiple of the tile ({config.block_n} slots)")
     apply_delta = apply_delta and tables is not None
@@ -998,6 +1059,8 @@ def decode_attention(
             arrivals = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
         else:
             arrivals = counters.get(q.device, bsz * hkv)
+    if config.pair and v_transposed(v_cache):
+        raise ValueError("two tiles a step (DecodeConfig.pair) take V stored as K is, not transposed pages")
     descriptors = tile_descriptors(k_cache, v_cache, config.block_n) if config.tma else None
     k_desc, v_desc = descriptors or (k_cache, v_cache)  # placeholders when the tiles come by per-thread copies
     firsts = batch.starts if batch.firsts is None else batch.firsts  # a placeholder pointer without offsets
@@ -1037,7 +1100,7 @@ def decode_attention(
         q.stride(0),
         q.stride(1),
         *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
+        *v_cache.stride(),
         out.stride(0),
         out.stride(1),
         batch.pages.stride(0),
@@ -1069,6 +1132,7 @@ def decode_attention(
         HAS_FIRST=batch.firsts is not None,
         HAS_APE=batch.inv_temps is not None,
         TMA=config.tma if descriptors is not None else 0,
+        V_T=v_transposed(v_cache),
         TILE_TY=tile_ty,
         PAIR=config.pair,
         num_warps=config.num_warps,

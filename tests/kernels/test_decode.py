@@ -233,6 +233,52 @@ def test_two_tiles_a_step_by_copy_engine(tma):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
+def transposed(v_cache: torch.Tensor) -> torch.Tensor:
+    """V pages stored transposed (a page's slots contiguous for each kv head and channel), seen as [pages, slots,
+    heads, head_dim] like any V cache."""
+    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16)])
+@pytest.mark.parametrize("tma", [0, 1, 2])
+def test_transposed_v_pages(tma, page_size, block_n):
+    """V pages stored transposed give dense attention's result, by per-thread loads and by copy-engine tiles
+    ([channels, slots] rows), with NaN in every slot past a page's keys (masked tiles reload V, zeroed)."""
+    s = scenario("llama3", heads=(4, 2), page_size=page_size, seed=8, docs=[37, 16, 5, 64])
+    q, batch = s.decode()
+    s.poison_unlisted(batch)
+    v_t = transposed(s.v_cache)
+    assert decode.v_transposed(v_t) and not decode.v_transposed(s.v_cache)
+    assert torch.equal(v_t.nan_to_num(7.0), s.v_cache.nan_to_num(7.0))
+    if tma:
+        assert decode.tile_descriptors(s.k_cache, v_t, block_n) is not None
+    config = DecodeConfig(block_n=block_n, num_warps=4, num_stages=2, tma=tma)
+    for num_splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, s.k_cache, v_t, batch, s.tables, s.scale, num_splits=num_splits, config=config, out=out)
+        assert rel_err(out, dense_decode(s)) < 1e-5
+
+
+def test_transposed_v_pages_rules():
+    """Over transposed V pages decode takes one tile a step, in three stages, whatever the split's length; two tiles
+    a step asked for are refused, and a V cache with neither head_dim nor slots contiguous is too."""
+    from lazyattn.kernels.kv_dtype import FP8
+
+    for pages in (0, 64, 512):
+        config = decode.decode_config(128, FP8, 64, 1.9, copy_engine=True, pages_per_split=pages, v_transposed=True)
+        assert (config.pair, config.num_stages, config.tma) == (False, 3, 2)
+    s = scenario("llama3", heads=(4, 2), seed=8)
+    q, batch = s.decode()
+    v_t = transposed(s.v_cache)
+    paired = DecodeConfig(block_n=16, num_warps=4, num_stages=2, pair=True)
+    with pytest.raises(ValueError, match="transposed"):
+        decode_attention(q, s.k_cache, v_t, batch, s.tables, s.scale, config=paired)
+    pages, page_size, hkv, d = s.v_cache.shape
+    neither = torch.zeros(pages, page_size, hkv, 2 * d)[..., ::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        decode_attention(q, s.k_cache, neither, batch, s.tables, s.scale)
+
+
 def test_paired_tiles_rule():
     """decode_config pairs tiles over FP8 pages from 64 pages a split on (two stages of pairs), never over 16-bit
     pages."""
