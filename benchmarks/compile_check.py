@@ -325,17 +325,30 @@ def _prefill(
 
 
 def _short_prefill(
-    heads: Heads, tokens: int, entries: int, splits: int, engine: bool = False, kv_dtype: torch.dtype = BF16
+    heads: Heads,
+    tokens: int,
+    entries: int,
+    splits: int,
+    engine: bool = False,
+    kv_dtype: torch.dtype = BF16,
+    v_transposed: bool = False,
 ) -> None:
     """The warp-specialised Gluon kernel (kernels/prefill_hopper.py) over the RAG case. engine: as the engine's CUDA
-    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch."""
+    graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch;
+    v_transposed: V's pages stored transposed, as the pool stores FP8 pages' V."""
     kv = _pool(heads, 64, dtype=kv_dtype)
+    v = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
     with _pdl(prefill_hopper, engine):
         prefill_hopper.short_prefill_attention(
-            _cuda_looking(q), kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim**-0.5, splits
+            _cuda_looking(q), kv[0, 0], v, batch, _tables(heads), heads.dim**-0.5, splits
         )
+
+
+def _transposed(v_cache: torch.Tensor) -> torch.Tensor:
+    """V pages stored transposed (kernels/paged.py, v_transposed), seen as [pages, slots, heads, head_dim]."""
+    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 @contextlib.contextmanager
@@ -653,6 +666,15 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
                 f"fp8 short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}"
                 + (", relinked (firsts), PDL" if engine else ""),
                 lambda t=tokens, e=entries, n=splits, g=engine: _short_prefill(LLAMA_8B, t, e, n, g, kv_dtype=FP8),
+            )
+        )
+        out.append(
+            (
+                f"fp8 short prefill (Gluon) 8B page64 rag T={tokens} B={entries} splits={splits}, V transposed"
+                + (", relinked (firsts), PDL" if engine else ""),
+                lambda t=tokens, e=entries, n=splits, g=engine: _short_prefill(
+                    LLAMA_8B, t, e, n, g, kv_dtype=FP8, v_transposed=True
+                ),
             )
         )
     for n, k, config in _gemv_configs():

@@ -260,6 +260,16 @@ def run_case(rows: list[dict], label: dict, body: Callable[[], dict]) -> None:
         free_memory()
 
 
+def with_transposed_v(inputs: list[tuple]) -> list[tuple]:
+    """Cases' (q, k pages, v pages, ...) with V's pages stored transposed, as the engine's FP8 pools store them
+    (kernels/paged.py, layer_caches): one transposed copy of each V pool the cases share."""
+    done: dict[int, torch.Tensor] = {}
+    for case in inputs:
+        if id(case[2]) not in done:
+            done[id(case[2])] = case[2].permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    return [(*case[:2], done[id(case[2])], *case[3:]) for case in inputs]
+
+
 def free_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -72,12 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in inputs]
             timers |= bk.both_ways(b, calls, dtype)
             if dtype == FP8:
-                # the same pages with V transposed: [pages, slots, heads, d] views of [pages, heads, d, slots]
-                done: dict[int, torch.Tensor] = {}  # inputs may share one pool: one transposed copy of each
-                for _, _, v, _ in inputs:
-                    if id(v) not in done:
-                        done[id(v)] = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-                moved = [(q, k, done[id(v)], pb) for q, k, v, pb in inputs]
+                # the same pages with V stored transposed, as the engine's FP8 pools store them
+                moved = bk.with_transposed_v(inputs)
                 held.append(moved)
                 outs[TRANSPOSED] = decode(*moved[0], b.tables, b.scale).float()
                 calls = [lambda i=i: decode(*i, b.tables, b.scale) for i in moved]

@@ -3,22 +3,21 @@
     python -m benchmarks.kernels_fp8_prefill            # on the GPU: Llama-3.1-8B heads, pages of 64
     python -m benchmarks.kernels_fp8_prefill --quick    # a smoke run (CPU: Triton interpreter)
 
-Per case, the same inputs (one seed) rounded to each page dtype, then the attention launch the engine's GPU backend
-runs for the call (benchmarks/kernels.py's engine_attention: the Hopper kernel, kernels/prefill_hopper.py, where it
-takes the call, else prefill.py's; split as the engine's prefill graphs split it, engine_split), over input copies
-that consecutive calls never find in L2, timed two ways: as the engine's CUDA graphs run it (graph_timer: 32
-launches a graph, the median of 20 replays) and launched one by one (do_bench medians, `--rep` ms each; at small
-batches the host's launch of the Gluon kernel, not the GPU, sets that time). Each figure is the median of `--rounds`
-readings (default 5), the page dtypes and ways taking turns (benchmarks/kernels.py, alternating), so that drift
-over the run falls on both alike. Cases: the RAG
-prefill, batch x (5 x 2,048 cached documents at their deltas + a question of 32 or 512 tokens), and one causal
-sequence. Prints a markdown table (benchmarks/results/kernels_fp8_prefill_h200.md holds one), a row per case as it
-finishes: the kernel, both times for each page dtype, FP8 / bf16 of each, and the largest difference between the two
-outputs (the FP8 rounding of K and V, not the kernel's error: tests/kernels/test_prefill_hopper.py and
-test_fp8_attention.py have that). Calls that widen their FP8 pages before prefill.py's kernel (prefill.widens_first:
-long entries, launched eagerly; the engine captures no graph of them, and a capture widens only when asked, as here
-for the graph column) are also timed with the tiles widened in the kernel (`widen=False`), the way every FP8 call ran
-before, in graphs and eagerly.
+Per case, the same inputs (one seed) rounded to each page dtype, then the attention launch the engine's GPU backend runs
+for the call (benchmarks/kernels.py's engine_attention: the Hopper kernel, kernels/prefill_hopper.py, where it takes the
+call, else prefill.py's; split as the engine's prefill graphs split it, engine_split), FP8 pages with V's stored
+transposed as the engine's FP8 pools store them, over input copies that consecutive calls never find in L2, timed two
+ways: as the engine's CUDA graphs run it (graph_timer: 32 launches a graph, the median of 20 replays) and launched one
+by one (do_bench medians, `--rep` ms each; at small batches the host's launch of the Gluon kernel, not the GPU, sets
+that time). Each figure is the median of `--rounds` readings (default 5), the page dtypes and ways taking turns
+(benchmarks/kernels.py, alternating), so that drift over the run falls on both alike. Cases: the RAG prefill, batch x (5
+x 2,048 cached documents at their deltas + a question of 32 or 512 tokens), and one causal sequence. Prints a markdown
+table (benchmarks/results/kernels_fp8_prefill_h200.md holds one), a row per case as it finishes: the kernel, both times
+for each page dtype, FP8 / bf16 of each, and the largest difference between the two outputs (the FP8 rounding of K and
+V, not the kernel's error: tests/kernels/test_prefill_hopper.py and test_fp8_attention.py have that). Calls that widen
+their FP8 pages before prefill.py's kernel (prefill.widens_first: long entries, launched eagerly; the engine captures no
+graph of them, and a capture widens only when asked, as here for the graph column) are also timed with the tiles widened
+in the kernel (`widen=False`), the way every FP8 call ran before, in graphs and eagerly.
 """
 
 from __future__ import annotations
@@ -69,6 +68,8 @@ def main(argv: list[str] | None = None) -> None:
             bk.KV_DTYPE = dtype  # the pools benchmarks/kernels.py builds are rounded to it
             torch.manual_seed(1)  # the same values for both page dtypes
             inputs = [bk.engine_split(bench, *i) for i in _inputs(bench, batch, tokens)]
+            if dtype == FP8:  # V's pages stored transposed, as the engine's FP8 pools store them
+                inputs = bk.with_transposed_v(inputs)
             held.append(inputs)
             kernels[dtype] = "Hopper (Gluon)" if bk.hopper_takes(*inputs[0]) else "prefill.py"
             outs[dtype] = bk.engine_attention(bench, *inputs[0]).float()

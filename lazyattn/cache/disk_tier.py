@@ -98,12 +98,15 @@ class DiskTierStats:
         return self.bytes_read / self.read_seconds / 1e9 if self.read_seconds else 0.0
 
 
-def layout_id(model_fingerprint: str, device_kv: torch.Tensor) -> str:
-    """What a file's bytes mean: the model, the dtype and the page shape, in the payload's page-major order."""
+def layout_id(model_fingerprint: str, device_kv: torch.Tensor, v_transposed: bool = False) -> str:
+    """What a file's bytes mean: the model, the dtype and the page shape, in the payload's page-major order, and
+    whether V's pages are stored transposed (a page's slots contiguous for each kv head and channel, as the engine
+    stores FP8 pages' V: kernels/paged.py), so that files of either order never meet."""
     layers, two, _, page_size, heads, head_dim = device_kv.shape
+    v_order = " v=[kv_heads,head_dim,tokens]" if v_transposed else ""
     return (
         f"model={model_fingerprint} dtype={dtype_name(device_kv.dtype)} "
-        f"page=[layers={layers},kv={two},tokens={page_size},kv_heads={heads},head_dim={head_dim}]"
+        f"page=[layers={layers},kv={two},tokens={page_size},kv_heads={heads},head_dim={head_dim}]{v_order}"
     )
 
 
@@ -382,6 +385,7 @@ def make_disk_tier(
     device_kv: torch.Tensor,
     model_fingerprint: str,
     before_write: Callable[[list[int]], None] | None = None,
+    v_transposed: bool = False,
 ) -> DiskTier | None:
     """The engine's disk tier (`disk_cache_dir`, `disk_cache_gb`), or None: off, or a mode whose cached KV is not
     position-free (prefix mode's pages hold absolute positions; full mode caches nothing)."""
@@ -392,7 +396,7 @@ def make_disk_tier(
         config.disk_cache_dir,
         budget,
         device_kv,
-        layout_id(model_fingerprint, device_kv),
+        layout_id(model_fingerprint, device_kv, v_transposed),
         before_write,
         read_gbps=config.disk_read_gbps,
         always_read=config.disk_always_read,

@@ -51,6 +51,7 @@ from lazyattn.errors import (
     CheckpointError,
     InvalidRequestError,
 )
+from lazyattn.kernels.paged import transposes_v
 from lazyattn.model.byte_tokenizer import ByteTokenizer
 from lazyattn.model.tokenizer import TokenizerBase, load_tokenizer
 from lazyattn.model.tokenizer_cache import TokenizerCache
@@ -113,7 +114,9 @@ class LLMEngine:
         # The host tier copies a whole pool: not under tensor parallelism (EngineConfig refuses it).
         kv = self.executor.local_kv
         self.tier = make_host_tier(config, kv) if kv is not None else None
-        self.disk = make_disk_tier(config, kv, mc.fingerprint(), self._before_fill) if kv is not None else None
+        self.disk = None
+        if kv is not None:
+            self.disk = make_disk_tier(config, kv, mc.fingerprint(), self._before_fill, transposes_v(kv.dtype))
         self.cache = DocumentCache(self.pool, config.page_size, self.tier, self.disk)
         self.sampler = Sampler(deterministic=config.deterministic)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.device)

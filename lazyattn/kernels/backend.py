@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lazyattn.kernels import reference
-from lazyattn.kernels.paged import PagedBatch
+from lazyattn.kernels.paged import PagedBatch, layer_caches
 from lazyattn.kernels.rope import RopeTables, apply_rope
 
 if TYPE_CHECKING:  # the plan's module imports Triton, which the CPU backend does without
@@ -73,7 +73,7 @@ class ReferenceBackend(AttentionBackend):
     """Plain PyTorch: the CPU backend, and the ground truth."""
 
     def attend(self, layer, q, k, v, fb):
-        k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+        k_cache, v_cache = layer_caches(self.kv, layer)
         q = apply_rope(q, fb.positions, self.tables)
         k = apply_rope(k, fb.positions, self.tables)
         reference.write_kv(k, v, fb.slot_mapping, k_cache, v_cache)

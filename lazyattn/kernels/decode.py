@@ -72,7 +72,7 @@ from lazyattn.kernels.launch import (
     sm_count,
     wait_for_producers,
 )
-from lazyattn.kernels.paged import PagedBatch, cdiv
+from lazyattn.kernels.paged import PagedBatch, cdiv, v_transposed
 from lazyattn.kernels.rope import RopeTables
 
 # Batch-1 decode takes one program per SM while its splits stay this short (pages); see split_rule.
@@ -907,13 +907,6 @@ def copy_engine_tiles(device: torch.device) -> bool:
     """Whether decode_config may choose copy-engine tiles on `device`: a Hopper-or-later GPU (tensor-memory
     accelerator), not the interpreter, and LAZYATTN_DECODE_TMA not 0."""
     return envs.active().decode_tma and hopper_or_later(device)
-
-
-def v_transposed(v_cache: torch.Tensor) -> bool:
-    """Whether V's pages are stored transposed: a page's slots contiguous for each kv head and channel (stride 1
-    along slots, not along head_dim). Decode takes them as well as V stored as K is (docs/design.md, "FP8 KV
-    cache")."""
-    return v_cache.stride(1) == 1 and v_cache.stride(-1) != 1
 
 
 def tile_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int):

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lazyattn.kernels.kv_dtype import is_fp8
+
 # The longest entry the Hopper short-prefill kernel takes whatever it reads (kernels/prefill_hopper.py, MAX_QUESTION);
 # a longer one only where it is a question over placed documents (EntryPages.reads_documents). Here so that the
 # engine's host code counts those without importing Triton (engine/graph_inputs.py).
@@ -222,3 +224,28 @@ class PagedBatch:
             max_prompt_q=max((q for e, q in zip(entries, q_lens) if not e.reads_documents(q)), default=0),
             **({} if ape is None else dict(zip(("inv_temps", "log_scales"), ape.to(dev).unbind(0)))),
         )
+
+
+def v_transposed(v_cache: torch.Tensor) -> bool:
+    """Whether V's pages are stored transposed: a page's slots contiguous for each kv head and channel (stride 1
+    along slots, not along head_dim), as the page pool stores FP8 pages' V (docs/design.md, "FP8 KV cache")."""
+    return v_cache.stride(1) == 1 and v_cache.stride(-1) != 1
+
+
+def transposes_v(dtype: torch.dtype) -> bool:
+    """Whether a page pool of `dtype` stores V's pages transposed (`v_transposed`): FP8 pools. Their V tiles then reach
+    the P·V products by matrix loads, which transpose 16-bit elements only (docs/design.md, "FP8 KV cache")."""
+    return is_fp8(dtype)
+
+
+def layer_caches(kv: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `layer`'s K and V caches, [num_pages, page_size, kv_heads, head_dim] each, of the pool
+    [layers, 2, num_pages, page_size, kv_heads, head_dim] (cache/page_pool.py, either layout). Over a pool that
+    `transposes_v`, V is a view of the same bytes with each page's slots contiguous for each kv head and channel:
+    a page holds the same bytes in another order, so whatever copies whole pages (the tiers, block mode's copy) copies
+    V as it is."""
+    k, v = kv[layer, 0], kv[layer, 1]
+    if transposes_v(kv.dtype):
+        _, page_size, _, head_dim = v.shape
+        v = v.as_strided(v.shape, (kv.stride(2), 1, head_dim * page_size, page_size))
+    return k, v

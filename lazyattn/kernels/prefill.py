@@ -112,7 +112,7 @@ import triton.language as tl
 from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import LOG2E, interpreting, pdl_options, sm_count, wait_for_producers
 from lazyattn.kernels.page_scan import BLOCK_B, BLOCK_P, count_pages, entry_of_row, find_block, pick, run_deltas
-from lazyattn.kernels.paged import PagedBatch, cdiv
+from lazyattn.kernels.paged import PagedBatch, cdiv, v_transposed
 from lazyattn.kernels.prefill_plan import PLAN_WIDTH
 from lazyattn.kernels.prefill_tiles import attend_pages, derotated_q, kernel_chunks, load_q_tile, planned_chunks
 from lazyattn.kernels.rope import RopeTables
@@ -147,6 +147,7 @@ def _widen_pages_kernel(
     stride_kh,
     stride_vp,
     stride_vs,
+    stride_vd,
     stride_vh,
     stride_table,
     PAGE_SIZE: tl.constexpr,
@@ -166,7 +167,7 @@ def _widen_pages_kernel(
     wide = ((slot.to(tl.int64) * PAGE_SIZE + rows) * KV_HEADS + head) * HEAD_DIM + dims
     k = tl.load(K + page * stride_kp + rows * stride_ks + head * stride_kh + dims)
     tl.store(WideK + wide, k.to(WideK.dtype.element_ty))
-    v = tl.load(V + page * stride_vp + rows * stride_vs + head * stride_vh + dims)
+    v = tl.load(V + page * stride_vp + rows * stride_vs + head * stride_vh + dims * stride_vd)
     tl.store(WideV + wide, v.to(WideV.dtype.element_ty))
 
 
@@ -247,6 +248,7 @@ def _prefill_kernel(
     stride_kh,
     stride_vp,
     stride_vs,
+    stride_vd,
     stride_vh,
     stride_ot,
     stride_oh,
@@ -360,6 +362,7 @@ def _prefill_kernel(
                     stride_ks,
                     stride_vp,
                     stride_vs,
+                    stride_vd,
                     qk_scale,
                     HEAD_DIM,
                     PAGE_SIZE,
@@ -404,6 +407,7 @@ def _prefill_kernel(
                     stride_ks,
                     stride_vp,
                     stride_vs,
+                    stride_vd,
                     qk_scale,
                     HEAD_DIM,
                     PAGE_SIZE,
@@ -450,6 +454,7 @@ def _prefill_kernel(
                 stride_ks,
                 stride_vp,
                 stride_vs,
+                stride_vd,
                 qk_scale,
                 HEAD_DIM,
                 PAGE_SIZE,
@@ -488,6 +493,7 @@ def _prefill_kernel(
             stride_ks,
             stride_vp,
             stride_vs,
+            stride_vd,
             qk_scale,
             HEAD_DIM,
             PAGE_SIZE,
@@ -781,6 +787,7 @@ def widened_pages(
             k_cache.stride(2),
             v_cache.stride(0),
             v_cache.stride(1),
+            v_cache.stride(3),  # stride_vd
             v_cache.stride(2),
             batch.pages.stride(0),
             PAGE_SIZE=page_size,
@@ -887,6 +894,7 @@ def _kernel_args(
         k_cache.stride(2),
         v_cache.stride(0),
         v_cache.stride(1),
+        v_cache.stride(3),  # stride_vd
         v_cache.stride(2),
         out.stride(0),
         out.stride(1),
@@ -935,8 +943,8 @@ def _check_inputs(
         raise ValueError(f"prefill kernel needs a power-of-two head_dim in [16, 256], got {head_dim}")
     if page_size & (page_size - 1) or page_size < 16:
         raise ValueError(f"prefill kernel needs a power-of-two page_size >= 16, got {page_size}")
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k/v caches must be contiguous along head_dim")
+    if k_cache.stride(-1) != 1 or not (v_cache.stride(-1) == 1 or v_transposed(v_cache)):
+        raise ValueError("the k cache must be contiguous along head_dim, the v cache along head_dim or its slots")
     check_dtypes(q, k_cache, v_cache)
     if tables is not None and (
         tables.cos.shape[1] != head_dim // 2 or tables.cos.dtype != torch.float32 or tables.cos.device != q.device

@@ -89,7 +89,7 @@ from lazyattn import envs
 from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
 from lazyattn.kernels.page_scan import BLOCK_B, find_block
-from lazyattn.kernels.paged import HOPPER_MAX_QUESTION, PagedBatch, cdiv
+from lazyattn.kernels.paged import HOPPER_MAX_QUESTION, PagedBatch, cdiv, v_transposed
 from lazyattn.kernels.prefill import combine_kernel, query_slots
 from lazyattn.kernels.rope import RopeTables
 
@@ -159,7 +159,8 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batc
     pages, longest = k_cache.dtype, longest_prompt(batch)
     if not shape_supported(longest, q.shape[1], k_cache.shape[2], q.shape[2], pages, k_cache.shape[1], q.device):
         return False
-    return q.stride(2) == 1 and all(takes_layout(c) for c in (k_cache, v_cache))
+    v_ok = takes_layout(v_cache) or (is_fp8(pages) and takes_transposed_layout(v_cache))
+    return q.stride(2) == 1 and takes_layout(k_cache) and v_ok
 
 
 def longest_prompt(batch: PagedBatch) -> int:
@@ -203,6 +204,27 @@ def takes_layout(cache: torch.Tensor) -> bool:
     )
 
 
+def takes_transposed_layout(v_cache: torch.Tensor) -> bool:
+    """V's pages stored transposed, as the pool stores FP8 pages' V (kernels/paged.py, `v_transposed`): a page's slots
+    contiguous for each kv head and channel, pages one after another. The copy engine then reads a tile as a
+    [head_dim, 64] box of the [pages * heads * head_dim, 64] matrix."""
+    _, page_size, heads, dim = v_cache.shape
+    return (
+        v_cache.stride(1) == 1
+        and v_cache.stride(3) == page_size
+        and v_cache.stride(2) == dim * page_size
+        and v_cache.stride(0) == heads * dim * page_size
+        and v_cache.data_ptr() % 16 == 0
+    )
+
+
+def _transposed_descriptor(v_cache: torch.Tensor) -> TensorDescriptor:
+    pages, page_size, heads, dim = v_cache.shape
+    flat = v_cache.as_strided((pages * heads * dim, page_size), (page_size, 1))
+    layout = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, PAGE_SIZE], _GL_DTYPES[v_cache.dtype])
+    return TensorDescriptor(flat, [pages * heads * dim, page_size], [page_size, 1], [HEAD_DIM, PAGE_SIZE], layout)
+
+
 def _descriptor(cache: torch.Tensor) -> TensorDescriptor:
     pages, page_size, heads, dim = cache.shape
     flat = cache.as_strided((pages * page_size, heads * dim), (heads * dim, 1))
@@ -218,6 +240,11 @@ _warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 # A copy-engine load of a tile into shared memory: `async_copy_global_to_shared` in 3.6, `async_load` since.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
+
+# A warpgroup's layout of [head_dim, 64] V^T tiles (pages stored transposed): 32 rows of 64 slots a pass.
+_VT_LAYOUT = gl.constexpr(
+    gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4], warps_per_cta=[4, 1], order=[1, 0])
+)
 
 # The same numbers as constexprs, for the kernels.
 _KROWS = gl.constexpr(ROWS)
@@ -297,10 +324,16 @@ def _mask_v(v_tile, first, n_keys, layout: gl.constexpr):
     page that is not full. Those slots may hold anything, NaN included (kernels/paged.py), and a product carries a
     NaN through a probability of 0; the copy engine cannot skip them. Both consumers mask the tile they share, each
     before its own product: they write the same values, so neither can see the other's half-done writes as wrong."""
-    slots = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(1, layout))
-    keep = (slots >= first) & (slots < first + n_keys)
-    v = v_tile.load(layout)
-    v_tile.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
+    if v_tile.type.shape[0] != _KPAGE_SIZE:  # V^T, [head_dim, 64]: the slots are its columns
+        slots = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(0, _VT_LAYOUT))
+        keep = (slots >= first) & (slots < first + n_keys)
+        v = v_tile.load(_VT_LAYOUT)
+        v_tile.store(gl.where(keep[None, :], v, gl.zeros_like(v)))
+    else:
+        slots = gl.arange(0, _KPAGE_SIZE, layout=gl.SliceLayout(1, layout))
+        keep = (slots >= first) & (slots < first + n_keys)
+        v = v_tile.load(layout)
+        v_tile.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
     fence_async_shared()
     _warps_barrier()
 
@@ -368,6 +401,7 @@ def _consume(
     tiles, then its partial (split calls) or its output rows."""
     M: gl.constexpr = _KROWS // 2
     STAGE_COUNT: gl.constexpr = k_bufs.type.shape[0]
+    V_T: gl.constexpr = v_bufs.type.shape[1] != _KPAGE_SIZE  # V^T tiles, [head_dim, 64]: P·V reads them transposed
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _KPAGE_SIZE, 16]
     )
@@ -442,7 +476,10 @@ def _consume(
         next_stage = (t + 1) % STAGE_COUNT
         mbarrier.wait(ready.index(next_stage), ((t + 1) // STAGE_COUNT) & 1, pred=more)
         s = warpgroup_mma(q_smem, k_bufs.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+        if V_T:
+            acc = warpgroup_mma(p_op, v_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p_op, alpha, m_i, l_i = _softmax_tile(
             s, m_i, l_i, n_keys, first, key0, keys, q_pos, q_first, qk_scale, k_bufs.dtype, p_layout
@@ -534,15 +571,21 @@ def _widen_tiles(
     soon as it is widened: this warpgroup is its only reader."""
     LANDING: gl.constexpr = k_landed.type.shape[0]
     WIDE: gl.constexpr = k_bufs.type.shape[0]
+    V_T: gl.constexpr = v_landed.type.shape[1] != _KPAGE_SIZE  # V's pages stored transposed: [head_dim, 64] tiles
     tile_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
     column = kv_head * _KHEAD_DIM
+    v_head_row = kv_head * _KHEAD_DIM  # V^T: a page's rows for this kv head (the pages' rows: heads * head_dim)
+    v_page_rows = gl.num_programs(1) * _KHEAD_DIM
     _wait_for_producers()
     for i in gl.static_range(LANDING):
         has = i < n_tiles
         page = gl.load(pages_row + page_lo + i, mask=has, other=0)
         mbarrier.expect(landed.index(i), tile_bytes, pred=has)
         _tma_load(k_desc, [page * _KPAGE_SIZE, column], landed.index(i), k_landed.index(i), pred=has)
-        _tma_load(v_desc, [page * _KPAGE_SIZE, column], landed.index(i), v_landed.index(i), pred=has)
+        if V_T:
+            _tma_load(v_desc, [page * v_page_rows + v_head_row, 0], landed.index(i), v_landed.index(i), pred=has)
+        else:
+            _tma_load(v_desc, [page * _KPAGE_SIZE, column], landed.index(i), v_landed.index(i), pred=has)
     for t in range(n_tiles):
         # The page LANDING tiles ahead, which takes this tile's slot once it is widened.
         ahead = t + LANDING < n_tiles
@@ -560,7 +603,11 @@ def _widen_tiles(
         mbarrier.arrive(ready.index(stage), count=1)
         mbarrier.expect(landed.index(slot), tile_bytes, pred=ahead)
         _tma_load(k_desc, [page * _KPAGE_SIZE, column], landed.index(slot), k_landed.index(slot), pred=ahead)
-        _tma_load(v_desc, [page * _KPAGE_SIZE, column], landed.index(slot), v_landed.index(slot), pred=ahead)
+        if V_T:
+            v_row = page * v_page_rows + v_head_row
+            _tma_load(v_desc, [v_row, 0], landed.index(slot), v_landed.index(slot), pred=ahead)
+        else:
+            _tma_load(v_desc, [page * _KPAGE_SIZE, column], landed.index(slot), v_landed.index(slot), pred=ahead)
 
 
 @gluon.jit
@@ -573,9 +620,17 @@ def _widen(k_src, v_src, k_dst, v_dst):
     layout: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]
     )
-    for r in gl.static_range(0, _KPAGE_SIZE, CHUNK):
-        k_dst.slice(r, CHUNK).store(k_src.slice(r, CHUNK).load(layout).to(k_dst.dtype))
-        v_dst.slice(r, CHUNK).store(v_src.slice(r, CHUNK).load(layout).to(v_dst.dtype))
+    if v_src.type.shape[0] != _KPAGE_SIZE:
+        # V^T tiles, [head_dim, 64]: 32 rows a chunk, as many chunks as K's
+        V_CHUNK: gl.constexpr = 2 * CHUNK
+        for i in gl.static_range(_KPAGE_SIZE // CHUNK):
+            k_dst.slice(i * CHUNK, CHUNK).store(k_src.slice(i * CHUNK, CHUNK).load(layout).to(k_dst.dtype))
+            v_chunk = v_src.slice(i * V_CHUNK, V_CHUNK).load(_VT_LAYOUT)
+            v_dst.slice(i * V_CHUNK, V_CHUNK).store(v_chunk.to(v_dst.dtype))
+    else:
+        for r in gl.static_range(0, _KPAGE_SIZE, CHUNK):
+            k_dst.slice(r, CHUNK).store(k_src.slice(r, CHUNK).load(layout).to(k_dst.dtype))
+            v_dst.slice(r, CHUNK).store(v_src.slice(r, CHUNK).load(layout).to(v_dst.dtype))
 
 
 @gluon.jit
@@ -657,10 +712,14 @@ def _short_prefill_kernel(
         tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_KPAGE_SIZE, _KHEAD_DIM], TILE)
         stages: gl.constexpr = _KWIDE_STAGES
         k_bufs = gl.allocate_shared_memory(TILE, [stages, _KPAGE_SIZE, _KHEAD_DIM], tile_layout)
-        v_bufs = gl.allocate_shared_memory(TILE, [stages, _KPAGE_SIZE, _KHEAD_DIM], tile_layout)
+        # V's tiles as its descriptor reads them: [64, head_dim], or [head_dim, 64] from pages stored transposed
+        # (takes_transposed_layout), widened as they are and read by P·V through a transposed view.
+        v_tile: gl.constexpr = v_desc.block_type.shape
+        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([v_tile[0], v_tile[1]], TILE)
+        v_bufs = gl.allocate_shared_memory(TILE, [stages, v_tile[0], v_tile[1]], v_layout)
         page_dtype: gl.constexpr = k_desc.block_type.element_ty
         k_landed = gl.allocate_shared_memory(page_dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], k_desc.layout)
-        v_landed = gl.allocate_shared_memory(page_dtype, [_KSTAGES, _KPAGE_SIZE, _KHEAD_DIM], v_desc.layout)
+        v_landed = gl.allocate_shared_memory(page_dtype, [_KSTAGES, v_tile[0], v_tile[1]], v_desc.layout)
         landed = gl.allocate_shared_memory(gl.int64, [_KSTAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(_KSTAGES):
             mbarrier.init(landed.index(i), count=1)
@@ -823,7 +882,7 @@ def split_partials(
     _short_prefill_kernel[grid](
         q,
         _descriptor(k_cache),
-        _descriptor(v_cache),
+        _transposed_descriptor(v_cache) if v_transposed(v_cache) else _descriptor(v_cache),
         ws_o,
         ws_lse,
         cos,

@@ -156,6 +156,7 @@ def attend_pages(
     stride_ks,
     stride_vp,
     stride_vs,
+    stride_vd,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -233,7 +234,7 @@ def attend_pages(
         # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot). Pages narrower than
         # q (FP8, docs/design.md "FP8 KV cache") are widened to q's dtype, exactly, as they load.
         k = tl.load(k_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0).to(q.dtype)
-        v = tl.load(v_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_rows[:, None] + dims[None, :] * stride_vd, mask=in_page[:, None], other=0.0).to(q.dtype)
         qk = _dot(q, tl.trans(k), None, DOT_PRECISION, UPCAST)
         if t_masked:
             visible = in_page[None, :] & (key_pos[None, :] <= q_pos[:, None])
@@ -341,6 +342,7 @@ def _attend_chunk(
     stride_ks,
     stride_vp,
     stride_vs,
+    stride_vd,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -394,6 +396,7 @@ def _attend_chunk(
         stride_ks,
         stride_vp,
         stride_vs,
+        stride_vd,
         qk_scale,
         HEAD_DIM,
         PAGE_SIZE,
@@ -439,6 +442,7 @@ def _walk_chunks(
     stride_ks,
     stride_vp,
     stride_vs,
+    stride_vd,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -497,6 +501,7 @@ def _walk_chunks(
             stride_ks,
             stride_vp,
             stride_vs,
+            stride_vd,
             qk_scale,
             HEAD_DIM,
             PAGE_SIZE,
@@ -546,6 +551,7 @@ def kernel_chunks(
     stride_ks,
     stride_vp,
     stride_vs,
+    stride_vd,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -627,6 +633,7 @@ def kernel_chunks(
         stride_ks,
         stride_vp,
         stride_vs,
+        stride_vd,
         qk_scale,
         HEAD_DIM,
         PAGE_SIZE,
@@ -675,6 +682,7 @@ def planned_chunks(
     stride_ks,
     stride_vp,
     stride_vs,
+    stride_vd,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -727,6 +735,7 @@ def planned_chunks(
                 stride_ks,
                 stride_vp,
                 stride_vs,
+                stride_vd,
                 qk_scale,
                 HEAD_DIM,
                 PAGE_SIZE,

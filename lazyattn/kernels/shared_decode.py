@@ -55,7 +55,7 @@ from lazyattn.kernels.decode_tiles import (
 )
 from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import LOG2E, interpreting
-from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.paged import EntryPages, PagedBatch, v_transposed
 from lazyattn.kernels.rope import RopeTables
 
 # A job row's columns before the member columns: source entry, first page, end page, member count.
@@ -313,6 +313,7 @@ def _shared_job_kernel(
     stride_vp,
     stride_vt,
     stride_vh,
+    stride_vd,
     stride_job,
     stride_pages,
     stride_valid,
@@ -390,7 +391,7 @@ def _shared_job_kernel(
                 key_mask = slot < n_keys
             tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
             k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
-            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d, tile_mask).to(kv_ty)
+            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d * stride_vd, tile_mask).to(kv_ty)
             pv, _, alpha, l_i, m_new = softmax_tile(
                 q_dot,
                 k,
@@ -478,8 +479,8 @@ def shared_decode_attention(
     if k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim or hq % hkv:
         raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
     check_dtypes(q, k_cache, v_cache)
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache/v_cache need a contiguous head_dim (stride 1)")
+    if k_cache.stride(-1) != 1 or not (v_cache.stride(-1) == 1 or v_transposed(v_cache)):
+        raise ValueError("k_cache needs a contiguous head_dim (stride 1), v_cache that or contiguous slots")
     if plan.slot_start.numel() < bsz + 1:
         raise ValueError(f"the plan's slot_start holds {plan.slot_start.numel()} values, the batch needs {bsz + 1}")
     if plan.jobs.shape[1] != job_width(plan.members) or plan.jobs.stride(1) != 1:
@@ -532,7 +533,7 @@ def shared_decode_attention(
             q.stride(0),
             q.stride(1),
             *k_cache.stride()[:3],
-            *v_cache.stride()[:3],
+            *v_cache.stride(),
             plan.jobs.stride(0),
             batch.pages.stride(0),
             batch.valid.stride(0),

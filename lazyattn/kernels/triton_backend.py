@@ -27,6 +27,7 @@ from lazyattn.kernels import invariant, prefill_hopper
 from lazyattn.kernels.backend import AttentionBackend, ForwardBatch
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs
 from lazyattn.kernels.decode import ArrivalCounters, decode_attention
+from lazyattn.kernels.paged import layer_caches
 from lazyattn.kernels.prefill import prefill_attention, rotated_runs_for
 from lazyattn.kernels.rope import RopeTables
 from lazyattn.kernels.shared_decode import shared_decode_attention
@@ -42,7 +43,7 @@ class TritonBackend(AttentionBackend):
         self.counters = ArrivalCounters()
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+        k_cache, v_cache = layer_caches(self.kv, layer)
         if self.deterministic:  # one batch-invariant kernel for prefill and decode (kernels/invariant.py)
             q = rope_write_kv(q, k, v, fb.positions, fb.slot_mapping, k_cache, v_cache, self.tables)
             return invariant.paged_attention(q, k_cache, v_cache, fb.attn, self.tables, self.scale)

@@ -106,6 +106,27 @@ def test_disk_tier_reads_fp8_documents_back_byte_exact(layout, docs, seed):
         disk2.close()
 
 
+def test_files_of_either_v_order_never_meet(tmp_path):
+    """V's pages stored transposed (the engine's FP8 pools, kernels/paged.py) are the same bytes in another order: a
+    tier that stores V as K is finds no file written with V transposed, and the other way round."""
+    kv = pool()
+    written = DiskTier(str(tmp_path), 1 << 30, kv, layout_id("m", kv, v_transposed=True))
+    cache = DocumentCache(PagePool(PAGES), PAGE, written)
+    pages = encode(cache, kv, "doc", 2 * PAGE, seed=3)
+    written.flush()
+    written.close()
+    assert layout_id("m", kv, v_transposed=True) != layout_id("m", kv)
+    kv2 = pool()
+    other = DiskTier(str(tmp_path), 1 << 30, kv2, layout_id("m", kv2))
+    assert DocumentCache(PagePool(PAGES), PAGE, other).acquire("doc", 2 * PAGE)[1]  # new: no file of its order
+    assert other.stats().hits == 0 and other.stats().refused == 0
+    other.close()
+    same = DiskTier(str(tmp_path), 1 << 30, kv2, layout_id("m", kv2, v_transposed=True))
+    assert torch.equal(read_back(DocumentCache(PagePool(PAGES), PAGE, same), kv2, "doc", 2 * PAGE), pages)
+    assert same.stats().hits == 1
+    same.close()
+
+
 def test_an_fp8_file_holds_half_the_bytes_of_a_bfloat16_one_and_says_its_dtype(tmp_path):
     sizes = {}
     for dtype in (FP8, torch.bfloat16):
@@ -170,6 +191,7 @@ def test_engine_restart_with_fp8_host_and_disk_tiers_gives_the_same_tokens(tmp_p
 
     plain = run_all(engine("lazy", None, device, kv_cache_dtype="fp8_e4m3"))
     first = engine("lazy", str(tmp_path), device, host_cache_gb=0.001, kv_cache_dtype="fp8_e4m3")
+    assert first.engine.disk.layout.endswith(" v=[kv_heads,head_dim,tokens]")  # its V pages stored transposed
     assert run_all(first) == plain
     first.engine.shutdown()
     second = engine("lazy", str(tmp_path), device, host_cache_gb=0.001, kv_cache_dtype="fp8_e4m3")

@@ -11,6 +11,7 @@ read the rest of the document from its shared pages, skipping the shared copy's 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -137,6 +138,12 @@ class Scenario:
             lens.append(hi - lo)
             starts.append(lo)
         return torch.cat(qs), PagedBatch.build(entries, lens, starts, self.k_cache.device)
+
+    def with_transposed_v(self) -> Scenario:
+        """The same scenario with V's pages stored transposed (a page's slots contiguous for each kv head and
+        channel, as the pool stores FP8 pages' V), seen as [pages, slots, heads, head_dim] like any V cache."""
+        v_t = self.v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return dataclasses.replace(self, v_cache=v_t)
 
     def poison_unlisted(self, batch: PagedBatch) -> None:
         """NaN into every cache slot the batch does not list as a valid key (page tails, unused pages):

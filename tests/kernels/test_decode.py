@@ -233,12 +233,6 @@ def test_two_tiles_a_step_by_copy_engine(tma):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-def transposed(v_cache: torch.Tensor) -> torch.Tensor:
-    """V pages stored transposed (a page's slots contiguous for each kv head and channel), seen as [pages, slots,
-    heads, head_dim] like any V cache."""
-    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-
-
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16)])
 @pytest.mark.parametrize("tma", [0, 1, 2])
 def test_transposed_v_pages(tma, page_size, block_n):
@@ -247,7 +241,7 @@ def test_transposed_v_pages(tma, page_size, block_n):
     s = scenario("llama3", heads=(4, 2), page_size=page_size, seed=8, docs=[37, 16, 5, 64])
     q, batch = s.decode()
     s.poison_unlisted(batch)
-    v_t = transposed(s.v_cache)
+    v_t = s.with_transposed_v().v_cache
     assert decode.v_transposed(v_t) and not decode.v_transposed(s.v_cache)
     assert torch.equal(v_t.nan_to_num(7.0), s.v_cache.nan_to_num(7.0))
     if tma:
@@ -269,7 +263,7 @@ def test_transposed_v_pages_rules():
         assert (config.pair, config.num_stages, config.tma) == (False, 3, 2)
     s = scenario("llama3", heads=(4, 2), seed=8)
     q, batch = s.decode()
-    v_t = transposed(s.v_cache)
+    v_t = s.with_transposed_v().v_cache
     paired = DecodeConfig(block_n=16, num_warps=4, num_stages=2, pair=True)
     with pytest.raises(ValueError, match="transposed"):
         decode_attention(q, s.k_cache, v_t, batch, s.tables, s.scale, config=paired)

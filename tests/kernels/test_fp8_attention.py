@@ -227,6 +227,19 @@ def test_prefill_widened_first_gives_the_same_bits(splits, rotated):
         assert rel_err(widened, want) < 1e-2
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_prefill_over_transposed_v_pages(splits):
+    """FP8 V pages stored transposed (as the pool stores them): the same bits as V stored as K is, widened first and
+    tile by tile, over NaN-poisoned padding."""
+    s = fp8_scenario("llama3", (4, 2), dtype=torch.bfloat16, seed=10)
+    q, batch = s.final_prefill()
+    s.poison_unlisted(batch)
+    s_t = s.with_transposed_v()
+    for widen in (False, True):
+        want = prefilled(s, q, batch, num_splits=splits, widen=widen)
+        assert torch.equal(prefilled(s_t, q, batch, num_splits=splits, widen=widen), want)
+
+
 def test_which_prefill_calls_widen_first(monkeypatch):
     """FP8 pages under a 16-bit q, an entry of at least _WIDEN_MIN_ROWS query rows and _WIDEN_MIN_SCORES rows x
     keys, widened pages of at most _WIDEN_MAX_BYTES; never 16-bit pages or an fp32 q."""
@@ -299,8 +312,7 @@ def test_gpu_fp8_decode_transposed_v_pages(tma):
     q, batch = s.decode()
     want = reference_of(s, q, batch)
     s.poison_unlisted(batch)
-    v_t = s.v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    s_t = dataclasses.replace(s, v_cache=v_t)
+    s_t = s.with_transposed_v()
     for n in (None, 1, 3):
         config = dataclasses.replace(decode.decode_config(128, FP8, 64, v_transposed=True), tma=tma)
         assert rel_err(decoded(s_t, q, batch, num_splits=n, config=config), want) < 1e-2
@@ -314,8 +326,7 @@ def test_gpu_fp8_fp32_tight():
     assert rel_err(decoded(s, q, batch), reference_of(s, q, batch)) < 1e-5
     paired = decode.decode_config(128, FP8, 64, pages_per_split=64)
     assert rel_err(decoded(s, q, batch, config=paired), reference_of(s, q, batch)) < 1e-5
-    v_t = s.v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    assert rel_err(decoded(dataclasses.replace(s, v_cache=v_t), q, batch), reference_of(s, q, batch)) < 1e-5
+    assert rel_err(decoded(s.with_transposed_v(), q, batch), reference_of(s, q, batch)) < 1e-5
     q, batch = s.final_prefill()
     assert rel_err(prefilled(s, q, batch), reference_of(s, q, batch)) < 1e-5
 

@@ -57,6 +57,17 @@ def rows_of(batch: PagedBatch, entry: int) -> slice:
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("kv_dtype", [None, FP8])
+def test_transposed_v_pages_give_the_same_bits(backend, kv_dtype):
+    """V pages stored transposed (as the pool stores FP8 pages' V): every row the same bits as over V stored as K
+    is, prefill and decode."""
+    sc = scenario(torch.float32, kv_dtype=kv_dtype)
+    moved = sc.with_transposed_v()
+    for q, batch in (sc.final_prefill(), sc.decode()):
+        assert torch.equal(attention(backend, q, moved, batch), attention(backend, q, sc, batch))
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, FP8)])
 def test_attention_rows_do_not_depend_on_batch_or_chunking(backend, dtype, kv_dtype):
     """A final segment's rows: in a batch of three, alone, cut in chunks, and its last row as a decode step give the

@@ -286,6 +286,22 @@ def test_strided_pool_view():
     assert rel_err(out, ref(s, q, batch)) < 1e-5
 
 
+@pytest.mark.parametrize("splits", [None, 4])
+@pytest.mark.parametrize("config", [(64, 16), (32, 32)])
+def test_transposed_v_pages(config, splits):
+    """V pages stored transposed (a page's slots contiguous for each kv head and channel) give the reference's result,
+    with NaN in every slot past a page's keys, split and not, chunked prefill included."""
+    s = make_scenario(
+        DOCS, REQUESTS, q_heads=4, kv_heads=2, head_dim=64, page_size=16, tables=tables("llama3", 64), seed=4
+    )
+    for chunks in (None, [(0, 4), (3, 20), (0, 1)]):
+        q, batch = s.final_prefill(chunks)
+        want = ref(s, q, batch)
+        s.poison_unlisted(batch)
+        got = run(s.with_transposed_v(), q, batch, config=config, num_splits=splits)
+        assert rel_err(got, want) < 1e-5
+
+
 def test_large_deltas():
     """Deltas past 2^20 gather far rows of the cos/sin tables (the reference rotates by the same ones)."""
     big = (1 << 20) + 3000

@@ -22,7 +22,20 @@ def fp8_pages(s: Scenario) -> Scenario:
 
 
 def with_pages(s: Scenario, pages: str) -> Scenario:
+    """bf16 pages, FP8 pages, or FP8 pages with V stored transposed (as the pool stores them)."""
+    if pages == "fp8, V transposed":
+        return fp8_pages(s).with_transposed_v()
     return fp8_pages(s) if pages == "fp8" else s
+
+
+def test_transposed_v_pages_are_taken_over_fp8_pages_only():
+    """The copy engine reads V pages stored transposed as [head_dim, 64] boxes: the pool's FP8 layout
+    (kernels/paged.py, v_transposed); 16-bit pages keep V as K is."""
+    v = torch.zeros(3, 64, 8, 128, dtype=FP8)
+    v_t = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert prefill_hopper.takes_layout(v) and not prefill_hopper.takes_transposed_layout(v)
+    assert prefill_hopper.takes_transposed_layout(v_t) and not prefill_hopper.takes_layout(v_t)
+    assert not prefill_hopper.takes_transposed_layout(v_t[:, :32])  # half pages
 
 
 def test_a_cpu_call_is_turned_away():
@@ -121,7 +134,7 @@ def test_the_switch_and_the_cpu_turn_the_kernel_away(kernel_settings):
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
 @pytest.mark.parametrize("rope", ["llama3", "interleaved"])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+@pytest.mark.parametrize("pages", ["bf16", "fp8", "fp8, V transposed"])
 def test_gpu_every_tile_a_new_document(rope, splits, pages):
     """Documents of one page each (and a partial one), so that a program's Q is rotated again at nearly every tile,
     from the copy of q the kernel keeps in shared memory: half-split pairs (Llama) and interleaved pairs, whose
@@ -166,7 +179,7 @@ def test_gpu_lone_question_matches_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
 @pytest.mark.parametrize("k", [3, 64, 80])
-@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+@pytest.mark.parametrize("pages", ["bf16", "fp8", "fp8, V transposed"])
 def test_gpu_relinked_documents_match_reference(k, pages):
     """Relinked requests (kernels/paged.py): each shared document is listed from row k, its first k rows replaced by
     private pages, so its first listed page starts at slot k % 64 (k = 64 skips a whole page). Slots before the offset
@@ -283,7 +296,7 @@ def test_the_backend_offers_every_prefill_call_of_any_total(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
-@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+@pytest.mark.parametrize("pages", ["bf16", "fp8", "fp8, V transposed"])
 def test_gpu_many_questions_past_256_rows_match_reference(pages):
     """Twelve questions of 32 tokens and one of 7 over shared documents: 391 rows in one call, taken by this kernel
     (the longest question decides); a lone prompt of 300 tokens is left to prefill.py's."""
@@ -301,7 +314,7 @@ def test_gpu_many_questions_past_256_rows_match_reference(pages):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU")
-@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+@pytest.mark.parametrize("pages", ["bf16", "fp8", "fp8, V transposed"])
 def test_gpu_long_questions_over_placed_documents_match_reference(pages):
     """Questions of 384 and 600 rows over documents placed at other positions than they were encoded at (1,077 and
     2,048 keys at nonzero deltas), beside one of 32: taken by this kernel past MAX_QUESTION rows; the same 600 rows

@@ -266,6 +266,16 @@ def test_relinked_firsts():
     assert rel_err(out, ref) < 1e-5
 
 
+def test_transposed_v_pages():
+    """V pages stored transposed (a page's slots contiguous for each kv head and channel, as the pool stores FP8
+    pages' V) give the reference's result over V stored as K is, relinked firsts included."""
+    for s in (scenario(heads=(4, 2), seed=3), scenario(relink=5, seed=5)):
+        want = run(s)[1]
+        out, _, plan = run(s.with_transposed_v())
+        assert plan.shared_jobs >= 1
+        assert rel_err(out, want) < 1e-5
+
+
 def test_ape_temperatures():
     """Per-page 1/T and ln S, equal for every member of a shared document (set by the document, as the engine)."""
     s = scenario(seed=6)

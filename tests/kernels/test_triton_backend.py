@@ -9,7 +9,7 @@ import torch
 
 from lazyattn.cache.page_pool import allocate_kv
 from lazyattn.kernels.backend import ForwardBatch, ReferenceBackend
-from lazyattn.kernels.paged import EntryPages, PagedBatch
+from lazyattn.kernels.paged import EntryPages, PagedBatch, layer_caches
 from lazyattn.kernels.selector import make_backend
 from lazyattn.kernels.triton_backend import TritonBackend
 from tests.kernels.rope_cases import tables
@@ -54,11 +54,15 @@ def run_both(backends, fb: ForwardBatch, seed: int) -> None:
 
 
 def assert_same_pool(a, b) -> None:
-    """fp32 pools: tight; FP8 pools: the same values (both round an fp32 key the same way)."""
-    if a.kv.dtype == torch.float8_e4m3fn:
-        assert torch.equal(a.kv.float(), b.kv.float())
-    else:
-        torch.testing.assert_close(a.kv, b.kv, rtol=1e-5, atol=1e-5)
+    """fp32 pools: tight; FP8 pools: the same values (both round an fp32 key the same way). Compared as each
+    backend's layers see K and V (`layer_caches`): over FP8 pools V's pages are stored transposed, the same bytes in
+    another order, whose places in the pool's own view differ between its two layouts."""
+    for layer in range(LAYERS):
+        for got, want in zip(layer_caches(a.kv, layer), layer_caches(b.kv, layer), strict=True):
+            if a.kv.dtype == torch.float8_e4m3fn:
+                assert torch.equal(got.float(), want.float())
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -81,7 +85,10 @@ def check_backends(rope, layout, deterministic, kv_dtype=torch.float32):
     tab = tables(rope, DIM, max_position=256, device=DEVICE)
     gen = torch.Generator().manual_seed(0)
     kv = torch.randn(LAYERS, 2, 12, PAGE, HKV, DIM, generator=gen).to(kv_dtype).to(DEVICE)
-    triton_kv = allocate_kv(LAYERS, 12, PAGE, HKV, DIM, kv.dtype, DEVICE, layout).copy_(kv)
+    triton_kv = allocate_kv(LAYERS, 12, PAGE, HKV, DIM, kv.dtype, DEVICE, layout)
+    for layer in range(LAYERS):  # the same K and V as each backend's layers see them (assert_same_pool)
+        for dst, src in zip(layer_caches(triton_kv, layer), layer_caches(kv, layer), strict=True):
+            dst.copy_(src)
     backends = (
         TritonBackend(triton_kv, tab, DIM**-0.5, deterministic),
         ReferenceBackend(kv.clone(), tab, DIM**-0.5, deterministic),
