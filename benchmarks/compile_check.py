@@ -371,25 +371,25 @@ def _decode(
     pdl: bool = False,
     kv_dtype: torch.dtype = BF16,
     tma: int | None = None,
-    pair: bool = False,
+    v_transposed: bool = False,
 ) -> None:
     """pdl: launched as the engine launches it on a Hopper GPU (the page tables read before the wait); tma: the
     copy-engine tiles of decode_config's choice on Hopper below two programs per SM (the CPU here never chooses
-    them); pair: two tiles a step, decode_config's choice over FP8 pages for long splits."""
+    them); v_transposed: V's pages stored transposed, as the pool stores FP8 pages' V (the launcher's config)."""
     kv = _pool(heads, page_size, dtype=kv_dtype)
     tables = _tables(heads)
     q, k, v = _qkv(heads, batch.batch_size)
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
-    q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], kv[0, 1], tables)
+    v_cache = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], v_cache, tables)
     config = None
-    if tma is not None or pair:
-        config = decode.decode_config(heads.dim, kv_dtype, page_size, pages_per_split=1 << 20 if pair else 0)
-        config = dataclasses.replace(config, tma=config.tma if tma is None else tma)
+    if tma is not None:
+        config = dataclasses.replace(decode.decode_config(heads.dim, kv_dtype, page_size), tma=tma)
     with _pdl(decode, pdl):
         decode.decode_attention(
             _cuda_looking(q),
             kv[0, 0],
-            kv[0, 1],
+            v_cache,
             batch,
             tables,
             heads.dim**-0.5,
@@ -627,9 +627,9 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             )
         out.append(
             (
-                f"fp8 decode {h} page{ps} B=32 ctx~4096 paired tiles tma=2, PDL",
+                f"fp8 decode {h} page{ps} B=32 ctx~4096 V transposed, PDL",
                 lambda ps=ps: _decode(
-                    LLAMA_8B, ps, _decode_batch(ps, 32, 4096), pdl=True, tma=2, pair=True, kv_dtype=FP8
+                    LLAMA_8B, ps, _decode_batch(ps, 32, 4096), pdl=True, kv_dtype=FP8, v_transposed=True
                 ),
             )
         )

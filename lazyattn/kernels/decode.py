@@ -61,7 +61,6 @@ from lazyattn.kernels.decode_tiles import (
     rotate,
     rotation_rows,
     softmax_tile,
-    tile_scores,
 )
 from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import (
@@ -77,8 +76,6 @@ from lazyattn.kernels.rope import RopeTables
 
 # Batch-1 decode takes one program per SM while its splits stay this short (pages); see split_rule.
 _SHORT_SPLIT_PAGES = 16
-# Over FP8 pages a split of at least this many pages takes two tiles a step; see decode_config.
-_PAIR_PAGES = 64
 # The merge loads (query head, split) partials this many at a time: 64 rows of 128 fp32 are 64 registers a thread.
 _MERGE_ROWS = 64
 
@@ -92,7 +89,6 @@ class DecodeConfig:
     # Tiles by copy-engine loads where the caches' strides allow it (tile_descriptors): 1 K, 2 K and V (3: K and V
     # with page padding left in V, wrong where it holds NaN: only for probing); 0 per-thread copies.
     tma: int = 0
-    pair: bool = False  # two tiles a step of the online softmax (decode_config)
 
 
 def decode_config(
@@ -101,7 +97,6 @@ def decode_config(
     page_size: int,
     programs_per_sm: float = 0.0,
     copy_engine: bool = False,
-    pages_per_split: int = 0,
     v_transposed: bool = False,
 ) -> DecodeConfig:
     """Launch config per (head_dim, dtype, page_size) and grid size (programs per SM).
@@ -123,11 +118,9 @@ def decode_config(
     64) leaves room for two programs per SM instead of three, so larger grids over 16-bit pages keep per-thread
     copies. FP8 tiles are half the bytes: there copy-engine loads won at every grid measured (H200, batch 8-64).
 
-    pages_per_split (the pages a program of the grid's longest entry walks): over FP8 pages, from _PAIR_PAGES on, two
-    tiles a step (pair): one online-softmax update, and one rescale of the accumulator, per two tiles, in two stages of
-    tile pairs (the shared memory of two 16-bit tile pairs). On an H200 that beat the one-tile step from 64 pages a
-    split on and lost to it at 8-32; 16-bit tiles, twice the bytes, lost paired at every shape measured
-    (docs/benchmarks.md, "Kernel constants").
+    v_transposed (V's pages stored transposed, as the pool stores FP8 pages' V: paged.v_transposed): over FP8 pages,
+    three stages, the fastest or within 2 % of five and seven at every shape measured on an H200 (docs/benchmarks.md,
+    "Kernel constants").
     """
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     block_n = max(16, min(page_size, 16384 // row_bytes))
@@ -139,8 +132,6 @@ def decode_config(
     tma = 2 if copy_engine and (programs_per_sm < 2 or is_fp8(dtype)) else 0
     if is_fp8(dtype) and v_transposed:
         return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, maxnreg=cap, tma=tma)
-    if is_fp8(dtype) and pages_per_split >= _PAIR_PAGES:
-        return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, maxnreg=cap, tma=tma, pair=True)
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=buffers + 1, maxnreg=cap, tma=tma)
 
 
@@ -313,7 +304,6 @@ def _decode_split_kernel(
     V_T: tl.constexpr,
     USE_PDL: tl.constexpr,
     TILE_TY: tl.constexpr,
-    PAIR: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -391,7 +381,6 @@ def _decode_split_kernel(
             V_T,
             USE_PDL,
             TILE_TY,
-            PAIR,
         )
 
 
@@ -470,7 +459,6 @@ def _decode_split(
     V_T: tl.constexpr,
     USE_PDL: tl.constexpr,
     TILE_TY: tl.constexpr,
-    PAIR: tl.constexpr,
 ):
     """One program's split of one (entry, kv head): its pages' online softmax, then the partial's store and
     the merge by the last split, or the normalised output where the entry takes one split."""
@@ -536,226 +524,81 @@ def _decode_split(
     # iteration, it makes the K/V loads "indirect" and Triton's pipeliner then gives them one buffer
     # (no overlap of load and compute within a program); carried, they get num_stages - 1 buffers.
     # The other per-page metadata is scalar loads from small rows that stay in L1.
-    if PAIR:
-        # Two tiles a step (DecodeConfig.pair): one online-softmax update per 2 * BLOCK_N keys.
-        page_next_b = tl.load(
-            pages_ptr + entry * stride_pages + (t_lo + 1) // TILES_PER_PAGE, mask=t_lo + 1 < t_hi, other=0
+    for t in range(t_lo, t_hi):
+        p = t // TILES_PER_PAGE
+        page = page_next.to(tl.int64)
+        p_next = (t + 1) // TILES_PER_PAGE
+        page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
+        n_keys = tl.minimum(
+            tl.load(valid_ptr + entry * stride_valid + p),
+            q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p),
         )
-        for t in range(t_lo, t_hi, 2):
-            page_a = page_next.to(tl.int64)
-            page_b = page_next_b.to(tl.int64)
-            page_next = tl.load(
-                pages_ptr + entry * stride_pages + (t + 2) // TILES_PER_PAGE, mask=t + 2 < t_hi, other=0
-            )
-            page_next_b = tl.load(
-                pages_ptr + entry * stride_pages + (t + 3) // TILES_PER_PAGE, mask=t + 3 < t_hi, other=0
-            )
-            has_b = t + 1 < t_hi
-            p_a, slot_a, mask_a, whole_a = _tile_keys(
-                t,
-                True,
-                entry,
-                q_pos,
-                valid_ptr,
-                starts_ptr,
-                firsts_ptr,
-                stride_valid,
-                stride_starts,
-                stride_firsts,
-                n,
-                TILES_PER_PAGE,
-                BLOCK_N,
-                HAS_FIRST,
-            )
-            p_b, slot_b, mask_b, whole_b = _tile_keys(
-                t + 1,
-                has_b,
-                entry,
-                q_pos,
-                valid_ptr,
-                starts_ptr,
-                firsts_ptr,
-                stride_valid,
-                stride_starts,
-                stride_firsts,
-                n,
-                TILES_PER_PAGE,
-                BLOCK_N,
-                HAS_FIRST,
-            )
-            if APPLY_DELTA:
-                q_a, cur_delta = _query_for(
-                    p_a,
-                    True,
-                    q,
-                    q_partner,
-                    q_dot,
-                    cur_delta,
-                    delta_hi,
-                    cos_hi,
-                    sin_hi,
-                    deltas_ptr,
-                    cos_ptr,
-                    sin_ptr,
-                    entry,
-                    stride_deltas,
-                    stride_tab,
-                    pair,
-                    sign,
-                    d_mask,
-                    kv_ty,
-                    DOT_TY,
-                )
-                q_b, cur_delta = _query_for(
-                    p_b,
-                    has_b,
-                    q,
-                    q_partner,
-                    q_a,
-                    cur_delta,
-                    delta_hi,
-                    cos_hi,
-                    sin_hi,
-                    deltas_ptr,
-                    cos_ptr,
-                    sin_ptr,
-                    entry,
-                    stride_deltas,
-                    stride_tab,
-                    pair,
-                    sign,
-                    d_mask,
-                    kv_ty,
-                    DOT_TY,
-                )
-                q_dot = q_b
-            else:
-                q_a = q_dot
-                q_b = q_dot
-            tm_a = load_mask(mask_a, d_mask, HEAD_DIM, BLOCK_D)
-            tm_b = load_mask(mask_b, d_mask, HEAD_DIM, BLOCK_D)
-            row_a = (page_a * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
-            row_b = (page_b * rows_per_page + head_row).to(tl.int32) + ((t + 1) % TILES_PER_PAGE) * BLOCK_N
-            k_a = _load_tile(k_desc, k_base, page_a, stride_kp, slot_a, stride_kt, d, tm_a, row_a, head_col, TMA >= 1)
-            k_b = _load_tile(k_desc, k_base, page_b, stride_kp, slot_b, stride_kt, d, tm_b, row_b, head_col, TMA >= 1)
-            v_a = _load_tile(v_desc, v_base, page_a, stride_vp, slot_a, stride_vt, d_v, tm_a, row_a, head_col, TMA >= 2)
-            v_b = _load_tile(v_desc, v_base, page_b, stride_vp, slot_b, stride_vt, d_v, tm_b, row_b, head_col, TMA >= 2)
-            s_a = tile_scores(
-                q_a,
-                k_a.to(kv_ty),
-                mask_a,
-                ape_ptr + entry * stride_firsts + p_a,
-                ape_gap,
-                qk_scale,
-                HAS_APE,
-                DOT_TY,
-                DOT_PRECISION,
-            )
-            s_b = tile_scores(
-                q_b,
-                k_b.to(kv_ty),
-                mask_b,
-                ape_ptr + entry * stride_firsts + p_b,
-                ape_gap,
-                qk_scale,
-                HAS_APE,
-                DOT_TY,
-                DOT_PRECISION,
-            )
-            m_new = tl.maximum(m_i, tl.maximum(tl.max(s_a, 1), tl.max(s_b, 1)))
-            alpha = tl.exp2(m_i - m_new)
-            prob_a = tl.exp2(s_a - m_new[:, None])
-            prob_b = tl.exp2(s_b - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(prob_a, 1) + tl.sum(prob_b, 1)
-            pa = prob_a.to(kv_ty).to(DOT_TY)
-            pb = prob_b.to(kv_ty).to(DOT_TY)
-            pv = tl.dot(pa, v_a.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
-            pv = tl.dot(pb, v_b.to(kv_ty).to(DOT_TY), acc=pv, input_precision=DOT_PRECISION)
-            if TMA == 2:  # noqa: SIM102 (TMA is a compile-time branch)
-                # As in the one-tile step below: V by the copy engine holds the page padding too.
-                if not (whole_a & whole_b):
-                    vm_a = masked_tile(v_base, page_a, stride_vp, slot_a, stride_vt, d_v, tm_a)
-                    vm_b = masked_tile(v_base, page_b, stride_vp, slot_b, stride_vt, d_v, tm_b)
-                    pv = tl.dot(pa, vm_a.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
-                    pv = tl.dot(pb, vm_b.to(kv_ty).to(DOT_TY), acc=pv, input_precision=DOT_PRECISION)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-    else:
-        for t in range(t_lo, t_hi):
-            p = t // TILES_PER_PAGE
-            page = page_next.to(tl.int64)
-            p_next = (t + 1) // TILES_PER_PAGE
-            page_next = tl.load(pages_ptr + entry * stride_pages + p_next, mask=t + 1 < t_hi, other=0)
-            n_keys = tl.minimum(
-                tl.load(valid_ptr + entry * stride_valid + p),
-                q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p),
-            )
-            if APPLY_DELTA:
-                delta = tl.load(deltas_ptr + entry * stride_deltas + p)
-                if delta != cur_delta:
-                    if delta == delta_hi:
-                        q_dot = rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
-                    else:
-                        q_dot = (
-                            derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
-                            .to(kv_ty)
-                            .to(DOT_TY)
-                        )
-                    cur_delta = delta
-            slot = (t % TILES_PER_PAGE) * BLOCK_N + n
-            if HAS_FIRST:
-                # keys in slots [first, first + valid), at logical positions starts + slot - first
-                first = tl.load(firsts_ptr + entry * stride_firsts + p)
-                key_mask = (slot >= first) & (slot < first + n_keys)
-            else:
-                key_mask = slot < n_keys
-            tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
-            if TMA >= 1:
-                # K by one copy-engine load per tile (no per-thread addresses or masks). It reads the whole tile,
-                # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
-                # whatever K holds.
-                row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
-                k = k_desc.load([row, head_col]).to(kv_ty)
-            else:
-                k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
-            if TMA >= 2 and V_T:
-                # [channels, slots] rows: K-major as the P·V product's second operand, so an FP8 tile reaches
-                # registers by matrix loads rather than byte by byte (docs/design.md, "FP8 KV cache").
-                v_row = (page * v_rows_per_page + v_head_row).to(tl.int32)
-                v = tl.trans(v_desc.load([v_row, (t % TILES_PER_PAGE) * BLOCK_N])).to(kv_ty)
-            elif TMA >= 2:
-                v = v_desc.load([row, head_col]).to(kv_ty)
-            else:
-                v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask).to(kv_ty)
-            pv, p_dot, alpha, l_i, m_new = softmax_tile(
-                q_dot,
-                k,
-                v,
-                key_mask,
-                ape_ptr + entry * stride_firsts + p,
-                ape_gap,
-                qk_scale,
-                m_i,
-                l_i,
-                HAS_APE,
-                DOT_TY,
-                DOT_PRECISION,
-            )
-            if TMA == 2:
-                # V by the copy engine holds the page padding too, and 0 x NaN is NaN: a tile with masked slots takes
-                # the product again over V read by masked per-thread loads (from L2: the copy engine just brought it).
-                # Whole tiles (nearly all) multiply V as it landed; the unconditional first product keeps V in Triton's
-                # pipelined buffers. (TMA == 3, a probe's, leaves the padding in.)
-                slot0 = (t % TILES_PER_PAGE) * BLOCK_N
-                if HAS_FIRST:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-                    whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
+        if APPLY_DELTA:
+            delta = tl.load(deltas_ptr + entry * stride_deltas + p)
+            if delta != cur_delta:
+                if delta == delta_hi:
+                    q_dot = rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
                 else:
-                    whole = slot0 + BLOCK_N <= n_keys
-                if not whole:
-                    v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask)
-                    pv = tl.dot(p_dot, v_masked.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+                    q_dot = (
+                        derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask)
+                        .to(kv_ty)
+                        .to(DOT_TY)
+                    )
+                cur_delta = delta
+        slot = (t % TILES_PER_PAGE) * BLOCK_N + n
+        if HAS_FIRST:
+            # keys in slots [first, first + valid), at logical positions starts + slot - first
+            first = tl.load(firsts_ptr + entry * stride_firsts + p)
+            key_mask = (slot >= first) & (slot < first + n_keys)
+        else:
+            key_mask = slot < n_keys
+        tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
+        if TMA >= 1:
+            # K by one copy-engine load per tile (no per-thread addresses or masks). It reads the whole tile,
+            # page padding too, which may hold anything (NaN included): harmless, masked scores are -inf
+            # whatever K holds.
+            row = (page * rows_per_page + head_row).to(tl.int32) + (t % TILES_PER_PAGE) * BLOCK_N
+            k = k_desc.load([row, head_col]).to(kv_ty)
+        else:
+            k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
+        if TMA >= 2 and V_T:
+            # [channels, slots] rows: K-major as the P·V product's second operand, so an FP8 tile reaches
+            # registers by matrix loads rather than byte by byte (docs/design.md, "FP8 KV cache").
+            v_row = (page * v_rows_per_page + v_head_row).to(tl.int32)
+            v = tl.trans(v_desc.load([v_row, (t % TILES_PER_PAGE) * BLOCK_N])).to(kv_ty)
+        elif TMA >= 2:
+            v = v_desc.load([row, head_col]).to(kv_ty)
+        else:
+            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask).to(kv_ty)
+        pv, p_dot, alpha, l_i, m_new = softmax_tile(
+            q_dot,
+            k,
+            v,
+            key_mask,
+            ape_ptr + entry * stride_firsts + p,
+            ape_gap,
+            qk_scale,
+            m_i,
+            l_i,
+            HAS_APE,
+            DOT_TY,
+            DOT_PRECISION,
+        )
+        if TMA == 2:
+            # V by the copy engine holds the page padding too, and 0 x NaN is NaN: a tile with masked slots takes
+            # the product again over V read by masked per-thread loads (from L2: the copy engine just brought it).
+            # Whole tiles (nearly all) multiply V as it landed; the unconditional first product keeps V in Triton's
+            # pipelined buffers. (TMA == 3, a probe's, leaves the padding in.)
+            slot0 = (t % TILES_PER_PAGE) * BLOCK_N
+            if HAS_FIRST:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+                whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
+            else:
+                whole = slot0 + BLOCK_N <= n_keys
+            if not whole:
+                v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask)
+                pv = tl.dot(p_dot, v_masked.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
 
     if DIRECT or splits == 1:
         # One split: normalise here and skip the merge. l_i is 0 only for an entry without keys, which
@@ -790,89 +633,6 @@ def _decode_split(
                 BLOCK_D,
             )
             tl.store(counter, 0)
-
-
-@triton.jit
-def _tile_keys(
-    t,
-    present,
-    entry,
-    q_pos,
-    valid_ptr,
-    starts_ptr,
-    firsts_ptr,
-    stride_valid,
-    stride_starts,
-    stride_firsts,
-    n,
-    TILES_PER_PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_FIRST: tl.constexpr,
-):
-    """Tile t's page index p in the entry's table, its slots, which of them hold keys the query sees, and whether all
-    do. A tile not `present` (past the split's range) has no keys and reads no table."""
-    p = t // TILES_PER_PAGE
-    n_keys = tl.minimum(
-        tl.load(valid_ptr + entry * stride_valid + p, mask=present, other=0),
-        q_pos + 1 - tl.load(starts_ptr + entry * stride_starts + p, mask=present, other=0),
-    )
-    slot0 = (t % TILES_PER_PAGE) * BLOCK_N
-    slot = slot0 + n
-    if HAS_FIRST:
-        # keys in slots [first, first + valid), at logical positions starts + slot - first
-        first = tl.load(firsts_ptr + entry * stride_firsts + p, mask=present, other=0)
-        key_mask = (slot >= first) & (slot < first + n_keys)
-        whole = (slot0 >= first) & (slot0 + BLOCK_N <= first + n_keys)
-    else:
-        key_mask = slot < n_keys
-        whole = slot0 + BLOCK_N <= n_keys
-    return p, slot, key_mask, whole
-
-
-@triton.jit
-def _load_tile(
-    desc, base, page, stride_page, slot, stride_slot, d, tile_mask, row, head_col, COPY_ENGINE: tl.constexpr
-):
-    """A K or V tile: by one copy-engine load (the whole tile, page padding too) or by masked per-thread loads."""
-    if COPY_ENGINE:
-        tile = desc.load([row, head_col])
-    else:
-        tile = masked_tile(base, page, stride_page, slot, stride_slot, d, tile_mask)
-    return tile
-
-
-@triton.jit
-def _query_for(
-    p,
-    present,
-    q,
-    q_partner,
-    q_dot,
-    cur_delta,
-    delta_hi,
-    cos_hi,
-    sin_hi,
-    deltas_ptr,
-    cos_ptr,
-    sin_ptr,
-    entry,
-    stride_deltas,
-    stride_tab,
-    pair,
-    sign,
-    d_mask,
-    kv_ty: tl.constexpr,
-    DOT_TY: tl.constexpr,
-):
-    """The query rotated by -delta of page p, and that delta: q_dot as it is unless p's delta differs from cur_delta
-    (the split's last delta's rows are in registers; a third delta loads its own)."""
-    delta = tl.load(deltas_ptr + entry * stride_deltas + p, mask=present, other=cur_delta)
-    if delta != cur_delta:
-        if delta == delta_hi:
-            q_dot = rotate(q, q_partner, cos_hi, sin_hi).to(kv_ty).to(DOT_TY)
-        else:
-            q_dot = derotate(q, q_partner, cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask).to(kv_ty).to(DOT_TY)
-    return q_dot, delta
 
 
 def _check(
@@ -1030,9 +790,8 @@ def decode_attention(
         rule = SplitRule.fixed(num_splits)
     if config is None:
         per_sm = bsz * hkv * num_splits / sm_count(q.device) if q.is_cuda else 0.0
-        per_split = cdiv(max(1, batch.max_pages), num_splits)
         config = decode_config(
-            head_dim, k_cache.dtype, page_size, per_sm, copy_engine_tiles(q.device), per_split, v_transposed(v_cache)
+            head_dim, k_cache.dtype, page_size, per_sm, copy_engine_tiles(q.device), v_transposed(v_cache)
         )
     if page_size % config.block_n:
         raise ValueError(f"page_size {page_size} is not a multiple of the tile ({config.block_n} slots)")
@@ -1052,8 +811,6 @@ def decode_attention(
             arrivals = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
         else:
             arrivals = counters.get(q.device, bsz * hkv)
-    if config.pair and v_transposed(v_cache):
-        raise ValueError("two tiles a step (DecodeConfig.pair) take V stored as K is, not transposed pages")
     descriptors = tile_descriptors(k_cache, v_cache, config.block_n) if config.tma else None
     k_desc, v_desc = descriptors or (k_cache, v_cache)  # placeholders when the tiles come by per-thread copies
     firsts = batch.starts if batch.firsts is None else batch.firsts  # a placeholder pointer without offsets
@@ -1127,7 +884,6 @@ def decode_attention(
         TMA=config.tma if descriptors is not None else 0,
         V_T=v_transposed(v_cache),
         TILE_TY=tile_ty,
-        PAIR=config.pair,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **regs,

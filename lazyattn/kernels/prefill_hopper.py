@@ -195,13 +195,7 @@ def takes_layout(cache: torch.Tensor) -> bool:
     """A page's slots, heads and dims contiguous (the pool's `token` layout, cache/page_pool.py): the copy engine then
     reads a tile as a [64, head_dim] box of the [pages * 64, heads * head_dim] matrix."""
     _, page_size, heads, dim = cache.shape
-    return (
-        cache.stride(3) == 1
-        and cache.stride(2) == dim
-        and cache.stride(1) == heads * dim
-        and cache.stride(0) == page_size * heads * dim
-        and cache.data_ptr() % 16 == 0
-    )
+    return cache.stride() == (page_size * heads * dim, heads * dim, dim, 1) and cache.data_ptr() % 16 == 0
 
 
 def takes_transposed_layout(v_cache: torch.Tensor) -> bool:
@@ -209,27 +203,18 @@ def takes_transposed_layout(v_cache: torch.Tensor) -> bool:
     contiguous for each kv head and channel, pages one after another. The copy engine then reads a tile as a
     [head_dim, 64] box of the [pages * heads * head_dim, 64] matrix."""
     _, page_size, heads, dim = v_cache.shape
-    return (
-        v_cache.stride(1) == 1
-        and v_cache.stride(3) == page_size
-        and v_cache.stride(2) == dim * page_size
-        and v_cache.stride(0) == heads * dim * page_size
-        and v_cache.data_ptr() % 16 == 0
-    )
-
-
-def _transposed_descriptor(v_cache: torch.Tensor) -> TensorDescriptor:
-    pages, page_size, heads, dim = v_cache.shape
-    flat = v_cache.as_strided((pages * heads * dim, page_size), (page_size, 1))
-    layout = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, PAGE_SIZE], _GL_DTYPES[v_cache.dtype])
-    return TensorDescriptor(flat, [pages * heads * dim, page_size], [page_size, 1], [HEAD_DIM, PAGE_SIZE], layout)
+    return v_cache.stride() == (heads * dim * page_size, 1, dim * page_size, page_size) and v_cache.data_ptr() % 16 == 0
 
 
 def _descriptor(cache: torch.Tensor) -> TensorDescriptor:
+    """The copy engine's view of a cache that `takes_layout` or `takes_transposed_layout`."""
     pages, page_size, heads, dim = cache.shape
-    flat = cache.as_strided((pages * page_size, heads * dim), (heads * dim, 1))
-    layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, HEAD_DIM], _GL_DTYPES[cache.dtype])
-    return TensorDescriptor(flat, [pages * page_size, heads * dim], [heads * dim, 1], [PAGE_SIZE, HEAD_DIM], layout)
+    rows, cols, box = pages * page_size, heads * dim, [PAGE_SIZE, HEAD_DIM]
+    if v_transposed(cache):
+        rows, cols, box = pages * heads * dim, page_size, [HEAD_DIM, PAGE_SIZE]
+    flat = cache.as_strided((rows, cols), (cols, 1))
+    layout = gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPES[cache.dtype])
+    return TensorDescriptor(flat, [rows, cols], [cols, 1], box, layout)
 
 
 _Q_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -882,7 +867,7 @@ def split_partials(
     _short_prefill_kernel[grid](
         q,
         _descriptor(k_cache),
-        _transposed_descriptor(v_cache) if v_transposed(v_cache) else _descriptor(v_cache),
+        _descriptor(v_cache),
         ws_o,
         ws_lse,
         cos,

@@ -204,35 +204,6 @@ def test_copy_engine_tiles(tma, layout):
     assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3])
-@pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16)])
-def test_two_tiles_a_step(num_splits, page_size, block_n):
-    """DecodeConfig.pair: each online-softmax step takes two tiles (of one page or two, at their own deltas); an odd
-    tile count leaves the last step one tile."""
-    cfg = DecodeConfig(block_n=block_n, num_warps=4, num_stages=2, pair=True)
-    s = scenario("llama3", heads=(4, 2), page_size=page_size, seed=5, docs=[70, 33, 5, 16])
-    out, ref = run(s, num_splits=num_splits, config=cfg)
-    assert rel_err(out, ref) < 1e-5
-    assert rel_err(out, dense_decode(s)) < 1e-5
-
-
-@pytest.mark.parametrize("tma", [1, 2])
-def test_two_tiles_a_step_by_copy_engine(tma):
-    """Paired tiles by copy-engine loads never let the NaN of page padding through."""
-    from lazyattn.cache.page_pool import allocate_kv
-
-    s = scenario("llama3", heads=(4, 2), seed=8, docs=[37, 16, 5, 64])
-    q, batch = s.decode()
-    s.poison_unlisted(batch)
-    pages, page_size, hkv, d = s.k_cache.shape
-    kv = allocate_kv(2, pages, page_size, hkv, d, s.k_cache.dtype, "cpu", "token")
-    kv[1, 0], kv[1, 1] = s.k_cache, s.v_cache
-    config = DecodeConfig(block_n=16, num_warps=4, num_stages=2, tma=tma, pair=True)
-    out = torch.full_like(q, float("nan"))
-    decode_attention(q, kv[1, 0], kv[1, 1], batch, s.tables, s.scale, num_splits=3, config=config, out=out)
-    assert rel_err(out, dense_decode(s)) < 1e-5
-
-
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16)])
 @pytest.mark.parametrize("tma", [0, 1, 2])
 def test_transposed_v_pages(tma, page_size, block_n):
@@ -253,37 +224,23 @@ def test_transposed_v_pages(tma, page_size, block_n):
         assert rel_err(out, dense_decode(s)) < 1e-5
 
 
-def test_transposed_v_pages_rules():
-    """Over transposed V pages decode takes one tile a step, in three stages, whatever the split's length; two tiles
-    a step asked for are refused, and a V cache with neither head_dim nor slots contiguous is too."""
+def test_fp8_tile_rules():
+    """Over FP8 pages decode takes copy-engine tiles at every grid size; over V pages stored transposed (as the pool
+    stores FP8 pages' V) three stages, else as many as its buffers; a V cache with neither head_dim nor slots
+    contiguous is refused."""
     from lazyattn.kernels.kv_dtype import FP8
 
-    for pages in (0, 64, 512):
-        config = decode.decode_config(128, FP8, 64, 1.9, copy_engine=True, pages_per_split=pages, v_transposed=True)
-        assert (config.pair, config.num_stages, config.tma) == (False, 3, 2)
+    for per_sm in (0.5, 1.9, 3.9):
+        transposed = decode.decode_config(128, FP8, 64, per_sm, copy_engine=True, v_transposed=True)
+        assert (transposed.num_stages, transposed.tma) == (3, 2)
+        as_k = decode.decode_config(128, FP8, 64, per_sm, copy_engine=True)
+        assert as_k.tma == 2 and as_k.num_stages == 5  # four buffers of a 64-slot K and V tile pair (16 KiB)
     s = scenario("llama3", heads=(4, 2), seed=8)
     q, batch = s.decode()
-    v_t = s.with_transposed_v().v_cache
-    paired = DecodeConfig(block_n=16, num_warps=4, num_stages=2, pair=True)
-    with pytest.raises(ValueError, match="transposed"):
-        decode_attention(q, s.k_cache, v_t, batch, s.tables, s.scale, config=paired)
     pages, page_size, hkv, d = s.v_cache.shape
     neither = torch.zeros(pages, page_size, hkv, 2 * d)[..., ::2]
     with pytest.raises(ValueError, match="contiguous"):
         decode_attention(q, s.k_cache, neither, batch, s.tables, s.scale)
-
-
-def test_paired_tiles_rule():
-    """decode_config pairs tiles over FP8 pages from 64 pages a split on (two stages of pairs), never over 16-bit
-    pages."""
-    from lazyattn.kernels.kv_dtype import FP8
-
-    for pages, want in ((0, False), (32, False), (63, False), (64, True), (512, True)):
-        config = decode.decode_config(128, FP8, 64, 1.9, copy_engine=True, pages_per_split=pages)
-        assert config.pair == want
-        assert config.num_stages == (3 if want else 5)
-        assert config.tma == 2
-        assert not decode.decode_config(128, torch.bfloat16, 64, 1.9, pages_per_split=pages).pair
 
 
 def test_copy_engine_rule(monkeypatch, kernel_settings):

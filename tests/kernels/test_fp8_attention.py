@@ -296,9 +296,8 @@ def test_gpu_fp8_decode_batch8(tma):
     want = reference_of(s, q, batch)
     s.poison_unlisted(batch)  # real NaN bytes on the GPU
     for n in (None, 1, 3):
-        for pages in (0, 64):  # one tile a step, then two (decode_config pairs them for long splits)
-            config = dataclasses.replace(decode.decode_config(128, FP8, 64, pages_per_split=pages), tma=tma)
-            assert rel_err(decoded(s, q, batch, num_splits=n, config=config), want) < 1e-2
+        config = dataclasses.replace(decode.decode_config(128, FP8, 64), tma=tma)
+        assert rel_err(decoded(s, q, batch, num_splits=n, config=config), want) < 1e-2
 
 
 @pytest.mark.gpu
@@ -324,8 +323,6 @@ def test_gpu_fp8_fp32_tight():
     s = gpu_fp8_scenario([700, 300], [([0, 1], 100), ([1], 60)], dtype=torch.float32)
     q, batch = s.decode()
     assert rel_err(decoded(s, q, batch), reference_of(s, q, batch)) < 1e-5
-    paired = decode.decode_config(128, FP8, 64, pages_per_split=64)
-    assert rel_err(decoded(s, q, batch, config=paired), reference_of(s, q, batch)) < 1e-5
     assert rel_err(decoded(s.with_transposed_v(), q, batch), reference_of(s, q, batch)) < 1e-5
     q, batch = s.final_prefill()
     assert rel_err(prefilled(s, q, batch), reference_of(s, q, batch)) < 1e-5
