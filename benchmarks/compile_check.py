@@ -299,12 +299,14 @@ def _prefill(
     graph: bool = False,
     rotated_in_rope: bool = True,
     kv_dtype: torch.dtype = BF16,
+    v_transposed: bool = False,
     **options,
 ) -> None:
     """TritonBackend.attend's prefill path: rope_write_kv_runs' copies for short calls, then prefill_attention;
     graph=True fixes the split count and passes the host's split plan as a captured bucket does
-    (engine/prefill_graphs.py)."""
+    (engine/prefill_graphs.py); v_transposed: V's pages stored transposed, as the pool stores FP8 pages' V."""
     kv = _pool(heads, page_size, dtype=kv_dtype)
+    k_cache, v_cache = kv[0, 0], _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
     tables = _tables(heads)
     q, k, v = _qkv(heads, tokens)
     positions = torch.zeros(tokens, dtype=torch.int32)
@@ -317,11 +319,11 @@ def _prefill(
             batch.plan = torch.zeros(batch.batch_size, batch.num_splits, prefill_plan.PLAN_WIDTH, dtype=torch.int32)
     runs = prefill.rotated_runs_for(tokens)
     if runs and rotated_in_rope and options.get("apply_delta", True):
-        q, q_rot = cache_ops.rope_write_kv_runs(q, k, v, positions, slots, kv[0, 0], kv[0, 1], tables, batch, runs)
+        q, q_rot = cache_ops.rope_write_kv_runs(q, k, v, positions, slots, k_cache, v_cache, tables, batch, runs)
         options["rotated_q"] = q_rot
     else:
-        q = cache_ops.rope_write_kv(q, k, v, positions, slots, kv[0, 0], kv[0, 1], tables)
-    prefill.prefill_attention(_cuda_looking(q), kv[0, 0], kv[0, 1], batch, tables, heads.dim**-0.5, **options)
+        q = cache_ops.rope_write_kv(q, k, v, positions, slots, k_cache, v_cache, tables)
+    prefill.prefill_attention(_cuda_looking(q), k_cache, v_cache, batch, tables, heads.dim**-0.5, **options)
 
 
 def _short_prefill(
@@ -597,6 +599,14 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             )
         out.append(
             (
+                f"fp8 prefill {h} page{ps} rag T=256 B=8 graph, V transposed",
+                lambda ps=ps: _prefill(
+                    LLAMA_8B, ps, _rag_batch(ps, 32, 8), 256, graph=True, kv_dtype=FP8, v_transposed=True
+                ),
+            )
+        )
+        out.append(
+            (
                 f"fp8 prefill {h} page{ps} rag T=32 B=1 rotated_runs=0 (in-kernel rotation)",
                 lambda ps=ps: _prefill(
                     LLAMA_8B, ps, _rag_batch(ps, 32, 1), 32, rotated_in_rope=False, rotated_runs=0, kv_dtype=FP8
@@ -607,6 +617,12 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             (
                 f"fp8 prefill {h} page{ps} document T=2048",
                 lambda ps=ps: _prefill(LLAMA_8B, ps, _document_batch(ps, 2048), 2048, kv_dtype=FP8),
+            )
+        )
+        out.append(
+            (
+                f"fp8 prefill {h} page{ps} document T=2048, V transposed",
+                lambda ps=ps: _prefill(LLAMA_8B, ps, _document_batch(ps, 2048), 2048, kv_dtype=FP8, v_transposed=True),
             )
         )
         for entries, context in ((1, 10240), (32, 4096)):

@@ -265,6 +265,7 @@ def _prefill_kernel(
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -371,6 +372,7 @@ def _prefill_kernel(
                     UPCAST,
                     HAS_FIRST,
                     HAS_APE,
+                    V_T,
                     APPLY_DELTA,
                     INTERLEAVED,
                     ROTATED_RUNS,
@@ -416,6 +418,7 @@ def _prefill_kernel(
                     UPCAST,
                     HAS_FIRST,
                     HAS_APE,
+                    V_T,
                     APPLY_DELTA,
                     INTERLEAVED,
                     ROTATED_RUNS,
@@ -463,6 +466,7 @@ def _prefill_kernel(
                 UPCAST,
                 HAS_FIRST,
                 HAS_APE,
+                V_T,
                 APPLY_DELTA,
                 INTERLEAVED,
                 ROTATED_RUNS,
@@ -502,6 +506,7 @@ def _prefill_kernel(
             UPCAST,
             HAS_FIRST,
             HAS_APE,
+            V_T,
         )
 
     if SPLIT_KV:
@@ -913,6 +918,7 @@ def _kernel_args(
         UPCAST=interpreting() and q.dtype != torch.float32,
         HAS_FIRST=batch.firsts is not None,
         HAS_APE=batch.inv_temps is not None,
+        V_T=v_transposed(v_cache),
         BLOCK_B=BLOCK_B,
         BLOCK_P=BLOCK_P,
         HOST_PLAN=plan is not None,

@@ -165,6 +165,7 @@ def attend_pages(
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
 ):
     """Online-softmax accumulation over the K/V tiles of pages [page_lo, page_hi) (FlashAttention-2).
 
@@ -234,7 +235,14 @@ def attend_pages(
         # Masked loads: slots past `valid` may hold anything (NaN * 0 would poison the P @ V dot). Pages narrower than
         # q (FP8, docs/design.md "FP8 KV cache") are widened to q's dtype, exactly, as they load.
         k = tl.load(k_rows[:, None] + dims[None, :], mask=in_page[:, None], other=0.0).to(q.dtype)
-        v = tl.load(v_rows[:, None] + dims[None, :] * stride_vd, mask=in_page[:, None], other=0.0).to(q.dtype)
+        if V_T:
+            # V pages stored transposed (kernels/paged.py): the tile is loaded as [HEAD_DIM, BLOCK_N], contiguous
+            # along the slots, and transposed in registers. Unmasked (every slot of a listed page, or of page 0 past
+            # the last tile, is in the pool), so the loads stay vector copies; slots outside the keys are zeroed.
+            v_t = tl.load(v_rows[None, :] + dims[:, None] * stride_vd)
+            v = tl.trans(tl.where(in_page[None, :], v_t.to(q.dtype), 0.0))
+        else:
+            v = tl.load(v_rows[:, None] + dims[None, :] * stride_vd, mask=in_page[:, None], other=0.0).to(q.dtype)
         qk = _dot(q, tl.trans(k), None, DOT_PRECISION, UPCAST)
         if t_masked:
             visible = in_page[None, :] & (key_pos[None, :] <= q_pos[:, None])
@@ -351,6 +359,7 @@ def _attend_chunk(
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -405,6 +414,7 @@ def _attend_chunk(
         UPCAST,
         HAS_FIRST,
         HAS_APE,
+        V_T,
     )
 
 
@@ -451,6 +461,7 @@ def _walk_chunks(
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -510,6 +521,7 @@ def _walk_chunks(
             UPCAST,
             HAS_FIRST,
             HAS_APE,
+            V_T,
             APPLY_DELTA,
             INTERLEAVED,
             ROTATED_RUNS,
@@ -560,6 +572,7 @@ def kernel_chunks(
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -642,6 +655,7 @@ def kernel_chunks(
         UPCAST,
         HAS_FIRST,
         HAS_APE,
+        V_T,
         APPLY_DELTA,
         INTERLEAVED,
         ROTATED_RUNS,
@@ -691,6 +705,7 @@ def planned_chunks(
     UPCAST: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
     APPLY_DELTA: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROTATED_RUNS: tl.constexpr,
@@ -744,6 +759,7 @@ def planned_chunks(
                 UPCAST,
                 HAS_FIRST,
                 HAS_APE,
+                V_T,
                 APPLY_DELTA,
                 INTERLEAVED,
                 ROTATED_RUNS,
