@@ -61,7 +61,9 @@ pages' deltas (prefill_tiles.kernel_chunks), or from the host's plan where the c
 
 FP8 pages (docs/design.md, "FP8 KV cache"): under a 16-bit q the products run in float16 (kv_dtype.fp8_tile_dtype):
 K/V tiles widen to it as they load (exact), P rounds to it, and the Q tile, whatever its source, is rounded to it
-through the scratch rows (prefill_tiles.load_q_tile, which says why). Each program widens every tile it reads, so a
+through the scratch rows (prefill_tiles.load_q_tile, which says why). The pool stores FP8 pages' V transposed
+(kernels/paged.py, v_transposed; V_T): a V tile is then loaded as [HEAD_DIM, BLOCK_N] rows, contiguous along the
+slots, and transposed in registers (prefill_tiles.attend_pages). Each program widens every tile it reads, so a
 long call (a causal prompt: each key read by every later query block) widens each key many times, and on sm_90
 triton stores every widened tile back to shared memory for the wgmma. Calls with a long entry (`widens_first`)
 therefore widen the pages they read once, before the kernel (`_widen_pages_kernel`, into float16 pages of their own,
