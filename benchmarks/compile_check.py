@@ -408,9 +408,11 @@ def _shared_decode(
     relinked: bool = False,
     ape: bool = False,
     kv_dtype: torch.dtype = BF16,
+    v_transposed: bool = False,
 ) -> None:
     """Shared-document decode (kernels/shared_decode.py): its job and merge kernels, over entries that list the same
-    documents (at one delta here: the compile does not see deltas); ape: with a temperature on every page."""
+    documents (at one delta here: the compile does not see deltas); ape: with a temperature on every page;
+    v_transposed: V's pages stored transposed, as the pool stores FP8 pages' V."""
     es = [_rag_entry(page_size, 1, relinked=relinked) for _ in range(entries)]
     for e in es if ape else ():
         e.inv_temps, e.log_scales = [0.5] * len(e.pages), [0.1] * len(e.pages)
@@ -418,7 +420,8 @@ def _shared_decode(
     plan = shared_decode.shared_plan(es, heads.q // heads.kv, group_rows).to("cpu")
     kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, entries)
-    shared_decode.shared_decode_attention(q, kv[0, 0], kv[0, 1], batch, plan, _tables(heads), heads.dim**-0.5)
+    v_cache = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    shared_decode.shared_decode_attention(q, kv[0, 0], v_cache, batch, plan, _tables(heads), heads.dim**-0.5)
 
 
 def _invariant_attention(
@@ -653,6 +656,12 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             (
                 f"fp8 shared decode {h} page{ps} B=8 rows16",
                 lambda ps=ps: _shared_decode(LLAMA_8B, ps, 8, 16, kv_dtype=FP8),
+            )
+        )
+        out.append(
+            (
+                f"fp8 shared decode {h} page{ps} B=8 rows16, V transposed",
+                lambda ps=ps: _shared_decode(LLAMA_8B, ps, 8, 16, kv_dtype=FP8, v_transposed=True),
             )
         )
         out.append((f"fp8 copy_rotate {h} page{ps}", lambda ps=ps: _copy_rotate(LLAMA_8B, ps, kv_dtype=FP8)))

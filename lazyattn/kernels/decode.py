@@ -61,6 +61,7 @@ from lazyattn.kernels.decode_tiles import (
     rotate,
     rotation_rows,
     softmax_tile,
+    v_tile,
 )
 from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import (
@@ -485,7 +486,6 @@ def _decode_split(
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     d_mask = d < HEAD_DIM
-    d_v = d * stride_vd  # V's channel offsets (1 apart unless its pages are stored transposed)
     if APPLY_DELTA:
         # The deltas of the split's first and last pages and their cos/sin rows. A split holds one document or the
         # end of one and the start of the next, so these two rotations are all most programs need (a third delta,
@@ -569,7 +569,9 @@ def _decode_split(
         elif TMA >= 2:
             v = v_desc.load([row, head_col]).to(kv_ty)
         else:
-            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask).to(kv_ty)
+            v = v_tile(
+                v_base, page, stride_vp, slot, stride_vt, d, stride_vd, key_mask, d_mask, kv_ty, V_T, HEAD_DIM, BLOCK_D
+            )
         pv, p_dot, alpha, l_i, m_new = softmax_tile(
             q_dot,
             k,
@@ -595,8 +597,22 @@ def _decode_split(
             else:
                 whole = slot0 + BLOCK_N <= n_keys
             if not whole:
-                v_masked = masked_tile(v_base, page, stride_vp, slot, stride_vt, d_v, tile_mask)
-                pv = tl.dot(p_dot, v_masked.to(kv_ty).to(DOT_TY), input_precision=DOT_PRECISION)
+                v_masked = v_tile(
+                    v_base,
+                    page,
+                    stride_vp,
+                    slot,
+                    stride_vt,
+                    d,
+                    stride_vd,
+                    key_mask,
+                    d_mask,
+                    kv_ty,
+                    V_T,
+                    HEAD_DIM,
+                    BLOCK_D,
+                )
+                pv = tl.dot(p_dot, v_masked.to(DOT_TY), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 

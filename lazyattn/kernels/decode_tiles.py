@@ -41,6 +41,39 @@ def masked_tile(base, page, stride_page, slot, stride_slot, d, tile_mask):
 
 
 @triton.jit
+def v_tile(
+    base,
+    page,
+    stride_page,
+    slot,
+    stride_slot,
+    d,
+    stride_d,
+    key_mask,
+    d_mask,
+    TY: tl.constexpr,
+    V_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """A page's [BLOCK_N, BLOCK_D] V tile by per-thread loads, in dtype TY, slots outside key_mask read as 0.
+
+    V_T: V's pages stored transposed (kernels/paged.py, v_transposed: a page's slots contiguous for each channel). The
+    tile is then loaded as [BLOCK_D, BLOCK_N] rows along the slots, without a slot mask, and transposed in registers:
+    masked along its contiguous dimension, an FP8 tile is read byte by byte (docs/design.md, "FP8 KV cache"). Every
+    slot of a listed page is in the pool; those outside the keys may hold anything, NaN included, and are zeroed."""
+    if V_T:
+        rows = base + page * stride_page + slot[None, :] * stride_slot + d[:, None] * stride_d
+        if HEAD_DIM == BLOCK_D:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+            v_t = tl.load(rows)
+        else:
+            v_t = tl.load(rows, mask=d_mask[:, None], other=0.0)
+        return tl.trans(tl.where(key_mask[None, :], v_t.to(TY), 0.0))
+    tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
+    return masked_tile(base, page, stride_page, slot, stride_slot, d * stride_d, tile_mask).to(TY)
+
+
+@triton.jit
 def rotation_rows(cos_ptr, sin_ptr, stride_tab, delta, pair, sign, d_mask):
     """The cos and signed sin of R_{-delta} per channel [D], from the fp32 tables' rows at delta."""
     row = delta.to(tl.int64) * stride_tab

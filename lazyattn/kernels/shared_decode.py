@@ -52,6 +52,7 @@ from lazyattn.kernels.decode_tiles import (
     pair_layout,
     rotation_rows,
     softmax_tile,
+    v_tile,
 )
 from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import LOG2E, interpreting
@@ -335,6 +336,7 @@ def _shared_job_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
 ):
     """One job (a chunk of pages and its members) for one kv head: partials (acc, m, l) of every member's G
     query heads, at scratch row head * num_slots + the member's slot."""
@@ -391,7 +393,9 @@ def _shared_job_kernel(
                 key_mask = slot < n_keys
             tile_mask = load_mask(key_mask, d_mask, HEAD_DIM, BLOCK_D)
             k = masked_tile(k_base, page, stride_kp, slot, stride_kt, d, tile_mask).to(kv_ty)
-            v = masked_tile(v_base, page, stride_vp, slot, stride_vt, d * stride_vd, tile_mask).to(kv_ty)
+            v = v_tile(
+                v_base, page, stride_vp, slot, stride_vt, d, stride_vd, key_mask, d_mask, kv_ty, V_T, HEAD_DIM, BLOCK_D
+            )
             pv, _, alpha, l_i, m_new = softmax_tile(
                 q_dot,
                 k,
@@ -555,6 +559,7 @@ def shared_decode_attention(
             DOT_PRECISION="ieee" if dot_ty == tl.float32 else "tf32",
             HAS_FIRST=batch.firsts is not None,
             HAS_APE=batch.inv_temps is not None,
+            V_T=v_transposed(v_cache),
             num_warps=8 if block_r >= 64 else config.num_warps,  # 64 rows of fp32 acc: 64 registers a thread at 8
             num_stages=config.num_stages,
             **regs,

@@ -7,6 +7,7 @@ check must run the real compiler, not the interpreter these tests run under."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,26 @@ def test_kernels_compile_for_sm90(only: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     # Every launch of the cases compiled to a cubin (one line each, OK or FAIL).
     assert lines and all(line.startswith("OK") for line in lines), done.stdout
+
+
+def test_transposed_v_tiles_are_not_read_byte_by_byte(tmp_path: Path) -> None:
+    """FP8 pools store V's pages transposed (kernels/paged.py, docs/design.md "FP8 KV cache") so that a V tile's slots,
+    which P·V reduces over, are contiguous. Loaded by per-thread addresses with a mask along those slots, such a tile
+    compiles to one single-byte load per element; every Triton kernel that reads these pages by per-thread loads
+    (prefill, its widening launch, decode without the copy engine, shared-document decode) must read them with vector
+    loads instead. The sm_90 code of each, as the installed Triton compiles it, holds no single-byte global load."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compile_check.py"), "--only", "V transposed", "--dump", tmp_path],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    kernels = ("_prefill_kernel", "_widen_pages_kernel", "_decode_split_kernel", "_shared_job_kernel")
+    ptx = {f.name: f.read_text() for f in tmp_path.glob("*.ptx") if f.stem.split("_", 1)[1] in kernels}
+    assert {name.split("_", 1)[1] for name in ptx} == {k + ".ptx" for k in kernels}, sorted(ptx)
+    byte_loads = re.compile(r"ld\.global(\.nc)?\.[bu]8\b")
+    assert not {name: len(byte_loads.findall(text)) for name, text in ptx.items() if byte_loads.search(text)}

@@ -268,10 +268,14 @@ def test_relinked_firsts():
 
 def test_transposed_v_pages():
     """V pages stored transposed (a page's slots contiguous for each kv head and channel, as the pool stores FP8
-    pages' V) give the reference's result over V stored as K is, relinked firsts included."""
+    pages' V) give the reference's result over V stored as K is, relinked firsts included, with NaN in every slot
+    the entries do not list (the kernel reads a transposed tile's slots unmasked and zeroes those outside the keys)."""
     for s in (scenario(heads=(4, 2), seed=3), scenario(relink=5, seed=5)):
         want = run(s)[1]
-        out, _, plan = run(s.with_transposed_v())
+        t = s.with_transposed_v()
+        entries = decode_entries(t)
+        t.poison_unlisted(PagedBatch.build(entries, [1] * len(entries), t.decode()[1].q_start.tolist()))
+        out, _, plan = run(t)
         assert plan.shared_jobs >= 1
         assert rel_err(out, want) < 1e-5
 
