@@ -495,8 +495,8 @@ def shared_decode_attention(
     if bsz == 0:
         return out
     group = hq // hkv
-    if config is None:
-        config = decode_config(head_dim, k_cache.dtype, page_size)
+    if config is None:  # over FP8 pages with V transposed: three stages, as decode's (measured: docs/benchmarks.md)
+        config = decode_config(head_dim, k_cache.dtype, page_size, v_transposed=v_transposed(v_cache))
     if page_size % config.block_n:
         raise ValueError(f"page_size {page_size} is not a multiple of the tile ({config.block_n} slots)")
     slots = max(1, plan.num_slots)
