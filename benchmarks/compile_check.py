@@ -425,12 +425,19 @@ def _shared_decode(
 
 
 def _invariant_attention(
-    heads: Heads, page_size: int, batch: PagedBatch, tokens: int, kv_dtype: torch.dtype = BF16
+    heads: Heads,
+    page_size: int,
+    batch: PagedBatch,
+    tokens: int,
+    kv_dtype: torch.dtype = BF16,
+    v_transposed: bool = False,
 ) -> None:
-    """The deterministic mode's attention (kernels/invariant.py), prefill and decode alike."""
+    """The deterministic mode's attention (kernels/invariant.py), prefill and decode alike; v_transposed: V's pages
+    stored transposed, as the pool stores FP8 pages' V."""
     kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, tokens)
-    invariant.paged_attention(q, kv[0, 0], kv[0, 1], batch, _tables(heads), heads.dim**-0.5)
+    v_cache = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    invariant.paged_attention(q, kv[0, 0], v_cache, batch, _tables(heads), heads.dim**-0.5)
 
 
 def _invariant_matmul(n: int, k: int, m: int) -> None:
@@ -669,6 +676,14 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             (
                 f"fp8 invariant attention {h} page{ps} rag T=64 B=2",
                 lambda ps=ps: _invariant_attention(LLAMA_8B, ps, _rag_batch(ps, 32, 2), 64, kv_dtype=FP8),
+            )
+        )
+        out.append(
+            (
+                f"fp8 invariant attention {h} page{ps} rag T=64 B=2, V transposed",
+                lambda ps=ps: _invariant_attention(
+                    LLAMA_8B, ps, _rag_batch(ps, 32, 2), 64, kv_dtype=FP8, v_transposed=True
+                ),
             )
         )
     for tokens, entries, splits in ((32, 1, 16), (256, 8, 1)):

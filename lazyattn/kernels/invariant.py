@@ -37,7 +37,7 @@ import triton.language as tl
 from lazyattn.kernels.cache_ops import _load_pairs, _rotate, to_cache
 from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import interpreting
-from lazyattn.kernels.paged import PagedBatch, cdiv
+from lazyattn.kernels.paged import PagedBatch, cdiv, v_transposed
 from lazyattn.kernels.rope import RopeTables
 
 # The tile config of `linear`, one for every M: 64-row tiles of y, K in steps of 64, 4 warps. The tile width depends on
@@ -223,6 +223,7 @@ def _attention_kernel(
     BLOCK_D: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     HAS_APE: tl.constexpr,
+    V_T: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
@@ -288,11 +289,21 @@ def _attention_kernel(
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(
-                v_ptr + page * s_vp + slot.to(tl.int64)[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd,
-                mask=key_ok[:, None] & (d[None, :] < HEAD_DIM),
-                other=0.0,
-            ).to(ty)
+            if V_T:
+                # V's pages stored transposed (kernels/paged.py): [channels, slots] rows, unmasked along the slots
+                # (the whole page is in the pool) so that they stay vector loads, the slots outside the keys zeroed.
+                v_t = tl.load(
+                    v_ptr + page * s_vp + slot.to(tl.int64)[None, :] * s_vs + kvh * s_vh + d[:, None] * s_vd,
+                    mask=d[:, None] < HEAD_DIM,
+                    other=0.0,
+                )
+                v = tl.trans(tl.where(key_ok[None, :], v_t.to(ty), 0.0))
+            else:
+                v = tl.load(
+                    v_ptr + page * s_vp + slot.to(tl.int64)[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd,
+                    mask=key_ok[:, None] & (d[None, :] < HEAD_DIM),
+                    other=0.0,
+                ).to(ty)
             # p is rounded to the tile's dtype for the product with V (fp32 keeps it whole)
             acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, INTERPRETED)
             m_i = m_new
@@ -373,6 +384,7 @@ def paged_attention(
         BLOCK_D=triton.next_power_of_2(dim),
         INTERLEAVED=interleaved,
         HAS_APE=ape,
+        V_T=v_transposed(v_cache),
         PRECISION=_precision(q.dtype),
         INTERPRETED=interpreting(),
         num_warps=4,

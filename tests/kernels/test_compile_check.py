@@ -58,8 +58,9 @@ def test_transposed_v_tiles_are_not_read_byte_by_byte(tmp_path: Path) -> None:
     """FP8 pools store V's pages transposed (kernels/paged.py, docs/design.md "FP8 KV cache") so that a V tile's slots,
     which P·V reduces over, are contiguous. Loaded by per-thread addresses with a mask along those slots, such a tile
     compiles to one single-byte load per element; every Triton kernel that reads these pages by per-thread loads
-    (prefill, its widening launch, decode without the copy engine, shared-document decode) must read them with vector
-    loads instead. The sm_90 code of each, as the installed Triton compiles it, holds no single-byte global load."""
+    (prefill, its widening launch, decode without the copy engine, shared-document decode, the deterministic mode's
+    attention) must read them with vector loads instead. The sm_90 code of each, as the installed Triton compiles it,
+    holds no single-byte global load."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
@@ -70,7 +71,13 @@ def test_transposed_v_tiles_are_not_read_byte_by_byte(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    kernels = ("_prefill_kernel", "_widen_pages_kernel", "_decode_split_kernel", "_shared_job_kernel")
+    kernels = (
+        "_prefill_kernel",
+        "_widen_pages_kernel",
+        "_decode_split_kernel",
+        "_shared_job_kernel",
+        "_attention_kernel",
+    )
     ptx = {f.name: f.read_text() for f in tmp_path.glob("*.ptx") if f.stem.split("_", 1)[1] in kernels}
     assert {name.split("_", 1)[1] for name in ptx} == {k + ".ptx" for k in kernels}, sorted(ptx)
     byte_loads = re.compile(r"ld\.global(\.nc)?\.[bu]8\b")
