@@ -67,7 +67,7 @@ from lazyattn.kernels import (  # noqa: E402
     prefill_plan,
     shared_decode,
 )
-from lazyattn.kernels.paged import EntryPages, PagedBatch  # noqa: E402
+from lazyattn.kernels.paged import EntryPages, PagedBatch, transposed_copy  # noqa: E402
 from lazyattn.kernels.rope import RopeConfig, RopeTables  # noqa: E402
 
 H100_SMS = 132
@@ -306,7 +306,7 @@ def _prefill(
     graph=True fixes the split count and passes the host's split plan as a captured bucket does
     (engine/prefill_graphs.py); v_transposed: V's pages stored transposed, as the pool stores FP8 pages' V."""
     kv = _pool(heads, page_size, dtype=kv_dtype)
-    k_cache, v_cache = kv[0, 0], _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    k_cache, v_cache = kv[0, 0], transposed_copy(kv[0, 1]) if v_transposed else kv[0, 1]
     tables = _tables(heads)
     q, k, v = _qkv(heads, tokens)
     positions = torch.zeros(tokens, dtype=torch.int32)
@@ -339,18 +339,13 @@ def _short_prefill(
     graphs launch it on a Hopper GPU, with the first-slot offsets (some relinked) and programmatic dependent launch;
     v_transposed: V's pages stored transposed, as the pool stores FP8 pages' V."""
     kv = _pool(heads, 64, dtype=kv_dtype)
-    v = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    v = transposed_copy(kv[0, 1]) if v_transposed else kv[0, 1]
     q = torch.zeros(tokens, heads.q, heads.dim, dtype=BF16)
     batch = _rag_batch(64, tokens // entries, entries, relinked=engine)
     with _pdl(prefill_hopper, engine):
         prefill_hopper.short_prefill_attention(
             _cuda_looking(q), kv[0, 0], v, batch, _tables(heads), heads.dim**-0.5, splits
         )
-
-
-def _transposed(v_cache: torch.Tensor) -> torch.Tensor:
-    """V pages stored transposed (kernels/paged.py, v_transposed), seen as [pages, slots, heads, head_dim]."""
-    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 @contextlib.contextmanager
@@ -382,7 +377,7 @@ def _decode(
     tables = _tables(heads)
     q, k, v = _qkv(heads, batch.batch_size)
     positions = torch.zeros(batch.batch_size, dtype=torch.int32)
-    v_cache = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    v_cache = transposed_copy(kv[0, 1]) if v_transposed else kv[0, 1]
     q = cache_ops.rope_write_kv(q, k, v, positions, positions, kv[0, 0], v_cache, tables)
     config = None
     if tma is not None:
@@ -420,7 +415,7 @@ def _shared_decode(
     plan = shared_decode.shared_plan(es, heads.q // heads.kv, group_rows).to("cpu")
     kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, entries)
-    v_cache = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    v_cache = transposed_copy(kv[0, 1]) if v_transposed else kv[0, 1]
     shared_decode.shared_decode_attention(q, kv[0, 0], v_cache, batch, plan, _tables(heads), heads.dim**-0.5)
 
 
@@ -436,7 +431,7 @@ def _invariant_attention(
     stored transposed, as the pool stores FP8 pages' V."""
     kv = _pool(heads, page_size, dtype=kv_dtype)
     q, _, _ = _qkv(heads, tokens)
-    v_cache = _transposed(kv[0, 1]) if v_transposed else kv[0, 1]
+    v_cache = transposed_copy(kv[0, 1]) if v_transposed else kv[0, 1]
     invariant.paged_attention(q, kv[0, 0], v_cache, batch, _tables(heads), heads.dim**-0.5)
 
 

@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E
 from lazyattn.kernels.cache_ops import copy_rotate, rope_write_kv, rope_write_kv_runs  # noqa: E402
 from lazyattn.kernels.kv_dtype import quantize, resolve  # noqa: E402
 from lazyattn.kernels.launch import hopper_or_later, pdl_options, sm_count, wait_for_producers  # noqa: E402
-from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill  # noqa: E402
+from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill, transposed_copy  # noqa: E402
 from lazyattn.kernels.prefill import rotated_runs_for  # noqa: E402
 from lazyattn.kernels.prefill_hopper import _tma_load, _wait_for_producers  # noqa: E402
 from lazyattn.kernels.reference import copy_rotate as torch_copy_rotate  # noqa: E402
@@ -266,7 +266,7 @@ def with_transposed_v(inputs: list[tuple]) -> list[tuple]:
     done: dict[int, torch.Tensor] = {}
     for case in inputs:
         if id(case[2]) not in done:
-            done[id(case[2])] = case[2].permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+            done[id(case[2])] = transposed_copy(case[2])
     return [(*case[:2], done[id(case[2])], *case[3:]) for case in inputs]
 
 

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from lazyattn.kernels.cache_ops import _load_pairs, _rotate, to_cache
+from lazyattn.kernels.decode_tiles import v_tile
 from lazyattn.kernels.kv_dtype import check_dtypes
 from lazyattn.kernels.launch import interpreting
 from lazyattn.kernels.paged import PagedBatch, cdiv, v_transposed
@@ -289,21 +290,10 @@ def _attention_kernel(
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            if V_T:
-                # V's pages stored transposed (kernels/paged.py): [channels, slots] rows, unmasked along the slots
-                # (the whole page is in the pool) so that they stay vector loads, the slots outside the keys zeroed.
-                v_t = tl.load(
-                    v_ptr + page * s_vp + slot.to(tl.int64)[None, :] * s_vs + kvh * s_vh + d[:, None] * s_vd,
-                    mask=d[:, None] < HEAD_DIM,
-                    other=0.0,
-                )
-                v = tl.trans(tl.where(key_ok[None, :], v_t.to(ty), 0.0))
-            else:
-                v = tl.load(
-                    v_ptr + page * s_vp + slot.to(tl.int64)[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd,
-                    mask=key_ok[:, None] & (d[None, :] < HEAD_DIM),
-                    other=0.0,
-                ).to(ty)
+            # V's pages stored transposed (V_T, kernels/paged.py) load as [channels, slots] rows (decode_tiles.v_tile)
+            v = v_tile(
+                v_ptr + kvh * s_vh, page, s_vp, slot, s_vs, d, s_vd, key_ok, d < HEAD_DIM, ty, V_T, HEAD_DIM, BLOCK_D
+            )
             # p is rounded to the tile's dtype for the product with V (fp32 keeps it whole)
             acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, INTERPRETED)
             m_i = m_new

@@ -232,6 +232,12 @@ def v_transposed(v_cache: torch.Tensor) -> bool:
     return v_cache.stride(1) == 1 and v_cache.stride(-1) != 1
 
 
+def transposed_copy(v_cache: torch.Tensor) -> torch.Tensor:
+    """A copy of V pages [pages, slots, heads, head_dim] stored transposed (`v_transposed`), seen the same way: the
+    same values in the order in which a pool that `transposes_v` holds them (`layer_caches`)."""
+    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
 def transposes_v(dtype: torch.dtype) -> bool:
     """Whether a page pool of `dtype` stores V's pages transposed (`v_transposed`): FP8 pools. Their V tiles then reach
     the P·V products by matrix loads, which transpose 16-bit elements only (docs/design.md, "FP8 KV cache")."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill
+from lazyattn.kernels.paged import EntryPages, PagedBatch, cdiv, page_fill, transposed_copy
 from lazyattn.kernels.reference import attend, block_mask
 from lazyattn.kernels.rope import RopeTables, apply_rope
 
@@ -142,8 +142,7 @@ class Scenario:
     def with_transposed_v(self) -> Scenario:
         """The same scenario with V's pages stored transposed (a page's slots contiguous for each kv head and
         channel, as the pool stores FP8 pages' V), seen as [pages, slots, heads, head_dim] like any V cache."""
-        v_t = self.v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-        return dataclasses.replace(self, v_cache=v_t)
+        return dataclasses.replace(self, v_cache=transposed_copy(self.v_cache))
 
     def poison_unlisted(self, batch: PagedBatch) -> None:
         """NaN into every cache slot the batch does not list as a valid key (page tails, unused pages):

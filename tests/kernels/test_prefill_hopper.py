@@ -12,6 +12,7 @@ import torch
 
 from lazyattn.kernels import prefill_hopper
 from lazyattn.kernels.kv_dtype import FP8, quantize
+from lazyattn.kernels.paged import transposed_copy
 from tests.kernels.scenario import Scenario
 from tests.kernels.test_prefill import gpu_scenario, ref, rel_err
 
@@ -32,7 +33,7 @@ def test_transposed_v_pages_are_taken_over_fp8_pages_only():
     """The copy engine reads V pages stored transposed as [head_dim, 64] boxes: the pool's FP8 layout
     (kernels/paged.py, v_transposed); 16-bit pages keep V as K is."""
     v = torch.zeros(3, 64, 8, 128, dtype=FP8)
-    v_t = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    v_t = transposed_copy(v)
     assert prefill_hopper.takes_layout(v) and not prefill_hopper.takes_transposed_layout(v)
     assert prefill_hopper.takes_transposed_layout(v_t) and not prefill_hopper.takes_layout(v_t)
     assert not prefill_hopper.takes_transposed_layout(v_t[:, :32])  # half pages
