@@ -54,7 +54,7 @@ from lazyattn.kernels.decode_tiles import (
     softmax_tile,
     v_tile,
 )
-from lazyattn.kernels.kv_dtype import check_dtypes
+from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
 from lazyattn.kernels.launch import LOG2E, interpreting
 from lazyattn.kernels.paged import EntryPages, PagedBatch, v_transposed
 from lazyattn.kernels.rope import RopeTables
@@ -337,6 +337,7 @@ def _shared_job_kernel(
     HAS_FIRST: tl.constexpr,
     HAS_APE: tl.constexpr,
     V_T: tl.constexpr,
+    TILE_TY: tl.constexpr,
 ):
     """One job (a chunk of pages and its members) for one kv head: partials (acc, m, l) of every member's G
     query heads, at scratch row head * num_slots + the member's slot."""
@@ -362,7 +363,7 @@ def _shared_job_kernel(
         # Every row is its member's query head, de-rotated by the member's own delta.
         q_rows = q_ptr + entry[:, None] * stride_qb + heads[:, None].to(tl.int64) * stride_qh
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        kv_ty = q_ptr.dtype.element_ty  # narrower pages (FP8) are widened to q's dtype as they load (decode.py)
+        kv_ty = TILE_TY  # q's, or over FP8 pages kv_dtype.fp8_tile_dtype, as decode.py's
         if APPLY_DELTA:
             partner, pair, sign = pair_layout(HEAD_DIM, BLOCK_D, INTERLEAVED)
             delta = tl.load(row + 4 + MEMBERS + member, mask=r_mask, other=0)
@@ -515,7 +516,8 @@ def shared_decode_attention(
     block_r = max(16, triton.next_power_of_2(plan.members * group))
     block_d = triton.next_power_of_2(head_dim)
     # The interpreter multiplies 16-bit floats as raw bits (decode.py): widen after rounding there.
-    dot_ty = tl.float32 if interpreting() else TL_DTYPES[q.dtype]
+    tile_ty = TL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype]
+    dot_ty = tl.float32 if interpreting() else tile_ty
     # decode_config's register cap is for 16-row tiles; larger member tiles keep the compiler's choice.
     regs = {"maxnreg": config.maxnreg} if config.maxnreg and block_r <= 16 else {}
     if plan.programs:
@@ -560,6 +562,7 @@ def shared_decode_attention(
             HAS_FIRST=batch.firsts is not None,
             HAS_APE=batch.inv_temps is not None,
             V_T=v_transposed(v_cache),
+            TILE_TY=tile_ty,
             num_warps=8 if block_r >= 64 else config.num_warps,  # 64 rows of fp32 acc: 64 registers a thread at 8
             num_stages=config.num_stages,
             **regs,
