@@ -39,11 +39,12 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def fp8_tile_dtype(q_dtype: torch.dtype) -> torch.dtype:
-    """The dtype the decode and prefill kernels (prefill.py's and the Hopper one) widen FP8 tiles to, and round q and P
-    to for their dots, under a q of q_dtype: float16 under a 16-bit q. Every e4m3 value is a float16 value, so the
-    widening is exact, and float16 keeps 3 more bits of q and P than bfloat16; its range (65,504) is past any query a
-    model computes. Widened to bfloat16, decode over FP8 pages took 1.04-1.25x the time over bf16 pages on an H200;
-    widened to float16, 0.86-1.0x (docs/benchmarks.md, "Kernel constants"). Under an fp32 q: fp32."""
+    """The dtype the decode, shared-document decode and prefill kernels (prefill.py's and the Hopper one) widen FP8
+    tiles to, and round q and P to for their dots, under a q of q_dtype: float16 under a 16-bit q. Every e4m3 value
+    is a float16 value, so the widening is exact, and float16 keeps 3 more bits of q and P than bfloat16; its range
+    (65,504) is past any query a model computes. Widened to bfloat16, decode over FP8 pages took 1.04-1.25x the time
+    over bf16 pages on an H200; widened to float16, 0.86-1.0x (docs/benchmarks.md, "Kernel constants"). Under an fp32
+    q: fp32."""
     return torch.float32 if q_dtype == torch.float32 else torch.float16
 
 
