@@ -63,7 +63,7 @@ from lazyattn.kernels.decode_tiles import (
     softmax_tile,
     v_tile,
 )
-from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
+from lazyattn.kernels.kv_dtype import check_dtypes, is_fp8, tile_dtype
 from lazyattn.kernels.launch import (
     LOG2E,
     hopper_or_later,
@@ -839,7 +839,7 @@ def decode_attention(
     # Dot operands are rounded to the tiles' dtype (q's; over FP8 pages fp8_tile_dtype), as on the GPU, but the
     # interpreter multiplies 16-bit floats as their raw bits (triton issue #11584): there they are widened to fp32
     # after rounding.
-    tile_ty = TL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype]
+    tile_ty = TL_DTYPES[tile_dtype(q.dtype, k_cache.dtype)]
     dot_ty = tl.float32 if interpreting() else tile_ty
     regs = {"maxnreg": config.maxnreg} if config.maxnreg else {}
     _decode_split_kernel[(num_splits, hkv, bsz)](

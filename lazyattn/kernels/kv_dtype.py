@@ -48,6 +48,12 @@ def fp8_tile_dtype(q_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if q_dtype == torch.float32 else torch.float16
 
 
+def tile_dtype(q_dtype: torch.dtype, page_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a kernel's K/V tiles once loaded, to which q and P are rounded for the dots: `fp8_tile_dtype` over
+    FP8 pages, q's over any other (the pages' own or narrower)."""
+    return fp8_tile_dtype(q_dtype) if is_fp8(page_dtype) else q_dtype
+
+
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x rounded to the cache's dtype; FP8: in fp32, saturated to ±448 (torch's conversion of a larger value is not
     specified to saturate; the GPU's cvt.satfinite does)."""

@@ -86,7 +86,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from lazyattn import envs
-from lazyattn.kernels.kv_dtype import FP8, fp8_tile_dtype, is_fp8
+from lazyattn.kernels.kv_dtype import FP8, is_fp8, tile_dtype
 from lazyattn.kernels.launch import LOG2E, _capability_of, interpreting, pdl_options, sm_count
 from lazyattn.kernels.page_scan import BLOCK_B, find_block
 from lazyattn.kernels.paged import HOPPER_MAX_QUESTION, PagedBatch, cdiv, v_transposed
@@ -892,7 +892,7 @@ def split_partials(
         APPLY_DELTA=apply,
         INTERLEAVED=apply and tables.interleaved,
         HAS_FIRST=batch.firsts is not None,
-        TILE=_GL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype],
+        TILE=_GL_DTYPES[tile_dtype(q.dtype, k_cache.dtype)],
         WIDEN=is_fp8(k_cache.dtype),
         num_warps=4,
         maxnreg=_MAXNREG,

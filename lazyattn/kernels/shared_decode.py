@@ -54,7 +54,7 @@ from lazyattn.kernels.decode_tiles import (
     softmax_tile,
     v_tile,
 )
-from lazyattn.kernels.kv_dtype import check_dtypes, fp8_tile_dtype, is_fp8
+from lazyattn.kernels.kv_dtype import check_dtypes, tile_dtype
 from lazyattn.kernels.launch import LOG2E, interpreting
 from lazyattn.kernels.paged import EntryPages, PagedBatch, v_transposed
 from lazyattn.kernels.rope import RopeTables
@@ -516,7 +516,7 @@ def shared_decode_attention(
     block_r = max(16, triton.next_power_of_2(plan.members * group))
     block_d = triton.next_power_of_2(head_dim)
     # The interpreter multiplies 16-bit floats as raw bits (decode.py): widen after rounding there.
-    tile_ty = TL_DTYPES[fp8_tile_dtype(q.dtype) if is_fp8(k_cache.dtype) else q.dtype]
+    tile_ty = TL_DTYPES[tile_dtype(q.dtype, k_cache.dtype)]
     dot_ty = tl.float32 if interpreting() else tile_ty
     # decode_config's register cap is for 16-row tiles; larger member tiles keep the compiler's choice.
     regs = {"maxnreg": config.maxnreg} if config.maxnreg and block_r <= 16 else {}
