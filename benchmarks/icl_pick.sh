@@ -6,11 +6,17 @@
 # demonstration's last 2, 3, 4, 6 or 8 rows recomputed in context.
 #   SMOLLM2_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf bash benchmarks/icl_pick.sh OUT_DIR
 #   bash benchmarks/icl_pick.sh OUT_DIR --smoke      # CPU, a few questions of one set: the script's structure
+#   bash benchmarks/icl_pick.sh OUT_DIR --guided-choice   # any other argument goes to every lazyattn eval
 #
 # OUT_DIR gets summary.md (each run's pick and check) and <model>-<set>/ (eval.json, eval.md) with <model>-<set>.log.
 set -uo pipefail
-out="${1:?usage: [SMOLLM2_GGUF=FILE] bash benchmarks/icl_pick.sh OUT_DIR [--smoke]}"
-smoke="${2:-}"
+out="${1:?usage: [SMOLLM2_GGUF=FILE] bash benchmarks/icl_pick.sh OUT_DIR [--smoke] [EVAL_ARG ...]}"
+shift
+smoke=
+extra=()
+for a in "$@"; do
+    if [ "$a" = "--smoke" ]; then smoke=$a; else extra+=("$a"); fi
+done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
@@ -32,7 +38,7 @@ fi
 stamp "picking"
 for m in "${models[@]}"; do
     for s in "${sets[@]}"; do
-        $py -m lazyattn eval --model "$m" --dataset "builtin:$s" --modes "$modes" "${opts[@]}" --out "$out/$m-$s" \
+        $py -m lazyattn eval --model "$m" --dataset "builtin:$s" --modes "$modes" "${opts[@]}" "${extra[@]}" --out "$out/$m-$s" \
             > "$out/$m-$s.log" 2>&1 || echo "$m on $s failed: $out/$m-$s.log" &
     done
 done

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lazyattn.engine.guided import ChoiceGuide
 from lazyattn.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from lazyattn.engine.prompt import RenderedPrompt
 from lazyattn.engine.sampling import SampleResult
@@ -38,8 +39,9 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.device = device
 
-    def start(self, seq: Sequence) -> tuple[IncrementalDecoder, torch.Generator | None]:
-        """What a new sampled sequence decodes with: its detokenizer and its seeded generator (None: unseeded)."""
+    def start(self, seq: Sequence) -> tuple[IncrementalDecoder, torch.Generator | None, ChoiceGuide | None]:
+        """What a new sampled sequence decodes with: its detokenizer, its seeded generator (None: unseeded) and the
+        guide of its guided choice (None: none)."""
         params = seq.params
         generator = None
         if params.seed is not None:
@@ -51,7 +53,8 @@ class OutputProcessor:
             min_tokens=params.min_tokens,
             prompt_token_ids=seq.prompt,
         )
-        return detokenizer, generator
+        guide = None if params.guided_choice is None else ChoiceGuide.of(self.tokenizer, params.guided_choice)
+        return detokenizer, generator, guide
 
     def suppressed(self, seq: Sequence, unread: int = 0) -> list[int] | None:
         """Below min_tokens, the tokens that would end the sequence may not be drawn. `unread`: tokens it sampled
@@ -60,6 +63,14 @@ class OutputProcessor:
             return None
         eos = [] if seq.params.ignore_eos else self.tokenizer.eos_token_ids
         return list(eos) + list(seq.params.stop_token_ids)
+
+    @staticmethod
+    def allowed(seq: Sequence) -> list[int] | None:
+        """The only tokens a guided sequence may draw next (None: any). Its tokens are read before its next step
+        is planned (Scheduler.can_continue), so the output is whole."""
+        if seq.guide is None:
+            return None
+        return seq.guide.allowed(seq.output, seq.params.ignore_eos)
 
     def new_token(self, seq: Sequence, result: SampleResult, i: int) -> NewToken:
         """What row i of the sampled result adds to the sequence, and whether it ends it. Feeds the token to the
@@ -88,6 +99,8 @@ class OutputProcessor:
                 return "stop", token
             if seq.detokenizer.stopped is not None:
                 return "stop", seq.detokenizer.stopped
+            if seq.guide is not None and seq.guide.ends([*seq.output, token]):
+                return "stop", None
         if n >= p.max_tokens or seq.total_len + 1 >= self.max_model_len:
             return "length", None
         return None, None

@@ -28,6 +28,9 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 128
 MAX_STOP_TOKEN_IDS = 256
+# A guided choice's strings are tokenized for every sequence and walked as a prefix tree at every step.
+MAX_GUIDED_CHOICES = 256
+MAX_GUIDED_CHOICE_CHARS = 256
 # Temperatures below this are greedy: dividing logits by ~0 overflows, and the result would be argmax anyway.
 _GREEDY_EPS = 1e-5
 
@@ -54,6 +57,8 @@ class SamplingParams:
     # returned as CompletionOutput.first_token_logprobs: what `lazyattn eval --fidelity` compares between dtypes,
     # batch sizes and modes. It takes the sampler off the fused greedy path for the request's steps.
     first_token_logprobs: bool = False
+    # The output is one of these strings, each produced as its own tokenization (engine/guided.py); None: free.
+    guided_choice: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         # Accept a single stop string (OpenAI allows it) and any sequence; store tuples so params stay hashable.
@@ -64,6 +69,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if isinstance(self.stop_token_ids, list):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.guided_choice, list):
+            object.__setattr__(self, "guided_choice", tuple(self.guided_choice))
 
     @property
     def greedy(self) -> bool:
@@ -109,6 +116,24 @@ class SamplingParams:
             )
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, low=0, high=vocab_size - 1)
+        self._validate_guided_choice()
+
+    def _validate_guided_choice(self) -> None:
+        choices = self.guided_choice
+        if choices is None:
+            return
+        if not isinstance(choices, tuple) or not 1 <= len(choices) <= MAX_GUIDED_CHOICES:
+            raise InvalidRequestError(
+                f"guided_choice must be a list of 1 to {MAX_GUIDED_CHOICES} strings", param="guided_choice"
+            )
+        for c in choices:
+            if not isinstance(c, str) or not c or len(c) > MAX_GUIDED_CHOICE_CHARS:
+                raise InvalidRequestError(
+                    f"guided_choice must be strings of 1 to {MAX_GUIDED_CHOICE_CHARS} characters, got {c!r:.40}",
+                    param="guided_choice",
+                )
+        if self.min_tokens:  # a choice that ends the sequence could be shorter than min_tokens
+            raise InvalidRequestError("guided_choice does not take min_tokens: a choice ends its answer", "min_tokens")
 
 
 def _int(name: str, value: object, low: int | None = None, high: int | None = None) -> None:
@@ -206,9 +231,11 @@ class Sampler:
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
         suppress_token_ids: Sequence[Sequence[int]] | None = None,
+        allowed_token_ids: Sequence[Sequence[int] | None] | None = None,
     ) -> SampleResult:
         """`logits` [B, V]. `suppress_token_ids[i]` can never be chosen by row i (the engine passes EOS and
-        stop_token_ids while a sequence is shorter than min_tokens); it does not change the logprobs."""
+        stop_token_ids while a sequence is shorter than min_tokens); `allowed_token_ids[i]`, where not None, are the
+        only tokens row i may choose (a guided choice, engine/guided.py). Neither changes the logprobs."""
         batch, vocab = logits.shape
         if len(params) != batch or len(generators) != batch:
             raise ValueError(f"{batch} rows of logits but {len(params)} params and {len(generators)} generators")
@@ -217,6 +244,7 @@ class Sampler:
             and not self.deterministic
             and all(p.greedy and p.logprobs is None and not p.first_token_logprobs for p in params)
             and not (suppress_token_ids is not None and any(suppress_token_ids))
+            and not (allowed_token_ids is not None and any(a is not None for a in allowed_token_ids))
         ):
             from lazyattn.kernels.greedy import greedy_pick  # Triton is imported only where CUDA runs
 
@@ -230,6 +258,8 @@ class Sampler:
             for row, ids in enumerate(suppress_token_ids):
                 if ids:
                     logits[row, _on(logits.device, list(ids))] = float("-inf")
+        if allowed_token_ids is not None and any(a is not None for a in allowed_token_ids):
+            logits = self._only(logits, allowed_token_ids)
 
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -245,6 +275,19 @@ class Sampler:
         k = min(max(p.logprobs or 0 for p in params), vocab)
         values, ids = logprobs_all.topk(k, dim=-1)
         return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params], full)
+
+    @staticmethod
+    def _only(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
+        """`logits` with every token that row i may not choose at -inf, for the rows with an allowed list."""
+        rows = [i for i, ids in enumerate(allowed) if ids is not None]
+        keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool)
+        for j, i in enumerate(rows):
+            keep[j, list(allowed[i])] = True
+        index = _on(logits.device, rows)
+        keep = keep.pin_memory().to(logits.device, non_blocking=True) if logits.is_cuda else keep
+        out = logits.clone()
+        out[index] = logits[index].masked_fill(~keep, float("-inf"))
+        return out
 
     @staticmethod
     def _truncated_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

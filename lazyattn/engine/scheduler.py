@@ -122,7 +122,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; a sampled one gets what it decodes with (its detokenizer, its seeded generator)."""
         if self.outputs is not None and not seq.prefill_only:
-            seq.detokenizer, seq.generator = self.outputs.start(seq)
+            seq.detokenizer, seq.generator, seq.guide = self.outputs.start(seq)
         self._waiting.append(seq)
         self.num_waiting += 1
 
@@ -206,7 +206,8 @@ class Scheduler:
     def can_continue(self, plan: StepPlan) -> bool:
         """Whether the next step can be planned before the tokens of `plan` (in flight) are read: it would decode
         exactly the running sequences, one token each, from the ids `plan` sampled, without admitting, encoding,
-        evicting or preempting; none of them may end with that token (max_tokens, the context limit)."""
+        evicting or preempting; none of them may end with that token (max_tokens, the context limit), nor be guided
+        (a guided choice's next tokens depend on that one, engine/guided.py)."""
         if plan.encoded or self.num_waiting or self.cache.promoting or not self.running:
             return False
         if any(j.run.pending for j in self.jobs.values()):
@@ -217,6 +218,8 @@ class Scheduler:
             run = seq.run
             if seq.seq_id not in sampled or run.pending or seq.seq_id in self._placeholders:
                 return False  # not sampled by plan (a prefill chunk in progress), or not caught up
+            if seq.guide is not None:
+                return False
             # plan's token is the sequence's len(output)+1-th: if that one must end it, never plan another.
             if len(seq.output) + 1 >= seq.params.max_tokens or seq.total_len + 1 >= self.max_model_len:
                 return False

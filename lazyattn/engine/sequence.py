@@ -143,6 +143,7 @@ class Sequence:
     run: Run | None = None
     mode_state: ModeState = field(default_factory=ModeState)  # what its mode keeps for it (engine/modes/)
     detokenizer: object | None = None  # model.detokenizer.IncrementalDecoder
+    guide: object | None = None  # engine.guided.ChoiceGuide of params.guided_choice; None: unconstrained
 
     @property
     def prefill_only(self) -> bool:

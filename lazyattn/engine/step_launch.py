@@ -127,6 +127,7 @@ class StepLauncher:
                 [s.params for s in part],
                 [s.generator for s in part],
                 suppress_token_ids=[self.outputs.suppressed(s, unread) for s in part],
+                allowed_token_ids=[self.outputs.allowed(s) for s in part],
             )
 
         return isolation.sample_rows(sample, logits, seqs)

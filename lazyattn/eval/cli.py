@@ -170,6 +170,13 @@ def add_eval_parser(
         "strategies rank candidates by): benchmarks/quality_surer_of.py keeps, per question, the surest of several "
         "runs' answers",
     )
+    g.add_argument(
+        "--guided-choice",
+        action="store_true",
+        help="answer a labelled question (one with `labels`, as the in-context-learning sets have) with one of its "
+        "labels in every run: guided choice over the labels (SamplingParams.guided_choice), each with a leading "
+        "space in a plain-text prompt that does not end in one",
+    )
     f = p.add_argument_group("fidelity (lazyattn/eval/fidelity.py)")
     f.add_argument(
         "--fidelity",
@@ -237,13 +244,16 @@ def add_eval_parser(
 
 def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namespace], dict]) -> int:
     from lazyattn.eval import picks
-    from lazyattn.eval.harness import RunSpec, evaluate, parse_option, plan_cells
+    from lazyattn.eval.harness import GuidedLabels, RunSpec, evaluate, parse_option, plan_cells
 
     if args.fidelity and args.calibrate:
         raise InvalidRequestError("--fidelity and --calibrate are two different runs: give one", param="calibrate")
     if args.pick_on is not None and (args.fidelity or args.calibrate or args.write_dataset):
         other = "--fidelity" if args.fidelity else "--calibrate" if args.calibrate else "--write-dataset"
         raise InvalidRequestError(f"--pick-on is for accuracy runs, not with {other}", param="pick_on")
+    if args.guided_choice and (args.fidelity or args.calibrate):
+        other = "--fidelity" if args.fidelity else "--calibrate"
+        raise InvalidRequestError(f"--guided-choice is for accuracy runs, not with {other}", param="guided_choice")
     if args.fidelity:
         if args.plain_prompt:
             raise InvalidRequestError("--plain-prompt is for accuracy and calibration runs only", param="plain_prompt")
@@ -287,6 +297,8 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
         return LLM(**{**options, "mode": run.mode, "layout": layout, "progress": False, **run.options})
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=0 if args.confidence else None)
+    if args.guided_choice:
+        params = GuidedLabels(params, args.plain_prompt)
     picking = args.pick_on is not None
     if picking:
         picks.check(args.pick_on, len(items), runs)
@@ -351,6 +363,7 @@ def cmd_eval(args: argparse.Namespace, engine_options: Callable[[argparse.Namesp
             "engine_options": options,
             "layout": vars(layout),
             "plain_prompt": args.plain_prompt,
+            "guided_choice": args.guided_choice,
             "max_tokens": args.max_tokens,
             "batch_size": args.batch_size,
             "wall_s": wall,

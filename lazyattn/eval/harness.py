@@ -9,6 +9,7 @@ decoding, so the runs differ only in attention semantics.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -322,9 +323,28 @@ def _read_gold(answer: str, out: Any, gold: Sequence[int]) -> bool | None:
     return out.document_order[-1] in gold if out.document_order else None
 
 
+@dataclass(frozen=True)
+class GuidedLabels:
+    """`lazyattn eval --guided-choice`: `params` for every question, with a labelled one's labels as its guided
+    choice. In a plain-text prompt that does not end in whitespace each label takes a leading space, as a
+    demonstration shows it (`Language: french`); in a chat turn the answer starts the turn, the labels as they are."""
+
+    params: Any
+    plain: bool
+
+    def __call__(self, item: QAItem) -> Any:
+        if not item.labels:
+            return self.params
+        space = " " if self.plain and item.question[-1:] and not item.question[-1].isspace() else ""
+        return dataclasses.replace(self.params, guided_choice=tuple(space + label for label in item.labels))
+
+
 def _ask(llm: Any, items: Sequence[QAItem], params: Any, plain: bool, run: RunSpec) -> list[Any]:
     """One request per item with its documents, answered as the run's `answer` and `confidence_tokens` say
-    (engine/best_document.py): a chat turn, or with `plain` a plain-text prompt."""
+    (engine/best_document.py): a chat turn, or with `plain` a plain-text prompt. `params`: one SamplingParams for
+    all, or a function of the item (`GuidedLabels`)."""
+    if callable(params):
+        params = [params(it) for it in items]
     documents = [list(it.documents) for it in items]
     kw = dict(documents=documents, use_tqdm=False, answer=run.answer, confidence_tokens=run.confidence_tokens)
     if plain:

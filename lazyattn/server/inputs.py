@@ -147,6 +147,7 @@ def sampling_params(
         logprobs=logprobs,
         min_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
+        guided_choice=None if body.guided_choice is None else tuple(body.guided_choice),
     )
 
 

@@ -20,6 +20,8 @@ from lazyattn.engine.best_document import ANSWER_STRATEGIES
 from lazyattn.engine.messages import TEMPLATE_VARIABLES
 from lazyattn.engine.request_options import APE_MAX_TILT, APE_MIN_TEMPERATURE
 from lazyattn.engine.sampling import (
+    MAX_GUIDED_CHOICE_CHARS,
+    MAX_GUIDED_CHOICES,
     MAX_LOGPROBS,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -200,6 +202,18 @@ class _GenerationRequest(_Strict):
     ignore_eos: bool = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
+    guided_choice: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_GUIDED_CHOICE_CHARS)]],
+            Field(min_length=1, max_length=MAX_GUIDED_CHOICES),
+        ]
+        | None
+    ) = Field(
+        None,
+        description="the answer is exactly one of these strings, each produced as the tokenizer splits it alone; "
+        "a choice that no other continues ends the answer (finish_reason stop). Not with min_tokens "
+        "(docs/design.md, Guided choice)",
+    )
 
 
 class TextPart(_Strict):

@@ -70,6 +70,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended: set[str] = set()
         self.count = 0
         self.first_tokens: dict[str, int] = {}  # a candidate's id -> the tokens its choice ranks it by
+        self.guided: dict[str, tuple[str, ...]] = {}  # a guided request's id -> its choices
         self.aborting: str | None = None
 
     def _add(
@@ -88,6 +89,8 @@ class EngineMachine(RuleBasedStateMachine):
             assert (self.engine.pool.num_used, self.engine.scheduler.num_waiting, len(self.engine.requests)) == before
             return
         self.live[request_id] = params.max_tokens * params.n if params is not None else 0
+        if params is not None and params.guided_choice is not None:
+            self.guided[request_id] = params.guided_choice
         if choice is not None:
             self.first_tokens[request_id] = choice.tokens
 
@@ -120,6 +123,16 @@ class EngineMachine(RuleBasedStateMachine):
         parallel = parallel and self.mode == "lazy" and first == last == 0
         options = RequestOptions(relink_tokens=first, relink_last_tokens=last, ape_parallel=parallel)
         self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params, options)
+
+    @rule(
+        **ASKED,
+        n=st.integers(1, 2),
+        choices=st.lists(st.sampled_from(["yes", "yes sir", "no", "maybe", "n"]), min_size=1, max_size=4),
+    )
+    def add_guided(self, docs: list[int], question: list[int], max_tokens: int, n: int, choices: list[str]) -> None:
+        """A guided choice: its tokens are read before its next step is planned (no overlap for it)."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=2, n=n, guided_choice=choices)
+        self._add(RenderedPrompt([list(DOCS[d]) for d in docs], question), params)
 
     @rule(**ASKED, size=st.integers(2, 3), tokens=st.integers(1, 4))
     def add_candidates(self, docs: list[int], question: list[int], max_tokens: int, size: int, tokens: int) -> None:
@@ -174,6 +187,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended.add(request_id)
         assert sum(len(c.token_ids) for c in out.outputs) <= budget
         assert all(c.finish_reason in ("stop", "length", "abort") for c in out.outputs)
+        for c in out.outputs if request_id in self.guided else ():  # a choice, or cut short of one
+            cut = c.finish_reason in ("length", "abort")
+            assert any(x == c.text or (cut and x.startswith(c.text)) for x in self.guided[request_id]), c.text
         if request_id in self.first_tokens and out.finish_reason == "abort" and request_id != self.aborting:
             assert len(out.token_ids) >= self.first_tokens[request_id]  # stopped by its choice: ranked, then stopped
 

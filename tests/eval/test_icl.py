@@ -10,9 +10,11 @@ from collections import Counter
 
 import pytest
 
+from lazyattn import SamplingParams
 from lazyattn.cli import main
 from lazyattn.engine.prompt import PromptLayout, encode_document, render_chat
 from lazyattn.eval import icl
+from lazyattn.eval.harness import GuidedLabels
 from lazyattn.eval.metrics import Scores, first_label, label_accuracy
 from lazyattn.model.tokenizer import load_tokenizer
 from lazyattn.qa.dataset import DatasetError, QAItem
@@ -166,11 +168,47 @@ def test_a_few_shot_run_through_the_cli(tmp_path):
     assert "Accuracy difference from full" in (tmp_path / "eval.md").read_text()
 
 
+@pytest.mark.parametrize("dataset, plain", [("builtin:icl", False), ("builtin:icl-language", True)])
+def test_guided_choice_answers_every_question_with_one_of_its_labels(tmp_path, dataset, plain):
+    """`--guided-choice`: every run's output is a label (the random tiny model names none unguided); in the plain
+    few-shot layout it follows the prompt's "Language:" after a space, as the demonstrations show it."""
+    code = main(
+        ARGS[:-3]
+        + ["--max-tokens", "12", "--no-progress", "--dataset", dataset, "--limit", "4", "--num-docs", "5"]
+        + ["--modes", "full,lazy:ape_prefix=true", "--guided-choice", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert data["meta"]["guided_choice"] is True and data["meta"]["plain_prompt"] is plain
+    labels = set(icl.LABELS) if not plain else {"english", "french", "german", "spanish", "italian"}
+    for c in data["cells"]:
+        for r in c["items"]:
+            assert r["output"] in labels and r["finish_reason"] == "stop", r
+
+
+def test_guided_labels_take_a_leading_space_after_a_plain_prompt_only():
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+
+    def item_of(question: str, **fields) -> QAItem:
+        return QAItem.from_dict(
+            {"id": "q", "question": question, "answers": ["b"], "documents": ["d"], "gold": [], **fields}
+        )
+
+    item = item_of("Text: hola\nLanguage:", labels=["a", "b"])
+    assert GuidedLabels(params, plain=True)(item).guided_choice == (" a", " b")
+    assert GuidedLabels(params, plain=False)(item).guided_choice == ("a", "b")
+    spaced = item_of("Language: ", labels=["a", "b"])
+    assert GuidedLabels(params, plain=True)(spaced).guided_choice == ("a", "b")
+    free = item_of("Who?")
+    assert GuidedLabels(params, plain=True)(free) is params
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--gold-position", "first"], "no gold documents"),
         (["--num-docs", "21"], "20 demonstrations"),
+        (["--guided-choice", "--fidelity"], "--guided-choice is for accuracy runs, not with --fidelity"),
     ],
 )
 def test_bad_arguments(capsys, extra, message):

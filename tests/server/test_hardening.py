@@ -52,6 +52,13 @@ BAD_REQUESTS = [
     (_chat(stop_token_ids=list(range(257))), "stop_token_ids"),
     (_chat(stop_token_ids=[VOCAB]), "stop_token_ids"),
     (("/v1/completions", {"prompt": "x", "max_tokens": 2, "logprobs": 21}), "logprobs"),
+    # guided choice: a list of 1 to 256 strings of 1 to 256 characters, not with min_tokens
+    (_chat(guided_choice=[]), "guided_choice"),
+    (_chat(guided_choice=["ok", ""]), "guided_choice[1]"),
+    (_chat(guided_choice="yes"), "guided_choice"),
+    (_chat(guided_choice=["x"] * 257), "guided_choice"),
+    (_chat(guided_choice=["x" * 257]), "guided_choice[0]"),
+    (_chat(guided_choice=["a"], min_tokens=2), "min_tokens"),
 ]
 
 

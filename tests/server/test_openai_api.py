@@ -136,6 +136,31 @@ def test_completion_from_token_ids_with_logprobs(client):
     assert r.usage.prompt_tokens == 4  # BOS + the three ids
 
 
+def test_guided_choice_answers_with_a_choice_as_the_offline_engine_does(client):
+    """guided_choice (vLLM's extra field): every sampled answer is one of the strings, streamed or not, chat or
+    completion; the greedy one is the offline engine's."""
+    choices = ["yes", "yes sir", "no", "maybe"]
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=9,
+            temperature=1.5,
+            seed=seed,
+            n=2,
+            extra_body={"documents": DOCS, "guided_choice": choices},
+        )
+        assert all(c.message.content in choices and c.finish_reason == "stop" for c in r.choices)
+    stream = client.completions.create(
+        model="tiny", prompt="Is it?", max_tokens=9, temperature=0.0, stream=True, extra_body={"guided_choice": choices}
+    )
+    streamed = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    offline = LLM(model="tiny", device="cpu", progress=False).generate(
+        ["Is it?"], SamplingParams(max_tokens=9, temperature=0.0, guided_choice=choices), use_tqdm=False
+    )
+    assert streamed == offline[0].outputs[0].text and streamed in choices
+
+
 def test_raw_sse_framing(server):
     body = {"messages": MESSAGES, "max_tokens": 2, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
