@@ -124,6 +124,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.sampling_seed,
+        guided_choice=args.choice,
     )
     chat = has_template if args.chat is None else args.chat
     if chat:
@@ -210,6 +211,13 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default: 1)")
     p.add_argument("--top-k", type=int, default=-1, help="sample from the k likeliest tokens; -1: all (default)")
     p.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
+    p.add_argument(
+        "--choice",
+        action="append",
+        default=None,
+        help="the answer is one of these strings (repeatable; guided choice, docs/design.md), each as the tokenizer "
+        "splits it alone",
+    )
     p.add_argument(
         "--answer",
         choices=ANSWER_STRATEGIES,

@@ -308,6 +308,16 @@ def test_a_tiny_top_p_generates_greedily(capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
 
 
+def test_generate_answers_with_one_of_its_choices(capsys):
+    argv = ["generate", *TINY, "--json", "--no-chat", "--max-tokens", "9", "--temperature", "1.5", "q"]
+    for seed in range(3):
+        assert main([*argv, "--sampling-seed", str(seed), "--choice", "yes", "--choice", "no way"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["text"] in ("yes", "no way") and out["finish_reason"] == "stop"
+    assert main([*argv, "--choice", ""]) == 2
+    assert "guided_choice must be strings of 1 to 256 characters" in capsys.readouterr().err
+
+
 def test_generate_draws_no_progress_bar_where_stderr_is_no_terminal(capsys):
     assert main(["generate", *TINY, "--max-tokens", "2", "q"]) == 0
     err = _errors(capsys.readouterr().err)
