@@ -37,7 +37,6 @@ class ChoiceGuide:
                 node = node.setdefault(int(t), {})
             self._terminal.add(id(node))
         self.eos_token_ids = tuple(eos_token_ids)
-        self.longest = max(len(c) for c in choices)
 
     @classmethod
     def of(cls, tokenizer: TokenizerBase, choices: Sequence[str]) -> ChoiceGuide:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lazyattn import SamplingParams
 from lazyattn.engine.guided import ChoiceGuide
@@ -37,7 +39,6 @@ def test_guide_allows_what_continues_a_choice_and_eos_after_a_whole_one():
     assert guide.allowed([5]) == [] and guide.allowed([1, 3]) == []
     assert not guide.ends([1, 2]) and guide.ends([1, 2, 3]) and guide.ends([4])
     assert not guide.ends([1]) and not guide.ends([]) and not guide.ends([7])
-    assert guide.longest == 3
 
 
 def test_guide_of_strings_tokenizes_each_alone_as_plain_text():
@@ -83,6 +84,43 @@ def test_sampler_draws_only_allowed_tokens_and_in_their_proportions():
     share = draws.count(2) / len(draws)
     expected = torch.softmax(torch.tensor([1.0, 0.0]), 0)[0].item()  # e / (e + 1)
     assert abs(share - expected) < 0.06
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.none() | st.lists(st.integers(0, 31), min_size=1, max_size=6, unique=True),
+            st.sampled_from([0.0, 0.7, 1.5]),
+            st.integers(0, 2**16),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    data=st.data(),
+)
+def test_sampler_rows_keep_to_their_allowed_tokens_whatever_the_batch(rows, data):
+    """Any batch of guided and free rows, greedy and sampled: a guided row draws only an allowed token (greedy: the
+    best of them by its logit), a free row draws what it draws alone, and every logprob is the raw one."""
+    logits = torch.tensor(
+        data.draw(
+            st.lists(st.lists(st.floats(-8, 8), min_size=32, max_size=32), min_size=len(rows), max_size=len(rows))
+        )
+    )
+    params = [SamplingParams(temperature=t) for _, t, _ in rows]
+    gens = [torch.Generator().manual_seed(seed) for _, _, seed in rows]
+    out = Sampler().sample(logits, params, gens, allowed_token_ids=[a for a, _, _ in rows])
+    raw = torch.log_softmax(logits, dim=-1)
+    for i, (allowed, t, seed) in enumerate(rows):
+        token = out.ids[i]
+        assert out.logprobs[i].item() == pytest.approx(raw[i, token].item(), abs=1e-6)
+        if allowed is not None:
+            assert token in allowed
+            if t == 0.0:
+                assert logits[i, token] == max(logits[i, a] for a in allowed)
+        else:
+            alone = Sampler().sample(logits[i : i + 1], [params[i]], [torch.Generator().manual_seed(seed)])
+            assert token == alone.ids[0]
 
 
 # --- validation ---------------------------------------------------------------------------------------------
