@@ -60,10 +60,10 @@ def test_a_sampling_failure_ends_only_its_request():
     def poison(e):
         real = e.sampler.sample
 
-        def sample(logits, params, generators, suppress_token_ids=None):
+        def sample(logits, params, generators, **constraints):
             if any(p.top_k == 3 for p in params):
                 raise RuntimeError("poisoned sampling")
-            return real(logits, params, generators, suppress_token_ids=suppress_token_ids)
+            return real(logits, params, generators, **constraints)
 
         e.sampler.sample = sample
 

@@ -24,10 +24,10 @@ def poisoned():
     s = start_server(dict(page_size=16, kv_cache_gb=0.05), ServerConfig(model_name="tiny"))
     real = s.engine.sampler.sample
 
-    def sample(logits, params, generators, suppress_token_ids=None):
+    def sample(logits, params, generators, **constraints):
         if any(p.top_k == POISON_TOP_K for p in params):
             raise RuntimeError("poisoned sampler")
-        return real(logits, params, generators, suppress_token_ids=suppress_token_ids)
+        return real(logits, params, generators, **constraints)
 
     s.engine.sampler.sample = sample
     yield s
@@ -76,11 +76,11 @@ def test_non_finite_logits_fail_their_request_with_a_clear_error():
     s = start_server(dict(page_size=16, kv_cache_gb=0.05), ServerConfig(model_name="tiny"))
     real = s.engine.sampler.sample
 
-    def sample(logits, params, generators, suppress_token_ids=None):
+    def sample(logits, params, generators, **constraints):
         bad = [i for i, p in enumerate(params) if p.top_k == POISON_TOP_K]
         logits = logits.clone()
         logits[bad] = float("nan")
-        return real(logits, params, generators, suppress_token_ids=suppress_token_ids)
+        return real(logits, params, generators, **constraints)
 
     s.engine.sampler.sample = sample
     try:
