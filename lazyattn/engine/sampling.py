@@ -280,11 +280,12 @@ class Sampler:
     def _only(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
         """`logits` with every token that row i may not choose at -inf, for the rows with an allowed list."""
         rows = [i for i, ids in enumerate(allowed) if ids is not None]
-        keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool)
-        for j, i in enumerate(rows):
-            keep[j, list(allowed[i])] = True
+        # Only the (row, token) pairs cross to the device, not a vocabulary-wide mask per row.
+        pair_rows = [j for j, i in enumerate(rows) for _ in allowed[i]]
+        pair_tokens = [t for i in rows for t in allowed[i]]
+        keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
+        keep[_on(logits.device, pair_rows).long(), _on(logits.device, pair_tokens).long()] = True
         index = _on(logits.device, rows)
-        keep = keep.pin_memory().to(logits.device, non_blocking=True) if logits.is_cuda else keep
         out = logits.clone()
         out[index] = logits[index].masked_fill(~keep, float("-inf"))
         return out

@@ -120,7 +120,8 @@ class Scheduler:
         return [s for s in self._waiting if s.status is Status.WAITING]
 
     def add(self, seq: Sequence) -> None:
-        """Queue a new sequence; a sampled one gets what it decodes with (its detokenizer, its seeded generator)."""
+        """Queue a new sequence; a sampled one gets what it decodes with (its detokenizer, its seeded generator, the
+        guide of its guided choice)."""
         if self.outputs is not None and not seq.prefill_only:
             seq.detokenizer, seq.generator, seq.guide = self.outputs.start(seq)
         self._waiting.append(seq)
