@@ -213,6 +213,13 @@ def _on(device: torch.device, values: list) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
+def _pairs(device: torch.device, lists: Sequence[Sequence[int] | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, token) index pairs of every token in `lists` (row i's tokens; None or empty: none), on the device."""
+    rows = [row for row, ids in enumerate(lists) if ids for _ in ids]
+    tokens = [t for ids in lists if ids for t in ids]
+    return _on(device, rows).long(), _on(device, tokens).long()
+
+
 class Sampler:
     """Picks the next token of every row of a batch of logits, each row under its own SamplingParams.
 
@@ -239,12 +246,14 @@ class Sampler:
         batch, vocab = logits.shape
         if len(params) != batch or len(generators) != batch:
             raise ValueError(f"{batch} rows of logits but {len(params)} params and {len(generators)} generators")
+        suppressing = suppress_token_ids is not None and any(suppress_token_ids)
+        guiding = allowed_token_ids is not None and any(a is not None for a in allowed_token_ids)
         if (
             logits.is_cuda
             and not self.deterministic
             and all(p.greedy and p.logprobs is None and not p.first_token_logprobs for p in params)
-            and not (suppress_token_ids is not None and any(suppress_token_ids))
-            and not (allowed_token_ids is not None and any(a is not None for a in allowed_token_ids))
+            and not suppressing
+            and not guiding
         ):
             from lazyattn.kernels.greedy import greedy_pick  # Triton is imported only where CUDA runs
 
@@ -252,14 +261,8 @@ class Sampler:
             return SampleResult(*greedy_pick(rows))  # the same two numbers a row, in two launches
         logits = logits.float()
         logprobs_all = torch.log_softmax(logits, dim=-1)
-
-        if suppress_token_ids is not None and any(suppress_token_ids):
-            logits = logits.clone()
-            for row, ids in enumerate(suppress_token_ids):
-                if ids:
-                    logits[row, _on(logits.device, list(ids))] = float("-inf")
-        if allowed_token_ids is not None and any(a is not None for a in allowed_token_ids):
-            logits = self._only(logits, allowed_token_ids)
+        if suppressing or guiding:
+            logits = self._constrained(logits, suppress_token_ids if suppressing else None, allowed_token_ids)
 
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -277,17 +280,23 @@ class Sampler:
         return SampleResult(token_ids, chosen, values, ids, [p.logprobs for p in params], full)
 
     @staticmethod
-    def _only(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
-        """`logits` with every token that row i may not choose at -inf, for the rows with an allowed list."""
-        rows = [i for i, ids in enumerate(allowed) if ids is not None]
-        # Only the (row, token) pairs cross to the device, not a vocabulary-wide mask per row.
-        pair_rows = [j for j, i in enumerate(rows) for _ in allowed[i]]
-        pair_tokens = [t for i in rows for t in allowed[i]]
-        keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
-        keep[_on(logits.device, pair_rows).long(), _on(logits.device, pair_tokens).long()] = True
-        index = _on(logits.device, rows)
+    def _constrained(
+        logits: torch.Tensor,
+        suppress: Sequence[Sequence[int] | None] | None,
+        allowed: Sequence[Sequence[int] | None] | None,
+    ) -> torch.Tensor:
+        """A copy of `logits` with row i's suppressed tokens at -inf and, where it has an allowed list, every other
+        token too. Only (row, token) pairs cross to the device, never a vocabulary-wide mask per row."""
+        device = logits.device
         out = logits.clone()
-        out[index] = logits[index].masked_fill(~keep, float("-inf"))
+        if suppress is not None:
+            out[_pairs(device, suppress)] = float("-inf")
+        guided = [i for i, ids in enumerate(allowed or ()) if ids is not None]
+        if guided:
+            keep = torch.zeros(len(guided), logits.shape[-1], dtype=torch.bool, device=device)
+            keep[_pairs(device, [allowed[i] for i in guided])] = True
+            index = _on(device, guided)
+            out[index] = out[index].masked_fill(~keep, float("-inf"))
         return out
 
     @staticmethod
