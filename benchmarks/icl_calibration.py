@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> dict:
 
     eval_args = [
         "eval", "--model", args.model, "--dataset", args.dataset, "--num-docs", args.num_docs,
-        "--device", args.device, *(["--limit", str(args.limit)] if args.limit else []), *args.engine_args,
+        *(["--device", args.device] if args.device else []), *(["--limit", str(args.limit)] if args.limit else []),
+        *args.engine_args,
     ]  # fmt: skip
     ev = build_parser().parse_args(eval_args)
     items, _, num_docs, positions = load_questions(ev)
@@ -153,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", default="builtin:icl-language")
     p.add_argument("--num-docs", default="5,10,20")
     p.add_argument("--modes", default="full,lazy:ape_prefix=true", help="runs as `lazyattn eval --modes`; full first")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default=None, help="as `lazyattn eval --device` (default: its default)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument(
         "--content-free", action="append", help="a content-free text (repeatable); default: N/A, empty, [MASK]"
