@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {"model": args.model, "dataset": args.dataset, "content_free": texts, "cells": []}
     answers: dict[tuple[str, int | None, str], dict[str, list[int]]] = {}
     for spec in runs:
-        llm = LLM(**{**base, **spec.options, "mode": spec.mode, "layout": layout, "progress": False})
+        # No warm-up: the answers are scored, not timed.
+        llm = LLM(**{**base, **spec.options, "mode": spec.mode, "layout": layout, "progress": False, "warm_up": False})
         for cell, shown in cells:
             tokens = label_tokens(llm.tokenizer.encode_plain, shown[0].labels)
             questions = [it.question for it in shown]
@@ -106,6 +107,10 @@ def run(args: argparse.Namespace) -> dict:
             }
             print(f"{spec.label} {cell.label}: done", flush=True)
         del llm
+        if args.out is not None:  # each run's answers as it finishes, should a later run not
+            args.out.mkdir(parents=True, exist_ok=True)
+            done = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in answers.items()}
+            (args.out / "answers.json").write_text(json.dumps(done))
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     first = runs[0].label
     for cell, shown in cells:
