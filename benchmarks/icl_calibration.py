@@ -106,11 +106,11 @@ def run(args: argparse.Namespace) -> dict:
                 for how in ("plain", "calibrated")
             }
             print(f"{spec.label} {cell.label}: done", flush=True)
+            if args.out is not None:  # every cell's answers as it finishes, should a later one not
+                args.out.mkdir(parents=True, exist_ok=True)
+                done = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in answers.items()}
+                (args.out / "answers.json").write_text(json.dumps(done))
         del llm
-        if args.out is not None:  # each run's answers as it finishes, should a later run not
-            args.out.mkdir(parents=True, exist_ok=True)
-            done = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in answers.items()}
-            (args.out / "answers.json").write_text(json.dumps(done))
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     first = runs[0].label
     for cell, shown in cells:
