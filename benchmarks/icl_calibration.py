@@ -111,21 +111,21 @@ def run(args: argparse.Namespace) -> dict:
                 done = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in answers.items()}
                 (args.out / "answers.json").write_text(json.dumps(done))
         del llm
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     first = runs[0].label
     for cell, shown in cells:
         ids = [it.id for it in shown]
-        ref = answers[(first, cell.num_docs, cell.position)]
+        ref = {k: dict(zip(ids, v)) for k, v in answers[(first, cell.num_docs, cell.position)].items()}
         row = {"num_docs": cell.num_docs, "position": cell.position, "questions": len(ids), "runs": {}}
         for spec in runs:
             got = answers[(spec.label, cell.num_docs, cell.position)]
-            as_dict = {k: dict(zip(ids, v)) for k, v in got.items()}
-            ref_dict = {k: dict(zip(ids, v)) for k, v in ref.items()}
+            calibrated = dict(zip(ids, got["calibrated"]))
             row["runs"][spec.label] = {
                 "plain": 100 * sum(got["plain"]) / len(ids),
                 "calibrated": 100 * sum(got["calibrated"]) / len(ids),
-                "calibrated_minus_first_plain": diff(ref_dict["plain"], as_dict["calibrated"]),
-                "calibrated_minus_first_calibrated": diff(ref_dict["calibrated"], as_dict["calibrated"]),
+                "calibrated_minus_first_plain": diff(ref["plain"], calibrated),
+                "calibrated_minus_first_calibrated": diff(ref["calibrated"], calibrated),
                 "correct": got,
             }
         result["cells"].append(row)
